@@ -1,0 +1,117 @@
+"""Running tile graphs: the embedded LocalCluster, BLAS threads, progress bars.
+
+Every layer that builds a Dask graph calls :func:`compute` to run it, so the
+scheduler (threads, a LocalCluster, or an external ``tcp://`` scheduler) is
+chosen once, by whoever opened :func:`dask_client` (cli, workflows, user code).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import dask
+from threadpoolctl import threadpool_limits
+
+log = logging.getLogger(__name__)
+
+
+def _active_client() -> Any | None:
+    try:
+        from distributed import default_client
+
+        return default_client()
+    except (ImportError, ValueError):
+        return None
+
+
+@contextlib.contextmanager
+def blas_threads(n: int | None) -> Iterator[None]:
+    """Limit BLAS threads inside the block (None: leave as is)."""
+    if n is None:
+        yield
+        return
+    with threadpool_limits(limits=int(n), user_api="blas"):
+        yield
+
+
+def compute(*collections: Any, progress: bool = True, desc: str = "", **kwargs: Any) -> Any:
+    """Compute Dask collections on the active scheduler with a progress display.
+
+    Under a distributed client the tasks run on its workers (which use one BLAS
+    thread each); otherwise Dask's threaded scheduler runs them with BLAS held
+    to one thread per Dask thread, as NOTES.md recommends.
+    """
+    client = _active_client()
+    show = progress and sys.stderr.isatty()
+    if client is not None:
+        futures = client.compute(list(collections), **kwargs)
+        if show:
+            from distributed import progress as dprogress
+
+            dprogress(futures)
+        results = client.gather(futures)
+        return tuple(results)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(blas_threads(1))
+        if show:
+            from dask.diagnostics import ProgressBar
+
+            if desc:
+                print(desc, file=sys.stderr)
+            stack.enter_context(ProgressBar())
+        return dask.compute(*collections, **kwargs)
+
+
+@contextlib.contextmanager
+def dask_client(
+    address: str | None = None,
+    *,
+    n_workers: int | None = None,
+    threads_per_worker: int = 1,
+    memory_limit: str | int = "4GiB",
+    processes: bool = True,
+    dashboard: bool = False,
+) -> Iterator[Any]:
+    """A distributed client: connect to ``address``, or start the embedded LocalCluster.
+
+    Parameters
+    ----------
+    address : str, optional
+        ``tcp://host:port`` of an existing scheduler. None starts a LocalCluster.
+    n_workers : int, optional
+        Workers of the local cluster (default: one per core).
+    memory_limit : str or int
+        Per-worker memory limit of the local cluster. Always explicit: Dask's
+        default is the whole machine per worker.
+    """
+    from distributed import Client, LocalCluster
+
+    if address:
+        with Client(address) as client:
+            log.info("connected to scheduler %s (dashboard %s)", address, client.dashboard_link)
+            yield client
+        return
+    n = n_workers or os.cpu_count() or 1
+    with (
+        LocalCluster(
+            n_workers=n,
+            threads_per_worker=threads_per_worker,
+            memory_limit=memory_limit,
+            processes=processes,
+            dashboard_address=":0" if dashboard else None,
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        log.info(
+            "started local cluster: %d workers x %d threads, %s each (dashboard %s)",
+            n,
+            threads_per_worker,
+            memory_limit,
+            client.dashboard_link if dashboard else "off",
+        )
+        yield client

@@ -1,0 +1,25 @@
+"""Storage layer: the Zarr tile layout, completion markers and fingerprints.
+
+Everything above this layer (gram, solvers, predict, stages) addresses data as
+``(store_url, array_name)`` plus tile indices, and decides whether work is done
+only through :class:`TileMarkers`. Nothing here imports dask.
+"""
+
+from pipeline.storage.arrays import (
+    StoreMismatchError,
+    TiledArray,
+    open_tiled_array,
+)
+from pipeline.storage.fingerprint import fingerprint_blocks, fingerprint_obj
+from pipeline.storage.markers import TileMarkers
+from pipeline.storage.tiles import TileGrid
+
+__all__ = [
+    "StoreMismatchError",
+    "TileGrid",
+    "TileMarkers",
+    "TiledArray",
+    "fingerprint_blocks",
+    "fingerprint_obj",
+    "open_tiled_array",
+]

@@ -1,0 +1,109 @@
+"""Completion records ("markers"): a tile is done only when its marker exists.
+
+A marker is a small JSON file written *after* the tile's bytes are stored, and it
+carries the fingerprint the tile was computed under. :meth:`TileMarkers.done`
+only reports markers whose fingerprint matches, so stale work from a different
+input or config is never counted as complete, even if an overwrite was killed
+half way.
+
+Markers live beside the arrays, under ``{store}/_markers/{name}/``, and are
+read and written through fsspec, so a store may be a local path or any fsspec
+URL.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from typing import Any
+
+import fsspec
+
+
+def _key(tile: tuple[int, ...] | int | str) -> str:
+    if isinstance(tile, str):
+        return tile
+    if isinstance(tile, int):
+        return str(tile)
+    return ".".join(str(int(t)) for t in tile)
+
+
+def _parse_key(key: str) -> tuple[int, ...] | str:
+    try:
+        return tuple(int(p) for p in key.split("."))
+    except ValueError:
+        return key
+
+
+class TileMarkers:
+    """The set of completed tiles of one stored array.
+
+    Parameters
+    ----------
+    store : str
+        Root of the store (local directory or fsspec URL).
+    name : str
+        Name of the array (or stage) the markers belong to.
+    fingerprint : str
+        Fingerprint the work is done under; markers with another are ignored.
+    """
+
+    def __init__(self, store: str, name: str, fingerprint: str) -> None:
+        self.store = str(store)
+        self.name = name
+        self.fingerprint = fingerprint
+        self.fs, root = fsspec.core.url_to_fs(self.store)
+        self.root = f"{root.rstrip('/')}/_markers/{name}"
+
+    def _path(self, tile: Any) -> str:
+        return f"{self.root}/{_key(tile)}"
+
+    def mark(self, tile: Any, **info: Any) -> None:
+        """Record ``tile`` as complete. Call only after its data is stored."""
+        record = {"fingerprint": self.fingerprint, "time": time.time(), **info}
+        data = json.dumps(record).encode()
+        path = self._path(tile)
+        self.fs.makedirs(self.root, exist_ok=True)
+        if self.fs.protocol in ("file", ("file", "local")) or "file" in self.fs.protocol:
+            # local: write a temporary file and rename, so a record is never half written
+            tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        else:
+            self.fs.pipe_file(path, data)
+
+    def record(self, tile: Any) -> dict[str, Any] | None:
+        """The marker's record if ``tile`` is complete under this fingerprint, else None."""
+        try:
+            rec = json.loads(self.fs.cat_file(self._path(tile)))
+        except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
+            return None
+        return rec if rec.get("fingerprint") == self.fingerprint else None
+
+    def is_done(self, tile: Any) -> bool:
+        return self.record(tile) is not None
+
+    def done(self) -> set[tuple[int, ...] | str]:
+        """All tiles complete under this fingerprint (one listing plus one read each)."""
+        try:
+            paths = self.fs.ls(self.root, detail=False)
+        except FileNotFoundError:
+            return set()
+        out: set[tuple[int, ...] | str] = set()
+        for p in paths:
+            key = p.rstrip("/").rsplit("/", 1)[-1]
+            if key.endswith(".tmp"):
+                continue
+            if self.record(key) is not None:
+                out.add(_parse_key(key))
+        return out
+
+    def clear(self) -> None:
+        """Forget every marker (used when a store is overwritten)."""
+        if self.fs.exists(self.root):
+            self.fs.rm(self.root, recursive=True)
