@@ -1,19 +1,47 @@
-"""The standard kernels: linear, polynomial, RBF (Gaussian), Laplacian, constant."""
+"""The standard kernels: linear, polynomial, RBF (Gaussian), Laplacian, constant.
+
+Conventions follow :mod:`sklearn.metrics.pairwise`: ``gamma=None`` means
+``1 / n_features``, and ``gamma`` may be 0 (the same range scikit-learn's
+``KernelRidge`` accepts). Inner products and distances are accumulated in
+float64 whatever the input dtype.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
-from pipeline.kernels.base import Kernel, register
+from pipeline.kernels.base import Kernel, check_real, register
+
+
+def _f64(X: np.ndarray) -> np.ndarray:
+    return X.astype(np.float64, copy=False)
+
+
+def _inner(X: np.ndarray, Y: np.ndarray, symmetric: bool) -> np.ndarray:
+    """``X @ Y.T`` accumulated in float64."""
+    X64 = _f64(X)
+    return X64 @ (X64 if symmetric else _f64(Y)).T
+
+
+def _row_sq_norms(X: np.ndarray) -> np.ndarray:
+    X64 = _f64(X)
+    return np.einsum("ij,ij->i", X64, X64)
 
 
 def _sq_dists(X: np.ndarray, Y: np.ndarray, symmetric: bool) -> np.ndarray:
-    """Squared Euclidean distances, accumulated in float64, clipped at 0."""
-    X64 = X.astype(np.float64, copy=False)
-    Y64 = X64 if symmetric else Y.astype(np.float64, copy=False)
-    xx = np.einsum("ij,ij->i", X64, X64)
-    yy = xx if symmetric else np.einsum("ij,ij->i", Y64, Y64)
-    d = X64 @ Y64.T
+    """Squared Euclidean distances, accumulated in float64, clipped at 0.
+
+    Both sides are first shifted by the mean of ``X`` (distances are
+    translation invariant), so data far from the origin does not lose its
+    small differences to the cancellation in ``|x|² + |y|² - 2 x·y``.
+    """
+    X64 = _f64(X)
+    shift = X64.mean(axis=0) if X64.shape[0] else np.zeros(X64.shape[1])
+    Xc = X64 - shift
+    Yc = Xc if symmetric else _f64(Y) - shift
+    xx = np.einsum("ij,ij->i", Xc, Xc)
+    yy = xx if symmetric else np.einsum("ij,ij->i", Yc, Yc)
+    d = Xc @ Yc.T
     d *= -2.0
     d += xx[:, None]
     d += yy[None, :]
@@ -23,13 +51,8 @@ def _sq_dists(X: np.ndarray, Y: np.ndarray, symmetric: bool) -> np.ndarray:
     return d
 
 
-def _check_positive(k: Kernel, name: str, value: float | None, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if value is None or not np.isfinite(value) or value <= 0:
-        raise ValueError(
-            f"{type(k).__name__}: {name} must be a positive finite number, got {value!r}"
-        )
+def _gamma(gamma: float | None, n_features: int) -> float:
+    return 1.0 / n_features if gamma is None else float(gamma)
 
 
 @register
@@ -42,16 +65,18 @@ class Linear(Kernel):
         pass
 
     def _eval(self, X, Y, symmetric):
-        return X.astype(np.float64, copy=False) @ Y.astype(np.float64, copy=False).T
+        return _inner(X, Y, symmetric)
 
     def _diag(self, X):
-        X64 = X.astype(np.float64, copy=False)
-        return np.einsum("ij,ij->i", X64, X64)
+        return _row_sq_norms(X)
 
 
 @register
 class Polynomial(Kernel):
-    """k(x, y) = (gamma·x·y + coef0)^degree; gamma=None means 1/n_features."""
+    """k(x, y) = (gamma·x·y + coef0)^degree; gamma=None means 1/n_features.
+
+    PSD (``is_mercer``) when ``coef0 >= 0`` and ``degree`` is a whole number.
+    """
 
     name = "polynomial"
 
@@ -62,22 +87,23 @@ class Polynomial(Kernel):
         self._check_params()
 
     def _check_params(self) -> None:
-        _check_positive(self, "gamma", self.gamma, allow_none=True)
-        if self.degree is None or self.degree < 0:
-            raise ValueError(f"Polynomial: degree must be >= 0, got {self.degree!r}")
+        check_real(self, "degree", self.degree, low=0)
+        check_real(self, "gamma", self.gamma, low=0, allow_none=True)
+        check_real(self, "coef0", self.coef0)
 
-    def _gamma(self, X):
-        return 1.0 / X.shape[1] if self.gamma is None else float(self.gamma)
+    @property
+    def is_mercer(self) -> bool:  # type: ignore[override]
+        return self.coef0 >= 0 and float(self.degree).is_integer()
 
     def _eval(self, X, Y, symmetric):
-        K = X.astype(np.float64, copy=False) @ Y.astype(np.float64, copy=False).T
-        K *= self._gamma(X)
+        K = _inner(X, Y, symmetric)
+        K *= _gamma(self.gamma, X.shape[1])
         K += self.coef0
-        return K**self.degree
+        K **= self.degree
+        return K
 
     def _diag(self, X):
-        X64 = X.astype(np.float64, copy=False)
-        return (self._gamma(X) * np.einsum("ij,ij->i", X64, X64) + self.coef0) ** self.degree
+        return (_gamma(self.gamma, X.shape[1]) * _row_sq_norms(X) + self.coef0) ** self.degree
 
 
 @register
@@ -100,10 +126,13 @@ class RBF(Kernel):
             raise ValueError(
                 f"RBF: give gamma ({self.gamma!r}) or length_scale ({self.length_scale!r}), not both"
             )
-        _check_positive(self, "gamma", self.gamma, allow_none=True)
-        _check_positive(self, "length_scale", self.length_scale, allow_none=True)
+        check_real(self, "gamma", self.gamma, low=0, allow_none=True)
+        check_real(
+            self, "length_scale", self.length_scale, low=0, low_inclusive=False, allow_none=True
+        )
 
     def effective_gamma(self, n_features: int) -> float:
+        """The gamma actually used for data with ``n_features`` columns."""
         if self.gamma is not None:
             return float(self.gamma)
         if self.length_scale is not None:
@@ -122,6 +151,43 @@ class RBF(Kernel):
         return np.ones(X.shape[0])
 
 
+#: elements per row block in the feature-wise loops (two float64 temporaries
+#: of this size stay in L2 cache; 2-3x faster than whole-tile passes)
+_BLOCK_ELEMS = 1 << 15
+
+
+def featurewise_sum(X: np.ndarray, Y: np.ndarray, term) -> np.ndarray:
+    """``D[i, j] = Σ_f term(X[i, f], Y[j, f])`` in float64, summed in feature order.
+
+    ``term(x_col, y_row, out, tmp)`` writes the per-feature term for a block
+    (``x_col`` of shape (r, 1), ``y_row`` of shape (m,)) into ``out``; ``tmp``
+    is scratch of the same shape. The output is built in row blocks so the
+    temporaries stay in cache and never reach the size of a tile.
+    """
+    X64, YT = _f64(X), np.ascontiguousarray(_f64(Y).T)
+    n, m = X64.shape[0], YT.shape[1]
+    D = np.zeros((n, m))
+    r = max(1, _BLOCK_ELEMS // max(m, 1))
+    out_buf, tmp_buf = np.empty((r, m)), np.empty((r, m))
+    for s in range(0, n, r):
+        acc = D[s : s + r]
+        out, tmp = out_buf[: acc.shape[0]], tmp_buf[: acc.shape[0]]
+        for f in range(X64.shape[1]):
+            term(X64[s : s + r, f, None], YT[f], out, tmp)
+            acc += out
+    return D
+
+
+def _abs_diff(x, y, out, tmp):
+    np.subtract(x, y, out=out)
+    np.abs(out, out=out)
+
+
+def _l1_dists(X: np.ndarray, Y: np.ndarray) -> np.ndarray:
+    """Manhattan distances in float64."""
+    return featurewise_sum(X, Y, _abs_diff)
+
+
 @register
 class Laplacian(Kernel):
     """k(x, y) = exp(-gamma·||x - y||₁); gamma=None means 1/n_features."""
@@ -133,17 +199,11 @@ class Laplacian(Kernel):
         self._check_params()
 
     def _check_params(self) -> None:
-        _check_positive(self, "gamma", self.gamma, allow_none=True)
+        check_real(self, "gamma", self.gamma, low=0, allow_none=True)
 
     def _eval(self, X, Y, symmetric):
-        g = 1.0 / X.shape[1] if self.gamma is None else float(self.gamma)
-        X64 = X.astype(np.float64, copy=False)
-        Y64 = Y.astype(np.float64, copy=False)
-        D = np.zeros((X.shape[0], Y.shape[0]))
-        # one feature at a time keeps the temporary at one tile, not tile x n_features
-        for f in range(X.shape[1]):
-            D += np.abs(X64[:, f, None] - Y64[None, :, f])
-        D *= -g
+        D = _l1_dists(X, Y)
+        D *= -_gamma(self.gamma, X.shape[1])
         return np.exp(D, out=D)
 
     def _diag(self, X):
@@ -161,8 +221,7 @@ class Constant(Kernel):
         self._check_params()
 
     def _check_params(self) -> None:
-        if self.value is None or not np.isfinite(self.value) or self.value < 0:
-            raise ValueError(f"Constant: value must be >= 0 and finite, got {self.value!r}")
+        check_real(self, "value", self.value, low=0)
 
     def _eval(self, X, Y, symmetric):
         return np.full((X.shape[0], Y.shape[0]), float(self.value))

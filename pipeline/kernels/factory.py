@@ -4,32 +4,85 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.kernels.base import Kernel, kernel_from_spec, registered_names
+from pipeline.kernels.base import _REGISTRY, Kernel, kernel_from_spec, registered_names
 
+#: scikit-learn's names that differ from ours
 _ALIASES = {"poly": "polynomial", "gaussian": "rbf"}
+
+#: the kernel names scikit-learn's KernelRidge takes (besides "precomputed" and callables)
+SKLEARN_KERNELS = (
+    "additive_chi2",
+    "chi2",
+    "cosine",
+    "laplacian",
+    "linear",
+    "poly",
+    "polynomial",
+    "rbf",
+    "sigmoid",
+)
+
+#: the parameters scikit-learn's KernelRidge forwards to every named kernel
+#: (``pairwise_kernels(..., filter_params=True)`` drops those a kernel does not take)
+SKLEARN_FORWARDED = ("gamma", "degree", "coef0")
 
 
 def make_kernel(kernel: str | Kernel | dict, **params: Any) -> Kernel:
     """Return a :class:`Kernel` for a name (scikit-learn's names), a spec dict, or a Kernel.
 
-    ``params`` with value None are dropped, so scikit-learn-style
-    ``gamma=None, degree=3, coef0=1`` can be forwarded for any kernel; params a
-    kernel does not take are an error only when they are not None.
+    Parameters
+    ----------
+    kernel : str, dict or Kernel
+        A registered name (``registered_names()``, plus scikit-learn's ``"poly"``
+        and ``"gaussian"``), a spec from :meth:`Kernel.to_spec`, or a Kernel
+        (returned as is; ``params`` are then ignored, as scikit-learn ignores
+        gamma/degree/coef0 for a callable kernel).
+    **params
+        Kernel parameters. Values that are None are dropped, and so are
+        scikit-learn's forwarded ``gamma``, ``degree`` and ``coef0`` when the
+        kernel does not take them (scikit-learn's ``filter_params=True``), so
+        ``make_kernel(name, gamma=g, degree=d, coef0=c)`` works for every
+        name. Any other parameter the kernel does not take is a ValueError.
+
+    Returns
+    -------
+    Kernel
     """
     if isinstance(kernel, Kernel):
         return kernel
     if isinstance(kernel, dict):
-        return kernel_from_spec(kernel)
+        k = kernel_from_spec(kernel)
+        kwargs = _filter(kernel.get("name"), type(k)._param_names(), params)
+        return k.set_params(**kwargs) if kwargs else k
     if not isinstance(kernel, str):
         raise TypeError(f"kernel must be a name, a spec dict or a Kernel, got {kernel!r}")
     name = _ALIASES.get(kernel, kernel)
-    if name not in registered_names():
-        raise ValueError(f"unknown kernel {kernel!r}; known kernels: {registered_names()}")
-    spec = {"name": name, "params": {}}
-    k = kernel_from_spec(spec)
-    accepted = set(k._param_names())
-    extra = {p: v for p, v in params.items() if p not in accepted and v is not None}
+    if name not in _REGISTRY:
+        known = sorted(set(registered_names()) | set(_ALIASES))
+        raise ValueError(f"unknown kernel {kernel!r}; known kernels: {known}")
+    cls = _REGISTRY[name]
+    kwargs = _filter(kernel, cls._param_names(), params)
+    try:
+        return cls(**kwargs)
+    except TypeError as e:
+        if "required positional argument" in str(e):
+            raise ValueError(
+                f"kernel {kernel!r} needs parameters {cls._param_names()}; got {sorted(kwargs)}"
+            ) from None
+        raise
+
+
+def _filter(kernel: Any, accepted_names: list[str], params: dict[str, Any]) -> dict[str, Any]:
+    """Drop None values and the forwarded sklearn params the kernel does not take."""
+    accepted = set(accepted_names)
+    extra = {
+        p: v
+        for p, v in params.items()
+        if p not in accepted and v is not None and p not in SKLEARN_FORWARDED
+    }
     if extra:
-        raise ValueError(f"kernel {kernel!r} does not take parameters {sorted(extra)}")
-    k.set_params(**{p: v for p, v in params.items() if p in accepted and v is not None})
-    return k
+        raise ValueError(
+            f"kernel {kernel!r} does not take parameters {sorted(extra)}; "
+            f"valid parameters are {sorted(accepted)}"
+        )
+    return {p: v for p, v in params.items() if p in accepted and v is not None}
