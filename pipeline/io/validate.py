@@ -1,0 +1,124 @@
+"""Streaming validation and content fingerprints of row-blocked inputs.
+
+Public API
+----------
+``check_meta(X, name="X")``
+    Cheap checks that need no data: 2-D, numeric dtype, known chunk sizes.
+``iter_row_blocks(X, batch=2)``
+    Yield ``(block_index, row_offset, ndarray)`` in order, computing ``batch``
+    blocks at a time, so at most ``batch`` row blocks are in memory.
+``validate_row_blocks(X, name="X") -> None``
+    Stream over the blocks; raise ``ValueError`` naming the first non-finite
+    value's row block, global row and column.
+``fingerprint_row_blocks(X) -> str``
+    Content hash (``pipeline.storage.fingerprint_blocks``): depends on values,
+    dtype and shape, not on the block split.
+``validate_and_fingerprint(X, name="X") -> str``
+    Both in one pass over the data (what the Gram builder uses).
+
+X is never loaded whole: memory is ``batch`` row blocks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import dask
+import dask.array as da
+import numpy as np
+
+from pipeline.storage import fingerprint_blocks
+
+__all__ = [
+    "check_meta",
+    "fingerprint_row_blocks",
+    "iter_row_blocks",
+    "validate_and_fingerprint",
+    "validate_row_blocks",
+]
+
+
+def check_meta(X: da.Array, name: str = "X") -> None:
+    """Raise ValueError unless ``X`` is a 2-D numeric Dask array with known chunks."""
+    if not isinstance(X, da.Array):
+        raise ValueError(
+            f"{name} must be a dask array here, got {type(X).__name__}; "
+            "convert it with pipeline.io.as_row_blocks"
+        )
+    if X.ndim != 2:
+        raise ValueError(f"{name} must be 2-D (n_samples, n_features), got shape {X.shape}")
+    if np.dtype(X.dtype).kind not in "biuf":
+        raise ValueError(f"{name} must be numeric, got dtype {X.dtype}")
+    if any(np.isnan(c) for c in X.chunks[0]):
+        raise ValueError(
+            f"{name} has unknown chunk sizes; build it with pipeline.io.as_row_blocks "
+            "(or call X.compute_chunk_sizes())"
+        )
+    if len(X.chunks[1]) != 1:
+        raise ValueError(
+            f"{name} must have one column chunk (row blocks), got column chunks {X.chunks[1]}; "
+            "rechunk with X.rechunk({1: -1})"
+        )
+
+
+def iter_row_blocks(X: da.Array, batch: int = 2) -> Iterator[tuple[int, int, np.ndarray]]:
+    """Yield ``(i, row_offset, block)`` for each row block of ``X``, in order.
+
+    ``batch`` blocks are computed together (they share any upstream reads, e.g.
+    Parquet partitions), and only they are held in memory at a time.
+    """
+    check_meta(X)
+    offsets = np.concatenate([[0], np.cumsum(X.chunks[0])]).astype(int)
+    n_blocks = len(X.chunks[0])
+    for start in range(0, n_blocks, max(1, batch)):
+        idx = range(start, min(start + max(1, batch), n_blocks))
+        arrays = dask.compute(*[X.blocks[i] for i in idx])
+        for i, b in zip(idx, arrays):
+            yield i, int(offsets[i]), np.asarray(b)
+
+
+def _check_finite_block(block: np.ndarray, i: int, offset: int, name: str) -> None:
+    if block.dtype.kind != "f" or block.size == 0:
+        return
+    if np.isfinite(block).all():
+        return
+    bad = ~np.isfinite(block)
+    r, c = (int(v[0]) for v in np.nonzero(bad))
+    n_bad = int(bad.sum())
+    raise ValueError(
+        f"{name} has a non-finite value ({float(block[r, c])}) at row {offset + r}, column {c} "
+        f"(row block {i}, rows {offset}..{offset + block.shape[0] - 1}; {n_bad} non-finite "
+        f"value(s) in this block). Remove or impute NaN/inf values before building the Gram."
+    )
+
+
+def validate_and_fingerprint(X: da.Array, name: str = "X", batch: int = 2) -> str:
+    """Check ``X`` block by block (finite values) and return its content fingerprint.
+
+    Raises
+    ------
+    ValueError
+        ``X`` is not 2-D numeric, or holds NaN/inf (the message names the row
+        block, the global row and the column of the first one).
+    """
+    check_meta(X, name)
+
+    def blocks() -> Iterator[np.ndarray]:
+        for i, off, b in iter_row_blocks(X, batch=batch):
+            _check_finite_block(b, i, off, name)
+            yield b
+
+    return fingerprint_blocks(blocks())
+
+
+def validate_row_blocks(X: da.Array, name: str = "X", batch: int = 2) -> None:
+    """Raise ValueError if ``X`` is not 2-D, numeric and finite (streaming)."""
+    check_meta(X, name)
+    for i, off, b in iter_row_blocks(X, batch=batch):
+        _check_finite_block(b, i, off, name)
+
+
+def fingerprint_row_blocks(X: da.Array, batch: int = 2) -> str:
+    """Content fingerprint of ``X`` computed block by block (no validation)."""
+    check_meta(X)
+    return fingerprint_blocks(b for _, _, b in iter_row_blocks(X, batch=batch))

@@ -1,0 +1,200 @@
+"""Benchmark: out-of-core Gram build against its compute-only and write-only baselines.
+
+Usage::
+
+    python workflows/benchmarks/bench_gram.py            # N=40,000, D=16, block 4096, float64
+    python workflows/benchmarks/bench_gram.py --quick    # N=12,000, block 2048 (about 0.6 GB)
+
+In one process and on the same tiles (lower triangle of K(X, X), RBF) it times
+
+* ``compute-only``: every tile evaluated with the kernel and discarded, same
+  Dask graph shape and parallelism (threaded scheduler, BLAS at 1 thread);
+* ``write-only``: the same bytes (a pre-made tile of each shape) region-written
+  into a Zarr v3 array with the same chunks, no compression, same parallelism;
+* ``build``: :func:`pipeline.gram.build_gram` into a fresh store (this includes
+  the streaming validation and fingerprint pass over X, and the markers).
+
+Each phase starts after the previous store was deleted and ``os.sync()`` ran, so
+no phase pays for another's dirty pages. Peak RSS per phase is sampled by a
+psutil thread every 10 ms (``ru_maxrss`` gives the process-wide peak). Target:
+build wall <= 1.25 x max(compute-only, write-only) and peak RSS <= 2 GB.
+Repeats are interleaved; the minimum of each phase is reported. The stores are
+removed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import dask
+import numpy as np
+import psutil
+import zarr
+
+from pipeline.gram import build_gram
+from pipeline.kernels import RBF
+from pipeline.parallel import compute
+from pipeline.storage import TileGrid
+
+
+class PeakRSS:
+    """Sample this process's RSS in a background thread; ``.peak`` in bytes."""
+
+    def __init__(self, interval: float = 0.01) -> None:
+        self.interval = interval
+        self.proc = psutil.Process()
+        self.peak = 0
+        self._stop = threading.Event()
+
+    def __enter__(self) -> PeakRSS:
+        self.peak = self.proc.memory_info().rss
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+            time.sleep(self.interval)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._t.join()
+        self.peak = max(self.peak, self.proc.memory_info().rss)
+
+
+def _compute_tile(kernel, Xi, Xj, diag, dtype):
+    K = kernel(Xi) if diag else kernel(Xi, Xj)
+    np.asarray(K, dtype=dtype)
+    return None
+
+
+def compute_only(X, kernel, grid, dtype):
+    blocks = [dask.delayed(X[grid.row_slice(i)]) for i in range(grid.n_row_blocks)]
+    tasks = [
+        dask.delayed(_compute_tile, pure=False)(kernel, blocks[i], blocks[j], i == j, dtype)
+        for i, j in grid.lower_tiles()
+    ]
+    compute(*tasks, progress=False)
+
+
+def _write_tile(path, grid, i, j, tile):
+    arr = zarr.open_array(store=path, mode="r+")
+    r, c = grid.row_slice(i), grid.col_slice(j)
+    arr[r, c] = tile[: r.stop - r.start, : c.stop - c.start]
+
+
+def write_only(path, grid, dtype, rng):
+    b = grid.block_size
+    zarr.create_array(
+        store=path,
+        shape=(grid.n_rows, grid.n_cols),
+        chunks=(min(b, grid.n_rows), min(b, grid.n_cols)),
+        dtype=dtype,
+        compressors=None,
+        fill_value=0,
+        overwrite=True,
+    )
+    template = rng.random((min(b, grid.n_rows), min(b, grid.n_cols))).astype(dtype)
+    tasks = [
+        dask.delayed(_write_tile, pure=False)(path, grid, i, j, template)
+        for i, j in grid.lower_tiles()
+    ]
+    compute(*tasks, progress=False)
+
+
+def _fresh(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+    os.sync()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="N=12000, block 2048")
+    p.add_argument("--n", type=int, default=None)
+    p.add_argument("--d", type=int, default=16)
+    p.add_argument("--block", type=int, default=None)
+    p.add_argument("--dtype", default="float64")
+    p.add_argument("--repeats", type=int, default=None)
+    p.add_argument("--dir", default=None, help="scratch directory for the stores")
+    args = p.parse_args(argv)
+    n = args.n or (12_000 if args.quick else 40_000)
+    block = args.block or (2048 if args.quick else 4096)
+    repeats = args.repeats or (2 if args.quick else 1)
+    dtype = np.dtype(args.dtype)
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((n, args.d))
+    kernel = RBF(gamma=1.0 / args.d)
+    grid = TileGrid(n, n, block)
+    n_tiles = grid.n_lower_tiles()
+    nbytes = (
+        sum(
+            (grid.row_slice(i).stop - grid.row_slice(i).start)
+            * (grid.col_slice(j).stop - grid.col_slice(j).start)
+            for i, j in grid.lower_tiles()
+        )
+        * dtype.itemsize
+    )
+    scratch = Path(tempfile.mkdtemp(prefix="bench_gram_", dir=args.dir))
+    print(
+        f"bench_gram: N={n} D={args.d} block={block} dtype={dtype} RBF; {n_tiles} lower tiles, "
+        f"{nbytes / 1e9:.2f} GB; threads={os.cpu_count()}; scratch {scratch}",
+        flush=True,
+    )
+    # the first Zarr write in a process is slow (NOTES.md): warm up outside the timings
+    write_only(str(scratch / "warm"), TileGrid(512, 512, 256), dtype, rng)
+    times: dict[str, list[float]] = {"compute-only": [], "write-only": [], "build": []}
+    peaks: dict[str, int] = {k: 0 for k in times}
+    try:
+        for rep in range(repeats):
+            for phase in times:
+                path = scratch / phase
+                _fresh(path)
+                with PeakRSS() as mon:
+                    t0 = time.perf_counter()
+                    if phase == "compute-only":
+                        compute_only(X, kernel, grid, dtype)
+                    elif phase == "write-only":
+                        write_only(str(path), grid, dtype, rng)
+                    else:
+                        build_gram(X, kernel, str(path), block, dtype=dtype, progress=False)
+                    dt = time.perf_counter() - t0
+                times[phase].append(dt)
+                peaks[phase] = max(peaks[phase], mon.peak)
+                print(
+                    f"  rep {rep}: {phase:13s} {dt:7.2f} s  {nbytes / dt / 1e9:5.2f} GB/s  "
+                    f"peak RSS {mon.peak / 1e9:.2f} GB",
+                    flush=True,
+                )
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    best = {k: min(v) for k, v in times.items()}
+    base = max(best["compute-only"], best["write-only"])
+    ratio = best["build"] / base
+    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print("\nphase          best wall   GB/s   peak RSS")
+    for k in times:
+        print(
+            f"{k:13s}  {best[k]:8.2f} s  {nbytes / best[k] / 1e9:5.2f}   {peaks[k] / 1e9:5.2f} GB"
+        )
+    print(
+        f"build / max(compute-only, write-only) = {ratio:.2f} (target <= 1.25); "
+        f"build peak RSS {peaks['build'] / 1e9:.2f} GB (target <= 2 GB); "
+        f"process ru_maxrss {maxrss / 1e9:.2f} GB"
+    )
+    ok = ratio <= 1.25 and peaks["build"] <= 2e9
+    print("targets met" if ok else "targets NOT met")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
