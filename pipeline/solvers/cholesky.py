@@ -1,0 +1,677 @@
+"""Out-of-core tile Cholesky of ``K + shift * I`` from the stored Gram's lower tiles.
+
+The factor ``L`` (lower, ``L @ L.T = K + shift * I``) goes to its own tiled Zarr
+array; the Gram is only read. The algorithm is *left-looking*: tile ``L_ij``
+(``i >= j``) is a pure function of the Gram tile ``K_ij`` and finished factor
+tiles,
+
+    A    = K_ij + shift * delta_ij * I - sum_{k<j} L_ik @ L_jk.T
+    L_jj = potrf(A)                 (i == j)
+    L_ij = A @ inv(L_jj).T          (i > j, a TRSM)
+
+so every tile task reads finished tiles, writes its own region, then its
+completion marker. A task killed half way leaves no marker and is simply
+recomputed; a rerun recomputes no tile whose marker exists (same fingerprint),
+and the summation order is fixed, so the rerun's ``L`` is bit-identical.
+
+Two executors run the same tile function:
+
+- ``scheduler="dask"``: a Dask graph of one task per factor tile; tasks depend
+  on each other through tiny results (a dict per tile), never tile payloads. It
+  runs on the active distributed client or the threaded scheduler, one BLAS
+  thread per Dask thread (:func:`pipeline.parallel.compute`).
+- ``scheduler="loop"``: the same tasks in left-looking order in this process,
+  each using all BLAS threads, with factor-tile reads prefetched and writes
+  done by background threads, so I/O overlaps compute.
+
+Finished factor tiles are immutable (their key includes the fingerprint), so a
+per-process LRU cache with a byte budget keeps recently used ones in memory.
+``potrf`` is only ever called on one diagonal tile.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import queue
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy.linalg import blas as sblas
+from scipy.linalg import lapack
+
+from pipeline.storage import TiledArray, fingerprint_obj, open_tiled_array
+
+CONVENTIONS = ("sklearn", "n")
+
+# ---------------------------------------------------------------------------
+# errors and options
+
+
+class NotPositiveDefiniteError(ValueError):
+    """A diagonal tile of ``K + shift * I`` (after the left-looking update) is not PD.
+
+    Attributes
+    ----------
+    tile : tuple of int
+        The diagonal tile ``(j, j)`` whose POTRF failed.
+    pivot : int
+        LAPACK's ``info``: the 1-based leading minor of the tile that failed.
+    row : int
+        The 0-based global row of that pivot.
+    lam, convention, shift : float, str, float
+        The regularisation in use.
+    """
+
+    def __init__(
+        self,
+        tile: tuple[int, int],
+        pivot: int,
+        row: int,
+        lam: float,
+        convention: str,
+        shift: float,
+        jitter_tried: tuple[float, ...] = (),
+    ) -> None:
+        self.tile, self.pivot, self.row = tile, pivot, row
+        self.lam, self.convention, self.shift = lam, convention, shift
+        self.jitter_tried = jitter_tried
+        tried = (
+            f" Jitter was tried up to {max(jitter_tried):.3g} on that tile's diagonal "
+            f"({len(jitter_tried)} tries)."
+            if jitter_tried
+            else ""
+        )
+        super().__init__(
+            f"K + shift*I is not positive definite: POTRF of diagonal tile {tile} failed at "
+            f"pivot {pivot} of the tile (global row {row}), with lambda={lam!r} "
+            f"(convention={convention!r}, shift added to the diagonal={shift!r}).{tried} "
+            "Options: use a larger alpha/lambda (a PSD kernel with lambda <= 0 is singular); "
+            "pass jitter=<relative jitter, e.g. 1e-10> to retry the tile with a recorded "
+            "diagonal jitter; or use solver='cg', which needs no factorisation."
+        )
+
+    def __reduce__(self):  # picklable across Dask workers
+        return (
+            type(self),
+            (
+                self.tile,
+                self.pivot,
+                self.row,
+                self.lam,
+                self.convention,
+                self.shift,
+                self.jitter_tried,
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class JitterPolicy:
+    """Opt-in retry of a failed diagonal POTRF with jitter on that tile's diagonal.
+
+    Try ``k`` (0-based) adds ``initial * growth**k * (mean(|diag(K_jj)|) + shift)``
+    to the diagonal of the updated tile ``A``. The jitter used is recorded in the
+    tile's marker and in the factor's attributes; the factor is then that of
+    ``K + shift*I + D`` with ``D`` the recorded block-diagonal jitter.
+    """
+
+    initial: float = 1e-10
+    growth: float = 10.0
+    max_tries: int = 8
+
+    def __post_init__(self) -> None:
+        if not (self.initial > 0 and self.growth > 1 and self.max_tries >= 1):
+            raise ValueError(
+                f"jitter policy needs initial > 0, growth > 1, max_tries >= 1; got {self}"
+            )
+
+    def to_dict(self) -> dict[str, float]:
+        return {"initial": self.initial, "growth": self.growth, "max_tries": self.max_tries}
+
+
+def make_jitter_policy(jitter: Any) -> JitterPolicy | None:
+    """None/False: off; True: defaults; float: initial relative jitter; dict/policy."""
+    if jitter is None or jitter is False:
+        return None
+    if jitter is True:
+        return JitterPolicy()
+    if isinstance(jitter, JitterPolicy):
+        return jitter
+    if isinstance(jitter, Mapping):
+        return JitterPolicy(**jitter)
+    if isinstance(jitter, int | float) and not isinstance(jitter, bool):
+        return JitterPolicy(initial=float(jitter))
+    raise ValueError(
+        f"jitter must be None, True, a positive float or a dict of JitterPolicy fields, "
+        f"got {jitter!r}"
+    )
+
+
+def regularisation_shift(lam: float, n: int, convention: str = "sklearn") -> float:
+    """The diagonal shift for ``lam``: ``lam`` ("sklearn") or ``n * lam`` ("n")."""
+    if convention not in CONVENTIONS:
+        raise ValueError(f"convention must be one of {CONVENTIONS}, got {convention!r}")
+    lam = float(lam)
+    if not np.isfinite(lam) or lam < 0:
+        raise ValueError(
+            f"lambda must be a finite number >= 0, got {lam!r}; use e.g. alpha=1e-3 "
+            "(kernel ridge needs lambda > 0 unless the kernel is strictly positive definite)"
+        )
+    return lam if convention == "sklearn" else n * lam
+
+
+# ---------------------------------------------------------------------------
+# per-process cache of finished factor tiles
+
+
+class _TileCache:
+    """Thread-safe LRU of finished (immutable) tiles under a byte budget."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = int(budget)
+        self.nbytes = 0
+        self._d: collections.OrderedDict[Any, np.ndarray] = collections.OrderedDict()
+        self._pinned: dict[Any, np.ndarray] = {}
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def pin(self, key: Any, arr: np.ndarray) -> None:
+        """Hold ``arr`` outside the budget until :meth:`unpin` (then it becomes a normal entry)."""
+        with self._lock:
+            self._pinned[key] = arr
+
+    def unpin(self, key: Any) -> None:
+        with self._lock:
+            arr = self._pinned.pop(key, None)
+        if arr is not None:
+            self.put(key, arr)
+
+    def get(self, key: Any) -> np.ndarray | None:
+        with self._lock:
+            arr = self._pinned.get(key)
+            if arr is None:
+                arr = self._d.get(key)
+            if arr is not None:
+                if key in self._d:
+                    self._d.move_to_end(key)
+                self.hits += 1
+            else:
+                self.misses += 1
+            return arr
+
+    def put(self, key: Any, arr: np.ndarray) -> None:
+        if arr.nbytes > self.budget:
+            return
+        with self._lock:
+            old = self._d.pop(key, None)
+            if old is not None:
+                self.nbytes -= old.nbytes
+            self._d[key] = arr
+            self.nbytes += arr.nbytes
+            while self.nbytes > self.budget and self._d:
+                _, ev = self._d.popitem(last=False)
+                self.nbytes -= ev.nbytes
+
+    def clear(self) -> None:
+        with self._lock:
+            self._d.clear()
+            self.nbytes = 0
+
+
+DEFAULT_CACHE_BYTES = int(os.environ.get("KRR_TILE_CACHE_BYTES", 1 << 30))
+_CACHE = _TileCache(DEFAULT_CACHE_BYTES)
+
+
+def set_tile_cache_budget(nbytes: int) -> None:
+    """Set this process's factor-tile cache budget in bytes (0 disables it)."""
+    _CACHE.budget = int(nbytes)
+    if nbytes <= 0:
+        _CACHE.clear()
+
+
+def _cache_key(arr: TiledArray, i: int, j: int) -> tuple:
+    return (arr.store, arr.name, arr.fingerprint, i, j)
+
+
+def _read_factor_tile(L: TiledArray, i: int, j: int) -> np.ndarray:
+    key = _cache_key(L, i, j)
+    tile = _CACHE.get(key)
+    if tile is None:
+        tile = np.ascontiguousarray(L.read_tile(i, j))
+        tile.flags.writeable = False
+        _CACHE.put(key, tile)
+    return tile
+
+
+# ---------------------------------------------------------------------------
+# tile kernels (BLAS-3)
+
+
+def _potrf_lower(a: np.ndarray) -> tuple[np.ndarray, int]:
+    potrf = lapack.get_lapack_funcs("potrf", (a,))
+    # a is C-contiguous and symmetric: its transpose is the same matrix in F order
+    c, info = potrf(a.T, lower=0, clean=1, overwrite_a=0)
+    # c is the upper factor U (F order) of a.T == a; L = U.T, C-contiguous view
+    return np.ascontiguousarray(c.T), int(info)
+
+
+def _trsm_right_lower_t(ljj: np.ndarray, a: np.ndarray) -> np.ndarray:
+    """Solve ``X @ ljj.T = a`` for X in place of ``a`` (both C-contiguous)."""
+    trsm = sblas.get_blas_funcs("trsm", (ljj, a))
+    # X ljj^T = a  <=>  ljj X^T = a^T ; a.T (F order) is X^T's buffer; ljj = (ljj.T)^T
+    out = trsm(1.0, ljj.T, a.T, side=0, lower=0, trans_a=1, overwrite_b=1)
+    return np.ascontiguousarray(out.T)
+
+
+def _updated_tile(
+    gram: TiledArray,
+    L: TiledArray,
+    i: int,
+    j: int,
+    shift: float,
+    dtype: np.dtype,
+    k_tile: np.ndarray | None = None,
+) -> np.ndarray:
+    if k_tile is None:
+        k_tile = gram.read_tile(i, j)
+    a = np.array(k_tile, dtype=dtype, order="C", copy=True)
+    if i == j:
+        a[np.diag_indices_from(a)] += shift
+    for k in range(j):
+        ljk = _read_factor_tile(L, j, k)
+        if i == j:
+            a -= ljk @ ljk.T  # numpy uses SYRK for x @ x.T
+        else:
+            a -= _read_factor_tile(L, i, k) @ ljk.T
+    return a
+
+
+def _factor_tile(
+    gram: TiledArray,
+    L: TiledArray,
+    i: int,
+    j: int,
+    shift: float,
+    lam: float,
+    convention: str,
+    jitter: JitterPolicy | None,
+    k_tile: np.ndarray | None = None,
+) -> tuple[np.ndarray, dict[str, Any]]:
+    """Compute factor tile ``(i, j)`` from finished tiles; returns (tile, marker info)."""
+    dtype = np.dtype(L.dtype)
+    t0 = time.perf_counter()
+    if k_tile is None:
+        k_tile = gram.read_tile(i, j)
+    a = _updated_tile(gram, L, i, j, shift, dtype, k_tile)
+    info: dict[str, Any] = {}
+    if i == j:
+        lt, piv = _potrf_lower(a)
+        tried: list[float] = []
+        if piv != 0 and jitter is not None:
+            # relative to the tile's own diagonal of K + shift*I (not of the Schur complement,
+            # which is ~0 exactly when jitter is needed)
+            scale = float(np.mean(np.abs(np.diag(k_tile)))) + shift or 1.0
+            for t in range(jitter.max_tries):
+                eps = jitter.initial * jitter.growth**t * scale
+                tried.append(eps)
+                aj = a.copy()
+                aj[np.diag_indices_from(aj)] += eps
+                lt, piv = _potrf_lower(aj)
+                if piv == 0:
+                    info["jitter"] = eps
+                    info["jitter_tries"] = t + 1
+                    break
+        if piv != 0:
+            row = L.grid.row_slice(j).start + piv - 1
+            raise NotPositiveDefiniteError((i, j), piv, row, lam, convention, shift, tuple(tried))
+        out = lt
+    else:
+        out = _trsm_right_lower_t(_read_factor_tile(L, j, j), a)
+    info["seconds"] = round(time.perf_counter() - t0, 4)
+    return out, info
+
+
+def _store_tile(L: TiledArray, i: int, j: int, tile: np.ndarray, info: dict[str, Any]) -> None:
+    tile.flags.writeable = False
+    _CACHE.put(_cache_key(L, i, j), tile)
+    L.write_tile(i, j, tile, **info)  # region first, marker last
+
+
+def _tile_task(
+    gram: TiledArray,
+    L: TiledArray,
+    i: int,
+    j: int,
+    shift: float,
+    lam: float,
+    convention: str,
+    jitter: JitterPolicy | None,
+    deps: Iterable[Any] = (),
+) -> dict[str, Any]:
+    """Dask task: factor tile (i, j) unless its marker exists; return a tiny record."""
+    rec = L.markers.record((i, j))
+    if rec is not None:  # a retried or duplicated task: the tile is already stored
+        return {"tile": (i, j), "computed": False, "jitter": rec.get("jitter")}
+    tile, info = _factor_tile(gram, L, i, j, shift, lam, convention, jitter)
+    _store_tile(L, i, j, tile, info)
+    return {"tile": (i, j), "computed": True, "jitter": info.get("jitter")}
+
+
+# ---------------------------------------------------------------------------
+# executors
+
+
+def _deps(i: int, j: int) -> list[tuple[int, int]]:
+    d = [(i, k) for k in range(j)]
+    if i != j:
+        d += [(j, k) for k in range(j)] + [(j, j)]
+    return d
+
+
+def _run_dask(gram, L, todo, shift, lam, convention, jitter, progress) -> list[dict]:
+    from dask import delayed
+
+    from pipeline.parallel import compute
+
+    prefix = f"chol-tile-{L.fingerprint[:10]}"
+    nodes: dict[tuple[int, int], Any] = {}
+    todo_set = set(todo)
+    for i, j in todo:  # todo is in left-looking order: deps come first
+        deps = [nodes[d] for d in _deps(i, j) if d in todo_set]
+        nodes[(i, j)] = delayed(_tile_task, pure=False)(
+            gram,
+            L,
+            i,
+            j,
+            shift,
+            lam,
+            convention,
+            jitter,
+            deps,
+            dask_key_name=f"{prefix}-{i}-{j}",
+        )
+    if not nodes:
+        return []
+    (records,) = compute(list(nodes.values()), progress=progress, desc="tile Cholesky")
+    return list(records)
+
+
+def _run_loop(gram, L, todo, shift, lam, convention, jitter, blas_threads) -> list[dict]:
+    from pipeline.parallel import blas_threads as _blas
+
+    # prefetch: warm the cache with the next tasks' factor inputs (zarr reads release the GIL)
+    prefetch = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chol-prefetch")
+    # writer: region writes then markers, in order, off the compute thread. A tile stays
+    # pinned in the cache until its write is done, so no reader ever sees it half written.
+    wq: queue.Queue = queue.Queue(maxsize=4)
+    errors: list[BaseException] = []
+
+    def writer() -> None:
+        while True:
+            item = wq.get()
+            if item is None:
+                return
+            i, j, tile, info = item
+            try:
+                if not errors:
+                    L.write_tile(i, j, tile, **info)
+            except BaseException as e:  # surfaced by the compute loop
+                errors.append(e)
+            finally:
+                _CACHE.unpin(_cache_key(L, i, j))
+
+    wt = threading.Thread(target=writer, name="chol-writer", daemon=True)
+    wt.start()
+    records: list[dict] = []
+    lookahead = 2
+    pending: dict[int, Any] = {}
+
+    todo_set = set(todo)
+
+    def warm(idx: int) -> np.ndarray:
+        i, j = todo[idx]
+        for a, b in _deps(i, j):
+            # only tiles finished before this run: this run's own tiles are pinned in the
+            # cache until written, and may not even be computed yet
+            if (a, b) not in todo_set:
+                _read_factor_tile(L, a, b)
+        return gram.read_tile(i, j)
+
+    try:
+        with _blas(blas_threads):
+            for idx, (i, j) in enumerate(todo):
+                for nxt in range(idx + 1, min(idx + 1 + lookahead, len(todo))):
+                    if nxt not in pending:
+                        pending[nxt] = prefetch.submit(warm, nxt)
+                f = pending.pop(idx, None)
+                k_tile = f.result() if f is not None else None
+                if errors:
+                    raise errors[0]
+                tile, info = _factor_tile(gram, L, i, j, shift, lam, convention, jitter, k_tile)
+                tile.flags.writeable = False
+                _CACHE.pin(_cache_key(L, i, j), tile)
+                wq.put((i, j, tile, info))
+                records.append({"tile": (i, j), "computed": True, "jitter": info.get("jitter")})
+    finally:
+        wq.put(None)
+        wt.join()
+        prefetch.shutdown(wait=True, cancel_futures=True)
+    if errors:
+        raise errors[0]
+    return records
+
+
+# ---------------------------------------------------------------------------
+# public API
+
+
+@dataclass(frozen=True)
+class CholeskyFactor:
+    """The stored factor ``L`` of ``K + shift * I`` and how it was made.
+
+    Attributes
+    ----------
+    L : TiledArray
+        Lower tiles of the factor (tiles with ``j > i`` are never written).
+    lam, convention, shift : float, str, float
+        ``shift = lam`` ("sklearn") or ``n * lam`` ("n").
+    jitter : dict
+        ``{"i.j": jitter}`` for diagonal tiles that needed jitter (empty if none).
+    computed : tuple of (int, int)
+        Tiles computed by this call (empty when everything was already stored).
+    seconds : float
+        Wall time of this call.
+    """
+
+    L: TiledArray
+    lam: float
+    convention: str
+    shift: float
+    jitter: dict[str, float] = field(default_factory=dict)
+    computed: tuple[tuple[int, int], ...] = ()
+    seconds: float = 0.0
+
+    @property
+    def n(self) -> int:
+        return int(self.L.shape[0])
+
+
+def factor_fingerprint(
+    gram: TiledArray, lam: float, convention: str, jitter: JitterPolicy | None, dtype: Any
+) -> str:
+    """Fingerprint of the factor: chained to the Gram's, lambda, convention, jitter policy."""
+    return fingerprint_obj(
+        {
+            "what": "tile-cholesky-lower",
+            "gram": gram.fingerprint,
+            "lambda": float(lam),
+            "convention": convention,
+            "jitter": None if jitter is None else jitter.to_dict(),
+            "dtype": np.dtype(dtype).str,
+        }
+    )
+
+
+def _left_looking_order(n_blocks: int) -> list[tuple[int, int]]:
+    return [(i, j) for j in range(n_blocks) for i in range(j, n_blocks)]
+
+
+def tile_cholesky(
+    gram: TiledArray,
+    lam: float,
+    *,
+    convention: str = "sklearn",
+    store: str | None = None,
+    name: str = "chol",
+    jitter: Any = None,
+    scheduler: str = "dask",
+    blas_threads: int | None = None,
+    overwrite: bool = True,
+    check_gram: bool = True,
+    progress: bool = True,
+) -> CholeskyFactor:
+    """Factor ``K + shift * I = L @ L.T`` tile by tile, Zarr to Zarr, resumably.
+
+    Parameters
+    ----------
+    gram : TiledArray
+        The stored Gram (lower tiles ``j <= i`` written and marked), square.
+        It is only read.
+    lam : float
+        Regularisation ``>= 0``.
+    convention : {"sklearn", "n"}
+        ``shift = lam`` (scikit-learn's ``alpha``) or ``shift = n * lam``.
+    store : str, optional
+        Where the factor goes; default: the Gram's store.
+    name : str
+        Array name of the factor in ``store``.
+    jitter : None, True, float, dict or JitterPolicy
+        Off by default: a non-PD diagonal tile raises
+        :class:`NotPositiveDefiniteError`. Otherwise a failed tile POTRF is
+        retried with growing jitter on that tile's diagonal (recorded).
+    scheduler : {"dask", "loop"}
+        "dask" (default): one Dask task per tile on the active distributed
+        client or the threaded scheduler, one BLAS thread per Dask thread
+        (:func:`pipeline.parallel.compute`).
+        "loop": one tile at a time in this process with ``blas_threads`` BLAS
+        threads and background prefetch/writes.
+    blas_threads : int, optional
+        BLAS threads for the "loop" scheduler (default: all cores).
+    overwrite : bool
+        Replace a factor stored under ``name`` with another fingerprint (e.g.
+        another lambda). If False such a store raises ``StoreMismatchError``.
+    check_gram : bool
+        Verify that every lower Gram tile has its completion marker.
+
+    Returns
+    -------
+    CholeskyFactor
+
+    Raises
+    ------
+    NotPositiveDefiniteError
+        A diagonal tile is not positive definite (names tile, pivot, lambda).
+    ValueError
+        Bad lambda/convention, a non-square or incomplete Gram.
+    """
+    t0 = time.perf_counter()
+    if len(gram.shape) != 2 or gram.shape[0] != gram.shape[1]:
+        raise ValueError(f"the Gram must be square, got shape {gram.shape}")
+    n = int(gram.shape[0])
+    shift = regularisation_shift(lam, n, convention)
+    policy = make_jitter_policy(jitter)
+    if scheduler not in ("loop", "dask"):
+        raise ValueError(f"scheduler must be 'loop' or 'dask', got {scheduler!r}")
+    grid = gram.grid
+    if check_gram:
+        done = gram.markers.done()
+        missing = [t for t in grid.lower_tiles() if t not in done]
+        if missing:
+            raise ValueError(
+                f"the Gram in {gram.store!r}/{gram.name!r} is incomplete: {len(missing)} of "
+                f"{grid.n_lower_tiles()} lower tiles have no completion marker (first: "
+                f"{missing[:3]}); finish building the Gram before factorising it"
+            )
+    dtype = np.float64
+    fp = factor_fingerprint(gram, lam, convention, policy, dtype)
+    attrs = {
+        "lambda": float(lam),
+        "convention": convention,
+        "shift": float(shift),
+        "gram_fingerprint": gram.fingerprint,
+        "jitter_policy": None if policy is None else policy.to_dict(),
+        "layout": "lower tiles of L with L @ L.T = K + shift*I; upper tiles unwritten",
+    }
+    L = open_tiled_array(
+        store or gram.store,
+        name,
+        (n, n),
+        gram.block_size,
+        dtype,
+        fp,
+        overwrite=overwrite,
+        attributes=attrs,
+    )
+    done_l = L.markers.done()
+    todo = [t for t in _left_looking_order(grid.n_row_blocks) if t not in done_l]
+    if scheduler == "dask":
+        records = _run_dask(gram, L, todo, shift, lam, convention, policy, progress)
+    else:
+        nthreads = blas_threads or os.cpu_count() or 1
+        records = _run_loop(gram, L, todo, shift, lam, convention, policy, nthreads)
+    computed = tuple(tuple(r["tile"]) for r in records if r["computed"])
+    # jitter record over all diagonal tiles (from markers: also those of earlier runs)
+    jit: dict[str, float] = {}
+    if policy is not None:
+        for j in range(grid.n_row_blocks):
+            rec = L.markers.record((j, j)) or {}
+            if rec.get("jitter"):
+                jit[f"{j}.{j}"] = float(rec["jitter"])
+        zarr_arr = L.zarr("r+")
+        zarr_arr.attrs["jitter"] = jit
+    return CholeskyFactor(
+        L=L,
+        lam=float(lam),
+        convention=convention,
+        shift=float(shift),
+        jitter=jit,
+        computed=computed,
+        seconds=time.perf_counter() - t0,
+    )
+
+
+def load_factor(store: str, name: str = "chol") -> CholeskyFactor:
+    """Reopen a finished factor written by :func:`tile_cholesky` (all tiles marked)."""
+    import zarr
+
+    arr = zarr.open_array(store=str(store), path=name, mode="r")
+    a = dict(arr.attrs)
+    L = TiledArray(
+        str(store),
+        name,
+        tuple(arr.shape),
+        int(a["block_size"]),
+        np.dtype(arr.dtype).str,
+        a["fingerprint"],
+    )
+    done = L.markers.done()
+    missing = [t for t in L.grid.lower_tiles() if t not in done]
+    if missing:
+        raise ValueError(
+            f"factor {name!r} in {store!r} is incomplete ({len(missing)} tiles missing, first "
+            f"{missing[:3]}); rerun tile_cholesky to finish it"
+        )
+    return CholeskyFactor(
+        L=L,
+        lam=float(a["lambda"]),
+        convention=a["convention"],
+        shift=float(a["shift"]),
+        jitter=dict(a.get("jitter") or {}),
+    )

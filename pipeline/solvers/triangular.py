@@ -1,0 +1,151 @@
+"""Blockwise forward and back substitution with a stored tile factor ``L``.
+
+``cholesky_solve`` solves ``(K + shift*I) alpha = y`` as ``L z = y`` then
+``L.T alpha = z``, reading each factor tile of the lower triangle once per
+pass (row by row, prefetched in a background thread). ``y`` may hold one or
+many right-hand sides (multi-output regression); ``alpha`` is ``N x outputs``,
+small enough to return as numpy, and can also be written to Zarr.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+from scipy.linalg import blas as sblas
+
+from pipeline.solvers.cholesky import CholeskyFactor, _read_factor_tile
+from pipeline.storage import TiledArray, fingerprint_blocks, fingerprint_obj, open_tiled_array
+
+
+def _tiles_ahead(
+    L: TiledArray, keys: list[tuple[int, int]], depth: int = 3
+) -> Iterator[np.ndarray]:
+    """Yield factor tiles in ``keys`` order, reading up to ``depth`` tiles ahead."""
+    if not keys:
+        return
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="trsv-prefetch") as pool:
+        futures = [pool.submit(_read_factor_tile, L, *k) for k in keys[:depth]]
+        for idx in range(len(keys)):
+            tile = futures[idx].result()
+            futures[idx] = None  # drop the reference once consumed
+            nxt = idx + depth
+            if nxt < len(keys):
+                futures.append(pool.submit(_read_factor_tile, L, *keys[nxt]))
+            yield tile
+
+
+def _trsm_lower(lii: np.ndarray, b: np.ndarray, trans: bool) -> np.ndarray:
+    """Solve ``lii x = b`` (or ``lii.T x = b``), lii lower, b 2-D; returns x (F order)."""
+    trsm = sblas.get_blas_funcs("trsm", (lii, b))
+    # lii is C-contiguous: lii.T is F-contiguous upper U with U.T = lii
+    return trsm(1.0, lii.T, np.asfortranarray(b), side=0, lower=0, trans_a=0 if trans else 1)
+
+
+def _as_factor(factor: CholeskyFactor | TiledArray) -> TiledArray:
+    L = factor.L if isinstance(factor, CholeskyFactor) else factor
+    if not isinstance(L, TiledArray) or len(L.shape) != 2 or L.shape[0] != L.shape[1]:
+        raise ValueError(f"factor must be a CholeskyFactor or a square TiledArray, got {factor!r}")
+    return L
+
+
+def _as_rhs(y: Any, n: int) -> tuple[np.ndarray, bool]:
+    y = np.asarray(y)
+    if y.ndim not in (1, 2):
+        raise ValueError(f"y must be 1-D or 2-D (n_samples[, n_outputs]), got shape {y.shape}")
+    if y.shape[0] != n:
+        raise ValueError(
+            f"y has {y.shape[0]} rows but the factor is {n} x {n}: y must have one row per "
+            "training sample, in the order the Gram was built"
+        )
+    if not np.all(np.isfinite(y)):
+        raise ValueError("y contains NaN or infinity; remove or impute those targets")
+    one_d = y.ndim == 1
+    return np.array(y.reshape(n, -1), dtype=np.float64, order="C"), one_d
+
+
+def forward_substitution(factor: CholeskyFactor | TiledArray, y: Any) -> np.ndarray:
+    """Solve ``L z = y`` blockwise (row by row of tiles). Returns ``z`` shaped like ``y``."""
+    L = _as_factor(factor)
+    z, one_d = _as_rhs(y, L.shape[0])
+    g = L.grid
+    T = g.n_row_blocks
+    keys = [(i, k) for i in range(T) for k in range(i + 1)]
+    tiles = _tiles_ahead(L, keys)
+    for i in range(T):
+        si = g.row_slice(i)
+        acc = z[si].copy()
+        for k in range(i):
+            acc -= next(tiles) @ z[g.row_slice(k)]
+        z[si] = _trsm_lower(next(tiles), acc, trans=False)
+    return z[:, 0] if one_d else z
+
+
+def back_substitution(factor: CholeskyFactor | TiledArray, z: Any) -> np.ndarray:
+    """Solve ``L.T alpha = z`` blockwise, reading L's tiles row by row (last row first)."""
+    L = _as_factor(factor)
+    a, one_d = _as_rhs(z, L.shape[0])
+    g = L.grid
+    T = g.n_row_blocks
+    # row i holds L_ii and L_ik (k < i): once alpha_i is known, z_k -= L_ik.T alpha_i
+    keys = [(i, k) for i in reversed(range(T)) for k in [i, *range(i)]]
+    tiles = _tiles_ahead(L, keys)
+    for i in reversed(range(T)):
+        si = g.row_slice(i)
+        a[si] = _trsm_lower(next(tiles), a[si], trans=True)
+        for k in range(i):
+            sk = g.row_slice(k)
+            a[sk] -= next(tiles).T @ a[si]
+    return a[:, 0] if one_d else a
+
+
+def cholesky_solve(
+    factor: CholeskyFactor | TiledArray,
+    y: Any,
+    *,
+    store: str | None = None,
+    name: str | None = None,
+) -> np.ndarray:
+    """Solve ``(K + shift*I) alpha = y`` with the stored factor (``L L.T = K + shift*I``).
+
+    Parameters
+    ----------
+    factor : CholeskyFactor or TiledArray
+        From :func:`pipeline.solvers.tile_cholesky`.
+    y : array-like of shape (n_samples,) or (n_samples, n_outputs)
+    store, name : str, optional
+        If ``name`` is given, also write ``alpha`` (as ``n x outputs``) to that
+        array in ``store`` (default: the factor's store), with a fingerprint
+        chained to the factor's and ``y``'s content.
+
+    Returns
+    -------
+    alpha : ndarray, float64, shaped like ``y``
+    """
+    L = _as_factor(factor)
+    alpha = back_substitution(L, forward_substitution(L, y))
+    if name is not None:
+        a2 = alpha.reshape(L.shape[0], -1)
+        fp = fingerprint_obj(
+            {"what": "dual-coef", "factor": L.fingerprint, "y": fingerprint_blocks([_y_2d(y)])}
+        )
+        out = open_tiled_array(
+            store or L.store,
+            name,
+            a2.shape,
+            L.block_size,
+            np.float64,
+            fp,
+            overwrite=True,
+            chunk_cols=a2.shape[1],
+        )
+        for i in range(L.grid.n_row_blocks):
+            out.write_tile(i, 0, a2[L.grid.row_slice(i)])
+    return alpha
+
+
+def _y_2d(y: Any) -> np.ndarray:
+    y = np.asarray(y, dtype=np.float64)
+    return y.reshape(y.shape[0], -1)
