@@ -1,0 +1,556 @@
+"""Blockwise kernel-row prediction: ŷ = K(X_new, X_train) · α, never forming K.
+
+The work is a grid of tiles: new-row block ``i`` (``block_size`` rows, the
+output's row block) by training block ``j`` (``train_block_size`` rows of
+``X_train``). Task ``(i, j)`` evaluates its kernel tile with the kernel object
+and multiplies it by α's block ``j``; it returns only the ``block_rows x
+n_outputs`` partial product, so at most one tile per running task exists at a
+time (the tile itself is evaluated in cache-sized pieces). The partial products
+of a row block are summed in a fixed order (a tree with fan-in 16), which makes
+the result bit-identical whatever scheduler runs the graph.
+
+With ``out=`` the predictions go to a Zarr array, one row block per task,
+each followed by a completion marker (:mod:`pipeline.storage`). A rerun skips
+every marked row block, so a killed batch prediction resumes where it stopped.
+The store's fingerprint combines the model's and the input's, and a store
+written for another model or input is refused.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import dask
+import dask.array as da
+import numpy as np
+import zarr
+from dask.delayed import Delayed
+from dask.highlevelgraph import HighLevelGraph
+
+from pipeline.kernels import Kernel, make_kernel
+from pipeline.predict.model import check_preprocessing
+from pipeline.predict.model import model_fingerprint as _model_fingerprint
+from pipeline.predict.source import as_input_blocks
+from pipeline.predict.source import input_fingerprint as _input_fingerprint
+from pipeline.storage import StoreMismatchError, fingerprint_obj, open_tiled_array
+from pipeline.storage.arrays import TiledArray
+
+log = logging.getLogger(__name__)
+
+NAN_POLICIES = ("raise", "propagate")
+#: edge of the pieces a tile is evaluated in: ~8 MB of float64, measured 2-5x
+#: faster per kernel value than 4096-square tiles on this machine (cache)
+CACHE_BLOCK = 1024
+_FAN_IN = 16
+
+
+# -- tasks --------------------------------------------------------------------
+def _prepare(
+    xb: np.ndarray,
+    *,
+    index: int,
+    row_start: int,
+    dtype: np.dtype,
+    nan_policy: str,
+    x_mean: np.ndarray | None,
+    x_scale: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Check one row block for non-finite values, cast it and apply the input scaling.
+
+    Returns the block ready for the kernel and the indices of non-finite rows
+    (None if all are finite; those rows are zeroed and later predicted as NaN).
+    """
+    xb = np.asarray(xb)
+    finite = np.isfinite(xb).all(axis=1) if xb.dtype.kind == "f" else None
+    bad = None
+    if finite is not None and not finite.all():
+        rows = np.flatnonzero(~finite)
+        if nan_policy == "raise":
+            stop = row_start + xb.shape[0] - 1
+            raise ValueError(
+                f"X_new row block {index} (rows {row_start}..{stop}) has {rows.size} row(s) "
+                f"with NaN or inf, the first at row {row_start + int(rows[0])}; clean the "
+                "input, or pass nan_policy='propagate' to predict NaN for those rows"
+            )
+        xb = xb.copy()
+        xb[rows] = 0
+        bad = rows
+    xb = xb.astype(np.float64 if (x_mean is not None or x_scale is not None) else dtype)
+    if x_mean is not None:
+        xb -= x_mean
+    if x_scale is not None:
+        xb /= x_scale
+    return np.ascontiguousarray(xb, dtype=dtype), bad
+
+
+def _matvec(K: np.ndarray, a: np.ndarray) -> np.ndarray:
+    """K @ a with a GEMV for one output column."""
+    if a.shape[1] == 1:
+        return (K @ a[:, 0])[:, None]
+    return K @ a
+
+
+def tile_product(
+    kernel: Kernel, xb: np.ndarray, xt: np.ndarray, a: np.ndarray, cache_block: int = CACHE_BLOCK
+) -> np.ndarray:
+    """K(xb, xt) @ a, evaluated in ``cache_block``-square pieces of the kernel tile.
+
+    This is the whole arithmetic of a prediction task; the benchmark's bare
+    numpy loop calls it too, so both time exactly the same tiles and GEMVs.
+    """
+    out: np.ndarray | None = None
+    nb, nt = xb.shape[0], xt.shape[0]
+    for r0 in range(0, nb, cache_block):
+        r1 = min(r0 + cache_block, nb)
+        for c0 in range(0, nt, cache_block):
+            c1 = min(c0 + cache_block, nt)
+            part = _matvec(kernel(xb[r0:r1], xt[c0:c1]), a[c0:c1])
+            if out is None:
+                out = np.zeros((nb, a.shape[1]), dtype=part.dtype)
+            out[r0:r1] += part
+    if out is None:
+        out = np.zeros((nb, a.shape[1]), dtype=np.result_type(xb.dtype, xt.dtype, a.dtype))
+    return out
+
+
+def _tile_task(
+    prepared: tuple[np.ndarray, Any], xt: np.ndarray, a: np.ndarray, *, kernel: Kernel, cache: int
+) -> np.ndarray:
+    return tile_product(kernel, prepared[0], xt, a, cache)
+
+
+def _sum(*parts: np.ndarray) -> np.ndarray:
+    acc = parts[0].copy()
+    for p in parts[1:]:
+        acc += p
+    return acc
+
+
+def _finish(
+    total: np.ndarray,
+    prepared: tuple[np.ndarray, np.ndarray | None],
+    *,
+    y_mean: np.ndarray | None,
+    y_scale: np.ndarray | None,
+    dtype: np.dtype,
+) -> np.ndarray:
+    y = total
+    if y_scale is not None:
+        y = y * y_scale
+    if y_mean is not None:
+        y = y + y_mean
+    y = np.asarray(y, dtype=dtype)
+    bad = prepared[1]
+    if bad is not None:
+        y = y.copy()
+        y[bad] = np.nan
+    return y
+
+
+def _write(y: np.ndarray, *, handle: TiledArray, index: int, row_start: int) -> int:
+    """Region-write one row block of predictions, then its completion marker."""
+    arr = handle.zarr("r+")
+    arr[row_start : row_start + y.shape[0]] = y
+    handle.markers.mark((index,), rows=[row_start, row_start + int(y.shape[0])], pid=os.getpid())
+    return int(y.shape[0])
+
+
+def _count(*n: int) -> int:
+    return int(sum(n))
+
+
+# -- graph --------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Model:
+    X_train: da.Array
+    dual_coef: da.Array  # 2-D (N, n_outputs)
+    kernel: Kernel
+    squeeze: bool
+    pre: dict[str, np.ndarray]
+
+
+def _check_model(
+    X_train: Any,
+    dual_coef: Any,
+    kernel: Any,
+    preprocessing: Mapping[str, Any] | None,
+    train_block_size: int,
+) -> _Model:
+    kernel = make_kernel(kernel)
+    if not isinstance(X_train, da.Array):
+        X_train = np.asarray(X_train)
+    if X_train.ndim != 2:
+        raise ValueError(f"X_train must be 2-D (n_train, n_features), got shape {X_train.shape}")
+    if not isinstance(dual_coef, da.Array):
+        dual_coef = np.asarray(dual_coef)
+    if dual_coef.ndim not in (1, 2) or dual_coef.shape[0] != X_train.shape[0]:
+        raise ValueError(
+            f"dual_coef must have shape ({X_train.shape[0]},) or ({X_train.shape[0]}, n_outputs) "
+            f"to match X_train {X_train.shape}, got {dual_coef.shape}"
+        )
+    if X_train.shape[0] == 0:
+        raise ValueError("X_train has no rows; a fitted model needs at least one training point")
+    squeeze = dual_coef.ndim == 1
+    A = dual_coef[:, None] if squeeze else dual_coef
+    if A.dtype.kind not in "fiu" or X_train.dtype.kind not in "fiu":
+        raise ValueError(
+            f"X_train and dual_coef must be real numbers, got {X_train.dtype} and {A.dtype}"
+        )
+    bt = int(train_block_size)
+    if bt < 1:
+        raise ValueError(f"train_block_size must be >= 1, got {train_block_size}")
+    Xt = _as_train_blocks(X_train, bt)
+    A = _as_train_blocks(A, bt)
+    pre = check_preprocessing(preprocessing, X_train.shape[1], None if squeeze else A.shape[1])
+    return _Model(Xt, A, kernel, squeeze, pre)
+
+
+def _as_train_blocks(x: Any, bt: int) -> da.Array:
+    chunks = (bt, x.shape[1])
+    if isinstance(x, da.Array):
+        return x.rechunk(chunks)
+    return da.from_array(x, chunks=chunks)
+
+
+def _check_args(block_size: int, nan_policy: str) -> int:
+    if nan_policy not in NAN_POLICIES:
+        raise ValueError(f"nan_policy must be one of {NAN_POLICIES}, got {nan_policy!r}")
+    b = int(block_size)
+    if b < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    return b
+
+
+def _dtypes(X: da.Array, m: _Model) -> tuple[np.dtype, np.dtype]:
+    f32 = X.dtype == np.float32 and m.X_train.dtype == np.float32 and not m.pre
+    kdt = np.dtype(np.float32 if f32 else np.float64)
+    return kdt, np.result_type(kdt, m.dual_coef.dtype, np.float32)
+
+
+def _graph(
+    X: da.Array, m: _Model, *, nan_policy: str, rows: list[int], cache_block: int
+) -> tuple[dict, str, str, list[int], np.dtype]:
+    """Tasks computing the prediction of row blocks ``rows``.
+
+    Returns ``(dsk, prep_name, finish_name, row_starts, out_dtype)``;
+    ``(finish_name, i, 0)`` holds row block i's predictions.
+    """
+    kdt, odt = _dtypes(X, m)
+    token = dask.base.tokenize(
+        X.name,
+        m.X_train.name,
+        m.dual_coef.name,
+        m.kernel.to_spec(),
+        nan_policy,
+        cache_block,
+        {k: v.tolist() for k, v in m.pre.items()},
+        rows,
+    )
+    prep, tile, red, fin = (f"krr-predict-{s}-{token}" for s in ("prep", "tile", "sum", "out"))
+    starts = np.concatenate([[0], np.cumsum(X.chunks[0])]).astype(int).tolist()
+    n_train_blocks = len(m.X_train.chunks[0])
+    tile_fn = functools.partial(_tile_task, kernel=m.kernel, cache=cache_block)
+    finish_fn = functools.partial(
+        _finish,
+        y_mean=m.pre.get("y_mean"),
+        y_scale=m.pre.get("y_scale"),
+        dtype=odt,
+    )
+    dsk: dict[Any, Any] = {}
+    for i in rows:
+        prep_fn = functools.partial(
+            _prepare,
+            index=i,
+            row_start=starts[i],
+            dtype=kdt,
+            nan_policy=nan_policy,
+            x_mean=m.pre.get("x_mean"),
+            x_scale=m.pre.get("x_scale"),
+        )
+        dsk[(prep, i)] = (prep_fn, (X.name, i, 0))
+        level = []
+        for j in range(n_train_blocks):
+            dsk[(tile, i, j)] = (
+                tile_fn,
+                (prep, i),
+                (m.X_train.name, j, 0),
+                (m.dual_coef.name, j, 0),
+            )
+            level.append((tile, i, j))
+        depth = 0
+        while len(level) > 1:
+            nxt = []
+            for g in range(0, len(level), _FAN_IN):
+                key = (red, i, depth, g // _FAN_IN)
+                dsk[key] = (_sum, *level[g : g + _FAN_IN])
+                nxt.append(key)
+            level, depth = nxt, depth + 1
+        dsk[(fin, i, 0)] = (finish_fn, level[0], (prep, i))
+    return dsk, prep, fin, starts, odt
+
+
+def predict_blockwise(
+    X_new: Any,
+    X_train: Any,
+    dual_coef: Any,
+    kernel: Kernel | str | dict,
+    *,
+    block_size: int = 4096,
+    train_block_size: int = 4096,
+    preprocessing: Mapping[str, Any] | None = None,
+    nan_policy: str = "raise",
+    cache_block: int = CACHE_BLOCK,
+) -> da.Array:
+    """Lazy predictions ``K(X_new, X_train) @ dual_coef`` as a Dask array.
+
+    Parameters
+    ----------
+    X_new : array-like, dask.array.Array, zarr.Array or str
+        New points ``(M, D)``; see :func:`pipeline.predict.source.as_input_blocks`.
+    X_train : array-like or dask.array.Array
+        Training points ``(N, D)`` as the kernel sees them (after preprocessing).
+    dual_coef : array-like
+        α, shape ``(N,)`` or ``(N, n_outputs)``.
+    kernel : Kernel, str or spec dict
+        The fitted kernel (see :func:`pipeline.kernels.make_kernel`).
+    block_size : int
+        Rows of ``X_new`` per task and per output block.
+    train_block_size : int
+        Rows of ``X_train`` per task; a task's kernel tile is
+        ``block_size x train_block_size`` (evaluated in cache-sized pieces).
+    preprocessing : dict, optional
+        ``x_mean``, ``x_scale`` (applied to ``X_new``), ``y_mean``, ``y_scale``
+        (applied to the predictions).
+    nan_policy : {"raise", "propagate"}
+        "raise": a non-finite value in ``X_new`` fails with an error naming
+        the row block and row. "propagate": those rows are predicted as NaN.
+
+    Returns
+    -------
+    dask.array.Array
+        Shape ``(M,)`` for a 1-D ``dual_coef``, else ``(M, n_outputs)``,
+        chunked by ``block_size`` rows.
+    """
+    b = _check_args(block_size, nan_policy)
+    m = _check_model(X_train, dual_coef, kernel, preprocessing, train_block_size)
+    X = _check_input(X_new, b, m)
+    dsk, _, fin, _, odt = _graph(
+        X, m, nan_policy=nan_policy, rows=list(range(len(X.chunks[0]))), cache_block=cache_block
+    )
+    k = m.dual_coef.shape[1]
+    hlg = HighLevelGraph.from_collections(fin, dsk, dependencies=[X, m.X_train, m.dual_coef])
+    arr = da.Array(hlg, fin, chunks=(X.chunks[0], (k,)), dtype=odt)
+    return arr[:, 0] if m.squeeze else arr
+
+
+def _check_input(X_new: Any, b: int, m: _Model) -> da.Array:
+    X = as_input_blocks(X_new, b)
+    d = m.X_train.shape[1]
+    if X.shape[1] != d:
+        raise ValueError(
+            f"X_new has {X.shape[1]} features, but the model was fitted on {d} "
+            f"(X_train.shape[1]); pass new points with the same {d} columns as in training"
+        )
+    return X
+
+
+# -- batch prediction to a store ------------------------------------------------
+@dataclass(frozen=True)
+class BatchPrediction:
+    """Result of a batch prediction written to a Zarr store.
+
+    Attributes
+    ----------
+    store, name : str
+        Where the predictions are (``zarr.open_array(store=store, path=name)``).
+    shape : tuple of int
+    fingerprint : str
+        Fingerprint of the model and input (stored in the array's attributes).
+    n_blocks, n_computed, n_skipped : int
+        Row blocks in all, computed by this call, and found complete already.
+    """
+
+    store: str
+    name: str
+    shape: tuple[int, ...]
+    fingerprint: str
+    n_blocks: int
+    n_computed: int
+    n_skipped: int
+
+    def zarr(self) -> zarr.Array:
+        """The predictions array, opened read-only."""
+        return zarr.open_array(store=self.store, path=self.name, mode="r")
+
+    def to_numpy(self) -> np.ndarray:
+        return self.zarr()[...]
+
+
+def _open_output(
+    out: str,
+    name: str,
+    shape: tuple[int, ...],
+    b: int,
+    dtype: np.dtype,
+    meta: dict,
+    overwrite: bool,
+) -> TiledArray:
+    fp = fingerprint_obj({"kind": "krr-predictions", **meta, "dtype": dtype.str})
+    try:
+        return open_tiled_array(
+            out, name, shape, b, dtype, fp,
+            overwrite=overwrite,
+            chunk_cols=shape[1] if len(shape) == 2 else None,
+            attributes=meta,
+        )  # fmt: skip
+    except StoreMismatchError as exc:
+        old = dict(zarr.open_array(store=str(out), path=name, mode="r").attrs)
+        where = f"{out!r} (array {name!r})"
+        fix = "Write to another output path, or pass overwrite=True to replace them."
+        if old.get("model_fingerprint") not in (None, meta["model_fingerprint"]):
+            raise StoreMismatchError(
+                f"output store {where} holds predictions of another model (model fingerprint "
+                f"{old['model_fingerprint']}, this model is {meta['model_fingerprint']}). {fix}"
+            ) from exc
+        if old.get("input_fingerprint") not in (None, meta["input_fingerprint"]):
+            raise StoreMismatchError(
+                f"output store {where} holds predictions for another input (input fingerprint "
+                f"{old['input_fingerprint']}, this input is {meta['input_fingerprint']}). {fix}"
+            ) from exc
+        raise
+
+
+def predict(
+    X_new: Any,
+    X_train: Any,
+    dual_coef: Any,
+    kernel: Kernel | str | dict,
+    *,
+    out: str | None = None,
+    out_name: str = "predictions",
+    block_size: int = 4096,
+    train_block_size: int = 4096,
+    preprocessing: Mapping[str, Any] | None = None,
+    nan_policy: str = "raise",
+    model_fingerprint: str | None = None,
+    input_fingerprint: str | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+    cache_block: int = CACHE_BLOCK,
+) -> np.ndarray | BatchPrediction:
+    """Predict ``K(X_new, X_train) @ dual_coef`` block by block on the active scheduler.
+
+    Without ``out`` the predictions come back as numpy (for M that fits in
+    memory). With ``out`` (a directory or fsspec URL) they are written to the
+    Zarr array ``out_name`` there, row block by row block, each block followed
+    by a completion marker; rerunning the same call after a crash computes
+    only the blocks without a marker.
+
+    Parameters
+    ----------
+    X_new, X_train, dual_coef, kernel, block_size, train_block_size, preprocessing, nan_policy
+        As in :func:`predict_blockwise`.
+    out : str, optional
+        Output store (local directory or fsspec URL).
+    out_name : str
+        Array name inside the store.
+    model_fingerprint : str, optional
+        Fingerprint of the fitted model (a
+        :class:`~pipeline.artifact.ModelArtifact` supplies it); default: a
+        content hash of ``X_train``, ``dual_coef``, the kernel spec and the
+        preprocessing.
+    input_fingerprint : str, optional
+        Fingerprint of ``X_new``; default: a content hash (one extra streaming
+        read of ``X_new``, small next to the kernel work).
+    overwrite : bool
+        Replace an output store written for another model or input instead of
+        refusing it.
+    progress : bool
+        Progress bar when stderr is a terminal.
+
+    Returns
+    -------
+    numpy.ndarray or BatchPrediction
+        The predictions, or (with ``out``) where they were written.
+
+    Raises
+    ------
+    ValueError
+        Wrong feature count, non-finite ``X_new`` rows with ``nan_policy="raise"``
+        (naming the row block), bad shapes or parameters.
+    pipeline.storage.StoreMismatchError
+        ``out`` holds predictions of another model or input.
+    """
+    from pipeline.parallel import compute
+
+    if out is None:
+        y = predict_blockwise(
+            X_new, X_train, dual_coef, kernel,
+            block_size=block_size, train_block_size=train_block_size,
+            preprocessing=preprocessing, nan_policy=nan_policy, cache_block=cache_block,
+        )  # fmt: skip
+        (res,) = compute(y, progress=progress, desc="predict")
+        return res
+
+    b = _check_args(block_size, nan_policy)
+    m = _check_model(X_train, dual_coef, kernel, preprocessing, train_block_size)
+    X = _check_input(X_new, b, m)
+    if model_fingerprint is None:
+        model_fingerprint = _model_fp(X_train, dual_coef, m)
+    if input_fingerprint is None:
+        input_fingerprint = _input_fingerprint(X)
+    _, odt = _dtypes(X, m)
+    k = m.dual_coef.shape[1]
+    shape = (X.shape[0],) if m.squeeze else (X.shape[0], k)
+    meta = {
+        "model_fingerprint": model_fingerprint,
+        "input_fingerprint": input_fingerprint,
+        "nan_policy": nan_policy,
+    }
+    handle = _open_output(str(out), out_name, shape, b, odt, meta, overwrite)
+    n_blocks = len(X.chunks[0]) if X.shape[0] else 0
+    done = {key[0] for key in handle.markers.done() if isinstance(key, tuple) and len(key) == 1}
+    todo = [i for i in range(n_blocks) if i not in done]
+    log.info("predict to %s/%s: %d of %d row blocks to compute", out, out_name, len(todo), n_blocks)
+    if todo:
+        dsk, _, fin, starts, _ = _graph(
+            X, m, nan_policy=nan_policy, rows=todo, cache_block=cache_block
+        )
+        wname = "krr-predict-write-" + dask.base.tokenize(fin, handle)
+        for i in todo:
+            fn = functools.partial(_write, handle=handle, index=i, row_start=starts[i])
+            y_key = (fin, i, 0)
+            if m.squeeze:
+                dsk[(wname, i)] = (fn, (_squeeze, y_key))
+            else:
+                dsk[(wname, i)] = (fn, y_key)
+        done_key = "krr-predict-done-" + wname
+        dsk[done_key] = (_count, *[(wname, i) for i in todo])
+        hlg = HighLevelGraph.from_collections(
+            done_key, dsk, dependencies=[X, m.X_train, m.dual_coef]
+        )
+        compute(Delayed(done_key, hlg), progress=progress, desc=f"predict -> {out}")
+    return BatchPrediction(
+        store=str(out),
+        name=out_name,
+        shape=shape,
+        fingerprint=handle.fingerprint,
+        n_blocks=n_blocks,
+        n_computed=len(todo),
+        n_skipped=n_blocks - len(todo),
+    )
+
+
+def _squeeze(y: np.ndarray) -> np.ndarray:
+    return y[:, 0]
+
+
+def _model_fp(X_train: Any, dual_coef: Any, m: _Model) -> str:
+    Xt = X_train.compute() if isinstance(X_train, da.Array) else np.asarray(X_train)
+    a = dual_coef.compute() if isinstance(dual_coef, da.Array) else np.asarray(dual_coef)
+    return _model_fingerprint(Xt, a, m.kernel, m.pre)

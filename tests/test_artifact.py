@@ -1,0 +1,272 @@
+"""The fitted-model artifact: round trip, portability, references, and clear failures."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import zarr
+
+from pipeline.artifact import (
+    FORMAT_VERSION,
+    ArtifactError,
+    ModelArtifact,
+    load_artifact,
+    save_artifact,
+)
+from pipeline.kernels import RBF, Laplacian, Linear
+from pipeline.storage import StoreMismatchError
+
+
+@pytest.fixture
+def model():
+    rng = np.random.default_rng(11)
+    return {
+        "X_train": rng.standard_normal((230, 4)),
+        "dual_coef": rng.standard_normal((230, 2)),
+        "kernel": 0.5 * RBF(length_scale=1.3) + Linear(),
+        "regularization": [0.1, 0.01],
+        "regularization_convention": "sklearn",
+        "preprocessing": {"x_mean": rng.standard_normal(4), "x_scale": [1.0, 2.0, 3.0, 4.0],
+                          "y_mean": [5.0, -5.0]},
+        "fingerprint_chain": {"input": "abc", "gram": "def"},
+        "extra": {"estimator": "KernelRidge", "params": {"alpha": 0.1, "kernel": "rbf"}},
+    }  # fmt: skip
+
+
+@pytest.fixture
+def X_new():
+    return np.random.default_rng(12).standard_normal((157, 4))
+
+
+def _meta_path(path):
+    return path / "zarr.json"
+
+
+def _edit_meta(path, fn):
+    doc = json.loads(_meta_path(path).read_text())
+    fn(doc["attributes"]["krr_model"])
+    _meta_path(path).write_text(json.dumps(doc))
+
+
+def test_round_trip(model, tmp_path, X_new):
+    saved = save_artifact(tmp_path / "m", **model)
+    loaded = load_artifact(tmp_path / "m")
+    assert isinstance(loaded, ModelArtifact)
+    np.testing.assert_array_equal(loaded.X_train, model["X_train"])
+    np.testing.assert_array_equal(loaded.dual_coef, model["dual_coef"])
+    assert loaded.kernel == model["kernel"]
+    np.testing.assert_array_equal(loaded.regularization, model["regularization"])
+    assert loaded.regularization_convention == "sklearn"
+    for key, value in model["preprocessing"].items():
+        np.testing.assert_array_equal(loaded.preprocessing[key], value)
+    assert loaded.fingerprint_chain == model["fingerprint_chain"]
+    assert loaded.extra == model["extra"]
+    assert loaded.model_fingerprint == saved.model_fingerprint != ""
+    assert loaded.format_version == FORMAT_VERSION and loaded.package_version
+    assert loaded.n_features == 4 and loaded.n_outputs == 2
+    y = loaded.predict(X_new, block_size=40, train_block_size=64, progress=False)
+    pre = model["preprocessing"]
+    Xs = (X_new - pre["x_mean"]) / np.asarray(pre["x_scale"])
+    ref = model["kernel"](Xs, model["X_train"]) @ model["dual_coef"] + pre["y_mean"]
+    np.testing.assert_allclose(y, ref, rtol=1e-10, atol=1e-10)
+    np.testing.assert_array_equal(y, saved.predict(X_new, block_size=40, train_block_size=64,
+                                                   progress=False))  # fmt: skip
+
+
+def test_single_output_scalar_lambda_and_file_url(tmp_path):
+    rng = np.random.default_rng(0)
+    Xt, a = rng.standard_normal((50, 3)), rng.standard_normal(50)
+    save_artifact(f"file://{tmp_path}/m", X_train=Xt, dual_coef=a, kernel="laplacian",
+                  regularization=1e-3)  # fmt: skip
+    m = load_artifact(f"file://{tmp_path}/m")
+    assert m.n_outputs is None and m.regularization == 1e-3
+    assert m.kernel == Laplacian()
+    X = rng.standard_normal((9, 3))
+    np.testing.assert_allclose(m.predict(X, progress=False), Laplacian()(X, Xt) @ a, rtol=1e-10)
+
+
+def test_no_pickle_anywhere(model, tmp_path, monkeypatch):
+    save_artifact(tmp_path / "m", **model)
+
+    def forbidden(*a, **k):
+        raise AssertionError("loading an artifact must not unpickle anything")
+
+    monkeypatch.setattr(pickle, "loads", forbidden)
+    monkeypatch.setattr(pickle, "load", forbidden)
+    m = load_artifact(tmp_path / "m")
+    assert m.dual_coef.dtype == np.float64
+    group = zarr.open_group(store=str(tmp_path / "m"), mode="r")
+    for name, arr in group.arrays():
+        assert arr.dtype.kind == "f", name
+    json.dumps(dict(group.attrs))  # all metadata is plain JSON
+
+
+PORTABLE = textwrap.dedent(
+    """
+    import sys, numpy as np
+    from pipeline.artifact import load_artifact
+    m = load_artifact(sys.argv[1])
+    np.save(sys.argv[3], m.predict(np.load(sys.argv[2]), block_size=64, progress=False))
+    """
+)
+
+
+@pytest.mark.slow
+def test_predicts_elsewhere_from_the_artifact_alone(model, tmp_path, X_new):
+    """Copy the artifact to a new place; a fresh interpreter predicts the same values."""
+    saved = save_artifact(tmp_path / "here" / "m", **model)
+    expected = saved.predict(X_new, block_size=64, progress=False)
+    shutil.copytree(tmp_path / "here" / "m", tmp_path / "there")
+    shutil.rmtree(tmp_path / "here")
+    np.save(tmp_path / "x.npy", X_new)
+    proc = subprocess.run(
+        [sys.executable, "-c", PORTABLE, str(tmp_path / "there"), str(tmp_path / "x.npy"),
+         str(tmp_path / "y.npy")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), expected)
+
+
+@pytest.mark.parametrize("kind", ["zarr", "npy"])
+def test_x_train_by_reference(model, tmp_path, X_new, kind):
+    Xt = model.pop("X_train")
+    if kind == "zarr":
+        ref = str(tmp_path / "xt.zarr")
+        z = zarr.create_array(store=ref, shape=Xt.shape, chunks=(64, 4), dtype="f8")
+        z[...] = Xt
+    else:
+        ref = str(tmp_path / "xt.npy")
+        np.save(ref, Xt)
+    saved = save_artifact(tmp_path / "m", x_train_ref=ref, **model)
+    assert not (tmp_path / "m" / "X_train").exists()
+    loaded = load_artifact(tmp_path / "m")
+    assert loaded.x_train_ref == ref
+    np.testing.assert_array_equal(loaded.X_train, Xt)
+    assert loaded.model_fingerprint == saved.model_fingerprint
+    # the reference changes: loading refuses it
+    if kind == "zarr":
+        zarr.open_array(store=ref)[3, 1] = 99.0
+    else:
+        Xt2 = Xt.copy()
+        Xt2[3, 1] = 99.0
+        np.save(ref, Xt2)
+    with pytest.raises(ArtifactError, match="changed since the model was saved"):
+        load_artifact(tmp_path / "m")
+    assert load_artifact(tmp_path / "m", verify=False).X_train[3, 1] == 99.0
+    shutil.rmtree(ref) if kind == "zarr" else (tmp_path / "xt.npy").unlink()
+    with pytest.raises(FileNotFoundError, match="X_train reference"):
+        load_artifact(tmp_path / "m")
+
+
+# -- failures -------------------------------------------------------------------------
+def test_missing_path(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no model artifact at .*does not exist"):
+        load_artifact(tmp_path / "nothing")
+
+
+def test_not_an_artifact(tmp_path):
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "a.txt").write_text("hello")
+    with pytest.raises(ArtifactError, match="not a readable model artifact"):
+        load_artifact(tmp_path / "junk")
+    zarr.open_group(store=str(tmp_path / "grp"), mode="w").attrs["something"] = 1
+    with pytest.raises(ArtifactError, match="not a krr-pipeline model artifact"):
+        load_artifact(tmp_path / "grp")
+
+
+def test_corrupt_metadata_file(model, tmp_path):
+    save_artifact(tmp_path / "m", **model)
+    _meta_path(tmp_path / "m").write_text('{"attributes": {"krr_model": ')
+    with pytest.raises(ArtifactError, match="missing or corrupt"):
+        load_artifact(tmp_path / "m")
+
+
+def test_unknown_version(model, tmp_path):
+    save_artifact(tmp_path / "m", **model)
+    _edit_meta(tmp_path / "m", lambda m: m.update(format_version=99))
+    with pytest.raises(ArtifactError, match=r"format version 99 .* reads versions \[1\]"):
+        load_artifact(tmp_path / "m")
+
+
+def test_interrupted_save(model, tmp_path):
+    save_artifact(tmp_path / "m", **model)
+    _edit_meta(tmp_path / "m", lambda m: m.update(complete=False))
+    with pytest.raises(ArtifactError, match="incomplete"):
+        load_artifact(tmp_path / "m")
+
+
+def test_edited_metadata(model, tmp_path):
+    save_artifact(tmp_path / "m", **model)
+    _edit_meta(tmp_path / "m", lambda m: m["kernel"]["params"].update(gamma=5.0))
+    with pytest.raises(ArtifactError, match="metadata checksum does not match"):
+        load_artifact(tmp_path / "m")
+
+
+@pytest.mark.parametrize("name", ["dual_coef", "X_train"])
+def test_broken_array_checksum(model, tmp_path, name):
+    save_artifact(tmp_path / "m", **model)
+    chunk = next(
+        p for p in (tmp_path / "m" / name).rglob("*") if p.is_file() and p.name != "zarr.json"
+    )
+    raw = bytearray(chunk.read_bytes())
+    raw[8] ^= 0xFF  # flip one byte of one stored value
+    chunk.write_bytes(bytes(raw))
+    with pytest.raises(ArtifactError, match=f"array '{name}' fails its checksum"):
+        load_artifact(tmp_path / "m")
+    chunk.unlink()  # a missing chunk reads as zeros: still caught
+    with pytest.raises(ArtifactError, match=f"array '{name}'"):
+        load_artifact(tmp_path / "m")
+
+
+def test_overwrite_rules(model, tmp_path):
+    save_artifact(tmp_path / "m", **model)
+    with pytest.raises(FileExistsError, match="pass overwrite=True"):
+        save_artifact(tmp_path / "m", **model)
+    model["dual_coef"] = 2 * model["dual_coef"]
+    save_artifact(tmp_path / "m", overwrite=True, **model)
+    np.testing.assert_array_equal(load_artifact(tmp_path / "m").dual_coef, model["dual_coef"])
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "keep.csv").write_text("1,2\n")
+    with pytest.raises(FileExistsError, match="not a krr-pipeline model artifact"):
+        save_artifact(tmp_path / "data", overwrite=True, **model)
+    assert (tmp_path / "data" / "keep.csv").exists()
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"extra": {"f": object()}}, "must be JSON-serialisable"),
+        ({"regularization": -1.0}, "regularization"),
+        ({"regularization_convention": ""}, "regularization_convention"),
+        ({"x_train_ref": "somewhere.zarr"}, "exactly one of X_train"),
+        ({"dual_coef": np.zeros(3)}, "dual_coef must have shape"),
+        ({"dual_coef": np.full((230, 2), np.nan)}, "NaN or inf"),
+        ({"preprocessing": {"x_scale": np.zeros(4)}}, "scale must be non-zero"),
+    ],
+)
+def test_bad_save_arguments(model, tmp_path, change, match):
+    model.update(change)
+    with pytest.raises(ValueError, match=match):
+        save_artifact(tmp_path / "m", **model)
+    assert not (tmp_path / "m").exists()
+
+
+def test_batch_store_of_another_artifact_is_refused(model, tmp_path, X_new):
+    a = save_artifact(tmp_path / "a", **model)
+    model["dual_coef"] = model["dual_coef"] + 1.0
+    b = save_artifact(tmp_path / "b", **model)
+    out = str(tmp_path / "pred")
+    res = a.predict(X_new, out=out, block_size=50, progress=False)
+    assert res.n_computed == 4
+    with pytest.raises(StoreMismatchError, match="another model"):
+        b.predict(X_new, out=out, block_size=50, progress=False)
+    again = load_artifact(tmp_path / "a").predict(X_new, out=out, block_size=50, progress=False)
+    assert again.n_skipped == 4
