@@ -1,0 +1,350 @@
+"""Preconditioned conjugate gradients for ``A X = B`` with A symmetric positive definite.
+
+The solver sees only a ``matvec`` closure (``V -> A V`` for ``V`` of shape
+``(n, k)``), a preconditioner with ``apply(R) -> M⁻¹ R``, a warm start and a
+per-iteration callback. Several right-hand sides are solved together by
+per-column CG sharing one product per iteration: the columns keep their own
+step sizes, and converged columns leave the product.
+
+Convergence is on the relative residual ``‖b - A x‖ / ‖b‖ <= tol``. The
+residual the recurrence updates drifts from the true one, so the true residual
+is recomputed every ``true_residual_every`` iterations (and replaces the
+recurrence), and a column is declared converged only after its true residual is
+checked. The whole state (:class:`CGState`) is handed to the callback, which is
+how :mod:`pipeline.solvers.cg_checkpoint` saves and resumes solves.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+__all__ = [
+    "CGConvergenceError",
+    "CGConvergenceWarning",
+    "CGResult",
+    "CGState",
+    "Preconditioner",
+    "conjugate_gradient",
+]
+
+log = logging.getLogger(__name__)
+
+
+class CGConvergenceWarning(UserWarning):
+    """CG stopped at ``max_iter`` before reaching ``tol``."""
+
+
+class CGConvergenceError(RuntimeError):
+    """CG did not converge and ``strict=True`` was asked for."""
+
+
+class Preconditioner(Protocol):
+    def apply(self, R: np.ndarray) -> np.ndarray:  # pragma: no cover - protocol
+        """Return ``M⁻¹ R`` for ``R`` of shape ``(n, k)``."""
+
+
+class _Identity:
+    def apply(self, R: np.ndarray) -> np.ndarray:
+        return R.copy()
+
+
+@dataclass
+class CGState:
+    """Everything needed to continue a solve (per-column CG).
+
+    Arrays are ``(n, m)``; ``rz``, ``b_norm`` and ``active`` are ``(m,)``.
+    ``history`` holds one row of relative residuals per iteration (row 0 is the
+    start), from the recurrence or, when recomputed, the true residual.
+    """
+
+    x: np.ndarray
+    r: np.ndarray
+    p: np.ndarray
+    z: np.ndarray
+    rz: np.ndarray
+    b_norm: np.ndarray
+    active: np.ndarray
+    iteration: int
+    n_matvec: int
+    history: list[np.ndarray] = field(default_factory=list)
+
+    @property
+    def rel_residual(self) -> np.ndarray:
+        return self.history[-1]
+
+    def copy(self) -> CGState:
+        return CGState(
+            *(np.array(a, copy=True) for a in (self.x, self.r, self.p, self.z, self.rz)),
+            b_norm=self.b_norm.copy(),
+            active=self.active.copy(),
+            iteration=self.iteration,
+            n_matvec=self.n_matvec,
+            history=[h.copy() for h in self.history],
+        )
+
+
+@dataclass
+class CGResult:
+    """Outcome of :func:`conjugate_gradient`.
+
+    Attributes
+    ----------
+    x : ndarray, shape (n,) or (n, m)
+        The solution (same layout as ``b``).
+    converged : bool
+        Every column reached ``tol`` (true residual).
+    n_iter : int
+        CG iterations, counted from the start of the solve (a resumed solve
+        includes the iterations done before the checkpoint).
+    start_iter : int
+        Iteration the solve started from (0, or the checkpoint's iteration).
+    n_matvec : int
+        Operator applications (columns applied together count once), including
+        the true-residual recomputations.
+    rel_residual : ndarray, shape (m,)
+        Final relative residual of each column (true residual where checked).
+    history : ndarray, shape (n_iter + 1, m)
+        Relative residual per iteration and column.
+    tol, max_iter : float, int
+    wall_time : float
+        Seconds spent in this call (not counting the time before a resume).
+    """
+
+    x: np.ndarray
+    converged: bool
+    n_iter: int
+    start_iter: int
+    n_matvec: int
+    rel_residual: np.ndarray
+    history: np.ndarray
+    tol: float
+    max_iter: int
+    wall_time: float
+    column_converged: np.ndarray | None = None
+
+
+def _check_args(b: np.ndarray, tol: float, max_iter: int | None) -> int:
+    if not np.isfinite(tol) or tol <= 0:
+        raise ValueError(f"tol must be a positive finite number, got {tol!r} (e.g. tol=1e-6)")
+    if max_iter is not None and (int(max_iter) != max_iter or max_iter < 1):
+        raise ValueError(f"max_iter must be an integer >= 1, got {max_iter!r}")
+    if b.ndim not in (1, 2) or b.shape[0] < 1:
+        raise ValueError(f"b must have shape (n,) or (n, m) with n >= 1, got {b.shape}")
+    if not np.all(np.isfinite(b)):
+        raise ValueError("the right-hand side y contains NaN or infinite values; clean it first")
+    return int(max_iter) if max_iter is not None else max(10 * b.shape[0], 1)
+
+
+def _cols_dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.einsum("ij,ij->j", a, b)
+
+
+def conjugate_gradient(
+    matvec: Callable[[np.ndarray], np.ndarray],
+    b: np.ndarray,
+    *,
+    x0: np.ndarray | None = None,
+    preconditioner: Preconditioner | None = None,
+    tol: float = 1e-6,
+    max_iter: int | None = None,
+    callback: Callable[[CGState], Any] | None = None,
+    strict: bool = False,
+    true_residual_every: int = 50,
+    state: CGState | None = None,
+) -> CGResult:
+    """Solve ``A x = b`` (A SPD, given by ``matvec``) by preconditioned CG.
+
+    Parameters
+    ----------
+    matvec : callable
+        ``V -> A V`` for ``V`` of shape ``(n, k)``; must return ``(n, k)``.
+    b : ndarray, shape (n,) or (n, m)
+        Right-hand side(s); the columns are solved together.
+    x0 : ndarray, optional
+        Warm start (same shape as ``b``); zeros by default.
+    preconditioner : object with ``apply(R)``, optional
+        Applies ``M⁻¹`` (SPD) to an ``(n, k)`` block. None: no preconditioning.
+    tol : float
+        Stop a column when ``‖b - A x‖ / ‖b‖ <= tol``.
+    max_iter : int, optional
+        Iteration cap (default ``10 n``). Counted from the start of the solve,
+        so a resumed solve does at most ``max_iter - state.iteration`` more.
+    callback : callable, optional
+        Called as ``callback(state)`` after every iteration with the live
+        :class:`CGState` (copy what you keep). Returning True stops the solve.
+    strict : bool
+        Raise :class:`CGConvergenceError` instead of warning when ``tol`` is
+        not reached.
+    true_residual_every : int
+        Recompute ``r = b - A x`` every this many iterations (0: only when a
+        column looks converged). Each recomputation costs one product.
+    state : CGState, optional
+        Continue from a saved state (e.g. a checkpoint) instead of starting.
+
+    Returns
+    -------
+    CGResult
+    """
+    b = np.asarray(b, dtype=np.float64)
+    max_iter = _check_args(b, tol, max_iter)
+    if int(true_residual_every) < 0:
+        raise ValueError(f"true_residual_every must be >= 0, got {true_residual_every!r}")
+    one_d = b.ndim == 1
+    B = b.reshape(b.shape[0], -1)
+    n, m = B.shape
+    M = preconditioner if preconditioner is not None else _Identity()
+    t0 = time.perf_counter()
+
+    def A(V: np.ndarray) -> np.ndarray:
+        out = np.asarray(matvec(V), dtype=np.float64).reshape(V.shape[0], -1)
+        if out.shape != V.shape:
+            raise ValueError(f"matvec returned shape {out.shape} for input {V.shape}")
+        return out
+
+    def P(R: np.ndarray) -> np.ndarray:
+        return np.asarray(M.apply(R), dtype=np.float64).reshape(R.shape)
+
+    if state is None:
+        b_norm = np.linalg.norm(B, axis=0)
+        if x0 is None:
+            X = np.zeros((n, m))
+            R = B.copy()
+            n_mv = 0
+        else:
+            X = np.array(x0, dtype=np.float64)
+            if X.size != n * m or X.shape[0] != n:
+                raise ValueError(f"x0 must have the shape of b {b.shape}, got {np.shape(x0)}")
+            X = X.reshape(n, m)
+            if X.shape != (n, m):
+                raise ValueError(f"x0 must have the shape of b {b.shape}, got {np.shape(x0)}")
+            if not np.all(np.isfinite(X)):
+                raise ValueError("x0 contains NaN or infinite values")
+            R = B - A(X)
+            n_mv = 1
+        safe = np.where(b_norm > 0, b_norm, 1.0)
+        rel = np.linalg.norm(R, axis=0) / safe
+        rel[b_norm == 0] = 0.0
+        if x0 is not None:
+            X[:, b_norm == 0] = 0.0
+            R[:, b_norm == 0] = 0.0
+        active = rel > tol
+        Z = np.zeros_like(R)
+        if active.any():
+            Z[:, active] = P(R[:, active])
+        state = CGState(
+            x=X,
+            r=R,
+            p=Z.copy(),
+            z=Z,
+            rz=_cols_dot(R, Z),
+            b_norm=b_norm,
+            active=active,
+            iteration=0,
+            n_matvec=n_mv,
+            history=[rel],
+        )
+    else:
+        if state.x.shape != (n, m):
+            raise ValueError(f"state has shape {state.x.shape}, but b has {B.shape}")
+        state = state.copy()
+    start_iter = state.iteration
+    safe_norm = np.where(state.b_norm > 0, state.b_norm, 1.0)
+    every = int(true_residual_every)
+    stopped_by_callback = False
+    breakdown: list[int] = []
+
+    st = state
+    while st.active.any() and st.iteration < max_iter:
+        act = np.flatnonzero(st.active)
+        Pa = st.p[:, act]
+        APa = A(Pa)
+        st.n_matvec += 1
+        pAp = _cols_dot(Pa, APa)
+        bad = ~(pAp > 0) | ~np.isfinite(pAp)
+        if bad.any():
+            # the operator is not positive definite along p (or rounding has won)
+            breakdown.extend(int(c) for c in act[bad])
+            st.active[act[bad]] = False
+            keep = ~bad
+            act, Pa, APa, pAp = act[keep], Pa[:, keep], APa[:, keep], pAp[keep]
+            if act.size == 0:
+                break
+        alpha = st.rz[act] / pAp
+        st.x[:, act] += Pa * alpha
+        st.r[:, act] -= APa * alpha
+        st.iteration += 1
+        rel = st.history[-1].copy()
+        if every and st.iteration % every == 0:
+            st.r[:, act] = B[:, act] - A(st.x[:, act])
+            st.n_matvec += 1
+        rel[act] = np.linalg.norm(st.r[:, act], axis=0) / safe_norm[act]
+        done = act[rel[act] <= tol]
+        if done.size and not (every and st.iteration % every == 0):
+            # confirm on the true residual before stopping a column
+            R_true = B[:, done] - A(st.x[:, done])
+            st.n_matvec += 1
+            st.r[:, done] = R_true
+            rel[done] = np.linalg.norm(R_true, axis=0) / safe_norm[done]
+            done = done[rel[done] <= tol]
+        st.active[done] = False
+        st.history.append(rel)
+        go = np.flatnonzero(st.active)
+        if go.size:
+            Zg = P(st.r[:, go])
+            rz_new = _cols_dot(st.r[:, go], Zg)
+            beta = rz_new / st.rz[go]
+            st.z[:, go] = Zg
+            st.p[:, go] = Zg + st.p[:, go] * beta
+            st.rz[go] = rz_new
+        if callback is not None and callback(st):
+            stopped_by_callback = True
+            break
+
+    rel_final = st.history[-1]
+    col_conv = rel_final <= tol
+    converged = bool(col_conv.all())
+    result = CGResult(
+        x=st.x[:, 0].copy() if one_d else st.x.copy(),
+        converged=converged,
+        n_iter=st.iteration,
+        start_iter=start_iter,
+        n_matvec=st.n_matvec,
+        rel_residual=rel_final.copy(),
+        history=np.vstack(st.history),
+        tol=float(tol),
+        max_iter=max_iter,
+        wall_time=time.perf_counter() - t0,
+        column_converged=col_conv,
+    )
+    if not converged and not stopped_by_callback:
+        worst = float(np.max(rel_final))
+        why = (
+            f"breakdown (p·Ap <= 0) in column(s) {sorted(set(breakdown))[:5]}: the operator is "
+            "not numerically positive definite; increase the ridge"
+            if breakdown
+            else f"stopped at max_iter={max_iter}"
+        )
+        msg = (
+            f"CG did not converge: relative residual {worst:.3e} > tol {tol:.1e} after "
+            f"{st.iteration} iterations ({why}). Raise max_iter, use a preconditioner "
+            "(e.g. 'nystrom'), or loosen tol."
+        )
+        if strict:
+            raise CGConvergenceError(msg)
+        warnings.warn(msg, CGConvergenceWarning, stacklevel=2)
+    log.info(
+        "CG: %d iterations (from %d), %d products, rel. residual %.3e, %.2fs",
+        st.iteration,
+        start_iter,
+        st.n_matvec,
+        float(np.max(rel_final)),
+        result.wall_time,
+    )
+    return result

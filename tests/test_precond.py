@@ -1,0 +1,162 @@
+"""Preconditioners: Woodbury algebra, RPCholesky factors, and fewer CG iterations."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.kernels import RBF, Linear
+from pipeline.solvers.cg import conjugate_gradient
+from pipeline.solvers.matvec import MatrixFreeKernelOperator, StoredKernelOperator
+from pipeline.solvers.precond import (
+    IdentityPreconditioner,
+    JacobiPreconditioner,
+    NystromPreconditioner,
+    make_preconditioner,
+    rpcholesky,
+    uniform_nystrom,
+)
+from pipeline.storage import open_tiled_array
+
+
+@pytest.fixture(scope="module")
+def rbf_problem():
+    """Ill-conditioned RBF ridge system: N=700, shift = N·1e-5 (cond ~ 1e5)."""
+    rng = np.random.default_rng(0)
+    n = 700
+    X = rng.normal(size=(n, 3))
+    y = np.sin(X.sum(1)) + 0.1 * rng.normal(size=n)
+    kernel = RBF(gamma=0.5)
+    shift = n * 1e-5
+    op = MatrixFreeKernelOperator(X, kernel, shift, block_size=256)
+    A = kernel(X) + shift * np.eye(n)
+    return X, y, kernel, op, A
+
+
+def _iters(A, y, pre, **kw):
+    res = conjugate_gradient(lambda V: A @ V, y, preconditioner=pre, max_iter=5000, **kw)
+    assert res.converged
+    return res.n_iter
+
+
+def test_nystrom_cuts_iterations_on_ill_conditioned_rbf(rbf_problem):
+    _, y, _, op, A = rbf_problem
+    assert np.linalg.cond(A) > 1e4
+    plain = _iters(A, y, None)
+    for method in ("rpcholesky", "uniform"):
+        pre = make_preconditioner("nystrom", op, rank=120, method=method)
+        n_pre = _iters(A, y, pre)
+        assert n_pre * 4 <= plain, (method, n_pre, plain)
+
+
+def test_nystrom_with_the_matrix_free_operator_end_to_end(rbf_problem):
+    _, y, _, op, A = rbf_problem
+    pre = make_preconditioner("nystrom", op, rank=150)
+    res = conjugate_gradient(op.matvec, y, preconditioner=pre, tol=1e-8)
+    assert res.converged and res.n_iter < 60
+    exact = np.linalg.solve(A, y)
+    assert np.linalg.norm(res.x - exact) / np.linalg.norm(exact) <= 1e-5
+
+
+def test_jacobi_cuts_iterations_when_the_diagonal_varies():
+    """RBF x Linear on rows of very different norms: diag(K) spans 5 orders of magnitude."""
+    rng = np.random.default_rng(0)
+    n = 400
+    X = rng.normal(size=(n, 3)) * np.exp(rng.uniform(-2, 2, size=n))[:, None]
+    y = rng.normal(size=n)
+    kernel = RBF(gamma=0.5) * Linear()
+    op = MatrixFreeKernelOperator(X, kernel, 0.1)
+    A = kernel(X) + 0.1 * np.eye(n)
+    assert np.ptp(np.log10(np.diag(A))) > 3
+    pre = make_preconditioner("jacobi", op)
+    assert isinstance(pre, JacobiPreconditioner)
+    assert _iters(A, y, pre) <= 0.7 * _iters(A, y, None)
+
+
+def test_jacobi_is_a_scaled_identity_for_rbf(rbf_problem):
+    _, y, _, op, _ = rbf_problem
+    pre = JacobiPreconditioner.from_operator(op)
+    np.testing.assert_allclose(pre.apply(y), y / (1 + op.shift))
+
+
+def test_woodbury_apply_matches_the_dense_inverse():
+    rng = np.random.default_rng(1)
+    F = rng.normal(size=(50, 7))
+    mu = 0.3
+    pre = NystromPreconditioner(F, mu)
+    R = rng.normal(size=(50, 3))
+    dense = np.linalg.solve(F @ F.T + mu * np.eye(50), R)
+    np.testing.assert_allclose(pre.apply(R), dense, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(pre.apply(R[:, 0]), dense[:, 0], rtol=1e-10, atol=1e-12)
+    assert IdentityPreconditioner().apply(R) is not R
+
+
+def test_rpcholesky_interpolates_its_pivot_columns(rbf_problem):
+    X, _, kernel, op, _ = rbf_problem
+    K = kernel(X)
+    F, piv = rpcholesky(op, 60, random_state=3)
+    assert F.shape == (700, 60) and len(np.unique(piv)) == 60
+    # a Nyström approximation reproduces K exactly on its pivot columns
+    np.testing.assert_allclose(F @ F[piv].T, K[:, piv], atol=1e-8)
+    # the residual K - F Fᵀ is PSD-ish: its diagonal is non-negative and shrinks with the rank
+    res60 = np.diag(K) - np.einsum("ij,ij->i", F, F)
+    assert res60.min() > -1e-10
+    F2, _ = rpcholesky(op, 200, random_state=3)
+    res200 = np.diag(K) - np.einsum("ij,ij->i", F2, F2)
+    assert res200.sum() < 0.2 * res60.sum()
+    # RPCholesky's trace error is no worse than uniform sampling's (same rank)
+    Fu, _ = uniform_nystrom(op, 60, random_state=3)
+    assert res60.sum() <= np.trace(K) - np.sum(Fu * Fu)
+
+
+def test_rpcholesky_is_the_same_on_a_stored_gram(tmp_path, rbf_problem):
+    X, _, kernel, op, _ = rbf_problem
+    K = kernel(X)
+    n = K.shape[0]
+    g = open_tiled_array(str(tmp_path), "gram", (n, n), 256, K.dtype, "fp")
+    for i, j in g.grid.lower_tiles():
+        g.write_tile(i, j, K[g.grid.row_slice(i), g.grid.col_slice(j)])
+    stored = StoredKernelOperator(g, op.shift)
+    F1, p1 = rpcholesky(op, 40, random_state=7)
+    F2, p2 = rpcholesky(stored, 40, random_state=7)
+    np.testing.assert_array_equal(p1, p2)
+    np.testing.assert_allclose(F1, F2, atol=1e-10)
+
+
+def test_full_rank_factor_is_exact():
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(40, 2))
+    op = MatrixFreeKernelOperator(X, RBF(gamma=1.0), 1e-3)
+    K = RBF(gamma=1.0)(X)
+    F, _ = rpcholesky(op, 40)
+    assert np.abs(F @ F.T - K).max() < 1e-6
+
+
+def test_fingerprints_differ():
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(60, 2))
+    op = MatrixFreeKernelOperator(X, RBF(gamma=1.0), 1e-2)
+    a = make_preconditioner("nystrom", op, rank=10, random_state=0)
+    b = make_preconditioner("nystrom", op, rank=10, random_state=1)
+    c = make_preconditioner("nystrom", op, rank=10, random_state=0)
+    assert a.fingerprint == c.fingerprint != b.fingerprint
+    assert (
+        make_preconditioner("none", op).fingerprint != make_preconditioner("jacobi", op).fingerprint
+    )
+
+
+def test_bad_inputs():
+    X = np.random.default_rng(4).normal(size=(30, 2))
+    op = MatrixFreeKernelOperator(X, RBF(), 1e-2)
+    with pytest.raises(ValueError, match="larger than the number of samples"):
+        make_preconditioner("nystrom", op, rank=31)
+    with pytest.raises(ValueError, match="rank must be"):
+        make_preconditioner("nystrom", op, rank=0)
+    with pytest.raises(ValueError, match="unknown preconditioner"):
+        make_preconditioner("ilu", op)
+    with pytest.raises(ValueError, match="Nyström method"):
+        make_preconditioner("nystrom", op, rank=5, method="greedy")
+    with pytest.raises(ValueError, match="shift"):
+        NystromPreconditioner(np.ones((30, 2)), 0.0)
+    with pytest.raises(ValueError, match="shift"):
+        JacobiPreconditioner(np.ones(30), -1.0)
