@@ -103,7 +103,7 @@ def dask_client(
             threads_per_worker=threads_per_worker,
             memory_limit=memory_limit,
             processes=processes,
-            dashboard_address=":0" if dashboard else None,
+            dashboard_address=":0",  # a free port: never collide with another cluster
         ) as cluster,
         Client(cluster) as client,
     ):
