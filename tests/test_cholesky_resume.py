@@ -52,7 +52,7 @@ CHILD = textwrap.dedent(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("scheduler", ["loop", "dask"])
+@pytest.mark.parametrize("scheduler", ["threads", "dask"])
 def test_sigkill_then_resume(tmp_path, scheduler, monkeypatch):
     gram = write_gram(tmp_path / "run")
     total = gram.grid.n_lower_tiles()

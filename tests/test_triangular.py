@@ -106,3 +106,26 @@ def test_bad_y(tmp_path, y, match):
     f = tile_cholesky(write_gram(tmp_path, rbf_matrix(60), 25), 1e-2)
     with pytest.raises(ValueError, match=match):
         cholesky_solve(f, y)
+
+
+def test_solve_releases_the_factor_tile_cache(tmp_path):
+    import pipeline.solvers.cholesky as chol
+
+    f = tile_cholesky(write_gram(tmp_path, rbf_matrix(100), 30), 1e-2)
+    keys = [k for k in chol._CACHE._d if k[:3] == (f.L.store, f.L.name, f.L.fingerprint)]
+    assert keys, "the factorisation leaves its tiles cached for the solve"
+    alpha = cholesky_solve(f, np.ones(100))
+    assert not [k for k in chol._CACHE._d if k[:3] == (f.L.store, f.L.name, f.L.fingerprint)]
+    # without the cache the tiles come from Zarr: same answer
+    np.testing.assert_array_equal(cholesky_solve(f, np.ones(100)), alpha)
+
+
+def test_tile_cache_budget_is_respected():
+    from pipeline.solvers.cholesky import _TileCache
+
+    c = _TileCache(budget=3 * 800)
+    for k in range(5):
+        c.put(("s", k), np.zeros(100))  # 800 bytes each
+    assert c.nbytes <= 3 * 800 and c.get(("s", 0)) is None and c.get(("s", 4)) is not None
+    c.drop(("s",))
+    assert c.nbytes == 0

@@ -7,6 +7,7 @@ from pipeline.solvers.cholesky import (
     factor_fingerprint,
     load_factor,
     regularisation_shift,
+    release_tile_cache,
     tile_cholesky,
 )
 from pipeline.solvers.triangular import (
@@ -25,5 +26,6 @@ __all__ = [
     "forward_substitution",
     "load_factor",
     "regularisation_shift",
+    "release_tile_cache",
     "tile_cholesky",
 ]

@@ -20,9 +20,11 @@ Two executors run the same tile function:
   on each other through tiny results (a dict per tile), never tile payloads. It
   runs on the active distributed client or the threaded scheduler, one BLAS
   thread per Dask thread (:func:`pipeline.parallel.compute`).
-- ``scheduler="loop"``: the same tasks in left-looking order in this process,
-  each using all BLAS threads, with factor-tile reads prefetched and writes
-  done by background threads, so I/O overlaps compute.
+- ``scheduler="threads"``: the same tasks on a few threads of this process, one
+  BLAS thread each, always running the ready task with the longest remaining
+  path first (the diagonal chain is the critical path of a left-looking
+  Cholesky; Dask's generic ordering leaves cores idle near the end). One
+  thread's reads and writes overlap the others' BLAS.
 
 Finished factor tiles are immutable (their key includes the fingerprint), so a
 per-process LRU cache with a byte budget keeps recently used ones in memory.
@@ -33,11 +35,9 @@ from __future__ import annotations
 
 import collections
 import os
-import queue
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -177,30 +177,15 @@ class _TileCache:
         self.budget = int(budget)
         self.nbytes = 0
         self._d: collections.OrderedDict[Any, np.ndarray] = collections.OrderedDict()
-        self._pinned: dict[Any, np.ndarray] = {}
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
 
-    def pin(self, key: Any, arr: np.ndarray) -> None:
-        """Hold ``arr`` outside the budget until :meth:`unpin` (then it becomes a normal entry)."""
-        with self._lock:
-            self._pinned[key] = arr
-
-    def unpin(self, key: Any) -> None:
-        with self._lock:
-            arr = self._pinned.pop(key, None)
-        if arr is not None:
-            self.put(key, arr)
-
     def get(self, key: Any) -> np.ndarray | None:
         with self._lock:
-            arr = self._pinned.get(key)
-            if arr is None:
-                arr = self._d.get(key)
+            arr = self._d.get(key)
             if arr is not None:
-                if key in self._d:
-                    self._d.move_to_end(key)
+                self._d.move_to_end(key)
                 self.hits += 1
             else:
                 self.misses += 1
@@ -219,6 +204,13 @@ class _TileCache:
                 _, ev = self._d.popitem(last=False)
                 self.nbytes -= ev.nbytes
 
+    def drop(self, prefix: tuple) -> None:
+        """Forget every entry whose key starts with ``prefix``."""
+        n = len(prefix)
+        with self._lock:
+            for key in [k for k in self._d if k[:n] == prefix]:
+                self.nbytes -= self._d.pop(key).nbytes
+
     def clear(self) -> None:
         with self._lock:
             self._d.clear()
@@ -234,6 +226,15 @@ def set_tile_cache_budget(nbytes: int) -> None:
     _CACHE.budget = int(nbytes)
     if nbytes <= 0:
         _CACHE.clear()
+
+
+def release_tile_cache(factor: Any = None) -> None:
+    """Free this process's cached factor tiles: those of ``factor``, or all (None)."""
+    if factor is None:
+        _CACHE.clear()
+        return
+    L = getattr(factor, "L", factor)
+    _CACHE.drop((L.store, L.name, L.fingerprint))
 
 
 def _cache_key(arr: TiledArray, i: int, j: int) -> tuple:
@@ -403,68 +404,93 @@ def _run_dask(gram, L, todo, shift, lam, convention, jitter, progress) -> list[d
     return list(records)
 
 
-def _run_loop(gram, L, todo, shift, lam, convention, jitter, blas_threads) -> list[dict]:
+def _critical_path_ranks(todo: list[tuple[int, int]], block: int) -> dict[tuple[int, int], float]:
+    """Upward rank (cost of the longest path from a tile task to the end), in tile flops."""
+    todo_set = set(todo)
+    cost = {}
+    for i, j in todo:
+        upd = j * (1.0 if i == j else 2.0)  # SYRK / GEMM per earlier column, in b^3 units
+        fin = 2.0 / 3.0 if i == j else 1.0  # POTRF runs at about half GEMM speed; TRSM
+        cost[(i, j)] = (upd + fin) * float(block) ** 3
+    succ: dict[tuple[int, int], list[tuple[int, int]]] = {t: [] for t in todo}
+    for t in todo:
+        for d in _deps(*t):
+            if d in todo_set:
+                succ[d].append(t)
+    rank: dict[tuple[int, int], float] = {}
+    for t in reversed(todo):  # left-looking order is topological: successors come later
+        rank[t] = cost[t] + max((rank[s] for s in succ[t]), default=0.0)
+    return rank
+
+
+def _run_threads(gram, L, todo, shift, lam, convention, jitter, n_threads) -> list[dict]:
+    """Run tile tasks on ``n_threads`` threads (one BLAS thread each), critical path first.
+
+    A small list scheduler: a task becomes ready when its dependencies finished
+    (stored and marked); idle threads take the ready task with the longest path
+    to the end. I/O of one thread overlaps the BLAS of the others.
+    """
+    import heapq
+
     from pipeline.parallel import blas_threads as _blas
 
-    # prefetch: warm the cache with the next tasks' factor inputs (zarr reads release the GIL)
-    prefetch = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chol-prefetch")
-    # writer: region writes then markers, in order, off the compute thread. A tile stays
-    # pinned in the cache until its write is done, so no reader ever sees it half written.
-    wq: queue.Queue = queue.Queue(maxsize=4)
-    errors: list[BaseException] = []
-
-    def writer() -> None:
-        while True:
-            item = wq.get()
-            if item is None:
-                return
-            i, j, tile, info = item
-            try:
-                if not errors:
-                    L.write_tile(i, j, tile, **info)
-            except BaseException as e:  # surfaced by the compute loop
-                errors.append(e)
-            finally:
-                _CACHE.unpin(_cache_key(L, i, j))
-
-    wt = threading.Thread(target=writer, name="chol-writer", daemon=True)
-    wt.start()
-    records: list[dict] = []
-    lookahead = 2
-    pending: dict[int, Any] = {}
-
+    if not todo:
+        return []
     todo_set = set(todo)
+    rank = _critical_path_ranks(todo, L.block_size)
+    waiting = {t: sum(d in todo_set for d in set(_deps(*t))) for t in todo}
+    succ: dict[tuple[int, int], list[tuple[int, int]]] = {t: [] for t in todo}
+    for t in todo:
+        for d in set(_deps(*t)):
+            if d in todo_set:
+                succ[d].append(t)
+    ready = [(-rank[t], t) for t in todo if waiting[t] == 0]
+    heapq.heapify(ready)
+    cond = threading.Condition()
+    records: list[dict] = []
+    errors: list[BaseException] = []
+    state = {"running": 0}
 
-    def warm(idx: int) -> np.ndarray:
-        i, j = todo[idx]
-        for a, b in _deps(i, j):
-            # only tiles finished before this run: this run's own tiles are pinned in the
-            # cache until written, and may not even be computed yet
-            if (a, b) not in todo_set:
-                _read_factor_tile(L, a, b)
-        return gram.read_tile(i, j)
+    def worker() -> None:
+        while True:
+            with cond:
+                while not ready and state["running"] and not errors:
+                    cond.wait()
+                if errors or not ready:
+                    cond.notify_all()
+                    return
+                _, t = heapq.heappop(ready)
+                state["running"] += 1
+            try:
+                rec = _tile_task(gram, L, t[0], t[1], shift, lam, convention, jitter)
+            except BaseException as e:
+                with cond:
+                    errors.append(e)
+                    state["running"] -= 1
+                    cond.notify_all()
+                return
+            with cond:
+                records.append(rec)
+                state["running"] -= 1
+                for s in succ[t]:
+                    waiting[s] -= 1
+                    if waiting[s] == 0:
+                        heapq.heappush(ready, (-rank[s], s))
+                cond.notify_all()
 
-    try:
-        with _blas(blas_threads):
-            for idx, (i, j) in enumerate(todo):
-                for nxt in range(idx + 1, min(idx + 1 + lookahead, len(todo))):
-                    if nxt not in pending:
-                        pending[nxt] = prefetch.submit(warm, nxt)
-                f = pending.pop(idx, None)
-                k_tile = f.result() if f is not None else None
-                if errors:
-                    raise errors[0]
-                tile, info = _factor_tile(gram, L, i, j, shift, lam, convention, jitter, k_tile)
-                tile.flags.writeable = False
-                _CACHE.pin(_cache_key(L, i, j), tile)
-                wq.put((i, j, tile, info))
-                records.append({"tile": (i, j), "computed": True, "jitter": info.get("jitter")})
-    finally:
-        wq.put(None)
-        wt.join()
-        prefetch.shutdown(wait=True, cancel_futures=True)
+    n_threads = max(1, min(int(n_threads), len(todo)))
+    with _blas(1):
+        threads = [
+            threading.Thread(target=worker, name=f"chol-{k}", daemon=True) for k in range(n_threads)
+        ]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
     if errors:
         raise errors[0]
+    if len(records) != len(todo):  # cannot happen with a consistent dependency graph
+        raise RuntimeError(f"tile scheduler stopped after {len(records)} of {len(todo)} tiles")
     return records
 
 
@@ -531,8 +557,8 @@ def tile_cholesky(
     store: str | None = None,
     name: str = "chol",
     jitter: Any = None,
-    scheduler: str = "dask",
-    blas_threads: int | None = None,
+    scheduler: str = "auto",
+    n_threads: int | None = None,
     overwrite: bool = True,
     check_gram: bool = True,
     progress: bool = True,
@@ -556,14 +582,16 @@ def tile_cholesky(
         Off by default: a non-PD diagonal tile raises
         :class:`NotPositiveDefiniteError`. Otherwise a failed tile POTRF is
         retried with growing jitter on that tile's diagonal (recorded).
-    scheduler : {"dask", "loop"}
-        "dask" (default): one Dask task per tile on the active distributed
-        client or the threaded scheduler, one BLAS thread per Dask thread
-        (:func:`pipeline.parallel.compute`).
-        "loop": one tile at a time in this process with ``blas_threads`` BLAS
-        threads and background prefetch/writes.
-    blas_threads : int, optional
-        BLAS threads for the "loop" scheduler (default: all cores).
+    scheduler : {"auto", "threads", "dask"}
+        "threads": tile tasks on ``n_threads`` threads of this process, one
+        BLAS thread each, the ready task with the longest remaining path first.
+        "dask": one Dask task per tile (dependencies through tiny results) run
+        by :func:`pipeline.parallel.compute` on the active distributed client or
+        the threaded scheduler, one BLAS thread per Dask thread.
+        "auto" (default): "dask" when a distributed client is active, else
+        "threads".
+    n_threads : int, optional
+        Threads of the "threads" scheduler (default: all cores).
     overwrite : bool
         Replace a factor stored under ``name`` with another fingerprint (e.g.
         another lambda). If False such a store raises ``StoreMismatchError``.
@@ -587,8 +615,12 @@ def tile_cholesky(
     n = int(gram.shape[0])
     shift = regularisation_shift(lam, n, convention)
     policy = make_jitter_policy(jitter)
-    if scheduler not in ("loop", "dask"):
-        raise ValueError(f"scheduler must be 'loop' or 'dask', got {scheduler!r}")
+    if scheduler not in ("auto", "threads", "dask"):
+        raise ValueError(f"scheduler must be 'auto', 'threads' or 'dask', got {scheduler!r}")
+    if scheduler == "auto":
+        from pipeline.parallel import _active_client
+
+        scheduler = "dask" if _active_client() is not None else "threads"
     grid = gram.grid
     if check_gram:
         done = gram.markers.done()
@@ -624,8 +656,8 @@ def tile_cholesky(
     if scheduler == "dask":
         records = _run_dask(gram, L, todo, shift, lam, convention, policy, progress)
     else:
-        nthreads = blas_threads or os.cpu_count() or 1
-        records = _run_loop(gram, L, todo, shift, lam, convention, policy, nthreads)
+        nthreads = n_threads or os.cpu_count() or 1
+        records = _run_threads(gram, L, todo, shift, lam, convention, policy, nthreads)
     computed = tuple(tuple(r["tile"]) for r in records if r["computed"])
     # jitter record over all diagonal tiles (from markers: also those of earlier runs)
     jit: dict[str, float] = {}

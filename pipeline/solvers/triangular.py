@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from scipy.linalg import blas as sblas
 
-from pipeline.solvers.cholesky import CholeskyFactor, _read_factor_tile
+from pipeline.solvers.cholesky import CholeskyFactor, _read_factor_tile, release_tile_cache
 from pipeline.storage import TiledArray, fingerprint_blocks, fingerprint_obj, open_tiled_array
 
 
@@ -107,6 +107,7 @@ def cholesky_solve(
     *,
     store: str | None = None,
     name: str | None = None,
+    release_cache: bool = True,
 ) -> np.ndarray:
     """Solve ``(K + shift*I) alpha = y`` with the stored factor (``L L.T = K + shift*I``).
 
@@ -119,13 +120,21 @@ def cholesky_solve(
         If ``name`` is given, also write ``alpha`` (as ``n x outputs``) to that
         array in ``store`` (default: the factor's store), with a fingerprint
         chained to the factor's and ``y``'s content.
+    release_cache : bool
+        Drop this factor's tiles from the process's tile cache afterwards (the
+        factorisation leaves up to its budget, 1 GiB by default, in memory so
+        that the solve right after it reads no tile twice from disk).
 
     Returns
     -------
     alpha : ndarray, float64, shaped like ``y``
     """
     L = _as_factor(factor)
-    alpha = back_substitution(L, forward_substitution(L, y))
+    try:
+        alpha = back_substitution(L, forward_substitution(L, y))
+    finally:
+        if release_cache:
+            release_tile_cache(L)
     if name is not None:
         a2 = alpha.reshape(L.shape[0], -1)
         fp = fingerprint_obj(

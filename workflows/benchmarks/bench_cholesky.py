@@ -3,7 +3,7 @@
 Builds an RBF Gram of standardised random data tile by tile into a Zarr store
 (lower tiles only, as the pipeline stores it), then factors ``K + lam*I`` with
 
-- ours, Zarr -> Zarr: ``pipeline.solvers.tile_cholesky`` (scheduler "loop" and "dask"),
+- ours, Zarr -> Zarr: ``pipeline.solvers.tile_cholesky`` (scheduler "threads" and "dask"),
 - in-memory ``scipy.linalg.cho_factor`` (the matrix read from the same store; only the
   factorisation is timed),
 - ``dask.array.linalg.cholesky`` Zarr -> Zarr (both triangles assembled lazily from the
@@ -152,7 +152,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--n", type=int, default=12000)
     p.add_argument("--block-size", type=int, default=2000)
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--modes", default="ours-loop,ours-dask,scipy,dask", help="comma-separated list")
+    p.add_argument(
+        "--modes", default="ours-threads,ours-dask,scipy,dask", help="comma-separated list"
+    )
     p.add_argument("--workdir", default=None, help="where the stores go (default: a tmp dir)")
     p.add_argument("--json", default=None, help="also write the results here")
     p.add_argument("--_worker", nargs=3, metavar=("MODE", "STORE", "OUT"), help=argparse.SUPPRESS)
