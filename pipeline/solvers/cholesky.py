@@ -255,11 +255,12 @@ def _read_factor_tile(L: TiledArray, i: int, j: int) -> np.ndarray:
 # tile kernels (BLAS-3)
 
 
-def _potrf_lower(a: np.ndarray) -> tuple[np.ndarray, int]:
+def _potrf_lower(a: np.ndarray, overwrite: bool = False) -> tuple[np.ndarray, int]:
+    """Lower Cholesky factor of the tile whose *lower* triangle ``a`` holds (C order)."""
     potrf = lapack.get_lapack_funcs("potrf", (a,))
-    # a is C-contiguous and symmetric: its transpose is the same matrix in F order
-    c, info = potrf(a.T, lower=0, clean=1, overwrite_a=0)
-    # c is the upper factor U (F order) of a.T == a; L = U.T, C-contiguous view
+    # a.T is F-contiguous; its upper triangle is a's lower one
+    c, info = potrf(a.T, lower=0, clean=1, overwrite_a=int(overwrite))
+    # c is the upper factor U (F order) with U.T U = A; L = U.T is a C-contiguous view
     return np.ascontiguousarray(c.T), int(info)
 
 
@@ -280,17 +281,37 @@ def _updated_tile(
     dtype: np.dtype,
     k_tile: np.ndarray | None = None,
 ) -> np.ndarray:
+    """``K_ij + shift*delta_ij*I - sum_k L_ik L_jk^T`` (for i == j: lower triangle only).
+
+    Accumulated in place with BLAS (GEMM, or SYRK on the diagonal) in a fixed
+    order, so the result is reproducible bit for bit.
+    """
     if k_tile is None:
         k_tile = gram.read_tile(i, j)
-    a = np.array(k_tile, dtype=dtype, order="C", copy=True)
+    # zarr returns a fresh array: reuse it when it already is writable C-ordered float64
+    a = np.require(k_tile, dtype=dtype, requirements=["C", "W"])
+    if a is k_tile:
+        a = k_tile.copy() if not k_tile.flags.owndata else k_tile
     if i == j:
         a[np.diag_indices_from(a)] += shift
-    for k in range(j):
-        ljk = _read_factor_tile(L, j, k)
-        if i == j:
-            a -= ljk @ ljk.T  # numpy uses SYRK for x @ x.T
-        else:
-            a -= _read_factor_tile(L, i, k) @ ljk.T
+    if j == 0:
+        return a
+    # C-ordered a is F-ordered a.T: update a.T in place.  a.T -= L_jk L_ik^T
+    at = a.T
+    if i == j:
+        syrk = sblas.get_blas_funcs("syrk", (at,))
+        for k in range(j):
+            ljk = _read_factor_tile(L, j, k)
+            # ljk.T (F order) with trans=1 gives ljk ljk^T; upper of a.T = lower of a
+            at = syrk(-1.0, ljk.T, beta=1.0, c=at, trans=1, lower=0, overwrite_c=1)
+    else:
+        gemm = sblas.get_blas_funcs("gemm", (at,))
+        for k in range(j):
+            ljk = _read_factor_tile(L, j, k)
+            lik = _read_factor_tile(L, i, k)
+            at = gemm(-1.0, ljk.T, lik.T, beta=1.0, c=at, trans_a=1, overwrite_c=1)
+    if not np.shares_memory(at, a):  # BLAS wrappers copy if c was not usable in place
+        a = np.ascontiguousarray(at.T)
     return a
 
 
@@ -310,15 +331,18 @@ def _factor_tile(
     t0 = time.perf_counter()
     if k_tile is None:
         k_tile = gram.read_tile(i, j)
+    # jitter scale: the tile's own diagonal of K + shift*I (not that of the Schur
+    # complement, which is ~0 exactly when jitter is needed)
+    scale = float(np.mean(np.abs(np.diag(k_tile)))) + shift if i == j else 0.0
     a = _updated_tile(gram, L, i, j, shift, dtype, k_tile)
     info: dict[str, Any] = {}
     if i == j:
-        lt, piv = _potrf_lower(a)
+        keep = a.copy() if jitter is not None else None
+        lt, piv = _potrf_lower(a, overwrite=keep is None)
         tried: list[float] = []
         if piv != 0 and jitter is not None:
-            # relative to the tile's own diagonal of K + shift*I (not of the Schur complement,
-            # which is ~0 exactly when jitter is needed)
-            scale = float(np.mean(np.abs(np.diag(k_tile)))) + shift or 1.0
+            a = keep
+            scale = scale or 1.0
             for t in range(jitter.max_tries):
                 eps = jitter.initial * jitter.growth**t * scale
                 tried.append(eps)
