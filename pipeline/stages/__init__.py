@@ -1,0 +1,77 @@
+"""Checkpointed pipeline stages, wired by name, and the runner that resumes them.
+
+Stages (in order): ``ingest`` → ``gram`` (only when the solver reads a stored
+Gram) → ``solve`` → ``model`` (the fitted-model artifact) → ``predict`` (test
+rows and an optional batch input) → ``evaluate`` (metrics on the test rows,
+next to scikit-learn's). Each is a function ``run(stage_dir, inputs, **params)``
+of explicit arguments; :func:`default_stages` wires them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from typing import Any
+
+from pipeline.stages.lock import LockHeldError, RunLock
+from pipeline.stages.manifest import Manifest, StageRecord
+from pipeline.stages.runner import RunDirConflict, RunReport, Stage, StageFailed, run_stages
+
+#: stage name -> (module, upstream stages)
+STAGE_WIRING: dict[str, tuple[str, tuple[str, ...]]] = {
+    "ingest": ("pipeline.stages.ingest", ()),
+    "gram": ("pipeline.stages.gram", ("ingest",)),
+    "solve": ("pipeline.stages.solve", ("ingest", "gram")),
+    "model": ("pipeline.stages.model", ("ingest", "solve")),
+    "predict": ("pipeline.stages.predict", ("ingest", "solve")),
+    "evaluate": ("pipeline.stages.evaluate", ("ingest", "predict")),
+}
+STAGE_NAMES = tuple(STAGE_WIRING)
+
+
+def _lazy(module: str):
+    def call(stage_dir, inputs, **params):
+        return importlib.import_module(module).run(stage_dir, inputs, **params)
+
+    call.__name__ = f"{module}.run"
+    return call
+
+
+def _gram_enabled(params: Mapping[str, Any], outputs: Mapping[str, Any]) -> bool:
+    from pipeline.stages.solve import needs_gram
+
+    return needs_gram(params["solve"]["solver"], outputs["ingest"]["n_train"])
+
+
+def _has_test_or_batch(params: Mapping[str, Any], outputs: Mapping[str, Any]) -> bool:
+    return bool(outputs["ingest"].get("X_test")) or bool(params["predict"].get("input"))
+
+
+def _has_test(params: Mapping[str, Any], outputs: Mapping[str, Any]) -> bool:
+    return bool(outputs["ingest"].get("X_test"))
+
+
+_ENABLED = {"gram": _gram_enabled, "predict": _has_test_or_batch, "evaluate": _has_test}
+
+
+def default_stages() -> list[Stage]:
+    """The pipeline's stages in order, wired by name to their modules."""
+    return [
+        Stage(name, _lazy(module), after=after, enabled=_ENABLED.get(name))
+        for name, (module, after) in STAGE_WIRING.items()
+    ]
+
+
+__all__ = [
+    "STAGE_NAMES",
+    "LockHeldError",
+    "Manifest",
+    "RunDirConflict",
+    "RunLock",
+    "RunReport",
+    "Stage",
+    "StageFailed",
+    "StageRecord",
+    "default_stages",
+    "run_stages",
+]

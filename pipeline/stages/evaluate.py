@@ -1,0 +1,144 @@
+"""Evaluate stage: metrics on the held-out rows, next to scikit-learn's on the same split.
+
+The metrics are computed in the original units of y. When the training split is
+small enough for scikit-learn's in-memory ``KernelRidge`` (``baseline_max_rows``),
+the same data, kernel and ridge are fitted with it as a baseline.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+
+from pipeline.stages.ingest import open_rows
+from pipeline.stages.manifest import write_json_atomic
+
+
+def regression_metrics(
+    y_true: np.ndarray, y_pred: np.ndarray, names: list[str]
+) -> dict[str, float]:
+    """RMSE, MAE and R² (averaged over outputs) of ``y_pred`` against ``y_true``."""
+    y_true = np.asarray(y_true, dtype=np.float64).reshape(len(y_true), -1)
+    y_pred = np.asarray(y_pred, dtype=np.float64).reshape(y_true.shape)
+    err = y_pred - y_true
+    out: dict[str, float] = {}
+    if "rmse" in names:
+        out["rmse"] = float(np.sqrt(np.mean(err**2)))
+    if "mae" in names:
+        out["mae"] = float(np.mean(np.abs(err)))
+    if "r2" in names:
+        ss_res = np.sum(err**2, axis=0)
+        ss_tot = np.sum((y_true - y_true.mean(axis=0)) ** 2, axis=0)
+        out["r2"] = float(np.mean(1.0 - ss_res / np.where(ss_tot > 0, ss_tot, 1.0)))
+    return out
+
+
+def _sklearn_kernel(spec: dict[str, Any], n_features: int) -> tuple[Any, dict[str, Any]]:
+    """scikit-learn's own kernel for a spec when it has one, else a precomputed kernel."""
+    name, p = spec["name"], spec.get("params", {})
+    if name == "rbf":
+        from pipeline.kernels import make_kernel
+
+        return "rbf", {"gamma": make_kernel(spec).effective_gamma(n_features)}
+    if name == "laplacian":
+        return "laplacian", {"gamma": p.get("gamma") or 1.0 / n_features}
+    if name == "linear":
+        return "linear", {}
+    if name == "polynomial":
+        return "polynomial", {
+            "degree": p.get("degree", 3),
+            "gamma": p.get("gamma") or 1.0 / n_features,
+            "coef0": p.get("coef0", 1.0),
+        }
+    return "precomputed", {}
+
+
+def sklearn_baseline(
+    X_train: np.ndarray,
+    y_train: np.ndarray,
+    X_test: np.ndarray,
+    kernel: dict[str, Any],
+    shift: float,
+) -> tuple[np.ndarray, float, str]:
+    """Fit scikit-learn's KernelRidge with ``alpha=shift``; return predictions, fit seconds, kernel."""
+    from sklearn.kernel_ridge import KernelRidge
+
+    from pipeline.kernels import make_kernel
+    from pipeline.parallel import blas_threads
+
+    kname, kparams = _sklearn_kernel(kernel, X_train.shape[1])
+    model = KernelRidge(alpha=shift, kernel=kname, **kparams)
+    # one BLAS thread: OpenBLAS' 2-thread potrf crashes at n >= ~15.5k (NOTES.md)
+    with blas_threads(1 if X_train.shape[0] >= 12_000 else None):
+        t0 = time.perf_counter()
+        if kname == "precomputed":
+            k = make_kernel(kernel)
+            model.fit(k(X_train), y_train)
+            pred = model.predict(k(X_test, X_train))
+        else:
+            model.fit(X_train, y_train)
+            pred = model.predict(X_test)
+    return np.asarray(pred), time.perf_counter() - t0, kname
+
+
+def run(
+    stage_dir: Path,
+    inputs: dict[str, dict[str, Any]],
+    *,
+    metrics: list[str],
+    baseline: str,
+    baseline_max_rows: int,
+    kernel: dict[str, Any],
+    lam: float,
+    lam_convention: str,
+) -> dict[str, Any]:
+    """Score the test predictions; fit the scikit-learn baseline when it fits."""
+    ing, pred = inputs["ingest"], inputs["predict"]
+    if "test" not in pred:
+        return {"metrics": {}, "note": "no test set: nothing to evaluate"}
+    names = list(metrics)
+    y_test = np.asarray(open_rows(ing, "y_test").compute())
+    t = pred["test"]
+    y_hat = zarr.open_array(store=t["store"], path=t["name"], mode="r")[...]
+    out: dict[str, Any] = {
+        "n_test": int(y_test.shape[0]),
+        "metrics": regression_metrics(y_test, y_hat, names),
+    }
+    n = ing["n_train"]
+    want = baseline == "sklearn" or (baseline == "auto" and n <= baseline_max_rows)
+    if want:
+        X_train = np.asarray(open_rows(ing, "X_train").compute())
+        y_train = np.asarray(open_rows(ing, "y_train").compute())
+        X_test = np.asarray(open_rows(ing, "X_test").compute())
+        if ing.get("scaler"):
+            X_test = (X_test - np.asarray(ing["scaler"]["mean"])) / np.asarray(
+                ing["scaler"]["scale"]
+            )
+        shift = lam * n if lam_convention == "n" else lam
+        sk_pred, secs, kname = sklearn_baseline(X_train, y_train, X_test, kernel, shift)
+        if ing.get("y_scaler"):
+            sk_pred = sk_pred * np.asarray(ing["y_scaler"]["scale"]) + np.asarray(
+                ing["y_scaler"]["mean"]
+            )
+        diff = np.abs(sk_pred.reshape(y_hat.shape) - y_hat)
+        out["baseline"] = {
+            "name": f"sklearn.kernel_ridge.KernelRidge(kernel={kname!r}, alpha={shift:g})",
+            "metrics": regression_metrics(y_test, sk_pred, names),
+            "fit_predict_seconds": secs,
+            "max_abs_prediction_difference": float(diff.max()) if diff.size else 0.0,
+            "max_rel_prediction_difference": float(diff.max() / max(np.abs(sk_pred).max(), 1e-300))
+            if diff.size
+            else 0.0,
+        }
+    elif baseline != "none":
+        out["baseline"] = None
+        out["baseline_note"] = (
+            f"scikit-learn baseline skipped: n_train={n} > baseline_max_rows={baseline_max_rows} "
+            "(its KernelRidge needs about 3·n²·8 bytes)"
+        )
+    write_json_atomic(Path(stage_dir) / "metrics.json", out)
+    return out

