@@ -1,0 +1,339 @@
+"""``pipeline.KernelRidge``: a drop-in for ``sklearn.kernel_ridge.KernelRidge``.
+
+On the in-memory path (``solver="auto"``, ``"dense"`` or ``"primal"``) it
+accepts what scikit-learn's KernelRidge accepts (kernel names, callables,
+``"precomputed"``, sparse CSR/CSC X, multi-output y, ``sample_weight``,
+per-target alpha, alpha = 0 with the least-squares fallback and its warning)
+and returns the same predictions, plus kernel objects from
+:mod:`pipeline.kernels`, the ``K + n alpha I`` penalty convention, a primal
+solve for the linear kernel and a memory guard. The out-of-core solvers
+(``"cholesky"``, ``"cg"``) plug in through :meth:`KernelRidge._fit_out_of_core`
+without changing the public signature.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+from sklearn.base import BaseEstimator, MultiOutputMixin, RegressorMixin
+from sklearn.metrics.pairwise import pairwise_kernels
+from sklearn.utils.validation import check_is_fitted
+
+from pipeline.kernels import Kernel, Linear, make_kernel
+from pipeline.reference import (
+    ALPHA_CONVENTIONS,
+    check_dense_memory,
+    choose_solver,
+    dense_dual_bytes,
+    effective_alpha,
+    predict_dual,
+    primal_bytes,
+    primal_to_dual,
+    solve_dual,
+    solve_primal,
+)
+from pipeline.validation import (
+    check_alpha,
+    check_choice,
+    check_positive_int,
+    check_sample_weight,
+    validate_X_predict,
+    validate_X_y,
+)
+
+IN_MEMORY_SOLVERS = ("auto", "dense", "primal")
+OUT_OF_CORE_SOLVERS = ("cholesky", "cg")
+SOLVERS = IN_MEMORY_SOLVERS + OUT_OF_CORE_SOLVERS
+PRECONDITIONERS = ("nystrom", "jacobi", "none")
+MATVECS = ("auto", "stored", "recompute")
+
+
+def _dense(X: Any) -> np.ndarray:
+    return X.toarray() if sp.issparse(X) else X
+
+
+class KernelRidge(MultiOutputMixin, RegressorMixin, BaseEstimator):
+    """Exact kernel ridge regression, scikit-learn compatible.
+
+    Solves ``(K + lam I) dual_coef = y`` and predicts ``K(X, X_fit) dual_coef``.
+
+    Parameters
+    ----------
+    alpha : float or array-like of shape (n_targets,), default=1.0
+        Ridge penalty (>= 0), one value or one per target. 0 follows
+        scikit-learn: Cholesky if K is positive definite, else a least-squares
+        solution with the warning "Singular matrix in solving dual problem".
+    kernel : str, Kernel, dict or callable, default="linear"
+        A scikit-learn kernel name (``"linear"``, ``"poly"``/``"polynomial"``,
+        ``"rbf"``, ``"laplacian"``, ``"sigmoid"``, ``"cosine"``, ``"chi2"``,
+        ``"additive_chi2"``) or any name registered in :mod:`pipeline.kernels`;
+        a :class:`pipeline.kernels.Kernel` object or its spec dict;
+        ``"precomputed"`` (X is the kernel matrix); or a callable on two rows
+        (evaluated through scikit-learn's ``pairwise_kernels``, as scikit-learn does).
+    gamma, degree, coef0 : as in scikit-learn
+        Forwarded to named kernels that take them; ignored otherwise.
+    kernel_params : dict, default=None
+        Keyword arguments for a callable kernel, or ``set_params`` values for a
+        Kernel object (applied to a copy).
+    solver : {"auto", "dense", "primal", "cholesky", "cg"}, default="auto"
+        ``"dense"``: exact in-memory dual by Cholesky. ``"primal"``: exact
+        in-memory primal ridge (linear kernel only). ``"auto"``: the cheaper of
+        the two by the cost model n^2 D + n^3/3 vs n D^2 + D^3/3. ``"cholesky"``
+        and ``"cg"``: the out-of-core solvers on a tiled Gram matrix in ``store``.
+    alpha_convention : {"sklearn", "n_samples"}, default="sklearn"
+        ``"sklearn"`` solves with ``K + alpha I``; ``"n_samples"`` with
+        ``K + n alpha I`` (n = number of samples, or the sum of
+        ``sample_weight``): the mean-loss objective
+        ``(1/n) sum (y - f(x))^2 + alpha ||f||^2``.
+    block_size : int, default=None
+        Tile size of the out-of-core Gram matrix (None: chosen automatically).
+    store : str or path, default=None
+        Directory or fsspec URL of the out-of-core Zarr store.
+    tol : float, default=1e-6
+        Relative residual tolerance of ``solver="cg"``.
+    max_iter : int, default=None
+        Iteration limit of ``solver="cg"`` (None: n_samples).
+    preconditioner : {"nystrom", "jacobi", "none"}, default="nystrom"
+        Preconditioner of ``solver="cg"``.
+    rank : int, default=None
+        Rank of the Nyström preconditioner (None: chosen automatically).
+    matvec : {"auto", "stored", "recompute"}, default="auto"
+        How ``solver="cg"`` multiplies by K: from the stored tiles or by
+        recomputing kernel tiles on the fly.
+    random_state : int, RandomState or None, default=None
+        Seed for randomised parts of the out-of-core solvers (Nyström landmarks).
+
+    Attributes
+    ----------
+    dual_coef_ : ndarray of shape (n_samples,) or (n_samples, n_targets)
+    X_fit_ : ndarray or sparse matrix of shape (n_samples, n_features)
+        Training data (the training kernel matrix if ``kernel="precomputed"``).
+    n_features_in_ : int
+    feature_names_in_ : ndarray of str
+        Only when X has string feature names.
+    kernel_ : Kernel or None
+        The kernel object used (None for callables and ``"precomputed"``).
+    solver_ : str
+        The solver actually used (``"dense"`` or ``"primal"`` in memory).
+    effective_alpha_ : ndarray
+        The diagonal shift added to K, per target group (alpha or n * alpha).
+    n_iter_ : int
+        1 for the direct solvers (one factorisation); CG iterations for ``solver="cg"``.
+    primal_coef_ : ndarray of shape (n_features,) or (n_features, n_targets)
+        Only when ``solver_ == "primal"``: weights with ``predict(X) = X @ primal_coef_``.
+    """
+
+    def __init__(
+        self,
+        alpha: Any = 1.0,
+        *,
+        kernel: Any = "linear",
+        gamma: float | None = None,
+        degree: float = 3,
+        coef0: float = 1,
+        kernel_params: dict | None = None,
+        solver: str = "auto",
+        alpha_convention: str = "sklearn",
+        block_size: int | None = None,
+        store: Any = None,
+        tol: float = 1e-6,
+        max_iter: int | None = None,
+        preconditioner: str = "nystrom",
+        rank: int | None = None,
+        matvec: str = "auto",
+        random_state: Any = None,
+    ) -> None:
+        self.alpha = alpha
+        self.kernel = kernel
+        self.gamma = gamma
+        self.degree = degree
+        self.coef0 = coef0
+        self.kernel_params = kernel_params
+        self.solver = solver
+        self.alpha_convention = alpha_convention
+        self.block_size = block_size
+        self.store = store
+        self.tol = tol
+        self.max_iter = max_iter
+        self.preconditioner = preconditioner
+        self.rank = rank
+        self.matvec = matvec
+        self.random_state = random_state
+
+    # -- tags ----------------------------------------------------------------
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = True
+        tags.input_tags.pairwise = self._precomputed
+        return tags
+
+    @property
+    def _precomputed(self) -> bool:
+        return isinstance(self.kernel, str) and self.kernel == "precomputed"
+
+    # -- parameters ------------------------------------------------------------
+    def _check_params(self) -> None:
+        check_choice("solver", self.solver, SOLVERS)
+        check_choice("alpha_convention", self.alpha_convention, ALPHA_CONVENTIONS)
+        check_choice("preconditioner", self.preconditioner, PRECONDITIONERS)
+        check_choice("matvec", self.matvec, MATVECS)
+        check_positive_int("block_size", self.block_size)
+        check_positive_int("max_iter", self.max_iter)
+        check_positive_int("rank", self.rank)
+        if (
+            isinstance(self.tol, bool)
+            or not isinstance(self.tol, int | float)
+            or not (np.isfinite(self.tol) and self.tol > 0)
+        ):
+            raise ValueError(f"tol must be a positive float, got {self.tol!r}")
+        if self.kernel_params is not None and not isinstance(self.kernel_params, dict):
+            raise TypeError(f"kernel_params must be a dict or None, got {self.kernel_params!r}")
+        if self._precomputed and self.solver == "primal":
+            raise ValueError(
+                "solver='primal' needs the features, not kernel='precomputed'; use solver='dense'"
+            )
+
+    def _resolve_kernel(self) -> Kernel | None:
+        """The Kernel object for names/specs/Kernels; None for callables and precomputed."""
+        k = self.kernel
+        if self._precomputed:
+            return None
+        if isinstance(k, Kernel):
+            if self.kernel_params:
+                k = copy.deepcopy(k).set_params(**self.kernel_params)
+            return k
+        if isinstance(k, str | dict):
+            return make_kernel(k, gamma=self.gamma, degree=self.degree, coef0=self.coef0)
+        if callable(k):
+            return None
+        raise TypeError(
+            f"kernel must be a kernel name, a Kernel object, a spec dict, 'precomputed' or a "
+            f"callable, got {k!r}"
+        )
+
+    def _kernel_matrix(self, X: Any, Y: Any = None) -> np.ndarray:
+        if self._precomputed:
+            return X
+        k = self.kernel_ if hasattr(self, "kernel_") else self._resolve_kernel()
+        if k is None:  # a callable on two rows: exactly scikit-learn's evaluation
+            return pairwise_kernels(
+                X, Y, metric=self.kernel, filter_params=True, **(self.kernel_params or {})
+            )
+        return k(_dense(X), None if Y is None else _dense(Y))
+
+    # -- fit -------------------------------------------------------------------
+    def fit(self, X: Any, y: Any, sample_weight: Any = None) -> KernelRidge:
+        """Fit kernel ridge regression.
+
+        Parameters
+        ----------
+        X : {array-like, sparse matrix} of shape (n_samples, n_features)
+            Training data, or the (n_samples, n_samples) kernel matrix if
+            ``kernel="precomputed"``.
+        y : array-like of shape (n_samples,) or (n_samples, n_targets)
+        sample_weight : float or array-like of shape (n_samples,), default=None
+            Per-sample weights (scikit-learn's semantics: K scaled by sqrt(w)).
+
+        Returns
+        -------
+        self
+        """
+        # every check runs before any kernel evaluation
+        self._check_params()
+        kernel = self._resolve_kernel()
+        X, y = validate_X_y(self, X, y, precomputed=self._precomputed)
+        n, d = X.shape
+        t = 1 if y.ndim == 1 else y.shape[1]
+        sw = check_sample_weight(sample_weight, n)
+        check_alpha(self.alpha, t)
+        lam = effective_alpha(
+            self.alpha, n, n_targets=t, sample_weight=sw, alpha_convention=self.alpha_convention
+        )
+        solver = self.solver
+        if solver in OUT_OF_CORE_SOLVERS:
+            return self._fit_out_of_core(X, y, sw, kernel)
+        has_primal = isinstance(kernel, Linear)
+        if solver == "primal" and not has_primal:
+            raise ValueError(
+                f"solver='primal' needs kernel='linear', got kernel={self.kernel!r}; "
+                "use solver='dense' or 'auto'"
+            )
+        if solver == "primal" and np.any(lam <= 0):
+            raise ValueError(
+                f"solver='primal' needs alpha > 0, got alpha={self.alpha!r}; "
+                "use solver='dense' for scikit-learn's alpha=0 behaviour"
+            )
+        if solver == "auto":
+            solver = choose_solver(n, d, has_primal=has_primal, alpha=lam)
+        self.kernel_ = kernel
+        self.effective_alpha_ = lam
+        if hasattr(self, "primal_coef_"):
+            del self.primal_coef_
+        if solver == "primal":
+            check_dense_memory(primal_bytes(n, d, t), what=f"the in-memory primal solve with D={d}")
+            coef = solve_primal(
+                X, y, self.alpha, sample_weight=sw, alpha_convention=self.alpha_convention
+            )
+            self.primal_coef_ = coef
+            self.dual_coef_ = primal_to_dual(X, y, coef, lam, sw)
+        else:
+            copies = 2 if (self._precomputed or X.dtype == np.float32) else 1
+            check_dense_memory(
+                dense_dual_bytes(n, d, t, kernel_copies=copies),
+                what=f"the in-memory dense solve with n_samples={n}",
+            )
+            K = self._kernel_matrix(X)
+            self.dual_coef_ = solve_dual(
+                K,
+                y,
+                self.alpha,
+                sample_weight=sw,
+                alpha_convention=self.alpha_convention,
+                overwrite_k=not self._precomputed,
+            )
+            del K
+        self.solver_ = solver
+        self.n_iter_ = 1
+        self.X_fit_ = X
+        return self
+
+    def _fit_out_of_core(self, X: Any, y: np.ndarray, sample_weight: Any, kernel: Any):
+        """Fit with an out-of-core solver (``solver="cholesky"`` or ``"cg"``).
+
+        Receives validated inputs: X (ndarray or sparse), y (float64, 1-D or
+        2-D), sample_weight (float64 array or None) and the resolved Kernel
+        (None for callables/precomputed). Must set ``dual_coef_``, ``X_fit_``,
+        ``kernel_``, ``solver_``, ``effective_alpha_``, ``n_iter_`` and return self.
+        """
+        raise NotImplementedError(
+            f"solver={self.solver!r} (out-of-core, tiled Gram in a Zarr store) is not "
+            "implemented yet; use solver='auto' or 'dense' for data that fits in memory"
+        )
+
+    # -- predict -----------------------------------------------------------------
+    def predict(self, X: Any) -> np.ndarray:
+        """Predict ``K(X, X_fit) @ dual_coef_``.
+
+        Parameters
+        ----------
+        X : {array-like, sparse matrix} of shape (n_samples, n_features)
+            Samples, or K(X, X_fit) of shape (n_samples, n_samples_fit) if
+            ``kernel="precomputed"``.
+
+        Returns
+        -------
+        ndarray of shape (n_samples,) or (n_samples, n_targets)
+        """
+        check_is_fitted(self, "dual_coef_")
+        X = validate_X_predict(self, X, precomputed=self._precomputed)
+        if getattr(self, "primal_coef_", None) is not None:
+            return np.asarray(X @ self.primal_coef_, dtype=np.float64)
+        if self._precomputed:
+            return np.asarray(X @ self.dual_coef_, dtype=np.float64)
+        if sp.issparse(X):
+            X = X.tocsr()
+        X_fit = self.X_fit_ if self.kernel_ is None else _dense(self.X_fit_)
+        return predict_dual(lambda Xb: self._kernel_matrix(Xb, X_fit), X, self.dual_coef_)
