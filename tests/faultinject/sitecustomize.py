@@ -1,0 +1,33 @@
+"""Test-only fault injection, loaded by subprocesses through PYTHONPATH.
+
+``KRR_KILL_MATCH=substring`` and ``KRR_KILL_AT=K``: the process SIGKILLs itself
+just before writing the K-th completion marker whose ``"{array}/{key}"``
+contains the substring, i.e. after that tile's data is stored but before it is
+recorded as done: the worst moment for a checkpointing scheme.
+"""
+
+import os
+import signal
+import threading
+
+_match = os.environ.get("KRR_KILL_MATCH")
+_at = int(os.environ.get("KRR_KILL_AT", "0"))
+
+if _match and _at > 0:
+    from pipeline.storage import markers as _markers
+
+    _orig = _markers.TileMarkers.mark
+    _lock = threading.Lock()
+    _count = [0]
+
+    def _mark(self, tile, **info):
+        label = f"{self.name}/{_markers._key(tile)}"
+        if _match in label:
+            with _lock:
+                _count[0] += 1
+                hit = _count[0] >= _at
+            if hit:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return _orig(self, tile, **info)
+
+    _markers.TileMarkers.mark = _mark

@@ -1,0 +1,131 @@
+"""Fault tests: SIGKILL ``krr run`` inside each stage, rerun, compare bitwise.
+
+The kill is injected by ``tests/faultinject/sitecustomize.py`` just before the
+K-th completion marker of a chosen array is written: the tile's data is on disk
+but not recorded as done. The rerun must finish, and the final α and the
+predictions must be bitwise identical to an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from pipeline.artifact import load_artifact
+
+pytestmark = pytest.mark.slow
+
+INJECT = Path(__file__).parent / "faultinject"
+
+CONFIG = """
+name: faults
+data: {{source: npy, path: {x}, y_path: {y}}}
+split: {{test_fraction: 0.25, seed: 0}}
+preprocess: {{standardize: true, standardize_y: true}}
+kernel: {{name: rbf, params: {{gamma: 0.2}}}}
+lambda: {lam}
+lam_convention: {conv}
+solver: {solver}
+block_size: 100
+predict: {{input: {xn}}}
+evaluate: {{baseline: none}}
+cluster: {{n_workers: 1, processes: false, memory_limit: 2GiB}}
+"""
+
+CHOLESKY = "{method: cholesky}"
+CG = "{method: cg, matvec: stored, preconditioner: nystrom, rank: 20, tol: 1.0e-10, checkpoint_every: 2}"
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("faultdata")
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(1000, 5))
+    y = np.sin(X[:, 0]) + 0.1 * rng.normal(size=1000)
+    np.save(d / "X.npy", X)
+    np.save(d / "y.npy", y)
+    np.save(d / "Xn.npy", rng.normal(size=(800, 5)))
+    return d
+
+
+def _config(data: Path, dest: Path, solver: str) -> Path:
+    lam, conv = ("0.01", "sklearn") if solver == CHOLESKY else ("1.0e-4", "n")
+    text = CONFIG.format(
+        x=data / "X.npy", y=data / "y.npy", xn=data / "Xn.npy", lam=lam, conv=conv, solver=solver
+    )
+    p = dest / "conf.yaml"
+    p.write_text(text)
+    return p
+
+
+def _krr_run(conf: Path, run_dir: Path, kill: tuple[str, int] | None = None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KRR_KILL")}
+    if kill is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(INJECT), env.get("PYTHONPATH", "")])
+        env["KRR_KILL_MATCH"], env["KRR_KILL_AT"] = kill[0], str(kill[1])
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "run", str(conf), "--run-dir", str(run_dir)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def _results(run_dir: Path) -> dict[str, np.ndarray]:
+    art = load_artifact(run_dir / "model" / "model")
+    out = {"alpha": np.asarray(art.dual_coef)}
+    for store in sorted((run_dir / "predict").glob("*.zarr")):
+        group = zarr.open_group(str(store), mode="r")
+        for name, arr in group.arrays():
+            out[f"{store.name}/{name}"] = arr[...]
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(data, tmp_path_factory):
+    refs = {}
+    for solver in (CHOLESKY, CG):
+        d = tmp_path_factory.mktemp("ref")
+        r = _krr_run(_config(data, d, solver), d / "run")
+        assert r.returncode == 0, r.stderr[-3000:]
+        refs[solver] = _results(d / "run")
+    return refs
+
+
+@pytest.mark.parametrize(
+    ("solver", "match", "at"),
+    [
+        (CHOLESKY, "X_train/", 4),  # mid-ingest
+        (CHOLESKY, "gram/", 12),  # mid-gram
+        (CHOLESKY, "chol/", 12),  # mid-factor
+        (CG, "cg", 2),  # mid-CG (the 2nd checkpoint)
+        (CHOLESKY, "predictions/", 4),  # mid-predict
+    ],
+    ids=["ingest", "gram", "factor", "cg", "predict"],
+)
+def test_sigkill_then_rerun_is_bitwise_identical(data, reference, tmp_path, solver, match, at):
+    conf = _config(data, tmp_path, solver)
+    run_dir = tmp_path / "run"
+    killed = _krr_run(conf, run_dir, kill=(match, at))
+    # the injected kill really happened, inside the stage we aimed at
+    assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr[-3000:])
+    status = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "status", str(run_dir)],
+        capture_output=True,
+        text=True,
+    )
+    assert "partial" in status.stdout, status.stdout
+    resumed = _krr_run(conf, run_dir)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    got, want = _results(run_dir), reference[solver]
+    assert got.keys() == want.keys()
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
