@@ -14,6 +14,7 @@ without changing the public signature.
 from __future__ import annotations
 
 import copy
+import logging
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,7 @@ from sklearn.utils.validation import check_is_fitted
 from pipeline.kernels import Kernel, Linear, make_kernel
 from pipeline.reference import (
     ALPHA_CONVENTIONS,
+    InsufficientMemoryError,
     check_dense_memory,
     choose_solver,
     dense_dual_bytes,
@@ -45,6 +47,8 @@ from pipeline.validation import (
 )
 
 IN_MEMORY_SOLVERS = ("auto", "dense", "primal")
+log = logging.getLogger(__name__)
+
 OUT_OF_CORE_SOLVERS = ("cholesky", "cg")
 SOLVERS = IN_MEMORY_SOLVERS + OUT_OF_CORE_SOLVERS
 PRECONDITIONERS = ("nystrom", "jacobi", "none")
@@ -224,6 +228,14 @@ class KernelRidge(MultiOutputMixin, RegressorMixin, BaseEstimator):
             )
         return k(_dense(X), None if Y is None else _dense(Y))
 
+    def _dense_fits(self, n: int, d: int, t: int, X: Any) -> bool:
+        copies = 2 if (self._precomputed or X.dtype == np.float32) else 1
+        try:
+            check_dense_memory(dense_dual_bytes(n, d, t, kernel_copies=copies), what="")
+        except InsufficientMemoryError:
+            return self._resolve_kernel() is None  # callables can only go in memory
+        return True
+
     # -- fit -------------------------------------------------------------------
     def fit(self, X: Any, y: Any, sample_weight: Any = None) -> KernelRidge:
         """Fit kernel ridge regression.
@@ -268,6 +280,13 @@ class KernelRidge(MultiOutputMixin, RegressorMixin, BaseEstimator):
             )
         if solver == "auto":
             solver = choose_solver(n, d, has_primal=has_primal, alpha=lam)
+            if solver != "primal" and not self._dense_fits(n, d, t, X) and sw is None:
+                log.info(
+                    "solver='auto': the in-memory dual for n_samples=%d does not fit in "
+                    "memory; using the out-of-core solvers",
+                    n,
+                )
+                return self._fit_out_of_core(X, y, sw, kernel)
         self.kernel_ = kernel
         self.effective_alpha_ = lam
         if hasattr(self, "primal_coef_"):
@@ -301,17 +320,70 @@ class KernelRidge(MultiOutputMixin, RegressorMixin, BaseEstimator):
         return self
 
     def _fit_out_of_core(self, X: Any, y: np.ndarray, sample_weight: Any, kernel: Any):
-        """Fit with an out-of-core solver (``solver="cholesky"`` or ``"cg"``).
+        """Fit with an out-of-core solver (``solver="cholesky"``, ``"cg"``, or "auto" past RAM).
 
-        Receives validated inputs: X (ndarray or sparse), y (float64, 1-D or
-        2-D), sample_weight (float64 array or None) and the resolved Kernel
-        (None for callables/precomputed). Must set ``dual_coef_``, ``X_fit_``,
-        ``kernel_``, ``solver_``, ``effective_alpha_``, ``n_iter_`` and return self.
+        The Gram matrix lives in tiles in ``store`` (a temporary directory when
+        None); see :mod:`pipeline.out_of_core`. Rejected before any work: kernels
+        that are not :class:`~pipeline.kernels.Kernel` objects, sample weights,
+        per-target alphas that differ, and alpha <= 0.
         """
-        raise NotImplementedError(
-            f"solver={self.solver!r} (out-of-core, tiled Gram in a Zarr store) is not "
-            "implemented yet; use solver='auto' or 'dense' for data that fits in memory"
+        from pipeline.out_of_core import fit_out_of_core
+
+        if kernel is None:
+            raise ValueError(
+                f"solver={self.solver!r} needs a named kernel, a Kernel object or a spec, "
+                f"got kernel={self.kernel!r}; callables and 'precomputed' are in-memory only "
+                "(use solver='dense')"
+            )
+        if sample_weight is not None:
+            raise ValueError(
+                f"sample_weight is not supported by solver={self.solver!r}; "
+                "use solver='dense', or repeat rows"
+            )
+        alphas = np.atleast_1d(np.asarray(self.alpha, dtype=np.float64))
+        if np.unique(alphas).size != 1:
+            raise ValueError(
+                f"solver={self.solver!r} takes one alpha for every target, got {self.alpha!r}"
+            )
+        lam = float(alphas[0])
+        X = _dense(X)
+        fit = fit_out_of_core(
+            X,
+            y,
+            kernel,
+            lam,
+            convention=self.alpha_convention,
+            solver=self.solver if self.solver != "dense" else "auto",
+            store=self.store,
+            block_size=self.block_size,
+            tol=self.tol,
+            max_iter=self.max_iter,
+            preconditioner=self.preconditioner,
+            rank=self.rank,
+            matvec=self.matvec,
+            random_state=self.random_state if isinstance(self.random_state, int) else None,
         )
+        if hasattr(self, "primal_coef_"):
+            del self.primal_coef_
+        self.kernel_ = kernel
+        self.dual_coef_ = fit.dual_coef.reshape(y.shape)
+        self.X_fit_ = X
+        self.solver_ = fit.solver
+        self.n_iter_ = fit.n_iter
+        self.effective_alpha_ = np.full(1 if y.ndim == 1 else y.shape[1], fit.shift)
+        self.fit_info_ = fit.info
+        return self
+
+    # -- persistence -------------------------------------------------------------
+    def save(self, path: Any, *, overwrite: bool = False) -> Any:
+        """Write the fitted model as a portable artifact (Zarr group + JSON, no pickle).
+
+        Load it anywhere with :func:`pipeline.load`. Needs a kernel with a spec
+        (names, Kernel objects); callables and ``"precomputed"`` cannot be saved.
+        """
+        from pipeline.model_io import save_model
+
+        return save_model(self, path, overwrite=overwrite)
 
     # -- predict -----------------------------------------------------------------
     def predict(self, X: Any) -> np.ndarray:
@@ -333,6 +405,19 @@ class KernelRidge(MultiOutputMixin, RegressorMixin, BaseEstimator):
             return np.asarray(X @ self.primal_coef_, dtype=np.float64)
         if self._precomputed:
             return np.asarray(X @ self.dual_coef_, dtype=np.float64)
+        if getattr(self, "solver_", None) in OUT_OF_CORE_SOLVERS:
+            from pipeline.predict import predict as predict_blockwise
+
+            bs = int(self.block_size or 2048)
+            return predict_blockwise(
+                _dense(X),
+                self.X_fit_,
+                self.dual_coef_,
+                self.kernel_,
+                block_size=bs,
+                train_block_size=bs,
+                progress=False,
+            )
         if sp.issparse(X):
             X = X.tocsr()
         X_fit = self.X_fit_ if self.kernel_ is None else _dense(self.X_fit_)

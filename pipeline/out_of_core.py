@@ -1,0 +1,188 @@
+"""Out-of-core fitting for :class:`pipeline.KernelRidge`: Gram in Zarr, tile Cholesky or CG.
+
+One function, :func:`fit_out_of_core`, wires the layers below (gram builder,
+tile Cholesky + triangular solves, CG with a stored or matrix-free operator) for
+the estimator. It holds X (N x D) and α (N x outputs) in memory, never an N x N
+array. With an explicit ``store`` every step resumes from its completed tiles
+(Gram tiles, factor tiles, CG checkpoints); with ``store=None`` a temporary
+directory is used and removed afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.kernels import Kernel
+
+log = logging.getLogger(__name__)
+
+#: default tile edge of the out-of-core solvers (a 2048² float64 tile is 32 MiB)
+DEFAULT_BLOCK_SIZE = 2048
+#: estimator convention names -> solver convention names
+CONVENTIONS = {"sklearn": "sklearn", "n_samples": "n"}
+
+
+@dataclass
+class OutOfCoreFit:
+    """What an out-of-core fit produced."""
+
+    dual_coef: np.ndarray
+    solver: str
+    n_iter: int
+    shift: float
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def _store_dir(store: Any) -> Iterator[str]:
+    if store is not None:
+        if isinstance(store, Path) or "://" not in str(store):
+            Path(store).mkdir(parents=True, exist_ok=True)
+        yield str(store)
+        return
+    tmp = tempfile.mkdtemp(prefix="krr-store-")
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _disk_free(store: str) -> float:
+    if "://" in store:
+        return float("inf")
+    return float(shutil.disk_usage(store).free)
+
+
+def choose_out_of_core_solver(n: int, d: int, store: str) -> tuple[str, str]:
+    """``"cholesky"`` or ``"cg"`` by N, free disk and free memory; returns (name, reason)."""
+    from pipeline.reference.memory import available_memory
+    from pipeline.solvers.choose import choose_solver
+
+    return choose_solver(n, d, _disk_free(store), float(available_memory()))
+
+
+def fit_out_of_core(
+    X: np.ndarray,
+    y: np.ndarray,
+    kernel: Kernel,
+    lam: float,
+    *,
+    convention: str = "sklearn",
+    solver: str = "cholesky",
+    store: Any = None,
+    block_size: int | None = None,
+    tol: float = 1e-6,
+    max_iter: int | None = None,
+    preconditioner: str = "nystrom",
+    rank: int | None = None,
+    matvec: str = "auto",
+    random_state: int | None = None,
+    progress: bool = True,
+) -> OutOfCoreFit:
+    """Solve (K + shift·I) α = y out of core; shift = lam, or n·lam with ``convention="n_samples"``.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, d)
+        Validated, finite training inputs.
+    y : ndarray of shape (n,) or (n, outputs)
+    kernel : Kernel
+    lam : float
+        λ > 0 (the out-of-core solvers refuse λ <= 0).
+    solver : {"cholesky", "cg", "auto"}
+    store : path or fsspec URL, optional
+        Where the Gram, factor and CG checkpoints live; reusing it resumes.
+    matvec : {"auto", "stored", "recompute"}
+        CG's operator: stream the stored Gram or recompute kernel tiles.
+    """
+    from pipeline.solvers.cholesky import regularisation_shift
+
+    if convention not in CONVENTIONS:
+        raise ValueError(f"convention must be one of {sorted(CONVENTIONS)}, got {convention!r}")
+    if not np.isfinite(lam) or lam <= 0:
+        raise ValueError(
+            f"the out-of-core solvers need alpha > 0, got {lam!r}; use a positive alpha, "
+            "or solver='dense' for scikit-learn's alpha=0 least-squares behaviour"
+        )
+    n, d = X.shape
+    bs = int(block_size or min(DEFAULT_BLOCK_SIZE, n))
+    conv = CONVENTIONS[convention]
+    shift = regularisation_shift(lam, n, conv)
+    with _store_dir(store) as root:
+        if solver == "auto":
+            solver, reason = choose_out_of_core_solver(n, d, root)
+            log.info("solver='auto' chose %r: %s", solver, reason)
+        if solver == "cholesky":
+            return _fit_cholesky(X, y, kernel, lam, conv, root, bs, shift, progress)
+        if solver == "cg":
+            return _fit_cg(
+                X,
+                y,
+                kernel,
+                shift,
+                root,
+                bs,
+                tol,
+                max_iter,
+                preconditioner,
+                rank,
+                matvec,
+                random_state,
+                progress,
+            )
+        raise ValueError(f"solver must be 'cholesky', 'cg' or 'auto', got {solver!r}")
+
+
+def _fit_cholesky(X, y, kernel, lam, conv, root, bs, shift, progress) -> OutOfCoreFit:
+    from pipeline.gram import build_gram
+    from pipeline.solvers import cholesky_solve, tile_cholesky
+
+    gram = build_gram(X, kernel, root, bs, progress=progress)
+    factor = tile_cholesky(gram, lam, convention=conv, store=root, progress=progress)
+    alpha = cholesky_solve(factor, y)
+    info = {"factor_tiles_computed": len(factor.computed), "jitter": factor.jitter}
+    return OutOfCoreFit(np.asarray(alpha), "cholesky", 1, shift, info)
+
+
+def _fit_cg(
+    X, y, kernel, shift, root, bs, tol, max_iter, preconditioner, rank, matvec, seed, progress
+) -> OutOfCoreFit:
+    from pipeline.solvers.cg_checkpoint import resumable_cg
+    from pipeline.solvers.choose import choose_matvec_mode
+    from pipeline.solvers.matvec import make_operator
+    from pipeline.solvers.precond import make_preconditioner
+
+    n, d = X.shape
+    if matvec == "auto":
+        mode, reason = choose_matvec_mode(n, d, _disk_free(root))
+        log.info("matvec='auto' chose %r: %s", mode, reason)
+    else:
+        mode = "matrix-free" if matvec == "recompute" else "stored"
+    if mode == "stored":
+        from pipeline.gram import build_gram
+
+        gram = build_gram(X, kernel, root, bs, progress=progress)
+        op = make_operator("stored", shift, gram=gram)
+    else:
+        op = make_operator("matrix-free", shift, X=X, kernel=kernel, block_size=bs)
+    r = int(rank or min(n, 500))
+    precond = make_preconditioner(
+        preconditioner, op, rank=min(r, n), random_state=0 if seed is None else seed
+    )
+    result = resumable_cg(op, y, root, preconditioner=precond, tol=tol, max_iter=max_iter)
+    info = {
+        "matvec": mode,
+        "converged": bool(result.converged),
+        "rel_residual": np.asarray(result.rel_residual).tolist(),
+        "history": result.history,
+    }
+    return OutOfCoreFit(np.asarray(result.x), "cg", int(result.n_iter), shift, info)
