@@ -39,6 +39,16 @@ def blas_threads(n: int | None) -> Iterator[None]:
         yield
 
 
+def _in_notebook() -> bool:
+    """True inside a Jupyter kernel, where progress is wanted although stderr is no TTY."""
+    return "ipykernel" in sys.modules and "IPython" in sys.modules
+
+
+def show_progress(progress: bool = True) -> bool:
+    """Whether to draw a progress bar: asked for, and on a terminal or in a notebook."""
+    return bool(progress) and (sys.stderr.isatty() or _in_notebook())
+
+
 def compute(*collections: Any, progress: bool = True, desc: str = "", **kwargs: Any) -> Any:
     """Compute Dask collections on the active scheduler with a progress display.
 
@@ -47,13 +57,13 @@ def compute(*collections: Any, progress: bool = True, desc: str = "", **kwargs: 
     to one thread per Dask thread, as NOTES.md recommends.
     """
     client = _active_client()
-    show = progress and sys.stderr.isatty()
+    show = show_progress(progress)
     if client is not None:
         futures = client.compute(list(collections), **kwargs)
         if show:
             from distributed import progress as dprogress
 
-            dprogress(futures)
+            dprogress(futures, notebook=False)
         results = client.gather(futures)
         return tuple(results)
     with contextlib.ExitStack() as stack:
