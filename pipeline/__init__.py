@@ -4,6 +4,7 @@ __version__ = "0.1.0"
 
 from pipeline import kernels  # noqa: E402
 from pipeline.estimator import KernelRidge  # noqa: E402
+from pipeline.model_selection import KernelRidgeCV  # noqa: E402
 from pipeline.perceptron import KernelPerceptron  # noqa: E402
 
-__all__ = ["KernelPerceptron", "KernelRidge", "__version__", "kernels"]
+__all__ = ["KernelPerceptron", "KernelRidge", "KernelRidgeCV", "__version__", "kernels"]

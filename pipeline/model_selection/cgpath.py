@@ -1,0 +1,167 @@
+"""K-fold CV on the CG path: one operator, one preconditioner factor, warm starts over λ.
+
+For a kernel setting, every fold's system ``(K_TT + s I) x = y_T`` is solved
+with products by the *full* K (stored tiles or recomputed from X): the folds'
+vectors are zero-padded to length n, stacked as the columns of one block, and
+multiplied in one pass over the tiles. The folds are stacked into one long
+vector, so CG runs on the block-diagonal system of all folds at once.
+
+- one Nyström factor ``F`` (``K ≈ F Fᵀ``, randomly pivoted Cholesky) per kernel
+  setting; each fold's preconditioner is ``(F_T F_Tᵀ + s I)⁻¹`` from the thin SVD
+  of ``F_T`` (once per fold), and only its diagonal coefficients change with λ;
+- λ values are solved from the largest (best conditioned) to the smallest,
+  each warm-started from the previous solution;
+- held-out predictions ``K_VT x_T`` for every fold and λ come from one more
+  product at the end.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import scipy.linalg
+
+from pipeline.solvers.cg import conjugate_gradient
+from pipeline.solvers.precond import nystrom_factor
+
+__all__ = ["cg_fold_predictions"]
+
+
+class _FoldNystrom:
+    """``(F_T F_Tᵀ + s I)⁻¹`` on one fold's training rows, re-shiftable."""
+
+    def __init__(self, F_T: np.ndarray) -> None:
+        U, sv, _ = scipy.linalg.svd(F_T, full_matrices=False, check_finite=False)
+        keep = sv > (sv[0] * np.finfo(float).eps * max(F_T.shape) if sv.size else 0)
+        self.U = np.ascontiguousarray(U[:, keep])
+        self.ev = sv[keep] ** 2
+
+    def apply(self, R: np.ndarray, shift: float) -> np.ndarray:
+        coef = 1.0 / (self.ev + shift) - 1.0 / shift
+        return R / shift + self.U @ (coef[:, None] * (self.U.T @ R))
+
+
+def _kernel_product(op: Any, V: np.ndarray) -> np.ndarray:
+    """``K V`` from an operator computing ``(K + shift I) V``."""
+    return op.matvec(V) - op.shift * V
+
+
+def cg_fold_predictions(
+    op: Any,
+    y: np.ndarray,
+    trains: list[np.ndarray],
+    tests: list[np.ndarray],
+    shifts: np.ndarray,
+    *,
+    preconditioner: str = "nystrom",
+    rank: int | None = None,
+    tol: float = 1e-8,
+    max_iter: int | None = None,
+    random_state: Any = 0,
+    warm_start: bool = True,
+    stats: dict | None = None,
+) -> list[list[np.ndarray]]:
+    """Held-out predictions ``preds[f][l]`` for each fold f and shift row ``shifts[l]``.
+
+    Parameters
+    ----------
+    op : KernelOperator
+        Products with the full K (``pipeline.solvers.matvec.make_operator``).
+    y : ndarray (n, t)
+    trains, tests : lists of index arrays, one per fold
+    shifts : ndarray (n_lambda, n_folds)
+        Diagonal shift of every (λ, fold) system; solved in decreasing order of
+        the row mean, each row warm-started from the previous one.
+    preconditioner : {"nystrom", "none"}
+    rank : int, optional
+        Nyström rank (default ``min(n, 200)``).
+    warm_start : bool
+        Start each λ from the previous λ's solution (else from zero).
+    """
+    stats = stats if stats is not None else {}
+    n, t = y.shape
+    nf = len(trains)
+    offs = np.concatenate([[0], np.cumsum([len(tr) for tr in trains])])
+    m = int(offs[-1])
+
+    pre_folds: list[_FoldNystrom] | None = None
+    if preconditioner == "nystrom":
+        r = int(rank or min(n, 200))
+        F, _ = nystrom_factor(op, min(r, n), random_state=random_state)
+        stats["preconditioner_builds"] = stats.get("preconditioner_builds", 0) + 1
+        pre_folds = [_FoldNystrom(F[tr]) for tr in trains]
+    elif preconditioner not in ("none", None):
+        raise ValueError(
+            f"preconditioner={preconditioner!r} is not supported by the CV search; "
+            "use 'nystrom' or 'none'"
+        )
+
+    def scatter(v: np.ndarray) -> np.ndarray:
+        """(m, k) stacked fold vectors -> (n, nf * k) zero-padded columns."""
+        k = v.shape[1]
+        P = np.zeros((n, nf * k))
+        for f, tr in enumerate(trains):
+            P[tr, f * k : (f + 1) * k] = v[offs[f] : offs[f + 1]]
+        return P
+
+    def make_matvec(srow: np.ndarray):
+        def mv(v: np.ndarray) -> np.ndarray:
+            k = v.shape[1]
+            KP = _kernel_product(op, scatter(v))
+            out = np.empty_like(v)
+            for f, tr in enumerate(trains):
+                out[offs[f] : offs[f + 1]] = (
+                    KP[tr, f * k : (f + 1) * k] + srow[f] * v[offs[f] : offs[f + 1]]
+                )
+            return out
+
+        return mv
+
+    class _Stacked:
+        def __init__(self, srow: np.ndarray) -> None:
+            self.srow = srow
+
+        def apply(self, R: np.ndarray) -> np.ndarray:
+            R = R.reshape(R.shape[0], -1)
+            out = np.empty_like(R)
+            for f in range(nf):
+                seg = slice(offs[f], offs[f + 1])
+                if pre_folds is None:
+                    out[seg] = R[seg]
+                else:
+                    out[seg] = pre_folds[f].apply(R[seg], float(self.srow[f]))
+            return out
+
+    b = np.concatenate([y[tr] for tr in trains], axis=0)  # (m, t)
+    order = np.argsort(-shifts.mean(axis=1), kind="stable")
+    sols: dict[int, np.ndarray] = {}
+    x0 = None
+    for li in order:
+        srow = shifts[li]
+        res = conjugate_gradient(
+            make_matvec(srow),
+            b,
+            x0=x0,
+            preconditioner=_Stacked(srow),
+            tol=tol,
+            max_iter=max_iter,
+        )
+        stats["cg_iterations"] = stats.get("cg_iterations", 0) + int(res.n_iter)
+        stats["cg_matvecs"] = stats.get("cg_matvecs", 0) + int(res.n_matvec)
+        stats["cg_solves"] = stats.get("cg_solves", 0) + 1
+        if not res.converged:
+            stats["cg_not_converged"] = stats.get("cg_not_converged", 0) + 1
+        sols[int(li)] = res.x.reshape(m, t)
+        x0 = sols[int(li)] if warm_start else None
+    # one product for every (λ, fold): columns ordered (λ, fold, target)
+    L = shifts.shape[0]
+    Xall = np.concatenate([sols[li] for li in range(L)], axis=1)  # (m, L * t)
+    KP = _kernel_product(op, scatter(Xall))  # (n, nf * L * t)
+    stats["cg_matvecs"] = stats.get("cg_matvecs", 0) + 1
+    k = L * t
+    preds = []
+    for f, te in enumerate(tests):
+        block = KP[te, f * k : (f + 1) * k]
+        preds.append([block[:, li * t : (li + 1) * t] for li in range(L)])
+    return preds
