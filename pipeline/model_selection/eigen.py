@@ -79,10 +79,9 @@ def loo_predictions(eig: KernelEigen, y: np.ndarray, shifts: list[float]) -> lis
 
 def _inverse_block(QV: np.ndarray, w: np.ndarray, shift: float) -> np.ndarray:
     """``Q_V diag(1/(w+s)) Q_Vᵀ`` by one SYRK (lower triangle filled)."""
-    B = QV * np.sqrt(1.0 / (w + shift))[None, :]
+    B = QV * np.sqrt(1.0 / (w + shift))[None, :]  # C-ordered (n_V, n): B.T is F-ordered
     syrk = blas.get_blas_funcs("syrk", (B,))
-    C = syrk(1.0, np.asfortranarray(B), lower=1)
-    return C
+    return syrk(1.0, B.T, trans=1, lower=1)
 
 
 def lgo_predictions(
