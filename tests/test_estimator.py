@@ -196,7 +196,7 @@ def test_grid_search_cv():
     )
 
 
-def test_params_clone_and_future_solvers():
+def test_params_clone_and_out_of_core_solvers():
     est = KernelRidge(alpha=0.3, kernel="rbf", solver="cg", tol=1e-8, rank=50, block_size=1024)
     params = est.get_params()
     for name in (
@@ -215,8 +215,10 @@ def test_params_clone_and_future_solvers():
     assert clone(est).get_params() == params
     X, y = _synthetic(n=20)
     for solver in ("cholesky", "cg"):
-        with pytest.raises(NotImplementedError, match="out-of-core"):
-            KernelRidge(solver=solver).fit(X, y)
+        est = KernelRidge(solver=solver, tol=1e-12).fit(X, y)
+        assert est.solver_ == solver
+        ref = KernelRidge(solver="dense").fit(X, y)
+        np.testing.assert_allclose(est.predict(X), ref.predict(X), rtol=1e-6, atol=1e-9)
     with pytest.raises(NotFittedError):
         KernelRidge().predict(X)
 
@@ -323,5 +325,5 @@ def test_memory_guard_refuses_before_work(monkeypatch):
     monkeypatch.setattr(memory_mod, "available_memory", lambda: 100_000)
     _Spy.calls = 0
     with pytest.raises(InsufficientMemoryError, match="solver='cholesky'"):
-        KernelRidge(kernel=_Spy()).fit(X, y)
+        KernelRidge(kernel=_Spy(), solver="dense").fit(X, y)
     assert _Spy.calls == 0

@@ -204,7 +204,10 @@ def test_disk_full_is_clear_and_resumable(tmp_path, X, monkeypatch):
     done = g.markers.done()
     assert (3, 2) not in done
     g, stats = build_gram(X, k, tmp_path / "s", 64, return_stats=True, progress=False)
-    assert stats.n_skipped == len(done) and stats.n_computed == stats.n_tiles - len(done)
+    # a tile already running on the other thread when the error surfaced may finish (and be
+    # marked) after the snapshot above, so the rerun skips at least, not exactly, `done`
+    assert stats.n_skipped >= len(done) and stats.n_skipped + stats.n_computed == stats.n_tiles
+    assert (3, 2) in stats.computed and done.isdisjoint(stats.computed)
     np.testing.assert_allclose(assemble(g), k(X), rtol=0, atol=1e-12)
 
 

@@ -34,6 +34,7 @@ CHILD = textwrap.dedent(
     """
     import json, os, resource, sys
     import numpy as np, psutil
+    from pipeline.diagnostics import peak_rss_bytes
     from pipeline.gram import build_gram
     from pipeline.kernels import RBF
 
@@ -42,7 +43,7 @@ CHILD = textwrap.dedent(
     build_gram(X[:300], RBF(gamma=0.1), store + "-warmup", 100, progress=False)
     base = psutil.Process().memory_info().rss
     g, stats = build_gram(X, RBF(gamma=0.1), store, block, progress=False, return_stats=True)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    peak = peak_rss_bytes()  # VmHWM: ru_maxrss would inherit the parent pytest peak
     print(json.dumps({"base": base, "peak": peak, "n_computed": stats.n_computed}))
     """
 )

@@ -233,8 +233,9 @@ def test_missing_marker_block_is_recomputed_alone(data, tmp_path):
 
 MEMORY_SCRIPT = textwrap.dedent(
     """
-    import json, resource, sys
+    import json, sys
     import numpy as np, zarr
+    from pipeline.diagnostics import peak_rss_bytes
     from pipeline.kernels import RBF
     from pipeline.predict import predict
 
@@ -246,10 +247,10 @@ MEMORY_SCRIPT = textwrap.dedent(
         z[s:s + 4096] = rng.standard_normal((min(4096, M - s), D))
     k = RBF(gamma=1.0 / D)
     predict(store + "/x.zarr", Xt[:50], a[:50], k, block_size=2048, progress=False)  # warm up
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    base = peak_rss_bytes()
     res = predict(store + "/x.zarr", Xt, a, k, out=store + "/out", block_size=2048,
                   train_block_size=2048, progress=False)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = peak_rss_bytes()
     y = res.zarr()
     check = k(np.asarray(z[1000:1100]), Xt) @ a
     print(json.dumps({"base": base, "peak": peak, "err": float(abs(y[1000:1100] - check).max()),

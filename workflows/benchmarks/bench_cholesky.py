@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -30,11 +29,13 @@ import time
 
 import numpy as np
 
+from pipeline.diagnostics import peak_rss_bytes
+
 LAM = 1e-3
 
 
 def _peak_rss_gb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+    return peak_rss_bytes() / 1024**3
 
 
 def build_gram(store: str, n: int, block: int, d: int = 16, seed: int = 0) -> None:

@@ -13,7 +13,7 @@ points, D = 16, RBF kernel. In one run it measures
    at the largest M with M x N x 8 bytes <= ``--sklearn-bytes``, and the
    pipeline's in-memory predict on the same rows.
 
-Peak RSS is the process's ``ru_maxrss`` right after the pipeline runs (before
+Peak RSS is the process's ``VmHWM`` right after the pipeline runs (before
 the bare loop and scikit-learn, which hold more in memory).
 
 Run ``python workflows/benchmarks/bench_predict.py --quick`` for small sizes.
@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import sys
 import tempfile
@@ -36,12 +35,13 @@ import numpy as np
 import zarr
 from threadpoolctl import threadpool_limits
 
+from pipeline.diagnostics import peak_rss_bytes
 from pipeline.kernels import RBF
 from pipeline.predict import CACHE_BLOCK, predict, tile_product
 
 
 def _rss_peak() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return peak_rss_bytes()
 
 
 def _make_input(path: str, M: int, D: int, seed: int, chunk: int = 65536) -> zarr.Array:
