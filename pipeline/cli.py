@@ -282,6 +282,12 @@ def cmd_validate(args) -> int:
     )
     print(f"  kernel: {cfg.kernel.to_spec()}")
     print(f"  lambda: {cfg.lam:g} ({cfg.lam_convention} convention); solver: {cfg.solver.method}")
+    if cfg.cv is not None:
+        grid = cfg.cv.param_grid or {}
+        print(
+            f"  cv: {len(cfg.cv.alphas)} lambdas x {grid or 'no kernel grid'}, folds {cfg.cv.folds}"
+            f", scoring {cfg.cv.scoring or 'r2'} (replaces lambda and the searched kernel params)"
+        )
     print(f"  block_size: {cfg.block_size}, dtype: {cfg.dtype}")
     print(f"  run_dir: {cfg.resolved_run_dir()}")
     return EXIT_OK
@@ -372,6 +378,7 @@ def cmd_run(args) -> int:
         "not_needed": report.disabled,
         "seconds": round(wall, 3),
         "solver": (outputs.get("solve") or {}).get("method"),
+        "selected": (outputs.get("select") or {}).get("best_params"),
         "model": (outputs.get("model") or {}).get("path"),
         "evaluate": outputs.get("evaluate"),
     }
@@ -382,6 +389,13 @@ def cmd_run(args) -> int:
     print(
         f"  ran: {', '.join(report.ran) or '-'}; already complete: {', '.join(report.skipped_done) or '-'}"
     )
+    if result["selected"]:
+        sel = outputs["select"]
+        chosen = ", ".join(f"{k}={_fmt(v)}" for k, v in sel["best_params"].items())
+        print(
+            f"  selected by {sel['n_splits']}-split CV ({sel['n_candidates']} candidates, "
+            f"{sel['scoring']} {_fmt(sel['best_score'])}): {chosen}"
+        )
     if result["solver"]:
         sol = outputs["solve"]
         extra = f", {sol['n_iter']} CG iterations" if "n_iter" in sol else ""

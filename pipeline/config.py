@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 __all__ = [
     "ClusterConfig",
     "ConfigError",
+    "CvConfig",
     "DataConfig",
     "EvaluateConfig",
     "KernelConfig",
@@ -163,6 +164,93 @@ class EvaluateConfig(_Model):
     baseline_max_rows: int = Field(default=12000, ge=1)
 
 
+class CvConfig(_Model):
+    """Model selection before the final solve: λ and kernel parameters by cross-validation.
+
+    The selected λ and kernel parameters replace ``lambda`` and ``kernel.params``
+    in the gram, solve, model, predict and evaluate stages (see
+    :class:`pipeline.KernelRidgeCV` for the options).
+    """
+
+    #: ridge penalties to search (all > 0), or ``{logspace: [lo, hi, num]}``
+    alphas: list[float]
+    #: kernel parameters to search, e.g. ``{gamma: [0.01, 0.1]}`` (or a list of such grids)
+    param_grid: dict[str, list[Any]] | list[dict[str, list[Any]]] | None = None
+    #: K-fold (int >= 2), a held-out fraction (float in (0, 1)), or ``loo``
+    folds: int | float | Literal["loo"] = 5
+    #: shuffle rows before K-fold (seeded by ``random_state``)
+    shuffle: bool = False
+    #: a scikit-learn scorer name (e.g. ``neg_mean_squared_error``); null: R²
+    scoring: str | None = None
+    solver: Literal["auto", "eigen", "dense", "cholesky", "cg"] = "auto"
+    eigen_mode: Literal["auto", "lgo", "fold"] = "auto"
+    random_state: int | None = 0
+    # conjugate gradients (solver cg)
+    tol: float = Field(default=1e-8, gt=0)
+    max_iter: int | None = Field(default=None, ge=1)
+    preconditioner: Literal["nystrom", "none"] = "nystrom"
+    rank: int | None = Field(default=None, ge=1)
+    #: kernel settings searched concurrently (in-memory solvers)
+    n_jobs: int | None = Field(default=None, ge=1)
+
+    @field_validator("alphas", mode="before")
+    @classmethod
+    def _expand_logspace(cls, v: Any) -> Any:
+        if isinstance(v, Mapping):
+            spec = v.get("logspace")
+            if set(v) != {"logspace"} or not isinstance(spec, list | tuple) or len(spec) != 3:
+                raise ValueError(
+                    "give a list of ridge penalties, or {logspace: [lo, hi, num]} "
+                    "(10**lo .. 10**hi, num values)"
+                )
+            import numpy as np
+
+            lo, hi, num = spec
+            if isinstance(num, bool) or not isinstance(num, int) or num < 1:
+                raise ValueError(f"logspace num must be an int >= 1, got {num!r}")
+            return np.logspace(float(lo), float(hi), num).tolist()
+        return v
+
+    @field_validator("alphas")
+    @classmethod
+    def _positive_alphas(cls, v: list[float]) -> list[float]:
+        if not v:
+            raise ValueError("the alphas grid is empty; give at least one ridge penalty")
+        bad = [a for a in v if not (a > 0 and a != float("inf"))]
+        if bad:
+            raise ValueError(f"alphas must all be finite and > 0, got {bad[0]!r}")
+        return v
+
+    @field_validator("folds", mode="before")
+    @classmethod
+    def _check_folds(cls, v: Any) -> Any:
+        if isinstance(v, bool):
+            raise ValueError("folds must be an int >= 2, a float in (0, 1) or 'loo'")
+        if isinstance(v, int):
+            if v < 2:
+                raise ValueError(f"folds={v}: K-fold needs at least 2 folds (or 'loo')")
+        elif isinstance(v, float):
+            if not 0.0 < v < 1.0:
+                raise ValueError(f"folds={v}: a held-out fraction must lie in (0, 1)")
+        elif v != "loo":
+            raise ValueError("folds must be an int >= 2, a float in (0, 1) or 'loo'")
+        return v
+
+    @field_validator("scoring")
+    @classmethod
+    def _check_scoring(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        from sklearn.metrics import get_scorer_names
+
+        names = get_scorer_names()
+        if v not in names:
+            close = difflib.get_close_matches(v, names, n=1, cutoff=0.5)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"{v!r} is not a scikit-learn scorer name{hint}")
+        return v
+
+
 class ClusterConfig(_Model):
     """The Dask cluster: an external scheduler ``address``, or the embedded LocalCluster."""
 
@@ -193,6 +281,8 @@ class RunConfig(_Model):
     dtype: Literal["float64", "float32"] = "float64"
     predict: PredictConfig = PredictConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
+    #: optional model selection: λ and kernel parameters chosen by cross-validation
+    cv: CvConfig | None = None
     cluster: ClusterConfig = ClusterConfig()
 
     @field_validator("run_dir")
@@ -201,6 +291,31 @@ class RunConfig(_Model):
         if v is not None and not v.strip():
             raise ValueError("run_dir must be a non-empty path")
         return v
+
+    @model_validator(mode="after")
+    def _check_cv_grid(self) -> RunConfig:
+        if self.cv is None or self.cv.param_grid is None:
+            return self
+        grids = self.cv.param_grid
+        grids = [grids] if isinstance(grids, dict) else grids
+        if not grids:
+            raise ValueError("cv.param_grid is an empty list; give {param: [values]} or null")
+        kern = self.kernel.build()
+        valid = sorted(kern.get_params(deep=True))
+        for g in grids:
+            for key, values in g.items():
+                if key == "alpha":
+                    raise ValueError(
+                        "cv.param_grid has 'alpha'; give the ridge penalties as cv.alphas"
+                    )
+                if key not in valid:
+                    raise ValueError(
+                        f"cv.param_grid has {key!r} but kernel {kern!r} has no parameter {key!r}; "
+                        f"its parameters are {valid or 'none'}"
+                    )
+                if not values:
+                    raise ValueError(f"cv.param_grid[{key!r}] is an empty list")
+        return self
 
     def resolved_run_dir(self, base: Path | None = None) -> Path:
         rd = Path(self.run_dir) if self.run_dir else Path("runs") / self.name
@@ -212,7 +327,9 @@ class RunConfig(_Model):
         """The explicit arguments of each stage (JSON-able); their hash is the stage's identity.
 
         Each stage sees only what it depends on, so changing ``lam`` changes the
-        solve stage's arguments but not the gram stage's.
+        solve stage's arguments but not the gram stage's. With a ``cv`` section the
+        ``select`` stage runs, and the λ and kernel it selects replace ``lam`` and
+        ``kernel`` here when the runner reaches the downstream stages.
         """
         kernel_spec = self.kernel.to_spec()
         return {
@@ -220,6 +337,12 @@ class RunConfig(_Model):
                 "data": self.data.model_dump(),
                 "split": self.split.model_dump(),
                 "preprocess": self.preprocess.model_dump(),
+                "block_size": self.block_size,
+            },
+            "select": {
+                "cv": None if self.cv is None else self.cv.model_dump(),
+                "kernel": kernel_spec,
+                "lam_convention": self.lam_convention,
                 "block_size": self.block_size,
             },
             "gram": {"kernel": kernel_spec, "block_size": self.block_size, "dtype": self.dtype},

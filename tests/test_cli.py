@@ -136,6 +136,7 @@ def test_run_status_rerun_predict_end_to_end(small, tmp_path, capsys):
     st = json.loads(capsys.readouterr().out)
     assert st["complete"] and not st["running"]
     by = {s["stage"]: s for s in st["stages"]}
+    assert by.pop("select")["state"] == "skipped"  # no cv section
     assert all(s["state"] == "done" for s in by.values())
     gram = {t["array"]: t for t in by["gram"]["tiles"]}["gram"]
     assert gram["done"] == gram["total"] == 6  # 332 rows in blocks of 128: 3 x 3 lower tiles

@@ -20,7 +20,9 @@ def write(tmp_path: Path, text: str) -> Path:
     return p
 
 
-@pytest.mark.parametrize("name", ["demo.yaml", "diabetes.yaml", "diamonds_cg.yaml", "files.yaml"])
+@pytest.mark.parametrize(
+    "name", ["demo.yaml", "diabetes.yaml", "diabetes_cv.yaml", "diamonds_cg.yaml", "files.yaml"]
+)
 def test_shipped_configs_validate(name):
     cfg = load_config(CONF / name)
     assert isinstance(cfg, RunConfig)

@@ -137,6 +137,22 @@ def test_identity_conflict_and_force_new(tmp_path):
     assert (tmp_path / ".lock").exists()  # the lock is never removed by a reset
 
 
+def test_resolve_completes_params_from_upstream_outputs(tmp_path):
+    """A stage's arguments resolved from upstream outputs are what its fingerprint hashes."""
+    rec = Recorder()
+
+    def from_b(params, outputs):
+        return {**params, "p": outputs["b"]["value"][:1]}
+
+    stages = toy_stages(rec)
+    stages[3] = Stage("d", rec.stage("d"), after=("c",), resolve=from_b)
+    rep = run_stages(tmp_path, stages, PARAMS)
+    assert rep.outputs["d"]["value"].startswith("d(b;")
+    rec.calls.clear()
+    run_stages(tmp_path, stages, {**PARAMS, "d": {"p": 99}})  # overridden by resolve
+    assert rec.calls == []
+
+
 def test_until_and_unknown_params(tmp_path):
     rec = Recorder()
     run_stages(tmp_path, toy_stages(rec), PARAMS, until="b")
@@ -167,6 +183,7 @@ def test_real_pipeline_lambda_keeps_gram_kernel_does_not(tmp_path):
 
     rep = go()
     assert rep.ran == ["ingest", "gram", "solve", "model", "predict", "evaluate"]
+    assert rep.disabled == ["select"]
     gram_tiles = sorted((run / "gram" / "gram.zarr" / "_markers" / "gram").iterdir())
     mtimes = [p.stat().st_mtime_ns for p in gram_tiles]
     r2 = rep.outputs["evaluate"]["metrics"]["r2"]
@@ -185,5 +202,5 @@ def test_real_pipeline_lambda_keeps_gram_kernel_does_not(tmp_path):
     rep = go(
         "lambda=0.3", "kernel.params.gamma=0.2", "solver.method=cg", "solver.preconditioner=jacobi"
     )
-    assert rep.disabled == ["gram"]
+    assert rep.disabled == ["select", "gram"]  # no cv section; matrix-free CG
     assert rep.outputs["solve"]["method"] == "cg" and rep.outputs["solve"]["converged"]

@@ -1,6 +1,8 @@
 """Checkpointed pipeline stages, wired by name, and the runner that resumes them.
 
-Stages (in order): ``ingest`` → ``gram`` (only when the solver reads a stored
+Stages (in order): ``ingest`` → ``select`` (only with a ``cv`` section: λ and
+kernel parameters by cross-validation, which then replace the configured ones
+downstream) → ``gram`` (only when the solver reads a stored
 Gram) → ``solve`` → ``model`` (the fitted-model artifact) → ``predict`` (test
 rows and an optional batch input) → ``evaluate`` (metrics on the test rows,
 next to scikit-learn's). Each is a function ``run(stage_dir, inputs, **params)``
@@ -20,6 +22,7 @@ from pipeline.stages.runner import RunDirConflict, RunReport, Stage, StageFailed
 #: stage name -> (module, upstream stages)
 STAGE_WIRING: dict[str, tuple[str, tuple[str, ...]]] = {
     "ingest": ("pipeline.stages.ingest", ()),
+    "select": ("pipeline.stages.select", ("ingest",)),
     "gram": ("pipeline.stages.gram", ("ingest",)),
     "solve": ("pipeline.stages.solve", ("ingest", "gram")),
     "model": ("pipeline.stages.model", ("ingest", "solve")),
@@ -51,13 +54,43 @@ def _has_test(params: Mapping[str, Any], outputs: Mapping[str, Any]) -> bool:
     return bool(outputs["ingest"].get("X_test"))
 
 
-_ENABLED = {"gram": _gram_enabled, "predict": _has_test_or_batch, "evaluate": _has_test}
+def _has_cv(params: Mapping[str, Any], outputs: Mapping[str, Any]) -> bool:
+    return bool(params.get("select", {}).get("cv"))
+
+
+def _selected(params: dict[str, Any], outputs: Mapping[str, Any]) -> dict[str, Any]:
+    """The stage's arguments with the λ and kernel the select stage chose (if it ran)."""
+    sel = outputs.get("select")
+    if not sel:
+        return params
+    out = dict(params)
+    if "kernel" in out:
+        out["kernel"] = sel["kernel"]
+    if "lam" in out:
+        out["lam"] = sel["lam"]
+    return out
+
+
+_ENABLED = {
+    "select": _has_cv,
+    "gram": _gram_enabled,
+    "predict": _has_test_or_batch,
+    "evaluate": _has_test,
+}
+#: stages whose kernel and λ come from the select stage when it runs
+_RESOLVE = {name: _selected for name in ("gram", "solve", "model", "predict", "evaluate")}
 
 
 def default_stages() -> list[Stage]:
     """The pipeline's stages in order, wired by name to their modules."""
     return [
-        Stage(name, _lazy(module), after=after, enabled=_ENABLED.get(name))
+        Stage(
+            name,
+            _lazy(module),
+            after=after,
+            enabled=_ENABLED.get(name),
+            resolve=_RESOLVE.get(name),
+        )
         for name, (module, after) in STAGE_WIRING.items()
     ]
 

@@ -28,6 +28,8 @@ log = logging.getLogger("pipeline.stages")
 StageFunc = Callable[..., dict[str, Any]]
 #: ``enabled(params_by_stage, outputs_so_far) -> bool``
 EnabledFunc = Callable[[Mapping[str, dict[str, Any]], Mapping[str, dict[str, Any]]], bool]
+#: ``resolve(stage_params, outputs_so_far) -> stage_params``
+ResolveFunc = Callable[[dict[str, Any], Mapping[str, dict[str, Any]]], dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -49,12 +51,17 @@ class Stage:
         Whether the stage runs at all for this config (e.g. the Gram is only
         built when the solver needs it). A disabled stage is recorded as
         ``skipped`` and its fingerprint is ``None`` for downstream stages.
+    resolve : callable, optional
+        Completes the stage's arguments from earlier stages' outputs before it is
+        fingerprinted and run (e.g. the λ and kernel a model-selection stage
+        chose). The fingerprint hashes the resolved arguments.
     """
 
     name: str
     func: StageFunc
     after: tuple[str, ...] = ()
     enabled: EnabledFunc | None = None
+    resolve: ResolveFunc | None = None
 
 
 class StageFailed(RuntimeError):
@@ -190,6 +197,8 @@ def run_stages(
             if until == stage.name:
                 break
             continue
+        if stage.resolve is not None:
+            stage_params = dict(stage.resolve(stage_params, outputs))
         upstream = {u: fps.get(u) for u in stage.after}
         fp = stage_fingerprint(stage, stage_params, upstream)
         fps[stage.name] = fp

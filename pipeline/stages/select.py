@@ -1,0 +1,106 @@
+"""Select stage: λ and kernel parameters by cross-validation, before the final solve.
+
+Runs only when the config has a ``cv`` section. It fits a
+:class:`pipeline.KernelRidgeCV` (built by
+:func:`pipeline.model_selection.search_from_config`) on the ingested training
+rows, without its refit (the solve stage does the final fit), and writes the
+search report into its directory: ``cv_results.csv``, ``cv_search.json``,
+``cv_score_vs_alpha.png`` and, with one kernel parameter, ``cv_heatmap.png``.
+
+Its outputs ``kernel`` (the kernel spec with the selected parameters) and
+``lam`` replace the configured ones in the downstream stages' arguments, so
+their fingerprints are those of the selected model: a new grid that selects
+the same kernel keeps the Gram, one that selects another kernel does not.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.stages._deps import require
+from pipeline.stages.ingest import open_rows
+
+log = logging.getLogger("pipeline.stages")
+
+
+def run(
+    stage_dir: Path,
+    inputs: dict[str, dict[str, Any]],
+    *,
+    cv: dict[str, Any],
+    kernel: dict[str, Any],
+    lam_convention: str,
+    block_size: int,
+) -> dict[str, Any]:
+    """Search the ``cv`` grid on the training rows; return the selected kernel and λ."""
+    search_from_config = require(
+        "pipeline.model_selection", "search_from_config", "the select stage"
+    )
+    save_search_report = require(
+        "pipeline.model_selection", "save_search_report", "the select stage"
+    )
+    keys = require("pipeline.model_selection.report", "CV_SECTION_KEYS", "the select stage")
+    from pipeline.kernels import make_kernel
+
+    ing = inputs["ingest"]
+    X = np.asarray(open_rows(ing, "X_train").compute(), dtype=np.float64)
+    y = np.asarray(open_rows(ing, "y_train").compute(), dtype=np.float64)
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y[:, 0]
+    section = {k: v for k, v in cv.items() if k in keys}
+    options = {k: v for k, v in cv.items() if k not in keys}
+    search = search_from_config(
+        section,
+        kernel=kernel,
+        lam_convention=lam_convention,
+        block_size=min(block_size, X.shape[0]),
+        store=str(Path(stage_dir) / "cv.zarr"),
+        refit=False,
+        **options,
+    )
+    search.fit(X, y)
+    paths = save_search_report(search, stage_dir)
+    best = dict(search.best_params_)
+    lam = float(best.pop("alpha"))
+    selected = copy.deepcopy(make_kernel(kernel)).set_params(**best).to_spec()
+    stats = search.search_stats_
+    log.info(
+        "select: %s (lambda=%g) by %d-split CV (%s), score %.6g",
+        best or selected,
+        lam,
+        search.n_splits_,
+        search.solver_,
+        search.best_score_,
+    )
+    return {
+        "kernel": selected,
+        "lam": lam,
+        "best_params": {"alpha": lam, **{k: _plain(v) for k, v in best.items()}},
+        "best_score": float(search.best_score_),
+        "scoring": cv.get("scoring") or "r2",
+        "n_candidates": len(search.cv_results_["params"]),
+        "n_splits": int(search.n_splits_),
+        "solver": search.solver_,
+        "work": {
+            k: stats[k]
+            for k in (
+                "kernel_matrices",
+                "gram_tiles_built",
+                "gram_tiles_reused",
+                "eigendecompositions",
+                "factorizations",
+                "cg_iterations",
+            )
+            if k in stats
+        },
+        "report": {k: str(p) for k, p in paths.items()},
+    }
+
+
+def _plain(v: Any) -> Any:
+    return v.item() if isinstance(v, np.generic) else v
