@@ -39,7 +39,8 @@ def test_notebook_is_committed_without_outputs():
 
 
 @pytest.mark.slow
-def test_notebook_executes_and_plots(tmp_path):
+def test_notebook_executes_and_plots(tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the kernel's work directory (stores, model)
     nb = nbformat.read(NOTEBOOK, as_version=4)
     km = KernelManager(kernel_name="python3", kernel_spec_manager=_ThisPython())
     client = nbclient.NotebookClient(
