@@ -67,12 +67,14 @@ class TileMarkers:
         path = self._path(tile)
         self.fs.makedirs(self.root, exist_ok=True)
         if self.fs.protocol in ("file", ("file", "local")) or "file" in self.fs.protocol:
-            # local: write a temporary file and rename, so a record is never half written
+            # local: write a temporary file and rename, so a record is never half written.
+            # No fsync: the rename is atomic for a killed process (the page cache
+            # survives it), and on ext4 an fsync per marker forces a journal commit
+            # that flushes every dirty tile, which serialised compute and I/O and
+            # made a 40k Gram build 2.7x slower than computing and writing separately.
             tmp = f"{path}.{uuid.uuid4().hex}.tmp"
             with open(tmp, "wb") as f:
                 f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
             os.replace(tmp, path)
         else:
             self.fs.pipe_file(path, data)
