@@ -296,22 +296,17 @@ def _updated_tile(
         a[np.diag_indices_from(a)] += shift
     if j == 0:
         return a
-    # C-ordered a is F-ordered a.T: update a.T in place.  a.T -= L_jk L_ik^T
-    at = a.T
-    if i == j:
-        syrk = sblas.get_blas_funcs("syrk", (at,))
-        for k in range(j):
-            ljk = _read_factor_tile(L, j, k)
-            # ljk.T (F order) with trans=1 gives ljk ljk^T; upper of a.T = lower of a
-            at = syrk(-1.0, ljk.T, beta=1.0, c=at, trans=1, lower=0, overwrite_c=1)
-    else:
-        gemm = sblas.get_blas_funcs("gemm", (at,))
-        for k in range(j):
-            ljk = _read_factor_tile(L, j, k)
-            lik = _read_factor_tile(L, i, k)
-            at = gemm(-1.0, ljk.T, lik.T, beta=1.0, c=at, trans_a=1, overwrite_c=1)
-    if not np.shares_memory(at, a):  # BLAS wrappers copy if c was not usable in place
-        a = np.ascontiguousarray(at.T)
+    # The updates use numpy's matmul, not scipy.linalg.blas: scipy's f2py BLAS
+    # wrappers (gemm, syrk, trsm) hold the GIL for the whole call, which serialised
+    # the tile threads (measured: 2 threads ran at the speed of 1). matmul releases
+    # it. On the diagonal the full product is formed (2x SYRK's flops, but parallel);
+    # only its lower triangle is used. Fixed k order: reproducible bit for bit.
+    tmp = np.empty_like(a)
+    for k in range(j):
+        ljk = _read_factor_tile(L, j, k)
+        lik = ljk if i == j else _read_factor_tile(L, i, k)
+        np.matmul(lik, ljk.T, out=tmp)
+        np.subtract(a, tmp, out=a)
     return a
 
 
