@@ -37,6 +37,7 @@ import collections
 import os
 import threading
 import time
+import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -400,7 +401,9 @@ def _run_dask(gram, L, todo, shift, lam, convention, jitter, progress) -> list[d
 
     from pipeline.parallel import compute
 
-    prefix = f"chol-tile-{L.fingerprint[:10]}"
+    # a fresh token per call: a scheduler that still holds an erred key from a failed
+    # earlier call (e.g. a corrupt Gram tile since recomputed) must not replay its error
+    prefix = f"chol-tile-{L.fingerprint[:10]}-{uuid.uuid4().hex[:8]}"
     nodes: dict[tuple[int, int], Any] = {}
     todo_set = set(todo)
     for i, j in todo:  # todo is in left-looking order: deps come first

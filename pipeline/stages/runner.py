@@ -7,6 +7,14 @@ fingerprint is skipped. A stage whose fingerprint changed is rerun from scratch
 downstream of it, and nothing upstream. A stage recorded as ``running`` or
 ``failed`` under the same fingerprint keeps its directory, so the modules it
 calls resume from their per-tile completion records.
+
+A stage that raises :class:`~pipeline.storage.CorruptTileError` (a stored tile
+whose bytes no longer match the checksum in its completion record) does not fail
+the run when the tile's store lies inside a stage directory of this run: the
+tile's record is removed, the stage that owns the store and every stage
+downstream of it are marked partial, a warning is logged, and the run goes on
+from the owning stage, which recomputes just that tile (at most
+``max_recoveries`` times per run).
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.stages.manifest import Manifest
-from pipeline.storage import fingerprint_obj
+from pipeline.storage import CorruptTileError, TileMarkers, fingerprint_obj
 
 log = logging.getLogger("pipeline.stages")
 
@@ -86,6 +94,8 @@ class RunReport:
     disabled: list[str] = field(default_factory=list)
     invalidated: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    #: one entry per corrupt tile recovered: stage, owner, store, array, tile, checksums
+    recovered: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def outputs(self) -> dict[str, dict[str, Any]]:
@@ -113,6 +123,40 @@ def _clear_dir(path: Path, keep: Sequence[str] = ()) -> None:
             child.unlink()
 
 
+def _find_corrupt(exc: BaseException) -> CorruptTileError | None:
+    """The CorruptTileError ``exc`` is or was raised from (its cause/context chain)."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        if isinstance(e, CorruptTileError):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def _owner_stage(run_dir: Path, stages: Sequence[Stage], store: str) -> Stage | None:
+    """The stage whose directory holds ``store`` (a local path), or None."""
+    path = store[len("file://") :] if store.startswith("file://") else store
+    if "://" in path:
+        return None
+    p = Path(path).resolve()
+    for s in stages:
+        d = (run_dir / s.name).resolve()
+        if p == d or p.is_relative_to(d):
+            return s
+    return None
+
+
+def _downstream(stages: Sequence[Stage], name: str) -> list[str]:
+    """``name`` and every stage that depends on it, directly or transitively, in order."""
+    out = {name}
+    for s in stages:  # dependency order: upstream stages come first
+        if any(u in out for u in s.after):
+            out.add(s.name)
+    return [s.name for s in stages if s.name in out]
+
+
 def run_stages(
     run_dir: str | Path,
     stages: Sequence[Stage],
@@ -123,6 +167,7 @@ def run_stages(
     force_new: bool = False,
     until: str | None = None,
     on_event: Callable[[str, str, dict[str, Any]], None] | None = None,
+    max_recoveries: int = 3,
 ) -> RunReport:
     """Run ``stages`` in order in ``run_dir``; skip done ones, resume partial ones.
 
@@ -146,7 +191,12 @@ def run_stages(
         Stop after this stage.
     on_event : callable, optional
         ``on_event(stage, event, info)`` with events ``start``, ``done``,
-        ``skip``, ``disabled``, ``invalidate``, ``failed``.
+        ``skip``, ``disabled``, ``invalidate``, ``failed``, ``corrupt`` (a
+        corrupt stored tile was found and will be recomputed).
+    max_recoveries : int
+        How many corrupt tiles one call recovers from (each: unmark the tile,
+        rerun from the stage that owns its store) before a corrupt tile fails
+        the stage like any other error.
 
     Raises
     ------
@@ -154,6 +204,9 @@ def run_stages(
         The directory belongs to another identity and ``force_new`` is False.
     StageFailed
         A stage raised; its record is ``failed`` and later stages did not run.
+        A :class:`~pipeline.storage.CorruptTileError` is recovered from instead
+        (see the module docstring) unless its store is outside the run
+        directory or ``max_recoveries`` is spent.
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -176,13 +229,33 @@ def run_stages(
     manifest.save()
 
     report = RunReport(manifest=manifest)
-    fps: dict[str, str | None] = {}
-    outputs: dict[str, dict[str, Any]] = {}
     names = [s.name for s in stages]
     unknown = sorted(set(params) - set(names))
     if unknown:
         raise ValueError(f"params given for unknown stages {unknown}; stages are {names}")
+    while True:  # one pass, plus one more per corrupt tile recovered
+        if not _run_pass(run_dir, stages, params, manifest, report, until, emit, max_recoveries):
+            return report
 
+
+def _note(names: list[str], name: str) -> None:
+    if name not in names:
+        names.append(name)
+
+
+def _run_pass(
+    run_dir: Path,
+    stages: Sequence[Stage],
+    params: Mapping[str, Mapping[str, Any]],
+    manifest: Manifest,
+    report: RunReport,
+    until: str | None,
+    emit: Callable[[str, str, dict[str, Any]], None],
+    max_recoveries: int,
+) -> bool:
+    """Run the stages once; True when a corrupt tile was recovered and a new pass is due."""
+    fps: dict[str, str | None] = {}
+    outputs: dict[str, dict[str, Any]] = {}
     for stage in stages:
         stage_params = dict(params.get(stage.name, {}))
         rec = manifest.stage(stage.name)
@@ -192,7 +265,7 @@ def run_stages(
             if rec.status != "skipped":
                 rec.status, rec.fingerprint, rec.outputs, rec.error = "skipped", None, {}, None
                 manifest.save()
-            report.disabled.append(stage.name)
+            _note(report.disabled, stage.name)
             emit(stage.name, "disabled", {})
             if until == stage.name:
                 break
@@ -204,7 +277,7 @@ def run_stages(
         fps[stage.name] = fp
         if rec.status == "done" and rec.fingerprint == fp:
             outputs[stage.name] = rec.outputs
-            report.skipped_done.append(stage.name)
+            _note(report.skipped_done, stage.name)
             emit(stage.name, "skip", {"fingerprint": fp})
             if until == stage.name:
                 break
@@ -212,7 +285,7 @@ def run_stages(
         if rec.fingerprint is not None and rec.fingerprint != fp:
             # another config computed what is there: never resume from it
             _clear_dir(stage_dir)
-            report.invalidated.append(stage.name)
+            _note(report.invalidated, stage.name)
             emit(stage.name, "invalidate", {"old": rec.fingerprint, "new": fp})
         resumed = rec.status in ("running", "failed") and rec.fingerprint == fp
         rec.status, rec.fingerprint, rec.outputs, rec.error = "running", fp, {}, None
@@ -230,17 +303,73 @@ def run_stages(
             rec.error = "".join(traceback.format_exception_only(type(e), e)).strip()
             rec.finished = time.time()
             manifest.save()
-            emit(stage.name, "failed", {"error": rec.error})
             if isinstance(e, KeyboardInterrupt | SystemExit):
+                emit(stage.name, "failed", {"error": rec.error})
                 raise
+            corrupt = _find_corrupt(e)
+            owner = None if corrupt is None else _owner_stage(run_dir, stages, corrupt.store)
+            if owner is not None and len(report.recovered) < max_recoveries:
+                _recover_corrupt_tile(
+                    stages, manifest, report, stage, owner, corrupt, max_recoveries
+                )
+                emit(stage.name, "corrupt", dict(report.recovered[-1]))
+                return True
+            emit(stage.name, "failed", {"error": rec.error})
             raise StageFailed(stage.name, e) from e
         dt = time.perf_counter() - t0
         rec.status, rec.outputs, rec.finished = "done", dict(out or {}), time.time()
         manifest.save()
         outputs[stage.name] = rec.outputs
-        report.ran.append(stage.name)
-        report.timings[stage.name] = dt
+        _note(report.ran, stage.name)
+        if stage.name in report.skipped_done:  # complete at first, rerun after a recovery
+            report.skipped_done.remove(stage.name)
+        report.timings[stage.name] = report.timings.get(stage.name, 0.0) + dt
         emit(stage.name, "done", {"seconds": dt, "outputs": rec.outputs})
         if until == stage.name:
             break
-    return report
+    return False
+
+
+def _recover_corrupt_tile(
+    stages: Sequence[Stage],
+    manifest: Manifest,
+    report: RunReport,
+    failed: Stage,
+    owner: Stage,
+    err: CorruptTileError,
+    max_recoveries: int,
+) -> None:
+    """Unmark the corrupt tile; mark its owner stage and everything downstream partial."""
+    TileMarkers(err.store, err.name, "").unmark(err.tile)
+    affected = _downstream(stages, owner.name)
+    note = f"recomputing corrupt tile {err.tile} of {err.name!r} (found by stage {failed.name!r})"
+    for name in affected:
+        rec = manifest.stage(name)
+        if rec.status in ("done", "running"):
+            rec.status, rec.error = "failed", note
+    manifest.save()
+    entry = {
+        "stage": failed.name,
+        "owner": owner.name,
+        "store": err.store,
+        "array": err.name,
+        "tile": list(err.tile),
+        "expected_crc32c": err.expected,
+        "found_crc32c": err.found,
+    }
+    report.recovered.append(entry)
+    log.warning(
+        "corrupt tile %s of array %r in %s (crc32c recorded %#010x, read %#010x), found by "
+        "stage %r: its completion record is removed; rerunning from stage %r (partial: %s) to "
+        "recompute it [recovery %d of at most %d in this run]",
+        err.tile,
+        err.name,
+        err.store,
+        err.expected,
+        err.found,
+        failed.name,
+        owner.name,
+        ", ".join(affected),
+        len(report.recovered),
+        max_recoveries,
+    )

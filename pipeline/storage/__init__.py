@@ -6,15 +6,18 @@ only through :class:`TileMarkers`. Nothing here imports dask.
 """
 
 from pipeline.storage.arrays import (
+    CorruptTileError,
     StoreMismatchError,
     TiledArray,
     open_tiled_array,
+    tile_checksum,
 )
 from pipeline.storage.fingerprint import fingerprint_blocks, fingerprint_obj
 from pipeline.storage.markers import TileMarkers
 from pipeline.storage.tiles import TileGrid
 
 __all__ = [
+    "CorruptTileError",
     "StoreMismatchError",
     "TileGrid",
     "TileMarkers",
@@ -22,4 +25,5 @@ __all__ = [
     "fingerprint_blocks",
     "fingerprint_obj",
     "open_tiled_array",
+    "tile_checksum",
 ]

@@ -105,6 +105,16 @@ class TileMarkers:
                 out.add(_parse_key(key))
         return out
 
+    def unmark(self, tile: Any) -> bool:
+        """Forget ``tile``'s completion record (whatever its fingerprint), e.g. for a
+        tile found corrupt, so the next build recomputes it. Returns whether a
+        record existed."""
+        try:
+            self.fs.rm_file(self._path(tile))
+        except FileNotFoundError:
+            return False
+        return True
+
     def clear(self) -> None:
         """Forget every marker (used when a store is overwritten)."""
         if self.fs.exists(self.root):
