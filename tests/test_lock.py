@@ -14,14 +14,17 @@ import pytest
 
 from pipeline.stages.lock import LockHeldError, RunLock, lock_owner
 
-#: subprocesses import lock.py alone (stdlib + psutil): fast even on a loaded machine
-LOCK_PY = str(Path(__file__).resolve().parents[1] / "pipeline" / "stages")
+#: subprocesses load lock.py alone (stdlib + psutil): fast even on a loaded machine. It is
+#: loaded by file path, not by putting pipeline/stages on sys.path, where the stage module
+#: select.py would shadow the standard library's select.
+LOCK_PY = str(Path(__file__).resolve().parents[1] / "pipeline" / "stages" / "lock.py")
 
 HOLD = """
-import sys, time
-sys.path.insert(0, sys.argv[2])
-from lock import RunLock
-lock = RunLock(sys.argv[1]).acquire()
+import importlib.util, sys, time
+spec = importlib.util.spec_from_file_location("krr_lock", sys.argv[2])
+lock_mod = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(lock_mod)
+lock = lock_mod.RunLock(sys.argv[1]).acquire()
 print("locked", flush=True)
 time.sleep(120)
 """
@@ -98,12 +101,13 @@ def test_concurrent_takeover_has_one_winner(tmp_path):
         )
     )
     code = """
-import os, sys, time
-sys.path.insert(0, sys.argv[2])
-from lock import RunLock, LockHeldError
+import importlib.util, os, sys, time
+spec = importlib.util.spec_from_file_location("krr_lock", sys.argv[2])
+lock_mod = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(lock_mod)
 try:
-    RunLock(sys.argv[1]).acquire()
-except LockHeldError:
+    lock_mod.RunLock(sys.argv[1]).acquire()
+except lock_mod.LockHeldError:
     print("lost", flush=True)
     sys.exit(0)
 print("won", flush=True)
