@@ -13,7 +13,6 @@ without changing the public signature.
 
 from __future__ import annotations
 
-import copy
 import logging
 from typing import Any
 
@@ -23,7 +22,8 @@ from sklearn.base import BaseEstimator, MultiOutputMixin, RegressorMixin
 from sklearn.metrics.pairwise import pairwise_kernels
 from sklearn.utils.validation import check_is_fitted
 
-from pipeline.kernels import Kernel, Linear, make_kernel
+from pipeline.kernels import Kernel, Linear
+from pipeline.kernels.factory import resolve_estimator_kernel
 from pipeline.reference import (
     ALPHA_CONVENTIONS,
     InsufficientMemoryError,
@@ -202,20 +202,12 @@ class KernelRidge(MultiOutputMixin, RegressorMixin, BaseEstimator):
 
     def _resolve_kernel(self) -> Kernel | None:
         """The Kernel object for names/specs/Kernels; None for callables and precomputed."""
-        k = self.kernel
-        if self._precomputed:
-            return None
-        if isinstance(k, Kernel):
-            if self.kernel_params:
-                k = copy.deepcopy(k).set_params(**self.kernel_params)
-            return k
-        if isinstance(k, str | dict):
-            return make_kernel(k, gamma=self.gamma, degree=self.degree, coef0=self.coef0)
-        if callable(k):
-            return None
-        raise TypeError(
-            f"kernel must be a kernel name, a Kernel object, a spec dict, 'precomputed' or a "
-            f"callable, got {k!r}"
+        return resolve_estimator_kernel(
+            self.kernel,
+            gamma=self.gamma,
+            degree=self.degree,
+            coef0=self.coef0,
+            kernel_params=self.kernel_params,
         )
 
     def _kernel_matrix(self, X: Any, Y: Any = None) -> np.ndarray:

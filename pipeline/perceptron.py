@@ -24,7 +24,8 @@ from sklearn.utils import check_random_state
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from pipeline.kernels import Kernel, make_kernel
+from pipeline.kernels import Kernel
+from pipeline.kernels.factory import resolve_estimator_kernel
 from pipeline.validation import FLOAT_DTYPES, SPARSE_FORMATS, check_positive_int
 
 
@@ -124,22 +125,13 @@ class KernelPerceptron(ClassifierMixin, BaseEstimator):
         return isinstance(self.kernel, str) and self.kernel == "precomputed"
 
     def _resolve_kernel(self) -> Kernel | None:
-        k = self.kernel
-        if self._precomputed:
-            return None
-        if isinstance(k, Kernel):
-            if self.kernel_params:
-                import copy
-
-                k = copy.deepcopy(k).set_params(**self.kernel_params)
-            return k
-        if isinstance(k, str | dict):
-            return make_kernel(k, gamma=self.gamma, degree=self.degree, coef0=self.coef0)
-        if callable(k):
-            return None
-        raise TypeError(
-            f"kernel must be a kernel name, a Kernel object, a spec dict, 'precomputed' or a "
-            f"callable, got {k!r}"
+        """The Kernel object for names/specs/Kernels; None for callables and precomputed."""
+        return resolve_estimator_kernel(
+            self.kernel,
+            gamma=self.gamma,
+            degree=self.degree,
+            coef0=self.coef0,
+            kernel_params=self.kernel_params,
         )
 
     def _kernel_matrix(self, X: Any, Y: Any = None) -> np.ndarray:

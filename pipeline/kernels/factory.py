@@ -86,3 +86,36 @@ def _filter(kernel: Any, accepted_names: list[str], params: dict[str, Any]) -> d
             f"valid parameters are {sorted(accepted)}"
         )
     return {p: v for p, v in params.items() if p in accepted and v is not None}
+
+
+def resolve_estimator_kernel(
+    kernel: Any,
+    *,
+    gamma: float | None = None,
+    degree: float = 3,
+    coef0: float = 1,
+    kernel_params: dict | None = None,
+) -> Kernel | None:
+    """The Kernel an estimator's scikit-learn style parameters describe.
+
+    Names and spec dicts go through :func:`make_kernel` with ``gamma``, ``degree``
+    and ``coef0``; a Kernel object is used as is, or a copy with ``kernel_params``
+    applied. Returns None for ``"precomputed"`` and for callables on two rows,
+    which the estimators evaluate through scikit-learn as scikit-learn does.
+    """
+    if isinstance(kernel, str) and kernel == "precomputed":
+        return None
+    if isinstance(kernel, Kernel):
+        if kernel_params:
+            import copy
+
+            return copy.deepcopy(kernel).set_params(**kernel_params)
+        return kernel
+    if isinstance(kernel, str | dict):
+        return make_kernel(kernel, gamma=gamma, degree=degree, coef0=coef0)
+    if callable(kernel):
+        return None
+    raise TypeError(
+        "kernel must be a kernel name, a Kernel object, a spec dict, 'precomputed' or a "
+        f"callable, got {kernel!r}"
+    )
