@@ -169,3 +169,19 @@ def test_killed_fit_resumes_from_completed_tiles(tmp_path):
     assert est.fit_info_["factor_tiles_computed"] == n_tiles - 29
     ref = SkKernelRidge(alpha=0.1, kernel="rbf").fit(X, y)
     assert _rel(est.dual_coef_, ref.dual_coef_) < 1e-8
+
+
+def test_fsspec_file_url_store_resumes_and_saves(diabetes, tmp_path):
+    X, y = diabetes
+    url = f"file://{tmp_path}/store"
+    kw = dict(alpha=0.3, kernel="rbf", gamma=0.05, solver="cholesky", block_size=128, store=url)
+    est = KernelRidge(**kw).fit(X, y)
+    again = KernelRidge(**kw).fit(X, y)  # everything already complete in the URL store
+    assert again.fit_info_["factor_tiles_computed"] == 0
+    np.testing.assert_array_equal(again.dual_coef_, est.dual_coef_)
+    ref = SkKernelRidge(alpha=0.3, kernel="rbf", gamma=0.05).fit(X, y)
+    assert _rel(est.dual_coef_, ref.dual_coef_) < 1e-8
+    est.save(f"file://{tmp_path}/model")
+    np.testing.assert_array_equal(
+        pipeline.load(f"file://{tmp_path}/model").predict(X[:10]), est.predict(X[:10])
+    )

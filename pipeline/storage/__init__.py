@@ -9,6 +9,7 @@ from pipeline.storage.arrays import (
     CorruptTileError,
     StoreMismatchError,
     TiledArray,
+    normalize_store,
     open_tiled_array,
     tile_checksum,
 )
@@ -24,6 +25,7 @@ __all__ = [
     "TiledArray",
     "fingerprint_blocks",
     "fingerprint_obj",
+    "normalize_store",
     "open_tiled_array",
     "tile_checksum",
 ]

@@ -151,6 +151,19 @@ class TiledArray:
         self.markers.mark((i, j), **marker_info, crc32c=tile_checksum(data))
 
 
+def normalize_store(store: Any) -> str:
+    """A store location as a string; ``file://`` URLs become plain local paths.
+
+    Zarr opens plain paths with its LocalStore, which creates directories as it
+    writes; its fsspec store does not create them on a local filesystem. Other
+    URLs (s3://, gs://, memory://, ...) are passed through to fsspec.
+    """
+    text = str(store)
+    if text.startswith("file://"):
+        return text[len("file://") :]
+    return text
+
+
 def _chunks(shape: tuple[int, ...], block_size: int, chunk_cols: int | None) -> tuple[int, ...]:
     if len(shape) == 1:
         return (max(1, min(block_size, shape[0])),)
@@ -199,6 +212,7 @@ def open_tiled_array(
         The store already holds ``name`` computed under another fingerprint or
         layout, and ``overwrite`` is False. Nothing is modified.
     """
+    store = normalize_store(store)
     shape = tuple(int(s) for s in shape)
     dtype = np.dtype(dtype)
     chunks = _chunks(shape, block_size, chunk_cols)
