@@ -292,3 +292,17 @@ def test_plots_and_report_from_config_section(data, tmp_path):
     assert out["table"].read_text().count("\n") == len(m.cv_results_["params"]) + 1
     with pytest.raises(ValueError, match="folds_typo"):
         search_from_config({"alphas": [1.0], "folds_typo": 3})
+
+
+def test_auto_leaves_memory_when_the_kernel_does_not_fit(monkeypatch):
+    import pipeline.reference.memory as memory
+    from pipeline import KernelRidgeCV
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(120, 3))
+    y = X[:, 0] + 0.1 * rng.normal(size=120)
+    monkeypatch.setattr(memory, "available_memory", lambda: 50_000)
+    search = KernelRidgeCV(alphas=[0.1, 1.0], kernel="rbf", cv=3).fit(X, y)
+    assert search.solver_ == "cg"
+    with pytest.raises(MemoryError, match="solver='eigen'"):
+        KernelRidgeCV(alphas=[0.1], kernel="rbf", cv=3, solver="eigen").fit(X, y)

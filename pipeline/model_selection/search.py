@@ -136,7 +136,8 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         ``"n"`` is the run config's name for ``"n_samples"``).
     solver : {"auto", "eigen", "dense", "cholesky", "cg"}, default="auto"
         See the module docstring. "auto": in memory (eigen or dense, by a cost
-        model) up to ``IN_MEMORY_MAX_N`` rows, else "cholesky" with a store,
+        model) up to ``IN_MEMORY_MAX_N`` rows while ~3·N² floats fit in memory, else
+        "cholesky" with a store,
         else "cg" (matrix-free).
     gamma, degree, coef0 : optional
         Kernel parameters when ``kernel`` is a name (as scikit-learn).
@@ -236,9 +237,21 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         return float(alpha) * (n_train if self.lambda_convention in ("n_samples", "n") else 1.0)
 
     def _choose_solver(self, n: int, kind: str, n_alpha: int, splits: list) -> str:
+        from pipeline.reference.memory import check_dense_memory
+
+        # the in-memory modes hold K plus an eigenvector matrix or a fold copy: ~3 N² floats
+        need = 3 * n * n * 8
+        if self.solver in ("eigen", "dense"):
+            check_dense_memory(need, what=f"KernelRidgeCV(solver={self.solver!r}) with n={n}")
+            return self.solver
         if self.solver != "auto":
             return self.solver
-        if n > IN_MEMORY_MAX_N:
+        try:
+            check_dense_memory(need, what="")
+            fits = True
+        except MemoryError:
+            fits = False
+        if n > IN_MEMORY_MAX_N or not fits:
             return "cholesky" if self.store is not None else "cg"
         return (
             "eigen"
