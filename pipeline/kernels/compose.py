@@ -16,7 +16,7 @@ Each of these is PSD when its parts are (``is_mercer`` answers per instance).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -70,66 +70,49 @@ class Scaled(Kernel):
         return float(self.weight) * np.asarray(self.kernel._diag(X), dtype=np.float64)
 
 
+class _Binary(Kernel):
+    """k1 ∘ k2 for an elementwise operator ``_op`` (a numpy ufunc)."""
+
+    _op: ClassVar[np.ufunc]
+
+    def __init__(self, k1: Kernel, k2: Kernel) -> None:
+        self.k1 = k1
+        self.k2 = k2
+        self._check_params()
+
+    def _check_params(self) -> None:
+        _check_kernel(self, "k1", self.k1)
+        _check_kernel(self, "k2", self.k2)
+
+    @property
+    def is_mercer(self) -> bool:  # type: ignore[override]
+        return _child_mercer(self.k1) and _child_mercer(self.k2)
+
+    def _eval(self, X, Y, symmetric):
+        K = self.k1._eval(X, Y, symmetric)
+        K2 = self.k2._eval(X, Y, symmetric)
+        if K.dtype != np.result_type(K, K2):
+            return self._op(K, K2)
+        return self._op(K, K2, out=K)  # in place when the dtype allows
+
+    def _diag(self, X):
+        return self._op(np.asarray(self.k1._diag(X), dtype=np.float64), self.k2._diag(X))
+
+
 @register
-class Sum(Kernel):
+class Sum(_Binary):
     """k1(x, y) + k2(x, y)."""
 
     name = "sum"
-
-    def __init__(self, k1: Kernel, k2: Kernel) -> None:
-        self.k1 = k1
-        self.k2 = k2
-        self._check_params()
-
-    def _check_params(self) -> None:
-        _check_kernel(self, "k1", self.k1)
-        _check_kernel(self, "k2", self.k2)
-
-    @property
-    def is_mercer(self) -> bool:  # type: ignore[override]
-        return _child_mercer(self.k1) and _child_mercer(self.k2)
-
-    def _eval(self, X, Y, symmetric):
-        K = self.k1._eval(X, Y, symmetric)
-        K2 = self.k2._eval(X, Y, symmetric)
-        if K.dtype != np.result_type(K, K2):
-            return K + K2
-        K += K2
-        return K
-
-    def _diag(self, X):
-        return np.asarray(self.k1._diag(X), dtype=np.float64) + self.k2._diag(X)
+    _op = np.add
 
 
 @register
-class Product(Kernel):
+class Product(_Binary):
     """k1(x, y)·k2(x, y) (elementwise; the Schur product theorem keeps PSD)."""
 
     name = "product"
-
-    def __init__(self, k1: Kernel, k2: Kernel) -> None:
-        self.k1 = k1
-        self.k2 = k2
-        self._check_params()
-
-    def _check_params(self) -> None:
-        _check_kernel(self, "k1", self.k1)
-        _check_kernel(self, "k2", self.k2)
-
-    @property
-    def is_mercer(self) -> bool:  # type: ignore[override]
-        return _child_mercer(self.k1) and _child_mercer(self.k2)
-
-    def _eval(self, X, Y, symmetric):
-        K = self.k1._eval(X, Y, symmetric)
-        K2 = self.k2._eval(X, Y, symmetric)
-        if K.dtype != np.result_type(K, K2):
-            return K * K2
-        K *= K2
-        return K
-
-    def _diag(self, X):
-        return np.asarray(self.k1._diag(X), dtype=np.float64) * self.k2._diag(X)
+    _op = np.multiply
 
 
 def _warp(f: Callable, X: np.ndarray, owner: Kernel) -> np.ndarray:
