@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import scipy.linalg
 
+from pipeline.kernels import RBF
 from pipeline.solvers import (
     JitterPolicy,
     NotPositiveDefiniteError,
@@ -17,10 +18,7 @@ from pipeline.storage import StoreMismatchError, fingerprint_obj, open_tiled_arr
 
 
 def rbf_matrix(n: int, d: int = 4, gamma: float = 0.3, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    X = rng.standard_normal((n, d))
-    sq = (X**2).sum(1)
-    return np.exp(-gamma * np.maximum(sq[:, None] + sq[None, :] - 2 * X @ X.T, 0))
+    return RBF(gamma=gamma)(np.random.default_rng(seed).standard_normal((n, d)))
 
 
 def write_gram(store, K: np.ndarray, block_size: int, tag: str = "test"):
