@@ -22,8 +22,8 @@ from sklearn.base import BaseEstimator, MultiOutputMixin, RegressorMixin
 from sklearn.metrics.pairwise import pairwise_kernels
 from sklearn.utils.validation import check_is_fitted
 
-from pipeline.kernels import Kernel, Linear
-from pipeline.kernels.factory import resolve_estimator_kernel
+from pipeline.kernel_estimator import KernelParamsMixin
+from pipeline.kernels import Linear
 from pipeline.reference import (
     ALPHA_CONVENTIONS,
     InsufficientMemoryError,
@@ -59,7 +59,7 @@ def _dense(X: Any) -> np.ndarray:
     return X.toarray() if sp.issparse(X) else X
 
 
-class KernelRidge(MultiOutputMixin, RegressorMixin, BaseEstimator):
+class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstimator):
     """Exact kernel ridge regression, scikit-learn compatible.
 
     Solves ``(K + lam I) dual_coef = y`` and predicts ``K(X, X_fit) dual_coef``.
@@ -168,16 +168,6 @@ class KernelRidge(MultiOutputMixin, RegressorMixin, BaseEstimator):
         self.random_state = random_state
 
     # -- tags ----------------------------------------------------------------
-    def __sklearn_tags__(self):
-        tags = super().__sklearn_tags__()
-        tags.input_tags.sparse = True
-        tags.input_tags.pairwise = self._precomputed
-        return tags
-
-    @property
-    def _precomputed(self) -> bool:
-        return isinstance(self.kernel, str) and self.kernel == "precomputed"
-
     # -- parameters ------------------------------------------------------------
     def _check_params(self) -> None:
         check_choice("solver", self.solver, SOLVERS)
@@ -199,16 +189,6 @@ class KernelRidge(MultiOutputMixin, RegressorMixin, BaseEstimator):
             raise ValueError(
                 "solver='primal' needs the features, not kernel='precomputed'; use solver='dense'"
             )
-
-    def _resolve_kernel(self) -> Kernel | None:
-        """The Kernel object for names/specs/Kernels; None for callables and precomputed."""
-        return resolve_estimator_kernel(
-            self.kernel,
-            gamma=self.gamma,
-            degree=self.degree,
-            coef0=self.coef0,
-            kernel_params=self.kernel_params,
-        )
 
     def _kernel_matrix(self, X: Any, Y: Any = None) -> np.ndarray:
         if self._precomputed:

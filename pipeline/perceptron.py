@@ -24,8 +24,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from pipeline.kernels import Kernel
-from pipeline.kernels.factory import resolve_estimator_kernel
+from pipeline.kernel_estimator import KernelParamsMixin
 from pipeline.validation import FLOAT_DTYPES, SPARSE_FORMATS, check_positive_int
 
 
@@ -54,7 +53,7 @@ def _train_binary(
     return counts, max_epochs, False
 
 
-class KernelPerceptron(ClassifierMixin, BaseEstimator):
+class KernelPerceptron(KernelParamsMixin, ClassifierMixin, BaseEstimator):
     """Kernel perceptron (dual, mistake-driven) with the offset theta0.
 
     Parameters
@@ -113,26 +112,6 @@ class KernelPerceptron(ClassifierMixin, BaseEstimator):
         self.fit_intercept = fit_intercept
         self.shuffle = shuffle
         self.random_state = random_state
-
-    def __sklearn_tags__(self):
-        tags = super().__sklearn_tags__()
-        tags.input_tags.sparse = True
-        tags.input_tags.pairwise = self._precomputed
-        return tags
-
-    @property
-    def _precomputed(self) -> bool:
-        return isinstance(self.kernel, str) and self.kernel == "precomputed"
-
-    def _resolve_kernel(self) -> Kernel | None:
-        """The Kernel object for names/specs/Kernels; None for callables and precomputed."""
-        return resolve_estimator_kernel(
-            self.kernel,
-            gamma=self.gamma,
-            degree=self.degree,
-            coef0=self.coef0,
-            kernel_params=self.kernel_params,
-        )
 
     def _kernel_matrix(self, X: Any, Y: Any = None) -> np.ndarray:
         if self._precomputed:
