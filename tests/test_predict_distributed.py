@@ -7,102 +7,22 @@ worker`` processes on 127.0.0.1. Results must be bit-identical across the three.
 from __future__ import annotations
 
 import os
-import shutil
-import socket
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
-from distributed import Client
+from _dask_cluster import external_cluster
 
 from pipeline.kernels import RBF
 from pipeline.parallel import dask_client
 from pipeline.predict import predict
 from pipeline.storage import TileMarkers
 
-DASK = shutil.which("dask", path=os.path.dirname(sys.executable)) or "dask"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def external_scheduler(tmp_path_factory):
     """A `dask scheduler` and two `dask worker` processes; all stopped at teardown."""
-    port = _free_port()
-    address = f"tcp://127.0.0.1:{port}"
-    logs = tmp_path_factory.mktemp("dask-logs")
-    procs: list[subprocess.Popen] = []
-    common = {"stdin": subprocess.DEVNULL, "start_new_session": True}
-    try:
-        with open(logs / "scheduler.log", "w") as log:
-            procs.append(
-                subprocess.Popen(
-                    [
-                        DASK,
-                        "scheduler",
-                        "--host",
-                        "127.0.0.1",
-                        "--port",
-                        str(port),
-                        "--no-dashboard",
-                        "--no-show",
-                    ],
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    **common,
-                )  # fmt: skip
-            )
-        for w in range(2):
-            with open(logs / f"worker{w}.log", "w") as log:
-                procs.append(
-                    subprocess.Popen(
-                        [
-                            DASK,
-                            "worker",
-                            address,
-                            "--nthreads",
-                            "1",
-                            "--memory-limit",
-                            "1GiB",
-                            "--no-dashboard",
-                            "--local-directory",
-                            str(logs / f"w{w}"),
-                        ],
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        **common,
-                    )  # fmt: skip
-                )
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                with Client(address, timeout=5) as c:
-                    c.wait_for_workers(2, timeout=max(1, deadline - time.monotonic()))
-                break
-            except OSError:
-                for p in procs:
-                    if p.poll() is not None:
-                        pytest.fail(f"dask process exited early; logs in {logs}")
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
-        yield address
-    finally:
-        for p in reversed(procs):
-            if p.poll() is None:
-                p.terminate()
-        for p in reversed(procs):
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+    with external_cluster(tmp_path_factory.mktemp("dask-logs"), 2) as cluster:
+        yield cluster.address
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,14 +21,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from distributed import Client
+from _dask_cluster import external_cluster, stop
 
 from pipeline.gram import build_gram
 from pipeline.solvers import cholesky_solve, tile_cholesky
 
 pytestmark = pytest.mark.slow
 
-DASK = shutil.which("dask", path=os.path.dirname(sys.executable)) or "dask"
 N, D, BLOCK = 3000, 500, 150
 N_TILES = (N // BLOCK) * (N // BLOCK + 1) // 2  # 20 row blocks: 210 lower tiles
 
@@ -45,30 +42,6 @@ solver: {{method: cholesky, factor_scheduler: threads}}
 block_size: {block}
 cluster: {{connect_timeout: 20}}
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start(cmd: list[str], log: Path) -> subprocess.Popen:
-    with open(log, "w") as f:
-        return subprocess.Popen(
-            cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )  # fmt: skip
-
-
-def _stop(p: subprocess.Popen) -> None:
-    if p.poll() is None:
-        p.terminate()
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
 
 
 def _n_markers(d: Path) -> int:
@@ -90,82 +63,36 @@ def test_kill_one_worker_mid_gram(tmp_path):
     logs = tmp_path / "logs"
     logs.mkdir()
 
-    port = _free_port()
-    address = f"tcp://127.0.0.1:{port}"
-    procs: list[subprocess.Popen] = []
+    cli = None
     try:
-        procs.append(
-            _start(
-                [
-                    DASK,
-                    "scheduler",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(port),
-                    "--no-dashboard",
-                    "--no-show",
-                ],
-                logs / "scheduler.log",
+        with external_cluster(logs, 2, nanny=False, timeout=60) as cluster:
+            workers = cluster.workers
+            cli = subprocess.Popen(
+                [sys.executable, "-m", "pipeline.cli", "run", str(conf), "--run-dir",
+                 str(run_dir), "--scheduler", cluster.address, "--json"],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                start_new_session=True,
             )  # fmt: skip
-        )
-        workers = [
-            _start(
-                [
-                    DASK,
-                    "worker",
-                    address,
-                    "--nthreads",
-                    "1",
-                    "--memory-limit",
-                    "1GiB",
-                    "--no-nanny",
-                    "--no-dashboard",
-                    "--local-directory",
-                    str(logs / f"w{w}"),
-                ],
-                logs / f"worker{w}.log",
-            )  # fmt: skip
-            for w in range(2)
-        ]
-        procs += workers
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with Client(address, timeout=5) as c:
-                    c.wait_for_workers(2, timeout=max(1, deadline - time.monotonic()))
-                break
-            except OSError:
-                assert all(p.poll() is None for p in procs), f"dask exited early; logs in {logs}"
-                assert time.monotonic() < deadline, f"cluster did not start; logs in {logs}"
-                time.sleep(0.5)
-
-        cli = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.cli", "run", str(conf), "--run-dir", str(run_dir),
-             "--scheduler", address, "--json"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-        )  # fmt: skip
-        procs.append(cli)
-        markers = run_dir / "gram" / "gram.zarr" / "_markers" / "gram"
-        deadline = time.monotonic() + 120
-        seen = 0
-        while cli.poll() is None and time.monotonic() < deadline:
-            seen = _n_markers(markers)
-            if seen >= N_TILES // 10:
-                break
-            time.sleep(0.02)
-        assert cli.poll() is None, f"run ended before the kill: {cli.communicate()[1][-3000:]}"
-        assert 0 < seen < N_TILES, seen
-        os.kill(workers[0].pid, signal.SIGKILL)
-        workers[0].wait(timeout=10)
-        at_kill = _n_markers(markers)
-        out, err = cli.communicate(timeout=240)
-        assert cli.returncode == 0, err[-4000:]
-        assert at_kill < N_TILES, "the Gram was already complete when the worker died"
-        assert workers[1].poll() is None  # the survivor finished the work
+            markers = run_dir / "gram" / "gram.zarr" / "_markers" / "gram"
+            deadline = time.monotonic() + 120
+            seen = 0
+            while cli.poll() is None and time.monotonic() < deadline:
+                seen = _n_markers(markers)
+                if seen >= N_TILES // 10:
+                    break
+                time.sleep(0.02)
+            assert cli.poll() is None, f"run ended before the kill: {cli.communicate()[1][-3000:]}"
+            assert 0 < seen < N_TILES, seen
+            os.kill(workers[0].pid, signal.SIGKILL)
+            workers[0].wait(timeout=10)
+            at_kill = _n_markers(markers)
+            out, err = cli.communicate(timeout=240)
+            assert cli.returncode == 0, err[-4000:]
+            assert at_kill < N_TILES, "the Gram was already complete when the worker died"
+            assert workers[1].poll() is None  # the survivor finished the work
     finally:
-        for p in reversed(procs):
-            _stop(p)
+        if cli is not None:
+            stop(cli)
 
     report = json.loads(out)
     assert {"ingest", "gram", "solve"} <= set(report["ran"])
