@@ -241,3 +241,17 @@ def test_scheduled_refit_workflow_is_idempotent(tmp_path):
     assert "0 of 1 row blocks computed (1 already complete)" in second.stderr
     again = zarr.open_array(store=str(latest), path="predictions", mode="r")[...]
     np.testing.assert_array_equal(again, pred)
+
+
+def test_sklearn_baseline_is_skipped_when_its_kernel_would_not_fit(
+    small, tmp_path, monkeypatch, capsys
+):
+    import pipeline.stages.evaluate as evaluate
+
+    monkeypatch.setattr(evaluate, "available_memory", lambda: 1_000)
+    run_dir = tmp_path / "run"
+    assert run_cli("run", small, "evaluate.baseline=sklearn", "--run-dir", run_dir, "--json") == 0
+    ev = json.loads(capsys.readouterr().out)["evaluate"]
+    assert ev["baseline"] is None
+    assert "more than the memory available" in ev["baseline_note"]
+    assert set(ev["metrics"]) >= {"rmse"}

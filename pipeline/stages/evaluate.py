@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import zarr
 
+from pipeline.reference.memory import SAFETY_FRACTION, available_memory
+from pipeline.solvers.cholesky import regularisation_shift
 from pipeline.stages.ingest import open_rows
 from pipeline.stages.manifest import write_json_atomic
 
@@ -110,7 +112,16 @@ def run(
     }
     n = ing["n_train"]
     want = baseline == "sklearn" or (baseline == "auto" and n <= baseline_max_rows)
-    if want:
+    # scikit-learn holds ~3 copies of the n x n kernel: never start it past the memory
+    need = 3 * n * n * 8
+    fits = need <= SAFETY_FRACTION * available_memory()
+    if want and not fits:
+        out["baseline"] = None
+        out["baseline_note"] = (
+            f"scikit-learn baseline skipped: its KernelRidge needs about 3·n²·8 = "
+            f"{need / 1e9:.1f} GB for n_train={n}, more than the memory available"
+        )
+    elif want:
         X_train = np.asarray(open_rows(ing, "X_train").compute())
         y_train = np.asarray(open_rows(ing, "y_train").compute())
         X_test = np.asarray(open_rows(ing, "X_test").compute())
@@ -118,7 +129,7 @@ def run(
             X_test = (X_test - np.asarray(ing["scaler"]["mean"])) / np.asarray(
                 ing["scaler"]["scale"]
             )
-        shift = lam * n if lam_convention == "n" else lam
+        shift = regularisation_shift(lam, n, lam_convention)
         sk_pred, secs, kname = sklearn_baseline(X_train, y_train, X_test, kernel, shift)
         if ing.get("y_scaler"):
             sk_pred = sk_pred * np.asarray(ing["y_scaler"]["scale"]) + np.asarray(
@@ -134,7 +145,7 @@ def run(
             if diff.size
             else 0.0,
         }
-    elif baseline != "none":
+    elif baseline != "none" and "baseline_note" not in out:
         out["baseline"] = None
         out["baseline_note"] = (
             f"scikit-learn baseline skipped: n_train={n} > baseline_max_rows={baseline_max_rows} "
