@@ -25,6 +25,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from pipeline.kernel_estimator import KernelParamsMixin
+from pipeline.reference import check_dense_memory, dense_dual_bytes, predict_dual
 from pipeline.validation import FLOAT_DTYPES, SPARSE_FORMATS, check_positive_int
 
 
@@ -158,6 +159,10 @@ class KernelPerceptron(KernelParamsMixin, ClassifierMixin, BaseEstimator):
             )
         self.classes_ = classes
         self.kernel_ = kernel
+        check_dense_memory(
+            dense_dual_bytes(X.shape[0], X.shape[1], 1, kernel_copies=1),
+            what=f"the kernel perceptron's n x n kernel with n_samples={X.shape[0]}",
+        )
         K = self._kernel_matrix(X)
         rng = check_random_state(self.random_state) if self.shuffle else None
         # binary: class 1 is +1, class 0 is -1; multiclass: one-vs-rest
@@ -202,8 +207,11 @@ class KernelPerceptron(KernelParamsMixin, ClassifierMixin, BaseEstimator):
         """
         check_is_fitted(self, "dual_coef_")
         X = validate_data(self, X, accept_sparse=SPARSE_FORMATS, dtype=FLOAT_DTYPES, reset=False)
-        K = self._kernel_matrix(X, self.X_fit_)
-        return K @ self.dual_coef_ + self.intercept_
+        if self._precomputed:
+            return self._kernel_matrix(X, self.X_fit_) @ self.dual_coef_ + self.intercept_
+        # kernel rows in blocks: never the whole n_samples x n_fit matrix at once
+        scores = predict_dual(lambda Xb: self._kernel_matrix(Xb, self.X_fit_), X, self.dual_coef_)
+        return scores + self.intercept_
 
     def predict(self, X: Any) -> np.ndarray:
         """Class labels: the sign of the decision function (argmax one-vs-rest)."""

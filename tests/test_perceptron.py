@@ -96,3 +96,15 @@ def test_bad_input():
     clf = KernelPerceptron().fit(X, y)
     with pytest.raises(ValueError, match="features"):
         clf.predict(X[:, :1])
+
+
+def test_refuses_a_kernel_that_does_not_fit_in_memory(monkeypatch):
+    import pipeline.reference.memory as memory
+    from pipeline.reference import InsufficientMemoryError
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(60, 2))
+    y = (X[:, 0] > 0).astype(int)
+    monkeypatch.setattr(memory, "available_memory", lambda: 1_000)
+    with pytest.raises(InsufficientMemoryError, match="kernel perceptron"):
+        KernelPerceptron(kernel="rbf").fit(X, y)
