@@ -16,8 +16,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import os
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +25,7 @@ import numpy as np
 from pipeline.solvers.cg import CGResult, CGState, conjugate_gradient
 from pipeline.solvers.precond import IdentityPreconditioner
 from pipeline.storage import TileMarkers, fingerprint_blocks, fingerprint_obj
+from pipeline.storage.atomic import atomic_write
 
 __all__ = ["CGCheckpoint", "cg_fingerprint", "resumable_cg"]
 
@@ -89,16 +88,7 @@ class CGCheckpoint:
 
     # -- writing --------------------------------------------------------------
     def _write(self, path: str, data: bytes) -> None:
-        self.fs.makedirs(self.root, exist_ok=True)
-        if "file" in self.fs.protocol or self.fs.protocol == "local":
-            tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        else:
-            self.fs.pipe_file(path, data)
+        atomic_write(path, data, fs=self.fs, fsync=True)
 
     def save(self, state: CGState) -> None:
         """Write ``state`` to the free slot, then point the marker at it."""

@@ -9,12 +9,12 @@ manifest, never a torn one, even if the writer is SIGKILLed.
 from __future__ import annotations
 
 import json
-import os
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+from pipeline.storage.atomic import atomic_write
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
@@ -123,27 +123,8 @@ class Manifest:
 
 def write_json_atomic(path: str | Path, obj: Any) -> None:
     """Write JSON to ``path`` via a fsynced temporary file and an atomic rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     data = json.dumps(obj, indent=2, sort_keys=False, default=_json_default).encode()
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    try:  # make the rename durable
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
+    atomic_write(str(path), data, fsync=True)
 
 
 def _json_default(o: Any) -> Any:

@@ -11,8 +11,8 @@ matrix-free from X. ``auto`` picks by the number of training rows.
 
 from __future__ import annotations
 
+import io
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ import numpy as np
 
 from pipeline.stages._deps import require
 from pipeline.stages.ingest import open_rows
+from pipeline.storage.atomic import atomic_write
 
 log = logging.getLogger("pipeline.stages")
 
@@ -43,12 +44,9 @@ def needs_gram(solver: dict[str, Any], n_train: int) -> bool:
 
 
 def save_npy_atomic(path: Path, arr: np.ndarray) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        np.save(f, arr)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    buf = io.BytesIO()
+    np.save(buf, arr)
+    atomic_write(str(path), buf.getvalue(), fsync=True)
 
 
 def _open_gram(inputs: dict[str, dict[str, Any]]):

@@ -20,6 +20,7 @@ from pipeline.storage.tiles import TileGrid
 __all__ = [
     "CorruptTileError",
     "StoreMismatchError",
+    "atomic_write",
     "TileGrid",
     "TileMarkers",
     "TiledArray",

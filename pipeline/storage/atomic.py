@@ -1,0 +1,51 @@
+"""One way to write a small file so that readers see the old bytes or the new, never half."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from typing import Any
+
+import fsspec
+
+
+def is_local(fs: Any) -> bool:
+    protocol = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    return "file" in protocol or "local" in protocol
+
+
+def atomic_write(path: str, data: bytes, *, fs: Any = None, fsync: bool = False) -> None:
+    """Write ``data`` to ``path`` atomically.
+
+    Local filesystems: a temporary file in the same directory, then ``os.replace``;
+    with ``fsync=True`` the file and its directory are flushed to disk too (for
+    manifests and checkpoints that must survive power loss; markers skip it,
+    see :mod:`pipeline.storage.markers`). Other fsspec filesystems: one
+    ``pipe_file``, which object stores apply atomically.
+    """
+    fs = fs or fsspec.filesystem("file")
+    parent = path.rsplit("/", 1)[0]
+    fs.makedirs(parent, exist_ok=True)
+    if not is_local(fs):
+        fs.pipe_file(path, data)
+        return
+    tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    if fsync:
+        try:  # make the rename itself durable
+            fd = os.open(parent or ".", os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
