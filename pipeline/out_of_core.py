@@ -142,11 +142,18 @@ def fit_out_of_core(
         raise ValueError(f"solver must be 'cholesky', 'cg' or 'auto', got {solver!r}")
 
 
+def _x_fingerprint(X: np.ndarray) -> str:
+    """X's content hash; X was validated by the estimator, so build_gram's pass is skipped."""
+    from pipeline.storage import fingerprint_blocks
+
+    return fingerprint_blocks([X])
+
+
 def _fit_cholesky(X, y, kernel, lam, conv, root, bs, shift, progress) -> OutOfCoreFit:
     from pipeline.gram import build_gram
     from pipeline.solvers import cholesky_solve, tile_cholesky
 
-    gram = build_gram(X, kernel, root, bs, progress=progress)
+    gram = build_gram(X, kernel, root, bs, progress=progress, x_fingerprint=_x_fingerprint(X))
     factor = tile_cholesky(gram, lam, convention=conv, store=root, progress=progress)
     alpha = cholesky_solve(factor, y)
     info = {"factor_tiles_computed": len(factor.computed), "jitter": factor.jitter}
@@ -170,7 +177,7 @@ def _fit_cg(
     if mode == "stored":
         from pipeline.gram import build_gram
 
-        gram = build_gram(X, kernel, root, bs, progress=progress)
+        gram = build_gram(X, kernel, root, bs, progress=progress, x_fingerprint=_x_fingerprint(X))
         op = make_operator("stored", shift, gram=gram)
     else:
         op = make_operator("matrix-free", shift, X=X, kernel=kernel, block_size=bs)
