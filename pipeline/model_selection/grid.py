@@ -21,7 +21,8 @@ from sklearn.model_selection import (
     check_cv,
 )
 
-from pipeline.kernels import Kernel, make_kernel
+from pipeline.kernels import Kernel
+from pipeline.kernels.factory import resolve_estimator_kernel
 
 __all__ = [
     "Candidate",
@@ -63,15 +64,18 @@ def resolve_kernel(kernel: Any, gamma: Any = None, degree: Any = 3, coef0: Any =
             "kernel='precomputed' is not supported by KernelRidgeCV: the search evaluates the "
             "kernel for every parameter setting; pass a kernel name or a Kernel object"
         )
-    if isinstance(kernel, Kernel):
-        return copy.deepcopy(kernel)
-    if isinstance(kernel, str | dict):
-        return make_kernel(kernel, gamma=gamma, degree=degree, coef0=coef0)
-    raise ValueError(
-        f"kernel={kernel!r} is not supported by KernelRidgeCV; pass a kernel name "
-        "('rbf', 'laplacian', 'polynomial', 'linear', ...), a spec dict or a Kernel object "
-        "(callables: wrap pipeline.KernelRidge in sklearn's GridSearchCV instead)"
-    )
+    try:
+        k = resolve_estimator_kernel(kernel, gamma=gamma, degree=degree, coef0=coef0)
+    except TypeError:
+        k = None
+    if k is None:
+        raise ValueError(
+            f"kernel={kernel!r} is not supported by KernelRidgeCV; pass a kernel name "
+            "('rbf', 'laplacian', 'polynomial', 'linear', ...), a spec dict or a Kernel object "
+            "(callables: wrap pipeline.KernelRidge in sklearn's GridSearchCV instead)"
+        )
+    # the search sets parameters on it: never mutate the caller's object
+    return copy.deepcopy(k) if k is kernel else k
 
 
 class Candidate(dict):
