@@ -239,8 +239,9 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
     def _choose_solver(self, n: int, kind: str, n_alpha: int, splits: list) -> str:
         from pipeline.reference.memory import check_dense_memory
 
-        # the in-memory modes hold K plus an eigenvector matrix or a fold copy: ~3 N² floats
-        need = 3 * n * n * 8
+        # the in-memory modes hold K plus an eigenvector matrix or a fold copy: ~3 N² floats,
+        # once per kernel setting searched concurrently (n_jobs threads)
+        need = 3 * n * n * 8 * max(1, int(self.n_jobs or 1))
         if self.solver in ("eigen", "dense"):
             check_dense_memory(need, what=f"KernelRidgeCV(solver={self.solver!r}) with n={n}")
             return self.solver
