@@ -255,3 +255,21 @@ def test_sklearn_baseline_is_skipped_when_its_kernel_would_not_fit(
     assert ev["baseline"] is None
     assert "more than the memory available" in ev["baseline_note"]
     assert set(ev["metrics"]) >= {"rmse"}
+
+
+def test_non_finite_given_test_targets_are_bad_input(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "X.npy", rng.normal(size=(20, 2)))
+    np.save(tmp_path / "y.npy", rng.normal(size=20))
+    np.save(tmp_path / "Xt.npy", rng.normal(size=(6, 2)))
+    yt = rng.normal(size=6)
+    yt[4] = np.inf
+    np.save(tmp_path / "yt.npy", yt)
+    p = tmp_path / "f.yaml"
+    p.write_text(
+        f"data: {{source: npy, path: {tmp_path}/X.npy, y_path: {tmp_path}/y.npy}}\n"
+        f"split: {{test_path: {tmp_path}/Xt.npy, test_y_path: {tmp_path}/yt.npy}}\n"
+        "block_size: 8\ncluster: {processes: false, n_workers: 1}\n"
+    )
+    assert run_cli("run", p, "--run-dir", tmp_path / "r") == cli.EXIT_BAD_INPUT
+    assert "y_test" in capsys.readouterr().err

@@ -131,7 +131,8 @@ def _from_dataframe(df: Any, columns: Sequence[str] | None, what: str) -> da.Arr
     return df.to_dask_array(lengths=True)
 
 
-def _is_zarr_path(path: str) -> bool:
+def is_zarr_path(path: str) -> bool:
+    """Whether ``path`` names a Zarr store (v3 ``zarr.json`` or v2 ``.zarray``, or a .zarr URL)."""
     p = path.rstrip("/")
     if p.endswith(".zarr") or ".zarr/" in p:
         return True
@@ -150,7 +151,7 @@ def _from_path(path: str, block_size: int, columns: Sequence[str] | None) -> da.
         if columns is not None:
             raise ValueError(f"columns= applies to tables (Parquet/CSV), not to .npy file {path!r}")
         return _from_npy(path, block_size)
-    if _is_zarr_path(path):
+    if is_zarr_path(path):
         import zarr
 
         try:
@@ -162,7 +163,7 @@ def _from_path(path: str, block_size: int, columns: Sequence[str] | None) -> da.
             ) from exc
         return da.from_zarr(arr, chunks=(block_size, arr.shape[1] if arr.ndim == 2 else -1))
     if low.endswith(_PARQUET_SUFFIXES) or (
-        "://" not in path and os.path.isdir(path) and not _is_zarr_path(path)
+        "://" not in path and os.path.isdir(path) and not is_zarr_path(path)
     ):
         # lazy (schema only); the column selection is projected into the reader
         df = dd.read_parquet(path)

@@ -17,6 +17,7 @@ import dask.array as da
 import zarr
 
 from pipeline.io import as_row_blocks, fingerprint_row_blocks
+from pipeline.io.inputs import is_zarr_path
 
 
 def as_input_blocks(X: Any, block_size: int, columns: Sequence[str] | None = None) -> da.Array:
@@ -50,7 +51,7 @@ def _zarr_native(X: Any) -> Any:
     arr = X
     if isinstance(X, str | os.PathLike):
         path = os.fspath(X)
-        if not _looks_like_zarr(path):
+        if not is_zarr_path(path):
             return X
         try:
             arr = zarr.open_array(store=path, mode="r")
@@ -59,13 +60,6 @@ def _zarr_native(X: Any) -> Any:
     if isinstance(arr, zarr.Array) and arr.ndim == 2:
         return da.from_zarr(arr)
     return X
-
-
-def _looks_like_zarr(path: str) -> bool:
-    p = path.rstrip("/")
-    if p.endswith(".zarr") or ".zarr/" in p:
-        return True
-    return "://" not in p and os.path.isfile(os.path.join(p, "zarr.json"))
 
 
 def input_fingerprint(X: da.Array) -> str:

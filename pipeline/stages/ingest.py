@@ -20,7 +20,7 @@ import dask
 import dask.array as da
 import numpy as np
 
-from pipeline.io import as_row_blocks, validate_and_fingerprint
+from pipeline.io import as_row_blocks, fingerprint_row_blocks, validate_row_blocks
 from pipeline.parallel import compute
 from pipeline.storage import TiledArray, fingerprint_obj, open_tiled_array
 
@@ -239,8 +239,8 @@ def run(
         raise InputError(str(e)) from e
     if X.shape[0] != y.shape[0]:
         raise InputError(f"X has {X.shape[0]} rows but y has {y.shape[0]}; they must match")
-    validate_and_fingerprint(X, "X")
-    validate_and_fingerprint(y, "y")
+    validate_row_blocks(X, "X")
+    validate_row_blocks(y, "y")
 
     n_rows = data.get("n_rows")
     if n_rows is not None and n_rows < X.shape[0]:
@@ -260,7 +260,13 @@ def run(
                 f"test set {split['test_path']!r} has {Xte.shape[1]} features, training data "
                 f"has {X.shape[1]}"
             )
-        validate_and_fingerprint(Xte, "X_test")
+        validate_row_blocks(Xte, "X_test")
+        if yte is not None:
+            if yte.shape[0] != Xte.shape[0]:
+                raise InputError(
+                    f"test set has {Xte.shape[0]} rows but its y has {yte.shape[0]}; they must match"
+                )
+            validate_row_blocks(yte, "y_test")
     elif split.get("test_fraction", 0) > 0:
         tr, te = _split_indices(X.shape[0], split["test_fraction"], split.get("seed", 0))
         Xtr, ytr, Xte, yte = X[tr], y[tr], X[te], y[te]
@@ -297,7 +303,8 @@ def run(
         target_names=target,
         scaler=scaler,
         y_scaler=y_scaler,
-        x_fingerprint=validate_and_fingerprint(stored_X.rechunk((block_size, -1)), "X_train"),
+        # X_train was validated as part of X above: hash it, do not check it again
+        x_fingerprint=fingerprint_row_blocks(stored_X.rechunk((block_size, -1))),
     )
     return out
 
