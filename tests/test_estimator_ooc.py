@@ -162,11 +162,15 @@ def test_killed_fit_resumes_from_completed_tiles(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(INJECT), KRR_KILL_MATCH="chol/", KRR_KILL_AT="30")
     killed = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    # the kill lands before the 30th marker; a marker being written by the other thread
+    # at that moment may or may not have made it, so count what is on disk
+    marked = [p for p in (store / "_markers" / "chol").iterdir() if not p.name.endswith(".tmp")]
+    assert 27 <= len(marked) <= 29
     est = KernelRidge(alpha=0.1, kernel="rbf", solver="cholesky", block_size=100, store=store).fit(
         X, y
     )
     n_tiles = 12 * 13 // 2
-    assert est.fit_info_["factor_tiles_computed"] == n_tiles - 29
+    assert est.fit_info_["factor_tiles_computed"] == n_tiles - len(marked)
     ref = SkKernelRidge(alpha=0.1, kernel="rbf").fit(X, y)
     assert _rel(est.dual_coef_, ref.dual_coef_) < 1e-8
 
