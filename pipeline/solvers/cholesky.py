@@ -43,9 +43,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy.linalg import blas as sblas
 from scipy.linalg import lapack
 
+from pipeline.solvers import blas as gil_free_blas
+from pipeline.solvers.tile_io import TileIO
 from pipeline.storage import TiledArray, fingerprint_obj, open_tiled_array
 
 CONVENTIONS = ("sklearn", "n")
@@ -242,9 +243,11 @@ def _cache_key(arr: TiledArray, i: int, j: int) -> tuple:
     return (arr.store, arr.name, arr.fingerprint, i, j)
 
 
-def _read_factor_tile(L: TiledArray, i: int, j: int) -> np.ndarray:
+def _read_factor_tile(L: TiledArray, i: int, j: int, io: TileIO | None = None) -> np.ndarray:
     key = _cache_key(L, i, j)
     tile = _CACHE.get(key)
+    if tile is None and io is not None:
+        tile = io.pending(("L", i, j))  # finished, queued for writing, evicted from the cache
     if tile is None:
         tile = np.ascontiguousarray(L.read_tile(i, j))
         tile.flags.writeable = False
@@ -266,11 +269,8 @@ def _potrf_lower(a: np.ndarray, overwrite: bool = False) -> tuple[np.ndarray, in
 
 
 def _trsm_right_lower_t(ljj: np.ndarray, a: np.ndarray) -> np.ndarray:
-    """Solve ``X @ ljj.T = a`` for X in place of ``a`` (both C-contiguous)."""
-    trsm = sblas.get_blas_funcs("trsm", (ljj, a))
-    # X ljj^T = a  <=>  ljj X^T = a^T ; a.T (F order) is X^T's buffer; ljj = (ljj.T)^T
-    out = trsm(1.0, ljj.T, a.T, side=0, lower=0, trans_a=1, overwrite_b=1)
-    return np.ascontiguousarray(out.T)
+    """Solve ``X @ ljj.T = a`` for X in place of ``a`` (both C-contiguous); GIL-free."""
+    return gil_free_blas.trsm_right_lower_t(ljj, a)
 
 
 def _updated_tile(
@@ -281,33 +281,30 @@ def _updated_tile(
     shift: float,
     dtype: np.dtype,
     k_tile: np.ndarray | None = None,
+    io: TileIO | None = None,
 ) -> np.ndarray:
     """``K_ij + shift*delta_ij*I - sum_k L_ik L_jk^T`` (for i == j: lower triangle only).
 
-    Accumulated in place with BLAS (GEMM, or SYRK on the diagonal) in a fixed
-    order, so the result is reproducible bit for bit.
+    Accumulated in place, GEMM off the diagonal and SYRK on it (half the flops),
+    in a fixed k order, so the result is reproducible bit for bit. The BLAS calls
+    release the GIL (:mod:`pipeline.solvers.blas`; SciPy's f2py ``gemm``/``syrk``/
+    ``trsm`` wrappers hold it, which serialised the tile threads), so tile
+    threads overlap.
     """
     if k_tile is None:
         k_tile = gram.read_tile(i, j)
     # zarr returns a fresh array: reuse it when it already is writable C-ordered float64
     a = np.require(k_tile, dtype=dtype, requirements=["C", "W"])
-    if a is k_tile:
-        a = k_tile.copy() if not k_tile.flags.owndata else k_tile
+    if a is k_tile and not k_tile.flags.owndata:
+        a = k_tile.copy()
     if i == j:
         a[np.diag_indices_from(a)] += shift
-    if j == 0:
-        return a
-    # The updates use numpy's matmul, not scipy.linalg.blas: scipy's f2py BLAS
-    # wrappers (gemm, syrk, trsm) hold the GIL for the whole call, which serialised
-    # the tile threads (measured: 2 threads ran at the speed of 1). matmul releases
-    # it. On the diagonal the full product is formed (2x SYRK's flops, but parallel);
-    # only its lower triangle is used. Fixed k order: reproducible bit for bit.
-    tmp = np.empty_like(a)
     for k in range(j):
-        ljk = _read_factor_tile(L, j, k)
-        lik = ljk if i == j else _read_factor_tile(L, i, k)
-        np.matmul(lik, ljk.T, out=tmp)
-        np.subtract(a, tmp, out=a)
+        ljk = _read_factor_tile(L, j, k, io)
+        if i == j:
+            gil_free_blas.syrk_lower_sub(a, ljk)
+        else:
+            gil_free_blas.gemm_nt_sub(a, _read_factor_tile(L, i, k, io), ljk)
     return a
 
 
@@ -321,16 +318,17 @@ def _factor_tile(
     convention: str,
     jitter: JitterPolicy | None,
     k_tile: np.ndarray | None = None,
+    io: TileIO | None = None,
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """Compute factor tile ``(i, j)`` from finished tiles; returns (tile, marker info)."""
     dtype = np.dtype(L.dtype)
     t0 = time.perf_counter()
     if k_tile is None:
-        k_tile = gram.read_tile(i, j)
+        k_tile = io.read(("K", i, j)) if io is not None else gram.read_tile(i, j)
     # jitter scale: the tile's own diagonal of K + shift*I (not that of the Schur
     # complement, which is ~0 exactly when jitter is needed)
     scale = float(np.mean(np.abs(np.diag(k_tile)))) + shift if i == j else 0.0
-    a = _updated_tile(gram, L, i, j, shift, dtype, k_tile)
+    a = _updated_tile(gram, L, i, j, shift, dtype, k_tile, io)
     info: dict[str, Any] = {}
     if i == j:
         keep = a.copy() if jitter is not None else None
@@ -354,15 +352,24 @@ def _factor_tile(
             raise NotPositiveDefiniteError((i, j), piv, row, lam, convention, shift, tuple(tried))
         out = lt
     else:
-        out = _trsm_right_lower_t(_read_factor_tile(L, j, j), a)
+        out = _trsm_right_lower_t(_read_factor_tile(L, j, j, io), a)
     info["seconds"] = round(time.perf_counter() - t0, 4)
     return out, info
 
 
-def _store_tile(L: TiledArray, i: int, j: int, tile: np.ndarray, info: dict[str, Any]) -> None:
+def _store_tile(
+    L: TiledArray, i: int, j: int, tile: np.ndarray, info: dict[str, Any], io: TileIO | None = None
+) -> None:
     tile.flags.writeable = False
     _CACHE.put(_cache_key(L, i, j), tile)
-    L.write_tile(i, j, tile, **info)  # region first, marker last
+
+    def write(t: np.ndarray) -> None:
+        L.write_tile(i, j, t, **info)  # region first, marker last
+
+    if io is None:
+        write(tile)
+    else:  # one writer thread, in completion order: an input's marker precedes its users'
+        io.write(("L", i, j), tile, write)
 
 
 def _tile_task(
@@ -375,13 +382,14 @@ def _tile_task(
     convention: str,
     jitter: JitterPolicy | None,
     deps: Iterable[Any] = (),
+    io: TileIO | None = None,
 ) -> dict[str, Any]:
     """Dask task: factor tile (i, j) unless its marker exists; return a tiny record."""
     rec = L.markers.record((i, j))
     if rec is not None:  # a retried or duplicated task: the tile is already stored
         return {"tile": (i, j), "computed": False, "jitter": rec.get("jitter")}
-    tile, info = _factor_tile(gram, L, i, j, shift, lam, convention, jitter)
-    _store_tile(L, i, j, tile, info)
+    tile, info = _factor_tile(gram, L, i, j, shift, lam, convention, jitter, io=io)
+    _store_tile(L, i, j, tile, info, io)
     return {"tile": (i, j), "computed": True, "jitter": info.get("jitter")}
 
 
@@ -445,7 +453,9 @@ def _critical_path_ranks(todo: list[tuple[int, int]], block: int) -> dict[tuple[
     return rank
 
 
-def _run_threads(gram, L, todo, shift, lam, convention, jitter, n_threads) -> list[dict]:
+def _run_threads(
+    gram, L, todo, shift, lam, convention, jitter, n_threads, io_depth: int = 2
+) -> list[dict]:
     """Run tile tasks on ``n_threads`` threads (one BLAS thread each), critical path first.
 
     A small list scheduler: a task becomes ready when its dependencies finished
@@ -484,7 +494,7 @@ def _run_threads(gram, L, todo, shift, lam, convention, jitter, n_threads) -> li
                 _, t = heapq.heappop(ready)
                 state["running"] += 1
             try:
-                rec = _tile_task(gram, L, t[0], t[1], shift, lam, convention, jitter)
+                rec = _tile_task(gram, L, t[0], t[1], shift, lam, convention, jitter, io=io)
             except BaseException as e:
                 with cond:
                     errors.append(e)
@@ -501,7 +511,15 @@ def _run_threads(gram, L, todo, shift, lam, convention, jitter, n_threads) -> li
                 cond.notify_all()
 
     n_threads = max(1, min(int(n_threads), len(todo)))
-    with _blas(1):
+    # Gram tiles are read ahead in left-looking order and factor tiles written behind,
+    # so the tile threads keep their cores busy with BLAS (a few tiles of extra memory)
+    io = TileIO(
+        lambda key: gram.read_tile(key[1], key[2]),
+        [("K", i, j) for i, j in todo],
+        depth=io_depth,
+        max_pending=io_depth,
+    )
+    with io, _blas(1):
         threads = [
             threading.Thread(target=worker, name=f"chol-{k}", daemon=True) for k in range(n_threads)
         ]
