@@ -142,6 +142,10 @@ class SolverConfig(_Model):
     checkpoint_every: int = Field(default=10, ge=1)
     # cholesky
     jitter: bool = False
+    #: precision of the stored factor: "float32" halves its bytes and runs the tile
+    #: updates at float32 speed (diagonal tiles still factored in float64); alpha is then
+    #: refined to double precision by CG preconditioned with the factor
+    factor_dtype: Literal["float64", "float32"] = "float64"
     #: how factor tiles are scheduled (see pipeline.solvers.tile_cholesky): "auto" runs
     #: them on the cluster when there is one, else on threads of this process
     factor_scheduler: Literal["auto", "threads", "dask"] = "auto"

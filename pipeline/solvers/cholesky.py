@@ -455,9 +455,11 @@ def _critical_path_ranks(todo: list[tuple[int, int]], block: int) -> dict[tuple[
     return rank
 
 
-def _run_threads(
-    gram, L, todo, shift, lam, convention, jitter, n_threads, io_depth: int = 2
-) -> list[dict]:
+#: extra memory the read-ahead and write-behind of the threads scheduler may hold, each
+IO_BUDGET_BYTES = 256 << 20
+
+
+def _run_threads(gram, L, todo, shift, lam, convention, jitter, n_threads) -> list[dict]:
     """Run tile tasks on ``n_threads`` threads (one BLAS thread each), critical path first.
 
     A small list scheduler: a task becomes ready when its dependencies finished
@@ -513,6 +515,8 @@ def _run_threads(
                 cond.notify_all()
 
     n_threads = max(1, min(int(n_threads), len(todo)))
+    tile_bytes = L.block_size**2 * max(np.dtype(gram.dtype).itemsize, np.dtype(L.dtype).itemsize)
+    io_depth = int(min(2, max(1, IO_BUDGET_BYTES // max(tile_bytes, 1))))
     # Gram tiles are read ahead in left-looking order and factor tiles written behind,
     # so the tile threads keep their cores busy with BLAS (a few tiles of extra memory)
     io = TileIO(

@@ -72,10 +72,14 @@ def _solve_cholesky(
         jitter=True if solver.get("jitter") else None,
         scheduler=solver.get("factor_scheduler", "auto"),
         overwrite=True,
+        dtype=solver.get("factor_dtype", "float64"),
     )
-    alpha = cholesky_solve(factor, y)
+    refine: dict = {}
+    alpha = cholesky_solve(factor, y, gram=gram, stats=refine)
     info = {
         "shift": factor.shift,
+        "factor_dtype": str(factor.L.dtype),
+        **({"refinement": refine} if refine else {}),
         "jitter": factor.jitter,
         "factor": {
             "store": factor.L.store,
