@@ -34,6 +34,7 @@ per-process LRU cache with a byte budget keeps recently used ones in memory.
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import threading
 import time
@@ -459,12 +460,16 @@ def _critical_path_ranks(todo: list[tuple[int, int]], block: int) -> dict[tuple[
 IO_BUDGET_BYTES = 256 << 20
 
 
-def _run_threads(gram, L, todo, shift, lam, convention, jitter, n_threads) -> list[dict]:
+def _run_threads(
+    gram, L, todo, shift, lam, convention, jitter, n_threads, blas_cores=None
+) -> list[dict]:
     """Run tile tasks on ``n_threads`` threads (one BLAS thread each), critical path first.
 
     A small list scheduler: a task becomes ready when its dependencies finished
-    (stored and marked); idle threads take the ready task with the longest path
-    to the end. I/O of one thread overlaps the BLAS of the others.
+    (computed; their writes may still be queued); idle threads take the ready task
+    with the longest path to the end. A task that runs alone (nothing else
+    running or ready, as near the end of the diagonal chain) gets every BLAS
+    thread. Gram reads and factor writes run in background threads.
     """
     import heapq
 
@@ -496,9 +501,13 @@ def _run_threads(gram, L, todo, shift, lam, convention, jitter, n_threads) -> li
                     cond.notify_all()
                     return
                 _, t = heapq.heappop(ready)
+                # alone: no task runs and none is ready, so none can become ready before
+                # this one ends; its BLAS may use every thread (the DAG's narrow parts)
+                solo = not state["running"] and not ready
                 state["running"] += 1
             try:
-                rec = _tile_task(gram, L, t[0], t[1], shift, lam, convention, jitter, io=io)
+                with _blas(cores) if solo and per_task < cores else contextlib.nullcontext():
+                    rec = _tile_task(gram, L, t[0], t[1], shift, lam, convention, jitter, io=io)
             except BaseException as e:
                 with cond:
                     errors.append(e)
@@ -515,6 +524,8 @@ def _run_threads(gram, L, todo, shift, lam, convention, jitter, n_threads) -> li
                 cond.notify_all()
 
     n_threads = max(1, min(int(n_threads), len(todo)))
+    cores = max(1, int(blas_cores or os.cpu_count() or 1))
+    per_task = max(1, cores // n_threads)
     tile_bytes = L.block_size**2 * max(np.dtype(gram.dtype).itemsize, np.dtype(L.dtype).itemsize)
     io_depth = int(min(2, max(1, IO_BUDGET_BYTES // max(tile_bytes, 1))))
     # Gram tiles are read ahead in left-looking order and factor tiles written behind,
@@ -525,7 +536,7 @@ def _run_threads(gram, L, todo, shift, lam, convention, jitter, n_threads) -> li
         depth=io_depth,
         max_pending=io_depth,
     )
-    with io, _blas(1):
+    with io, _blas(per_task):
         threads = [
             threading.Thread(target=worker, name=f"chol-{k}", daemon=True) for k in range(n_threads)
         ]
