@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -298,27 +299,16 @@ class RunConfig(_Model):
 
     @model_validator(mode="after")
     def _check_cv_grid(self) -> RunConfig:
+        """The search grid is checked by the same code that builds it (before any work)."""
         if self.cv is None or self.cv.param_grid is None:
             return self
-        grids = self.cv.param_grid
-        grids = [grids] if isinstance(grids, dict) else grids
-        if not grids:
-            raise ValueError("cv.param_grid is an empty list; give {param: [values]} or null")
-        kern = self.kernel.build()
-        valid = sorted(kern.get_params(deep=True))
-        for g in grids:
-            for key, values in g.items():
-                if key == "alpha":
-                    raise ValueError(
-                        "cv.param_grid has 'alpha'; give the ridge penalties as cv.alphas"
-                    )
-                if key not in valid:
-                    raise ValueError(
-                        f"cv.param_grid has {key!r} but kernel {kern!r} has no parameter {key!r}; "
-                        f"its parameters are {valid or 'none'}"
-                    )
-                if not values:
-                    raise ValueError(f"cv.param_grid[{key!r}] is an empty list")
+        from pipeline.model_selection.grid import build_candidates
+
+        try:
+            build_candidates(np.asarray(self.cv.alphas), self.cv.param_grid, self.kernel.build())
+        except ValueError as exc:  # name the config keys, not the estimator's arguments
+            msg = str(exc).replace("alphas=[...]", "cv.alphas")
+            raise ValueError(f"cv.{msg}" if msg.startswith("param_grid") else msg) from None
         return self
 
     def resolved_run_dir(self, base: Path | None = None) -> Path:
