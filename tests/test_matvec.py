@@ -75,6 +75,30 @@ def test_stored_operator_reads_only_lower_tiles(tmp_path, problem):
     np.testing.assert_allclose(op.diagonal(), np.diag(K), rtol=0, atol=1e-15)
 
 
+def test_stored_columns_read_each_tile_once(tmp_path, problem, monkeypatch):
+    """RPCholesky asks for columns every round: each needed lower tile is read once."""
+    from pipeline.storage import TiledArray
+
+    X, kernel, K = problem
+    gram = write_gram(tmp_path, K, 64)
+    op = StoredKernelOperator(gram, 1.0)
+    reads: list[tuple[int, int]] = []
+    orig = TiledArray.read_tile
+
+    def counting(self, i, j=0, verify=True):
+        reads.append((i, j))
+        return orig(self, i, j, verify)
+
+    monkeypatch.setattr(TiledArray, "read_tile", counting)
+    idx = [202, 0, 70, 70, 5, 150]  # unsorted, a duplicate, several tiles, the ragged one
+    np.testing.assert_allclose(op.columns(idx), K[:, idx], rtol=0, atol=1e-15)
+    assert sorted(reads) == sorted(set(reads)) == sorted(gram.grid.lower_tiles())
+    reads.clear()
+    np.testing.assert_allclose(op.submatrix(idx), K[np.ix_(idx, idx)], rtol=0, atol=1e-15)
+    blocks = sorted({i // 64 for i in idx})
+    assert sorted(reads) == [(i, c) for i in blocks for c in blocks if c <= i]
+
+
 def test_matrix_free_pieces_match_dense(problem):
     X, _, _ = problem
     kernel = Laplacian(gamma=0.5)  # a non-RBF kernel, non-constant columns

@@ -195,19 +195,51 @@ def _stored_diag(gram: TiledArray, i: int) -> np.ndarray:
     return np.diagonal(gram.read_tile(i, i)).astype(np.float64)
 
 
-def _stored_rows_cols(gram: TiledArray, i: int, idx: np.ndarray) -> np.ndarray:
-    """Rows of block ``i`` of ``K[:, idx]`` read from the lower tiles."""
+def _stored_tile_pieces(
+    gram: TiledArray,
+    i: int,
+    c: int,
+    rows_i: np.ndarray | None,
+    cols_c: np.ndarray | None,
+    rows_c: np.ndarray | None,
+    cols_i: np.ndarray | None,
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Read lower tile ``(i, c)`` once; return ``K[rows_i, cols_c]`` from it and, off
+    the diagonal, ``K[rows_c, cols_i]`` from its transpose (local indices; None: skip)."""
+    t = gram.read_tile(i, c)
+    a = t[rows_i][:, cols_c] if rows_i is not None and cols_c is not None else None
+    b = t[cols_i][:, rows_c].T if i != c and rows_c is not None and cols_i is not None else None
+    return a, b
+
+
+def _stored_block(gram: TiledArray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """``K[rows][:, cols]`` from the stored lower tiles, each needed tile read once."""
     g = gram.grid
-    rows = g.row_slice(i)
-    out = np.empty((rows.stop - rows.start, idx.size), dtype=np.float64)
-    blocks = idx // g.block_size
-    for c in np.unique(blocks):
-        sel = np.flatnonzero(blocks == c)
-        local = idx[sel] - c * g.block_size
-        if c <= i:
-            out[:, sel] = gram.read_tile(i, int(c))[:, local]
-        else:
-            out[:, sel] = gram.read_tile(int(c), i)[local, :].T
+    bs = g.block_size
+    out = np.empty((rows.size, cols.size), dtype=np.float64)
+    rb, cb = rows // bs, cols // bs
+    rsel = {int(r): np.flatnonzero(rb == r) for r in np.unique(rb)}
+    csel = {int(c): np.flatnonzero(cb == c) for c in np.unique(cb)}
+    tasks, places = [], []
+    for i in range(g.n_row_blocks):
+        for c in range(i + 1):
+            # tile (i, c) serves rows of block i x columns of block c, and (transposed)
+            # rows of block c x columns of block i
+            want_a = i in rsel and c in csel
+            want_b = i != c and c in rsel and i in csel
+            if not (want_a or want_b):
+                continue
+            ri = rows[rsel[i]] - i * bs if want_a else None
+            cc = cols[csel[c]] - c * bs if want_a else None
+            rc = rows[rsel[c]] - c * bs if want_b else None
+            ci = cols[csel[i]] - i * bs if want_b else None
+            tasks.append(dask.delayed(_stored_tile_pieces, pure=True)(gram, i, c, ri, cc, rc, ci))
+            places.append((i, c))
+    for (i, c), (a, b) in zip(places, compute(*tasks, progress=False), strict=True):
+        if a is not None:
+            out[np.ix_(rsel[i], csel[c])] = a
+        if b is not None:
+            out[np.ix_(rsel[c], csel[i])] = b
     return out
 
 
@@ -263,22 +295,11 @@ class StoredKernelOperator(KernelOperator):
 
     def columns(self, idx: Sequence[int]) -> np.ndarray:
         idx = _check_idx(idx, self.n)
-        tasks = [
-            dask.delayed(_stored_rows_cols, pure=True)(self.gram, i, idx)
-            for i in range(self.grid.n_row_blocks)
-        ]
-        return np.concatenate(compute(*tasks, progress=self.progress, desc="kernel columns"))
+        return _stored_block(self.gram, np.arange(self.n), idx)
 
     def submatrix(self, idx: Sequence[int]) -> np.ndarray:
         idx = _check_idx(idx, self.n)
-        out = np.empty((idx.size, idx.size))
-        blocks = idx // self.grid.block_size
-        for b in np.unique(blocks):
-            sel = np.flatnonzero(blocks == b)
-            out[sel] = _stored_rows_cols(self.gram, int(b), idx)[
-                idx[sel] - b * self.grid.block_size
-            ]
-        return out
+        return _stored_block(self.gram, idx, idx)
 
     @property
     def fingerprint(self) -> str:
