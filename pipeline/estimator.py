@@ -109,6 +109,12 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         recomputing kernel tiles on the fly.
     random_state : int, RandomState or None, default=None
         Seed for randomised parts of the out-of-core solvers (Nyström landmarks).
+    factor_dtype : {"float64", "float32"}, default="float64"
+        Precision of the stored factor of ``solver="cholesky"``. "float32"
+        halves its bytes and runs the tile updates at float32 speed (diagonal
+        tiles are still factored in float64); ``dual_coef_`` is then refined to
+        double precision by CG preconditioned with that factor, against the
+        stored float64 Gram.
 
     Attributes
     ----------
@@ -149,6 +155,7 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         rank: int | None = None,
         matvec: str = "auto",
         random_state: Any = None,
+        factor_dtype: str = "float64",
     ) -> None:
         self.alpha = alpha
         self.kernel = kernel
@@ -166,6 +173,7 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         self.rank = rank
         self.matvec = matvec
         self.random_state = random_state
+        self.factor_dtype = factor_dtype
 
     # -- tags ----------------------------------------------------------------
     # -- parameters ------------------------------------------------------------
@@ -174,6 +182,7 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         check_choice("alpha_convention", self.alpha_convention, ALPHA_CONVENTIONS)
         check_choice("preconditioner", self.preconditioner, PRECONDITIONERS)
         check_choice("matvec", self.matvec, MATVECS)
+        check_choice("factor_dtype", self.factor_dtype, ("float64", "float32"))
         check_positive_int("block_size", self.block_size)
         check_positive_int("max_iter", self.max_iter)
         check_positive_int("rank", self.rank)
@@ -334,6 +343,7 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
             rank=self.rank,
             matvec=self.matvec,
             random_state=self.random_state if isinstance(self.random_state, int) else None,
+            factor_dtype=self.factor_dtype,
         )
         if hasattr(self, "primal_coef_"):
             del self.primal_coef_

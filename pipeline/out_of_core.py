@@ -87,6 +87,7 @@ def fit_out_of_core(
     matvec: str = "auto",
     random_state: int | None = None,
     progress: bool = True,
+    factor_dtype: str = "float64",
 ) -> OutOfCoreFit:
     """Solve (K + shift·I) α = y out of core; shift = lam, or n·lam with ``convention="n_samples"``.
 
@@ -103,6 +104,9 @@ def fit_out_of_core(
         Where the Gram, factor and CG checkpoints live; reusing it resumes.
     matvec : {"auto", "stored", "recompute"}
         CG's operator: stream the stored Gram or recompute kernel tiles.
+    factor_dtype : {"float64", "float32"}
+        Cholesky only: precision of the stored factor; with float32, alpha is
+        refined against the stored Gram (:func:`pipeline.solvers.cholesky_solve`).
     """
     from pipeline.solvers.cholesky import regularisation_shift
 
@@ -122,7 +126,7 @@ def fit_out_of_core(
             solver, reason = choose_out_of_core_solver(n, d, root)
             log.info("solver='auto' chose %r: %s", solver, reason)
         if solver == "cholesky":
-            return _fit_cholesky(X, y, kernel, lam, conv, root, bs, shift, progress)
+            return _fit_cholesky(X, y, kernel, lam, conv, root, bs, shift, progress, factor_dtype)
         if solver == "cg":
             return _fit_cg(
                 X,
@@ -149,14 +153,19 @@ def _x_fingerprint(X: np.ndarray) -> str:
     return fingerprint_blocks([X])
 
 
-def _fit_cholesky(X, y, kernel, lam, conv, root, bs, shift, progress) -> OutOfCoreFit:
+def _fit_cholesky(
+    X, y, kernel, lam, conv, root, bs, shift, progress, factor_dtype="float64"
+) -> OutOfCoreFit:
     from pipeline.gram import build_gram
     from pipeline.solvers import cholesky_solve, tile_cholesky
 
     gram = build_gram(X, kernel, root, bs, progress=progress, x_fingerprint=_x_fingerprint(X))
-    factor = tile_cholesky(gram, lam, convention=conv, store=root, progress=progress)
-    alpha = cholesky_solve(factor, y)
-    info = {"factor_tiles_computed": len(factor.computed), "jitter": factor.jitter}
+    factor = tile_cholesky(
+        gram, lam, convention=conv, store=root, progress=progress, dtype=factor_dtype
+    )
+    refine: dict = {}
+    alpha = cholesky_solve(factor, y, gram=gram, stats=refine)
+    info = {"factor_tiles_computed": len(factor.computed), "jitter": factor.jitter, **refine}
     return OutOfCoreFit(np.asarray(alpha), "cholesky", 1, shift, info)
 
 

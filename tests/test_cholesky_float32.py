@@ -57,3 +57,22 @@ def test_float32_factor_has_its_own_fingerprint(tmp_path):
     assert a.L.fingerprint != b.L.fingerprint
     with pytest.raises(ValueError, match="float64 or float32"):
         tile_cholesky(gram, 1e-3, name="c16", dtype="float16", progress=False)
+
+
+def test_estimator_float32_factor_matches_sklearn(tmp_path):
+    from sklearn.kernel_ridge import KernelRidge as SkKR
+
+    from pipeline import KernelRidge
+
+    rng = np.random.default_rng(5)
+    X = rng.standard_normal((230, 4))
+    y = np.sin(X[:, 0]) + 0.1 * rng.standard_normal(230)
+    kw = dict(alpha=1e-3, kernel="rbf", gamma=0.3)
+    ours = KernelRidge(
+        **kw, solver="cholesky", block_size=64, store=tmp_path / "s", factor_dtype="float32"
+    ).fit(X, y)
+    ref = SkKR(**kw).fit(X, y)
+    Xt = rng.standard_normal((40, 4))
+    np.testing.assert_allclose(ours.predict(Xt), ref.predict(Xt), rtol=1e-8, atol=1e-10)
+    with pytest.raises(ValueError, match="factor_dtype"):
+        KernelRidge(**kw, solver="cholesky", factor_dtype="half").fit(X, y)
