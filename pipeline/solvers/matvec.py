@@ -402,8 +402,10 @@ class MatrixFreeKernelOperator(KernelOperator):
         idx = _check_idx(idx, self.n)
         Xc = self.X[idx]
         g = self.grid
+        # pure=False: unique keys without hashing X's blocks on every call (RPCholesky
+        # asks for columns every round)
         tasks = [
-            dask.delayed(_free_columns, pure=True)(self.kernel, self.X[g.row_slice(i)], Xc)
+            dask.delayed(_free_columns, pure=False)(self.kernel, self.X[g.row_slice(i)], Xc)
             for i in range(g.n_row_blocks)
         ]
         return np.concatenate(compute(*tasks, progress=self.progress, desc="kernel columns"))
