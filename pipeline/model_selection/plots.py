@@ -73,6 +73,12 @@ def plot_score_vs_alpha(search: Any, path: str | os.PathLike) -> Path:
     ax.set_ylabel("CV score (mean ± std)")
     ax.legend(fontsize=8)
     ax.grid(True, alpha=0.3)
+    return _save(fig, path)
+
+
+def _save(fig: Any, path: str | os.PathLike) -> Path:
+    """Write ``fig`` as a PNG at ``path`` (parents created) and close it."""
+    plt = _figure()
     fig.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -111,12 +117,7 @@ def plot_heatmap(search: Any, path: str | os.PathLike, param: str | None = None)
     r, c = np.unravel_index(np.nanargmax(Z), Z.shape)
     ax.scatter([c], [r], marker="*", s=150, c="w", edgecolors="k")
     fig.colorbar(im, ax=ax, label="mean CV score")
-    fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(fig, path)
 
 
 def plot_cv_results(search: Any, directory: str | os.PathLike) -> list[Path]:

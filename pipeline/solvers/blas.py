@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 from functools import cache
+from typing import Any
 
 import numpy as np
 
@@ -55,20 +56,21 @@ def _ld(a: np.ndarray, name: str) -> int:
     return max(1, a.strides[0] // a.itemsize, a.shape[1])
 
 
-def _int(v: int) -> ctypes.c_int:
-    return ctypes.c_int(int(v))
-
-
-def _scalar(prefix: str, v: float):
-    return (ctypes.c_double if prefix == "d" else ctypes.c_float)(v)
-
-
-def _ref(x) -> ctypes._Pointer:
-    return ctypes.byref(x)
-
-
-def _ptr(a: np.ndarray) -> int:
-    return a.ctypes.data
+def _call(prefix: str, name: str, *args: Any) -> None:
+    """Call Fortran BLAS ``prefix + name``: every argument by reference (str -> char,
+    int -> int, float -> the routine's real type, ndarray -> its data pointer)."""
+    real = ctypes.c_double if prefix == "d" else ctypes.c_float
+    refs = []
+    for a in args:
+        if isinstance(a, np.ndarray):
+            refs.append(a.ctypes.data)
+        elif isinstance(a, str):
+            refs.append(ctypes.c_char_p(a.encode()))
+        elif isinstance(a, int):
+            refs.append(ctypes.byref(ctypes.c_int(a)))
+        else:
+            refs.append(ctypes.byref(real(a)))
+    _routine(prefix + name)(*refs)  # the arrays stay referenced by ``args`` meanwhile
 
 
 def _check_writable(c: np.ndarray) -> None:
@@ -86,23 +88,8 @@ def gemm_nt_sub(c: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     _check_writable(c)
     if m == 0 or n == 0 or k == 0:
         return c
-    # column-major view: C^T (n x m) -= B^T^T... i.e. C_F -= B_F^T @ A_F
-    one, minus = _scalar(p, 1.0), _scalar(p, -1.0)
-    _routine(p + "gemm")(
-        ctypes.c_char_p(b"T"),
-        ctypes.c_char_p(b"N"),
-        _ref(_int(n)),
-        _ref(_int(m)),
-        _ref(_int(k)),
-        _ref(minus),
-        _ptr(b),
-        _ref(_int(_ld(b, "b"))),
-        _ptr(a),
-        _ref(_int(_ld(a, "a"))),
-        _ref(one),
-        _ptr(c),
-        _ref(_int(_ld(c, "c"))),
-    )
+    # column-major: C_F = C^T (n x m); C_F -= B_F^T @ A_F with B_F = B^T, A_F = A^T
+    _call(p, "gemm", "T", "N", n, m, k, -1.0, b, _ld(b, "b"), a, _ld(a, "a"), 1.0, c, _ld(c, "c"))
     return c
 
 
@@ -116,18 +103,7 @@ def syrk_lower_sub(c: np.ndarray, a: np.ndarray) -> np.ndarray:
     if m == 0 or k == 0:
         return c
     # C's lower triangle is C_F's upper one; C_F -= A_F^T @ A_F with A_F = A^T (k x m)
-    _routine(p + "syrk")(
-        ctypes.c_char_p(b"U"),
-        ctypes.c_char_p(b"T"),
-        _ref(_int(m)),
-        _ref(_int(k)),
-        _ref(_scalar(p, -1.0)),
-        _ptr(a),
-        _ref(_int(_ld(a, "a"))),
-        _ref(_scalar(p, 1.0)),
-        _ptr(c),
-        _ref(_int(_ld(c, "c"))),
-    )
+    _call(p, "syrk", "U", "T", m, k, -1.0, a, _ld(a, "a"), 1.0, c, _ld(c, "c"))
     return c
 
 
@@ -142,17 +118,5 @@ def trsm_right_lower_t(ell: np.ndarray, a: np.ndarray) -> np.ndarray:
         return a
     # x ell^T = a  <=>  ell x^T = a^T; column-major: ell = L_F^T with L_F upper,
     # x^T is X_F (nb x m) in a's buffer: solve L_F^T X_F = A_F
-    _routine(p + "trsm")(
-        ctypes.c_char_p(b"L"),
-        ctypes.c_char_p(b"U"),
-        ctypes.c_char_p(b"T"),
-        ctypes.c_char_p(b"N"),
-        _ref(_int(nb)),
-        _ref(_int(m)),
-        _ref(_scalar(p, 1.0)),
-        _ptr(ell),
-        _ref(_int(_ld(ell, "ell"))),
-        _ptr(a),
-        _ref(_int(_ld(a, "a"))),
-    )
+    _call(p, "trsm", "L", "U", "T", "N", nb, m, 1.0, ell, _ld(ell, "ell"), a, _ld(a, "a"))
     return a
