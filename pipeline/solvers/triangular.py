@@ -11,31 +11,24 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 from scipy.linalg import blas as sblas
 
 from pipeline.solvers.cholesky import CholeskyFactor, _read_factor_tile, release_tile_cache
+from pipeline.solvers.tile_io import TileIO
 from pipeline.storage import TiledArray, fingerprint_blocks, fingerprint_obj, open_tiled_array
 
 
 def _tiles_ahead(
     L: TiledArray, keys: list[tuple[int, int]], depth: int = 3
 ) -> Iterator[np.ndarray]:
-    """Yield factor tiles in ``keys`` order, reading up to ``depth`` tiles ahead."""
-    if not keys:
-        return
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="trsv-prefetch") as pool:
-        futures = [pool.submit(_read_factor_tile, L, *k) for k in keys[:depth]]
-        for idx in range(len(keys)):
-            tile = futures[idx].result()
-            futures[idx] = None  # drop the reference once consumed
-            nxt = idx + depth
-            if nxt < len(keys):
-                futures.append(pool.submit(_read_factor_tile, L, *keys[nxt]))
-            yield tile
+    """Yield factor tiles in ``keys`` order (distinct keys), reading ``depth`` tiles ahead."""
+    reader = TileIO(lambda k: _read_factor_tile(L, *k), keys, depth=depth, max_pending=0)
+    with reader:
+        for key in keys:
+            yield reader.read(key)
 
 
 def _trsm_lower(lii: np.ndarray, b: np.ndarray, trans: bool) -> np.ndarray:
