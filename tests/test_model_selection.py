@@ -42,7 +42,8 @@ def sk_search(data):
 
 
 @pytest.mark.parametrize(
-    "solver,mode", [("eigen", "lgo"), ("eigen", "fold"), ("dense", "auto"), ("cg", "auto")]
+    "solver,mode",
+    [("band", "auto"), ("eigen", "lgo"), ("eigen", "fold"), ("dense", "auto"), ("cg", "auto")],
 )
 def test_in_memory_and_cg_match_sklearn_gridsearch(data, sk_search, solver, mode):
     X, y = data
@@ -76,6 +77,10 @@ def test_in_memory_and_cg_match_sklearn_gridsearch(data, sk_search, solver, mode
         assert s["kernel_matrices"] == 3
     if solver == "dense":
         assert s["kernel_matrices"] == 3 and s["factorizations"] == 3 * 4 * 5
+    if solver == "band":
+        # one reduction per (setting, fold), shared by the 4 alphas; no factorisation
+        assert s["kernel_matrices"] == 3 and s["band_reductions"] == 3 * 5
+        assert s["factorizations"] == 0 and s["eigendecompositions"] == 0
     if solver == "cg":
         assert s["preconditioner_builds"] == 3 and s["cg_iterations"] > 0
 
@@ -179,7 +184,7 @@ def test_n_samples_convention_non_complement_splits_and_multioutput():
             cv=cv,
             scoring="neg_mean_absolute_error",
         ).fit(X, Y)
-        for solver in ("eigen", "cg"):
+        for solver in ("band", "eigen", "cg"):
             m = KernelRidgeCV(
                 grid["alpha"],
                 param_grid={"gamma": grid["gamma"]},
@@ -256,6 +261,7 @@ def test_cg_warm_start_and_shared_preconditioner_save_iterations():
         ({"param_grid": {"alpha": [1.0]}}, "alphas"),
         ({"solver": "magic"}, "magic"),
         ({"solver": "cholesky"}, "store"),
+        ({"solver": "band", "cv": "loo"}, "loo"),
     ],
 )
 def test_bad_input_raises_value_error_naming_the_value(data, kwargs, match):
@@ -285,7 +291,9 @@ def test_plots_and_report_from_config_section(data, tmp_path):
     summary = json.loads(out["summary"].read_text())
     assert summary["best_params"] == m.best_params_
     assert (
-        summary["search_stats"]["eigendecompositions"] + summary["search_stats"]["factorizations"]
+        summary["search_stats"]["eigendecompositions"]
+        + summary["search_stats"]["band_reductions"]
+        + summary["search_stats"]["factorizations"]
         > 0
     )
     assert out["table"].read_text().count("\n") == len(m.cv_results_["params"]) + 1

@@ -8,6 +8,10 @@ The expensive work is done once and shared:
   serves every λ and every fold, through the exact leave-group-out formula
   (K-fold, held-out splits) or the exact leave-one-out formula
   (:mod:`pipeline.model_selection.eigen`);
+- ``solver="band"`` (in memory): one orthogonal band reduction per (kernel
+  setting, training set) serves every λ; each λ then costs a band Cholesky
+  (:mod:`pipeline.model_selection.band`). Exact, BLAS-3, any splits; the
+  reductions of all settings and folds run as tasks on a thread pool;
 - ``solver="dense"`` (in memory): one Cholesky per (λ, fold) on sub-blocks of
   the shared kernel matrix (scikit-learn's work minus the kernel evaluations);
 - ``solver="cholesky"`` (out of core): one tile Cholesky of the full Gram per λ;
@@ -36,6 +40,7 @@ from sklearn.metrics import check_scoring
 from sklearn.utils.validation import check_is_fitted
 
 from pipeline.estimator import KernelRidge
+from pipeline.model_selection.band import band_search
 from pipeline.model_selection.eigen import (
     eigendecompose,
     fold_eigen_predictions,
@@ -48,13 +53,15 @@ from pipeline.model_selection.grid import (
     make_splits,
     resolve_kernel,
 )
+from pipeline.solvers.band import band_available
 from pipeline.validation import validate_X_y
 
 __all__ = ["KernelRidgeCV"]
 
 log = logging.getLogger("pipeline.model_selection")
 
-SOLVERS = ("auto", "eigen", "dense", "cholesky", "cg")
+SOLVERS = ("auto", "band", "eigen", "dense", "cholesky", "cg")
+IN_MEMORY = ("band", "eigen", "dense")
 CONVENTIONS = ("sklearn", "n_samples", "n")
 EIGEN_MODES = ("auto", "lgo", "fold")
 #: largest n for which solver="auto" stays in memory
@@ -63,6 +70,9 @@ IN_MEMORY_MAX_N = 20_000
 #: the 2-core box: syevd(4000) ~ 20 x potrf(4000) quiet, while at N=2000 under load the
 #: full-eigh LGO search ran 2x faster than one Cholesky per (λ, fold); 4 sits between.
 EIG_FLOPS_PER_N3 = 4.0
+#: band reduction of an m x m training Gram (LAPACK dsytrd_sy2sb, 4/3 m³ BLAS-3 flops) in
+#: the same units: measured 3.3-5.1 s at m=6400 against 1.1 s for potrf(6400) on 2 cores
+BAND_FLOPS_PER_M3 = 1.2
 
 
 class _FixedPredictions(RegressorMixin, BaseEstimator):
@@ -84,6 +94,7 @@ def _new_stats() -> dict[str, Any]:
         "gram_tiles_built": 0,
         "gram_tiles_reused": 0,
         "eigendecompositions": 0,
+        "band_reductions": 0,
         "factorizations": 0,
         "factor_tiles": 0,
         "factor_tile_reads": 0,
@@ -134,11 +145,10 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
     lambda_convention : {"sklearn", "n_samples", "n"}, default="sklearn"
         Shift ``K + alpha I``, or ``K + n_train alpha I`` (n_train of each fold;
         ``"n"`` is the run config's name for ``"n_samples"``).
-    solver : {"auto", "eigen", "dense", "cholesky", "cg"}, default="auto"
-        See the module docstring. "auto": in memory (eigen or dense, by a cost
-        model) up to ``IN_MEMORY_MAX_N`` rows while ~3·N² floats fit in memory, else
-        "cholesky" with a store,
-        else "cg" (matrix-free).
+    solver : {"auto", "band", "eigen", "dense", "cholesky", "cg"}, default="auto"
+        See the module docstring. "auto": in memory (band, eigen or dense, by a
+        cost model) up to ``IN_MEMORY_MAX_N`` rows while the kernel copies fit in
+        memory, else "cholesky" with a store, else "cg" (matrix-free).
     gamma, degree, coef0 : optional
         Kernel parameters when ``kernel`` is a name (as scikit-learn).
     block_size : int, default=None
@@ -153,8 +163,10 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
     tol, max_iter, preconditioner, rank : CG options
         Relative tolerance, iteration cap, "nystrom" or "none", Nyström rank.
     n_jobs : int, default=None
-        Kernel settings processed concurrently (threads, BLAS at one thread
-        each), in-memory solvers only.
+        In-memory solvers only. "band": (setting, fold) reductions run
+        concurrently (default: one per core, as memory allows); "eigen" and
+        "dense": kernel settings processed concurrently (default 1). Threads,
+        with BLAS at one thread each.
     random_state : int, default=None
         Seed for a float ``cv`` and the Nyström pivots.
 
@@ -236,29 +248,69 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
     def _shift(self, alpha: float, n_train: int) -> float:
         return float(alpha) * (n_train if self.lambda_convention in ("n_samples", "n") else 1.0)
 
-    def _choose_solver(self, n: int, kind: str, n_alpha: int, splits: list) -> str:
+    def _band_workers(self, n: int, n_tasks: int) -> int:
+        """Concurrent band reductions: ``n_jobs``, else one per core as memory allows
+        (each holds one training-set copy; up to two kernel matrices are in flight)."""
+        from pipeline.reference.memory import SAFETY_FRACTION, available_memory
+
+        if self.n_jobs:
+            return max(1, int(self.n_jobs))
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except AttributeError:  # pragma: no cover - not Linux
+            cores = os.cpu_count() or 1
+        workers = max(1, min(cores, n_tasks))
+        budget = available_memory() * SAFETY_FRACTION
+        while workers > 1 and (2 + workers) * n * n * 8 > budget:
+            workers -= 1
+        return workers
+
+    def _memory_need(self, solver: str, n: int, n_tasks: int) -> int:
+        if solver == "band":
+            return (2 + self._band_workers(n, n_tasks)) * n * n * 8
+        # K plus an eigenvector matrix or a fold copy: ~3 N² floats, once per kernel
+        # setting searched concurrently (n_jobs threads)
+        return 3 * n * n * 8 * max(1, int(self.n_jobs or 1))
+
+    def _choose_solver(
+        self, n: int, kind: str, n_alpha: int, splits: list, n_settings: int = 1
+    ) -> str:
         from pipeline.reference.memory import check_dense_memory
 
-        # the in-memory modes hold K plus an eigenvector matrix or a fold copy: ~3 N² floats,
-        # once per kernel setting searched concurrently (n_jobs threads)
-        need = 3 * n * n * 8 * max(1, int(self.n_jobs or 1))
-        if self.solver in ("eigen", "dense"):
-            check_dense_memory(need, what=f"KernelRidgeCV(solver={self.solver!r}) with n={n}")
+        n_tasks = n_settings * len(splits)
+        if self.solver == "band":
+            if kind == "loo":
+                raise ValueError(
+                    "solver='band' does one reduction per split; for cv='loo' use "
+                    "solver='eigen' (exact leave-one-out from one eigendecomposition)"
+                )
+            if not band_available():
+                raise RuntimeError(
+                    "solver='band' needs LAPACK dsytrd_sy2sb from SciPy's bundled OpenBLAS, "
+                    "which was not found here; use solver='eigen' or 'dense'"
+                )
+        if self.solver in IN_MEMORY:
+            check_dense_memory(
+                self._memory_need(self.solver, n, n_tasks),
+                what=f"KernelRidgeCV(solver={self.solver!r}) with n={n}",
+            )
             return self.solver
         if self.solver != "auto":
             return self.solver
-        try:
-            check_dense_memory(need, what="")
-            fits = True
-        except MemoryError:
-            fits = False
-        if n > IN_MEMORY_MAX_N or not fits:
-            return "cholesky" if self.store is not None else "cg"
-        return (
-            "eigen"
-            if self._eigen_cost(n, kind, n_alpha, splits) <= self._dense_cost(n_alpha, splits)
-            else "dense"
-        )
+        costs = {
+            "eigen": self._eigen_cost(n, kind, n_alpha, splits),
+            "dense": self._dense_cost(n_alpha, splits),
+        }
+        if kind != "loo" and band_available():
+            costs["band"] = self._band_cost(splits)
+        for name in sorted(costs, key=costs.get):
+            try:
+                check_dense_memory(self._memory_need(name, n, n_tasks), what="")
+            except MemoryError:
+                continue
+            if n <= IN_MEMORY_MAX_N:
+                return name
+        return "cholesky" if self.store is not None else "cg"
 
     def _eigen_mode(self, n: int, kind: str, n_alpha: int, splits: list) -> str:
         if kind == "loo":
@@ -278,6 +330,10 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
                 n_alpha * len(te) ** 2 * n for _, te in splits if mode == "lgo"
             )
         return sum(EIG_FLOPS_PER_N3 * len(tr) ** 3 for tr, _ in splits)
+
+    @staticmethod
+    def _band_cost(splits: list) -> float:
+        return sum(BAND_FLOPS_PER_M3 * len(tr) ** 3 for tr, _ in splits)
 
     @staticmethod
     def _dense_cost(n_alpha: int, splits: list) -> float:
@@ -311,7 +367,7 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
             KernelRidge(), scoring="r2" if self.scoring is None else self.scoring
         )
         alpha_list = [float(a) for a in alphas]
-        solver = self._choose_solver(n, kind, len(alpha_list), splits)
+        solver = self._choose_solver(n, kind, len(alpha_list), splits, len(settings))
         if solver == "cg" and kind == "loo":
             raise ValueError(
                 "cv='loo' needs solver='eigen' (in memory) or 'cholesky' (exact LOO from the "
@@ -347,7 +403,9 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
             log.info("kernel setting %d/%d %s: %.2f s", si + 1, len(settings), settings[si], dt)
             return {a: p for a, p in zip(alphas_s, preds)}, stats
 
-        if self.n_jobs and int(self.n_jobs) > 1 and solver in ("eigen", "dense"):
+        if solver == "band":
+            outputs = self._band_settings(X, y2, base, settings, candidates, splits)
+        elif self.n_jobs and int(self.n_jobs) > 1 and solver in ("eigen", "dense"):
             from concurrent.futures import ThreadPoolExecutor
 
             from threadpoolctl import threadpool_limits
@@ -389,7 +447,8 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         self.search_stats_ = stats
         log.info(
             "KernelRidgeCV(%s): %d candidates x %d folds; kernel matrices %d, Gram tiles built "
-            "%d (reused %d), eigendecompositions %d, factorisations %d, CG iterations %d; "
+            "%d (reused %d), eigendecompositions %d, band reductions %d, factorisations %d, "
+            "CG iterations %d; "
             "best %s score %.6g; %.2f s",
             solver,
             len(candidates),
@@ -398,6 +457,7 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
             stats["gram_tiles_built"],
             stats["gram_tiles_reused"],
             stats["eigendecompositions"],
+            stats["band_reductions"],
             stats["factorizations"],
             stats["cg_iterations"],
             self.best_params_,
@@ -432,6 +492,44 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         return res
 
     # -------------------------------------------------------- in-memory paths
+    def _band_settings(self, X, y2, base, settings, candidates, splits):
+        """Every kernel setting by the band solver: (predictions by alpha, stats) per setting."""
+        alphas = [
+            list(dict.fromkeys(c["alpha"] for c in candidates if c.kernel_params == st))
+            for st in settings
+        ]
+        kerns = [copy.deepcopy(base).set_params(**st) for st in settings]
+        per = [_new_stats() for _ in settings]
+        workers = self._band_workers(X.shape[0], len(settings) * len(splits))
+        t0 = time.perf_counter()
+        preds = band_search(
+            lambda s: np.asarray(kerns[s](X), dtype=np.float64),
+            len(settings),
+            y2,
+            splits,
+            lambda s, f: [self._shift(a, len(splits[f][0])) for a in alphas[s]],
+            n_workers=workers,
+            stats=per,
+        )
+        log.info(
+            "band solver: %d settings x %d splits on %d threads: %.2f s",
+            len(settings),
+            len(splits),
+            workers,
+            time.perf_counter() - t0,
+        )
+        per[0]["band_workers"] = workers
+        return [
+            (
+                {
+                    a: [preds[s][f][li] for f in range(len(splits))]
+                    for li, a in enumerate(alphas[s])
+                },
+                per[s],
+            )
+            for s in range(len(settings))
+        ]
+
     def _in_memory_setting(self, solver, X, y2, kern, splits, kind, alphas_s, stats):
         n = X.shape[0]
         t0 = time.perf_counter()
@@ -567,7 +665,7 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         )
         conv = "n_samples" if self.lambda_convention == "n" else self.lambda_convention
         est = KernelRidge(alpha=self.best_alpha_, kernel=kern, alpha_convention=conv)
-        if self.solver_ in ("eigen", "dense"):
+        if self.solver_ in IN_MEMORY:
             return est.fit(X, y)
         # out of core: refit on the best setting's stored Gram (its tiles are reused, not
         # rebuilt), one factorisation (cholesky) or one preconditioned CG solve (cg)
