@@ -187,7 +187,7 @@ class CvConfig(_Model):
     shuffle: bool = False
     #: a scikit-learn scorer name (e.g. ``neg_mean_squared_error``); null: R²
     scoring: str | None = None
-    solver: Literal["auto", "eigen", "dense", "cholesky", "cg"] = "auto"
+    solver: Literal["auto", "band", "eigen", "dense", "cholesky", "cg"] = "auto"
     eigen_mode: Literal["auto", "lgo", "fold"] = "auto"
     random_state: int | None = 0
     # conjugate gradients (solver cg)

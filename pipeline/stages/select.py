@@ -93,6 +93,7 @@ def run(
                 "gram_tiles_built",
                 "gram_tiles_reused",
                 "eigendecompositions",
+                "band_reductions",
                 "factorizations",
                 "cg_iterations",
             )
