@@ -102,7 +102,7 @@ def band_search(
 
     Parameters
     ----------
-    make_kernel : callable ``setting -> K`` (n x n float64)
+    make_kernel : callable ``setting -> K`` (n x n float64), called once per setting
     n_settings : number of kernel settings
     y : ndarray (n, t)
     splits : (train, test) index pairs
@@ -124,13 +124,7 @@ def band_search(
     def kernel(s: int) -> np.ndarray:
         with setting_locks[s]:
             if s not in kernels:
-                t0 = time.perf_counter()
                 kernels[s] = make_kernel(s)
-                if stats is not None:
-                    st = stats[s]
-                    st["kernel_matrices"] += 1
-                    sec = st["seconds"]
-                    sec["kernel"] = sec.get("kernel", 0) + time.perf_counter() - t0
             return kernels[s]
 
     def task(sf: tuple[int, int]) -> None:
@@ -151,13 +145,20 @@ def band_search(
                 kernels.pop(s, None)  # free the setting's K once its last fold is done
 
     tasks = [(s, f) for s in range(n_settings) for f in range(n_folds)]
+    n_workers = int(n_workers)
     if n_workers <= 1 or len(tasks) <= 1:
         for t in tasks:
             task(t)
         return out
     from threadpoolctl import threadpool_limits
 
-    with threadpool_limits(limits=1, user_api="blas"):
-        with ThreadPoolExecutor(max_workers=int(n_workers)) as pool:
-            list(pool.map(task, tasks))  # re-raises the first task error
+    # full rounds with one BLAS thread per reduction, then the last few reductions
+    # (fewer than the workers) share the cores' BLAS threads instead of leaving them idle
+    full = len(tasks) // n_workers * n_workers
+    for part, workers in ((tasks[:full], n_workers), (tasks[full:], len(tasks) - full)):
+        if not part:
+            continue
+        with threadpool_limits(limits=max(1, n_workers // workers), user_api="blas"):
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                list(pool.map(task, part))  # re-raises the first task error
     return out

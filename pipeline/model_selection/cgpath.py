@@ -29,17 +29,22 @@ __all__ = ["cg_fold_predictions"]
 
 
 class _FoldNystrom:
-    """``(F_T F_Tᵀ + s I)⁻¹`` on one fold's training rows, re-shiftable."""
+    """``(F_T F_Tᵀ + s I)⁻¹`` on one fold's training rows, re-shiftable.
+
+    Woodbury with ``F_Tᵀ F_T = V diag(w) Vᵀ`` and ``U = F_T V``:
+    ``(F_T F_Tᵀ + s I)⁻¹ = (I - U diag(1 / (w + s)) Uᵀ) / s``, exact for any F (no
+    orthonormal basis needed, so an r x r eigendecomposition replaces the thin SVD
+    of the m x r factor: 0.6 s against 1.3 s at m=6400, r=1000).
+    """
 
     def __init__(self, F_T: np.ndarray) -> None:
-        U, sv, _ = scipy.linalg.svd(F_T, full_matrices=False, check_finite=False)
-        keep = sv > (sv[0] * np.finfo(float).eps * max(F_T.shape) if sv.size else 0)
-        self.U = np.ascontiguousarray(U[:, keep])
-        self.ev = sv[keep] ** 2
+        w, V = scipy.linalg.eigh(F_T.T @ F_T, check_finite=False)
+        self.U = F_T @ V
+        self.w = np.maximum(w, 0.0)
 
     def apply(self, R: np.ndarray, shift: float) -> np.ndarray:
-        coef = 1.0 / (self.ev + shift) - 1.0 / shift
-        return R / shift + self.U @ (coef[:, None] * (self.U.T @ R))
+        coef = 1.0 / (self.w + shift)
+        return (R - self.U @ (coef[:, None] * (self.U.T @ R))) / shift
 
 
 def _kernel_product(op: Any, V: np.ndarray) -> np.ndarray:
@@ -60,6 +65,7 @@ def cg_fold_predictions(
     max_iter: int | None = None,
     random_state: Any = 0,
     warm_start: bool = True,
+    factor: np.ndarray | None = None,
     stats: dict | None = None,
 ) -> list[list[np.ndarray]]:
     """Held-out predictions ``preds[f][l]`` for each fold f and shift row ``shifts[l]``.
@@ -78,6 +84,9 @@ def cg_fold_predictions(
         Nyström rank (default ``min(n, 200)``).
     warm_start : bool
         Start each λ from the previous λ's solution (else from zero).
+    factor : ndarray (n, r), optional
+        A Nyström factor ``F`` (``K ≈ F Fᵀ``) already computed for this kernel: used
+        instead of building one (``preconditioner="nystrom"``).
     """
     stats = stats if stats is not None else {}
     n, t = y.shape
@@ -87,8 +96,11 @@ def cg_fold_predictions(
 
     pre_folds: list[_FoldNystrom] | None = None
     if preconditioner == "nystrom":
-        r = int(rank or min(n, 200))
-        F, _ = nystrom_factor(op, min(r, n), random_state=random_state)
+        if factor is None:
+            r = int(rank or min(n, 200))
+            F, _ = nystrom_factor(op, min(r, n), random_state=random_state)
+        else:
+            F = factor
         stats["preconditioner_builds"] = stats.get("preconditioner_builds", 0) + 1
         pre_folds = [_FoldNystrom(F[tr]) for tr in trains]
     elif preconditioner not in ("none", None):

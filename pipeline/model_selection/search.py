@@ -41,6 +41,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from pipeline.estimator import KernelRidge
 from pipeline.model_selection.band import band_search
+from pipeline.model_selection.cgpath import cg_fold_predictions
 from pipeline.model_selection.eigen import (
     eigendecompose,
     fold_eigen_predictions,
@@ -53,6 +54,7 @@ from pipeline.model_selection.grid import (
     make_splits,
     resolve_kernel,
 )
+from pipeline.model_selection.route import DenseKernelOperator, route_setting
 from pipeline.solvers.band import band_available
 from pipeline.validation import validate_X_y
 
@@ -73,6 +75,10 @@ EIG_FLOPS_PER_N3 = 4.0
 #: band reduction of an m x m training Gram (LAPACK dsytrd_sy2sb, 4/3 m³ BLAS-3 flops) in
 #: the same units: measured 3.3-5.1 s at m=6400 against 1.1 s for potrf(6400) on 2 cores
 BAND_FLOPS_PER_M3 = 1.2
+#: solver="auto" in memory: settings routed to CG solve to this relative residual, with a
+#: Nyström preconditioner of rank min(ROUTE_RANK, n // 8) (or ``rank``)
+ROUTED_CG_TOL = 1e-10
+ROUTE_RANK = 1000
 
 
 class _FixedPredictions(RegressorMixin, BaseEstimator):
@@ -404,7 +410,9 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
             return {a: p for a, p in zip(alphas_s, preds)}, stats
 
         if solver == "band":
-            outputs = self._band_settings(X, y2, base, settings, candidates, splits)
+            outputs = self._band_settings(
+                X, y2, base, settings, candidates, splits, route=self.solver == "auto"
+            )
         elif self.n_jobs and int(self.n_jobs) > 1 and solver in ("eigen", "dense"):
             from concurrent.futures import ThreadPoolExecutor
 
@@ -492,30 +500,108 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         return res
 
     # -------------------------------------------------------- in-memory paths
-    def _band_settings(self, X, y2, base, settings, candidates, splits):
-        """Every kernel setting by the band solver: (predictions by alpha, stats) per setting."""
+    def _band_settings(self, X, y2, base, settings, candidates, splits, route: bool):
+        """Every kernel setting by band reductions, or (``route``) by preconditioned CG
+        where :func:`route_setting` predicts CG to be cheaper: (predictions by alpha,
+        stats) per setting."""
         alphas = [
             list(dict.fromkeys(c["alpha"] for c in candidates if c.kernel_params == st))
             for st in settings
         ]
+        shifts = [
+            [[self._shift(a, len(tr)) for a in alphas[s]] for tr, _ in splits]
+            for s in range(len(settings))
+        ]
         kerns = [copy.deepcopy(base).set_params(**st) for st in settings]
         per = [_new_stats() for _ in settings]
-        workers = self._band_workers(X.shape[0], len(settings) * len(splits))
+        n = X.shape[0]
+        workers = self._band_workers(n, len(settings) * len(splits))
+        preds: dict[int, list] = {}
+        kept: dict[int, np.ndarray] = {}
+
+        def kernel(s: int) -> np.ndarray:
+            if s in kept:
+                return kept.pop(s)
+            t0 = time.perf_counter()
+            K = np.asarray(kerns[s](X), dtype=np.float64)
+            per[s]["kernel_matrices"] += 1
+            sec = per[s]["seconds"]
+            sec["kernel"] = sec.get("kernel", 0) + time.perf_counter() - t0
+            return K
+
         t0 = time.perf_counter()
-        preds = band_search(
-            lambda s: np.asarray(kerns[s](X), dtype=np.float64),
-            len(settings),
+        if route:
+            for s in range(len(settings)):
+                K = kernel(s)
+                t1 = time.perf_counter()
+                r = route_setting(
+                    K,
+                    shifts[s],
+                    [len(tr) for tr, _ in splits],
+                    n_workers=workers,
+                    tol=ROUTED_CG_TOL,
+                    rank=int(self.rank or min(ROUTE_RANK, max(1, n // 8))),
+                    random_state=self.random_state if self.random_state is not None else 0,
+                )
+                per[s]["seconds"]["route"] = round(time.perf_counter() - t1, 4)
+                per[s]["routes"] = [
+                    {
+                        "setting": settings[s],
+                        "solver": r.solver,
+                        "rho": r.rho,
+                        "predicted_cg_iterations": r.predicted_cg_iterations,
+                        "predicted_cg_seconds": round(r.predicted_cg_seconds, 3),
+                        "predicted_band_seconds": round(r.predicted_band_seconds, 3),
+                    }
+                ]
+                log.info(
+                    "setting %s: %s (||K - F F^T|| %.3g; predicted CG %d iterations %.1f s, "
+                    "band %.1f s)",
+                    settings[s],
+                    r.solver,
+                    r.rho,
+                    r.predicted_cg_iterations,
+                    r.predicted_cg_seconds,
+                    r.predicted_band_seconds,
+                )
+                if r.solver == "cg":
+                    t1 = time.perf_counter()
+                    pf = cg_fold_predictions(
+                        DenseKernelOperator(K),
+                        y2,
+                        [tr for tr, _ in splits],
+                        [te for _, te in splits],
+                        np.array(shifts[s]).T,
+                        tol=ROUTED_CG_TOL,
+                        max_iter=self.max_iter,
+                        factor=r.factor,
+                        stats=per[s],
+                    )
+                    per[s]["seconds"]["cg"] = round(time.perf_counter() - t1, 4)
+                    preds[s] = pf
+                elif len(kept) < max(2, workers):  # the first band settings keep their K
+                    kept[s] = K
+                del K
+        band = [s for s in range(len(settings)) if s not in preds]
+        out = band_search(
+            lambda i: kernel(band[i]),
+            len(band),
             y2,
             splits,
-            lambda s, f: [self._shift(a, len(splits[f][0])) for a in alphas[s]],
+            lambda i, f: shifts[band[i]][f],
             n_workers=workers,
-            stats=per,
+            stats=[per[s] for s in band],
         )
+        kept.clear()
+        for i, s in enumerate(band):
+            preds[s] = out[i]
         log.info(
-            "band solver: %d settings x %d splits on %d threads: %.2f s",
+            "in-memory search: %d settings (%d by band reductions on %d threads) x %d "
+            "splits: %.2f s",
             len(settings),
-            len(splits),
+            len(band),
             workers,
+            len(splits),
             time.perf_counter() - t0,
         )
         per[0]["band_workers"] = workers
@@ -633,7 +719,6 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         return out
 
     def _cg_setting(self, si, X, y2, kern, splits, alphas_s, stats):
-        from pipeline.model_selection.cgpath import cg_fold_predictions
         from pipeline.solvers.matvec import make_operator
 
         if self.store is not None:

@@ -1,0 +1,141 @@
+"""In memory, which solver serves a kernel setting: preconditioned CG or band reductions.
+
+A band reduction per fold costs about ``4/3 m³`` flops whatever the kernel. CG
+costs a pass over K per iteration, and with a rank-r Nyström preconditioner
+``P = F Fᵀ + s I`` its condition number is at most ``1 + ‖K - F Fᵀ‖₂ / s``. For a
+smooth kernel (RBF with a small gamma) the residual norm ρ falls below the
+smallest shift at r of a few hundred, and CG converges in a handful of
+iterations per λ; for a rough one it needs thousands. :func:`route_setting`
+measures ρ (a short power iteration on ``K - F Fᵀ``) and the time of one product
+with K, bounds the iterations by the Chebyshev bound, and picks CG only when it
+is predicted to cost less than half the band reductions. The factor F is then
+the CG preconditioner, so the routing work is not lost.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pipeline.solvers.precond import rpcholesky
+
+__all__ = ["DenseKernelOperator", "Route", "cg_iteration_bound", "route_setting"]
+
+#: a band reduction (LAPACK dsytrd_sy2sb) runs at about this fraction of the
+#: single-thread GEMM rate (measured at m=6400: 0.6-0.75 on 2 cores)
+BAND_GEMM_EFFICIENCY = 0.65
+#: CG does a product with K plus, per fold, a preconditioner apply and vector updates
+CG_PASS_OVERHEAD = 1.5
+#: CG must be predicted cheaper than this fraction of the band reductions
+CG_MARGIN = 0.5
+
+
+class DenseKernelOperator:
+    """``K + shift·I`` for an in-memory K, with the operator interface of
+    :mod:`pipeline.solvers.matvec` (``matvec``, ``diagonal``, ``columns``, ``submatrix``)."""
+
+    def __init__(self, K: np.ndarray, shift: float = 1.0) -> None:
+        self.K, self.shift, self.n = K, float(shift), int(K.shape[0])
+
+    def matvec(self, V: np.ndarray) -> np.ndarray:
+        return self.K @ V + self.shift * V
+
+    def diagonal(self) -> np.ndarray:
+        return np.diag(self.K).copy()
+
+    def columns(self, idx: Any) -> np.ndarray:
+        return self.K[:, np.asarray(idx)]
+
+    def submatrix(self, idx: Any) -> np.ndarray:
+        idx = np.asarray(idx)
+        return self.K[np.ix_(idx, idx)]
+
+
+def cg_iteration_bound(kappa: float, tol: float) -> int:
+    """CG iterations to reduce the error by ``tol`` for condition number ``kappa``
+    (the Chebyshev bound ``2 ((√κ - 1)/(√κ + 1))^k <= tol``)."""
+    kappa = max(float(kappa), 1.0)
+    if kappa <= 1.0 + 1e-12:
+        return 1
+    q = (math.sqrt(kappa) + 1.0) / (math.sqrt(kappa) - 1.0)
+    return max(1, math.ceil(math.log(2.0 / tol) / math.log(q)))
+
+
+def _gemm_rate_one_thread(size: int = 768) -> float:
+    """Flop rate of one float64 GEMM on one BLAS thread (a 30 ms probe)."""
+    from threadpoolctl import threadpool_limits
+
+    a = np.random.default_rng(0).standard_normal((size, size))
+    with threadpool_limits(limits=1, user_api="blas"):
+        a @ a
+        t0 = time.perf_counter()
+        a @ a
+        dt = time.perf_counter() - t0
+    return 2.0 * size**3 / max(dt, 1e-6)
+
+
+@dataclass
+class Route:
+    """The choice for one kernel setting and the figures it rests on."""
+
+    solver: str
+    rho: float
+    predicted_cg_iterations: int
+    predicted_cg_seconds: float
+    predicted_band_seconds: float
+    factor: np.ndarray | None
+
+
+def route_setting(
+    K: np.ndarray,
+    shifts: list[list[float]],
+    train_sizes: list[int],
+    *,
+    n_workers: int,
+    tol: float,
+    rank: int,
+    random_state: Any = 0,
+    power_iterations: int = 8,
+) -> Route:
+    """Choose CG or band reductions for one kernel setting.
+
+    Parameters
+    ----------
+    K : ndarray (n, n), the kernel matrix
+    shifts : shifts[f] = the diagonal shifts of fold f (one per λ)
+    train_sizes : training-set size of each fold
+    n_workers : concurrent band reductions
+    tol : CG relative tolerance
+    rank : Nyström rank r of the preconditioner
+    """
+    n = K.shape[0]
+    n_folds = len(train_sizes)
+    F, _ = rpcholesky(DenseKernelOperator(K), min(int(rank), n), random_state=random_state)
+    # block power iteration on K - F Fᵀ, as many columns as folds: it also times the
+    # product CG repeats at every iteration
+    V = np.random.default_rng(random_state).standard_normal((n, n_folds))
+    V /= np.linalg.norm(V, axis=0)
+    rho, t_pass = 0.0, math.inf
+    for _ in range(power_iterations):
+        t0 = time.perf_counter()
+        W = K @ V
+        t_pass = min(t_pass, time.perf_counter() - t0)
+        W -= F @ (F.T @ V)
+        norms = np.linalg.norm(W, axis=0)
+        rho = float(norms.max())
+        V = W / np.where(norms > 0, norms, 1.0)
+    rho *= 1.1  # the power iteration approaches ρ from below
+    # warm starts are not counted: the bound is for each λ from scratch
+    its = sum(
+        max(cg_iteration_bound(1.0 + rho / s, tol) for s in fold_shifts)
+        for fold_shifts in zip(*shifts)
+    )
+    cg_s = its * t_pass * CG_PASS_OVERHEAD
+    rate = _gemm_rate_one_thread() * BAND_GEMM_EFFICIENCY
+    band_s = sum(4.0 / 3.0 * m**3 for m in train_sizes) / (rate * max(1, n_workers))
+    solver = "cg" if cg_s < CG_MARGIN * band_s else "band"
+    return Route(solver, rho, its, cg_s, band_s, F if solver == "cg" else None)
