@@ -20,6 +20,7 @@ from pipeline.model_selection import (
     search_from_config,
 )
 from pipeline.model_selection.cgpath import cg_fold_predictions
+from pipeline.model_selection.route import DenseKernelOperator
 
 ALPHAS = [1e-3, 1e-2, 1e-1, 1.0]
 GAMMAS = [0.05, 0.3, 1.5]
@@ -201,31 +202,12 @@ def test_n_samples_convention_non_complement_splits_and_multioutput():
             assert m.predict(X).shape == Y.shape
 
 
-class _DenseOperator:
-    """In-memory ``K + shift I`` with the operator interface (fast stand-in for tests)."""
-
-    def __init__(self, K, shift):
-        self.K, self.shift, self.n = K, shift, K.shape[0]
-
-    def matvec(self, V):
-        return self.K @ V + self.shift * V
-
-    def diagonal(self):
-        return np.diag(self.K).copy()
-
-    def columns(self, idx):
-        return self.K[:, idx]
-
-    def submatrix(self, idx):
-        return self.K[np.ix_(idx, idx)]
-
-
 def test_cg_warm_start_and_shared_preconditioner_save_iterations():
     rng = np.random.default_rng(4)
     X = rng.standard_normal((200, 3))
     y = np.sin(X[:, :1]) + 0.1 * rng.standard_normal((200, 1))
     k = RBF(gamma=0.5)
-    op = _DenseOperator(k(X), 1.0)
+    op = DenseKernelOperator(k(X), 1.0)
     idx = np.arange(200)
     tests = np.array_split(idx, 4)
     trains = [np.setdiff1d(idx, t) for t in tests]

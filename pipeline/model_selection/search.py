@@ -11,7 +11,11 @@ The expensive work is done once and shared:
 - ``solver="band"`` (in memory): one orthogonal band reduction per (kernel
   setting, training set) serves every λ; each λ then costs a band Cholesky
   (:mod:`pipeline.model_selection.band`). Exact, BLAS-3, any splits; the
-  reductions of all settings and folds run as tasks on a thread pool;
+  reductions of all settings and folds run as tasks on a thread pool. With
+  ``solver="auto"`` each kernel setting is first routed
+  (:mod:`pipeline.model_selection.route`): where ``‖K - F Fᵀ‖`` of a rank-r
+  Nyström factor predicts preconditioned CG to be cheaper (smooth kernels), the
+  setting is solved by CG to a relative residual of 1e-10 instead;
 - ``solver="dense"`` (in memory): one Cholesky per (λ, fold) on sub-blocks of
   the shared kernel matrix (scikit-learn's work minus the kernel evaluations);
 - ``solver="cholesky"`` (out of core): one tile Cholesky of the full Gram per λ;

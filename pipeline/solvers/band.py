@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import glob
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
@@ -84,6 +85,16 @@ def _int(v: int) -> ctypes.c_int:
     return ctypes.c_int(int(v))
 
 
+def _with_workspace(call: Callable[[np.ndarray, int], None], info: ctypes.c_int, name: str) -> None:
+    """LAPACK's two-step call: a workspace query (lwork=-1), then the real call."""
+    work = np.zeros(1)
+    call(work, -1)
+    work = np.zeros(max(1, int(work[0])))
+    call(work, work.size)
+    if info.value != 0:  # pragma: no cover - an argument error, a bug
+        raise RuntimeError(f"{name} failed with info={info.value}")
+
+
 @dataclass
 class BandReduction:
     """``K = Q B Qᵀ``: ``band`` is B in LAPACK lower band storage ((kd+1) x m),
@@ -110,7 +121,6 @@ class BandReduction:
         if r <= 0 or k == 0:
             return C
         info = ctypes.c_int(0)
-        work = np.zeros(1)
 
         def call(w: np.ndarray, lwork: int) -> None:
             _ormqr()(
@@ -120,11 +130,7 @@ class BandReduction:
                 ctypes.byref(_int(lwork)), ctypes.byref(info), 1, 1,
             )  # fmt: skip
 
-        call(work, -1)
-        work = np.zeros(max(1, int(work[0])))
-        call(work, work.size)
-        if info.value != 0:  # pragma: no cover - argument error, a bug
-            raise RuntimeError(f"dormqr failed with info={info.value}")
+        _with_workspace(call, info, "dormqr")
         return C
 
     def solve(self, Y: np.ndarray, shifts: list[float] | np.ndarray) -> np.ndarray:
@@ -192,7 +198,6 @@ def band_reduce(K: np.ndarray, kd: int | None = None, *, overwrite: bool = False
     band = np.zeros((kd + 1, m), order="F")
     tau = np.zeros(max(1, m - kd))
     info = ctypes.c_int(0)
-    work = np.zeros(1)
 
     def call(w: np.ndarray, lwork: int) -> None:
         fn(
@@ -201,9 +206,5 @@ def band_reduce(K: np.ndarray, kd: int | None = None, *, overwrite: bool = False
             tau.ctypes.data, w.ctypes.data, ctypes.byref(_int(lwork)), ctypes.byref(info), 1,
         )  # fmt: skip
 
-    call(work, -1)
-    work = np.zeros(max(1, int(work[0])))
-    call(work, work.size)
-    if info.value != 0:  # pragma: no cover - argument error, a bug
-        raise RuntimeError(f"dsytrd_sy2sb failed with info={info.value}")
+    _with_workspace(call, info, "dsytrd_sy2sb")
     return BandReduction(A=A, band=band, tau=tau, kd=kd)
