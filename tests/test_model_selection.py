@@ -295,3 +295,16 @@ def test_auto_leaves_memory_when_the_kernel_does_not_fit(monkeypatch):
     assert search.solver_ == "cg"
     with pytest.raises(MemoryError, match="solver='eigen'"):
         KernelRidgeCV(alphas=[0.1], kernel="rbf", cv=3, solver="eigen").fit(X, y)
+
+
+def test_without_the_band_lapack_routine_auto_falls_back(data, monkeypatch):
+    """A SciPy whose LAPACK lacks dsytrd_sy2sb (e.g. another BLAS vendor): auto uses the
+    eigen or dense path, and an explicit solver='band' says why it cannot run."""
+    import pipeline.model_selection.search as search
+
+    X, y = data
+    monkeypatch.setattr(search, "band_available", lambda: False)
+    m = KernelRidgeCV(np.logspace(-3, 1, 8), cv=5).fit(X, y)
+    assert m.solver_ in ("eigen", "dense") and m.search_stats_["band_reductions"] == 0
+    with pytest.raises(RuntimeError, match="dsytrd_sy2sb"):
+        KernelRidgeCV([0.1, 1.0], cv=3, solver="band").fit(X, y)
