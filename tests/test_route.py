@@ -82,3 +82,12 @@ def test_explicit_band_solver_does_not_route(data):
     X, y = data
     m = KernelRidgeCV([0.1, 1.0], param_grid={"gamma": [0.01]}, cv=3, solver="band").fit(X, y)
     assert "routes" not in m.search_stats_ and m.search_stats_["band_reductions"] == 3
+
+
+def test_a_kernel_that_is_not_psd_is_never_routed_to_cg(monkeypatch):
+    """CG would not fail on an indefinite K; the band Cholesky names the bad shift."""
+    monkeypatch.setattr(route, "CG_MARGIN", 1e12)  # CG would win every routing
+    rng = np.random.default_rng(6)
+    X = rng.standard_normal((40, 2))
+    with pytest.raises(ValueError, match="not positive definite"):
+        KernelRidgeCV(np.logspace(-7, -6, 6), kernel="sigmoid", cv=2).fit(X, X[:, 0])

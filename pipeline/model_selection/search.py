@@ -534,8 +534,11 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
             return K
 
         t0 = time.perf_counter()
-        if route:
-            for s in range(len(settings)):
+        # only a kernel known to be PSD is routed: CG on an indefinite K would not fail
+        # loudly, while the band Cholesky names the shift that is not positive definite
+        routed = [s for s in range(len(settings)) if route and kerns[s].is_mercer]
+        if routed:
+            for s in routed:
                 K = kernel(s)
                 t1 = time.perf_counter()
                 r = route_setting(
