@@ -10,7 +10,7 @@ from sklearn.model_selection import GridSearchCV, KFold, ShuffleSplit
 
 from pipeline.kernels import RBF, Laplacian
 from pipeline.model_selection import KernelRidgeCV
-from pipeline.model_selection.band import band_fold_predictions, principal_block
+from pipeline.model_selection.band import band_fold_predictions, take_block
 from pipeline.solvers.band import band_available, band_reduce
 
 pytestmark = pytest.mark.skipif(not band_available(), reason="no dsytrd_sy2sb in SciPy's LAPACK")
@@ -69,7 +69,7 @@ def test_overwrite_reduces_in_place_and_default_keeps_the_input():
 
 
 @pytest.mark.parametrize("kind", ["runs", "random", "empty"])
-def test_principal_block(kind):
+def test_take_block(kind):
     rng = np.random.default_rng(3)
     K = rng.standard_normal((60, 60))
     idx = {
@@ -77,7 +77,9 @@ def test_principal_block(kind):
         "random": np.sort(rng.choice(60, 37, replace=False)),
         "empty": np.array([], dtype=int),
     }[kind]
-    np.testing.assert_array_equal(principal_block(K, idx), K[np.ix_(idx, idx)])
+    np.testing.assert_array_equal(take_block(K, idx), K[np.ix_(idx, idx)])
+    other = np.r_[10:25]
+    np.testing.assert_array_equal(take_block(K, other, idx), K[np.ix_(other, idx)])
 
 
 def test_fold_predictions_match_the_training_solve():

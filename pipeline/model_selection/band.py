@@ -28,7 +28,7 @@ import numpy as np
 
 from pipeline.solvers.band import band_reduce
 
-__all__ = ["band_fold_predictions", "band_search", "principal_block"]
+__all__ = ["band_fold_predictions", "band_search", "take_block"]
 
 
 def _runs(idx: np.ndarray) -> list[tuple[int, int]]:
@@ -41,17 +41,22 @@ def _runs(idx: np.ndarray) -> list[tuple[int, int]]:
     return [(int(idx[a]), int(idx[b - 1]) + 1) for a, b in zip(starts, stops)]
 
 
-def principal_block(K: np.ndarray, idx: np.ndarray, max_runs: int = 32) -> np.ndarray:
-    """``K[idx][:, idx]`` as a new C-ordered array, by block copies when ``idx`` is a few
-    runs of consecutive rows (K-fold training sets), else by fancy indexing."""
-    idx = np.asarray(idx, dtype=np.intp)
-    runs = _runs(idx)
-    if len(runs) > max_runs:
-        return K[np.ix_(idx, idx)]
-    out = np.empty((idx.size, idx.size), dtype=K.dtype)
-    offs = np.cumsum([0] + [b - a for a, b in runs])
-    for (a, b), o0, o1 in zip(runs, offs[:-1], offs[1:]):
-        for (c, d), p0, p1 in zip(runs, offs[:-1], offs[1:]):
+def take_block(
+    K: np.ndarray, rows: np.ndarray, cols: np.ndarray | None = None, max_runs: int = 32
+) -> np.ndarray:
+    """``K[rows][:, cols]`` (``cols`` defaults to ``rows``) as a new C-ordered array, by
+    block copies when both index sets are a few runs of consecutive integers (K-fold
+    training and test sets), else by fancy indexing."""
+    rows = np.asarray(rows, dtype=np.intp)
+    cols = rows if cols is None else np.asarray(cols, dtype=np.intp)
+    rr, cr = _runs(rows), _runs(cols)
+    if len(rr) > max_runs or len(cr) > max_runs:
+        return K[np.ix_(rows, cols)]
+    out = np.empty((rows.size, cols.size), dtype=K.dtype)
+    ro = np.cumsum([0] + [b - a for a, b in rr])
+    co = np.cumsum([0] + [b - a for a, b in cr])
+    for (a, b), o0, o1 in zip(rr, ro[:-1], ro[1:]):
+        for (c, d), p0, p1 in zip(cr, co[:-1], co[1:]):
             out[o0:o1, p0:p1] = K[a:b, c:d]
     return out
 
@@ -78,12 +83,12 @@ def band_fold_predictions(
     -------
     list of ndarrays (n_test, t), in the order of ``shifts``
     """
-    A = principal_block(K, train)
+    A = take_block(K, train)
     red = band_reduce(A, kd, overwrite=True)
     coef = red.solve(y[train], shifts)  # (L, m, t)
     del A, red
     L, m, t = coef.shape
-    P = K[np.ix_(test, train)] @ coef.transpose(1, 0, 2).reshape(m, L * t)
+    P = take_block(K, test, train) @ coef.transpose(1, 0, 2).reshape(m, L * t)
     return [np.ascontiguousarray(P[:, i * t : (i + 1) * t]) for i in range(L)]
 
 
@@ -150,7 +155,7 @@ def band_search(
         for t in tasks:
             task(t)
         return out
-    from threadpoolctl import threadpool_limits
+    from pipeline.parallel import blas_threads
 
     # full rounds with one BLAS thread per reduction, then the last few reductions
     # (fewer than the workers) share the cores' BLAS threads instead of leaving them idle
@@ -158,7 +163,7 @@ def band_search(
     for part, workers in ((tasks[:full], n_workers), (tasks[full:], len(tasks) - full)):
         if not part:
             continue
-        with threadpool_limits(limits=max(1, n_workers // workers), user_api="blas"):
+        with blas_threads(max(1, n_workers // workers)):
             with ThreadPoolExecutor(max_workers=workers) as pool:
                 list(pool.map(task, part))  # re-raises the first task error
     return out

@@ -67,10 +67,10 @@ def cg_iteration_bound(kappa: float, tol: float) -> int:
 
 def _gemm_rate_one_thread(size: int = 768) -> float:
     """Flop rate of one float64 GEMM on one BLAS thread (a 30 ms probe)."""
-    from threadpoolctl import threadpool_limits
+    from pipeline.parallel import blas_threads
 
     a = np.random.default_rng(0).standard_normal((size, size))
-    with threadpool_limits(limits=1, user_api="blas"):
+    with blas_threads(1):
         a @ a
         t0 = time.perf_counter()
         a @ a

@@ -275,19 +275,18 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
             workers -= 1
         return workers
 
-    def _memory_need(self, solver: str, n: int, n_tasks: int) -> int:
+    def _memory_need(self, solver: str, n: int, band_workers: int) -> int:
         if solver == "band":
-            return (2 + self._band_workers(n, n_tasks)) * n * n * 8
+            return (2 + band_workers) * n * n * 8
         # K plus an eigenvector matrix or a fold copy: ~3 N² floats, once per kernel
         # setting searched concurrently (n_jobs threads)
         return 3 * n * n * 8 * max(1, int(self.n_jobs or 1))
 
     def _choose_solver(
-        self, n: int, kind: str, n_alpha: int, splits: list, n_settings: int = 1
+        self, n: int, kind: str, n_alpha: int, splits: list, band_workers: int = 1
     ) -> str:
         from pipeline.reference.memory import check_dense_memory
 
-        n_tasks = n_settings * len(splits)
         if self.solver == "band":
             if kind == "loo":
                 raise ValueError(
@@ -301,7 +300,7 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
                 )
         if self.solver in IN_MEMORY:
             check_dense_memory(
-                self._memory_need(self.solver, n, n_tasks),
+                self._memory_need(self.solver, n, band_workers),
                 what=f"KernelRidgeCV(solver={self.solver!r}) with n={n}",
             )
             return self.solver
@@ -315,7 +314,7 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
             costs["band"] = self._band_cost(splits)
         for name in sorted(costs, key=costs.get):
             try:
-                check_dense_memory(self._memory_need(name, n, n_tasks), what="")
+                check_dense_memory(self._memory_need(name, n, band_workers), what="")
             except MemoryError:
                 continue
             if n <= IN_MEMORY_MAX_N:
@@ -377,7 +376,8 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
             KernelRidge(), scoring="r2" if self.scoring is None else self.scoring
         )
         alpha_list = [float(a) for a in alphas]
-        solver = self._choose_solver(n, kind, len(alpha_list), splits, len(settings))
+        band_workers = self._band_workers(n, len(settings) * len(splits))
+        solver = self._choose_solver(n, kind, len(alpha_list), splits, band_workers)
         if solver == "cg" and kind == "loo":
             raise ValueError(
                 "cv='loo' needs solver='eigen' (in memory) or 'cholesky' (exact LOO from the "
@@ -415,14 +415,14 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
 
         if solver == "band":
             outputs = self._band_settings(
-                X, y2, base, settings, candidates, splits, route=self.solver == "auto"
+                X, y2, base, settings, candidates, splits, band_workers, self.solver == "auto"
             )
         elif self.n_jobs and int(self.n_jobs) > 1 and solver in ("eigen", "dense"):
             from concurrent.futures import ThreadPoolExecutor
 
-            from threadpoolctl import threadpool_limits
+            from pipeline.parallel import blas_threads
 
-            with threadpool_limits(limits=1, user_api="blas"):
+            with blas_threads(1):
                 with ThreadPoolExecutor(max_workers=int(self.n_jobs)) as pool:
                     outputs = list(pool.map(run_setting, range(len(settings))))
         else:
@@ -504,7 +504,7 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         return res
 
     # -------------------------------------------------------- in-memory paths
-    def _band_settings(self, X, y2, base, settings, candidates, splits, route: bool):
+    def _band_settings(self, X, y2, base, settings, candidates, splits, workers, route: bool):
         """Every kernel setting by band reductions, or (``route``) by preconditioned CG
         where :func:`route_setting` predicts CG to be cheaper: (predictions by alpha,
         stats) per setting."""
@@ -519,7 +519,6 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         kerns = [copy.deepcopy(base).set_params(**st) for st in settings]
         per = [_new_stats() for _ in settings]
         n = X.shape[0]
-        workers = self._band_workers(n, len(settings) * len(splits))
         preds: dict[int, list] = {}
         kept: dict[int, np.ndarray] = {}
 
