@@ -49,7 +49,7 @@ from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
 
 from pipeline.io import as_row_blocks, check_block_size, validate_and_fingerprint
-from pipeline.kernels import Kernel, make_kernel
+from pipeline.kernels import Kernel, kernel_fingerprint, make_kernel
 from pipeline.parallel import compute
 from pipeline.storage import TiledArray, fingerprint_obj, open_tiled_array
 
@@ -89,12 +89,12 @@ def gram_fingerprint(
     dtype: Any,
     z_fingerprint: str | None = None,
 ) -> str:
-    """Fingerprint of K(X, X) (or K(X, Z)) as stored: X hash, kernel spec, block, dtype."""
+    """Fingerprint of K(X, X) (or K(X, Z)) as stored: X hash, kernel (spec and classes), block, dtype."""
     k = make_kernel(kernel)
     obj: dict[str, Any] = {
         "what": "gram" if z_fingerprint is None else "cross",
         "x": x_fingerprint,
-        "kernel": k.to_spec(),
+        "kernel": kernel_fingerprint(k),
         "block_size": int(block_size),
         "dtype": np.dtype(dtype).name,
     }

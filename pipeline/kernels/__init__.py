@@ -1,6 +1,13 @@
 """Kernel library (numpy only): objects with ``__call__``, ``diag``, params and specs."""
 
-from pipeline.kernels.base import Kernel, kernel_from_spec, registered_names
+from pipeline.kernels.base import (
+    Kernel,
+    kernel_fingerprint,
+    kernel_from_spec,
+    kernel_identity,
+    registered_names,
+    spec_round_trips,
+)
 from pipeline.kernels.basic import RBF, Constant, Laplacian, Linear, Polynomial
 from pipeline.kernels.compose import (
     Exp,
@@ -62,9 +69,12 @@ __all__ = [
     "Warped",
     "Warping",
     "check_mercer",
+    "kernel_fingerprint",
     "kernel_from_spec",
+    "kernel_identity",
     "make_kernel",
     "registered_names",
     "registered_warpings",
+    "spec_round_trips",
     "warping_from_spec",
 ]

@@ -10,7 +10,9 @@ with ``eval`` or ``pickle``.
 
 from __future__ import annotations
 
+import hashlib
 import inspect
+import json
 import numbers
 import sys
 from typing import Any, ClassVar
@@ -312,3 +314,51 @@ def kernel_from_spec(spec: dict[str, Any]) -> Kernel:
             f"valid parameters are {cls._param_names()}"
         )
     return cls(**{k: _from_spec_value(v) for k, v in params.items()})
+
+
+def _class_path(obj: Any) -> str:
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _identity_value(v: Any, spec_value: Any) -> Any:
+    if hasattr(v, "to_spec") and not isinstance(v, type):
+        return kernel_identity(v)
+    if isinstance(v, list | tuple) and any(hasattr(x, "to_spec") for x in v):
+        return [_identity_value(x, sx) for x, sx in zip(v, spec_value, strict=True)]
+    return spec_value
+
+
+def kernel_identity(kernel: Any) -> dict[str, Any]:
+    """The kernel's spec with each node's module-qualified class added (``"class"``).
+
+    Two kernels with the same registered name and parameters but different
+    classes (e.g. a subclass of :class:`~pipeline.kernels.RBF` with another
+    formula) have the same :meth:`Kernel.to_spec` but different identities.
+    Nested kernels and warpings are annotated too. Raises TypeError like
+    ``to_spec`` for a kernel holding an in-memory callable.
+    """
+    spec = kernel.to_spec()
+    params = dict(spec.get("params") or {})
+    for name in list(params):
+        params[name] = _identity_value(getattr(kernel, name, None), params[name])
+    return {**spec, "params": params, "class": _class_path(kernel)}
+
+
+def kernel_fingerprint(kernel: Any) -> str:
+    """Content hash of everything that defines a kernel's values: spec plus classes.
+
+    Use this (never ``to_spec`` alone) wherever a kernel enters a fingerprint
+    (stored Gram matrices, operators, fitted models), so a subclass with
+    another formula never reuses results computed with its parent.
+    """
+    text = json.dumps(kernel_identity(kernel), sort_keys=True, separators=(",", ":"))
+    return "kernel-" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def spec_round_trips(kernel: Any) -> bool:
+    """Whether ``kernel_from_spec(kernel.to_spec())`` rebuilds the same classes and params."""
+    try:
+        return kernel_identity(kernel_from_spec(kernel.to_spec())) == kernel_identity(kernel)
+    except (ValueError, TypeError):
+        return False

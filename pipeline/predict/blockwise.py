@@ -32,7 +32,7 @@ import zarr
 from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
 
-from pipeline.kernels import Kernel, make_kernel
+from pipeline.kernels import Kernel, kernel_fingerprint, make_kernel
 from pipeline.predict.model import check_preprocessing
 from pipeline.predict.model import model_fingerprint as _model_fingerprint
 from pipeline.predict.source import as_input_blocks
@@ -246,7 +246,7 @@ def _graph(
         X.name,
         m.X_train.name,
         m.dual_coef.name,
-        m.kernel.to_spec(),
+        kernel_fingerprint(m.kernel),
         nan_policy,
         cache_block,
         {k: v.tolist() for k, v in m.pre.items()},

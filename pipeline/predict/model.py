@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.kernels import Kernel
+from pipeline.kernels import Kernel, kernel_fingerprint
 from pipeline.storage import fingerprint_blocks, fingerprint_obj
 
 #: preprocessing parameters prediction knows how to apply (all optional):
@@ -64,7 +64,7 @@ def model_fingerprint(
         {
             "x_train": fingerprint_blocks([np.asarray(X_train)]),
             "dual_coef": fingerprint_blocks([np.asarray(dual_coef)]),
-            "kernel": kernel.to_spec(),
+            "kernel": kernel_fingerprint(kernel),
             "preprocessing": pre,
         }
     )

@@ -26,7 +26,7 @@ import dask
 import numpy as np
 from dask.delayed import Delayed
 
-from pipeline.kernels import Kernel, make_kernel
+from pipeline.kernels import Kernel, kernel_fingerprint, make_kernel
 from pipeline.parallel import compute
 from pipeline.storage import TiledArray, TileGrid, fingerprint_blocks, fingerprint_obj
 
@@ -421,7 +421,12 @@ class MatrixFreeKernelOperator(KernelOperator):
             g = self.grid
             self._x_fp = fingerprint_blocks(self.X[g.row_slice(i)] for i in range(g.n_row_blocks))
         return fingerprint_obj(
-            {"X": self._x_fp, "kernel": self.kernel.to_spec(), "n": self.n, "shift": self.shift}
+            {
+                "X": self._x_fp,
+                "kernel": kernel_fingerprint(self.kernel),
+                "n": self.n,
+                "shift": self.shift,
+            }
         )
 
     def with_shift(self, shift: float) -> MatrixFreeKernelOperator:
