@@ -35,7 +35,7 @@ import fsspec
 import numpy as np
 import zarr
 
-from pipeline.kernels import Kernel, kernel_from_spec, make_kernel
+from pipeline.kernels import Kernel, kernel_from_spec, make_kernel, spec_round_trips
 from pipeline.predict import check_preprocessing, model_fingerprint
 from pipeline.storage import fingerprint_blocks, fingerprint_obj
 
@@ -80,6 +80,12 @@ class ModelArtifact:
         Where X_train was read from, when the artifact references it.
     path : str, optional
         Where the artifact was loaded from or saved to.
+    feature_names : list of str, optional
+        Names of the input columns, in the order of X_train's columns (None
+        for a model fitted on an unnamed array). Table inputs are selected and
+        ordered by these names when predicting.
+    target_names : list of str, optional
+        Names of the predicted columns (used as output column names).
     """
 
     X_train: np.ndarray
@@ -95,6 +101,8 @@ class ModelArtifact:
     format_version: int = FORMAT_VERSION
     x_train_ref: str | None = None
     path: str | None = None
+    feature_names: list[str] | None = None
+    target_names: list[str] | None = None
 
     @property
     def n_features(self) -> int:
@@ -106,9 +114,22 @@ class ModelArtifact:
         return None if self.dual_coef.ndim == 1 else int(self.dual_coef.shape[1])
 
     def predict(self, X_new: Any, **kwargs: Any) -> Any:
-        """Predict with :func:`pipeline.predict.predict` (numpy, or a batch into ``out=``)."""
-        from pipeline.predict import predict
+        """Predict with :func:`pipeline.predict.predict` (numpy, or a batch into ``out=``).
 
+        A table ``X_new`` (CSV or Parquet path, DataFrame) is read by column
+        name, in the order of :attr:`feature_names` (see
+        :func:`pipeline.predict.select_features`); ``columns=[...]`` selects
+        columns explicitly.
+        """
+        from pipeline.predict import predict, select_features
+
+        X_new = select_features(
+            X_new,
+            int(kwargs.get("block_size", 4096)),
+            feature_names=self.feature_names,
+            n_features=self.n_features,
+            columns=kwargs.pop("columns", None),
+        )
         kwargs.setdefault("model_fingerprint", self.model_fingerprint)
         return predict(
             X_new,
@@ -132,6 +153,8 @@ class ModelArtifact:
             preprocessing=self.preprocessing,
             fingerprint_chain=self.fingerprint_chain,
             extra=self.extra,
+            feature_names=self.feature_names,
+            target_names=self.target_names,
             overwrite=overwrite,
         )
 
@@ -208,6 +231,74 @@ def _read_ref(ref: str) -> Any:
         ) from exc
 
 
+def _is_url(path: str) -> bool:
+    return "://" in path and not path.startswith("file://")
+
+
+def _ref_to_store(ref: str, artifact: str) -> str:
+    """How a reference is recorded: relative to the artifact when inside it, else as given."""
+    if _is_url(ref) or _is_url(artifact):
+        root = artifact.rstrip("/") + "/"
+        return ref[len(root) :] if ref.startswith(root) else ref
+    rel = os.path.relpath(os.path.realpath(ref), os.path.realpath(artifact))
+    return ref if rel == os.pardir or rel.startswith(os.pardir + os.sep) else rel
+
+
+def _resolve_stored_ref(url: str, artifact: str) -> str:
+    """A recorded X_train reference as a path inside the artifact, or ArtifactError.
+
+    Loading never follows a reference out of the artifact on its own: a path
+    with ``..``, an absolute path elsewhere, a symlink leading out, or a URL
+    is refused; the caller passes the location explicitly (``x_train=``).
+    """
+    fix = (
+        f"Pass its location explicitly if you trust it: load_artifact({artifact!r}, "
+        "x_train=PATH_OR_URL) (its content checksum is still verified)."
+    )
+    escape = ArtifactError(
+        f"model artifact {artifact!r}: its X_train reference {url!r} points outside the "
+        f"artifact directory; loading does not follow it. {fix}"
+    )
+    if not isinstance(url, str) or not url:
+        raise escape
+    if _is_url(artifact):
+        rel = (
+            url[len(artifact.rstrip("/")) + 1 :]
+            if url.startswith(artifact.rstrip("/") + "/")
+            else url
+        )
+        parts = rel.split("/")
+        if "://" in rel or rel.startswith("/") or ".." in parts or "\\" in rel:
+            raise escape
+        return artifact.rstrip("/") + "/" + rel
+    if "://" in url and not url.startswith("file://"):
+        raise escape
+    if url.startswith("file://"):
+        url = url[len("file://") :]
+    full = url if os.path.isabs(url) else os.path.join(artifact, url)
+    root = os.path.realpath(artifact)
+    real = os.path.realpath(full)
+    if os.path.commonpath([root, real]) != root or real == root:
+        raise escape
+    return real
+
+
+def _names(value: Any, what: str, width: int) -> list[str] | None:
+    """Validate column names: None, or ``width`` distinct strings."""
+    if value is None:
+        return None
+    names = [value] if isinstance(value, str) else list(np.asarray(value, dtype=object).ravel())
+    if len(names) != width or not all(isinstance(n, str) for n in names):
+        raise ValueError(
+            f"{what} must be {width} strings (one per column), got {value!r}; pass None for "
+            "unnamed columns"
+        )
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise ValueError(f"{what} must be distinct, got duplicates {dup}")
+    return names
+
+
 def _regularization(value: Any) -> float | list[float]:
     arr = np.asarray(value, dtype=np.float64)
     if arr.ndim > 1 or not np.all(np.isfinite(arr)) or np.any(arr < 0):
@@ -231,6 +322,8 @@ def save_artifact(
     fingerprint_chain: Mapping[str, str] | None = None,
     extra: Mapping[str, Any] | None = None,
     overwrite: bool = False,
+    feature_names: Any = None,
+    target_names: Any = None,
 ) -> ModelArtifact:
     """Write a fitted model as a Zarr group with JSON metadata.
 
@@ -253,7 +346,10 @@ def save_artifact(
     x_train_ref : str, optional
         Instead of ``X_train``: path or URL of a Zarr array or ``.npy`` file
         holding it. Only the reference and its content checksum are stored,
-        and loading verifies the checksum.
+        and loading verifies the checksum. A reference inside the artifact
+        directory is stored relative to it and found on load; any other one
+        must be passed to :func:`load_artifact` as ``x_train=`` (loading never
+        follows a path out of the artifact or fetches a URL on its own).
     preprocessing : dict, optional
         ``x_mean``, ``x_scale``, ``y_mean``, ``y_scale`` (scalars or vectors).
     fingerprint_chain : dict of str to str, optional
@@ -263,6 +359,11 @@ def save_artifact(
     overwrite : bool
         Replace an existing artifact at the path. A non-empty path that is not
         an artifact is never replaced.
+    feature_names : sequence of str, optional
+        Names of X_train's columns, in order. Predicting on a table (CSV,
+        Parquet, DataFrame) then selects and orders its columns by these names.
+    target_names : sequence of str, optional
+        Names of the outputs (one per column of ``dual_coef``; one for 1-D).
 
     Returns
     -------
@@ -273,6 +374,13 @@ def save_artifact(
     if (X_train is None) == (x_train_ref is None):
         raise ValueError("give exactly one of X_train (stored in the artifact) or x_train_ref")
     kernel = make_kernel(kernel)
+    if not spec_round_trips(kernel):
+        raise ValueError(
+            f"kernel {kernel!r} (class {type(kernel).__module__}.{type(kernel).__qualname__}) "
+            f"cannot be saved: its spec {kernel.to_spec()} loads back as another kernel class "
+            "(a subclass that keeps its parent's registered name). Give the subclass its own "
+            "`name` and decorate it with pipeline.kernels.base.register."
+        )
     dual_coef = _check_real(dual_coef, "dual_coef")
     ref_arr = None
     if x_train_ref is not None:
@@ -291,6 +399,8 @@ def save_artifact(
         )
     n_out = None if dual_coef.ndim == 1 else dual_coef.shape[1]
     pre = check_preprocessing(preprocessing, X_shape[1], n_out)
+    feature_names = _names(feature_names, "feature_names", int(X_shape[1]))
+    target_names = _names(target_names, "target_names", n_out or 1)
     if not isinstance(regularization_convention, str) or not regularization_convention:
         raise ValueError(
             "regularization_convention must be a non-empty string such as 'sklearn' "
@@ -343,7 +453,7 @@ def save_artifact(
         "x_train_ref": None
         if x_train_ref is None
         else {
-            "url": x_train_ref,
+            "url": _ref_to_store(x_train_ref, path),
             "shape": list(X_shape),
             "dtype": X_dtype.str,
             "checksum": x_checksum,
@@ -351,6 +461,10 @@ def save_artifact(
         "fingerprints": {"model": mfp, "chain": chain},
         "extra": extra_j,
     }
+    if feature_names is not None:  # absent (not null) when unnamed: older readers never see it
+        meta["feature_names"] = feature_names
+    if target_names is not None:
+        meta["target_names"] = target_names
     meta["meta_checksum"] = fingerprint_obj(meta)
     meta["complete"] = True  # written last: an interrupted save is detected on load
     group.attrs[META_KEY] = _json_checked(meta, "artifact metadata")
@@ -368,6 +482,8 @@ def save_artifact(
         format_version=FORMAT_VERSION,
         x_train_ref=x_train_ref,
         path=path,
+        feature_names=feature_names,
+        target_names=target_names,
     )
 
 
@@ -449,7 +565,9 @@ def _load_array(group: zarr.Group, name: str, record: dict[str, Any], path: str)
     return data
 
 
-def load_artifact(path_or_url: str | os.PathLike, *, verify: bool = True) -> ModelArtifact:
+def load_artifact(
+    path_or_url: str | os.PathLike, *, verify: bool = True, x_train: Any = None
+) -> ModelArtifact:
     """Load a model saved by :func:`save_artifact`.
 
     Parameters
@@ -459,6 +577,13 @@ def load_artifact(path_or_url: str | os.PathLike, *, verify: bool = True) -> Mod
     verify : bool
         Check the checksum of a referenced X_train (stored arrays are always
         checked; they are read whole anyway).
+    x_train : str, path or array, optional
+        Where the referenced X_train is, for an artifact saved with
+        ``x_train_ref`` outside its own directory: a ``.npy`` path, a Zarr
+        path or URL, or an array. Without it, a reference is followed only
+        when it resolves inside the artifact directory (never ``..``, an
+        outside absolute path or a URL). Its shape, dtype and checksum are
+        checked against the artifact's record either way.
 
     Returns
     -------
@@ -469,8 +594,9 @@ def load_artifact(path_or_url: str | os.PathLike, *, verify: bool = True) -> Mod
     FileNotFoundError
         Nothing at the path, or a referenced X_train is gone.
     ArtifactError
-        Not an artifact, an interrupted save, an unknown format version, or a
-        checksum that does not match (array or metadata).
+        Not an artifact, an interrupted save, an unknown format version, a
+        checksum that does not match (array or metadata), or an X_train
+        reference that leads out of the artifact without ``x_train=``.
     """
     path = _normalise_path(path_or_url)
     group, meta = _open_meta(path)
@@ -478,18 +604,31 @@ def load_artifact(path_or_url: str | os.PathLike, *, verify: bool = True) -> Mod
     dual_coef = _load_array(group, "dual_coef", arrays["dual_coef"], path)
     ref = meta.get("x_train_ref")
     if ref is None:
+        if x_train is not None:
+            raise ValueError(
+                f"x_train= was given, but model artifact {path!r} stores X_train itself; "
+                "leave x_train out"
+            )
         X_train = _load_array(group, "X_train", arrays["X_train"], path)
+        ref_url = None
     else:
-        src = _read_ref(ref["url"])
+        if x_train is None:
+            ref_url = _resolve_stored_ref(ref["url"], path)
+            src = _read_ref(ref_url)
+        elif isinstance(x_train, str | os.PathLike):
+            ref_url = _normalise_path(x_train)
+            src = _read_ref(ref_url)
+        else:
+            ref_url, src = None, x_train
         if list(src.shape) != ref["shape"] or np.dtype(src.dtype).str != ref["dtype"]:
             raise ArtifactError(
-                f"model artifact {path!r}: referenced X_train {ref['url']!r} has shape "
+                f"model artifact {path!r}: referenced X_train {ref_url or ref['url']!r} has shape "
                 f"{tuple(src.shape)} and dtype {src.dtype}, expected {tuple(ref['shape'])} and "
                 f"{ref['dtype']}"
             )
         if verify and _checksum_zarr(src) != ref["checksum"]:
             raise ArtifactError(
-                f"model artifact {path!r}: referenced X_train {ref['url']!r} changed since the "
+                f"model artifact {path!r}: referenced X_train {ref_url or ref['url']!r} changed since the "
                 "model was saved (content checksum differs). Restore it or refit."
             )
         X_train = np.asarray(src[...])
@@ -512,6 +651,20 @@ def load_artifact(path_or_url: str | os.PathLike, *, verify: bool = True) -> Mod
         model_fingerprint=meta["fingerprints"]["model"],
         package_version=meta.get("package_version", ""),
         format_version=int(meta["format_version"]),
-        x_train_ref=None if ref is None else ref["url"],
+        x_train_ref=ref_url,
         path=path,
+        feature_names=_loaded_names(meta, "feature_names", X_train.shape[1]),
+        target_names=_loaded_names(meta, "target_names", n_out or 1),
     )
+
+
+def _loaded_names(meta: dict[str, Any], key: str, width: int) -> list[str] | None:
+    """Column names from the metadata (or, for models written before they were
+    first-class, from ``extra`` where the ``model`` stage put them)."""
+    value = meta.get(key)
+    if value is None:
+        value = (meta.get("extra") or {}).get(key)
+    try:
+        return _names(value, key, width)
+    except ValueError:
+        return None

@@ -135,9 +135,15 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("model", metavar="MODEL", help="model artifact (e.g. RUN_DIR/model/model)")
     pr.add_argument("input", metavar="INPUT", help=".npy, Zarr, Parquet or CSV file of new points")
     pr.add_argument(
-        "output", metavar="OUTPUT", help="output: a Zarr store (resumable), or .npy/.csv"
+        "output",
+        metavar="OUTPUT",
+        help="output; its extension sets the format: .zarr (resumable), .npy, .csv, .parquet",
     )
-    pr.add_argument("--columns", help="comma-separated feature columns of a Parquet/CSV input")
+    pr.add_argument(
+        "--columns",
+        help="comma-separated feature columns of a Parquet/CSV input (default: the model's "
+        "feature names; other columns are then refused)",
+    )
     pr.add_argument("--block-size", type=int, default=4096, help="rows per block (default 4096)")
     pr.add_argument("--scheduler", metavar="ADDRESS", help="tcp://host:port of a Dask scheduler")
     pr.add_argument(
@@ -443,7 +449,12 @@ def cmd_predict(args) -> int:
     import numpy as np
 
     from pipeline.artifact import ArtifactError, load_artifact
+    from pipeline.predict.output import output_format, write_predictions
 
+    try:  # the output format follows the extension: checked before any work
+        fmt = output_format(args.output)
+    except ValueError as e:
+        raise CliError(str(e), EXIT_BAD_CONFIG) from None
     if not Path(args.model).exists() and "://" not in args.model:
         raise CliError(f"model {args.model!r} does not exist", EXIT_BAD_INPUT)
     try:
@@ -463,15 +474,21 @@ def cmd_predict(args) -> int:
     with ctx:
         try:
             from pipeline.io import as_row_blocks
+            from pipeline.predict import select_features
 
             cols = args.columns.split(",") if args.columns else None
-            X = as_row_blocks(inp, args.block_size, columns=cols)
-            if out.endswith((".npy", ".csv")):
+            X = select_features(
+                inp,
+                args.block_size,
+                feature_names=model.feature_names,
+                n_features=model.n_features,
+                columns=cols,
+            )
+            if X is inp:
+                X = as_row_blocks(inp, args.block_size)
+            if fmt != "zarr":
                 y = np.asarray(model.predict(X, block_size=args.block_size))
-                if out.endswith(".npy"):
-                    np.save(out, y)
-                else:
-                    np.savetxt(out, y.reshape(len(y), -1), delimiter=",")
+                write_predictions(out, y, fmt, model.target_names)
                 n = len(y)
             else:
                 res = model.predict(

@@ -157,7 +157,17 @@ class PredictConfig(_Model):
 
     input: str | None = None
     columns: list[str] | None = None
+    #: the format follows the extension: .zarr (resumable), .npy, .csv, .parquet
     output: str | None = None
+
+    @field_validator("output")
+    @classmethod
+    def _check_output(cls, v: str | None) -> str | None:
+        if v is not None:
+            from pipeline.predict.output import output_format
+
+            output_format(v)  # ValueError naming the extension and the supported ones
+        return v
 
 
 class EvaluateConfig(_Model):

@@ -65,7 +65,14 @@ def save_model(est: Any, path: Any, *, overwrite: bool = False) -> ModelArtifact
             "effective_alpha_": shift.tolist(),
         },
         overwrite=overwrite,
+        feature_names=_feature_names(est),
     )
+
+
+def _feature_names(est: Any) -> list[str] | None:
+    """``feature_names_in_`` (set by fit on a DataFrame with string columns), else None."""
+    names = getattr(est, "feature_names_in_", None)
+    return None if names is None else [str(n) for n in names]
 
 
 def load(path: Any) -> Any:
@@ -96,6 +103,8 @@ def load(path: Any) -> Any:
     est.dual_coef_ = np.asarray(art.dual_coef)
     est.X_fit_ = X
     est.n_features_in_ = X.shape[1]
+    if art.feature_names is not None:  # predict then checks DataFrame columns like scikit-learn
+        est.feature_names_in_ = np.asarray(art.feature_names, dtype=object)
     est.solver_ = extra.get("solver_", "dense")
     est.n_iter_ = extra.get("n_iter_", 1)
     est.effective_alpha_ = np.asarray(extra.get("effective_alpha_", [art.regularization]))

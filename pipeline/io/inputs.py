@@ -30,7 +30,7 @@ import dask
 import dask.array as da
 import numpy as np
 
-__all__ = ["as_row_blocks", "check_block_size"]
+__all__ = ["as_row_blocks", "check_block_size", "open_table"]
 
 _PARQUET_SUFFIXES = (".parquet", ".pq", ".parq")
 _CSV_SUFFIXES = (".csv", ".csv.gz", ".csv.bz2", ".csv.xz", ".csv.zst", ".tsv", ".txt")
@@ -176,6 +176,35 @@ def _from_path(path: str, block_size: int, columns: Sequence[str] | None) -> da.
         f"cannot tell the format of {path!r}: use a .npy, .zarr, .parquet or .csv path, "
         "or pass an array"
     )
+
+
+def open_table(source: Any) -> Any:
+    """The table behind ``source`` as a lazy DataFrame, or None if it is not a table.
+
+    Tables are CSV and Parquet paths (read lazily: the schema, and for CSV a
+    sample of rows for the dtypes) and pandas / Dask DataFrames (returned as
+    they are). Use its ``columns`` and ``dtypes`` to select features by name.
+    """
+    import pandas as pd
+
+    if isinstance(source, pd.DataFrame):
+        return source
+    mod = type(source).__module__
+    if mod.startswith("dask") and hasattr(source, "to_dask_array") and hasattr(source, "columns"):
+        return source
+    if not isinstance(source, str | os.PathLike):
+        return None
+    import dask.dataframe as dd
+
+    path = os.fspath(source)
+    low = path.lower().rstrip("/")
+    if low.endswith(".npy") or is_zarr_path(path):
+        return None
+    if low.endswith(_PARQUET_SUFFIXES) or ("://" not in path and os.path.isdir(path)):
+        return dd.read_parquet(path)
+    if low.endswith(_CSV_SUFFIXES) or "*" in low:
+        return dd.read_csv(path, sep="\t" if low.endswith(".tsv") else ",")
+    return None
 
 
 def as_row_blocks(

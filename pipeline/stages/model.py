@@ -38,6 +38,8 @@ def run(
         regularization_convention=lam_convention,
         X_train=open_rows(ing, "X_train").compute(),
         preprocessing=preprocessing_params(ing),
+        feature_names=ing.get("feature_names"),
+        target_names=ing.get("target_names"),
         fingerprint_chain={
             f"{name}_stage": inputs[name]["_fingerprint"]
             for name in ("ingest", "solve")

@@ -47,11 +47,24 @@ def run(
             "blocks": res.n_blocks,
         }
     if input:
-        src: Any = input
-        if columns:
-            as_row_blocks = require("pipeline.io", "as_row_blocks", "the predict stage")
-            src = as_row_blocks(input, block_size, columns=columns)
+        select_features = require("pipeline.predict", "select_features", "the predict stage")
+        feats = ing.get("feature_names")
+        src = select_features(
+            input,
+            block_size,
+            feature_names=feats,
+            n_features=int(X_train.shape[1]),
+            columns=columns,
+        )
         store = output or str(Path(stage_dir) / "batch.zarr")
+        fmt = require("pipeline.predict", "output_format", "the predict stage")(store)
+        if fmt != "zarr":  # .npy / .csv / .parquet: computed in memory, written in one piece
+            common.pop("overwrite")
+            y = predict(src, X_train, alpha, kernel, progress=False, **common)
+            write = require("pipeline.predict", "write_predictions", "the predict stage")
+            write(store, y, fmt, ing.get("target_names"))
+            out["batch"] = {"path": store, "format": fmt, "shape": list(y.shape)}
+            return out
         res = predict(src, X_train, alpha, kernel, out=store, out_name="predictions", **common)
         out["batch"] = {
             "store": res.store,
