@@ -147,7 +147,10 @@ def test_x_train_by_reference(model, tmp_path, X_new, kind):
         np.save(ref, Xt)
     saved = save_artifact(tmp_path / "m", x_train_ref=ref, **model)
     assert not (tmp_path / "m" / "X_train").exists()
-    loaded = load_artifact(tmp_path / "m")
+    # the reference lies outside the artifact: loading follows it only when told where it is
+    with pytest.raises(ArtifactError, match="outside the artifact directory"):
+        load_artifact(tmp_path / "m")
+    loaded = load_artifact(tmp_path / "m", x_train=ref)
     assert loaded.x_train_ref == ref
     np.testing.assert_array_equal(loaded.X_train, Xt)
     assert loaded.model_fingerprint == saved.model_fingerprint
@@ -159,11 +162,11 @@ def test_x_train_by_reference(model, tmp_path, X_new, kind):
         Xt2[3, 1] = 99.0
         np.save(ref, Xt2)
     with pytest.raises(ArtifactError, match="changed since the model was saved"):
-        load_artifact(tmp_path / "m")
-    assert load_artifact(tmp_path / "m", verify=False).X_train[3, 1] == 99.0
+        load_artifact(tmp_path / "m", x_train=ref)
+    assert load_artifact(tmp_path / "m", verify=False, x_train=ref).X_train[3, 1] == 99.0
     shutil.rmtree(ref) if kind == "zarr" else (tmp_path / "xt.npy").unlink()
     with pytest.raises(FileNotFoundError, match="X_train reference"):
-        load_artifact(tmp_path / "m")
+        load_artifact(tmp_path / "m", x_train=ref)
 
 
 # -- failures -------------------------------------------------------------------------
