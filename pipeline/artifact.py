@@ -253,7 +253,8 @@ def _resolve_stored_ref(url: str, artifact: str) -> str:
     """
     fix = (
         f"Pass its location explicitly if you trust it: load_artifact({artifact!r}, "
-        "x_train=PATH_OR_URL) (its content checksum is still verified)."
+        "x_train=PATH_OR_URL), or `krr predict --x-train PATH_OR_URL`; its content checksum "
+        "is still verified."
     )
     escape = ArtifactError(
         f"model artifact {artifact!r}: its X_train reference {url!r} points outside the "

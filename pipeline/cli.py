@@ -149,6 +149,12 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument(
         "--overwrite", action="store_true", help="replace an output of another model/input"
     )
+    pr.add_argument(
+        "--x-train",
+        metavar="PATH_OR_URL",
+        help="where X_train is, for a model saved with a reference outside its directory "
+        "(its checksum is verified)",
+    )
     pr.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS)
 
     v = sub.add_parser("validate", help="check a config and exit")
@@ -458,8 +464,8 @@ def cmd_predict(args) -> int:
     if not Path(args.model).exists() and "://" not in args.model:
         raise CliError(f"model {args.model!r} does not exist", EXIT_BAD_INPUT)
     try:
-        model = load_artifact(args.model)
-    except ArtifactError as e:
+        model = load_artifact(args.model, x_train=args.x_train)
+    except (ArtifactError, FileNotFoundError) as e:
         raise CliError(f"model {args.model!r}: {e}", EXIT_BAD_INPUT) from None
     inp = args.input
     if "://" not in inp and not any(c in inp for c in "*?[") and not Path(inp).exists():

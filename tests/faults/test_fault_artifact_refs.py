@@ -91,3 +91,15 @@ def test_reference_inside_the_artifact_loads(saved, tmp_path):
     _set_ref(path, "link.npy")
     with pytest.raises(ArtifactError, match="outside the artifact directory"):
         load_artifact(path)
+
+
+def test_cli_takes_the_reference_explicitly(saved, tmp_path, capsys):
+    from pipeline import cli
+
+    path, ref, X, art = saved
+    np.save(tmp_path / "new.npy", X[:5])
+    assert cli.main(["predict", str(path), str(tmp_path / "new.npy"), str(tmp_path / "a.npy")]) == 3
+    assert "--x-train" in capsys.readouterr().err  # the error names the fix
+    argv = ["predict", str(path), str(tmp_path / "new.npy"), str(tmp_path / "b.npy")]
+    assert cli.main([*argv, "--x-train", str(ref)]) == 0
+    np.testing.assert_allclose(np.load(tmp_path / "b.npy"), art.predict(X[:5], progress=False))
