@@ -198,3 +198,43 @@ def test_config_predict_output_extension_is_checked():
     with pytest.raises(ValidationError, match="'.txt'"):
         PredictConfig(output="preds.txt")
     assert PredictConfig(output="preds.parquet").output == "preds.parquet"
+
+
+SMALL_RUN = """
+name: small
+data: {source: sklearn, name: diabetes}
+split: {test_fraction: 0.25, seed: 0}
+preprocess: {standardize: true, standardize_y: true}
+kernel: {name: rbf, params: {gamma: 0.05}}
+lambda: 0.5
+solver: {method: cholesky}
+block_size: 128
+cluster: {n_workers: 1, processes: false, memory_limit: 1GiB, dashboard: false}
+"""
+
+
+@pytest.mark.slow
+def test_run_records_names_and_predict_stage_writes_by_extension(tmp_path, capsys):
+    """``krr run``: the model knows its feature/target names; ``predict.output`` follows
+    its extension, and the batch input (columns reversed) is read by name."""
+    from sklearn.datasets import load_diabetes
+
+    frame = load_diabetes(as_frame=True).frame
+    feats = [c for c in frame.columns if c != "target"]
+    new = frame[feats].iloc[:30]
+    new[feats[::-1]].to_csv(tmp_path / "new.csv", index=False)
+    conf = tmp_path / "small.yaml"
+    conf.write_text(SMALL_RUN)
+    out = tmp_path / "batch.parquet"
+    argv = ["run", conf, f"predict.input={tmp_path / 'new.csv'}", f"predict.output={out}"]
+    assert run_cli(*argv, "--run-dir", tmp_path / "run") == 0
+    art = load_artifact(tmp_path / "run" / "model" / "model")
+    assert art.feature_names == feats and art.target_names == ["target"]
+    got = pd.read_parquet(out)
+    assert list(got.columns) == ["target"]
+    expected = art.predict(new.to_numpy(), block_size=64, progress=False)
+    np.testing.assert_allclose(got["target"].to_numpy(), expected, rtol=1e-9)
+    # a config whose output has an unknown extension is refused before any work
+    bad = run_cli("run", conf, "predict.output=b.txt", "--run-dir", tmp_path / "run2")
+    assert bad == cli.EXIT_BAD_CONFIG and "'.txt'" in capsys.readouterr().err
+    assert not (tmp_path / "run2").exists()
