@@ -375,10 +375,11 @@ def save_artifact(
     if (X_train is None) == (x_train_ref is None):
         raise ValueError("give exactly one of X_train (stored in the artifact) or x_train_ref")
     kernel = make_kernel(kernel)
+    spec = kernel.to_spec()  # TypeError naming a parameter that has no spec (a callable)
     if not spec_round_trips(kernel):
         raise ValueError(
             f"kernel {kernel!r} (class {type(kernel).__module__}.{type(kernel).__qualname__}) "
-            f"cannot be saved: its spec {kernel.to_spec()} loads back as another kernel class "
+            f"cannot be saved: its spec {spec} loads back as another kernel class "
             "(a subclass that keeps its parent's registered name). Give the subclass its own "
             "`name` and decorate it with pipeline.kernels.base.register."
         )
