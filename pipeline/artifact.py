@@ -35,6 +35,13 @@ import fsspec
 import numpy as np
 import zarr
 
+from pipeline.artifact_refs import (
+    check_names,
+    escape_message,
+    loaded_names,
+    ref_to_store,
+    resolve_stored_ref,
+)
 from pipeline.kernels import Kernel, kernel_from_spec, make_kernel, spec_round_trips
 from pipeline.predict import check_preprocessing, model_fingerprint
 from pipeline.storage import fingerprint_blocks, fingerprint_obj
@@ -231,75 +238,6 @@ def _read_ref(ref: str) -> Any:
         ) from exc
 
 
-def _is_url(path: str) -> bool:
-    return "://" in path and not path.startswith("file://")
-
-
-def _ref_to_store(ref: str, artifact: str) -> str:
-    """How a reference is recorded: relative to the artifact when inside it, else as given."""
-    if _is_url(ref) or _is_url(artifact):
-        root = artifact.rstrip("/") + "/"
-        return ref[len(root) :] if ref.startswith(root) else ref
-    rel = os.path.relpath(os.path.realpath(ref), os.path.realpath(artifact))
-    return ref if rel == os.pardir or rel.startswith(os.pardir + os.sep) else rel
-
-
-def _resolve_stored_ref(url: str, artifact: str) -> str:
-    """A recorded X_train reference as a path inside the artifact, or ArtifactError.
-
-    Loading never follows a reference out of the artifact on its own: a path
-    with ``..``, an absolute path elsewhere, a symlink leading out, or a URL
-    is refused; the caller passes the location explicitly (``x_train=``).
-    """
-    fix = (
-        f"Pass its location explicitly if you trust it: load_artifact({artifact!r}, "
-        "x_train=PATH_OR_URL), or `krr predict --x-train PATH_OR_URL`; its content checksum "
-        "is still verified."
-    )
-    escape = ArtifactError(
-        f"model artifact {artifact!r}: its X_train reference {url!r} points outside the "
-        f"artifact directory; loading does not follow it. {fix}"
-    )
-    if not isinstance(url, str) or not url:
-        raise escape
-    if _is_url(artifact):
-        rel = (
-            url[len(artifact.rstrip("/")) + 1 :]
-            if url.startswith(artifact.rstrip("/") + "/")
-            else url
-        )
-        parts = rel.split("/")
-        if "://" in rel or rel.startswith("/") or ".." in parts or "\\" in rel:
-            raise escape
-        return artifact.rstrip("/") + "/" + rel
-    if "://" in url and not url.startswith("file://"):
-        raise escape
-    if url.startswith("file://"):
-        url = url[len("file://") :]
-    full = url if os.path.isabs(url) else os.path.join(artifact, url)
-    root = os.path.realpath(artifact)
-    real = os.path.realpath(full)
-    if os.path.commonpath([root, real]) != root or real == root:
-        raise escape
-    return real
-
-
-def _names(value: Any, what: str, width: int) -> list[str] | None:
-    """Validate column names: None, or ``width`` distinct strings."""
-    if value is None:
-        return None
-    names = [value] if isinstance(value, str) else list(np.asarray(value, dtype=object).ravel())
-    if len(names) != width or not all(isinstance(n, str) for n in names):
-        raise ValueError(
-            f"{what} must be {width} strings (one per column), got {value!r}; pass None for "
-            "unnamed columns"
-        )
-    if len(set(names)) != len(names):
-        dup = sorted({n for n in names if names.count(n) > 1})
-        raise ValueError(f"{what} must be distinct, got duplicates {dup}")
-    return names
-
-
 def _regularization(value: Any) -> float | list[float]:
     arr = np.asarray(value, dtype=np.float64)
     if arr.ndim > 1 or not np.all(np.isfinite(arr)) or np.any(arr < 0):
@@ -401,8 +339,8 @@ def save_artifact(
         )
     n_out = None if dual_coef.ndim == 1 else dual_coef.shape[1]
     pre = check_preprocessing(preprocessing, X_shape[1], n_out)
-    feature_names = _names(feature_names, "feature_names", int(X_shape[1]))
-    target_names = _names(target_names, "target_names", n_out or 1)
+    feature_names = check_names(feature_names, "feature_names", int(X_shape[1]))
+    target_names = check_names(target_names, "target_names", n_out or 1)
     if not isinstance(regularization_convention, str) or not regularization_convention:
         raise ValueError(
             "regularization_convention must be a non-empty string such as 'sklearn' "
@@ -455,7 +393,7 @@ def save_artifact(
         "x_train_ref": None
         if x_train_ref is None
         else {
-            "url": _ref_to_store(x_train_ref, path),
+            "url": ref_to_store(x_train_ref, path),
             "shape": list(X_shape),
             "dtype": X_dtype.str,
             "checksum": x_checksum,
@@ -615,7 +553,9 @@ def load_artifact(
         ref_url = None
     else:
         if x_train is None:
-            ref_url = _resolve_stored_ref(ref["url"], path)
+            ref_url = resolve_stored_ref(ref["url"], path)
+            if ref_url is None:
+                raise ArtifactError(escape_message(ref["url"], path))
             src = _read_ref(ref_url)
         elif isinstance(x_train, str | os.PathLike):
             ref_url = _normalise_path(x_train)
@@ -655,18 +595,6 @@ def load_artifact(
         format_version=int(meta["format_version"]),
         x_train_ref=ref_url,
         path=path,
-        feature_names=_loaded_names(meta, "feature_names", X_train.shape[1]),
-        target_names=_loaded_names(meta, "target_names", n_out or 1),
+        feature_names=loaded_names(meta, "feature_names", X_train.shape[1]),
+        target_names=loaded_names(meta, "target_names", n_out or 1),
     )
-
-
-def _loaded_names(meta: dict[str, Any], key: str, width: int) -> list[str] | None:
-    """Column names from the metadata (or, for models written before they were
-    first-class, from ``extra`` where the ``model`` stage put them)."""
-    value = meta.get(key)
-    if value is None:
-        value = (meta.get("extra") or {}).get(key)
-    try:
-        return _names(value, key, width)
-    except ValueError:
-        return None
