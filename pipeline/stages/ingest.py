@@ -218,8 +218,14 @@ def run(
     split: dict[str, Any],
     preprocess: dict[str, Any],
     block_size: int,
+    source_identity: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Load, validate, split, standardise and store the data.
+
+    ``source_identity`` (:func:`pipeline.stages.source_identity.source_identity`,
+    computed by the runner before this stage) is hashed into the block
+    fingerprints, so blocks stored from another version of the data are never
+    resumed.
 
     Returns
     -------
@@ -284,6 +290,8 @@ def run(
         ytr = (ytr - mean) / scale  # y_test stays in original units: metrics use them
 
     fp = fingerprint_obj({"data": data, "split": split, "preprocess": preprocess})
+    if source_identity is not None:
+        fp = fingerprint_obj([fp, source_identity])
     out: dict[str, Any] = {"store": store, "block_size": block_size}
     for name, arr in (("X_train", Xtr), ("y_train", ytr), ("X_test", Xte), ("y_test", yte)):
         if arr is None:
