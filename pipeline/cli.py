@@ -329,7 +329,7 @@ def cmd_run(args) -> int:
         run_stages,
     )
     from pipeline.stages.lock import RunDirUnusable
-    from pipeline.stages.manifest import ManifestError
+    from pipeline.stages.manifest import Manifest, ManifestError
 
     cfg = _load(args.config, args.overrides)
     if args.scheduler:
@@ -372,6 +372,10 @@ def cmd_run(args) -> int:
                 lock.took_over.get("pid"),
             )
         log.info("run dir: %s", run_dir)
+        try:  # a damaged manifest is reported before a cluster is started
+            Manifest.load(run_dir)
+        except ManifestError as e:
+            raise CliError(str(e), EXIT_RUN_DIR) from None
         with _client(
             cfg.cluster.address, cfg.cluster, want_dashboard=tty and cfg.cluster.dashboard
         ) as client:
