@@ -182,6 +182,12 @@ class RunLock:
                     f"cannot open the lock file {str(self.path)!r}: {e.strerror or e}. Make the "
                     "run directory writable, or use another --run-dir."
                 ) from None
+            except OSError as e:  # e.g. ENOLCK: a filesystem without locks
+                raise RunDirUnusable(
+                    f"cannot lock {str(self.path)!r}: {e.strerror or e}. The run directory "
+                    "must be on a filesystem that supports file locks (flock); use another "
+                    "--run-dir."
+                ) from None
             if fd is not None:
                 break
             time.sleep(0.05)
