@@ -51,7 +51,8 @@ EXIT_CODES = {
     EXIT_INTERNAL: "internal error (a bug: please report it with the traceback from -v)",
     EXIT_BAD_CONFIG: "bad config or usage (also: run dir belongs to other data without --force-new)",
     EXIT_BAD_INPUT: "bad input: missing or invalid data file, model artifact or prediction input",
-    EXIT_STAGE_FAILED: "a stage failed (its error is in the manifest; rerun to resume)",
+    EXIT_STAGE_FAILED: "a stage failed (its error is in the manifest): rerun to resume, or "
+    "change the config as the message says (e.g. a CG solve that did not converge)",
     EXIT_LOCKED: "the run directory is locked by another live run",
     EXIT_NO_SCHEDULER: "the scheduler address does not answer",
     EXIT_RUN_DIR: "the run directory is unusable: a file, not writable, or a damaged manifest",
