@@ -123,3 +123,26 @@ def test_moved_run_dir_resumed_by_relative_path_from_another_cwd(tmp_path):
     Xq = np.random.default_rng(5).normal(size=(30, 4))
     expected = _reference_predict(np.load(xa), np.load(ya), Xq)
     np.testing.assert_allclose(model.predict(Xq), expected, atol=1e-8)
+
+
+def test_source_identity_follows_content_not_path(tmp_path, monkeypatch):
+    from pipeline.stages import source_identity as si
+
+    a = tmp_path / "a.npy"
+    np.save(a, np.arange(300.0).reshape(100, 3))
+    ident = si.path_identity(str(a))
+    moved = tmp_path / "sub" / "b.npy"
+    moved.parent.mkdir()
+    shutil.copy2(a, moved)
+    assert si.path_identity(str(moved)) == ident  # same bytes elsewhere: same data
+    raw = bytearray(a.read_bytes())
+    raw[len(raw) // 2] ^= 1  # one bit in the middle, same size
+    a.write_bytes(bytes(raw))
+    assert si.path_identity(str(a)) != ident
+    # above the full-hash limit: path, size, mtime and sampled blocks
+    monkeypatch.setattr(si, "FULL_HASH_MAX_BYTES", 10)
+    big = si.path_identity(str(a))
+    assert "blake2b_sampled" in big and big != si.path_identity(str(moved))
+    assert si.path_identity(str(tmp_path / "none.npy"))["missing"] is True
+    pkg = si.source_identity({"source": "sklearn", "name": "diabetes"})
+    assert pkg["package"]["package"] == "scikit-learn" and pkg["package"]["version"]
