@@ -9,6 +9,7 @@ directory that is a file were reported as internal errors (bugs).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -114,3 +115,24 @@ def test_damaged_manifest_and_file_run_dir_are_reported_as_such(tmp_path):
     assert r.returncode == 7, (r.returncode, r.stderr[-3000:])
     assert "is a file" in r.stderr and "internal error" not in r.stderr
     assert afile.read_text() == "not a directory"
+
+
+def test_read_only_run_dir_is_reported_as_such(tmp_path, monkeypatch, capsys):
+    from pipeline import cli
+
+    conf = _conf(tmp_path, solver="{method: cholesky}")
+    run = tmp_path / "ro"
+    run.mkdir()
+    real_access = os.access
+
+    def access(path, mode, *a, **kw):  # a read-only mount, as root cannot chmod one here
+        if Path(path) == run and mode & os.W_OK:
+            return False
+        return real_access(path, mode, *a, **kw)
+
+    monkeypatch.setattr(os, "access", access)
+    code = cli.main(["run", str(conf), "--run-dir", str(run)])
+    err = capsys.readouterr().err
+    assert code == 7, err
+    assert "not writable" in err and "internal error" not in err
+    assert not any(run.iterdir())
