@@ -29,6 +29,10 @@ class InputError(ValueError):
     """The configured data cannot be read or is not valid input."""
 
 
+class SourceChanged(RuntimeError):
+    """The data's content identity at the end of ingest differs from the one at its start."""
+
+
 # ---------------------------------------------------------------------------
 # sources
 
@@ -301,6 +305,15 @@ def run(
             arr.compute_chunk_sizes()
         store_rows(arr, store, name, block_size, fingerprint_obj([fp, name]))
         out[name] = name
+    if source_identity is not None:
+        from pipeline.stages.source_identity import source_identity as identify
+
+        if identify(data, split) != source_identity:
+            # the stored blocks may mix two versions: the rerun sees a new fingerprint
+            raise SourceChanged(
+                "the data changed while the ingest stage was reading it; rerun the same "
+                "command once it is stable (the stored rows are discarded and read again)"
+            )
     stored_X = da.from_zarr(store, component="X_train")
     out.update(
         n_train=int(Xtr.shape[0]),

@@ -146,3 +146,24 @@ def test_source_identity_follows_content_not_path(tmp_path, monkeypatch):
     assert si.path_identity(str(tmp_path / "none.npy"))["missing"] is True
     pkg = si.source_identity({"source": "sklearn", "name": "diabetes"})
     assert pkg["package"]["package"] == "scikit-learn" and pkg["package"]["version"]
+
+
+def test_data_changed_during_ingest_fails_the_stage(tmp_path):
+    from pipeline.stages import ingest
+    from pipeline.stages.source_identity import source_identity
+
+    x, y = _data(tmp_path / "data", seed=0, n=60)
+    data = {"source": "npy", "path": str(x), "y_path": str(y)}
+    split = {"test_fraction": 0.0}
+    at_start = source_identity(data, split)
+    _data(tmp_path / "data", seed=1, n=60)  # rewritten after the runner identified it
+    with pytest.raises(ingest.SourceChanged, match="changed while the ingest stage"):
+        ingest.run(
+            tmp_path / "ingest",
+            {},
+            data=data,
+            split=split,
+            preprocess={"standardize": False},
+            block_size=20,
+            source_identity=at_start,
+        )
