@@ -10,11 +10,14 @@ Commands
     Batch prediction with a saved model (``RUN_DIR/model/model``).
 ``krr validate CONFIG [key=value ...]``
     Check a config and exit.
+``krr unlock RUN_DIR``
+    Remove a run directory's lock left by a dead run (refused while a live run holds it).
 
 Exit codes (see :data:`EXIT_CODES`): 0 done; 1 internal error; 2 bad config or
 usage (including a run directory that belongs to other data); 3 bad input (a
 missing or invalid data file, model or prediction input); 4 a stage failed;
 5 the run directory is locked by a live run; 6 the scheduler does not answer;
+7 the run directory is unusable (a file, not writable, or a damaged manifest);
 130 interrupted.
 """
 
@@ -40,6 +43,7 @@ EXIT_BAD_INPUT = 3
 EXIT_STAGE_FAILED = 4
 EXIT_LOCKED = 5
 EXIT_NO_SCHEDULER = 6
+EXIT_RUN_DIR = 7
 EXIT_INTERRUPTED = 130
 
 EXIT_CODES = {
@@ -47,9 +51,11 @@ EXIT_CODES = {
     EXIT_INTERNAL: "internal error (a bug: please report it with the traceback from -v)",
     EXIT_BAD_CONFIG: "bad config or usage (also: run dir belongs to other data without --force-new)",
     EXIT_BAD_INPUT: "bad input: missing or invalid data file, model artifact or prediction input",
-    EXIT_STAGE_FAILED: "a stage failed (its error is in the manifest; rerun to resume)",
+    EXIT_STAGE_FAILED: "a stage failed (its error is in the manifest): rerun to resume, or "
+    "change the config as the message says (e.g. a CG solve that did not converge)",
     EXIT_LOCKED: "the run directory is locked by another live run",
     EXIT_NO_SCHEDULER: "the scheduler address does not answer",
+    EXIT_RUN_DIR: "the run directory is unusable: a file, not writable, or a damaged manifest",
     EXIT_INTERRUPTED: "interrupted (rerun to resume)",
 }
 
@@ -157,6 +163,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pr.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS)
 
+    u = sub.add_parser(
+        "unlock",
+        help="remove the lock of a dead run (refused while a live run holds it)",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    u.add_argument("run_dir", metavar="RUN_DIR")
+    u.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS)
+
     v = sub.add_parser("validate", help="check a config and exit")
     v.add_argument("config", metavar="CONFIG")
     v.add_argument("overrides", nargs="*", metavar="key=value")
@@ -246,6 +261,17 @@ def _classify_stage_error(e) -> int:
     return EXIT_STAGE_FAILED
 
 
+def _stage_error_hint(e, code: int) -> str:
+    """What to do about a failed stage: a rerun resumes, but cannot fix bad data or config."""
+    from pipeline.stages.solve import IndefiniteKernelError, SolveNotConverged
+
+    if code == EXIT_BAD_INPUT:
+        return "fix the input data (a rerun cannot help), then rerun the same command"
+    if isinstance(e.__cause__, SolveNotConverged | IndefiniteKernelError):
+        return "change the config as said above, then rerun (the stages before it are kept)"
+    return "rerun the same command to resume"
+
+
 def _fmt(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.6g}"
@@ -315,6 +341,8 @@ def cmd_run(args) -> int:
         default_stages,
         run_stages,
     )
+    from pipeline.stages.lock import RunDirUnusable
+    from pipeline.stages.manifest import Manifest, ManifestError
 
     cfg = _load(args.config, args.overrides)
     if args.scheduler:
@@ -348,6 +376,8 @@ def cmd_run(args) -> int:
         lock = RunLock(run_dir).acquire()
     except LockHeldError as e:
         raise CliError(str(e), EXIT_LOCKED) from None
+    except RunDirUnusable as e:
+        raise CliError(str(e), EXIT_RUN_DIR) from None
     try:
         if lock.took_over:
             log.warning(
@@ -355,6 +385,10 @@ def cmd_run(args) -> int:
                 lock.took_over.get("pid"),
             )
         log.info("run dir: %s", run_dir)
+        try:  # a damaged manifest is reported before a cluster is started
+            Manifest.load(run_dir)
+        except ManifestError as e:
+            raise CliError(str(e), EXIT_RUN_DIR) from None
         with _client(
             cfg.cluster.address, cfg.cluster, want_dashboard=tty and cfg.cluster.dashboard
         ) as client:
@@ -374,11 +408,18 @@ def cmd_run(args) -> int:
                 )
             except RunDirConflict as e:
                 raise CliError(str(e), EXIT_BAD_CONFIG) from None
+            except ManifestError as e:
+                raise CliError(str(e), EXIT_RUN_DIR) from None
             except StageFailed as e:
                 code = _classify_stage_error(e)
                 if getattr(args, "verbose", False):
                     traceback.print_exception(e.__cause__, file=sys.stderr)
-                raise CliError(f"{e}\nrerun the same command to resume", code) from None
+                raise CliError(f"{e}\n{_stage_error_hint(e, code)}", code) from None
+            except OSError as e:  # outside every stage: the manifest or the run directory
+                raise CliError(
+                    f"run directory {str(run_dir)!r} is unusable: {type(e).__name__}: {e}",
+                    EXIT_RUN_DIR,
+                ) from None
     finally:
         lock.release()
     wall = time.perf_counter() - t0
@@ -394,6 +435,9 @@ def cmd_run(args) -> int:
         "model": (outputs.get("model") or {}).get("path"),
         "evaluate": outputs.get("evaluate"),
     }
+    unconverged = _unconverged_note(outputs.get("solve"))
+    if unconverged:
+        result["unconverged_solve"] = unconverged
     if args.json:
         print(json.dumps(result, indent=2, default=str))
         return EXIT_OK
@@ -412,6 +456,8 @@ def cmd_run(args) -> int:
         sol = outputs["solve"]
         extra = f", {sol['n_iter']} CG iterations" if "n_iter" in sol else ""
         print(f"  solver: {sol['method']} (shift {sol.get('shift', float('nan')):.4g}{extra})")
+    if unconverged:
+        print(f"  UNCONVERGED SOLVE ACCEPTED: {unconverged}")
     if result["model"]:
         print(f"  model: {result['model']}")
     if outputs.get("evaluate"):
@@ -419,11 +465,28 @@ def cmd_run(args) -> int:
     return EXIT_OK
 
 
+def _unconverged_note(sol: dict[str, Any] | None) -> str | None:
+    """A line for a CG solve that did not converge (kept only with solver.allow_unconverged)."""
+    if not sol or sol.get("converged", True):
+        return None
+    res = sol.get("rel_residual")
+    worst = max(res) if isinstance(res, list) and res else res
+    worst_s = f"{worst:.3e}" if isinstance(worst, float | int) else "?"
+    return (
+        f"CG stopped after {sol.get('n_iter')} iterations with relative residual {worst_s}, "
+        "above solver.tol; alpha, the model and the predictions are approximate "
+        "(solver.allow_unconverged is true)"
+    )
+
+
 def cmd_status(args) -> int:
+    from pipeline.stages.manifest import ManifestError
     from pipeline.stages.status import run_status
 
     try:
         st = run_status(args.run_dir)
+    except ManifestError as e:
+        raise CliError(str(e), EXIT_RUN_DIR) from None
     except FileNotFoundError as e:
         raise CliError(str(e), EXIT_BAD_INPUT) from None
     except ValueError as e:
@@ -513,7 +576,43 @@ def cmd_predict(args) -> int:
     return EXIT_OK
 
 
-_COMMANDS = {"run": cmd_run, "status": cmd_status, "predict": cmd_predict, "validate": cmd_validate}
+def cmd_unlock(args) -> int:
+    """Remove a lock left by a dead run; refuse while a live run holds it."""
+    from pipeline.stages.lock import LockHeldError, unlock
+
+    run_dir = Path(args.run_dir)
+    if not run_dir.is_dir():
+        raise CliError(f"run directory {str(run_dir)!r} does not exist", EXIT_BAD_INPUT)
+    try:
+        owner = unlock(run_dir)
+    except LockHeldError as e:
+        raise CliError(
+            f"run directory {str(run_dir)!r} is locked by pid {e.owner.get('pid')} on "
+            f"{e.owner.get('host')}, and a live process holds that lock: not unlocked. Wait "
+            "for that run to finish, or stop it.",
+            EXIT_LOCKED,
+        ) from None
+    except PermissionError as e:
+        raise CliError(f"cannot remove the lock in {str(run_dir)!r}: {e}", EXIT_RUN_DIR) from None
+    if owner is None:
+        print(f"{run_dir}: not locked")
+        return EXIT_OK
+    started = owner.get("started")
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if started else "?"
+    print(
+        f"{run_dir}: removed the lock of pid {owner.get('pid')} on {owner.get('host')} "
+        f"(started {when}); no live process held it"
+    )
+    return EXIT_OK
+
+
+_COMMANDS = {
+    "run": cmd_run,
+    "status": cmd_status,
+    "predict": cmd_predict,
+    "validate": cmd_validate,
+    "unlock": cmd_unlock,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -141,6 +141,9 @@ class SolverConfig(_Model):
     rank: int = Field(default=500, ge=1)
     matvec: Literal["stored", "matrix_free"] = "matrix_free"
     checkpoint_every: int = Field(default=10, ge=1)
+    #: accept a CG solve that stops at max_iter or breaks down (the run summary says so);
+    #: by default such a solve fails the run (exit 4)
+    allow_unconverged: bool = False
     # cholesky
     jitter: bool = False
     #: precision of the stored factor: "float32" halves its bytes and runs the tile
@@ -319,6 +322,20 @@ class RunConfig(_Model):
         except ValueError as exc:  # name the config keys, not the estimator's arguments
             msg = str(exc).replace("alphas=[...]", "cv.alphas")
             raise ValueError(f"cv.{msg}" if msg.startswith("param_grid") else msg) from None
+        return self
+
+    @model_validator(mode="after")
+    def _check_cg_kernel(self) -> RunConfig:
+        """CG needs a positive semi-definite kernel: refuse a known indefinite one up front."""
+        if self.solver.method == "cg":
+            kernel = self.kernel.build()
+            if not getattr(kernel, "is_mercer", True):
+                raise ValueError(
+                    f"solver.method: 'cg' needs a positive semi-definite kernel, and kernel "
+                    f"{kernel!r} is not one (is_mercer is False): CG can break down or return a "
+                    "wrong alpha on an indefinite K + lambda*I. Use solver.method=cholesky (it "
+                    "names the shift that fails) or a Mercer kernel such as rbf."
+                )
         return self
 
     def resolved_run_dir(self, base: Path | None = None) -> Path:

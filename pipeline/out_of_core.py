@@ -121,9 +121,19 @@ def fit_out_of_core(
     bs = int(block_size or min(DEFAULT_BLOCK_SIZE, n))
     conv = CONVENTIONS[convention]
     shift = regularisation_shift(lam, n, conv)
+    mercer = bool(getattr(kernel, "is_mercer", True))
+    if solver == "cg" and not mercer:
+        raise ValueError(
+            f"solver='cg' needs a positive semi-definite kernel, and {kernel!r} is not one "
+            "(is_mercer is False): CG can break down or return wrong coefficients on an "
+            "indefinite K + alpha*I. Use solver='cholesky' (it names the shift that fails), "
+            "solver='dense', or a Mercer kernel such as 'rbf'."
+        )
     with _store_dir(store) as root:
         if solver == "auto":
             solver, reason = choose_out_of_core_solver(n, d, root)
+            if solver == "cg" and not mercer:  # as KernelRidgeCV's auto routing does
+                solver, reason = "cholesky", f"{reason}; but the kernel is not known to be PSD"
             log.info("solver='auto' chose %r: %s", solver, reason)
         if solver == "cholesky":
             return _fit_cholesky(X, y, kernel, lam, conv, root, bs, shift, progress, factor_dtype)

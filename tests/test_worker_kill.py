@@ -25,6 +25,7 @@ from _dask_cluster import external_cluster, stop
 
 from pipeline.gram import build_gram
 from pipeline.solvers import cholesky_solve, tile_cholesky
+from pipeline.stages.manifest import resolve_outputs
 
 pytestmark = pytest.mark.slow
 
@@ -96,7 +97,8 @@ def test_kill_one_worker_mid_gram(tmp_path):
 
     report = json.loads(out)
     assert {"ingest", "gram", "solve"} <= set(report["ran"])
-    manifest = json.loads((run_dir / "manifest.json").read_text())
+    # stage outputs inside the run dir are stored as "@run/..." paths: resolve them
+    manifest = resolve_outputs(json.loads((run_dir / "manifest.json").read_text()), run_dir)
     gram_out = manifest["stages"]["gram"]["outputs"]
     assert _n_markers(markers) == gram_out["tiles"] == N_TILES
     alpha = np.load(run_dir / "solve" / "alpha.npy")

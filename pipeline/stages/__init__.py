@@ -71,6 +71,24 @@ def _selected(params: dict[str, Any], outputs: Mapping[str, Any]) -> dict[str, A
     return out
 
 
+def _ingest_source(params: dict[str, Any], outputs: Mapping[str, Any]) -> dict[str, Any]:
+    """The ingest arguments plus the content identity of the data it will read."""
+    from pipeline.stages.source_identity import source_identity
+
+    ident = source_identity(params["data"], params.get("split"))
+    return {**params, "source_identity": ident}
+
+
+def _predict_input(params: dict[str, Any], outputs: Mapping[str, Any]) -> dict[str, Any]:
+    """The predict arguments (with the selected λ/kernel) plus the batch input's identity."""
+    out = _selected(params, outputs)
+    if out.get("input"):
+        from pipeline.stages.source_identity import path_identity
+
+        out = {**out, "input_identity": path_identity(str(out["input"]))}
+    return out
+
+
 _ENABLED = {
     "select": _has_cv,
     "gram": _gram_enabled,
@@ -79,6 +97,9 @@ _ENABLED = {
 }
 #: stages whose kernel and λ come from the select stage when it runs
 _RESOLVE = {name: _selected for name in ("gram", "solve", "model", "predict", "evaluate")}
+#: the data's content identity is part of the fingerprint: a changed file reruns from ingest
+_RESOLVE["ingest"] = _ingest_source
+_RESOLVE["predict"] = _predict_input
 
 
 def default_stages() -> list[Stage]:

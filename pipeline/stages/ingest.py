@@ -29,6 +29,10 @@ class InputError(ValueError):
     """The configured data cannot be read or is not valid input."""
 
 
+class SourceChanged(RuntimeError):
+    """The data's content identity at the end of ingest differs from the one at its start."""
+
+
 # ---------------------------------------------------------------------------
 # sources
 
@@ -218,8 +222,14 @@ def run(
     split: dict[str, Any],
     preprocess: dict[str, Any],
     block_size: int,
+    source_identity: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Load, validate, split, standardise and store the data.
+
+    ``source_identity`` (:func:`pipeline.stages.source_identity.source_identity`,
+    computed by the runner before this stage) is hashed into the block
+    fingerprints, so blocks stored from another version of the data are never
+    resumed.
 
     Returns
     -------
@@ -284,6 +294,8 @@ def run(
         ytr = (ytr - mean) / scale  # y_test stays in original units: metrics use them
 
     fp = fingerprint_obj({"data": data, "split": split, "preprocess": preprocess})
+    if source_identity is not None:
+        fp = fingerprint_obj([fp, source_identity])
     out: dict[str, Any] = {"store": store, "block_size": block_size}
     for name, arr in (("X_train", Xtr), ("y_train", ytr), ("X_test", Xte), ("y_test", yte)):
         if arr is None:
@@ -293,6 +305,15 @@ def run(
             arr.compute_chunk_sizes()
         store_rows(arr, store, name, block_size, fingerprint_obj([fp, name]))
         out[name] = name
+    if source_identity is not None:
+        from pipeline.stages.source_identity import source_identity as identify
+
+        if identify(data, split) != source_identity:
+            # the stored blocks may mix two versions: the rerun sees a new fingerprint
+            raise SourceChanged(
+                "the data changed while the ingest stage was reading it; rerun the same "
+                "command once it is stable (the stored rows are discarded and read again)"
+            )
     stored_X = da.from_zarr(store, component="X_train")
     out.update(
         n_train=int(Xtr.shape[0]),

@@ -1,14 +1,29 @@
 """The run lock: one live ``krr run`` per run directory.
 
-``{run_dir}/.lock`` is created with ``O_CREAT | O_EXCL`` and holds the owner's
-pid, host and process start time. A second run finds it and is refused while
-the owner is alive. If the owner is dead (killed, crashed), the lock is stale:
-it is moved aside atomically and taken over, so two runs racing for a stale
-lock cannot both win.
+``{run_dir}/.lock`` carries an OS-level exclusive lock (``fcntl.flock``) for as
+long as the run lives. The kernel drops it when the process dies, however it
+dies, so liveness is never guessed from a PID (a PID can be reused, or belong to
+another PID namespace on the same host). The file also holds the owner's host,
+PID and start time, for messages only.
+
+- A held lock refuses a second run (:class:`LockHeldError`), whatever PID the
+  file names.
+- A lock file whose lock is free was left by a run on this host that died: it is
+  taken over (``RunLock.took_over`` is the dead owner).
+- A lock file whose lock is free but that names another host is refused: on a
+  shared filesystem that does not forward locks between hosts, a free lock says
+  nothing about a process on another machine. If that run is gone,
+  ``krr unlock RUN_DIR`` (:func:`unlock`) removes the file after printing its owner.
+
+A lock file is unlinked only while its lock is held, and a lock taken on a file
+that has meanwhile been unlinked or replaced is dropped and taken again, so two
+runs cannot both hold the lock of one run directory.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import socket
@@ -25,16 +40,31 @@ LOCK_NAME = ".lock"
 class LockHeldError(RuntimeError):
     """Another live process holds the run directory's lock."""
 
-    def __init__(self, run_dir: Path, owner: dict[str, Any]) -> None:
+    def __init__(self, run_dir: Path, owner: dict[str, Any], remote: bool = False) -> None:
         self.run_dir = run_dir
         self.owner = owner
+        self.remote = remote
         started = owner.get("started")
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if started else "?"
+        if remote:
+            hint = (
+                "This host cannot tell whether that run is alive. Wait for it to finish, "
+                "stop it, or use another --run-dir; if it is dead (e.g. its host went down), "
+                f"`krr unlock {run_dir}` removes the lock."
+            )
+        else:
+            hint = (
+                "Wait for it to finish, stop it, or use another --run-dir "
+                f"(`krr unlock {run_dir}` removes a lock left by a dead run)."
+            )
         super().__init__(
             f"run directory {str(run_dir)!r} is locked by pid {owner.get('pid')} on "
-            f"{owner.get('host')} (running since {when}). Wait for it to finish, stop it, "
-            "or use another --run-dir."
+            f"{owner.get('host')} (running since {when}). {hint}"
         )
+
+
+class RunDirUnusable(OSError):
+    """The run directory cannot be used: it is a file, read-only, or not creatable."""
 
 
 def _proc_start(pid: int) -> float | None:
@@ -44,22 +74,71 @@ def _proc_start(pid: int) -> float | None:
         return None
 
 
-def _owner_alive(owner: dict[str, Any]) -> bool:
-    if owner.get("host") != socket.gethostname():
-        # cannot check a process on another host: treat the lock as held
-        return True
-    pid = owner.get("pid")
-    if not isinstance(pid, int) or not psutil.pid_exists(pid):
-        return False
+def _read_owner(path: Path) -> dict[str, Any] | None:
     try:
-        if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-            return False
-    except psutil.NoSuchProcess:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except IsADirectoryError:
+        return {}
+    try:
+        owner = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return {}
+    return owner if isinstance(owner, dict) else {}
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether ``path`` still names the file open as ``fd`` (not unlinked or replaced)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
         return False
-    start = _proc_start(pid)
-    recorded = owner.get("proc_start")
-    # a recycled pid has another start time
-    return start is not None and (recorded is None or abs(start - recorded) < 1.0)
+    fst = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (fst.st_dev, fst.st_ino)
+
+
+def _try_flock(path: Path, create: bool) -> int | None:
+    """An fd of ``path`` holding its exclusive flock, or None when another holds it.
+
+    With ``create=False`` a missing file raises FileNotFoundError.
+    """
+    for _ in range(100):
+        flags = (os.O_RDWR | os.O_CREAT) if create else os.O_RDONLY
+        fd = os.open(path, flags, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                return None
+            raise
+        if _same_file(fd, path):
+            return fd
+        os.close(fd)  # unlinked by its previous owner after we opened it: again
+        if not create and not path.exists():
+            raise FileNotFoundError(errno.ENOENT, "lock file removed", str(path))
+    raise RuntimeError(f"could not lock {str(path)!r}: it is replaced again and again")
+
+
+def _check_dir(run_dir: Path) -> None:
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunDirUnusable(
+            f"run directory {str(run_dir)!r} is a file, not a directory. Use another "
+            "--run-dir (or set run_dir in the config)."
+        )
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise RunDirUnusable(
+            f"cannot create run directory {str(run_dir)!r}: {e.strerror or e}. Use another "
+            "--run-dir, or fix its parent's permissions."
+        ) from None
+    if not os.access(run_dir, os.W_OK | os.X_OK):
+        raise RunDirUnusable(
+            f"run directory {str(run_dir)!r} is not writable (read-only filesystem or "
+            "permissions). Make it writable, or use another --run-dir."
+        )
 
 
 class RunLock:
@@ -77,90 +156,85 @@ class RunLock:
         self.token = uuid.uuid4().hex
         self.took_over: dict[str, Any] | None = None
         self._held = False
+        self._fd: int | None = None
 
     def read_owner(self) -> dict[str, Any] | None:
-        try:
-            return json.loads(self.path.read_text())
-        except FileNotFoundError:
-            return None
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return {}
+        """The owner recorded in the lock file: None without one, ``{}`` if unreadable."""
+        return _read_owner(self.path)
 
     def acquire(self) -> RunLock:
-        """Take the lock, taking over a stale one.
+        """Take the lock, taking over one left by a dead run on this host.
 
         Raises
         ------
         LockHeldError
-            A live process owns the lock.
+            A live process holds the lock, or the file names another host.
+        RunDirUnusable
+            The run directory is a file, cannot be created, or is not writable.
         """
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        me = {
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "proc_start": _proc_start(os.getpid()),
-            "started": time.time(),
-            "token": self.token,
-        }
-        for _ in range(50):
+        _check_dir(self.run_dir)
+        fd = None
+        for _ in range(10):  # a short retry: `krr status` may be probing the lock
             try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                owner = self.read_owner()
-                if owner is None:
-                    continue  # released meanwhile: retry
-                if owner == {}:
-                    # a lock file half written by a process killed while creating it
-                    age = time.time() - self.path.stat().st_mtime if self.path.exists() else 0
-                    if age < 5:
-                        time.sleep(0.2)
-                        continue
-                elif _owner_alive(owner):
-                    raise LockHeldError(self.run_dir, owner) from None
-                # stale: remove it under a short-lived takeover mutex, re-checking inside,
-                # so two runs racing for the same stale lock cannot both win
-                if self._remove_stale(owner):
-                    self.took_over = owner
-                continue
-            with os.fdopen(fd, "w") as f:
-                json.dump(me, f)
-                f.flush()
-                os.fsync(f.fileno())
-            self._held = True
-            return self
-        owner = self.read_owner() or {}
-        raise LockHeldError(self.run_dir, owner)
-
-    def _remove_stale(self, owner: dict[str, Any]) -> bool:
-        mutex = self.path.with_name(f"{LOCK_NAME}.takeover")
+                fd = _try_flock(self.path, create=True)
+            except PermissionError as e:
+                raise RunDirUnusable(
+                    f"cannot open the lock file {str(self.path)!r}: {e.strerror or e}. Make the "
+                    "run directory writable, or use another --run-dir."
+                ) from None
+            except OSError as e:  # e.g. ENOLCK: a filesystem without locks
+                raise RunDirUnusable(
+                    f"cannot lock {str(self.path)!r}: {e.strerror or e}. The run directory "
+                    "must be on a filesystem that supports file locks (flock); use another "
+                    "--run-dir."
+                ) from None
+            if fd is not None:
+                break
+            time.sleep(0.05)
+        if fd is None:
+            owner = {}
+            for _ in range(20):  # the holder may be writing its record right now
+                owner = self.read_owner() or {}
+                if owner:
+                    break
+                time.sleep(0.05)
+            raise LockHeldError(self.run_dir, owner)
         try:
-            fd = os.open(mutex, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            try:
-                if time.time() - mutex.stat().st_mtime > 10:
-                    mutex.unlink(missing_ok=True)  # left by a process killed mid-takeover
-            except FileNotFoundError:
-                pass
-            time.sleep(0.1)
-            return False
-        os.close(fd)
-        try:
-            current = self.read_owner()
-            if current is not None and current.get("token") == owner.get("token"):
-                self.path.unlink(missing_ok=True)
-                return True
-            return False
-        finally:
-            mutex.unlink(missing_ok=True)
+            previous = _read_fd(fd)
+            host = socket.gethostname()
+            if previous and previous.get("host") not in (None, host):
+                raise LockHeldError(self.run_dir, previous, remote=True)
+            me = {
+                "pid": os.getpid(),
+                "host": host,
+                "proc_start": _proc_start(os.getpid()),
+                "started": time.time(),
+                "token": self.token,
+            }
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(me).encode(), 0)
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        if previous:
+            self.took_over = previous  # a run on this host that died without releasing
+        self._fd = fd
+        self._held = True
+        return self
 
     def release(self) -> None:
-        """Remove the lock if this object still owns it."""
-        if not self._held:
+        """Remove the lock file (if it still holds this lock's record) and drop the lock."""
+        if not self._held or self._fd is None:
             return
-        owner = self.read_owner()
-        if owner and owner.get("token") == self.token:
-            self.path.unlink(missing_ok=True)
-        self._held = False
+        try:
+            owner = self.read_owner()
+            if owner and owner.get("token") == self.token and _same_file(self._fd, self.path):
+                self.path.unlink(missing_ok=True)
+        finally:
+            os.close(self._fd)  # closing drops the flock
+            self._fd = None
+            self._held = False
 
     def __enter__(self) -> RunLock:
         return self.acquire()
@@ -169,9 +243,61 @@ class RunLock:
         self.release()
 
 
+def _read_fd(fd: int) -> dict[str, Any]:
+    size = os.fstat(fd).st_size
+    data = os.pread(fd, size, 0) if size else b""
+    if not data.strip():
+        return {}
+    try:
+        owner = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return {}
+    return owner if isinstance(owner, dict) else {}
+
+
 def lock_owner(run_dir: str | Path) -> dict[str, Any] | None:
-    """The live owner of ``run_dir``'s lock, or None if unlocked or stale."""
-    owner = RunLock(run_dir).read_owner()
-    if not owner or not _owner_alive(owner):
+    """The owner of ``run_dir``'s lock while a live run holds it, else None.
+
+    A lock file that names another host counts as held (this host cannot check).
+    """
+    path = Path(run_dir) / LOCK_NAME
+    owner = _read_owner(path)
+    if owner is None:
         return None
+    try:
+        fd = _try_flock(path, create=False)
+    except (FileNotFoundError, PermissionError):
+        return None
+    if fd is None:
+        return owner or _read_owner(path) or {}
+    os.close(fd)
+    if owner and owner.get("host") not in (None, socket.gethostname()):
+        return owner
+    return None
+
+
+def unlock(run_dir: str | Path) -> dict[str, Any] | None:
+    """Remove a lock file that no live process holds; return the owner it named.
+
+    Returns None when there is no lock file.
+
+    Raises
+    ------
+    LockHeldError
+        A live process (on this host, or on one whose locks reach this
+        filesystem) holds the lock: it is left alone.
+    """
+    run_dir = Path(run_dir)
+    path = run_dir / LOCK_NAME
+    try:
+        fd = _try_flock(path, create=False)
+    except FileNotFoundError:
+        return None
+    if fd is None:
+        raise LockHeldError(run_dir, _read_owner(path) or {})
+    try:
+        owner = _read_fd(fd)
+        path.unlink(missing_ok=True)
+    finally:
+        os.close(fd)
     return owner

@@ -4,11 +4,18 @@
 Every update writes a temporary file, fsyncs it and renames it over the old one,
 so a reader (``krr status``, a resumed run) sees either the old or the new
 manifest, never a torn one, even if the writer is SIGKILLed.
+
+Stage outputs that are absolute paths inside the run directory are stored
+relative to it, as ``"@run/<path>"``, and resolved against the run directory the
+manifest is loaded from. So a run directory can be moved, copied, or reached by a
+relative ``--run-dir`` from another working directory, and a resumed run reads
+its own stored data, never that of whatever lies at the old path.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,8 +26,53 @@ from pipeline.storage.atomic import atomic_write
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
 
+#: prefix of a stage output stored relative to the run directory
+RUN_PREFIX = "@run/"
+
 Status = Literal["pending", "running", "done", "failed", "skipped"]
 STATUSES: tuple[str, ...] = ("pending", "running", "done", "failed", "skipped")
+
+
+class ManifestError(ValueError):
+    """``manifest.json`` exists but cannot be read (not JSON, another version)."""
+
+
+def _under(path: str, root: str) -> str | None:
+    """``path`` relative to ``root`` if it is an absolute local path inside it, else None."""
+    local = path[len("file://") :] if path.startswith("file://") else path
+    if not os.path.isabs(local):
+        return None
+    local = os.path.normpath(local)
+    if local == root or not local.startswith(root.rstrip(os.sep) + os.sep):
+        return None
+    return os.path.relpath(local, root)
+
+
+def relativize_outputs(obj: Any, run_dir: str | Path) -> Any:
+    """``obj`` with every absolute path string inside ``run_dir`` as ``"@run/<relative>"``."""
+    root = os.path.normpath(os.path.abspath(run_dir))
+    return _map_strings(obj, lambda s: s if (r := _under(s, root)) is None else RUN_PREFIX + r)
+
+
+def resolve_outputs(obj: Any, run_dir: str | Path) -> Any:
+    """Inverse of :func:`relativize_outputs`: ``"@run/<relative>"`` as an absolute path."""
+    root = os.path.abspath(run_dir)
+    return _map_strings(
+        obj,
+        lambda s: os.path.join(root, s[len(RUN_PREFIX) :]) if s.startswith(RUN_PREFIX) else s,
+    )
+
+
+def _map_strings(obj: Any, f: Any) -> Any:
+    if isinstance(obj, str):
+        return f(obj)
+    if isinstance(obj, Path):
+        return f(str(obj))
+    if isinstance(obj, dict):
+        return {k: _map_strings(v, f) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_map_strings(v, f) for v in obj]
+    return obj
 
 
 @dataclass
@@ -83,7 +135,10 @@ class Manifest:
             "created": self.created,
             "updated": time.time(),
             "config": self.config,
-            "stages": {n: r.to_json() for n, r in self.stages.items()},
+            "stages": {
+                n: {**r.to_json(), "outputs": relativize_outputs(r.outputs, self.run_dir)}
+                for n, r in self.stages.items()
+            },
         }
 
     def save(self) -> None:
@@ -93,9 +148,12 @@ class Manifest:
     def load(cls, run_dir: str | Path) -> Manifest:
         """Read ``run_dir/manifest.json``; a missing file gives an empty manifest.
 
+        Stage outputs stored as ``"@run/<path>"`` come back as absolute paths
+        under ``run_dir``.
+
         Raises
         ------
-        ValueError
+        ManifestError
             The file exists but is not a manifest this version can read.
         """
         run_dir = Path(run_dir)
@@ -105,10 +163,22 @@ class Manifest:
         try:
             d = json.loads(path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ValueError(f"manifest {str(path)!r} is not valid JSON: {e}") from None
+            raise ManifestError(
+                f"manifest {str(path)!r} is not valid JSON ({e}): the run directory is damaged. "
+                "Restore the file from a backup, or use another --run-dir."
+            ) from None
+        except IsADirectoryError:
+            raise ManifestError(
+                f"manifest {str(path)!r} is a directory, not a file; use another --run-dir."
+            ) from None
+        if not isinstance(d, dict):
+            raise ManifestError(
+                f"manifest {str(path)!r} holds a JSON {type(d).__name__}, not a manifest; "
+                "restore it from a backup, or use another --run-dir."
+            )
         version = d.get("version")
         if version != MANIFEST_VERSION:
-            raise ValueError(
+            raise ManifestError(
                 f"manifest {str(path)!r} has version {version!r}; this krr-pipeline reads "
                 f"version {MANIFEST_VERSION}. Use a new run directory."
             )
@@ -116,9 +186,23 @@ class Manifest:
             run_dir=run_dir,
             identity=d.get("identity"),
             config=d.get("config") or {},
-            stages={n: StageRecord.from_json(r) for n, r in (d.get("stages") or {}).items()},
+            stages={
+                n: _loaded_record(r, run_dir, path) for n, r in (d.get("stages") or {}).items()
+            },
             created=d.get("created", time.time()),
         )
+
+
+def _loaded_record(r: Any, run_dir: Path, path: Path) -> StageRecord:
+    try:
+        rec = StageRecord.from_json(r)
+    except (ValueError, TypeError, AttributeError) as e:
+        raise ManifestError(
+            f"manifest {str(path)!r} has an unreadable stage record ({e}); restore it from a "
+            "backup, or use another --run-dir."
+        ) from None
+    rec.outputs = resolve_outputs(rec.outputs, run_dir)
+    return rec
 
 
 def write_json_atomic(path: str | Path, obj: Any) -> None:

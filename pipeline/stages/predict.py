@@ -25,8 +25,14 @@ def run(
     columns: list[str] | None,
     output: str | None,
     block_size: int,
+    input_identity: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Predict the test split and, if configured, ``input`` into ``output``."""
+    """Predict the test split and, if configured, ``input`` into ``output``.
+
+    ``input_identity`` (the content identity of ``input``, computed by the
+    runner) only enters the stage fingerprint: a changed input is predicted again.
+    """
+    del input_identity
     predict = require("pipeline.predict", "predict", "the predict stage")
     ing, sol = inputs["ingest"], inputs["solve"]
     X_train = open_rows(ing, "X_train")

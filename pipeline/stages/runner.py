@@ -210,6 +210,9 @@ def run_stages(
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    # stage functions get absolute directories, so the paths in their outputs are
+    # absolute and the manifest stores them relative to the run directory ("@run/...")
+    run_dir = run_dir.absolute()
     emit = on_event or (lambda s, e, i: None)
     manifest = Manifest.load(run_dir)
     ident = fingerprint_obj(identity) if identity is not None else None

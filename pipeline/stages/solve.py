@@ -91,7 +91,36 @@ def _solve_cholesky(
     return alpha, info
 
 
+class SolveNotConverged(RuntimeError):
+    """CG stopped at ``max_iter`` or broke down, and ``solver.allow_unconverged`` is false."""
+
+
+class IndefiniteKernelError(ValueError):
+    """The CG solver was asked for with a kernel that is not known to be PSD."""
+
+
+def check_cg_kernel(kernel: dict[str, Any]) -> None:
+    """Refuse a kernel that is not known to be PSD before a CG solve (as ``auto`` routing does).
+
+    Raises
+    ------
+    IndefiniteKernelError
+        The kernel's ``is_mercer`` is False (e.g. sigmoid).
+    """
+    from pipeline.kernels import kernel_from_spec
+
+    k = kernel_from_spec(kernel)
+    if not getattr(k, "is_mercer", True):
+        raise IndefiniteKernelError(
+            f"solver 'cg' needs a positive semi-definite kernel, and {k!r} is not one "
+            "(is_mercer is False): CG can break down or return a wrong alpha on an indefinite "
+            "K + lambda*I. Use solver.method=cholesky (it names the shift that fails) or a "
+            "Mercer kernel such as rbf."
+        )
+
+
 def _solve_cg(stage_dir, inputs, y, *, kernel, lam, lam_convention, block_size, solver):
+    check_cg_kernel(kernel)
     regularisation_shift = require("pipeline.solvers", "regularisation_shift", "the cg solve")
     make_operator = require("pipeline.solvers.matvec", "make_operator", "the cg solve")
     make_preconditioner = require("pipeline.solvers.precond", "make_preconditioner", "the cg solve")
@@ -116,6 +145,15 @@ def _solve_cg(stage_dir, inputs, y, *, kernel, lam, lam_convention, block_size, 
         max_iter=solver.get("max_iter", 1000),
     )
     save_npy_atomic(Path(stage_dir) / "cg_history.npy", np.asarray(res.history))
+    if not res.converged and not solver.get("allow_unconverged", False):
+        worst = float(np.max(res.rel_residual))
+        raise SolveNotConverged(
+            f"CG did not converge: relative residual {worst:.3e} > tol {res.tol:.1e} after "
+            f"{res.n_iter} iterations (max_iter {res.max_iter}; a breakdown means K + lambda*I "
+            "is not numerically positive definite). No alpha was written. Raise "
+            "solver.max_iter, use solver.preconditioner=nystrom, loosen solver.tol or raise "
+            "lambda; or set solver.allow_unconverged=true to accept this solve."
+        )
     info = {
         "shift": float(shift),
         "n_iter": int(res.n_iter),
