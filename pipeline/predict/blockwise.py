@@ -37,7 +37,7 @@ from pipeline.predict.model import check_preprocessing
 from pipeline.predict.model import model_fingerprint as _model_fingerprint
 from pipeline.predict.source import as_input_blocks
 from pipeline.predict.source import input_fingerprint as _input_fingerprint
-from pipeline.storage import StoreMismatchError, fingerprint_obj, open_tiled_array
+from pipeline.storage import StoreMismatchError, fingerprint_obj, open_tiled_array, read_all
 from pipeline.storage.arrays import TiledArray
 
 log = logging.getLogger(__name__)
@@ -154,10 +154,15 @@ def _finish(
 
 
 def _write(y: np.ndarray, *, handle: TiledArray, index: int, row_start: int) -> int:
-    """Region-write one row block of predictions, then its completion marker."""
-    arr = handle.zarr("r+")
-    arr[row_start : row_start + y.shape[0]] = y
-    handle.markers.mark((index,), rows=[row_start, row_start + int(y.shape[0])], pid=os.getpid())
+    """Write one row block of predictions (chunk ``index``), then its completion marker.
+
+    The marker (key ``(index,)``) records the CRC-32C of the stored bytes, which
+    :meth:`BatchPrediction.to_numpy` and the evaluate stage check on read.
+    """
+    crc = handle.store_tile(index, 0, y)
+    handle.markers.mark(
+        (index,), rows=[row_start, row_start + int(y.shape[0])], pid=os.getpid(), crc32c=crc
+    )
     return int(y.shape[0])
 
 
@@ -392,7 +397,16 @@ class BatchPrediction:
         return zarr.open_array(store=self.store, path=self.name, mode="r")
 
     def to_numpy(self) -> np.ndarray:
-        return self.zarr()[...]
+        """The predictions in memory, every row block checked against its marker's CRC-32C.
+
+        Raises
+        ------
+        pipeline.storage.CorruptTileError
+            A row block's bytes do not match its checksum (also a deleted chunk).
+        pipeline.storage.MissingTileError
+            A row block has no completion record (or one without a checksum).
+        """
+        return read_all(self.store, self.name, row_keys=True)
 
 
 def _open_output(
