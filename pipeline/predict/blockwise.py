@@ -166,6 +166,13 @@ def _write(y: np.ndarray, *, handle: TiledArray, index: int, row_start: int) -> 
     return int(y.shape[0])
 
 
+def _checksummed(handle: TiledArray, key: tuple[int, ...]) -> bool:
+    """Whether a block's marker records a checksum (older versions wrote none: such a
+    block cannot be verified on read, so it is recomputed, not trusted)."""
+    rec = handle.markers.record(key)
+    return rec is not None and "crc32c" in rec
+
+
 def _count(*n: int) -> int:
     return int(sum(n))
 
@@ -532,7 +539,11 @@ def predict(
     }
     handle = _open_output(str(out), out_name, shape, b, odt, meta, overwrite)
     n_blocks = len(X.chunks[0]) if X.shape[0] else 0
-    done = {key[0] for key in handle.markers.done() if isinstance(key, tuple) and len(key) == 1}
+    done = {
+        key[0]
+        for key in handle.markers.done()
+        if isinstance(key, tuple) and len(key) == 1 and _checksummed(handle, key)
+    }
     todo = [i for i in range(n_blocks) if i not in done]
     log.info("predict to %s/%s: %d of %d row blocks to compute", out, out_name, len(todo), n_blocks)
     if todo:

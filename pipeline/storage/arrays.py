@@ -19,6 +19,7 @@ read and written a whole chunk at a time as raw bytes, in Zarr's own layout
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,7 +102,7 @@ class CorruptFileError(CorruptTileError):
 
     def __init__(self, path: str, expected: int, found: int) -> None:
         path = str(path)
-        store, _, name = path.rpartition("/")
+        store, name = os.path.split(path)
         super().__init__(store or ".", name, (0,), expected, found)
         self.path = path
         if expected < 0:

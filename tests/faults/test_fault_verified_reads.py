@@ -193,10 +193,23 @@ def test_missing_prediction_marker_is_named(tmp_path):
     X, Xt, a = rng.normal(size=(150, 2)), rng.normal(size=(50, 2)), rng.normal(size=50)
     out = tmp_path / "pred"
     res = predict(X, Xt, a, RBF(gamma=1.0), out=str(out), block_size=100, progress=False)
+    want = res.to_numpy()
     (out / "_markers" / "predictions" / "0").unlink()
     with pytest.raises(
         MissingTileError, match=r"block \(0,\) of array 'predictions'.*no completion"
     ):
+        res.to_numpy()
+    # a record without a checksum (an older version's) cannot be verified: recomputed
+    marker = out / "_markers" / "predictions" / "1"
+    rec = json.loads(marker.read_text())
+    marker.write_text(json.dumps({k: v for k, v in rec.items() if k != "crc32c"}))
+    with pytest.raises(MissingTileError, match=r"block \(0,\)"):
+        res.to_numpy()
+    again = predict(X, Xt, a, RBF(gamma=1.0), out=str(out), block_size=100, progress=False)
+    assert (again.n_computed, again.n_skipped) == (2, 0)
+    np.testing.assert_array_equal(again.to_numpy(), want)
+    marker.write_text(json.dumps({k: v for k, v in rec.items() if k != "crc32c"}))
+    with pytest.raises(MissingTileError, match=r"block \(1,\).*carries no checksum"):
         res.to_numpy()
 
 
