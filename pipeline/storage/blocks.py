@@ -71,7 +71,9 @@ def as_dask(arr: TiledArray, *, row_keys: bool = False) -> Any:
             f"{z.chunks[1]}; a verified row-block read needs one chunk column (row blocks)"
         )
     grid = arr.grid
-    n_blocks = grid.n_row_blocks if arr.shape[0] else 0
+    if arr.shape[0] == 0:  # nothing stored, nothing to verify
+        return da.zeros(arr.shape, dtype=np.dtype(arr.dtype))
+    n_blocks = grid.n_row_blocks
     rows = tuple(grid.row_slice(i).stop - grid.row_slice(i).start for i in range(n_blocks))
     name = "krr-verified-read-" + tokenize(arr, row_keys)
     ndim = len(arr.shape)
@@ -79,7 +81,7 @@ def as_dask(arr: TiledArray, *, row_keys: bool = False) -> Any:
     for i in range(n_blocks):
         key = (i,) if row_keys else (i, 0)
         dsk[(name, i) if ndim == 1 else (name, i, 0)] = (_read, arr, i, key, ndim)
-    chunks = (rows or (0,),) if ndim == 1 else (rows or (0,), (arr.shape[1],))
+    chunks = (rows,) if ndim == 1 else (rows, (arr.shape[1],))
     return da.Array(dsk, name, chunks, dtype=np.dtype(arr.dtype))
 
 

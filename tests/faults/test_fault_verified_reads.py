@@ -25,7 +25,13 @@ from pipeline.kernels import RBF
 from pipeline.predict import predict
 from pipeline.solvers.cg_checkpoint import resumable_cg
 from pipeline.solvers.matvec import make_operator
-from pipeline.storage import CorruptTileError, MissingTileError
+from pipeline.storage import (
+    CorruptTileError,
+    MissingTileError,
+    open_tiled_array,
+    read_all,
+    read_blocks,
+)
 
 CONFIG = """
 name: verified-reads
@@ -95,6 +101,23 @@ def _own_conf(data, tmp_path) -> Path:
 
 def _ingest_chunk(run: Path, name: str, i: int) -> Path:
     return run / "ingest" / "data.zarr" / name / "c" / str(i) / "0"
+
+
+def test_read_blocks_verifies_every_block(tmp_path):
+    X = np.random.default_rng(4).normal(size=(250, 3))
+    arr = open_tiled_array(str(tmp_path), "X", X.shape, 100, np.float64, "fp", chunk_cols=3)
+    for i in range(3):
+        arr.write_tile(i, 0, X[arr.grid.row_slice(i)])
+    lazy = read_blocks(str(tmp_path), "X")
+    assert lazy.chunks == ((100, 100, 50), (3,))
+    np.testing.assert_array_equal(lazy.compute(), X)
+    _flip(tmp_path / "X" / "c" / "2" / "0", offset=16)
+    with pytest.raises(CorruptTileError, match=r"tile \(2, 0\) of array 'X'"):
+        read_blocks(str(tmp_path), "X").compute()
+    np.testing.assert_array_equal(lazy[:200].compute(), X[:200])  # the others still pass
+    (tmp_path / "_markers" / "X" / "1.0").unlink()
+    with pytest.raises(MissingTileError, match=r"block \(1, 0\) of array 'X'"):
+        read_all(str(tmp_path), "X")
 
 
 @pytest.mark.slow
