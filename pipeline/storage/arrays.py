@@ -70,7 +70,8 @@ class CorruptTileError(ValueError):
 
 
 class MissingTileError(CorruptTileError):
-    """A block that must be stored has no completion record, or one without a checksum.
+    """A block that must be stored cannot be verified: it has no completion record,
+    one without a checksum, or a chunk that cannot be decoded (``reason`` says which).
 
     A subclass of :class:`CorruptTileError`, so whatever recovers from a corrupt
     tile (``krr run`` unmarks it and reruns the stage that owns the store)
@@ -219,7 +220,8 @@ class TiledArray:
         Raises
         ------
         MissingTileError
-            No completion record, or one without a checksum.
+            No completion record, one without a checksum, or a chunk that
+            cannot be decoded (e.g. a truncated file).
         CorruptTileError
             The bytes read do not match the recorded checksum (also when the
             chunk file was deleted: it then reads as the fill value).
@@ -232,7 +234,17 @@ class TiledArray:
             raise MissingTileError(
                 self.store, self.name, key, "its completion record carries no checksum"
             )
-        tile = self.read_tile(i, j, verify=False)
+        try:
+            tile = self.read_tile(i, j, verify=False)
+        except CorruptTileError:
+            raise
+        except (ValueError, TypeError, RuntimeError) as exc:  # e.g. a truncated chunk file
+            raise MissingTileError(
+                self.store,
+                self.name,
+                key,
+                f"its stored chunk cannot be decoded ({type(exc).__name__}: {exc})",
+            ) from exc
         found = tile_checksum(np.asarray(tile, dtype=self.dtype))
         if found != int(rec["crc32c"]):
             raise CorruptTileError(self.store, self.name, key, int(rec["crc32c"]), found)

@@ -118,6 +118,10 @@ def test_read_blocks_verifies_every_block(tmp_path):
     (tmp_path / "_markers" / "X" / "1.0").unlink()
     with pytest.raises(MissingTileError, match=r"block \(1, 0\) of array 'X'"):
         read_all(str(tmp_path), "X")
+    chunk = tmp_path / "X" / "c" / "0" / "0"
+    chunk.write_bytes(chunk.read_bytes()[:100])  # truncated: named, not a decoder error
+    with pytest.raises(CorruptTileError, match=r"\(0, 0\) of array 'X'"):
+        read_all(str(tmp_path), "X")
 
 
 @pytest.mark.slow
