@@ -27,7 +27,8 @@ import numpy as np
 
 from pipeline.solvers.cg import CGResult, CGState, conjugate_gradient
 from pipeline.solvers.precond import IdentityPreconditioner
-from pipeline.storage import TileMarkers, bytes_checksum, fingerprint_blocks, fingerprint_obj
+from pipeline.storage import TileMarkers, fingerprint_blocks, fingerprint_obj
+from pipeline.storage.arrays import bytes_checksum
 from pipeline.storage.atomic import atomic_write
 
 __all__ = ["CGCheckpoint", "cg_fingerprint", "resumable_cg"]

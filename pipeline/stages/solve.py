@@ -140,7 +140,7 @@ def _solve_cg(stage_dir, inputs, y, *, kernel, lam, lam_convention, block_size, 
         tol=solver.get("tol", 1e-6),
         max_iter=solver.get("max_iter", 1000),
     )
-    history_crc = save_npy_atomic(Path(stage_dir) / "cg_history.npy", np.asarray(res.history))
+    save_npy_atomic(Path(stage_dir) / "cg_history.npy", np.asarray(res.history))
     info = {
         "shift": float(shift),
         "n_iter": int(res.n_iter),
@@ -148,7 +148,7 @@ def _solve_cg(stage_dir, inputs, y, *, kernel, lam, lam_convention, block_size, 
         "converged": bool(res.converged),
         "rel_residual": np.asarray(res.rel_residual).tolist(),
         "history": str(Path(stage_dir) / "cg_history.npy"),
-        "history_crc32c": history_crc,
+        "history_crc32c": bytes_checksum((Path(stage_dir) / "cg_history.npy").read_bytes()),
     }
     return res.x, info
 
