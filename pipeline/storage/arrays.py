@@ -89,6 +89,11 @@ class MissingTileError(CorruptTileError):
             "stages.",
         )
 
+    @property
+    def problem(self) -> str:
+        """One phrase: why the block cannot be verified."""
+        return self.reason
+
     def __reduce__(self):
         return (type(self), (self.store, self.name, self.tile, self.reason))
 
@@ -106,19 +111,25 @@ class CorruptFileError(CorruptTileError):
         store, name = os.path.split(path)
         super().__init__(store or ".", name, (0,), expected, found)
         self.path = path
-        if expected < 0:
-            why = "no CRC-32C was recorded for it (written by an older version?)"
-        else:
-            why = (
-                f"its recorded crc32c is {expected:#010x} but its bytes hash to {found:#010x}"
-                if found >= 0
-                else f"it is missing or unreadable (recorded crc32c {expected:#010x})"
-            )
+        self.reason = self._why(expected, found)
         ValueError.__init__(
             self,
-            f"stored file {path!r} cannot be used: {why}. Recompute it; `krr run` reruns the "
-            "stage that wrote it by itself.",
+            f"stored file {path!r} cannot be used: {self.reason}. Recompute it; `krr run` "
+            "reruns the stage that wrote it by itself.",
         )
+
+    @staticmethod
+    def _why(expected: int, found: int) -> str:
+        if expected < 0:
+            return "no CRC-32C was recorded for it (written by an older version?)"
+        if found < 0:
+            return f"it is missing or unreadable (recorded crc32c {expected:#010x})"
+        return f"its recorded crc32c is {expected:#010x} but its bytes hash to {found:#010x}"
+
+    @property
+    def problem(self) -> str:
+        """One phrase: why the file cannot be used."""
+        return self.reason
 
     def __reduce__(self):
         return (type(self), (self.path, self.expected, self.found))
