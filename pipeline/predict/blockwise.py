@@ -37,7 +37,7 @@ from pipeline.predict.model import check_preprocessing
 from pipeline.predict.model import model_fingerprint as _model_fingerprint
 from pipeline.predict.source import as_input_blocks
 from pipeline.predict.source import input_fingerprint as _input_fingerprint
-from pipeline.storage import StoreMismatchError, fingerprint_obj, open_tiled_array
+from pipeline.storage import StoreMismatchError, fingerprint_obj, open_tiled_array, read_all
 from pipeline.storage.arrays import TiledArray
 
 log = logging.getLogger(__name__)
@@ -154,11 +154,23 @@ def _finish(
 
 
 def _write(y: np.ndarray, *, handle: TiledArray, index: int, row_start: int) -> int:
-    """Region-write one row block of predictions, then its completion marker."""
-    arr = handle.zarr("r+")
-    arr[row_start : row_start + y.shape[0]] = y
-    handle.markers.mark((index,), rows=[row_start, row_start + int(y.shape[0])], pid=os.getpid())
+    """Write one row block of predictions (chunk ``index``), then its completion marker.
+
+    The marker (key ``(index,)``) records the CRC-32C of the stored bytes, which
+    :meth:`BatchPrediction.to_numpy` and the evaluate stage check on read.
+    """
+    crc = handle.store_tile(index, 0, y)
+    handle.markers.mark(
+        (index,), rows=[row_start, row_start + int(y.shape[0])], pid=os.getpid(), crc32c=crc
+    )
     return int(y.shape[0])
+
+
+def _checksummed(handle: TiledArray, key: tuple[int, ...]) -> bool:
+    """Whether a block's marker records a checksum (older versions wrote none: such a
+    block cannot be verified on read, so it is recomputed, not trusted)."""
+    rec = handle.markers.record(key)
+    return rec is not None and "crc32c" in rec
 
 
 def _count(*n: int) -> int:
@@ -392,7 +404,16 @@ class BatchPrediction:
         return zarr.open_array(store=self.store, path=self.name, mode="r")
 
     def to_numpy(self) -> np.ndarray:
-        return self.zarr()[...]
+        """The predictions in memory, every row block checked against its marker's CRC-32C.
+
+        Raises
+        ------
+        pipeline.storage.CorruptTileError
+            A row block's bytes do not match its checksum (also a deleted chunk).
+        pipeline.storage.MissingTileError
+            A row block has no completion record (or one without a checksum).
+        """
+        return read_all(self.store, self.name, row_keys=True)
 
 
 def _open_output(
@@ -518,7 +539,11 @@ def predict(
     }
     handle = _open_output(str(out), out_name, shape, b, odt, meta, overwrite)
     n_blocks = len(X.chunks[0]) if X.shape[0] else 0
-    done = {key[0] for key in handle.markers.done() if isinstance(key, tuple) and len(key) == 1}
+    done = {
+        key[0]
+        for key in handle.markers.done()
+        if isinstance(key, tuple) and len(key) == 1 and _checksummed(handle, key)
+    }
     todo = [i for i in range(n_blocks) if i not in done]
     log.info("predict to %s/%s: %d of %d row blocks to compute", out, out_name, len(todo), n_blocks)
     if todo:

@@ -3,8 +3,10 @@
 The state (x, r, p, z, r·z, active columns, residual history) is written to the
 run store as one ``.npz`` in one of two slots, alternately; then a marker
 (:class:`pipeline.storage.TileMarkers`, written last and atomically) records
-which slot holds the latest complete state and at which iteration. A kill
-during a write leaves the marker pointing at the previous, complete slot.
+which slot holds the latest complete state, at which iteration, and the
+CRC-32C of the slot's bytes. A kill during a write leaves the marker pointing
+at the previous, complete slot; a slot whose bytes no longer match the checksum
+is never resumed from (the solve starts afresh, with a warning).
 
 The marker carries a fingerprint of the operator (its K and shift λ), the
 preconditioner, the right-hand side y and tol, so a checkpoint is resumed only
@@ -16,6 +18,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import zipfile
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +28,7 @@ import numpy as np
 from pipeline.solvers.cg import CGResult, CGState, conjugate_gradient
 from pipeline.solvers.precond import IdentityPreconditioner
 from pipeline.storage import TileMarkers, fingerprint_blocks, fingerprint_obj
+from pipeline.storage.arrays import bytes_checksum
 from pipeline.storage.atomic import atomic_write
 
 __all__ = ["CGCheckpoint", "cg_fingerprint", "resumable_cg"]
@@ -115,8 +119,11 @@ class CGCheckpoint:
                 dtype=np.uint8,
             ),
         )
-        self._write(f"{self.root}/slot{slot}.npz", buf.getvalue())
-        self.markers.mark(_KEY, slot=slot, iteration=int(state.iteration))
+        data = buf.getvalue()
+        self._write(f"{self.root}/slot{slot}.npz", data)
+        self.markers.mark(
+            _KEY, slot=slot, iteration=int(state.iteration), crc32c=bytes_checksum(data)
+        )
         self._slot = slot
         self.n_saved += 1
 
@@ -132,7 +139,21 @@ class CGCheckpoint:
             return None
         path = f"{self.root}/slot{int(rec['slot'])}.npz"
         try:
-            with np.load(io.BytesIO(self.fs.cat_file(path))) as z:
+            data = self.fs.cat_file(path)
+            if "crc32c" not in rec:
+                log.warning("CG checkpoint %s has no recorded checksum; starting afresh", path)
+                return None
+            found = bytes_checksum(data)
+            if found != int(rec["crc32c"]):
+                log.warning(
+                    "CG checkpoint %s is corrupt (crc32c recorded %#010x, its bytes hash to "
+                    "%#010x); ignoring it and starting afresh",
+                    path,
+                    int(rec["crc32c"]),
+                    found,
+                )
+                return None
+            with np.load(io.BytesIO(data)) as z:
                 meta = json.loads(bytes(z["meta"]).decode())
                 if meta["fingerprint"] != self.fingerprint or meta["iteration"] != rec["iteration"]:
                     log.warning("checkpoint slot %s does not match its marker; ignoring it", path)
@@ -150,7 +171,7 @@ class CGCheckpoint:
                     n_matvec=int(meta["n_matvec"]),
                     history=history,
                 )
-        except (FileNotFoundError, OSError, ValueError, KeyError) as e:
+        except (FileNotFoundError, OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
             log.warning("cannot read CG checkpoint %s (%s); starting afresh", path, e)
             return None
 

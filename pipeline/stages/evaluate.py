@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import zarr
 
 from pipeline.reference.memory import SAFETY_FRACTION, available_memory
 from pipeline.solvers.cholesky import regularisation_shift
 from pipeline.stages.ingest import open_rows
 from pipeline.stages.manifest import write_json_atomic
+from pipeline.storage import read_all
 
 
 def regression_metrics(
@@ -105,7 +105,9 @@ def run(
     names = list(metrics)
     y_test = np.asarray(open_rows(ing, "y_test").compute())
     t = pred["test"]
-    y_hat = zarr.open_array(store=t["store"], path=t["name"], mode="r")[...]
+    # every prediction block checked against its crc32c: a damaged or deleted block
+    # raises CorruptTileError, and `krr run` recomputes it in the predict stage
+    y_hat = read_all(t["store"], t["name"], row_keys=True)
     out: dict[str, Any] = {
         "n_test": int(y_test.shape[0]),
         "metrics": regression_metrics(y_test, y_hat, names),

@@ -22,7 +22,7 @@ import numpy as np
 
 from pipeline.io import as_row_blocks, fingerprint_row_blocks, validate_row_blocks
 from pipeline.parallel import compute
-from pipeline.storage import TiledArray, fingerprint_obj, open_tiled_array
+from pipeline.storage import TiledArray, fingerprint_obj, open_tiled_array, read_blocks
 
 
 class InputError(ValueError):
@@ -314,7 +314,7 @@ def run(
                 "the data changed while the ingest stage was reading it; rerun the same "
                 "command once it is stable (the stored rows are discarded and read again)"
             )
-    stored_X = da.from_zarr(store, component="X_train")
+    stored_X = read_blocks(store, "X_train")  # every block checked against its crc32c
     out.update(
         n_train=int(Xtr.shape[0]),
         n_test=0 if Xte is None else int(Xte.shape[0]),
@@ -341,7 +341,13 @@ def preprocessing_params(outputs: dict[str, Any]) -> dict[str, Any]:
 
 
 def open_rows(outputs: dict[str, Any], name: str) -> da.Array | None:
-    """A stored ingest array (``X_train``, ``y_train``, ``X_test``, ``y_test``) as a Dask array."""
+    """A stored ingest array (``X_train``, ``y_train``, ``X_test``, ``y_test``) as a Dask array.
+
+    Every row block is verified when computed (:func:`pipeline.storage.read_blocks`):
+    a damaged block raises :class:`~pipeline.storage.CorruptTileError`, a block
+    without a completion record :class:`~pipeline.storage.MissingTileError`, both
+    naming the array and the block, so ``krr run`` rewrites it from the source.
+    """
     if not outputs.get(name):
         return None
-    return da.from_zarr(outputs["store"], component=outputs[name])
+    return read_blocks(outputs["store"], outputs[name])

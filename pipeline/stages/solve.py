@@ -20,6 +20,7 @@ import numpy as np
 
 from pipeline.stages._deps import require
 from pipeline.stages.ingest import open_rows
+from pipeline.storage import CorruptFileError, bytes_checksum
 from pipeline.storage.atomic import atomic_write
 
 log = logging.getLogger("pipeline.stages")
@@ -43,10 +44,34 @@ def needs_gram(solver: dict[str, Any], n_train: int) -> bool:
     return method == "cholesky" or solver.get("matvec") == "stored"
 
 
-def save_npy_atomic(path: Path, arr: np.ndarray) -> None:
+def save_npy_atomic(path: Path, arr: np.ndarray) -> int:
+    """Write ``arr`` as ``.npy`` atomically; return the CRC-32C of the file's bytes."""
     buf = io.BytesIO()
     np.save(buf, arr)
-    atomic_write(str(path), buf.getvalue(), fsync=True)
+    data = buf.getvalue()
+    atomic_write(str(path), data, fsync=True)
+    return bytes_checksum(data)
+
+
+def load_npy_verified(path: str, crc32c: int | None) -> np.ndarray:
+    """Load an ``.npy`` written by :func:`save_npy_atomic`, checking its CRC-32C.
+
+    Raises
+    ------
+    CorruptFileError
+        The file is missing, or its bytes do not match ``crc32c`` (or no
+        checksum was recorded). It is a :class:`~pipeline.storage.CorruptTileError`,
+        so ``krr run`` reruns the stage whose directory holds the file.
+    """
+    expected = -1 if crc32c is None else int(crc32c)
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError as exc:
+        raise CorruptFileError(str(path), expected, -1) from exc
+    found = bytes_checksum(data)
+    if found != expected:
+        raise CorruptFileError(str(path), expected, found)
+    return np.load(io.BytesIO(data))
 
 
 def _open_gram(inputs: dict[str, dict[str, Any]]):
@@ -161,6 +186,7 @@ def _solve_cg(stage_dir, inputs, y, *, kernel, lam, lam_convention, block_size, 
         "converged": bool(res.converged),
         "rel_residual": np.asarray(res.rel_residual).tolist(),
         "history": str(Path(stage_dir) / "cg_history.npy"),
+        "history_crc32c": bytes_checksum((Path(stage_dir) / "cg_history.npy").read_bytes()),
     }
     return res.x, info
 
@@ -198,10 +224,11 @@ def run(
         )  # fmt: skip
     alpha = np.asarray(alpha, dtype=np.float64).reshape(y.shape)
     path = Path(stage_dir) / "alpha.npy"
-    save_npy_atomic(path, alpha)
+    crc = save_npy_atomic(path, alpha)
     return {
         "method": method,
         "alpha": str(path),
+        "alpha_crc32c": crc,
         "lam": lam,
         "lam_convention": lam_convention,
         **info,
@@ -209,4 +236,12 @@ def run(
 
 
 def load_alpha(outputs: dict[str, Any]) -> np.ndarray:
-    return np.load(outputs["alpha"])
+    """α from the solve stage's outputs, checked against the CRC-32C recorded there.
+
+    Raises
+    ------
+    CorruptFileError
+        ``alpha.npy`` is missing, damaged, or has no recorded checksum; ``krr
+        run`` then reruns the solve stage.
+    """
+    return load_npy_verified(outputs["alpha"], outputs.get("alpha_crc32c"))

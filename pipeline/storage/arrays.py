@@ -19,6 +19,7 @@ read and written a whole chunk at a time as raw bytes, in Zarr's own layout
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +67,77 @@ class CorruptTileError(ValueError):
 
     def __reduce__(self):  # picklable across Dask workers despite the custom __init__
         return (type(self), (self.store, self.name, self.tile, self.expected, self.found))
+
+
+class MissingTileError(CorruptTileError):
+    """A block that must be stored cannot be verified: it has no completion record,
+    one without a checksum, or a chunk that cannot be decoded (``reason`` says which).
+
+    A subclass of :class:`CorruptTileError`, so whatever recovers from a corrupt
+    tile (``krr run`` unmarks it and reruns the stage that owns the store)
+    recovers from this too: the block is recomputed instead of read as zeros.
+    """
+
+    def __init__(self, store: str, name: str, tile: tuple[int, ...], reason: str) -> None:
+        super().__init__(store, name, tile, 0, 0)
+        self.reason = reason
+        ValueError.__init__(
+            self,
+            f"block {self.tile} of array {name!r} in store {store!r} cannot be verified: "
+            f"{reason}. Recompute it (remove its marker, if any, and rerun the step that wrote "
+            "the array); `krr run` does this by itself when the store belongs to one of its "
+            "stages.",
+        )
+
+    @property
+    def problem(self) -> str:
+        """One phrase: why the block cannot be verified."""
+        return self.reason
+
+    def __reduce__(self):
+        return (type(self), (self.store, self.name, self.tile, self.reason))
+
+
+class CorruptFileError(CorruptTileError):
+    """A single stored file (e.g. ``alpha.npy``) does not match its recorded CRC-32C.
+
+    ``store`` is the file's directory, ``name`` its file name and ``tile`` is
+    ``(0,)``, so the runner's corrupt-tile recovery reruns the stage whose
+    directory holds the file. ``expected`` is -1 when no checksum was recorded.
+    """
+
+    def __init__(self, path: str, expected: int, found: int) -> None:
+        path = str(path)
+        store, name = os.path.split(path)
+        super().__init__(store or ".", name, (0,), expected, found)
+        self.path = path
+        self.reason = self._why(expected, found)
+        ValueError.__init__(
+            self,
+            f"stored file {path!r} cannot be used: {self.reason}. Recompute it; `krr run` "
+            "reruns the stage that wrote it by itself.",
+        )
+
+    @staticmethod
+    def _why(expected: int, found: int) -> str:
+        if expected < 0:
+            return "no CRC-32C was recorded for it (written by an older version?)"
+        if found < 0:
+            return f"it is missing or unreadable (recorded crc32c {expected:#010x})"
+        return f"its recorded crc32c is {expected:#010x} but its bytes hash to {found:#010x}"
+
+    @property
+    def problem(self) -> str:
+        """One phrase: why the file cannot be used."""
+        return self.reason
+
+    def __reduce__(self):
+        return (type(self), (self.path, self.expected, self.found))
+
+
+def bytes_checksum(data: bytes) -> int:
+    """CRC-32C of a byte string (a whole small file, e.g. an ``.npy``)."""
+    return int(google_crc32c.value(bytes(data)))
 
 
 def tile_checksum(tile: np.ndarray) -> int:
@@ -147,6 +219,76 @@ class TiledArray:
         found = tile_checksum(np.asarray(tile, dtype=self.dtype))
         if found != int(rec["crc32c"]):
             raise CorruptTileError(self.store, self.name, (i, j), int(rec["crc32c"]), found)
+
+    def read_block(self, i: int, j: int = 0, *, key: tuple[int, ...] | None = None) -> np.ndarray:
+        """Read tile ``(i, j)`` that must be complete, verified against its marker.
+
+        Unlike :meth:`read_tile`, a tile without a completion record (or with
+        one written without a checksum) is an error, never zeros or unchecked
+        bytes. ``key`` is the marker key when it is not ``(i, j)`` (prediction
+        row blocks are marked ``(i,)``).
+
+        Raises
+        ------
+        MissingTileError
+            No completion record, one without a checksum, or a chunk that
+            cannot be decoded (e.g. a truncated file).
+        CorruptTileError
+            The bytes read do not match the recorded checksum (also when the
+            chunk file was deleted: it then reads as the fill value).
+        """
+        key = (int(i), int(j)) if key is None else tuple(int(k) for k in key)
+        rec = self.markers.record(key)
+        if rec is None:
+            raise MissingTileError(self.store, self.name, key, "it has no completion record")
+        if "crc32c" not in rec:
+            raise MissingTileError(
+                self.store, self.name, key, "its completion record carries no checksum"
+            )
+        try:
+            tile = self.read_tile(i, j, verify=False)
+        except CorruptTileError:
+            raise
+        except (ValueError, TypeError, RuntimeError) as exc:  # e.g. a truncated chunk file
+            raise MissingTileError(
+                self.store,
+                self.name,
+                key,
+                f"its stored chunk cannot be decoded ({type(exc).__name__}: {exc})",
+            ) from exc
+        found = tile_checksum(np.asarray(tile, dtype=self.dtype))
+        if found != int(rec["crc32c"]):
+            raise CorruptTileError(self.store, self.name, key, int(rec["crc32c"]), found)
+        return tile
+
+    def store_tile(self, i: int, j: int, tile: np.ndarray) -> int:
+        """Region-write tile ``(i, j)`` without marking it; return the CRC-32C of the
+        bytes stored (the tile cast to the stored dtype, C order). Mark it after."""
+        layout = chunk_layout(self.store, self.name)
+        if layout is not None:
+            shape = layout.region_shape(self._coords(i, j))
+            data = np.ascontiguousarray(np.broadcast_to(np.asarray(tile, dtype=self.dtype), shape))
+            write_chunk(layout, self._coords(i, j), data)
+        else:
+            arr = self.zarr("r+")
+            region = self._region(arr, i, j)
+            shape = tuple(s.stop - s.start for s in region)
+            data = np.ascontiguousarray(np.broadcast_to(np.asarray(tile, dtype=self.dtype), shape))
+            arr[region] = data
+        return tile_checksum(data)
+
+    def to_dask(self, *, row_keys: bool = False) -> Any:
+        """The stored row-blocked array as a Dask array whose tasks verify every block.
+
+        Each chunk task calls :meth:`read_block`, so a damaged block raises
+        :class:`CorruptTileError` and a block without a completion record raises
+        :class:`MissingTileError`, naming the array and the block. The array
+        must have one chunk column (row blocks, e.g. ingest's ``X_train``).
+        ``row_keys``: blocks are marked ``(i,)`` instead of ``(i, 0)``.
+        """
+        from pipeline.storage.blocks import as_dask
+
+        return as_dask(self, row_keys=row_keys)
 
     def write_tile(self, i: int, j: int, tile: np.ndarray, **marker_info: Any) -> None:
         """Region-write one tile, then mark it complete (data first, marker last).

@@ -1,0 +1,287 @@
+"""Every stored array is checked when it is read back; damage is recomputed or refused.
+
+Ingest's X/y row blocks, α (``alpha.npy``), prediction blocks and CG
+checkpoints carry a CRC-32C written with them. Here their bytes are damaged on
+disk between two ``krr run`` calls (or two calls of the library): the damage
+must be detected, and either recomputed (the run's metrics then equal a clean
+run's) or refused with an error naming the array and the block; never read as
+zeros or used silently, and never exit 0 with a wrong number.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.artifact import ArtifactError, load_artifact
+from pipeline.kernels import RBF
+from pipeline.predict import predict
+from pipeline.solvers.cg_checkpoint import resumable_cg
+from pipeline.solvers.matvec import make_operator
+from pipeline.storage import (
+    CorruptTileError,
+    MissingTileError,
+    open_tiled_array,
+    read_all,
+    read_blocks,
+)
+
+CONFIG = """
+name: verified-reads
+data: {{source: npy, path: {x}, y_path: {y}}}
+split: {{test_fraction: 0.25, seed: 0}}
+preprocess: {{standardize: true, standardize_y: true}}
+kernel: {{name: rbf, params: {{gamma: 0.2}}}}
+lambda: 0.01
+solver: {{method: cholesky}}
+block_size: 100
+evaluate: {{baseline: none}}
+cluster: {{n_workers: 1, processes: false, memory_limit: 2GiB}}
+"""
+
+
+def _flip(path: Path, offset: int = 40) -> None:
+    """Invert one byte in place (same size)."""
+    assert path.is_file(), path
+    data = bytearray(path.read_bytes())
+    data[offset % len(data)] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _krr(conf: Path, run_dir: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KRR_KILL")}
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "run", str(conf), *args, "--run-dir", str(run_dir),
+         "--json"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def _ok(res: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert res.returncode == 0, res.stderr[-3000:]
+    return res
+
+
+def _metrics(run_dir: Path) -> dict:
+    return json.loads((run_dir / "evaluate" / "metrics.json").read_text())["metrics"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """Source files, a config, and a clean run at lambda=0.02 to compare with."""
+    d = tmp_path_factory.mktemp("verified")
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(400, 4))
+    y = np.sin(X[:, 0]) + 0.1 * rng.normal(size=400)
+    np.save(d / "X.npy", X)
+    np.save(d / "y.npy", y)
+    conf = d / "conf.yaml"
+    conf.write_text(CONFIG.format(x=d / "X.npy", y=d / "y.npy"))
+    clean = d / "clean"
+    _ok(_krr(conf, clean, "lambda=0.02"))
+    return d, conf, clean
+
+
+def _own_conf(data, tmp_path) -> Path:
+    """A private copy of the source files and config (a test may delete them)."""
+    d, _, _ = data
+    for f in ("X.npy", "y.npy"):
+        (tmp_path / f).write_bytes((d / f).read_bytes())
+    conf = tmp_path / "conf.yaml"
+    conf.write_text(CONFIG.format(x=tmp_path / "X.npy", y=tmp_path / "y.npy"))
+    return conf
+
+
+def _ingest_chunk(run: Path, name: str, i: int) -> Path:
+    return run / "ingest" / "data.zarr" / name / "c" / str(i) / "0"
+
+
+def test_read_blocks_verifies_every_block(tmp_path):
+    X = np.random.default_rng(4).normal(size=(250, 3))
+    arr = open_tiled_array(str(tmp_path), "X", X.shape, 100, np.float64, "fp", chunk_cols=3)
+    for i in range(3):
+        arr.write_tile(i, 0, X[arr.grid.row_slice(i)])
+    lazy = read_blocks(str(tmp_path), "X")
+    assert lazy.chunks == ((100, 100, 50), (3,))
+    np.testing.assert_array_equal(lazy.compute(), X)
+    _flip(tmp_path / "X" / "c" / "2" / "0", offset=16)
+    with pytest.raises(CorruptTileError, match=r"tile \(2, 0\) of array 'X'"):
+        read_blocks(str(tmp_path), "X").compute()
+    np.testing.assert_array_equal(lazy[:200].compute(), X[:200])  # the others still pass
+    (tmp_path / "_markers" / "X" / "1.0").unlink()
+    with pytest.raises(MissingTileError, match=r"block \(1, 0\) of array 'X'"):
+        read_all(str(tmp_path), "X")
+    chunk = tmp_path / "X" / "c" / "0" / "0"
+    chunk.write_bytes(chunk.read_bytes()[:100])  # truncated: named, not a decoder error
+    with pytest.raises(CorruptTileError, match=r"\(0, 0\) of array 'X'"):
+        read_all(str(tmp_path), "X")
+
+
+@pytest.mark.slow
+def test_flipped_byte_in_X_train_is_rewritten_from_source(data, tmp_path):
+    _, conf, clean = data
+    run = tmp_path / "run"
+    _ok(_krr(conf, run))
+    chunk = _ingest_chunk(run, "X_train", 1)
+    good = chunk.read_bytes()
+    _flip(chunk)
+    res = _ok(_krr(conf, run, "lambda=0.02"))  # the Gram is kept; predict reads X_train
+    assert "tile (1, 0) of array 'X_train'" in res.stderr, res.stderr[-3000:]
+    assert "rerunning from stage 'ingest'" in res.stderr
+    assert chunk.read_bytes() == good  # rewritten from the source file
+    assert _metrics(run) == _metrics(clean)
+    # the model artifact sealed the clean X, and its arrays are checked on load
+    model = run / "model" / "model"
+    art = load_artifact(model)
+    np.testing.assert_array_equal(art.X_train, load_artifact(clean / "model" / "model").X_train)
+    _flip(model / "X_train" / "c" / "0" / "0")
+    with pytest.raises(ArtifactError, match="array 'X_train' fails its checksum"):
+        load_artifact(model)
+
+
+@pytest.mark.slow
+def test_flipped_byte_in_y_train_is_rewritten_from_source(data, tmp_path):
+    _, conf, clean = data
+    run = tmp_path / "run"
+    _ok(_krr(conf, run))
+    chunk = _ingest_chunk(run, "y_train", 2)
+    _flip(chunk, offset=8)
+    res = _ok(_krr(conf, run, "lambda=0.02"))  # the solve reads y_train
+    assert "tile (2, 0) of array 'y_train'" in res.stderr, res.stderr[-3000:]
+    assert _metrics(run) == _metrics(clean)
+    np.testing.assert_array_equal(
+        np.load(run / "solve" / "alpha.npy"), np.load(clean / "solve" / "alpha.npy")
+    )
+
+
+@pytest.mark.slow
+def test_flipped_byte_in_alpha_is_recomputed(data, tmp_path):
+    _, conf, clean = data
+    run = tmp_path / "run"
+    _ok(_krr(conf, run, "lambda=0.02", "--until", "solve"))
+    _flip(run / "solve" / "alpha.npy", offset=200)
+    res = _ok(_krr(conf, run, "lambda=0.02"))  # predict and model read alpha
+    assert "alpha.npy" in res.stderr and "rerunning from stage 'solve'" in res.stderr, res.stderr
+    assert _metrics(run) == _metrics(clean)
+    np.testing.assert_array_equal(
+        np.load(run / "solve" / "alpha.npy"), np.load(clean / "solve" / "alpha.npy")
+    )
+
+
+@pytest.mark.slow
+def test_deleted_prediction_chunk_is_recomputed_by_the_run(data, tmp_path):
+    _, conf, clean = data
+    run = tmp_path / "run"
+    _ok(_krr(conf, run, "lambda=0.02", "--until", "predict"))
+    chunk = run / "predict" / "predictions.zarr" / "test" / "c" / "0" / "0"
+    chunk.unlink()  # would read as zeros
+    res = _ok(_krr(conf, run, "lambda=0.02"))  # evaluate reads the predictions
+    assert "tile (0,) of array 'test'" in res.stderr, res.stderr[-3000:]
+    assert chunk.is_file()
+    assert _metrics(run) == _metrics(clean)
+
+
+def test_prediction_blocks_are_verified_on_read(tmp_path):
+    rng = np.random.default_rng(0)
+    X, Xt, a = rng.normal(size=(250, 3)), rng.normal(size=(120, 3)), rng.normal(size=120)
+    k = RBF(gamma=0.4)
+    out = tmp_path / "pred"
+    kw = dict(block_size=100, train_block_size=60, progress=False)
+    res = predict(X, Xt, a, k, out=str(out), **kw)
+    want = res.to_numpy()
+    np.testing.assert_allclose(want, k(X, Xt) @ a, rtol=1e-12, atol=1e-12)
+    rec = json.loads((out / "_markers" / "predictions" / "1").read_text())
+    assert "crc32c" in rec
+    _flip(out / "predictions" / "c" / "1")
+    with pytest.raises(CorruptTileError, match=r"tile \(1,\) of array 'predictions'"):
+        res.to_numpy()
+    (out / "predictions" / "c" / "1").unlink()  # a deleted chunk: zeros, not the data
+    with pytest.raises(CorruptTileError, match=r"tile \(1,\) of array 'predictions'"):
+        res.to_numpy()
+    (out / "_markers" / "predictions" / "2").unlink()  # no record: not trusted either
+    with pytest.raises(CorruptTileError):
+        res.to_numpy()
+    # unmark the damaged block: a rerun recomputes exactly the two unmarked ones
+    (out / "_markers" / "predictions" / "1").unlink()
+    again = predict(X, Xt, a, k, out=str(out), **kw)
+    assert (again.n_computed, again.n_skipped) == (2, 1)
+    np.testing.assert_array_equal(again.to_numpy(), want)
+
+
+def test_missing_prediction_marker_is_named(tmp_path):
+    rng = np.random.default_rng(1)
+    X, Xt, a = rng.normal(size=(150, 2)), rng.normal(size=(50, 2)), rng.normal(size=50)
+    out = tmp_path / "pred"
+    res = predict(X, Xt, a, RBF(gamma=1.0), out=str(out), block_size=100, progress=False)
+    want = res.to_numpy()
+    (out / "_markers" / "predictions" / "0").unlink()
+    with pytest.raises(
+        MissingTileError, match=r"block \(0,\) of array 'predictions'.*no completion"
+    ):
+        res.to_numpy()
+    # a record without a checksum (an older version's) cannot be verified: recomputed
+    marker = out / "_markers" / "predictions" / "1"
+    rec = json.loads(marker.read_text())
+    marker.write_text(json.dumps({k: v for k, v in rec.items() if k != "crc32c"}))
+    with pytest.raises(MissingTileError, match=r"block \(0,\)"):
+        res.to_numpy()
+    again = predict(X, Xt, a, RBF(gamma=1.0), out=str(out), block_size=100, progress=False)
+    assert (again.n_computed, again.n_skipped) == (2, 0)
+    np.testing.assert_array_equal(again.to_numpy(), want)
+    marker.write_text(json.dumps({k: v for k, v in rec.items() if k != "crc32c"}))
+    with pytest.raises(MissingTileError, match=r"block \(1,\).*carries no checksum"):
+        res.to_numpy()
+
+
+@pytest.mark.filterwarnings("ignore::pipeline.solvers.cg.CGConvergenceWarning")
+def test_corrupt_cg_checkpoint_is_not_resumed(tmp_path, caplog):
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(120, 3))
+    y = rng.normal(size=(120, 1))
+    op = make_operator("matrix-free", 1e-3, X=X, kernel=RBF(gamma=0.5), block_size=50)
+    store = str(tmp_path / "cg")
+    kw = dict(every=2, tol=1e-10)
+    first = resumable_cg(op, y, store, max_iter=6, **kw)
+    assert first.n_iter == 6 and not first.converged
+    slots = sorted((tmp_path / "cg" / "_cg" / "cg").glob("slot*.npz"))
+    latest = max(slots, key=lambda p: p.stat().st_mtime_ns)
+    _flip(latest, offset=len(latest.read_bytes()) // 2)  # inside the saved vectors
+    with caplog.at_level(logging.WARNING, logger="pipeline.solvers.cg_checkpoint"):
+        res = resumable_cg(op, y, store, max_iter=60, **kw)
+    assert res.start_iter == 0, "resumed from a corrupt checkpoint"
+    assert "is corrupt" in caplog.text and latest.name in caplog.text
+    clean = resumable_cg(op, y, str(tmp_path / "clean"), max_iter=60, **kw)
+    np.testing.assert_array_equal(res.x, clean.x)
+
+
+@pytest.mark.slow
+def test_corrupt_X_train_without_its_source_fails_loudly(data, tmp_path):
+    _, _, clean = data
+    conf = _own_conf(data, tmp_path)
+    run = tmp_path / "run"
+    _ok(_krr(conf, run))
+    _flip(_ingest_chunk(run, "X_train", 0))
+    # the source is broken: the damaged block cannot be rewritten from it
+    src = tmp_path / "X.npy"
+    good = src.read_bytes()
+    src.write_bytes(good[:200])
+    res = _krr(conf, run, "lambda=0.02")
+    assert res.returncode in (3, 4), (res.returncode, res.stderr[-3000:])  # bad input / stage
+    # the damaged block is named when a reader meets it; where the source's content is
+    # fingerprinted up front, the broken source is found first and ingest reruns from it
+    named = "tile (0, 0) of array 'X_train'" in res.stderr
+    assert named or "[ingest] config changed" in res.stderr, res.stderr[-3000:]
+    assert "stage 'ingest' failed" in res.stderr
+    stages = json.loads((run / "manifest.json").read_text())["stages"]
+    assert stages["ingest"]["status"] == "failed"
+    # the source restored, the run resumes and rewrites the block
+    src.write_bytes(good)
+    _ok(_krr(conf, run, "lambda=0.02"))
+    assert _metrics(run) == _metrics(clean)
