@@ -55,9 +55,9 @@ F32_LIMIT = float(np.finfo(np.float32).max) / 16
 #: sub-block shape (rows, columns) by evaluator family, measured on 2 cores
 #: (Sapphire Rapids, 2 MB L2 per core; see the module docstring of
 #: pipeline.tiles.fused): GEMM-based kernels 256 x 512 (1 MB of float64), the
-#: feature-wise Laplacian 64 x 512 (its two scratch blocks stay in L2)
+#: feature-wise Laplacian 128 x 512 (its two scratch blocks stay in L2)
 BLOCK_GEMM = (256, 512)
-BLOCK_FEATUREWISE = (64, 512)
+BLOCK_FEATUREWISE = (128, 512)
 
 _logged: set[type] = set()
 _log_lock = threading.Lock()

@@ -263,7 +263,7 @@ def kernel_matvec(
     Vi: Any = None,
     out_t: np.ndarray | None = None,
     kernel_dtype: Any = "float64",
-    n_threads: int | None = 1,
+    n_threads: int | None = None,
     block_shape: tuple[int, int] | None = None,
 ) -> None:
     """``out += K(Xi, Xj) @ V``, evaluating each kernel entry once, in cache.
@@ -293,8 +293,8 @@ def kernel_matvec(
         dtype of the kernel values (see the module docstring); products are
         accumulated in float64 either way.
     n_threads : int or None
-        Threads over row strips (None: every core). The result does not
-        depend on it, bit for bit.
+        Threads over row strips (None: every core; inside a Dask task pass
+        :func:`task_threads`). The result does not depend on it, bit for bit.
     block_shape : (int, int), optional
         Sub-block (rows, columns); default: measured best for the kernel.
 
@@ -403,7 +403,7 @@ def kernel_tile(
     out: np.ndarray,
     *,
     kernel_dtype: Any = "float64",
-    n_threads: int | None = 1,
+    n_threads: int | None = None,
     block_shape: tuple[int, int] | None = None,
 ) -> np.ndarray:
     """Write the tile ``K(Xi, Xj)`` into ``out`` (float64 or float32, shape (ni, nj)).

@@ -186,10 +186,10 @@ def matvec_methods(kernel: Kernel, gamma: float | None) -> dict[str, Callable]:
         def f(Xi, Xj, vi, vj):
             if Xj is None:
                 a = np.zeros_like(vi)
-                kernel_matvec(kernel, Xi, None, vi, a, kernel_dtype=kd)
+                kernel_matvec(kernel, Xi, None, vi, a, kernel_dtype=kd, n_threads=1)
                 return a, None
             a, t = np.zeros_like(vi), np.zeros_like(vj)
-            kernel_matvec(kernel, Xi, Xj, vj, a, True, Vi=vi, out_t=t, kernel_dtype=kd)
+            kernel_matvec(kernel, Xi, Xj, vj, a, True, Vi=vi, out_t=t, kernel_dtype=kd, n_threads=1)
             return a, t
 
         return f
@@ -215,7 +215,7 @@ def predict_methods(kernel: Kernel, gamma: float | None) -> dict[str, Callable]:
     def fused(kd):
         def f(xb, xt, a):
             out = np.zeros((xb.shape[0], a.shape[1]))
-            predict_accumulate(kernel, xb, xt, a, out, kernel_dtype=kd)
+            predict_accumulate(kernel, xb, xt, a, out, kernel_dtype=kd, n_threads=1)
             return out
 
         return f
@@ -234,7 +234,7 @@ def gram_methods(kernel: Kernel, gamma: float | None) -> dict[str, Callable]:
     def fused(kd):
         def f(Xi, Xj):
             shape = (Xi.shape[0], Xi.shape[0] if Xj is None else Xj.shape[0])
-            kernel_tile(kernel, Xi, Xj, np.empty(shape, dtype=kd), kernel_dtype=kd)
+            kernel_tile(kernel, Xi, Xj, np.empty(shape, dtype=kd), kernel_dtype=kd, n_threads=1)
 
         return f
 
