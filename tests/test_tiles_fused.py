@@ -216,3 +216,10 @@ def test_task_threads():
     assert task_threads(10_000, concurrency=cores) == 1
     # a single task: it gets every core
     assert task_threads(1, concurrency=cores) == cores
+    # the synchronous scheduler runs one task at a time
+    import dask
+
+    with dask.config.set(scheduler="synchronous"):
+        assert task_threads(10_000) == cores
+    with dask.config.set(num_workers=cores):
+        assert task_threads(10_000) == 1

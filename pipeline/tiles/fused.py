@@ -92,8 +92,9 @@ def task_threads(n_tasks: int, *, concurrency: int | None = None) -> int:
     the scheduler already keeps every core busy with its own tasks, more when
     there are fewer tasks than cores (e.g. a single tile). ``concurrency``
     defaults to the threaded scheduler's worker count (dask's ``num_workers``
-    setting, else the core count); under a distributed client it is taken as
-    the core count (its workers already fill the machine), giving 1.
+    setting, else the core count; 1 under the synchronous scheduler); under a
+    distributed client it is taken as the core count too (its workers
+    already fill the machine), giving 1 as soon as there are enough tasks.
     """
     cores = available_cores()
     if concurrency is None:
@@ -101,7 +102,10 @@ def task_threads(n_tasks: int, *, concurrency: int | None = None) -> int:
         try:
             import dask
 
-            concurrency = int(dask.config.get("num_workers", None) or cores)
+            if dask.config.get("scheduler", None) in ("sync", "synchronous", "single-threaded"):
+                concurrency = 1
+            else:
+                concurrency = int(dask.config.get("num_workers", None) or cores)
         except ImportError:  # pragma: no cover - dask is a dependency
             pass
     busy = max(1, min(int(n_tasks), int(concurrency)))
