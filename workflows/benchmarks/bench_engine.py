@@ -305,12 +305,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="N = 6,000 (default 30,000)")
     ap.add_argument("--n", type=int, default=None)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--repeat", type=int, default=None, help="best of (default 3; quick 2)")
+    ap.add_argument("--repeat", type=int, default=None, help="best of (default 3)")
     ap.add_argument("--ops", default="matvec,predict,gram")
     ap.add_argument("--json", default=None, help="also write the figures to this file")
     args = ap.parse_args(argv)
     n = args.n or (6_000 if args.quick else 30_000)
-    repeat = args.repeat or (2 if args.quick else 3)
+    repeat = args.repeat or 3
     ops = args.ops.split(",")
     try:
         import pykeops
