@@ -103,7 +103,8 @@ def tile_product(
     This is the whole arithmetic of a prediction task; the benchmark's bare
     numpy loop calls it too, so both time exactly the same tiles and GEMVs.
     The kernel values are float32 iff ``xb`` and ``xt`` are (the kernels' own
-    rule); products are accumulated in float64 (:mod:`pipeline.tiles.fused`).
+    rule); sums longer than one sub-block are float64 (see
+    :mod:`pipeline.tiles.fused`).
     """
     out = np.zeros((xb.shape[0], a.shape[1]))
     f32 = xb.dtype == np.float32 and xt.dtype == np.float32

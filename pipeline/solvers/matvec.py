@@ -365,9 +365,9 @@ class MatrixFreeKernelOperator(KernelOperator):
     progress : bool
         Show a progress bar for each product (only on a TTY).
     kernel_dtype : {"float64", "float32"}, optional
-        dtype the kernel values are computed in (products are accumulated in
-        float64 either way; see :mod:`pipeline.tiles.fused`). Default: float32
-        iff ``X`` is float32, the kernels' own rule.
+        dtype the kernel values are computed in (sums longer than one
+        sub-block are float64 either way; see :mod:`pipeline.tiles.fused`).
+        Default: float32 iff ``X`` is float32, the kernels' own rule.
     n_threads : int, optional
         Threads inside each tile task. Default
         (:func:`pipeline.tiles.task_threads`): cores divided by the tile tasks

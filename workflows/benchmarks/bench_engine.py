@@ -16,7 +16,8 @@ BLAS at one thread, partial products summed in a fixed order):
 
 (a) ``fused64``: :func:`pipeline.tiles.kernel_matvec` / ``predict_accumulate``
     / ``kernel_tile``, float64 throughout;
-(b) ``fused32``: the same with ``kernel_dtype="float32"`` (float64 products);
+(b) ``fused32``: the same with ``kernel_dtype="float32"`` (sums longer than a
+    sub-block in float64);
 (c) ``today``: the tile code before the engine, copied here (a whole tile by
     ``kernel(Xi, Xj)``, then GEMVs; prediction in 512-square pieces);
 (d) ``plain``: the plain numpy loop: whole tile with its distance temporary,
@@ -345,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
                 "diamonds D=9", X, Xn, k, None, pool, args.threads, repeat, rows, ["matvec"]
             )
         errs = float32_errors(X[: min(n, 8_000)])
-    print("\nfloat32 kernel values, float64 products: |K32 v - K v| / |K v| on diamonds")
+    print("\nkernel_dtype='float32': |K32 v - K v| / |K v| on diamonds (diagonal tiles)")
     for name, e in errs:
         print(f"  {name:<48} {e:.2e}")
     print(f"\n{keops}")
