@@ -419,6 +419,9 @@ def _strip_tile(
     size: int,
 ) -> None:
     r = r1 - r0
+    # scratch, then one copy: evaluating straight into ``out`` measured 1.6x
+    # slower in float64 (a 2,048-column tile's rows are 16 KiB apart, a
+    # power of two that makes the sub-block's rows collide in the cache)
     E_flat = _scratch("E", size, ev.dtype)
     T_flat = _scratch("T", size, ev.dtype) if ev.needs_scratch else None
     blocks = [(c0, min(c0 + C, cend), False) for c0 in range(0, cend, C)]
