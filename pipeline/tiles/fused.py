@@ -54,11 +54,12 @@ for a preconditioner, not for CG to 1e-10: keep float64 for the solve. A
 kernel whose values (or whose data) can exceed float32's range is refused
 with a ValueError, never turned into ``inf``.
 
-Measured throughput (``bench_engine.py --quick``, N = 6,000, 2 cores shared
-with another busy process, so lower bounds): RBF ``K v`` on diamonds (D = 9)
-0.48-0.65 G entries/s in float64 (5.7-7.7x the plain whole-tile numpy loop,
-6.5-8.9x the tile code it replaces), prediction 0.79 float64 / 0.88 float32
-(9-10x the plain loop); synthetic D = 64: 0.35 / 0.46 (6-8x).
+Measured throughput (``bench_engine.py --quick``: N = 6,000, 2 cores, a
+quiet machine, best of 3), G kernel entries/s, RBF on diamonds (D = 9),
+float64 / float32: ``K v`` 1.27 / 1.54 (6.1x / 7.4x the plain whole-tile
+numpy loop's 0.21, 4.1x / 4.9x the tile code it replaced), prediction
+1.16 / 1.71 (7.4x / 10.9x), Gram tiles 0.86 / 1.28 (3.9x / 5.8x); synthetic
+D = 64: ``K v`` 0.71 / 0.99 (3.7x / 5.2x).
 """
 
 from __future__ import annotations
