@@ -91,7 +91,8 @@ def _refuse_f32(kernel: Kernel, bound: float) -> None:
     raise ValueError(
         f"kernel_dtype='float32' cannot hold the values of {kernel!r} on this data: "
         f"intermediate or kernel values can reach {bound:.3g}, beyond float32's range "
-        f"(max {np.finfo(np.float32).max:.3g}); use kernel_dtype='float64' (the default), "
+        f"(max {np.finfo(np.float32).max:.3g}); use kernel_dtype='float64' (the default; "
+        "float32 inputs select float32 in pipeline.predict, so cast them to float64 there), "
         "or rescale the inputs (e.g. standardise them) or lower gamma / coef0 / degree"
     )
 
