@@ -39,13 +39,14 @@ from pipeline.predict.source import as_input_blocks
 from pipeline.predict.source import input_fingerprint as _input_fingerprint
 from pipeline.storage import StoreMismatchError, fingerprint_obj, open_tiled_array, read_all
 from pipeline.storage.arrays import TiledArray
+from pipeline.tiles import predict_accumulate, task_threads
 
 log = logging.getLogger(__name__)
 
 NAN_POLICIES = ("raise", "propagate")
-#: edge of the pieces a tile is evaluated in (2 MB of float64, stays in cache):
-#: measured here 1.3-2x more kernel values/s than whole 4096-square tiles, and
-#: ahead of 256 (call overhead) and 1024-2048 (cache misses)
+#: column width of the pieces a tile is evaluated in (rows: half of it); the
+#: default lets the fused engine (:mod:`pipeline.tiles`) use the piece shape
+#: measured best for each kernel (256 x 512 for the GEMM-based ones)
 CACHE_BLOCK = 512
 _FAN_IN = 16
 
@@ -89,40 +90,44 @@ def _prepare(
     return np.ascontiguousarray(xb, dtype=dtype), bad
 
 
-def _matvec(K: np.ndarray, a: np.ndarray) -> np.ndarray:
-    """K @ a with a GEMV for one output column."""
-    if a.shape[1] == 1:
-        return (K @ a[:, 0])[:, None]
-    return K @ a
-
-
 def tile_product(
-    kernel: Kernel, xb: np.ndarray, xt: np.ndarray, a: np.ndarray, cache_block: int = CACHE_BLOCK
+    kernel: Kernel,
+    xb: np.ndarray,
+    xt: np.ndarray,
+    a: np.ndarray,
+    cache_block: int = CACHE_BLOCK,
+    n_threads: int = 1,
 ) -> np.ndarray:
-    """K(xb, xt) @ a, evaluated in ``cache_block``-square pieces of the kernel tile.
+    """K(xb, xt) @ a (float64), by the fused engine in cache-sized pieces of the tile.
 
     This is the whole arithmetic of a prediction task; the benchmark's bare
     numpy loop calls it too, so both time exactly the same tiles and GEMVs.
+    The kernel values are float32 iff ``xb`` and ``xt`` are (the kernels' own
+    rule); sums longer than one sub-block are float64 (see
+    :mod:`pipeline.tiles.fused`).
     """
-    out: np.ndarray | None = None
-    nb, nt = xb.shape[0], xt.shape[0]
-    for r0 in range(0, nb, cache_block):
-        r1 = min(r0 + cache_block, nb)
-        for c0 in range(0, nt, cache_block):
-            c1 = min(c0 + cache_block, nt)
-            part = _matvec(kernel(xb[r0:r1], xt[c0:c1]), a[c0:c1])
-            if out is None:
-                out = np.zeros((nb, a.shape[1]), dtype=part.dtype)
-            out[r0:r1] += part
-    if out is None:
-        out = np.zeros((nb, a.shape[1]), dtype=np.result_type(xb.dtype, xt.dtype, a.dtype))
+    out = np.zeros((xb.shape[0], a.shape[1]))
+    f32 = xb.dtype == np.float32 and xt.dtype == np.float32
+    cb = int(cache_block)
+    predict_accumulate(
+        kernel, xb, xt, a, out,
+        kernel_dtype="float32" if f32 else "float64",
+        n_threads=n_threads,
+        block_shape=None if cb == CACHE_BLOCK else (max(1, cb // 2), cb),
+    )  # fmt: skip
     return out
 
 
 def _tile_task(
-    prepared: tuple[np.ndarray, Any], xt: np.ndarray, a: np.ndarray, *, kernel: Kernel, cache: int
+    prepared: tuple[np.ndarray, Any],
+    xt: np.ndarray,
+    a: np.ndarray,
+    *,
+    kernel: Kernel,
+    cache: int,
+    n_threads: int = 1,
 ) -> np.ndarray:
-    return tile_product(kernel, prepared[0], xt, a, cache)
+    return tile_product(kernel, prepared[0], xt, a, cache, n_threads)
 
 
 def _sum(*parts: np.ndarray) -> np.ndarray:
@@ -267,7 +272,9 @@ def _graph(
     prep, tile, red, fin = (f"krr-predict-{s}-{token}" for s in ("prep", "tile", "sum", "out"))
     starts = np.concatenate([[0], np.cumsum(X.chunks[0])]).astype(int).tolist()
     n_train_blocks = len(m.X_train.chunks[0])
-    tile_fn = functools.partial(_tile_task, kernel=m.kernel, cache=cache_block)
+    # inner threads per tile task: 1 when the scheduler keeps every core busy
+    n_inner = task_threads(len(rows) * n_train_blocks)
+    tile_fn = functools.partial(_tile_task, kernel=m.kernel, cache=cache_block, n_threads=n_inner)
     finish_fn = functools.partial(
         _finish,
         y_mean=m.pre.get("y_mean"),
@@ -343,7 +350,8 @@ def predict_blockwise(
         "raise": a non-finite value in ``X_new`` fails with an error naming
         the row block and row. "propagate": those rows are predicted as NaN.
     cache_block : int
-        Edge of the pieces a task evaluates its tile in (a performance knob:
+        Column width of the pieces a task evaluates its tile in, rows half of
+        it; the default lets the engine pick per kernel (a performance knob:
         the result differs only by summation order, ~1e-16 relative).
 
     Returns

