@@ -13,13 +13,17 @@ from pipeline.storage.arrays import (
     open_tiled_array,
     tile_checksum,
 )
+from pipeline.storage.errors import ForeignPathError, IncompleteArrayError, TileRewriteError
 from pipeline.storage.fingerprint import fingerprint_blocks, fingerprint_obj
 from pipeline.storage.markers import TileMarkers
 from pipeline.storage.tiles import TileGrid
 
 __all__ = [
     "CorruptTileError",
+    "ForeignPathError",
+    "IncompleteArrayError",
     "StoreMismatchError",
+    "TileRewriteError",
     "atomic_write",
     "TileGrid",
     "TileMarkers",
