@@ -38,8 +38,11 @@ A stage directory that already exists, is not empty, and that the manifest
 does not record as started is not adopted: the run stops with
 :class:`RunDirConflict` naming it. ``force_new`` removes exactly the owned paths
 above (never ``.lock``, never anything else: other files in the run directory
-survive, and are logged); a stage whose fingerprint changed has its own
-directory emptied, nothing else.
+survive, and are logged; a symbolic link in place of a stage directory is left
+alone); a stage whose fingerprint changed has its own directory emptied,
+nothing else. Stale temporary files of atomic writes (see
+:mod:`pipeline.storage.tempfiles`) are swept from the run directory when a run
+starts, and from each store when it is reopened.
 """
 
 from __future__ import annotations
@@ -172,8 +175,8 @@ def _discard_run(run_dir: Path, manifest: Manifest, keep: Sequence[str] = (".loc
     """Remove what the runner owns in ``run_dir`` (see the module docstring), nothing else."""
     owned = _owned_stage_dirs(run_dir, manifest)
     for d in owned:
-        if d.is_symlink():  # a link someone else made: empty what it points to, keep it
-            _clear_dir(d)
+        if d.is_symlink():  # the runner makes real directories: someone else made this link
+            log.warning("--force-new: %s is a symbolic link; left alone (remove it yourself)", d)
         elif d.is_dir():
             shutil.rmtree(d)
     sweep_tmp_files(run_dir, recursive=False)

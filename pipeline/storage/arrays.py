@@ -155,7 +155,9 @@ class TiledArray:
         if layout is not None:
             try:
                 tile = read_chunk(layout, coords)
-            except OSError as exc:  # e.g. EIO: unreadable, not merely absent
+            except PermissionError:  # not damage: recomputing would not help
+                raise
+            except OSError as exc:  # e.g. EIO, a directory: unreadable, not merely absent
                 self._raise_if_marked(i, j, f"its chunk cannot be read ({exc})", exc)
                 raise
             if tile is None:  # absent (Zarr gives the fill value) or the wrong size
