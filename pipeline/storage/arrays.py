@@ -168,7 +168,8 @@ class TiledArray:
             arr = self.zarr("r")
             try:
                 tile = arr[self._region(arr, i, j)]
-            except ValueError as exc:  # a chunk Zarr cannot decode (torn, wrong size)
+            except (ValueError, RuntimeError) as exc:  # a chunk Zarr cannot decode (torn,
+                # wrong size: ValueError; a damaged zstd frame: RuntimeError)
                 self._raise_if_marked(i, j, f"Zarr cannot decode its chunk ({exc})", exc)
                 raise
         if verify:
