@@ -53,7 +53,7 @@ def _user_dir(out: Path) -> Path:
 @pytest.mark.slow
 def test_krr_predict_keeps_a_user_file_in_the_output(model_and_input, tmp_path):
     art, _, xn = model_and_input
-    out = tmp_path / "out"
+    out = tmp_path / "out.zarr"
     thesis = _user_dir(out)
     for extra in ([], ["--overwrite"]):
         r = subprocess.run(
