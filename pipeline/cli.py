@@ -354,6 +354,13 @@ def cmd_run(args) -> int:
             f"--until {args.until!r}: not a stage; stages are {list(STAGE_NAMES)}", EXIT_BAD_CONFIG
         )
     run_dir = Path(args.run_dir) if args.run_dir else cfg.resolved_run_dir()
+    if args.run_dir:
+        from pipeline.config import check_run_dir
+
+        try:
+            check_run_dir(args.run_dir, "--run-dir")
+        except ValueError as e:
+            raise CliError(str(e), EXIT_BAD_CONFIG) from None
     _check_paths(cfg)
     tty = _isatty()
 

@@ -5,7 +5,8 @@ tile Cholesky + triangular solves, CG with a stored or matrix-free operator) for
 the estimator. It holds X (N x D) and α (N x outputs) in memory, never an N x N
 array. With an explicit ``store`` every step resumes from its completed tiles
 (Gram tiles, factor tiles, CG checkpoints); with ``store=None`` a temporary
-directory is used and removed afterwards.
+directory under :func:`pipeline.storage.tempfiles.temp_root` is used and removed
+afterwards.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,7 +49,11 @@ def _store_dir(store: Any) -> Iterator[str]:
             Path(store).mkdir(parents=True, exist_ok=True)
         yield str(store)
         return
-    tmp = tempfile.mkdtemp(prefix="krr-store-")
+    from pipeline.storage.tempfiles import make_temp_store
+
+    # under $KRR_TMPDIR or {tempfile.gettempdir()}/krr-pipeline; one a killed fit left
+    # behind is removed by the next make_temp_store (see pipeline.storage.tempfiles)
+    tmp = make_temp_store()
     try:
         yield tmp
     finally:

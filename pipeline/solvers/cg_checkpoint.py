@@ -29,7 +29,8 @@ from pipeline.solvers.cg import CGResult, CGState, conjugate_gradient
 from pipeline.solvers.precond import IdentityPreconditioner
 from pipeline.storage import TileMarkers, fingerprint_blocks, fingerprint_obj
 from pipeline.storage.arrays import bytes_checksum
-from pipeline.storage.atomic import atomic_write
+from pipeline.storage.atomic import atomic_write, is_local
+from pipeline.storage.tempfiles import sweep_tmp_files
 
 __all__ = ["CGCheckpoint", "cg_fingerprint", "resumable_cg"]
 
@@ -86,6 +87,9 @@ class CGCheckpoint:
         self.markers = TileMarkers(self.store, f"cg-{name}", fingerprint)
         self.fs, root = fsspec.core.url_to_fs(self.store)
         self.root = f"{root.rstrip('/')}/_cg/{name}"
+        if is_local(self.fs):  # checkpoint writes a killed solve left half done
+            sweep_tmp_files(self.root)
+            self.markers.sweep_tmp()
         rec = self.markers.record(_KEY)
         self._slot = int(rec["slot"]) if rec else 1
         self.n_saved = 0

@@ -48,7 +48,12 @@ from scipy.linalg import lapack
 
 from pipeline.solvers import blas as gil_free_blas
 from pipeline.solvers.tile_io import TileIO
-from pipeline.storage import TiledArray, fingerprint_obj, open_tiled_array
+from pipeline.storage import (
+    IncompleteArrayError,
+    TiledArray,
+    fingerprint_obj,
+    open_tiled_array,
+)
 
 CONVENTIONS = ("sklearn", "n")
 
@@ -690,10 +695,14 @@ def tile_cholesky(
         done = gram.markers.done()
         missing = [t for t in grid.lower_tiles() if t not in done]
         if missing:
-            raise ValueError(
-                f"the Gram in {gram.store!r}/{gram.name!r} is incomplete: {len(missing)} of "
+            raise IncompleteArrayError(
+                gram.store,
+                gram.name,
+                missing,
+                grid.n_lower_tiles(),
+                message=f"the Gram in {gram.store!r}/{gram.name!r} is incomplete: {len(missing)} of "
                 f"{grid.n_lower_tiles()} lower tiles have no completion marker (first: "
-                f"{missing[:3]}); finish building the Gram before factorising it"
+                f"{missing[:3]}); finish building the Gram before factorising it",
             )
     dtype = np.dtype(dtype)
     if dtype not in (np.dtype(np.float64), np.dtype(np.float32)):
@@ -762,9 +771,13 @@ def load_factor(store: str, name: str = "chol") -> CholeskyFactor:
     done = L.markers.done()
     missing = [t for t in L.grid.lower_tiles() if t not in done]
     if missing:
-        raise ValueError(
-            f"factor {name!r} in {store!r} is incomplete ({len(missing)} tiles missing, first "
-            f"{missing[:3]}); rerun tile_cholesky to finish it"
+        raise IncompleteArrayError(
+            str(store),
+            name,
+            missing,
+            L.grid.n_lower_tiles(),
+            message=f"factor {name!r} in {store!r} is incomplete ({len(missing)} tiles missing, "
+            f"first {missing[:3]}); rerun tile_cholesky to finish it",
         )
     return CholeskyFactor(
         L=L,

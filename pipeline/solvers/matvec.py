@@ -29,7 +29,13 @@ from dask.delayed import Delayed
 
 from pipeline.kernels import Kernel, kernel_fingerprint, make_kernel
 from pipeline.parallel import compute
-from pipeline.storage import TiledArray, TileGrid, fingerprint_blocks, fingerprint_obj
+from pipeline.storage import (
+    IncompleteArrayError,
+    TiledArray,
+    TileGrid,
+    fingerprint_blocks,
+    fingerprint_obj,
+)
 from pipeline.tiles import kernel_matvec, task_threads
 
 __all__ = [
@@ -279,10 +285,14 @@ class StoredKernelOperator(KernelOperator):
         if check_complete:
             missing = set(self.grid.lower_tiles()) - gram.markers.done()
             if missing:
-                raise ValueError(
-                    f"the stored Gram {gram.name!r} in {gram.store!r} is incomplete: "
+                raise IncompleteArrayError(
+                    gram.store,
+                    gram.name,
+                    missing,
+                    self.grid.n_lower_tiles(),
+                    message=f"the stored Gram {gram.name!r} in {gram.store!r} is incomplete: "
                     f"{len(missing)} of {self.grid.n_lower_tiles()} lower tiles lack a "
-                    f"completion marker (e.g. {sorted(missing)[:3]}); finish building it first"
+                    f"completion marker (e.g. {sorted(missing)[:3]}); finish building it first",
                 )
 
     def _tile_task(self, i, j, vi, vj):

@@ -14,7 +14,35 @@ the run when the tile's store lies inside a stage directory of this run: the
 tile's record is removed, the stage that owns the store and every stage
 downstream of it are marked partial, a warning is logged, and the run goes on
 from the owning stage, which recomputes just that tile (at most
-``max_recoveries`` times per run).
+``max_recoveries`` times per run). A chunk that cannot be read as a tile at all
+(truncated, oversized) is a corrupt tile too. An
+:class:`~pipeline.storage.IncompleteArrayError` (a consumer found tiles of an
+array it needs without completion records, e.g. a deleted Gram marker) is
+recovered the same way: the owning stage and everything downstream rerun, and
+the owner computes the missing tiles. A store outside the run directory cannot
+be recomputed by any stage: the run fails with the error, which names the array
+and the tiles.
+
+What the runner owns, and so may delete
+---------------------------------------
+The runner never deletes what it did not create. In a run directory it owns
+
+* ``manifest.json`` (and the temporary files of its atomic writes), and
+* the directory ``{run_dir}/{stage}`` of every stage the manifest records as
+  started (its record has a ``started`` time): the runner records the start
+  *before* it creates the directory, and a stage writes only inside its own
+  directory, so everything in it is the pipeline's. Do not put your own files
+  in a stage directory.
+
+A stage directory that already exists, is not empty, and that the manifest
+does not record as started is not adopted: the run stops with
+:class:`RunDirConflict` naming it. ``force_new`` removes exactly the owned paths
+above (never ``.lock``, never anything else: other files in the run directory
+survive, and are logged; a symbolic link in place of a stage directory is left
+alone); a stage whose fingerprint changed has its own directory emptied,
+nothing else. Stale temporary files of atomic writes (see
+:mod:`pipeline.storage.tempfiles`) are swept from the run directory when a run
+starts, and from each store when it is reopened.
 """
 
 from __future__ import annotations
@@ -28,8 +56,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.stages.manifest import Manifest
-from pipeline.storage import CorruptTileError, TileMarkers, fingerprint_obj
+from pipeline.stages.manifest import MANIFEST_NAME, Manifest
+from pipeline.storage import (
+    CorruptTileError,
+    IncompleteArrayError,
+    TileMarkers,
+    fingerprint_obj,
+)
+from pipeline.storage.tempfiles import sweep_tmp_files
 
 log = logging.getLogger("pipeline.stages")
 
@@ -123,12 +157,63 @@ def _clear_dir(path: Path, keep: Sequence[str] = ()) -> None:
             child.unlink()
 
 
-def _find_corrupt(exc: BaseException) -> CorruptTileError | None:
-    """The CorruptTileError ``exc`` is or was raised from (its cause/context chain)."""
+def _is_stage_name(name: str) -> bool:
+    """A plain directory name (a manifest is data: never follow ``..`` or ``/`` in it)."""
+    return bool(name) and name not in (".", "..") and "/" not in name and "\\" not in name
+
+
+def _owned_stage_dirs(run_dir: Path, manifest: Manifest) -> list[Path]:
+    """The stage directories the manifest records as created by the runner."""
+    return [
+        run_dir / name
+        for name, rec in manifest.stages.items()
+        if rec.started is not None and _is_stage_name(name)
+    ]
+
+
+def _discard_run(run_dir: Path, manifest: Manifest, keep: Sequence[str] = (".lock",)) -> None:
+    """Remove what the runner owns in ``run_dir`` (see the module docstring), nothing else."""
+    owned = _owned_stage_dirs(run_dir, manifest)
+    for d in owned:
+        if d.is_symlink():  # the runner makes real directories: someone else made this link
+            log.warning("--force-new: %s is a symbolic link; left alone (remove it yourself)", d)
+        elif d.is_dir():
+            shutil.rmtree(d)
+    sweep_tmp_files(run_dir, recursive=False)
+    (run_dir / MANIFEST_NAME).unlink(missing_ok=True)
+    names = {d.name for d in owned} | {MANIFEST_NAME, *keep}
+    others = sorted(p.name for p in run_dir.iterdir() if p.name not in names)
+    if others:
+        log.warning(
+            "--force-new: kept %d entr%s in %s that krr-pipeline did not create: %s",
+            len(others),
+            "y" if len(others) == 1 else "ies",
+            run_dir,
+            ", ".join(others[:20]) + (" ..." if len(others) > 20 else ""),
+        )
+
+
+def _check_adoptable(stage_dir: Path, rec: Any) -> None:
+    """Refuse to write into a non-empty stage directory the runner did not create."""
+    if rec.started is not None or not stage_dir.exists():
+        return
+    if stage_dir.is_dir() and not any(stage_dir.iterdir()):
+        return
+    raise RunDirConflict(
+        f"{str(stage_dir)!r} already exists and holds files this run directory's manifest "
+        f"does not record (stage {stage_dir.name!r} never ran here); krr-pipeline never "
+        f"deletes or overwrites what it did not create. Move or remove {str(stage_dir)!r}, "
+        "or use another run directory."
+    )
+
+
+def _find_damage(exc: BaseException) -> CorruptTileError | IncompleteArrayError | None:
+    """The CorruptTileError or IncompleteArrayError ``exc`` is or was raised from
+    (its cause/context chain)."""
     seen: set[int] = set()
     e: BaseException | None = exc
     while e is not None and id(e) not in seen:
-        if isinstance(e, CorruptTileError):
+        if isinstance(e, CorruptTileError | IncompleteArrayError):
             return e
         seen.add(id(e))
         e = e.__cause__ or e.__context__
@@ -186,17 +271,20 @@ def run_stages(
     config : mapping, optional
         The full config, recorded in the manifest for reference.
     force_new : bool
-        Clear a run directory that belongs to another identity and start over.
+        Start over in a run directory that belongs to another identity: remove
+        what the runner owns there (the manifest and the stage directories it
+        records, see the module docstring); other files are kept and logged.
     until : str, optional
         Stop after this stage.
     on_event : callable, optional
         ``on_event(stage, event, info)`` with events ``start``, ``done``,
         ``skip``, ``disabled``, ``invalidate``, ``failed``, ``corrupt`` (a
-        corrupt stored tile was found and will be recomputed).
+        corrupt stored tile was found and will be recomputed), ``incomplete``
+        (tiles without completion records were found and will be computed).
     max_recoveries : int
-        How many corrupt tiles one call recovers from (each: unmark the tile,
-        rerun from the stage that owns its store) before a corrupt tile fails
-        the stage like any other error.
+        How many corrupt tiles or incomplete arrays one call recovers from
+        (each: unmark the tile if corrupt, rerun from the stage that owns its
+        store) before such an error fails the stage like any other error.
 
     Raises
     ------
@@ -204,9 +292,12 @@ def run_stages(
         The directory belongs to another identity and ``force_new`` is False.
     StageFailed
         A stage raised; its record is ``failed`` and later stages did not run.
-        A :class:`~pipeline.storage.CorruptTileError` is recovered from instead
-        (see the module docstring) unless its store is outside the run
+        A :class:`~pipeline.storage.CorruptTileError` or
+        :class:`~pipeline.storage.IncompleteArrayError` is recovered from
+        instead (see the module docstring) unless its store is outside the run
         directory or ``max_recoveries`` is spent.
+    RunDirConflict
+        Also: a non-empty stage directory the manifest does not record.
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -224,8 +315,9 @@ def run_stages(
                 "pass --force-new to discard its contents and start over."
             )
     if force_new and manifest.identity is not None and manifest.identity != ident:
-        _clear_dir(run_dir, keep=(".lock",))
+        _discard_run(run_dir, manifest, keep=(".lock",))
         manifest = Manifest(run_dir=run_dir)
+    sweep_tmp_files(run_dir, recursive=False)  # e.g. a manifest write a kill interrupted
     manifest.identity = ident
     if config is not None:
         manifest.config = dict(config)
@@ -285,6 +377,7 @@ def _run_pass(
             if until == stage.name:
                 break
             continue
+        _check_adoptable(stage_dir, rec)  # from here on, stage_dir is ours
         if rec.fingerprint is not None and rec.fingerprint != fp:
             # another config computed what is there: never resume from it
             _clear_dir(stage_dir)
@@ -309,13 +402,19 @@ def _run_pass(
             if isinstance(e, KeyboardInterrupt | SystemExit):
                 emit(stage.name, "failed", {"error": rec.error})
                 raise
-            corrupt = _find_corrupt(e)
-            owner = None if corrupt is None else _owner_stage(run_dir, stages, corrupt.store)
+            damage = _find_damage(e)
+            owner = None if damage is None else _owner_stage(run_dir, stages, damage.store)
             if owner is not None and len(report.recovered) < max_recoveries:
-                _recover_corrupt_tile(
-                    stages, manifest, report, stage, owner, corrupt, max_recoveries
-                )
-                emit(stage.name, "corrupt", dict(report.recovered[-1]))
+                if isinstance(damage, CorruptTileError):
+                    _recover_corrupt_tile(
+                        stages, manifest, report, stage, owner, damage, max_recoveries
+                    )
+                    emit(stage.name, "corrupt", dict(report.recovered[-1]))
+                else:
+                    _recover_incomplete(
+                        stages, manifest, report, stage, owner, damage, max_recoveries
+                    )
+                    emit(stage.name, "incomplete", dict(report.recovered[-1]))
                 return True
             emit(stage.name, "failed", {"error": rec.error})
             raise StageFailed(stage.name, e) from e
@@ -333,6 +432,19 @@ def _run_pass(
     return False
 
 
+def _mark_partial(
+    stages: Sequence[Stage], manifest: Manifest, owner: Stage, note: str
+) -> list[str]:
+    """Mark ``owner`` and every stage downstream of it partial; return their names."""
+    affected = _downstream(stages, owner.name)
+    for name in affected:
+        rec = manifest.stage(name)
+        if rec.status in ("done", "running"):
+            rec.status, rec.error = "failed", note
+    manifest.save()
+    return affected
+
+
 def _recover_corrupt_tile(
     stages: Sequence[Stage],
     manifest: Manifest,
@@ -344,14 +456,10 @@ def _recover_corrupt_tile(
 ) -> None:
     """Unmark the corrupt tile; mark its owner stage and everything downstream partial."""
     TileMarkers(err.store, err.name, "").unmark(err.tile)
-    affected = _downstream(stages, owner.name)
     note = f"recomputing corrupt tile {err.tile} of {err.name!r} (found by stage {failed.name!r})"
-    for name in affected:
-        rec = manifest.stage(name)
-        if rec.status in ("done", "running"):
-            rec.status, rec.error = "failed", note
-    manifest.save()
+    affected = _mark_partial(stages, manifest, owner, note)
     entry = {
+        "kind": "corrupt",
         "stage": failed.name,
         "owner": owner.name,
         "store": err.store,
@@ -359,17 +467,59 @@ def _recover_corrupt_tile(
         "tile": list(err.tile),
         "expected_crc32c": err.expected,
         "found_crc32c": err.found,
+        "reason": err.problem,
     }
     report.recovered.append(entry)
     log.warning(
-        "corrupt tile %s of array %r in %s (crc32c recorded %#010x, read %#010x), found by "
-        "stage %r: its completion record is removed; rerunning from stage %r (partial: %s) to "
-        "recompute it [recovery %d of at most %d in this run]",
+        "corrupt tile %s of array %r in %s (%s), found by stage %r: its completion record is "
+        "removed; rerunning from stage %r (partial: %s) to recompute it [recovery %d of at "
+        "most %d in this run]",
         err.tile,
         err.name,
         err.store,
-        err.expected,
-        err.found,
+        err.problem,
+        failed.name,
+        owner.name,
+        ", ".join(affected),
+        len(report.recovered),
+        max_recoveries,
+    )
+
+
+def _recover_incomplete(
+    stages: Sequence[Stage],
+    manifest: Manifest,
+    report: RunReport,
+    failed: Stage,
+    owner: Stage,
+    err: IncompleteArrayError,
+    max_recoveries: int,
+) -> None:
+    """Mark the owner of an incomplete array and everything downstream partial."""
+    tiles = [list(t) for t in err.missing]
+    note = (
+        f"computing {len(tiles)} tile(s) of {err.name!r} without a completion record "
+        f"(found by stage {failed.name!r})"
+    )
+    affected = _mark_partial(stages, manifest, owner, note)
+    report.recovered.append(
+        {
+            "kind": "incomplete",
+            "stage": failed.name,
+            "owner": owner.name,
+            "store": err.store,
+            "array": err.name,
+            "tiles": tiles,
+        }
+    )
+    log.warning(
+        "array %r in %s is incomplete: %d tile(s) have no completion record (first: %s), found "
+        "by stage %r; rerunning from stage %r (partial: %s) to compute them [recovery %d of at "
+        "most %d in this run]",
+        err.name,
+        err.store,
+        len(tiles),
+        tiles[:5],
         failed.name,
         owner.name,
         ", ".join(affected),

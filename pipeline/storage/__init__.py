@@ -18,6 +18,7 @@ from pipeline.storage.arrays import (
     tile_checksum,
 )
 from pipeline.storage.blocks import open_stored, read_all, read_blocks
+from pipeline.storage.errors import ForeignPathError, IncompleteArrayError, TileRewriteError
 from pipeline.storage.fingerprint import fingerprint_blocks, fingerprint_obj
 from pipeline.storage.markers import TileMarkers
 from pipeline.storage.tiles import TileGrid
@@ -26,7 +27,10 @@ __all__ = [
     "CorruptFileError",
     "CorruptTileError",
     "MissingTileError",
+    "ForeignPathError",
+    "IncompleteArrayError",
     "StoreMismatchError",
+    "TileRewriteError",
     "atomic_write",
     "TileGrid",
     "TileMarkers",

@@ -21,14 +21,18 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import fsspec
 import google_crc32c
 import numpy as np
 import zarr
 
+from pipeline.storage.errors import ForeignPathError, TileRewriteError
 from pipeline.storage.markers import TileMarkers
-from pipeline.storage.rawchunks import chunk_layout, read_chunk, write_chunk
+from pipeline.storage.rawchunks import chunk_layout, chunk_problem, read_chunk, write_chunk
+from pipeline.storage.tempfiles import sweep_tmp_files
 from pipeline.storage.tiles import TileGrid
 
 
@@ -37,7 +41,7 @@ class StoreMismatchError(ValueError):
 
 
 class CorruptTileError(ValueError):
-    """A stored tile's bytes do not match the checksum in its completion record.
+    """A stored tile's bytes do not match its completion record, or cannot be read.
 
     Attributes
     ----------
@@ -45,28 +49,50 @@ class CorruptTileError(ValueError):
         The store root and the array name.
     tile : tuple of int
         The tile index ``(i, j)``.
-    expected, found : int
-        The CRC-32C recorded when the tile was written, and that of the bytes read.
+    expected, found : int or None
+        The CRC-32C recorded when the tile was written, and that of the bytes
+        read; ``found`` is None when the bytes could not be read as a tile at
+        all (a truncated, oversized or unreadable chunk), and ``expected`` is
+        None for a record written without a checksum.
+    reason : str or None
+        What is wrong when it is not a checksum mismatch (e.g. the chunk file's size).
     """
 
     def __init__(
-        self, store: str, name: str, tile: tuple[int, ...], expected: int, found: int
+        self,
+        store: str,
+        name: str,
+        tile: tuple[int, ...],
+        expected: int | None,
+        found: int | None,
+        reason: str | None = None,
     ) -> None:
         self.store = store
         self.name = name
         self.tile = tuple(int(t) for t in tile)
-        self.expected = int(expected)
-        self.found = int(found)
+        self.expected = None if expected is None else int(expected)
+        self.found = None if found is None else int(found)
+        self.reason = reason
         super().__init__(
-            f"tile {self.tile} of array {name!r} in store {store!r} is corrupt: its completion "
-            f"record has crc32c {self.expected:#010x} but the stored bytes hash to "
-            f"{self.found:#010x}. Remove its marker (TileMarkers(store, {name!r}, fingerprint)"
+            f"tile {self.tile} of array {name!r} in store {store!r} is corrupt: "
+            f"{self.problem}. Remove its marker (TileMarkers(store, {name!r}, fingerprint)"
             f".unmark({self.tile})) and recompute it; `krr run` does this by itself when the "
             "store belongs to one of its stages."
         )
 
+    @property
+    def problem(self) -> str:
+        """One phrase: the checksums that differ, or why the bytes cannot be read."""
+        if self.found is None or self.expected is None:
+            return f"it has a completion record, but {self.reason or 'its bytes cannot be read'}"
+        return (
+            f"its completion record has crc32c {self.expected:#010x} but the stored bytes "
+            f"hash to {self.found:#010x}"
+        )
+
     def __reduce__(self):  # picklable across Dask workers despite the custom __init__
-        return (type(self), (self.store, self.name, self.tile, self.expected, self.found))
+        args = (self.store, self.name, self.tile, self.expected, self.found, self.reason)
+        return (type(self), args)
 
 
 class MissingTileError(CorruptTileError):
@@ -190,17 +216,48 @@ class TiledArray:
         Raises
         ------
         CorruptTileError
-            ``verify`` is True, the tile's completion record carries a checksum,
-            and the bytes read do not match it.
+            The tile has a completion record and its stored bytes cannot be read
+            as a tile (a truncated, oversized or unreadable chunk: whatever
+            ``verify`` says), or ``verify`` is True, the record carries a
+            checksum, and the bytes read do not match it.
         """
+        coords = self._coords(i, j)
         layout = chunk_layout(self.store, self.name)
-        tile = read_chunk(layout, self._coords(i, j)) if layout is not None else None
+        tile = None
+        if layout is not None:
+            try:
+                tile = read_chunk(layout, coords)
+            except PermissionError:  # not damage: recomputing would not help
+                raise
+            except OSError as exc:  # e.g. EIO, a directory: unreadable, not merely absent
+                self._raise_if_marked(i, j, f"its chunk cannot be read ({exc})", exc)
+                raise
+            if tile is None:  # absent (Zarr gives the fill value) or the wrong size
+                problem = chunk_problem(layout, coords)
+                if problem is not None:
+                    self._raise_if_marked(i, j, problem)
         if tile is None:  # not raw bytes on a local disk (or not written): through Zarr
             arr = self.zarr("r")
-            tile = arr[self._region(arr, i, j)]
+            try:
+                tile = arr[self._region(arr, i, j)]
+            except (ValueError, RuntimeError) as exc:  # a chunk Zarr cannot decode (torn,
+                # wrong size: ValueError; a damaged zstd frame: RuntimeError)
+                self._raise_if_marked(i, j, f"Zarr cannot decode its chunk ({exc})", exc)
+                raise
         if verify:
             self.verify_tile(i, j, tile)
         return tile
+
+    def _raise_if_marked(
+        self, i: int, j: int, reason: str, cause: BaseException | None = None
+    ) -> None:
+        """Raise CorruptTileError for tile (i, j) if it is marked complete (its bytes are bad)."""
+        rec = self.markers.record((i, j))
+        if rec is None:
+            return
+        crc = rec.get("crc32c")
+        err = CorruptTileError(self.store, self.name, (i, j), crc, None, reason)
+        raise err from cause
 
     def verify_tile(self, i: int, j: int, tile: np.ndarray) -> None:
         """Check ``tile`` (as read, stored dtype) against the checksum in its marker.
@@ -294,20 +351,35 @@ class TiledArray:
         """Region-write one tile, then mark it complete (data first, marker last).
 
         The marker records the CRC-32C of the bytes written (the tile cast to
-        the stored dtype, C order) as ``crc32c``.
+        the stored dtype, C order) as ``crc32c``. On a local disk the chunk is
+        replaced atomically (temporary file, then ``os.replace``); through Zarr,
+        its local store does the same and an object store's put is whole or absent.
+
+        A tile already marked complete under this fingerprint is final and never
+        rewritten in place: writing the same bytes again (a task re-executed,
+        e.g. after a worker was lost) does nothing; other bytes raise
+        :class:`TileRewriteError`. To recompute a tile, unmark it first
+        (:meth:`TileMarkers.unmark`), as the runner's recovery does.
         """
         layout = chunk_layout(self.store, self.name)
         if layout is not None:
             shape = layout.region_shape(self._coords(i, j))
-            data = np.ascontiguousarray(np.broadcast_to(np.asarray(tile, dtype=self.dtype), shape))
-            write_chunk(layout, self._coords(i, j), data)
         else:
             arr = self.zarr("r+")
             region = self._region(arr, i, j)
             shape = tuple(s.stop - s.start for s in region)
-            data = np.ascontiguousarray(np.broadcast_to(np.asarray(tile, dtype=self.dtype), shape))
+        data = np.ascontiguousarray(np.broadcast_to(np.asarray(tile, dtype=self.dtype), shape))
+        crc = tile_checksum(data)
+        rec = self.markers.record((i, j))
+        if rec is not None:
+            if rec.get("crc32c") is not None and int(rec["crc32c"]) == crc:
+                return  # the same tile again: already stored and recorded
+            raise TileRewriteError(self.store, self.name, (i, j))
+        if layout is not None:
+            write_chunk(layout, self._coords(i, j), data)
+        else:
             arr[region] = data
-        self.markers.mark((i, j), **marker_info, crc32c=tile_checksum(data))
+        self.markers.mark((i, j), **marker_info, crc32c=crc)
 
 
 def normalize_store(store: Any) -> str:
@@ -358,33 +430,35 @@ def open_tiled_array(
     fingerprint : str
         Hash of the inputs and config the content will be computed from.
     overwrite : bool
-        If the store holds an array with another fingerprint, shape or layout,
-        delete it (and its markers) instead of raising.
+        If the store holds an array of ours (one this function created: it
+        carries a ``fingerprint`` attribute) with another fingerprint, shape or
+        layout, delete it (and its markers) instead of raising. Anything else
+        at that path is never touched (see Raises).
     compressors : optional
         Zarr v3 compressors; None (uncompressed) is the measured fastest here.
     attributes : dict, optional
         Extra JSON metadata stored with the array.
+
+    Reopening an array for resume first removes the temporary files that
+    killed writers left in it and in its markers
+    (:mod:`pipeline.storage.tempfiles`), before any work on it starts.
 
     Raises
     ------
     StoreMismatchError
         The store already holds ``name`` computed under another fingerprint or
         layout, and ``overwrite`` is False. Nothing is modified.
+    ForeignPathError
+        ``{store}/{name}`` exists and is not an array this function created (a
+        file, a non-empty directory, a Zarr group, a Zarr array without our
+        fingerprint attribute), whatever ``overwrite`` says. Nothing is modified.
     """
     store = normalize_store(store)
     shape = tuple(int(s) for s in shape)
     dtype = np.dtype(dtype)
     chunks = _chunks(shape, block_size, chunk_cols)
     handle = TiledArray(str(store), name, shape, int(block_size), dtype.str, fingerprint)
-    try:
-        existing = zarr.open_array(store=str(store), path=name, mode="r")
-    except (
-        FileNotFoundError,
-        zarr.errors.ArrayNotFoundError,
-        KeyError,
-        zarr.errors.NodeTypeValidationError,
-    ):
-        existing = None
+    existing = _existing_array(str(store), name)
     if existing is not None:
         old_fp = existing.attrs.get("fingerprint")
         same = (
@@ -394,6 +468,9 @@ def open_tiled_array(
             and np.dtype(existing.dtype) == dtype
         )
         if same:
+            # reopened for resume: before any work, drop what killed writers left
+            sweep_tmp_files(_local_path(str(store), name))
+            handle.markers.sweep_tmp()
             return handle
         if not overwrite:
             raise StoreMismatchError(
@@ -415,6 +492,49 @@ def open_tiled_array(
         compressors=compressors,
         fill_value=0,
         attributes=attrs,
+        # only ever replaces an array of ours (checked above) or an empty directory
         overwrite=True,
     )
     return handle
+
+
+def _local_path(store: str, name: str) -> str:
+    return store if "://" in store else str(Path(store) / name)
+
+
+def _existing_array(store: str, name: str) -> zarr.Array | None:
+    """The array ``name`` in ``store`` if it is one of ours, None if nothing is there.
+
+    "Ours" means a Zarr array whose attributes carry the ``fingerprint`` and
+    ``block_size`` that :func:`open_tiled_array` writes. An empty directory
+    counts as nothing.
+
+    Raises
+    ------
+    ForeignPathError
+        Something else is at that path: a file, a non-empty directory that is not
+        a Zarr array, a Zarr group, or a Zarr array without our attributes.
+    """
+    fs, root = fsspec.core.url_to_fs(store)
+    path = f"{root.rstrip('/')}/{name}"
+    shown = path if "://" not in store else f"{store.rstrip('/')}/{name}"
+    try:
+        existing = zarr.open_array(store=store, path=name, mode="r")
+    except zarr.errors.NodeTypeValidationError:
+        raise ForeignPathError(shown, "a Zarr group") from None
+    except (FileNotFoundError, zarr.errors.ArrayNotFoundError, KeyError):
+        existing = None
+    except ValueError as exc:  # e.g. an unreadable zarr.json
+        raise ForeignPathError(shown, f"not a readable Zarr array ({exc})") from None
+    if existing is not None:
+        attrs = existing.attrs
+        if "fingerprint" not in attrs or "block_size" not in attrs:
+            raise ForeignPathError(shown, "a Zarr array without krr-pipeline's fingerprint")
+        return existing
+    if not fs.exists(path):
+        return None
+    if not fs.isdir(path):
+        raise ForeignPathError(shown, "a file")
+    if fs.ls(path, detail=False):
+        raise ForeignPathError(shown, "a non-empty directory that is not a Zarr array")
+    return None

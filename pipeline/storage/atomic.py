@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
-import uuid
 from typing import Any
 
 import fsspec
+
+from pipeline.storage.tempfiles import tmp_path_for
 
 
 def is_local(fs: Any) -> bool:
@@ -17,7 +18,9 @@ def is_local(fs: Any) -> bool:
 def atomic_write(path: str, data: bytes, *, fs: Any = None, fsync: bool = False) -> None:
     """Write ``data`` to ``path`` atomically.
 
-    Local filesystems: a temporary file in the same directory, then ``os.replace``;
+    Local filesystems: a temporary file in the same directory
+    (:func:`~pipeline.storage.tempfiles.tmp_path_for`; one left by a killed
+    process is removed when its store is reopened), then ``os.replace``;
     with ``fsync=True`` the file and its directory are flushed to disk too (for
     manifests and checkpoints that must survive power loss; markers skip it,
     see :mod:`pipeline.storage.markers`). Other fsspec filesystems: one
@@ -29,7 +32,7 @@ def atomic_write(path: str, data: bytes, *, fs: Any = None, fsync: bool = False)
     if not is_local(fs):
         fs.pipe_file(path, data)
         return
-    tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+    tmp = tmp_path_for(path)  # {path}.{pid}-{hex}.tmp: see pipeline.storage.tempfiles
     try:
         with open(tmp, "wb") as f:
             f.write(data)

@@ -19,7 +19,8 @@ from typing import Any
 
 import fsspec
 
-from pipeline.storage.atomic import atomic_write
+from pipeline.storage.atomic import atomic_write, is_local
+from pipeline.storage.tempfiles import sweep_tmp_files
 
 
 def _key(tile: tuple[int, ...] | int | str) -> str:
@@ -106,6 +107,16 @@ class TileMarkers:
         except FileNotFoundError:
             return False
         return True
+
+    def sweep_tmp(self) -> list[str]:
+        """Remove temporary files of marker writes that a killed process left here.
+
+        Only stale ones go (see :mod:`pipeline.storage.tempfiles`); call it when the
+        array is opened, before work on it starts. Returns the paths removed.
+        """
+        if not is_local(self.fs):
+            return []
+        return sweep_tmp_files(self.root, recursive=False)
 
     def clear(self) -> None:
         """Forget every marker (used when a store is overwritten)."""

@@ -17,6 +17,7 @@ tests check that Zarr reads what these functions write and vice versa.
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ChunkLayout", "chunk_layout", "read_chunk", "write_chunk"]
+from pipeline.storage.tempfiles import tmp_path_for
+
+__all__ = ["ChunkLayout", "chunk_layout", "chunk_problem", "read_chunk", "write_chunk"]
 
 
 @dataclass(frozen=True)
@@ -129,8 +132,38 @@ def read_chunk(layout: ChunkLayout, coords: tuple[int, ...]) -> np.ndarray | Non
     return np.ascontiguousarray(buf[tuple(slice(0, r) for r in region)])
 
 
+def chunk_problem(layout: ChunkLayout, coords: tuple[int, ...]) -> str | None:
+    """Why chunk ``coords`` cannot be read as raw bytes, or None if it is absent or fine.
+
+    Says so for a file of the wrong size (torn, truncated or oversized), a path
+    that is not a regular file, or one the OS cannot read.
+    """
+    path = layout.path(coords)
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"its chunk file {str(path)!r} cannot be read ({exc})"
+    if not path.is_file():
+        return f"its chunk path {str(path)!r} is not a regular file"
+    nbytes = int(np.prod(layout.chunk_shape)) * layout.dtype.itemsize
+    if st.st_size != nbytes:
+        return f"its chunk file {str(path)!r} holds {st.st_size} bytes, not {nbytes}"
+    return None
+
+
 def write_chunk(layout: ChunkLayout, coords: tuple[int, ...], data: np.ndarray) -> None:
-    """Write ``data`` (the chunk's region of the array) as chunk ``coords``."""
+    """Write ``data`` (the chunk's region of the array) as chunk ``coords``, atomically.
+
+    The bytes go to a temporary file in the chunk's directory, which then
+    replaces the chunk file (``os.replace``): a reader, or a process killed
+    mid-write, sees the old chunk or the new one, never a torn one. A killed
+    writer leaves only the temporary file, which the next
+    :func:`~pipeline.storage.open_tiled_array` of the array removes
+    (:mod:`pipeline.storage.tempfiles`). No fsync, as for markers: the page
+    cache survives a killed process.
+    """
     region = layout.region_shape(coords)
     if tuple(data.shape) != region:
         raise ValueError(f"chunk {coords} covers {region}, got data of shape {data.shape}")
@@ -141,8 +174,17 @@ def write_chunk(layout: ChunkLayout, coords: tuple[int, ...], data: np.ndarray) 
         out[tuple(slice(0, r) for r in region)] = data
     path = layout.path(coords)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb", buffering=0) as f:
-        view = memoryview(out).cast("B")
-        written = 0
-        while written < len(view):
-            written += f.write(view[written:])
+    tmp = tmp_path_for(str(path))
+    try:
+        with open(tmp, "wb", buffering=0) as f:
+            view = memoryview(out).cast("B")
+            written = 0
+            while written < len(view):
+                written += f.write(view[written:])
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise

@@ -1,0 +1,183 @@
+"""Temporary files and stores the pipeline creates, and sweeping what a killed run left.
+
+Every write that must be atomic goes through a temporary file next to its
+target, named by :func:`tmp_path_for` (``{target}.{pid}-{hex}.tmp``), then
+``os.replace``. A process killed between the two (SIGKILL, power loss) leaves
+that file behind. Zarr's own local store does the same with
+``{target}.{hex}.partial`` files. Nothing ever reads them, but they take disk
+space, so :func:`sweep_tmp_files` removes the stale ones when a store is
+reopened (:func:`pipeline.storage.open_tiled_array`), *before* any work on it
+starts. A temporary file is stale when
+
+* its name matches one of the two patterns above (never any other file), and
+* it was last modified before this process started (so no writer of this
+  process, in any thread, can own it), and
+* the process id in its name, if any, is not a live process on this host.
+
+Temporary stores (the Gram and factor of an estimator fitted out of core
+without an explicit ``store``) live under one directory, :func:`temp_root`:
+``$KRR_TMPDIR`` if set, else ``{tempfile.gettempdir()}/krr-pipeline``. Each is
+named ``krr-store-{pid}@{host}-{random}``; it is removed when its fit ends, and
+one left by a killed process (same host, pid no longer alive) is removed by the
+next :func:`make_temp_store`. Deleting the whole directory while no fit runs is
+always safe.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import socket
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "PROCESS_START",
+    "make_temp_store",
+    "sweep_temp_stores",
+    "sweep_tmp_files",
+    "temp_root",
+    "tmp_path_for",
+]
+
+
+def _process_start() -> float:
+    try:
+        import psutil
+
+        return float(psutil.Process().create_time())
+    except Exception:  # psutil missing or unsupported: this module's import time
+        return time.time()
+
+
+#: when this process started (seconds since the epoch); files older than this
+#: cannot belong to a writer of this process
+PROCESS_START: float = _process_start()
+
+# {target}.{pid}-{32 hex}.tmp (ours), {target}.{32 hex}.tmp (ours, before pids were
+# recorded), {target}.{32 hex}.partial (Zarr's LocalStore)
+_TMP_RE = re.compile(r"\.(?:(?P<pid>\d+)-)?[0-9a-f]{32}\.tmp$|\.[0-9a-f]{32}\.partial$")
+_STORE_RE = re.compile(r"^krr-store-(?P<pid>\d+)@(?P<host>.+)-[a-z0-9_]+$")
+
+
+def tmp_path_for(path: str) -> str:
+    """The temporary file an atomic write of ``path`` goes through (same directory)."""
+    return f"{path}.{os.getpid()}-{uuid.uuid4().hex}.tmp"
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by another user
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def _is_stale(name: str, mtime: float, before: float) -> bool:
+    m = _TMP_RE.search(name)
+    if m is None or mtime >= before:
+        return False
+    pid = m.group("pid")
+    if pid is not None and int(pid) != os.getpid() and _pid_alive(int(pid)):
+        return False  # a live writer of another process on this host
+    return True
+
+
+def sweep_tmp_files(directory: str | os.PathLike, *, recursive: bool = True) -> list[str]:
+    """Remove stale temporary files of atomic writes under a local ``directory``.
+
+    Only files named like the pipeline's (or Zarr's) temporary files, older than
+    this process and not owned by a live process, are removed (see the module
+    docstring). Call it when a store is opened, before work on it starts.
+    fsspec URLs are skipped: object stores write whole objects, no temporaries.
+
+    Returns
+    -------
+    list of str
+        The paths removed.
+    """
+    text = os.fspath(directory)
+    if "://" in text:
+        return []
+    removed: list[str] = []
+    stack = [text]
+    while stack:
+        d = stack.pop()
+        try:
+            entries = list(os.scandir(d))
+        except (FileNotFoundError, NotADirectoryError, PermissionError):
+            continue
+        for e in entries:
+            try:
+                if e.is_dir(follow_symlinks=False):
+                    if recursive:
+                        stack.append(e.path)
+                    continue
+                if not e.is_file(follow_symlinks=False):
+                    continue
+                if _is_stale(e.name, e.stat(follow_symlinks=False).st_mtime, PROCESS_START):
+                    os.unlink(e.path)
+                    removed.append(e.path)
+            except FileNotFoundError:  # removed meanwhile
+                continue
+    if removed:
+        log.info(
+            "removed %d temporary file(s) left by an interrupted write under %s",
+            len(removed),
+            text,
+        )
+    return removed
+
+
+def temp_root() -> Path:
+    """The directory that holds every temporary store: ``$KRR_TMPDIR`` or
+    ``{tempfile.gettempdir()}/krr-pipeline`` (created if missing)."""
+    env = os.environ.get("KRR_TMPDIR")
+    root = Path(env) if env else Path(tempfile.gettempdir()) / "krr-pipeline"
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def sweep_temp_stores(root: str | os.PathLike | None = None) -> list[str]:
+    """Remove temporary stores under ``root`` (default :func:`temp_root`) whose
+    process, on this host, is gone. Returns the paths removed."""
+    root = Path(root) if root is not None else temp_root()
+    host = socket.gethostname()
+    removed: list[str] = []
+    try:
+        entries = list(os.scandir(root))
+    except FileNotFoundError:
+        return removed
+    for e in entries:
+        m = _STORE_RE.match(e.name)
+        if m is None or m.group("host") != host or not e.is_dir(follow_symlinks=False):
+            continue
+        pid = int(m.group("pid"))
+        if pid == os.getpid() or _pid_alive(pid):
+            continue
+        shutil.rmtree(e.path, ignore_errors=True)
+        removed.append(e.path)
+    if removed:
+        log.info("removed %d temporary store(s) of killed processes: %s", len(removed), removed)
+    return removed
+
+
+def make_temp_store() -> str:
+    """Create a new temporary store directory under :func:`temp_root` (after
+    sweeping those of killed processes) and return its path; the caller removes it."""
+    root = temp_root()
+    sweep_temp_stores(root)
+    prefix = f"krr-store-{os.getpid()}@{socket.gethostname()}-"
+    return tempfile.mkdtemp(prefix=prefix, dir=root)

@@ -1,0 +1,214 @@
+"""Atomic chunk writes, damaged or unrecorded Gram tiles, and leftovers of killed writers.
+
+* a chunk write that fails before its rename leaves the old chunk intact;
+* a marked tile is never rewritten in place with other bytes;
+* a truncated Gram chunk, and a deleted Gram marker, are recovered by a rerun of
+  ``krr run`` (exit 0, the α of a clean run), where both used to fail on every
+  rerun;
+* temporary files of writes a SIGKILL interrupted, and temporary stores of a
+  killed fit, are removed when the store is next opened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.storage import (
+    CorruptTileError,
+    TileRewriteError,
+    open_tiled_array,
+    rawchunks,
+)
+from pipeline.storage import tempfiles as tf
+
+BLOCK = 100
+
+
+def _chunk(store, name: str, i: int, j: int) -> Path:
+    path = Path(store) / name / "c" / str(i) / str(j)
+    assert path.is_file(), path
+    return path
+
+
+def _tmp_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.name.endswith((".tmp", ".partial")))
+
+
+def test_chunk_write_is_atomic(tmp_path, monkeypatch):
+    a = open_tiled_array(str(tmp_path / "s"), "a", (200, 200), BLOCK, "f8", "fp")
+    old = np.full((BLOCK, BLOCK), 1.5)
+    a.write_tile(1, 0, old)
+    a.markers.unmark((1, 0))  # the recovery path: unmark, then write again
+
+    def fail(src, dst):
+        raise OSError(28, "No space left on device (injected before the rename)")
+
+    monkeypatch.setattr(rawchunks.os, "replace", fail)
+    with pytest.raises(OSError, match="injected"):
+        a.write_tile(1, 0, np.full((BLOCK, BLOCK), -7.0))
+    monkeypatch.undo()
+    np.testing.assert_array_equal(a.read_tile(1, 0, verify=False), old)  # never half-new
+    assert not a.markers.is_done((1, 0))
+    assert _tmp_files(tmp_path) == []  # the failed write cleaned up after itself
+
+
+def test_marked_tile_never_rewritten_and_torn_chunk_is_corrupt(tmp_path):
+    a = open_tiled_array(str(tmp_path / "s"), "a", (200, 200), BLOCK, "f8", "fp")
+    tile = np.arange(BLOCK * BLOCK, dtype="f8").reshape(BLOCK, BLOCK)
+    a.write_tile(1, 1, tile)
+    rec = a.markers.record((1, 1))
+    a.write_tile(1, 1, tile)  # the same bytes again (a re-executed task): nothing happens
+    assert a.markers.record((1, 1)) == rec
+    with pytest.raises(TileRewriteError, match=r"tile \(1, 1\).*unmark"):
+        a.write_tile(1, 1, tile + 1)
+    np.testing.assert_array_equal(a.read_tile(1, 1), tile)
+    chunk = _chunk(a.store, "a", 1, 1)
+    for size in (100, chunk.stat().st_size + 8):  # truncated, then oversized
+        chunk.write_bytes(b"\0" * size)
+        with pytest.raises(CorruptTileError, match=f"holds {size} bytes") as e:
+            a.read_tile(1, 1, verify=False)
+        assert e.value.tile == (1, 1) and e.value.found is None
+        assert e.value.expected == rec["crc32c"]
+
+
+# ---------------------------------------------------------------------------
+# `krr run` recovers a truncated chunk and a deleted marker
+
+CONFIG = """
+name: chunks
+data: {{source: npy, path: {x}, y_path: {y}}}
+split: {{test_fraction: 0.25, seed: 0}}
+preprocess: {{standardize: true, standardize_y: true}}
+kernel: {{name: rbf, params: {{gamma: 0.2}}}}
+lambda: 0.01
+solver: {{method: cholesky}}
+block_size: 100
+evaluate: {{baseline: none}}
+cluster: {{n_workers: 1, processes: false, memory_limit: 2GiB}}
+"""
+
+
+def _krr_run(conf: Path, run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KRR_KILL")}
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "run", str(conf), *overrides, "--run-dir",
+         str(run_dir), "--json"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def krr(tmp_path_factory):
+    """The config, and the α of a clean run with lambda=0.02."""
+    d = tmp_path_factory.mktemp("chunks")
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(600, 5))
+    np.save(d / "X.npy", X)
+    np.save(d / "y.npy", np.sin(X[:, 0]) + 0.1 * rng.normal(size=600))
+    conf = d / "conf.yaml"
+    conf.write_text(CONFIG.format(x=d / "X.npy", y=d / "y.npy"))
+    ref = _krr_run(conf, d / "clean", "lambda=0.02")
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    return conf, np.load(d / "clean" / "solve" / "alpha.npy")
+
+
+def _damage_and_rerun(krr, run: Path, damage) -> subprocess.CompletedProcess:
+    conf, want = krr
+    first = _krr_run(conf, run)
+    assert first.returncode == 0, first.stderr[-3000:]
+    damage(run / "gram" / "gram.zarr")
+    # a new lambda keeps the Gram, so the solve reads the damaged Gram
+    second = _krr_run(conf, run, "lambda=0.02")
+    assert second.returncode == 0, second.stderr[-3000:]
+    report = json.loads(second.stdout)
+    assert "gram" in report["ran"] and "solve" in report["ran"]
+    np.testing.assert_array_equal(np.load(run / "solve" / "alpha.npy"), want)
+    return second
+
+
+@pytest.mark.slow
+def test_krr_run_recovers_a_truncated_gram_chunk(krr, tmp_path):
+    def truncate(store: Path) -> None:
+        chunk = _chunk(store, "gram", 3, 1)
+        chunk.write_bytes(chunk.read_bytes()[:1000])
+
+    r = _damage_and_rerun(krr, tmp_path / "run", truncate)
+    assert "corrupt tile (3, 1) of array 'gram'" in r.stderr and "holds 1000 bytes" in r.stderr
+    assert "rerunning from stage 'gram'" in r.stderr
+
+
+@pytest.mark.slow
+def test_krr_run_recovers_a_deleted_gram_marker(krr, tmp_path):
+    def unmark(store: Path) -> None:
+        (store / "_markers" / "gram" / "4.2").unlink()
+
+    r = _damage_and_rerun(krr, tmp_path / "run", unmark)
+    assert "array 'gram'" in r.stderr and "incomplete" in r.stderr, r.stderr[-3000:]
+    assert "[4, 2]" in r.stderr and "rerunning from stage 'gram'" in r.stderr
+    assert (tmp_path / "run" / "gram" / "gram.zarr" / "_markers" / "gram" / "4.2").is_file()
+
+
+# ---------------------------------------------------------------------------
+# leftovers of a SIGKILL
+
+KILLED = """
+import os, signal, sys
+import numpy as np
+from pipeline.out_of_core import _store_dir
+from pipeline.storage import open_tiled_array
+
+a = open_tiled_array(sys.argv[1], "a", (200, 200), 100, "f8", "fp")
+a.write_tile(0, 0, np.ones((100, 100)))
+ctx = _store_dir(None)
+print(ctx.__enter__(), flush=True)  # a temporary store, then killed while it is in use
+real_replace, target = os.replace, "/_markers/" if sys.argv[2] == "marker" else "/c/"
+
+def replace(src, dst):  # killed between a temporary file and its rename
+    if target in str(dst):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real_replace(src, dst)
+
+os.replace = replace
+a.write_tile(1, 0, np.ones((100, 100)))
+"""
+
+
+@pytest.mark.slow
+def test_leftovers_of_a_killed_writer_are_swept(tmp_path, monkeypatch):
+    monkeypatch.setenv("KRR_TMPDIR", str(tmp_path / "krrtmp"))
+    stores = []
+    for how in ("chunk", "marker"):
+        store = tmp_path / how
+        p = subprocess.run([sys.executable, "-c", KILLED, str(store), how],
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert p.returncode == -9, p.stderr[-2000:]
+        stores.append(Path(p.stdout.strip()))
+        assert len(_tmp_files(store)) == 1, sorted(store.rglob("*"))
+    assert all(s.parent == tmp_path / "krrtmp" for s in stores), stores
+    # the second process's temporary store swept the first one's (its process is dead)
+    assert not stores[0].exists() and stores[1].is_dir()
+    # a live writer's temporary file (another process, still running) is left alone
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        live = tmp_path / "chunk" / "a" / "c" / "0" / f"0.{sleeper.pid}-{'a' * 32}.tmp"
+        live.write_bytes(b"half")
+        # a later process (this one, started "after" the kill) reopens the stores
+        monkeypatch.setattr(tf, "PROCESS_START", time.time() + 1)
+        for how in ("chunk", "marker"):
+            open_tiled_array(str(tmp_path / how), "a", (200, 200), BLOCK, "f8", "fp")
+        assert _tmp_files(tmp_path / "marker") == []
+        assert _tmp_files(tmp_path / "chunk") == [live]
+        new = tf.make_temp_store()  # sweeps the temporary stores of dead processes
+        assert not any(s.exists() for s in stores) and Path(new).is_dir()
+        os.rmdir(new)
+    finally:
+        sleeper.kill()
+        sleeper.wait()

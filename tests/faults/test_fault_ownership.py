@@ -1,0 +1,157 @@
+"""The pipeline never deletes or overwrites what it did not create (issue #13).
+
+* a prediction output whose target holds a user's files is refused, through
+  ``krr predict`` without ``--overwrite`` and through the Python API even with
+  ``overwrite=True``; only arrays carrying the pipeline's fingerprint are replaced;
+* ``--force-new`` removes the manifest and the stage directories it records,
+  and keeps every other file in the run directory;
+* a run directory that is a filesystem root, the home directory or the current
+  directory, and a run name that leaves ``runs/``, are config errors (exit 2).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from pipeline import cli
+from pipeline.artifact import save_artifact
+from pipeline.config import ConfigError, load_config
+from pipeline.predict import predict
+from pipeline.stages.runner import RunDirConflict, Stage, run_stages
+from pipeline.storage import ForeignPathError, open_tiled_array
+
+THESIS = b"\\documentclass{article} years of work"
+
+
+@pytest.fixture
+def model_and_input(tmp_path):
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((60, 3))
+    art = tmp_path / "model"
+    save_artifact(art, X_train=X, dual_coef=rng.standard_normal(60), kernel="rbf",
+                  regularization=0.1)  # fmt: skip
+    np.save(tmp_path / "Xn.npy", rng.standard_normal((40, 3)))
+    return art, X, tmp_path / "Xn.npy"
+
+
+def _user_dir(out: Path) -> Path:
+    """``out/predictions/thesis.tex``: a user's file where predictions would go."""
+    (out / "predictions").mkdir(parents=True)
+    thesis = out / "predictions" / "thesis.tex"
+    thesis.write_bytes(THESIS)
+    return thesis
+
+
+@pytest.mark.slow
+def test_krr_predict_keeps_a_user_file_in_the_output(model_and_input, tmp_path):
+    art, _, xn = model_and_input
+    out = tmp_path / "out.zarr"
+    thesis = _user_dir(out)
+    for extra in ([], ["--overwrite"]):
+        r = subprocess.run(
+            [sys.executable, "-m", "pipeline.cli", "predict", str(art), str(xn), str(out), *extra],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert r.returncode == cli.EXIT_BAD_INPUT, (r.returncode, r.stderr[-2000:])
+        assert str(out / "predictions") in r.stderr and "did not create" in r.stderr
+        assert thesis.read_bytes() == THESIS
+
+
+def test_predict_api_never_replaces_what_it_did_not_create(model_and_input, tmp_path):
+    _, X, xn = model_and_input
+    Xn, alpha = np.load(xn), np.ones(len(X))
+    out = tmp_path / "out"
+    thesis = _user_dir(out)
+    for overwrite in (False, True):
+        with pytest.raises(ForeignPathError, match="non-empty directory") as e:
+            predict(Xn, X, alpha, "rbf", out=str(out), overwrite=overwrite, progress=False)
+        assert str(out / "predictions") in str(e.value) and "remove" in str(e.value)
+        assert thesis.read_bytes() == THESIS
+    # a plain file, a Zarr group, a Zarr array someone else wrote: all left alone
+    (tmp_path / "f").mkdir()
+    (tmp_path / "f" / "predictions").write_bytes(b"notes")
+    zarr.create_group(store=str(tmp_path / "g"), path="predictions")
+    zarr.create_array(store=str(tmp_path / "z"), name="predictions", shape=(4,), dtype="f8")
+    for where, what in (("f", "a file"), ("g", "a Zarr group"), ("z", "without krr-pipeline")):
+        with pytest.raises(ForeignPathError, match=what):
+            predict(Xn, X, alpha, "rbf", out=str(tmp_path / where), overwrite=True, progress=False)
+    assert (tmp_path / "f" / "predictions").read_bytes() == b"notes"
+    assert zarr.open_array(store=str(tmp_path / "z"), path="predictions").shape == (4,)
+    # what the pipeline wrote itself it may replace (overwrite=True), and an empty dir is free
+    (tmp_path / "e" / "predictions").mkdir(parents=True)
+    first = predict(Xn, X, alpha, "rbf", out=str(tmp_path / "e"), progress=False).to_numpy()
+    again = predict(Xn, X, 2 * alpha, "rbf", out=str(tmp_path / "e"), overwrite=True,
+                    progress=False)  # fmt: skip
+    np.testing.assert_allclose(again.to_numpy(), 2 * first)
+    # and open_tiled_array itself: the same rule for every stored array
+    with pytest.raises(ForeignPathError):
+        open_tiled_array(str(out), "predictions", (4, 4), 2, "f8", "fp", overwrite=True)
+    assert thesis.read_bytes() == THESIS
+
+
+def _stages():
+    def work(stage_dir: Path, inputs, **params):
+        (stage_dir / "result.txt").write_text(str(params))
+        return {"p": params.get("p")}
+
+    return [Stage("a", work), Stage("b", work, after=("a",))]
+
+
+def test_force_new_keeps_files_the_pipeline_did_not_write(tmp_path, caplog):
+    run = tmp_path / "run"
+    run_stages(run, _stages(), {"a": {"p": 1}, "b": {"p": 2}}, identity={"data": 1})
+    (run / "notes.md").write_text("mine")
+    (run / "plots").mkdir()
+    (run / "plots" / "fig.png").write_bytes(b"png")
+    (run / ".lock").write_text("{}")
+    with caplog.at_level(logging.WARNING, logger="pipeline.stages"):
+        rep = run_stages(run, _stages(), {"a": {"p": 1}, "b": {"p": 3}}, identity={"data": 2},
+                         force_new=True)  # fmt: skip
+    assert rep.ran == ["a", "b"]
+    assert (run / "notes.md").read_text() == "mine"
+    assert (run / "plots" / "fig.png").read_bytes() == b"png"
+    assert (run / ".lock").exists()
+    assert (run / "b" / "result.txt").read_text() == "{'p': 3}"
+    assert "notes.md" in caplog.text and "plots" in caplog.text and "did not create" in caplog.text
+    # a stage directory the manifest does not record is not adopted (nor ever emptied)
+    other = tmp_path / "other"
+    (other / "b").mkdir(parents=True)
+    (other / "b" / "draft.txt").write_text("mine too")
+    with pytest.raises(RunDirConflict, match="draft|never ran here"):
+        run_stages(other, _stages(), {"a": {"p": 1}, "b": {"p": 2}}, identity={"data": 1})
+    assert (other / "b" / "draft.txt").read_text() == "mine too"
+
+
+@pytest.mark.parametrize("value", ["/", "~", "HOME", "."])
+def test_run_dir_root_home_or_cwd_refused(value, tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    monkeypatch.chdir(tmp_path)
+    run_dir = str(tmp_path / "home") if value == "HOME" else value
+    base = {"data": {"source": "sklearn", "name": "diabetes"}}
+    with pytest.raises(ConfigError, match=f"run_dir {run_dir!r} is"):
+        load_config({**base, "run_dir": run_dir})
+    conf = tmp_path / "c.yaml"
+    conf.write_text("data: {source: sklearn, name: diabetes}\n")
+    assert cli.main(["run", str(conf), f"run_dir='{run_dir}'"]) == cli.EXIT_BAD_CONFIG
+    assert cli.main(["run", str(conf), "--run-dir", run_dir]) == cli.EXIT_BAD_CONFIG
+    assert sorted(os.listdir(tmp_path)) == ["c.yaml", "home"]  # nothing was created
+
+
+@pytest.mark.parametrize("name", ["../../x", "a/b", "..", "a\\b"])
+def test_run_name_must_stay_inside_runs(name, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="plain directory name"):
+        load_config({"data": {"source": "sklearn", "name": "diabetes"}, "name": name})
+    conf = tmp_path / "c.yaml"
+    conf.write_text("data: {source: sklearn, name: diabetes}\n")
+    assert cli.main(["run", str(conf), f"name={name}"]) == cli.EXIT_BAD_CONFIG
+    assert not (tmp_path / "x").exists() and not (tmp_path.parent / "x").exists()
