@@ -18,6 +18,7 @@ from typing import Any
 from pipeline.stages.lock import LockHeldError, RunLock
 from pipeline.stages.manifest import Manifest, StageRecord
 from pipeline.stages.runner import RunDirConflict, RunReport, Stage, StageFailed, run_stages
+from pipeline.stages.verify import verify_model, verify_predictions
 
 #: stage name -> (module, upstream stages)
 STAGE_WIRING: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -89,6 +90,9 @@ def _predict_input(params: dict[str, Any], outputs: Mapping[str, Any]) -> dict[s
     return out
 
 
+#: cheap checks of a complete stage's final outputs before it is skipped
+_VERIFY = {"model": verify_model, "predict": verify_predictions}
+
 _ENABLED = {
     "select": _has_cv,
     "gram": _gram_enabled,
@@ -111,6 +115,7 @@ def default_stages() -> list[Stage]:
             after=after,
             enabled=_ENABLED.get(name),
             resolve=_RESOLVE.get(name),
+            verify=_VERIFY.get(name),
         )
         for name, (module, after) in STAGE_WIRING.items()
     ]

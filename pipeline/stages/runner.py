@@ -97,6 +97,12 @@ class Stage:
         Completes the stage's arguments from earlier stages' outputs before it is
         fingerprinted and run (e.g. the λ and kernel a model-selection stage
         chose). The fingerprint hashes the resolved arguments.
+    verify : callable, optional
+        ``verify(stage_dir, outputs)``: a cheap re-read of a complete stage's
+        final outputs (through their checksums) before the stage is skipped.
+        It raises :class:`~pipeline.storage.CorruptTileError` (that tile's
+        record is removed) or any ``ValueError`` for damaged outputs; the stage
+        is then rerun instead of skipped (see :mod:`pipeline.stages.verify`).
     """
 
     name: str
@@ -104,6 +110,7 @@ class Stage:
     after: tuple[str, ...] = ()
     enabled: EnabledFunc | None = None
     resolve: ResolveFunc | None = None
+    verify: Callable[[Path, dict[str, Any]], None] | None = None
 
 
 class StageFailed(RuntimeError):
@@ -370,6 +377,13 @@ def _run_pass(
         upstream = {u: fps.get(u) for u in stage.after}
         fp = stage_fingerprint(stage, stage_params, upstream)
         fps[stage.name] = fp
+        if (
+            rec.status == "done"
+            and rec.fingerprint == fp
+            and _outputs_damaged(stage, stage_dir, rec, emit)
+        ):
+            rec.status = "failed"  # rerun it below, resuming from its intact records
+            manifest.save()
         if rec.status == "done" and rec.fingerprint == fp:
             outputs[stage.name] = rec.outputs
             _note(report.skipped_done, stage.name)
@@ -443,6 +457,27 @@ def _mark_partial(
             rec.status, rec.error = "failed", note
     manifest.save()
     return affected
+
+
+def _outputs_damaged(
+    stage: Stage, stage_dir: Path, rec: Any, emit: Callable[[str, str, dict[str, Any]], None]
+) -> bool:
+    """Whether a complete stage's outputs fail its ``verify`` check (then rerun it)."""
+    if stage.verify is None:
+        return False
+    try:
+        stage.verify(stage_dir, rec.outputs)
+    except CorruptTileError as e:
+        TileMarkers(e.store, e.name, "").unmark(e.tile)
+        problem = str(e)
+    except ValueError as e:
+        problem = str(e)
+    else:
+        return False
+    rec.error = f"outputs failed verification, recomputing: {problem}"
+    log.warning("stage %r is complete but %s", stage.name, rec.error)
+    emit(stage.name, "corrupt", {"problem": problem})
+    return True
 
 
 def _recover_corrupt_tile(

@@ -1,0 +1,46 @@
+"""Cheap checks of a complete stage's outputs before the runner skips it.
+
+A stage recorded as done is normally skipped. Its small, final outputs (the
+model artifact, the prediction blocks) are what a user reads after ``krr run``
+exits 0, so the runner re-reads them through their checksums first. A damaged
+output is not an error for the run: the stage is rerun (its completion records
+for the damaged blocks are removed first) and the run still exits 0 with the
+right numbers. Large intermediate arrays (the Gram, the factor) are not
+re-read here; their consumers verify every tile they read.
+
+Each check returns None when the outputs verify, or raises
+:class:`~pipeline.storage.CorruptTileError` (a damaged tile: the runner unmarks
+it) or :class:`DamagedOutput` (anything else: the stage is rerun as a whole).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pipeline.storage import read_all
+
+
+class DamagedOutput(ValueError):
+    """A complete stage's output no longer verifies (see the module docstring)."""
+
+
+def verify_model(stage_dir: Path, outputs: dict[str, Any]) -> None:
+    """The model artifact loads with every array matching its checksum."""
+    from pipeline.artifact import ArtifactError, load_artifact
+
+    path = outputs.get("path")
+    if not path:
+        return
+    try:
+        load_artifact(path)
+    except (ArtifactError, FileNotFoundError) as e:
+        raise DamagedOutput(f"model artifact {path!r}: {e}") from e
+
+
+def verify_predictions(stage_dir: Path, outputs: dict[str, Any]) -> None:
+    """Every stored prediction block (Zarr outputs) matches its checksum."""
+    for entry in outputs.values():
+        if not isinstance(entry, dict) or not entry.get("store") or not entry.get("name"):
+            continue  # .npy / .csv / .parquet outputs are written whole, without records
+        read_all(entry["store"], entry["name"], row_keys=True)

@@ -1,0 +1,143 @@
+"""Random-point SIGKILLs with corruption injected between runs.
+
+Each scenario (seeded, so a failure is reproducible) kills ``krr run`` at a random
+completion marker of a random array, flips one byte in a random stored chunk of
+the run directory, kills it again at another random point, and finally lets it
+finish. The final α and predictions must be bitwise identical to those of an
+uninterrupted run: every damaged chunk is either never needed again or detected
+by its checksum and recomputed by the stage that owns it.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from pipeline.artifact import load_artifact
+
+pytestmark = pytest.mark.slow
+
+INJECT = Path(__file__).resolve().parents[1] / "faultinject"
+
+CONFIG = """
+name: killcorrupt
+data: {{source: npy, path: {x}, y_path: {y}}}
+split: {{test_fraction: 0.25, seed: 0}}
+preprocess: {{standardize: true, standardize_y: true}}
+kernel: {{name: rbf, params: {{gamma: 0.2}}}}
+lambda: 0.01
+solver: {{method: cholesky}}
+block_size: 100
+predict: {{input: {xn}}}
+evaluate: {{baseline: none}}
+cluster: {{n_workers: 1, processes: false, memory_limit: 2GiB}}
+"""
+
+#: (marker-name substring, how many such markers the run writes at least)
+KILL_POINTS = [("X_train/", 6), ("gram/", 21), ("chol/", 21), ("predictions/", 10)]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    d = tmp_path_factory.mktemp("killcorrupt")
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(800, 4))
+    np.save(d / "X.npy", X)
+    np.save(d / "y.npy", np.cos(X[:, 0]) + 0.1 * rng.normal(size=800))
+    np.save(d / "Xn.npy", rng.normal(size=(700, 4)))
+    conf = d / "conf.yaml"
+    conf.write_text(CONFIG.format(x=d / "X.npy", y=d / "y.npy", xn=d / "Xn.npy"))
+    ref = d / "ref"
+    r = _run(conf, ref)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return conf, _results(ref)
+
+
+def _run(conf: Path, run_dir: Path, kill: tuple[str, int] | None = None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KRR_KILL")}
+    if kill is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(INJECT), env.get("PYTHONPATH", "")])
+        env["KRR_KILL_MATCH"], env["KRR_KILL_AT"] = kill[0], str(kill[1])
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "run", str(conf), "--run-dir", str(run_dir)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def _results(run_dir: Path) -> dict[str, np.ndarray]:
+    out = {"alpha": np.asarray(load_artifact(run_dir / "model" / "model").dual_coef)}
+    for store in sorted((run_dir / "predict").glob("*.zarr")):
+        for name, arr in zarr.open_group(str(store), mode="r").arrays():
+            out[f"{store.name}/{name}"] = arr[...]
+    return out
+
+
+def _chunk_files(run_dir: Path) -> list[Path]:
+    """Stored data chunks (Zarr v3 ``c/...`` keys) of every array in the run directory."""
+    return sorted(
+        p
+        for p in run_dir.rglob("*")
+        if p.is_file() and "c" in p.relative_to(run_dir).parts and "_markers" not in p.parts
+    )
+
+
+def _flip_byte(path: Path, rnd: random.Random) -> None:
+    data = bytearray(path.read_bytes())
+    pos = rnd.randrange(len(data))
+    data[pos] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_random_kills_with_corruption_between_runs(setup, tmp_path, seed):
+    conf, want = setup
+    rnd = random.Random(seed)
+    run_dir = tmp_path / "run"
+    history = []
+    for _attempt in range(2):
+        match, most = rnd.choice(KILL_POINTS)
+        at = rnd.randint(1, most)
+        r = _run(conf, run_dir, kill=(match, at))
+        history.append((match, at, r.returncode))
+        # a kill point past the end of that array's markers lets the run finish
+        assert r.returncode in (0, -signal.SIGKILL), (history, r.stderr[-3000:])
+        chunks = _chunk_files(run_dir)
+        if chunks:
+            victim = rnd.choice(chunks)
+            _flip_byte(victim, rnd)
+            history.append(("flipped", str(victim.relative_to(run_dir))))
+    final = _run(conf, run_dir)
+    assert final.returncode == 0, (history, final.stderr[-3000:])
+    got = _results(run_dir)
+    assert got.keys() == want.keys(), history
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=f"{key}: {history}")
+
+
+@pytest.mark.parametrize("target", ["model/model/dual_coef", "predict/predictions.zarr/test"])
+def test_damaged_final_output_of_a_complete_run_is_recomputed(setup, tmp_path, target):
+    """A rerun of a complete run re-reads its final outputs and repairs a flipped byte."""
+    conf, want = setup
+    run_dir = tmp_path / "run"
+    assert _run(conf, run_dir).returncode == 0
+    victim = next(
+        p for p in _chunk_files(run_dir) if str(p.relative_to(run_dir)).startswith(target)
+    )
+    _flip_byte(victim, random.Random(0))
+    again = _run(conf, run_dir)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "failed verification" in again.stderr + again.stdout
+    got = _results(run_dir)
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
