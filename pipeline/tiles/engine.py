@@ -130,7 +130,7 @@ class Blocks:
             self.deps = [data]
             return
         tok = f"blocks-{uuid.uuid4().hex[:12]}"
-        if chunks is None:
+        if chunks is None or isinstance(data, list | tuple):
             blocks = list(data)
         else:
             starts = np.concatenate([[0], np.cumsum(chunks)]).astype(int)
@@ -200,13 +200,13 @@ class KernelSource:
         kernel_matvec(self.kernel, xi, None if same else xj, aj, out, **self._kw())
         return out
 
-    def piece(self, i, j, xi, xj, rows, cols):
+    def pieces(self, i, j, xi, xj, rows_i, cols_j, rows_j, cols_i):
+        """``K_ij[rows_i][:, cols_j]`` and ``K_ji[rows_j][:, cols_i]`` (None: skip)."""
         xi, xj = np.asarray(xi), np.asarray(xj)
-        if self.symmetric and i == j and rows is None and cols is None:
-            return self.tile(i, j, xi, None)
-        a = xi if rows is None else xi[rows]
-        b = xj if cols is None else xj[cols]
-        return np.asarray(self.kernel(a, b), dtype=np.float64)
+        k = self.kernel
+        a = None if rows_i is None else np.asarray(k(xi[rows_i], xj[cols_j]), dtype=np.float64)
+        b = None if rows_j is None else np.asarray(k(xj[rows_j], xi[cols_i]), dtype=np.float64)
+        return a, b
 
     def diag(self, i, xi, xj):
         return np.asarray(self.kernel.diag(np.asarray(xi)), dtype=np.float64)
@@ -242,10 +242,15 @@ class StoredSource:
     def product(self, i, j, xi, xj, aj):
         return self.tile(i, j) @ aj
 
-    def piece(self, i, j, xi, xj, rows, cols):
+    def pieces(self, i, j, xi, xj, rows_i, cols_j, rows_j, cols_i):
+        """Read tile ``(i, j)`` once; its piece and its transpose's (None: skip)."""
         t = self.array.read_tile(i, j)
-        t = t if rows is None else t[rows]
-        return np.asarray(t if cols is None else t[:, cols], dtype=np.float64)
+        a = None if rows_i is None else t[rows_i][:, cols_j]
+        b = None if rows_j is None else t[cols_i][:, rows_j].T
+        return (
+            None if a is None else np.asarray(a, dtype=np.float64),
+            None if b is None else np.asarray(b, dtype=np.float64),
+        )
 
     def diag(self, i, xi, xj):
         return np.diagonal(self.array.read_tile(i, i)).astype(np.float64)
@@ -607,11 +612,7 @@ def accumulate(
 
 
 def _piece_entry(i, j, source, xi, xj, rows_i, cols_j, rows_j, cols_i):
-    a = None if rows_i is None else source.piece(i, j, xi, xj, rows_i, cols_j)
-    b = None
-    if rows_j is not None:
-        b = source.piece(i, j, xi, xj, cols_i, rows_j).T
-    return a, b
+    return source.pieces(i, j, xi, xj, rows_i, cols_j, rows_j, cols_i)
 
 
 def _assemble(shape: tuple[int, int], places: list, *parts: tuple) -> np.ndarray:
