@@ -157,6 +157,8 @@ class KernelSource:
         (lower half, mirrored: exactly symmetric).
     n_threads : int
         Threads inside one tile task (the result does not depend on it).
+    block_shape : (int, int), optional
+        Sub-block shape of the fused evaluation (default: per kernel).
     """
 
     def __init__(
@@ -166,15 +168,21 @@ class KernelSource:
         kernel_dtype: str = "float64",
         symmetric: bool = True,
         n_threads: int = 1,
+        block_shape: tuple[int, int] | None = None,
     ) -> None:
         self.kernel = make_kernel(kernel)
+        self.block_shape = block_shape
         self.kernel_dtype = str(kernel_dtype)
         self.symmetric = symmetric
         self.n_threads = int(n_threads)
         self.needs_inputs = True
 
     def _kw(self) -> dict[str, Any]:
-        return {"kernel_dtype": self.kernel_dtype, "n_threads": self.n_threads}
+        return {
+            "kernel_dtype": self.kernel_dtype,
+            "n_threads": self.n_threads,
+            "block_shape": self.block_shape,
+        }
 
     def tile(self, i: int, j: int, xi: Any, xj: Any, dtype: Any = np.float64) -> np.ndarray:
         xi = np.asarray(xi)
@@ -298,11 +306,12 @@ def tile_pass(
     rows: Callable[[int, int], list[tuple[int, int | None]]] | None = None,
     n_rows: int = 0,
     finish: Callable[[int], tuple] | None = None,
-    final: Callable[..., Any] = _collect,
+    final: Callable[..., Any] | None = _collect,
     dsk: dict[Any, Any] | None = None,
     deps: Sequence[Any] = (),
     token: str | None = None,
-) -> tuple[dict[Any, Any], list[Any], str, list[Any]]:
+    row_key: Callable[[int], Any] | None = None,
+) -> tuple[dict[Any, Any], list[Any], str | None, list[Any]]:
     """Build one pass: a task per tile, a fixed-order reduction per row block.
 
     Parameters
@@ -322,10 +331,13 @@ def tile_pass(
     finish : callable, optional
         ``finish(r)`` gives ``(fn, *extra)``: the row block's value becomes
         ``fn(total, *extra)`` (extra may be graph keys).
-    final : callable
-        Receives the row values (or tile results) in order.
+    final : callable or None
+        Receives the row values (or tile results) in order (None: no final
+        task; the caller uses the row keys, e.g. as a Dask array's chunks).
     dsk, deps : optional
         Graph entries and Dask collections the tasks' arguments refer to.
+    row_key : callable, optional
+        With ``finish``: the key of row block r's finished value.
 
     Returns
     -------
@@ -362,11 +374,14 @@ def tile_pass(
             total = level[0][0]
             if finish is not None:
                 fn, *extra = finish(r)
-                out[(fname, r)] = (fn, total, *extra)
-                total = (fname, r)
+                k = (fname, r) if row_key is None else row_key(r)
+                out[k] = (fn, total, *extra)
+                total = k
             keys.append(total)
-    fkey = f"{name}-done-{token}"
-    out[fkey] = (final, *keys)
+    fkey = None
+    if final is not None:
+        fkey = f"{name}-done-{token}"
+        out[fkey] = (final, *keys)
     return out, keys, fkey, list(deps)
 
 
@@ -550,13 +565,16 @@ def accumulate_graph(
     name: str = "accumulate",
     dsk: dict[Any, Any] | None = None,
     deps: Sequence[Any] = (),
-    final: Callable[..., Any] = _concat,
+    final: Callable[..., Any] | None = _concat,
     token: str | None = None,
-) -> tuple[dict, list, str, list]:
+    row_key: Callable[[int], Any] | None = None,
+) -> tuple[dict, list, str | None, list]:
     """The graph of :func:`accumulate` over graph keys (row inputs, column inputs, A blocks).
 
     ``row_blocks`` are the keys of the row inputs (or their count for a
     stored source); ``rows`` selects the row blocks to compute (default all).
+    ``finish(i)`` and ``row_key(i)`` (see :func:`tile_pass`) take the row
+    block's index.
     """
     nr = row_blocks if isinstance(row_blocks, int) else len(row_blocks)
     nc = len(A_blocks)
@@ -576,6 +594,7 @@ def accumulate_graph(
         name, tiles, _product_entry, args, rows=lambda i, j: [(pos[i], None)], n_rows=len(sel),
         finish=None if finish is None else (lambda p: finish(sel[p])), final=final,
         dsk=dsk, deps=deps, token=tok,
+        row_key=None if row_key is None else (lambda p: row_key(sel[p])),
     )  # fmt: skip
 
 
