@@ -426,11 +426,13 @@ def execute(
 
 
 # -- specifications -------------------------------------------------------------------
-def _inputs(source: Any, X: Any, Z: Any, chunks: Sequence[int] | None):
+def _inputs(
+    source: Any, X: Any, Z: Any, chunks: Sequence[int] | None, zchunks: Sequence[int] | None = None
+):
     if not getattr(source, "needs_inputs", False):
         return None, None, {}, []
     xb = Blocks(X, chunks)
-    zb = xb if Z is None else Blocks(Z, chunks if Z is X else None)
+    zb = xb if Z is None else Blocks(Z, zchunks)
     dsk = {**xb.dsk, **zb.dsk}
     return xb.keys, zb.keys, dsk, [*xb.deps, *([] if zb is xb else zb.deps)]
 
@@ -463,7 +465,8 @@ def store_graph(
 ) -> tuple[dict, str, list]:
     """The graph of :func:`store_tiles` (its value: the ``(i, j, seconds)`` statuses)."""
     token = token or uuid.uuid4().hex[:12]
-    xk, zk, dsk, deps = _inputs(source, X, Z, None)
+    g = handle.grid
+    xk, zk, dsk, deps = _inputs(source, X, Z, g.row_chunks(), g.col_chunks())
     sk, hk = f"{name}-source-{token}", f"{name}-handle-{token}"
     dsk = {**dsk, sk: source, hk: handle}
 
@@ -612,18 +615,18 @@ def accumulate(
 ) -> np.ndarray:
     """``K(X, Z) @ A`` over a rectangular tile set: row block i adds ``K_ij A_j`` in order j.
 
-    ``X``/``Z``: row blocks of the inputs (Dask arrays, or arrays cut by
-    ``row_chunks``/``col_chunks``); for a :class:`CallableSource` pass
-    ``Z=None`` (one column block: all of ``A``).
+    ``X``/``Z``: row blocks of the inputs (Dask arrays, lists of blocks, or
+    arrays cut by ``row_chunks``/``col_chunks``). A :class:`StoredSource`
+    takes ``X=None`` with ``row_chunks`` and ``col_chunks`` (its tiling); a
+    :class:`CallableSource` takes ``Z=None`` and no ``col_chunks`` (one column
+    block: all of ``A``).
     """
     xb = Blocks(X, row_chunks) if getattr(source, "needs_inputs", True) else None
-    if Z is None:
-        zk, ab = None, Blocks([A])
-    else:
-        zb = Blocks(Z, col_chunks)
-        zk, ab = zb.keys, Blocks(A, col_chunks)
-    dsk = {**(xb.dsk if xb else {}), **ab.dsk, **(zb.dsk if Z is not None else {})}
-    deps = [*(xb.deps if xb else []), *(zb.deps if Z is not None else [])]
+    zb = None if Z is None else Blocks(Z, col_chunks)
+    ab = Blocks([A]) if Z is None and col_chunks is None else Blocks(A, col_chunks)
+    zk = None if zb is None else zb.keys
+    dsk = {**(xb.dsk if xb else {}), **ab.dsk, **(zb.dsk if zb else {})}
+    deps = [*(xb.deps if xb else []), *(zb.deps if zb else [])]
     rk = xb.keys if xb else len(row_chunks or ())
     dsk, _, fkey, deps = accumulate_graph(source, rk, zk, ab.keys, dsk=dsk, deps=deps)
     n_tasks = (len(rk) if not isinstance(rk, int) else rk) * len(ab.keys)
