@@ -182,7 +182,7 @@ class StoredKernelOperator(KernelOperator):
         self.grid = gram.grid
         self.progress = progress
         if check_complete:
-            missing = set(self.grid.lower_tiles()) - gram.markers.done()
+            missing = set(engine.pending(gram.markers, self.grid.lower_tiles()))
             if missing:
                 raise IncompleteArrayError(
                     gram.store,
