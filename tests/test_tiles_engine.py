@@ -212,3 +212,22 @@ def test_bitwise_identical_on_distributed(tmp_path):
         got = _passes(h)
     for x, y in zip(ref, got, strict=True):
         np.testing.assert_array_equal(x, y)
+
+
+def test_build_gram_fused_opt_in_has_its_own_fingerprint(tmp_path):
+    from pipeline.gram import build_gram, gram_fingerprint
+    from pipeline.io import as_row_blocks, fingerprint_row_blocks
+
+    kernel = RBF(gamma=0.3)
+    fx = fingerprint_row_blocks(as_row_blocks(X, 64))
+    g = build_gram(X, kernel, tmp_path / "a", 64, progress=False)
+    # the default keeps the fingerprint (and the bits) of every Gram stored before
+    assert g.fingerprint == gram_fingerprint(fx, kernel, 64, "float64")
+    np.testing.assert_array_equal(g.read_tile(2, 0), kernel(X[128:192], X[:64]))
+    gf = build_gram(X, kernel, tmp_path / "b", 64, progress=False, kernel_dtype="float64")
+    assert gf.fingerprint == gram_fingerprint(fx, kernel, 64, "float64", kernel_dtype="float64")
+    assert gf.fingerprint != g.fingerprint
+    for i, j in g.grid.lower_tiles():
+        np.testing.assert_allclose(gf.read_tile(i, j), g.read_tile(i, j), rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="kernel_dtype"):
+        build_gram(X, kernel, tmp_path / "c", 64, progress=False, kernel_dtype="float16")

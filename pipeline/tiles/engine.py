@@ -159,6 +159,11 @@ class KernelSource:
         Threads inside one tile task (the result does not depend on it).
     block_shape : (int, int), optional
         Sub-block shape of the fused evaluation (default: per kernel).
+    tile_eval : {"fused", "kernel"}
+        How a whole tile (:meth:`tile`, the store consumer) is evaluated: by
+        the fused evaluators, or by the kernel object itself (``kernel(X_i)``
+        / ``kernel(X_i, Z_j)`` in the inputs' dtype: bitwise the tiles every
+        Gram store held before the engine). Products are always fused.
     """
 
     def __init__(
@@ -169,9 +174,13 @@ class KernelSource:
         symmetric: bool = True,
         n_threads: int = 1,
         block_shape: tuple[int, int] | None = None,
+        tile_eval: str = "fused",
     ) -> None:
+        if tile_eval not in ("fused", "kernel"):
+            raise ValueError(f"tile_eval must be 'fused' or 'kernel', got {tile_eval!r}")
         self.kernel = make_kernel(kernel)
         self.block_shape = block_shape
+        self.tile_eval = tile_eval
         self.kernel_dtype = str(kernel_dtype)
         self.symmetric = symmetric
         self.n_threads = int(n_threads)
@@ -187,6 +196,9 @@ class KernelSource:
     def tile(self, i: int, j: int, xi: Any, xj: Any, dtype: Any = np.float64) -> np.ndarray:
         xi = np.asarray(xi)
         same = self.symmetric and i == j
+        if self.tile_eval == "kernel":
+            t = self.kernel(xi) if same else self.kernel(xi, np.asarray(xj))
+            return np.asarray(t, dtype=dtype)
         out = np.empty((xi.shape[0], xi.shape[0] if same else np.asarray(xj).shape[0]), dtype)
         return kernel_tile(self.kernel, xi, None if same else xj, out, **self._kw())
 

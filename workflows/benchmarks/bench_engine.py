@@ -255,11 +255,12 @@ def gram_methods(kernel: Kernel, gamma: float | None) -> dict[str, Callable]:
 
 
 # -- main ------------------------------------------------------------------------------
-def _build_to_fresh_store(X: np.ndarray, kernel: Kernel, tmp: str) -> None:
-    """``build_gram`` into a new store (every tile computed, written and marked)."""
+def _build_to_fresh_store(X: np.ndarray, kernel: Kernel, tmp: str, kd: str | None = None) -> None:
+    """``build_gram`` into a new store (every tile computed, written and marked); ``kd``:
+    the fused evaluators' ``kernel_dtype`` (None: the kernel object's own evaluation)."""
     store = tempfile.mkdtemp(dir=tmp)
     try:
-        build_gram(X, kernel, os.path.join(store, "g"), MV_TILE, progress=False)
+        build_gram(X, kernel, os.path.join(store, "g"), MV_TILE, progress=False, kernel_dtype=kd)
     finally:
         shutil.rmtree(store)
 
@@ -297,6 +298,7 @@ def _run_dataset(name, X, Xn, kernel, gamma, repeat, rows, ops, pool, tmp):
             meths = gram_methods(kernel, gamma)
             calls = {k: (lambda f=f: gram_build(f, X, pool)) for k, f in meths.items()}
             calls["ours: build_gram"] = lambda: _build_to_fresh_store(X, kernel, tmp)
+            calls["ours: build_gram f64"] = lambda: _build_to_fresh_store(X, kernel, tmp, "float64")
         res[op] = {}
         for meth, fn in calls.items():
             t = best_time(fn, repeat)
