@@ -125,6 +125,8 @@ class Blocks:
         if hasattr(data, "__dask_keys__") and hasattr(data, "chunks"):
             if len(data.chunks) == 2 and len(data.chunks[1]) != 1:
                 data = data.rechunk({1: -1})
+            if chunks is not None and tuple(data.chunks[0]) != tuple(chunks):
+                data = data.rechunk({0: tuple(int(c) for c in chunks)})
             self.keys = [k[0] if isinstance(k, list) else k for k in data.__dask_keys__()]
             self.dsk: dict[Any, Any] = {}
             self.deps = [data]
