@@ -24,6 +24,7 @@ from scipy import linalg
 from scipy.linalg import blas as sblas
 
 from pipeline.solvers import CholeskyFactor, cholesky_solve
+from pipeline.solvers.triangular import forward_sweep
 from pipeline.storage import TiledArray
 
 __all__ = [
@@ -42,11 +43,6 @@ def _factor_array(factor: CholeskyFactor | TiledArray) -> TiledArray:
     return factor.L if isinstance(factor, CholeskyFactor) else factor
 
 
-def _trsm_lower(lii: np.ndarray, b: np.ndarray) -> np.ndarray:
-    trsm = sblas.get_blas_funcs("trsm", (lii, b))
-    return trsm(1.0, np.asfortranarray(lii), np.asfortranarray(b), side=0, lower=1)
-
-
 def forward_panel(
     L: CholeskyFactor | TiledArray, E: np.ndarray, start_block: int, stats: dict | None = None
 ) -> np.ndarray:
@@ -60,16 +56,10 @@ def forward_panel(
     T = g.n_row_blocks
     r0 = g.row_slice(start_block).start
     X = np.array(E[r0:], dtype=np.float64, order="C")
-    for i in range(start_block, T):
-        si = g.row_slice(i)
-        li = slice(si.start - r0, si.stop - r0)
-        acc = X[li]
-        for k in range(start_block, i):
-            sk = g.row_slice(k)
-            acc -= L.read_tile(i, k) @ X[sk.start - r0 : sk.stop - r0]
-        X[li] = _trsm_lower(L.read_tile(i, i), acc)
-        if stats is not None:
-            stats["factor_tile_reads"] = stats.get("factor_tile_reads", 0) + (i - start_block + 1)
+    forward_sweep(L, X, start_block)  # the solvers' one forward sweep
+    if stats is not None:
+        n = T - start_block
+        stats["factor_tile_reads"] = stats.get("factor_tile_reads", 0) + n * (n + 1) // 2
     return X
 
 

@@ -7,7 +7,9 @@ and multiplies it by α's block ``j``; it returns only the ``block_rows x
 n_outputs`` partial product, so at most one tile per running task exists at a
 time (the tile itself is evaluated in cache-sized pieces). The partial products
 of a row block are summed in a fixed order (a tree with fan-in 16), which makes
-the result bit-identical whatever scheduler runs the graph.
+the result bit-identical whatever scheduler runs the graph. All of this is a
+specification on the tile engine (:mod:`pipeline.tiles.engine`): rectangular
+tile set, kernel source, accumulate-into-a-prediction-block consumer.
 
 With ``out=`` the predictions go to a Zarr array, one row block per task,
 each followed by a completion marker (:mod:`pipeline.storage`). A rerun skips
@@ -29,7 +31,6 @@ import dask
 import dask.array as da
 import numpy as np
 import zarr
-from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
 
 from pipeline.kernels import Kernel, kernel_fingerprint, make_kernel
@@ -40,6 +41,7 @@ from pipeline.predict.source import input_fingerprint as _input_fingerprint
 from pipeline.storage import StoreMismatchError, fingerprint_obj, open_tiled_array, read_all
 from pipeline.storage.arrays import TiledArray
 from pipeline.tiles import predict_accumulate, task_threads
+from pipeline.tiles.engine import KernelSource, accumulate_graph, execute, pending
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +50,6 @@ NAN_POLICIES = ("raise", "propagate")
 #: default lets the fused engine (:mod:`pipeline.tiles`) use the piece shape
 #: measured best for each kernel (256 x 512 for the GEMM-based ones)
 CACHE_BLOCK = 512
-_FAN_IN = 16
 
 
 # -- tasks --------------------------------------------------------------------
@@ -118,33 +119,20 @@ def tile_product(
     return out
 
 
-def _tile_task(
-    prepared: tuple[np.ndarray, Any],
-    xt: np.ndarray,
-    a: np.ndarray,
-    *,
-    kernel: Kernel,
-    cache: int,
-    n_threads: int = 1,
-) -> np.ndarray:
-    return tile_product(kernel, prepared[0], xt, a, cache, n_threads)
-
-
-def _sum(*parts: np.ndarray) -> np.ndarray:
-    acc = parts[0].copy()
-    for p in parts[1:]:
-        acc += p
-    return acc
-
-
 def _finish(
     total: np.ndarray,
+    index: int,
     prepared: tuple[np.ndarray, np.ndarray | None],
     *,
     y_mean: np.ndarray | None,
     y_scale: np.ndarray | None,
     dtype: np.dtype,
-) -> np.ndarray:
+    handle: TiledArray | None = None,
+    squeeze: bool = False,
+    starts: list[int] | None = None,
+) -> np.ndarray | int:
+    """Row block ``index``'s predictions from its kernel sum; with ``handle``, written
+    and marked (then only the row count is returned)."""
     y = total
     if y_scale is not None:
         y = y * y_scale
@@ -155,7 +143,9 @@ def _finish(
     if bad is not None:
         y = y.copy()
         y[bad] = np.nan
-    return y
+    if handle is None:
+        return y
+    return _write(y[:, 0] if squeeze else y, handle=handle, index=index, row_start=starts[index])
 
 
 def _write(y: np.ndarray, *, handle: TiledArray, index: int, row_start: int) -> int:
@@ -251,12 +241,23 @@ def _dtypes(X: da.Array, m: _Model) -> tuple[np.dtype, np.dtype]:
 
 
 def _graph(
-    X: da.Array, m: _Model, *, nan_policy: str, rows: list[int], cache_block: int
-) -> tuple[dict, str, str, list[int], np.dtype]:
-    """Tasks computing the prediction of row blocks ``rows``.
+    X: da.Array,
+    m: _Model,
+    *,
+    nan_policy: str,
+    rows: list[int],
+    cache_block: int,
+    handle: TiledArray | None = None,
+) -> tuple[dict, str, str, list[int], np.dtype, str | None]:
+    """Tasks computing the prediction of row blocks ``rows``: a specification on the
+    tile engine (:func:`pipeline.tiles.engine.accumulate_graph`; rectangular tile
+    set, the kernel from X blocks, partial products summed per row block in a
+    fixed order, then the finish: output scaling, NaN rows and, with
+    ``handle``, the checksummed write and its marker).
 
-    Returns ``(dsk, prep_name, finish_name, row_starts, out_dtype)``;
-    ``(finish_name, i, 0)`` holds row block i's predictions.
+    Returns ``(dsk, prep_name, finish_name, row_starts, out_dtype, done_key)``;
+    ``(finish_name, i, 0)`` holds row block i's predictions (its row count
+    with ``handle``), ``done_key`` (with ``handle``) the total row count.
     """
     kdt, odt = _dtypes(X, m)
     token = dask.base.tokenize(
@@ -268,18 +269,28 @@ def _graph(
         cache_block,
         {k: v.tolist() for k, v in m.pre.items()},
         rows,
+        None if handle is None else (handle.store, handle.name, handle.fingerprint),
     )
-    prep, tile, red, fin = (f"krr-predict-{s}-{token}" for s in ("prep", "tile", "sum", "out"))
+    prep, xin, fin = (f"krr-predict-{s}-{token}" for s in ("prep", "x", "out"))
     starts = np.concatenate([[0], np.cumsum(X.chunks[0])]).astype(int).tolist()
     n_train_blocks = len(m.X_train.chunks[0])
-    # inner threads per tile task: 1 when the scheduler keeps every core busy
-    n_inner = task_threads(len(rows) * n_train_blocks)
-    tile_fn = functools.partial(_tile_task, kernel=m.kernel, cache=cache_block, n_threads=n_inner)
+    cb = int(cache_block)
+    source = KernelSource(
+        m.kernel,
+        kernel_dtype=kdt.name,
+        symmetric=False,
+        # inner threads per tile task: 1 when the scheduler keeps every core busy
+        n_threads=task_threads(len(rows) * n_train_blocks),
+        block_shape=None if cb == CACHE_BLOCK else (max(1, cb // 2), cb),
+    )
     finish_fn = functools.partial(
         _finish,
         y_mean=m.pre.get("y_mean"),
         y_scale=m.pre.get("y_scale"),
         dtype=odt,
+        handle=handle,
+        squeeze=m.squeeze,
+        starts=starts,
     )
     dsk: dict[Any, Any] = {}
     for i in rows:
@@ -293,25 +304,25 @@ def _graph(
             x_scale=m.pre.get("x_scale"),
         )
         dsk[(prep, i)] = (prep_fn, (X.name, i, 0))
-        level = []
-        for j in range(n_train_blocks):
-            dsk[(tile, i, j)] = (
-                tile_fn,
-                (prep, i),
-                (m.X_train.name, j, 0),
-                (m.dual_coef.name, j, 0),
-            )
-            level.append((tile, i, j))
-        depth = 0
-        while len(level) > 1:
-            nxt = []
-            for g in range(0, len(level), _FAN_IN):
-                key = (red, i, depth, g // _FAN_IN)
-                dsk[key] = (_sum, *level[g : g + _FAN_IN])
-                nxt.append(key)
-            level, depth = nxt, depth + 1
-        dsk[(fin, i, 0)] = (finish_fn, level[0], (prep, i))
-    return dsk, prep, fin, starts, odt
+        dsk[(xin, i)] = (_first, (prep, i))
+    dsk, _, done, _ = accumulate_graph(
+        source,
+        [(xin, i) for i in range(len(X.chunks[0]))],
+        [(m.X_train.name, j, 0) for j in range(n_train_blocks)],
+        [(m.dual_coef.name, j, 0) for j in range(n_train_blocks)],
+        rows=rows,
+        finish=lambda i: (finish_fn, i, (prep, i)),
+        row_key=lambda i: (fin, i, 0),
+        name="krr-predict",
+        dsk=dsk,
+        final=None if handle is None else _count,
+        token=token,
+    )
+    return dsk, prep, fin, starts, odt, done
+
+
+def _first(t: tuple) -> Any:
+    return t[0]
 
 
 def predict_blockwise(
@@ -363,7 +374,7 @@ def predict_blockwise(
     b = _check_args(block_size, nan_policy)
     m = _check_model(X_train, dual_coef, kernel, preprocessing, train_block_size)
     X = _check_input(X_new, b, m)
-    dsk, _, fin, _, odt = _graph(
+    dsk, _, fin, _, odt, _ = _graph(
         X, m, nan_policy=nan_policy, rows=list(range(len(X.chunks[0]))), cache_block=cache_block
     )
     k = m.dual_coef.shape[1]
@@ -547,31 +558,21 @@ def predict(
     }
     handle = _open_output(str(out), out_name, shape, b, odt, meta, overwrite)
     n_blocks = len(X.chunks[0]) if X.shape[0] else 0
-    done = {
-        key[0]
-        for key in handle.markers.done()
-        if isinstance(key, tuple) and len(key) == 1 and _checksummed(handle, key)
-    }
-    todo = [i for i in range(n_blocks) if i not in done]
+    todo = pending(
+        handle.markers,
+        range(n_blocks),
+        key=lambda i: (i,),
+        accept=lambda key: _checksummed(handle, key),
+    )
     log.info("predict to %s/%s: %d of %d row blocks to compute", out, out_name, len(todo), n_blocks)
     if todo:
-        dsk, _, fin, starts, _ = _graph(
-            X, m, nan_policy=nan_policy, rows=todo, cache_block=cache_block
+        dsk, _, _, _, _, done_key = _graph(
+            X, m, nan_policy=nan_policy, rows=todo, cache_block=cache_block, handle=handle
         )
-        wname = "krr-predict-write-" + dask.base.tokenize(fin, handle)
-        for i in todo:
-            fn = functools.partial(_write, handle=handle, index=i, row_start=starts[i])
-            y_key = (fin, i, 0)
-            if m.squeeze:
-                dsk[(wname, i)] = (fn, (_squeeze, y_key))
-            else:
-                dsk[(wname, i)] = (fn, y_key)
-        done_key = "krr-predict-done-" + wname
-        dsk[done_key] = (_count, *[(wname, i) for i in todo])
-        hlg = HighLevelGraph.from_collections(
-            done_key, dsk, dependencies=[X, m.X_train, m.dual_coef]
-        )
-        compute(Delayed(done_key, hlg), progress=progress, desc=f"predict -> {out}")
+        execute(
+            dsk, done_key, [X, m.X_train, m.dual_coef],
+            progress=progress, desc=f"predict -> {out}",
+        )  # fmt: skip
     return BatchPrediction(
         store=str(out),
         name=out_name,
@@ -581,10 +582,6 @@ def predict(
         n_computed=len(todo),
         n_skipped=n_blocks - len(todo),
     )
-
-
-def _squeeze(y: np.ndarray) -> np.ndarray:
-    return y[:, 0]
 
 
 def _model_fp(X_train: Any, dual_coef: Any, m: _Model) -> str:

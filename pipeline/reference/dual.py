@@ -308,17 +308,20 @@ def predict_block_rows(n_fit: int, n_targets: int = 1) -> int:
 def predict_dual(
     kernel_fn: Any, X: Any, dual_coef: np.ndarray, *, block_rows: int | None = None
 ) -> np.ndarray:
-    """``K(X, X_fit) @ dual_coef`` in row blocks.
+    """``K(X, X_fit) @ dual_coef`` in row blocks, on the tile engine.
 
     ``kernel_fn(X_block)`` must return K(X_block, X_fit); X is indexable by row slices
-    (ndarray or CSR matrix).
+    (ndarray or CSR matrix). The row blocks are the tasks of a local engine
+    pass (:func:`pipeline.tiles.engine.accumulate` with a
+    :class:`~pipeline.tiles.engine.CallableSource`), run in this process.
     """
+    from pipeline.tiles.engine import CallableSource, accumulate
+
     n = X.shape[0]
     n_fit = dual_coef.shape[0]
     rows = block_rows or predict_block_rows(n_fit)
-    out_shape = (n,) + dual_coef.shape[1:]
-    out = np.empty(out_shape, dtype=np.float64)
-    for s in range(0, n, rows):
-        Kb = kernel_fn(X[s : s + rows])
-        out[s : s + rows] = np.asarray(Kb) @ dual_coef
-    return out
+    if n == 0:
+        return np.empty((0,) + dual_coef.shape[1:], dtype=np.float64)
+    chunks = [min(rows, n - s) for s in range(0, n, rows)]
+    out = accumulate(CallableSource(kernel_fn), X, dual_coef, row_chunks=chunks, local=True)
+    return np.asarray(out, dtype=np.float64)

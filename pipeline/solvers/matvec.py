@@ -10,25 +10,23 @@ Two operators share one interface (:class:`KernelOperator`):
   (:func:`pipeline.tiles.kernel_matvec`: cache-sized pieces, the tile is never
   formed). Memory is O(N·D + a few tiles) and no store is needed.
 
-Each product is one Dask graph: a task per lower tile returns its one or two
-partial products, and one task per row block sums them. The graph runs through
-:func:`pipeline.parallel.compute`, so it uses whatever scheduler the caller
-opened. Besides ``matvec``, both operators expose ``diagonal``, ``columns`` and
-``submatrix`` (for Jacobi and Nyström preconditioners), each also blockwise.
+Every pass is a specification on the tile engine (:mod:`pipeline.tiles.engine`):
+the lower tile set, a source (:class:`~pipeline.tiles.engine.StoredSource` or
+:class:`~pipeline.tiles.engine.KernelSource`) and a consumer (products summed
+per row block in a fixed order, gathered columns, the diagonal). The graphs run
+through :func:`pipeline.parallel.compute`, so they use whatever scheduler the
+caller opened. Besides ``matvec``, both operators expose ``diagonal``,
+``columns`` and ``submatrix`` (for Jacobi and Nyström preconditioners).
 """
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
-import dask
 import numpy as np
-from dask.delayed import Delayed
 
 from pipeline.kernels import Kernel, kernel_fingerprint, make_kernel
-from pipeline.parallel import compute
 from pipeline.storage import (
     IncompleteArrayError,
     TiledArray,
@@ -36,7 +34,7 @@ from pipeline.storage import (
     fingerprint_blocks,
     fingerprint_obj,
 )
-from pipeline.tiles import kernel_matvec, task_threads
+from pipeline.tiles import engine, task_threads
 
 __all__ = [
     "KernelOperator",
@@ -63,34 +61,13 @@ def check_shift(shift: float) -> float:
     return value
 
 
-def _sum_parts(tiles: list[tuple], which: list[int]) -> np.ndarray:
-    """Sum the partial products picked from tile results (``which``: 0 or 1 each)."""
-    out = tiles[0][which[0]].copy()
-    for t, w in zip(tiles[1:], which[1:]):
-        out += t[w]
-    return out
-
-
-def _concat(blocks: list[np.ndarray]) -> np.ndarray:
-    return np.concatenate(blocks)
-
-
-def _tile_products(
-    tile: np.ndarray, vi: np.ndarray, vj: np.ndarray, diagonal: bool, shift: float
-) -> tuple[np.ndarray, np.ndarray | None]:
-    """``(K_ij v_j, K_ijᵀ v_i)``; for a diagonal tile ``((K_ii + shift I) v_i, None)``."""
-    if diagonal:
-        out = tile @ vj
-        out += shift * vj
-        return out, None
-    return tile @ vj, tile.T @ vi
-
-
 class KernelOperator:
     """Interface of a symmetric positive definite operator ``A = K + shift·I``.
 
-    Subclasses implement ``_tile_task`` (a delayed producing the tile products
-    of lower tile ``(i, j)``), ``diagonal``, ``columns`` and ``submatrix``.
+    Subclasses implement ``_source`` (the engine's tile source) and
+    ``_inputs`` (X, for a source evaluated from X), ``fingerprint`` and
+    ``with_shift``; ``matvec``, ``diagonal``, ``columns`` and ``submatrix``
+    are engine passes.
 
     Attributes
     ----------
@@ -108,8 +85,11 @@ class KernelOperator:
     progress: bool = False
 
     # -- the product ---------------------------------------------------------
-    def _tile_task(self, i: int, j: int, vi: Any, vj: Any) -> Any:
+    def _source(self) -> Any:
         raise NotImplementedError
+
+    def _inputs(self) -> Any:
+        return None
 
     def matvec(self, V: np.ndarray) -> np.ndarray:
         """Return ``(K + shift·I) @ V`` for ``V`` of shape ``(n,)`` or ``(n, m)``."""
@@ -121,41 +101,11 @@ class KernelOperator:
                 f"got shape {V.shape}"
             )
         V2 = np.ascontiguousarray(V.reshape(self.n, -1), dtype=np.float64)
-        g = self.grid
-        tok = uuid.uuid4().hex[:12]
-        # a plain task graph (cheaper to build than one delayed call per tile)
-        dsk: dict[Any, Any] = {}
-        vk = []
-        for i in range(g.n_row_blocks):
-            dsk[(f"v-{tok}", i)] = V2[g.row_slice(i)]
-            vk.append((f"v-{tok}", i))
-        dsk.update(self._constants())
-        parts: list[list[Any]] = [[] for _ in range(g.n_row_blocks)]
-        which: list[list[int]] = [[] for _ in range(g.n_row_blocks)]
-        for i, j in g.lower_tiles():
-            key = (f"tile-{tok}", i, j)
-            dsk[key] = self._tile_task(i, j, vk[i], vk[j])
-            parts[i].append(key)
-            which[i].append(0)
-            if i != j:
-                parts[j].append(key)
-                which[j].append(1)
-        rows = []
-        for i in range(g.n_row_blocks):
-            dsk[(f"row-{tok}", i)] = (_sum_parts, parts[i], which[i])
-            rows.append((f"row-{tok}", i))
-        dsk[f"out-{tok}"] = (_concat, rows)
-        (out,) = compute(
-            Delayed(f"out-{tok}", dsk),
-            progress=self.progress,
-            desc="kernel matvec",
-            optimize_graph=False,
-        )
+        out = engine.matvec(
+            self._source(), self.grid.row_chunks(), V2, self._inputs(),
+            shift=self.shift, progress=self.progress,
+        )  # fmt: skip
         return out[:, 0] if one_d else out
-
-    def _constants(self) -> dict[Any, Any]:
-        """Graph entries shared by every product (e.g. the blocks of X)."""
-        return {}
 
     __call__ = matvec
 
@@ -169,15 +119,23 @@ class KernelOperator:
     # -- pieces of K for preconditioners --------------------------------------
     def diagonal(self) -> np.ndarray:
         """Diagonal of K (without the shift), shape ``(n,)``."""
-        raise NotImplementedError
+        return engine.diagonal(self._source(), self.grid.row_chunks(), self._inputs())
 
     def columns(self, idx: Sequence[int]) -> np.ndarray:
-        """Columns ``K[:, idx]``, shape ``(n, len(idx))``."""
-        raise NotImplementedError
+        """Columns ``K[:, idx]``, shape ``(n, len(idx))``; each needed lower tile once."""
+        idx = _check_idx(idx, self.n)
+        return self._gather(np.arange(self.n), idx, "kernel columns")
 
     def submatrix(self, idx: Sequence[int]) -> np.ndarray:
         """``K[idx][:, idx]`` (without the shift)."""
-        raise NotImplementedError
+        idx = _check_idx(idx, self.n)
+        return self._gather(idx, idx, "kernel submatrix")
+
+    def _gather(self, rows: np.ndarray, cols: np.ndarray, desc: str) -> np.ndarray:
+        return engine.gather(
+            self._source(), self.grid.row_chunks(), rows, cols, self._inputs(),
+            progress=self.progress and desc == "kernel columns",
+        )  # fmt: skip
 
     @property
     def fingerprint(self) -> str:
@@ -192,65 +150,6 @@ class KernelOperator:
 # ---------------------------------------------------------------------------
 # stored Gram
 # ---------------------------------------------------------------------------
-def _stored_tile_products(
-    gram: TiledArray, i: int, j: int, vi: np.ndarray, vj: np.ndarray, shift: float
-) -> tuple[np.ndarray, np.ndarray | None]:
-    tile = np.asarray(gram.read_tile(i, j), dtype=np.float64)
-    return _tile_products(tile, vi, vj, i == j, shift)
-
-
-def _stored_diag(gram: TiledArray, i: int) -> np.ndarray:
-    return np.diagonal(gram.read_tile(i, i)).astype(np.float64)
-
-
-def _stored_tile_pieces(
-    gram: TiledArray,
-    i: int,
-    c: int,
-    rows_i: np.ndarray | None,
-    cols_c: np.ndarray | None,
-    rows_c: np.ndarray | None,
-    cols_i: np.ndarray | None,
-) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """Read lower tile ``(i, c)`` once; return ``K[rows_i, cols_c]`` from it and, off
-    the diagonal, ``K[rows_c, cols_i]`` from its transpose (local indices; None: skip)."""
-    t = gram.read_tile(i, c)
-    a = t[rows_i][:, cols_c] if rows_i is not None and cols_c is not None else None
-    b = t[cols_i][:, rows_c].T if i != c and rows_c is not None and cols_i is not None else None
-    return a, b
-
-
-def _stored_block(gram: TiledArray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
-    """``K[rows][:, cols]`` from the stored lower tiles, each needed tile read once."""
-    g = gram.grid
-    bs = g.block_size
-    out = np.empty((rows.size, cols.size), dtype=np.float64)
-    rb, cb = rows // bs, cols // bs
-    rsel = {int(r): np.flatnonzero(rb == r) for r in np.unique(rb)}
-    csel = {int(c): np.flatnonzero(cb == c) for c in np.unique(cb)}
-    tasks, places = [], []
-    for i in range(g.n_row_blocks):
-        for c in range(i + 1):
-            # tile (i, c) serves rows of block i x columns of block c, and (transposed)
-            # rows of block c x columns of block i
-            want_a = i in rsel and c in csel
-            want_b = i != c and c in rsel and i in csel
-            if not (want_a or want_b):
-                continue
-            ri = rows[rsel[i]] - i * bs if want_a else None
-            cc = cols[csel[c]] - c * bs if want_a else None
-            rc = rows[rsel[c]] - c * bs if want_b else None
-            ci = cols[csel[i]] - i * bs if want_b else None
-            tasks.append(dask.delayed(_stored_tile_pieces, pure=True)(gram, i, c, ri, cc, rc, ci))
-            places.append((i, c))
-    for (i, c), (a, b) in zip(places, compute(*tasks, progress=False), strict=True):
-        if a is not None:
-            out[np.ix_(rsel[i], csel[c])] = a
-        if b is not None:
-            out[np.ix_(rsel[c], csel[i])] = b
-    return out
-
-
 class StoredKernelOperator(KernelOperator):
     """``K + shift·I`` with K read tile by tile from a stored lower-tiled Gram.
 
@@ -283,7 +182,7 @@ class StoredKernelOperator(KernelOperator):
         self.grid = gram.grid
         self.progress = progress
         if check_complete:
-            missing = set(self.grid.lower_tiles()) - gram.markers.done()
+            missing = set(engine.pending(gram.markers, self.grid.lower_tiles()))
             if missing:
                 raise IncompleteArrayError(
                     gram.store,
@@ -295,23 +194,8 @@ class StoredKernelOperator(KernelOperator):
                     f"completion marker (e.g. {sorted(missing)[:3]}); finish building it first",
                 )
 
-    def _tile_task(self, i, j, vi, vj):
-        return (_stored_tile_products, self.gram, i, j, vi, vj, self.shift)
-
-    def diagonal(self) -> np.ndarray:
-        tasks = [
-            dask.delayed(_stored_diag, pure=True)(self.gram, i)
-            for i in range(self.grid.n_row_blocks)
-        ]
-        return np.concatenate(compute(*tasks, progress=False))
-
-    def columns(self, idx: Sequence[int]) -> np.ndarray:
-        idx = _check_idx(idx, self.n)
-        return _stored_block(self.gram, np.arange(self.n), idx)
-
-    def submatrix(self, idx: Sequence[int]) -> np.ndarray:
-        idx = _check_idx(idx, self.n)
-        return _stored_block(self.gram, idx, idx)
+    def _source(self) -> engine.StoredSource:
+        return engine.StoredSource(self.gram)
 
     @property
     def fingerprint(self) -> str:
@@ -330,35 +214,6 @@ class StoredKernelOperator(KernelOperator):
 # ---------------------------------------------------------------------------
 # matrix-free
 # ---------------------------------------------------------------------------
-def _free_tile_products(
-    kernel: Kernel,
-    Xi: np.ndarray,
-    Xj: np.ndarray,
-    vi: np.ndarray,
-    vj: np.ndarray,
-    diagonal: bool,
-    shift: float,
-    kernel_dtype: str = "float64",
-    n_threads: int = 1,
-) -> tuple[np.ndarray, np.ndarray | None]:
-    """The products of lower tile ``(i, j)`` by the fused engine (:mod:`pipeline.tiles`):
-    the tile is evaluated in cache-sized pieces and never formed."""
-    kw = {"kernel_dtype": kernel_dtype, "n_threads": n_threads}
-    if diagonal:
-        out = np.zeros_like(vj)
-        kernel_matvec(kernel, Xi, None, vj, out, **kw)
-        out += shift * vj
-        return out, None
-    a = np.zeros((Xi.shape[0], vj.shape[1]))
-    b = np.zeros((Xj.shape[0], vi.shape[1]))
-    kernel_matvec(kernel, Xi, Xj, vj, a, True, Vi=vi, out_t=b, **kw)
-    return a, b
-
-
-def _free_columns(kernel: Kernel, Xi: np.ndarray, Xc: np.ndarray) -> np.ndarray:
-    return np.asarray(kernel(Xi, Xc), dtype=np.float64)
-
-
 class MatrixFreeKernelOperator(KernelOperator):
     """``K + shift·I`` with the kernel tiles recomputed from X at every product.
 
@@ -421,47 +276,17 @@ class MatrixFreeKernelOperator(KernelOperator):
         if n_threads is not None and int(n_threads) < 1:
             raise ValueError(f"n_threads must be >= 1 or None, got {n_threads!r}")
         self.n_threads = n_threads
-        self._nt = 1
-        self._xb = None
+        self._xb: list[np.ndarray] | None = None
         self._x_fp: str | None = None
 
-    def _constants(self) -> dict[Any, Any]:
-        self._nt = int(self.n_threads or task_threads(self.grid.n_lower_tiles()))
-        if self._xb is None:
-            tok = uuid.uuid4().hex[:12]
-            self._xb = {
-                (f"X-{tok}", i): self.X[self.grid.row_slice(i)]
-                for i in range(self.grid.n_row_blocks)
-            }
-            self._xkeys = list(self._xb)
+    def _source(self) -> engine.KernelSource:
+        nt = int(self.n_threads or task_threads(self.grid.n_lower_tiles()))
+        return engine.KernelSource(self.kernel, kernel_dtype=self.kernel_dtype, n_threads=nt)
+
+    def _inputs(self) -> Any:
+        if self._xb is None:  # the row blocks of X, cut once, reused by every product
+            self._xb = [self.X[self.grid.row_slice(i)] for i in range(self.grid.n_row_blocks)]
         return self._xb
-
-    def _tile_task(self, i, j, vi, vj):
-        xk = self._xkeys
-        return (
-            _free_tile_products, self.kernel, xk[i], xk[j], vi, vj, i == j, self.shift,
-            self.kernel_dtype, self._nt,
-        )  # fmt: skip
-
-    def diagonal(self) -> np.ndarray:
-        return np.asarray(self.kernel.diag(self.X), dtype=np.float64)
-
-    def columns(self, idx: Sequence[int]) -> np.ndarray:
-        idx = _check_idx(idx, self.n)
-        Xc = self.X[idx]
-        g = self.grid
-        # pure=False: unique keys without hashing X's blocks on every call (RPCholesky
-        # asks for columns every round)
-        tasks = [
-            dask.delayed(_free_columns, pure=False)(self.kernel, self.X[g.row_slice(i)], Xc)
-            for i in range(g.n_row_blocks)
-        ]
-        return np.concatenate(compute(*tasks, progress=self.progress, desc="kernel columns"))
-
-    def submatrix(self, idx: Sequence[int]) -> np.ndarray:
-        idx = _check_idx(idx, self.n)
-        Xs = self.X[idx]
-        return np.asarray(self.kernel(Xs, Xs), dtype=np.float64)
 
     @property
     def fingerprint(self) -> str:

@@ -60,20 +60,36 @@ def _as_rhs(y: Any, n: int) -> tuple[np.ndarray, bool]:
     return np.array(y.reshape(n, -1), dtype=np.float64, order="C"), one_d
 
 
+def forward_sweep(L: TiledArray, z: np.ndarray, start_block: int = 0) -> np.ndarray:
+    """Solve ``L x = z`` in place, tile row by tile row, from tile row ``start_block`` on.
+
+    The one blockwise forward sweep (used by :func:`forward_substitution` and by
+    the LOO panels, :func:`pipeline.model_selection.loo.forward_panel`): ``z``
+    (C order, 2-D) holds the rows from ``start_block``'s first row on, the
+    right-hand side being zero above them; factor tiles ``(i, k)`` with
+    ``start_block <= k <= i`` are read once each, prefetched.
+    """
+    g = L.grid
+    T = g.n_row_blocks
+    r0 = g.row_slice(start_block).start if T else 0
+    keys = [(i, k) for i in range(start_block, T) for k in range(start_block, i + 1)]
+    tiles = _tiles_ahead(L, keys)
+    for i in range(start_block, T):
+        si = g.row_slice(i)
+        li = slice(si.start - r0, si.stop - r0)
+        acc = z[li].copy()
+        for k in range(start_block, i):
+            sk = g.row_slice(k)
+            acc -= next(tiles) @ z[sk.start - r0 : sk.stop - r0]
+        z[li] = _trsm_lower(next(tiles), acc, trans=False)
+    return z
+
+
 def forward_substitution(factor: CholeskyFactor | TiledArray, y: Any) -> np.ndarray:
     """Solve ``L z = y`` blockwise (row by row of tiles). Returns ``z`` shaped like ``y``."""
     L = _as_factor(factor)
     z, one_d = _as_rhs(y, L.shape[0])
-    g = L.grid
-    T = g.n_row_blocks
-    keys = [(i, k) for i in range(T) for k in range(i + 1)]
-    tiles = _tiles_ahead(L, keys)
-    for i in range(T):
-        si = g.row_slice(i)
-        acc = z[si].copy()
-        for k in range(i):
-            acc -= next(tiles) @ z[g.row_slice(k)]
-        z[si] = _trsm_lower(next(tiles), acc, trans=False)
+    forward_sweep(L, z)
     return z[:, 0] if one_d else z
 
 

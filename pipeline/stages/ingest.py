@@ -23,6 +23,7 @@ import numpy as np
 from pipeline.io import as_row_blocks, fingerprint_row_blocks, validate_row_blocks
 from pipeline.parallel import compute
 from pipeline.storage import TiledArray, fingerprint_obj, open_tiled_array, read_blocks
+from pipeline.tiles.engine import pending
 
 
 class InputError(ValueError):
@@ -184,10 +185,10 @@ def store_rows(X: da.Array, store: str, name: str, block_size: int, fingerprint:
         overwrite=True,
         chunk_cols=max(1, X.shape[1]),
     )
-    done = arr.markers.done()
     blocks = X.to_delayed().ravel()
     todo = [
-        dask.delayed(_write_block)(arr, i, b) for i, b in enumerate(blocks) if (i, 0) not in done
+        dask.delayed(_write_block)(arr, i, blocks[i])
+        for i in pending(arr.markers, range(len(blocks)), key=lambda i: (i, 0))
     ]
     if todo:
         compute(*todo, desc=f"ingest {name}")

@@ -4,7 +4,9 @@
   a symmetric pair of tiles), never forming the tile;
 - :func:`predict_accumulate`: the same for prediction (rectangular);
 - :func:`kernel_tile`: write a tile (Gram build);
-- :func:`task_threads`: inner threads for a fused call inside a Dask task.
+- :func:`task_threads`: inner threads for a fused call inside a Dask task;
+- :mod:`pipeline.tiles.engine`: the tile engine every kernel pass is specified
+  on (tile set x source x consumer, fixed-order reduction, resume).
 
 See :mod:`pipeline.tiles.fused` for the design, precision and measured speed.
 """

@@ -23,9 +23,11 @@ BLAS at one thread, partial products summed in a fixed order):
 (d) ``plain``: the plain numpy loop: whole tile with its distance temporary,
     ``np.exp``, GEMV. Ratios are to (d).
 
-Two extra rows time the real entry points routed through the engine:
-``MatrixFreeKernelOperator.matvec`` and ``pipeline.predict.predict`` (Dask
-graphs on the threaded scheduler). The float32 error table gives
+The ``ours: ...`` rows time the real entry points, each a specification on
+the tile engine (:mod:`pipeline.tiles.engine`; Dask graphs on the threaded
+scheduler): ``MatrixFreeKernelOperator.matvec``, ``StoredKernelOperator.matvec``
+over a Gram stored by ``build_gram`` (verified tile reads), ``build_gram`` to a
+fresh store (Zarr writes and markers included) and ``pipeline.predict.predict``. The float32 error table gives
 ``|K32 v - K v| / |K v|`` on diamonds for a few kernels.
 
 Why it imports internals: it times the engine's functions directly, tile by
@@ -47,7 +49,9 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -55,9 +59,10 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from pipeline.gram import build_gram
 from pipeline.kernels import RBF, Kernel, Laplacian, Polynomial
 from pipeline.predict import predict
-from pipeline.solvers.matvec import MatrixFreeKernelOperator
+from pipeline.solvers.matvec import MatrixFreeKernelOperator, StoredKernelOperator
 from pipeline.tiles import kernel_matvec, kernel_tile, predict_accumulate
 
 CUT = ["Fair", "Good", "Very Good", "Premium", "Ideal"]
@@ -250,7 +255,22 @@ def gram_methods(kernel: Kernel, gamma: float | None) -> dict[str, Callable]:
 
 
 # -- main ------------------------------------------------------------------------------
+def _build_to_fresh_store(X: np.ndarray, kernel: Kernel, tmp: str, kd: str | None = None) -> None:
+    """``build_gram`` into a new store (every tile computed, written and marked); ``kd``:
+    the fused evaluators' ``kernel_dtype`` (None: the kernel object's own evaluation)."""
+    store = tempfile.mkdtemp(dir=tmp)
+    try:
+        build_gram(X, kernel, os.path.join(store, "g"), MV_TILE, progress=False, kernel_dtype=kd)
+    finally:
+        shutil.rmtree(store)
+
+
 def run_dataset(name, X, Xn, kernel, gamma, pool, threads, repeat, rows, ops):
+    with tempfile.TemporaryDirectory(prefix="bench-engine-") as tmp:
+        return _run_dataset(name, X, Xn, kernel, gamma, repeat, rows, ops, pool, tmp)
+
+
+def _run_dataset(name, X, Xn, kernel, gamma, repeat, rows, ops, pool, tmp):
     n, m = X.shape[0], Xn.shape[0]
     rng = np.random.default_rng(1)
     v = rng.normal(size=(n, 1))
@@ -262,17 +282,23 @@ def run_dataset(name, X, Xn, kernel, gamma, pool, threads, repeat, rows, ops):
             meths = matvec_methods(kernel, gamma)
             calls = {k: (lambda f=f: sym_matvec(f, X, v, pool)) for k, f in meths.items()}
             op_ = MatrixFreeKernelOperator(X, kernel, 1e-3, block_size=MV_TILE)
-            calls["operator (Dask)"] = lambda op_=op_: op_.matvec(v[:, 0])
+            calls["ours: matrix-free"] = lambda op_=op_: op_.matvec(v[:, 0])
+            gram = build_gram(X, kernel, os.path.join(tmp, f"mv-{kernel.name}"), MV_TILE,
+                              progress=False)  # fmt: skip
+            st = StoredKernelOperator(gram, 1e-3)
+            calls["ours: stored"] = lambda st=st: st.matvec(v[:, 0])
         elif op == "predict":
             meths = predict_methods(kernel, gamma)
             calls = {k: (lambda f=f: rect_product(f, Xn, X, v, pool)) for k, f in meths.items()}
-            calls["predict() (Dask)"] = lambda: predict(
+            calls["ours: predict()"] = lambda: predict(
                 Xn, X, v[:, 0], kernel, block_size=PRED_TILE, train_block_size=PRED_TILE,
                 progress=False,
             )  # fmt: skip
         else:
             meths = gram_methods(kernel, gamma)
             calls = {k: (lambda f=f: gram_build(f, X, pool)) for k, f in meths.items()}
+            calls["ours: build_gram"] = lambda: _build_to_fresh_store(X, kernel, tmp)
+            calls["ours: build_gram f64"] = lambda: _build_to_fresh_store(X, kernel, tmp, "float64")
         res[op] = {}
         for meth, fn in calls.items():
             t = best_time(fn, repeat)
