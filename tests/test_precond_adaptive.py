@@ -99,3 +99,10 @@ def test_adaptive_beats_the_fixed_rank_default_at_small_shift(problem):
     assert it_ada.converged and it_fixed.converged
     assert it_ada.n_iter <= 15 and it_ada.n_iter * 3 <= it_fixed.n_iter
     assert ada.fingerprint != fixed.fingerprint
+
+
+def test_make_preconditioner_knows_adaptive(problem):
+    K, _ = problem
+    pre = make_preconditioner("adaptive", DenseKernelOperator(K, 1e-2))
+    assert isinstance(pre, Float32NystromPreconditioner)
+    assert pre.info["rho_estimate"] <= 5.0 * 1e-2
