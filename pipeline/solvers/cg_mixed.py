@@ -112,7 +112,7 @@ def mixed_precision_cg(
     preconditioner: Any = None,
     tol: float = 1e-10,
     inner_tol: float = 1e-3,
-    inner_patience: int = 8,
+    inner_patience: int = 3,
     max_outer: int = 30,
     max_inner: int = 1000,
     stagnation_window: int | None = 200,
