@@ -27,6 +27,9 @@ import numpy as np
 
 __all__ = [
     "CGConvergenceError",
+    "CGDivergenceError",
+    "CGIndefiniteKernelError",
+    "CGStagnationError",
     "CGConvergenceWarning",
     "CGResult",
     "CGState",
@@ -43,6 +46,42 @@ class CGConvergenceWarning(UserWarning):
 
 class CGConvergenceError(RuntimeError):
     """CG did not converge and ``strict=True`` was asked for."""
+
+
+class CGStagnationError(CGConvergenceError):
+    """CG made no progress for ``stagnation_window`` iterations (raised whatever ``strict``)."""
+
+
+class CGDivergenceError(CGConvergenceError):
+    """A product, the preconditioner or the residual produced NaN or inf: the solve is
+    abandoned at once, so a diverged solve is never scored."""
+
+
+class CGIndefiniteKernelError(ValueError):
+    """CG was handed an operator whose kernel is not known to be positive semi-definite."""
+
+
+#: a column whose best relative residual has not fallen below this fraction of its
+#: value ``stagnation_window`` iterations ago is stagnating
+STAGNATION_PROGRESS = 0.99
+
+
+def check_operator_kernel(matvec: Any) -> None:
+    """Refuse an operator (or its bound ``matvec``) whose kernel has ``is_mercer`` False.
+
+    CG on an indefinite ``K + λI`` can break down or return a wrong answer
+    without noticing. Operators without a ``kernel`` attribute (a stored Gram, a
+    plain callable) are not checked here.
+    """
+    owner = getattr(matvec, "__self__", matvec)
+    kernel = getattr(owner, "kernel", None)
+    if kernel is not None and not bool(getattr(kernel, "is_mercer", True)):
+        raise CGIndefiniteKernelError(
+            f"CG needs a positive semi-definite kernel, and {kernel!r} is not one "
+            "(is_mercer is False): CG can break down or return a wrong alpha on an indefinite "
+            "K + lambda*I. Use the Cholesky solver (it names the shift that fails) or a Mercer "
+            "kernel such as rbf."
+        )
 
 
 class Preconditioner(Protocol):
@@ -142,6 +181,15 @@ def _check_args(b: np.ndarray, tol: float, max_iter: int | None) -> int:
     return int(max_iter) if max_iter is not None else max(10 * b.shape[0], 1)
 
 
+def _finite(a: np.ndarray, what: str) -> None:
+    if not np.all(np.isfinite(a)):
+        raise CGDivergenceError(
+            f"{what} returned NaN or inf values during CG; the solve is abandoned (a diverged "
+            "solve is never scored). Check the data and the kernel, raise lambda, or use the "
+            "Cholesky solver."
+        )
+
+
 def _cols_dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.einsum("ij,ij->j", a, b)
 
@@ -158,6 +206,7 @@ def conjugate_gradient(
     strict: bool = False,
     true_residual_every: int = 50,
     state: CGState | None = None,
+    stagnation_window: int | None = 200,
 ) -> CGResult:
     """Solve ``A x = b`` (A SPD, given by ``matvec``) by preconditioned CG.
 
@@ -187,11 +236,24 @@ def conjugate_gradient(
         column looks converged). Each recomputation costs one product.
     state : CGState, optional
         Continue from a saved state (e.g. a checkpoint) instead of starting.
+    stagnation_window : int or None
+        Raise :class:`CGStagnationError` when a column's best relative residual
+        has not fallen by 1% over this many iterations (None or 0: never).
 
     Returns
     -------
     CGResult
+
+    Raises
+    ------
+    CGStagnationError
+        No progress for ``stagnation_window`` iterations.
+    CGDivergenceError
+        NaN or inf in a product, the preconditioner output or the residual.
+    CGIndefiniteKernelError
+        ``matvec`` belongs to an operator whose kernel is not PSD.
     """
+    check_operator_kernel(matvec)
     b = np.asarray(b, dtype=np.float64)
     max_iter = _check_args(b, tol, max_iter)
     if int(true_residual_every) < 0:
@@ -206,10 +268,13 @@ def conjugate_gradient(
         out = np.asarray(matvec(V), dtype=np.float64).reshape(V.shape[0], -1)
         if out.shape != V.shape:
             raise ValueError(f"matvec returned shape {out.shape} for input {V.shape}")
+        _finite(out, "the operator product")
         return out
 
     def P(R: np.ndarray) -> np.ndarray:
-        return np.asarray(M.apply(R), dtype=np.float64).reshape(R.shape)
+        out = np.asarray(M.apply(R), dtype=np.float64).reshape(R.shape)
+        _finite(out, "the preconditioner")
+        return out
 
     if state is None:
         b_norm = np.linalg.norm(B, axis=0)
@@ -261,6 +326,11 @@ def conjugate_gradient(
     breakdown: list[int] = []
 
     st = state
+    window = int(stagnation_window or 0)
+    if window < 0:
+        raise ValueError(f"stagnation_window must be >= 0 or None, got {stagnation_window!r}")
+    best = st.history[-1].copy()
+    best_at = np.full(m, st.iteration)
     while st.active.any() and st.iteration < max_iter:
         act = np.flatnonzero(st.active)
         Pa = st.p[:, act]
@@ -295,6 +365,26 @@ def conjugate_gradient(
             done = done[rel[done] <= tol]
         st.active[done] = False
         st.history.append(rel)
+        if not np.all(np.isfinite(rel)):
+            raise CGDivergenceError(
+                f"CG diverged at iteration {st.iteration}: the relative residual is "
+                f"{rel.tolist()[:5]} (NaN or inf). The solve is abandoned; check the data "
+                "and the kernel, raise lambda, or use the Cholesky solver."
+            )
+        improved = rel < STAGNATION_PROGRESS * best
+        best[improved] = rel[improved]
+        best_at[improved] = st.iteration
+        if window:
+            stuck = st.active & (st.iteration - best_at >= window)
+            if stuck.any():
+                worst = float(np.max(rel[stuck]))
+                raise CGStagnationError(
+                    f"CG stagnated: no progress for {window} iterations (column(s) "
+                    f"{np.flatnonzero(stuck)[:5].tolist()}, relative residual {worst:.3e} > "
+                    f"tol {tol:.1e} at iteration {st.iteration}). The system is too "
+                    "ill-conditioned for this preconditioner: use solver='cholesky' (exact, no "
+                    "iterations), a larger lambda, or a higher preconditioner rank."
+                )
         go = np.flatnonzero(st.active)
         if go.size:
             Zg = P(st.r[:, go])

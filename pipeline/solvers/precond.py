@@ -38,7 +38,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-PRECONDITIONERS = ("none", "jacobi", "nystrom")
+PRECONDITIONERS = ("none", "jacobi", "nystrom", "adaptive")
 
 
 class IdentityPreconditioner:
@@ -314,8 +314,10 @@ def make_preconditioner(
     method: str = "rpcholesky",
     random_state: int | None = 0,
 ) -> IdentityPreconditioner | JacobiPreconditioner | NystromPreconditioner:
-    """Build the preconditioner ``name`` (``"none"``, ``"jacobi"``, ``"nystrom"``) for
-    the operator ``op`` (its ``shift`` is μ). For Nyström, ``rank`` is capped at N."""
+    """Build the preconditioner ``name`` (``"none"``, ``"jacobi"``, ``"nystrom"``,
+    ``"adaptive"``) for the operator ``op`` (its ``shift`` is μ). For Nyström, ``rank``
+    is capped at N; ``"adaptive"`` chooses its own rank
+    (:func:`pipeline.solvers.precond_adaptive.adaptive_nystrom_preconditioner`)."""
     if name is None or name == "none":
         return IdentityPreconditioner()
     if name == "jacobi":
@@ -337,4 +339,10 @@ def make_preconditioner(
         pre.info.pop("build_seconds")
         pre.build_seconds = info["build_seconds"]
         return pre
+    if name == "adaptive":
+        # adaptive-rank RPCholesky, float32 factor (pipeline.solvers.precond_adaptive);
+        # ``rank`` is ignored: the rank grows until |K - F F^T| <= 5 * shift or the budget
+        from pipeline.solvers.precond_adaptive import adaptive_nystrom_preconditioner
+
+        return adaptive_nystrom_preconditioner(op, random_state=random_state)
     raise ValueError(f"unknown preconditioner {name!r}; use one of {PRECONDITIONERS}")

@@ -1,0 +1,164 @@
+"""Cost model of preconditioned CG: iterations, time per product, build time, memory.
+
+Pure functions of N, D, λ (the shift μ), the preconditioner's residual
+``ρ = ‖K - F Fᵀ‖₂`` and measured machine rates; no I/O. The plan (issue #16)
+compares these figures with :mod:`pipeline.policy.cholesky_cost`.
+
+Iterations. With ``P = F Fᵀ + μ I`` the preconditioned condition number is at
+most ``κ = 1 + ρ/μ`` and CG needs at most the Chebyshev bound
+``k = ⌈log(2/tol) / log((√κ+1)/(√κ-1))⌉`` iterations
+(:func:`chebyshev_iterations`). CG does better because the spectrum of the
+preconditioned matrix clusters at 1: :func:`predicted_iterations` scales the
+bound by :data:`CG_BOUND_FRACTION`, calibrated below.
+
+Calibration (measured under load, 2 cores, 2026-11-23, relative residual 1e-6):
+
+============================  =====  ======  ===========  =====  ========
+problem                       N      μ       ρ/μ          bound  measured
+============================  =====  ======  ===========  =====  ========
+diamonds RBF γ=0.1, r=500     10k    1e-2    76           64     30
+diamonds RBF γ=0.1, r=1000    10k    1e-2    7.1          20     10
+diamonds RBF γ=0.1, adaptive  10k    1e-2    1.18         9      6
+diamonds RBF γ=0.1, r=2000    10k    1e-2    0.39         6      4
+diamonds RBF γ=0.1, adaptive  20k    1e-2    1.57         10     6
+diamonds RBF γ=0.1, adaptive  10k    1e-3    1.62         11     5
+============================  =====  ======  ===========  =====  ========
+
+(ρ by power iteration; measured / bound = 0.45-0.67.)
+
+Products. A matrix-free product evaluates every entry of K once (the engine
+uses symmetry to halve the tiles but counts entries both ways), so its time is
+``N² / rate`` with ``rate`` the kernel entries per second measured by the
+engine's benchmark (``bench_engine.py``): on 2 cores at D = 14 about 0.53 G/s
+in float64 and 0.84 G/s in float32 (``/work/shared/NOTES.md``). The rate falls
+with D as ``(D₀ + 14) / (D₀ + D)``, D₀ = :data:`ENTRY_COST_D0` (the exp and the
+bookkeeping cost as much as this many feature terms).
+"""
+
+from __future__ import annotations
+
+import math
+
+__all__ = [
+    "CG_BOUND_FRACTION",
+    "ENTRY_COST_D0",
+    "ENTRY_RATE_FLOAT32",
+    "ENTRY_RATE_FLOAT64",
+    "MIXED_INNER_OVERHEAD",
+    "chebyshev_iterations",
+    "entry_rate",
+    "mixed_precision_products",
+    "nystrom_build_seconds",
+    "nystrom_memory_bytes",
+    "predicted_cg_seconds",
+    "predicted_iterations",
+    "product_seconds",
+    "rank_for_budget",
+]
+
+#: measured CG iterations / Chebyshev bound on the table above (0.45-0.67)
+CG_BOUND_FRACTION = 0.6
+#: kernel entries per second of the fused engine, 2 cores, D = 14 (NOTES.md, 2026-11-23)
+ENTRY_RATE_FLOAT64 = 0.53e9
+ENTRY_RATE_FLOAT32 = 0.84e9
+#: the per-entry cost is proportional to D + ENTRY_COST_D0
+ENTRY_COST_D0 = 16.0
+#: mixed precision: inner float32 iterations per float64 iteration (restarts of the
+#: refinement; measured 33/28, 84/34, 102/26 at N = 2,000 with tol 1e-10)
+MIXED_INNER_OVERHEAD = 1.5
+_REF_D = 14
+
+
+def chebyshev_iterations(rho: float, shift: float, tol: float) -> int:
+    """Upper bound on PCG iterations for ``κ = 1 + rho/shift`` and relative tolerance ``tol``."""
+    if not (shift > 0):
+        raise ValueError(f"shift must be > 0, got {shift!r}")
+    if not (0 < tol < 1):
+        raise ValueError(f"tol must lie in (0, 1), got {tol!r}")
+    kappa = 1.0 + max(float(rho), 0.0) / float(shift)
+    if kappa <= 1.0 + 1e-12:
+        return 1
+    s = math.sqrt(kappa)
+    return max(1, math.ceil(math.log(2.0 / tol) / math.log((s + 1.0) / (s - 1.0))))
+
+
+def predicted_iterations(rho: float, shift: float, tol: float) -> int:
+    """Expected PCG iterations: the Chebyshev bound times :data:`CG_BOUND_FRACTION`."""
+    return max(1, math.ceil(CG_BOUND_FRACTION * chebyshev_iterations(rho, shift, tol)))
+
+
+def entry_rate(
+    n_features: int, kernel_dtype: str = "float64", base_rate: float | None = None
+) -> float:
+    """Kernel entries per second at ``n_features``, from a rate measured at D = 14."""
+    if kernel_dtype not in ("float64", "float32"):
+        raise ValueError(f"kernel_dtype must be 'float64' or 'float32', got {kernel_dtype!r}")
+    if base_rate is None:
+        base_rate = ENTRY_RATE_FLOAT32 if kernel_dtype == "float32" else ENTRY_RATE_FLOAT64
+    return float(base_rate) * (ENTRY_COST_D0 + _REF_D) / (ENTRY_COST_D0 + max(1, int(n_features)))
+
+
+def product_seconds(
+    n: int, n_features: int, kernel_dtype: str = "float64", base_rate: float | None = None
+) -> float:
+    """Seconds of one matrix-free product ``(K + μI) v`` (N² kernel entries)."""
+    return float(n) ** 2 / entry_rate(n_features, kernel_dtype, base_rate)
+
+
+def nystrom_memory_bytes(n: int, rank: int, dtype: str = "float32") -> int:
+    """Bytes of the factor F (N x r) plus one N x 250 float64 block of columns."""
+    item = 4 if dtype == "float32" else 8
+    return int(n) * int(rank) * item + int(n) * 250 * 8
+
+
+def rank_for_budget(n: int, memory_budget: int, dtype: str = "float32") -> int:
+    """The largest rank whose factor fits in ``memory_budget`` bytes."""
+    item = 4 if dtype == "float32" else 8
+    return max(0, min(int(n), int(memory_budget) // (int(n) * item)))
+
+
+def nystrom_build_seconds(
+    n: int,
+    rank: int,
+    n_features: int,
+    *,
+    gemm_flops: float = 100e9,
+    base_rate: float | None = None,
+) -> float:
+    """Seconds to build a rank-r RPCholesky preconditioner: N·r kernel entries (the
+    columns, at a third of the engine's rate: they are not fused), the Schur updates
+    (about N r² flops) and the r x r eigendecomposition (about 10 r³ flops)."""
+    cols = float(n) * rank / (entry_rate(n_features, "float64", base_rate) / 3.0)
+    return cols + (2.0 * n * rank**2 + 10.0 * rank**3) / gemm_flops
+
+
+def mixed_precision_products(iterations_float64: int, tol: float = 1e-10) -> tuple[int, int]:
+    """``(float32 products, float64 products)`` of the mixed solve for a float64 CG of
+    ``iterations_float64`` iterations: each refinement step gains about 3 digits."""
+    outer = max(1, math.ceil(-math.log10(tol) / 3.0))
+    return math.ceil(MIXED_INNER_OVERHEAD * iterations_float64), outer
+
+
+def predicted_cg_seconds(
+    n: int,
+    n_features: int,
+    rho: float,
+    shift: float,
+    tol: float,
+    *,
+    rank: int = 0,
+    kernel_dtype: str = "float64",
+    base_rate: float | None = None,
+) -> float:
+    """Time of a preconditioned matrix-free CG solve: build plus iterations x product
+    (plus one product for the final true residual)."""
+    its = predicted_iterations(rho, shift, tol)
+    build = nystrom_build_seconds(n, rank, n_features, base_rate=base_rate) if rank else 0.0
+    if kernel_dtype == "mixed":
+        lo, hi = mixed_precision_products(its, tol)
+        return (
+            build
+            + lo * product_seconds(n, n_features, "float32", None)
+            + hi * product_seconds(n, n_features, "float64", base_rate)
+        )
+    return build + (its + 1) * product_seconds(n, n_features, kernel_dtype, base_rate)
