@@ -26,6 +26,14 @@ Two executors run the same tile function:
   Cholesky; Dask's generic ordering leaves cores idle near the end). One
   thread's reads and writes overlap the others' BLAS.
 
+Disk (``T = ceil(n / b)`` tiles per side, block ``b``, ``s`` bytes per factor
+entry: 8 for float64, 4 for float32). ``keep_gram=True`` (default) writes the
+factor to its own array: ``T (T + 1) / 2 * b^2 * s`` bytes beyond the Gram's
+``T (T + 1) / 2 * b^2 * 8``. ``keep_gram=False`` factors in place (each factor
+tile atomically replaces its Gram tile; :mod:`pipeline.solvers.cholesky_inplace`):
+only ``(w + 1) * b^2 * 8`` bytes of temporary chunk files for ``w`` writers.
+Free space is checked before any work (``check_disk``).
+
 Finished factor tiles are immutable (their key includes the fingerprint), so a
 per-process LRU cache with a byte budget keeps recently used ones in memory.
 ``potrf`` is only ever called on one diagonal tile.
@@ -625,6 +633,9 @@ def tile_cholesky(
     check_gram: bool = True,
     progress: bool = True,
     dtype: Any = np.float64,
+    keep_gram: bool = True,
+    recompute_tile: Any = None,
+    check_disk: bool = True,
 ) -> CholeskyFactor:
     """Factor ``K + shift * I = L @ L.T`` tile by tile, Zarr to Zarr, resumably.
 
@@ -666,6 +677,25 @@ def tile_cholesky(
         diagonal tiles are still factored in float64. Such a factor solves to
         about single precision: pass the Gram to :func:`cholesky_solve`
         (``gram=``), which refines ``alpha`` to double precision.
+    keep_gram : bool
+        True (default): the factor goes to its own array and the Gram is kept.
+        False: factor in place, each factor tile atomically replacing its Gram
+        tile in the Gram's array (half the disk; ``store``/``name`` are then the
+        Gram's, ``dtype`` must be the Gram's). Retry-safe and resumable; the
+        markers' fingerprints say which tiles hold the factor
+        (:mod:`pipeline.solvers.cholesky_inplace`). The Gram is gone afterwards:
+        a later factorisation (e.g. another lambda) recomputes its tiles with
+        ``recompute_tile``.
+    recompute_tile : callable (i, j) -> ndarray, optional
+        With ``keep_gram=False``: recomputes a Gram tile from X when it was
+        replaced by an earlier in-place factor (or fails its checksum), with a
+        log line that says why. Without it such a tile raises a clear error.
+    check_disk : bool
+        Check free space on the store's disk before any work:
+        ``T(T+1)/2 * b^2 * itemsize`` bytes for a separate factor (``T`` tiles
+        per side, block ``b``), about two tiles in place. Too little raises
+        :class:`~pipeline.solvers.cholesky_inplace.InsufficientDiskError`,
+        naming the bytes needed and free.
 
     Returns
     -------
@@ -691,7 +721,7 @@ def tile_cholesky(
 
         scheduler = "dask" if _active_client() is not None else "threads"
     grid = gram.grid
-    if check_gram:
+    if check_gram and keep_gram:  # in place: checked against both marker kinds
         done = gram.markers.done()
         missing = [t for t in grid.lower_tiles() if t not in done]
         if missing:
@@ -708,6 +738,26 @@ def tile_cholesky(
     if dtype not in (np.dtype(np.float64), np.dtype(np.float32)):
         raise ValueError(f"dtype must be float64 or float32, got {dtype}")
     fp = factor_fingerprint(gram, lam, convention, policy, dtype)
+    if not keep_gram:
+        from pipeline.solvers.cholesky_inplace import factor_in_place
+
+        return factor_in_place(
+            gram,
+            lam,
+            shift,
+            convention,
+            policy,
+            scheduler,
+            n_threads,
+            progress,
+            dtype,
+            fp,
+            store=store,
+            check_gram=check_gram,
+            recompute_tile=recompute_tile,
+            check_disk=check_disk,
+            t0=t0,
+        )
     attrs = {
         "lambda": float(lam),
         "convention": convention,
@@ -728,6 +778,14 @@ def tile_cholesky(
     )
     done_l = L.markers.done()
     todo = [t for t in _left_looking_order(grid.n_row_blocks) if t not in done_l]
+    if check_disk and todo:
+        from pipeline.solvers.cholesky_inplace import check_disk_space
+
+        check_disk_space(
+            L.store,
+            len(todo) * L.block_size**2 * dtype.itemsize,
+            f"the factor's {len(todo)} remaining {L.block_size}x{L.block_size} {dtype} tiles",
+        )
     if scheduler == "dask":
         records = _run_dask(gram, L, todo, shift, lam, convention, policy, progress)
     else:
@@ -760,7 +818,12 @@ def load_factor(store: str, name: str = "chol") -> CholeskyFactor:
 
     arr = zarr.open_array(store=str(store), path=name, mode="r")
     a = dict(arr.attrs)
-    L = TiledArray(
+    if "inplace_factor" in a:  # keep_gram=False: the factor replaced the Gram's tiles
+        from pipeline.solvers.cholesky_inplace import InPlaceFactorArray
+
+        a = {**a, **a["inplace_factor"]}
+    cls = InPlaceFactorArray if "inplace_factor" in dict(arr.attrs) else TiledArray
+    L = cls(
         str(store),
         name,
         tuple(arr.shape),
