@@ -153,14 +153,19 @@ def main(argv: list[str] | None = None) -> int:
         elif refine == "stored":
             kw = {"gram": gram}
         alpha = solve_refined(factor, y, stats=stats, **kw)
-        out["solve_s"] = time.perf_counter() - t2
+        solve_s = time.perf_counter() - t2
         out.update({k: v for k, v in stats.items() if k != "refine_operator"})
+        out["triangular_s"] = out.pop("solve_s", None)
+        out["solve_s"] = solve_s
         out["refine"] = refine
         release_tile_cache()
         out["fit_s"] = time.perf_counter() - t0
         out["peak_rss_gb"] = peak_rss_bytes() / 1e9
         its = (
-            f", {stats['refine_iterations']} refinement its" if "refine_iterations" in stats else ""
+            f" (triangular solves {out['triangular_s']:.1f} s, refinement "
+            f"{stats['refine_s']:.1f} s: {stats['refine_iterations']} its, {refine})"
+            if "refine_iterations" in stats
+            else ""
         )
         print(f"  solve  {out['solve_s']:8.1f} s{its}", flush=True)
         t3 = time.perf_counter()
