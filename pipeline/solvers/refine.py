@@ -24,9 +24,49 @@ import numpy as np
 from pipeline.solvers.triangular import (
     FactorPreconditioner,
     _as_factor,
+    _tiles_ahead,
+    _trsm_lower,
     back_substitution,
     forward_substitution,
 )
+
+
+class NativeFactorPreconditioner(FactorPreconditioner):
+    """``(L L.T)⁻¹`` in the factor's own precision (float32 GEMV/TRSM on float32 tiles).
+
+    :class:`~pipeline.solvers.triangular.FactorPreconditioner` works in float64,
+    so numpy upcasts every float32 tile (a ``b^2 * 8`` byte copy) at every product:
+    that cast, not the arithmetic, was most of a refinement step. A preconditioner
+    only needs to be approximately ``A⁻¹``, and the float32 factor is only single
+    precision anyway, so its solves run in float32; CG keeps everything else
+    (residuals, iterates, products by ``K + shift I``) in float64.
+    """
+
+    def apply(self, R: np.ndarray) -> np.ndarray:
+        L = self.L
+        dt = np.dtype(L.dtype)
+        if dt == np.float64:
+            return super().apply(R)
+        R = np.asarray(R)
+        one_d = R.ndim == 1
+        z = np.array(R.reshape(L.shape[0], -1), dtype=dt, order="C")
+        g = L.grid
+        T = g.n_row_blocks
+        tiles = _tiles_ahead(L, [(i, k) for i in range(T) for k in range(i + 1)])
+        for i in range(T):
+            si = g.row_slice(i)
+            acc = z[si].copy()
+            for k in range(i):
+                acc -= next(tiles) @ z[g.row_slice(k)]
+            z[si] = _trsm_lower(next(tiles), acc, trans=False)
+        tiles = _tiles_ahead(L, [(i, k) for i in reversed(range(T)) for k in [i, *range(i)]])
+        for i in reversed(range(T)):
+            si = g.row_slice(i)
+            z[si] = _trsm_lower(next(tiles), z[si], trans=True)
+            for k in range(i):
+                z[g.row_slice(k)] -= next(tiles).T @ z[si]
+        out = z.astype(np.float64)
+        return out[:, 0] if one_d else out
 
 
 def refinement_operator(
@@ -74,7 +114,7 @@ def refine_with_operator(
         op.matvec,
         y2,
         x0=x0,
-        preconditioner=FactorPreconditioner(factor),
+        preconditioner=NativeFactorPreconditioner(factor),
         tol=tol,
         max_iter=max_iter,
     )
