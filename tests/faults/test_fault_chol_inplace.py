@@ -60,6 +60,7 @@ def test_in_place_equals_separate_factor(tmp_path, scheduler):
     f = tile_cholesky(gram, LAM, scheduler=scheduler, progress=False, keep_gram=False)
     assert f.L.name == "gram" and len(f.computed) == 15
     np.testing.assert_allclose(dense_lower(f), dense_lower(ref), rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(dense_lower(f), dense_lower(ref))  # same tile function
     assert gram.markers.done() == set()  # every tile's marker now says "factor"
     assert not (tmp_path / "b" / "chol").exists()  # no second array
     again = load_factor(gram.store, "gram")
@@ -202,3 +203,13 @@ def test_in_place_refuses_other_dtype_or_store(tmp_path):
         tile_cholesky(gram, LAM, progress=False, keep_gram=False, dtype=np.float32)
     with pytest.raises(ValueError, match="store must be the Gram's"):
         tile_cholesky(gram, LAM, progress=False, keep_gram=False, store=str(tmp_path / "x"))
+
+
+def test_in_place_threads_and_dask_bitwise_equal(tmp_path):
+    a = tile_cholesky(
+        write_gram(tmp_path / "t"), LAM, scheduler="threads", progress=False, keep_gram=False
+    )
+    b = tile_cholesky(
+        write_gram(tmp_path / "d"), LAM, scheduler="dask", progress=False, keep_gram=False
+    )
+    np.testing.assert_array_equal(dense_lower(a), dense_lower(b))
