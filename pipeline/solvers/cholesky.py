@@ -277,7 +277,8 @@ def _potrf_lower(a: np.ndarray, overwrite: bool = False) -> tuple[np.ndarray, in
     """Lower Cholesky factor of the tile whose *lower* triangle ``a`` holds (C order)."""
     potrf = lapack.get_lapack_funcs("potrf", (a,))
     # a.T is F-contiguous; its upper triangle is a's lower one
-    c, info = potrf(a.T, lower=0, clean=1, overwrite_a=int(overwrite))
+    with gil_free_blas.blas_lock():
+        c, info = potrf(a.T, lower=0, clean=1, overwrite_a=int(overwrite))
     # c is the upper factor U (F order) with U.T U = A; L = U.T is a C-contiguous view
     return np.ascontiguousarray(c.T), int(info)
 
@@ -474,9 +475,13 @@ IO_BUDGET_BYTES = 256 << 20
 
 
 def _run_threads(
-    gram, L, todo, shift, lam, convention, jitter, n_threads, blas_cores=None
+    gram, L, todo, shift, lam, convention, jitter, n_threads, blas_cores=None, wide=False
 ) -> list[dict]:
     """Run tile tasks on ``n_threads`` threads (one BLAS thread each), critical path first.
+
+    ``wide``: every BLAS call uses all cores instead, one call at a time
+    (:func:`pipeline.solvers.blas.serialized`); the tile threads then overlap only
+    their reads, copies and checksums with the BLAS call in progress.
 
     A small list scheduler: a task becomes ready when its dependencies finished
     (computed; their writes may still be queued); idle threads take the ready task
@@ -538,7 +543,7 @@ def _run_threads(
 
     n_threads = max(1, min(int(n_threads), len(todo)))
     cores = max(1, int(blas_cores or os.cpu_count() or 1))
-    per_task = max(1, cores // n_threads)
+    per_task = cores if wide else max(1, cores // n_threads)
     tile_bytes = L.block_size**2 * max(np.dtype(gram.dtype).itemsize, np.dtype(L.dtype).itemsize)
     io_depth = int(min(2, max(1, IO_BUDGET_BYTES // max(tile_bytes, 1))))
     # Gram tiles are read ahead in left-looking order and factor tiles written behind,
@@ -549,7 +554,8 @@ def _run_threads(
         depth=io_depth,
         max_pending=io_depth,
     )
-    with io, _blas(per_task):
+    serial = gil_free_blas.serialized() if wide else contextlib.nullcontext()
+    with io, _blas(per_task), serial:
         threads = [
             threading.Thread(target=worker, name=f"chol-{k}", daemon=True) for k in range(n_threads)
         ]
@@ -636,6 +642,7 @@ def tile_cholesky(
     keep_gram: bool = True,
     recompute_tile: Any = None,
     check_disk: bool = True,
+    wide: bool = False,
 ) -> CholeskyFactor:
     """Factor ``K + shift * I = L @ L.T`` tile by tile, Zarr to Zarr, resumably.
 
@@ -677,6 +684,10 @@ def tile_cholesky(
         diagonal tiles are still factored in float64. Such a factor solves to
         about single precision: pass the Gram to :func:`cholesky_solve`
         (``gram=``), which refines ``alpha`` to double precision.
+    wide : bool
+        "threads" scheduler only: every BLAS call uses all cores, one call at a
+        time, while the other tile threads do their I/O and copies (default
+        False: one BLAS thread per tile thread). Same result bit for bit.
     keep_gram : bool
         True (default): the factor goes to its own array and the Gram is kept.
         False: factor in place, each factor tile atomically replacing its Gram
@@ -756,6 +767,7 @@ def tile_cholesky(
             check_gram=check_gram,
             recompute_tile=recompute_tile,
             check_disk=check_disk,
+            wide=wide,
             t0=t0,
         )
     attrs = {
@@ -790,7 +802,7 @@ def tile_cholesky(
         records = _run_dask(gram, L, todo, shift, lam, convention, policy, progress)
     else:
         nthreads = n_threads or os.cpu_count() or 1
-        records = _run_threads(gram, L, todo, shift, lam, convention, policy, nthreads)
+        records = _run_threads(gram, L, todo, shift, lam, convention, policy, nthreads, wide=wide)
     computed = tuple(tuple(r["tile"]) for r in records if r["computed"])
     # jitter record over all diagonal tiles (from markers: also those of earlier runs)
     jit: dict[str, float] = {}

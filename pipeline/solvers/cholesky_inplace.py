@@ -258,6 +258,7 @@ def factor_in_place(
     check_gram: bool = True,
     recompute_tile: Callable[[int, int], np.ndarray] | None = None,
     check_disk: bool = True,
+    wide: bool = False,
     t0: float,
 ):
     """``tile_cholesky(..., keep_gram=False)``: the factor replaces the Gram tile by tile."""
@@ -333,7 +334,9 @@ def factor_in_place(
         records = chol._run_dask(reader, L, todo, shift, lam, convention, policy, progress)
     else:
         nthreads = n_threads or os.cpu_count() or 1
-        records = chol._run_threads(reader, L, todo, shift, lam, convention, policy, nthreads)
+        records = chol._run_threads(
+            reader, L, todo, shift, lam, convention, policy, nthreads, wide=wide
+        )
     computed = tuple(tuple(r["tile"]) for r in records if r["computed"])
     jit: dict[str, float] = {}
     if policy is not None:

@@ -100,8 +100,9 @@ def run_mode(mode: str, store: str, out: str) -> dict:
         kind = mode.split("-", 1)[1]
         single = kind == "f32"
         # "threads1": one tile thread whose BLAS uses every core (no tile parallelism)
+        # "wide": tile threads whose BLAS calls use every core, one call at a time
         n_threads = 1 if kind == "threads1" else None
-        sched = "threads" if single or kind == "threads1" else kind
+        sched = "threads" if single or kind in ("threads1", "wide") else kind
         dtype = np.float32 if single else np.float64
         c0, t0 = time.process_time(), time.perf_counter()
         f = tile_cholesky(
@@ -113,6 +114,7 @@ def run_mode(mode: str, store: str, out: str) -> dict:
             progress=False,
             dtype=dtype,
             n_threads=n_threads,
+            wide=kind == "wide",
         )
         res["seconds"] = time.perf_counter() - t0
         res["cpu_seconds"] = time.process_time() - c0
