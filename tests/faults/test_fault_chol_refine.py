@@ -53,3 +53,15 @@ def test_operator_choice(problem):
     assert isinstance(refinement_operator(LAM, gram=gram), StoredKernelOperator)
     with pytest.raises(ValueError, match="X= and kernel="):
         refinement_operator(LAM)
+
+
+def test_float32_gram_in_place_refined_matrix_free(problem, tmp_path):
+    """A float32 Gram factored in place in float32, refined from X: double precision
+    from a quarter of the float64 disk."""
+    X, y, kernel, _, K = problem
+    g32 = build_gram(X, kernel, str(tmp_path), B, dtype="float32", progress=False)
+    f = tile_cholesky(g32, LAM, progress=False, dtype=np.float32, keep_gram=False)
+    assert f.L.name == g32.name and np.dtype(f.L.dtype) == np.float32
+    stats: dict = {}
+    alpha = solve_refined(f, y, X=X, kernel=kernel, stats=stats)
+    assert _rel(K, alpha, y) <= 1e-11
