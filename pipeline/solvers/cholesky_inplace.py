@@ -355,3 +355,28 @@ def factor_in_place(
         computed=computed,
         seconds=time.perf_counter() - t0,
     )
+
+
+@dataclass(frozen=True, eq=False)
+class GramTileRecomputer:
+    """``recompute_tile`` for :func:`pipeline.solvers.tile_cholesky` with ``keep_gram=False``.
+
+    Recomputes Gram tile ``(i, j)`` from X as the Gram build computes it
+    (``kernel(X_i)`` on the diagonal, ``kernel(X_i, X_j)`` off it), cast to the
+    Gram's dtype. Picklable; with the Dask executor X travels with each task
+    that needs it, so prefer the threads executor for a rebuild.
+    """
+
+    X: np.ndarray
+    kernel: Any
+    block_size: int
+    dtype: str = "float64"
+
+    def __call__(self, i: int, j: int) -> np.ndarray:
+        from pipeline.kernels import make_kernel
+
+        k = make_kernel(self.kernel)
+        b = int(self.block_size)
+        Xi = self.X[i * b : (i + 1) * b]
+        tile = k(Xi) if i == j else k(Xi, self.X[j * b : (j + 1) * b])
+        return np.asarray(tile, dtype=self.dtype)

@@ -65,3 +65,17 @@ def test_float32_gram_in_place_refined_matrix_free(problem, tmp_path):
     stats: dict = {}
     alpha = solve_refined(f, y, X=X, kernel=kernel, stats=stats)
     assert _rel(K, alpha, y) <= 1e-11
+
+
+def test_in_place_new_lambda_with_the_gram_recomputer(problem, tmp_path):
+    """keep_gram=False, then another lambda: the Gram tiles are recomputed from X by
+    GramTileRecomputer (what the Gram build computes) and the factor is right."""
+    from pipeline.solvers.cholesky_inplace import GramTileRecomputer
+
+    X, y, kernel, _, _ = problem
+    g = build_gram(X, kernel, str(tmp_path), B, progress=False)
+    tile_cholesky(g, LAM, progress=False, keep_gram=False)
+    rec = GramTileRecomputer(X, kernel, B, g.dtype)
+    f = tile_cholesky(g, 1e-2, progress=False, keep_gram=False, recompute_tile=rec)
+    alpha = solve_refined(f, y, X=X, kernel=kernel)
+    assert _rel(kernel(X, X) + 1e-2 * np.eye(N), alpha, y) <= 1e-11
