@@ -41,11 +41,9 @@ per-process LRU cache with a byte budget keeps recently used ones in memory.
 
 from __future__ import annotations
 
-import collections
 import os
-import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +51,28 @@ import numpy as np
 from scipy.linalg import lapack
 
 from pipeline.solvers import blas as gil_free_blas
+
+# ---------------------------------------------------------------------------
+# per-process cache of finished factor tiles (pipeline.solvers.cholesky_cache)
+from pipeline.solvers.cholesky_cache import (  # noqa: E402, F401  (re-exported)
+    _CACHE,
+    DEFAULT_CACHE_BYTES,
+    _cache_key,
+    _read_factor_tile,
+    _TileCache,
+    release_tile_cache,
+    set_tile_cache_budget,
+)
+
+# ---------------------------------------------------------------------------
+# errors and options (pipeline.solvers.cholesky_options)
+from pipeline.solvers.cholesky_options import (  # noqa: E402, F401  (re-exported)
+    CONVENTIONS,
+    JitterPolicy,
+    NotPositiveDefiniteError,
+    make_jitter_policy,
+    regularisation_shift,
+)
 from pipeline.solvers.tile_io import TileIO
 from pipeline.storage import (
     IncompleteArrayError,
@@ -60,212 +80,6 @@ from pipeline.storage import (
     fingerprint_obj,
     open_tiled_array,
 )
-
-CONVENTIONS = ("sklearn", "n")
-
-# ---------------------------------------------------------------------------
-# errors and options
-
-
-class NotPositiveDefiniteError(ValueError):
-    """A diagonal tile of ``K + shift * I`` (after the left-looking update) is not PD.
-
-    Attributes
-    ----------
-    tile : tuple of int
-        The diagonal tile ``(j, j)`` whose POTRF failed.
-    pivot : int
-        LAPACK's ``info``: the 1-based leading minor of the tile that failed.
-    row : int
-        The 0-based global row of that pivot.
-    lam, convention, shift : float, str, float
-        The regularisation in use.
-    """
-
-    def __init__(
-        self,
-        tile: tuple[int, int],
-        pivot: int,
-        row: int,
-        lam: float,
-        convention: str,
-        shift: float,
-        jitter_tried: tuple[float, ...] = (),
-    ) -> None:
-        self.tile, self.pivot, self.row = tile, pivot, row
-        self.lam, self.convention, self.shift = lam, convention, shift
-        self.jitter_tried = jitter_tried
-        tried = (
-            f" Jitter was tried up to {max(jitter_tried):.3g} on that tile's diagonal "
-            f"({len(jitter_tried)} tries)."
-            if jitter_tried
-            else ""
-        )
-        super().__init__(
-            f"K + shift*I is not positive definite: POTRF of diagonal tile {tile} failed at "
-            f"pivot {pivot} of the tile (global row {row}), with lambda={lam!r} "
-            f"(convention={convention!r}, shift added to the diagonal={shift!r}).{tried} "
-            "Options: use a larger alpha/lambda (a PSD kernel with lambda <= 0 is singular); "
-            "pass jitter=<relative jitter, e.g. 1e-10> to retry the tile with a recorded "
-            "diagonal jitter; or use solver='cg', which needs no factorisation."
-        )
-
-    def __reduce__(self):  # picklable across Dask workers
-        return (
-            type(self),
-            (
-                self.tile,
-                self.pivot,
-                self.row,
-                self.lam,
-                self.convention,
-                self.shift,
-                self.jitter_tried,
-            ),
-        )
-
-
-@dataclass(frozen=True)
-class JitterPolicy:
-    """Opt-in retry of a failed diagonal POTRF with jitter on that tile's diagonal.
-
-    Try ``k`` (0-based) adds ``initial * growth**k * (mean(|diag(K_jj)|) + shift)``
-    to the diagonal of the updated tile ``A``. The jitter used is recorded in the
-    tile's marker and in the factor's attributes; the factor is then that of
-    ``K + shift*I + D`` with ``D`` the recorded block-diagonal jitter.
-    """
-
-    initial: float = 1e-10
-    growth: float = 10.0
-    max_tries: int = 8
-
-    def __post_init__(self) -> None:
-        if not (self.initial > 0 and self.growth > 1 and self.max_tries >= 1):
-            raise ValueError(
-                f"jitter policy needs initial > 0, growth > 1, max_tries >= 1; got {self}"
-            )
-
-    def to_dict(self) -> dict[str, float]:
-        return {"initial": self.initial, "growth": self.growth, "max_tries": self.max_tries}
-
-
-def make_jitter_policy(jitter: Any) -> JitterPolicy | None:
-    """None/False: off; True: defaults; float: initial relative jitter; dict/policy."""
-    if jitter is None or jitter is False:
-        return None
-    if jitter is True:
-        return JitterPolicy()
-    if isinstance(jitter, JitterPolicy):
-        return jitter
-    if isinstance(jitter, Mapping):
-        return JitterPolicy(**jitter)
-    if isinstance(jitter, int | float) and not isinstance(jitter, bool):
-        return JitterPolicy(initial=float(jitter))
-    raise ValueError(
-        f"jitter must be None, True, a positive float or a dict of JitterPolicy fields, "
-        f"got {jitter!r}"
-    )
-
-
-def regularisation_shift(lam: float, n: int, convention: str = "sklearn") -> float:
-    """The diagonal shift for ``lam``: ``lam`` ("sklearn") or ``n * lam`` ("n")."""
-    if convention not in CONVENTIONS:
-        raise ValueError(f"convention must be one of {CONVENTIONS}, got {convention!r}")
-    lam = float(lam)
-    if not np.isfinite(lam) or lam < 0:
-        raise ValueError(
-            f"lambda must be a finite number >= 0, got {lam!r}; use e.g. alpha=1e-3 "
-            "(kernel ridge needs lambda > 0 unless the kernel is strictly positive definite)"
-        )
-    return lam if convention == "sklearn" else n * lam
-
-
-# ---------------------------------------------------------------------------
-# per-process cache of finished factor tiles
-
-
-class _TileCache:
-    """Thread-safe LRU of finished (immutable) tiles under a byte budget."""
-
-    def __init__(self, budget: int) -> None:
-        self.budget = int(budget)
-        self.nbytes = 0
-        self._d: collections.OrderedDict[Any, np.ndarray] = collections.OrderedDict()
-        self._lock = threading.Lock()
-        self.hits = 0
-        self.misses = 0
-
-    def get(self, key: Any) -> np.ndarray | None:
-        with self._lock:
-            arr = self._d.get(key)
-            if arr is not None:
-                self._d.move_to_end(key)
-                self.hits += 1
-            else:
-                self.misses += 1
-            return arr
-
-    def put(self, key: Any, arr: np.ndarray) -> None:
-        if arr.nbytes > self.budget:
-            return
-        with self._lock:
-            old = self._d.pop(key, None)
-            if old is not None:
-                self.nbytes -= old.nbytes
-            self._d[key] = arr
-            self.nbytes += arr.nbytes
-            while self.nbytes > self.budget and self._d:
-                _, ev = self._d.popitem(last=False)
-                self.nbytes -= ev.nbytes
-
-    def drop(self, prefix: tuple) -> None:
-        """Forget every entry whose key starts with ``prefix``."""
-        n = len(prefix)
-        with self._lock:
-            for key in [k for k in self._d if k[:n] == prefix]:
-                self.nbytes -= self._d.pop(key).nbytes
-
-    def clear(self) -> None:
-        with self._lock:
-            self._d.clear()
-            self.nbytes = 0
-
-
-DEFAULT_CACHE_BYTES = int(os.environ.get("KRR_TILE_CACHE_BYTES", 1 << 30))
-_CACHE = _TileCache(DEFAULT_CACHE_BYTES)
-
-
-def set_tile_cache_budget(nbytes: int) -> None:
-    """Set this process's factor-tile cache budget in bytes (0 disables it)."""
-    _CACHE.budget = int(nbytes)
-    if nbytes <= 0:
-        _CACHE.clear()
-
-
-def release_tile_cache(factor: Any = None) -> None:
-    """Free this process's cached factor tiles: those of ``factor``, or all (None)."""
-    if factor is None:
-        _CACHE.clear()
-        return
-    L = getattr(factor, "L", factor)
-    _CACHE.drop((L.store, L.name, L.fingerprint))
-
-
-def _cache_key(arr: TiledArray, i: int, j: int) -> tuple:
-    return (arr.store, arr.name, arr.fingerprint, i, j)
-
-
-def _read_factor_tile(L: TiledArray, i: int, j: int, io: TileIO | None = None) -> np.ndarray:
-    key = _cache_key(L, i, j)
-    tile = _CACHE.get(key)
-    if tile is None and io is not None:
-        tile = io.pending(("L", i, j))  # finished, queued for writing, evicted from the cache
-    if tile is None:
-        tile = np.ascontiguousarray(L.read_tile(i, j))
-        tile.flags.writeable = False
-        _CACHE.put(key, tile)
-    return tile
-
 
 # ---------------------------------------------------------------------------
 # tile kernels (BLAS-3)
