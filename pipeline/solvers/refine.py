@@ -164,7 +164,10 @@ def solve_refined(
     L = _as_factor(factor)
     t0 = time.perf_counter()
     try:
-        alpha = back_substitution(L, forward_substitution(L, y))
+        if np.dtype(L.dtype) == np.float32:  # solves in float32: no per-tile upcast
+            alpha = NativeFactorPreconditioner(L).apply(np.asarray(y, dtype=np.float64))
+        else:
+            alpha = back_substitution(L, forward_substitution(L, y))
         stats["solve_s"] = time.perf_counter() - t0
         if np.dtype(L.dtype) == np.float32 or X is not None or gram is not None:
             op = refinement_operator(factor.shift, X=X, kernel=kernel, gram=gram)
