@@ -14,15 +14,44 @@ column-major BLAS as their transposes.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import threading
+from collections.abc import Iterator
 from functools import cache
 from typing import Any
 
 import numpy as np
 
-__all__ = ["gemm_nt_sub", "syrk_lower_sub", "trsm_right_lower_t"]
+__all__ = ["blas_lock", "gemm_nt_sub", "serialized", "syrk_lower_sub", "trsm_right_lower_t"]
 
 _P = ctypes.c_void_p
+
+#: when set (inside :func:`serialized`), every call here holds it: one BLAS call at a time
+_SERIAL: threading.Lock | None = None
+
+
+@contextlib.contextmanager
+def serialized() -> Iterator[None]:
+    """Run the BLAS calls of this module one at a time, each with every BLAS thread.
+
+    For tile threads whose BLAS uses all cores ("wide" tasks): the calls queue on
+    a lock, so the cores never run two multi-threaded BLAS calls at once, while
+    the tile threads' Python-side work (reads, copies, checksums) overlaps the
+    BLAS call in progress. Results do not depend on it.
+    """
+    global _SERIAL
+    prev, _SERIAL = _SERIAL, threading.Lock()
+    try:
+        yield
+    finally:
+        _SERIAL = prev
+
+
+def blas_lock() -> contextlib.AbstractContextManager:
+    """The lock of :func:`serialized` while it is active, else a no-op context."""
+    lock = _SERIAL
+    return lock if lock is not None else contextlib.nullcontext()
 
 
 @cache
@@ -70,7 +99,8 @@ def _call(prefix: str, name: str, *args: Any) -> None:
             refs.append(ctypes.byref(ctypes.c_int(a)))
         else:
             refs.append(ctypes.byref(real(a)))
-    _routine(prefix + name)(*refs)  # the arrays stay referenced by ``args`` meanwhile
+    with blas_lock():
+        _routine(prefix + name)(*refs)  # the arrays stay referenced by ``args`` meanwhile
 
 
 def _check_writable(c: np.ndarray) -> None:

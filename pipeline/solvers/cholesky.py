@@ -26,6 +26,14 @@ Two executors run the same tile function:
   Cholesky; Dask's generic ordering leaves cores idle near the end). One
   thread's reads and writes overlap the others' BLAS.
 
+Disk (``T = ceil(n / b)`` tiles per side, block ``b``, ``s`` bytes per factor
+entry: 8 for float64, 4 for float32). ``keep_gram=True`` (default) writes the
+factor to its own array: ``T (T + 1) / 2 * b^2 * s`` bytes beyond the Gram's
+``T (T + 1) / 2 * b^2 * 8``. ``keep_gram=False`` factors in place (each factor
+tile atomically replaces its Gram tile; :mod:`pipeline.solvers.cholesky_inplace`):
+only ``(w + 1) * b^2 * 8`` bytes of temporary chunk files for ``w`` writers.
+Free space is checked before any work (``check_disk``).
+
 Finished factor tiles are immutable (their key includes the fingerprint), so a
 per-process LRU cache with a byte budget keeps recently used ones in memory.
 ``potrf`` is only ever called on one diagonal tile.
@@ -33,13 +41,9 @@ per-process LRU cache with a byte budget keeps recently used ones in memory.
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import os
-import threading
 import time
-import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +51,28 @@ import numpy as np
 from scipy.linalg import lapack
 
 from pipeline.solvers import blas as gil_free_blas
+
+# ---------------------------------------------------------------------------
+# per-process cache of finished factor tiles (pipeline.solvers.cholesky_cache)
+from pipeline.solvers.cholesky_cache import (  # noqa: E402, F401  (re-exported)
+    _CACHE,
+    DEFAULT_CACHE_BYTES,
+    _cache_key,
+    _read_factor_tile,
+    _TileCache,
+    release_tile_cache,
+    set_tile_cache_budget,
+)
+
+# ---------------------------------------------------------------------------
+# errors and options (pipeline.solvers.cholesky_options)
+from pipeline.solvers.cholesky_options import (  # noqa: E402, F401  (re-exported)
+    CONVENTIONS,
+    JitterPolicy,
+    NotPositiveDefiniteError,
+    make_jitter_policy,
+    regularisation_shift,
+)
 from pipeline.solvers.tile_io import TileIO
 from pipeline.storage import (
     IncompleteArrayError,
@@ -54,212 +80,6 @@ from pipeline.storage import (
     fingerprint_obj,
     open_tiled_array,
 )
-
-CONVENTIONS = ("sklearn", "n")
-
-# ---------------------------------------------------------------------------
-# errors and options
-
-
-class NotPositiveDefiniteError(ValueError):
-    """A diagonal tile of ``K + shift * I`` (after the left-looking update) is not PD.
-
-    Attributes
-    ----------
-    tile : tuple of int
-        The diagonal tile ``(j, j)`` whose POTRF failed.
-    pivot : int
-        LAPACK's ``info``: the 1-based leading minor of the tile that failed.
-    row : int
-        The 0-based global row of that pivot.
-    lam, convention, shift : float, str, float
-        The regularisation in use.
-    """
-
-    def __init__(
-        self,
-        tile: tuple[int, int],
-        pivot: int,
-        row: int,
-        lam: float,
-        convention: str,
-        shift: float,
-        jitter_tried: tuple[float, ...] = (),
-    ) -> None:
-        self.tile, self.pivot, self.row = tile, pivot, row
-        self.lam, self.convention, self.shift = lam, convention, shift
-        self.jitter_tried = jitter_tried
-        tried = (
-            f" Jitter was tried up to {max(jitter_tried):.3g} on that tile's diagonal "
-            f"({len(jitter_tried)} tries)."
-            if jitter_tried
-            else ""
-        )
-        super().__init__(
-            f"K + shift*I is not positive definite: POTRF of diagonal tile {tile} failed at "
-            f"pivot {pivot} of the tile (global row {row}), with lambda={lam!r} "
-            f"(convention={convention!r}, shift added to the diagonal={shift!r}).{tried} "
-            "Options: use a larger alpha/lambda (a PSD kernel with lambda <= 0 is singular); "
-            "pass jitter=<relative jitter, e.g. 1e-10> to retry the tile with a recorded "
-            "diagonal jitter; or use solver='cg', which needs no factorisation."
-        )
-
-    def __reduce__(self):  # picklable across Dask workers
-        return (
-            type(self),
-            (
-                self.tile,
-                self.pivot,
-                self.row,
-                self.lam,
-                self.convention,
-                self.shift,
-                self.jitter_tried,
-            ),
-        )
-
-
-@dataclass(frozen=True)
-class JitterPolicy:
-    """Opt-in retry of a failed diagonal POTRF with jitter on that tile's diagonal.
-
-    Try ``k`` (0-based) adds ``initial * growth**k * (mean(|diag(K_jj)|) + shift)``
-    to the diagonal of the updated tile ``A``. The jitter used is recorded in the
-    tile's marker and in the factor's attributes; the factor is then that of
-    ``K + shift*I + D`` with ``D`` the recorded block-diagonal jitter.
-    """
-
-    initial: float = 1e-10
-    growth: float = 10.0
-    max_tries: int = 8
-
-    def __post_init__(self) -> None:
-        if not (self.initial > 0 and self.growth > 1 and self.max_tries >= 1):
-            raise ValueError(
-                f"jitter policy needs initial > 0, growth > 1, max_tries >= 1; got {self}"
-            )
-
-    def to_dict(self) -> dict[str, float]:
-        return {"initial": self.initial, "growth": self.growth, "max_tries": self.max_tries}
-
-
-def make_jitter_policy(jitter: Any) -> JitterPolicy | None:
-    """None/False: off; True: defaults; float: initial relative jitter; dict/policy."""
-    if jitter is None or jitter is False:
-        return None
-    if jitter is True:
-        return JitterPolicy()
-    if isinstance(jitter, JitterPolicy):
-        return jitter
-    if isinstance(jitter, Mapping):
-        return JitterPolicy(**jitter)
-    if isinstance(jitter, int | float) and not isinstance(jitter, bool):
-        return JitterPolicy(initial=float(jitter))
-    raise ValueError(
-        f"jitter must be None, True, a positive float or a dict of JitterPolicy fields, "
-        f"got {jitter!r}"
-    )
-
-
-def regularisation_shift(lam: float, n: int, convention: str = "sklearn") -> float:
-    """The diagonal shift for ``lam``: ``lam`` ("sklearn") or ``n * lam`` ("n")."""
-    if convention not in CONVENTIONS:
-        raise ValueError(f"convention must be one of {CONVENTIONS}, got {convention!r}")
-    lam = float(lam)
-    if not np.isfinite(lam) or lam < 0:
-        raise ValueError(
-            f"lambda must be a finite number >= 0, got {lam!r}; use e.g. alpha=1e-3 "
-            "(kernel ridge needs lambda > 0 unless the kernel is strictly positive definite)"
-        )
-    return lam if convention == "sklearn" else n * lam
-
-
-# ---------------------------------------------------------------------------
-# per-process cache of finished factor tiles
-
-
-class _TileCache:
-    """Thread-safe LRU of finished (immutable) tiles under a byte budget."""
-
-    def __init__(self, budget: int) -> None:
-        self.budget = int(budget)
-        self.nbytes = 0
-        self._d: collections.OrderedDict[Any, np.ndarray] = collections.OrderedDict()
-        self._lock = threading.Lock()
-        self.hits = 0
-        self.misses = 0
-
-    def get(self, key: Any) -> np.ndarray | None:
-        with self._lock:
-            arr = self._d.get(key)
-            if arr is not None:
-                self._d.move_to_end(key)
-                self.hits += 1
-            else:
-                self.misses += 1
-            return arr
-
-    def put(self, key: Any, arr: np.ndarray) -> None:
-        if arr.nbytes > self.budget:
-            return
-        with self._lock:
-            old = self._d.pop(key, None)
-            if old is not None:
-                self.nbytes -= old.nbytes
-            self._d[key] = arr
-            self.nbytes += arr.nbytes
-            while self.nbytes > self.budget and self._d:
-                _, ev = self._d.popitem(last=False)
-                self.nbytes -= ev.nbytes
-
-    def drop(self, prefix: tuple) -> None:
-        """Forget every entry whose key starts with ``prefix``."""
-        n = len(prefix)
-        with self._lock:
-            for key in [k for k in self._d if k[:n] == prefix]:
-                self.nbytes -= self._d.pop(key).nbytes
-
-    def clear(self) -> None:
-        with self._lock:
-            self._d.clear()
-            self.nbytes = 0
-
-
-DEFAULT_CACHE_BYTES = int(os.environ.get("KRR_TILE_CACHE_BYTES", 1 << 30))
-_CACHE = _TileCache(DEFAULT_CACHE_BYTES)
-
-
-def set_tile_cache_budget(nbytes: int) -> None:
-    """Set this process's factor-tile cache budget in bytes (0 disables it)."""
-    _CACHE.budget = int(nbytes)
-    if nbytes <= 0:
-        _CACHE.clear()
-
-
-def release_tile_cache(factor: Any = None) -> None:
-    """Free this process's cached factor tiles: those of ``factor``, or all (None)."""
-    if factor is None:
-        _CACHE.clear()
-        return
-    L = getattr(factor, "L", factor)
-    _CACHE.drop((L.store, L.name, L.fingerprint))
-
-
-def _cache_key(arr: TiledArray, i: int, j: int) -> tuple:
-    return (arr.store, arr.name, arr.fingerprint, i, j)
-
-
-def _read_factor_tile(L: TiledArray, i: int, j: int, io: TileIO | None = None) -> np.ndarray:
-    key = _cache_key(L, i, j)
-    tile = _CACHE.get(key)
-    if tile is None and io is not None:
-        tile = io.pending(("L", i, j))  # finished, queued for writing, evicted from the cache
-    if tile is None:
-        tile = np.ascontiguousarray(L.read_tile(i, j))
-        tile.flags.writeable = False
-        _CACHE.put(key, tile)
-    return tile
-
 
 # ---------------------------------------------------------------------------
 # tile kernels (BLAS-3)
@@ -269,7 +89,8 @@ def _potrf_lower(a: np.ndarray, overwrite: bool = False) -> tuple[np.ndarray, in
     """Lower Cholesky factor of the tile whose *lower* triangle ``a`` holds (C order)."""
     potrf = lapack.get_lapack_funcs("potrf", (a,))
     # a.T is F-contiguous; its upper triangle is a's lower one
-    c, info = potrf(a.T, lower=0, clean=1, overwrite_a=int(overwrite))
+    with gil_free_blas.blas_lock():
+        c, info = potrf(a.T, lower=0, clean=1, overwrite_a=int(overwrite))
     # c is the upper factor U (F order) with U.T U = A; L = U.T is a C-contiguous view
     return np.ascontiguousarray(c.T), int(info)
 
@@ -402,159 +223,15 @@ def _tile_task(
 
 
 # ---------------------------------------------------------------------------
-# executors
+# executors (pipeline.solvers.cholesky_exec; re-exported here)
 
-
-def _deps(i: int, j: int) -> list[tuple[int, int]]:
-    d = [(i, k) for k in range(j)]
-    if i != j:
-        d += [(j, k) for k in range(j)] + [(j, j)]
-    return d
-
-
-def _run_dask(gram, L, todo, shift, lam, convention, jitter, progress) -> list[dict]:
-    from dask import delayed
-
-    from pipeline.parallel import compute
-
-    # a fresh token per call: a scheduler that still holds an erred key from a failed
-    # earlier call (e.g. a corrupt Gram tile since recomputed) must not replay its error
-    prefix = f"chol-tile-{L.fingerprint[:10]}-{uuid.uuid4().hex[:8]}"
-    nodes: dict[tuple[int, int], Any] = {}
-    todo_set = set(todo)
-    for i, j in todo:  # todo is in left-looking order: deps come first
-        deps = [nodes[d] for d in _deps(i, j) if d in todo_set]
-        nodes[(i, j)] = delayed(_tile_task, pure=False)(
-            gram,
-            L,
-            i,
-            j,
-            shift,
-            lam,
-            convention,
-            jitter,
-            deps,
-            dask_key_name=f"{prefix}-{i}-{j}",
-        )
-    if not nodes:
-        return []
-    (records,) = compute(list(nodes.values()), progress=progress, desc="tile Cholesky")
-    return list(records)
-
-
-def _critical_path_ranks(todo: list[tuple[int, int]], block: int) -> dict[tuple[int, int], float]:
-    """Upward rank (cost of the longest path from a tile task to the end), in tile flops."""
-    todo_set = set(todo)
-    cost = {}
-    for i, j in todo:
-        upd = j * (1.0 if i == j else 2.0)  # SYRK / GEMM per earlier column, in b^3 units
-        fin = 2.0 / 3.0 if i == j else 1.0  # POTRF runs at about half GEMM speed; TRSM
-        cost[(i, j)] = (upd + fin) * float(block) ** 3
-    succ: dict[tuple[int, int], list[tuple[int, int]]] = {t: [] for t in todo}
-    for t in todo:
-        for d in _deps(*t):
-            if d in todo_set:
-                succ[d].append(t)
-    rank: dict[tuple[int, int], float] = {}
-    for t in reversed(todo):  # left-looking order is topological: successors come later
-        rank[t] = cost[t] + max((rank[s] for s in succ[t]), default=0.0)
-    return rank
-
-
-#: extra memory the read-ahead and write-behind of the threads scheduler may hold, each
-IO_BUDGET_BYTES = 256 << 20
-
-
-def _run_threads(
-    gram, L, todo, shift, lam, convention, jitter, n_threads, blas_cores=None
-) -> list[dict]:
-    """Run tile tasks on ``n_threads`` threads (one BLAS thread each), critical path first.
-
-    A small list scheduler: a task becomes ready when its dependencies finished
-    (computed; their writes may still be queued); idle threads take the ready task
-    with the longest path to the end. A task that runs alone (nothing else
-    running or ready, as near the end of the diagonal chain) gets every BLAS
-    thread. Gram reads and factor writes run in background threads.
-    """
-    import heapq
-
-    from pipeline.parallel import blas_threads as _blas
-
-    if not todo:
-        return []
-    todo_set = set(todo)
-    rank = _critical_path_ranks(todo, L.block_size)
-    waiting = {t: sum(d in todo_set for d in set(_deps(*t))) for t in todo}
-    succ: dict[tuple[int, int], list[tuple[int, int]]] = {t: [] for t in todo}
-    for t in todo:
-        for d in set(_deps(*t)):
-            if d in todo_set:
-                succ[d].append(t)
-    ready = [(-rank[t], t) for t in todo if waiting[t] == 0]
-    heapq.heapify(ready)
-    cond = threading.Condition()
-    records: list[dict] = []
-    errors: list[BaseException] = []
-    state = {"running": 0}
-
-    def worker() -> None:
-        while True:
-            with cond:
-                while not ready and state["running"] and not errors:
-                    cond.wait()
-                if errors or not ready:
-                    cond.notify_all()
-                    return
-                _, t = heapq.heappop(ready)
-                # alone: no task runs and none is ready, so none can become ready before
-                # this one ends; its BLAS may use every thread (the DAG's narrow parts)
-                solo = not state["running"] and not ready
-                state["running"] += 1
-            try:
-                with _blas(cores) if solo and per_task < cores else contextlib.nullcontext():
-                    rec = _tile_task(gram, L, t[0], t[1], shift, lam, convention, jitter, io=io)
-            except BaseException as e:
-                with cond:
-                    errors.append(e)
-                    state["running"] -= 1
-                    cond.notify_all()
-                return
-            with cond:
-                records.append(rec)
-                state["running"] -= 1
-                for s in succ[t]:
-                    waiting[s] -= 1
-                    if waiting[s] == 0:
-                        heapq.heappush(ready, (-rank[s], s))
-                cond.notify_all()
-
-    n_threads = max(1, min(int(n_threads), len(todo)))
-    cores = max(1, int(blas_cores or os.cpu_count() or 1))
-    per_task = max(1, cores // n_threads)
-    tile_bytes = L.block_size**2 * max(np.dtype(gram.dtype).itemsize, np.dtype(L.dtype).itemsize)
-    io_depth = int(min(2, max(1, IO_BUDGET_BYTES // max(tile_bytes, 1))))
-    # Gram tiles are read ahead in left-looking order and factor tiles written behind,
-    # so the tile threads keep their cores busy with BLAS (a few tiles of extra memory)
-    io = TileIO(
-        lambda key: gram.read_tile(key[1], key[2]),
-        [("K", i, j) for i, j in todo],
-        depth=io_depth,
-        max_pending=io_depth,
-    )
-    with io, _blas(per_task):
-        threads = [
-            threading.Thread(target=worker, name=f"chol-{k}", daemon=True) for k in range(n_threads)
-        ]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
-    if errors:
-        raise errors[0]
-    if len(records) != len(todo):  # cannot happen with a consistent dependency graph
-        raise RuntimeError(f"tile scheduler stopped after {len(records)} of {len(todo)} tiles")
-    return records
-
+from pipeline.solvers.cholesky_exec import (  # noqa: E402, F401  (re-exported)
+    IO_BUDGET_BYTES,
+    _critical_path_ranks,
+    _deps,
+    _run_dask,
+    _run_threads,
+)
 
 # ---------------------------------------------------------------------------
 # public API
@@ -625,6 +302,10 @@ def tile_cholesky(
     check_gram: bool = True,
     progress: bool = True,
     dtype: Any = np.float64,
+    keep_gram: bool = True,
+    recompute_tile: Any = None,
+    check_disk: bool = True,
+    wide: bool = False,
 ) -> CholeskyFactor:
     """Factor ``K + shift * I = L @ L.T`` tile by tile, Zarr to Zarr, resumably.
 
@@ -666,6 +347,29 @@ def tile_cholesky(
         diagonal tiles are still factored in float64. Such a factor solves to
         about single precision: pass the Gram to :func:`cholesky_solve`
         (``gram=``), which refines ``alpha`` to double precision.
+    wide : bool
+        "threads" scheduler only: every BLAS call uses all cores, one call at a
+        time, while the other tile threads do their I/O and copies (default
+        False: one BLAS thread per tile thread). Same result bit for bit.
+    keep_gram : bool
+        True (default): the factor goes to its own array and the Gram is kept.
+        False: factor in place, each factor tile atomically replacing its Gram
+        tile in the Gram's array (half the disk; ``store``/``name`` are then the
+        Gram's, ``dtype`` must be the Gram's). Retry-safe and resumable; the
+        markers' fingerprints say which tiles hold the factor
+        (:mod:`pipeline.solvers.cholesky_inplace`). The Gram is gone afterwards:
+        a later factorisation (e.g. another lambda) recomputes its tiles with
+        ``recompute_tile``.
+    recompute_tile : callable (i, j) -> ndarray, optional
+        With ``keep_gram=False``: recomputes a Gram tile from X when it was
+        replaced by an earlier in-place factor (or fails its checksum), with a
+        log line that says why. Without it such a tile raises a clear error.
+    check_disk : bool
+        Check free space on the store's disk before any work:
+        ``T(T+1)/2 * b^2 * itemsize`` bytes for a separate factor (``T`` tiles
+        per side, block ``b``), about two tiles in place. Too little raises
+        :class:`~pipeline.solvers.cholesky_inplace.InsufficientDiskError`,
+        naming the bytes needed and free.
 
     Returns
     -------
@@ -691,7 +395,7 @@ def tile_cholesky(
 
         scheduler = "dask" if _active_client() is not None else "threads"
     grid = gram.grid
-    if check_gram:
+    if check_gram and keep_gram:  # in place: checked against both marker kinds
         done = gram.markers.done()
         missing = [t for t in grid.lower_tiles() if t not in done]
         if missing:
@@ -708,6 +412,27 @@ def tile_cholesky(
     if dtype not in (np.dtype(np.float64), np.dtype(np.float32)):
         raise ValueError(f"dtype must be float64 or float32, got {dtype}")
     fp = factor_fingerprint(gram, lam, convention, policy, dtype)
+    if not keep_gram:
+        from pipeline.solvers.cholesky_inplace import factor_in_place
+
+        return factor_in_place(
+            gram,
+            lam,
+            shift,
+            convention,
+            policy,
+            scheduler,
+            n_threads,
+            progress,
+            dtype,
+            fp,
+            store=store,
+            check_gram=check_gram,
+            recompute_tile=recompute_tile,
+            check_disk=check_disk,
+            wide=wide,
+            t0=t0,
+        )
     attrs = {
         "lambda": float(lam),
         "convention": convention,
@@ -728,11 +453,19 @@ def tile_cholesky(
     )
     done_l = L.markers.done()
     todo = [t for t in _left_looking_order(grid.n_row_blocks) if t not in done_l]
+    if check_disk and todo:
+        from pipeline.solvers.cholesky_inplace import check_disk_space
+
+        check_disk_space(
+            L.store,
+            len(todo) * L.block_size**2 * dtype.itemsize,
+            f"the factor's {len(todo)} remaining {L.block_size}x{L.block_size} {dtype} tiles",
+        )
     if scheduler == "dask":
         records = _run_dask(gram, L, todo, shift, lam, convention, policy, progress)
     else:
         nthreads = n_threads or os.cpu_count() or 1
-        records = _run_threads(gram, L, todo, shift, lam, convention, policy, nthreads)
+        records = _run_threads(gram, L, todo, shift, lam, convention, policy, nthreads, wide=wide)
     computed = tuple(tuple(r["tile"]) for r in records if r["computed"])
     # jitter record over all diagonal tiles (from markers: also those of earlier runs)
     jit: dict[str, float] = {}
@@ -760,7 +493,12 @@ def load_factor(store: str, name: str = "chol") -> CholeskyFactor:
 
     arr = zarr.open_array(store=str(store), path=name, mode="r")
     a = dict(arr.attrs)
-    L = TiledArray(
+    if "inplace_factor" in a:  # keep_gram=False: the factor replaced the Gram's tiles
+        from pipeline.solvers.cholesky_inplace import InPlaceFactorArray
+
+        a = {**a, **a["inplace_factor"]}
+    cls = InPlaceFactorArray if "inplace_factor" in dict(arr.attrs) else TiledArray
+    L = cls(
         str(store),
         name,
         tuple(arr.shape),

@@ -99,11 +99,22 @@ def run_mode(mode: str, store: str, out: str) -> dict:
 
         kind = mode.split("-", 1)[1]
         single = kind == "f32"
-        sched = "threads" if single else kind
+        # "threads1": one tile thread whose BLAS uses every core (no tile parallelism)
+        # "wide": tile threads whose BLAS calls use every core, one call at a time
+        n_threads = 1 if kind == "threads1" else None
+        sched = "threads" if single or kind in ("threads1", "wide") else kind
         dtype = np.float32 if single else np.float64
         c0, t0 = time.process_time(), time.perf_counter()
         f = tile_cholesky(
-            gram, LAM, store=out, name="chol", scheduler=sched, progress=False, dtype=dtype
+            gram,
+            LAM,
+            store=out,
+            name="chol",
+            scheduler=sched,
+            progress=False,
+            dtype=dtype,
+            n_threads=n_threads,
+            wide=kind == "wide",
         )
         res["seconds"] = time.perf_counter() - t0
         res["cpu_seconds"] = time.process_time() - c0

@@ -44,6 +44,13 @@ def main(argv: list[str] | None = None) -> int:
         choices=["float64", "float32"],
         help="float32: single-precision factor, alpha refined against the stored Gram",
     )
+    p.add_argument(
+        "--refine",
+        default="stored",
+        choices=["stored", "matrix_free"],
+        help="products of the float32 factor's refinement: stored Gram or recomputed from X",
+    )
+    p.add_argument("--keep-gram", default="true", choices=["true", "false"])
     p.add_argument("--dir", default=None, help="scratch directory for the store")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
@@ -67,7 +74,14 @@ def main(argv: list[str] | None = None) -> int:
             f"  gram   {out['gram_s']:8.1f} s  peak RSS {peak_rss_bytes() / 1e9:.2f} GB", flush=True
         )
         t1 = time.perf_counter()
-        factor = tile_cholesky(gram, a.lam, store=str(store), progress=False, dtype=a.factor_dtype)
+        factor = tile_cholesky(
+            gram,
+            a.lam,
+            store=str(store),
+            progress=False,
+            dtype=a.factor_dtype,
+            keep_gram=a.keep_gram == "true",
+        )
         out["factor_s"] = time.perf_counter() - t1
         out["gflops"] = n**3 / 3 / out["factor_s"] / 1e9
         print(
@@ -77,7 +91,13 @@ def main(argv: list[str] | None = None) -> int:
         )
         t2 = time.perf_counter()
         refine: dict = {}
-        alpha = cholesky_solve(factor, y, gram=gram, stats=refine)
+        if a.refine == "matrix_free" or a.keep_gram == "false":
+            from pipeline.solvers.refine import solve_refined
+
+            alpha = solve_refined(factor, y, X=X, kernel=kernel, stats=refine)
+            refine.pop("refine_operator", None)
+        else:
+            alpha = cholesky_solve(factor, y, gram=gram, stats=refine)
         out["solve_s"] = time.perf_counter() - t2
         out.update(refine)
         release_tile_cache()

@@ -1,0 +1,101 @@
+"""Per-process cache of finished (immutable) factor tiles of the tile Cholesky.
+
+A factor tile's key includes the factor's fingerprint, so a cached tile is never
+stale; an LRU under a byte budget (``KRR_TILE_CACHE_BYTES``, 1 GiB by default)
+keeps the recently used ones, and the solves right after a factorisation reuse them.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+from typing import Any
+
+import numpy as np
+
+from pipeline.solvers.tile_io import TileIO
+from pipeline.storage import TiledArray
+
+
+class _TileCache:
+    """Thread-safe LRU of finished (immutable) tiles under a byte budget."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = int(budget)
+        self.nbytes = 0
+        self._d: collections.OrderedDict[Any, np.ndarray] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: Any) -> np.ndarray | None:
+        with self._lock:
+            arr = self._d.get(key)
+            if arr is not None:
+                self._d.move_to_end(key)
+                self.hits += 1
+            else:
+                self.misses += 1
+            return arr
+
+    def put(self, key: Any, arr: np.ndarray) -> None:
+        if arr.nbytes > self.budget:
+            return
+        with self._lock:
+            old = self._d.pop(key, None)
+            if old is not None:
+                self.nbytes -= old.nbytes
+            self._d[key] = arr
+            self.nbytes += arr.nbytes
+            while self.nbytes > self.budget and self._d:
+                _, ev = self._d.popitem(last=False)
+                self.nbytes -= ev.nbytes
+
+    def drop(self, prefix: tuple) -> None:
+        """Forget every entry whose key starts with ``prefix``."""
+        n = len(prefix)
+        with self._lock:
+            for key in [k for k in self._d if k[:n] == prefix]:
+                self.nbytes -= self._d.pop(key).nbytes
+
+    def clear(self) -> None:
+        with self._lock:
+            self._d.clear()
+            self.nbytes = 0
+
+
+DEFAULT_CACHE_BYTES = int(os.environ.get("KRR_TILE_CACHE_BYTES", 1 << 30))
+_CACHE = _TileCache(DEFAULT_CACHE_BYTES)
+
+
+def set_tile_cache_budget(nbytes: int) -> None:
+    """Set this process's factor-tile cache budget in bytes (0 disables it)."""
+    _CACHE.budget = int(nbytes)
+    if nbytes <= 0:
+        _CACHE.clear()
+
+
+def release_tile_cache(factor: Any = None) -> None:
+    """Free this process's cached factor tiles: those of ``factor``, or all (None)."""
+    if factor is None:
+        _CACHE.clear()
+        return
+    L = getattr(factor, "L", factor)
+    _CACHE.drop((L.store, L.name, L.fingerprint))
+
+
+def _cache_key(arr: TiledArray, i: int, j: int) -> tuple:
+    return (arr.store, arr.name, arr.fingerprint, i, j)
+
+
+def _read_factor_tile(L: TiledArray, i: int, j: int, io: TileIO | None = None) -> np.ndarray:
+    key = _cache_key(L, i, j)
+    tile = _CACHE.get(key)
+    if tile is None and io is not None:
+        tile = io.pending(("L", i, j))  # finished, queued for writing, evicted from the cache
+    if tile is None:
+        tile = np.ascontiguousarray(L.read_tile(i, j))
+        tile.flags.writeable = False
+        _CACHE.put(key, tile)
+    return tile

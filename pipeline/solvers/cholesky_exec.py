@@ -1,0 +1,184 @@
+"""Executors of the tile Cholesky (:mod:`pipeline.solvers.cholesky`): Dask and threads.
+
+Both run the same tile task, :func:`pipeline.solvers.cholesky._tile_task` (a pure
+function of finished tiles), in left-looking dependency order:
+
+- :func:`_run_dask`: one Dask task per factor tile on the active client or the
+  threaded scheduler; dependencies through tiny results, never tile payloads.
+- :func:`_run_threads`: a list scheduler on a few threads of this process, the
+  ready task with the longest remaining path first; a task running alone gets
+  every BLAS thread; ``wide=True`` runs every BLAS call on all cores, one at a
+  time. Gram reads and factor writes run in background threads (TileIO).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import uuid
+from typing import Any
+
+import numpy as np
+
+from pipeline.solvers import blas as gil_free_blas
+from pipeline.solvers import cholesky as chol
+from pipeline.solvers.tile_io import TileIO
+
+
+def _deps(i: int, j: int) -> list[tuple[int, int]]:
+    d = [(i, k) for k in range(j)]
+    if i != j:
+        d += [(j, k) for k in range(j)] + [(j, j)]
+    return d
+
+
+def _run_dask(gram, L, todo, shift, lam, convention, jitter, progress) -> list[dict]:
+    from dask import delayed
+
+    from pipeline.parallel import compute
+
+    # a fresh token per call: a scheduler that still holds an erred key from a failed
+    # earlier call (e.g. a corrupt Gram tile since recomputed) must not replay its error
+    prefix = f"chol-tile-{L.fingerprint[:10]}-{uuid.uuid4().hex[:8]}"
+    nodes: dict[tuple[int, int], Any] = {}
+    todo_set = set(todo)
+    for i, j in todo:  # todo is in left-looking order: deps come first
+        deps = [nodes[d] for d in _deps(i, j) if d in todo_set]
+        nodes[(i, j)] = delayed(chol._tile_task, pure=False)(
+            gram,
+            L,
+            i,
+            j,
+            shift,
+            lam,
+            convention,
+            jitter,
+            deps,
+            dask_key_name=f"{prefix}-{i}-{j}",
+        )
+    if not nodes:
+        return []
+    (records,) = compute(list(nodes.values()), progress=progress, desc="tile Cholesky")
+    return list(records)
+
+
+def _critical_path_ranks(todo: list[tuple[int, int]], block: int) -> dict[tuple[int, int], float]:
+    """Upward rank (cost of the longest path from a tile task to the end), in tile flops."""
+    todo_set = set(todo)
+    cost = {}
+    for i, j in todo:
+        upd = j * (1.0 if i == j else 2.0)  # SYRK / GEMM per earlier column, in b^3 units
+        fin = 2.0 / 3.0 if i == j else 1.0  # POTRF runs at about half GEMM speed; TRSM
+        cost[(i, j)] = (upd + fin) * float(block) ** 3
+    succ: dict[tuple[int, int], list[tuple[int, int]]] = {t: [] for t in todo}
+    for t in todo:
+        for d in _deps(*t):
+            if d in todo_set:
+                succ[d].append(t)
+    rank: dict[tuple[int, int], float] = {}
+    for t in reversed(todo):  # left-looking order is topological: successors come later
+        rank[t] = cost[t] + max((rank[s] for s in succ[t]), default=0.0)
+    return rank
+
+
+#: extra memory the read-ahead and write-behind of the threads scheduler may hold, each
+IO_BUDGET_BYTES = 256 << 20
+
+
+def _run_threads(
+    gram, L, todo, shift, lam, convention, jitter, n_threads, blas_cores=None, wide=False
+) -> list[dict]:
+    """Run tile tasks on ``n_threads`` threads (one BLAS thread each), critical path first.
+
+    ``wide``: every BLAS call uses all cores instead, one call at a time
+    (:func:`pipeline.solvers.blas.serialized`); the tile threads then overlap only
+    their reads, copies and checksums with the BLAS call in progress.
+
+    A small list scheduler: a task becomes ready when its dependencies finished
+    (computed; their writes may still be queued); idle threads take the ready task
+    with the longest path to the end. A task that runs alone (nothing else
+    running or ready, as near the end of the diagonal chain) gets every BLAS
+    thread. Gram reads and factor writes run in background threads.
+    """
+    import heapq
+
+    from pipeline.parallel import blas_threads as _blas
+
+    if not todo:
+        return []
+    todo_set = set(todo)
+    rank = _critical_path_ranks(todo, L.block_size)
+    waiting = {t: sum(d in todo_set for d in set(_deps(*t))) for t in todo}
+    succ: dict[tuple[int, int], list[tuple[int, int]]] = {t: [] for t in todo}
+    for t in todo:
+        for d in set(_deps(*t)):
+            if d in todo_set:
+                succ[d].append(t)
+    ready = [(-rank[t], t) for t in todo if waiting[t] == 0]
+    heapq.heapify(ready)
+    cond = threading.Condition()
+    records: list[dict] = []
+    errors: list[BaseException] = []
+    state = {"running": 0}
+
+    def worker() -> None:
+        while True:
+            with cond:
+                while not ready and state["running"] and not errors:
+                    cond.wait()
+                if errors or not ready:
+                    cond.notify_all()
+                    return
+                _, t = heapq.heappop(ready)
+                # alone: no task runs and none is ready, so none can become ready before
+                # this one ends; its BLAS may use every thread (the DAG's narrow parts)
+                solo = not state["running"] and not ready
+                state["running"] += 1
+            try:
+                with _blas(cores) if solo and per_task < cores else contextlib.nullcontext():
+                    rec = chol._tile_task(
+                        gram, L, t[0], t[1], shift, lam, convention, jitter, io=io
+                    )
+            except BaseException as e:
+                with cond:
+                    errors.append(e)
+                    state["running"] -= 1
+                    cond.notify_all()
+                return
+            with cond:
+                records.append(rec)
+                state["running"] -= 1
+                for s in succ[t]:
+                    waiting[s] -= 1
+                    if waiting[s] == 0:
+                        heapq.heappush(ready, (-rank[s], s))
+                cond.notify_all()
+
+    n_threads = max(1, min(int(n_threads), len(todo)))
+    cores = max(1, int(blas_cores or os.cpu_count() or 1))
+    per_task = cores if wide else max(1, cores // n_threads)
+    tile_bytes = L.block_size**2 * max(np.dtype(gram.dtype).itemsize, np.dtype(L.dtype).itemsize)
+    io_depth = int(min(2, max(1, IO_BUDGET_BYTES // max(tile_bytes, 1))))
+    # Gram tiles are read ahead in left-looking order and factor tiles written behind,
+    # so the tile threads keep their cores busy with BLAS (a few tiles of extra memory)
+    io = TileIO(
+        lambda key: gram.read_tile(key[1], key[2]),
+        [("K", i, j) for i, j in todo],
+        depth=io_depth,
+        max_pending=io_depth,
+    )
+    serial = gil_free_blas.serialized() if wide else contextlib.nullcontext()
+    with io, _blas(per_task), serial:
+        threads = [
+            threading.Thread(target=worker, name=f"chol-{k}", daemon=True) for k in range(n_threads)
+        ]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    if errors:
+        raise errors[0]
+    if len(records) != len(todo):  # cannot happen with a consistent dependency graph
+        raise RuntimeError(f"tile scheduler stopped after {len(records)} of {len(todo)} tiles")
+    return records

@@ -1,0 +1,382 @@
+"""In-place tile Cholesky (``keep_gram=False``) and the disk check before a factorisation.
+
+In place, factor tile ``L_ij`` atomically replaces Gram tile ``K_ij`` in the Gram's
+own Zarr array, so a fit needs the Gram's disk space only once. The factor is a
+*view* of that array (:class:`InPlaceFactorArray`): same store and name, its own
+fingerprint. Tile ``(i, j)``'s completion marker says what the chunk holds: a
+marker under the Gram's fingerprint means ``K_ij``, one under the factor's means
+``L_ij`` (writing the factor's marker atomically replaces the Gram's, since both
+live at the same marker path).
+
+Writing tile ``(i, j)`` in place:
+
+1. an *intent record* ``{fingerprint, crc32c of L_ij}`` (under ``<name>~inplace``);
+2. the chunk, replaced atomically (temporary file + rename);
+3. the factor's completion marker (replaces the Gram's);
+4. the intent record is removed.
+
+A process killed between 2 and 3 leaves a chunk that no longer matches the Gram
+marker's checksum. On the next run :func:`adopt_intents` reads it: if it matches
+the intent's checksum it *is* ``L_ij`` (finished; it is marked, not recomputed);
+otherwise the Gram tile is read as usual. Every other state is the ordinary one
+(a chunk still holding ``K_ij``, or a finished marked ``L_ij``).
+
+The Gram stays recoverable: a Gram tile that was replaced (by this factor, by an
+in-place factor of another lambda, or by a jitter policy's failed run) has no
+Gram marker any more. :class:`InPlaceGramReader` then recomputes it from X when
+given ``recompute_tile(i, j)`` (the Gram builder's tile function), with a log line
+that says why; without it, a clear error says how to rebuild the Gram.
+
+Disk needed (``b`` = block size, ``T = ceil(n / b)``, ``s`` = bytes per entry of
+the factor, 8 for float64 and 4 for float32; markers are negligible):
+
+- ``keep_gram=True``: ``T (T + 1) / 2 * b^2 * s`` for the factor's lower tiles, on
+  top of the Gram's ``T (T + 1) / 2 * b^2 * 8``;
+- ``keep_gram=False``: ``(w + 1) * b^2 * 8`` only (temporary chunk files of the
+  ``w`` writers during the atomic replace), the Gram's own space is reused.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pipeline.storage import TiledArray
+from pipeline.storage.arrays import CorruptTileError, tile_checksum
+from pipeline.storage.markers import TileMarkers
+
+log = logging.getLogger(__name__)
+
+INTENT_SUFFIX = "~inplace"
+
+
+class InsufficientDiskError(OSError):
+    """Too little free disk for the factorisation; raised before any work."""
+
+    def __init__(self, path: str, needed: int, free: int, what: str) -> None:
+        self.path, self.needed, self.free, self.what = path, int(needed), int(free), what
+        super().__init__(
+            f"not enough disk space under {path!r} for {what}: it needs {needed:,} bytes "
+            f"({needed / 1e9:.2f} GB) and {free:,} bytes ({free / 1e9:.2f} GB) are free. "
+            "Free some space, point the store at a larger disk, or factor in place with "
+            "keep_gram=False (the factor then replaces the Gram tile by tile)."
+        )
+
+    def __reduce__(self):
+        return (type(self), (self.path, self.needed, self.free, self.what))
+
+
+class GramReplacedError(ValueError):
+    """A Gram tile was replaced by an in-place factor and cannot be recomputed here."""
+
+
+def factor_disk_bytes(
+    n: int, block_size: int, dtype: Any = np.float64, *, keep_gram: bool = True, writers: int = 1
+) -> int:
+    """Bytes of new disk a factorisation needs (see the module docstring's formula)."""
+    t = -(-int(n) // int(block_size))
+    tile = int(block_size) ** 2
+    if keep_gram:
+        return t * (t + 1) // 2 * tile * np.dtype(dtype).itemsize
+    return (int(writers) + 1) * tile * 8
+
+
+def _local_dir(store: str) -> str | None:
+    if "://" in store and not store.startswith("file://"):
+        return None  # an object store: no free-space figure to check
+    path = store[len("file://") :] if store.startswith("file://") else store
+    path = os.path.abspath(path)
+    while path and not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return path or None
+
+
+def check_disk_space(store: str, needed: int, what: str) -> int | None:
+    """Raise :class:`InsufficientDiskError` if ``store``'s disk has < ``needed`` bytes free.
+
+    Returns the free bytes (None for a store with no local disk, e.g. S3).
+    """
+    path = _local_dir(str(store))
+    if path is None:
+        return None
+    free = int(shutil.disk_usage(path).free)
+    if free < needed:
+        raise InsufficientDiskError(path, needed, free, what)
+    return free
+
+
+@dataclass(frozen=True)
+class InPlaceFactorArray(TiledArray):
+    """The factor stored in the Gram's own array: writes go through an intent record."""
+
+    def intents(self) -> TileMarkers:
+        return TileMarkers(self.store, self.name + INTENT_SUFFIX, self.fingerprint)
+
+    def write_tile(self, i: int, j: int, tile: np.ndarray, **marker_info: Any) -> None:
+        data = np.ascontiguousarray(np.asarray(tile, dtype=self.dtype))
+        intents = self.intents()
+        intents.mark((i, j), crc32c=tile_checksum(data))  # 1. intent
+        super().write_tile(i, j, data, **marker_info)  # 2. chunk, 3. marker
+        intents.unmark((i, j))  # 4.
+
+
+def adopt_intents(L: InPlaceFactorArray) -> list[tuple[int, int]]:
+    """Mark tiles whose chunk already holds the factor tile its intent record names.
+
+    Run before scheduling a resumed in-place factorisation. Returns the tiles adopted.
+    """
+    intents = L.intents()
+    adopted = []
+    for key in intents.done():
+        if not isinstance(key, tuple) or len(key) != 2:
+            continue
+        rec = intents.record(key) or {}
+        if L.markers.record(key) is None:
+            try:
+                tile = L.read_tile(*key, verify=False)
+            except (OSError, ValueError):
+                tile = None
+            if tile is not None and tile_checksum(
+                np.ascontiguousarray(np.asarray(tile, dtype=L.dtype))
+            ) == int(rec.get("crc32c", -1)):
+                L.markers.mark(key, crc32c=int(rec["crc32c"]), adopted=True)
+                adopted.append(key)
+        intents.unmark(key)
+    return adopted
+
+
+@dataclass(frozen=True)
+class InPlaceGramReader:
+    """Reads Gram tiles of an array that an in-place factor is replacing.
+
+    ``read_tile(i, j)`` returns the verified Gram tile; a tile whose Gram marker
+    is gone (replaced by an in-place factor) or whose bytes fail the check is
+    recomputed by ``recompute_tile(i, j)`` when given, else raises
+    :class:`GramReplacedError` naming the fix.
+    """
+
+    gram: TiledArray
+    recompute_tile: Callable[[int, int], np.ndarray] | None = None
+
+    # the attributes the Cholesky reads from a Gram
+    @property
+    def store(self) -> str:
+        return self.gram.store
+
+    @property
+    def name(self) -> str:
+        return self.gram.name
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.gram.shape
+
+    @property
+    def block_size(self) -> int:
+        return self.gram.block_size
+
+    @property
+    def dtype(self) -> str:
+        return self.gram.dtype
+
+    @property
+    def fingerprint(self) -> str:
+        return self.gram.fingerprint
+
+    @property
+    def grid(self):
+        return self.gram.grid
+
+    @property
+    def markers(self) -> TileMarkers:
+        return self.gram.markers
+
+    def _recompute(self, i: int, j: int, why: str) -> np.ndarray:
+        if self.recompute_tile is None:
+            raise GramReplacedError(
+                f"Gram tile ({i}, {j}) of {self.gram.store!r}/{self.gram.name!r} {why}, and no "
+                "recompute_tile was given to rebuild it from X. Rebuild the Gram (run the gram "
+                "stage again: it recomputes exactly the tiles without a Gram marker), or pass "
+                "recompute_tile=<function (i, j) -> Gram tile>."
+            )
+        log.info("Gram tile (%d, %d) %s; recomputing it from X", i, j, why)
+        tile = np.asarray(self.recompute_tile(i, j), dtype=self.gram.dtype)
+        g = self.gram.grid
+        want = (
+            g.row_slice(i).stop - g.row_slice(i).start,
+            g.col_slice(j).stop - g.col_slice(j).start,
+        )
+        if tile.shape != want:
+            raise ValueError(
+                f"recompute_tile({i}, {j}) returned shape {tile.shape}, expected {want}"
+            )
+        return tile
+
+    def read_tile(self, i: int, j: int = 0, verify: bool = True) -> np.ndarray:
+        rec = self.gram.markers.record((i, j))
+        if rec is None:
+            return self._recompute(
+                i,
+                j,
+                "was replaced by an in-place factor (keep_gram=False) or is missing",
+            )
+        try:
+            return self.gram.read_tile(i, j, verify=verify)
+        except CorruptTileError as exc:
+            return self._recompute(i, j, f"fails its checksum ({exc.problem})")
+
+
+def in_place_fingerprint(factor_fp: str) -> str:
+    """The in-place factor's fingerprint: that of the separate factor, marked in place."""
+    from pipeline.storage import fingerprint_obj
+
+    return fingerprint_obj({"what": "tile-cholesky-lower-in-place", "factor": factor_fp})
+
+
+def factor_in_place(
+    gram: TiledArray,
+    lam: float,
+    shift: float,
+    convention: str,
+    policy: Any,
+    scheduler: str,
+    n_threads: int | None,
+    progress: bool,
+    dtype: np.dtype,
+    fp: str,
+    *,
+    store: str | None = None,
+    check_gram: bool = True,
+    recompute_tile: Callable[[int, int], np.ndarray] | None = None,
+    check_disk: bool = True,
+    wide: bool = False,
+    t0: float,
+):
+    """``tile_cholesky(..., keep_gram=False)``: the factor replaces the Gram tile by tile."""
+    import time
+
+    import zarr
+
+    from pipeline.solvers import cholesky as chol
+    from pipeline.storage import IncompleteArrayError
+
+    if store is not None and str(store) != str(gram.store):
+        raise ValueError(
+            f"keep_gram=False factors in the Gram's own array, so store must be the Gram's "
+            f"({gram.store!r}) or None, got {store!r}"
+        )
+    if np.dtype(gram.dtype) != dtype:
+        raise ValueError(
+            f"keep_gram=False stores the factor in the Gram's array, so dtype must be the "
+            f"Gram's ({np.dtype(gram.dtype)}), got {dtype}; use keep_gram=True for a "
+            f"{dtype} factor of a {np.dtype(gram.dtype)} Gram"
+        )
+    n = int(gram.shape[0])
+    L = InPlaceFactorArray(
+        gram.store, gram.name, (n, n), gram.block_size, gram.dtype, in_place_fingerprint(fp)
+    )
+    L.markers.sweep_tmp()
+    L.intents().sweep_tmp()
+    adopted = adopt_intents(L)
+    if adopted:
+        log.info("in-place Cholesky: %d tiles written before a stop adopted", len(adopted))
+    grid = gram.grid
+    done_l = L.markers.done()
+    lower = list(grid.lower_tiles())
+    if check_gram and recompute_tile is None:
+        done_g = gram.markers.done()
+        missing = [t for t in lower if t not in done_l and t not in done_g]
+        if missing:
+            raise IncompleteArrayError(
+                gram.store,
+                gram.name,
+                missing,
+                grid.n_lower_tiles(),
+                message=f"the Gram in {gram.store!r}/{gram.name!r} lacks {len(missing)} of "
+                f"{grid.n_lower_tiles()} lower tiles (first: {missing[:3]}): it is incomplete, "
+                "or an earlier keep_gram=False factorisation (another lambda, or a failed one) "
+                "replaced them by factor tiles. Rebuild the Gram, or pass recompute_tile= to "
+                "recompute those tiles from X",
+            )
+    todo = [t for t in chol._left_looking_order(grid.n_row_blocks) if t not in done_l]
+    if check_disk and todo:
+        nthreads = 1 if scheduler == "dask" else (n_threads or os.cpu_count() or 1)
+        check_disk_space(
+            gram.store,
+            factor_disk_bytes(n, gram.block_size, dtype, keep_gram=False, writers=nthreads),
+            "the in-place factor's temporary chunk files",
+        )
+    attrs = {
+        "fingerprint": L.fingerprint,
+        "factor_fingerprint": fp,
+        "lambda": float(lam),
+        "convention": convention,
+        "shift": float(shift),
+        "gram_fingerprint": gram.fingerprint,
+        "jitter_policy": None if policy is None else policy.to_dict(),
+        "layout": "in place (keep_gram=False): tiles whose marker carries this fingerprint "
+        "hold L (L @ L.T = K + shift*I), those under gram_fingerprint still hold K",
+    }
+    if todo:
+        z = gram.zarr("r+")
+        z.attrs["inplace_factor"] = attrs
+    reader = InPlaceGramReader(gram, recompute_tile)
+    if scheduler == "dask":
+        records = chol._run_dask(reader, L, todo, shift, lam, convention, policy, progress)
+    else:
+        nthreads = n_threads or os.cpu_count() or 1
+        records = chol._run_threads(
+            reader, L, todo, shift, lam, convention, policy, nthreads, wide=wide
+        )
+    computed = tuple(tuple(r["tile"]) for r in records if r["computed"])
+    jit: dict[str, float] = {}
+    if policy is not None:
+        for j in range(grid.n_row_blocks):
+            rec = L.markers.record((j, j)) or {}
+            if rec.get("jitter"):
+                jit[f"{j}.{j}"] = float(rec["jitter"])
+        z = zarr.open_array(store=gram.store, path=gram.name, mode="r+")
+        z.attrs["inplace_factor"] = {**attrs, "jitter": jit}
+    return chol.CholeskyFactor(
+        L=L,
+        lam=float(lam),
+        convention=convention,
+        shift=float(shift),
+        jitter=jit,
+        computed=computed,
+        seconds=time.perf_counter() - t0,
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class GramTileRecomputer:
+    """``recompute_tile`` for :func:`pipeline.solvers.tile_cholesky` with ``keep_gram=False``.
+
+    Recomputes Gram tile ``(i, j)`` from X as the Gram build computes it
+    (``kernel(X_i)`` on the diagonal, ``kernel(X_i, X_j)`` off it), cast to the
+    Gram's dtype. Picklable; with the Dask executor X travels with each task
+    that needs it, so prefer the threads executor for a rebuild.
+    """
+
+    X: np.ndarray
+    kernel: Any
+    block_size: int
+    dtype: str = "float64"
+
+    def __call__(self, i: int, j: int) -> np.ndarray:
+        from pipeline.kernels import make_kernel
+
+        k = make_kernel(self.kernel)
+        b = int(self.block_size)
+        Xi = self.X[i * b : (i + 1) * b]
+        tile = k(Xi) if i == j else k(Xi, self.X[j * b : (j + 1) * b])
+        return np.asarray(tile, dtype=self.dtype)
