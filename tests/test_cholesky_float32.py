@@ -76,3 +76,19 @@ def test_estimator_float32_factor_matches_sklearn(tmp_path):
     np.testing.assert_allclose(ours.predict(Xt), ref.predict(Xt), rtol=1e-8, atol=1e-10)
     with pytest.raises(ValueError, match="factor_dtype"):
         KernelRidge(**kw, solver="cholesky", factor_dtype="half").fit(X, y)
+
+
+def test_refinement_that_stops_short_raises_instead_of_returning_alpha(tmp_path):
+    """No exit 0 with a wrong number: a float32 factor's refinement that cannot reach
+    its tolerance within max_iter is an error, not a warning and a quiet alpha."""
+    from pipeline.solvers.cg import CGConvergenceError
+    from pipeline.solvers.triangular import refine_solution
+
+    n = 240
+    K = rbf_matrix(n, d=2, gamma=0.05, seed=4)
+    gram = write_gram(tmp_path, K, 64)
+    f = tile_cholesky(gram, 1e-5, dtype=np.float32, progress=False)
+    y = np.random.default_rng(1).standard_normal(n)
+    alpha0 = np.zeros(n)
+    with pytest.raises(CGConvergenceError, match="did not converge"):
+        refine_solution(f, gram, 1e-5, y, alpha0, tol=1e-15, max_iter=1)

@@ -157,6 +157,7 @@ def refine_solution(
         preconditioner=FactorPreconditioner(factor),
         tol=tol,
         max_iter=max_iter,
+        strict=True,  # a refinement that stops short is an error, never a quiet alpha
     )
     stats["refine_iterations"] = int(res.n_iter)
     stats["rel_residual"] = float(np.max(res.rel_residual))
