@@ -24,6 +24,7 @@ import numpy as np
 
 from pipeline.stages._deps import require
 from pipeline.stages.ingest import open_rows
+from pipeline.storage.location import join_path
 
 log = logging.getLogger("pipeline.stages")
 
@@ -59,7 +60,7 @@ def run(
         kernel=kernel,
         lam_convention=lam_convention,
         block_size=min(block_size, X.shape[0]),
-        store=str(Path(stage_dir) / "cv.zarr"),
+        store=str(join_path(stage_dir, "cv.zarr")),
         refit=False,
         **options,
     )
