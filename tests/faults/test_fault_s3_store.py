@@ -195,7 +195,7 @@ def test_kill_mid_factor_on_s3_then_resume_is_bitwise_identical(
 def test_corrupted_object_is_detected_and_recomputed(s3, data, tmp_path, local_reference):
     conf = _config(data, tmp_path)
     url = f"s3://{BUCKET}/corrupt"
-    first = _krr(["run", str(conf), "--run-dir", url, "lambda=0.02"], cwd=tmp_path)
+    first = _krr(["run", str(conf), "lambda=0.02", "--run-dir", url], cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     fs = _fs()
     key = f"{BUCKET}/corrupt/gram/gram.zarr/gram/c/1/0"
