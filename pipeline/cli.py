@@ -625,8 +625,8 @@ def cmd_unlock(args) -> int:
     """Remove a lock left by a dead run; refuse while a live run holds it."""
     from pipeline.stages.lock import LockHeldError, unlock
 
-    run_dir = Path(args.run_dir)
-    if not run_dir.is_dir():
+    run_dir = _run_dir_arg(args.run_dir)
+    if isinstance(run_dir, Path) and not run_dir.is_dir():
         raise CliError(f"run directory {str(run_dir)!r} does not exist", EXIT_BAD_INPUT)
     try:
         owner = unlock(run_dir)
