@@ -75,8 +75,14 @@ def _n_keys(fs, prefix: str) -> int:
         return 0
 
 
-def test_cluster_on_object_store_survives_kill_and_join(tmp_path):
+def test_cluster_on_object_store_survives_kill_and_join(tmp_path, monkeypatch):
     import s3fs
+
+    # one BLAS thread in every process, as a nanny gives its worker (these run without
+    # one, so that a killed worker stays dead): bitwise equality assumes the same
+    # BLAS threading for the same tile operation
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.setenv(var, "1")
 
     rng = np.random.default_rng(7)
     X = rng.normal(size=(N, D))
