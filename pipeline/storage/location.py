@@ -80,6 +80,13 @@ def read_bytes(path: str | Path) -> bytes:
     return bytes(fs.cat_file(p))
 
 
+def upload_file(local: str | Path, url: str | Path) -> str:
+    """Copy a local file to ``url`` as one object (whole or absent); return the URL."""
+    fs, p = filesystem_for(str(url))
+    fs.put_file(str(local), p)
+    return str(url)
+
+
 def set_storage_options(protocol: str, options: Mapping[str, Any] | None) -> None:
     """Register default ``storage_options`` for ``protocol`` in this process.
 

@@ -146,6 +146,7 @@ def test_estimator_fit_on_s3_equals_local_fit_bitwise_and_saves_to_s3(s3, tmp_pa
     assert not (Path.cwd() / "s3:").exists()
 
 
+@pytest.mark.slow
 def test_krr_run_on_s3_writes_nothing_locally_and_equals_local_run(
     s3, data, tmp_path, local_reference
 ):
@@ -210,6 +211,7 @@ def test_corrupted_object_is_detected_and_recomputed(s3, data, tmp_path, local_r
     _assert_same(_results(url), local_reference)
 
 
+@pytest.mark.slow
 def test_missing_bucket_is_refused_unless_config_creates_it(s3, data, tmp_path):
     url = "s3://no-such-bucket-xyz/run"
     r = _krr(["run", str(_config(data, tmp_path)), "--run-dir", url], cwd=tmp_path)
@@ -237,6 +239,7 @@ def test_unreachable_endpoint_fails_before_work_starts(s3, data, tmp_path):
     assert time.perf_counter() - t0 < 60
 
 
+@pytest.mark.slow
 def test_storage_options_from_config_reach_the_store(s3, data, tmp_path):
     # the endpoint only in the config's storage.options, not in the environment
     env = {k: v for k, v in os.environ.items() if k != "AWS_ENDPOINT_URL"}
@@ -312,3 +315,19 @@ def test_lease_lock_excludes_and_takes_over_dead_or_expired(s3):
     c = RunLock(url).acquire()
     assert c.took_over["token"] == "live"
     c.release()
+
+
+@pytest.mark.slow
+def test_select_stage_report_goes_to_the_object_store(s3, data, tmp_path):
+    conf = _config(data, tmp_path, extra="cv: {alphas: [0.01, 0.1], folds: 3}")
+    work = tmp_path / "cwd"
+    work.mkdir()
+    url = f"s3://{BUCKET}/select"
+    r = _krr(["run", str(conf), "--run-dir", url, "--until", "select", "--json"], cwd=work)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert list(work.iterdir()) == [], "the select report was written to the local disk"
+    keys = _fs().find(f"{BUCKET}/select/select")
+    assert any(k.endswith("cv_results.csv") for k in keys), keys
+    manifest = json.loads(_fs().cat_file(f"{BUCKET}/select/manifest.json"))
+    report = manifest["stages"]["select"]["outputs"]["report"]
+    assert report["table"] == "@run/select/cv_results.csv"
