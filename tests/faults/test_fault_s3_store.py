@@ -331,3 +331,36 @@ def test_select_stage_report_goes_to_the_object_store(s3, data, tmp_path):
     manifest = json.loads(_fs().cat_file(f"{BUCKET}/select/manifest.json"))
     report = manifest["stages"]["select"]["outputs"]["report"]
     assert report["table"] == "@run/select/cv_results.csv"
+
+
+def test_estimator_storage_options_reach_the_store_and_are_not_saved(s3, monkeypatch):
+    import fsspec.config
+    import s3fs
+
+    import pipeline
+    from pipeline import KernelRidge
+
+    saved = dict(fsspec.config.conf.get("s3", {}))
+    # the endpoint only in storage_options: without them s3fs would go to AWS itself
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    s3fs.S3FileSystem.clear_instance_cache()
+    try:
+        X, y = _data(200, 3)
+        opts = {"client_kwargs": {"endpoint_url": s3["AWS_ENDPOINT_URL"]}}
+        est = KernelRidge(
+            kernel="rbf", alpha=0.1, solver="cholesky", block_size=64,
+            store=f"s3://{BUCKET}/opts-est", storage_options=opts,
+        ).fit(X, y)  # fmt: skip
+        est.save(f"s3://{BUCKET}/models/opts")
+        back = pipeline.load(f"s3://{BUCKET}/models/opts")
+        assert back.storage_options is None  # credentials are never saved
+        np.testing.assert_array_equal(back.predict(X[:20]), est.predict(X[:20]))
+        with pytest.raises(ValueError, match="storage_options need store to be a URL"):
+            KernelRidge(solver="cholesky", storage_options=opts).fit(X, y)
+    finally:
+        fsspec.config.conf.pop("s3", None)
+        if saved:
+            fsspec.config.conf["s3"] = saved
+        s3fs.S3FileSystem.clear_instance_cache()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3["AWS_ENDPOINT_URL"])
+    assert _fs().find(f"{BUCKET}/opts-est")
