@@ -257,6 +257,37 @@ def simulate(
     }
 
 
+def cg_iteration(
+    n: int,
+    b: int,
+    workers: int,
+    *,
+    entries_per_s: float = 0.27e9,
+    overhead: float = 1e-3,
+    sync: float = 0.05,
+    stored: bool = False,
+    bandwidth: float = 1.25e9,
+) -> dict[str, float]:
+    """Seconds of one matrix-free (or stored-Gram) CG product ``K v`` on P workers.
+
+    One task per row block of ``b`` rows (as the matvec submits them): a task
+    evaluates (or, ``stored``, reads) ``b x n`` kernel entries. Tasks are
+    independent; the iteration ends at a barrier (the dot products) costing
+    ``sync``. The scheduler dispatches the ``n / b`` tasks serially.
+    ``entries_per_s``: kernel entries per second per worker (NOTES.md: 0.53 G/s
+    on 2 cores for RBF float64, cache-blocked).
+    """  # fmt: skip
+    nb = math.ceil(n / b)
+    if stored:
+        task = b * n * 8.0 / bandwidth
+    else:
+        task = b * n / entries_per_s
+    waves = math.ceil(nb / workers)
+    wall = max(waves * task, nb * overhead) + sync
+    work = nb * task
+    return {"wall": wall, "efficiency": work / (wall * workers), "tasks": nb, "waves": waves}
+
+
 # ---------------------------------------------------------------------------
 # validation against real runs
 
@@ -396,6 +427,15 @@ def main() -> None:
             print(f"right-looking N={r['n']:>9,} P={r['workers']:>4} tasks={r['tasks']:>9,} "
                   f"wall={r['wall_h']:8.2f} h eff={r['efficiency']:.2f} "
                   f"cp={r['critical_path_h']:.2f} h ovh={r['overhead_h']:.2f} h")  # fmt: skip
+        cg = []
+        for n in (100_000, 1_000_000):
+            for b in (args.tile, 1024):
+                for p in (8, 32, 128):
+                    r = cg_iteration(n, b, p, overhead=args.overhead)
+                    cg.append({"n": n, "b": b, "workers": p, **r})
+                    print(f"CG product N={n:>9,} b={b:>5} P={p:>4} tasks={r['tasks']:>5} "
+                          f"{r['wall']:9.2f} s/iteration eff={r['efficiency']:.2f}")  # fmt: skip
+        result["cg_product"] = cg
         if not args.quick:
             plot(rows, big, DOCS / "scaling.png")
     Path(args.out).write_text(json.dumps(result, indent=1))
