@@ -364,3 +364,47 @@ def test_estimator_storage_options_reach_the_store_and_are_not_saved(s3, monkeyp
         s3fs.S3FileSystem.clear_instance_cache()
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3["AWS_ENDPOINT_URL"])
     assert _fs().find(f"{BUCKET}/opts-est")
+
+
+def _put(url: str, data: bytes = b"x") -> None:
+    from pipeline.storage.location import filesystem_for
+
+    fs, p = filesystem_for(url)
+    fs.pipe_file(p, data)
+
+
+def test_runner_ownership_rules_hold_on_an_object_store(s3):
+    from pipeline.stages import RunDirConflict, Stage, run_stages
+
+    def writer(stage_dir, inputs, value):
+        assert isinstance(stage_dir, str) and stage_dir.startswith("s3://")
+        _put(f"{stage_dir}/out-{value}.txt", str(value).encode())
+        return {"file": f"{stage_dir}/out-{value}.txt"}
+
+    stages = [Stage("a", writer), Stage("b", writer, after=("a",))]
+    url = f"s3://{BUCKET}/owned"
+    _put(f"{url}/b/foreign.txt")  # a stage prefix the manifest does not record
+    with pytest.raises(RunDirConflict, match="never ran here"):
+        run_stages(url, stages, {"a": {"value": 1}, "b": {"value": 1}}, identity="d1")
+    _fs().rm(f"{BUCKET}/owned/b/foreign.txt")
+    rep = run_stages(url, stages, {"a": {"value": 1}, "b": {"value": 1}}, identity="d1")
+    assert rep.ran == ["b"] and rep.skipped_done == ["a"]  # "a" ran before the refusal
+    assert rep.outputs["a"]["file"] == f"{url}/a/out-1.txt"
+    manifest = json.loads(_fs().cat_file(f"{BUCKET}/owned/manifest.json"))
+    assert manifest["stages"]["a"]["outputs"]["file"] == "@run/a/out-1.txt"
+    # a changed parameter empties that stage's prefix (and reruns what follows)
+    rep = run_stages(url, stages, {"a": {"value": 1}, "b": {"value": 2}}, identity="d1")
+    assert rep.ran == ["b"] and rep.invalidated == ["b"]
+    assert not _fs().exists(f"{BUCKET}/owned/b/out-1.txt")
+    # other data: refused, then --force-new removes only what the runner owns
+    _put(f"{url}/notes.txt")
+    with pytest.raises(RunDirConflict, match="other data"):
+        run_stages(url, stages, {"a": {"value": 1}, "b": {"value": 2}}, identity="d2")
+    rep = run_stages(
+        url, stages, {"a": {"value": 3}, "b": {"value": 3}}, identity="d2", force_new=True
+    )
+    assert rep.ran == ["a", "b"]
+    fs = _fs()
+    assert fs.exists(f"{BUCKET}/owned/notes.txt")  # not ours: kept
+    assert not fs.exists(f"{BUCKET}/owned/a/out-1.txt")
+    assert fs.exists(f"{BUCKET}/owned/a/out-3.txt")
