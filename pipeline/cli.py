@@ -55,7 +55,8 @@ EXIT_CODES = {
     "change the config as the message says (e.g. a CG solve that did not converge)",
     EXIT_LOCKED: "the run directory is locked by another live run",
     EXIT_NO_SCHEDULER: "the scheduler address does not answer",
-    EXIT_RUN_DIR: "the run directory is unusable: a file, not writable, or a damaged manifest",
+    EXIT_RUN_DIR: "the run directory is unusable: a file, not writable, or a damaged manifest; "
+    "or its object store does not answer, refuses the credentials, or lacks the bucket",
     EXIT_INTERRUPTED: "interrupted (rerun to resume)",
 }
 
@@ -201,6 +202,42 @@ def _check_paths(cfg) -> None:
     for key, p in paths:
         if p and "://" not in p and not any(c in p for c in "*?[") and not Path(p).exists():
             raise CliError(f"{key}: file {p!r} does not exist", EXIT_BAD_INPUT)
+
+
+def _run_dir_arg(run_dir: str) -> Path | str:
+    """``--run-dir`` as a local Path, or as the URL string of an object store."""
+    from pipeline.storage.location import is_url
+
+    return run_dir.rstrip("/") if is_url(run_dir) else Path(run_dir)
+
+
+def _check_store(run_dir: Path | str, cfg) -> None:
+    """An object-store run directory: register ``storage.options``, then check that the
+    store answers and the bucket exists (created only with ``storage.create_bucket``),
+    before any work starts (exit 7)."""
+    from pipeline.storage.location import (
+        Location,
+        StoreUnreachable,
+        set_storage_options,
+        url_scheme,
+    )
+
+    scheme = url_scheme(run_dir)
+    if scheme is None:
+        return
+    try:
+        set_storage_options(scheme, cfg.storage.options)
+        Location(run_dir).check_usable(create_bucket=cfg.storage.create_bucket)
+    except StoreUnreachable as e:
+        raise CliError(str(e), EXIT_RUN_DIR) from None
+
+
+def _redacted(config: dict[str, Any]) -> dict[str, Any]:
+    """The config as recorded in the manifest: ``storage.options`` (credentials) left out."""
+    storage = config.get("storage")
+    if isinstance(storage, dict) and storage.get("options"):
+        config = {**config, "storage": {**storage, "options": "<not recorded>"}}
+    return config
 
 
 @contextlib.contextmanager
@@ -353,7 +390,7 @@ def cmd_run(args) -> int:
         raise CliError(
             f"--until {args.until!r}: not a stage; stages are {list(STAGE_NAMES)}", EXIT_BAD_CONFIG
         )
-    run_dir = Path(args.run_dir) if args.run_dir else cfg.resolved_run_dir()
+    run_dir = _run_dir_arg(args.run_dir) if args.run_dir else cfg.resolved_run_dir()
     if args.run_dir:
         from pipeline.config import check_run_dir
 
@@ -362,6 +399,7 @@ def cmd_run(args) -> int:
         except ValueError as e:
             raise CliError(str(e), EXIT_BAD_CONFIG) from None
     _check_paths(cfg)
+    _check_store(run_dir, cfg)
     tty = _isatty()
 
     def on_event(stage: str, event: str, info: dict[str, Any]) -> None:
@@ -408,7 +446,7 @@ def cmd_run(args) -> int:
                     default_stages(),
                     cfg.stage_params(),
                     identity=cfg.identity(),
-                    config=cfg.model_dump(mode="json", by_alias=True),
+                    config=_redacted(cfg.model_dump(mode="json", by_alias=True)),
                     force_new=args.force_new,
                     until=args.until,
                     on_event=on_event,
@@ -587,8 +625,8 @@ def cmd_unlock(args) -> int:
     """Remove a lock left by a dead run; refuse while a live run holds it."""
     from pipeline.stages.lock import LockHeldError, unlock
 
-    run_dir = Path(args.run_dir)
-    if not run_dir.is_dir():
+    run_dir = _run_dir_arg(args.run_dir)
+    if isinstance(run_dir, Path) and not run_dir.is_dir():
         raise CliError(f"run directory {str(run_dir)!r} does not exist", EXIT_BAD_INPUT)
     try:
         owner = unlock(run_dir)

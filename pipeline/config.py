@@ -54,6 +54,14 @@ def check_run_dir(path: str | Path, key: str = "run_dir") -> None:
     ValueError
         Naming ``key``, the value and the fix.
     """
+    if "://" in str(path) and not str(path).startswith("file://"):  # object store URL
+        _scheme, rest = str(path).split("://", 1)
+        if "/" not in rest.strip("/"):
+            raise ValueError(
+                f"{key} {str(path)!r} is a whole bucket; a run directory must be a prefix of "
+                f"its own. Use e.g. {str(path).rstrip('/')}/runs/<name>"
+            )
+        return
     p = Path(path).expanduser()
     try:
         full = p.resolve()
@@ -328,6 +336,19 @@ class ClusterConfig(_Model):
     connect_timeout: float = Field(default=10.0, gt=0)
 
 
+class StorageConfig(_Model):
+    """Object storage for a run directory at a URL (``s3://bucket/prefix``).
+
+    ``options`` are the fsspec ``storage_options`` (e.g. ``key``, ``secret``,
+    ``client_kwargs: {endpoint_url: ...}``); without them the standard ``AWS_*``
+    environment variables are used. They are not recorded in the manifest.
+    ``create_bucket`` lets ``krr run`` create a bucket that does not exist.
+    """
+
+    options: dict[str, Any] = Field(default_factory=dict)
+    create_bucket: bool = False
+
+
 class RunConfig(_Model):
     """One pipeline run: data, preprocessing, kernel, ridge, solver, and where to run."""
 
@@ -349,6 +370,7 @@ class RunConfig(_Model):
     #: optional model selection: λ and kernel parameters chosen by cross-validation
     cv: CvConfig | None = None
     cluster: ClusterConfig = ClusterConfig()
+    storage: StorageConfig = StorageConfig()
 
     @field_validator("run_dir")
     @classmethod
@@ -393,7 +415,9 @@ class RunConfig(_Model):
                 )
         return self
 
-    def resolved_run_dir(self, base: Path | None = None) -> Path:
+    def resolved_run_dir(self, base: Path | None = None) -> Path | str:
+        if self.run_dir and "://" in self.run_dir and not self.run_dir.startswith("file://"):
+            return self.run_dir.rstrip("/")  # an object store URL: never a local Path
         rd = Path(self.run_dir) if self.run_dir else Path("runs") / self.name
         if not rd.is_absolute() and base is not None:
             rd = base / rd

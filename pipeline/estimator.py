@@ -96,6 +96,11 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         Tile size of the out-of-core Gram matrix (None: chosen automatically).
     store : str or path, default=None
         Directory or fsspec URL of the out-of-core Zarr store.
+    storage_options : dict, default=None
+        fsspec options for a ``store`` URL (e.g. ``{"client_kwargs": {"endpoint_url":
+        ...}, "key": ..., "secret": ...}`` for ``s3://``), registered for this process
+        (see ``docs/STORAGE.md``); None: the standard ``AWS_*`` environment variables.
+        Never saved with the model.
     tol : float, default=1e-6
         Relative residual tolerance of ``solver="cg"``.
     max_iter : int, default=None
@@ -156,6 +161,7 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         matvec: str = "auto",
         random_state: Any = None,
         factor_dtype: str = "float64",
+        storage_options: dict | None = None,
     ) -> None:
         self.alpha = alpha
         self.kernel = kernel
@@ -174,6 +180,7 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         self.matvec = matvec
         self.random_state = random_state
         self.factor_dtype = factor_dtype
+        self.storage_options = storage_options
 
     # -- tags ----------------------------------------------------------------
     # -- parameters ------------------------------------------------------------
@@ -327,6 +334,16 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
                 f"solver={self.solver!r} takes one alpha for every target, got {self.alpha!r}"
             )
         lam = float(alphas[0])
+        if self.storage_options:
+            from pipeline.storage.location import set_storage_options, url_scheme
+
+            scheme = url_scheme(str(self.store)) if self.store is not None else None
+            if scheme is None:
+                raise ValueError(
+                    f"storage_options need store to be a URL such as s3://bucket/prefix, got "
+                    f"store={self.store!r}; drop storage_options or pass such a store"
+                )
+            set_storage_options(scheme, self.storage_options)
         X = _dense(X)
         fit = fit_out_of_core(
             X,

@@ -27,6 +27,8 @@ def _json_params(est: Any) -> dict[str, Any]:
             f"a model with kernel={kernel!r} cannot be saved: the artifact stores a kernel spec; "
             "use a kernel name or a pipeline.kernels.Kernel"
         )
+    if "storage_options" in params:
+        params["storage_options"] = None  # credentials are never saved with a model
     if isinstance(params.get("store"), Path):
         params["store"] = str(params["store"])
     if not isinstance(params.get("random_state"), int | type(None)):

@@ -18,6 +18,7 @@ from pipeline.solvers.cholesky import regularisation_shift
 from pipeline.stages.ingest import open_rows
 from pipeline.stages.manifest import write_json_atomic
 from pipeline.storage import read_all
+from pipeline.storage.location import join_path
 
 
 def regression_metrics(
@@ -153,5 +154,5 @@ def run(
             f"scikit-learn baseline skipped: n_train={n} > baseline_max_rows={baseline_max_rows} "
             "(its KernelRidge needs about 3·n²·8 bytes)"
         )
-    write_json_atomic(Path(stage_dir) / "metrics.json", out)
+    write_json_atomic(join_path(stage_dir, "metrics.json"), out)
     return out

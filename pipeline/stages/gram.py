@@ -12,6 +12,7 @@ from typing import Any
 
 from pipeline.stages._deps import require
 from pipeline.stages.ingest import open_rows
+from pipeline.storage.location import join_path
 
 
 def run(
@@ -25,7 +26,7 @@ def run(
     """Build (or finish building) the Gram of the ingested training rows."""
     build_gram = require("pipeline.gram", "build_gram", "the gram stage")
     ing = inputs["ingest"]
-    store = str(Path(stage_dir) / "gram.zarr")
+    store = str(join_path(stage_dir, "gram.zarr"))
     gram = build_gram(
         open_rows(ing, "X_train"),
         kernel,

@@ -23,6 +23,7 @@ import numpy as np
 from pipeline.io import as_row_blocks, fingerprint_row_blocks, validate_row_blocks
 from pipeline.parallel import compute
 from pipeline.storage import TiledArray, fingerprint_obj, open_tiled_array, read_blocks
+from pipeline.storage.location import join_path
 from pipeline.tiles.engine import pending
 
 
@@ -243,7 +244,7 @@ def run(
         original units, so predicting them exercises the same path as new data.
     """
     del inputs
-    store = str(Path(stage_dir) / "data.zarr")
+    store = str(join_path(stage_dir, "data.zarr"))
     try:
         X, y, feats, target = load_source(data, block_size)
     except FileNotFoundError as e:

@@ -18,6 +18,10 @@ PID and start time, for messages only.
 A lock file is unlinked only while its lock is held, and a lock taken on a file
 that has meanwhile been unlinked or replaced is dropped and taken again, so two
 runs cannot both hold the lock of one run directory.
+
+A run directory at a URL (``s3://bucket/run``) has no ``flock``: ``RunLock``
+there is a :class:`~pipeline.stages.lease.LeaseLock`, a lease object renewed
+while the run lives (see that module and ``docs/STORAGE.md`` for its guarantees).
 """
 
 from __future__ import annotations
@@ -150,6 +154,15 @@ class RunLock:
         The run directory (created if missing).
     """
 
+    def __new__(cls, run_dir: str | Path) -> Any:
+        from pipeline.storage.location import is_url
+
+        if is_url(run_dir):  # an object store: a lease object instead of flock
+            from pipeline.stages.lease import LeaseLock
+
+            return LeaseLock(str(run_dir))
+        return super().__new__(cls)
+
     def __init__(self, run_dir: str | Path) -> None:
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / LOCK_NAME
@@ -260,6 +273,12 @@ def lock_owner(run_dir: str | Path) -> dict[str, Any] | None:
 
     A lock file that names another host counts as held (this host cannot check).
     """
+    from pipeline.storage.location import is_url
+
+    if is_url(run_dir):
+        from pipeline.stages.lease import lease_owner
+
+        return lease_owner(str(run_dir))
     path = Path(run_dir) / LOCK_NAME
     owner = _read_owner(path)
     if owner is None:
@@ -287,6 +306,12 @@ def unlock(run_dir: str | Path) -> dict[str, Any] | None:
         A live process (on this host, or on one whose locks reach this
         filesystem) holds the lock: it is left alone.
     """
+    from pipeline.storage.location import is_url
+
+    if is_url(run_dir):
+        from pipeline.stages.lease import lease_unlock
+
+        return lease_unlock(str(run_dir))
     run_dir = Path(run_dir)
     path = run_dir / LOCK_NAME
     try:

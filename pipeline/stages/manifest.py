@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pipeline.storage.atomic import atomic_write
+from pipeline.storage.location import is_url, join_path
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
@@ -48,14 +49,37 @@ def _under(path: str, root: str) -> str | None:
     return os.path.relpath(local, root)
 
 
+def _under_url(path: str, root: str) -> str | None:
+    """``path`` relative to the URL ``root`` if it lies under it, else None."""
+    root = root.rstrip("/")
+    if not path.startswith(root + "/"):
+        return None
+    rel = path[len(root) + 1 :].strip("/")
+    return rel if rel and ".." not in rel.split("/") else None
+
+
 def relativize_outputs(obj: Any, run_dir: str | Path) -> Any:
-    """``obj`` with every absolute path string inside ``run_dir`` as ``"@run/<relative>"``."""
+    """``obj`` with every absolute path string inside ``run_dir`` as ``"@run/<relative>"``.
+
+    ``run_dir`` may be a URL (``s3://bucket/run``): URLs under it are stored the same way.
+    """
+    if is_url(run_dir):
+        url = str(run_dir)
+        return _map_strings(
+            obj, lambda s: s if (r := _under_url(s, url)) is None else RUN_PREFIX + r
+        )
     root = os.path.normpath(os.path.abspath(run_dir))
     return _map_strings(obj, lambda s: s if (r := _under(s, root)) is None else RUN_PREFIX + r)
 
 
 def resolve_outputs(obj: Any, run_dir: str | Path) -> Any:
     """Inverse of :func:`relativize_outputs`: ``"@run/<relative>"`` as an absolute path."""
+    if is_url(run_dir):
+        url = str(run_dir).rstrip("/")
+        return _map_strings(
+            obj,
+            lambda s: url + "/" + s[len(RUN_PREFIX) :] if s.startswith(RUN_PREFIX) else s,
+        )
     root = os.path.abspath(run_dir)
     return _map_strings(
         obj,
@@ -113,17 +137,21 @@ class StageRecord:
 
 @dataclass
 class Manifest:
-    """In-memory manifest; :meth:`save` writes it atomically to ``run_dir``."""
+    """In-memory manifest; :meth:`save` writes it atomically to ``run_dir``.
 
-    run_dir: Path
+    ``run_dir`` is a local :class:`~pathlib.Path` or a URL string (``s3://...``);
+    on an object store the manifest is one object, replaced whole by each save.
+    """
+
+    run_dir: Path | str
     identity: str | None = None
     config: dict[str, Any] = field(default_factory=dict)
     stages: dict[str, StageRecord] = field(default_factory=dict)
     created: float = field(default_factory=time.time)
 
     @property
-    def path(self) -> Path:
-        return self.run_dir / MANIFEST_NAME
+    def path(self) -> Path | str:
+        return join_path(self.run_dir, MANIFEST_NAME)
 
     def stage(self, name: str) -> StageRecord:
         return self.stages.setdefault(name, StageRecord())
@@ -156,12 +184,18 @@ class Manifest:
         ManifestError
             The file exists but is not a manifest this version can read.
         """
-        run_dir = Path(run_dir)
-        path = run_dir / MANIFEST_NAME
-        if not path.exists():
-            return cls(run_dir=run_dir)
+        run_dir = str(run_dir).rstrip("/") if is_url(run_dir) else Path(run_dir)
+        path = join_path(run_dir, MANIFEST_NAME)
         try:
-            d = json.loads(path.read_text())
+            text = _read_text(path)
+        except FileNotFoundError:
+            return cls(run_dir=run_dir)
+        except IsADirectoryError:
+            raise ManifestError(
+                f"manifest {str(path)!r} is a directory, not a file; use another --run-dir."
+            ) from None
+        try:
+            d = json.loads(text)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ManifestError(
                 f"manifest {str(path)!r} is not valid JSON ({e}): the run directory is damaged. "
@@ -193,7 +227,20 @@ class Manifest:
         )
 
 
-def _loaded_record(r: Any, run_dir: Path, path: Path) -> StageRecord:
+def _read_text(path: Path | str) -> str:
+    """The text of a local file or of an object (FileNotFoundError when absent)."""
+    if isinstance(path, Path):
+        if not path.exists():
+            raise FileNotFoundError(str(path))
+        return path.read_text()
+    from pipeline.storage.location import filesystem_for
+
+    fs, p = filesystem_for(path)
+    fs.invalidate_cache()
+    return bytes(fs.cat_file(p)).decode()
+
+
+def _loaded_record(r: Any, run_dir: Path | str, path: Path | str) -> StageRecord:
     try:
         rec = StageRecord.from_json(r)
     except (ValueError, TypeError, AttributeError) as e:

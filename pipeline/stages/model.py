@@ -13,6 +13,7 @@ from typing import Any
 from pipeline.stages._deps import require
 from pipeline.stages.ingest import open_rows, preprocessing_params
 from pipeline.stages.solve import load_alpha
+from pipeline.storage.location import join_path
 
 
 def run(
@@ -29,7 +30,7 @@ def run(
     alpha = load_alpha(sol)
     if alpha.ndim == 2 and alpha.shape[1] == 1:
         alpha = alpha[:, 0]  # one target: the model predicts 1-D, like scikit-learn
-    path = str(Path(stage_dir) / "model")
+    path = str(join_path(stage_dir, "model"))
     art = save_artifact(
         path,
         dual_coef=alpha,

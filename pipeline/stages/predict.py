@@ -14,6 +14,7 @@ from typing import Any
 from pipeline.stages._deps import require
 from pipeline.stages.ingest import open_rows, preprocessing_params
 from pipeline.stages.solve import load_alpha
+from pipeline.storage.location import join_path
 
 
 def run(
@@ -44,7 +45,7 @@ def run(
     out: dict[str, Any] = {}
     X_test = open_rows(ing, "X_test")
     if X_test is not None:
-        store = str(Path(stage_dir) / "predictions.zarr")
+        store = str(join_path(stage_dir, "predictions.zarr"))
         res = predict(X_test, X_train, alpha, kernel, out=store, out_name="test", **common)
         out["test"] = {
             "store": res.store,
@@ -62,7 +63,7 @@ def run(
             n_features=int(X_train.shape[1]),
             columns=columns,
         )
-        store = output or str(Path(stage_dir) / "batch.zarr")
+        store = output or str(join_path(stage_dir, "batch.zarr"))
         fmt = require("pipeline.predict", "output_format", "the predict stage")(store)
         if fmt != "zarr":  # .npy / .csv / .parquet: computed in memory, written in one piece
             common.pop("overwrite")

@@ -43,6 +43,10 @@ alone); a stage whose fingerprint changed has its own directory emptied,
 nothing else. Stale temporary files of atomic writes (see
 :mod:`pipeline.storage.tempfiles`) are swept from the run directory when a run
 starts, and from each store when it is reopened.
+
+A run directory may be a URL (``s3://bucket/prefix``): the same rules hold, with
+"directory" meaning "every object under the prefix" (object stores have no
+directories, renames or symbolic links; see ``docs/STORAGE.md``).
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ from pipeline.storage import (
     TileMarkers,
     fingerprint_obj,
 )
+from pipeline.storage.location import Location, is_url, join_path
 from pipeline.storage.tempfiles import sweep_tmp_files
 
 log = logging.getLogger("pipeline.stages")
@@ -152,7 +157,13 @@ def stage_fingerprint(
     )
 
 
-def _clear_dir(path: Path, keep: Sequence[str] = ()) -> None:
+def _clear_dir(path: Path | str, keep: Sequence[str] = ()) -> None:
+    if is_url(path):
+        loc = Location(path)
+        for name in loc.list():
+            if name not in keep:
+                loc.rm(name, recursive=True)
+        return
     if not path.exists():
         return
     for child in path.iterdir():
@@ -178,8 +189,11 @@ def _owned_stage_dirs(run_dir: Path, manifest: Manifest) -> list[Path]:
     ]
 
 
-def _discard_run(run_dir: Path, manifest: Manifest, keep: Sequence[str] = (".lock",)) -> None:
+def _discard_run(run_dir: Path | str, manifest: Manifest, keep: Sequence[str] = (".lock",)) -> None:
     """Remove what the runner owns in ``run_dir`` (see the module docstring), nothing else."""
+    if is_url(run_dir):
+        _discard_run_url(Location(run_dir), manifest, keep)
+        return
     owned = _owned_stage_dirs(run_dir, manifest)
     for d in owned:
         if d.is_symlink():  # the runner makes real directories: someone else made this link
@@ -200,15 +214,43 @@ def _discard_run(run_dir: Path, manifest: Manifest, keep: Sequence[str] = (".loc
         )
 
 
-def _check_adoptable(stage_dir: Path, rec: Any) -> None:
+def _discard_run_url(loc: Location, manifest: Manifest, keep: Sequence[str]) -> None:
+    """:func:`_discard_run` on an object store: the owned prefixes and the manifest."""
+    owned = [
+        n for n, rec in manifest.stages.items() if rec.started is not None and _is_stage_name(n)
+    ]
+    for name in owned:
+        loc.rm(name, recursive=True)
+    loc.rm(MANIFEST_NAME)
+    names = {*owned, MANIFEST_NAME, *keep}
+    others = [n for n in loc.list() if n not in names]
+    if others:
+        log.warning(
+            "--force-new: kept %d entr%s in %s that krr-pipeline did not create: %s",
+            len(others),
+            "y" if len(others) == 1 else "ies",
+            loc.url,
+            ", ".join(others[:20]) + (" ..." if len(others) > 20 else ""),
+        )
+
+
+def _check_adoptable(stage_dir: Path | str, rec: Any) -> None:
     """Refuse to write into a non-empty stage directory the runner did not create."""
-    if rec.started is not None or not stage_dir.exists():
+    if rec.started is not None:
         return
-    if stage_dir.is_dir() and not any(stage_dir.iterdir()):
-        return
+    if is_url(stage_dir):
+        if not Location(stage_dir).list():
+            return
+        stage_name = str(stage_dir).rstrip("/").rsplit("/", 1)[-1]
+    else:
+        if not stage_dir.exists():
+            return
+        if stage_dir.is_dir() and not any(stage_dir.iterdir()):
+            return
+        stage_name = stage_dir.name
     raise RunDirConflict(
         f"{str(stage_dir)!r} already exists and holds files this run directory's manifest "
-        f"does not record (stage {stage_dir.name!r} never ran here); krr-pipeline never "
+        f"does not record (stage {stage_name!r} never ran here); krr-pipeline never "
         f"deletes or overwrites what it did not create. Move or remove {str(stage_dir)!r}, "
         "or use another run directory."
     )
@@ -227,8 +269,16 @@ def _find_damage(exc: BaseException) -> CorruptTileError | IncompleteArrayError 
     return None
 
 
-def _owner_stage(run_dir: Path, stages: Sequence[Stage], store: str) -> Stage | None:
-    """The stage whose directory holds ``store`` (a local path), or None."""
+def _owner_stage(run_dir: Path | str, stages: Sequence[Stage], store: str) -> Stage | None:
+    """The stage whose directory holds ``store`` (a local path, or a URL under a URL
+    run directory), or None."""
+    if is_url(run_dir):
+        root = str(run_dir).rstrip("/")
+        for s in stages:
+            d = f"{root}/{s.name}"
+            if store.rstrip("/") == d or store.startswith(d + "/"):
+                return s
+        return None
     path = store[len("file://") :] if store.startswith("file://") else store
     if "://" in path:
         return None
@@ -306,11 +356,15 @@ def run_stages(
     RunDirConflict
         Also: a non-empty stage directory the manifest does not record.
     """
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    # stage functions get absolute directories, so the paths in their outputs are
-    # absolute and the manifest stores them relative to the run directory ("@run/...")
-    run_dir = run_dir.absolute()
+    remote = is_url(run_dir)
+    if remote:  # an object store: no directories to create, no temporary files to sweep
+        run_dir = str(run_dir).rstrip("/")
+    else:
+        run_dir = Path(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        # stage functions get absolute directories, so the paths in their outputs are
+        # absolute and the manifest stores them relative to the run directory ("@run/...")
+        run_dir = run_dir.absolute()
     emit = on_event or (lambda s, e, i: None)
     manifest = Manifest.load(run_dir)
     ident = fingerprint_obj(identity) if identity is not None else None
@@ -324,7 +378,8 @@ def run_stages(
     if force_new and manifest.identity is not None and manifest.identity != ident:
         _discard_run(run_dir, manifest, keep=(".lock",))
         manifest = Manifest(run_dir=run_dir)
-    sweep_tmp_files(run_dir, recursive=False)  # e.g. a manifest write a kill interrupted
+    if not remote:
+        sweep_tmp_files(run_dir, recursive=False)  # e.g. a manifest write a kill interrupted
     manifest.identity = ident
     if config is not None:
         manifest.config = dict(config)
@@ -346,7 +401,7 @@ def _note(names: list[str], name: str) -> None:
 
 
 def _run_pass(
-    run_dir: Path,
+    run_dir: Path | str,
     stages: Sequence[Stage],
     params: Mapping[str, Mapping[str, Any]],
     manifest: Manifest,
@@ -361,7 +416,7 @@ def _run_pass(
     for stage in stages:
         stage_params = dict(params.get(stage.name, {}))
         rec = manifest.stage(stage.name)
-        stage_dir = run_dir / stage.name
+        stage_dir = join_path(run_dir, stage.name)
         if stage.enabled is not None and not stage.enabled(params, outputs):
             fps[stage.name] = None
             if rec.status != "skipped":
@@ -402,7 +457,8 @@ def _run_pass(
         rec.started, rec.finished = time.time(), None
         manifest.save()
         emit(stage.name, "start", {"fingerprint": fp, "resumed": resumed})
-        stage_dir.mkdir(parents=True, exist_ok=True)
+        if not is_url(stage_dir):
+            stage_dir.mkdir(parents=True, exist_ok=True)
         # upstream outputs, each with its stage fingerprint under "_fingerprint"
         inputs = {u: {**outputs[u], "_fingerprint": fps[u]} for u in stage.after if u in outputs}
         t0 = time.perf_counter()

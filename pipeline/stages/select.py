@@ -24,8 +24,21 @@ import numpy as np
 
 from pipeline.stages._deps import require
 from pipeline.stages.ingest import open_rows
+from pipeline.storage.location import is_url, join_path, upload_file
 
 log = logging.getLogger("pipeline.stages")
+
+
+def _save_report(save: Any, search: Any, stage_dir: Any) -> dict[str, Any]:
+    """``save(search, dir)``; for an object-store stage directory, written to a local
+    temporary directory and uploaded (the report writers use local paths)."""
+    if not is_url(stage_dir):
+        return save(search, stage_dir)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        local = save(search, tmp)
+        return {k: upload_file(p, join_path(stage_dir, Path(p).name)) for k, p in local.items()}
 
 
 def run(
@@ -59,12 +72,12 @@ def run(
         kernel=kernel,
         lam_convention=lam_convention,
         block_size=min(block_size, X.shape[0]),
-        store=str(Path(stage_dir) / "cv.zarr"),
+        store=str(join_path(stage_dir, "cv.zarr")),
         refit=False,
         **options,
     )
     search.fit(X, y)
-    paths = save_search_report(search, stage_dir)
+    paths = _save_report(save_search_report, search, stage_dir)
     best = dict(search.best_params_)
     lam = float(best.pop("alpha"))
     selected = copy.deepcopy(make_kernel(kernel)).set_params(**best).to_spec()

@@ -22,6 +22,7 @@ from pipeline.stages._deps import require
 from pipeline.stages.ingest import open_rows
 from pipeline.storage import CorruptFileError, bytes_checksum
 from pipeline.storage.atomic import atomic_write
+from pipeline.storage.location import join_path, read_bytes
 
 log = logging.getLogger("pipeline.stages")
 
@@ -65,7 +66,7 @@ def load_npy_verified(path: str, crc32c: int | None) -> np.ndarray:
     """
     expected = -1 if crc32c is None else int(crc32c)
     try:
-        data = Path(path).read_bytes()
+        data = read_bytes(path)
     except FileNotFoundError as exc:
         raise CorruptFileError(str(path), expected, -1) from exc
     found = bytes_checksum(data)
@@ -92,7 +93,7 @@ def _solve_cholesky(
         gram,
         lam,
         convention=lam_convention,
-        store=str(Path(stage_dir) / "factor.zarr"),
+        store=str(join_path(stage_dir, "factor.zarr")),
         name="chol",
         jitter=True if solver.get("jitter") else None,
         scheduler=solver.get("factor_scheduler", "auto"),
@@ -163,13 +164,13 @@ def _solve_cg(stage_dir, inputs, y, *, kernel, lam, lam_convention, block_size, 
     res = resumable_cg(
         op,
         y,
-        str(Path(stage_dir) / "cg"),
+        str(join_path(stage_dir, "cg")),
         preconditioner=pre,
         every=solver.get("checkpoint_every", 10),
         tol=solver.get("tol", 1e-6),
         max_iter=solver.get("max_iter", 1000),
     )
-    save_npy_atomic(Path(stage_dir) / "cg_history.npy", np.asarray(res.history))
+    history_crc = save_npy_atomic(join_path(stage_dir, "cg_history.npy"), np.asarray(res.history))
     if not res.converged and not solver.get("allow_unconverged", False):
         worst = float(np.max(res.rel_residual))
         raise SolveNotConverged(
@@ -185,8 +186,8 @@ def _solve_cg(stage_dir, inputs, y, *, kernel, lam, lam_convention, block_size, 
         "resumed_from": int(res.start_iter),
         "converged": bool(res.converged),
         "rel_residual": np.asarray(res.rel_residual).tolist(),
-        "history": str(Path(stage_dir) / "cg_history.npy"),
-        "history_crc32c": bytes_checksum((Path(stage_dir) / "cg_history.npy").read_bytes()),
+        "history": str(join_path(stage_dir, "cg_history.npy")),
+        "history_crc32c": history_crc,
     }
     return res.x, info
 
@@ -223,7 +224,7 @@ def run(
             block_size=block_size, solver=solver,
         )  # fmt: skip
     alpha = np.asarray(alpha, dtype=np.float64).reshape(y.shape)
-    path = Path(stage_dir) / "alpha.npy"
+    path = join_path(stage_dir, "alpha.npy")
     crc = save_npy_atomic(path, alpha)
     return {
         "method": method,

@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from pipeline.stages.lock import lock_owner
 from pipeline.stages.manifest import Manifest
 from pipeline.storage import TileMarkers
@@ -73,6 +75,48 @@ def stage_tiles(stage_dir: Path) -> list[dict[str, Any]]:
     return out
 
 
+def _stage_tiles_url(stage_url: str) -> list[dict[str, Any]]:
+    """:func:`stage_tiles` for a stage directory on an object store (a URL)."""
+    import zarr
+
+    from pipeline.storage.location import Location
+
+    loc = Location(stage_url)
+    try:
+        keys = loc.fs.find(loc.root)
+    except FileNotFoundError:
+        return []
+    groups: dict[tuple[str, str], int] = {}
+    for k in keys:
+        rel = str(k)[len(loc.root) + 1 :]
+        if "/_markers/" not in "/" + rel or rel.endswith(".tmp"):
+            continue
+        store_rel, _, rest = ("/" + rel).partition("/_markers/")
+        name = rest.rsplit("/", 1)[0]
+        key = (store_rel.strip("/"), name)
+        groups[key] = groups.get(key, 0) + 1
+    out = []
+    stage = stage_url.rstrip("/").rsplit("/", 1)[-1]
+    for (store_rel, name), count in sorted(groups.items()):
+        store = loc.child(store_rel)
+        info: dict[str, Any] = {"array": name, "done": count, "total": None}
+        try:
+            arr = zarr.open_array(store=store, path=name, mode="r")
+        except Exception:
+            pass
+        else:
+            fp = arr.attrs.get("fingerprint")
+            info["done"] = len(TileMarkers(store, name, fp).done()) if fp else 0
+            grid = [-(-s // c) for s, c in zip(arr.shape, arr.chunks)]
+            if str(arr.attrs.get("layout", "")).startswith("lower") and len(grid) == 2:
+                info["total"] = grid[0] * (grid[0] + 1) // 2
+            else:
+                info["total"] = int(np.prod(grid))
+        info["store"] = f"{stage}/{store_rel}"
+        out.append(info)
+    return out
+
+
 def run_status(run_dir: str | Path, stage_names: tuple[str, ...] | None = None) -> dict[str, Any]:
     """Status of ``run_dir`` as a JSON-able dict.
 
@@ -85,9 +129,12 @@ def run_status(run_dir: str | Path, stage_names: tuple[str, ...] | None = None) 
     FileNotFoundError
         ``run_dir`` does not exist or holds no manifest.
     """
-    run_dir = Path(run_dir)
+    from pipeline.storage.location import Location, is_url
+
+    remote = is_url(run_dir)
+    run_dir = str(run_dir).rstrip("/") if remote else Path(run_dir)
     manifest = Manifest.load(run_dir)
-    if not manifest.path.exists():
+    if not (Location(run_dir).exists("manifest.json") if remote else manifest.path.exists()):
         raise FileNotFoundError(f"{str(run_dir)!r} is not a run directory (no manifest.json)")
     if stage_names is None:
         from pipeline.stages import STAGE_NAMES
@@ -99,7 +146,10 @@ def run_status(run_dir: str | Path, stage_names: tuple[str, ...] | None = None) 
     for name in names:
         rec = manifest.stages.get(name)
         status = rec.status if rec else "pending"
-        tiles = stage_tiles(run_dir / name) if status != "skipped" else []
+        if status == "skipped":
+            tiles = []
+        else:
+            tiles = _stage_tiles_url(f"{run_dir}/{name}") if remote else stage_tiles(run_dir / name)
         if status == "done":
             state = "done"
         elif status == "skipped":

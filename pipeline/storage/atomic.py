@@ -26,7 +26,11 @@ def atomic_write(path: str, data: bytes, *, fs: Any = None, fsync: bool = False)
     see :mod:`pipeline.storage.markers`). Other fsspec filesystems: one
     ``pipe_file``, which object stores apply atomically.
     """
-    fs = fs or fsspec.filesystem("file")
+    if fs is None:
+        if "://" in path and not path.startswith("file://"):
+            fs, path = fsspec.core.url_to_fs(path)  # e.g. s3://...: one PUT below
+        else:
+            fs = fsspec.filesystem("file")
     parent = path.rsplit("/", 1)[0]
     fs.makedirs(parent, exist_ok=True)
     if not is_local(fs):

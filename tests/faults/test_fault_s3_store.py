@@ -1,0 +1,410 @@
+"""Object storage as a store: every store on an S3-compatible server (moto) on loopback.
+
+A fit and ``krr run`` with every store on ``s3://``, bitwise equal to a local run;
+nothing written locally; a kill and resume; a corrupted object found and
+recomputed; save/load of a model; clear errors for bad stores; the lease lock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _s3server import make_bucket, moto_server, s3_env  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+INJECT = ROOT / "tests" / "faultinject"
+BUCKET = "krr-test"
+
+CONFIG = """
+name: s3
+data: {{source: npy, path: {x}, y_path: {y}}}
+split: {{test_fraction: 0.25, seed: 0}}
+preprocess: {{standardize: true, standardize_y: true}}
+kernel: {{name: rbf, params: {{gamma: 0.2}}}}
+lambda: 0.01
+solver: {{method: cholesky}}
+block_size: 64
+predict: {{input: {xn}}}
+evaluate: {{baseline: none}}
+cluster: {{n_workers: 1, processes: false, memory_limit: 2GiB}}
+{extra}
+"""
+
+
+@pytest.fixture(scope="module")
+def s3():
+    with moto_server() as env, s3_env(env):
+        make_bucket(BUCKET)
+        yield env
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("s3data")
+    X, y = _data(400, 5)
+    np.save(d / "X.npy", X)
+    np.save(d / "y.npy", y)
+    np.save(d / "Xn.npy", np.random.default_rng(1).normal(size=(150, 5)))
+    return d
+
+
+def _data(n=300, d=4, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d))
+    y = np.sin(X[:, 0]) + 0.1 * rng.normal(size=n)
+    return X, y
+
+
+def _config(data: Path, dest: Path, extra: str = "") -> Path:
+    p = dest / "conf.yaml"
+    p.write_text(CONFIG.format(x=data / "X.npy", y=data / "y.npy", xn=data / "Xn.npy", extra=extra))
+    return p
+
+
+def _krr(args, cwd: Path, env_extra=None, kill=None, timeout=300):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KRR_KILL")}
+    env.update(env_extra or {})
+    if kill is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(INJECT), env.get("PYTHONPATH", "")])
+        env["KRR_KILL_MATCH"], env["KRR_KILL_AT"] = kill[0], str(kill[1])
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _results(run_dir: str) -> dict[str, np.ndarray]:
+    """α from the model artifact and every prediction array (local path or URL)."""
+    import zarr
+
+    from pipeline.artifact import load_artifact
+    from pipeline.storage.location import Location
+
+    art = load_artifact(f"{run_dir}/model/model")
+    out = {"alpha": np.asarray(art.dual_coef)}
+    loc = Location(f"{run_dir}/predict")
+    for name in loc.list():
+        if name.endswith(".zarr"):
+            group = zarr.open_group(f"{run_dir}/predict/{name}", mode="r")
+            for arr_name, arr in group.arrays():
+                out[f"{name}/{arr_name}"] = arr[...]
+    return out
+
+
+def _assert_same(got, want):
+    assert got.keys() == want.keys()
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
+@pytest.fixture(scope="module")
+def local_reference(data, tmp_path_factory):
+    d = tmp_path_factory.mktemp("s3ref")
+    r = _krr(["run", str(_config(data, d)), "--run-dir", str(d / "run")], cwd=d)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return _results(str(d / "run"))
+
+
+def _fs():
+    import s3fs
+
+    fs = s3fs.S3FileSystem()
+    fs.invalidate_cache()
+    return fs
+
+
+def test_estimator_fit_on_s3_equals_local_fit_bitwise_and_saves_to_s3(s3, tmp_path):
+    import pipeline
+    from pipeline import KernelRidge
+
+    X, y = _data()
+    kw = dict(kernel="rbf", gamma=0.3, alpha=0.1, solver="cholesky", block_size=64)
+    local = KernelRidge(**kw, store=str(tmp_path / "local")).fit(X, y)
+    remote = KernelRidge(**kw, store=f"s3://{BUCKET}/est").fit(X, y)
+    np.testing.assert_array_equal(np.asarray(remote.dual_coef_), np.asarray(local.dual_coef_))
+    np.testing.assert_array_equal(remote.predict(X[:50]), local.predict(X[:50]))
+    assert _fs().find(f"{BUCKET}/est"), "nothing was written to the object store"
+    # save/load of the model on the object store
+    remote.save(f"s3://{BUCKET}/models/m1")
+    assert _fs().find(f"{BUCKET}/models/m1")
+    back = pipeline.load(f"s3://{BUCKET}/models/m1")
+    np.testing.assert_array_equal(back.predict(X[:50]), local.predict(X[:50]))
+    assert not (Path.cwd() / "s3:").exists()
+
+
+@pytest.mark.slow
+def test_krr_run_on_s3_writes_nothing_locally_and_equals_local_run(
+    s3, data, tmp_path, local_reference
+):
+    conf = _config(data, tmp_path)
+    work = tmp_path / "cwd"
+    work.mkdir()
+    url = f"s3://{BUCKET}/cli"
+    r = _krr(["run", str(conf), "--run-dir", url, "--json"], cwd=work)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert list(work.iterdir()) == [], "krr run wrote to the local disk"
+    out = json.loads(r.stdout)
+    assert out["run_dir"] == url and out["model"].startswith(url + "/")
+    keys = _fs().find(f"{BUCKET}/cli")
+    for part in ("manifest.json", "ingest/", "gram/", "solve/factor.zarr/", "model/model/"):
+        assert any(part in k for k in keys), part
+    assert not any(k.endswith(".lock") for k in keys), "the lease was not released"
+    manifest = json.loads(_fs().cat_file(f"{BUCKET}/cli/manifest.json"))
+    assert manifest["stages"]["model"]["outputs"]["path"] == "@run/model/model"
+    _assert_same(_results(url), local_reference)
+    # a second run finds every stage complete
+    again = _krr(["run", str(conf), "--run-dir", url, "--json"], cwd=work)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads(again.stdout)["ran"] == []
+    st = _krr(["status", url], cwd=work)
+    assert st.returncode == 0 and "done" in st.stdout, st.stdout + st.stderr
+    assert list(work.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_kill_mid_factor_on_s3_then_resume_is_bitwise_identical(
+    s3, data, tmp_path, local_reference
+):
+    conf = _config(data, tmp_path)
+    url = f"s3://{BUCKET}/killed"
+    killed = _krr(["run", str(conf), "--run-dir", url], cwd=tmp_path, kill=("chol/", 5))
+    assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr[-3000:])
+    # the dead run's lease is still there; the rerun on this host takes it over
+    assert _fs().exists(f"{BUCKET}/killed/.lock")
+    resumed = _krr(["run", str(conf), "--run-dir", url], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "took over" in resumed.stderr
+    assert "[solve] resuming" in resumed.stderr
+    _assert_same(_results(url), local_reference)
+
+
+@pytest.mark.slow
+def test_corrupted_object_is_detected_and_recomputed(s3, data, tmp_path, local_reference):
+    conf = _config(data, tmp_path)
+    url = f"s3://{BUCKET}/corrupt"
+    first = _krr(["run", str(conf), "lambda=0.02", "--run-dir", url], cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    fs = _fs()
+    key = f"{BUCKET}/corrupt/gram/gram.zarr/gram/c/1/0"
+    raw = bytearray(fs.cat_file(key))
+    raw[100] ^= 0xFF  # one flipped byte in a stored Gram tile
+    fs.pipe_file(key, bytes(raw))
+    # λ back to the reference: the solve stage reruns and reads the corrupt tile
+    r = _krr(["run", str(conf), "--run-dir", url, "--json"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "corrupt tile (1, 0)" in r.stderr, r.stderr[-3000:]
+    assert "gram" in json.loads(r.stdout)["ran"]
+    _assert_same(_results(url), local_reference)
+
+
+@pytest.mark.slow
+def test_missing_bucket_is_refused_unless_config_creates_it(s3, data, tmp_path):
+    url = "s3://no-such-bucket-xyz/run"
+    r = _krr(["run", str(_config(data, tmp_path)), "--run-dir", url], cwd=tmp_path)
+    assert r.returncode == 7, r.stderr
+    assert "bucket 'no-such-bucket-xyz' does not exist" in r.stderr
+    assert "storage.create_bucket: true" in r.stderr
+    assert not _fs().exists("no-such-bucket-xyz")
+    conf = _config(data, tmp_path, extra="storage: {create_bucket: true}")
+    r = _krr(["run", str(conf), "--run-dir", url, "--until", "ingest"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert _fs().exists("no-such-bucket-xyz/run/manifest.json")
+
+
+def test_unreachable_endpoint_fails_before_work_starts(s3, data, tmp_path):
+    env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_MAX_ATTEMPTS": "1"}
+    t0 = time.perf_counter()
+    r = _krr(
+        ["run", str(_config(data, tmp_path)), "--run-dir", f"s3://{BUCKET}/x"],
+        cwd=tmp_path,
+        env_extra=env,
+    )
+    assert r.returncode == 7, r.stderr
+    assert "does not answer" in r.stderr and "AWS_ENDPOINT_URL" in r.stderr
+    assert "[ingest]" not in r.stderr
+    assert time.perf_counter() - t0 < 60
+
+
+@pytest.mark.slow
+def test_storage_options_from_config_reach_the_store(s3, data, tmp_path):
+    # the endpoint only in the config's storage.options, not in the environment
+    env = {k: v for k, v in os.environ.items() if k != "AWS_ENDPOINT_URL"}
+    opts = json.dumps({"client_kwargs": {"endpoint_url": s3["AWS_ENDPOINT_URL"]}})
+    conf = _config(data, tmp_path, extra=f"storage: {{options: {opts}}}")
+    r = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "run", str(conf), "--run-dir",
+         f"s3://{BUCKET}/opts", "--until", "ingest"],
+        env=env,
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    manifest = json.loads(_fs().cat_file(f"{BUCKET}/opts/manifest.json"))
+    assert manifest["config"]["storage"]["options"] == "<not recorded>"
+
+
+def test_scheme_without_filesystem_names_the_package(tmp_path):
+    from pipeline.storage.location import Location, StoreUnreachable
+
+    pytest.importorskip("fsspec")
+    try:
+        import gcsfs  # noqa: F401
+
+        pytest.skip("gcsfs is installed")
+    except ImportError:
+        pass
+    with pytest.raises(StoreUnreachable, match="pip install gcsfs"):
+        Location("gs://bucket/run")
+
+
+def test_whole_bucket_is_not_a_run_directory():
+    from pipeline.config import check_run_dir
+
+    with pytest.raises(ValueError, match="whole bucket"):
+        check_run_dir("s3://bucket")
+    check_run_dir("s3://bucket/run")
+
+
+def test_lease_lock_excludes_and_takes_over_dead_or_expired(s3):
+    from pipeline.stages import LockHeldError, RunLock
+    from pipeline.stages.lease import LeaseLock
+    from pipeline.stages.lock import lock_owner, unlock
+
+    url = f"s3://{BUCKET}/leased"
+    a = RunLock(url)
+    assert isinstance(a, LeaseLock)
+    a.acquire()
+    try:
+        with pytest.raises(LockHeldError):
+            RunLock(url).acquire()
+        assert lock_owner(url)["token"] == a.token
+        with pytest.raises(LockHeldError):
+            unlock(url)
+    finally:
+        a.release()
+    assert lock_owner(url) is None and not _fs().exists(f"{BUCKET}/leased/.lock")
+    # a lease of a process that no longer runs on this host is taken over
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()  # fmt: skip
+    rec = {"pid": int(dead), "host": os.uname().nodename, "proc_start": 1.0,
+           "expires": time.time() + 3600, "token": "dead"}  # fmt: skip
+    _fs().pipe_file(f"{BUCKET}/leased/.lock", json.dumps(rec).encode())
+    b = RunLock(url).acquire()
+    assert b.took_over["token"] == "dead"
+    b.release()
+    # an expired lease of another host is taken over; a live one is not
+    rec = {"pid": 1, "host": "elsewhere", "expires": time.time() + 3600, "token": "live"}
+    _fs().pipe_file(f"{BUCKET}/leased/.lock", json.dumps(rec).encode())
+    with pytest.raises(LockHeldError, match="elsewhere"):
+        RunLock(url).acquire()
+    rec["expires"] = time.time() - 1
+    _fs().pipe_file(f"{BUCKET}/leased/.lock", json.dumps(rec).encode())
+    c = RunLock(url).acquire()
+    assert c.took_over["token"] == "live"
+    c.release()
+
+
+@pytest.mark.slow
+def test_select_stage_report_goes_to_the_object_store(s3, data, tmp_path):
+    conf = _config(data, tmp_path, extra="cv: {alphas: [0.01, 0.1], folds: 3}")
+    work = tmp_path / "cwd"
+    work.mkdir()
+    url = f"s3://{BUCKET}/select"
+    r = _krr(["run", str(conf), "--run-dir", url, "--until", "select", "--json"], cwd=work)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert list(work.iterdir()) == [], "the select report was written to the local disk"
+    keys = _fs().find(f"{BUCKET}/select/select")
+    assert any(k.endswith("cv_results.csv") for k in keys), keys
+    manifest = json.loads(_fs().cat_file(f"{BUCKET}/select/manifest.json"))
+    report = manifest["stages"]["select"]["outputs"]["report"]
+    assert report["table"] == "@run/select/cv_results.csv"
+
+
+def test_estimator_storage_options_reach_the_store_and_are_not_saved(s3, monkeypatch):
+    import fsspec.config
+    import s3fs
+
+    import pipeline
+    from pipeline import KernelRidge
+
+    saved = dict(fsspec.config.conf.get("s3", {}))
+    # the endpoint only in storage_options: without them s3fs would go to AWS itself
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    s3fs.S3FileSystem.clear_instance_cache()
+    try:
+        X, y = _data(200, 3)
+        opts = {"client_kwargs": {"endpoint_url": s3["AWS_ENDPOINT_URL"]}}
+        est = KernelRidge(
+            kernel="rbf", alpha=0.1, solver="cholesky", block_size=64,
+            store=f"s3://{BUCKET}/opts-est", storage_options=opts,
+        ).fit(X, y)  # fmt: skip
+        est.save(f"s3://{BUCKET}/models/opts")
+        back = pipeline.load(f"s3://{BUCKET}/models/opts")
+        assert back.storage_options is None  # credentials are never saved
+        np.testing.assert_array_equal(back.predict(X[:20]), est.predict(X[:20]))
+        with pytest.raises(ValueError, match="storage_options need store to be a URL"):
+            KernelRidge(solver="cholesky", storage_options=opts).fit(X, y)
+    finally:
+        fsspec.config.conf.pop("s3", None)
+        if saved:
+            fsspec.config.conf["s3"] = saved
+        s3fs.S3FileSystem.clear_instance_cache()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3["AWS_ENDPOINT_URL"])
+    assert _fs().find(f"{BUCKET}/opts-est")
+
+
+def _put(url: str, data: bytes = b"x") -> None:
+    from pipeline.storage.location import filesystem_for
+
+    fs, p = filesystem_for(url)
+    fs.pipe_file(p, data)
+
+
+def test_runner_ownership_rules_hold_on_an_object_store(s3):
+    from pipeline.stages import RunDirConflict, Stage, run_stages
+
+    def writer(stage_dir, inputs, value):
+        assert isinstance(stage_dir, str) and stage_dir.startswith("s3://")
+        _put(f"{stage_dir}/out-{value}.txt", str(value).encode())
+        return {"file": f"{stage_dir}/out-{value}.txt"}
+
+    stages = [Stage("a", writer), Stage("b", writer, after=("a",))]
+    url = f"s3://{BUCKET}/owned"
+    _put(f"{url}/b/foreign.txt")  # a stage prefix the manifest does not record
+    with pytest.raises(RunDirConflict, match="never ran here"):
+        run_stages(url, stages, {"a": {"value": 1}, "b": {"value": 1}}, identity="d1")
+    _fs().rm(f"{BUCKET}/owned/b/foreign.txt")
+    rep = run_stages(url, stages, {"a": {"value": 1}, "b": {"value": 1}}, identity="d1")
+    assert rep.ran == ["b"] and rep.skipped_done == ["a"]  # "a" ran before the refusal
+    assert rep.outputs["a"]["file"] == f"{url}/a/out-1.txt"
+    manifest = json.loads(_fs().cat_file(f"{BUCKET}/owned/manifest.json"))
+    assert manifest["stages"]["a"]["outputs"]["file"] == "@run/a/out-1.txt"
+    # a changed parameter empties that stage's prefix (and reruns what follows)
+    rep = run_stages(url, stages, {"a": {"value": 1}, "b": {"value": 2}}, identity="d1")
+    assert rep.ran == ["b"] and rep.invalidated == ["b"]
+    assert not _fs().exists(f"{BUCKET}/owned/b/out-1.txt")
+    # other data: refused, then --force-new removes only what the runner owns
+    _put(f"{url}/notes.txt")
+    with pytest.raises(RunDirConflict, match="other data"):
+        run_stages(url, stages, {"a": {"value": 1}, "b": {"value": 2}}, identity="d2")
+    rep = run_stages(
+        url, stages, {"a": {"value": 3}, "b": {"value": 3}}, identity="d2", force_new=True
+    )
+    assert rep.ran == ["a", "b"]
+    fs = _fs()
+    assert fs.exists(f"{BUCKET}/owned/notes.txt")  # not ours: kept
+    assert not fs.exists(f"{BUCKET}/owned/a/out-1.txt")
+    assert fs.exists(f"{BUCKET}/owned/a/out-3.txt")

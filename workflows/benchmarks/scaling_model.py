@@ -1,0 +1,445 @@
+"""A scaling model of the tile Cholesky: replay its task graph on P simulated workers.
+
+The graph is the one :func:`pipeline.solvers.tile_cholesky` submits with
+``scheduler="dask"``: one task per lower tile ``(i, j)`` of L, in left-looking
+order, depending on ``(i, k)`` and ``(j, k)`` for ``k < j`` (and ``(j, j)``).
+Task ``(i, j)`` reads ``2 j + 1`` tiles (``j`` for a diagonal tile) from the store,
+runs ``j`` GEMM updates (SYRK on the diagonal) and one TRSM (POTRF on the
+diagonal), and writes one tile plus its marker.
+
+Per-tile costs are measured on this machine (one BLAS thread, as on a Dask
+worker): GEMM, SYRK, TRSM and POTRF times for a ``b x b`` tile, and a tile read
+and write through Zarr. Network bandwidth per worker and the scheduler's per-task
+overhead are parameters. The simulator is a discrete-event list scheduler of
+its own: the scheduler dispatches one task at a time (``overhead`` seconds
+each, serially), an idle worker takes the ready task with the longest remaining
+path (critical path first, as Dask's ordering approximates), and a task's time is
+``reads / bandwidth + compute + write / bandwidth``.
+
+Usage::
+
+    python workflows/benchmarks/scaling_model.py --validate    # real 1/2/3-worker runs
+    python workflows/benchmarks/scaling_model.py --predict     # N=100k..1M, P=8..128
+    python workflows/benchmarks/scaling_model.py --quick       # both, small
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import math
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+DOCS = HERE.parent.parent / "docs"
+
+
+@dataclass
+class TileCosts:
+    """Seconds per tile operation for tile size ``b`` (one BLAS thread)."""
+
+    b: int
+    gemm: float
+    syrk: float
+    trsm: float
+    potrf: float
+    read: float  # one tile read from the store (local disk here)
+    write: float  # one tile write + marker
+
+    def scaled(self, b: int) -> TileCosts:
+        """Costs for another tile size: flops scale as b^3, bytes as b^2."""
+        f, m = (b / self.b) ** 3, (b / self.b) ** 2
+        return TileCosts(
+            b, self.gemm * f, self.syrk * f, self.trsm * f, self.potrf * f,
+            self.read * m, self.write * m,
+        )  # fmt: skip
+
+
+def measure_costs(b: int = 512, repeat: int = 5) -> TileCosts:
+    """Measure per-tile costs on this machine with one BLAS thread."""
+    import scipy.linalg as sla
+    import zarr
+    from threadpoolctl import threadpool_limits
+
+    rng = np.random.default_rng(0)
+    A = rng.normal(size=(b, b))
+    B = rng.normal(size=(b, b))
+    S = A @ A.T + b * np.eye(b)
+    Lf = np.linalg.cholesky(S)
+
+    def best(f):
+        ts = []
+        for _ in range(repeat):
+            t = time.perf_counter()
+            f()
+            ts.append(time.perf_counter() - t)
+        return min(ts)
+
+    with threadpool_limits(1):
+        gemm = best(lambda: A @ B.T)
+        syrk = best(lambda: sla.blas.dsyrk(1.0, A, lower=1))
+        trsm = best(lambda: sla.solve_triangular(Lf, B.T, lower=True))
+        potrf = best(lambda: sla.cho_factor(S, lower=True))
+    with tempfile.TemporaryDirectory() as d:
+        z = zarr.create_array(f"{d}/t.zarr", shape=(4 * b, b), chunks=(b, b), dtype="f8",
+                              compressors=None)  # fmt: skip
+        writes, reads = [], []
+        for r in range(repeat):
+            k = r % 4
+            t = time.perf_counter()
+            z[k * b : (k + 1) * b] = A
+            Path(d, f"marker{r}").write_text("{}")
+            writes.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            _ = z[k * b : (k + 1) * b]
+            reads.append(time.perf_counter() - t)
+    return TileCosts(b, gemm, syrk, trsm, potrf, min(reads), min(writes))
+
+
+def rate_costs(b: int, gemm_gflops: float) -> TileCosts:
+    """Tile costs from one GEMM rate (1 BLAS thread): SYRK and TRSM at 90% of it,
+    POTRF at 50% (NOTES.md), flop counts 2b^3, b^3, b^3, b^3/3. More robust on a
+    loaded machine than timing each kernel; tile I/O comes from the bandwidth."""
+    r = gemm_gflops * 1e9
+    b3 = float(b) ** 3
+    return TileCosts(b, 2 * b3 / r, b3 / (0.9 * r), b3 / (0.9 * r), b3 / 3 / (0.5 * r), 0.0, 0.0)
+
+
+def _deps(i: int, j: int) -> list[tuple[int, int]]:
+    d = [(i, k) for k in range(j)]
+    if i != j:
+        d += [(j, k) for k in range(j)] + [(j, j)]
+    return d
+
+
+def task_graph(nb: int) -> list[tuple[int, int]]:
+    """The tile tasks in left-looking order (topological)."""
+    return [(i, j) for j in range(nb) for i in range(j, nb)]
+
+
+def task_seconds(
+    i: int, j: int, c: TileCosts, bandwidth: float | None, slowdown: float = 1.0
+) -> tuple[float, float]:
+    """(compute, io) seconds of task (i, j); ``bandwidth`` in bytes/s (None: measured)."""
+    diag = i == j
+    compute = j * (c.syrk if diag else c.gemm) + (c.potrf if diag else c.trsm)
+    n_read = (j if diag else 2 * j + 1) + 1  # L tiles of earlier columns + the Gram tile
+    tile_bytes = 8.0 * c.b * c.b
+    if bandwidth is None:
+        io = n_read * c.read + c.write
+    else:
+        io = (n_read + 1) * tile_bytes / bandwidth
+    return compute * slowdown, io
+
+
+def right_looking_graph(
+    nb: int, c: TileCosts, bandwidth: float | None, slow: float
+) -> tuple[list, dict, dict]:
+    """The right-looking variant: POTRF(k), TRSM(i, k) and one task per update
+    ``A[i, j] -= L[i, k] L[j, k]^T``; a critical path of about ``nb`` (POTRF + TRSM
+    + GEMM) instead of ``nb^2 / 2`` GEMMs, for ``nb^3 / 6`` tasks."""
+    tile_bytes = 8.0 * c.b * c.b
+
+    def io(n_read: int) -> float:
+        if bandwidth is None:
+            return n_read * c.read + c.write
+        return (n_read + 1) * tile_bytes / bandwidth
+
+    tasks, dur, deps = [], {}, {}
+    for k in range(nb):
+        t = ("potrf", k)
+        tasks.append(t)
+        dur[t] = c.potrf * slow + io(1)
+        deps[t] = [("upd", k, k, k - 1)] if k else []
+        for i in range(k + 1, nb):
+            t = ("trsm", i, k)
+            tasks.append(t)
+            dur[t] = c.trsm * slow + io(2)
+            deps[t] = [("potrf", k)] + ([("upd", i, k, k - 1)] if k else [])
+        for j in range(k + 1, nb):
+            for i in range(j, nb):
+                t = ("upd", i, j, k)
+                tasks.append(t)
+                dur[t] = (c.syrk if i == j else c.gemm) * slow + io(3 if i != j else 2)
+                deps[t] = [("trsm", i, k)] + ([("trsm", j, k)] if i != j else [])
+                if k:
+                    deps[t].append(("upd", i, j, k - 1))
+    return tasks, dur, deps
+
+
+def simulate(
+    nb: int,
+    costs: TileCosts,
+    workers: int,
+    *,
+    overhead: float = 1e-3,
+    bandwidth: float | None = None,
+    cores: int | None = None,
+    batch: int = 1,
+    graph: str = "left",
+    task_fixed: float = 0.0,
+) -> dict[str, float]:
+    """Simulated wall time of the tile Cholesky on ``workers`` single-thread workers.
+
+    ``cores``: physical cores available (compute slows by ``workers / cores`` when
+    the workers oversubscribe them; None: one core per worker). ``overhead``: the
+    scheduler's serial per-task cost. ``batch``: tasks fused per scheduler task
+    (the trailing GEMM updates of a column grouped), dividing the overhead.
+    ``task_fixed``: seconds every task spends on a worker besides BLAS and tile I/O
+    (opening arrays, reading and writing its marker, Python), run in parallel.
+    """
+    slow = max(1.0, workers / cores) if cores else 1.0
+    if graph == "right":
+        tasks, dur, deps = right_looking_graph(nb, costs, bandwidth, slow)
+    else:
+        tasks = task_graph(nb)
+        dur, deps = {}, {}
+        for t in tasks:
+            comp, io = task_seconds(*t, costs, bandwidth, slow)
+            dur[t] = comp + io
+            deps[t] = _deps(*t)
+    if task_fixed:
+        dur = {t: d + task_fixed * slow for t, d in dur.items()}
+    succ: dict = {t: [] for t in tasks}
+    n_dep = {}
+    for t in tasks:
+        ds = deps[t]
+        n_dep[t] = len(ds)
+        for d in ds:
+            succ[d].append(t)
+    rank: dict = {}
+    for t in reversed(tasks):
+        rank[t] = dur[t] + max((rank[s] for s in succ[t]), default=0.0)
+    per_task_overhead = overhead / batch
+    ready: list = [(-rank[t], t) for t in tasks if n_dep[t] == 0]
+    heapq.heapify(ready)
+    free = [(0.0, w) for w in range(workers)]  # (time the worker is free, id)
+    heapq.heapify(free)
+    running: list = []
+    sched_free = 0.0
+    now = 0.0
+    done = 0
+    busy = 0.0
+    while done < len(tasks):
+        # start as many ready tasks as there are idle workers
+        while ready and free and free[0][0] <= now:
+            _, t = heapq.heappop(ready)
+            wt, w = heapq.heappop(free)
+            start = max(now, wt, sched_free) + per_task_overhead
+            sched_free = start
+            end = start + dur[t]
+            busy += dur[t]
+            heapq.heappush(running, (end, t, w))
+        end, t, w = heapq.heappop(running)
+        now = end
+        heapq.heappush(free, (end, w))
+        done += 1
+        for s in succ[t]:
+            n_dep[s] -= 1
+            if n_dep[s] == 0:
+                heapq.heappush(ready, (-rank[s], s))
+    total_work = sum(dur.values())
+    critical = max(rank.values())
+    return {
+        "wall": now,
+        "work": total_work,
+        "critical_path": critical,
+        "overhead_total": per_task_overhead * len(tasks),
+        "tasks": len(tasks),
+        "efficiency": total_work / (now * workers) if now > 0 else 0.0,
+    }
+
+
+def cg_iteration(
+    n: int,
+    b: int,
+    workers: int,
+    *,
+    entries_per_s: float = 0.27e9,
+    overhead: float = 1e-3,
+    sync: float = 0.05,
+    stored: bool = False,
+    bandwidth: float = 1.25e9,
+) -> dict[str, float]:
+    """Seconds of one matrix-free (or stored-Gram) CG product ``K v`` on P workers.
+
+    One task per row block of ``b`` rows (as the matvec submits them): a task
+    evaluates (or, ``stored``, reads) ``b x n`` kernel entries. Tasks are
+    independent; the iteration ends at a barrier (the dot products) costing
+    ``sync``. The scheduler dispatches the ``n / b`` tasks serially.
+    ``entries_per_s``: kernel entries per second per worker (NOTES.md: 0.53 G/s
+    on 2 cores for RBF float64, cache-blocked).
+    """  # fmt: skip
+    nb = math.ceil(n / b)
+    if stored:
+        task = b * n * 8.0 / bandwidth
+    else:
+        task = b * n / entries_per_s
+    waves = math.ceil(nb / workers)
+    wall = max(waves * task, nb * overhead) + sync
+    work = nb * task
+    return {"wall": wall, "efficiency": work / (wall * workers), "tasks": nb, "waves": waves}
+
+
+# ---------------------------------------------------------------------------
+# validation against real runs
+
+
+def real_runs(n: int, b: int, worker_counts=(1, 2, 3)) -> dict[int, float]:
+    """Wall time of the real tile Cholesky (scheduler="dask") on LocalClusters."""
+    from distributed import Client, LocalCluster
+
+    from pipeline.gram import build_gram
+    from pipeline.kernels import RBF
+    from pipeline.solvers import tile_cholesky
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(n, 8))
+    out = {}
+    with tempfile.TemporaryDirectory() as d:
+        g = build_gram(X, RBF(gamma=0.1), f"{d}/g.zarr", b, progress=False)
+        for p in worker_counts:
+            with LocalCluster(n_workers=p, threads_per_worker=1, processes=True,
+                              memory_limit="2GiB", dashboard_address=None) as cl, Client(cl):  # fmt: skip
+                t = time.perf_counter()
+                tile_cholesky(g, 1e-2, store=f"{d}/f{p}.zarr", scheduler="dask", progress=False)
+                out[p] = time.perf_counter() - t
+    return out
+
+
+def validate(n: int, b: int, overhead: float) -> dict:
+    """Real runs with 1, 2, 3 workers against the model.
+
+    The model's per-task overhead (opening the arrays, checking and writing the
+    marker, the scheduler round trip: everything but BLAS and tile I/O) is
+    calibrated on the 1-worker run alone; the 2- and 3-worker runs test the model.
+    The 1-minute load average is recorded: on a shared machine the workers do not
+    get the cores the model gives them.
+    """
+    costs = measure_costs(b)
+    nb = math.ceil(n / b)
+    real = real_runs(n, b)
+    cores = os.cpu_count() or 1
+    load = os.getloadavg()[0]
+    base = simulate(nb, costs, 1, overhead=overhead, cores=cores)
+    n_tasks = base["tasks"]
+    fixed = max(0.0, (real[1] - base["wall"]) / n_tasks)
+    rows = []
+    for p, wall in real.items():
+        sim = simulate(nb, costs, p, overhead=overhead, cores=cores, task_fixed=fixed)
+        rows.append({"workers": p, "real_s": round(wall, 3), "model_s": round(sim["wall"], 3),
+                     "error": round(sim["wall"] / wall - 1, 3)})  # fmt: skip
+    return {"n": n, "b": b, "cores": cores, "scheduler_overhead_s": overhead,
+            "calibrated_task_fixed_s": fixed, "load_average_1min": load,
+            "costs": asdict(costs), "rows": rows}  # fmt: skip
+
+
+def predict(
+    costs: TileCosts, b: int, overhead: float, bandwidth: float, graph: str = "left",
+    sizes: tuple[int, ...] = (100_000, 200_000, 500_000, 1_000_000),
+) -> list:  # fmt: skip
+    c = costs.scaled(b)
+    rows = []
+    for n in sizes:
+        nb = math.ceil(n / b)
+        base = None
+        for p in (8, 16, 32, 64, 128):
+            sim = simulate(nb, c, p, overhead=overhead, bandwidth=bandwidth, graph=graph)
+            if base is None:
+                base = sim["wall"] * p
+            rows.append({"n": n, "workers": p, "tasks": sim["tasks"],
+                         "wall_h": sim["wall"] / 3600, "efficiency": sim["efficiency"],
+                         "critical_path_h": sim["critical_path"] / 3600,
+                         "overhead_h": sim["overhead_total"] / 3600})  # fmt: skip
+    return rows
+
+
+def plot(rows: list, rows_batched: list, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for n in sorted({r["n"] for r in rows}):
+        rs = [r for r in rows if r["n"] == n]
+        rb = [r for r in rows_batched if r["n"] == n]
+        ps = [r["workers"] for r in rs]
+        (line,) = axes[0].loglog(ps, [r["wall_h"] for r in rs], "o-", label=f"N={n:,}")
+        axes[1].semilogx(ps, [r["efficiency"] for r in rs], "o-", color=line.get_color(),
+                         label=f"N={n:,}")  # fmt: skip
+        if rb:
+            pb = [r["workers"] for r in rb]
+            axes[0].loglog(pb, [r["wall_h"] for r in rb], "x--", color=line.get_color())
+            axes[1].semilogx(pb, [r["efficiency"] for r in rb], "x--", color=line.get_color())
+    axes[0].set_xlabel("workers")
+    axes[0].set_ylabel("predicted factor time (h)")
+    axes[1].set_xlabel("workers")
+    axes[1].set_ylabel("parallel efficiency")
+    axes[0].legend()
+    axes[0].set_title("solid: left-looking (today); dashed: right-looking", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--validate", action="store_true")
+    ap.add_argument("--predict", action="store_true")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--n", type=int, default=6000)
+    ap.add_argument("--b", type=int, default=500)
+    ap.add_argument("--overhead", type=float, default=1e-3, help="scheduler s per task")
+    ap.add_argument("--bandwidth", type=float, default=1.25e9, help="bytes/s per worker")
+    ap.add_argument("--gemm-gflops", type=float, default=None,
+                    help="1-thread GEMM rate for predictions (default: measured)")  # fmt: skip
+    ap.add_argument("--tile", type=int, default=4096, help="tile size for predictions")
+    ap.add_argument("--out", default=str(HERE / "scaling_model.json"))
+    args = ap.parse_args()
+    if args.quick:
+        args.n, args.b, args.validate, args.predict = 2000, 250, True, True
+    result = {}
+    if args.validate:
+        result["validation"] = validate(args.n, args.b, args.overhead)
+        print(json.dumps(result["validation"]["rows"], indent=1))
+    if args.predict:
+        gflops = args.gemm_gflops or 2 * 1024**3 / measure_costs(1024, repeat=9).gemm / 1e9
+        costs = rate_costs(1024, gflops)
+        result["predict_gemm_gflops_1thread"] = gflops
+        rows = predict(costs, args.tile, args.overhead, args.bandwidth)
+        # the right-looking graph has nb^3/6 tasks: simulated up to N=500k
+        big = predict(costs, args.tile, args.overhead, args.bandwidth, graph="right",
+                      sizes=(100_000, 200_000, 500_000))  # fmt: skip
+        result["predict"] = {"tile": args.tile, "overhead_s": args.overhead,
+                             "bandwidth": args.bandwidth, "rows": rows, "right_looking_rows": big}  # fmt: skip
+        for r in rows:
+            print(f"N={r['n']:>9,} P={r['workers']:>4} tasks={r['tasks']:>9,} "
+                  f"wall={r['wall_h']:8.2f} h eff={r['efficiency']:.2f} "
+                  f"cp={r['critical_path_h']:.2f} h ovh={r['overhead_h']:.2f} h")  # fmt: skip
+        for r in big:
+            print(f"right-looking N={r['n']:>9,} P={r['workers']:>4} tasks={r['tasks']:>9,} "
+                  f"wall={r['wall_h']:8.2f} h eff={r['efficiency']:.2f} "
+                  f"cp={r['critical_path_h']:.2f} h ovh={r['overhead_h']:.2f} h")  # fmt: skip
+        cg = []
+        for n in (100_000, 1_000_000):
+            for b in (args.tile, 1024):
+                for p in (8, 32, 128):
+                    r = cg_iteration(n, b, p, overhead=args.overhead)
+                    cg.append({"n": n, "b": b, "workers": p, **r})
+                    print(f"CG product N={n:>9,} b={b:>5} P={p:>4} tasks={r['tasks']:>5} "
+                          f"{r['wall']:9.2f} s/iteration eff={r['efficiency']:.2f}")  # fmt: skip
+        result["cg_product"] = cg
+        if not args.quick:
+            plot(rows, big, DOCS / "scaling.png")
+    Path(args.out).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
