@@ -14,6 +14,7 @@ without changing the public signature.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -22,20 +23,17 @@ from sklearn.base import BaseEstimator, MultiOutputMixin, RegressorMixin
 from sklearn.metrics.pairwise import pairwise_kernels
 from sklearn.utils.validation import check_is_fitted
 
+from pipeline.fit import execute, log_plan, measure_resources
 from pipeline.kernel_estimator import KernelParamsMixin
 from pipeline.kernels import Linear
+from pipeline.policy.plan import plan_fit
 from pipeline.reference import (
     ALPHA_CONVENTIONS,
-    InsufficientMemoryError,
     check_dense_memory,
-    choose_solver,
     dense_dual_bytes,
     effective_alpha,
     predict_dual,
     primal_bytes,
-    primal_to_dual,
-    solve_dual,
-    solve_primal,
 )
 from pipeline.validation import (
     check_alpha,
@@ -209,14 +207,6 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
             )
         return k(_dense(X), None if Y is None else _dense(Y))
 
-    def _dense_fits(self, n: int, d: int, t: int, X: Any) -> bool:
-        copies = 2 if (self._precomputed or X.dtype == np.float32) else 1
-        try:
-            check_dense_memory(dense_dual_bytes(n, d, t, kernel_copies=copies), what="")
-        except InsufficientMemoryError:
-            return self._resolve_kernel() is None  # callables can only go in memory
-        return True
-
     # -- fit -------------------------------------------------------------------
     def fit(self, X: Any, y: Any, sample_weight: Any = None) -> KernelRidge:
         """Fit kernel ridge regression.
@@ -259,48 +249,75 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
                 f"solver='primal' needs alpha > 0, got alpha={self.alpha!r}; "
                 "use solver='dense' for scikit-learn's alpha=0 behaviour"
             )
+        copies = 2 if (self._precomputed or X.dtype == np.float32) else 1
+        plan, reason = self._plan(n, d, t, kernel, sw, copies)
         if solver == "auto":
-            solver = choose_solver(n, d, has_primal=has_primal, alpha=lam)
-            if solver != "primal" and not self._dense_fits(n, d, t, X) and sw is None:
-                log.info(
-                    "solver='auto': the in-memory dual for n_samples=%d does not fit in "
-                    "memory; using the out-of-core solvers",
-                    n,
-                )
-                return self._fit_out_of_core(X, y, sw, kernel)
+            log_plan(plan, reason, origin="KernelRidge", logger=log)
+            if plan.out_of_core:
+                return self._fit_out_of_core(X, y, sw, kernel, plan=plan)
+            solver = plan.solver
         self.kernel_ = kernel
         self.effective_alpha_ = lam
         if hasattr(self, "primal_coef_"):
             del self.primal_coef_
         if solver == "primal":
             check_dense_memory(primal_bytes(n, d, t), what=f"the in-memory primal solve with D={d}")
-            coef = solve_primal(
-                X, y, self.alpha, sample_weight=sw, alpha_convention=self.alpha_convention
+            fit = execute(
+                replace(plan, solver="primal"), X, y, kernel, alpha=self.alpha, sample_weight=sw
             )
-            self.primal_coef_ = coef
-            self.dual_coef_ = primal_to_dual(X, y, coef, lam, sw)
+            self.primal_coef_ = fit.primal_coef
+            self.dual_coef_ = fit.dual_coef
         else:
-            copies = 2 if (self._precomputed or X.dtype == np.float32) else 1
             check_dense_memory(
                 dense_dual_bytes(n, d, t, kernel_copies=copies),
                 what=f"the in-memory dense solve with n_samples={n}",
             )
-            K = self._kernel_matrix(X)
-            self.dual_coef_ = solve_dual(
-                K,
+            fit = execute(
+                replace(plan, solver="dense"),
+                X,
                 y,
-                self.alpha,
+                kernel,
+                alpha=self.alpha,
                 sample_weight=sw,
-                alpha_convention=self.alpha_convention,
+                K=self._kernel_matrix(X),
                 overwrite_k=not self._precomputed,
             )
-            del K
+            self.dual_coef_ = fit.dual_coef
         self.solver_ = solver
         self.n_iter_ = 1
         self.X_fit_ = X
         return self
 
-    def _fit_out_of_core(self, X: Any, y: np.ndarray, sample_weight: Any, kernel: Any):
+    def _plan(self, n: int, d: int, t: int, kernel: Any, sw: Any, copies: int):
+        """The fit plan and its reason (:func:`pipeline.policy.plan.plan_fit`).
+
+        In-memory solvers are planned unless ``store`` is given and the fit can go
+        out of core (a Kernel object, no sample weights, one alpha).
+        """
+        one_alpha = np.unique(np.atleast_1d(np.asarray(self.alpha, dtype=np.float64))).size == 1
+        ooc_able = kernel is not None and sw is None and one_alpha
+        resources = measure_resources(self.store, in_memory=self.store is None or not ooc_able)
+        choices = {
+            "solver": self.solver,
+            "alpha": self.alpha,
+            "alpha_convention": self.alpha_convention,
+            "block_size": self.block_size,
+            "tol": self.tol,
+            "max_iter": self.max_iter,
+            "preconditioner": self.preconditioner,
+            "rank": self.rank,
+            "matvec": self.matvec,
+            "random_state": self.random_state if isinstance(self.random_state, int) else None,
+            "factor_dtype": self.factor_dtype,
+            "store": self.store,
+            "kernel_copies": copies,
+            "sample_weight": sw is not None,
+        }
+        return plan_fit(n, d, kernel, resources, choices, n_targets=t)
+
+    def _fit_out_of_core(
+        self, X: Any, y: np.ndarray, sample_weight: Any, kernel: Any, plan: Any = None
+    ):
         """Fit with an out-of-core solver (``solver="cholesky"``, ``"cg"``, or "auto" past RAM).
 
         The Gram matrix lives in tiles in ``store`` (a temporary directory when
@@ -344,6 +361,7 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
             matvec=self.matvec,
             random_state=self.random_state if isinstance(self.random_state, int) else None,
             factor_dtype=self.factor_dtype,
+            plan=plan,
         )
         if hasattr(self, "primal_coef_"):
             del self.primal_coef_
