@@ -44,6 +44,7 @@ from sklearn.metrics import check_scoring
 from sklearn.utils.validation import check_is_fitted
 
 from pipeline.estimator import KernelRidge
+from pipeline.fit import execute, log_plan
 from pipeline.model_selection.band import band_search
 from pipeline.model_selection.cgpath import cg_fold_predictions
 from pipeline.model_selection.eigen import (
@@ -59,6 +60,15 @@ from pipeline.model_selection.grid import (
     resolve_kernel,
 )
 from pipeline.model_selection.route import DenseKernelOperator, route_setting
+from pipeline.policy.constants import (
+    BAND_FLOPS_PER_M3,
+    CV_TOL,
+    EIG_FLOPS_PER_N3,
+    IN_MEMORY_MAX_N,
+    ROUTE_RANK,
+    ROUTED_CG_TOL,
+)
+from pipeline.policy.plan import Resources, normalize_alpha_convention, plan_fit
 from pipeline.solvers.band import band_available
 from pipeline.validation import validate_X_y
 
@@ -70,19 +80,7 @@ SOLVERS = ("auto", "band", "eigen", "dense", "cholesky", "cg")
 IN_MEMORY = ("band", "eigen", "dense")
 CONVENTIONS = ("sklearn", "n_samples", "n")
 EIGEN_MODES = ("auto", "lgo", "fold")
-#: largest n for which solver="auto" stays in memory
-IN_MEMORY_MAX_N = 20_000
-#: eigendecomposition cost in units of n³ flops of potrf-speed work. Rough calibration on
-#: the 2-core box: syevd(4000) ~ 20 x potrf(4000) quiet, while at N=2000 under load the
-#: full-eigh LGO search ran 2x faster than one Cholesky per (λ, fold); 4 sits between.
-EIG_FLOPS_PER_N3 = 4.0
-#: band reduction of an m x m training Gram (LAPACK dsytrd_sy2sb, 4/3 m³ BLAS-3 flops) in
-#: the same units: measured 3.3-5.1 s at m=6400 against 1.1 s for potrf(6400) on 2 cores
-BAND_FLOPS_PER_M3 = 1.2
-#: solver="auto" in memory: settings routed to CG solve to this relative residual, with a
-#: Nyström preconditioner of rank min(ROUTE_RANK, n // 8) (or ``rank``)
-ROUTED_CG_TOL = 1e-10
-ROUTE_RANK = 1000
+# calibrated constants of the search's routing live in pipeline.policy.constants
 
 
 class _FixedPredictions(RegressorMixin, BaseEstimator):
@@ -212,7 +210,7 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         store: Any = None,
         eigen_mode: str = "auto",
         refit: bool = True,
-        tol: float = 1e-8,
+        tol: float = CV_TOL,
         max_iter: int | None = None,
         preconditioner: str = "nystrom",
         rank: int | None = None,
@@ -754,52 +752,52 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         kern = copy.deepcopy(base).set_params(
             **{k: v for k, v in self.best_params_.items() if k != "alpha"}
         )
-        conv = "n_samples" if self.lambda_convention == "n" else self.lambda_convention
+        conv = normalize_alpha_convention(self.lambda_convention)
         est = KernelRidge(alpha=self.best_alpha_, kernel=kern, alpha_convention=conv)
         if self.solver_ in IN_MEMORY:
             return est.fit(X, y)
         # out of core: refit on the best setting's stored Gram (its tiles are reused, not
-        # rebuilt), one factorisation (cholesky) or one preconditioned CG solve (cg)
+        # rebuilt), one factorisation (cholesky) or one preconditioned CG solve (cg), as
+        # planned by the one fit plan (pipeline.policy.plan) and run by pipeline.fit.execute
         n = X.shape[0]
-        shift = self._shift(self.best_alpha_, n)
         si = self._settings.index({k: v for k, v in self.best_params_.items() if k != "alpha"})
         Y = y.reshape(n, -1)
-        if self.solver_ == "cholesky":
-            from pipeline.solvers import cholesky_solve
-
-            gram = self._gram(si, X, kern, stats)  # already stored: tiles reused
-            coef = cholesky_solve(self._factor(gram, shift, stats), Y)
+        store = None if self.store is None else os.fspath(self.store)
+        seed = self.random_state if isinstance(self.random_state, int) else 0
+        choices = {
+            "solver": self.solver_,
+            "alpha": self.best_alpha_,
+            "alpha_convention": conv,
+            "block_size": self._block_size(n),
+            "tol": self.tol,
+            "max_iter": self.max_iter,
+            "preconditioner": self.preconditioner,
+            "rank": self.rank,
+            "matvec": "stored" if store is not None else "recompute",
+            "random_state": seed,
+            "store": store,
+        }
+        resources = Resources(float("inf"), float("inf"), in_memory=False)
+        plan, reason = plan_fit(n, X.shape[1], kern, resources, choices, n_targets=Y.shape[1])
+        log_plan(plan, reason, origin="KernelRidgeCV refit", logger=log)
+        gram = self._gram(si, X, kern, stats) if plan.needs_gram else None  # tiles reused
+        fit = execute(plan, X, Y, kern, gram=gram, factor_store=store, factor_name="cv_chol")
+        shift = fit.shift
+        if fit.factor is not None:
+            stats["factorizations"] += 1
+            stats["factor_tiles"] += len(fit.factor.computed)
         else:
-            from pipeline.solvers.cg import conjugate_gradient
-            from pipeline.solvers.matvec import make_operator
-            from pipeline.solvers.precond import make_preconditioner
-
-            if self.store is not None:
-                op = make_operator("stored", shift, gram=self._gram(si, X, kern, stats))
-            else:
-                op = make_operator(
-                    "matrix-free", shift, X=X, kernel=kern, block_size=self._block_size(n)
-                )
-            pre = make_preconditioner(
-                self.preconditioner,
-                op,
-                rank=int(self.rank or min(n, 200)),
-                random_state=self.random_state if self.random_state is not None else 0,
-            )
-            res = conjugate_gradient(
-                op.matvec, Y, preconditioner=pre, tol=self.tol, max_iter=self.max_iter
-            )
-            stats["cg_iterations"] += int(res.n_iter)
-            stats["cg_matvecs"] += int(res.n_matvec)
+            stats["cg_iterations"] += int(fit.cg.n_iter)
+            stats["cg_matvecs"] += int(fit.cg.n_matvec)
             stats["cg_solves"] += 1
-            coef = res.x.reshape(n, -1)
+        coef = np.asarray(fit.dual_coef).reshape(n, -1)
         est.kernel_ = kern
         est.dual_coef_ = coef[:, 0] if y.ndim == 1 else coef
         est.X_fit_ = X
         est.n_features_in_ = X.shape[1]
         est.solver_ = self.solver_
         est.effective_alpha_ = np.full(Y.shape[1], shift)
-        est.n_iter_ = 1 if self.solver_ == "cholesky" else int(res.n_iter)
+        est.n_iter_ = int(fit.n_iter)
         est.fit_info_ = {
             "refit_by": "KernelRidgeCV",
             "store": None if self.store is None else os.fspath(self.store),
