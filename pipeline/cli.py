@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pipeline import __version__
+from pipeline._version import __version__
 
 EXIT_OK = 0
 EXIT_INTERNAL = 1

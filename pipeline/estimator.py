@@ -26,6 +26,7 @@ from sklearn.utils.validation import check_is_fitted
 from pipeline.fit import execute, log_plan, measure_resources
 from pipeline.kernel_estimator import KernelParamsMixin
 from pipeline.kernels import Linear
+from pipeline.model_io import estimator_state, save_model
 from pipeline.policy.plan import plan_fit
 from pipeline.reference import (
     ALPHA_CONVENTIONS,
@@ -381,8 +382,6 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         Load it anywhere with :func:`pipeline.load`. Needs a kernel with a spec
         (names, Kernel objects); callables and ``"precomputed"`` cannot be saved.
         """
-        from pipeline.model_io import save_model
-
         return save_model(self, path, overwrite=overwrite)
 
     # -- predict -----------------------------------------------------------------
@@ -400,12 +399,14 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         ndarray of shape (n_samples,) or (n_samples, n_targets)
         """
         check_is_fitted(self, "dual_coef_")
+        # a model written by krr run holds its scaler: applied to X and to the predictions
+        pre = getattr(self, "preprocessing_", None) or None
         X = validate_X_predict(self, X, precomputed=self._precomputed)
         if getattr(self, "primal_coef_", None) is not None:
             return np.asarray(X @ self.primal_coef_, dtype=np.float64)
         if self._precomputed:
             return np.asarray(X @ self.dual_coef_, dtype=np.float64)
-        if getattr(self, "solver_", None) in OUT_OF_CORE_SOLVERS:
+        if getattr(self, "solver_", None) in OUT_OF_CORE_SOLVERS or pre:
             from pipeline.predict import predict as predict_blockwise
 
             bs = int(self.block_size or 2048)
@@ -417,8 +418,34 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
                 block_size=bs,
                 train_block_size=bs,
                 progress=False,
+                preprocessing=pre,
             )
         if sp.issparse(X):
             X = X.tocsr()
         X_fit = self.X_fit_ if self.kernel_ is None else _dense(self.X_fit_)
         return predict_dual(lambda Xb: self._kernel_matrix(Xb, X_fit), X, self.dual_coef_)
+
+
+def load(path: Any) -> KernelRidge:
+    """Load a saved model as a fitted :class:`KernelRidge`.
+
+    Reads what ``KernelRidge.save`` writes and what ``krr run`` writes to
+    ``RUN_DIR/model/model`` (one format, :mod:`pipeline.artifact`); the latter
+    predicts on raw inputs, its scaler applied.
+
+    Raises
+    ------
+    FileNotFoundError
+        Nothing at ``path``.
+    pipeline.artifact.ArtifactError
+        Not an artifact, an unknown (newer) format version, a broken checksum, or
+        a model of another estimator.
+    """
+    from pipeline.artifact import load_artifact
+
+    art = load_artifact(str(path))
+    params, attrs = estimator_state(art, path)
+    est = KernelRidge(**params)
+    for name, value in attrs.items():
+        setattr(est, name, value)
+    return est
