@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline.stages._deps import require
+from pipeline.gram import build_gram
 from pipeline.stages.ingest import open_rows
 
 
@@ -23,7 +23,6 @@ def run(
     dtype: str,
 ) -> dict[str, Any]:
     """Build (or finish building) the Gram of the ingested training rows."""
-    build_gram = require("pipeline.gram", "build_gram", "the gram stage")
     ing = inputs["ingest"]
     store = str(Path(stage_dir) / "gram.zarr")
     gram = build_gram(

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline.stages._deps import require
+from pipeline.artifact import save_artifact
 from pipeline.stages.ingest import open_rows, preprocessing_params
 from pipeline.stages.solve import load_alpha
 
@@ -24,7 +24,6 @@ def run(
     lam_convention: str,
 ) -> dict[str, Any]:
     """Write the model artifact of the solved run (the stage fingerprints are its chain)."""
-    save_artifact = require("pipeline.artifact", "save_artifact", "the model stage")
     ing, sol = inputs["ingest"], inputs["solve"]
     alpha = load_alpha(sol)
     if alpha.ndim == 2 and alpha.shape[1] == 1:

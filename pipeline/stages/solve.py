@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from pipeline.fit import log_plan
+from pipeline.gram import open_gram
 from pipeline.policy.constants import CHOLESKY_MAX_N
-from pipeline.stages._deps import require
 from pipeline.stages.ingest import open_rows
 from pipeline.storage import CorruptFileError, bytes_checksum
 from pipeline.storage.atomic import atomic_write
@@ -118,7 +118,6 @@ def load_npy_verified(path: str, crc32c: int | None) -> np.ndarray:
 
 
 def _open_gram(inputs: dict[str, dict[str, Any]]):
-    open_gram = require("pipeline.gram", "open_gram", "the solve stage")
     g = inputs.get("gram")
     if not g:
         raise ValueError("the solver needs the stored Gram, but the gram stage did not run")
