@@ -166,12 +166,6 @@ class ModelArtifact:
         )
 
 
-#: the one fitted-model value: what ``KernelRidge.save``, ``krr run``'s model stage
-#: and :func:`pipeline.load` write and read (kernel spec, X_train or its reference,
-#: dual coefficients, preprocessing, feature names, fingerprints)
-FittedModel = ModelArtifact
-
-
 # -- helpers ----------------------------------------------------------------------
 def _package_version() -> str:
     from pipeline._version import __version__

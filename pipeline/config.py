@@ -20,6 +20,7 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from pipeline.config_checks import check_run_dir, check_run_name
 from pipeline.policy import constants as C
 from pipeline.policy.plan import ALPHA_CONVENTION_ALIASES, MATVEC_ALIASES
 
@@ -52,51 +53,6 @@ KEY_ALIASES: dict[str, tuple[str, ...]] = {
 
 class ConfigError(ValueError):
     """A config file is missing, is not valid YAML, or does not validate."""
-
-
-def check_run_dir(path: str | Path, key: str = "run_dir") -> None:
-    """Refuse a run directory that is a filesystem root, the home directory or the
-    current directory (a run directory is where the pipeline creates and removes
-    its own files; see :mod:`pipeline.stages.runner`).
-
-    Raises
-    ------
-    ValueError
-        Naming ``key``, the value and the fix.
-    """
-    p = Path(path).expanduser()
-    try:
-        full = p.resolve()
-    except (OSError, RuntimeError):
-        full = p.absolute()
-    checks = [
-        (full.parent == full, "a filesystem root"),
-        (full == Path.home().resolve(), "your home directory"),
-        (full == Path.cwd().resolve(), "the current directory"),
-    ]
-    for hit, what in checks:
-        if hit:
-            raise ValueError(
-                f"{key} {str(path)!r} is {what}; a run directory must be a directory of its "
-                "own. Use a new subdirectory, e.g. runs/<name>"
-            )
-
-
-def check_run_name(name: str) -> None:
-    """Refuse a run name that would leave ``runs/`` (path separators, ``.``, ``..``).
-
-    Raises
-    ------
-    ValueError
-        Naming the value and the fix.
-    """
-    seps = {"/", "\\"}
-    if not name.strip() or name in (".", "..") or any(c in name for c in seps) or "\0" in name:
-        raise ValueError(
-            f"name {name!r} must be a plain directory name (the run goes to runs/<name>): no "
-            "'/' or '\\', and not '.' or '..'. Use e.g. name: my-experiment, or set run_dir for "
-            "another location"
-        )
 
 
 class _Model(BaseModel):

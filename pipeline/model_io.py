@@ -19,6 +19,11 @@ import numpy as np
 from pipeline.artifact import ArtifactError, ModelArtifact, save_artifact
 from pipeline.kernels import Kernel, kernel_from_spec
 
+#: the one fitted-model value: what ``KernelRidge.save``, ``krr run``'s model stage
+#: and :func:`pipeline.load` write and read (kernel spec, X_train or its reference,
+#: dual coefficients, preprocessing, feature names, fingerprints; Zarr + JSON)
+FittedModel = ModelArtifact
+
 
 def _json_params(est: Any) -> dict[str, Any]:
     params = est.get_params(deep=False)
