@@ -83,9 +83,12 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         Kernel object (applied to a copy).
     solver : {"auto", "dense", "primal", "cholesky", "cg"}, default="auto"
         ``"dense"``: exact in-memory dual by Cholesky. ``"primal"``: exact
-        in-memory primal ridge (linear kernel only). ``"auto"``: the cheaper of
-        the two by the cost model n^2 D + n^3/3 vs n D^2 + D^3/3. ``"cholesky"``
-        and ``"cg"``: the out-of-core solvers on a tiled Gram matrix in ``store``.
+        in-memory primal ridge (linear kernel only). ``"cholesky"`` and ``"cg"``:
+        the out-of-core solvers on a tiled Gram matrix in ``store``. ``"auto"``:
+        the fit plan of :func:`pipeline.policy.plan.plan_fit`, logged with its
+        reason: without ``store``, the cheaper of primal and dual by the cost model
+        n^2 D + n^3/3 vs n D^2 + D^3/3 while the dense dual fits in memory, else
+        out of core; with ``store``, out of core by the same rule as ``krr run``.
     alpha_convention : {"sklearn", "n_samples"}, default="sklearn"
         ``"sklearn"`` solves with ``K + alpha I``; ``"n_samples"`` with
         ``K + n alpha I`` (n = number of samples, or the sum of
@@ -98,7 +101,7 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
     tol : float, default=1e-6
         Relative residual tolerance of ``solver="cg"``.
     max_iter : int, default=None
-        Iteration limit of ``solver="cg"`` (None: n_samples).
+        Iteration limit of ``solver="cg"`` (None: 1000, the fit plan's default).
     preconditioner : {"nystrom", "jacobi", "none"}, default="nystrom"
         Preconditioner of ``solver="cg"``.
     rank : int, default=None
