@@ -12,6 +12,7 @@ from typing import Any
 
 from pipeline.gram import build_gram
 from pipeline.stages.ingest import open_rows
+from pipeline.stages.outputs import GramOutput
 
 
 def run(
@@ -21,7 +22,7 @@ def run(
     kernel: dict[str, Any],
     block_size: int,
     dtype: str,
-) -> dict[str, Any]:
+) -> GramOutput:
     """Build (or finish building) the Gram of the ingested training rows."""
     ing = inputs["ingest"]
     store = str(Path(stage_dir) / "gram.zarr")
@@ -35,12 +36,12 @@ def run(
         overwrite=True,
         x_fingerprint=ing["x_fingerprint"],
     )
-    return {
-        "store": gram.store,
-        "name": gram.name,
-        "fingerprint": gram.fingerprint,
-        "shape": list(gram.shape),
-        "block_size": gram.block_size,
-        "dtype": dtype,
-        "tiles": gram.grid.n_lower_tiles(),
-    }
+    return GramOutput(
+        store=gram.store,
+        name=gram.name,
+        fingerprint=gram.fingerprint,
+        shape=list(gram.shape),
+        block_size=gram.block_size,
+        dtype=dtype,
+        tiles=gram.grid.n_lower_tiles(),
+    )

@@ -12,6 +12,7 @@ from typing import Any
 
 from pipeline.artifact import save_artifact
 from pipeline.stages.ingest import open_rows, preprocessing_params
+from pipeline.stages.outputs import ModelOutput
 from pipeline.stages.solve import load_alpha
 
 
@@ -22,7 +23,7 @@ def run(
     kernel: dict[str, Any],
     lam: float,
     lam_convention: str,
-) -> dict[str, Any]:
+) -> ModelOutput:
     """Write the model artifact of the solved run (the stage fingerprints are its chain)."""
     ing, sol = inputs["ingest"], inputs["solve"]
     alpha = load_alpha(sol)
@@ -52,4 +53,4 @@ def run(
         },
         overwrite=True,
     )
-    return {"path": path, "model_fingerprint": art.model_fingerprint}
+    return ModelOutput(path=path, model_fingerprint=art.model_fingerprint)

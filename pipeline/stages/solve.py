@@ -23,6 +23,7 @@ from pipeline.fit import log_plan
 from pipeline.gram import open_gram
 from pipeline.policy.constants import CHOLESKY_MAX_N
 from pipeline.stages.ingest import open_rows
+from pipeline.stages.outputs import GramOutput, SolveOutput
 from pipeline.storage import CorruptFileError, bytes_checksum
 from pipeline.storage.atomic import atomic_write
 
@@ -121,7 +122,8 @@ def _open_gram(inputs: dict[str, dict[str, Any]]):
     g = inputs.get("gram")
     if not g:
         raise ValueError("the solver needs the stored Gram, but the gram stage did not run")
-    return open_gram(g["store"], g.get("name", "gram"))
+    gram = GramOutput.from_json(g)  # the gram stage's typed output
+    return open_gram(gram.store, gram.name)
 
 
 def _solve_cholesky(stage_dir, inputs, y, plan) -> tuple[np.ndarray, dict]:
@@ -224,7 +226,7 @@ def run(
     block_size: int,
     dtype: str,
     solver: dict[str, Any],
-) -> dict[str, Any]:
+) -> SolveOutput:
     """Solve for α with the configured solver; write ``alpha.npy``.
 
     The solver and its options come from :func:`stage_plan` (the one fit plan);
@@ -259,16 +261,16 @@ def run(
     alpha = np.asarray(alpha, dtype=np.float64).reshape(y.shape)
     path = Path(stage_dir) / "alpha.npy"
     crc = save_npy_atomic(path, alpha)
-    return {
-        "method": method,
-        "alpha": str(path),
-        "alpha_crc32c": crc,
-        "lam": lam,
-        "lam_convention": lam_convention,
-        "plan": plan.to_dict(),
-        "plan_reason": reason,
-        **info,
-    }
+    return SolveOutput(
+        method=method,
+        alpha=str(path),
+        alpha_crc32c=crc,
+        lam=lam,
+        lam_convention=lam_convention,
+        plan=plan.to_dict(),
+        plan_reason=reason,
+        details=info,
+    )
 
 
 def load_alpha(outputs: dict[str, Any]) -> np.ndarray:
