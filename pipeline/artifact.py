@@ -168,7 +168,7 @@ class ModelArtifact:
 
 # -- helpers ----------------------------------------------------------------------
 def _package_version() -> str:
-    from pipeline import __version__
+    from pipeline._version import __version__
 
     return __version__
 

@@ -34,7 +34,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pipeline import __version__
+from pipeline._version import __version__
+from pipeline.cli_output import _fmt, _isatty, _print_metrics, _setup_logging, _unconverged_note
 
 EXIT_OK = 0
 EXIT_INTERNAL = 1
@@ -69,29 +70,6 @@ class CliError(Exception):
     def __init__(self, message: str, code: int) -> None:
         super().__init__(message)
         self.code = code
-
-
-def _isatty() -> bool:
-    return sys.stderr.isatty()
-
-
-def _setup_logging(verbose: bool) -> None:
-    fmt = "%(message)s" if _isatty() else "%(asctime)s %(levelname)s %(name)s: %(message)s"
-    root = logging.getLogger()
-    for h in list(root.handlers):
-        if getattr(h, "_krr", False):
-            root.removeHandler(h)
-    h = logging.StreamHandler(sys.stderr)
-    h.setFormatter(logging.Formatter(fmt, datefmt="%Y-%m-%dT%H:%M:%S"))
-    h._krr = True  # type: ignore[attr-defined]
-    root.addHandler(h)
-    root.setLevel(logging.WARNING)
-    level = logging.DEBUG if verbose else logging.INFO
-    for name in ("krr", "pipeline"):
-        logging.getLogger(name).setLevel(level)
-    if not verbose:
-        # distributed is chatty at INFO; keep its warnings
-        logging.getLogger("distributed").setLevel(logging.WARNING)
 
 
 # ---------------------------------------------------------------------------
@@ -309,41 +287,6 @@ def _stage_error_hint(e, code: int) -> str:
     return "rerun the same command to resume"
 
 
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.6g}"
-    return "-" if v is None else str(v)
-
-
-def _print_metrics(ev: dict[str, Any], out: Any = None) -> None:
-    out = out or sys.stdout
-    ours = ev.get("metrics") or {}
-    if not ours:
-        return
-    base = ev.get("baseline") or {}
-    bm = base.get("metrics") or {}
-    print(f"\nheld-out metrics ({ev.get('n_test')} rows):", file=out)
-    header = f"  {'metric':<8} {'krr-pipeline':>14}"
-    if bm:
-        header += f" {'scikit-learn':>14}"
-    print(header, file=out)
-    for k, v in ours.items():
-        line = f"  {k:<8} {_fmt(v):>14}"
-        if bm:
-            line += f" {_fmt(bm.get(k)):>14}"
-        print(line, file=out)
-    if bm:
-        print(f"  baseline: {base.get('name')}", file=out)
-        print(
-            "  max |prediction difference| vs scikit-learn: "
-            f"{base.get('max_abs_prediction_difference', float('nan')):.3g} "
-            f"(relative {base.get('max_rel_prediction_difference', float('nan')):.3g})",
-            file=out,
-        )
-    elif ev.get("baseline_note"):
-        print(f"  {ev['baseline_note']}", file=out)
-
-
 # ---------------------------------------------------------------------------
 # commands
 
@@ -508,20 +451,6 @@ def cmd_run(args) -> int:
     if outputs.get("evaluate"):
         _print_metrics(outputs["evaluate"])
     return EXIT_OK
-
-
-def _unconverged_note(sol: dict[str, Any] | None) -> str | None:
-    """A line for a CG solve that did not converge (kept only with solver.allow_unconverged)."""
-    if not sol or sol.get("converged", True):
-        return None
-    res = sol.get("rel_residual")
-    worst = max(res) if isinstance(res, list) and res else res
-    worst_s = f"{worst:.3e}" if isinstance(worst, float | int) else "?"
-    return (
-        f"CG stopped after {sol.get('n_iter')} iterations with relative residual {worst_s}, "
-        "above solver.tol; alpha, the model and the predictions are approximate "
-        "(solver.allow_unconverged is true)"
-    )
 
 
 def cmd_status(args) -> int:

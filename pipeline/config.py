@@ -2,7 +2,7 @@
 
 A config file is validated into :class:`RunConfig`. Unknown keys are errors that
 suggest the nearest valid key, and a value of the wrong type is an error that
-names its key. Overrides such as ``kernel.params.gamma=0.5`` or ``lam=1e-4`` are
+names its key. Overrides such as ``kernel.params.gamma=0.5`` or ``lambda=1e-4`` are
 applied to the parsed YAML before validation, so they are checked the same way.
 
 Only the CLI and the workflows read configs; :meth:`RunConfig.stage_params`
@@ -19,6 +19,10 @@ from typing import Any, Literal
 import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from pipeline.config_checks import check_run_dir, check_run_name
+from pipeline.policy import constants as C
+from pipeline.policy.plan import ALPHA_CONVENTION_ALIASES, MATVEC_ALIASES
 
 __all__ = [
     "ClusterConfig",
@@ -40,61 +44,15 @@ __all__ = [
 ]
 
 
+#: config key -> its other accepted spellings (a config may give only one of them)
+KEY_ALIASES: dict[str, tuple[str, ...]] = {
+    "lambda": ("alpha",),
+    "alpha_convention": ("lam_convention",),
+}
+
+
 class ConfigError(ValueError):
     """A config file is missing, is not valid YAML, or does not validate."""
-
-
-def check_run_dir(path: str | Path, key: str = "run_dir") -> None:
-    """Refuse a run directory that is a filesystem root, the home directory or the
-    current directory (a run directory is where the pipeline creates and removes
-    its own files; see :mod:`pipeline.stages.runner`).
-
-    Raises
-    ------
-    ValueError
-        Naming ``key``, the value and the fix.
-    """
-    if "://" in str(path) and not str(path).startswith("file://"):  # object store URL
-        _scheme, rest = str(path).split("://", 1)
-        if "/" not in rest.strip("/"):
-            raise ValueError(
-                f"{key} {str(path)!r} is a whole bucket; a run directory must be a prefix of "
-                f"its own. Use e.g. {str(path).rstrip('/')}/runs/<name>"
-            )
-        return
-    p = Path(path).expanduser()
-    try:
-        full = p.resolve()
-    except (OSError, RuntimeError):
-        full = p.absolute()
-    checks = [
-        (full.parent == full, "a filesystem root"),
-        (full == Path.home().resolve(), "your home directory"),
-        (full == Path.cwd().resolve(), "the current directory"),
-    ]
-    for hit, what in checks:
-        if hit:
-            raise ValueError(
-                f"{key} {str(path)!r} is {what}; a run directory must be a directory of its "
-                "own. Use a new subdirectory, e.g. runs/<name>"
-            )
-
-
-def check_run_name(name: str) -> None:
-    """Refuse a run name that would leave ``runs/`` (path separators, ``.``, ``..``).
-
-    Raises
-    ------
-    ValueError
-        Naming the value and the fix.
-    """
-    seps = {"/", "\\"}
-    if not name.strip() or name in (".", "..") or any(c in name for c in seps) or "\0" in name:
-        raise ValueError(
-            f"name {name!r} must be a plain directory name (the run goes to runs/<name>): no "
-            "'/' or '\\', and not '.' or '..'. Use e.g. name: my-experiment, or set run_dir for "
-            "another location"
-        )
 
 
 class _Model(BaseModel):
@@ -189,13 +147,16 @@ class KernelConfig(_Model):
 
 class SolverConfig(_Model):
     method: Literal["cholesky", "cg", "auto"] = "auto"
-    # conjugate gradients
-    tol: float = Field(default=1e-6, gt=0)
-    max_iter: int = Field(default=1000, ge=1)
-    preconditioner: Literal["none", "jacobi", "nystrom"] = "nystrom"
-    rank: int = Field(default=500, ge=1)
-    matvec: Literal["stored", "matrix_free"] = "matrix_free"
-    checkpoint_every: int = Field(default=10, ge=1)
+    # conjugate gradients (defaults: pipeline.policy.constants, shared with KernelRidge)
+    tol: float = Field(default=C.DEFAULT_TOL, gt=0)
+    max_iter: int = Field(default=C.DEFAULT_MAX_ITER, ge=1)
+    preconditioner: Literal["none", "jacobi", "nystrom"] = C.DEFAULT_PRECONDITIONER
+    rank: int = Field(default=C.DEFAULT_RANK, ge=1)
+    #: CG's product with K: ``stored`` (read the Gram), ``recompute`` (kernel tiles on the
+    #: fly) or ``auto`` (by D and free disk); the old spellings ``matrix_free``,
+    #: ``matrix-free`` and ``free`` are read as ``recompute``
+    matvec: Literal["stored", "recompute", "auto"] = "auto"
+    checkpoint_every: int = Field(default=C.DEFAULT_CHECKPOINT_EVERY, ge=1)
     #: accept a CG solve that stops at max_iter or breaks down (the run summary says so);
     #: by default such a solve fails the run (exit 4)
     allow_unconverged: bool = False
@@ -208,6 +169,11 @@ class SolverConfig(_Model):
     #: how factor tiles are scheduled (see pipeline.solvers.tile_cholesky): "auto" runs
     #: them on the cluster when there is one, else on threads of this process
     factor_scheduler: Literal["auto", "threads", "dask"] = "auto"
+
+    @field_validator("matvec", mode="before")
+    @classmethod
+    def _matvec_spelling(cls, v: Any) -> Any:
+        return MATVEC_ALIASES.get(v, v) if isinstance(v, str) else v
 
 
 class PredictConfig(_Model):
@@ -259,7 +225,7 @@ class CvConfig(_Model):
     eigen_mode: Literal["auto", "lgo", "fold"] = "auto"
     random_state: int | None = 0
     # conjugate gradients (solver cg)
-    tol: float = Field(default=1e-8, gt=0)
+    tol: float = Field(default=C.CV_TOL, gt=0)
     max_iter: int | None = Field(default=None, ge=1)
     preconditioner: Literal["nystrom", "none"] = "nystrom"
     rank: int | None = Field(default=None, ge=1)
@@ -358,12 +324,16 @@ class RunConfig(_Model):
     split: SplitConfig = SplitConfig()
     preprocess: PreprocessConfig = PreprocessConfig()
     kernel: KernelConfig = KernelConfig()
-    #: ridge strength (the "lambda" of the design card)
+    #: ridge strength λ (the "lambda" of the design card); ``alpha`` (the Python
+    #: API's name) is an alias
     lam: float = Field(default=1e-3, gt=0, alias="lambda")
-    #: ``sklearn``: solve (K + λ I) α = y (scikit-learn's ``alpha``); ``n``: (K + n λ I) α = y
-    lam_convention: Literal["sklearn", "n"] = "sklearn"
+    #: ``sklearn``: solve (K + λ I) α = y (scikit-learn's ``alpha``); ``n_samples``:
+    #: (K + n λ I) α = y. The old key ``lam_convention`` and value ``n`` are accepted.
+    lam_convention: Literal["sklearn", "n_samples"] = Field(
+        default=C.DEFAULT_ALPHA_CONVENTION, alias="alpha_convention"
+    )
     solver: SolverConfig = SolverConfig()
-    block_size: int = Field(default=2048, ge=1)
+    block_size: int = Field(default=C.DEFAULT_BLOCK_SIZE, ge=1)
     dtype: Literal["float64", "float32"] = "float64"
     predict: PredictConfig = PredictConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
@@ -371,6 +341,33 @@ class RunConfig(_Model):
     cv: CvConfig | None = None
     cluster: ClusterConfig = ClusterConfig()
     storage: StorageConfig = StorageConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_vocabulary(cls, data: Any) -> Any:
+        """Read the old spellings (``lam_convention``, ``n``, ``alpha`` for ``lambda``);
+        refuse a config that gives a key in both spellings, naming both."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for new, olds in KEY_ALIASES.items():
+            given = [k for k in (new, *olds) if k in data]
+            if len(given) > 1:
+                raise ValueError(
+                    f"the config gives both {given[0]!r} and {given[1]!r}, two spellings of the "
+                    f"same key; keep only {new!r}"
+                )
+            if given and given[0] != new:
+                data[new] = data.pop(given[0])
+        conv = data.get("alpha_convention")
+        if isinstance(conv, str):
+            data["alpha_convention"] = ALPHA_CONVENTION_ALIASES.get(conv, conv)
+        return data
+
+    @property
+    def solver_convention(self) -> str:
+        """The λ convention as the solvers spell it (``sklearn`` or ``n``)."""
+        return "n" if self.lam_convention == "n_samples" else "sklearn"
 
     @field_validator("run_dir")
     @classmethod
@@ -442,14 +439,14 @@ class RunConfig(_Model):
             "select": {
                 "cv": None if self.cv is None else self.cv.model_dump(),
                 "kernel": kernel_spec,
-                "lam_convention": self.lam_convention,
+                "lam_convention": self.solver_convention,
                 "block_size": self.block_size,
             },
             "gram": {"kernel": kernel_spec, "block_size": self.block_size, "dtype": self.dtype},
             "solve": {
                 "kernel": kernel_spec,
                 "lam": self.lam,
-                "lam_convention": self.lam_convention,
+                "lam_convention": self.solver_convention,
                 "block_size": self.block_size,
                 "dtype": self.dtype,
                 "solver": self.solver.model_dump(),
@@ -457,7 +454,7 @@ class RunConfig(_Model):
             "model": {
                 "kernel": kernel_spec,
                 "lam": self.lam,
-                "lam_convention": self.lam_convention,
+                "lam_convention": self.solver_convention,
             },
             "predict": {
                 **self.predict.model_dump(),
@@ -468,7 +465,7 @@ class RunConfig(_Model):
                 **self.evaluate.model_dump(),
                 "kernel": kernel_spec,
                 "lam": self.lam,
-                "lam_convention": self.lam_convention,
+                "lam_convention": self.solver_convention,
             },
         }
 

@@ -14,6 +14,7 @@ without changing the public signature.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -22,20 +23,18 @@ from sklearn.base import BaseEstimator, MultiOutputMixin, RegressorMixin
 from sklearn.metrics.pairwise import pairwise_kernels
 from sklearn.utils.validation import check_is_fitted
 
+from pipeline.fit import execute, log_plan, measure_resources
 from pipeline.kernel_estimator import KernelParamsMixin
 from pipeline.kernels import Linear
+from pipeline.model_io import estimator_state, save_model
+from pipeline.policy.plan import plan_fit
 from pipeline.reference import (
     ALPHA_CONVENTIONS,
-    InsufficientMemoryError,
     check_dense_memory,
-    choose_solver,
     dense_dual_bytes,
     effective_alpha,
     predict_dual,
     primal_bytes,
-    primal_to_dual,
-    solve_dual,
-    solve_primal,
 )
 from pipeline.validation import (
     check_alpha,
@@ -84,9 +83,12 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         Kernel object (applied to a copy).
     solver : {"auto", "dense", "primal", "cholesky", "cg"}, default="auto"
         ``"dense"``: exact in-memory dual by Cholesky. ``"primal"``: exact
-        in-memory primal ridge (linear kernel only). ``"auto"``: the cheaper of
-        the two by the cost model n^2 D + n^3/3 vs n D^2 + D^3/3. ``"cholesky"``
-        and ``"cg"``: the out-of-core solvers on a tiled Gram matrix in ``store``.
+        in-memory primal ridge (linear kernel only). ``"cholesky"`` and ``"cg"``:
+        the out-of-core solvers on a tiled Gram matrix in ``store``. ``"auto"``:
+        the fit plan of :func:`pipeline.policy.plan.plan_fit`, logged with its
+        reason: without ``store``, the cheaper of primal and dual by the cost model
+        n^2 D + n^3/3 vs n D^2 + D^3/3 while the dense dual fits in memory, else
+        out of core; with ``store``, out of core by the same rule as ``krr run``.
     alpha_convention : {"sklearn", "n_samples"}, default="sklearn"
         ``"sklearn"`` solves with ``K + alpha I``; ``"n_samples"`` with
         ``K + n alpha I`` (n = number of samples, or the sum of
@@ -104,7 +106,7 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
     tol : float, default=1e-6
         Relative residual tolerance of ``solver="cg"``.
     max_iter : int, default=None
-        Iteration limit of ``solver="cg"`` (None: n_samples).
+        Iteration limit of ``solver="cg"`` (None: 1000, the fit plan's default).
     preconditioner : {"nystrom", "jacobi", "none"}, default="nystrom"
         Preconditioner of ``solver="cg"``.
     rank : int, default=None
@@ -216,14 +218,6 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
             )
         return k(_dense(X), None if Y is None else _dense(Y))
 
-    def _dense_fits(self, n: int, d: int, t: int, X: Any) -> bool:
-        copies = 2 if (self._precomputed or X.dtype == np.float32) else 1
-        try:
-            check_dense_memory(dense_dual_bytes(n, d, t, kernel_copies=copies), what="")
-        except InsufficientMemoryError:
-            return self._resolve_kernel() is None  # callables can only go in memory
-        return True
-
     # -- fit -------------------------------------------------------------------
     def fit(self, X: Any, y: Any, sample_weight: Any = None) -> KernelRidge:
         """Fit kernel ridge regression.
@@ -266,48 +260,75 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
                 f"solver='primal' needs alpha > 0, got alpha={self.alpha!r}; "
                 "use solver='dense' for scikit-learn's alpha=0 behaviour"
             )
+        copies = 2 if (self._precomputed or X.dtype == np.float32) else 1
+        plan, reason = self._plan(n, d, t, kernel, sw, copies)
         if solver == "auto":
-            solver = choose_solver(n, d, has_primal=has_primal, alpha=lam)
-            if solver != "primal" and not self._dense_fits(n, d, t, X) and sw is None:
-                log.info(
-                    "solver='auto': the in-memory dual for n_samples=%d does not fit in "
-                    "memory; using the out-of-core solvers",
-                    n,
-                )
-                return self._fit_out_of_core(X, y, sw, kernel)
+            log_plan(plan, reason, origin="KernelRidge", logger=log)
+            if plan.out_of_core:
+                return self._fit_out_of_core(X, y, sw, kernel, plan=plan)
+            solver = plan.solver
         self.kernel_ = kernel
         self.effective_alpha_ = lam
         if hasattr(self, "primal_coef_"):
             del self.primal_coef_
         if solver == "primal":
             check_dense_memory(primal_bytes(n, d, t), what=f"the in-memory primal solve with D={d}")
-            coef = solve_primal(
-                X, y, self.alpha, sample_weight=sw, alpha_convention=self.alpha_convention
+            fit = execute(
+                replace(plan, solver="primal"), X, y, kernel, alpha=self.alpha, sample_weight=sw
             )
-            self.primal_coef_ = coef
-            self.dual_coef_ = primal_to_dual(X, y, coef, lam, sw)
+            self.primal_coef_ = fit.primal_coef
+            self.dual_coef_ = fit.dual_coef
         else:
-            copies = 2 if (self._precomputed or X.dtype == np.float32) else 1
             check_dense_memory(
                 dense_dual_bytes(n, d, t, kernel_copies=copies),
                 what=f"the in-memory dense solve with n_samples={n}",
             )
-            K = self._kernel_matrix(X)
-            self.dual_coef_ = solve_dual(
-                K,
+            fit = execute(
+                replace(plan, solver="dense"),
+                X,
                 y,
-                self.alpha,
+                kernel,
+                alpha=self.alpha,
                 sample_weight=sw,
-                alpha_convention=self.alpha_convention,
+                K=self._kernel_matrix(X),
                 overwrite_k=not self._precomputed,
             )
-            del K
+            self.dual_coef_ = fit.dual_coef
         self.solver_ = solver
         self.n_iter_ = 1
         self.X_fit_ = X
         return self
 
-    def _fit_out_of_core(self, X: Any, y: np.ndarray, sample_weight: Any, kernel: Any):
+    def _plan(self, n: int, d: int, t: int, kernel: Any, sw: Any, copies: int):
+        """The fit plan and its reason (:func:`pipeline.policy.plan.plan_fit`).
+
+        In-memory solvers are planned unless ``store`` is given and the fit can go
+        out of core (a Kernel object, no sample weights, one alpha).
+        """
+        one_alpha = np.unique(np.atleast_1d(np.asarray(self.alpha, dtype=np.float64))).size == 1
+        ooc_able = kernel is not None and sw is None and one_alpha
+        resources = measure_resources(self.store, in_memory=self.store is None or not ooc_able)
+        choices = {
+            "solver": self.solver,
+            "alpha": self.alpha,
+            "alpha_convention": self.alpha_convention,
+            "block_size": self.block_size,
+            "tol": self.tol,
+            "max_iter": self.max_iter,
+            "preconditioner": self.preconditioner,
+            "rank": self.rank,
+            "matvec": self.matvec,
+            "random_state": self.random_state if isinstance(self.random_state, int) else None,
+            "factor_dtype": self.factor_dtype,
+            "store": self.store,
+            "kernel_copies": copies,
+            "sample_weight": sw is not None,
+        }
+        return plan_fit(n, d, kernel, resources, choices, n_targets=t)
+
+    def _fit_out_of_core(
+        self, X: Any, y: np.ndarray, sample_weight: Any, kernel: Any, plan: Any = None
+    ):
         """Fit with an out-of-core solver (``solver="cholesky"``, ``"cg"``, or "auto" past RAM).
 
         The Gram matrix lives in tiles in ``store`` (a temporary directory when
@@ -361,6 +382,7 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
             matvec=self.matvec,
             random_state=self.random_state if isinstance(self.random_state, int) else None,
             factor_dtype=self.factor_dtype,
+            plan=plan,
         )
         if hasattr(self, "primal_coef_"):
             del self.primal_coef_
@@ -380,8 +402,6 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         Load it anywhere with :func:`pipeline.load`. Needs a kernel with a spec
         (names, Kernel objects); callables and ``"precomputed"`` cannot be saved.
         """
-        from pipeline.model_io import save_model
-
         return save_model(self, path, overwrite=overwrite)
 
     # -- predict -----------------------------------------------------------------
@@ -399,12 +419,14 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         ndarray of shape (n_samples,) or (n_samples, n_targets)
         """
         check_is_fitted(self, "dual_coef_")
+        # a model written by krr run holds its scaler: applied to X and to the predictions
+        pre = getattr(self, "preprocessing_", None) or None
         X = validate_X_predict(self, X, precomputed=self._precomputed)
         if getattr(self, "primal_coef_", None) is not None:
             return np.asarray(X @ self.primal_coef_, dtype=np.float64)
         if self._precomputed:
             return np.asarray(X @ self.dual_coef_, dtype=np.float64)
-        if getattr(self, "solver_", None) in OUT_OF_CORE_SOLVERS:
+        if getattr(self, "solver_", None) in OUT_OF_CORE_SOLVERS or pre:
             from pipeline.predict import predict as predict_blockwise
 
             bs = int(self.block_size or 2048)
@@ -416,8 +438,34 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
                 block_size=bs,
                 train_block_size=bs,
                 progress=False,
+                preprocessing=pre,
             )
         if sp.issparse(X):
             X = X.tocsr()
         X_fit = self.X_fit_ if self.kernel_ is None else _dense(self.X_fit_)
         return predict_dual(lambda Xb: self._kernel_matrix(Xb, X_fit), X, self.dual_coef_)
+
+
+def load(path: Any) -> KernelRidge:
+    """Load a saved model as a fitted :class:`KernelRidge`.
+
+    Reads what ``KernelRidge.save`` writes and what ``krr run`` writes to
+    ``RUN_DIR/model/model`` (one format, :mod:`pipeline.artifact`); the latter
+    predicts on raw inputs, its scaler applied.
+
+    Raises
+    ------
+    FileNotFoundError
+        Nothing at ``path``.
+    pipeline.artifact.ArtifactError
+        Not an artifact, an unknown (newer) format version, a broken checksum, or
+        a model of another estimator.
+    """
+    from pipeline.artifact import load_artifact
+
+    art = load_artifact(str(path))
+    params, attrs = estimator_state(art, path)
+    est = KernelRidge(**params)
+    for name, value in attrs.items():
+        setattr(est, name, value)
+    return est

@@ -3,7 +3,10 @@
 The artifact (see :mod:`pipeline.artifact`) is a Zarr group with JSON metadata:
 training inputs, dual coefficients, the kernel spec, λ and its convention, the
 package version and checksums. The estimator's parameters ride along as JSON,
-so :func:`load` returns an equivalent fitted :class:`~pipeline.KernelRidge`.
+so :func:`pipeline.load` returns an equivalent fitted :class:`~pipeline.KernelRidge`
+(built from :func:`estimator_state`). A model written by ``krr run`` is the same
+format and loads the same way. This module does not import the estimator (no
+import cycle): ``pipeline.estimator`` imports it.
 """
 
 from __future__ import annotations
@@ -13,8 +16,13 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.artifact import ArtifactError, ModelArtifact, load_artifact, save_artifact
+from pipeline.artifact import ArtifactError, ModelArtifact, save_artifact
 from pipeline.kernels import Kernel, kernel_from_spec
+
+#: the one fitted-model value: what ``KernelRidge.save``, ``krr run``'s model stage
+#: and :func:`pipeline.load` write and read (kernel spec, X_train or its reference,
+#: dual coefficients, preprocessing, feature names, fingerprints; Zarr + JSON)
+FittedModel = ModelArtifact
 
 
 def _json_params(est: Any) -> dict[str, Any]:
@@ -77,37 +85,56 @@ def _feature_names(est: Any) -> list[str] | None:
     return None if names is None else [str(n) for n in names]
 
 
-def load(path: Any) -> Any:
-    """Load a model saved with ``KernelRidge.save`` as a fitted :class:`pipeline.KernelRidge`.
+def estimator_state(art: ModelArtifact, path: Any = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(params, fitted_attributes)`` of the :class:`pipeline.KernelRidge` an artifact holds.
+
+    Reads models saved by ``KernelRidge.save`` (their parameters ride along) and
+    models written by ``krr run``'s model stage (parameters rebuilt from λ, its
+    convention and the kernel; the scaler becomes ``preprocessing_``, applied by
+    ``predict``).
 
     Raises
     ------
-    FileNotFoundError
-        Nothing at ``path``.
     pipeline.artifact.ArtifactError
-        Not an artifact, an unknown format version, or a broken checksum.
+        The artifact was written by another estimator, or references its training
+        rows without holding them.
     """
-    from pipeline.estimator import KernelRidge
-
-    art = load_artifact(str(path))
     extra = art.extra or {}
-    if extra.get("estimator") != "pipeline.KernelRidge":
+    writer = extra.get("estimator")
+    if writer is not None and writer != "pipeline.KernelRidge":
         raise ArtifactError(
             f"{path!s} holds a model artifact but not a saved pipeline.KernelRidge "
-            f"(estimator={extra.get('estimator')!r}); use pipeline.artifact.load_artifact"
+            f"(estimator={writer!r}); use pipeline.artifact.load_artifact"
         )
-    params = dict(extra["params"])
-    if isinstance(params["kernel"], dict) and "spec" in params["kernel"]:
-        params["kernel"] = kernel_from_spec(params["kernel"]["spec"])
-    est = KernelRidge(**params)
+    if writer is not None:
+        params = dict(extra["params"])
+        if isinstance(params["kernel"], dict) and "spec" in params["kernel"]:
+            params["kernel"] = kernel_from_spec(params["kernel"]["spec"])
+    else:  # written by krr run's model stage
+        reg = np.atleast_1d(np.asarray(art.regularization, dtype=np.float64))
+        solver = extra.get("solver") or "cholesky"
+        params = {
+            "alpha": float(reg[0]) if np.unique(reg).size == 1 else reg.tolist(),
+            "kernel": art.kernel,
+            "alpha_convention": "n_samples"
+            if art.regularization_convention in ("n", "n_samples")
+            else "sklearn",
+            "solver": solver if solver in ("dense", "primal", "cholesky", "cg") else "auto",
+        }
     X = np.asarray(art.X_train)
-    est.kernel_ = art.kernel
-    est.dual_coef_ = np.asarray(art.dual_coef)
-    est.X_fit_ = X
-    est.n_features_in_ = X.shape[1]
+    attrs: dict[str, Any] = {
+        "kernel_": art.kernel,
+        "dual_coef_": np.asarray(art.dual_coef),
+        "X_fit_": X,
+        "n_features_in_": X.shape[1],
+        "solver_": extra.get("solver_", extra.get("solver") or "dense"),
+        "n_iter_": extra.get("n_iter_", 1),
+        "effective_alpha_": np.asarray(
+            extra.get("effective_alpha_", np.atleast_1d(art.regularization))
+        ),
+    }
     if art.feature_names is not None:  # predict then checks DataFrame columns like scikit-learn
-        est.feature_names_in_ = np.asarray(art.feature_names, dtype=object)
-    est.solver_ = extra.get("solver_", "dense")
-    est.n_iter_ = extra.get("n_iter_", 1)
-    est.effective_alpha_ = np.asarray(extra.get("effective_alpha_", [art.regularization]))
-    return est
+        attrs["feature_names_in_"] = np.asarray(art.feature_names, dtype=object)
+    if art.preprocessing:
+        attrs["preprocessing_"] = {k: np.asarray(v) for k, v in art.preprocessing.items()}
+    return params, attrs

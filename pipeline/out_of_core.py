@@ -22,11 +22,11 @@ from typing import Any
 import numpy as np
 
 from pipeline.kernels import Kernel
+from pipeline.policy.constants import DEFAULT_BLOCK_SIZE
 
 log = logging.getLogger(__name__)
 
-#: default tile edge of the out-of-core solvers (a 2048² float64 tile is 32 MiB)
-DEFAULT_BLOCK_SIZE = 2048
+__all__ = ["DEFAULT_BLOCK_SIZE", "OutOfCoreFit", "choose_out_of_core_solver", "fit_out_of_core"]
 #: estimator convention names -> solver convention names
 CONVENTIONS = {"sklearn": "sklearn", "n_samples": "n"}
 
@@ -61,17 +61,22 @@ def _store_dir(store: Any) -> Iterator[str]:
 
 
 def _disk_free(store: str) -> float:
-    if "://" in store:
-        return float("inf")
-    return float(shutil.disk_usage(store).free)
+    from pipeline.fit import _disk_free as disk_free
+
+    return disk_free(store)
 
 
 def choose_out_of_core_solver(n: int, d: int, store: str) -> tuple[str, str]:
-    """``"cholesky"`` or ``"cg"`` by N, free disk and free memory; returns (name, reason)."""
-    from pipeline.reference.memory import available_memory
-    from pipeline.solvers.choose import choose_solver
+    """``"cholesky"`` or ``"cg"`` by N, free disk and free memory; returns (name, reason).
 
-    return choose_solver(n, d, _disk_free(store), float(available_memory()))
+    The rule is :func:`pipeline.policy.plan.out_of_core_choice` (the one in
+    :func:`~pipeline.policy.plan.plan_fit`).
+    """
+    from pipeline.fit import measure_resources
+    from pipeline.policy.plan import out_of_core_choice
+
+    res = measure_resources(store, in_memory=False)
+    return out_of_core_choice(n, d, res.disk_bytes, res.memory_bytes)
 
 
 def fit_out_of_core(
@@ -92,6 +97,7 @@ def fit_out_of_core(
     random_state: int | None = None,
     progress: bool = True,
     factor_dtype: str = "float64",
+    plan: Any = None,
 ) -> OutOfCoreFit:
     """Solve (K + shift·I) α = y out of core; shift = lam, or n·lam with ``convention="n_samples"``.
 
@@ -111,8 +117,13 @@ def fit_out_of_core(
     factor_dtype : {"float64", "float32"}
         Cholesky only: precision of the stored factor; with float32, alpha is
         refined against the stored Gram (:func:`pipeline.solvers.cholesky_solve`).
+    plan : FitPlan, optional
+        A plan already made (by the estimator's ``solver="auto"``); the options
+        above are then taken from it. Otherwise one is made here with
+        :func:`pipeline.policy.plan.plan_fit` and logged.
     """
-    from pipeline.solvers.cholesky import regularisation_shift
+    from pipeline.fit import execute, log_plan, measure_resources
+    from pipeline.policy.plan import plan_fit
 
     if convention not in CONVENTIONS:
         raise ValueError(f"convention must be one of {sorted(CONVENTIONS)}, got {convention!r}")
@@ -122,9 +133,8 @@ def fit_out_of_core(
             "or solver='dense' for scikit-learn's alpha=0 least-squares behaviour"
         )
     n, d = X.shape
-    bs = int(block_size or min(DEFAULT_BLOCK_SIZE, n))
-    conv = CONVENTIONS[convention]
-    shift = regularisation_shift(lam, n, conv)
+    if solver not in ("cholesky", "cg", "auto"):
+        raise ValueError(f"solver must be 'cholesky', 'cg' or 'auto', got {solver!r}")
     mercer = bool(getattr(kernel, "is_mercer", True))
     if solver == "cg" and not mercer:
         raise ValueError(
@@ -134,30 +144,28 @@ def fit_out_of_core(
             "solver='dense', or a Mercer kernel such as 'rbf'."
         )
     with _store_dir(store) as root:
-        if solver == "auto":
-            solver, reason = choose_out_of_core_solver(n, d, root)
-            if solver == "cg" and not mercer:  # as KernelRidgeCV's auto routing does
-                solver, reason = "cholesky", f"{reason}; but the kernel is not known to be PSD"
-            log.info("solver='auto' chose %r: %s", solver, reason)
-        if solver == "cholesky":
-            return _fit_cholesky(X, y, kernel, lam, conv, root, bs, shift, progress, factor_dtype)
-        if solver == "cg":
-            return _fit_cg(
-                X,
-                y,
-                kernel,
-                shift,
-                root,
-                bs,
-                tol,
-                max_iter,
-                preconditioner,
-                rank,
-                matvec,
-                random_state,
-                progress,
-            )
-        raise ValueError(f"solver must be 'cholesky', 'cg' or 'auto', got {solver!r}")
+        if plan is None:
+            choices = {
+                "solver": solver,
+                "alpha": lam,
+                "alpha_convention": convention,
+                "block_size": block_size,
+                "tol": tol,
+                "max_iter": max_iter,
+                "preconditioner": preconditioner,
+                "rank": rank,
+                "matvec": matvec,
+                "random_state": random_state,
+                "factor_dtype": factor_dtype,
+                "store": store,
+            }
+            plan, reason = plan_fit(
+                n, d, kernel, measure_resources(root, in_memory=False), choices,
+                n_targets=1 if y.ndim == 1 else y.shape[1],
+            )  # fmt: skip
+            log_plan(plan, reason, origin="KernelRidge", logger=log)
+        res = execute(plan, X, y, kernel, root=root, progress=progress)
+        return OutOfCoreFit(res.dual_coef, res.solver, res.n_iter, res.shift, res.info)
 
 
 def _x_fingerprint(X: np.ndarray) -> str:
@@ -165,54 +173,3 @@ def _x_fingerprint(X: np.ndarray) -> str:
     from pipeline.storage import fingerprint_blocks
 
     return fingerprint_blocks([X])
-
-
-def _fit_cholesky(
-    X, y, kernel, lam, conv, root, bs, shift, progress, factor_dtype="float64"
-) -> OutOfCoreFit:
-    from pipeline.gram import build_gram
-    from pipeline.solvers import cholesky_solve, tile_cholesky
-
-    gram = build_gram(X, kernel, root, bs, progress=progress, x_fingerprint=_x_fingerprint(X))
-    factor = tile_cholesky(
-        gram, lam, convention=conv, store=root, progress=progress, dtype=factor_dtype
-    )
-    refine: dict = {}
-    alpha = cholesky_solve(factor, y, gram=gram, stats=refine)
-    info = {"factor_tiles_computed": len(factor.computed), "jitter": factor.jitter, **refine}
-    return OutOfCoreFit(np.asarray(alpha), "cholesky", 1, shift, info)
-
-
-def _fit_cg(
-    X, y, kernel, shift, root, bs, tol, max_iter, preconditioner, rank, matvec, seed, progress
-) -> OutOfCoreFit:
-    from pipeline.solvers.cg_checkpoint import resumable_cg
-    from pipeline.solvers.choose import choose_matvec_mode
-    from pipeline.solvers.matvec import make_operator
-    from pipeline.solvers.precond import make_preconditioner
-
-    n, d = X.shape
-    if matvec == "auto":
-        mode, reason = choose_matvec_mode(n, d, _disk_free(root))
-        log.info("matvec='auto' chose %r: %s", mode, reason)
-    else:
-        mode = "matrix-free" if matvec == "recompute" else "stored"
-    if mode == "stored":
-        from pipeline.gram import build_gram
-
-        gram = build_gram(X, kernel, root, bs, progress=progress, x_fingerprint=_x_fingerprint(X))
-        op = make_operator("stored", shift, gram=gram)
-    else:
-        op = make_operator("matrix-free", shift, X=X, kernel=kernel, block_size=bs)
-    r = int(rank or min(n, 500))
-    precond = make_preconditioner(
-        preconditioner, op, rank=min(r, n), random_state=0 if seed is None else seed
-    )
-    result = resumable_cg(op, y, root, preconditioner=precond, tol=tol, max_iter=max_iter)
-    info = {
-        "matvec": mode,
-        "converged": bool(result.converged),
-        "rel_residual": np.asarray(result.rel_residual).tolist(),
-        "history": result.history,
-    }
-    return OutOfCoreFit(np.asarray(result.x), "cg", int(result.n_iter), shift, info)

@@ -21,17 +21,10 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.policy.constants import BAND_GEMM_EFFICIENCY, CG_MARGIN, CG_PASS_OVERHEAD
 from pipeline.solvers.precond import rpcholesky
 
 __all__ = ["DenseKernelOperator", "Route", "cg_iteration_bound", "route_setting"]
-
-#: a band reduction (LAPACK dsytrd_sy2sb) runs at about this fraction of the
-#: single-thread GEMM rate (measured at m=6400: 0.6-0.75 on 2 cores)
-BAND_GEMM_EFFICIENCY = 0.65
-#: CG does a product with K plus, per fold, a preconditioner apply and vector updates
-CG_PASS_OVERHEAD = 1.5
-#: CG must be predicted cheaper than this fraction of the band reductions
-CG_MARGIN = 0.5
 
 
 class DenseKernelOperator:

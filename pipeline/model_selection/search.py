@@ -44,21 +44,26 @@ from sklearn.metrics import check_scoring
 from sklearn.utils.validation import check_is_fitted
 
 from pipeline.estimator import KernelRidge
-from pipeline.model_selection.band import band_search
-from pipeline.model_selection.cgpath import cg_fold_predictions
-from pipeline.model_selection.eigen import (
-    eigendecompose,
-    fold_eigen_predictions,
-    lgo_predictions,
-    loo_predictions,
-)
+from pipeline.fit import execute, log_plan
 from pipeline.model_selection.grid import (
     build_candidates,
     check_alphas,
     make_splits,
     resolve_kernel,
 )
-from pipeline.model_selection.route import DenseKernelOperator, route_setting
+from pipeline.model_selection.stats import SearchStats, merge_stats, new_stats
+from pipeline.model_selection.strategies import (
+    BandStrategy,
+    CGPathStrategy,
+    CholeskyStrategy,
+    InMemoryStrategy,
+    OutOfCoreStore,
+)
+from pipeline.policy.constants import (
+    CV_TOL,
+)
+from pipeline.policy.cv_routing import choose_cv_solver, eigen_mode, memory_need
+from pipeline.policy.plan import Resources, normalize_alpha_convention, plan_fit
 from pipeline.solvers.band import band_available
 from pipeline.validation import validate_X_y
 
@@ -70,19 +75,7 @@ SOLVERS = ("auto", "band", "eigen", "dense", "cholesky", "cg")
 IN_MEMORY = ("band", "eigen", "dense")
 CONVENTIONS = ("sklearn", "n_samples", "n")
 EIGEN_MODES = ("auto", "lgo", "fold")
-#: largest n for which solver="auto" stays in memory
-IN_MEMORY_MAX_N = 20_000
-#: eigendecomposition cost in units of n³ flops of potrf-speed work. Rough calibration on
-#: the 2-core box: syevd(4000) ~ 20 x potrf(4000) quiet, while at N=2000 under load the
-#: full-eigh LGO search ran 2x faster than one Cholesky per (λ, fold); 4 sits between.
-EIG_FLOPS_PER_N3 = 4.0
-#: band reduction of an m x m training Gram (LAPACK dsytrd_sy2sb, 4/3 m³ BLAS-3 flops) in
-#: the same units: measured 3.3-5.1 s at m=6400 against 1.1 s for potrf(6400) on 2 cores
-BAND_FLOPS_PER_M3 = 1.2
-#: solver="auto" in memory: settings routed to CG solve to this relative residual, with a
-#: Nyström preconditioner of rank min(ROUTE_RANK, n // 8) (or ``rank``)
-ROUTED_CG_TOL = 1e-10
-ROUTE_RANK = 1000
+# calibrated constants of the search's routing live in pipeline.policy.constants
 
 
 class _FixedPredictions(RegressorMixin, BaseEstimator):
@@ -95,39 +88,7 @@ class _FixedPredictions(RegressorMixin, BaseEstimator):
         return self.pred
 
 
-def _new_stats() -> dict[str, Any]:
-    return {
-        "kernel_settings": 0,
-        "candidates": 0,
-        "folds": 0,
-        "kernel_matrices": 0,
-        "gram_tiles_built": 0,
-        "gram_tiles_reused": 0,
-        "eigendecompositions": 0,
-        "band_reductions": 0,
-        "factorizations": 0,
-        "factor_tiles": 0,
-        "factor_tile_reads": 0,
-        "cg_iterations": 0,
-        "cg_matvecs": 0,
-        "cg_solves": 0,
-        "preconditioner_builds": 0,
-        "fold_fits_equivalent": 0,
-        "seconds": {},
-    }
-
-
-def _merge_stats(into: dict[str, Any], part: dict[str, Any]) -> None:
-    for k, v in part.items():
-        if k in ("kernel_settings", "candidates", "folds"):
-            continue
-        if isinstance(v, dict):
-            for kk, vv in v.items():
-                into[k][kk] = round(into[k].get(kk, 0) + vv, 4)
-        elif isinstance(v, list):
-            into.setdefault(k, []).extend(v)
-        else:
-            into[k] = into.get(k, 0) + v
+_new_stats, _merge_stats = new_stats, merge_stats  # the names this module used
 
 
 class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
@@ -193,6 +154,8 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
     search_stats_ : dict
         Work counters: kernel matrices, Gram tiles built/reused,
         eigendecompositions, factorisations, CG iterations, seconds per phase.
+    search_statistics_ : SearchStats
+        The same counters, typed (:class:`pipeline.model_selection.stats.SearchStats`).
     """
 
     def __init__(
@@ -212,7 +175,7 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         store: Any = None,
         eigen_mode: str = "auto",
         refit: bool = True,
-        tol: float = 1e-8,
+        tol: float = CV_TOL,
         max_iter: int | None = None,
         preconditioner: str = "nystrom",
         rank: int | None = None,
@@ -276,11 +239,7 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         return workers
 
     def _memory_need(self, solver: str, n: int, band_workers: int) -> int:
-        if solver == "band":
-            return (2 + band_workers) * n * n * 8
-        # K plus an eigenvector matrix or a fold copy: ~3 N² floats, once per kernel
-        # setting searched concurrently (n_jobs threads)
-        return 3 * n * n * 8 * max(1, int(self.n_jobs or 1))
+        return memory_need(solver, n, band_workers, self.n_jobs)
 
     def _choose_solver(
         self, n: int, kind: str, n_alpha: int, splits: list, band_workers: int = 1
@@ -306,47 +265,29 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
             return self.solver
         if self.solver != "auto":
             return self.solver
-        costs = {
-            "eigen": self._eigen_cost(n, kind, n_alpha, splits),
-            "dense": self._dense_cost(n_alpha, splits),
-        }
-        if kind != "loo" and band_available():
-            costs["band"] = self._band_cost(splits)
-        for name in sorted(costs, key=costs.get):
+
+        def fits(nbytes: int) -> bool:
             try:
-                check_dense_memory(self._memory_need(name, n, band_workers), what="")
+                check_dense_memory(nbytes, what="")
             except MemoryError:
-                continue
-            if n <= IN_MEMORY_MAX_N:
-                return name
-        return "cholesky" if self.store is not None else "cg"
+                return False
+            return True
+
+        return choose_cv_solver(
+            n,
+            kind,
+            n_alpha,
+            splits,
+            fits=fits,
+            band_ok=kind != "loo" and band_available(),
+            has_store=self.store is not None,
+            band_workers=band_workers,
+            n_jobs=self.n_jobs,
+            eigen_requested=self.eigen_mode,
+        )
 
     def _eigen_mode(self, n: int, kind: str, n_alpha: int, splits: list) -> str:
-        if kind == "loo":
-            return "loo"
-        if kind != "complement":
-            return "fold"
-        if self.eigen_mode != "auto":
-            return self.eigen_mode
-        lgo = EIG_FLOPS_PER_N3 * n**3 + sum(n_alpha * len(te) ** 2 * n for _, te in splits)
-        fold = sum(EIG_FLOPS_PER_N3 * len(tr) ** 3 for tr, _ in splits)
-        return "lgo" if lgo <= fold else "fold"
-
-    def _eigen_cost(self, n: int, kind: str, n_alpha: int, splits: list) -> float:
-        mode = self._eigen_mode(n, kind, n_alpha, splits)
-        if mode in ("loo", "lgo"):
-            return EIG_FLOPS_PER_N3 * n**3 + sum(
-                n_alpha * len(te) ** 2 * n for _, te in splits if mode == "lgo"
-            )
-        return sum(EIG_FLOPS_PER_N3 * len(tr) ** 3 for tr, _ in splits)
-
-    @staticmethod
-    def _band_cost(splits: list) -> float:
-        return sum(BAND_FLOPS_PER_M3 * len(tr) ** 3 for tr, _ in splits)
-
-    @staticmethod
-    def _dense_cost(n_alpha: int, splits: list) -> float:
-        return sum(n_alpha * len(tr) ** 3 / 3.0 for tr, _ in splits)
+        return eigen_mode(n, kind, n_alpha, splits, self.eigen_mode)
 
     # -------------------------------------------------------------------- fit
     def fit(self, X: Any, y: Any) -> KernelRidgeCV:
@@ -457,6 +398,7 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
             stats["seconds"]["refit"] = round(time.perf_counter() - t0, 4)
         stats["seconds"]["total"] = round(time.perf_counter() - t_start, 4)
         self.search_stats_ = stats
+        self.search_statistics_ = SearchStats.from_dict(stats)
         log.info(
             "KernelRidgeCV(%s): %d candidates x %d folds; kernel matrices %d, Gram tiles built "
             "%d (reused %d), eigendecompositions %d, band reductions %d, factorisations %d, "
@@ -503,303 +445,79 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         res["std_fit_time"] = np.zeros(len(candidates))
         return res
 
-    # -------------------------------------------------------- in-memory paths
+    # ------------------------------------------------------------ strategies
     def _band_settings(self, X, y2, base, settings, candidates, splits, workers, route: bool):
-        """Every kernel setting by band reductions, or (``route``) by preconditioned CG
-        where :func:`route_setting` predicts CG to be cheaper: (predictions by alpha,
-        stats) per setting."""
-        alphas = [
-            list(dict.fromkeys(c["alpha"] for c in candidates if c.kernel_params == st))
-            for st in settings
-        ]
-        shifts = [
-            [[self._shift(a, len(tr)) for a in alphas[s]] for tr, _ in splits]
-            for s in range(len(settings))
-        ]
-        kerns = [copy.deepcopy(base).set_params(**st) for st in settings]
-        per = [_new_stats() for _ in settings]
-        n = X.shape[0]
-        preds: dict[int, list] = {}
-        kept: dict[int, np.ndarray] = {}
-
-        def kernel(s: int) -> np.ndarray:
-            if s in kept:
-                return kept.pop(s)
-            t0 = time.perf_counter()
-            K = np.asarray(kerns[s](X), dtype=np.float64)
-            per[s]["kernel_matrices"] += 1
-            sec = per[s]["seconds"]
-            sec["kernel"] = sec.get("kernel", 0) + time.perf_counter() - t0
-            return K
-
-        t0 = time.perf_counter()
-        # only a kernel known to be PSD is routed: CG on an indefinite K would not fail
-        # loudly, while the band Cholesky names the shift that is not positive definite
-        routed = [s for s in range(len(settings)) if route and kerns[s].is_mercer]
-        if routed:
-            for s in routed:
-                K = kernel(s)
-                t1 = time.perf_counter()
-                r = route_setting(
-                    K,
-                    shifts[s],
-                    [len(tr) for tr, _ in splits],
-                    n_workers=workers,
-                    tol=ROUTED_CG_TOL,
-                    rank=int(self.rank or min(ROUTE_RANK, max(1, n // 8))),
-                    random_state=self.random_state if self.random_state is not None else 0,
-                )
-                per[s]["seconds"]["route"] = round(time.perf_counter() - t1, 4)
-                per[s]["routes"] = [
-                    {
-                        "setting": settings[s],
-                        "solver": r.solver,
-                        "rho": r.rho,
-                        "predicted_cg_iterations": r.predicted_cg_iterations,
-                        "predicted_cg_seconds": round(r.predicted_cg_seconds, 3),
-                        "predicted_band_seconds": round(r.predicted_band_seconds, 3),
-                    }
-                ]
-                log.info(
-                    "setting %s: %s (||K - F F^T|| %.3g; predicted CG %d iterations %.1f s, "
-                    "band %.1f s)",
-                    settings[s],
-                    r.solver,
-                    r.rho,
-                    r.predicted_cg_iterations,
-                    r.predicted_cg_seconds,
-                    r.predicted_band_seconds,
-                )
-                if r.solver == "cg":
-                    t1 = time.perf_counter()
-                    pf = cg_fold_predictions(
-                        DenseKernelOperator(K),
-                        y2,
-                        [tr for tr, _ in splits],
-                        [te for _, te in splits],
-                        np.array(shifts[s]).T,
-                        tol=ROUTED_CG_TOL,
-                        max_iter=self.max_iter,
-                        factor=r.factor,
-                        stats=per[s],
-                    )
-                    per[s]["seconds"]["cg"] = round(time.perf_counter() - t1, 4)
-                    preds[s] = pf
-                elif len(kept) < max(2, workers):  # the first band settings keep their K
-                    kept[s] = K
-                del K
-        band = [s for s in range(len(settings)) if s not in preds]
-        out = band_search(
-            lambda i: kernel(band[i]),
-            len(band),
-            y2,
-            splits,
-            lambda i, f: shifts[band[i]][f],
-            n_workers=workers,
-            stats=[per[s] for s in band],
-        )
-        kept.clear()
-        for i, s in enumerate(band):
-            preds[s] = out[i]
-        log.info(
-            "in-memory search: %d settings (%d by band reductions on %d threads) x %d "
-            "splits: %.2f s",
-            len(settings),
-            len(band),
-            workers,
-            len(splits),
-            time.perf_counter() - t0,
-        )
-        per[0]["band_workers"] = workers
-        return [
-            (
-                {
-                    a: [preds[s][f][li] for f in range(len(splits))]
-                    for li, a in enumerate(alphas[s])
-                },
-                per[s],
-            )
-            for s in range(len(settings))
-        ]
+        return BandStrategy(self).run(X, y2, base, settings, candidates, splits, workers, route)
 
     def _in_memory_setting(self, solver, X, y2, kern, splits, kind, alphas_s, stats):
-        n = X.shape[0]
-        t0 = time.perf_counter()
-        K = np.asarray(kern(X), dtype=np.float64)
-        stats["kernel_matrices"] += 1
-        stats["seconds"]["kernel"] = stats["seconds"].get("kernel", 0) + time.perf_counter() - t0
-        L = len(alphas_s)
-        if solver == "dense":
-            from pipeline.reference import solve_dual
+        return InMemoryStrategy(self).setting(solver, X, y2, kern, splits, kind, alphas_s, stats)
 
-            out = [[None] * len(splits) for _ in range(L)]
-            for f, (tr, te) in enumerate(splits):
-                Ktt = K[np.ix_(tr, tr)]
-                Kvt = K[np.ix_(te, tr)]
-                for li, a in enumerate(alphas_s):
-                    coef = solve_dual(Ktt, y2[tr], self._shift(a, len(tr)))
-                    out[li][f] = Kvt @ coef
-                    stats["factorizations"] += 1
-                    stats["fold_fits_equivalent"] += 1
-            return out
-        mode = self._eigen_mode(n, kind, L, splits)
-        stats.setdefault("eigen_modes", []).append(mode)
-        if mode == "loo":
-            eig = eigendecompose(K, y2, overwrite=True)
-            del K
-            stats["eigendecompositions"] += 1
-            preds = loo_predictions(eig, y2, [self._shift(a, n - 1) for a in alphas_s])
-            return [[p] for p in preds]
-        if mode == "lgo":
-            eig = eigendecompose(K, y2, overwrite=True)
-            del K
-            stats["eigendecompositions"] += 1
-            tests = [te for _, te in splits]
-            shifts = [[self._shift(a, len(tr)) for a in alphas_s] for tr, _ in splits]
-            pf = lgo_predictions(eig, y2, tests, shifts)
-            return [[pf[f][li] for f in range(len(splits))] for li in range(L)]
-        out = [[None] * len(splits) for _ in range(L)]
-        for f, (tr, te) in enumerate(splits):
-            ps = fold_eigen_predictions(K, y2, tr, te, [self._shift(a, len(tr)) for a in alphas_s])
-            stats["eigendecompositions"] += 1
-            for li in range(L):
-                out[li][f] = ps[li]
-        return out
-
-    # ------------------------------------------------------ out-of-core paths
     def _block_size(self, n: int) -> int:
-        return int(min(self.block_size or 2048, n))
+        return OutOfCoreStore(self).block_size(n)
 
     def _gram(self, si: int, X, kern, stats):
-        from pipeline.gram import build_gram
-
-        gram, gs = build_gram(
-            X,
-            kern,
-            os.fspath(self.store),
-            self._block_size(X.shape[0]),
-            name=f"cv_gram_{si}",
-            overwrite=True,
-            progress=False,
-            return_stats=True,
-        )
-        stats["gram_tiles_built"] += gs.n_computed
-        stats["gram_tiles_reused"] += gs.n_skipped
-        stats["kernel_matrices"] += 1
-        return gram
+        return OutOfCoreStore(self).gram(si, X, kern, stats)
 
     def _factor(self, gram, shift: float, stats):
-        from pipeline.solvers import tile_cholesky
-
-        fac = tile_cholesky(
-            gram, shift, store=os.fspath(self.store), name="cv_chol", overwrite=True, progress=False
-        )
-        stats["factorizations"] += 1
-        stats["factor_tiles"] += len(fac.computed)
-        return fac
+        return OutOfCoreStore(self).factor(gram, shift, stats)
 
     def _cholesky_setting(self, si, X, y2, kern, splits, kind, alphas_s, stats):
-        from pipeline.model_selection.loo import lgo_residuals, loo_residuals
-        from pipeline.solvers import cholesky_solve
-
-        n = X.shape[0]
-        gram = self._gram(si, X, kern, stats)
-        out = []
-        for a in alphas_s:
-            if kind == "loo":
-                fac = self._factor(gram, self._shift(a, n - 1), stats)
-                e, _ = loo_residuals(fac, y2, stats=stats)
-                out.append([y2 - e])
-                continue
-            by_shift: dict[float, list[int]] = {}
-            for f, (tr, _) in enumerate(splits):
-                by_shift.setdefault(self._shift(a, len(tr)), []).append(f)
-            preds: list[Any] = [None] * len(splits)
-            for shift, folds in by_shift.items():
-                fac = self._factor(gram, shift, stats)
-                coef = cholesky_solve(fac, y2)
-                for f in folds:
-                    te = splits[f][1]
-                    preds[f] = y2[te] - lgo_residuals(fac, coef, te, stats)
-            out.append(preds)
-        return out
+        return CholeskyStrategy(self).setting(si, X, y2, kern, splits, kind, alphas_s, stats)
 
     def _cg_setting(self, si, X, y2, kern, splits, alphas_s, stats):
-        from pipeline.solvers.matvec import make_operator
-
-        if self.store is not None:
-            op = make_operator("stored", 1.0, gram=self._gram(si, X, kern, stats))
-        else:
-            op = make_operator(
-                "matrix-free", 1.0, X=X, kernel=kern, block_size=self._block_size(X.shape[0])
-            )
-        shifts = np.array([[self._shift(a, len(tr)) for tr, _ in splits] for a in alphas_s])
-        pf = cg_fold_predictions(
-            op,
-            y2,
-            [tr for tr, _ in splits],
-            [te for _, te in splits],
-            shifts,
-            preconditioner=self.preconditioner,
-            rank=self.rank,
-            tol=self.tol,
-            max_iter=self.max_iter,
-            random_state=self.random_state if self.random_state is not None else 0,
-            stats=stats,
-        )
-        return [[pf[f][li] for f in range(len(splits))] for li in range(len(alphas_s))]
+        return CGPathStrategy(self).setting(si, X, y2, kern, splits, alphas_s, stats)
 
     # ------------------------------------------------------------------ refit
     def _refit(self, X, y, base, stats) -> KernelRidge:
         kern = copy.deepcopy(base).set_params(
             **{k: v for k, v in self.best_params_.items() if k != "alpha"}
         )
-        conv = "n_samples" if self.lambda_convention == "n" else self.lambda_convention
+        conv = normalize_alpha_convention(self.lambda_convention)
         est = KernelRidge(alpha=self.best_alpha_, kernel=kern, alpha_convention=conv)
         if self.solver_ in IN_MEMORY:
             return est.fit(X, y)
         # out of core: refit on the best setting's stored Gram (its tiles are reused, not
-        # rebuilt), one factorisation (cholesky) or one preconditioned CG solve (cg)
+        # rebuilt), one factorisation (cholesky) or one preconditioned CG solve (cg), as
+        # planned by the one fit plan (pipeline.policy.plan) and run by pipeline.fit.execute
         n = X.shape[0]
-        shift = self._shift(self.best_alpha_, n)
         si = self._settings.index({k: v for k, v in self.best_params_.items() if k != "alpha"})
         Y = y.reshape(n, -1)
-        if self.solver_ == "cholesky":
-            from pipeline.solvers import cholesky_solve
-
-            gram = self._gram(si, X, kern, stats)  # already stored: tiles reused
-            coef = cholesky_solve(self._factor(gram, shift, stats), Y)
+        store = None if self.store is None else os.fspath(self.store)
+        seed = self.random_state if isinstance(self.random_state, int) else 0
+        choices = {
+            "solver": self.solver_,
+            "alpha": self.best_alpha_,
+            "alpha_convention": conv,
+            "block_size": self._block_size(n),
+            "tol": self.tol,
+            "max_iter": self.max_iter,
+            "preconditioner": self.preconditioner,
+            "rank": self.rank,
+            "matvec": "stored" if store is not None else "recompute",
+            "random_state": seed,
+            "store": store,
+        }
+        resources = Resources(float("inf"), float("inf"), in_memory=False)
+        plan, reason = plan_fit(n, X.shape[1], kern, resources, choices, n_targets=Y.shape[1])
+        log_plan(plan, reason, origin="KernelRidgeCV refit", logger=log)
+        gram = self._gram(si, X, kern, stats) if plan.needs_gram else None  # tiles reused
+        fit = execute(plan, X, Y, kern, gram=gram, factor_store=store, factor_name="cv_chol")
+        shift = fit.shift
+        if fit.factor is not None:
+            stats["factorizations"] += 1
+            stats["factor_tiles"] += len(fit.factor.computed)
         else:
-            from pipeline.solvers.cg import conjugate_gradient
-            from pipeline.solvers.matvec import make_operator
-            from pipeline.solvers.precond import make_preconditioner
-
-            if self.store is not None:
-                op = make_operator("stored", shift, gram=self._gram(si, X, kern, stats))
-            else:
-                op = make_operator(
-                    "matrix-free", shift, X=X, kernel=kern, block_size=self._block_size(n)
-                )
-            pre = make_preconditioner(
-                self.preconditioner,
-                op,
-                rank=int(self.rank or min(n, 200)),
-                random_state=self.random_state if self.random_state is not None else 0,
-            )
-            res = conjugate_gradient(
-                op.matvec, Y, preconditioner=pre, tol=self.tol, max_iter=self.max_iter
-            )
-            stats["cg_iterations"] += int(res.n_iter)
-            stats["cg_matvecs"] += int(res.n_matvec)
+            stats["cg_iterations"] += int(fit.cg.n_iter)
+            stats["cg_matvecs"] += int(fit.cg.n_matvec)
             stats["cg_solves"] += 1
-            coef = res.x.reshape(n, -1)
+        coef = np.asarray(fit.dual_coef).reshape(n, -1)
         est.kernel_ = kern
         est.dual_coef_ = coef[:, 0] if y.ndim == 1 else coef
         est.X_fit_ = X
         est.n_features_in_ = X.shape[1]
         est.solver_ = self.solver_
         est.effective_alpha_ = np.full(Y.shape[1], shift)
-        est.n_iter_ = 1 if self.solver_ == "cholesky" else int(res.n_iter)
+        est.n_iter_ = int(fit.n_iter)
         est.fit_info_ = {
             "refit_by": "KernelRidgeCV",
             "store": None if self.store is None else os.fspath(self.store),

@@ -18,10 +18,11 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from pipeline.fit import execute
 from pipeline.kernels import Kernel, Linear, make_kernel
-from pipeline.reference.dual import effective_alpha, predict_dual, solve_dual
+from pipeline.policy.plan import Resources, plan_fit
+from pipeline.reference.dual import effective_alpha, predict_dual
 from pipeline.reference.memory import check_dense_memory, dense_dual_bytes, primal_bytes
-from pipeline.reference.primal import primal_to_dual, solve_primal
 
 
 def dual_flops(n_samples: int, n_features: int) -> float:
@@ -38,14 +39,11 @@ def primal_flops(n_samples: int, n_features: int) -> float:
 
 def choose_solver(n_samples: int, n_features: int, *, has_primal: bool, alpha: Any = 1.0) -> str:
     """``"primal"`` when the kernel has an explicit primal, alpha > 0 and it is cheaper,
-    else ``"dense"`` (the dual)."""
-    if not has_primal or np.any(np.asarray(alpha, dtype=np.float64) <= 0):
-        return "dense"
-    return (
-        "primal"
-        if primal_flops(n_samples, n_features) < dual_flops(n_samples, n_features)
-        else "dense"
-    )
+    else ``"dense"`` (the dual): the in-memory rule of
+    :func:`pipeline.policy.plan.plan_fit`."""
+    from pipeline.policy.plan import in_memory_choice
+
+    return in_memory_choice(n_samples, n_features, has_primal=has_primal, alpha=alpha)
 
 
 def _dense(X: Any) -> np.ndarray:
@@ -113,34 +111,39 @@ def fit_reference(
         alpha, n, n_targets=t, sample_weight=sw, alpha_convention=alpha_convention
     )
     linear = isinstance(k, Linear)
-    if solver == "auto":
-        solver = choose_solver(n, d, has_primal=linear, alpha=lam)
-    if solver == "primal":
-        if not linear:
-            raise ValueError(f"solver='primal' needs the linear kernel, got {k!r}; use 'dense'")
+    if solver not in ("auto", "dense", "primal"):
+        raise ValueError(f"solver={solver!r} is not valid here; choose 'auto', 'dense' or 'primal'")
+    if solver == "primal" and not linear:
+        raise ValueError(f"solver='primal' needs the linear kernel, got {k!r}; use 'dense'")
+    # the one fit plan; the reference is in memory by definition (its memory check raises)
+    plan, _ = plan_fit(
+        n,
+        d,
+        k,
+        Resources(float("inf"), 0.0, in_memory=True),
+        {"solver": solver, "alpha": lam, "alpha_convention": alpha_convention},
+        n_targets=t,
+    )
+    if plan.solver == "primal":
         check_dense_memory(
             primal_bytes(n, d, t), what=f"the primal solve with D={d}", available=available_memory
         )
-        coef = solve_primal(X, y, alpha, sample_weight=sw, alpha_convention=alpha_convention)
-        dual = primal_to_dual(X, y, coef, lam, sw) if np.all(lam > 0) else None
-        return ReferenceModel(k, X, dual, "primal", coef=coef)
-    if solver != "dense":
-        raise ValueError(f"solver={solver!r} is not valid here; choose 'auto', 'dense' or 'primal'")
+        fit = execute(plan, X, y, k, alpha=alpha, sample_weight=sw)
+        return ReferenceModel(k, X, fit.dual_coef, "primal", coef=fit.primal_coef)
     check_dense_memory(
         dense_dual_bytes(n, d, t),
         what=f"the dense dual solve with N={n}",
         available=available_memory,
     )
-    K = k(_dense(X))
-    dual, info = solve_dual(
-        K,
+    fit = execute(
+        plan,
+        X,
         y,
-        alpha,
+        k,
+        alpha=alpha,
         sample_weight=sw,
-        alpha_convention=alpha_convention,
-        jitter=jitter,
+        K=k(_dense(X)),
         overwrite_k=True,
-        return_info=True,
+        jitter=jitter,
     )
-    del K
-    return ReferenceModel(k, _dense(X), dual, "dense", info=info)
+    return ReferenceModel(k, _dense(X), fit.dual_coef, "dense", info=fit.info)

@@ -44,7 +44,18 @@ def _lazy(module: str):
 def _gram_enabled(params: Mapping[str, Any], outputs: Mapping[str, Any]) -> bool:
     from pipeline.stages.solve import needs_gram
 
-    return needs_gram(params["solve"]["solver"], outputs["ingest"]["n_train"])
+    sp, ing = params["solve"], outputs["ingest"]
+    return needs_gram(
+        sp["solver"],
+        ing["n_train"],
+        ing.get("n_features", 1),
+        kernel=sp.get("kernel"),
+        store=ing.get("store"),
+        alpha=sp.get("lam"),
+        alpha_convention=sp.get("lam_convention"),
+        block_size=sp.get("block_size"),
+        kernel_dtype=sp.get("dtype"),
+    )
 
 
 def _has_test_or_batch(params: Mapping[str, Any], outputs: Mapping[str, Any]) -> bool:

@@ -10,8 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline.stages._deps import require
+from pipeline.gram import build_gram
 from pipeline.stages.ingest import open_rows
+from pipeline.stages.outputs import GramOutput
 from pipeline.storage.location import join_path
 
 
@@ -22,9 +23,8 @@ def run(
     kernel: dict[str, Any],
     block_size: int,
     dtype: str,
-) -> dict[str, Any]:
+) -> GramOutput:
     """Build (or finish building) the Gram of the ingested training rows."""
-    build_gram = require("pipeline.gram", "build_gram", "the gram stage")
     ing = inputs["ingest"]
     store = str(join_path(stage_dir, "gram.zarr"))
     gram = build_gram(
@@ -37,12 +37,12 @@ def run(
         overwrite=True,
         x_fingerprint=ing["x_fingerprint"],
     )
-    return {
-        "store": gram.store,
-        "name": gram.name,
-        "fingerprint": gram.fingerprint,
-        "shape": list(gram.shape),
-        "block_size": gram.block_size,
-        "dtype": dtype,
-        "tiles": gram.grid.n_lower_tiles(),
-    }
+    return GramOutput(
+        store=gram.store,
+        name=gram.name,
+        fingerprint=gram.fingerprint,
+        shape=list(gram.shape),
+        block_size=gram.block_size,
+        dtype=dtype,
+        tiles=gram.grid.n_lower_tiles(),
+    )

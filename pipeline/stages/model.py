@@ -10,8 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline.stages._deps import require
+from pipeline.artifact import save_artifact
 from pipeline.stages.ingest import open_rows, preprocessing_params
+from pipeline.stages.outputs import ModelOutput
 from pipeline.stages.solve import load_alpha
 from pipeline.storage.location import join_path
 
@@ -23,9 +24,8 @@ def run(
     kernel: dict[str, Any],
     lam: float,
     lam_convention: str,
-) -> dict[str, Any]:
+) -> ModelOutput:
     """Write the model artifact of the solved run (the stage fingerprints are its chain)."""
-    save_artifact = require("pipeline.artifact", "save_artifact", "the model stage")
     ing, sol = inputs["ingest"], inputs["solve"]
     alpha = load_alpha(sol)
     if alpha.ndim == 2 and alpha.shape[1] == 1:
@@ -54,4 +54,4 @@ def run(
         },
         overwrite=True,
     )
-    return {"path": path, "model_fingerprint": art.model_fingerprint}
+    return ModelOutput(path=path, model_fingerprint=art.model_fingerprint)

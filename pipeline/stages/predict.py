@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline.stages._deps import require
+from pipeline.predict import output_format, predict, select_features, write_predictions
 from pipeline.stages.ingest import open_rows, preprocessing_params
 from pipeline.stages.solve import load_alpha
 from pipeline.storage.location import join_path
@@ -34,7 +34,6 @@ def run(
     runner) only enters the stage fingerprint: a changed input is predicted again.
     """
     del input_identity
-    predict = require("pipeline.predict", "predict", "the predict stage")
     ing, sol = inputs["ingest"], inputs["solve"]
     X_train = open_rows(ing, "X_train")
     alpha = load_alpha(sol)
@@ -54,7 +53,6 @@ def run(
             "blocks": res.n_blocks,
         }
     if input:
-        select_features = require("pipeline.predict", "select_features", "the predict stage")
         feats = ing.get("feature_names")
         src = select_features(
             input,
@@ -64,12 +62,11 @@ def run(
             columns=columns,
         )
         store = output or str(join_path(stage_dir, "batch.zarr"))
-        fmt = require("pipeline.predict", "output_format", "the predict stage")(store)
+        fmt = output_format(store)
         if fmt != "zarr":  # .npy / .csv / .parquet: computed in memory, written in one piece
             common.pop("overwrite")
             y = predict(src, X_train, alpha, kernel, progress=False, **common)
-            write = require("pipeline.predict", "write_predictions", "the predict stage")
-            write(store, y, fmt, ing.get("target_names"))
+            write_predictions(store, y, fmt, ing.get("target_names"))
             out["batch"] = {"path": store, "format": fmt, "shape": list(y.shape)}
             return out
         res = predict(src, X_train, alpha, kernel, out=store, out_name="predictions", **common)

@@ -51,6 +51,7 @@ directories, renames or symbolic links; see ``docs/STORAGE.md``).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 import time
@@ -489,7 +490,7 @@ def _run_pass(
             emit(stage.name, "failed", {"error": rec.error})
             raise StageFailed(stage.name, e) from e
         dt = time.perf_counter() - t0
-        rec.status, rec.outputs, rec.finished = "done", dict(out or {}), time.time()
+        rec.status, rec.outputs, rec.finished = "done", outputs_json(out), time.time()
         manifest.save()
         outputs[stage.name] = rec.outputs
         _note(report.ran, stage.name)
@@ -500,6 +501,18 @@ def _run_pass(
         if until == stage.name:
             break
     return False
+
+
+def outputs_json(out: Any) -> dict[str, Any]:
+    """A stage's return value as the manifest's JSON dict: a dataclass (its ``to_json()``,
+    else its fields) or a mapping."""
+    if out is None:
+        return {}
+    if hasattr(out, "to_json"):
+        return dict(out.to_json())
+    if dataclasses.is_dataclass(out) and not isinstance(out, type):
+        return dataclasses.asdict(out)
+    return dict(out)
 
 
 def _mark_partial(

@@ -22,7 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.stages._deps import require
+from pipeline.kernels import make_kernel
+from pipeline.model_selection import save_search_report, search_from_config
+from pipeline.model_selection.report import CV_SECTION_KEYS
 from pipeline.stages.ingest import open_rows
 from pipeline.storage.location import is_url, join_path, upload_file
 
@@ -51,14 +53,7 @@ def run(
     block_size: int,
 ) -> dict[str, Any]:
     """Search the ``cv`` grid on the training rows; return the selected kernel and λ."""
-    search_from_config = require(
-        "pipeline.model_selection", "search_from_config", "the select stage"
-    )
-    save_search_report = require(
-        "pipeline.model_selection", "save_search_report", "the select stage"
-    )
-    keys = require("pipeline.model_selection.report", "CV_SECTION_KEYS", "the select stage")
-    from pipeline.kernels import make_kernel
+    keys = CV_SECTION_KEYS
 
     ing = inputs["ingest"]
     X = np.asarray(open_rows(ing, "X_train").compute(), dtype=np.float64)

@@ -4,7 +4,8 @@
 checkpointed per factor tile) and substitutes blockwise. ``cg`` runs
 preconditioned conjugate gradients (:func:`pipeline.solvers.cg_checkpoint.resumable_cg`,
 checkpointed every ``checkpoint_every`` iterations) on the stored Gram or
-matrix-free from X. ``auto`` picks by the number of training rows.
+matrix-free from X. ``auto`` is decided by :func:`pipeline.policy.plan.plan_fit`
+(the same rule as ``KernelRidge(solver="auto", store=...)``).
 
 α (``n_train x n_outputs``) is small and is written to ``{stage_dir}/alpha.npy``.
 """
@@ -18,31 +19,74 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.stages._deps import require
+from pipeline.fit import log_plan
+from pipeline.gram import open_gram
+from pipeline.policy.constants import CHOLESKY_MAX_N
 from pipeline.stages.ingest import open_rows
+from pipeline.stages.outputs import GramOutput, SolveOutput
 from pipeline.storage import CorruptFileError, bytes_checksum
 from pipeline.storage.atomic import atomic_write
 from pipeline.storage.location import join_path, read_bytes
 
 log = logging.getLogger("pipeline.stages")
 
-#: ``auto`` uses the out-of-core Cholesky up to this many training rows (a float64
-#: Gram of lower tiles is n²/2·8 bytes: 3.6 GB at 30k), and CG above it
-AUTO_CHOLESKY_MAX_ROWS = 30_000
+#: ``auto`` used the out-of-core Cholesky up to this many training rows; the rule is now
+#: :func:`pipeline.policy.plan.plan_fit` (whose simple cost model crosses here)
+AUTO_CHOLESKY_MAX_ROWS = CHOLESKY_MAX_N
 
 
-def resolve_method(solver: dict[str, Any], n_train: int) -> str:
-    """The solver actually used: ``cholesky`` or ``cg`` (``auto`` decided by ``n_train``)."""
-    method = solver.get("method", "auto")
-    if method == "auto":
-        method = "cholesky" if n_train <= AUTO_CHOLESKY_MAX_ROWS else "cg"
-    return method
+def _choices(solver: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    """The config's solver section in :func:`~pipeline.policy.plan.plan_fit`'s vocabulary."""
+    return {
+        "solver": solver.get("method", "auto"),
+        "tol": solver.get("tol"),
+        "max_iter": solver.get("max_iter"),
+        "preconditioner": solver.get("preconditioner"),
+        "rank": solver.get("rank"),
+        "matvec": solver.get("matvec") or "recompute",
+        "checkpoint_every": solver.get("checkpoint_every"),
+        "jitter": bool(solver.get("jitter")),
+        "factor_dtype": solver.get("factor_dtype"),
+        "factor_scheduler": solver.get("factor_scheduler"),
+        **extra,
+    }
 
 
-def needs_gram(solver: dict[str, Any], n_train: int) -> bool:
+def stage_plan(
+    solver: dict[str, Any],
+    n_train: int,
+    n_features: int = 1,
+    *,
+    kernel: Any = None,
+    store: Any = None,
+    reclaim_bytes: int = 0,
+    **choices: Any,
+):
+    """The fit plan of ``krr run`` and its reason (:func:`pipeline.policy.plan.plan_fit`).
+
+    ``krr run`` always solves out of core (its stages are checkpointed), so
+    in-memory solvers are not planned; resources are measured where ``store`` lives.
+    """
+    from pipeline.fit import measure_resources
+    from pipeline.policy.plan import plan_fit
+
+    k = None
+    if kernel is not None:
+        from pipeline.kernels import kernel_from_spec
+
+        k = kernel_from_spec(kernel)
+    resources = measure_resources(store, in_memory=False, reclaim_bytes=reclaim_bytes)
+    return plan_fit(int(n_train), int(n_features), k, resources, _choices(solver, **choices))
+
+
+def resolve_method(solver: dict[str, Any], n_train: int, n_features: int = 1, **kw: Any) -> str:
+    """The solver actually used: ``cholesky`` or ``cg`` (``auto`` decided by the fit plan)."""
+    return stage_plan(solver, n_train, n_features, **kw)[0].solver
+
+
+def needs_gram(solver: dict[str, Any], n_train: int, n_features: int = 1, **kw: Any) -> bool:
     """Whether the solve reads a stored Gram (so the gram stage must run)."""
-    method = resolve_method(solver, n_train)
-    return method == "cholesky" or solver.get("matvec") == "stored"
+    return stage_plan(solver, n_train, n_features, **kw)[0].needs_gram
 
 
 def save_npy_atomic(path: Path, arr: np.ndarray) -> int:
@@ -76,32 +120,28 @@ def load_npy_verified(path: str, crc32c: int | None) -> np.ndarray:
 
 
 def _open_gram(inputs: dict[str, dict[str, Any]]):
-    open_gram = require("pipeline.gram", "open_gram", "the solve stage")
     g = inputs.get("gram")
     if not g:
         raise ValueError("the solver needs the stored Gram, but the gram stage did not run")
-    return open_gram(g["store"], g.get("name", "gram"))
+    gram = GramOutput.from_json(g)  # the gram stage's typed output
+    return open_gram(gram.store, gram.name)
 
 
-def _solve_cholesky(
-    stage_dir, inputs, y, *, lam, lam_convention, solver
-) -> tuple[np.ndarray, dict]:
-    tile_cholesky = require("pipeline.solvers", "tile_cholesky", "the cholesky solve")
-    cholesky_solve = require("pipeline.solvers", "cholesky_solve", "the cholesky solve")
+def _solve_cholesky(stage_dir, inputs, y, plan) -> tuple[np.ndarray, dict]:
+    from pipeline.fit import execute
+
     gram = _open_gram(inputs)
-    factor = tile_cholesky(
-        gram,
-        lam,
-        convention=lam_convention,
-        store=str(join_path(stage_dir, "factor.zarr")),
-        name="chol",
-        jitter=True if solver.get("jitter") else None,
-        scheduler=solver.get("factor_scheduler", "auto"),
-        overwrite=True,
-        dtype=solver.get("factor_dtype", "float64"),
+    res = execute(
+        plan,
+        None,
+        y,
+        None,
+        gram=gram,
+        factor_store=str(join_path(stage_dir, "factor.zarr")),
+        factor_name="chol",
     )
-    refine: dict = {}
-    alpha = cholesky_solve(factor, y, gram=gram, stats=refine)
+    factor = res.factor
+    refine = {k: v for k, v in res.info.items() if k not in ("factor_tiles_computed", "jitter")}
     info = {
         "shift": factor.shift,
         "factor_dtype": str(factor.L.dtype),
@@ -114,7 +154,7 @@ def _solve_cholesky(
         },
         "factor_tiles_computed": len(factor.computed),
     }
-    return alpha, info
+    return res.dual_coef, info
 
 
 class SolveNotConverged(RuntimeError):
@@ -145,31 +185,16 @@ def check_cg_kernel(kernel: dict[str, Any]) -> None:
         )
 
 
-def _solve_cg(stage_dir, inputs, y, *, kernel, lam, lam_convention, block_size, solver):
+def _solve_cg(stage_dir, inputs, y, *, kernel, plan, solver):
+    from pipeline.fit import execute
+
     check_cg_kernel(kernel)
-    regularisation_shift = require("pipeline.solvers", "regularisation_shift", "the cg solve")
-    make_operator = require("pipeline.solvers.matvec", "make_operator", "the cg solve")
-    make_preconditioner = require("pipeline.solvers.precond", "make_preconditioner", "the cg solve")
-    resumable_cg = require("pipeline.solvers.cg_checkpoint", "resumable_cg", "the cg solve")
-    n = y.shape[0]
-    shift = regularisation_shift(lam, n, lam_convention)
-    if solver.get("matvec") == "stored":
-        op = make_operator("stored", shift, gram=_open_gram(inputs), block_size=block_size)
+    if plan.matvec == "stored":
+        gram, X = _open_gram(inputs), None
     else:
-        X = open_rows(inputs["ingest"], "X_train")
-        op = make_operator("matrix-free", shift, X=X, kernel=kernel, block_size=block_size)
-    pre = make_preconditioner(
-        solver.get("preconditioner", "nystrom"), op, rank=min(solver.get("rank", 500), n)
-    )
-    res = resumable_cg(
-        op,
-        y,
-        str(join_path(stage_dir, "cg")),
-        preconditioner=pre,
-        every=solver.get("checkpoint_every", 10),
-        tol=solver.get("tol", 1e-6),
-        max_iter=solver.get("max_iter", 1000),
-    )
+        gram, X = None, open_rows(inputs["ingest"], "X_train")
+    fit = execute(plan, X, y, kernel, gram=gram, cg_dir=str(join_path(stage_dir, "cg")))
+    res, shift = fit.cg, fit.shift
     history_crc = save_npy_atomic(join_path(stage_dir, "cg_history.npy"), np.asarray(res.history))
     if not res.converged and not solver.get("allow_unconverged", False):
         worst = float(np.max(res.rel_residual))
@@ -202,38 +227,51 @@ def run(
     block_size: int,
     dtype: str,
     solver: dict[str, Any],
-) -> dict[str, Any]:
-    """Solve for α with the configured solver; write ``alpha.npy``."""
-    del dtype  # part of the fingerprint through the Gram; the solve itself is float64
+) -> SolveOutput:
+    """Solve for α with the configured solver; write ``alpha.npy``.
+
+    The solver and its options come from :func:`stage_plan` (the one fit plan);
+    ``dtype`` is part of the fingerprint through the Gram; the solve itself is float64.
+    """
     ing = inputs["ingest"]
     y = np.asarray(open_rows(ing, "y_train").compute(), dtype=np.float64)
-    method = resolve_method(solver, ing["n_train"])
-    log.info(
-        "solve: method %s (requested %s) for n_train=%d",
-        method,
-        solver.get("method"),
+    g = inputs.get("gram") or {}
+    reclaim = 0
+    if g:  # the Gram this plan asked for is already on disk: count it as free
+        from pipeline.policy.plan import gram_disk_bytes
+
+        reclaim = gram_disk_bytes(int(ing["n_train"]), np.dtype(g.get("dtype", dtype)).itemsize)
+    plan, reason = stage_plan(
+        solver,
         ing["n_train"],
+        ing.get("n_features", 1),
+        kernel=kernel,
+        store=ing.get("store"),
+        reclaim_bytes=reclaim,
+        alpha=lam,
+        alpha_convention=lam_convention,
+        block_size=block_size,
+        kernel_dtype=dtype,
     )
+    method = plan.solver
+    log_plan(plan, reason, origin="krr run", logger=log)
     if method == "cholesky":
-        alpha, info = _solve_cholesky(
-            stage_dir, inputs, y, lam=lam, lam_convention=lam_convention, solver=solver
-        )
+        alpha, info = _solve_cholesky(stage_dir, inputs, y, plan)
     else:
-        alpha, info = _solve_cg(
-            stage_dir, inputs, y, kernel=kernel, lam=lam, lam_convention=lam_convention,
-            block_size=block_size, solver=solver,
-        )  # fmt: skip
+        alpha, info = _solve_cg(stage_dir, inputs, y, kernel=kernel, plan=plan, solver=solver)
     alpha = np.asarray(alpha, dtype=np.float64).reshape(y.shape)
     path = join_path(stage_dir, "alpha.npy")
     crc = save_npy_atomic(path, alpha)
-    return {
-        "method": method,
-        "alpha": str(path),
-        "alpha_crc32c": crc,
-        "lam": lam,
-        "lam_convention": lam_convention,
-        **info,
-    }
+    return SolveOutput(
+        method=method,
+        alpha=str(path),
+        alpha_crc32c=crc,
+        lam=lam,
+        lam_convention=lam_convention,
+        plan=plan.to_dict(),
+        plan_reason=reason,
+        details=info,
+    )
 
 
 def load_alpha(outputs: dict[str, Any]) -> np.ndarray:

@@ -73,7 +73,7 @@ def test_estimator_records_and_saves_feature_names(named_model):
     path, est = named_model
     assert list(est.feature_names_in_) == FEATURES
     assert load_artifact(path).feature_names == FEATURES
-    from pipeline.model_io import load
+    from pipeline import load
 
     assert list(load(path).feature_names_in_) == FEATURES
 

@@ -1,0 +1,273 @@
+"""Run one :class:`~pipeline.policy.plan.FitPlan`: the one place a kernel ridge fit is wired.
+
+``KernelRidge.fit`` (through :mod:`pipeline.out_of_core`), the solve stage of
+``krr run``, ``KernelRidgeCV``'s refit and the tests' reference
+(:func:`pipeline.reference.auto.fit_reference`) plan with
+:func:`pipeline.policy.plan.plan_fit`, log the plan with :func:`log_plan`, and run
+it with :func:`execute`. Layering: this module sits above the solvers (gram,
+tile Cholesky, CG, reference dense/primal solves) and below the estimators and
+stages.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pipeline.policy.plan import FitPlan, Resources, plan_fit
+
+__all__ = ["FitResult", "execute", "log_plan", "measure_resources", "plan_fit", "solver_convention"]
+
+log = logging.getLogger("pipeline.fit")
+
+
+@dataclass
+class FitResult:
+    """What :func:`execute` produced.
+
+    Attributes
+    ----------
+    dual_coef : ndarray of shape (n,) or (n, outputs)
+    solver : str
+        The plan's solver.
+    n_iter : int
+        1 for the direct solvers, CG iterations otherwise.
+    shift : float
+        The diagonal shift added to K (out of core; NaN in memory).
+    info : dict
+        Solver details (JSON-able).
+    plan : FitPlan
+    factor, cg : objects, optional
+        The Cholesky factor or the CG result, for callers that report more.
+    primal_coef : ndarray, optional
+        The primal weights of ``solver="primal"``.
+    """
+
+    dual_coef: np.ndarray
+    solver: str
+    n_iter: int
+    shift: float
+    plan: FitPlan
+    info: dict[str, Any] = field(default_factory=dict)
+    factor: Any = None
+    cg: Any = None
+    primal_coef: np.ndarray | None = None
+
+
+def solver_convention(alpha_convention: str) -> str:
+    """The solvers' spelling (``"sklearn"`` or ``"n"``) of an alpha convention."""
+    return "n" if alpha_convention in ("n_samples", "n") else "sklearn"
+
+
+def _disk_free(store: Any) -> float:
+    if store is None or "://" in str(store):
+        return float("inf")
+    import os
+
+    path = os.fspath(store)
+    while path and not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    try:
+        return float(shutil.disk_usage(path or ".").free)
+    except OSError:
+        return float("inf")
+
+
+def measure_resources(
+    store: Any = None, *, in_memory: bool = True, reclaim_bytes: int = 0
+) -> Resources:
+    """Measure free memory and the free disk where ``store`` lives.
+
+    ``reclaim_bytes`` counts bytes this fit's own earlier outputs already hold in
+    the store (a finished Gram), so a plan made before and after writing them agrees.
+    """
+    from pipeline.reference import memory
+
+    return Resources(
+        memory_bytes=float(memory.available_memory()),
+        disk_bytes=_disk_free(store) + float(reclaim_bytes),
+        in_memory=in_memory,
+    )
+
+
+def log_plan(plan: FitPlan, reason: str, *, origin: str, logger: logging.Logger = log) -> None:
+    """Log the plan the same way whatever called it (``krr run`` or an estimator)."""
+    logger.info(
+        "fit plan (%s): %s; chose %r because %s", origin, plan.describe(), plan.solver, reason
+    )
+
+
+def _x_fingerprint(X: Any) -> str | None:
+    if not isinstance(X, np.ndarray):
+        return None
+    from pipeline.storage import fingerprint_blocks
+
+    return fingerprint_blocks([X])
+
+
+def execute(
+    plan: FitPlan,
+    X: Any,
+    y: np.ndarray,
+    kernel: Any,
+    *,
+    gram: Any = None,
+    root: str | None = None,
+    factor_store: str | None = None,
+    factor_name: str = "chol",
+    cg_dir: str | None = None,
+    x_fingerprint: str | None = None,
+    progress: bool = False,
+    alpha: Any = None,
+    sample_weight: Any = None,
+    K: Any = None,
+    overwrite_k: bool | None = None,
+    jitter: Any = None,
+) -> FitResult:
+    """Run ``plan`` on ``X, y``.
+
+    Parameters
+    ----------
+    plan : FitPlan
+    X : ndarray or dask array of shape (n, d)
+        Training inputs (validated, finite).
+    y : ndarray of shape (n,) or (n, outputs)
+    kernel : Kernel, spec dict or None
+    gram : TiledArray, optional
+        A stored Gram to use (Cholesky, stored-matvec CG); built in ``root`` if needed and None.
+    root : str, optional
+        Store of the Gram, the factor (unless ``factor_store``) and the CG checkpoints
+        (unless ``cg_dir``).
+    factor_store, factor_name : optional
+        Where the Cholesky factor goes.
+    cg_dir : str, optional
+        CG checkpoint directory; without it and ``root``, CG runs without checkpoints.
+    alpha, sample_weight, K, overwrite_k, jitter : optional
+        In memory only: the raw (possibly per-target) alpha, sample weights, a
+        precomputed kernel matrix (``kernel(X)`` when None), whether the solve may
+        overwrite it (default: only when computed here), and the dense solve's jitter.
+    """
+    if plan.solver in ("dense", "primal"):
+        return _execute_in_memory(plan, X, y, kernel, alpha, sample_weight, K, overwrite_k, jitter)
+    from pipeline.solvers.cholesky import regularisation_shift
+
+    n = int(y.shape[0])
+    conv = solver_convention(plan.alpha_convention)
+    shift = regularisation_shift(plan.alpha, n, conv)
+    bs = int(plan.block_size)
+    if plan.needs_gram and gram is None:
+        from pipeline.gram import build_gram
+
+        if root is None:
+            raise ValueError(f"solver={plan.solver!r} needs a store for the Gram; pass root=")
+        gram = build_gram(
+            X,
+            kernel,
+            root,
+            bs,
+            progress=progress,
+            x_fingerprint=x_fingerprint or _x_fingerprint(X),
+        )
+    if plan.solver == "cholesky":
+        from pipeline.solvers import cholesky_solve, tile_cholesky
+
+        factor = tile_cholesky(
+            gram,
+            plan.alpha,
+            convention=conv,
+            store=factor_store or root,
+            name=factor_name,
+            jitter=True if plan.jitter else None,
+            scheduler=plan.factor_scheduler,
+            overwrite=True,
+            progress=progress,
+            dtype=plan.factor_dtype,
+        )
+        refine: dict = {}
+        coef = cholesky_solve(factor, y, gram=gram, stats=refine)
+        info = {"factor_tiles_computed": len(factor.computed), "jitter": factor.jitter, **refine}
+        return FitResult(np.asarray(coef), "cholesky", 1, float(shift), plan, info, factor=factor)
+    if plan.solver != "cg":
+        raise ValueError(f"plan.solver must be dense, primal, cholesky or cg, got {plan.solver!r}")
+    from pipeline.solvers.matvec import make_operator
+    from pipeline.solvers.precond import make_preconditioner
+
+    if plan.matvec == "stored":
+        op = make_operator("stored", shift, gram=gram, block_size=bs)
+    else:
+        op = make_operator("matrix-free", shift, X=X, kernel=kernel, block_size=bs)
+    pre = make_preconditioner(
+        plan.preconditioner, op, rank=min(plan.rank, n), random_state=plan.random_state
+    )
+    ckpt = cg_dir or root
+    if ckpt is None:
+        from pipeline.solvers.cg import conjugate_gradient
+
+        res = conjugate_gradient(
+            op.matvec, y, preconditioner=pre, tol=plan.tol, max_iter=plan.max_iter
+        )
+    else:
+        from pipeline.solvers.cg_checkpoint import resumable_cg
+
+        res = resumable_cg(
+            op,
+            y,
+            ckpt,
+            preconditioner=pre,
+            every=plan.checkpoint_every,
+            tol=plan.tol,
+            max_iter=plan.max_iter,
+        )
+    info = {
+        "matvec": plan.matvec,
+        "converged": bool(res.converged),
+        "rel_residual": np.asarray(res.rel_residual).tolist(),
+        "history": res.history,
+    }
+    return FitResult(np.asarray(res.x), "cg", int(res.n_iter), float(shift), plan, info, cg=res)
+
+
+def _execute_in_memory(
+    plan, X, y, kernel, alpha, sample_weight, K, overwrite_k, jitter
+) -> FitResult:
+    from pipeline.reference.dual import solve_dual
+    from pipeline.reference.primal import primal_to_dual, solve_primal
+
+    raw = plan.alpha if alpha is None else alpha
+    if plan.solver == "primal":
+        from pipeline.reference.dual import effective_alpha
+
+        t = 1 if np.ndim(y) == 1 else y.shape[1]
+        lam = effective_alpha(
+            raw,
+            X.shape[0],
+            n_targets=t,
+            sample_weight=sample_weight,
+            alpha_convention=plan.alpha_convention,
+        )
+        coef = solve_primal(
+            X, y, raw, sample_weight=sample_weight, alpha_convention=plan.alpha_convention
+        )
+        dual = primal_to_dual(X, y, coef, lam, sample_weight) if np.all(lam > 0) else None
+        return FitResult(dual, "primal", 1, float("nan"), plan, primal_coef=coef)
+    overwrite = K is None if overwrite_k is None else overwrite_k
+    if K is None:
+        K = kernel(X)
+    dual, info = solve_dual(
+        K,
+        y,
+        raw,
+        sample_weight=sample_weight,
+        alpha_convention=plan.alpha_convention,
+        jitter=jitter,
+        overwrite_k=overwrite,
+        return_info=True,
+    )
+    return FitResult(dual, "dense", 1, float("nan"), plan, info)

@@ -1,0 +1,90 @@
+"""Every default and calibrated constant of a fit, in one place, with where it came from.
+
+The solvers, stages and estimators import these names; none of them restates a
+number. Figures marked "measured" come from the 2-core, 24 GiB project machine
+(SkylakeX and Sapphire Rapids, see the team notes, ``NOTES.md``); they set
+*routing* only (which solver runs), never a result: every solver is exact to its
+tolerance whatever it is chosen by.
+"""
+
+from __future__ import annotations
+
+# ---------------------------------------------------------------------------
+# defaults of a fit plan (one each; FitPlan and the config models use these)
+
+#: tile edge of the out-of-core Gram, factor and matrix-free products: a 2048²
+#: float64 tile is 32 MiB, small enough for two cores' caches to stream and big
+#: enough that per-tile overhead stays under ~2% (measured with bench_cholesky.py)
+DEFAULT_BLOCK_SIZE = 2048
+#: rank of the Nyström preconditioner (capped at N): on diabetes-like RBF
+#: problems CG converges in tens of iterations at rank 300-500; the factor costs
+#: 8·N·rank bytes (0.2 GB at N = 50k)
+DEFAULT_RANK = 500
+#: relative residual at which CG stops; matches scikit-learn's predictions to ~1e-6
+DEFAULT_TOL = 1e-6
+#: CG iteration cap (a solve that needs more is reported unconverged, never silently used)
+DEFAULT_MAX_ITER = 1000
+#: CG preconditioner
+DEFAULT_PRECONDITIONER = "nystrom"
+#: CG checkpoint interval (iterations) of the resumable solve
+DEFAULT_CHECKPOINT_EVERY = 10
+#: precision of the stored Cholesky factor and of the Gram
+DEFAULT_FACTOR_DTYPE = "float64"
+DEFAULT_KERNEL_DTYPE = "float64"
+#: λ convention: "sklearn" solves (K + λI), "n_samples" solves (K + nλI)
+DEFAULT_ALPHA_CONVENTION = "sklearn"
+#: seed of the Nyström landmarks when the user gives none
+DEFAULT_RANDOM_STATE = 0
+
+# ---------------------------------------------------------------------------
+# routing of solver="auto" for one fit (pipeline.policy.plan.plan_fit)
+
+#: above this N an out-of-core fit uses CG: a Cholesky costs N³/3 flops (9 TFLOP at
+#: 30k, about 2.5 min at the measured 60 GFLOP/s tile Cholesky), more than the ~100
+#: kernel products of N² entries a Nyström-preconditioned CG needs. (Was
+#: stages/solve.AUTO_CHOLESKY_MAX_ROWS and solvers/choose.CHOLESKY_MAX_N.)
+CHOLESKY_MAX_N = 30_000
+#: leave this fraction of the free disk and memory unused when planning
+DISK_MARGIN = 0.8
+#: the dense in-memory solve may use this fraction of the available memory
+#: (scikit-learn's solve copies K twice: 3·N²·8 bytes peak, measured)
+MEMORY_SAFETY_FRACTION = 0.85
+#: CG's operator: from this many features on, reading a stored float64 entry (8 bytes
+#: at ~1 GB/s) beats recomputing it (O(D) flops at 7 ns per entry per core, measured)
+STORED_MATVEC_MIN_FEATURES = 64
+#: rates of the simple cost model (pipeline.policy.plan.predicted_*_seconds),
+#: measured on SkylakeX / Sapphire Rapids with 2 cores: the tile Cholesky at about
+#: 60 GFLOP/s; the fused matrix-free product at 0.53-0.6 G kernel entries per second
+#: (float64, cache-blocked RBF, D=14); a Nyström-preconditioned CG needing on the
+#: order of 100 products. With these, N³/3 / 60e9 = 100·N² / 0.6e9 at N = 30,000:
+#: the cost model crosses exactly at CHOLESKY_MAX_N.
+CHOLESKY_GFLOPS = 60.0
+KERNEL_ENTRIES_PER_SECOND = 0.6e9
+CG_TYPICAL_PRODUCTS = 100
+
+# ---------------------------------------------------------------------------
+# KernelRidgeCV (pipeline.model_selection): search routing and its cost model
+
+#: largest n for which KernelRidgeCV(solver="auto") stays in memory
+IN_MEMORY_MAX_N = 20_000
+#: relative CG tolerance of the search (tighter than a single fit's so that scores
+#: of CG-routed settings compare with those of the exact in-memory solvers)
+CV_TOL = 1e-8
+#: eigendecomposition cost in units of n³ flops of potrf-speed work. Rough calibration on
+#: the 2-core box: syevd(4000) ~ 20 x potrf(4000) quiet, while at N=2000 under load the
+#: full-eigh LGO search ran 2x faster than one Cholesky per (λ, fold); 4 sits between.
+EIG_FLOPS_PER_N3 = 4.0
+#: band reduction of an m x m training Gram (LAPACK dsytrd_sy2sb, 4/3 m³ BLAS-3 flops) in
+#: the same units: measured 3.3-5.1 s at m=6400 against 1.1 s for potrf(6400) on 2 cores
+BAND_FLOPS_PER_M3 = 1.2
+#: settings routed to CG in memory solve to this relative residual, with a Nyström
+#: preconditioner of rank min(ROUTE_RANK, n // 8) (or ``rank``)
+ROUTED_CG_TOL = 1e-10
+ROUTE_RANK = 1000
+#: a band reduction (LAPACK dsytrd_sy2sb) runs at about this fraction of the
+#: single-thread GEMM rate (measured at m=6400: 0.6-0.75 on 2 cores)
+BAND_GEMM_EFFICIENCY = 0.65
+#: CG does a product with K plus, per fold, a preconditioner apply and vector updates
+CG_PASS_OVERHEAD = 1.5
+#: CG must be predicted cheaper than this fraction of the band reductions
+CG_MARGIN = 0.5

@@ -1,0 +1,466 @@
+"""One fit plan: :class:`FitPlan` and the one ``solver="auto"`` rule, :func:`plan_fit`.
+
+``KernelRidge.fit``, the solve stage of ``krr run``, ``KernelRidgeCV``'s refit
+and the tests' reference all call :func:`plan_fit` and log the plan it returns
+with its reason, then run it with :func:`pipeline.fit.execute`. The rule:
+
+1. A solver the user named is used as asked (``matvec="auto"`` still resolved).
+2. ``auto`` with in-memory solving allowed (an estimator without ``store``): the
+   primal for the linear kernel when it is cheaper (``n D² + D³/3`` against
+   ``n² D + n³/3``) and α > 0; else the dense dual when it fits in memory
+   (or must: callables, ``"precomputed"``, sample weights, per-target α).
+3. Otherwise out of core: CG when the Gram and factor do not fit on disk, the
+   Cholesky when CG's vectors do not fit in memory, else whichever the cost model
+   predicts faster (:func:`predicted_cholesky_seconds` against
+   :func:`predicted_cg_seconds`; the simple forms here cross at
+   :data:`~pipeline.policy.constants.CHOLESKY_MAX_N` rows). A kernel not known to
+   be PSD never gets CG.
+
+Pure functions of sizes, user choices and measured resources: no I/O.
+The calibrated cost models (``cholesky_cost``, ``cg_cost``) plug in through the
+``cost_model`` argument of :func:`plan_fit` (any object with ``cholesky_seconds``
+and ``cg_seconds`` methods taking ``(n, d, kernel)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from pipeline.policy import constants as C
+
+__all__ = [
+    "ALPHA_CONVENTION_ALIASES",
+    "FitPlan",
+    "MATVEC_ALIASES",
+    "Resources",
+    "SimpleCostModel",
+    "cg_memory_bytes",
+    "cholesky_disk_bytes",
+    "gram_disk_bytes",
+    "matvec_choice",
+    "normalize_alpha_convention",
+    "normalize_matvec",
+    "out_of_core_choice",
+    "plan_fit",
+    "predicted_cg_seconds",
+    "predicted_cholesky_seconds",
+]
+
+SOLVERS = ("auto", "dense", "primal", "cholesky", "cg")
+#: the one vocabulary of CG's operator; old spellings are accepted and mapped
+MATVEC_ALIASES = {
+    "auto": "auto",
+    "stored": "stored",
+    "recompute": "recompute",
+    "matrix_free": "recompute",
+    "matrix-free": "recompute",
+    "free": "recompute",
+}
+#: the one vocabulary of the λ convention; ``n`` is the old spelling of ``n_samples``
+ALPHA_CONVENTION_ALIASES = {"sklearn": "sklearn", "n_samples": "n_samples", "n": "n_samples"}
+
+
+def normalize_matvec(value: str) -> str:
+    """``"stored"``, ``"recompute"`` or ``"auto"`` for any accepted spelling."""
+    try:
+        return MATVEC_ALIASES[value]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"matvec={value!r} is not valid; choose 'stored', 'recompute' or 'auto'"
+        ) from None
+
+
+def normalize_alpha_convention(value: str) -> str:
+    """``"sklearn"`` or ``"n_samples"`` for any accepted spelling (``"n"`` is old)."""
+    try:
+        return ALPHA_CONVENTION_ALIASES[value]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"alpha_convention={value!r} is not valid; choose 'sklearn' or 'n_samples'"
+        ) from None
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What the fit may use, measured by the caller.
+
+    Parameters
+    ----------
+    memory_bytes : float
+        Memory available to the process.
+    disk_bytes : float
+        Free bytes where the store lives (``inf`` for object storage).
+    in_memory : bool
+        Whether an in-memory solver (``dense``, ``primal``) may be planned; False
+        for ``krr run`` and for an estimator given a ``store``.
+    """
+
+    memory_bytes: float
+    disk_bytes: float
+    in_memory: bool = True
+
+
+@dataclass(frozen=True)
+class FitPlan:
+    """Everything that decides how one kernel ridge fit runs; one default each.
+
+    ``solver`` is never ``"auto"`` and ``matvec`` never ``"auto"`` for CG.
+    """
+
+    solver: str = "cholesky"
+    alpha: float = 1.0
+    alpha_convention: str = C.DEFAULT_ALPHA_CONVENTION
+    block_size: int = C.DEFAULT_BLOCK_SIZE
+    factor_dtype: str = C.DEFAULT_FACTOR_DTYPE
+    kernel_dtype: str = C.DEFAULT_KERNEL_DTYPE
+    preconditioner: str = C.DEFAULT_PRECONDITIONER
+    rank: int = C.DEFAULT_RANK
+    tol: float = C.DEFAULT_TOL
+    max_iter: int = C.DEFAULT_MAX_ITER
+    matvec: str | None = None
+    store: str | None = None
+    random_state: int = C.DEFAULT_RANDOM_STATE
+    checkpoint_every: int = C.DEFAULT_CHECKPOINT_EVERY
+    jitter: bool = False
+    factor_scheduler: str = "auto"
+    extra: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def out_of_core(self) -> bool:
+        return self.solver in ("cholesky", "cg")
+
+    @property
+    def needs_gram(self) -> bool:
+        """Whether the fit reads a stored Gram (Cholesky, or CG with the stored matvec)."""
+        return self.solver == "cholesky" or (self.solver == "cg" and self.matvec == "stored")
+
+    def describe(self) -> str:
+        """One line for the log: the choices that matter for this solver."""
+        parts = [f"solver={self.solver}", f"alpha={self.alpha:g} ({self.alpha_convention})"]
+        if self.out_of_core:
+            parts.append(f"block_size={self.block_size}")
+        if self.solver == "cholesky":
+            parts.append(f"factor_dtype={self.factor_dtype}")
+        if self.solver == "cg":
+            parts += [
+                f"matvec={self.matvec}",
+                f"preconditioner={self.preconditioner}",
+                f"rank={self.rank}",
+                f"tol={self.tol:g}",
+                f"max_iter={self.max_iter}",
+            ]
+        return ", ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.pop("extra")
+        return out
+
+
+# ---------------------------------------------------------------------------
+# sizes
+
+
+def cholesky_disk_bytes(n: int, itemsize: int = 8) -> int:
+    """Disk a blocked Cholesky needs: the lower-tiled Gram plus its lower factor."""
+    return 2 * (n * (n + 1) // 2) * itemsize
+
+
+def gram_disk_bytes(n: int, itemsize: int = 8) -> int:
+    """Disk of the lower-tiled Gram alone (what a stored-matvec CG reads)."""
+    return (n * (n + 1) // 2) * itemsize
+
+
+def cg_memory_bytes(n: int, n_features: int, rank: int = C.DEFAULT_RANK, n_rhs: int = 1) -> int:
+    """Memory CG needs beyond a few tiles: X, the Nyström factor, six work vectors per RHS."""
+    return 8 * n * (n_features + 2 * rank + 6 * n_rhs)
+
+
+def _gb(x: float) -> str:
+    return f"{x / 1e9:.1f} GB"
+
+
+# ---------------------------------------------------------------------------
+# the cost model (simple, constants-based forms; the calibrated ones plug in)
+
+
+def predicted_cholesky_seconds(n: int, d: int, kernel: Any = None) -> float:
+    """Seconds of an out-of-core Cholesky: N³/3 flops at ``CHOLESKY_GFLOPS``."""
+    return n**3 / 3.0 / (C.CHOLESKY_GFLOPS * 1e9)
+
+
+def predicted_cg_seconds(n: int, d: int, kernel: Any = None) -> float:
+    """Seconds of a Nyström-preconditioned CG: ``CG_TYPICAL_PRODUCTS`` products of
+    N² kernel entries at ``KERNEL_ENTRIES_PER_SECOND``."""
+    return C.CG_TYPICAL_PRODUCTS * float(n) ** 2 / C.KERNEL_ENTRIES_PER_SECOND
+
+
+class SimpleCostModel:
+    """The default cost model: :func:`predicted_cholesky_seconds` and
+    :func:`predicted_cg_seconds`. Replace it with a calibrated one through
+    ``plan_fit(..., cost_model=...)``."""
+
+    name = "simple"
+
+    def cholesky_seconds(self, n: int, d: int, kernel: Any = None) -> float:
+        return predicted_cholesky_seconds(n, d, kernel)
+
+    def cg_seconds(self, n: int, d: int, kernel: Any = None) -> float:
+        return predicted_cg_seconds(n, d, kernel)
+
+
+# ---------------------------------------------------------------------------
+# the rules
+
+
+def out_of_core_choice(
+    n: int,
+    n_features: int,
+    disk_free: float,
+    mem_free: float,
+    *,
+    rank: int = C.DEFAULT_RANK,
+    cholesky_max_n: int | None = None,
+    kernel: Any = None,
+    cost_model: Any = None,
+) -> tuple[str, str]:
+    """``"cholesky"`` or ``"cg"`` for an N x N kernel system, with the reason.
+
+    ``cholesky_max_n`` replaces the cost model by a row threshold.
+    """
+    if n < 1 or n_features < 1:
+        raise ValueError(f"n and n_features must be >= 1, got n={n}, n_features={n_features}")
+    if disk_free < 0 or mem_free < 0:
+        raise ValueError(f"free disk and memory must be >= 0, got {disk_free}, {mem_free}")
+    need_disk = cholesky_disk_bytes(n)
+    need_mem = cg_memory_bytes(n, n_features, min(rank, n))
+    usable_disk = C.DISK_MARGIN * disk_free
+    cg_fits_memory = need_mem <= C.DISK_MARGIN * mem_free
+    if need_disk > usable_disk:
+        if not cg_fits_memory:
+            return (
+                "cg",
+                f"N={n}: neither fits: the Cholesky needs {_gb(need_disk)} of disk "
+                f"({_gb(usable_disk)} usable) and CG with rank {min(rank, n)} about "
+                f"{_gb(need_mem)} of memory ({_gb(mem_free)} free); CG is the only option, "
+                "lower the Nyström rank",
+            )
+        return (
+            "cg",
+            f"N={n}: the Gram and Cholesky factor need {_gb(need_disk)} of disk but only "
+            f"{_gb(usable_disk)} of {_gb(disk_free)} free is usable; matrix-free CG needs "
+            f"no store and about {_gb(need_mem)} of memory",
+        )
+    if not cg_fits_memory:
+        return (
+            "cholesky",
+            f"N={n}: CG would need about {_gb(need_mem)} of memory but {_gb(mem_free)} is "
+            f"free, while the out-of-core Cholesky's {_gb(need_disk)} fit on disk",
+        )
+    if cholesky_max_n is not None:
+        if n > cholesky_max_n:
+            return (
+                "cg",
+                f"N={n} > {cholesky_max_n}: a Cholesky costs N³/3 = {n**3 / 3e12:.1f} TFLOP, "
+                "more than ~100 CG products of N² kernel entries",
+            )
+        return (
+            "cholesky",
+            f"N={n} <= {cholesky_max_n} and the Gram plus factor ({_gb(need_disk)}) fit in "
+            f"{_gb(usable_disk)} of usable disk: the exact blocked Cholesky is cheaper here",
+        )
+    cm = cost_model or SimpleCostModel()
+    t_chol = cm.cholesky_seconds(n, n_features, kernel)
+    t_cg = cm.cg_seconds(n, n_features, kernel)
+    if t_chol > t_cg:
+        return (
+            "cg",
+            f"N={n}: a Cholesky (N³/3 = {n**3 / 3e12:.1f} TFLOP) is predicted at "
+            f"{t_chol:.3g} s, CG at {t_cg:.3g} s ({getattr(cm, 'name', 'cost')} model)",
+        )
+    return (
+        "cholesky",
+        f"N={n}: the exact blocked Cholesky (predicted {t_chol:.3g} s) is cheaper than CG "
+        f"({t_cg:.3g} s, {getattr(cm, 'name', 'cost')} model), and the Gram plus factor "
+        f"({_gb(need_disk)}) fit in {_gb(usable_disk)} of usable disk",
+    )
+
+
+def matvec_choice(n: int, n_features: int, disk_free: float) -> tuple[str, str]:
+    """``"stored"`` or ``"recompute"`` for CG, with the reason.
+
+    Reading a stored float64 entry (8 bytes at about 1 GB/s) costs about as much
+    as recomputing a low-dimensional RBF entry, so a store pays off only when the
+    kernel is costly to evaluate (many features) and the Gram fits on disk.
+    """
+    need = gram_disk_bytes(n)
+    if need > C.DISK_MARGIN * disk_free:
+        return "recompute", f"the Gram ({_gb(need)}) does not fit in the free disk"
+    if n_features >= C.STORED_MATVEC_MIN_FEATURES:
+        return (
+            "stored",
+            f"D={n_features}: an entry costs O(D) to recompute but 8 bytes to read, and the "
+            f"Gram ({_gb(need)}) fits on disk",
+        )
+    return (
+        "recompute",
+        f"D={n_features} is small: recomputing a kernel entry costs about as much as reading "
+        "it back, and no store is needed",
+    )
+
+
+def _dual_flops(n: int, d: int) -> float:
+    return float(n) ** 2 * d + float(n) ** 3 / 3.0
+
+
+def _primal_flops(n: int, d: int) -> float:
+    return float(n) * d * d + float(d) ** 3 / 3.0
+
+
+def in_memory_choice(n: int, d: int, *, has_primal: bool, alpha: Any = 1.0) -> str:
+    """``"primal"`` when the kernel has an explicit primal, α > 0 and it is cheaper,
+    else ``"dense"`` (the dual)."""
+    if not has_primal or np.any(np.asarray(alpha, dtype=np.float64) <= 0):
+        return "dense"
+    return "primal" if _primal_flops(n, d) < _dual_flops(n, d) else "dense"
+
+
+def _choice(choices: Mapping[str, Any], key: str, default: Any) -> Any:
+    v = choices.get(key)
+    return default if v is None else v
+
+
+def plan_fit(
+    n: int,
+    d: int,
+    kernel: Any,
+    resources: Resources,
+    choices: Mapping[str, Any] | None = None,
+    *,
+    n_targets: int = 1,
+    cost_model: Any = None,
+) -> tuple[FitPlan, str]:
+    """The plan of one fit and why, from its sizes, kernel, resources and user choices.
+
+    Parameters
+    ----------
+    n, d : int
+        Training rows and features.
+    kernel : Kernel or None
+        The kernel object (None for callables and ``"precomputed"``: in memory only).
+    resources : Resources
+    choices : mapping, optional
+        User choices; a missing or None value takes the plan's default. Keys:
+        ``solver`` ("auto", "dense", "primal", "cholesky", "cg"), ``alpha``,
+        ``alpha_convention``, ``block_size``, ``tol``, ``max_iter``,
+        ``preconditioner``, ``rank``, ``matvec`` ("auto", "stored", "recompute"),
+        ``factor_dtype``, ``kernel_dtype``, ``store``, ``random_state``,
+        ``checkpoint_every``, ``jitter``, ``factor_scheduler``; and, for the
+        in-memory rule, ``kernel_copies`` (K copies of the dense solve) and
+        ``sample_weight`` (True when weights are given).
+    n_targets : int
+    cost_model : object, optional
+        ``cholesky_seconds(n, d, kernel)`` and ``cg_seconds(n, d, kernel)``;
+        default :class:`SimpleCostModel`.
+
+    Returns
+    -------
+    (plan, reason) : (FitPlan, str)
+    """
+    from pipeline.reference.memory import dense_dual_bytes
+
+    ch = dict(choices or {})
+    solver = _choice(ch, "solver", "auto")
+    if solver not in SOLVERS:
+        raise ValueError(f"solver={solver!r} is not valid; choose one of {SOLVERS}")
+    alpha = _choice(ch, "alpha", 1.0)
+    alphas = np.atleast_1d(np.asarray(alpha, dtype=np.float64))
+    one_alpha = np.unique(alphas).size == 1
+    matvec = normalize_matvec(_choice(ch, "matvec", "auto"))
+    rank = int(_choice(ch, "rank", C.DEFAULT_RANK))
+    bs = int(_choice(ch, "block_size", min(C.DEFAULT_BLOCK_SIZE, max(1, n))))
+    store = ch.get("store")
+    base = FitPlan(
+        solver="dense",
+        alpha=float(alphas[0]) if one_alpha else float("nan"),
+        alpha_convention=normalize_alpha_convention(
+            _choice(ch, "alpha_convention", C.DEFAULT_ALPHA_CONVENTION)
+        ),
+        block_size=bs,
+        factor_dtype=_choice(ch, "factor_dtype", C.DEFAULT_FACTOR_DTYPE),
+        kernel_dtype=_choice(ch, "kernel_dtype", C.DEFAULT_KERNEL_DTYPE),
+        preconditioner=_choice(ch, "preconditioner", C.DEFAULT_PRECONDITIONER),
+        rank=min(rank, max(1, n)),
+        tol=float(_choice(ch, "tol", C.DEFAULT_TOL)),
+        max_iter=int(_choice(ch, "max_iter", C.DEFAULT_MAX_ITER)),
+        store=None if store is None else str(store),
+        random_state=int(_choice(ch, "random_state", C.DEFAULT_RANDOM_STATE)),
+        checkpoint_every=int(_choice(ch, "checkpoint_every", C.DEFAULT_CHECKPOINT_EVERY)),
+        jitter=bool(ch.get("jitter") or False),
+        factor_scheduler=_choice(ch, "factor_scheduler", "auto"),
+    )
+    mercer = bool(getattr(kernel, "is_mercer", True))
+    reason = f"requested solver={solver!r}"
+    if solver == "auto" and resources.in_memory:
+        from pipeline.kernels import Linear
+
+        has_primal = isinstance(kernel, Linear)
+        choice = in_memory_choice(n, d, has_primal=has_primal, alpha=alphas)
+        if choice == "primal":
+            return replace(base, solver="primal"), (
+                f"linear kernel with alpha > 0: the primal (n D² + D³/3 = "
+                f"{_primal_flops(n, d):.3g} flops) is cheaper than the dual "
+                f"({_dual_flops(n, d):.3g})"
+            )
+        need = dense_dual_bytes(n, d, n_targets, kernel_copies=int(ch.get("kernel_copies", 1)))
+        budget = C.MEMORY_SAFETY_FRACTION * resources.memory_bytes
+        if need <= budget:
+            return base, (
+                f"the in-memory dual for n_samples={n} needs {_gb(need)} and "
+                f"{_gb(budget)} is usable"
+            )
+        only_dense = (
+            "a callable or precomputed kernel"
+            if kernel is None
+            else "sample_weight"
+            if ch.get("sample_weight")
+            else "per-target alphas"
+            if not one_alpha
+            else None
+        )
+        if only_dense:
+            return base, (
+                f"the in-memory dual for n_samples={n} needs {_gb(need)} of {_gb(budget)} "
+                f"usable, but {only_dense} can only be solved in memory"
+            )
+        reason = (
+            f"the in-memory dual for n_samples={n} does not fit in memory ({_gb(need)} "
+            f"needed, {_gb(budget)} usable); using the out-of-core solvers"
+        )
+        solver = "auto"
+    if solver in ("dense", "primal"):
+        return replace(base, solver=solver), reason
+    if solver == "auto":
+        name, why = out_of_core_choice(
+            n,
+            d,
+            resources.disk_bytes,
+            resources.memory_bytes,
+            rank=rank,
+            kernel=kernel,
+            cost_model=cost_model,
+        )
+        if name == "cg" and not mercer:
+            name, why = "cholesky", f"{why}; but the kernel is not known to be PSD"
+        reason = why if reason.startswith("requested") else f"{reason}: {why}"
+        solver = name
+    if solver == "cholesky":
+        return replace(base, solver="cholesky", matvec="stored"), reason
+    if matvec == "auto":
+        matvec, why = matvec_choice(n, d, resources.disk_bytes)
+        reason = f"{reason}; matvec {matvec}: {why}"
+    return replace(base, solver="cg", matvec=matvec), reason

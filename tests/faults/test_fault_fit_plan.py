@@ -1,0 +1,130 @@
+"""One fit plan (issue #16, item 1): one FitPlan, one auto rule, one execute().
+
+``krr run`` and ``KernelRidge(solver="auto")`` plan the same fit with
+:func:`pipeline.policy.plan.plan_fit` and log the same plan and reason; every
+default lives once in :mod:`pipeline.policy.constants`.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import numpy as np
+import pytest
+
+from pipeline import KernelRidge
+from pipeline.policy import constants as C
+from pipeline.policy.plan import FitPlan, Resources, plan_fit
+
+GB = 1e9
+RES = Resources(memory_bytes=16 * GB, disk_bytes=100 * GB, in_memory=False)
+
+
+def test_one_default_each_from_the_constants():
+    p = FitPlan()
+    assert (p.block_size, p.rank, p.tol, p.max_iter) == (
+        C.DEFAULT_BLOCK_SIZE,
+        C.DEFAULT_RANK,
+        C.DEFAULT_TOL,
+        C.DEFAULT_MAX_ITER,
+    )
+    plan, reason = plan_fit(300, 5, None, RES, {"solver": "cg", "matvec": "matrix_free"})
+    # old spellings map to the one vocabulary; the rank is capped at n; defaults filled in
+    assert plan.solver == "cg" and plan.matvec == "recompute" and plan.rank == 300
+    assert plan.tol == C.DEFAULT_TOL and plan.max_iter == C.DEFAULT_MAX_ITER
+    assert "requested" in reason
+    plan, _ = plan_fit(300, 5, None, RES, {"solver": "cg", "alpha_convention": "n"})
+    assert plan.alpha_convention == "n_samples"
+    with pytest.raises(ValueError, match="matvec='sideways'.*'stored', 'recompute' or 'auto'"):
+        plan_fit(300, 5, None, RES, {"solver": "cg", "matvec": "sideways"})
+
+
+def test_auto_rule_crosses_at_the_row_threshold_and_takes_a_cost_model():
+    n = C.CHOLESKY_MAX_N
+    assert plan_fit(n, 10, None, RES)[0].solver == "cholesky"
+    assert plan_fit(n + 1, 10, None, RES)[0].solver == "cg"
+
+    class CholeskyAlwaysSlow:
+        name = "test"
+
+        def cholesky_seconds(self, n, d, kernel=None):
+            return 1e9
+
+        def cg_seconds(self, n, d, kernel=None):
+            return 1.0
+
+    plan, reason = plan_fit(1000, 10, None, RES, cost_model=CholeskyAlwaysSlow())
+    assert plan.solver == "cg" and "test model" in reason
+    # a kernel not known to be PSD never gets CG, whatever the cost model says
+    from pipeline.kernels import make_kernel
+
+    plan, reason = plan_fit(1000, 10, make_kernel("sigmoid"), RES, cost_model=CholeskyAlwaysSlow())
+    assert plan.solver == "cholesky" and "PSD" in reason
+
+
+def test_estimator_in_memory_rule_unchanged():
+    res = Resources(memory_bytes=16 * GB, disk_bytes=100 * GB, in_memory=True)
+    from pipeline.kernels import Linear, make_kernel
+
+    assert plan_fit(10_000, 10, Linear(), res)[0].solver == "primal"
+    assert plan_fit(500, 10, make_kernel("rbf"), res)[0].solver == "dense"
+    small = Resources(memory_bytes=1e4, disk_bytes=100 * GB, in_memory=True)
+    plan, reason = plan_fit(500, 10, make_kernel("rbf"), small)
+    assert plan.solver == "cholesky" and "out-of-core" in reason
+    # callables (kernel None) only run in memory
+    assert plan_fit(500, 10, None, small)[0].solver == "dense"
+
+
+CONFIG = """
+name: plan
+data: {source: sklearn, name: diabetes}
+split: {test_fraction: 0.25, seed: 0}
+preprocess: {standardize: true, standardize_y: true}
+kernel: {name: rbf, params: {gamma: 0.05}}
+lambda: 0.5
+solver: {method: auto}
+block_size: 128
+cluster: {n_workers: 1, processes: false, memory_limit: 1GiB, dashboard: false}
+"""
+
+
+def _plan_lines(text: str) -> list[str]:
+    return [
+        re.sub(r"^.*fit plan \([^)]*\): ", "", ln) for ln in text.splitlines() if "fit plan (" in ln
+    ]
+
+
+def test_krr_run_and_estimator_log_the_same_plan(tmp_path, monkeypatch, caplog):
+    import pipeline.fit as fit_mod
+    import pipeline.reference.memory as memory
+    from pipeline import cli
+    from pipeline.stages.ingest import open_rows
+    from pipeline.stages.manifest import Manifest
+
+    monkeypatch.setattr(fit_mod, "_disk_free", lambda store: 100 * GB)
+    monkeypatch.setattr(memory, "available_memory", lambda: int(16 * GB))
+    cfg = tmp_path / "plan.yaml"
+    cfg.write_text(CONFIG)
+    run_dir = tmp_path / "run"
+    with caplog.at_level(logging.INFO):
+        assert cli.main(["run", str(cfg), "--run-dir", str(run_dir)]) == 0
+    run_lines = _plan_lines(caplog.text)
+    assert len(run_lines) == 1, caplog.text
+    ing = Manifest.load(run_dir).stages["ingest"].outputs
+    X = np.asarray(open_rows(ing, "X_train").compute())
+    y = np.asarray(open_rows(ing, "y_train").compute())
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        est = KernelRidge(
+            alpha=0.5, kernel="rbf", gamma=0.05, solver="auto", block_size=128,
+            store=tmp_path / "est",
+        ).fit(X, y)  # fmt: skip
+    est_lines = _plan_lines(caplog.text)
+    assert est_lines == run_lines
+    assert est.solver_ == "cholesky" and "solver=cholesky" in run_lines[0]
+    solve = Manifest.load(run_dir).stages["solve"].outputs
+    assert solve["method"] == "cholesky" and solve["plan"]["solver"] == "cholesky"
+    np.testing.assert_allclose(
+        est.dual_coef_, np.load(solve["alpha"]).reshape(est.dual_coef_.shape), rtol=1e-8, atol=1e-10
+    )
