@@ -150,7 +150,8 @@ class SolverConfig(_Model):
     # conjugate gradients (defaults: pipeline.policy.constants, shared with KernelRidge)
     tol: float = Field(default=C.DEFAULT_TOL, gt=0)
     max_iter: int = Field(default=C.DEFAULT_MAX_ITER, ge=1)
-    preconditioner: Literal["none", "jacobi", "nystrom"] = C.DEFAULT_PRECONDITIONER
+    #: "adaptive": RPCholesky Nyström whose rank grows until it resolves K at the shift
+    preconditioner: Literal["none", "jacobi", "nystrom", "adaptive"] = C.DEFAULT_PRECONDITIONER
     rank: int = Field(default=C.DEFAULT_RANK, ge=1)
     #: CG's product with K: ``stored`` (read the Gram), ``recompute`` (kernel tiles on the
     #: fly) or ``auto`` (by D and free disk); the old spellings ``matrix_free``,

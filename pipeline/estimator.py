@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 
 OUT_OF_CORE_SOLVERS = ("cholesky", "cg")
 SOLVERS = IN_MEMORY_SOLVERS + OUT_OF_CORE_SOLVERS
-PRECONDITIONERS = ("nystrom", "jacobi", "none")
+PRECONDITIONERS = ("nystrom", "jacobi", "none", "adaptive")
 MATVECS = ("auto", "stored", "recompute")
 
 
@@ -107,7 +107,7 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         Relative residual tolerance of ``solver="cg"``.
     max_iter : int, default=None
         Iteration limit of ``solver="cg"`` (None: 1000, the fit plan's default).
-    preconditioner : {"nystrom", "jacobi", "none"}, default="nystrom"
+    preconditioner : {"nystrom", "jacobi", "none", "adaptive"}, default="nystrom"
         Preconditioner of ``solver="cg"``.
     rank : int, default=None
         Rank of the Nyström preconditioner (None: chosen automatically).
