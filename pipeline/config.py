@@ -170,6 +170,10 @@ class SolverConfig(_Model):
     #: how factor tiles are scheduled (see pipeline.solvers.tile_cholesky): "auto" runs
     #: them on the cluster when there is one, else on threads of this process
     factor_scheduler: Literal["auto", "threads", "dask"] = "auto"
+    #: how ``method: auto`` predicts the two solvers' seconds: "simple" (constants, crossing
+    #: at 30,000 rows) or "calibrated" (pipeline.policy.calibrated: measured rates, and
+    #: CG's iterations from λ, so a small λ keeps the Cholesky up to a larger N)
+    cost_model: Literal["simple", "calibrated"] = "simple"
 
     @field_validator("matvec", mode="before")
     @classmethod

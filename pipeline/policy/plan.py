@@ -19,7 +19,10 @@ with its reason, then run it with :func:`pipeline.fit.execute`. The rule:
 Pure functions of sizes, user choices and measured resources: no I/O.
 The calibrated cost models (``cholesky_cost``, ``cg_cost``) plug in through the
 ``cost_model`` argument of :func:`plan_fit` (any object with ``cholesky_seconds``
-and ``cg_seconds`` methods taking ``(n, d, kernel)``).
+and ``cg_seconds`` methods taking ``(n, d, kernel)``; a method that also takes the
+keywords ``shift`` and ``tol`` is given the diagonal shift μ and CG's tolerance),
+or by name: ``"simple"`` (the default) or ``"calibrated"``
+(:class:`pipeline.policy.calibrated.CalibratedCostModel`).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ __all__ = [
     "cg_memory_bytes",
     "cholesky_disk_bytes",
     "gram_disk_bytes",
+    "make_cost_model",
     "matvec_choice",
     "normalize_alpha_convention",
     "normalize_matvec",
@@ -51,6 +55,8 @@ __all__ = [
 ]
 
 SOLVERS = ("auto", "dense", "primal", "cholesky", "cg")
+#: cost models :func:`plan_fit` knows by name
+COST_MODELS = ("simple", "calibrated")
 #: the one vocabulary of CG's operator; old spellings are accepted and mapped
 MATVEC_ALIASES = {
     "auto": "auto",
@@ -213,6 +219,51 @@ class SimpleCostModel:
         return predicted_cg_seconds(n, d, kernel)
 
 
+def _accepts(fn: Any, key: str) -> bool:
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == key or p.kind is p.VAR_KEYWORD for p in params)
+
+
+def _seconds(fn: Any, n: int, d: int, kernel: Any, **kw: Any) -> float:
+    """``fn(n, d, kernel)``, with those of ``kw`` (``shift``, ``tol``) that ``fn`` accepts."""
+    extra = {k: v for k, v in kw.items() if v is not None and _accepts(fn, k)}
+    return float(fn(n, d, kernel, **extra))
+
+
+def make_cost_model(
+    name: Any,
+    *,
+    block_size: int = C.DEFAULT_BLOCK_SIZE,
+    rank: int = C.DEFAULT_RANK,
+    tol: float = C.DEFAULT_TOL,
+    factor_dtype: str = C.DEFAULT_FACTOR_DTYPE,
+) -> Any:
+    """The cost model ``name`` (``None`` or ``"simple"``, ``"calibrated"``); an object
+    with ``cholesky_seconds`` and ``cg_seconds`` is returned as is."""
+    if name is None or name == "simple":
+        return SimpleCostModel()
+    if name == "calibrated":
+        from pipeline.policy.calibrated import CalibratedCostModel
+
+        return CalibratedCostModel(
+            block_size=block_size,
+            rank=rank,
+            tol=tol,
+            factor_dtype=factor_dtype if factor_dtype in ("float64", "float32") else "float64",
+        )
+    if hasattr(name, "cholesky_seconds") and hasattr(name, "cg_seconds"):
+        return name
+    raise ValueError(
+        f"cost_model={name!r} is not valid; choose one of {COST_MODELS} or pass an object "
+        "with cholesky_seconds(n, d, kernel) and cg_seconds(n, d, kernel) methods"
+    )
+
+
 # ---------------------------------------------------------------------------
 # the rules
 
@@ -227,10 +278,13 @@ def out_of_core_choice(
     cholesky_max_n: int | None = None,
     kernel: Any = None,
     cost_model: Any = None,
+    shift: float | None = None,
+    tol: float | None = None,
 ) -> tuple[str, str]:
     """``"cholesky"`` or ``"cg"`` for an N x N kernel system, with the reason.
 
-    ``cholesky_max_n`` replaces the cost model by a row threshold.
+    ``cholesky_max_n`` replaces the cost model by a row threshold. ``shift`` (μ) and
+    ``tol`` reach cost models whose methods accept them.
     """
     if n < 1 or n_features < 1:
         raise ValueError(f"n and n_features must be >= 1, got n={n}, n_features={n_features}")
@@ -273,9 +327,9 @@ def out_of_core_choice(
             f"N={n} <= {cholesky_max_n} and the Gram plus factor ({_gb(need_disk)}) fit in "
             f"{_gb(usable_disk)} of usable disk: the exact blocked Cholesky is cheaper here",
         )
-    cm = cost_model or SimpleCostModel()
-    t_chol = cm.cholesky_seconds(n, n_features, kernel)
-    t_cg = cm.cg_seconds(n, n_features, kernel)
+    cm = make_cost_model(cost_model)
+    t_chol = _seconds(cm.cholesky_seconds, n, n_features, kernel, shift=shift, tol=tol)
+    t_cg = _seconds(cm.cg_seconds, n, n_features, kernel, shift=shift, tol=tol)
     if t_chol > t_cg:
         return (
             "cg",
@@ -363,9 +417,11 @@ def plan_fit(
         in-memory rule, ``kernel_copies`` (K copies of the dense solve) and
         ``sample_weight`` (True when weights are given).
     n_targets : int
-    cost_model : object, optional
-        ``cholesky_seconds(n, d, kernel)`` and ``cg_seconds(n, d, kernel)``;
-        default :class:`SimpleCostModel`.
+    cost_model : object or str, optional
+        ``cholesky_seconds(n, d, kernel)`` and ``cg_seconds(n, d, kernel)`` (given
+        ``shift=`` μ and ``tol=`` too when they accept them), or a name of
+        :data:`COST_MODELS`; default ``choices["cost_model"]``, else
+        :class:`SimpleCostModel`.
 
     Returns
     -------
@@ -445,6 +501,16 @@ def plan_fit(
     if solver in ("dense", "primal"):
         return replace(base, solver=solver), reason
     if solver == "auto":
+        cm = make_cost_model(
+            cost_model if cost_model is not None else ch.get("cost_model"),
+            block_size=bs,
+            rank=base.rank,
+            tol=base.tol,
+            factor_dtype=base.factor_dtype,
+        )
+        mu = float(np.min(alphas))
+        if base.alpha_convention == "n_samples":
+            mu *= n
         name, why = out_of_core_choice(
             n,
             d,
@@ -452,7 +518,9 @@ def plan_fit(
             resources.memory_bytes,
             rank=rank,
             kernel=kernel,
-            cost_model=cost_model,
+            cost_model=cm,
+            shift=mu if mu > 0 else None,
+            tol=base.tol,
         )
         if name == "cg" and not mercer:
             name, why = "cholesky", f"{why}; but the kernel is not known to be PSD"

@@ -48,6 +48,7 @@ def _choices(solver: dict[str, Any], **extra: Any) -> dict[str, Any]:
         "jitter": bool(solver.get("jitter")),
         "factor_dtype": solver.get("factor_dtype"),
         "factor_scheduler": solver.get("factor_scheduler"),
+        "cost_model": solver.get("cost_model"),
         **extra,
     }
 
