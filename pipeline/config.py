@@ -170,6 +170,11 @@ class SolverConfig(_Model):
     #: how factor tiles are scheduled (see pipeline.solvers.tile_cholesky): "auto" runs
     #: them on the cluster when there is one, else on threads of this process
     factor_scheduler: Literal["auto", "threads", "dask"] = "auto"
+    #: false factors in place: the factor replaces the Gram tile by tile (the Gram's disk
+    #: is needed once); a rerun with another lambda recomputes the replaced tiles from X
+    keep_gram: bool = True
+    #: check the free disk before the factorisation (InsufficientDiskError before any work)
+    check_disk: bool = True
     #: how ``method: auto`` predicts the two solvers' seconds: "simple" (constants, crossing
     #: at 30,000 rows) or "calibrated" (pipeline.policy.calibrated: measured rates, and
     #: CG's iterations from λ, so a small λ keeps the Cholesky up to a larger N)

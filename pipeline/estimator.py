@@ -122,6 +122,12 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         tiles are still factored in float64); ``dual_coef_`` is then refined to
         double precision by CG preconditioned with that factor, against the
         stored float64 Gram.
+    keep_gram : bool, default=True
+        ``solver="cholesky"``: False factors in place, the factor replacing the
+        stored Gram tile by tile, so the fit needs the Gram's disk once instead of
+        twice; a later fit in the same ``store`` with another alpha recomputes the
+        replaced Gram tiles from X. Needs ``factor_dtype`` equal to the Gram's
+        (float64).
 
     Attributes
     ----------
@@ -164,6 +170,7 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         random_state: Any = None,
         factor_dtype: str = "float64",
         storage_options: dict | None = None,
+        keep_gram: bool = True,
     ) -> None:
         self.alpha = alpha
         self.kernel = kernel
@@ -183,6 +190,7 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         self.random_state = random_state
         self.factor_dtype = factor_dtype
         self.storage_options = storage_options
+        self.keep_gram = keep_gram
 
     # -- tags ----------------------------------------------------------------
     # -- parameters ------------------------------------------------------------
@@ -192,6 +200,8 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         check_choice("preconditioner", self.preconditioner, PRECONDITIONERS)
         check_choice("matvec", self.matvec, MATVECS)
         check_choice("factor_dtype", self.factor_dtype, ("float64", "float32"))
+        if not isinstance(self.keep_gram, bool | np.bool_):
+            raise ValueError(f"keep_gram must be True or False, got {self.keep_gram!r}")
         check_positive_int("block_size", self.block_size)
         check_positive_int("max_iter", self.max_iter)
         check_positive_int("rank", self.rank)
@@ -320,6 +330,7 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
             "matvec": self.matvec,
             "random_state": self.random_state if isinstance(self.random_state, int) else None,
             "factor_dtype": self.factor_dtype,
+            "keep_gram": bool(self.keep_gram),
             "store": self.store,
             "kernel_copies": copies,
             "sample_weight": sw is not None,
@@ -382,6 +393,7 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
             matvec=self.matvec,
             random_state=self.random_state if isinstance(self.random_state, int) else None,
             factor_dtype=self.factor_dtype,
+            keep_gram=bool(self.keep_gram),
             plan=plan,
         )
         if hasattr(self, "primal_coef_"):

@@ -130,6 +130,7 @@ def execute(
     K: Any = None,
     overwrite_k: bool | None = None,
     jitter: Any = None,
+    recompute_tile: Any = None,
 ) -> FitResult:
     """Run ``plan`` on ``X, y``.
 
@@ -153,6 +154,10 @@ def execute(
         In memory only: the raw (possibly per-target) alpha, sample weights, a
         precomputed kernel matrix (``kernel(X)`` when None), whether the solve may
         overwrite it (default: only when computed here), and the dense solve's jitter.
+    recompute_tile : callable (i, j) -> ndarray, optional
+        With ``plan.keep_gram`` False: rebuilds a Gram tile that an earlier in-place
+        factor replaced (default: a :class:`~pipeline.solvers.cholesky_inplace.GramTileRecomputer`
+        of ``X`` and ``kernel`` when ``X`` is an in-memory array).
     """
     if plan.solver in ("dense", "primal"):
         return _execute_in_memory(plan, X, y, kernel, alpha, sample_weight, K, overwrite_k, jitter)
@@ -178,12 +183,28 @@ def execute(
     if plan.solver == "cholesky":
         from pipeline.solvers import cholesky_solve, tile_cholesky
 
+        if not plan.keep_gram:
+            if np.dtype(plan.factor_dtype) != np.dtype(gram.dtype):
+                raise ValueError(
+                    f"keep_gram=False stores the factor in the Gram's own array, so "
+                    f"factor_dtype must be the Gram's ({np.dtype(gram.dtype)}), got "
+                    f"{plan.factor_dtype!r}; use keep_gram=True for a {plan.factor_dtype} factor"
+                )
+            if recompute_tile is None and isinstance(X, np.ndarray) and kernel is not None:
+                from pipeline.solvers.cholesky_inplace import GramTileRecomputer
+
+                recompute_tile = GramTileRecomputer(
+                    X, kernel, int(gram.block_size), np.dtype(gram.dtype).name
+                )
         factor = tile_cholesky(
             gram,
             plan.alpha,
             convention=conv,
-            store=factor_store or root,
+            store=(factor_store or root) if plan.keep_gram else None,
             name=factor_name,
+            keep_gram=plan.keep_gram,
+            recompute_tile=recompute_tile if not plan.keep_gram else None,
+            check_disk=plan.check_disk,
             jitter=True if plan.jitter else None,
             scheduler=plan.factor_scheduler,
             overwrite=True,
@@ -191,8 +212,11 @@ def execute(
             dtype=plan.factor_dtype,
         )
         refine: dict = {}
-        coef = cholesky_solve(factor, y, gram=gram, stats=refine)
+        # in place, the Gram's array holds the factor now: nothing to refine against
+        coef = cholesky_solve(factor, y, gram=gram if plan.keep_gram else None, stats=refine)
         info = {"factor_tiles_computed": len(factor.computed), "jitter": factor.jitter, **refine}
+        if not plan.keep_gram:
+            info["keep_gram"] = False
         return FitResult(np.asarray(coef), "cholesky", 1, float(shift), plan, info, factor=factor)
     if plan.solver != "cg":
         raise ValueError(f"plan.solver must be dense, primal, cholesky or cg, got {plan.solver!r}")

@@ -98,6 +98,7 @@ def fit_out_of_core(
     progress: bool = True,
     factor_dtype: str = "float64",
     plan: Any = None,
+    keep_gram: bool = True,
 ) -> OutOfCoreFit:
     """Solve (K + shift·I) α = y out of core; shift = lam, or n·lam with ``convention="n_samples"``.
 
@@ -117,6 +118,8 @@ def fit_out_of_core(
     factor_dtype : {"float64", "float32"}
         Cholesky only: precision of the stored factor; with float32, alpha is
         refined against the stored Gram (:func:`pipeline.solvers.cholesky_solve`).
+    keep_gram : bool
+        Cholesky only: False factors in place (the factor replaces the Gram's tiles).
     plan : FitPlan, optional
         A plan already made (by the estimator's ``solver="auto"``); the options
         above are then taken from it. Otherwise one is made here with
@@ -157,6 +160,7 @@ def fit_out_of_core(
                 "matvec": matvec,
                 "random_state": random_state,
                 "factor_dtype": factor_dtype,
+                "keep_gram": keep_gram,
                 "store": store,
             }
             plan, reason = plan_fit(

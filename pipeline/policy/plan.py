@@ -133,6 +133,11 @@ class FitPlan:
     checkpoint_every: int = C.DEFAULT_CHECKPOINT_EVERY
     jitter: bool = False
     factor_scheduler: str = "auto"
+    #: Cholesky: False factors in place (the factor replaces the Gram tile by tile;
+    #: replaced tiles are recomputed from X for another λ)
+    keep_gram: bool = True
+    #: Cholesky: check the free disk before any work (InsufficientDiskError)
+    check_disk: bool = True
     extra: dict = field(default_factory=dict, compare=False)
 
     @property
@@ -151,6 +156,8 @@ class FitPlan:
             parts.append(f"block_size={self.block_size}")
         if self.solver == "cholesky":
             parts.append(f"factor_dtype={self.factor_dtype}")
+            if not self.keep_gram:
+                parts.append("keep_gram=False")
         if self.solver == "cg":
             parts += [
                 f"matvec={self.matvec}",
@@ -413,7 +420,8 @@ def plan_fit(
         ``alpha_convention``, ``block_size``, ``tol``, ``max_iter``,
         ``preconditioner``, ``rank``, ``matvec`` ("auto", "stored", "recompute"),
         ``factor_dtype``, ``kernel_dtype``, ``store``, ``random_state``,
-        ``checkpoint_every``, ``jitter``, ``factor_scheduler``; and, for the
+        ``checkpoint_every``, ``jitter``, ``factor_scheduler``, ``keep_gram``,
+        ``check_disk``, ``cost_model``; and, for the
         in-memory rule, ``kernel_copies`` (K copies of the dense solve) and
         ``sample_weight`` (True when weights are given).
     n_targets : int
@@ -458,6 +466,8 @@ def plan_fit(
         checkpoint_every=int(_choice(ch, "checkpoint_every", C.DEFAULT_CHECKPOINT_EVERY)),
         jitter=bool(ch.get("jitter") or False),
         factor_scheduler=_choice(ch, "factor_scheduler", "auto"),
+        keep_gram=bool(_choice(ch, "keep_gram", True)),
+        check_disk=bool(_choice(ch, "check_disk", True)),
     )
     mercer = bool(getattr(kernel, "is_mercer", True))
     reason = f"requested solver={solver!r}"

@@ -49,6 +49,8 @@ def _choices(solver: dict[str, Any], **extra: Any) -> dict[str, Any]:
         "factor_dtype": solver.get("factor_dtype"),
         "factor_scheduler": solver.get("factor_scheduler"),
         "cost_model": solver.get("cost_model"),
+        "keep_gram": solver.get("keep_gram"),
+        "check_disk": solver.get("check_disk"),
         **extra,
     }
 
@@ -128,10 +130,18 @@ def _open_gram(inputs: dict[str, dict[str, Any]]):
     return open_gram(gram.store, gram.name)
 
 
-def _solve_cholesky(stage_dir, inputs, y, plan) -> tuple[np.ndarray, dict]:
+def _solve_cholesky(stage_dir, inputs, y, plan, kernel=None) -> tuple[np.ndarray, dict]:
     from pipeline.fit import execute
 
     gram = _open_gram(inputs)
+    recompute = None
+    if not plan.keep_gram:
+        # in place: the factor replaces the gram stage's tiles; a tile an earlier lambda
+        # replaced is rebuilt from the stored X_train (tile_cholesky logs why)
+        from pipeline.solvers.cholesky_inplace import GramTileRecomputer
+
+        X = np.asarray(open_rows(inputs["ingest"], "X_train").compute())
+        recompute = GramTileRecomputer(X, kernel, int(gram.block_size), np.dtype(gram.dtype).name)
     res = execute(
         plan,
         None,
@@ -140,6 +150,7 @@ def _solve_cholesky(stage_dir, inputs, y, plan) -> tuple[np.ndarray, dict]:
         gram=gram,
         factor_store=str(join_path(stage_dir, "factor.zarr")),
         factor_name="chol",
+        recompute_tile=recompute,
     )
     factor = res.factor
     refine = {k: v for k, v in res.info.items() if k not in ("factor_tiles_computed", "jitter")}
@@ -257,7 +268,7 @@ def run(
     method = plan.solver
     log_plan(plan, reason, origin="krr run", logger=log)
     if method == "cholesky":
-        alpha, info = _solve_cholesky(stage_dir, inputs, y, plan)
+        alpha, info = _solve_cholesky(stage_dir, inputs, y, plan, kernel)
     else:
         alpha, info = _solve_cg(stage_dir, inputs, y, kernel=kernel, plan=plan, solver=solver)
     alpha = np.asarray(alpha, dtype=np.float64).reshape(y.shape)

@@ -1,0 +1,75 @@
+"""``solver.keep_gram: false`` in ``krr run``: the factor replaces the gram stage's tiles.
+
+α equals the keep_gram=true run's, and a rerun with a new lambda in the same run
+directory still succeeds: the Gram tiles the first factor replaced are rebuilt
+from the stored X_train, and the log says why.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+CONFIG = """
+name: keep-gram
+data: {{source: npy, path: {x}, y_path: {y}}}
+split: {{test_fraction: 0.25, seed: 0}}
+preprocess: {{standardize: true, standardize_y: true}}
+kernel: {{name: rbf, params: {{gamma: 0.2}}}}
+lambda: 0.01
+solver: {{method: cholesky}}
+block_size: 100
+evaluate: {{baseline: none}}
+cluster: {{n_workers: 1, processes: false, memory_limit: 2GiB}}
+"""
+
+
+def _krr(conf: Path, run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KRR_KILL")}
+    res = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "run", str(conf), *overrides, "--run-dir",
+         str(run_dir)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    return res
+
+
+def _alpha(run_dir: Path) -> np.ndarray:
+    return np.load(run_dir / "solve" / "alpha.npy")
+
+
+@pytest.fixture(scope="module")
+def conf(tmp_path_factory):
+    d = tmp_path_factory.mktemp("keepgram")
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(360, 4))
+    y = np.sin(X[:, 0]) + 0.5 * X[:, 1] + 0.1 * rng.normal(size=360)
+    np.save(d / "X.npy", X)
+    np.save(d / "y.npy", y)
+    path = d / "conf.yaml"
+    path.write_text(CONFIG.format(x=d / "X.npy", y=d / "y.npy"))
+    return path
+
+
+@pytest.mark.slow
+def test_keep_gram_false_matches_and_survives_a_new_lambda(conf, tmp_path):
+    kept, inplace = tmp_path / "kept", tmp_path / "inplace"
+    _krr(conf, kept)
+    _krr(conf, inplace, "solver.keep_gram=false")
+    a_kept, a_in = _alpha(kept), _alpha(inplace)
+    np.testing.assert_allclose(a_in, a_kept, rtol=1e-12, atol=1e-12)
+    # the factor lives in the gram stage's array, no separate factor was written
+    assert not (inplace / "solve" / "factor.zarr").exists()
+    assert (kept / "solve" / "factor.zarr").exists()
+
+    res = _krr(conf, inplace, "solver.keep_gram=false", "lambda=0.05")
+    assert "recomputing it from X" in res.stderr, res.stderr[-3000:]
+    _krr(conf, kept, "lambda=0.05")
+    np.testing.assert_allclose(_alpha(inplace), _alpha(kept), rtol=1e-12, atol=1e-12)
+    assert not np.allclose(_alpha(kept), a_kept)
