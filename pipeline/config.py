@@ -237,7 +237,7 @@ class CvConfig(_Model):
     # conjugate gradients (solver cg)
     tol: float = Field(default=C.CV_TOL, gt=0)
     max_iter: int | None = Field(default=None, ge=1)
-    preconditioner: Literal["nystrom", "none"] = "nystrom"
+    preconditioner: Literal["nystrom", "adaptive", "none"] = "nystrom"
     rank: int | None = Field(default=None, ge=1)
     #: kernel settings searched concurrently (in-memory solvers)
     n_jobs: int | None = Field(default=None, ge=1)

@@ -79,9 +79,12 @@ def cg_fold_predictions(
     shifts : ndarray (n_lambda, n_folds)
         Diagonal shift of every (λ, fold) system; solved in decreasing order of
         the row mean, each row warm-started from the previous one.
-    preconditioner : {"nystrom", "none"}
+    preconditioner : {"nystrom", "adaptive", "none"}
+        ``"adaptive"``: one RPCholesky factor whose rank grows until it resolves K
+        at the smallest shift of the grid (:func:`~pipeline.solvers.precond_adaptive.adaptive_rpcholesky`),
+        shared by every fold and λ as the Nyström factor is.
     rank : int, optional
-        Nyström rank (default ``min(n, 200)``).
+        Nyström rank (default ``min(n, 200)``); with ``"adaptive"``, a cap on the rank.
     warm_start : bool
         Start each λ from the previous λ's solution (else from zero).
     factor : ndarray (n, r), optional
@@ -103,10 +106,22 @@ def cg_fold_predictions(
             F = factor
         stats["preconditioner_builds"] = stats.get("preconditioner_builds", 0) + 1
         pre_folds = [_FoldNystrom(F[tr]) for tr in trains]
+    elif preconditioner == "adaptive":
+        from pipeline.solvers.precond_adaptive import adaptive_rpcholesky
+
+        F, _, _ = adaptive_rpcholesky(
+            op,
+            float(np.min(shifts)),
+            max_rank=None if rank is None else min(int(rank), n),
+            random_state=random_state,
+        )
+        F = np.asarray(F, dtype=np.float64)
+        stats["preconditioner_builds"] = stats.get("preconditioner_builds", 0) + 1
+        pre_folds = [_FoldNystrom(F[tr]) for tr in trains]
     elif preconditioner not in ("none", None):
         raise ValueError(
             f"preconditioner={preconditioner!r} is not supported by the CV search; "
-            "use 'nystrom' or 'none'"
+            "use 'nystrom', 'adaptive' or 'none'"
         )
 
     def scatter(v: np.ndarray) -> np.ndarray:
