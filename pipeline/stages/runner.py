@@ -62,10 +62,15 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.stages.manifest import MANIFEST_NAME, Manifest
+from pipeline.stages.recovery import (
+    find_damage,
+    outputs_damaged,
+    owner_stage,
+    recover_corrupt_tile,
+    recover_incomplete,
+)
 from pipeline.storage import (
     CorruptTileError,
-    IncompleteArrayError,
-    TileMarkers,
     fingerprint_obj,
 )
 from pipeline.storage.location import Location, is_url, join_path
@@ -257,49 +262,6 @@ def _check_adoptable(stage_dir: Path | str, rec: Any) -> None:
     )
 
 
-def _find_damage(exc: BaseException) -> CorruptTileError | IncompleteArrayError | None:
-    """The CorruptTileError or IncompleteArrayError ``exc`` is or was raised from
-    (its cause/context chain)."""
-    seen: set[int] = set()
-    e: BaseException | None = exc
-    while e is not None and id(e) not in seen:
-        if isinstance(e, CorruptTileError | IncompleteArrayError):
-            return e
-        seen.add(id(e))
-        e = e.__cause__ or e.__context__
-    return None
-
-
-def _owner_stage(run_dir: Path | str, stages: Sequence[Stage], store: str) -> Stage | None:
-    """The stage whose directory holds ``store`` (a local path, or a URL under a URL
-    run directory), or None."""
-    if is_url(run_dir):
-        root = str(run_dir).rstrip("/")
-        for s in stages:
-            d = f"{root}/{s.name}"
-            if store.rstrip("/") == d or store.startswith(d + "/"):
-                return s
-        return None
-    path = store[len("file://") :] if store.startswith("file://") else store
-    if "://" in path:
-        return None
-    p = Path(path).resolve()
-    for s in stages:
-        d = (run_dir / s.name).resolve()
-        if p == d or p.is_relative_to(d):
-            return s
-    return None
-
-
-def _downstream(stages: Sequence[Stage], name: str) -> list[str]:
-    """``name`` and every stage that depends on it, directly or transitively, in order."""
-    out = {name}
-    for s in stages:  # dependency order: upstream stages come first
-        if any(u in out for u in s.after):
-            out.add(s.name)
-    return [s.name for s in stages if s.name in out]
-
-
 def run_stages(
     run_dir: str | Path,
     stages: Sequence[Stage],
@@ -436,7 +398,7 @@ def _run_pass(
         if (
             rec.status == "done"
             and rec.fingerprint == fp
-            and _outputs_damaged(stage, stage_dir, rec, emit)
+            and outputs_damaged(stage, stage_dir, rec, emit)
         ):
             rec.status = "failed"  # rerun it below, resuming from its intact records
             manifest.save()
@@ -473,16 +435,16 @@ def _run_pass(
             if isinstance(e, KeyboardInterrupt | SystemExit):
                 emit(stage.name, "failed", {"error": rec.error})
                 raise
-            damage = _find_damage(e)
-            owner = None if damage is None else _owner_stage(run_dir, stages, damage.store)
+            damage = find_damage(e)
+            owner = None if damage is None else owner_stage(run_dir, stages, damage.store)
             if owner is not None and len(report.recovered) < max_recoveries:
                 if isinstance(damage, CorruptTileError):
-                    _recover_corrupt_tile(
+                    recover_corrupt_tile(
                         stages, manifest, report, stage, owner, damage, max_recoveries
                     )
                     emit(stage.name, "corrupt", dict(report.recovered[-1]))
                 else:
-                    _recover_incomplete(
+                    recover_incomplete(
                         stages, manifest, report, stage, owner, damage, max_recoveries
                     )
                     emit(stage.name, "incomplete", dict(report.recovered[-1]))
@@ -513,120 +475,3 @@ def outputs_json(out: Any) -> dict[str, Any]:
     if dataclasses.is_dataclass(out) and not isinstance(out, type):
         return dataclasses.asdict(out)
     return dict(out)
-
-
-def _mark_partial(
-    stages: Sequence[Stage], manifest: Manifest, owner: Stage, note: str
-) -> list[str]:
-    """Mark ``owner`` and every stage downstream of it partial; return their names."""
-    affected = _downstream(stages, owner.name)
-    for name in affected:
-        rec = manifest.stage(name)
-        if rec.status in ("done", "running"):
-            rec.status, rec.error = "failed", note
-    manifest.save()
-    return affected
-
-
-def _outputs_damaged(
-    stage: Stage, stage_dir: Path, rec: Any, emit: Callable[[str, str, dict[str, Any]], None]
-) -> bool:
-    """Whether a complete stage's outputs fail its ``verify`` check (then rerun it)."""
-    if stage.verify is None:
-        return False
-    try:
-        stage.verify(stage_dir, rec.outputs)
-    except CorruptTileError as e:
-        TileMarkers(e.store, e.name, "").unmark(e.tile)
-        problem = str(e)
-    except ValueError as e:
-        problem = str(e)
-    else:
-        return False
-    rec.error = f"outputs failed verification, recomputing: {problem}"
-    log.warning("stage %r is complete but %s", stage.name, rec.error)
-    emit(stage.name, "corrupt", {"problem": problem})
-    return True
-
-
-def _recover_corrupt_tile(
-    stages: Sequence[Stage],
-    manifest: Manifest,
-    report: RunReport,
-    failed: Stage,
-    owner: Stage,
-    err: CorruptTileError,
-    max_recoveries: int,
-) -> None:
-    """Unmark the corrupt tile; mark its owner stage and everything downstream partial."""
-    TileMarkers(err.store, err.name, "").unmark(err.tile)
-    note = f"recomputing corrupt tile {err.tile} of {err.name!r} (found by stage {failed.name!r})"
-    affected = _mark_partial(stages, manifest, owner, note)
-    entry = {
-        "kind": "corrupt",
-        "stage": failed.name,
-        "owner": owner.name,
-        "store": err.store,
-        "array": err.name,
-        "tile": list(err.tile),
-        "expected_crc32c": err.expected,
-        "found_crc32c": err.found,
-        "reason": err.problem,
-    }
-    report.recovered.append(entry)
-    log.warning(
-        "corrupt tile %s of array %r in %s (%s), found by stage %r: its completion record is "
-        "removed; rerunning from stage %r (partial: %s) to recompute it [recovery %d of at "
-        "most %d in this run]",
-        err.tile,
-        err.name,
-        err.store,
-        err.problem,
-        failed.name,
-        owner.name,
-        ", ".join(affected),
-        len(report.recovered),
-        max_recoveries,
-    )
-
-
-def _recover_incomplete(
-    stages: Sequence[Stage],
-    manifest: Manifest,
-    report: RunReport,
-    failed: Stage,
-    owner: Stage,
-    err: IncompleteArrayError,
-    max_recoveries: int,
-) -> None:
-    """Mark the owner of an incomplete array and everything downstream partial."""
-    tiles = [list(t) for t in err.missing]
-    note = (
-        f"computing {len(tiles)} tile(s) of {err.name!r} without a completion record "
-        f"(found by stage {failed.name!r})"
-    )
-    affected = _mark_partial(stages, manifest, owner, note)
-    report.recovered.append(
-        {
-            "kind": "incomplete",
-            "stage": failed.name,
-            "owner": owner.name,
-            "store": err.store,
-            "array": err.name,
-            "tiles": tiles,
-        }
-    )
-    log.warning(
-        "array %r in %s is incomplete: %d tile(s) have no completion record (first: %s), found "
-        "by stage %r; rerunning from stage %r (partial: %s) to compute them [recovery %d of at "
-        "most %d in this run]",
-        err.name,
-        err.store,
-        len(tiles),
-        tiles[:5],
-        failed.name,
-        owner.name,
-        ", ".join(affected),
-        len(report.recovered),
-        max_recoveries,
-    )
