@@ -30,46 +30,36 @@ import logging
 import sys
 import time
 import traceback
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from pipeline._version import __version__
+from pipeline.cli_errors import (
+    EXIT_BAD_CONFIG,
+    EXIT_BAD_INPUT,
+    EXIT_CODES,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_LOCKED,
+    EXIT_OK,
+    EXIT_RUN_DIR,
+    CliError,
+    _check_paths,
+    _check_store,
+    _classify_stage_error,
+    _client,
+    _load,
+    _stage_error_hint,
+)
+from pipeline.cli_errors import (
+    EXIT_NO_SCHEDULER as EXIT_NO_SCHEDULER,  # re-exported: part of pipeline.cli's API
+)
+from pipeline.cli_errors import (
+    EXIT_STAGE_FAILED as EXIT_STAGE_FAILED,
+)
 from pipeline.cli_output import _fmt, _isatty, _print_metrics, _setup_logging, _unconverged_note
 
-EXIT_OK = 0
-EXIT_INTERNAL = 1
-EXIT_BAD_CONFIG = 2
-EXIT_BAD_INPUT = 3
-EXIT_STAGE_FAILED = 4
-EXIT_LOCKED = 5
-EXIT_NO_SCHEDULER = 6
-EXIT_RUN_DIR = 7
-EXIT_INTERRUPTED = 130
-
-EXIT_CODES = {
-    EXIT_OK: "done",
-    EXIT_INTERNAL: "internal error (a bug: please report it with the traceback from -v)",
-    EXIT_BAD_CONFIG: "bad config or usage (also: run dir belongs to other data without --force-new)",
-    EXIT_BAD_INPUT: "bad input: missing or invalid data file, model artifact or prediction input",
-    EXIT_STAGE_FAILED: "a stage failed (its error is in the manifest): rerun to resume, or "
-    "change the config as the message says (e.g. a CG solve that did not converge)",
-    EXIT_LOCKED: "the run directory is locked by another live run",
-    EXIT_NO_SCHEDULER: "the scheduler address does not answer",
-    EXIT_RUN_DIR: "the run directory is unusable: a file, not writable, or a damaged manifest; "
-    "or its object store does not answer, refuses the credentials, or lacks the bucket",
-    EXIT_INTERRUPTED: "interrupted (rerun to resume)",
-}
-
 log = logging.getLogger("krr")
-
-
-class CliError(Exception):
-    """An error reported as one message and an exit code."""
-
-    def __init__(self, message: str, code: int) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 # ---------------------------------------------------------------------------
@@ -162,52 +152,11 @@ def build_parser() -> argparse.ArgumentParser:
 # helpers
 
 
-def _load(config: str, overrides: list[str]):
-    from pipeline.config import ConfigError, load_config
-
-    try:
-        return load_config(config, overrides)
-    except ConfigError as e:
-        raise CliError(str(e), EXIT_BAD_CONFIG) from None
-
-
-def _check_paths(cfg) -> None:
-    """Bad input before any work: data files that do not exist."""
-    d, s = cfg.data, cfg.split
-    paths = [("data.path", d.path), ("data.y_path", d.y_path)]
-    paths += [("split.test_path", s.test_path), ("split.test_y_path", s.test_y_path)]
-    paths += [("predict.input", cfg.predict.input)]
-    for key, p in paths:
-        if p and "://" not in p and not any(c in p for c in "*?[") and not Path(p).exists():
-            raise CliError(f"{key}: file {p!r} does not exist", EXIT_BAD_INPUT)
-
-
 def _run_dir_arg(run_dir: str) -> Path | str:
     """``--run-dir`` as a local Path, or as the URL string of an object store."""
     from pipeline.storage.location import is_url
 
     return run_dir.rstrip("/") if is_url(run_dir) else Path(run_dir)
-
-
-def _check_store(run_dir: Path | str, cfg) -> None:
-    """An object-store run directory: register ``storage.options``, then check that the
-    store answers and the bucket exists (created only with ``storage.create_bucket``),
-    before any work starts (exit 7)."""
-    from pipeline.storage.location import (
-        Location,
-        StoreUnreachable,
-        set_storage_options,
-        url_scheme,
-    )
-
-    scheme = url_scheme(run_dir)
-    if scheme is None:
-        return
-    try:
-        set_storage_options(scheme, cfg.storage.options)
-        Location(run_dir).check_usable(create_bucket=cfg.storage.create_bucket)
-    except StoreUnreachable as e:
-        raise CliError(str(e), EXIT_RUN_DIR) from None
 
 
 def _redacted(config: dict[str, Any]) -> dict[str, Any]:
@@ -216,75 +165,6 @@ def _redacted(config: dict[str, Any]) -> dict[str, Any]:
     if isinstance(storage, dict) and storage.get("options"):
         config = {**config, "storage": {**storage, "options": "<not recorded>"}}
     return config
-
-
-@contextlib.contextmanager
-def _client(address: str | None, cluster, want_dashboard: bool) -> Iterator[Any]:
-    """The Dask client: an external scheduler (with a connect timeout) or a LocalCluster."""
-    import dask
-    import distributed  # noqa: F401  (load its config defaults before overriding one)
-
-    if not logging.getLogger("krr").isEnabledFor(logging.DEBUG):
-        for name in (
-            "distributed",
-            "distributed.nanny",
-            "distributed.scheduler",
-            "distributed.core",
-        ):
-            logging.getLogger(name).setLevel(logging.WARNING)
-
-    from pipeline.parallel import dask_client
-
-    stack = contextlib.ExitStack()
-    timeouts = (
-        {"distributed.comm.timeouts.connect": f"{cluster.connect_timeout}s"} if address else {}
-    )
-    try:
-        with dask.config.set(timeouts):
-            client = stack.enter_context(
-                dask_client(
-                    address,
-                    n_workers=cluster.n_workers,
-                    threads_per_worker=cluster.threads_per_worker,
-                    memory_limit=cluster.memory_limit,
-                    processes=cluster.processes,
-                    dashboard=want_dashboard,
-                )
-            )
-    except (OSError, TimeoutError) as e:
-        stack.close()
-        if address:
-            raise CliError(
-                f"scheduler {address!r} does not answer within {cluster.connect_timeout:g} s "
-                f"({type(e).__name__}: {e}). Check the address, or leave out --scheduler to use "
-                "the embedded local cluster.",
-                EXIT_NO_SCHEDULER,
-            ) from None
-        raise
-    with stack:
-        yield client
-
-
-def _classify_stage_error(e) -> int:
-    from pipeline.stages.ingest import InputError
-
-    cause = e.__cause__
-    if isinstance(cause, InputError | FileNotFoundError):
-        return EXIT_BAD_INPUT
-    if e.stage == "ingest" and isinstance(cause, ValueError):
-        return EXIT_BAD_INPUT
-    return EXIT_STAGE_FAILED
-
-
-def _stage_error_hint(e, code: int) -> str:
-    """What to do about a failed stage: a rerun resumes, but cannot fix bad data or config."""
-    from pipeline.stages.solve import IndefiniteKernelError, SolveNotConverged
-
-    if code == EXIT_BAD_INPUT:
-        return "fix the input data (a rerun cannot help), then rerun the same command"
-    if isinstance(e.__cause__, SolveNotConverged | IndefiniteKernelError):
-        return "change the config as said above, then rerun (the stages before it are kept)"
-    return "rerun the same command to resume"
 
 
 # ---------------------------------------------------------------------------
