@@ -143,25 +143,11 @@ def refine_solution(
     shrank the residual 2x per step, CG 6x). Each iteration costs one pass over
     the Gram and one over the factor.
     """
-    from pipeline.solvers.cg import conjugate_gradient
     from pipeline.solvers.matvec import StoredKernelOperator
+    from pipeline.solvers.refine import refine_with_operator
 
-    stats = stats if stats is not None else {}
     op = StoredKernelOperator(gram, shift)
-    y2 = np.asarray(y, dtype=np.float64).reshape(np.shape(y)[0], -1)
-    x0 = np.asarray(alpha, dtype=np.float64).reshape(y2.shape)
-    res = conjugate_gradient(
-        op.matvec,
-        y2,
-        x0=x0,
-        preconditioner=FactorPreconditioner(factor),
-        tol=tol,
-        max_iter=max_iter,
-        strict=True,  # a refinement that stops short is an error, never a quiet alpha
-    )
-    stats["refine_iterations"] = int(res.n_iter)
-    stats["rel_residual"] = float(np.max(res.rel_residual))
-    return res.x.reshape(np.shape(alpha))
+    return refine_with_operator(factor, op, y, alpha, tol=tol, max_iter=max_iter, stats=stats)
 
 
 def cholesky_solve(
