@@ -94,6 +94,28 @@ class JacobiPreconditioner:
         return f"JacobiPreconditioner(n={self.inv_diag.size}, shift={self.shift!r})"
 
 
+def nystrom_fingerprint(
+    shift: float,
+    rank: int,
+    eigvals: np.ndarray,
+    info: dict,
+    *,
+    exclude: tuple[str, ...] = ("pivots",),
+    kind: str = "nystrom",
+) -> str:
+    """Fingerprint of a low-rank-plus-shift preconditioner (CG checkpoints key on it):
+    its kind, shift, rank, leading eigenvalues and build info (less ``exclude``)."""
+    return fingerprint_obj(
+        {
+            "preconditioner": kind,
+            "shift": shift,
+            "rank": rank,
+            "eig": [float(v) for v in eigvals[:8]],
+            **{k: v for k, v in info.items() if k not in exclude},
+        }
+    )
+
+
 class NystromPreconditioner:
     """``(F Fᵀ + μ I)⁻¹`` applied through Woodbury, from a factor ``F`` (n x r).
 
@@ -152,15 +174,7 @@ class NystromPreconditioner:
 
     @property
     def fingerprint(self) -> str:
-        return fingerprint_obj(
-            {
-                "preconditioner": "nystrom",
-                "shift": self.shift,
-                "rank": self.rank,
-                "eig": [float(v) for v in self.eigvals[:8]],
-                **{k: v for k, v in self.info.items() if k != "pivots"},
-            }
-        )
+        return nystrom_fingerprint(self.shift, self.rank, self.eigvals, self.info)
 
     def __repr__(self) -> str:
         return (

@@ -36,7 +36,6 @@ import scipy.sparse.linalg
 
 from pipeline.solvers.matvec import check_shift
 from pipeline.solvers.precond import _rejection_cholesky, _safe_cholesky
-from pipeline.storage import fingerprint_obj
 
 __all__ = [
     "DEFAULT_FACTOR",
@@ -309,14 +308,14 @@ class Float32NystromPreconditioner:
 
     @property
     def fingerprint(self) -> str:
-        return fingerprint_obj(
-            {
-                "preconditioner": "nystrom",
-                "shift": self.shift,
-                "rank": self.rank,
-                "eig": [float(v) for v in self.eigvals[:8]],
-                **{k: v for k, v in self.info.items() if k not in ("pivots", "history", "seconds")},
-            }
+        from pipeline.solvers.precond import nystrom_fingerprint
+
+        return nystrom_fingerprint(
+            self.shift,
+            self.rank,
+            self.eigvals,
+            self.info,
+            exclude=("pivots", "history", "seconds"),
         )
 
     def __repr__(self) -> str:
