@@ -191,6 +191,22 @@ def _threads(n_threads: int | None) -> int:
     return n
 
 
+def _prepare(
+    kernel: Any, kernel_dtype: Any, n_threads: Any, Xi: Any, Xj: Any
+) -> tuple[Any, Any, int, np.ndarray, np.ndarray, bool]:
+    """The checked arguments every entry point starts from: the kernel, the
+    evaluation dtype, the thread count, both row blocks and whether ``Xj`` is ``Xi``."""
+    kernel = make_kernel(kernel)
+    kd = _kernel_dtype(kernel_dtype)
+    nt = _threads(n_threads)
+    Xi = _rows(Xi, "Xi")
+    same = Xj is None
+    Xj = Xi if same else _rows(Xj, "Xj")
+    if Xj.shape[1] != Xi.shape[1]:
+        raise ValueError(f"Xi has {Xi.shape[1]} features but Xj has {Xj.shape[1]}; they must match")
+    return kernel, kd, nt, Xi, Xj, same
+
+
 def _rows(X: Any, name: str) -> np.ndarray:
     X = np.asarray(X)
     if X.ndim != 2:
@@ -340,14 +356,7 @@ def kernel_matvec(
         Inconsistent shapes, a non-float64 accumulator, or float32 values the
         kernel could overflow.
     """
-    kernel = make_kernel(kernel)
-    kd = _kernel_dtype(kernel_dtype)
-    nt = _threads(n_threads)
-    Xi = _rows(Xi, "Xi")
-    same = Xj is None
-    Xj = Xi if same else _rows(Xj, "Xj")
-    if Xj.shape[1] != Xi.shape[1]:
-        raise ValueError(f"Xi has {Xi.shape[1]} features but Xj has {Xj.shape[1]}; they must match")
+    kernel, kd, nt, Xi, Xj, same = _prepare(kernel, kernel_dtype, n_threads, Xi, Xj)
     ni, nj = Xi.shape[0], Xj.shape[0]
     V2 = _cols(V, nj, "V")
     out2 = _cols(out, ni, "out", out=True)
@@ -454,14 +463,7 @@ def kernel_tile(
     so the tile is exactly symmetric. ``kernel_dtype`` is the evaluation
     dtype (``out`` may differ: values are cast on the copy). Returns ``out``.
     """
-    kernel = make_kernel(kernel)
-    kd = _kernel_dtype(kernel_dtype)
-    nt = _threads(n_threads)
-    Xi = _rows(Xi, "Xi")
-    same = Xj is None
-    Xj = Xi if same else _rows(Xj, "Xj")
-    if Xj.shape[1] != Xi.shape[1]:
-        raise ValueError(f"Xi has {Xi.shape[1]} features but Xj has {Xj.shape[1]}; they must match")
+    kernel, kd, nt, Xi, Xj, same = _prepare(kernel, kernel_dtype, n_threads, Xi, Xj)
     ni, nj = Xi.shape[0], Xj.shape[0]
     if (
         not isinstance(out, np.ndarray)
