@@ -200,7 +200,7 @@ class KernelPerceptron(KernelParamsMixin, ClassifierMixin, BaseEstimator):
         return self
 
     def decision_function(self, X: Any) -> np.ndarray:
-        """theta·phi(x) + theta0 = K(X, X_fit) @ dual_coef_ + intercept_.
+        """theta·phi(x) + theta0 = ``K(X, X_fit) @ dual_coef_ + intercept_``.
 
         Returns shape (n_samples,) for two classes (positive means ``classes_[1]``),
         else (n_samples, n_classes).
