@@ -54,7 +54,7 @@ def compute(*collections: Any, progress: bool = True, desc: str = "", **kwargs: 
 
     Under a distributed client the tasks run on its workers (which use one BLAS
     thread each); otherwise Dask's threaded scheduler runs them with BLAS held
-    to one thread per Dask thread, as NOTES.md recommends.
+    to one thread per Dask thread, as ``docs/PERFORMANCE.md`` explains.
     """
     client = _active_client()
     show = show_progress(progress)

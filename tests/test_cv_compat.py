@@ -1,6 +1,6 @@
 """pipeline.KernelRidge inside scikit-learn's and dask-ml's GridSearchCV.
 
-dask-ml 2025.1.0 with dask 2026.8 (NOTES.md): its r2 scorer and its KFold are
+dask-ml 2025.1.0 with dask 2026.8 (docs/PERFORMANCE.md): its r2 scorer and its KFold are
 broken, so the dask-ml search uses ``neg_mean_squared_error`` and scikit-learn's
 ``KFold``.
 """

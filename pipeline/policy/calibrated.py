@@ -34,9 +34,9 @@ __all__ = ["RHO_AT_DEFAULT_RANK", "CalibratedCostModel"]
 RHO_AT_DEFAULT_RANK = 0.76
 #: the N of that measurement; ρ is scaled by N / RHO_REFERENCE_N
 RHO_REFERENCE_N = 10_000
-#: 2-core float64 GEMM probe (NOTES.md: 154-159 GFLOP/s on Sapphire Rapids)
+#: 2-core float64 GEMM probe (docs/PERFORMANCE.md: 154-159 GFLOP/s on Sapphire Rapids)
 DEFAULT_GEMM_GFLOPS = 150.0
-#: Zarr v3 float64 tiles, uncompressed (NOTES.md: 0.74-0.98 write, 0.9-1.5 read)
+#: Zarr v3 float64 tiles, uncompressed (docs/PERFORMANCE.md: 0.74-0.98 write, 0.9-1.5 read)
 DEFAULT_DISK_READ_GBPS = 1.0
 DEFAULT_DISK_WRITE_GBPS = 0.8
 

@@ -30,7 +30,7 @@ Products. A matrix-free product evaluates every entry of K once (the engine
 uses symmetry to halve the tiles but counts entries both ways), so its time is
 ``N² / rate`` with ``rate`` the kernel entries per second measured by the
 engine's benchmark (``bench_engine.py``): on 2 cores at D = 14 about 0.53 G/s
-in float64 and 0.84 G/s in float32 (``/work/shared/NOTES.md``). The rate falls
+in float64 and 0.84 G/s in float32 (``docs/PERFORMANCE.md``). The rate falls
 with D as ``(D₀ + 14) / (D₀ + D)``, D₀ = :data:`ENTRY_COST_D0` (the exp and the
 bookkeeping cost as much as this many feature terms).
 """
@@ -58,7 +58,7 @@ __all__ = [
 
 #: measured CG iterations / Chebyshev bound on the table above (0.45-0.67)
 CG_BOUND_FRACTION = 0.6
-#: kernel entries per second of the fused engine, 2 cores, D = 14 (NOTES.md, 2026-11-23)
+#: kernel entries per second of the fused engine, 2 cores, D = 14 (docs/PERFORMANCE.md, 2026-11-23)
 ENTRY_RATE_FLOAT64 = 0.53e9
 ENTRY_RATE_FLOAT32 = 0.84e9
 #: the per-entry cost is proportional to D + ENTRY_COST_D0

@@ -2,7 +2,7 @@
 
 The solvers, stages and estimators import these names; none of them restates a
 number. Figures marked "measured" come from the 2-core, 24 GiB project machine
-(SkylakeX and Sapphire Rapids, see the team notes, ``NOTES.md``); they set
+(SkylakeX and Sapphire Rapids, see ``docs/PERFORMANCE.md``); they set
 *routing* only (which solver runs), never a result: every solver is exact to its
 tolerance whatever it is chosen by.
 """

@@ -75,7 +75,7 @@ def sklearn_baseline(
 
     kname, kparams = _sklearn_kernel(kernel, X_train.shape[1])
     model = KernelRidge(alpha=shift, kernel=kname, **kparams)
-    # one BLAS thread: OpenBLAS' 2-thread potrf crashes at n >= ~15.5k (NOTES.md)
+    # one BLAS thread: OpenBLAS' 2-thread potrf crashes at n >= ~15.5k (docs/PERFORMANCE.md)
     with blas_threads(1 if X_train.shape[0] >= 12_000 else None):
         t0 = time.perf_counter()
         if kname == "precomputed":

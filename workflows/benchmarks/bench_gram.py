@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{nbytes / 1e9:.2f} GB; threads={os.cpu_count()}; scratch {scratch}",
         flush=True,
     )
-    # the first Zarr write in a process is slow (NOTES.md): warm up outside the timings
+    # the first Zarr write in a process is slow (docs/PERFORMANCE.md): warm up outside the timings
     warm = TileGrid(512, 512, 256)
     write_only(str(scratch / "warm"), warm, dtype, gram_tiles(X[:512], kernel, warm, dtype))
     times: dict[str, list[float]] = {"compute-only": [], "build": [], "write-only": []}

@@ -105,7 +105,7 @@ def measure_costs(b: int = 512, repeat: int = 5) -> TileCosts:
 
 def rate_costs(b: int, gemm_gflops: float) -> TileCosts:
     """Tile costs from one GEMM rate (1 BLAS thread): SYRK and TRSM at 90% of it,
-    POTRF at 50% (NOTES.md), flop counts 2b^3, b^3, b^3, b^3/3. More robust on a
+    POTRF at 50% (docs/PERFORMANCE.md), flop counts 2b^3, b^3, b^3, b^3/3. More robust on a
     loaded machine than timing each kernel; tile I/O comes from the bandwidth."""
     r = gemm_gflops * 1e9
     b3 = float(b) ** 3
@@ -274,7 +274,7 @@ def cg_iteration(
     evaluates (or, ``stored``, reads) ``b x n`` kernel entries. Tasks are
     independent; the iteration ends at a barrier (the dot products) costing
     ``sync``. The scheduler dispatches the ``n / b`` tasks serially.
-    ``entries_per_s``: kernel entries per second per worker (NOTES.md: 0.53 G/s
+    ``entries_per_s``: kernel entries per second per worker (docs/PERFORMANCE.md: 0.53 G/s
     on 2 cores for RBF float64, cache-blocked).
     """  # fmt: skip
     nb = math.ceil(n / b)

@@ -1,0 +1,75 @@
+"""The documentation and the code speak of the repository only.
+
+No absolute path of a developer's machine (``/work/...``, ``/home/...``, ``/Users/...``;
+in the documentation also ``/tmp/...``), and no citation of a document the repository does
+not contain: every ``*.md`` file the docs, the code, the configs or the workflows name
+exists in the repository (measured machine facts live in ``docs/PERFORMANCE.md``).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TEXT = {".md", ".rst", ".py", ".txt", ".yaml", ".yml", ".sh", ".toml", ".cfg", ".ipynb"}
+SKIP_DIRS = {".venv", ".git", "_build", "__pycache__", ".pytest_cache", ".ruff_cache", "runs"}
+# built from pieces, so that this file does not match itself
+MACHINE = re.compile("/" + "(?:work|home|Users|root)" + r"/[\w.-]")
+TMP = re.compile("/" + r"tmp/[\w.-]")
+DOC_NAME = re.compile(r"[\w./-]*\b[\w-]+\.md\b")
+OUTSIDE_NOTES = "NOTES" + ".md"
+
+
+def _files(*parts: str, suffixes: set[str] = TEXT) -> list[Path]:
+    out: list[Path] = []
+    for part in parts:
+        p = ROOT / part
+        if p.is_file():
+            out.append(p)
+            continue
+        for f in sorted(p.rglob("*")):
+            rel = f.relative_to(ROOT).parts
+            if f.is_file() and f.suffix in suffixes and not SKIP_DIRS.intersection(rel):
+                out.append(f)
+    return out
+
+
+def _hits(files: list[Path], pattern: re.Pattern[str]) -> list[str]:
+    found = []
+    for f in files:
+        for n, line in enumerate(f.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            if pattern.search(line):
+                found.append(f"{f.relative_to(ROOT)}:{n}: {line.strip()[:120]}")
+    return found
+
+
+def test_no_machine_paths_in_docs_and_code():
+    docs = _files("docs", "README.md")
+    code = _files("pipeline", "conf", suffixes=TEXT - {".ipynb"})
+    assert docs and code
+    hits = _hits(docs + code, MACHINE) + _hits(docs, TMP)
+    assert not hits, "machine paths in the repository's docs or code:\n" + "\n".join(hits)
+
+
+def test_no_citation_of_notes_outside_the_repository():
+    files = _files("docs", "README.md", "pipeline", "conf", "workflows", "tests", ".ci")
+    hits = _hits(files, re.compile(re.escape(OUTSIDE_NOTES)))
+    assert not hits, (
+        f"{OUTSIDE_NOTES} is not in the repository; cite docs/PERFORMANCE.md or state the "
+        "measured fact inline:\n" + "\n".join(hits)
+    )
+
+
+def test_every_cited_document_exists():
+    missing = []
+    for f in _files(
+        "docs", "README.md", "pipeline", "conf", "workflows", suffixes=TEXT - {".ipynb"}
+    ):
+        text = f.read_text(encoding="utf-8", errors="replace")
+        for name in set(DOC_NAME.findall(text)):
+            candidates = [ROOT / name, f.parent / name, ROOT / "docs" / name]
+            if "//" in name or any(c.is_file() for c in candidates):
+                continue
+            missing.append(f"{f.relative_to(ROOT)} cites {name}")
+    assert not missing, "documents cited but not in the repository:\n" + "\n".join(missing)
