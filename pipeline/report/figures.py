@@ -98,6 +98,9 @@ def cg_convergence(history: np.ndarray, tol: float | None = None) -> bytes:
         )
     if tol:
         ax.axhline(float(tol), color="k", ls="--", lw=1, label=f"tol = {float(tol):.1e}")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("CG iteration")
     ax.set_ylabel("relative residual ‖r‖ / ‖y‖")
     ax.grid(True, which="both", alpha=0.3)
