@@ -73,7 +73,7 @@ def stage_times(stages: list[Any]) -> bytes:
     secs = [s.seconds for s in ran][::-1]
     own = [_gib(s.peak_rss_bytes) for s in ran][::-1]
     kids = [_gib(s.peak_children_rss_bytes) for s in ran][::-1]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(8, 0.6 + 0.32 * max(len(names), 1)), sharey=True)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(8, max(2.0, 0.8 + 0.32 * len(names))), sharey=True)
     a.barh(names, secs, color="#4c72b0")
     a.set_xlabel("wall time (s)")
     a.grid(True, axis="x", alpha=0.3)

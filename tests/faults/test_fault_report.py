@@ -9,7 +9,6 @@ is installed, rendered headless: a screenshot and the DOM after load.
 from __future__ import annotations
 
 import base64
-import json
 import shutil
 import struct
 import subprocess
@@ -157,7 +156,7 @@ def test_cg_run_report_has_every_figure_and_notes_what_it_lacks(runs):
     text = out.read_text()
     assert "Reason:" in text and "requested solver=" in text  # the plan's reason
     # the metrics table shows this run's numbers next to the mean predictor's
-    ev = json.loads((runs["cg"] / "evaluate" / "metrics.json").read_text())
+    ev = Manifest.load(runs["cg"]).stages["evaluate"].outputs  # as in metrics.json
     assert f"{ev['metrics']['rmse']:.6g}" in text
     assert f"{ev['mean_baseline']['metrics']['rmse']:.6g}" in text
     assert ev["mean_baseline"]["metrics"]["r2"] < 0.05 < ev["metrics"]["r2"]
@@ -256,6 +255,42 @@ def test_partial_run_omits_what_has_not_run(tmp_path):
     for sid in ("cv", "heldout", "metrics"):
         assert page.sections[sid]["data-omitted"] == sid
     assert any("the evaluate stage has not run" in n for n in page.notes)
+
+
+def test_synthetic_two_outputs_and_a_lambda_only_search(tmp_path):
+    """Two outputs (two CG curves, two scatter series); a CV over λ alone has no heatmap."""
+    pytest.importorskip("matplotlib")
+    from pipeline.report.gather import RunData, StageInfo
+    from pipeline.report.html import render_html
+
+    rng = np.random.default_rng(0)
+    y = rng.normal(size=(50, 2))
+    alphas = [0.01, 0.1, 1.0]
+    data = RunData(
+        run_dir="synthetic",
+        stages=[StageInfo("solve", "done", seconds=1.5, peak_rss_bytes=2**30)],
+        method="cg",
+        plan={"solver": "cg", "tol": 1e-6},
+        plan_reason="because",
+        solve={"n_iter": 5, "converged": True, "rel_residual": [1e-7, 2e-7]},
+        cg_history=np.logspace(0, -7, 6)[:, None] * [1.0, 2.0],
+        cv_results={
+            "params": [{"alpha": a} for a in alphas],
+            "mean_test_score": np.array([0.1, 0.5, 0.3]),
+            "std_test_score": np.array([0.01, 0.02, 0.03]),
+            "rank_test_score": np.array([3, 1, 2]),
+        },
+        select={"best_params": {"alpha": 0.1}, "n_splits": 3, "n_candidates": 3},
+        metrics={"rmse": 0.5},
+        n_test=50,
+        y_true=y,
+        y_pred=y + 0.1 * rng.normal(size=y.shape),
+    )
+    out = tmp_path / "r.html"
+    out.write_text(render_html(data))
+    page = _parse(out)
+    _check_figures(page, {"stage-times", "cg-convergence", "cv-curve", "residuals", "parity"})
+    assert any("no CV heatmap: the search varied only λ" in n for n in page.notes)
 
 
 def test_not_a_run_directory(tmp_path):
