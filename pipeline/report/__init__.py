@@ -54,8 +54,10 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path | s
     page = render_html(data).encode("utf-8")
     if out is None:
         out = join_path(str(run_dir).rstrip("/") if is_url(run_dir) else Path(run_dir), REPORT_NAME)
+    target = str(out)
     if not is_url(out):
         out = Path(out)
         out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(str(out), page, fsync=True)
+        target = str(out.absolute())  # a bare file name has no directory part to write beside
+    atomic_write(target, page, fsync=True)
     return out

@@ -302,13 +302,16 @@ def test_not_a_run_directory(tmp_path):
     assert main(["report", str(tmp_path / "missing")]) == 3
 
 
-def test_cli_report_writes_the_file(runs, tmp_path, capsys):
+def test_cli_report_writes_the_file(runs, tmp_path, capsys, monkeypatch):
     from pipeline.cli import main
 
     out = tmp_path / "page.html"
     assert main(["report", str(runs["cg"]), "-o", str(out)]) == 0
     assert capsys.readouterr().out.strip() == str(out)
     assert CG_FIGURES <= set(_parse(out).figures)
+    monkeypatch.chdir(tmp_path)  # a bare file name is written in the working directory
+    assert main(["report", str(runs["cg"]), "-o", "bare.html"]) == 0
+    assert (tmp_path / "bare.html").is_file()
 
 
 def test_missing_matplotlib_names_the_extra(runs, monkeypatch, capsys):
