@@ -185,6 +185,7 @@ def test_manifest_records_stage_time_and_peak_memory(runs):
 
 def test_stage_peak_memory_is_the_stage_own(tmp_path):
     """A stage that holds 200 MB for half a second shows it; the next one does not."""
+    pytest.importorskip("psutil")
 
     def hog(stage_dir, inputs):
         a = np.ones(25 * 2**20)  # 200 MiB
@@ -294,6 +295,7 @@ def test_synthetic_two_outputs_and_a_lambda_only_search(tmp_path):
 
 
 def test_not_a_run_directory(tmp_path):
+    pytest.importorskip("matplotlib")
     from pipeline.cli import main
     from pipeline.report import write_report
 
@@ -314,7 +316,8 @@ def test_cli_report_writes_the_file(runs, tmp_path, capsys, monkeypatch):
     assert (tmp_path / "bare.html").is_file()
 
 
-def test_missing_matplotlib_names_the_extra(runs, monkeypatch, capsys):
+def test_missing_matplotlib_names_the_extra(tmp_path, monkeypatch, capsys):
+    """Without matplotlib (the [plots] extra) the report says what to install, first."""
     from pipeline.cli import main
     from pipeline.report import write_report
 
@@ -322,10 +325,10 @@ def test_missing_matplotlib_names_the_extra(runs, monkeypatch, capsys):
         monkeypatch.delitem(sys.modules, mod)
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     with pytest.raises(ImportError, match=r"pip install 'krr-pipeline\[plots\]'"):
-        write_report(runs["cg"], runs["cg"] / "never.html")
-    assert main(["report", str(runs["cg"])]) == 3
+        write_report(tmp_path, tmp_path / "never.html")
+    assert main(["report", str(tmp_path)]) == 3
     assert "krr-pipeline[plots]" in capsys.readouterr().err
-    assert not (runs["cg"] / "never.html").exists()
+    assert not (tmp_path / "never.html").exists()
 
 
 def _chromium() -> str | None:
