@@ -141,6 +141,13 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("run_dir", metavar="RUN_DIR")
     u.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS)
 
+    rp = sub.add_parser("report", help="write a self-contained HTML report of a run dir")
+    rp.add_argument("run_dir", metavar="RUN_DIR")
+    rp.add_argument(
+        "-o", "--output", metavar="FILE", help="HTML file (default RUN_DIR/report.html)"
+    )
+    rp.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS)
+
     v = sub.add_parser("validate", help="check a config and exit")
     v.add_argument("config", metavar="CONFIG")
     v.add_argument("overrides", nargs="*", metavar="key=value")
@@ -460,12 +467,28 @@ def cmd_unlock(args) -> int:
     return EXIT_OK
 
 
+def cmd_report(args) -> int:
+    """Write the HTML report of a run directory (:func:`pipeline.report.write_report`)."""
+    from pipeline.report import write_report
+    from pipeline.stages.manifest import ManifestError
+
+    try:
+        path = write_report(_run_dir_arg(args.run_dir), args.output)
+    except ManifestError as e:
+        raise CliError(str(e), EXIT_RUN_DIR) from None
+    except (FileNotFoundError, ImportError) as e:
+        raise CliError(str(e), EXIT_BAD_INPUT) from None
+    print(path)
+    return EXIT_OK
+
+
 _COMMANDS = {
     "run": cmd_run,
     "status": cmd_status,
     "predict": cmd_predict,
     "validate": cmd_validate,
     "unlock": cmd_unlock,
+    "report": cmd_report,
 }
 
 

@@ -2,7 +2,11 @@
 
 The metrics are computed in the original units of y. When the training split is
 small enough for scikit-learn's in-memory ``KernelRidge`` (``baseline_max_rows``),
-the same data, kernel and ridge are fitted with it as a baseline.
+the same data, kernel and ridge are fitted with it as a baseline. The trivial
+baseline, predicting the training mean of y for every row, is always scored
+(``mean_baseline``). The held-out targets and predictions are saved as
+``y_true.npy`` and ``y_pred.npy`` with their CRC-32C (``heldout``), so ``krr
+report`` draws the residual and parity plots without recomputing anything.
 """
 
 from __future__ import annotations
@@ -88,6 +92,33 @@ def sklearn_baseline(
     return np.asarray(pred), time.perf_counter() - t0, kname
 
 
+def _mean_baseline(ing: dict[str, Any], y_test: np.ndarray, names: list[str]) -> dict[str, Any]:
+    """The metrics of predicting the training mean of y for every held-out row."""
+    y_train = np.asarray(open_rows(ing, "y_train").compute(), dtype=np.float64)
+    y_train = y_train.reshape(len(y_train), -1)
+    if ing.get("y_scaler"):  # stored standardised: back to the original units
+        y_train = y_train * np.asarray(ing["y_scaler"]["scale"]) + np.asarray(
+            ing["y_scaler"]["mean"]
+        )
+    y_test = np.asarray(y_test, dtype=np.float64).reshape(len(y_test), -1)
+    pred = np.broadcast_to(y_train.mean(axis=0), y_test.shape)
+    return {"name": "mean of y_train", "metrics": regression_metrics(y_test, pred, names)}
+
+
+def _save_heldout(stage_dir: Path, y_test: np.ndarray, y_hat: np.ndarray) -> dict[str, Any]:
+    """``y_true.npy`` and ``y_pred.npy`` (float64, rows x outputs) and their CRC-32C."""
+    from pipeline.stages.solve import save_npy_atomic
+
+    y_true = np.asarray(y_test, dtype=np.float64).reshape(len(y_test), -1)
+    y_pred = np.asarray(y_hat, dtype=np.float64).reshape(y_true.shape)
+    out: dict[str, Any] = {}
+    for key, arr in (("y_true", y_true), ("y_pred", y_pred)):
+        path = join_path(stage_dir, f"{key}.npy")
+        out[f"{key}_crc32c"] = save_npy_atomic(path, arr)
+        out[key] = str(path)
+    return out
+
+
 def run(
     stage_dir: Path,
     inputs: dict[str, dict[str, Any]],
@@ -113,6 +144,8 @@ def run(
         "n_test": int(y_test.shape[0]),
         "metrics": regression_metrics(y_test, y_hat, names),
     }
+    out["mean_baseline"] = _mean_baseline(ing, y_test, names)
+    out["heldout"] = _save_heldout(stage_dir, y_test, y_hat)
     n = ing["n_train"]
     want = baseline == "sklearn" or (baseline == "auto" and n <= baseline_max_rows)
     # scikit-learn holds ~3 copies of the n x n kernel: never start it past the memory

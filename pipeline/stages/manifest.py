@@ -109,6 +109,8 @@ class StageRecord:
     started: float | None = None
     finished: float | None = None
     error: str | None = None
+    #: wall ``seconds`` and peak memory of its last run (:mod:`pipeline.stages.usage`)
+    resources: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -118,6 +120,7 @@ class StageRecord:
             "started": self.started,
             "finished": self.finished,
             "error": self.error,
+            "resources": self.resources,
         }
 
     @classmethod
@@ -132,6 +135,7 @@ class StageRecord:
             started=d.get("started"),
             finished=d.get("finished"),
             error=d.get("error"),
+            resources=dict(d.get("resources") or {}),
         )
 
 

@@ -69,6 +69,7 @@ from pipeline.stages.recovery import (
     recover_corrupt_tile,
     recover_incomplete,
 )
+from pipeline.stages.usage import StageUsage
 from pipeline.storage import (
     CorruptTileError,
     fingerprint_obj,
@@ -425,9 +426,11 @@ def _run_pass(
         # upstream outputs, each with its stage fingerprint under "_fingerprint"
         inputs = {u: {**outputs[u], "_fingerprint": fps[u]} for u in stage.after if u in outputs}
         t0 = time.perf_counter()
+        usage = StageUsage.start()  # wall time and peak memory, kept in the manifest
         try:
             out = stage.func(stage_dir, inputs, **stage_params)
         except BaseException as e:
+            rec.resources = usage.stop()
             rec.status = "failed"
             rec.error = "".join(traceback.format_exception_only(type(e), e)).strip()
             rec.finished = time.time()
@@ -452,6 +455,7 @@ def _run_pass(
             emit(stage.name, "failed", {"error": rec.error})
             raise StageFailed(stage.name, e) from e
         dt = time.perf_counter() - t0
+        rec.resources = usage.stop()
         rec.status, rec.outputs, rec.finished = "done", outputs_json(out), time.time()
         manifest.save()
         outputs[stage.name] = rec.outputs
