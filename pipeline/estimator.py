@@ -97,7 +97,13 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
     block_size : int, default=None
         Tile size of the out-of-core Gram matrix (None: chosen automatically).
     store : str or path, default=None
-        Directory or fsspec URL of the out-of-core Zarr store.
+        Directory or fsspec URL of the out-of-core Zarr store. Each distinct fit
+        writes into its own subdirectory ``store/fit-<fingerprint>``, named by the
+        parameters that change the result, the kernel and the content of X, y and
+        ``sample_weight`` (``fit_info_["store"]`` names it): clones (GridSearchCV,
+        ``cross_val_score``) share one ``store`` without clashing, and fitting the
+        same model on the same data again (e.g. after a kill) resumes from its
+        completed tiles. Nothing else in ``store`` is read, replaced or deleted.
     storage_options : dict, default=None
         fsspec options for a ``store`` URL (e.g. ``{"client_kwargs": {"endpoint_url":
         ...}, "key": ..., "secret": ...}`` for ``s3://``), registered for this process
@@ -141,6 +147,9 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         The kernel object used (None for callables and ``"precomputed"``).
     solver_ : str
         The solver actually used (``"dense"`` or ``"primal"`` in memory).
+    fit_info_ : dict
+        Out of core only: solver details, and ``"store"``, the fit's subdirectory
+        of ``store`` (None with a temporary store).
     effective_alpha_ : ndarray
         The diagonal shift added to K, per target group (alpha or n * alpha).
     n_iter_ : int
@@ -239,7 +248,10 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
             ``kernel="precomputed"``.
         y : array-like of shape (n_samples,) or (n_samples, n_targets)
         sample_weight : float or array-like of shape (n_samples,), default=None
-            Per-sample weights (scikit-learn's semantics: K scaled by sqrt(w)).
+            Per-sample weights, on every solver, with scikit-learn's semantics:
+            ``(W^1/2 K W^1/2 + alpha I) beta = W^1/2 y`` and ``dual_coef_ = W^1/2 beta``
+            (rows with weight 0 drop out). Negative, non-finite or all-zero
+            weights raise ValueError before any work.
 
         Returns
         -------
