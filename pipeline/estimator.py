@@ -97,7 +97,13 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
     block_size : int, default=None
         Tile size of the out-of-core Gram matrix (None: chosen automatically).
     store : str or path, default=None
-        Directory or fsspec URL of the out-of-core Zarr store.
+        Directory or fsspec URL of the out-of-core Zarr store. Each distinct fit
+        writes into its own subdirectory ``store/fit-<fingerprint>``, named by the
+        parameters that change the result, the kernel and the content of X, y and
+        ``sample_weight`` (``fit_info_["store"]`` names it): clones (GridSearchCV,
+        ``cross_val_score``) share one ``store`` without clashing, and fitting the
+        same model on the same data again (e.g. after a kill) resumes from its
+        completed tiles. Nothing else in ``store`` is read, replaced or deleted.
     storage_options : dict, default=None
         fsspec options for a ``store`` URL (e.g. ``{"client_kwargs": {"endpoint_url":
         ...}, "key": ..., "secret": ...}`` for ``s3://``), registered for this process
@@ -141,6 +147,9 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         The kernel object used (None for callables and ``"precomputed"``).
     solver_ : str
         The solver actually used (``"dense"`` or ``"primal"`` in memory).
+    fit_info_ : dict
+        Out of core only: solver details, and ``"store"``, the fit's subdirectory
+        of ``store`` (None with a temporary store).
     effective_alpha_ : ndarray
         The diagonal shift added to K, per target group (alpha or n * alpha).
     n_iter_ : int
@@ -239,7 +248,10 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
             ``kernel="precomputed"``.
         y : array-like of shape (n_samples,) or (n_samples, n_targets)
         sample_weight : float or array-like of shape (n_samples,), default=None
-            Per-sample weights (scikit-learn's semantics: K scaled by sqrt(w)).
+            Per-sample weights, on every solver, with scikit-learn's semantics:
+            ``(W^1/2 K W^1/2 + alpha I) beta = W^1/2 y`` and ``dual_coef_ = W^1/2 beta``
+            (rows with weight 0 drop out). Negative, non-finite or all-zero
+            weights raise ValueError before any work.
 
         Returns
         -------
@@ -313,10 +325,10 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         """The fit plan and its reason (:func:`pipeline.policy.plan.plan_fit`).
 
         In-memory solvers are planned unless ``store`` is given and the fit can go
-        out of core (a Kernel object, no sample weights, one alpha).
+        out of core (a Kernel object, one alpha).
         """
         one_alpha = np.unique(np.atleast_1d(np.asarray(self.alpha, dtype=np.float64))).size == 1
-        ooc_able = kernel is not None and sw is None and one_alpha
+        ooc_able = kernel is not None and one_alpha
         resources = measure_resources(self.store, in_memory=self.store is None or not ooc_able)
         choices = {
             "solver": self.solver,
@@ -342,12 +354,15 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
     ):
         """Fit with an out-of-core solver (``solver="cholesky"``, ``"cg"``, or "auto" past RAM).
 
-        The Gram matrix lives in tiles in ``store`` (a temporary directory when
-        None); see :mod:`pipeline.out_of_core`. Rejected before any work: kernels
-        that are not :class:`~pipeline.kernels.Kernel` objects, sample weights,
-        per-target alphas that differ, and alpha <= 0.
+        The Gram matrix lives in tiles in a subdirectory of ``store`` named by the
+        fingerprint of this fit (:func:`fit_store_path`), or in a temporary directory
+        when ``store`` is None; see :mod:`pipeline.out_of_core`. Sample weights
+        scale the rows and columns of K by sqrt(w), as scikit-learn does
+        (:func:`pipeline.out_of_core.weighted_problem`). Rejected before any work:
+        kernels that are not :class:`~pipeline.kernels.Kernel` objects, per-target
+        alphas that differ, and alpha <= 0.
         """
-        from pipeline.out_of_core import fit_out_of_core
+        from pipeline.out_of_core import fit_out_of_core, fit_store_path, weighted_problem
 
         if kernel is None:
             raise ValueError(
@@ -355,17 +370,18 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
                 f"got kernel={self.kernel!r}; callables and 'precomputed' are in-memory only "
                 "(use solver='dense')"
             )
-        if sample_weight is not None:
-            raise ValueError(
-                f"sample_weight is not supported by solver={self.solver!r}; "
-                "use solver='dense', or repeat rows"
-            )
         alphas = np.atleast_1d(np.asarray(self.alpha, dtype=np.float64))
         if np.unique(alphas).size != 1:
             raise ValueError(
                 f"solver={self.solver!r} takes one alpha for every target, got {self.alpha!r}"
             )
         lam = float(alphas[0])
+        convention = self.alpha_convention
+        if not np.isfinite(lam) or lam <= 0:
+            raise ValueError(
+                f"the out-of-core solvers need alpha > 0, got {lam!r}; use a positive alpha, "
+                "or solver='dense' for scikit-learn's alpha=0 least-squares behaviour"
+            )
         if self.storage_options:
             from pipeline.storage.location import set_storage_options, url_scheme
 
@@ -377,14 +393,37 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
                 )
             set_storage_options(scheme, self.storage_options)
         X = _dense(X)
+        X_fit = X
+        from pipeline.storage import fingerprint_blocks
+
+        x_fp = fingerprint_blocks([X])
+        if sample_weight is not None:
+            # (W^1/2 K W^1/2 + lam I) beta = W^1/2 y, alpha = W^1/2 beta (scikit-learn's form)
+            lam = float(
+                effective_alpha(lam, X.shape[0], sample_weight=sample_weight,
+                                alpha_convention=convention)[0]
+            )  # fmt: skip
+            convention = "sklearn"
+            X, y_solve, kernel_solve, root_w = weighted_problem(X, y, kernel, sample_weight)
+            if plan is not None:
+                plan = replace(plan, alpha=lam, alpha_convention=convention)
+            x_solve_fp = fingerprint_blocks([X])
+        else:
+            y_solve, kernel_solve, root_w, x_solve_fp = y, kernel, None, x_fp
+        store = None
+        if self.store is not None:
+            store = fit_store_path(
+                self.store,
+                self._fit_identity(kernel, x_fp, y, sample_weight),
+            )
         fit = fit_out_of_core(
             X,
-            y,
-            kernel,
+            y_solve,
+            kernel_solve,
             lam,
-            convention=self.alpha_convention,
+            convention=convention,
             solver=self.solver if self.solver != "dense" else "auto",
-            store=self.store,
+            store=store,
             block_size=self.block_size,
             tol=self.tol,
             max_iter=self.max_iter,
@@ -395,17 +434,49 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
             factor_dtype=self.factor_dtype,
             keep_gram=bool(self.keep_gram),
             plan=plan,
+            x_fingerprint=x_solve_fp,
         )
+        dual = fit.dual_coef.reshape(y.shape)
+        if root_w is not None:
+            dual = dual * (root_w if y.ndim == 1 else root_w[:, None])
         if hasattr(self, "primal_coef_"):
             del self.primal_coef_
         self.kernel_ = kernel
-        self.dual_coef_ = fit.dual_coef.reshape(y.shape)
-        self.X_fit_ = X
+        self.dual_coef_ = dual
+        self.X_fit_ = X_fit
         self.solver_ = fit.solver
         self.n_iter_ = fit.n_iter
         self.effective_alpha_ = np.full(1 if y.ndim == 1 else y.shape[1], fit.shift)
-        self.fit_info_ = fit.info
+        self.fit_info_ = {**fit.info, "store": None if store is None else str(store)}
         return self
+
+    def _fit_identity(self, kernel: Any, x_fp: str, y: np.ndarray, sw: Any) -> dict:
+        """Everything that makes one out-of-core fit differ from another (JSON-able).
+
+        The parameters that change the result, the kernel's identity (spec and
+        classes) and the content of X, y and the sample weights; never ``store``
+        or ``storage_options`` (credentials).
+        """
+        from pipeline.kernels import kernel_fingerprint
+        from pipeline.storage import fingerprint_blocks
+
+        params = {
+            k: v
+            for k, v in self.get_params(deep=False).items()
+            if k not in ("store", "storage_options", "kernel", "gamma", "degree", "coef0",
+                         "kernel_params", "progress", "verbose")
+        }  # fmt: skip
+        params["alpha"] = np.atleast_1d(np.asarray(self.alpha, dtype=np.float64)).tolist()
+        rs = self.random_state
+        params["random_state"] = rs if isinstance(rs, int) else None
+        return {
+            "estimator": "KernelRidge",
+            "params": params,
+            "kernel": kernel_fingerprint(kernel),
+            "X": x_fp,
+            "y": fingerprint_blocks([np.asarray(y, dtype=np.float64)]),
+            "sample_weight": None if sw is None else fingerprint_blocks([sw]),
+        }
 
     # -- persistence -------------------------------------------------------------
     def save(self, path: Any, *, overwrite: bool = False) -> Any:

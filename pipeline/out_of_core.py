@@ -26,7 +26,14 @@ from pipeline.policy.constants import DEFAULT_BLOCK_SIZE
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_BLOCK_SIZE", "OutOfCoreFit", "choose_out_of_core_solver", "fit_out_of_core"]
+__all__ = [
+    "DEFAULT_BLOCK_SIZE",
+    "OutOfCoreFit",
+    "choose_out_of_core_solver",
+    "fit_out_of_core",
+    "fit_store_path",
+    "weighted_problem",
+]
 #: estimator convention names -> solver convention names
 CONVENTIONS = {"sklearn": "sklearn", "n_samples": "n"}
 
@@ -58,6 +65,60 @@ def _store_dir(store: Any) -> Iterator[str]:
         yield tmp
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def fit_store_path(store: Any, identity: dict[str, Any]) -> str:
+    """The subdirectory of ``store`` that holds one fit: ``store/fit-<fingerprint>``.
+
+    ``identity`` is everything that makes this fit's result differ from another's
+    (parameters, the kernel's identity, the content of X, y and the sample
+    weights). The same fit in the same store gets the same subdirectory, so a
+    killed fit resumes from its completed tiles; two different fits (the clones
+    of a GridSearchCV, the folds of ``cross_val_score``) get different ones and
+    never share or replace each other's arrays. Works for local paths and
+    fsspec URLs (``s3://``, ``file://``); nothing is created here.
+    """
+    from pipeline.storage import fingerprint_obj
+
+    name = "fit-" + fingerprint_obj(identity)[:20]
+    text = str(store)
+    if "://" in text:
+        return text.rstrip("/") + "/" + name
+    return str(Path(store) / name)
+
+
+def weighted_problem(
+    X: np.ndarray, y: np.ndarray, kernel: Kernel, sample_weight: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, Kernel, np.ndarray]:
+    """The unweighted problem whose solution gives scikit-learn's weighted one.
+
+    scikit-learn's KernelRidge solves ``(W^1/2 K W^1/2 + lam I) beta = W^1/2 y``
+    and returns ``alpha = W^1/2 beta`` (W = diag(sample_weight)). Here sqrt(w) is
+    appended to X as one more column and the kernel becomes
+    ``FunctionScaled(Warped(kernel, SelectFeatures(0..D-1)), Coordinate(D))``,
+    whose matrix is exactly ``W^1/2 K W^1/2``; every out-of-core solver (stored
+    Gram, in-place factor, matrix-free CG, preconditioners) then runs unchanged,
+    and the Gram's fingerprint covers the weights (they are part of X).
+
+    Returns
+    -------
+    X_w : ndarray of shape (n, D + 1), float64
+    y_w : ndarray like y, ``sqrt(w) * y``
+    kernel_w : Kernel
+    root_w : ndarray of shape (n,)
+        sqrt(w): multiply the solution by it (row-wise) to get the dual coefficients.
+    """
+    from pipeline.kernels import FunctionScaled, Warped
+    from pipeline.kernels.warping import Coordinate, SelectFeatures
+
+    root_w = np.sqrt(np.asarray(sample_weight, dtype=np.float64))
+    d = X.shape[1]
+    X_w = np.empty((X.shape[0], d + 1), dtype=np.float64)
+    X_w[:, :d] = X
+    X_w[:, d] = root_w
+    y_w = y * (root_w if y.ndim == 1 else root_w[:, None])
+    kernel_w = FunctionScaled(Warped(kernel, SelectFeatures(list(range(d)))), Coordinate(d))
+    return X_w, y_w, kernel_w, root_w
 
 
 def _disk_free(store: str) -> float:
@@ -99,6 +160,7 @@ def fit_out_of_core(
     factor_dtype: str = "float64",
     plan: Any = None,
     keep_gram: bool = True,
+    x_fingerprint: str | None = None,
 ) -> OutOfCoreFit:
     """Solve (K + shift·I) α = y out of core; shift = lam, or n·lam with ``convention="n_samples"``.
 
@@ -124,6 +186,8 @@ def fit_out_of_core(
         A plan already made (by the estimator's ``solver="auto"``); the options
         above are then taken from it. Otherwise one is made here with
         :func:`pipeline.policy.plan.plan_fit` and logged.
+    x_fingerprint : str, optional
+        X's content hash when the caller already has it (saves a pass over X).
     """
     from pipeline.fit import execute, log_plan, measure_resources
     from pipeline.policy.plan import plan_fit
@@ -168,7 +232,7 @@ def fit_out_of_core(
                 n_targets=1 if y.ndim == 1 else y.shape[1],
             )  # fmt: skip
             log_plan(plan, reason, origin="KernelRidge", logger=log)
-        res = execute(plan, X, y, kernel, root=root, progress=progress)
+        res = execute(plan, X, y, kernel, root=root, progress=progress, x_fingerprint=x_fingerprint)
         return OutOfCoreFit(res.dual_coef, res.solver, res.n_iter, res.shift, res.info)
 
 

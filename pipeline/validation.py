@@ -163,7 +163,8 @@ def check_sample_weight(sample_weight: Any, n_samples: int) -> np.ndarray | None
     _finite_or_raise(sw, "sample_weight")
     if np.any(sw < 0):
         raise ValueError(
-            f"sample_weight must be non-negative, got min {sw.min()!r}; "
+            f"sample_weight must be non-negative, got min {float(sw.min())!r} "
+            f"(row {int(np.argmin(sw))}); "
             "drop the rows instead of giving them negative weight"
         )
     if n_samples > 0 and not np.any(sw > 0):

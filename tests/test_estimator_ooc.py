@@ -80,8 +80,10 @@ def test_bad_input_is_refused_before_work(diabetes, tmp_path):
         KernelRidge(alpha=0.0, kernel="rbf", solver="cholesky", store=store).fit(X, y)
     with pytest.raises(ValueError, match="callables and 'precomputed'"):
         KernelRidge(kernel=lambda a, b: a @ b, solver="cholesky", store=store).fit(X, y)
-    with pytest.raises(ValueError, match="sample_weight"):
-        KernelRidge(kernel="rbf", solver="cg", store=store).fit(X, y, sample_weight=np.ones(len(y)))
+    with pytest.raises(ValueError, match="sample_weight"):  # weights are fine, negative not
+        KernelRidge(kernel="rbf", solver="cg", store=store).fit(
+            X, y, sample_weight=-np.ones(len(y))
+        )
     with pytest.raises(ValueError, match="NaN|nan|infinity"):
         Xb = X.copy()
         Xb[3, 2] = np.nan
@@ -159,18 +161,22 @@ def test_killed_fit_resumes_from_completed_tiles(tmp_path):
         f"KernelRidge(alpha=0.1, kernel='rbf', solver='cholesky', block_size=100, store=r'{store}')"
         f".fit(np.load(r'{tmp_path / 'X.npy'}'), np.load(r'{tmp_path / 'y.npy'}'))"
     )
-    env = dict(os.environ, PYTHONPATH=str(INJECT), KRR_KILL_MATCH="chol/", KRR_KILL_AT="30")
+    path = os.pathsep.join(p for p in (str(INJECT), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, PYTHONPATH=path, KRR_KILL_MATCH="chol/", KRR_KILL_AT="30")
     killed = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     # the kill lands before the 30th marker; a marker being written by the other thread
     # at that moment may or may not have made it, so count what is on disk
-    marked = [p for p in (store / "_markers" / "chol").iterdir() if not p.name.endswith(".tmp")]
+    # the fit's own subdirectory of the store (store/fit-<fingerprint>)
+    (fit_dir,) = store.glob("fit-*")
+    marked = [p for p in (fit_dir / "_markers" / "chol").iterdir() if not p.name.endswith(".tmp")]
     assert 27 <= len(marked) <= 29
     est = KernelRidge(alpha=0.1, kernel="rbf", solver="cholesky", block_size=100, store=store).fit(
         X, y
     )
     n_tiles = 12 * 13 // 2
     assert est.fit_info_["factor_tiles_computed"] == n_tiles - len(marked)
+    assert est.fit_info_["store"] == str(fit_dir)
     ref = SkKernelRidge(alpha=0.1, kernel="rbf").fit(X, y)
     assert _rel(est.dual_coef_, ref.dual_coef_) < 1e-8
 

@@ -151,6 +151,9 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
     best_estimator_ : pipeline.KernelRidge
     n_splits_ : int
     solver_ : str
+    n_iter_ : int
+        The refit's iterations (1 for a direct solve, CG iterations for ``"cg"``);
+        only with ``refit=True``.
     search_stats_ : dict
         Work counters: kernel matrices, Gram tiles built/reused,
         eigendecompositions, factorisations, CG iterations, seconds per phase.
@@ -204,6 +207,11 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         self.random_state = random_state
 
     # ------------------------------------------------------------------ checks
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = True  # sparse X is densified, as KernelRidge's kernels do
+        return tags
+
     def _check_params(self) -> None:
         for name, value, allowed in (
             ("solver", self.solver, SOLVERS),
@@ -311,6 +319,11 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         if sp.issparse(X):
             X = X.toarray()
         n = X.shape[0]
+        if n < 2:
+            raise ValueError(
+                f"KernelRidgeCV needs at least 2 samples to cross-validate, got n_samples={n}; "
+                "pass more rows, or fit pipeline.KernelRidge with a fixed alpha"
+            )
         y2 = y.reshape(n, -1)
         splits, kind = make_splits(self.cv, X, y, self.random_state)
         scorer = check_scoring(
@@ -395,6 +408,7 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         if self.refit:
             t0 = time.perf_counter()
             self.best_estimator_ = self._refit(X, y, base, stats)
+            self.n_iter_ = int(getattr(self.best_estimator_, "n_iter_", 1))
             stats["seconds"]["refit"] = round(time.perf_counter() - t0, 4)
         stats["seconds"]["total"] = round(time.perf_counter() - t_start, 4)
         self.search_stats_ = stats

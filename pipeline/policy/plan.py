@@ -8,7 +8,7 @@ with its reason, then run it with :func:`pipeline.fit.execute`. The rule:
 2. ``auto`` with in-memory solving allowed (an estimator without ``store``): the
    primal for the linear kernel when it is cheaper (``n D² + D³/3`` against
    ``n² D + n³/3``) and α > 0; else the dense dual when it fits in memory
-   (or must: callables, ``"precomputed"``, sample weights, per-target α).
+   (or must: callables, ``"precomputed"``, per-target α).
 3. Otherwise out of core: CG when the Gram and factor do not fit on disk, the
    Cholesky when CG's vectors do not fit in memory, else whichever the cost model
    predicts faster (:func:`predicted_cholesky_seconds` against
@@ -492,8 +492,6 @@ def plan_fit(
         only_dense = (
             "a callable or precomputed kernel"
             if kernel is None
-            else "sample_weight"
-            if ch.get("sample_weight")
             else "per-target alphas"
             if not one_alpha
             else None

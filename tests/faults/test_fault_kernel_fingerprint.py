@@ -43,11 +43,19 @@ def test_fingerprint_names_each_node_class():
 
 
 def test_subclass_does_not_reuse_the_rbf_gram(data, tmp_path):
+    from pipeline.gram import build_gram
+
     X, y = data
     kw = dict(alpha=0.1, solver="cholesky", block_size=64, store=tmp_path / "s")
-    KernelRidge(kernel=RBF(gamma=0.5), **kw).fit(X, y)
+    rbf = KernelRidge(kernel=RBF(gamma=0.5), **kw).fit(X, y)
+    # the estimator gives each kernel identity its own subdirectory of the store ...
+    sub = KernelRidge(kernel=SquaredRBF(gamma=0.5), **kw).fit(X, y)
+    assert sub.fit_info_["store"] != rbf.fit_info_["store"]
+    ref = KernelRidge(alpha=0.1, kernel=SquaredRBF(gamma=0.5), solver="dense").fit(X, y)
+    np.testing.assert_allclose(sub.dual_coef_, ref.dual_coef_, rtol=1e-10, atol=1e-12)
+    # ... and the stored RBF Gram is still never reused for the subclass
     with pytest.raises(StoreMismatchError, match="already holds 'gram'"):
-        KernelRidge(kernel=SquaredRBF(gamma=0.5), **kw).fit(X, y)
+        build_gram(X, SquaredRBF(gamma=0.5), rbf.fit_info_["store"], 64, progress=False)
 
 
 def test_subclass_cg_checkpoint_is_its_own(data, tmp_path):
