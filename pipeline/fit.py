@@ -226,7 +226,11 @@ def execute(
     if plan.matvec == "stored":
         op = make_operator("stored", shift, gram=gram, block_size=bs)
     else:
-        op = make_operator("matrix-free", shift, X=X, kernel=kernel, block_size=bs)
+        # the plan's kernel dtype (float64 unless asked), whatever X's dtype: float32 X
+        # must not silently give a float32 kernel whose products stall CG above tol
+        op = make_operator(
+            "matrix-free", shift, X=X, kernel=kernel, block_size=bs, kernel_dtype=plan.kernel_dtype
+        )
     pre = make_preconditioner(
         plan.preconditioner, op, rank=min(plan.rank, n), random_state=plan.random_state
     )

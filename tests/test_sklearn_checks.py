@@ -23,14 +23,6 @@ _PRECOMPUTED_SPARSE = {
     "check_estimator_sparse_matrix": "as check_estimator_sparse_tag (non-square precomputed X)",
 }
 
-#: float32 X: CG's matrix-free operator computes the kernel in float32 (its kernel_dtype
-#: follows X), so it stagnates (or, with the Nystrom preconditioner at full rank,
-#: diverges) above tol; not a sample-weight or store matter
-_CG_FLOAT32 = {
-    "check_estimators_dtypes": "float32 X: CG's float32 operator stagnates above tol",
-    "check_regressors_train": "float32 X: CG's float32 operator stagnates above tol",
-}
-
 ESTIMATORS = [
     KernelRidge(),
     KernelRidge(kernel="rbf", solver="dense"),
@@ -51,8 +43,6 @@ def expected_failed_checks(estimator) -> dict[str, str]:
     """Every check an estimator is known to fail, with the reason (empty: passes all)."""
     if isinstance(estimator, KernelRidge) and estimator.kernel == "precomputed":
         return dict(_PRECOMPUTED_SPARSE)
-    if isinstance(estimator, KernelRidge) and estimator.solver == "cg":
-        return dict(_CG_FLOAT32)
     return {}
 
 

@@ -334,9 +334,10 @@ def make_operator(
     kernel: Kernel | str | dict | None = None,
     block_size: int = 2048,
     progress: bool = False,
+    kernel_dtype: str | None = None,
 ) -> KernelOperator:
     """Build the operator for ``mode`` ``"stored"`` (needs ``gram``) or ``"matrix-free"``
-    (needs ``X`` and ``kernel``)."""
+    (needs ``X`` and ``kernel``; ``kernel_dtype`` as in :class:`MatrixFreeKernelOperator`)."""
     if mode == "stored":
         if gram is None:
             raise ValueError("mode='stored' needs gram= (the TiledArray of the stored Gram)")
@@ -344,5 +345,7 @@ def make_operator(
     if mode in ("matrix-free", "matrix_free", "free"):
         if X is None or kernel is None:
             raise ValueError("mode='matrix-free' needs X= and kernel=")
-        return MatrixFreeKernelOperator(X, kernel, shift, block_size=block_size, progress=progress)
+        return MatrixFreeKernelOperator(
+            X, kernel, shift, block_size=block_size, progress=progress, kernel_dtype=kernel_dtype
+        )
     raise ValueError(f"unknown matvec mode {mode!r}; use 'stored' or 'matrix-free'")
