@@ -18,7 +18,7 @@ from typing import Any
 from pipeline.stages.lock import LockHeldError, RunLock
 from pipeline.stages.manifest import Manifest, StageRecord
 from pipeline.stages.runner import RunDirConflict, RunReport, Stage, StageFailed, run_stages
-from pipeline.stages.verify import verify_model, verify_predictions
+from pipeline.stages.verify import verify_alpha, verify_metrics, verify_model, verify_predictions
 
 #: stage name -> (module, upstream stages)
 STAGE_WIRING: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -31,6 +31,9 @@ STAGE_WIRING: dict[str, tuple[str, tuple[str, ...]]] = {
     "evaluate": ("pipeline.stages.evaluate", ("ingest", "predict")),
 }
 STAGE_NAMES = tuple(STAGE_WIRING)
+#: stages whose results are kept per configuration, in ``results/<key>/`` (see
+#: :mod:`pipeline.stages.results`); the others are shared by every configuration
+PER_CONFIG_STAGES = ("solve", "model", "predict", "evaluate")
 
 
 def _lazy(module: str):
@@ -102,7 +105,15 @@ def _predict_input(params: dict[str, Any], outputs: Mapping[str, Any]) -> dict[s
 
 
 #: cheap checks of a complete stage's final outputs before it is skipped
-_VERIFY = {"model": verify_model, "predict": verify_predictions}
+_VERIFY = {
+    "solve": verify_alpha,
+    "model": verify_model,
+    "predict": verify_predictions,
+    "evaluate": verify_metrics,
+}
+
+#: what a complete solve needs only to resume: freed when a run moves to another config
+_SCRATCH = {"solve": ("factor.zarr", "cg")}
 
 _ENABLED = {
     "select": _has_cv,
@@ -127,12 +138,15 @@ def default_stages() -> list[Stage]:
             enabled=_ENABLED.get(name),
             resolve=_RESOLVE.get(name),
             verify=_VERIFY.get(name),
+            per_config=name in PER_CONFIG_STAGES,
+            scratch=_SCRATCH.get(name, ()),
         )
         for name, (module, after) in STAGE_WIRING.items()
     ]
 
 
 __all__ = [
+    "PER_CONFIG_STAGES",
     "STAGE_NAMES",
     "LockHeldError",
     "Manifest",
