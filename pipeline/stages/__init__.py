@@ -18,7 +18,7 @@ from typing import Any
 from pipeline.stages.lock import LockHeldError, RunLock
 from pipeline.stages.manifest import Manifest, StageRecord
 from pipeline.stages.runner import RunDirConflict, RunReport, Stage, StageFailed, run_stages
-from pipeline.stages.verify import verify_alpha, verify_metrics, verify_model, verify_predictions
+from pipeline.stages.verify import verify_metrics, verify_model, verify_predictions
 
 #: stage name -> (module, upstream stages)
 STAGE_WIRING: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -106,7 +106,6 @@ def _predict_input(params: dict[str, Any], outputs: Mapping[str, Any]) -> dict[s
 
 #: cheap checks of a complete stage's final outputs before it is skipped
 _VERIFY = {
-    "solve": verify_alpha,
     "model": verify_model,
     "predict": verify_predictions,
     "evaluate": verify_metrics,

@@ -46,19 +46,6 @@ def verify_predictions(stage_dir: Path, outputs: dict[str, Any]) -> None:
         read_all(entry["store"], entry["name"], row_keys=True)
 
 
-def verify_alpha(stage_dir: Path, outputs: dict[str, Any]) -> None:
-    """``alpha.npy`` matches the CRC-32C the solve stage recorded."""
-    from pipeline.stages.solve import load_alpha
-    from pipeline.storage import CorruptTileError
-
-    if not outputs.get("alpha"):
-        return
-    try:
-        load_alpha(outputs)
-    except CorruptTileError as e:  # a whole file: rerun the stage (it resumes from its records)
-        raise DamagedOutput(f"dual coefficients {outputs['alpha']!r}: {e}") from e
-
-
 def verify_metrics(stage_dir: Path, outputs: dict[str, Any]) -> None:
     """``metrics.json`` holds what the evaluate stage recorded in the manifest."""
     import json
