@@ -108,7 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS)
 
     pr = sub.add_parser("predict", help="batch prediction with a saved model")
-    pr.add_argument("model", metavar="MODEL", help="model artifact, or a run directory (its latest model)")
+    pr.add_argument(
+        "model", metavar="MODEL", help="model artifact, or a run directory (its latest model)"
+    )
     pr.add_argument("input", metavar="INPUT", help=".npy, Zarr, Parquet or CSV file of new points")
     pr.add_argument(
         "output",
@@ -237,6 +239,10 @@ def cmd_run(args) -> int:
             log.info("[%s] not needed for this config", stage)
         elif event == "invalidate":
             log.info("[%s] config changed: recomputing", stage)
+        elif event == "configuration":  # results kept per configuration (stages.results)
+            log.info(
+                "configuration %s: %s", info["key"], info["dir"] + (" (new)" if info["new"] else "")
+            )
         elif event == "failed":
             log.error("[%s] failed: %s", stage, info.get("error"))
 
@@ -330,6 +336,8 @@ def cmd_run(args) -> int:
         print(f"  UNCONVERGED SOLVE ACCEPTED: {unconverged}")
     if result["model"]:
         print(f"  model: {result['model']}")
+    if report.configuration:  # `krr status` lists every configuration kept in the run dir
+        print(f"  configuration: {report.configuration} (latest; `krr status` lists all)")
     if outputs.get("evaluate"):
         _print_metrics(outputs["evaluate"])
     return EXIT_OK

@@ -7,6 +7,11 @@ Gram) → ``solve`` → ``model`` (the fitted-model artifact) → ``predict`` (t
 rows and an optional batch input) → ``evaluate`` (metrics on the test rows,
 next to scikit-learn's). Each is a function ``run(stage_dir, inputs, **params)``
 of explicit arguments; :func:`default_stages` wires them.
+
+``solve``, ``model``, ``predict`` and ``evaluate`` keep their results per
+configuration, in ``RUN_DIR/results/<key>/`` (:mod:`pipeline.stages.results`);
+``ingest``, ``select`` and ``gram`` are shared. :func:`run_status` lists the
+configurations with their metrics, :func:`latest_model` names the latest model.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Any
 from pipeline.stages.lock import LockHeldError, RunLock
 from pipeline.stages.manifest import Manifest, StageRecord
 from pipeline.stages.runner import RunDirConflict, RunReport, Stage, StageFailed, run_stages
+from pipeline.stages.status import configurations, latest_model, run_status
 from pipeline.stages.verify import verify_metrics, verify_model, verify_predictions
 
 #: stage name -> (module, upstream stages)
@@ -155,6 +161,9 @@ __all__ = [
     "Stage",
     "StageFailed",
     "StageRecord",
+    "configurations",
     "default_stages",
+    "latest_model",
     "run_stages",
+    "run_status",
 ]
