@@ -160,14 +160,14 @@ def enter_configuration(
     manifest.link_latest(key)
     manifest.save()
     write_latest(run_dir, manifest)
-    if previous is not None and previous != key and previous in manifest.results:
-        free_scratch(run_dir, manifest.results[previous], stages, previous)
     if emit is not None and names:
         emit(
             names[0],
             "configuration",
             {"key": key, "dir": cfg.dir, "new": new, "previous": previous},
         )
+    if previous is not None and previous != key and previous in manifest.results:
+        free_scratch(run_dir, manifest.results[previous], stages, previous)
     return key
 
 
