@@ -208,11 +208,6 @@ def _clear_dir(path: Path | str, keep: Sequence[str] = ()) -> None:
             child.unlink()
 
 
-def _is_stage_name(name: str) -> bool:
-    """A plain directory name (a manifest is data: never follow ``..`` or ``/`` in it)."""
-    return bool(name) and name not in (".", "..") and "/" not in name and "\\" not in name
-
-
 def _owned_stage_dirs(run_dir: Path, manifest: Manifest) -> list[Path]:
     """The stage directories the manifest records as created by the runner (shared stages'
     ``{run_dir}/{stage}`` and every configuration's ``{run_dir}/results/<key>/{stage}``)."""
