@@ -7,7 +7,8 @@ Commands
 ``krr status RUN_DIR [--json]``
     Each stage done, partial, pending (or skipped), with tile counts.
 ``krr predict MODEL INPUT OUTPUT``
-    Batch prediction with a saved model (``RUN_DIR/model/model``).
+    Batch prediction with a saved model, or with a run directory's latest model
+    (``krr predict RUN_DIR ...``; ``krr status RUN_DIR`` lists every configuration's).
 ``krr validate CONFIG [key=value ...]``
     Check a config and exit.
 ``krr unlock RUN_DIR``
@@ -107,7 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS)
 
     pr = sub.add_parser("predict", help="batch prediction with a saved model")
-    pr.add_argument("model", metavar="MODEL", help="model artifact (e.g. RUN_DIR/model/model)")
+    pr.add_argument(
+        "model", metavar="MODEL", help="model artifact, or a run directory (its latest model)"
+    )
     pr.add_argument("input", metavar="INPUT", help=".npy, Zarr, Parquet or CSV file of new points")
     pr.add_argument(
         "output",
@@ -243,6 +246,10 @@ def cmd_run(args) -> int:
             log.info("[%s] not needed for this config", stage)
         elif event == "invalidate":
             log.info("[%s] config changed: recomputing", stage)
+        elif event == "configuration":  # results kept per configuration (stages.results)
+            log.info(
+                "configuration %s: %s", info["key"], info["dir"] + (" (new)" if info["new"] else "")
+            )
         elif event == "failed":
             log.error("[%s] failed: %s", stage, info.get("error"))
 
@@ -308,6 +315,7 @@ def cmd_run(args) -> int:
         "solver": (outputs.get("solve") or {}).get("method"),
         "selected": (outputs.get("select") or {}).get("best_params"),
         "model": (outputs.get("model") or {}).get("path"),
+        "configuration": report.configuration,
         "evaluate": outputs.get("evaluate"),
     }
     unconverged = _unconverged_note(outputs.get("solve"))
@@ -335,6 +343,8 @@ def cmd_run(args) -> int:
         print(f"  UNCONVERGED SOLVE ACCEPTED: {unconverged}")
     if result["model"]:
         print(f"  model: {result['model']}")
+    if report.configuration:  # `krr status` lists every configuration kept in the run dir
+        print(f"  configuration: {report.configuration} (latest; `krr status` lists all)")
     if outputs.get("evaluate"):
         _print_metrics(outputs["evaluate"])
     return EXIT_OK
@@ -371,6 +381,10 @@ def cmd_status(args) -> int:
         if s.get("error"):
             line += f"  error: {s['error'].splitlines()[-1]}"
         print(line)
+    from pipeline.stages.status import format_configurations
+
+    for line in format_configurations(st):
+        print(line)
     print("complete" if st["complete"] else "incomplete: `krr run` with the same config resumes it")
     return EXIT_OK
 
@@ -385,6 +399,13 @@ def cmd_predict(args) -> int:
         fmt = output_format(args.output)
     except ValueError as e:
         raise CliError(str(e), EXIT_BAD_CONFIG) from None
+    if (Path(args.model) / "manifest.json").is_file():  # a run directory: its latest model
+        from pipeline.stages.status import latest_model
+
+        try:
+            args.model = latest_model(args.model)
+        except ValueError as e:
+            raise CliError(str(e), EXIT_BAD_INPUT) from None
     if not Path(args.model).exists() and "://" not in args.model:
         raise CliError(f"model {args.model!r} does not exist", EXIT_BAD_INPUT)
     try:

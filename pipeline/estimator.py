@@ -533,7 +533,7 @@ def load(path: Any) -> KernelRidge:
     """Load a saved model as a fitted :class:`KernelRidge`.
 
     Reads what ``KernelRidge.save`` writes and what ``krr run`` writes to
-    ``RUN_DIR/model/model`` (one format, :mod:`pipeline.artifact`); the latter
+    ``RUN_DIR/results/<key>/model/model`` (one format, :mod:`pipeline.artifact`); the latter
     predicts on raw inputs, its scaler applied.
 
     Raises

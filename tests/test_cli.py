@@ -147,7 +147,8 @@ def test_run_status_rerun_predict_end_to_end(small, tmp_path, capsys):
     m = Manifest.load(run_dir)
     m.stages["solve"].status = "running"
     m.save()
-    marker = sorted((run_dir / "solve" / "factor.zarr" / "_markers" / "chol").iterdir())[-1]
+    solve_dir = m.stage_dir("solve")  # results/<configuration>/solve
+    marker = sorted((solve_dir / "factor.zarr" / "_markers" / "chol").iterdir())[-1]
     marker.unlink()
     assert run_cli("status", run_dir) == 0
     text = capsys.readouterr().out
@@ -174,9 +175,8 @@ def test_run_status_rerun_predict_end_to_end(small, tmp_path, capsys):
     assert run_cli("predict", model, tmp_path / "new.npy", tmp_path / "pred.npy") == 0
     assert run_cli("predict", model, tmp_path / "new.npy", tmp_path / "pred.zarr") == 0
     pred = np.load(tmp_path / "pred.npy")
-    run_pred = zarr.open_array(store=str(run_dir / "predict" / "predictions.zarr"), path="test")[
-        ...
-    ]
+    pred_dir = Manifest.load(run_dir).stage_dir("predict")
+    run_pred = zarr.open_array(store=str(pred_dir / "predictions.zarr"), path="test")[...]
     np.testing.assert_allclose(pred, run_pred.reshape(pred.shape), rtol=1e-12)
     batch = zarr.open_array(store=str(tmp_path / "pred.zarr"), path="predictions", mode="r")[...]
     np.testing.assert_allclose(batch, pred, rtol=1e-12)

@@ -187,6 +187,8 @@ def test_krr_run_recomputes_corrupt_gram_tile(tmp_path):
     ref = _krr_run(conf, clean, "lambda=0.02")
     assert ref.returncode == 0, ref.stderr[-3000:]
     assert "corrupt" not in ref.stderr
-    got = np.load(run / "solve" / "alpha.npy")
-    want = np.load(clean / "solve" / "alpha.npy")
+    from pipeline.stages.manifest import Manifest
+
+    got = np.load(Manifest.load(run).stage_dir("solve") / "alpha.npy")  # results/<key>/solve
+    want = np.load(Manifest.load(clean).stage_dir("solve") / "alpha.npy")
     np.testing.assert_array_equal(got, want)

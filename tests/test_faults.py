@@ -80,9 +80,12 @@ def _krr_run(conf: Path, run_dir: Path, kill: tuple[str, int] | None = None):
 
 
 def _results(run_dir: Path) -> dict[str, np.ndarray]:
-    art = load_artifact(run_dir / "model" / "model")
+    from pipeline.stages.manifest import Manifest
+
+    m = Manifest.load(run_dir)  # the latest configuration's results/<key>/{model,predict}
+    art = load_artifact(m.stage_dir("model") / "model")
     out = {"alpha": np.asarray(art.dual_coef)}
-    for store in sorted((run_dir / "predict").glob("*.zarr")):
+    for store in sorted(m.stage_dir("predict").glob("*.zarr")):
         group = zarr.open_group(str(store), mode="r")
         for name, arr in group.arrays():
             out[f"{store.name}/{name}"] = arr[...]

@@ -101,7 +101,9 @@ def test_kill_one_worker_mid_gram(tmp_path):
     manifest = resolve_outputs(json.loads((run_dir / "manifest.json").read_text()), run_dir)
     gram_out = manifest["stages"]["gram"]["outputs"]
     assert _n_markers(markers) == gram_out["tiles"] == N_TILES
-    alpha = np.load(run_dir / "solve" / "alpha.npy")
+    from pipeline.stages.manifest import Manifest
+
+    alpha = np.load(Manifest.load(run_dir).stage_dir("solve") / "alpha.npy")
 
     # reference: the same library calls on the stored training rows, threaded, here
     ing = manifest["stages"]["ingest"]["outputs"]

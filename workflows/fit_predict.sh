@@ -4,7 +4,8 @@
 #   workflows/fit_predict.sh CONFIG NEW_POINTS OUTPUT [key=value ...]
 #
 # 1. `krr run` fits (or resumes) the run the config describes, evaluates it on
-#    the held-out split, and writes the model artifact to RUN_DIR/model/model.
+#    the held-out split, and writes the model artifact to
+#    RUN_DIR/results/<key>/model/model (one per configuration; `krr status` lists them).
 # 2. `krr predict` batch-predicts NEW_POINTS (.npy, Zarr, Parquet, CSV) into
 #    OUTPUT (a Zarr store: resumable; or .npy / .csv).
 # Rerunning the script is cheap: complete stages and prediction blocks are skipped.
@@ -23,4 +24,4 @@ run_dir=${RUN_DIR:-runs/$(basename "${config%.*}")}
 
 "$KRR" run "$config" "$@" --run-dir "$run_dir"
 "$KRR" status "$run_dir"
-"$KRR" predict "$run_dir/model/model" "$input" "$output"
+"$KRR" predict "$run_dir" "$input" "$output"  # the run directory's latest model

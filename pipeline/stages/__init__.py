@@ -7,6 +7,11 @@ Gram) → ``solve`` → ``model`` (the fitted-model artifact) → ``predict`` (t
 rows and an optional batch input) → ``evaluate`` (metrics on the test rows,
 next to scikit-learn's). Each is a function ``run(stage_dir, inputs, **params)``
 of explicit arguments; :func:`default_stages` wires them.
+
+``solve``, ``model``, ``predict`` and ``evaluate`` keep their results per
+configuration, in ``RUN_DIR/results/<key>/`` (:mod:`pipeline.stages.results`);
+``ingest``, ``select`` and ``gram`` are shared. :func:`run_status` lists the
+configurations with their metrics, :func:`latest_model` names the latest model.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from typing import Any
 from pipeline.stages.lock import LockHeldError, RunLock
 from pipeline.stages.manifest import Manifest, StageRecord
 from pipeline.stages.runner import RunDirConflict, RunReport, Stage, StageFailed, run_stages
-from pipeline.stages.verify import verify_model, verify_predictions
+from pipeline.stages.status import configurations, latest_model, run_status
+from pipeline.stages.verify import verify_metrics, verify_model, verify_predictions
 
 #: stage name -> (module, upstream stages)
 STAGE_WIRING: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -31,6 +37,9 @@ STAGE_WIRING: dict[str, tuple[str, tuple[str, ...]]] = {
     "evaluate": ("pipeline.stages.evaluate", ("ingest", "predict")),
 }
 STAGE_NAMES = tuple(STAGE_WIRING)
+#: stages whose results are kept per configuration, in ``results/<key>/`` (see
+#: :mod:`pipeline.stages.results`); the others are shared by every configuration
+PER_CONFIG_STAGES = ("solve", "model", "predict", "evaluate")
 
 
 def _lazy(module: str):
@@ -102,7 +111,14 @@ def _predict_input(params: dict[str, Any], outputs: Mapping[str, Any]) -> dict[s
 
 
 #: cheap checks of a complete stage's final outputs before it is skipped
-_VERIFY = {"model": verify_model, "predict": verify_predictions}
+_VERIFY = {
+    "model": verify_model,
+    "predict": verify_predictions,
+    "evaluate": verify_metrics,
+}
+
+#: what a complete solve needs only to resume: freed when a run moves to another config
+_SCRATCH = {"solve": ("factor.zarr", "cg")}
 
 _ENABLED = {
     "select": _has_cv,
@@ -127,12 +143,15 @@ def default_stages() -> list[Stage]:
             enabled=_ENABLED.get(name),
             resolve=_RESOLVE.get(name),
             verify=_VERIFY.get(name),
+            per_config=name in PER_CONFIG_STAGES,
+            scratch=_SCRATCH.get(name, ()),
         )
         for name, (module, after) in STAGE_WIRING.items()
     ]
 
 
 __all__ = [
+    "PER_CONFIG_STAGES",
     "STAGE_NAMES",
     "LockHeldError",
     "Manifest",
@@ -142,6 +161,9 @@ __all__ = [
     "Stage",
     "StageFailed",
     "StageRecord",
+    "configurations",
     "default_stages",
+    "latest_model",
     "run_stages",
+    "run_status",
 ]

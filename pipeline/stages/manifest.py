@@ -10,12 +10,28 @@ relative to it, as ``"@run/<path>"``, and resolved against the run directory the
 manifest is loaded from. So a run directory can be moved, copied, or reached by a
 relative ``--run-dir`` from another working directory, and a resumed run reads
 its own stored data, never that of whatever lies at the old path.
+
+Results are kept per configuration
+----------------------------------
+The stages that depend on the model's configuration (λ, the kernel, the solver,
+the prediction and metric settings: ``solve``, ``model``, ``predict`` and
+``evaluate`` in the default pipeline) are not replaced when that configuration
+changes. Each distinct configuration gets its own directory
+``{run_dir}/results/<key>/<stage>`` and its own :class:`ConfigRecord` under
+``"results"`` (``<key>`` is the first 12 hex digits of a hash of those stages'
+fingerprints). ``"latest"`` names the configuration of the most recent run; its
+stage records are also the ``"stages"`` records of those stages, so a reader of
+``stages[...]`` sees the latest configuration. The shared upstream stages
+(``ingest``, ``select``, ``gram``) keep one directory each, ``{run_dir}/<stage>``.
+A run directory written before this layout keeps its top-level stage
+directories: they are adopted as a configuration whose ``dir`` is ``""``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +48,12 @@ RUN_PREFIX = "@run/"
 
 Status = Literal["pending", "running", "done", "failed", "skipped"]
 STATUSES: tuple[str, ...] = ("pending", "running", "done", "failed", "skipped")
+
+#: directory under the run directory holding one subdirectory per configuration
+RESULTS_DIR = "results"
+#: the pointer to the latest configuration: ``{run_dir}/latest.json``
+LATEST_NAME = "latest.json"
+_CONFIG_DIR = re.compile(r"^(results/[0-9a-f]{6,64})?$")
 
 
 class ManifestError(ValueError):
@@ -140,6 +162,38 @@ class StageRecord:
 
 
 @dataclass
+class ConfigRecord:
+    """One configuration's results: its stage records, directory and resolved arguments.
+
+    ``dir`` is relative to the run directory (``"results/<key>"``; ``""`` for the
+    stage directories of a run directory written before results were kept).
+    """
+
+    fingerprint: str
+    dir: str
+    params: dict[str, Any] = field(default_factory=dict)
+    stages: dict[str, StageRecord] = field(default_factory=dict)
+    created: float = field(default_factory=time.time)
+    updated: float = field(default_factory=time.time)
+
+    def stage(self, name: str) -> StageRecord:
+        return self.stages.setdefault(name, StageRecord())
+
+    def to_json(self, run_dir: Path | str) -> dict[str, Any]:
+        return {
+            "fingerprint": self.fingerprint,
+            "dir": self.dir,
+            "params": self.params,
+            "created": self.created,
+            "updated": self.updated,
+            "stages": {
+                n: {**r.to_json(), "outputs": relativize_outputs(r.outputs, run_dir)}
+                for n, r in self.stages.items()
+            },
+        }
+
+
+@dataclass
 class Manifest:
     """In-memory manifest; :meth:`save` writes it atomically to ``run_dir``.
 
@@ -152,10 +206,57 @@ class Manifest:
     config: dict[str, Any] = field(default_factory=dict)
     stages: dict[str, StageRecord] = field(default_factory=dict)
     created: float = field(default_factory=time.time)
+    #: configuration key -> its results (see the module docstring)
+    results: dict[str, ConfigRecord] = field(default_factory=dict)
+    #: key of the configuration of the most recent run, or None
+    latest: str | None = None
 
     @property
     def path(self) -> Path | str:
         return join_path(self.run_dir, MANIFEST_NAME)
+
+    def linked(self) -> set[str]:
+        """Names of the ``stages`` records that are the latest configuration's records."""
+        cfg = self.results.get(self.latest) if self.latest else None
+        if cfg is None:
+            return set()
+        return {n for n, r in self.stages.items() if cfg.stages.get(n) is r}
+
+    def link_latest(self, key: str) -> None:
+        """Make ``key`` the latest configuration: its records become ``stages[...]``."""
+        cfg = self.results[key]
+        for name in self.linked():
+            del self.stages[name]
+        self.latest = key
+        for name, rec in cfg.stages.items():
+            self.stages[name] = rec
+
+    def stage_dir_rel(self, name: str) -> str:
+        """Directory of stage ``name``'s latest record, relative to the run directory."""
+        if name in self.linked():
+            d = self.results[self.latest].dir  # type: ignore[index]
+            return f"{d}/{name}" if d else name
+        return name
+
+    def stage_dir(self, name: str) -> Path | str:
+        """Directory of stage ``name``'s latest record (under the run directory)."""
+        return join_path(self.run_dir, *self.stage_dir_rel(name).split("/"))
+
+    def owned_dirs(self) -> list[str]:
+        """Every stage directory the manifest records as started, relative to the run dir."""
+        linked = self.linked()
+        out = [
+            n
+            for n, r in self.stages.items()
+            if n not in linked and r.started is not None and _is_plain_name(n)
+        ]
+        for cfg in self.results.values():
+            for n, r in cfg.stages.items():
+                if r.started is not None and _is_plain_name(n):
+                    rel = f"{cfg.dir}/{n}" if cfg.dir else n
+                    if rel not in out:
+                        out.append(rel)
+        return out
 
     def stage(self, name: str) -> StageRecord:
         return self.stages.setdefault(name, StageRecord())
@@ -171,6 +272,14 @@ class Manifest:
                 n: {**r.to_json(), "outputs": relativize_outputs(r.outputs, self.run_dir)}
                 for n, r in self.stages.items()
             },
+            **(
+                {
+                    "results": {k: c.to_json(self.run_dir) for k, c in self.results.items()},
+                    "latest": self.latest,
+                }
+                if self.results
+                else {}
+            ),
         }
 
     def save(self) -> None:
@@ -220,7 +329,7 @@ class Manifest:
                 f"manifest {str(path)!r} has version {version!r}; this krr-pipeline reads "
                 f"version {MANIFEST_VERSION}. Use a new run directory."
             )
-        return cls(
+        m = cls(
             run_dir=run_dir,
             identity=d.get("identity"),
             config=d.get("config") or {},
@@ -228,7 +337,19 @@ class Manifest:
                 n: _loaded_record(r, run_dir, path) for n, r in (d.get("stages") or {}).items()
             },
             created=d.get("created", time.time()),
+            results={
+                k: _loaded_config(k, c, run_dir, path) for k, c in (d.get("results") or {}).items()
+            },
         )
+        latest = d.get("latest")
+        if latest is not None:
+            if latest not in m.results:
+                raise ManifestError(
+                    f"manifest {str(path)!r} names latest configuration {latest!r}, which it "
+                    "does not record; restore it from a backup, or use another --run-dir."
+                )
+            m.link_latest(latest)
+        return m
 
 
 def _read_text(path: Path | str) -> str:
@@ -254,6 +375,35 @@ def _loaded_record(r: Any, run_dir: Path | str, path: Path | str) -> StageRecord
         ) from None
     rec.outputs = resolve_outputs(rec.outputs, run_dir)
     return rec
+
+
+def _is_plain_name(name: str) -> bool:
+    """A plain directory name (a manifest is data: never follow ``..`` or ``/`` in it)."""
+    return bool(name) and name not in (".", "..") and "/" not in name and "\\" not in name
+
+
+def _loaded_config(key: str, c: Any, run_dir: Path | str, path: Path | str) -> ConfigRecord:
+    try:
+        d = str(c.get("dir", ""))
+        if not _CONFIG_DIR.match(d) or not re.fullmatch(r"[0-9a-f]{6,64}", key):
+            raise ValueError(f"configuration {key!r} has directory {d!r}")
+        return ConfigRecord(
+            fingerprint=str(c["fingerprint"]),
+            dir=d,
+            params=dict(c.get("params") or {}),
+            stages={
+                n: _loaded_record(r, run_dir, path) for n, r in (c.get("stages") or {}).items()
+            },
+            created=c.get("created", time.time()),
+            updated=c.get("updated", time.time()),
+        )
+    except ManifestError:
+        raise
+    except (ValueError, TypeError, AttributeError, KeyError) as e:
+        raise ManifestError(
+            f"manifest {str(path)!r} has an unreadable configuration record ({e}); restore it "
+            "from a backup, or use another --run-dir."
+        ) from None
 
 
 def write_json_atomic(path: str | Path, obj: Any) -> None:

@@ -13,7 +13,7 @@ stage whose final outputs fail its ``verify`` check is rerun the same way.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,13 +40,20 @@ def find_damage(exc: BaseException) -> CorruptTileError | IncompleteArrayError |
     return None
 
 
-def owner_stage(run_dir: Path | str, stages: Sequence[Stage], store: str) -> Stage | None:
+def owner_stage(
+    run_dir: Path | str,
+    stages: Sequence[Stage],
+    store: str,
+    dirs: Mapping[str, Path | str] | None = None,
+) -> Stage | None:
     """The stage whose directory holds ``store`` (a local path, or a URL under a URL
-    run directory), or None."""
+    run directory), or None. ``dirs`` maps stage names to their directories where they
+    are not ``{run_dir}/{name}`` (a configuration's ``results/<key>/{name}``)."""
+    dirs = dirs or {}
     if is_url(run_dir):
         root = str(run_dir).rstrip("/")
         for s in stages:
-            d = f"{root}/{s.name}"
+            d = str(dirs.get(s.name) or f"{root}/{s.name}").rstrip("/")
             if store.rstrip("/") == d or store.startswith(d + "/"):
                 return s
         return None
@@ -55,7 +62,7 @@ def owner_stage(run_dir: Path | str, stages: Sequence[Stage], store: str) -> Sta
         return None
     p = Path(path).resolve()
     for s in stages:
-        d = (run_dir / s.name).resolve()
+        d = Path(dirs.get(s.name) or (run_dir / s.name)).resolve()
         if p == d or p.is_relative_to(d):
             return s
     return None

@@ -4,7 +4,11 @@ A stage's fingerprint hashes its own arguments and its upstream stages'
 fingerprints. A stage whose manifest record is ``done`` under the same
 fingerprint is skipped. A stage whose fingerprint changed is rerun from scratch
 (its directory is cleared), and so, through the chain, is everything
-downstream of it, and nothing upstream. A stage recorded as ``running`` or
+downstream of it, and nothing upstream. Stages marked ``per_config`` are the
+exception: each distinct configuration of them has its own directory
+``{run_dir}/results/<key>/{stage}``, so a changed configuration adds results
+instead of replacing them, and a configuration run before is found complete
+and skipped (see :mod:`pipeline.stages.results`). A stage recorded as ``running`` or
 ``failed`` under the same fingerprint keeps its directory, so the modules it
 calls resume from their per-tile completion records.
 
@@ -29,10 +33,13 @@ The runner never deletes what it did not create. In a run directory it owns
 
 * ``manifest.json`` (and the temporary files of its atomic writes), and
 * the directory ``{run_dir}/{stage}`` of every stage the manifest records as
-  started (its record has a ``started`` time): the runner records the start
-  *before* it creates the directory, and a stage writes only inside its own
-  directory, so everything in it is the pipeline's. Do not put your own files
-  in a stage directory.
+  started (its record has a ``started`` time), and likewise
+  ``{run_dir}/results/<key>/{stage}`` of every configuration it records: the
+  runner records the start *before* it creates the directory, and a stage
+  writes only inside its own directory, so everything in it is the
+  pipeline's. Do not put your own files in a stage directory;
+* ``latest.json``, the pointer to the latest configuration, and the
+  ``results`` directories it created, once they are empty.
 
 A stage directory that already exists, is not empty, and that the manifest
 does not record as started is not adopted: the run stops with
@@ -61,13 +68,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.stages.manifest import MANIFEST_NAME, Manifest
+from pipeline.stages.manifest import LATEST_NAME, MANIFEST_NAME, RESULTS_DIR, Manifest
 from pipeline.stages.recovery import (
     find_damage,
     outputs_damaged,
     owner_stage,
     recover_corrupt_tile,
     recover_incomplete,
+)
+from pipeline.stages.results import (
+    Planned,
+    config_dirs,
+    enter_configuration,
+    plan_configuration,
+    plan_stage,
+    write_latest,
 )
 from pipeline.stages.usage import StageUsage
 from pipeline.storage import (
@@ -123,6 +138,16 @@ class Stage:
     enabled: EnabledFunc | None = None
     resolve: ResolveFunc | None = None
     verify: Callable[[Path, dict[str, Any]], None] | None = None
+    #: results kept per configuration: the stage's directory is
+    #: ``{run_dir}/results/<key>/{name}``, one per distinct configuration (see
+    #: :mod:`pipeline.stages.results`), instead of ``{run_dir}/{name}``, replaced when
+    #: its fingerprint changes. Its ``enabled`` and ``resolve`` may read only the
+    #: outputs of stages that are not ``per_config``.
+    per_config: bool = False
+    #: entries of a ``per_config`` stage's directory needed only to resume it (e.g. the
+    #: Cholesky factor): removed from a complete configuration when a run moves to another
+    #: one, so kept configurations cost their results' disk, not their factors'
+    scratch: tuple[str, ...] = ()
 
 
 class StageFailed(RuntimeError):
@@ -149,6 +174,8 @@ class RunReport:
     timings: dict[str, float] = field(default_factory=dict)
     #: one entry per corrupt tile recovered: stage, owner, store, array, tile, checksums
     recovered: list[dict[str, Any]] = field(default_factory=list)
+    #: key of the configuration whose results this run wrote or found (``per_config`` stages)
+    configuration: str | None = None
 
     @property
     def outputs(self) -> dict[str, dict[str, Any]]:
@@ -182,18 +209,21 @@ def _clear_dir(path: Path | str, keep: Sequence[str] = ()) -> None:
             child.unlink()
 
 
-def _is_stage_name(name: str) -> bool:
-    """A plain directory name (a manifest is data: never follow ``..`` or ``/`` in it)."""
-    return bool(name) and name not in (".", "..") and "/" not in name and "\\" not in name
-
-
 def _owned_stage_dirs(run_dir: Path, manifest: Manifest) -> list[Path]:
-    """The stage directories the manifest records as created by the runner."""
-    return [
-        run_dir / name
-        for name, rec in manifest.stages.items()
-        if rec.started is not None and _is_stage_name(name)
-    ]
+    """The stage directories the manifest records as created by the runner (shared stages'
+    ``{run_dir}/{stage}`` and every configuration's ``{run_dir}/results/<key>/{stage}``)."""
+    return [run_dir.joinpath(*rel.split("/")) for rel in manifest.owned_dirs()]
+
+
+def _warn_kept(where: Any, others: Sequence[str]) -> None:
+    if others:
+        log.warning(
+            "--force-new: kept %d entr%s in %s that krr-pipeline did not create: %s",
+            len(others),
+            "y" if len(others) == 1 else "ies",
+            where,
+            ", ".join(others[:20]) + (" ..." if len(others) > 20 else ""),
+        )
 
 
 def _discard_run(run_dir: Path | str, manifest: Manifest, keep: Sequence[str] = (".lock",)) -> None:
@@ -202,43 +232,47 @@ def _discard_run(run_dir: Path | str, manifest: Manifest, keep: Sequence[str] = 
         _discard_run_url(Location(run_dir), manifest, keep)
         return
     owned = _owned_stage_dirs(run_dir, manifest)
+    results = run_dir / RESULTS_DIR
     for d in owned:
-        if d.is_symlink():  # the runner makes real directories: someone else made this link
+        if d.is_symlink() or (d.parent != run_dir and results.is_symlink()):
+            # the runner makes real directories: someone else made this link
             log.warning("--force-new: %s is a symbolic link; left alone (remove it yourself)", d)
         elif d.is_dir():
             shutil.rmtree(d)
+    for rel in config_dirs(manifest):  # results/<key>, then results/, when left empty
+        _rmdir_if_empty(run_dir.joinpath(*rel.split("/")))
+    if manifest.results:
+        _rmdir_if_empty(results)
     sweep_tmp_files(run_dir, recursive=False)
     (run_dir / MANIFEST_NAME).unlink(missing_ok=True)
-    names = {d.name for d in owned} | {MANIFEST_NAME, *keep}
+    if manifest.latest is not None:
+        (run_dir / LATEST_NAME).unlink(missing_ok=True)
+    names = {d.name for d in owned if d.parent == run_dir} | {MANIFEST_NAME, *keep}
+    if manifest.latest is not None:
+        names.add(LATEST_NAME)
     others = sorted(p.name for p in run_dir.iterdir() if p.name not in names)
-    if others:
-        log.warning(
-            "--force-new: kept %d entr%s in %s that krr-pipeline did not create: %s",
-            len(others),
-            "y" if len(others) == 1 else "ies",
-            run_dir,
-            ", ".join(others[:20]) + (" ..." if len(others) > 20 else ""),
-        )
+    _warn_kept(run_dir, others)
+
+
+def _rmdir_if_empty(d: Path) -> None:
+    if d.is_dir() and not d.is_symlink() and not any(d.iterdir()):
+        d.rmdir()
 
 
 def _discard_run_url(loc: Location, manifest: Manifest, keep: Sequence[str]) -> None:
     """:func:`_discard_run` on an object store: the owned prefixes and the manifest."""
-    owned = [
-        n for n, rec in manifest.stages.items() if rec.started is not None and _is_stage_name(n)
-    ]
-    for name in owned:
-        loc.rm(name, recursive=True)
+    owned = manifest.owned_dirs()
+    for rel in owned:
+        loc.rm(*rel.split("/"), recursive=True)
     loc.rm(MANIFEST_NAME)
-    names = {*owned, MANIFEST_NAME, *keep}
+    names = {*(r for r in owned if "/" not in r), MANIFEST_NAME, *keep}
+    if manifest.latest is not None:
+        loc.rm(LATEST_NAME)
+        names.add(LATEST_NAME)
     others = [n for n in loc.list() if n not in names]
-    if others:
-        log.warning(
-            "--force-new: kept %d entr%s in %s that krr-pipeline did not create: %s",
-            len(others),
-            "y" if len(others) == 1 else "ies",
-            loc.url,
-            ", ".join(others[:20]) + (" ..." if len(others) > 20 else ""),
-        )
+    if manifest.results and RESULTS_DIR in others and not loc.list(RESULTS_DIR):
+        others.remove(RESULTS_DIR)  # an object store has no empty "directories" to remove
+    _warn_kept(loc.url, others)
 
 
 def _check_adoptable(stage_dir: Path | str, rec: Any) -> None:
@@ -377,11 +411,21 @@ def _run_pass(
     """Run the stages once; True when a corrupt tile was recovered and a new pass is due."""
     fps: dict[str, str | None] = {}
     outputs: dict[str, dict[str, Any]] = {}
+    dirs: dict[str, Path | str] = {}
+    planned: dict[str, Planned] | None = None
     for stage in stages:
-        stage_params = dict(params.get(stage.name, {}))
+        if stage.per_config and planned is None:
+            # the shared stages are done: this configuration's results get their own directory
+            planned = plan_configuration(stages, params, outputs, fps)
+            report.configuration = enter_configuration(run_dir, manifest, planned, emit, stages)
+            dirs.update({n: manifest.stage_dir(n) for n in planned})
+        if planned is not None and stage.name in planned:
+            enabled, stage_params, fp = planned[stage.name]
+        else:
+            enabled, stage_params, fp = plan_stage(stage, params, outputs, fps)
         rec = manifest.stage(stage.name)
-        stage_dir = join_path(run_dir, stage.name)
-        if stage.enabled is not None and not stage.enabled(params, outputs):
+        stage_dir = dirs.setdefault(stage.name, join_path(run_dir, stage.name))
+        if not enabled:
             fps[stage.name] = None
             if rec.status != "skipped":
                 rec.status, rec.fingerprint, rec.outputs, rec.error = "skipped", None, {}, None
@@ -391,10 +435,6 @@ def _run_pass(
             if until == stage.name:
                 break
             continue
-        if stage.resolve is not None:
-            stage_params = dict(stage.resolve(stage_params, outputs))
-        upstream = {u: fps.get(u) for u in stage.after}
-        fp = stage_fingerprint(stage, stage_params, upstream)
         fps[stage.name] = fp
         if (
             rec.status == "done"
@@ -439,7 +479,7 @@ def _run_pass(
                 emit(stage.name, "failed", {"error": rec.error})
                 raise
             damage = find_damage(e)
-            owner = None if damage is None else owner_stage(run_dir, stages, damage.store)
+            owner = None if damage is None else owner_stage(run_dir, stages, damage.store, dirs)
             if owner is not None and len(report.recovered) < max_recoveries:
                 if isinstance(damage, CorruptTileError):
                     recover_corrupt_tile(
@@ -463,6 +503,8 @@ def _run_pass(
         if stage.name in report.skipped_done:  # complete at first, rerun after a recovery
             report.skipped_done.remove(stage.name)
         report.timings[stage.name] = report.timings.get(stage.name, 0.0) + dt
+        if stage.per_config:
+            write_latest(run_dir, manifest)
         emit(stage.name, "done", {"seconds": dt, "outputs": rec.outputs})
         if until == stage.name:
             break

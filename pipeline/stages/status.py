@@ -146,10 +146,11 @@ def run_status(run_dir: str | Path, stage_names: tuple[str, ...] | None = None) 
     for name in names:
         rec = manifest.stages.get(name)
         status = rec.status if rec else "pending"
+        sdir = manifest.stage_dir(name)
         if status == "skipped":
             tiles = []
         else:
-            tiles = _stage_tiles_url(f"{run_dir}/{name}") if remote else stage_tiles(run_dir / name)
+            tiles = _stage_tiles_url(str(sdir)) if remote else stage_tiles(sdir)
         if status == "done":
             state = "done"
         elif status == "skipped":
@@ -159,6 +160,8 @@ def run_status(run_dir: str | Path, stage_names: tuple[str, ...] | None = None) 
         else:
             state = "pending"
         entry: dict[str, Any] = {"stage": name, "state": state, "status": status, "tiles": tiles}
+        if name in manifest.linked():
+            entry["dir"] = manifest.stage_dir_rel(name)
         if rec is not None:
             entry["fingerprint"] = rec.fingerprint
             if rec.started and rec.finished and status == "done":
@@ -175,4 +178,126 @@ def run_status(run_dir: str | Path, stage_names: tuple[str, ...] | None = None) 
         "running": owner is not None,
         "lock_owner": owner,
         "stages": stages,
+        "latest": manifest.latest,
+        "configurations": configurations(manifest),
     }
+
+
+def _kernel_text(spec: Any) -> str | None:
+    if not isinstance(spec, dict) or "name" not in spec:
+        return None if spec is None else str(spec)
+    p = spec.get("params") or {}
+    inner = ", ".join(
+        f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in p.items() if v is not None
+    )
+    return f"{spec['name']}({inner})"
+
+
+def configurations(manifest: Manifest) -> list[dict[str, Any]]:
+    """Every configuration a run directory keeps, oldest first, with its key parameters
+    (kernel, λ, solver), its state, metrics and model path (see :mod:`pipeline.stages.results`).
+
+    Parameters
+    ----------
+    manifest : Manifest
+        The run directory's manifest (:meth:`Manifest.load`).
+
+    Returns
+    -------
+    list of dict
+        ``configuration`` (the key), ``latest``, ``dir`` (relative to the run
+        directory), ``state`` (``done``, ``partial`` or ``pending``), ``stages``
+        (name to status), ``kernel``, ``lam``, ``lam_convention``, ``solver``
+        (as configured) and ``method`` (as solved), ``metrics`` and
+        ``baseline_metrics`` (held-out, from the evaluate stage; ``{}`` when not
+        evaluated), ``model`` (the artifact's path once written), ``created``,
+        ``updated``.
+    """
+    out = []
+    for key, cfg in sorted(manifest.results.items(), key=lambda kv: kv[1].created):
+        recs = cfg.stages
+        statuses = {n: r.status for n, r in recs.items()}
+        if statuses and all(s in ("done", "skipped") for s in statuses.values()):
+            state = "done"
+        elif any(r.started is not None for r in recs.values()):
+            state = "partial"
+        else:
+            state = "pending"
+        sp = cfg.params.get("solve") or cfg.params.get("model") or {}
+        sol = recs["solve"].outputs if "solve" in recs and recs["solve"].status == "done" else {}
+        ev = recs.get("evaluate")
+        ev_out = ev.outputs if ev is not None and ev.status == "done" else {}
+        model = recs.get("model")
+        out.append(
+            {
+                "configuration": key,
+                "latest": key == manifest.latest,
+                "dir": cfg.dir,
+                "state": state,
+                "stages": statuses,
+                "kernel": sp.get("kernel"),
+                "lam": sp.get("lam", sol.get("lam")),
+                "lam_convention": sp.get("lam_convention", sol.get("lam_convention")),
+                "solver": (sp.get("solver") or {}).get("method"),
+                "method": sol.get("method"),
+                "metrics": dict(ev_out.get("metrics") or {}),
+                "baseline_metrics": dict((ev_out.get("baseline") or {}).get("metrics") or {}),
+                "model": model.outputs.get("path")
+                if model is not None and model.status == "done"
+                else None,
+                "created": cfg.created,
+                "updated": cfg.updated,
+            }
+        )
+    return out
+
+
+def format_configurations(status: dict[str, Any]) -> list[str]:
+    """Lines for ``krr status``: one per kept configuration, its parameters and metrics."""
+    cfgs = status.get("configurations") or []
+    if not cfgs:
+        return []
+    lines = [f"configurations ({len(cfgs)} kept; * = latest):"]
+    for c in cfgs:
+        lam = c.get("lam")
+        parts = [
+            "*" if c["latest"] else " ",
+            c["configuration"],
+            _kernel_text(c.get("kernel")) or "kernel ?",
+            f"lambda={lam:g}" if isinstance(lam, float | int) else "lambda=?",
+            c.get("method") or c.get("solver") or "?",
+            c["state"],
+        ]
+        metrics = "  ".join(f"{k} {v:.6g}" for k, v in c["metrics"].items())
+        line = "  " + " ".join(parts) + (f"  {metrics}" if metrics else "")
+        lines.append(line)
+        lines.append(f"      {c['dir'] or '.'}" + (f"  model: {c['model']}" if c["model"] else ""))
+    return lines
+
+
+def latest_model(run_dir: str | Path) -> str:
+    """Path of the model artifact of ``run_dir``'s latest configuration.
+
+    Raises
+    ------
+    FileNotFoundError
+        ``run_dir`` holds no manifest.
+    ValueError
+        The latest configuration has no complete model stage.
+    """
+    from pipeline.storage.location import Location, is_url
+
+    remote = is_url(run_dir)
+    run_dir = str(run_dir).rstrip("/") if remote else Path(run_dir)
+    manifest = Manifest.load(run_dir)
+    if not (Location(run_dir).exists("manifest.json") if remote else manifest.path.exists()):
+        raise FileNotFoundError(f"{str(run_dir)!r} is not a run directory (no manifest.json)")
+    rec = manifest.stages.get("model")
+    if rec is None or rec.status != "done" or not rec.outputs.get("path"):
+        which = f" (configuration {manifest.latest})" if manifest.latest else ""
+        raise ValueError(
+            f"run directory {str(run_dir)!r}: its latest configuration{which} has no complete "
+            "model; finish it with `krr run` and the same config, or pass the model of another "
+            "configuration (`krr status RUN_DIR` lists them, with their model paths)"
+        )
+    return str(rec.outputs["path"])

@@ -44,3 +44,22 @@ def verify_predictions(stage_dir: Path, outputs: dict[str, Any]) -> None:
         if not isinstance(entry, dict) or not entry.get("store") or not entry.get("name"):
             continue  # .npy / .csv / .parquet outputs are written whole, without records
         read_all(entry["store"], entry["name"], row_keys=True)
+
+
+def verify_metrics(stage_dir: Path, outputs: dict[str, Any]) -> None:
+    """``metrics.json`` holds what the evaluate stage recorded in the manifest."""
+    import json
+
+    from pipeline.stages.manifest import _json_default
+    from pipeline.storage.location import join_path, read_bytes
+
+    if not outputs.get("metrics"):
+        return  # nothing was evaluated (no test rows): no file was written
+    path = join_path(stage_dir, "metrics.json")
+    try:
+        found = json.loads(read_bytes(path))
+    except (FileNotFoundError, ValueError) as e:
+        raise DamagedOutput(f"metrics {str(path)!r} cannot be read: {e}") from e
+    want = json.loads(json.dumps(outputs, default=_json_default))
+    if found != want:
+        raise DamagedOutput(f"metrics {str(path)!r} differ from the run's recorded metrics")

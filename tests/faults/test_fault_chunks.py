@@ -117,7 +117,14 @@ def krr(tmp_path_factory):
     conf.write_text(CONFIG.format(x=d / "X.npy", y=d / "y.npy"))
     ref = _krr_run(conf, d / "clean", "lambda=0.02")
     assert ref.returncode == 0, ref.stderr[-3000:]
-    return conf, np.load(d / "clean" / "solve" / "alpha.npy")
+    return conf, np.load(_solve_dir(d / "clean") / "alpha.npy")
+
+
+def _solve_dir(run_dir: Path) -> Path:
+    """The latest configuration's solve directory (``results/<key>/solve``)."""
+    from pipeline.stages.manifest import Manifest
+
+    return Manifest.load(run_dir).stage_dir("solve")
 
 
 def _damage_and_rerun(krr, run: Path, damage) -> subprocess.CompletedProcess:
@@ -130,7 +137,7 @@ def _damage_and_rerun(krr, run: Path, damage) -> subprocess.CompletedProcess:
     assert second.returncode == 0, second.stderr[-3000:]
     report = json.loads(second.stdout)
     assert "gram" in report["ran"] and "solve" in report["ran"]
-    np.testing.assert_array_equal(np.load(run / "solve" / "alpha.npy"), want)
+    np.testing.assert_array_equal(np.load(_solve_dir(run) / "alpha.npy"), want)
     return second
 
 

@@ -85,7 +85,9 @@ def test_changed_file_after_finished_run_reruns_ingest(tmp_path):
     assert second.returncode == 0, second.stderr[-3000:]
     assert "ran: ingest, gram, solve, model" in second.stdout, second.stdout
     Xn, yn = np.load(x_new), np.load(y)
-    model = load_artifact(run / "model" / "model")
+    from pipeline.stages.status import latest_model
+
+    model = load_artifact(latest_model(run))  # results/<configuration>/model/model
     np.testing.assert_array_equal(np.asarray(model.X_train), Xn)
     Xq = np.random.default_rng(5).normal(size=(30, 4))
     np.testing.assert_allclose(model.predict(Xq), _reference_predict(Xn, yn, Xq), atol=1e-8)
@@ -119,7 +121,9 @@ def test_moved_run_dir_resumed_by_relative_path_from_another_cwd(tmp_path):
     r = _krr("run", conf_a, "--run-dir", "../moved", cwd=b)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "already complete: ingest" in r.stdout, r.stdout
-    model = load_artifact(tmp_path / "moved" / "model" / "model")
+    from pipeline.stages.status import latest_model
+
+    model = load_artifact(latest_model(tmp_path / "moved"))
     Xq = np.random.default_rng(5).normal(size=(30, 4))
     expected = _reference_predict(np.load(xa), np.load(ya), Xq)
     np.testing.assert_allclose(model.predict(Xq), expected, atol=1e-8)

@@ -40,7 +40,9 @@ def test_pipeline_load_reads_the_model_krr_run_wrote(tmp_path):
     cfg.write_text(CONFIG)
     run_dir = tmp_path / "run"
     assert cli.main(["run", str(cfg), "--run-dir", str(run_dir)]) == 0
-    path = run_dir / "model" / "model"
+    from pipeline.stages.status import latest_model
+
+    path = latest_model(run_dir)  # results/<configuration>/model/model
     est = pipeline.load(path)
     assert isinstance(est, pipeline.KernelRidge)
     assert est.get_params()["alpha"] == 0.5 and est.solver_ == "cholesky"

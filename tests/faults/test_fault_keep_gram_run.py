@@ -41,7 +41,14 @@ def _krr(conf: Path, run_dir: Path, *overrides: str) -> subprocess.CompletedProc
 
 
 def _alpha(run_dir: Path) -> np.ndarray:
-    return np.load(run_dir / "solve" / "alpha.npy")
+    return np.load(_solve_dir(run_dir) / "alpha.npy")
+
+
+def _solve_dir(run_dir: Path) -> Path:
+    """The latest configuration's solve directory (``results/<key>/solve``)."""
+    from pipeline.stages.manifest import Manifest
+
+    return Manifest.load(run_dir).stage_dir("solve")
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +72,8 @@ def test_keep_gram_false_matches_and_survives_a_new_lambda(conf, tmp_path):
     a_kept, a_in = _alpha(kept), _alpha(inplace)
     np.testing.assert_allclose(a_in, a_kept, rtol=1e-12, atol=1e-12)
     # the factor lives in the gram stage's array, no separate factor was written
-    assert not (inplace / "solve" / "factor.zarr").exists()
-    assert (kept / "solve" / "factor.zarr").exists()
+    assert not (_solve_dir(inplace) / "factor.zarr").exists()
+    assert (_solve_dir(kept) / "factor.zarr").exists()
 
     res = _krr(conf, inplace, "solver.keep_gram=false", "lambda=0.05")
     assert "recomputing it from X" in res.stderr, res.stderr[-3000:]

@@ -76,8 +76,11 @@ def _run(conf: Path, run_dir: Path, kill: tuple[str, int] | None = None):
 
 
 def _results(run_dir: Path) -> dict[str, np.ndarray]:
-    out = {"alpha": np.asarray(load_artifact(run_dir / "model" / "model").dual_coef)}
-    for store in sorted((run_dir / "predict").glob("*.zarr")):
+    from pipeline.stages.manifest import Manifest
+
+    m = Manifest.load(run_dir)  # the latest configuration's results/<key>/{model,predict}
+    out = {"alpha": np.asarray(load_artifact(m.stage_dir("model") / "model").dual_coef)}
+    for store in sorted(m.stage_dir("predict").glob("*.zarr")):
         for name, arr in zarr.open_group(str(store), mode="r").arrays():
             out[f"{store.name}/{name}"] = arr[...]
     return out
@@ -131,9 +134,7 @@ def test_damaged_final_output_of_a_complete_run_is_recomputed(setup, tmp_path, t
     conf, want = setup
     run_dir = tmp_path / "run"
     assert _run(conf, run_dir).returncode == 0
-    victim = next(
-        p for p in _chunk_files(run_dir) if str(p.relative_to(run_dir)).startswith(target)
-    )
+    victim = next(p for p in _chunk_files(run_dir) if target in str(p.relative_to(run_dir)))
     _flip_byte(victim, random.Random(0))
     again = _run(conf, run_dir)
     assert again.returncode == 0, again.stderr[-3000:]

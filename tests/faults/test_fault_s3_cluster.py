@@ -56,12 +56,14 @@ def _results(run_dir: str) -> dict[str, np.ndarray]:
     import zarr
 
     from pipeline.artifact import load_artifact
+    from pipeline.stages.manifest import Manifest
     from pipeline.storage.location import Location
 
-    out = {"alpha": np.asarray(load_artifact(f"{run_dir}/model/model").dual_coef)}
-    for name in Location(f"{run_dir}/predict").list():
+    m = Manifest.load(run_dir)  # the latest configuration's results/<key>/{model,predict}
+    out = {"alpha": np.asarray(load_artifact(f"{m.stage_dir('model')}/model").dual_coef)}
+    for name in Location(str(m.stage_dir("predict"))).list():
         if name.endswith(".zarr"):
-            group = zarr.open_group(f"{run_dir}/predict/{name}", mode="r")
+            group = zarr.open_group(f"{m.stage_dir('predict')}/{name}", mode="r")
             for arr_name, arr in group.arrays():
                 out[f"{name}/{arr_name}"] = arr[...]
     return out
@@ -70,6 +72,8 @@ def _results(run_dir: str) -> dict[str, np.ndarray]:
 def _n_keys(fs, prefix: str) -> int:
     fs.invalidate_cache()
     try:
+        if "*" in prefix:
+            return len(fs.glob(prefix))
         return len(fs.ls(prefix, detail=False, refresh=True))
     except FileNotFoundError:
         return 0
@@ -115,7 +119,7 @@ def test_cluster_on_object_store_survives_kill_and_join(tmp_path, monkeypatch):
         work.mkdir()
         logs = tmp_path / "logs"
         fs = s3fs.S3FileSystem()
-        markers = f"{BUCKET}/run/solve/factor.zarr/_markers/chol"
+        markers = f"{BUCKET}/run/results/*/solve/factor.zarr/_markers/chol/*"
         n_tiles = (N // BLOCK) * (N // BLOCK + 1) // 2
         cli = extra = None
         with external_cluster(logs, 3, nanny=False, timeout=60) as cluster:

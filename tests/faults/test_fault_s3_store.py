@@ -92,14 +92,16 @@ def _results(run_dir: str) -> dict[str, np.ndarray]:
     import zarr
 
     from pipeline.artifact import load_artifact
+    from pipeline.stages.manifest import Manifest
     from pipeline.storage.location import Location
 
-    art = load_artifact(f"{run_dir}/model/model")
+    m = Manifest.load(run_dir)  # the latest configuration's results/<key>/{model,predict}
+    art = load_artifact(f"{m.stage_dir('model')}/model")
     out = {"alpha": np.asarray(art.dual_coef)}
-    loc = Location(f"{run_dir}/predict")
+    loc = Location(str(m.stage_dir("predict")))
     for name in loc.list():
         if name.endswith(".zarr"):
-            group = zarr.open_group(f"{run_dir}/predict/{name}", mode="r")
+            group = zarr.open_group(f"{m.stage_dir('predict')}/{name}", mode="r")
             for arr_name, arr in group.arrays():
                 out[f"{name}/{arr_name}"] = arr[...]
     return out
@@ -160,11 +162,13 @@ def test_krr_run_on_s3_writes_nothing_locally_and_equals_local_run(
     out = json.loads(r.stdout)
     assert out["run_dir"] == url and out["model"].startswith(url + "/")
     keys = _fs().find(f"{BUCKET}/cli")
-    for part in ("manifest.json", "ingest/", "gram/", "solve/factor.zarr/", "model/model/"):
+    for part in ("manifest.json", "latest.json", "ingest/", "gram/", "solve/factor.zarr/",
+                 "model/model/"):  # fmt: skip
         assert any(part in k for k in keys), part
     assert not any(k.endswith(".lock") for k in keys), "the lease was not released"
     manifest = json.loads(_fs().cat_file(f"{BUCKET}/cli/manifest.json"))
-    assert manifest["stages"]["model"]["outputs"]["path"] == "@run/model/model"
+    key = manifest["latest"]
+    assert manifest["stages"]["model"]["outputs"]["path"] == f"@run/results/{key}/model/model"
     _assert_same(_results(url), local_reference)
     # a second run finds every stage complete
     again = _krr(["run", str(conf), "--run-dir", url, "--json"], cwd=work)

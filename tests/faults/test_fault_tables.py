@@ -228,7 +228,9 @@ def test_run_records_names_and_predict_stage_writes_by_extension(tmp_path, capsy
     out = tmp_path / "batch.parquet"
     argv = ["run", conf, f"predict.input={tmp_path / 'new.csv'}", f"predict.output={out}"]
     assert run_cli(*argv, "--run-dir", tmp_path / "run") == 0
-    art = load_artifact(tmp_path / "run" / "model" / "model")
+    from pipeline.stages.status import latest_model
+
+    art = load_artifact(latest_model(tmp_path / "run"))  # results/<configuration>/model/model
     assert art.feature_names == feats and art.target_names == ["target"]
     got = pd.read_parquet(out)
     assert list(got.columns) == ["target"]

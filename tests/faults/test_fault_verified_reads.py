@@ -70,7 +70,14 @@ def _ok(res: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
 
 
 def _metrics(run_dir: Path) -> dict:
-    return json.loads((run_dir / "evaluate" / "metrics.json").read_text())["metrics"]
+    return json.loads((_dir(run_dir, "evaluate") / "metrics.json").read_text())["metrics"]
+
+
+def _dir(run_dir: Path, stage: str) -> Path:
+    """The latest configuration's stage directory (``results/<key>/<stage>``)."""
+    from pipeline.stages.manifest import Manifest
+
+    return Manifest.load(run_dir).stage_dir(stage)
 
 
 @pytest.fixture(scope="module")
@@ -138,9 +145,10 @@ def test_flipped_byte_in_X_train_is_rewritten_from_source(data, tmp_path):
     assert chunk.read_bytes() == good  # rewritten from the source file
     assert _metrics(run) == _metrics(clean)
     # the model artifact sealed the clean X, and its arrays are checked on load
-    model = run / "model" / "model"
+    model = _dir(run, "model") / "model"
     art = load_artifact(model)
-    np.testing.assert_array_equal(art.X_train, load_artifact(clean / "model" / "model").X_train)
+    clean_model = load_artifact(_dir(clean, "model") / "model")
+    np.testing.assert_array_equal(art.X_train, clean_model.X_train)
     _flip(model / "X_train" / "c" / "0" / "0")
     with pytest.raises(ArtifactError, match="array 'X_train' fails its checksum"):
         load_artifact(model)
@@ -157,7 +165,7 @@ def test_flipped_byte_in_y_train_is_rewritten_from_source(data, tmp_path):
     assert "tile (2, 0) of array 'y_train'" in res.stderr, res.stderr[-3000:]
     assert _metrics(run) == _metrics(clean)
     np.testing.assert_array_equal(
-        np.load(run / "solve" / "alpha.npy"), np.load(clean / "solve" / "alpha.npy")
+        np.load(_dir(run, "solve") / "alpha.npy"), np.load(_dir(clean, "solve") / "alpha.npy")
     )
 
 
@@ -166,12 +174,12 @@ def test_flipped_byte_in_alpha_is_recomputed(data, tmp_path):
     _, conf, clean = data
     run = tmp_path / "run"
     _ok(_krr(conf, run, "lambda=0.02", "--until", "solve"))
-    _flip(run / "solve" / "alpha.npy", offset=200)
+    _flip(_dir(run, "solve") / "alpha.npy", offset=200)
     res = _ok(_krr(conf, run, "lambda=0.02"))  # predict and model read alpha
     assert "alpha.npy" in res.stderr and "rerunning from stage 'solve'" in res.stderr, res.stderr
     assert _metrics(run) == _metrics(clean)
     np.testing.assert_array_equal(
-        np.load(run / "solve" / "alpha.npy"), np.load(clean / "solve" / "alpha.npy")
+        np.load(_dir(run, "solve") / "alpha.npy"), np.load(_dir(clean, "solve") / "alpha.npy")
     )
 
 
@@ -180,7 +188,7 @@ def test_deleted_prediction_chunk_is_recomputed_by_the_run(data, tmp_path):
     _, conf, clean = data
     run = tmp_path / "run"
     _ok(_krr(conf, run, "lambda=0.02", "--until", "predict"))
-    chunk = run / "predict" / "predictions.zarr" / "test" / "c" / "0" / "0"
+    chunk = _dir(run, "predict") / "predictions.zarr" / "test" / "c" / "0" / "0"
     chunk.unlink()  # would read as zeros
     res = _ok(_krr(conf, run, "lambda=0.02"))  # evaluate reads the predictions
     assert "tile (0,) of array 'test'" in res.stderr, res.stderr[-3000:]

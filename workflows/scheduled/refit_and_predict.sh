@@ -36,7 +36,7 @@ echo "$(date -Is) refit: data $train_hash -> $run_dir"
 
 mkdir -p "$out_dir"
 out="$out_dir/$train_hash-$score_hash.zarr"
-"$KRR" predict "$run_dir/model/model" "$score_x" "$out"
+"$KRR" predict "$run_dir" "$score_x" "$out"  # the run directory's latest model
 
 ln -sfn "$(basename "$out")" "$out_dir/.latest.tmp" && mv -T "$out_dir/.latest.tmp" "$out_dir/latest.zarr"
 echo "$(date -Is) predictions: $out"
