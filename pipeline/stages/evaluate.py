@@ -187,5 +187,12 @@ def run(
             f"scikit-learn baseline skipped: n_train={n} > baseline_max_rows={baseline_max_rows} "
             "(its KernelRidge needs about 3·n²·8 bytes)"
         )
-    write_json_atomic(join_path(stage_dir, "metrics.json"), out)
+    # metrics.json holds the metrics only: the held-out arrays are referenced (with
+    # their checksums) by the stage outputs in the manifest, whose paths are run-relative
+    write_json_atomic(join_path(stage_dir, "metrics.json"), metrics_file_view(out))
     return out
+
+
+def metrics_file_view(outputs: dict[str, Any]) -> dict[str, Any]:
+    """What ``metrics.json`` holds of the stage's outputs: all but the ``heldout`` paths."""
+    return {k: v for k, v in outputs.items() if k != "heldout"}

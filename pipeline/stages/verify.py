@@ -60,6 +60,8 @@ def verify_metrics(stage_dir: Path, outputs: dict[str, Any]) -> None:
         found = json.loads(read_bytes(path))
     except (FileNotFoundError, ValueError) as e:
         raise DamagedOutput(f"metrics {str(path)!r} cannot be read: {e}") from e
-    want = json.loads(json.dumps(outputs, default=_json_default))
+    from pipeline.stages.evaluate import metrics_file_view
+
+    want = json.loads(json.dumps(metrics_file_view(outputs), default=_json_default))
     if found != want:
         raise DamagedOutput(f"metrics {str(path)!r} differ from the run's recorded metrics")
