@@ -218,3 +218,42 @@ def test_krr_run_json_stdout_stays_clean(tmp_path, capsys, monkeypatch):
         assert _lines(err, label), (label, err)
     # one display for the ingest stage: its phases, not one bar per array
     assert re.search(r"ingest: X_train: \d+/\d+ row blocks", err), err
+
+
+@pytest.mark.slow
+def test_jupyter_kernel_shows_a_widget(tmp_path):
+    pytest.importorskip("ipywidgets")
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    import sys
+
+    from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
+    from jupyter_client.manager import KernelManager
+
+    class ThisPython(KernelSpecManager):
+        def get_kernel_spec(self, kernel_name):
+            return KernelSpec(
+                argv=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                display_name="Python 3",
+                language="python",
+            )
+
+    code = (
+        "import numpy as np\n"
+        "from pipeline.gram import build_gram\n"
+        "from pipeline.kernels import RBF\n"
+        "X = np.random.default_rng(0).standard_normal((200, 3))\n"
+        f"g = build_gram(X, RBF(gamma=0.2), {str(tmp_path / 's')!r}, 64)\n"
+    )
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code)])
+    km = KernelManager(kernel_name="python3", kernel_spec_manager=ThisPython())
+    nbclient.NotebookClient(nb, km=km, kernel_name="python3", timeout=120).execute()
+    outputs = nb.cells[0].outputs
+    assert not [o for o in outputs if o.output_type == "error"], outputs
+    widgets = [
+        o for o in outputs if "application/vnd.jupyter.widget-view+json" in o.get("data", {})
+    ]
+    assert widgets, outputs
+    text = " ".join(str(o.get("data", {}).get("text/plain", "")) for o in widgets)
+    assert "gram" in text and "/10 " in text, text  # the widget of the 10 tiles (updates: comms)
