@@ -351,9 +351,7 @@ class _TqdmProgress(Progress):
 
     def set_total(self, total: float | None, estimate: bool = False) -> None:
         self.total = total
-        if total != self.bar.total:
-            self.bar.total = total
-            self.bar.refresh()
+        self.bar.total = total  # drawn at the next update (tqdm's mininterval holds)
 
     def set_postfix(self, text: str) -> None:
         self.postfix = text
