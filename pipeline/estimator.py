@@ -28,6 +28,7 @@ from pipeline.kernel_estimator import KernelParamsMixin
 from pipeline.kernels import Linear
 from pipeline.model_io import estimator_state, save_model
 from pipeline.policy.plan import plan_fit
+from pipeline.progress import with_progress
 from pipeline.reference import (
     ALPHA_CONVENTIONS,
     check_dense_memory,
@@ -134,6 +135,12 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         twice; a later fit in the same ``store`` with another alpha recomputes the
         replaced Gram tiles from X. Needs ``factor_dtype`` equal to the Gram's
         (float64).
+    progress : bool or {"auto", "bars", "lines", "off"}, default=False
+        Show the progress of ``fit`` and ``predict`` (Gram tiles, Cholesky
+        tiles, CG iteration and relative residual, predicted tiles) on stderr.
+        False: silent, as scikit-learn estimators are. True: ``"auto"``, widgets
+        in Jupyter, bars on a terminal, timestamped lines otherwise. See
+        :mod:`pipeline.progress`.
 
     Attributes
     ----------
@@ -180,6 +187,7 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         factor_dtype: str = "float64",
         storage_options: dict | None = None,
         keep_gram: bool = True,
+        progress: bool | str = False,
     ) -> None:
         self.alpha = alpha
         self.kernel = kernel
@@ -200,6 +208,7 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         self.factor_dtype = factor_dtype
         self.storage_options = storage_options
         self.keep_gram = keep_gram
+        self.progress = progress
 
     # -- tags ----------------------------------------------------------------
     # -- parameters ------------------------------------------------------------
@@ -238,6 +247,7 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         return k(_dense(X), None if Y is None else _dense(Y))
 
     # -- fit -------------------------------------------------------------------
+    @with_progress
     def fit(self, X: Any, y: Any, sample_weight: Any = None) -> KernelRidge:
         """Fit kernel ridge regression.
 
@@ -488,6 +498,7 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         return save_model(self, path, overwrite=overwrite)
 
     # -- predict -----------------------------------------------------------------
+    @with_progress
     def predict(self, X: Any) -> np.ndarray:
         """Predict ``K(X, X_fit) @ dual_coef_``.
 
@@ -520,7 +531,7 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
                 self.kernel_,
                 block_size=bs,
                 train_block_size=bs,
-                progress=False,
+                progress=True,  # as self.progress says (with_progress)
                 preprocessing=pre,
             )
         if sp.issparse(X):

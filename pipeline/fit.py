@@ -235,24 +235,30 @@ def execute(
         plan.preconditioner, op, rank=min(plan.rank, n), random_state=plan.random_state
     )
     ckpt = cg_dir or root
-    if ckpt is None:
-        from pipeline.solvers.cg import conjugate_gradient
+    from pipeline.progress import cg_progress
 
-        res = conjugate_gradient(
-            op.matvec, y, preconditioner=pre, tol=plan.tol, max_iter=plan.max_iter
-        )
-    else:
-        from pipeline.solvers.cg_checkpoint import resumable_cg
+    # the iteration and the relative residual, live (pipeline.progress decides how)
+    with cg_progress(enabled=progress, tol=plan.tol, max_iter=plan.max_iter) as shown:
+        if ckpt is None:
+            from pipeline.solvers.cg import conjugate_gradient
 
-        res = resumable_cg(
-            op,
-            y,
-            ckpt,
-            preconditioner=pre,
-            every=plan.checkpoint_every,
-            tol=plan.tol,
-            max_iter=plan.max_iter,
-        )
+            res = conjugate_gradient(
+                op.matvec, y, preconditioner=pre, tol=plan.tol, max_iter=plan.max_iter,
+                callback=shown,
+            )  # fmt: skip
+        else:
+            from pipeline.solvers.cg_checkpoint import resumable_cg
+
+            res = resumable_cg(
+                op,
+                y,
+                ckpt,
+                preconditioner=pre,
+                every=plan.checkpoint_every,
+                tol=plan.tol,
+                max_iter=plan.max_iter,
+                callback=shown,
+            )
     info = {
         "matvec": plan.matvec,
         "converged": bool(res.converged),

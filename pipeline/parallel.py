@@ -1,4 +1,4 @@
-"""Running tile graphs: the embedded LocalCluster, BLAS threads, progress bars.
+"""Running tile graphs: the embedded LocalCluster, BLAS threads, progress displays.
 
 Every layer that builds a Dask graph calls :func:`compute` to run it, so the
 scheduler (threads, a LocalCluster, or an external ``tcp://`` scheduler) is
@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -41,40 +40,60 @@ def blas_threads(n: int | None) -> Iterator[None]:
 
 def _in_notebook() -> bool:
     """True inside a Jupyter kernel, where progress is wanted although stderr is no TTY."""
-    return "ipykernel" in sys.modules and "IPython" in sys.modules
+    from pipeline.progress import _in_notebook as in_notebook
+
+    return in_notebook()
 
 
 def show_progress(progress: bool = True) -> bool:
-    """Whether to draw a progress bar: asked for, and on a terminal or in a notebook."""
-    return bool(progress) and (sys.stderr.isatty() or _in_notebook())
+    """Whether a progress display would be drawn (asked for, and a mode other than off)."""
+    from pipeline.progress import resolved_mode
+
+    return bool(progress) and resolved_mode()[0] != "off"
 
 
-def compute(*collections: Any, progress: bool = True, desc: str = "", **kwargs: Any) -> Any:
-    """Compute Dask collections on the active scheduler with a progress display.
+def compute(
+    *collections: Any,
+    progress: bool = True,
+    desc: str = "",
+    unit: str = "task",
+    match: str | None = None,
+    initial: int = 0,
+    **kwargs: Any,
+) -> Any:
+    """Compute Dask collections on the active scheduler with a labelled progress display.
 
     Under a distributed client the tasks run on its workers (which use one BLAS
     thread each); otherwise Dask's threaded scheduler runs them with BLAS held
     to one thread per Dask thread, as ``docs/PERFORMANCE.md`` explains.
+
+    The display (:mod:`pipeline.progress`: a bar, timestamped lines or nothing,
+    on stderr) is labelled ``desc`` and counts ``unit``: the tasks of kind
+    ``match`` (``unit="tile"``: the tile tasks), else every task; ``initial``
+    units were done before (a resumed build).
     """
+    from pipeline.progress_dask import dask_progress
+
     client = _active_client()
-    show = show_progress(progress)
-    if client is not None:
-        futures = client.compute(list(collections), **kwargs)
-        if show:
-            from distributed import progress as dprogress
-
-            dprogress(futures, notebook=False)
-        results = client.gather(futures)
-        return tuple(results)
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(blas_threads(1))
-        if show:
-            from dask.diagnostics import ProgressBar
-
-            if desc:
-                print(desc, file=sys.stderr)
-            stack.enter_context(ProgressBar())
-        return dask.compute(*collections, **kwargs)
+    with dask_progress(
+        desc or "dask",
+        unit,
+        enabled=bool(progress),
+        match=match,
+        initial=initial,
+        collections=collections if client is not None else (),
+    ) as shown:
+        if client is not None:
+            futures = client.compute(list(collections), **kwargs)
+            if futures:
+                shown.wait(futures)
+            results = client.gather(futures)
+            return tuple(results)
+        with blas_threads(1):
+            callbacks = shown.callbacks
+            if callbacks:
+                kwargs["callbacks"] = [*kwargs.get("callbacks", ()), *callbacks]
+            return dask.compute(*collections, **kwargs)
 
 
 @contextlib.contextmanager

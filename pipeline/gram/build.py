@@ -255,7 +255,8 @@ def build_gram(
     compressors : optional
         Zarr compressors; None (uncompressed) is the measured fastest here.
     progress : bool
-        Show a progress bar (only on a TTY).
+        Show the progress (tiles done, rate, ETA) as the mode of
+        :mod:`pipeline.progress` says (a bar on a terminal, lines otherwise).
     return_stats : bool
         Also return a :class:`GramBuildStats` (tiles skipped and computed).
     x_fingerprint, z_fingerprint : str, optional
@@ -342,7 +343,9 @@ def build_gram(
     statuses: list[tuple[int, int, float]] = []
     if todo:
         graph = tile_graph(handle, k, Xd, Zd, todo, run_id, kernel_dtype=kd)
-        (statuses,) = compute(graph, progress=progress, desc=f"building {name} ({len(todo)} tiles)")
+        (statuses,) = compute(
+            graph, progress=progress, desc=name, unit="tile", initial=len(all_tiles) - len(todo)
+        )
         missing = pending(handle.markers, todo)
         if missing:
             raise RuntimeError(

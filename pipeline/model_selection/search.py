@@ -64,6 +64,7 @@ from pipeline.policy.constants import (
 )
 from pipeline.policy.cv_routing import choose_cv_solver, eigen_mode, memory_need
 from pipeline.policy.plan import Resources, normalize_alpha_convention, plan_fit
+from pipeline.progress import open_progress, with_progress
 from pipeline.solvers.band import band_available
 from pipeline.validation import validate_X_y
 
@@ -140,6 +141,9 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         with BLAS at one thread each.
     random_state : int, default=None
         Seed for a float ``cv`` and the Nyström pivots.
+    progress : bool or {"auto", "bars", "lines", "off"}, default=False
+        Show the search's progress (one step per kernel setting) and the
+        refit's on stderr; see :class:`pipeline.KernelRidge`.
 
     Attributes
     ----------
@@ -184,6 +188,7 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         rank: int | None = None,
         n_jobs: int | None = None,
         random_state: Any = None,
+        progress: bool | str = False,
     ) -> None:
         self.alphas = alphas
         self.kernel = kernel
@@ -205,6 +210,7 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         self.rank = rank
         self.n_jobs = n_jobs
         self.random_state = random_state
+        self.progress = progress
 
     # ------------------------------------------------------------------ checks
     def __sklearn_tags__(self):
@@ -298,6 +304,7 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         return eigen_mode(n, kind, n_alpha, splits, self.eigen_mode)
 
     # -------------------------------------------------------------------- fit
+    @with_progress
     def fit(self, X: Any, y: Any) -> KernelRidgeCV:
         """Run the search, then refit the best model on all of ``X, y``.
 
@@ -365,8 +372,10 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
             dt = time.perf_counter() - t0
             stats["seconds"][f"setting_{si}"] = round(dt, 4)
             log.info("kernel setting %d/%d %s: %.2f s", si + 1, len(settings), settings[si], dt)
+            shown.update()
             return {a: p for a, p in zip(alphas_s, preds)}, stats
 
+        shown = open_progress(f"cv ({solver})", len(settings), "kernel setting")
         if solver == "band":
             outputs = self._band_settings(
                 X, y2, base, settings, candidates, splits, band_workers, self.solver == "auto"
@@ -381,6 +390,8 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
                     outputs = list(pool.map(run_setting, range(len(settings))))
         else:
             outputs = [run_setting(si) for si in range(len(settings))]
+        shown.update_to(len(settings))
+        shown.close()
         results = [r for r, _ in outputs]
         for _, st in outputs:
             _merge_stats(stats, st)
@@ -487,7 +498,9 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
             **{k: v for k, v in self.best_params_.items() if k != "alpha"}
         )
         conv = normalize_alpha_convention(self.lambda_convention)
-        est = KernelRidge(alpha=self.best_alpha_, kernel=kern, alpha_convention=conv)
+        est = KernelRidge(
+            alpha=self.best_alpha_, kernel=kern, alpha_convention=conv, progress=self.progress
+        )
         if self.solver_ in IN_MEMORY:
             return est.fit(X, y)
         # out of core: refit on the best setting's stored Gram (its tiles are reused, not
@@ -515,7 +528,9 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         plan, reason = plan_fit(n, X.shape[1], kern, resources, choices, n_targets=Y.shape[1])
         log_plan(plan, reason, origin="KernelRidgeCV refit", logger=log)
         gram = self._gram(si, X, kern, stats) if plan.needs_gram else None  # tiles reused
-        fit = execute(plan, X, Y, kern, gram=gram, factor_store=store, factor_name="cv_chol")
+        fit = execute(
+            plan, X, Y, kern, gram=gram, factor_store=store, factor_name="cv_chol", progress=True
+        )
         shift = fit.shift
         if fit.factor is not None:
             stats["factorizations"] += 1
@@ -539,6 +554,7 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         return est
 
     # -------------------------------------------------------------- predict
+    @with_progress
     def predict(self, X: Any) -> np.ndarray:
         """Predict with ``best_estimator_``."""
         check_is_fitted(self, "best_estimator_")

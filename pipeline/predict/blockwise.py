@@ -515,7 +515,8 @@ def predict(
         Replace an output store written for another model or input instead of
         refusing it.
     progress : bool
-        Progress bar when stderr is a terminal.
+        Show the progress (tiles done, rate, ETA) as the mode of
+        :mod:`pipeline.progress` says.
 
     Returns
     -------
@@ -538,7 +539,7 @@ def predict(
             block_size=block_size, train_block_size=train_block_size,
             preprocessing=preprocessing, nan_policy=nan_policy, cache_block=cache_block,
         )  # fmt: skip
-        (res,) = compute(y, progress=progress, desc="predict")
+        (res,) = compute(y, progress=progress, desc="predict", unit="tile")
         return res
 
     b = _check_args(block_size, nan_policy)
@@ -571,7 +572,7 @@ def predict(
         )
         execute(
             dsk, done_key, [X, m.X_train, m.dual_coef],
-            progress=progress, desc=f"predict -> {out}",
+            progress=progress, desc="predict",
         )  # fmt: skip
     return BatchPrediction(
         store=str(out),

@@ -465,7 +465,9 @@ def tile_cholesky(
         records = _run_dask(gram, L, todo, shift, lam, convention, policy, progress)
     else:
         nthreads = n_threads or os.cpu_count() or 1
-        records = _run_threads(gram, L, todo, shift, lam, convention, policy, nthreads, wide=wide)
+        records = _run_threads(
+            gram, L, todo, shift, lam, convention, policy, nthreads, wide=wide, progress=progress
+        )
     computed = tuple(tuple(r["tile"]) for r in records if r["computed"])
     # jitter record over all diagonal tiles (from markers: also those of earlier runs)
     jit: dict[str, float] = {}

@@ -59,7 +59,7 @@ def _run_dask(gram, L, todo, shift, lam, convention, jitter, progress) -> list[d
         )
     if not nodes:
         return []
-    (records,) = compute(list(nodes.values()), progress=progress, desc="tile Cholesky")
+    (records,) = compute(list(nodes.values()), progress=progress, desc="cholesky", unit="tile")
     return list(records)
 
 
@@ -87,8 +87,9 @@ IO_BUDGET_BYTES = 256 << 20
 
 
 def _run_threads(
-    gram, L, todo, shift, lam, convention, jitter, n_threads, blas_cores=None, wide=False
-) -> list[dict]:
+    gram, L, todo, shift, lam, convention, jitter, n_threads, blas_cores=None, wide=False,
+    progress=False,
+) -> list[dict]:  # fmt: skip
     """Run tile tasks on ``n_threads`` threads (one BLAS thread each), critical path first.
 
     ``wide``: every BLAS call uses all cores instead, one call at a time
@@ -148,6 +149,7 @@ def _run_threads(
                 return
             with cond:
                 records.append(rec)
+                shown.update()
                 state["running"] -= 1
                 for s in succ[t]:
                     waiting[s] -= 1
@@ -169,7 +171,10 @@ def _run_threads(
         max_pending=io_depth,
     )
     serial = gil_free_blas.serialized() if wide else contextlib.nullcontext()
-    with io, _blas(per_task), serial:
+    from pipeline.progress import stage_progress
+
+    shown_cm = stage_progress("cholesky", len(todo), "tile", enabled=progress)
+    with io, _blas(per_task), serial, shown_cm as shown:
         threads = [
             threading.Thread(target=worker, name=f"chol-{k}", daemon=True) for k in range(n_threads)
         ]

@@ -335,7 +335,7 @@ def factor_in_place(
     else:
         nthreads = n_threads or os.cpu_count() or 1
         records = chol._run_threads(
-            reader, L, todo, shift, lam, convention, policy, nthreads, wide=wide
+            reader, L, todo, shift, lam, convention, policy, nthreads, wide=wide, progress=progress
         )
     computed = tuple(tuple(r["tile"]) for r in records if r["computed"])
     jit: dict[str, float] = {}

@@ -22,6 +22,7 @@ import numpy as np
 
 from pipeline.io import as_row_blocks, fingerprint_row_blocks, validate_row_blocks
 from pipeline.parallel import compute
+from pipeline.progress import progress_group
 from pipeline.storage import TiledArray, fingerprint_obj, open_tiled_array, read_blocks
 from pipeline.storage.location import join_path
 from pipeline.tiles.engine import pending
@@ -192,7 +193,7 @@ def store_rows(X: da.Array, store: str, name: str, block_size: int, fingerprint:
         for i in pending(arr.markers, range(len(blocks)), key=lambda i: (i, 0))
     ]
     if todo:
-        compute(*todo, desc=f"ingest {name}")
+        compute(*todo, desc=f"ingest: {name}", unit="row block", match="write_block")
     return arr
 
 
@@ -216,6 +217,7 @@ def _moments(X: da.Array) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(mean, dtype=np.float64), np.asarray(std, dtype=np.float64)
 
 
+@progress_group("ingest")  # one display: its phases are the moments and each array's writes
 def run(
     stage_dir: Path,
     inputs: dict[str, dict[str, Any]],

@@ -69,6 +69,7 @@ def run(
         block_size=min(block_size, X.shape[0]),
         store=str(join_path(stage_dir, "cv.zarr")),
         refit=False,
+        progress=True,  # one step per kernel setting, as pipeline.progress's mode says
         **options,
     )
     search.fit(X, y)

@@ -151,6 +151,7 @@ def _solve_cholesky(stage_dir, inputs, y, plan, kernel=None) -> tuple[np.ndarray
         factor_store=str(join_path(stage_dir, "factor.zarr")),
         factor_name="chol",
         recompute_tile=recompute,
+        progress=True,  # shown as pipeline.progress's mode says (off with krr -q)
     )
     factor = res.factor
     refine = {k: v for k, v in res.info.items() if k not in ("factor_tiles_computed", "jitter")}
@@ -205,7 +206,9 @@ def _solve_cg(stage_dir, inputs, y, *, kernel, plan, solver):
         gram, X = _open_gram(inputs), None
     else:
         gram, X = None, open_rows(inputs["ingest"], "X_train")
-    fit = execute(plan, X, y, kernel, gram=gram, cg_dir=str(join_path(stage_dir, "cg")))
+    fit = execute(
+        plan, X, y, kernel, gram=gram, cg_dir=str(join_path(stage_dir, "cg")), progress=True
+    )
     res, shift = fit.cg, fit.shift
     history_crc = save_npy_atomic(join_path(stage_dir, "cg_history.npy"), np.asarray(res.history))
     if not res.converged and not solver.get("allow_unconverged", False):

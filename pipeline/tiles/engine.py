@@ -287,7 +287,7 @@ def execute(
         return res
     from pipeline.parallel import compute
 
-    (res,) = compute(d, progress=progress, desc=desc, optimize_graph=False)
+    (res,) = compute(d, progress=progress, desc=desc, unit="tile", optimize_graph=False)
     return res
 
 
