@@ -53,12 +53,14 @@ def output_columns(target_names: Sequence[str] | None, n_outputs: int) -> list[s
 
 def write_predictions(
     path: str | os.PathLike, y: Any, fmt: str, target_names: Sequence[str] | None = None
-) -> None:
+) -> int:
     """Write in-memory predictions ``y`` (shape (M,) or (M, k)) as ``.npy``, ``.csv`` or ``.parquet``.
 
     The file is written under a temporary name in the same directory and
     renamed into place, so an interrupted write never leaves a partial file
-    under the final name.
+    under the final name. Returns the CRC-32C of the file's bytes, computed from
+    the written file before the rename (see :func:`file_crc32c`), for the caller
+    to record and check on a later read.
     """
     import numpy as np
 
@@ -80,7 +82,20 @@ def write_predictions(
                 df.to_parquet(tmp, index=False)
         else:
             raise ValueError(f"write_predictions writes npy, csv or parquet, got format {fmt!r}")
+        crc = file_crc32c(tmp)
         os.replace(tmp, path)
+        return crc
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def file_crc32c(path: str | os.PathLike) -> int:
+    """CRC-32C of a whole file's bytes, read in 8 MiB pieces."""
+    import google_crc32c
+
+    h = google_crc32c.Checksum()
+    with open(os.fspath(path), "rb") as f:
+        for piece in iter(lambda: f.read(8 << 20), b""):
+            h.update(piece)
+    return int.from_bytes(h.digest(), "big")

@@ -66,8 +66,8 @@ def run(
         if fmt != "zarr":  # .npy / .csv / .parquet: computed in memory, written in one piece
             common.pop("overwrite")
             y = predict(src, X_train, alpha, kernel, progress=False, **common)
-            write_predictions(store, y, fmt, ing.get("target_names"))
-            out["batch"] = {"path": store, "format": fmt, "shape": list(y.shape)}
+            crc = write_predictions(store, y, fmt, ing.get("target_names"))
+            out["batch"] = {"path": store, "format": fmt, "shape": list(y.shape), "crc32c": crc}
             return out
         res = predict(src, X_train, alpha, kernel, out=store, out_name="predictions", **common)
         out["batch"] = {

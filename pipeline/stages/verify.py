@@ -39,10 +39,26 @@ def verify_model(stage_dir: Path, outputs: dict[str, Any]) -> None:
 
 
 def verify_predictions(stage_dir: Path, outputs: dict[str, Any]) -> None:
-    """Every stored prediction block (Zarr outputs) matches its checksum."""
+    """Every stored prediction block (Zarr outputs) and every whole-file output
+    (.npy / .csv / .parquet, recorded with the CRC-32C of its bytes) matches its checksum."""
     for entry in outputs.values():
-        if not isinstance(entry, dict) or not entry.get("store") or not entry.get("name"):
-            continue  # .npy / .csv / .parquet outputs are written whole, without records
+        if not isinstance(entry, dict):
+            continue
+        if entry.get("path") and entry.get("crc32c") is not None:
+            from pipeline.predict.output import file_crc32c
+
+            try:
+                found = file_crc32c(entry["path"])
+            except OSError as e:
+                raise DamagedOutput(f"prediction file {entry['path']!r}: {e}") from e
+            if found != int(entry["crc32c"]):
+                raise DamagedOutput(
+                    f"prediction file {entry['path']!r} does not match its recorded CRC-32C "
+                    f"(found {found}, recorded {entry['crc32c']}): it changed after it was written"
+                )
+            continue
+        if not entry.get("store") or not entry.get("name"):
+            continue  # whole-file outputs of runs from before checksums were recorded
         read_all(entry["store"], entry["name"], row_keys=True)
 
 
