@@ -18,6 +18,7 @@ and the ``krr`` command in a subprocess): it holds no algorithm code.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from pathlib import Path
@@ -429,6 +430,37 @@ def execute(nb: nbformat.NotebookNode, cwd: Path, timeout: int | None = None) ->
     client.execute()  # raises CellExecutionError on the first failing cell
 
 
+_ERASE_LINE = "\x1b[2K\r"  # what a text progress bar prints when it finishes
+_OVERWRITTEN = re.compile(r"[^\n]*\r(?!\n)")  # text a carriage return draws over
+
+
+def tidy_outputs(nb: nbformat.NotebookNode) -> None:
+    """Store the text progress bars as a terminal shows them, not one output per redraw.
+
+    Consecutive stream outputs of a cell are merged, text overwritten after a
+    carriage return is dropped, and a finished bar is kept as one line.
+    """
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        merged: list = []
+        for out in cell.outputs:
+            prev = merged[-1] if merged else None
+            if (
+                out.output_type == "stream"
+                and prev is not None
+                and prev.output_type == "stream"
+                and prev.name == out.name
+            ):
+                prev.text += out.text
+            else:
+                merged.append(out)
+        for out in merged:
+            if out.output_type == "stream":
+                out.text = _OVERWRITTEN.sub("", out.text.replace(_ERASE_LINE, "\n"))
+        cell.outputs = merged
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--execute", action="store_true", help="run it and write it with outputs")
@@ -439,6 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.execute:
         t0 = time.perf_counter()
         execute(nb, cwd=args.out.parent)
+        tidy_outputs(nb)
         print(f"executed in {time.perf_counter() - t0:.0f} s")
     nbformat.write(nb, args.out)
     print(f"wrote {args.out}")
