@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -466,13 +467,32 @@ def tidy_outputs(nb: nbformat.NotebookNode) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--execute", action="store_true", help="run it and write it with outputs")
+    ap.add_argument("--keep", action="store_true", help="keep the run's work directory")
     ap.add_argument("-o", "--out", type=Path, default=Path(__file__).with_name("experiment.ipynb"))
     args = ap.parse_args(argv)
     nb = build()
     nbformat.validate(nb)
     if args.execute:
+        import os
+        import tempfile
+
         t0 = time.perf_counter()
-        execute(nb, cwd=args.out.parent)
+        # the kernel's work directory (about 5.5 GiB at N = 30,000) lives under a
+        # temporary TMPDIR that is removed afterwards, unless --keep
+        tmp = tempfile.mkdtemp(prefix="krr-notebook-run-")
+        old = os.environ.get("TMPDIR")
+        os.environ["TMPDIR"] = tmp
+        try:
+            execute(nb, cwd=args.out.parent)
+        finally:
+            if old is None:
+                os.environ.pop("TMPDIR", None)
+            else:
+                os.environ["TMPDIR"] = old
+            if args.keep:
+                print(f"kept the notebook's work directory under {tmp}")
+            else:
+                shutil.rmtree(tmp, ignore_errors=True)
         tidy_outputs(nb)
         print(f"executed in {time.perf_counter() - t0:.0f} s")
     nbformat.write(nb, args.out)
