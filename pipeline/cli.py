@@ -301,7 +301,10 @@ def cmd_run(args) -> int:
         try:
             client = stack.enter_context(
                 _client(
-                    cfg.cluster.address, cfg.cluster, want_dashboard=tty and cfg.cluster.dashboard
+                    cfg.cluster.address,
+                    cfg.cluster,
+                    want_dashboard=tty and cfg.cluster.dashboard,
+                    source="--scheduler" if args.scheduler else "cluster.address",
                 )
             )
         except OSError as e:  # the LocalCluster did not start (not the run directory's fault)

@@ -112,8 +112,13 @@ def _check_store(run_dir: Path | str, cfg) -> None:
 
 
 @contextlib.contextmanager
-def _client(address: str | None, cluster, want_dashboard: bool) -> Iterator[Any]:
-    """The Dask client: an external scheduler (with a connect timeout) or a LocalCluster."""
+def _client(
+    address: str | None, cluster, want_dashboard: bool, source: str = "--scheduler"
+) -> Iterator[Any]:
+    """The Dask client: an external scheduler (with a connect timeout) or a LocalCluster.
+
+    ``source`` names where the address came from (``--scheduler`` or
+    ``cluster.address``), for the advice when it does not answer."""
     import dask
     import distributed  # noqa: F401  (load its config defaults before overriding one)
 
@@ -151,7 +156,7 @@ def _client(address: str | None, cluster, want_dashboard: bool) -> Iterator[Any]
         if address:
             raise CliError(
                 f"scheduler {address!r} does not answer within {cluster.connect_timeout:g} s "
-                f"({type(e).__name__}: {e}). Check the address, or leave out --scheduler to use "
+                f"({type(e).__name__}: {e}). Check the address, or leave out {source} to use "
                 "the embedded local cluster.",
                 EXIT_NO_SCHEDULER,
             ) from None

@@ -137,6 +137,17 @@ def test_malformed_address_in_config_and_predict(small, tmp_path, capsys):
     assert "--scheduler 'foo:bar'" in capsys.readouterr().err
 
 
+def test_unanswered_address_advice_names_its_source(small, tmp_path, capsys):
+    # the advice said "leave out --scheduler" for an address set in the config
+    argv = ["run", small, "cluster.address=tcp://127.0.0.1:1", "cluster.connect_timeout=0.5"]
+    assert run_cli(*argv, "--run-dir", tmp_path / "r") == cli.EXIT_NO_SCHEDULER
+    err = capsys.readouterr().err
+    assert "leave out cluster.address to use" in err and "--scheduler" not in err
+    argv = ["run", small, "--scheduler", "tcp://127.0.0.1:1", "cluster.connect_timeout=0.5"]
+    assert run_cli(*argv, "--run-dir", tmp_path / "r") == cli.EXIT_NO_SCHEDULER
+    assert "leave out --scheduler to use" in capsys.readouterr().err
+
+
 def test_well_formed_addresses_are_accepted():
     from pipeline.cli_args import check_scheduler_address
 
