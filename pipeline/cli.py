@@ -13,6 +13,10 @@ Commands
 ``krr unlock RUN_DIR``
     Remove a run directory's lock left by a dead run (refused while a live run holds it).
 
+``key=value`` overrides may stand anywhere on the line; ``-q`` / ``-v`` / ``-vv`` set
+how much goes to stderr; ``krr run`` appends timestamped lines to ``RUN_DIR/run.log``;
+``--json`` prints an error object on stdout on any failure (``docs/CLI.md``).
+
 Exit codes (see :data:`EXIT_CODES`): 0 done; 1 internal error; 2 bad config or
 usage (including a run directory that belongs to other data); 3 bad input (a
 missing or invalid data file, model or prediction input); 4 a stage failed;
