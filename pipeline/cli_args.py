@@ -146,11 +146,25 @@ def json_error(code: int, message: str, exception: str | None = None) -> None:
     sys.stdout.flush()
 
 
+class _Lines(logging.Handler):
+    """Keeps the formatted lines in memory (for an object store, written at the end)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
+
+
 class run_log:
     """Context manager: timestamped log lines of a run, appended to ``RUN_DIR/run.log``.
 
-    A local run directory only: for an object-store run directory (``s3://``, where a
-    file cannot be appended to) nothing is written, and a line on stderr says so.
+    A local run directory gets each line as it is logged. An object-store run directory
+    (``s3://``, where an object cannot be appended to) gets them when the run ends: the
+    old ``run.log`` and the new lines are written back as one object through
+    :class:`pipeline.storage.location.Location` (a run killed with SIGKILL leaves no lines
+    there; its stderr has them).
     """
 
     def __init__(self, run_dir: Path | str, level: int, header: str) -> None:
@@ -158,14 +172,11 @@ class run_log:
         self.handler: logging.Handler | None = None
 
     def __enter__(self) -> run_log:
-        if not isinstance(self.run_dir, Path):
-            logging.getLogger("krr").info(
-                "no run.log for an object-store run directory (%s): logs go to stderr only",
-                self.run_dir,
-            )
-            return self
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        h = logging.FileHandler(self.run_dir / "run.log", encoding="utf-8")
+        if isinstance(self.run_dir, Path):
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            h: logging.Handler = logging.FileHandler(self.run_dir / "run.log", encoding="utf-8")
+        else:
+            h = _Lines()
         h.setFormatter(
             logging.Formatter(
                 "%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%Y-%m-%dT%H:%M:%S"
@@ -185,10 +196,25 @@ class run_log:
         self.handler.handle(rec)
 
     def __exit__(self, *exc: Any) -> None:
-        if self.handler is not None:
-            logging.getLogger().removeHandler(self.handler)
-            self.handler.close()
-            self.handler = None
+        h, self.handler = self.handler, None
+        if h is None:
+            return
+        logging.getLogger().removeHandler(h)
+        h.close()
+        if isinstance(h, _Lines) and h.lines:
+            self._upload("".join(line + "\n" for line in h.lines).encode())
+
+    def _upload(self, new: bytes) -> None:
+        from pipeline.storage.location import Location
+
+        try:
+            loc = Location(str(self.run_dir))
+            old = loc.read_bytes("run.log") if loc.exists("run.log") else b""
+            loc.write_atomic("run.log", old + new)
+        except Exception as e:  # the run's outcome stands; only its log is missing
+            logging.getLogger("krr").warning(
+                "run.log not written to %s: %s: %s", self.run_dir, type(e).__name__, e
+            )
 
 
 def run_log_header(args: argparse.Namespace) -> str:

@@ -19,6 +19,19 @@ def _isatty() -> bool:
 _VERBOSITY = 0
 
 
+class _Stderr(logging.StreamHandler):
+    """A handler on whatever ``sys.stderr`` is when a line is logged (not the stream of
+    the time it was made, which a test harness or a notebook may have closed since)."""
+
+    @property  # type: ignore[override]
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
 def _verbosity() -> int:
     """The ``-v`` count of the command line (0 without ``-v``)."""
     return _VERBOSITY
@@ -38,7 +51,7 @@ def _setup_logging(verbose: int | bool = 0, quiet: bool = False) -> None:
         if getattr(h, "_krr", False):
             root.removeHandler(h)
     level = logging.DEBUG if verbose >= 2 else logging.INFO
-    h = logging.StreamHandler(sys.stderr)
+    h = _Stderr()
     h.setFormatter(logging.Formatter(fmt, datefmt="%Y-%m-%dT%H:%M:%S"))
     h.setLevel(logging.WARNING if quiet else level)
     h._krr = True  # type: ignore[attr-defined]

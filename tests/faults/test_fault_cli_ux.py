@@ -369,3 +369,32 @@ def test_dask_ml_is_not_a_runtime_dependency():
         if ">=" in d and name in lowest:
             low = d.split(">=")[1].split(",")[0]
             assert lowest[name] == low, (name, lowest[name], low)
+
+
+@pytest.mark.slow
+def test_run_log_on_an_object_store(tmp_path, capsys):
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto")
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _s3server import make_bucket, moto_server, s3_env
+
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "X.npy", rng.normal(size=(120, 3)))
+    np.save(tmp_path / "y.npy", rng.normal(size=120))
+    conf = tmp_path / "c.yaml"
+    conf.write_text(
+        "data: {source: npy, path: X.npy, y_path: y.npy}\nblock_size: 64\n"
+        "evaluate: {baseline: none}\n"
+        "cluster: {n_workers: 1, processes: false, memory_limit: 1GiB, dashboard: false}\n"
+    )
+    with moto_server() as env, s3_env(env):
+        import s3fs
+
+        make_bucket("krr-log")
+        url = "s3://krr-log/run"
+        for _ in range(2):  # the second run appends to the first one's lines
+            assert run_cli("run", conf, "--run-dir", url, "--until", "ingest") == 0
+        text = s3fs.S3FileSystem(skip_instance_cache=True).cat_file("krr-log/run/run.log").decode()
+    assert text.count("krr run") == 2 and "[ingest] running" in text
+    assert "[ingest] complete, skipped" in text
+    assert text.count("stopped after stage ingest (--until)") == 2
