@@ -418,7 +418,7 @@ def cmd_run(args) -> int:
     unconverged = _unconverged_note(outputs.get("solve"))
     if unconverged:
         result["unconverged_solve"] = unconverged
-    remaining = stages_after(args.until)
+    remaining = stages_after(args.until, cfg.stage_params(), outputs)
     if args.until:
         result["stopped_after"] = args.until
         result["remaining"] = remaining

@@ -228,11 +228,30 @@ def run_log_header(args: argparse.Namespace) -> str:
     return " ".join(["krr run", str(args.config), *args.overrides, *flags])
 
 
-def stages_after(until: str | None) -> list[str]:
-    """The stages after ``until``, in order (those a ``--until`` run did not reach)."""
+def stages_after(
+    until: str | None, params: dict[str, Any] | None = None, outputs: dict[str, Any] | None = None
+) -> list[str]:
+    """The stages after ``until``, in order (those a ``--until`` run did not reach),
+    less those this config does not need (as far as ``params`` and the ``outputs`` of
+    the stages that ran tell; a stage that cannot be told yet is listed)."""
     if not until:
         return []
-    from pipeline.stages import STAGE_NAMES
+    from pipeline.stages import STAGE_NAMES, default_stages
 
     names = list(STAGE_NAMES)
-    return names[names.index(until) + 1 :] if until in names else []
+    if until not in names:
+        return []
+    later = names[names.index(until) + 1 :]
+    if params is None or outputs is None:
+        return later
+    out = []
+    for stage in default_stages():
+        if stage.name not in later:
+            continue
+        try:
+            needed = stage.enabled is None or bool(stage.enabled(params, outputs))
+        except Exception:  # depends on outputs of stages that did not run yet
+            needed = True
+        if needed:
+            out.append(stage.name)
+    return out
