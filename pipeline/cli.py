@@ -14,6 +14,10 @@ Commands
 ``krr unlock RUN_DIR``
     Remove a run directory's lock left by a dead run (refused while a live run holds it).
 
+``key=value`` overrides may stand anywhere on the line; ``-q`` / ``-v`` / ``-vv`` set
+how much goes to stderr; ``krr run`` appends timestamped lines to ``RUN_DIR/run.log``;
+``--json`` prints an error object on stdout on any failure (``docs/CLI.md``).
+
 Exit codes (see :data:`EXIT_CODES`): 0 done; 1 internal error; 2 bad config or
 usage (including a run directory that belongs to other data); 3 bad input (a
 missing or invalid data file, model or prediction input); 4 a stage failed;
@@ -35,6 +39,16 @@ from pathlib import Path
 from typing import Any
 
 from pipeline._version import __version__
+from pipeline.cli_args import (
+    KrrArgumentParser,
+    UsageError,
+    check_scheduler_address,
+    json_error,
+    parse_command_line,
+    run_log,
+    run_log_header,
+    stages_after,
+)
 from pipeline.cli_errors import (
     EXIT_BAD_CONFIG,
     EXIT_BAD_INPUT,
@@ -45,6 +59,7 @@ from pipeline.cli_errors import (
     EXIT_OK,
     EXIT_RUN_DIR,
     CliError,
+    _check_extras,
     _check_paths,
     _check_store,
     _classify_stage_error,
@@ -58,7 +73,15 @@ from pipeline.cli_errors import (
 from pipeline.cli_errors import (
     EXIT_STAGE_FAILED as EXIT_STAGE_FAILED,
 )
-from pipeline.cli_output import _fmt, _isatty, _print_metrics, _setup_logging, _unconverged_note
+from pipeline.cli_output import (
+    _fmt,
+    _isatty,
+    _print_metrics,
+    _setup_logging,
+    _unconverged_note,
+    _verbosity,
+)
+from pipeline.cli_predict import cmd_predict
 
 log = logging.getLogger("krr")
 
@@ -71,14 +94,21 @@ _EPILOG = "exit codes:\n" + "\n".join(f"  {c:>3}  {d}" for c, d in EXIT_CODES.it
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = KrrArgumentParser(
         prog="krr",
         description="Exact kernel ridge regression, out of core: checkpointed Dask pipeline.",
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--version", action="version", version=f"krr-pipeline {__version__}")
-    p.add_argument("-v", "--verbose", action="store_true", help="debug logs and tracebacks")
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="-v: more details (distributed's log lines, tracebacks); -vv: debug logs",
+    )
+    p.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only on stderr")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     r = sub.add_parser(
@@ -89,7 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument("config", metavar="CONFIG", help="YAML config (see conf/)")
     r.add_argument(
-        "overrides", nargs="*", metavar="key=value", help="config overrides, e.g. lambda=1e-4"
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="config overrides, e.g. lambda=1e-4 (anywhere on the line)",
     )
     r.add_argument(
         "--scheduler", metavar="ADDRESS", help="tcp://host:port of an existing Dask scheduler"
@@ -99,13 +132,29 @@ def build_parser() -> argparse.ArgumentParser:
         "--force-new", action="store_true", help="discard a run dir that holds a run on other data"
     )
     r.add_argument("--until", metavar="STAGE", help="stop after this stage")
-    r.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
-    r.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS)
+    r.add_argument(
+        "--json",
+        action="store_true",
+        help="print the result as JSON on stdout (on failure: an error object)",
+    )
+    r.add_argument(
+        "-v", "--verbose", action="count", default=argparse.SUPPRESS, help="-v details, -vv debug"
+    )
+    r.add_argument(
+        "-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help="warnings only"
+    )
 
     s = sub.add_parser("status", help="show each stage of a run dir: done, partial or pending")
     s.add_argument("run_dir", metavar="RUN_DIR")
-    s.add_argument("--json", action="store_true", help="machine-readable output")
-    s.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS)
+    s.add_argument(
+        "--json", action="store_true", help="machine-readable output (on failure: an error object)"
+    )
+    s.add_argument(
+        "-v", "--verbose", action="count", default=argparse.SUPPRESS, help="-v details, -vv debug"
+    )
+    s.add_argument(
+        "-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help="warnings only"
+    )
 
     pr = sub.add_parser("predict", help="batch prediction with a saved model")
     pr.add_argument(
@@ -133,7 +182,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="where X_train is, for a model saved with a reference outside its directory "
         "(its checksum is verified)",
     )
-    pr.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS)
+    pr.add_argument(
+        "-v", "--verbose", action="count", default=argparse.SUPPRESS, help="-v details, -vv debug"
+    )
+    pr.add_argument(
+        "-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help="warnings only"
+    )
 
     u = sub.add_parser(
         "unlock",
@@ -142,19 +196,42 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     u.add_argument("run_dir", metavar="RUN_DIR")
-    u.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS)
+    u.add_argument(
+        "-v", "--verbose", action="count", default=argparse.SUPPRESS, help="-v details, -vv debug"
+    )
+    u.add_argument(
+        "-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help="warnings only"
+    )
 
     rp = sub.add_parser("report", help="write a self-contained HTML report of a run dir")
     rp.add_argument("run_dir", metavar="RUN_DIR")
     rp.add_argument(
         "-o", "--output", metavar="FILE", help="HTML file (default RUN_DIR/report.html)"
     )
-    rp.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS)
+    rp.add_argument(
+        "-v", "--verbose", action="count", default=argparse.SUPPRESS, help="-v details, -vv debug"
+    )
+    rp.add_argument(
+        "-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help="warnings only"
+    )
 
     v = sub.add_parser("validate", help="check a config and exit")
     v.add_argument("config", metavar="CONFIG")
-    v.add_argument("overrides", nargs="*", metavar="key=value")
-    v.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS)
+    v.add_argument("overrides", nargs="*", metavar="key=value", help="anywhere on the line")
+    v.add_argument(
+        "-v", "--verbose", action="count", default=argparse.SUPPRESS, help="-v details, -vv debug"
+    )
+    v.add_argument(
+        "-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help="warnings only"
+    )
+    p._krr_subparsers = {
+        "run": r,
+        "status": s,
+        "predict": pr,
+        "unlock": u,
+        "report": rp,
+        "validate": v,
+    }
     return p
 
 
@@ -184,6 +261,7 @@ def _redacted(config: dict[str, Any]) -> dict[str, Any]:
 def cmd_validate(args) -> int:
     cfg = _load(args.config, args.overrides)
     _check_paths(cfg)
+    _check_extras(cfg)
     print(f"config {args.config!r} is valid")
     print(
         f"  data: {cfg.data.source} {cfg.data.package or ''} {cfg.data.name or cfg.data.path or ''}"
@@ -216,6 +294,7 @@ def cmd_run(args) -> int:
 
     cfg = _load(args.config, args.overrides)
     if args.scheduler:
+        check_scheduler_address(args.scheduler, "--scheduler")
         cfg = cfg.model_copy(
             update={"cluster": cfg.cluster.model_copy(update={"address": args.scheduler})}
         )
@@ -231,13 +310,44 @@ def cmd_run(args) -> int:
             check_run_dir(args.run_dir, "--run-dir")
         except ValueError as e:
             raise CliError(str(e), EXIT_BAD_CONFIG) from None
+    if cfg.cluster.address and not args.scheduler:
+        check_scheduler_address(cfg.cluster.address, "cluster.address")
     _check_paths(cfg)
+    _check_extras(cfg)
     _check_store(run_dir, cfg)
     tty = _isatty()
+    stack = contextlib.ExitStack()
+    clients: list[Any] = []
+
+    def ensure_client() -> None:
+        """Open the Dask client once, when the first stage has work to do: a run whose
+        stages are all complete starts no LocalCluster."""
+        if clients:
+            return
+        try:
+            client = stack.enter_context(
+                _client(
+                    cfg.cluster.address,
+                    cfg.cluster,
+                    want_dashboard=tty and cfg.cluster.dashboard,
+                    source="--scheduler" if args.scheduler else "cluster.address",
+                )
+            )
+        except OSError as e:  # the LocalCluster did not start (not the run directory's fault)
+            raise CliError(
+                f"the local Dask cluster did not start: {type(e).__name__}: {e}", EXIT_INTERNAL
+            ) from e
+        clients.append(client)
+        link = getattr(client, "dashboard_link", None)
+        if tty and link and (cfg.cluster.dashboard or cfg.cluster.address):
+            print(f"Dask dashboard: {link}", file=sys.stderr)
 
     def on_event(stage: str, event: str, info: dict[str, Any]) -> None:
         if event == "start":
+            ensure_client()
             log.info("[%s] %s", stage, "resuming" if info.get("resumed") else "running")
+            if _verbosity() >= 1:
+                log.info("[%s] fingerprint %s", stage, info.get("fingerprint"))
         elif event == "done":
             log.info("[%s] done in %.1f s", stage, info["seconds"])
         elif event == "skip":
@@ -260,7 +370,10 @@ def cmd_run(args) -> int:
         raise CliError(str(e), EXIT_LOCKED) from None
     except RunDirUnusable as e:
         raise CliError(str(e), EXIT_RUN_DIR) from None
+    level = logging.DEBUG if _verbosity() >= 2 else logging.INFO
+    runlog = run_log(run_dir, level, run_log_header(args))
     try:
+        runlog.__enter__()
         if lock.took_over:
             log.warning(
                 "took over a stale lock of pid %s (that run was killed); resuming",
@@ -271,12 +384,9 @@ def cmd_run(args) -> int:
             Manifest.load(run_dir)
         except ManifestError as e:
             raise CliError(str(e), EXIT_RUN_DIR) from None
-        with _client(
-            cfg.cluster.address, cfg.cluster, want_dashboard=tty and cfg.cluster.dashboard
-        ) as client:
-            link = getattr(client, "dashboard_link", None)
-            if tty and link and (cfg.cluster.dashboard or cfg.cluster.address):
-                print(f"Dask dashboard: {link}", file=sys.stderr)
+        with stack:
+            if cfg.cluster.address:  # an external scheduler: checked before any work
+                ensure_client()
             try:
                 report = run_stages(
                     run_dir,
@@ -302,7 +412,20 @@ def cmd_run(args) -> int:
                     f"run directory {str(run_dir)!r} is unusable: {type(e).__name__}: {e}",
                     EXIT_RUN_DIR,
                 ) from None
+        done = f"stopped after stage {args.until} (--until)" if args.until else "run complete"
+        runlog.write(
+            logging.INFO,
+            f"{done}: ran {', '.join(report.ran) or '-'}; already complete: "
+            f"{', '.join(report.skipped_done) or '-'}",
+        )
+    except CliError as e:
+        runlog.write(logging.ERROR, f"failed (exit {e.code}): {e}")
+        raise
+    except BaseException as e:
+        runlog.write(logging.ERROR, f"failed: {type(e).__name__}: {e}")
+        raise
     finally:
+        runlog.__exit__()
         lock.release()
     wall = time.perf_counter() - t0
     outputs = report.outputs
@@ -318,13 +441,24 @@ def cmd_run(args) -> int:
         "configuration": report.configuration,
         "evaluate": outputs.get("evaluate"),
     }
+    result = {"ok": True, "exit_code": EXIT_OK, **result}
     unconverged = _unconverged_note(outputs.get("solve"))
     if unconverged:
         result["unconverged_solve"] = unconverged
+    remaining = stages_after(args.until, cfg.stage_params(), outputs)
+    if args.until:
+        result["stopped_after"] = args.until
+        result["remaining"] = remaining
     if args.json:
         print(json.dumps(result, indent=2, default=str))
         return EXIT_OK
-    print(f"run complete in {wall:.1f} s: {run_dir}")
+    if args.until:
+        print(
+            f"stopped after stage {args.until} (--until {args.until}) in {wall:.1f} s: {run_dir}"
+            f"; remaining: {', '.join(remaining) or '-'} (rerun without --until to finish)"
+        )
+    else:
+        print(f"run complete in {wall:.1f} s: {run_dir}")
     print(
         f"  ran: {', '.join(report.ran) or '-'}; already complete: {', '.join(report.skipped_done) or '-'}"
     )
@@ -389,75 +523,6 @@ def cmd_status(args) -> int:
     return EXIT_OK
 
 
-def cmd_predict(args) -> int:
-    import numpy as np
-
-    from pipeline.artifact import ArtifactError, load_artifact
-    from pipeline.predict.output import output_format, write_predictions
-
-    try:  # the output format follows the extension: checked before any work
-        fmt = output_format(args.output)
-    except ValueError as e:
-        raise CliError(str(e), EXIT_BAD_CONFIG) from None
-    if (Path(args.model) / "manifest.json").is_file():  # a run directory: its latest model
-        from pipeline.stages.status import latest_model
-
-        try:
-            args.model = latest_model(args.model)
-        except ValueError as e:
-            raise CliError(str(e), EXIT_BAD_INPUT) from None
-    if not Path(args.model).exists() and "://" not in args.model:
-        raise CliError(f"model {args.model!r} does not exist", EXIT_BAD_INPUT)
-    try:
-        model = load_artifact(args.model, x_train=args.x_train)
-    except (ArtifactError, FileNotFoundError) as e:
-        raise CliError(f"model {args.model!r}: {e}", EXIT_BAD_INPUT) from None
-    inp = args.input
-    if "://" not in inp and not any(c in inp for c in "*?[") and not Path(inp).exists():
-        raise CliError(f"input {inp!r} does not exist", EXIT_BAD_INPUT)
-    out = args.output
-    ctx = contextlib.nullcontext()
-    if args.scheduler:
-        from pipeline.config import ClusterConfig
-
-        ctx = _client(args.scheduler, ClusterConfig(address=args.scheduler), want_dashboard=False)
-    t0 = time.perf_counter()
-    with ctx:
-        try:
-            from pipeline.io import as_row_blocks
-            from pipeline.predict import select_features
-
-            cols = args.columns.split(",") if args.columns else None
-            X = select_features(
-                inp,
-                args.block_size,
-                feature_names=model.feature_names,
-                n_features=model.n_features,
-                columns=cols,
-            )
-            if X is inp:
-                X = as_row_blocks(inp, args.block_size)
-            if fmt != "zarr":
-                y = np.asarray(model.predict(X, block_size=args.block_size))
-                write_predictions(out, y, fmt, model.target_names)
-                n = len(y)
-            else:
-                res = model.predict(
-                    X, out=out, block_size=args.block_size, overwrite=args.overwrite
-                )
-                n = res.shape[0]
-                log.info(
-                    "%d of %d row blocks computed (%d already complete)",
-                    res.n_computed,
-                    res.n_blocks,
-                    res.n_skipped,
-                )
-        except (ValueError, FileNotFoundError) as e:
-            raise CliError(f"cannot predict {inp!r}: {e}", EXIT_BAD_INPUT) from None
-    print(f"predicted {n} rows in {time.perf_counter() - t0:.1f} s -> {out}")
-    return EXIT_OK
-
-
 def cmd_unlock(args) -> int:
     """Remove a lock left by a dead run; refuse while a live run holds it."""
     from pipeline.stages.lock import LockHeldError, unlock
@@ -514,20 +579,40 @@ _COMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``krr`` command: the exit code (see :data:`EXIT_CODES`); with ``--json`` every
+    failure also prints an error object on stdout."""
+    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
     parser = build_parser()
-    args = parser.parse_args(argv)
+    want_json = "--json" in argv
+    try:
+        args = parse_command_line(parser, parser._krr_subparsers, argv)
+    except UsageError as e:
+        e.parser.print_usage(sys.stderr)
+        print(f"{e.parser.prog}: error: {e}", file=sys.stderr)
+        if want_json:
+            json_error(EXIT_BAD_CONFIG, str(e))
+        return EXIT_BAD_CONFIG
     if not args.command:
         parser.print_help()
         return EXIT_BAD_CONFIG
-    verbose = getattr(args, "verbose", False)
-    _setup_logging(verbose)
+    verbose = getattr(args, "verbose", 0)
+    _setup_logging(verbose, quiet=getattr(args, "quiet", False))
+    if getattr(args, "quiet", False):  # -q: no bars or progress lines either
+        from pipeline.progress import set_progress_mode
+
+        set_progress_mode("off")
+    want_json = getattr(args, "json", False)
     try:
         return _COMMANDS[args.command](args)
     except CliError as e:
         print(f"krr {args.command}: error: {e}", file=sys.stderr)
+        if want_json:
+            json_error(e.code, str(e))
         return e.code
     except KeyboardInterrupt:
         print(f"krr {args.command}: interrupted; rerun to resume", file=sys.stderr)
+        if want_json:
+            json_error(EXIT_INTERRUPTED, "interrupted; rerun to resume")
         return EXIT_INTERRUPTED
     except Exception as e:  # a bug: say so, with the traceback when asked
         if verbose:
@@ -536,6 +621,8 @@ def main(argv: list[str] | None = None) -> int:
             f"krr {args.command}: internal error: {type(e).__name__}: {e} (rerun with -v for the traceback)",
             file=sys.stderr,
         )
+        if want_json:
+            json_error(EXIT_INTERNAL, f"{type(e).__name__}: {e}", exception=type(e).__name__)
         return EXIT_INTERNAL
 
 

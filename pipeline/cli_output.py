@@ -16,23 +16,51 @@ def _isatty() -> bool:
     return sys.stderr.isatty()
 
 
-def _setup_logging(verbose: bool) -> None:
+_VERBOSITY = 0
+
+
+class _Stderr(logging.StreamHandler):
+    """A handler on whatever ``sys.stderr`` is when a line is logged (not the stream of
+    the time it was made, which a test harness or a notebook may have closed since)."""
+
+    @property  # type: ignore[override]
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
+def _verbosity() -> int:
+    """The ``-v`` count of the command line (0 without ``-v``)."""
+    return _VERBOSITY
+
+
+def _setup_logging(verbose: int | bool = 0, quiet: bool = False) -> None:
+    """Logs on stderr: ``-q`` warnings and errors only; default the stage lines (INFO);
+    ``-v`` also distributed's INFO lines (and tracebacks on errors); ``-vv`` DEBUG.
+
+    The loggers stay at INFO under ``-q``, so that ``run.log`` gets the stage lines.
+    """
+    global _VERBOSITY
+    verbose = _VERBOSITY = int(verbose)
     fmt = "%(message)s" if _isatty() else "%(asctime)s %(levelname)s %(name)s: %(message)s"
     root = logging.getLogger()
     for h in list(root.handlers):
         if getattr(h, "_krr", False):
             root.removeHandler(h)
-    h = logging.StreamHandler(sys.stderr)
+    level = logging.DEBUG if verbose >= 2 else logging.INFO
+    h = _Stderr()
     h.setFormatter(logging.Formatter(fmt, datefmt="%Y-%m-%dT%H:%M:%S"))
+    h.setLevel(logging.WARNING if quiet else level)
     h._krr = True  # type: ignore[attr-defined]
     root.addHandler(h)
     root.setLevel(logging.WARNING)
-    level = logging.DEBUG if verbose else logging.INFO
     for name in ("krr", "pipeline"):
         logging.getLogger(name).setLevel(level)
-    if not verbose:
-        # distributed is chatty at INFO; keep its warnings
-        logging.getLogger("distributed").setLevel(logging.WARNING)
+    # distributed is chatty at INFO: its warnings only, unless -v
+    logging.getLogger("distributed").setLevel(logging.INFO if verbose >= 1 else logging.WARNING)
 
 
 def _fmt(v: Any) -> str:

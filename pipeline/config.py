@@ -20,7 +20,7 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from pipeline.config_checks import check_run_dir, check_run_name
+from pipeline.config_checks import check_run_dir, check_run_name, resolve_config_paths
 from pipeline.config_overrides import (
     ConfigError,
     _format_errors,
@@ -519,6 +519,7 @@ def load_config(
             raise ConfigError(
                 f"config file {source!r} must hold a mapping of keys, got {type(raw).__name__}"
             )
+        raw = resolve_config_paths(raw, p.parent)
     raw = apply_overrides(raw, overrides)
     raw.setdefault("name", Path(source).stem if source != "(dict)" else "run")
     try:

@@ -4,7 +4,37 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["check_run_dir", "check_run_name"]
+__all__ = ["PATH_KEYS", "check_run_dir", "check_run_name", "resolve_config_paths"]
+
+#: the data paths of a config; relative ones in a config file are taken relative to the
+#: file's directory (``run_dir`` stays relative to the current directory)
+PATH_KEYS = (
+    ("data", "path"),
+    ("data", "y_path"),
+    ("split", "test_path"),
+    ("split", "test_y_path"),
+    ("predict", "input"),
+    ("predict", "output"),
+)
+
+
+def resolve_config_paths(raw: dict, config_dir: Path) -> dict:
+    """A copy of the raw config with each relative path of :data:`PATH_KEYS` joined to
+    ``config_dir`` (the config file's directory), so a config means the same files from
+    any working directory. Absolute paths, ``~`` paths and URLs (``s3://``, ``file://``)
+    are left as they are; ``key=value`` overrides (applied later) stay relative to the
+    current directory, where they were typed."""
+    out = dict(raw)
+    for section, key in PATH_KEYS:
+        sec = out.get(section)
+        if not isinstance(sec, dict):
+            continue
+        v = sec.get(key)
+        if not isinstance(v, str) or not v or "://" in v or v.startswith("~"):
+            continue
+        if not Path(v).is_absolute():
+            out[section] = {**sec, key: str(config_dir.absolute() / v)}
+    return out
 
 
 def check_run_dir(path: str | Path, key: str = "run_dir") -> None:

@@ -104,7 +104,9 @@ def _from_npy(path: str, block_size: int) -> da.Array:
 
 
 def _from_dataframe(df: Any, columns: Sequence[str] | None, what: str) -> da.Array:
-    import dask.dataframe as dd
+    from pipeline._optional import require
+
+    dd = require("dask.dataframe", "reading a Parquet/CSV table or a DataFrame")
     import pandas as pd
 
     if isinstance(df, pd.DataFrame):
@@ -144,8 +146,6 @@ def is_zarr_path(path: str) -> bool:
 
 
 def _from_path(path: str, block_size: int, columns: Sequence[str] | None) -> da.Array:
-    import dask.dataframe as dd
-
     low = path.lower().rstrip("/")
     if low.endswith(".npy"):
         if columns is not None:
@@ -162,6 +162,9 @@ def _from_path(path: str, block_size: int, columns: Sequence[str] | None) -> da.
                 "itself, e.g. 'data.zarr/X', not of its group"
             ) from exc
         return da.from_zarr(arr, chunks=(block_size, arr.shape[1] if arr.ndim == 2 else -1))
+    from pipeline._optional import require
+
+    dd = require("dask.dataframe", f"reading the table {path!r}")
     if low.endswith(_PARQUET_SUFFIXES) or (
         "://" not in path and os.path.isdir(path) and not is_zarr_path(path)
     ):
@@ -194,12 +197,13 @@ def open_table(source: Any) -> Any:
         return source
     if not isinstance(source, str | os.PathLike):
         return None
-    import dask.dataframe as dd
-
     path = os.fspath(source)
     low = path.lower().rstrip("/")
     if low.endswith(".npy") or is_zarr_path(path):
         return None
+    from pipeline._optional import require
+
+    dd = require("dask.dataframe", f"reading the table {path!r}")
     if low.endswith(_PARQUET_SUFFIXES) or ("://" not in path and os.path.isdir(path)):
         return dd.read_parquet(path)
     if low.endswith(_CSV_SUFFIXES) or "*" in low:

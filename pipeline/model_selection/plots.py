@@ -27,7 +27,9 @@ def _alpha_key(params: dict) -> str:
 
 
 def _figure():
-    import matplotlib
+    from pipeline._optional import require
+
+    matplotlib = require("matplotlib", "the CV plots")
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt

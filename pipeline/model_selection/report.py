@@ -18,6 +18,7 @@ parameters, score, work counters) and the PNG plots into a run directory.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -113,6 +114,11 @@ def save_search_report(search: KernelRidgeCV, run_dir: str | os.PathLike) -> dic
         "search_stats": getattr(search, "search_stats_", {}),
     }
     paths["summary"].write_text(json.dumps(_jsonable(summary), indent=1, default=str))
-    for p in plot_cv_results(search, d):
+    try:
+        plots = plot_cv_results(search, d)
+    except ImportError as e:  # matplotlib (the [plots] extra) is not installed
+        logging.getLogger(__name__).warning("CV plots not written: %s", e)
+        plots = []
+    for p in plots:
         paths[p.stem] = p
     return paths

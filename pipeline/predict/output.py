@@ -79,6 +79,9 @@ def write_predictions(
             if fmt == "csv":
                 df.to_csv(tmp, index=False, float_format="%.17g")
             else:
+                from pipeline._optional import require
+
+                require("pyarrow", "a .parquet output")
                 df.to_parquet(tmp, index=False)
         else:
             raise ValueError(f"write_predictions writes npy, csv or parquet, got format {fmt!r}")

