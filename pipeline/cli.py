@@ -35,7 +35,6 @@ import logging
 import sys
 import time
 import traceback
-from pathlib import Path
 from typing import Any
 
 from pipeline._version import __version__
@@ -51,7 +50,6 @@ from pipeline.cli_args import (
 )
 from pipeline.cli_errors import (
     EXIT_BAD_CONFIG,
-    EXIT_BAD_INPUT,
     EXIT_CODES,
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
@@ -68,6 +66,9 @@ from pipeline.cli_errors import (
     _stage_error_hint,
 )
 from pipeline.cli_errors import (
+    EXIT_BAD_INPUT as EXIT_BAD_INPUT,  # re-exported: every exit code is pipeline.cli.EXIT_*
+)
+from pipeline.cli_errors import (
     EXIT_NO_SCHEDULER as EXIT_NO_SCHEDULER,  # re-exported: part of pipeline.cli's API
 )
 from pipeline.cli_errors import (
@@ -82,6 +83,7 @@ from pipeline.cli_output import (
     _verbosity,
 )
 from pipeline.cli_predict import cmd_predict
+from pipeline.cli_run_dir import _run_dir_arg, cmd_report, cmd_status, cmd_unlock
 
 log = logging.getLogger("krr")
 
@@ -237,13 +239,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 # ---------------------------------------------------------------------------
 # helpers
-
-
-def _run_dir_arg(run_dir: str) -> Path | str:
-    """``--run-dir`` as a local Path, or as the URL string of an object store."""
-    from pipeline.storage.location import is_url
-
-    return run_dir.rstrip("/") if is_url(run_dir) else Path(run_dir)
 
 
 def _redacted(config: dict[str, Any]) -> dict[str, Any]:
@@ -481,90 +476,6 @@ def cmd_run(args) -> int:
         print(f"  configuration: {report.configuration} (latest; `krr status` lists all)")
     if outputs.get("evaluate"):
         _print_metrics(outputs["evaluate"])
-    return EXIT_OK
-
-
-def cmd_status(args) -> int:
-    from pipeline.stages.manifest import ManifestError
-    from pipeline.stages.status import run_status
-
-    try:
-        st = run_status(args.run_dir)
-    except ManifestError as e:
-        raise CliError(str(e), EXIT_RUN_DIR) from None
-    except FileNotFoundError as e:
-        raise CliError(str(e), EXIT_BAD_INPUT) from None
-    except ValueError as e:
-        raise CliError(str(e), EXIT_BAD_INPUT) from None
-    if args.json:
-        print(json.dumps(st, indent=2, default=str))
-        return EXIT_OK
-    owner = st["lock_owner"]
-    print(f"run dir: {st['run_dir']}" + (f"  (running: pid {owner.get('pid')})" if owner else ""))
-    for s in st["stages"]:
-        tiles = ", ".join(
-            f"{t['array']} {t['done']}/{t['total'] if t['total'] is not None else '?'}"
-            + (f" (iteration {t['iteration']})" if "iteration" in t else "")
-            for t in s["tiles"]
-        )
-        line = f"  {s['stage']:<9} {s['state']:<8}"
-        if "seconds" in s:
-            line += f" {s['seconds']:8.1f} s"
-        if tiles:
-            line += f"  tiles: {tiles}"
-        if s.get("error"):
-            line += f"  error: {s['error'].splitlines()[-1]}"
-        print(line)
-    from pipeline.stages.status import format_configurations
-
-    for line in format_configurations(st):
-        print(line)
-    print("complete" if st["complete"] else "incomplete: `krr run` with the same config resumes it")
-    return EXIT_OK
-
-
-def cmd_unlock(args) -> int:
-    """Remove a lock left by a dead run; refuse while a live run holds it."""
-    from pipeline.stages.lock import LockHeldError, unlock
-
-    run_dir = _run_dir_arg(args.run_dir)
-    if isinstance(run_dir, Path) and not run_dir.is_dir():
-        raise CliError(f"run directory {str(run_dir)!r} does not exist", EXIT_BAD_INPUT)
-    try:
-        owner = unlock(run_dir)
-    except LockHeldError as e:
-        raise CliError(
-            f"run directory {str(run_dir)!r} is locked by pid {e.owner.get('pid')} on "
-            f"{e.owner.get('host')}, and a live process holds that lock: not unlocked. Wait "
-            "for that run to finish, or stop it.",
-            EXIT_LOCKED,
-        ) from None
-    except PermissionError as e:
-        raise CliError(f"cannot remove the lock in {str(run_dir)!r}: {e}", EXIT_RUN_DIR) from None
-    if owner is None:
-        print(f"{run_dir}: not locked")
-        return EXIT_OK
-    started = owner.get("started")
-    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if started else "?"
-    print(
-        f"{run_dir}: removed the lock of pid {owner.get('pid')} on {owner.get('host')} "
-        f"(started {when}); no live process held it"
-    )
-    return EXIT_OK
-
-
-def cmd_report(args) -> int:
-    """Write the HTML report of a run directory (:func:`pipeline.report.write_report`)."""
-    from pipeline.report import write_report
-    from pipeline.stages.manifest import ManifestError
-
-    try:
-        path = write_report(_run_dir_arg(args.run_dir), args.output)
-    except ManifestError as e:
-        raise CliError(str(e), EXIT_RUN_DIR) from None
-    except (FileNotFoundError, ImportError) as e:
-        raise CliError(str(e), EXIT_BAD_INPUT) from None
-    print(path)
     return EXIT_OK
 
 
