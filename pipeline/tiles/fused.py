@@ -194,6 +194,24 @@ def _run(fn: Callable, jobs: list[tuple], n_threads: int) -> list[Any]:
         return list(_pool(n_threads).map(lambda job: fn(*job), jobs))
 
 
+#: largest per-thread buffer (bytes) an evaluator's per-call data may reuse;
+#: beyond it (e.g. a whole training set as one block) allocate afresh
+_PREP_REUSE_BYTES = 64 * 2**20
+
+
+def _prep_buffer(name: str, size: int, dtype: np.dtype) -> np.ndarray:
+    """Per-thread reused buffers for :func:`~pipeline.tiles.evaluators.prepare`.
+
+    Safe because an evaluator lives only inside one entry-point call, in the
+    calling thread, and no call is nested in another in the same thread; the
+    names differ from the strip scratch (``E``, ``T``, ``tmp``, ``ptmp``),
+    which the calling thread also uses when it runs strips itself.
+    """
+    if size * dtype.itemsize > _PREP_REUSE_BYTES:
+        return np.empty(size, dtype)
+    return _scratch("prep-" + name, size, dtype)
+
+
 def _scratch(name: str, size: int, dtype: np.dtype) -> np.ndarray:
     """A flat per-thread buffer of at least ``size`` elements (reused across calls)."""
     bufs = _local.__dict__.setdefault("bufs", {})
@@ -415,7 +433,7 @@ def kernel_matvec(
         raise ValueError("Vi= and out_t= are only used with symmetric_pair=True")
     if ni == 0 or nj == 0:
         return
-    ev = prepare(kernel, Xi, None if same else Xj, kd)
+    ev = prepare(kernel, Xi, None if same else Xj, kd, _prep_buffer)
     R, C = _block_shape(block_shape, ev)
     size = R * max(C, R)
     strips = [(r0, min(r0 + R, ni)) for r0 in range(0, ni, R)]
@@ -534,7 +552,7 @@ def kernel_tile(
         )
     if ni == 0 or nj == 0:
         return out
-    ev = prepare(kernel, Xi, None if same else Xj, kd)
+    ev = prepare(kernel, Xi, None if same else Xj, kd, _prep_buffer)
     R, C = _block_shape(block_shape, ev)
     size = R * max(C, R)
     fn = _strip_tile
