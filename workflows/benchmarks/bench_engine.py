@@ -343,6 +343,39 @@ def _run_dataset(name, X, Xn, kernel, gamma, repeat, rows, ops, pool, tmp):
     return res
 
 
+def gemm_exp_floor(X: np.ndarray, repeat: int) -> dict[str, float]:
+    """CPU ns per entry of the RBF exponent's GEMM and of ``np.exp`` alone, one
+    thread, 256 x 512 sub-blocks of a 2,048-square tile (float64, float32): the
+    floor under any fused evaluation that forms the exponent by one GEMM."""
+    b = min(MV_TILE, X.shape[0] // 2)
+    d = X.shape[1]
+    out = {}
+    for kd in (np.float64, np.float32):
+        A = np.ascontiguousarray(np.c_[X[:b], np.ones((b, 2))].T, dtype=kd)
+        B = np.ascontiguousarray(np.c_[X[b : 2 * b], np.ones((b, 2))].T * (0.5 / d), dtype=kd)
+        E, F = np.empty((256, 512), dtype=kd), np.empty((256, 512), dtype=kd)
+        blocks = [(r, c) for r in range(0, b - 255, 256) for c in range(0, b - 511, 512)]
+
+        def gemm(A=A, B=B, E=E, blocks=blocks):
+            for r, c in blocks:
+                np.matmul(A[:, r : r + 256].T, B[:, c : c + 512], out=E)
+
+        def exp(E=E, F=F, blocks=blocks):
+            for _ in blocks:
+                np.exp(E, out=F)  # E holds exponents of the GEMM's size
+
+        n = len(blocks) * E.size
+        gemm()
+        for name, fn in (("gemm", gemm), ("exp", exp)):
+            best = float("inf")
+            for _ in range(repeat):
+                c0 = cpu_seconds()
+                fn()
+                best = min(best, cpu_seconds() - c0)
+            out[f"{name}{np.dtype(kd).itemsize * 8}"] = best / n * 1e9
+    return out
+
+
 def float32_errors(X: np.ndarray) -> list[tuple[str, float]]:
     rng = np.random.default_rng(2)
     v = rng.normal(size=X.shape[0])
@@ -405,6 +438,7 @@ def main(argv: list[str] | None = None) -> int:
             results[f"{name} rbf"] = run_dataset(
                 name, X, Xn, k, k.effective_gamma(X.shape[1]), pool, args.threads, repeat, rows, ops
             )
+            results[f"{name} rbf"]["floor ns per entry (1 thread, CPU)"] = gemm_exp_floor(X, repeat)
         X, Xn = sets[0][1], sets[0][2]
         errs = []
         if "others" in data:
@@ -427,6 +461,25 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"  {key:<22} {op:<8} {meth:<8} {w:6.2f}x / {c:6.2f}x  (>= {goal:g}x) {verdict}"
                 )
+    print(
+        "\nfloor (one thread, CPU ns per entry): the exponent's GEMM + np.exp alone, and the "
+        "largest ratio to the plain loop (d) any one-GEMM evaluation could reach, per op"
+    )
+    for key, res in results.items():
+        fl = res.get("floor ns per entry (1 thread, CPU)")
+        if not fl:
+            continue
+        caps = []
+        for op in ops:
+            pl = res.get(f"{op} per CPU-s", {}).get("plain")
+            if pl:
+                ns = 1.0 / pl  # CPU ns per entry of the plain loop
+                f64, f32 = fl["gemm64"] + fl["exp64"], fl["gemm32"] + fl["exp32"]
+                caps.append(f"{op} f64 {ns / f64:.1f}x f32 {ns / f32:.1f}x")
+        print(
+            f"  {key:<22} f64 GEMM {fl['gemm64']:.2f} + exp {fl['exp64']:.2f}; f32 GEMM "
+            f"{fl['gemm32']:.2f} + exp {fl['exp32']:.2f}; caps: {'; '.join(caps)}"
+        )
     if errs:
         print("\nkernel_dtype='float32': |K32 v - K v| / |K v| on diamonds (diagonal tiles)")
     for name, e in errs:
