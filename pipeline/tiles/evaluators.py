@@ -37,6 +37,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
@@ -142,32 +143,81 @@ class BlockEvaluator:
         raise NotImplementedError
 
 
-class _GemmExp(BlockEvaluator):
-    """exp(A_r · B_cᵀ): the RBF exponent from one augmented GEMM."""
+def _transpose_into(dst: np.ndarray, src: np.ndarray, rows: int = 64) -> None:
+    """``dst[...] = src.T`` in slabs of ``rows`` rows of ``src`` (each slab stays
+    in L1; measured 1.3-1.7x faster than one strided copy at D = 64)."""
+    for r0 in range(0, src.shape[0], rows):
+        dst[:, r0 : r0 + rows] = src[r0 : r0 + rows].T
 
-    def __init__(self, kernel: RBF, Xi: np.ndarray, Xj: np.ndarray | None, kd: np.dtype):
+
+class _GemmExp(BlockEvaluator):
+    """exp(A_rᵀ · B_c): the RBF exponent from one augmented GEMM.
+
+    ``A`` and ``B`` are kept feature-major (``(d + 2, n)``, C-contiguous):
+    every preparation step is then a ufunc over rows of ``n`` elements
+    (row-major ``(n, d)`` ones run ``n`` inner loops of ``d`` elements, and at
+    D = 64 the preparation cost up to 0.4 ns per entry of a 2,048-square
+    tile, a fifth of a float32 product), and each sub-block's GEMM reads
+    contiguous panels (as fast as the NN form, measured).
+    """
+
+    def __init__(
+        self,
+        kernel: RBF,
+        Xi: np.ndarray,
+        Xj: np.ndarray | None,
+        kd: np.dtype,
+        buffers: Callable[[str, int, np.dtype], np.ndarray] | None = None,
+    ):
         self.dtype = kd
-        xc, yc = _centred(Xi, Xj)
-        d = xc.shape[1]
+
+        def alloc(name: str, shape: tuple[int, int], dtype: Any) -> np.ndarray:
+            if buffers is None:
+                return np.empty(shape, dtype)
+            return buffers(name, shape[0] * shape[1], np.dtype(dtype)).reshape(shape)
+
+        X64 = Xi.astype(np.float64, copy=False)
+        n, d = X64.shape
         g = kernel.effective_gamma(d)
-        nx = _sq_norms(xc)
-        ny = nx if Xj is None else _sq_norms(yc)
+        # A = [2γ·x; -γ|x|²; 1], B = [y; 1; -γ|y|²], x and y centred by Xi's mean
+        A = alloc("A64", (d + 2, n), np.float64)
+        xc = A[:d]
+        _transpose_into(xc, X64)
+        shift = xc.mean(axis=1) if n else np.zeros(d)
+        np.subtract(xc, shift[:, None], out=xc)
+        nx = np.einsum("ij,ij->j", xc, xc)
+        if Xj is None:
+            B = alloc("B64", (d + 2, n), np.float64)
+            B[:d] = xc
+            ny = nx
+        else:
+            Y64 = Xj.astype(np.float64, copy=False)
+            B = alloc("B64", (d + 2, Y64.shape[0]), np.float64)
+            yc = B[:d]
+            _transpose_into(yc, Y64)
+            np.subtract(yc, shift[:, None], out=yc)
+            ny = np.einsum("ij,ij->j", yc, yc)
         if kd == np.float32:
             bound = g * (math.sqrt(_max(nx)) + math.sqrt(_max(ny))) ** 2
             if not bound <= F32_LIMIT:
                 _refuse_f32(kernel, bound)
-        A = np.empty((xc.shape[0], d + 2))
-        np.multiply(xc, 2.0 * g, out=A[:, :d])
-        A[:, d] = -g * nx
-        A[:, d + 1] = 1.0
-        B = np.empty((yc.shape[0], d + 2))
-        B[:, :d] = yc
-        B[:, d] = 1.0
-        B[:, d + 1] = -g * ny
-        self.A, self.B = _cast(kernel, A, kd), _cast(kernel, B, kd)
+        np.multiply(xc, 2.0 * g, out=xc)
+        np.multiply(nx, -g, out=A[d])
+        A[d + 1] = 1.0
+        B[d] = 1.0
+        np.multiply(ny, -g, out=B[d + 1])
+        if kd == np.float64:
+            self.A, self.B = A, B
+            return
+        self.A = alloc("A32", A.shape, kd)
+        self.B = alloc("B32", B.shape, kd)
+        for dst, src in ((self.A, A), (self.B, B)):
+            np.copyto(dst, src, casting="same_kind")
+            if not np.isfinite(dst).all() and np.isfinite(src).all():
+                _refuse_f32(kernel, float(np.max(np.abs(src))))
 
     def fill(self, E, r0, r1, c0, c1, diag, T):
-        np.matmul(self.A[r0:r1], self.B[c0:c1].T, out=E)
+        np.matmul(self.A[:, r0:r1].T, self.B[:, c0:c1], out=E)
         if diag:
             _symmetrize(E)
             np.fill_diagonal(E, 0.0)
@@ -306,8 +356,21 @@ def is_fused(kernel: Kernel) -> bool:
     return type(kernel) in _FUSED
 
 
-def prepare(kernel: Kernel, Xi: np.ndarray, Xj: np.ndarray | None, kd: Any) -> BlockEvaluator:
+def prepare(
+    kernel: Kernel,
+    Xi: np.ndarray,
+    Xj: np.ndarray | None,
+    kd: Any,
+    buffers: Callable[[str, int, np.dtype], np.ndarray] | None = None,
+) -> BlockEvaluator:
     """The block evaluator of ``K(Xi, Xj)`` (``Xj=None``: ``K(Xi, Xi)``) in dtype ``kd``.
+
+    ``buffers(name, size, dtype)``, if given, supplies flat arrays the
+    evaluator may use for its per-call data instead of fresh allocations
+    (:mod:`pipeline.tiles.fused` passes per-thread buffers reused across
+    calls: a fresh megabyte-sized array is page-faulted in on every call,
+    which measured half of the RBF preparation's cost at D = 64). The
+    evaluator is then valid only until the next call that reuses them.
 
     Raises
     ------
@@ -317,4 +380,6 @@ def prepare(kernel: Kernel, Xi: np.ndarray, Xj: np.ndarray | None, kd: Any) -> B
     """
     kd = np.dtype(kd)
     cls = _FUSED.get(type(kernel), _Generic)
+    if cls is _GemmExp:
+        return cls(kernel, Xi, Xj, kd, buffers)
     return cls(kernel, Xi, Xj, kd)

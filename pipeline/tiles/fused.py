@@ -47,19 +47,52 @@ Laplacian(gamma=1/D)     1.8e-7 (7.3e-8)      1.2e-7 (5.0e-8)
 Polynomial(degree=3)     3.1e-7 (2.4e-7)      2.2e-7 (2.8e-7)
 =======================  ===================  ===================
 
-(``workflows/benchmarks/bench_engine.py`` prints these each run.) The error
+(``workflows/benchmarks/bench_engine.py`` prints these each run: its
+``--quick`` sample gives 2.5e-7, 8.2e-7, 2.5e-7 and 3.2e-7, the full run's
+8,000 rows 1.1e-7, 3.5e-7, 9.6e-8 and 3.5e-7. The feature-major RBF
+preparation and the in-place Gram strips left all four exactly unchanged.) The error
 grows with the exponent's terms, about 1e-7 times ``gamma·(|x|² + |y|²)``:
 the cross term ``2·gamma·x·y`` is a float32 GEMM. Enough for prediction and
 for a preconditioner, not for CG to 1e-10: keep float64 for the solve. A
 kernel whose values (or whose data) can exceed float32's range is refused
 with a ValueError, never turned into ``inf``.
 
-Measured throughput (``bench_engine.py --quick``: N = 6,000, 2 cores, a
-quiet machine, best of 3), G kernel entries/s, RBF on diamonds (D = 9),
-float64 / float32: ``K v`` 1.27 / 1.54 (6.1x / 7.4x the plain whole-tile
-numpy loop's 0.21, 4.1x / 4.9x the tile code it replaced), prediction
-1.16 / 1.71 (7.4x / 10.9x), Gram tiles 0.86 / 1.28 (3.9x / 5.8x); synthetic
-D = 64: ``K v`` 0.71 / 0.99 (3.7x / 5.2x).
+Whole tiles (the Gram build): a rectangular tile is evaluated in full-width
+strips of about one sub-block's entries (64 rows of a 2,048-column tile),
+straight into the caller's C-contiguous ``out`` of the evaluation dtype: the
+strip is contiguous there, so the GEMM writes it and ``np.exp`` runs on it in
+place while it is still in cache, with no scratch and no copy (10% less CPU
+time per entry than scratch plus copy in float64, 15% in float32). A diagonal
+tile is evaluated in scratch sub-blocks, each copied into its lower position
+and, transposed, into its upper one (a strided mirror of ``out`` itself cost
+more). Writing the tile to memory is then a large share of the cost: a fresh
+32 MiB float64 tile costs about 1 ns per entry just to fault in and fill on
+this machine under load.
+
+Measured throughput, quiet machine (previous session, ``bench_engine.py``,
+N = 30,000, 2 cores), G kernel entries/s, RBF on diamonds (D = 9), float64 /
+float32 (ratio to the plain whole-tile numpy loop in the same run): ``K v``
+1.24 / 1.61 (5.5x / 7.2x), prediction 1.42 / 2.19 (7.4x / 11.4x), Gram tiles
+0.95 / 1.58 (3.9x / 6.5x); synthetic D = 64 ``K v`` 0.60 / 0.96 (3.3x / 5.3x).
+
+This version (feature-major RBF preparation, Gram strips in place), measured
+under load (load average about 8 on 2 cores, so ratios of CPU seconds, old and
+new code alternating in one process, one thread, 8,192 rows, 2,048 tiles):
+Gram tiles on diamonds float64 3.22x -> 3.55x, float32 7.4x -> 8.6x;
+``K v`` on diamonds float64 7.9x -> 9.0x; synthetic D = 64 ``K v`` float64
+4.16x -> 4.58x, float32 7.2x -> 7.3x, Gram tiles float64 2.3x -> 2.5x,
+float32 5.0x -> 5.1x (the plain loop, memory-bound, suffers more from the
+load than the fused code, so these ratios are higher than quiet ones).
+
+Limits. At D = 64 the exponent's GEMM (2·(D + 2) = 132 flops per entry) is
+the floor: float64 GEMM on one core at its peak (about 63 GFLOP/s here) is
+2.0-2.1 ns per entry, plus 0.6 ns for ``np.exp`` and 0.2 ns for the two
+GEMVs, and the fused float64 ``K v`` measures 2.85 ns per entry, at that
+floor. The plain loop costs 9-13 ns per entry (its GEMM is the same one), so
+the ratio is capped near 3.5-4.5x by BLAS, not by the evaluation. The
+per-call preparation (centring, norms, the augmented feature-major copies:
+O((ni + nj)·D)) is 0.2-0.3 ns per entry of a 2,048-square tile at D = 64,
+the largest remaining overhead in float32.
 """
 
 from __future__ import annotations
@@ -74,7 +107,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.kernels import Kernel, make_kernel
-from pipeline.tiles.evaluators import BlockEvaluator, prepare
+from pipeline.tiles.evaluators import BlockEvaluator, _Generic, prepare
 
 __all__ = [
     "available_cores",
@@ -159,6 +192,24 @@ def _run(fn: Callable, jobs: list[tuple], n_threads: int) -> list[Any]:
         if n_threads <= 1 or len(jobs) <= 1:
             return [fn(*job) for job in jobs]
         return list(_pool(n_threads).map(lambda job: fn(*job), jobs))
+
+
+#: largest per-thread buffer (bytes) an evaluator's per-call data may reuse;
+#: beyond it (e.g. a whole training set as one block) allocate afresh
+_PREP_REUSE_BYTES = 64 * 2**20
+
+
+def _prep_buffer(name: str, size: int, dtype: np.dtype) -> np.ndarray:
+    """Per-thread reused buffers for :func:`~pipeline.tiles.evaluators.prepare`.
+
+    Safe because an evaluator lives only inside one entry-point call, in the
+    calling thread, and no call is nested in another in the same thread; the
+    names differ from the strip scratch (``E``, ``T``, ``tmp``, ``ptmp``),
+    which the calling thread also uses when it runs strips itself.
+    """
+    if size * dtype.itemsize > _PREP_REUSE_BYTES:
+        return np.empty(size, dtype)
+    return _scratch("prep-" + name, size, dtype)
 
 
 def _scratch(name: str, size: int, dtype: np.dtype) -> np.ndarray:
@@ -382,7 +433,7 @@ def kernel_matvec(
         raise ValueError("Vi= and out_t= are only used with symmetric_pair=True")
     if ni == 0 or nj == 0:
         return
-    ev = prepare(kernel, Xi, None if same else Xj, kd)
+    ev = prepare(kernel, Xi, None if same else Xj, kd, _prep_buffer)
     R, C = _block_shape(block_shape, ev)
     size = R * max(C, R)
     strips = [(r0, min(r0 + R, ni)) for r0 in range(0, ni, R)]
@@ -429,9 +480,11 @@ def _strip_tile(
     size: int,
 ) -> None:
     r = r1 - r0
-    # scratch, then one copy: evaluating straight into ``out`` measured 1.6x
-    # slower in float64 (a 2,048-column tile's rows are 16 KiB apart, a
-    # power of two that makes the sub-block's rows collide in the cache)
+    # scratch, then one copy: evaluating 256 x 512 sub-blocks straight into
+    # ``out`` measured 1.6x slower in float64 (a 2,048-column tile's rows are
+    # 16 KiB apart, a power of two that makes the sub-block's rows collide in
+    # the cache); used for diagonal tiles and for an ``out`` the strips of
+    # :func:`_strip_tile_direct` cannot write (another dtype, not contiguous)
     E_flat = _scratch("E", size, ev.dtype)
     T_flat = _scratch("T", size, ev.dtype) if ev.needs_scratch else None
     blocks = [(c0, min(c0 + C, cend), False) for c0 in range(0, cend, C)]
@@ -445,6 +498,28 @@ def _strip_tile(
         out[r0:r1, c0:c1] = E
         if diag_tile and not diag:
             out[c0:c1, r0:r1] = E.T
+
+
+def _strip_tile_direct(
+    ev: BlockEvaluator,
+    r0: int,
+    r1: int,
+    cend: int,
+    diag_tile: bool,
+    out: np.ndarray,
+    C: int,
+    size: int,
+) -> None:
+    """Rows ``r0:r1`` of a rectangular tile, evaluated straight into ``out``
+    (same dtype, C-contiguous): one full-width strip is contiguous in ``out``,
+    so the GEMM writes it and ``np.exp`` runs on it in place while it is in
+    cache, with no scratch and no copy (measured 10-25% faster than scratch
+    plus copy; a diagonal tile keeps :func:`_strip_tile`, whose mirror image
+    is copied from the scratch still in cache)."""
+    T = None
+    if ev.needs_scratch:
+        T = _scratch("T", (r1 - r0) * cend, ev.dtype).reshape(r1 - r0, cend)
+    ev.fill(out[r0:r1], r0, r1, 0, cend, False, T)
 
 
 def kernel_tile(
@@ -477,11 +552,15 @@ def kernel_tile(
         )
     if ni == 0 or nj == 0:
         return out
-    ev = prepare(kernel, Xi, None if same else Xj, kd)
+    ev = prepare(kernel, Xi, None if same else Xj, kd, _prep_buffer)
     R, C = _block_shape(block_shape, ev)
     size = R * max(C, R)
+    fn = _strip_tile
+    if not same and out.dtype == kd and out.flags.c_contiguous and not isinstance(ev, _Generic):
+        # full-width strips of about one sub-block's entries, evaluated in place
+        fn, R = _strip_tile_direct, max(1, min(ni, (R * C) // nj))
     jobs = [
         (ev, r0, min(r0 + R, ni), r0 if same else nj, same, out, C, size) for r0 in range(0, ni, R)
     ]
-    _run(_strip_tile, jobs, nt)
+    _run(fn, jobs, nt)
     return out
