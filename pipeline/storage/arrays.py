@@ -478,10 +478,11 @@ def open_tiled_array(
                 f"(fingerprint {old_fp}, shape {tuple(existing.shape)}, chunks "
                 f"{tuple(existing.chunks)}, dtype {existing.dtype}); this run needs fingerprint "
                 f"{fingerprint}, shape {shape}, chunks {chunks}, dtype {dtype}. "
-                "Use another store path, or remove that array if you no longer need it "
-                "(the Python functions that take overwrite=, such as build_gram, replace it "
-                "with overwrite=True; KernelRidge(store=...) gives each distinct fit its own "
-                "subdirectory of the store and never needs to)."
+                "Use another store path, or remove that array if you no longer need it. "
+                "Calling a function that takes overwrite= (build_gram, predict, "
+                "open_tiled_array)? pass overwrite=True to replace the array. "
+                "KernelRidge(store=...) gives each distinct fit its own subdirectory of the "
+                "store and has no such parameter."
             )
         # stale markers first: after this point nothing in the old array counts as done
         TileMarkers(str(store), name, fingerprint).clear()
