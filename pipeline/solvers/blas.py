@@ -23,7 +23,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["blas_lock", "gemm_nt_sub", "serialized", "syrk_lower_sub", "trsm_right_lower_t"]
+__all__ = [
+    "blas_lock",
+    "fixed_width",
+    "gemm_nt_sub",
+    "serialized",
+    "syrk_lower_sub",
+    "trsm_right_lower_t",
+]
 
 _P = ctypes.c_void_p
 
@@ -48,9 +55,91 @@ def serialized() -> Iterator[None]:
         _SERIAL = prev
 
 
+#: one multi-threaded BLAS call at a time per process (calls under :func:`fixed_width` > 1)
+_WIDE_LOCK = threading.Lock()
+_WIDTH = threading.local()
+
+
+class _ThreadCount:
+    """Get/set one BLAS library's process-wide thread count from any Python thread.
+
+    threadpoolctl ignores ``set_num_threads`` of a pthreads OpenBLAS from any thread
+    but the first one that used it (its "controlling thread"), silently, so tile
+    threads call OpenBLAS's own ``openblas_set_num_threads`` instead.
+    """
+
+    def __init__(self, controller: Any) -> None:
+        self.get = controller.get_num_threads
+        self.set = controller.set_num_threads
+        if getattr(controller, "internal_api", "") == "openblas":
+            lib = ctypes.CDLL(controller.filepath)
+            for pre in ("scipy_", ""):
+                for suf in ("", "64_", "_64"):
+                    g = getattr(lib, f"{pre}openblas_get_num_threads{suf}", None)
+                    s = getattr(lib, f"{pre}openblas_set_num_threads{suf}", None)
+                    if g is not None and s is not None:
+                        g.restype, g.argtypes = ctypes.c_int, []
+                        s.restype, s.argtypes = None, [ctypes.c_int]
+                        self.get, self.set = g, s
+                        return
+
+
+@cache
+def _blas_controllers() -> tuple[_ThreadCount, ...]:
+    import scipy.linalg.cython_blas  # noqa: F401  (load SciPy's BLAS before listing)
+    from threadpoolctl import ThreadpoolController
+
+    ctl = ThreadpoolController().select(user_api="blas").lib_controllers
+    return tuple(_ThreadCount(c) for c in ctl)
+
+
+@contextlib.contextmanager
+def fixed_width(n_threads: int | None) -> Iterator[None]:
+    """Run every BLAS call of this module (and :func:`blas_lock` sections) made by the
+    calling thread inside the block with exactly ``n_threads`` BLAS threads.
+
+    Multi-threaded OpenBLAS rounds differently from single-threaded (GEMM, TRSM and
+    POTRF of a 2500-tile differ in the last bits between 1 and 2 threads), so a tile
+    task that fixes its BLAS width computes the same bits whatever executor, tile
+    thread count or other work runs it. Calls wider than one thread hold a
+    process-wide lock (one wide call at a time: no oversubscription) and restore
+    the previous thread count afterwards. ``None`` leaves calls as they are.
+    """
+    prev = getattr(_WIDTH, "n", None)
+    _WIDTH.n = None if n_threads is None else max(1, int(n_threads))
+    try:
+        yield
+    finally:
+        _WIDTH.n = prev
+
+
+@contextlib.contextmanager
+def _width_section(n: int, lock: Any) -> Iterator[None]:
+    ctl = _blas_controllers()
+    if n == 1 and lock is None:  # concurrent 1-thread calls: setting 1 is idempotent
+        for c in ctl:
+            if c.get() != 1:
+                c.set(1)
+        yield
+        return
+    with lock if lock is not None else _WIDE_LOCK:
+        before = [c.get() for c in ctl]
+        for c in ctl:
+            c.set(n)
+        try:
+            yield
+        finally:
+            for c, b in zip(ctl, before, strict=True):
+                c.set(b)
+
+
 def blas_lock() -> contextlib.AbstractContextManager:
-    """The lock of :func:`serialized` while it is active, else a no-op context."""
+    """Context for one BLAS/LAPACK call: the lock of :func:`serialized` while it is
+    active, and the calling thread's :func:`fixed_width`; else a no-op context."""
     lock = _SERIAL
+    n = getattr(_WIDTH, "n", None)
+    if n is not None:
+        return _width_section(n, lock)
     return lock if lock is not None else contextlib.nullcontext()
 
 
@@ -99,8 +188,9 @@ def _call(prefix: str, name: str, *args: Any) -> None:
             refs.append(ctypes.byref(ctypes.c_int(a)))
         else:
             refs.append(ctypes.byref(real(a)))
+    fn = _routine(prefix + name)
     with blas_lock():
-        _routine(prefix + name)(*refs)  # the arrays stay referenced by ``args`` meanwhile
+        fn(*refs)  # the arrays stay referenced by ``args`` meanwhile
 
 
 def _check_writable(c: np.ndarray) -> None:

@@ -212,12 +212,19 @@ def _tile_task(
     jitter: JitterPolicy | None,
     deps: Iterable[Any] = (),
     io: TileIO | None = None,
+    blas_threads: int | None = None,
 ) -> dict[str, Any]:
-    """Dask task: factor tile (i, j) unless its marker exists; return a tiny record."""
+    """Dask task: factor tile (i, j) unless its marker exists; return a tiny record.
+
+    ``blas_threads``: every BLAS/LAPACK call of the task runs with exactly this many
+    threads (:func:`pipeline.solvers.blas.fixed_width`), so the tile's bits do not
+    depend on the executor or on what else runs (None: the caller's setting).
+    """
     rec = L.markers.record((i, j))
     if rec is not None:  # a retried or duplicated task: the tile is already stored
         return {"tile": (i, j), "computed": False, "jitter": rec.get("jitter")}
-    tile, info = _factor_tile(gram, L, i, j, shift, lam, convention, jitter, io=io)
+    with gil_free_blas.fixed_width(blas_threads):
+        tile, info = _factor_tile(gram, L, i, j, shift, lam, convention, jitter, io=io)
     _store_tile(L, i, j, tile, info, io)
     return {"tile": (i, j), "computed": True, "jitter": info.get("jitter")}
 
@@ -231,6 +238,7 @@ from pipeline.solvers.cholesky_exec import (  # noqa: E402, F401  (re-exported)
     _deps,
     _run_dask,
     _run_threads,
+    tile_blas_threads,
 )
 
 # ---------------------------------------------------------------------------
@@ -305,7 +313,7 @@ def tile_cholesky(
     keep_gram: bool = True,
     recompute_tile: Any = None,
     check_disk: bool = True,
-    wide: bool = False,
+    wide: bool = True,
 ) -> CholeskyFactor:
     """Factor ``K + shift * I = L @ L.T`` tile by tile, Zarr to Zarr, resumably.
 
@@ -348,9 +356,13 @@ def tile_cholesky(
         about single precision: pass the Gram to :func:`cholesky_solve`
         (``gram=``), which refines ``alpha`` to double precision.
     wide : bool
-        "threads" scheduler only: every BLAS call uses all cores, one call at a
-        time, while the other tile threads do their I/O and copies (default
-        False: one BLAS thread per tile thread). Same result bit for bit.
+        True (default): every BLAS/LAPACK call of a tile task uses all cores
+        (``KRR_CHOL_BLAS_THREADS`` if set), one call at a time per process, while
+        the other tile threads do their I/O and copies; False: one BLAS thread
+        per call, tile tasks in parallel. Both executors use the same fixed BLAS
+        width, so "threads" and "dask" give the same factor bit for bit, whatever
+        ``n_threads``; ``wide=True`` and ``wide=False`` agree to rounding
+        (OpenBLAS rounds differently with another thread count).
     keep_gram : bool
         True (default): the factor goes to its own array and the Gram is kept.
         False: factor in place, each factor tile atomically replacing its Gram
@@ -461,11 +473,14 @@ def tile_cholesky(
             len(todo) * L.block_size**2 * dtype.itemsize,
             f"the factor's {len(todo)} remaining {L.block_size}x{L.block_size} {dtype} tiles",
         )
+    width = tile_blas_threads(wide)
     if scheduler == "dask":
-        records = _run_dask(gram, L, todo, shift, lam, convention, policy, progress)
+        records = _run_dask(gram, L, todo, shift, lam, convention, policy, progress, width)
     else:
         nthreads = n_threads or os.cpu_count() or 1
-        records = _run_threads(gram, L, todo, shift, lam, convention, policy, nthreads, wide=wide)
+        records = _run_threads(
+            gram, L, todo, shift, lam, convention, policy, nthreads, blas_threads=width
+        )
     computed = tuple(tuple(r["tile"]) for r in records if r["computed"])
     # jitter record over all diagonal tiles (from markers: also those of earlier runs)
     jit: dict[str, float] = {}

@@ -6,9 +6,14 @@ function of finished tiles), in left-looking dependency order:
 - :func:`_run_dask`: one Dask task per factor tile on the active client or the
   threaded scheduler; dependencies through tiny results, never tile payloads.
 - :func:`_run_threads`: a list scheduler on a few threads of this process, the
-  ready task with the longest remaining path first; a task running alone gets
-  every BLAS thread; ``wide=True`` runs every BLAS call on all cores, one at a
-  time. Gram reads and factor writes run in background threads (TileIO).
+  ready task with the longest remaining path first. Gram reads and factor
+  writes run in background threads (TileIO).
+
+Both give every BLAS/LAPACK call of a tile task the same fixed thread count
+(:func:`tile_blas_threads`: all cores by default, "wide", the calls then run one
+at a time per process while the other tile threads do their reads, copies and
+checksums; 1 with ``wide=False``), so the factor is the same bit for bit whatever
+the executor, its thread count or the order the tasks ran in.
 """
 
 from __future__ import annotations
@@ -33,7 +38,25 @@ def _deps(i: int, j: int) -> list[tuple[int, int]]:
     return d
 
 
-def _run_dask(gram, L, todo, shift, lam, convention, jitter, progress) -> list[dict]:
+def tile_blas_threads(wide: bool = True) -> int:
+    """BLAS threads of every tile task: ``KRR_CHOL_BLAS_THREADS`` if set, else all
+    cores (``wide``) or 1. It defines the factor's last bits (OpenBLAS rounds
+    differently with another thread count), so both executors use it."""
+    env = os.environ.get("KRR_CHOL_BLAS_THREADS")
+    if env:
+        try:
+            n = int(env)
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise ValueError(f"KRR_CHOL_BLAS_THREADS must be an integer >= 1, got {env!r}")
+        return n
+    return max(1, os.cpu_count() or 1) if wide else 1
+
+
+def _run_dask(
+    gram, L, todo, shift, lam, convention, jitter, progress, blas_threads=None
+) -> list[dict]:
     from dask import delayed
 
     from pipeline.parallel import compute
@@ -55,6 +78,7 @@ def _run_dask(gram, L, todo, shift, lam, convention, jitter, progress) -> list[d
             convention,
             jitter,
             deps,
+            blas_threads=blas_threads,
             dask_key_name=f"{prefix}-{i}-{j}",
         )
     if not nodes:
@@ -87,19 +111,30 @@ IO_BUDGET_BYTES = 256 << 20
 
 
 def _run_threads(
-    gram, L, todo, shift, lam, convention, jitter, n_threads, blas_cores=None, wide=False
+    gram,
+    L,
+    todo,
+    shift,
+    lam,
+    convention,
+    jitter,
+    n_threads,
+    blas_cores=None,
+    wide=False,
+    blas_threads=None,
 ) -> list[dict]:
-    """Run tile tasks on ``n_threads`` threads (one BLAS thread each), critical path first.
+    """Run tile tasks on ``n_threads`` threads, critical path first.
 
-    ``wide``: every BLAS call uses all cores instead, one call at a time
-    (:func:`pipeline.solvers.blas.serialized`); the tile threads then overlap only
-    their reads, copies and checksums with the BLAS call in progress.
+    ``blas_threads`` (default :func:`tile_blas_threads` of ``wide``, or
+    ``blas_cores`` when ``wide`` and given): every BLAS call of every task uses
+    exactly that many threads. Above one, the calls run one at a time
+    (:func:`pipeline.solvers.blas.serialized`); the tile threads then overlap their
+    reads, copies and checksums with the BLAS call in progress.
 
     A small list scheduler: a task becomes ready when its dependencies finished
     (computed; their writes may still be queued); idle threads take the ready task
-    with the longest path to the end. A task that runs alone (nothing else
-    running or ready, as near the end of the diagonal chain) gets every BLAS
-    thread. Gram reads and factor writes run in background threads.
+    with the longest path to the end. Gram reads and factor writes run in
+    background threads.
     """
     import heapq
 
@@ -131,15 +166,13 @@ def _run_threads(
                     cond.notify_all()
                     return
                 _, t = heapq.heappop(ready)
-                # alone: no task runs and none is ready, so none can become ready before
-                # this one ends; its BLAS may use every thread (the DAG's narrow parts)
-                solo = not state["running"] and not ready
                 state["running"] += 1
             try:
-                with _blas(cores) if solo and per_task < cores else contextlib.nullcontext():
-                    rec = chol._tile_task(
-                        gram, L, t[0], t[1], shift, lam, convention, jitter, io=io
-                    )
+                # a fixed BLAS width per task (not "every core when alone"): the bits
+                # of a tile must not depend on what else happened to be running
+                rec = chol._tile_task(
+                    gram, L, t[0], t[1], shift, lam, convention, jitter, io=io, blas_threads=width
+                )
             except BaseException as e:
                 with cond:
                     errors.append(e)
@@ -156,8 +189,9 @@ def _run_threads(
                 cond.notify_all()
 
     n_threads = max(1, min(int(n_threads), len(todo)))
-    cores = max(1, int(blas_cores or os.cpu_count() or 1))
-    per_task = cores if wide else max(1, cores // n_threads)
+    if blas_threads is None:
+        blas_threads = int(blas_cores) if (wide and blas_cores) else tile_blas_threads(wide)
+    width = max(1, int(blas_threads))
     tile_bytes = L.block_size**2 * max(np.dtype(gram.dtype).itemsize, np.dtype(L.dtype).itemsize)
     io_depth = int(min(2, max(1, IO_BUDGET_BYTES // max(tile_bytes, 1))))
     # Gram tiles are read ahead in left-looking order and factor tiles written behind,
@@ -168,8 +202,8 @@ def _run_threads(
         depth=io_depth,
         max_pending=io_depth,
     )
-    serial = gil_free_blas.serialized() if wide else contextlib.nullcontext()
-    with io, _blas(per_task), serial:
+    serial = gil_free_blas.serialized() if width > 1 else contextlib.nullcontext()
+    with io, _blas(width), serial:
         threads = [
             threading.Thread(target=worker, name=f"chol-{k}", daemon=True) for k in range(n_threads)
         ]
