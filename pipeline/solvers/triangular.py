@@ -21,6 +21,17 @@ from pipeline.solvers.tile_io import TileIO
 from pipeline.storage import TiledArray, fingerprint_blocks, fingerprint_obj, open_tiled_array
 
 
+def _sweep_blas():
+    """BLAS threads of the sweeps' products and small TRSMs: one (memory-bound)."""
+    from pipeline.solvers.blas import process_threads
+
+    return process_threads(SWEEP_BLAS_THREADS)
+
+
+#: BLAS threads of the forward/back sweeps (memory-bound tile-times-panel products)
+SWEEP_BLAS_THREADS = 1
+
+
 def _tiles_ahead(
     L: TiledArray, keys: list[tuple[int, int]], depth: int = 3
 ) -> Iterator[np.ndarray]:
@@ -74,14 +85,15 @@ def forward_sweep(L: TiledArray, z: np.ndarray, start_block: int = 0) -> np.ndar
     r0 = g.row_slice(start_block).start if T else 0
     keys = [(i, k) for i in range(start_block, T) for k in range(start_block, i + 1)]
     tiles = _tiles_ahead(L, keys)
-    for i in range(start_block, T):
-        si = g.row_slice(i)
-        li = slice(si.start - r0, si.stop - r0)
-        acc = z[li].copy()
-        for k in range(start_block, i):
-            sk = g.row_slice(k)
-            acc -= next(tiles) @ z[sk.start - r0 : sk.stop - r0]
-        z[li] = _trsm_lower(next(tiles), acc, trans=False)
+    with _sweep_blas():
+        for i in range(start_block, T):
+            si = g.row_slice(i)
+            li = slice(si.start - r0, si.stop - r0)
+            acc = z[li].copy()
+            for k in range(start_block, i):
+                sk = g.row_slice(k)
+                acc -= next(tiles) @ z[sk.start - r0 : sk.stop - r0]
+            z[li] = _trsm_lower(next(tiles), acc, trans=False)
     return z
 
 
@@ -102,12 +114,13 @@ def back_substitution(factor: CholeskyFactor | TiledArray, z: Any) -> np.ndarray
     # row i holds L_ii and L_ik (k < i): once alpha_i is known, z_k -= L_ik.T alpha_i
     keys = [(i, k) for i in reversed(range(T)) for k in [i, *range(i)]]
     tiles = _tiles_ahead(L, keys)
-    for i in reversed(range(T)):
-        si = g.row_slice(i)
-        a[si] = _trsm_lower(next(tiles), a[si], trans=True)
-        for k in range(i):
-            sk = g.row_slice(k)
-            a[sk] -= next(tiles).T @ a[si]
+    with _sweep_blas():
+        for i in reversed(range(T)):
+            si = g.row_slice(i)
+            a[si] = _trsm_lower(next(tiles), a[si], trans=True)
+            for k in range(i):
+                sk = g.row_slice(k)
+                a[sk] -= next(tiles).T @ a[si]
     return a[:, 0] if one_d else a
 
 
