@@ -59,7 +59,7 @@ def _run_dask(
 ) -> list[dict]:
     from dask import delayed
 
-    from pipeline.parallel import compute
+    from pipeline.parallel import _active_client, compute
 
     # a fresh token per call: a scheduler that still holds an erred key from a failed
     # earlier call (e.g. a corrupt Gram tile since recomputed) must not replay its error
@@ -83,7 +83,12 @@ def _run_dask(
         )
     if not nodes:
         return []
-    (records,) = compute(list(nodes.values()), progress=progress, desc="tile Cholesky")
+    kw = {}
+    if _active_client() is None and (blas_threads or 1) > 1:
+        # threaded scheduler, wide BLAS calls one at a time: a thread more than cores,
+        # so one task's synchronous read or write overlaps the others' BLAS calls
+        kw["num_workers"] = (os.cpu_count() or 1) + 1
+    (records,) = compute(list(nodes.values()), progress=progress, desc="tile Cholesky", **kw)
     return list(records)
 
 

@@ -173,6 +173,8 @@ def cholesky_solve(
     gram: TiledArray | None = None,
     refine_tol: float = 1e-11,
     stats: dict | None = None,
+    X: Any = None,
+    kernel: Any = None,
 ) -> np.ndarray:
     """Solve ``(K + shift*I) alpha = y`` with the stored factor (``L L.T = K + shift*I``).
 
@@ -198,6 +200,11 @@ def cholesky_solve(
         Relative residual ``‖y - (K + shift I) alpha‖ / ‖y‖`` the refinement reaches.
     stats : dict, optional
         Filled with the refinement's steps and final relative residual.
+    X, kernel : optional
+        The training inputs (in memory) and kernel. With a float32 factor, the
+        refinement's products are then matrix-free (the fused kernel engine,
+        no disk; :func:`pipeline.solvers.refine.refinement_operator`) instead of
+        rereading the stored Gram at every step.
 
     Returns
     -------
@@ -205,14 +212,27 @@ def cholesky_solve(
     """
     L = _as_factor(factor)
     single = np.dtype(L.dtype) == np.float32
+    matrix_free = X is not None and kernel is not None
     try:
-        alpha = back_substitution(L, forward_substitution(L, y))
-        if single and gram is not None:
+        if single and (gram is not None or matrix_free):
+            from pipeline.solvers.refine import (
+                NativeFactorPreconditioner,
+                refine_with_operator,
+                refinement_operator,
+            )
+
             shift = factor.shift if isinstance(factor, CholeskyFactor) else None
             if shift is None:
                 raise ValueError("refining against the Gram needs the CholeskyFactor (its shift)")
-            alpha = refine_solution(L, gram, shift, y, alpha, tol=refine_tol, stats=stats)
-        elif single:
+            y64, one_d = _as_rhs(y, L.shape[0])
+            # the first solve in float32 too (no per-tile upcast), then CG in float64
+            alpha = NativeFactorPreconditioner(L).apply(y64)
+            alpha = alpha[:, 0] if one_d else alpha
+            op = refinement_operator(shift, X=X, kernel=kernel, gram=gram, block_size=L.block_size)
+            alpha = refine_with_operator(L, op, y, alpha, tol=refine_tol, stats=stats)
+        else:
+            alpha = back_substitution(L, forward_substitution(L, y))
+        if single and gram is None and not matrix_free:
             warnings.warn(
                 "a float32 factor solves to about single precision; pass gram= to refine "
                 "alpha to double precision",
