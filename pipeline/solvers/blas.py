@@ -94,7 +94,7 @@ def _blas_controllers() -> tuple[_ThreadCount, ...]:
 
 
 @contextlib.contextmanager
-def fixed_width(n_threads: int | None) -> Iterator[None]:
+def fixed_width(n_threads: int | None, host_lock: bool = False) -> Iterator[None]:
     """Run every BLAS call of this module (and :func:`blas_lock` sections) made by the
     calling thread inside the block with exactly ``n_threads`` BLAS threads.
 
@@ -104,13 +104,39 @@ def fixed_width(n_threads: int | None) -> Iterator[None]:
     thread count or other work runs it. Calls wider than one thread hold a
     process-wide lock (one wide call at a time: no oversubscription) and restore
     the previous thread count afterwards. ``None`` leaves calls as they are.
+
+    ``host_lock``: wide calls also hold a lock shared by every process of this
+    host (:func:`_host_lock`), for Dask workers that are separate processes on
+    one machine: two of them running all-core BLAS calls at once would
+    oversubscribe the cores (OpenBLAS threads then spin-wait on each other).
     """
-    prev = getattr(_WIDTH, "n", None)
+    prev = getattr(_WIDTH, "n", None), getattr(_WIDTH, "host", False)
     _WIDTH.n = None if n_threads is None else max(1, int(n_threads))
+    _WIDTH.host = bool(host_lock)
     try:
         yield
     finally:
-        _WIDTH.n = prev
+        _WIDTH.n, _WIDTH.host = prev
+
+
+@contextlib.contextmanager
+def _host_lock() -> Iterator[None]:
+    """An exclusive ``flock`` on ``$TMPDIR/krr-wide-blas.lock`` (released by the kernel
+    if the process dies; the blocking wait releases the GIL)."""
+    import fcntl
+    import os
+    import tempfile
+
+    path = os.path.join(tempfile.gettempdir(), "krr-wide-blas.lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager
@@ -122,7 +148,8 @@ def _width_section(n: int, lock: Any) -> Iterator[None]:
                 c.set(1)
         yield
         return
-    with lock if lock is not None else _WIDE_LOCK:
+    host = _host_lock() if getattr(_WIDTH, "host", False) else contextlib.nullcontext()
+    with lock if lock is not None else _WIDE_LOCK, host:
         before = [c.get() for c in ctl]
         for c in ctl:
             c.set(n)

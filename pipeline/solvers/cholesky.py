@@ -213,17 +213,20 @@ def _tile_task(
     deps: Iterable[Any] = (),
     io: TileIO | None = None,
     blas_threads: int | None = None,
+    host_lock: bool = False,
 ) -> dict[str, Any]:
     """Dask task: factor tile (i, j) unless its marker exists; return a tiny record.
 
     ``blas_threads``: every BLAS/LAPACK call of the task runs with exactly this many
     threads (:func:`pipeline.solvers.blas.fixed_width`), so the tile's bits do not
-    depend on the executor or on what else runs (None: the caller's setting).
+    depend on the executor or on what else runs (None: the caller's setting);
+    ``host_lock``: wide calls also queue with those of other processes on this host
+    (Dask worker processes).
     """
     rec = L.markers.record((i, j))
     if rec is not None:  # a retried or duplicated task: the tile is already stored
         return {"tile": (i, j), "computed": False, "jitter": rec.get("jitter")}
-    with gil_free_blas.fixed_width(blas_threads):
+    with gil_free_blas.fixed_width(blas_threads, host_lock=host_lock):
         tile, info = _factor_tile(gram, L, i, j, shift, lam, convention, jitter, io=io)
     _store_tile(L, i, j, tile, info, io)
     return {"tile": (i, j), "computed": True, "jitter": info.get("jitter")}

@@ -66,6 +66,9 @@ def _run_dask(
     prefix = f"chol-tile-{L.fingerprint[:10]}-{uuid.uuid4().hex[:8]}"
     nodes: dict[tuple[int, int], Any] = {}
     todo_set = set(todo)
+    # worker processes of a distributed client share the host's cores: their wide
+    # BLAS calls queue on a host-wide lock (the threaded scheduler's on the process's)
+    host_lock = _active_client() is not None and (blas_threads or 1) > 1
     for i, j in todo:  # todo is in left-looking order: deps come first
         deps = [nodes[d] for d in _deps(i, j) if d in todo_set]
         nodes[(i, j)] = delayed(chol._tile_task, pure=False)(
@@ -79,12 +82,13 @@ def _run_dask(
             jitter,
             deps,
             blas_threads=blas_threads,
+            host_lock=host_lock,
             dask_key_name=f"{prefix}-{i}-{j}",
         )
     if not nodes:
         return []
     kw = {}
-    if _active_client() is None and (blas_threads or 1) > 1:
+    if not host_lock and (blas_threads or 1) > 1 and _active_client() is None:
         # threaded scheduler, wide BLAS calls one at a time: a thread more than cores,
         # so one task's synchronous read or write overlaps the others' BLAS calls
         kw["num_workers"] = (os.cpu_count() or 1) + 1

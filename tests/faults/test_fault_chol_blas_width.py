@@ -75,3 +75,18 @@ def test_bad_width_is_a_clear_error(gram, tmp_path, monkeypatch):
     monkeypatch.setenv("KRR_CHOL_BLAS_THREADS", "two")
     with pytest.raises(ValueError, match="KRR_CHOL_BLAS_THREADS must be an integer"):
         tile_cholesky(gram, LAM, store=str(tmp_path), name="x", progress=False)
+
+
+@pytest.mark.slow
+def test_distributed_workers_give_the_same_bits(gram, tmp_path, monkeypatch):
+    """Worker processes (which start with one BLAS thread) still run each call at the
+    fixed width, queued on the host-wide lock: the same factor as the threads executor."""
+    from pipeline.parallel import dask_client
+
+    monkeypatch.setenv("KRR_CHOL_BLAS_THREADS", "2")
+    ref = _dense(tile_cholesky(gram, LAM, store=str(tmp_path), name="t", progress=False))
+    with dask_client(n_workers=2, memory_limit="1GiB"):
+        f = tile_cholesky(
+            gram, LAM, store=str(tmp_path), name="w", scheduler="dask", progress=False
+        )
+    np.testing.assert_array_equal(_dense(f), ref)
