@@ -103,7 +103,9 @@ def fixed_width(n_threads: int | None, host_lock: bool = False) -> Iterator[None
     task that fixes its BLAS width computes the same bits whatever executor, tile
     thread count or other work runs it. Calls wider than one thread hold a
     process-wide lock (one wide call at a time: no oversubscription) and restore
-    the previous thread count afterwards. ``None`` leaves calls as they are.
+    the previous thread count afterwards; one-thread calls run concurrently and leave
+    the count at 1 (so do not run tasks of two different widths in one process at
+    once). ``None`` leaves calls as they are.
 
     ``host_lock``: wide calls also hold a lock shared by every process of this
     host (:func:`_host_lock`), for Dask workers that are separate processes on
