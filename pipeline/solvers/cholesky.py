@@ -18,13 +18,18 @@ Two executors run the same tile function:
 
 - ``scheduler="dask"``: a Dask graph of one task per factor tile; tasks depend
   on each other through tiny results (a dict per tile), never tile payloads. It
-  runs on the active distributed client or the threaded scheduler, one BLAS
-  thread per Dask thread (:func:`pipeline.parallel.compute`).
-- ``scheduler="threads"``: the same tasks on a few threads of this process, one
-  BLAS thread each, always running the ready task with the longest remaining
-  path first (the diagonal chain is the critical path of a left-looking
-  Cholesky; Dask's generic ordering leaves cores idle near the end). One
-  thread's reads and writes overlap the others' BLAS.
+  runs on the active distributed client or the threaded scheduler
+  (:func:`pipeline.parallel.compute`).
+- ``scheduler="threads"``: the same tasks on a few threads of this process,
+  always running the ready task with the longest remaining path first (the
+  diagonal chain is the critical path of a left-looking Cholesky). One thread's
+  reads and writes overlap the others' BLAS.
+
+In both, every BLAS/LAPACK call of a tile task runs with one fixed thread count
+(:func:`pipeline.solvers.cholesky_exec.tile_blas_threads`; by default all cores,
+one call at a time per process, or per host for distributed worker processes),
+because OpenBLAS rounds differently with another thread count: the factor is
+then the same bit for bit whatever the executor and its number of threads.
 
 Disk (``T = ceil(n / b)`` tiles per side, block ``b``, ``s`` bytes per factor
 entry: 8 for float64, 4 for float32). ``keep_gram=True`` (default) writes the
@@ -338,11 +343,12 @@ def tile_cholesky(
         :class:`NotPositiveDefiniteError`. Otherwise a failed tile POTRF is
         retried with growing jitter on that tile's diagonal (recorded).
     scheduler : {"auto", "threads", "dask"}
-        "threads": tile tasks on ``n_threads`` threads of this process, one
-        BLAS thread each, the ready task with the longest remaining path first.
+        "threads": tile tasks on ``n_threads`` threads of this process, the
+        ready task with the longest remaining path first.
         "dask": one Dask task per tile (dependencies through tiny results) run
         by :func:`pipeline.parallel.compute` on the active distributed client or
-        the threaded scheduler, one BLAS thread per Dask thread.
+        the threaded scheduler. Both give the same factor bit for bit (see
+        ``wide``).
         "auto" (default): "dask" when a distributed client is active, else
         "threads".
     n_threads : int, optional
