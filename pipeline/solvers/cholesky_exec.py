@@ -51,7 +51,12 @@ def tile_blas_threads(wide: bool = True) -> int:
         if n < 1:
             raise ValueError(f"KRR_CHOL_BLAS_THREADS must be an integer >= 1, got {env!r}")
         return n
-    return max(1, os.cpu_count() or 1) if wide else 1
+    if not wide:
+        return 1
+    try:  # the cores this process may run on (a CPU affinity mask, e.g. taskset)
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
 
 
 def _run_dask(
