@@ -27,6 +27,7 @@ __all__ = [
     "blas_lock",
     "fixed_width",
     "gemm_nt_sub",
+    "potrf_lower",
     "serialized",
     "syrk_lower_sub",
     "trsm_right_lower_t",
@@ -175,15 +176,16 @@ def blas_lock() -> contextlib.AbstractContextManager:
 @cache
 def _routine(name: str) -> ctypes._CFuncPtr:
     import scipy.linalg.cython_blas as cb
+    import scipy.linalg.cython_lapack as cl
 
-    cap = cb.__pyx_capi__[name]
+    cap = (cl if name[1:] == "potrf" else cb).__pyx_capi__[name]
     get_name = ctypes.pythonapi.PyCapsule_GetName
     get_name.restype, get_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
     get_ptr = ctypes.pythonapi.PyCapsule_GetPointer
     get_ptr.restype, get_ptr.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
     addr = get_ptr(cap, get_name(cap))
     # every Fortran argument is a pointer; CFUNCTYPE calls release the GIL
-    n_args = {"gemm": 13, "syrk": 10, "trsm": 11}[name[1:]]
+    n_args = {"gemm": 13, "syrk": 10, "trsm": 11, "potrf": 5}[name[1:]]
     return ctypes.CFUNCTYPE(None, *([_P] * n_args))(addr)
 
 
@@ -254,6 +256,38 @@ def syrk_lower_sub(c: np.ndarray, a: np.ndarray) -> np.ndarray:
     # C's lower triangle is C_F's upper one; C_F -= A_F^T @ A_F with A_F = A^T (k x m)
     _call(p, "syrk", "U", "T", m, k, -1.0, a, _ld(a, "a"), 1.0, c, _ld(c, "c"))
     return c
+
+
+def potrf_lower(a: np.ndarray) -> int:
+    """Cholesky factor of the symmetric tile whose lower triangle ``a`` holds, in place,
+    GIL-free (LAPACK ``potrf`` of SciPy's library, as SciPy's own wrapper calls it).
+
+    On return (info 0) ``a``'s lower triangle holds ``L`` with ``L @ L.T = A`` and its
+    strict upper triangle is zero. Returns LAPACK's ``info`` (> 0: the leading minor
+    of that order is not positive definite; ``a`` is then partly overwritten).
+    """
+    p = _prefix(a)
+    n = a.shape[0]
+    if a.ndim != 2 or a.shape != (n, n) or not a.flags.c_contiguous:
+        raise ValueError(f"potrf needs a square C-contiguous tile, got shape {a.shape}")
+    _check_writable(a)
+    if n == 0:
+        return 0
+    info = ctypes.c_int(0)
+    fn = _routine(p + "potrf")
+    # a's lower triangle is the upper one of the column-major a.T: U^T U = A, U^T = L
+    with blas_lock():
+        fn(
+            ctypes.c_char_p(b"U"),
+            ctypes.byref(ctypes.c_int(n)),
+            a.ctypes.data,
+            ctypes.byref(ctypes.c_int(n)),
+            ctypes.byref(info),
+        )
+    if info.value == 0:
+        for i in range(n - 1):  # LAPACK leaves the other triangle as it was
+            a[i, i + 1 :] = 0
+    return int(info.value)
 
 
 def trsm_right_lower_t(ell: np.ndarray, a: np.ndarray) -> np.ndarray:

@@ -53,7 +53,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy.linalg import lapack
 
 from pipeline.solvers import blas as gil_free_blas
 
@@ -91,13 +90,16 @@ from pipeline.storage import (
 
 
 def _potrf_lower(a: np.ndarray, overwrite: bool = False) -> tuple[np.ndarray, int]:
-    """Lower Cholesky factor of the tile whose *lower* triangle ``a`` holds (C order)."""
-    potrf = lapack.get_lapack_funcs("potrf", (a,))
-    # a.T is F-contiguous; its upper triangle is a's lower one
-    with gil_free_blas.blas_lock():
-        c, info = potrf(a.T, lower=0, clean=1, overwrite_a=int(overwrite))
-    # c is the upper factor U (F order) with U.T U = A; L = U.T is a C-contiguous view
-    return np.ascontiguousarray(c.T), int(info)
+    """Lower Cholesky factor of the tile whose *lower* triangle ``a`` holds (C order).
+
+    GIL-free (:func:`pipeline.solvers.blas.potrf_lower`: the same LAPACK call as
+    SciPy's ``potrf(a.T, lower=0)``, so the same bits), so the other tile threads
+    keep doing their I/O meanwhile.
+    """
+    ok = overwrite and a.flags.c_contiguous and a.flags.writeable and a.dtype == np.float64
+    c = a if ok else np.array(a, dtype=np.float64, order="C")
+    info = gil_free_blas.potrf_lower(c)
+    return c, int(info)
 
 
 def _trsm_right_lower_t(ljj: np.ndarray, a: np.ndarray) -> np.ndarray:

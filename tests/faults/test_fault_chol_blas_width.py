@@ -90,3 +90,21 @@ def test_distributed_workers_give_the_same_bits(gram, tmp_path, monkeypatch):
             gram, LAM, store=str(tmp_path), name="w", scheduler="dask", progress=False
         )
     np.testing.assert_array_equal(_dense(f), ref)
+
+
+def test_gil_free_potrf_matches_scipy_bit_for_bit():
+    from scipy.linalg import lapack
+
+    from pipeline.solvers import blas
+    from pipeline.solvers.cholesky import _potrf_lower
+
+    rng = np.random.default_rng(2)
+    X = rng.standard_normal((300, 300))
+    A = X @ X.T / 300 + np.eye(300)
+    A[np.triu_indices(300, 1)] = 7.0  # only the lower triangle is read
+    with blas.fixed_width(1):
+        new, info = _potrf_lower(A.copy())
+        c, info2 = lapack.dpotrf(A.copy().T, lower=0, clean=1)
+    assert info == info2 == 0
+    np.testing.assert_array_equal(new, np.ascontiguousarray(c.T))
+    assert _potrf_lower(-np.eye(20))[1] == 1  # not PD: LAPACK's info
