@@ -205,7 +205,9 @@ def _store_tile(
     if io is None:
         write(tile)
     else:  # one writer thread, in completion order: an input's marker precedes its users'
-        io.write(("L", i, j), tile, write)
+        from pipeline.solvers.cholesky_exec import _niced, io_niceness
+
+        io.write(("L", i, j), tile, _niced(write, io_niceness()))
 
 
 def _tile_task(

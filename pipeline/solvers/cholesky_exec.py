@@ -123,6 +123,48 @@ def _critical_path_ranks(todo: list[tuple[int, int]], block: int) -> dict[tuple[
 #: extra memory the read-ahead and write-behind of the threads scheduler may hold, each
 IO_BUDGET_BYTES = 256 << 20
 
+_IO_NICED = threading.local()
+
+
+def io_niceness() -> int:
+    """``KRR_CHOL_IO_NICE`` (default 0: off): the niceness the threads executor's
+    read-ahead and write-behind threads lower themselves to (Linux, per thread).
+
+    An experiment for cores shared by an all-core BLAS call and the tile I/O: a
+    BLAS thread preempted by an I/O thread stalls its partner threads too, so the
+    I/O may cost the BLAS twice its CPU time; niced I/O runs mostly in the BLAS
+    call's gaps (the read-ahead and write-behind queues are bounded). Results do
+    not depend on it. Compare with ``bench_cholesky.py --modes ours-threads,ours-ionice``.
+    """
+    env = os.environ.get("KRR_CHOL_IO_NICE", "").strip()
+    try:
+        n = int(env or 0)
+    except ValueError:
+        n = -1
+    if not 0 <= n <= 19:
+        raise ValueError(f"KRR_CHOL_IO_NICE must be an integer from 0 to 19, got {env!r}")
+    return n
+
+
+def _niced(fn, nice: int):
+    """``fn`` run with this TileIO thread's niceness raised to ``nice`` (once per thread)."""
+    if nice <= 0:
+        return fn
+
+    def run(*args):
+        # only TileIO's own threads: a tile thread reading out of order (or writing
+        # synchronously) also drives BLAS calls, which must keep the normal priority
+        own = threading.current_thread().name.startswith(("tile-read", "tile-write"))
+        if own and not getattr(_IO_NICED, "done", False):
+            _IO_NICED.done = True
+            try:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+            except (AttributeError, OSError):
+                pass  # not Linux, or not allowed: run at the normal priority
+        return fn(*args)
+
+    return run
+
 
 def _run_threads(
     gram,
@@ -210,8 +252,9 @@ def _run_threads(
     io_depth = int(min(2, max(1, IO_BUDGET_BYTES // max(tile_bytes, 1))))
     # Gram tiles are read ahead in left-looking order and factor tiles written behind,
     # so the tile threads keep their cores busy with BLAS (a few tiles of extra memory)
+    nice = io_niceness()
     io = TileIO(
-        lambda key: gram.read_tile(key[1], key[2]),
+        _niced(lambda key: gram.read_tile(key[1], key[2]), nice),
         [("K", i, j) for i, j in todo],
         depth=io_depth,
         max_pending=io_depth,

@@ -108,3 +108,28 @@ def test_gil_free_potrf_matches_scipy_bit_for_bit():
     assert info == info2 == 0
     np.testing.assert_array_equal(new, np.ascontiguousarray(c.T))
     assert _potrf_lower(-np.eye(20))[1] == 1  # not PD: LAPACK's info
+
+
+def test_niced_io_threads_same_bits(gram, tmp_path, monkeypatch):
+    """KRR_CHOL_IO_NICE lowers only TileIO's read-ahead/write-behind threads."""
+    import os
+    import threading
+
+    from pipeline.solvers import cholesky_exec
+
+    ref = _dense(tile_cholesky(gram, LAM, store=str(tmp_path), name="a", progress=False))
+    calls = []
+    monkeypatch.setattr(
+        os, "setpriority", lambda *a: calls.append((threading.current_thread().name, a[-1]))
+    )
+    monkeypatch.setenv("KRR_CHOL_IO_NICE", "10")
+    niced = _dense(tile_cholesky(gram, LAM, store=str(tmp_path), name="b", progress=False))
+    np.testing.assert_array_equal(niced, ref)
+    names = {n for n, _ in calls}
+    assert calls and all(v == 10 for _, v in calls)
+    assert any(n.startswith("tile-read") for n in names)
+    assert any(n.startswith("tile-write") for n in names)
+    assert not any(n.startswith("chol-") for n in names)  # tile threads keep priority
+    monkeypatch.setenv("KRR_CHOL_IO_NICE", "-5")
+    with pytest.raises(ValueError, match="KRR_CHOL_IO_NICE"):
+        cholesky_exec.io_niceness()

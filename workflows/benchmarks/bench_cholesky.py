@@ -108,6 +108,8 @@ def run_mode(mode: str, store: str, out: str) -> dict:
         # "narrow": wide=False, one BLAS thread per tile task, tasks in parallel
         # (default, "threads"/"dask"/"f32"/"f32dask": every BLAS call on all cores, one
         # at a time, the same bits in both executors)
+        if kind == "ionice":  # read-ahead / write-behind threads at niceness 10
+            os.environ["KRR_CHOL_IO_NICE"] = "10"
         n_threads = 1 if kind == "threads1" else None
         sched = "dask" if kind in ("dask", "f32dask") else "threads"
         dtype = np.float32 if single else np.float64
@@ -206,7 +208,8 @@ def main(argv: list[str] | None = None) -> None:
         "--modes",
         default="ours-threads,ours-dask,ours-f32,scipy",
         help="comma-separated list of ours-threads, ours-dask (the two executors, BLAS on "
-        "all cores per call), ours-narrow (wide=False), ours-threads1, ours-f32 / "
+        "all cores per call), ours-narrow (wide=False), ours-threads1, ours-ionice "
+        "(threads, I/O threads niced: KRR_CHOL_IO_NICE=10), ours-f32 / "
         "ours-f32dask (float32 factor, float64 diagonal tiles, alpha refined to 1e-11 "
         "with the matrix-free float64 product), scipy, dask (dask.array.linalg)",
     )
