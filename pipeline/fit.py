@@ -213,7 +213,17 @@ def execute(
         )
         refine: dict = {}
         # in place, the Gram's array holds the factor now: nothing to refine against
-        coef = cholesky_solve(factor, y, gram=gram if plan.keep_gram else None, stats=refine)
+        # a float32 factor is refined with matrix-free products when X is in memory
+        # (no rereads of the stored Gram; pipeline.solvers.refine.refinement_operator)
+        mf = isinstance(X, np.ndarray) and kernel is not None
+        coef = cholesky_solve(
+            factor,
+            y,
+            gram=gram if plan.keep_gram else None,
+            stats=refine,
+            X=X if mf else None,
+            kernel=kernel if mf else None,
+        )
         info = {"factor_tiles_computed": len(factor.computed), "jitter": factor.jitter, **refine}
         if not plan.keep_gram:
             info["keep_gram"] = False

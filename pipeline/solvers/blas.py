@@ -23,7 +23,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["blas_lock", "gemm_nt_sub", "serialized", "syrk_lower_sub", "trsm_right_lower_t"]
+__all__ = [
+    "blas_lock",
+    "fixed_width",
+    "gemm_nt_sub",
+    "potrf_lower",
+    "serialized",
+    "syrk_lower_sub",
+    "trsm_right_lower_t",
+]
 
 _P = ctypes.c_void_p
 
@@ -48,24 +56,136 @@ def serialized() -> Iterator[None]:
         _SERIAL = prev
 
 
+#: one multi-threaded BLAS call at a time per process (calls under :func:`fixed_width` > 1)
+_WIDE_LOCK = threading.Lock()
+_WIDTH = threading.local()
+
+
+class _ThreadCount:
+    """Get/set one BLAS library's process-wide thread count from any Python thread.
+
+    threadpoolctl ignores ``set_num_threads`` of a pthreads OpenBLAS from any thread
+    but the first one that used it (its "controlling thread"), silently, so tile
+    threads call OpenBLAS's own ``openblas_set_num_threads`` instead.
+    """
+
+    def __init__(self, controller: Any) -> None:
+        self.get = controller.get_num_threads
+        self.set = controller.set_num_threads
+        if getattr(controller, "internal_api", "") == "openblas":
+            lib = ctypes.CDLL(controller.filepath)
+            for pre in ("scipy_", ""):
+                for suf in ("", "64_", "_64"):
+                    g = getattr(lib, f"{pre}openblas_get_num_threads{suf}", None)
+                    s = getattr(lib, f"{pre}openblas_set_num_threads{suf}", None)
+                    if g is not None and s is not None:
+                        g.restype, g.argtypes = ctypes.c_int, []
+                        s.restype, s.argtypes = None, [ctypes.c_int]
+                        self.get, self.set = g, s
+                        return
+
+
+@cache
+def _blas_controllers() -> tuple[_ThreadCount, ...]:
+    import scipy.linalg.cython_blas  # noqa: F401  (load SciPy's BLAS before listing)
+    from threadpoolctl import ThreadpoolController
+
+    ctl = ThreadpoolController().select(user_api="blas").lib_controllers
+    return tuple(_ThreadCount(c) for c in ctl)
+
+
+@contextlib.contextmanager
+def fixed_width(n_threads: int | None, host_lock: bool = False) -> Iterator[None]:
+    """Run every BLAS call of this module (and :func:`blas_lock` sections) made by the
+    calling thread inside the block with exactly ``n_threads`` BLAS threads.
+
+    Multi-threaded OpenBLAS rounds differently from single-threaded (GEMM, TRSM and
+    POTRF of a 2500-tile differ in the last bits between 1 and 2 threads), so a tile
+    task that fixes its BLAS width computes the same bits whatever executor, tile
+    thread count or other work runs it. Calls wider than one thread hold a
+    process-wide lock (one wide call at a time: no oversubscription) and restore
+    the previous thread count afterwards; one-thread calls run concurrently and leave
+    the count at 1 (so do not run tasks of two different widths in one process at
+    once). ``None`` leaves calls as they are.
+
+    ``host_lock``: wide calls also hold a lock shared by every process of this
+    host (:func:`_host_lock`), for Dask workers that are separate processes on
+    one machine: two of them running all-core BLAS calls at once would
+    oversubscribe the cores (OpenBLAS threads then spin-wait on each other).
+    """
+    prev = getattr(_WIDTH, "n", None), getattr(_WIDTH, "host", False)
+    _WIDTH.n = None if n_threads is None else max(1, int(n_threads))
+    _WIDTH.host = bool(host_lock)
+    try:
+        yield
+    finally:
+        _WIDTH.n, _WIDTH.host = prev
+
+
+@contextlib.contextmanager
+def _host_lock() -> Iterator[None]:
+    """An exclusive ``flock`` on ``$TMPDIR/krr-wide-blas.lock`` (released by the kernel
+    if the process dies; the blocking wait releases the GIL)."""
+    import fcntl
+    import os
+    import tempfile
+
+    path = os.path.join(tempfile.gettempdir(), "krr-wide-blas.lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _width_section(n: int, lock: Any) -> Iterator[None]:
+    ctl = _blas_controllers()
+    if n == 1 and lock is None:  # concurrent 1-thread calls: setting 1 is idempotent
+        for c in ctl:
+            if c.get() != 1:
+                c.set(1)
+        yield
+        return
+    host = _host_lock() if getattr(_WIDTH, "host", False) else contextlib.nullcontext()
+    with lock if lock is not None else _WIDE_LOCK, host:
+        before = [c.get() for c in ctl]
+        for c in ctl:
+            c.set(n)
+        try:
+            yield
+        finally:
+            for c, b in zip(ctl, before, strict=True):
+                c.set(b)
+
+
 def blas_lock() -> contextlib.AbstractContextManager:
-    """The lock of :func:`serialized` while it is active, else a no-op context."""
+    """Context for one BLAS/LAPACK call: the lock of :func:`serialized` while it is
+    active, and the calling thread's :func:`fixed_width`; else a no-op context."""
     lock = _SERIAL
+    n = getattr(_WIDTH, "n", None)
+    if n is not None:
+        return _width_section(n, lock)
     return lock if lock is not None else contextlib.nullcontext()
 
 
 @cache
 def _routine(name: str) -> ctypes._CFuncPtr:
     import scipy.linalg.cython_blas as cb
+    import scipy.linalg.cython_lapack as cl
 
-    cap = cb.__pyx_capi__[name]
+    cap = (cl if name[1:] == "potrf" else cb).__pyx_capi__[name]
     get_name = ctypes.pythonapi.PyCapsule_GetName
     get_name.restype, get_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
     get_ptr = ctypes.pythonapi.PyCapsule_GetPointer
     get_ptr.restype, get_ptr.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
     addr = get_ptr(cap, get_name(cap))
     # every Fortran argument is a pointer; CFUNCTYPE calls release the GIL
-    n_args = {"gemm": 13, "syrk": 10, "trsm": 11}[name[1:]]
+    n_args = {"gemm": 13, "syrk": 10, "trsm": 11, "potrf": 5}[name[1:]]
     return ctypes.CFUNCTYPE(None, *([_P] * n_args))(addr)
 
 
@@ -99,8 +219,9 @@ def _call(prefix: str, name: str, *args: Any) -> None:
             refs.append(ctypes.byref(ctypes.c_int(a)))
         else:
             refs.append(ctypes.byref(real(a)))
+    fn = _routine(prefix + name)
     with blas_lock():
-        _routine(prefix + name)(*refs)  # the arrays stay referenced by ``args`` meanwhile
+        fn(*refs)  # the arrays stay referenced by ``args`` meanwhile
 
 
 def _check_writable(c: np.ndarray) -> None:
@@ -137,6 +258,38 @@ def syrk_lower_sub(c: np.ndarray, a: np.ndarray) -> np.ndarray:
     return c
 
 
+def potrf_lower(a: np.ndarray) -> int:
+    """Cholesky factor of the symmetric tile whose lower triangle ``a`` holds, in place,
+    GIL-free (LAPACK ``potrf`` of SciPy's library, as SciPy's own wrapper calls it).
+
+    On return (info 0) ``a``'s lower triangle holds ``L`` with ``L @ L.T = A`` and its
+    strict upper triangle is zero. Returns LAPACK's ``info`` (> 0: the leading minor
+    of that order is not positive definite; ``a`` is then partly overwritten).
+    """
+    p = _prefix(a)
+    n = a.shape[0]
+    if a.ndim != 2 or a.shape != (n, n) or not a.flags.c_contiguous:
+        raise ValueError(f"potrf needs a square C-contiguous tile, got shape {a.shape}")
+    _check_writable(a)
+    if n == 0:
+        return 0
+    info = ctypes.c_int(0)
+    fn = _routine(p + "potrf")
+    # a's lower triangle is the upper one of the column-major a.T: U^T U = A, U^T = L
+    with blas_lock():
+        fn(
+            ctypes.c_char_p(b"U"),
+            ctypes.byref(ctypes.c_int(n)),
+            a.ctypes.data,
+            ctypes.byref(ctypes.c_int(n)),
+            ctypes.byref(info),
+        )
+    if info.value == 0:
+        for i in range(n - 1):  # LAPACK leaves the other triangle as it was
+            a[i, i + 1 :] = 0
+    return int(info.value)
+
+
 def trsm_right_lower_t(ell: np.ndarray, a: np.ndarray) -> np.ndarray:
     """Solve ``x @ ell.T = a`` for ``x`` in place of ``a`` (``ell`` lower triangular)."""
     p = _prefix(ell, a)
@@ -150,3 +303,23 @@ def trsm_right_lower_t(ell: np.ndarray, a: np.ndarray) -> np.ndarray:
     # x^T is X_F (nb x m) in a's buffer: solve L_F^T X_F = A_F
     _call(p, "trsm", "L", "U", "T", "N", nb, m, 1.0, ell, _ld(ell, "ell"), a, _ld(a, "a"))
     return a
+
+
+@contextlib.contextmanager
+def process_threads(n_threads: int) -> Iterator[None]:
+    """Set every loaded BLAS's process-wide thread count inside the block, from any
+    Python thread (threadpoolctl only obeys its first caller), then restore it.
+
+    For memory-bound sweeps (GEMV-like products, TRSM with a few right-hand sides):
+    one BLAS thread streams a tile about as fast as two, and never waits on a
+    descheduled partner thread (measured under load: 5-8x faster at 1 thread).
+    """
+    ctl = _blas_controllers()
+    before = [c.get() for c in ctl]
+    for c in ctl:
+        c.set(max(1, int(n_threads)))
+    try:
+        yield
+    finally:
+        for c, b in zip(ctl, before, strict=True):
+            c.set(b)

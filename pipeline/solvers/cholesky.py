@@ -18,13 +18,18 @@ Two executors run the same tile function:
 
 - ``scheduler="dask"``: a Dask graph of one task per factor tile; tasks depend
   on each other through tiny results (a dict per tile), never tile payloads. It
-  runs on the active distributed client or the threaded scheduler, one BLAS
-  thread per Dask thread (:func:`pipeline.parallel.compute`).
-- ``scheduler="threads"``: the same tasks on a few threads of this process, one
-  BLAS thread each, always running the ready task with the longest remaining
-  path first (the diagonal chain is the critical path of a left-looking
-  Cholesky; Dask's generic ordering leaves cores idle near the end). One
-  thread's reads and writes overlap the others' BLAS.
+  runs on the active distributed client or the threaded scheduler
+  (:func:`pipeline.parallel.compute`).
+- ``scheduler="threads"``: the same tasks on a few threads of this process,
+  always running the ready task with the longest remaining path first (the
+  diagonal chain is the critical path of a left-looking Cholesky). One thread's
+  reads and writes overlap the others' BLAS.
+
+In both, every BLAS/LAPACK call of a tile task runs with one fixed thread count
+(:func:`pipeline.solvers.cholesky_exec.tile_blas_threads`; by default all cores,
+one call at a time per process, or per host for distributed worker processes),
+because OpenBLAS rounds differently with another thread count: the factor is
+then the same bit for bit whatever the executor and its number of threads.
 
 Disk (``T = ceil(n / b)`` tiles per side, block ``b``, ``s`` bytes per factor
 entry: 8 for float64, 4 for float32). ``keep_gram=True`` (default) writes the
@@ -48,7 +53,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy.linalg import lapack
 
 from pipeline.solvers import blas as gil_free_blas
 
@@ -86,13 +90,16 @@ from pipeline.storage import (
 
 
 def _potrf_lower(a: np.ndarray, overwrite: bool = False) -> tuple[np.ndarray, int]:
-    """Lower Cholesky factor of the tile whose *lower* triangle ``a`` holds (C order)."""
-    potrf = lapack.get_lapack_funcs("potrf", (a,))
-    # a.T is F-contiguous; its upper triangle is a's lower one
-    with gil_free_blas.blas_lock():
-        c, info = potrf(a.T, lower=0, clean=1, overwrite_a=int(overwrite))
-    # c is the upper factor U (F order) with U.T U = A; L = U.T is a C-contiguous view
-    return np.ascontiguousarray(c.T), int(info)
+    """Lower Cholesky factor of the tile whose *lower* triangle ``a`` holds (C order).
+
+    GIL-free (:func:`pipeline.solvers.blas.potrf_lower`: the same LAPACK call as
+    SciPy's ``potrf(a.T, lower=0)``, so the same bits), so the other tile threads
+    keep doing their I/O meanwhile.
+    """
+    ok = overwrite and a.flags.c_contiguous and a.flags.writeable and a.dtype == np.float64
+    c = a if ok else np.array(a, dtype=np.float64, order="C")
+    info = gil_free_blas.potrf_lower(c)
+    return c, int(info)
 
 
 def _trsm_right_lower_t(ljj: np.ndarray, a: np.ndarray) -> np.ndarray:
@@ -198,7 +205,9 @@ def _store_tile(
     if io is None:
         write(tile)
     else:  # one writer thread, in completion order: an input's marker precedes its users'
-        io.write(("L", i, j), tile, write)
+        from pipeline.solvers.cholesky_exec import _niced, io_niceness
+
+        io.write(("L", i, j), tile, _niced(write, io_niceness()))
 
 
 def _tile_task(
@@ -212,12 +221,22 @@ def _tile_task(
     jitter: JitterPolicy | None,
     deps: Iterable[Any] = (),
     io: TileIO | None = None,
+    blas_threads: int | None = None,
+    host_lock: bool = False,
 ) -> dict[str, Any]:
-    """Dask task: factor tile (i, j) unless its marker exists; return a tiny record."""
+    """Dask task: factor tile (i, j) unless its marker exists; return a tiny record.
+
+    ``blas_threads``: every BLAS/LAPACK call of the task runs with exactly this many
+    threads (:func:`pipeline.solvers.blas.fixed_width`), so the tile's bits do not
+    depend on the executor or on what else runs (None: the caller's setting);
+    ``host_lock``: wide calls also queue with those of other processes on this host
+    (Dask worker processes).
+    """
     rec = L.markers.record((i, j))
     if rec is not None:  # a retried or duplicated task: the tile is already stored
         return {"tile": (i, j), "computed": False, "jitter": rec.get("jitter")}
-    tile, info = _factor_tile(gram, L, i, j, shift, lam, convention, jitter, io=io)
+    with gil_free_blas.fixed_width(blas_threads, host_lock=host_lock):
+        tile, info = _factor_tile(gram, L, i, j, shift, lam, convention, jitter, io=io)
     _store_tile(L, i, j, tile, info, io)
     return {"tile": (i, j), "computed": True, "jitter": info.get("jitter")}
 
@@ -231,6 +250,7 @@ from pipeline.solvers.cholesky_exec import (  # noqa: E402, F401  (re-exported)
     _deps,
     _run_dask,
     _run_threads,
+    tile_blas_threads,
 )
 
 # ---------------------------------------------------------------------------
@@ -305,7 +325,7 @@ def tile_cholesky(
     keep_gram: bool = True,
     recompute_tile: Any = None,
     check_disk: bool = True,
-    wide: bool = False,
+    wide: bool = True,
 ) -> CholeskyFactor:
     """Factor ``K + shift * I = L @ L.T`` tile by tile, Zarr to Zarr, resumably.
 
@@ -327,11 +347,12 @@ def tile_cholesky(
         :class:`NotPositiveDefiniteError`. Otherwise a failed tile POTRF is
         retried with growing jitter on that tile's diagonal (recorded).
     scheduler : {"auto", "threads", "dask"}
-        "threads": tile tasks on ``n_threads`` threads of this process, one
-        BLAS thread each, the ready task with the longest remaining path first.
+        "threads": tile tasks on ``n_threads`` threads of this process, the
+        ready task with the longest remaining path first.
         "dask": one Dask task per tile (dependencies through tiny results) run
         by :func:`pipeline.parallel.compute` on the active distributed client or
-        the threaded scheduler, one BLAS thread per Dask thread.
+        the threaded scheduler. Both give the same factor bit for bit (see
+        ``wide``).
         "auto" (default): "dask" when a distributed client is active, else
         "threads".
     n_threads : int, optional
@@ -348,9 +369,13 @@ def tile_cholesky(
         about single precision: pass the Gram to :func:`cholesky_solve`
         (``gram=``), which refines ``alpha`` to double precision.
     wide : bool
-        "threads" scheduler only: every BLAS call uses all cores, one call at a
-        time, while the other tile threads do their I/O and copies (default
-        False: one BLAS thread per tile thread). Same result bit for bit.
+        True (default): every BLAS/LAPACK call of a tile task uses all cores
+        (``KRR_CHOL_BLAS_THREADS`` if set), one call at a time per process, while
+        the other tile threads do their I/O and copies; False: one BLAS thread
+        per call, tile tasks in parallel. Both executors use the same fixed BLAS
+        width, so "threads" and "dask" give the same factor bit for bit, whatever
+        ``n_threads``; ``wide=True`` and ``wide=False`` agree to rounding
+        (OpenBLAS rounds differently with another thread count).
     keep_gram : bool
         True (default): the factor goes to its own array and the Gram is kept.
         False: factor in place, each factor tile atomically replacing its Gram
@@ -461,12 +486,22 @@ def tile_cholesky(
             len(todo) * L.block_size**2 * dtype.itemsize,
             f"the factor's {len(todo)} remaining {L.block_size}x{L.block_size} {dtype} tiles",
         )
+    width = tile_blas_threads(wide)
     if scheduler == "dask":
-        records = _run_dask(gram, L, todo, shift, lam, convention, policy, progress)
+        records = _run_dask(gram, L, todo, shift, lam, convention, policy, progress, width)
     else:
         nthreads = n_threads or os.cpu_count() or 1
         records = _run_threads(
-            gram, L, todo, shift, lam, convention, policy, nthreads, wide=wide, progress=progress
+            gram,
+            L,
+            todo,
+            shift,
+            lam,
+            convention,
+            policy,
+            nthreads,
+            blas_threads=width,
+            progress=progress,
         )
     computed = tuple(tuple(r["tile"]) for r in records if r["computed"])
     # jitter record over all diagonal tiles (from markers: also those of earlier runs)

@@ -6,9 +6,14 @@ function of finished tiles), in left-looking dependency order:
 - :func:`_run_dask`: one Dask task per factor tile on the active client or the
   threaded scheduler; dependencies through tiny results, never tile payloads.
 - :func:`_run_threads`: a list scheduler on a few threads of this process, the
-  ready task with the longest remaining path first; a task running alone gets
-  every BLAS thread; ``wide=True`` runs every BLAS call on all cores, one at a
-  time. Gram reads and factor writes run in background threads (TileIO).
+  ready task with the longest remaining path first. Gram reads and factor
+  writes run in background threads (TileIO).
+
+Both give every BLAS/LAPACK call of a tile task the same fixed thread count
+(:func:`tile_blas_threads`: all cores by default, "wide", the calls then run one
+at a time per process while the other tile threads do their reads, copies and
+checksums; 1 with ``wide=False``), so the factor is the same bit for bit whatever
+the executor, its thread count or the order the tasks ran in.
 """
 
 from __future__ import annotations
@@ -33,16 +38,42 @@ def _deps(i: int, j: int) -> list[tuple[int, int]]:
     return d
 
 
-def _run_dask(gram, L, todo, shift, lam, convention, jitter, progress) -> list[dict]:
+def tile_blas_threads(wide: bool = True) -> int:
+    """BLAS threads of every tile task: ``KRR_CHOL_BLAS_THREADS`` if set, else all
+    cores (``wide``) or 1. It defines the factor's last bits (OpenBLAS rounds
+    differently with another thread count), so both executors use it."""
+    env = os.environ.get("KRR_CHOL_BLAS_THREADS")
+    if env:
+        try:
+            n = int(env)
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise ValueError(f"KRR_CHOL_BLAS_THREADS must be an integer >= 1, got {env!r}")
+        return n
+    if not wide:
+        return 1
+    try:  # the cores this process may run on (a CPU affinity mask, e.g. taskset)
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def _run_dask(
+    gram, L, todo, shift, lam, convention, jitter, progress, blas_threads=None
+) -> list[dict]:
     from dask import delayed
 
-    from pipeline.parallel import compute
+    from pipeline.parallel import _active_client, compute
 
     # a fresh token per call: a scheduler that still holds an erred key from a failed
     # earlier call (e.g. a corrupt Gram tile since recomputed) must not replay its error
     prefix = f"chol-tile-{L.fingerprint[:10]}-{uuid.uuid4().hex[:8]}"
     nodes: dict[tuple[int, int], Any] = {}
     todo_set = set(todo)
+    # worker processes of a distributed client share the host's cores: their wide
+    # BLAS calls queue on a host-wide lock (the threaded scheduler's on the process's)
+    host_lock = _active_client() is not None and (blas_threads or 1) > 1
     for i, j in todo:  # todo is in left-looking order: deps come first
         deps = [nodes[d] for d in _deps(i, j) if d in todo_set]
         nodes[(i, j)] = delayed(chol._tile_task, pure=False)(
@@ -55,11 +86,20 @@ def _run_dask(gram, L, todo, shift, lam, convention, jitter, progress) -> list[d
             convention,
             jitter,
             deps,
+            blas_threads=blas_threads,
+            host_lock=host_lock,
             dask_key_name=f"{prefix}-{i}-{j}",
         )
     if not nodes:
         return []
-    (records,) = compute(list(nodes.values()), progress=progress, desc="cholesky", unit="tile")
+    kw = {}
+    if not host_lock and (blas_threads or 1) > 1 and _active_client() is None:
+        # threaded scheduler, wide BLAS calls one at a time: a thread more than cores,
+        # so one task's synchronous read or write overlaps the others' BLAS calls
+        kw["num_workers"] = (os.cpu_count() or 1) + 1
+    (records,) = compute(
+        list(nodes.values()), progress=progress, desc="cholesky", unit="tile", **kw
+    )
     return list(records)
 
 
@@ -85,22 +125,75 @@ def _critical_path_ranks(todo: list[tuple[int, int]], block: int) -> dict[tuple[
 #: extra memory the read-ahead and write-behind of the threads scheduler may hold, each
 IO_BUDGET_BYTES = 256 << 20
 
+_IO_NICED = threading.local()
+
+
+def io_niceness() -> int:
+    """``KRR_CHOL_IO_NICE`` (default 0: off): the niceness the threads executor's
+    read-ahead and write-behind threads lower themselves to (Linux, per thread).
+
+    An experiment for cores shared by an all-core BLAS call and the tile I/O: a
+    BLAS thread preempted by an I/O thread stalls its partner threads too, so the
+    I/O may cost the BLAS twice its CPU time; niced I/O runs mostly in the BLAS
+    call's gaps (the read-ahead and write-behind queues are bounded). Results do
+    not depend on it. Compare with ``bench_cholesky.py --modes ours-threads,ours-ionice``.
+    """
+    env = os.environ.get("KRR_CHOL_IO_NICE", "").strip()
+    try:
+        n = int(env or 0)
+    except ValueError:
+        n = -1
+    if not 0 <= n <= 19:
+        raise ValueError(f"KRR_CHOL_IO_NICE must be an integer from 0 to 19, got {env!r}")
+    return n
+
+
+def _niced(fn, nice: int):
+    """``fn`` run with this TileIO thread's niceness raised to ``nice`` (once per thread)."""
+    if nice <= 0:
+        return fn
+
+    def run(*args):
+        # only TileIO's own threads: a tile thread reading out of order (or writing
+        # synchronously) also drives BLAS calls, which must keep the normal priority
+        own = threading.current_thread().name.startswith(("tile-read", "tile-write"))
+        if own and not getattr(_IO_NICED, "done", False):
+            _IO_NICED.done = True
+            try:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+            except (AttributeError, OSError):
+                pass  # not Linux, or not allowed: run at the normal priority
+        return fn(*args)
+
+    return run
+
 
 def _run_threads(
-    gram, L, todo, shift, lam, convention, jitter, n_threads, blas_cores=None, wide=False,
+    gram,
+    L,
+    todo,
+    shift,
+    lam,
+    convention,
+    jitter,
+    n_threads,
+    blas_cores=None,
+    wide=False,
+    blas_threads=None,
     progress=False,
-) -> list[dict]:  # fmt: skip
-    """Run tile tasks on ``n_threads`` threads (one BLAS thread each), critical path first.
+) -> list[dict]:
+    """Run tile tasks on ``n_threads`` threads, critical path first.
 
-    ``wide``: every BLAS call uses all cores instead, one call at a time
-    (:func:`pipeline.solvers.blas.serialized`); the tile threads then overlap only
-    their reads, copies and checksums with the BLAS call in progress.
+    ``blas_threads`` (default :func:`tile_blas_threads` of ``wide``, or
+    ``blas_cores`` when ``wide`` and given): every BLAS call of every task uses
+    exactly that many threads. Above one, the calls run one at a time
+    (:func:`pipeline.solvers.blas.serialized`); the tile threads then overlap their
+    reads, copies and checksums with the BLAS call in progress.
 
     A small list scheduler: a task becomes ready when its dependencies finished
     (computed; their writes may still be queued); idle threads take the ready task
-    with the longest path to the end. A task that runs alone (nothing else
-    running or ready, as near the end of the diagonal chain) gets every BLAS
-    thread. Gram reads and factor writes run in background threads.
+    with the longest path to the end. Gram reads and factor writes run in
+    background threads.
     """
     import heapq
 
@@ -132,15 +225,13 @@ def _run_threads(
                     cond.notify_all()
                     return
                 _, t = heapq.heappop(ready)
-                # alone: no task runs and none is ready, so none can become ready before
-                # this one ends; its BLAS may use every thread (the DAG's narrow parts)
-                solo = not state["running"] and not ready
                 state["running"] += 1
             try:
-                with _blas(cores) if solo and per_task < cores else contextlib.nullcontext():
-                    rec = chol._tile_task(
-                        gram, L, t[0], t[1], shift, lam, convention, jitter, io=io
-                    )
+                # a fixed BLAS width per task (not "every core when alone"): the bits
+                # of a tile must not depend on what else happened to be running
+                rec = chol._tile_task(
+                    gram, L, t[0], t[1], shift, lam, convention, jitter, io=io, blas_threads=width
+                )
             except BaseException as e:
                 with cond:
                     errors.append(e)
@@ -158,23 +249,25 @@ def _run_threads(
                 cond.notify_all()
 
     n_threads = max(1, min(int(n_threads), len(todo)))
-    cores = max(1, int(blas_cores or os.cpu_count() or 1))
-    per_task = cores if wide else max(1, cores // n_threads)
+    if blas_threads is None:
+        blas_threads = int(blas_cores) if (wide and blas_cores) else tile_blas_threads(wide)
+    width = max(1, int(blas_threads))
     tile_bytes = L.block_size**2 * max(np.dtype(gram.dtype).itemsize, np.dtype(L.dtype).itemsize)
     io_depth = int(min(2, max(1, IO_BUDGET_BYTES // max(tile_bytes, 1))))
     # Gram tiles are read ahead in left-looking order and factor tiles written behind,
     # so the tile threads keep their cores busy with BLAS (a few tiles of extra memory)
+    nice = io_niceness()
     io = TileIO(
-        lambda key: gram.read_tile(key[1], key[2]),
+        _niced(lambda key: gram.read_tile(key[1], key[2]), nice),
         [("K", i, j) for i, j in todo],
         depth=io_depth,
         max_pending=io_depth,
     )
-    serial = gil_free_blas.serialized() if wide else contextlib.nullcontext()
+    serial = gil_free_blas.serialized() if width > 1 else contextlib.nullcontext()
     from pipeline.progress import stage_progress
 
     shown_cm = stage_progress("cholesky", len(todo), "tile", enabled=progress)
-    with io, _blas(per_task), serial, shown_cm as shown:
+    with io, _blas(width), serial, shown_cm as shown:
         threads = [
             threading.Thread(target=worker, name=f"chol-{k}", daemon=True) for k in range(n_threads)
         ]

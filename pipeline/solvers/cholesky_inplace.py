@@ -258,7 +258,7 @@ def factor_in_place(
     check_gram: bool = True,
     recompute_tile: Callable[[int, int], np.ndarray] | None = None,
     check_disk: bool = True,
-    wide: bool = False,
+    wide: bool = True,
     t0: float,
 ):
     """``tile_cholesky(..., keep_gram=False)``: the factor replaces the Gram tile by tile."""
@@ -330,12 +330,22 @@ def factor_in_place(
         z = gram.zarr("r+")
         z.attrs["inplace_factor"] = attrs
     reader = InPlaceGramReader(gram, recompute_tile)
+    width = chol.tile_blas_threads(wide)  # the same fixed BLAS width in both executors
     if scheduler == "dask":
-        records = chol._run_dask(reader, L, todo, shift, lam, convention, policy, progress)
+        records = chol._run_dask(reader, L, todo, shift, lam, convention, policy, progress, width)
     else:
         nthreads = n_threads or os.cpu_count() or 1
         records = chol._run_threads(
-            reader, L, todo, shift, lam, convention, policy, nthreads, wide=wide, progress=progress
+            reader,
+            L,
+            todo,
+            shift,
+            lam,
+            convention,
+            policy,
+            nthreads,
+            blas_threads=width,
+            progress=progress,
         )
     computed = tuple(tuple(r["tile"]) for r in records if r["computed"])
     jit: dict[str, float] = {}

@@ -24,6 +24,7 @@ import numpy as np
 from pipeline.solvers.triangular import (
     FactorPreconditioner,
     _as_factor,
+    _sweep_blas,
     _tiles_ahead,
     _trsm_lower,
     back_substitution,
@@ -50,6 +51,13 @@ class NativeFactorPreconditioner(FactorPreconditioner):
         R = np.asarray(R)
         one_d = R.ndim == 1
         z = np.array(R.reshape(L.shape[0], -1), dtype=dt, order="C")
+        with _sweep_blas():
+            self._sweeps(z)
+        out = z.astype(np.float64)
+        return out[:, 0] if one_d else out
+
+    def _sweeps(self, z: np.ndarray) -> None:
+        L = self.L
         g = L.grid
         T = g.n_row_blocks
         tiles = _tiles_ahead(L, [(i, k) for i in range(T) for k in range(i + 1)])
@@ -65,8 +73,6 @@ class NativeFactorPreconditioner(FactorPreconditioner):
             z[si] = _trsm_lower(next(tiles), z[si], trans=True)
             for k in range(i):
                 z[g.row_slice(k)] -= next(tiles).T @ z[si]
-        out = z.astype(np.float64)
-        return out[:, 0] if one_d else out
 
 
 def refinement_operator(

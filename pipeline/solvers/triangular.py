@@ -21,6 +21,17 @@ from pipeline.solvers.tile_io import TileIO
 from pipeline.storage import TiledArray, fingerprint_blocks, fingerprint_obj, open_tiled_array
 
 
+def _sweep_blas():
+    """BLAS threads of the sweeps' products and small TRSMs: one (memory-bound)."""
+    from pipeline.solvers.blas import process_threads
+
+    return process_threads(SWEEP_BLAS_THREADS)
+
+
+#: BLAS threads of the forward/back sweeps (memory-bound tile-times-panel products)
+SWEEP_BLAS_THREADS = 1
+
+
 def _tiles_ahead(
     L: TiledArray, keys: list[tuple[int, int]], depth: int = 3
 ) -> Iterator[np.ndarray]:
@@ -74,14 +85,15 @@ def forward_sweep(L: TiledArray, z: np.ndarray, start_block: int = 0) -> np.ndar
     r0 = g.row_slice(start_block).start if T else 0
     keys = [(i, k) for i in range(start_block, T) for k in range(start_block, i + 1)]
     tiles = _tiles_ahead(L, keys)
-    for i in range(start_block, T):
-        si = g.row_slice(i)
-        li = slice(si.start - r0, si.stop - r0)
-        acc = z[li].copy()
-        for k in range(start_block, i):
-            sk = g.row_slice(k)
-            acc -= next(tiles) @ z[sk.start - r0 : sk.stop - r0]
-        z[li] = _trsm_lower(next(tiles), acc, trans=False)
+    with _sweep_blas():
+        for i in range(start_block, T):
+            si = g.row_slice(i)
+            li = slice(si.start - r0, si.stop - r0)
+            acc = z[li].copy()
+            for k in range(start_block, i):
+                sk = g.row_slice(k)
+                acc -= next(tiles) @ z[sk.start - r0 : sk.stop - r0]
+            z[li] = _trsm_lower(next(tiles), acc, trans=False)
     return z
 
 
@@ -102,12 +114,13 @@ def back_substitution(factor: CholeskyFactor | TiledArray, z: Any) -> np.ndarray
     # row i holds L_ii and L_ik (k < i): once alpha_i is known, z_k -= L_ik.T alpha_i
     keys = [(i, k) for i in reversed(range(T)) for k in [i, *range(i)]]
     tiles = _tiles_ahead(L, keys)
-    for i in reversed(range(T)):
-        si = g.row_slice(i)
-        a[si] = _trsm_lower(next(tiles), a[si], trans=True)
-        for k in range(i):
-            sk = g.row_slice(k)
-            a[sk] -= next(tiles).T @ a[si]
+    with _sweep_blas():
+        for i in reversed(range(T)):
+            si = g.row_slice(i)
+            a[si] = _trsm_lower(next(tiles), a[si], trans=True)
+            for k in range(i):
+                sk = g.row_slice(k)
+                a[sk] -= next(tiles).T @ a[si]
     return a[:, 0] if one_d else a
 
 
@@ -160,6 +173,8 @@ def cholesky_solve(
     gram: TiledArray | None = None,
     refine_tol: float = 1e-11,
     stats: dict | None = None,
+    X: Any = None,
+    kernel: Any = None,
 ) -> np.ndarray:
     """Solve ``(K + shift*I) alpha = y`` with the stored factor (``L L.T = K + shift*I``).
 
@@ -185,6 +200,11 @@ def cholesky_solve(
         Relative residual ``‖y - (K + shift I) alpha‖ / ‖y‖`` the refinement reaches.
     stats : dict, optional
         Filled with the refinement's steps and final relative residual.
+    X, kernel : optional
+        The training inputs (in memory) and kernel. With a float32 factor, the
+        refinement's products are then matrix-free (the fused kernel engine,
+        no disk; :func:`pipeline.solvers.refine.refinement_operator`) instead of
+        rereading the stored Gram at every step.
 
     Returns
     -------
@@ -192,14 +212,27 @@ def cholesky_solve(
     """
     L = _as_factor(factor)
     single = np.dtype(L.dtype) == np.float32
+    matrix_free = X is not None and kernel is not None
     try:
-        alpha = back_substitution(L, forward_substitution(L, y))
-        if single and gram is not None:
+        if single and (gram is not None or matrix_free):
+            from pipeline.solvers.refine import (
+                NativeFactorPreconditioner,
+                refine_with_operator,
+                refinement_operator,
+            )
+
             shift = factor.shift if isinstance(factor, CholeskyFactor) else None
             if shift is None:
                 raise ValueError("refining against the Gram needs the CholeskyFactor (its shift)")
-            alpha = refine_solution(L, gram, shift, y, alpha, tol=refine_tol, stats=stats)
-        elif single:
+            y64, one_d = _as_rhs(y, L.shape[0])
+            # the first solve in float32 too (no per-tile upcast), then CG in float64
+            alpha = NativeFactorPreconditioner(L).apply(y64)
+            alpha = alpha[:, 0] if one_d else alpha
+            op = refinement_operator(shift, X=X, kernel=kernel, gram=gram, block_size=L.block_size)
+            alpha = refine_with_operator(L, op, y, alpha, tol=refine_tol, stats=stats)
+        else:
+            alpha = back_substitution(L, forward_substitution(L, y))
+        if single and gram is None and not matrix_free:
             warnings.warn(
                 "a float32 factor solves to about single precision; pass gram= to refine "
                 "alpha to double precision",
