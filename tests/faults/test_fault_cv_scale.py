@@ -1,0 +1,113 @@
+"""Issue #18: the out-of-core CV search (block PCG over every fold and λ) never scores
+an unconverged solve, agrees with the dense reference, and refuses bad input early."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline import KernelRidgeCV
+from pipeline.kernels import RBF
+from pipeline.model_selection.blockcg import FoldNystromBlock, block_pcg
+
+
+def _data(n=240, d=3, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, d))
+    y = np.sin(2 * X[:, 0]) + 0.5 * X[:, 1] ** 2 + 0.1 * rng.standard_normal(n)
+    return X, y
+
+
+# ------------------------------------------------------------ never score a diverged solve
+
+
+def test_unconverged_cg_settings_are_redone_exactly_and_recorded():
+    X, y = _data()
+    alphas = [1e-12, 1e-2, 1.0]
+    kw = dict(kernel="rbf", param_grid={"gamma": [0.5, 2.0]}, cv=4)
+    # no preconditioner and 5 iterations: λ = 1e-12 cannot converge
+    cg = KernelRidgeCV(
+        alphas, solver="cg", preconditioner="none", max_iter=5, refit=False, **kw
+    ).fit(X, y)
+    dense = KernelRidgeCV(alphas, solver="dense", **kw).fit(X, y)
+    st = cg.search_stats_
+    assert st["redone_direct"] >= 2 * 4  # λ = 1e-12 of both settings, every fold
+    bad = st["unconverged_settings"]
+    assert {tuple(sorted(u["setting"].items())) for u in bad} == {
+        (("gamma", 0.5),),
+        (("gamma", 2.0),),
+    }
+    for u in bad:
+        assert u["redone_by"] == "cholesky"
+        assert {s["reason"] for s in u["solves"]} <= {"max_iter", "stagnation", "breakdown"}
+        assert any(s["lambda_index"] == 0 for s in u["solves"])
+    # the scores of the redone settings are the direct ones (to the direct solve's rounding)
+    lam0 = [i for i, p in enumerate(cg.cv_results_["params"]) if p["alpha"] == 1e-12]
+    np.testing.assert_allclose(
+        cg.cv_results_["mean_test_score"][lam0],
+        dense.cv_results_["mean_test_score"][lam0],
+        rtol=1e-6,
+    )
+    assert cg.search_statistics_["redone_direct"] == st["redone_direct"]
+
+
+def test_an_unconverged_solve_that_cannot_be_redone_fails_loudly(monkeypatch):
+    import pipeline.reference.memory as memory
+    from pipeline.model_selection.direct import UnconvergedSolveError
+
+    X, y = _data(n=120)
+    monkeypatch.setattr(memory, "available_memory", lambda: 10_000)
+    with pytest.raises(UnconvergedSolveError, match="did not reach the CG tolerance"):
+        KernelRidgeCV(
+            [1e-12], kernel="rbf", gamma=1.0, cv=3, solver="cg", preconditioner="none",
+            max_iter=3,
+        ).fit(X, y)  # fmt: skip
+
+
+def test_block_pcg_reports_nan_products_and_keeps_good_columns():
+    rng = np.random.default_rng(1)
+    n = 60
+    X = rng.standard_normal((n, 2))
+    K = RBF(gamma=0.5)(X)
+    calls = {"n": 0}
+
+    def kmul(V):
+        calls["n"] += 1
+        out = K @ V
+        if calls["n"] == 3:
+            out[:, 0] = np.nan  # column 0 breaks (a diverged product)
+        return out
+
+    masks = np.ones((1, n), dtype=bool)
+    B = rng.standard_normal((n, 2))
+    res = block_pcg(
+        kmul, B, np.array([1e-2, 1e-2]), np.array([0, 0]), masks,
+        FoldNystromBlock(None, [np.arange(n)]), tol=1e-10, max_iter=500,
+    )  # fmt: skip
+    assert res.reason[0] == "nonfinite" and res.reason[1] is None
+    np.testing.assert_allclose((K + 1e-2 * np.eye(n)) @ res.x[:, 1], B[:, 1], atol=1e-7)
+
+
+def test_routed_cg_path_records_and_redoes_unconverged_lambdas():
+    from pipeline.model_selection.cgpath import cg_fold_predictions
+    from pipeline.model_selection.direct import UnconvergedSolveError
+    from pipeline.model_selection.route import DenseKernelOperator
+
+    X, y = _data(n=120)
+    K = RBF(gamma=1.0)(X)
+    idx = np.arange(120)
+    tests = np.array_split(idx, 3)
+    trains = [np.setdiff1d(idx, t) for t in tests]
+    shifts = np.array([[1.0] * 3, [1e-12] * 3])
+    failures: list = []
+    preds = cg_fold_predictions(
+        DenseKernelOperator(K), y[:, None], trains, tests, shifts, preconditioner="none",
+        max_iter=80, failures=failures,
+    )  # fmt: skip
+    assert [f["lambda_index"] for f in failures] == [1]
+    assert all(p[1] is None for p in preds) and all(p[0] is not None for p in preds)
+    with pytest.raises(UnconvergedSolveError, match="never scored"):
+        cg_fold_predictions(
+            DenseKernelOperator(K), y[:, None], trains, tests, shifts, preconditioner="none",
+            max_iter=4,
+        )  # fmt: skip
