@@ -38,6 +38,8 @@ log = logging.getLogger("pipeline.model_selection")
 INNER_TOL = 1e-3
 #: float64 refinement steps before a column is declared unconverged
 MAX_REFINEMENTS = 8
+#: the adaptive rank is capped at max(RANK_FLOOR, n // 2)
+RANK_FLOOR = 256
 #: bytes the preconditioner may use (F in float32 plus one r x r basis per fold)
 PRECOND_BUDGET = 1_200_000_000
 
@@ -53,7 +55,9 @@ def _factor(op, preconditioner, rank, min_shift, n_folds, random_state, stats):
     n = op.n
     if preconditioner in ("none", None):
         return None, {}
-    cap = precond_rank_cap(n, n_folds)
+    # the rank is capped by memory and at n / 2 (past that, the factor and the fold
+    # eigendecompositions cost more than the CG passes they save)
+    cap = min(precond_rank_cap(n, n_folds), max(RANK_FLOOR, n // 2))
     if preconditioner == "nystrom":
         from pipeline.solvers.precond import nystrom_factor
 

@@ -51,6 +51,7 @@ from pipeline.model_selection.grid import (
     make_splits,
     resolve_kernel,
 )
+from pipeline.model_selection.guard import check_budget, verify_best
 from pipeline.model_selection.stats import SearchStats, merge_stats, new_stats
 from pipeline.model_selection.strategies import (
     BandStrategy,
@@ -140,6 +141,13 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         with BLAS at one thread each.
     random_state : int, default=None
         Seed for a float ``cv`` and the Nyström pivots.
+    kernel_dtype : {"auto", "float32", "float64"}, default="auto"
+        ``solver="cg"``: dtype of the kernel values in the inner CG solves ("auto":
+        float32); residuals are always recomputed with float64 products, so every
+        system still reaches ``tol`` in float64.
+    max_search_seconds : float, default=None
+        Refuse, before any work, a grid whose predicted cost exceeds this many
+        seconds (the error gives the prediction and a smaller grid).
 
     Attributes
     ----------
@@ -181,6 +189,8 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         rank: int | None = None,
         n_jobs: int | None = None,
         random_state: Any = None,
+        kernel_dtype: str = "auto",
+        max_search_seconds: float | None = None,
     ) -> None:
         self.alphas = alphas
         self.kernel = kernel
@@ -202,6 +212,8 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         self.rank = rank
         self.n_jobs = n_jobs
         self.random_state = random_state
+        self.kernel_dtype = kernel_dtype
+        self.max_search_seconds = max_search_seconds
 
     # ------------------------------------------------------------------ checks
     def _check_params(self) -> None:
@@ -330,8 +342,13 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
                 f"test set (K-fold, held-out, LOO); cv={self.cv!r} is not; use solver='cg' or "
                 "an in-memory solver"
             )
+        predicted = check_budget(
+            self.max_search_seconds, solver, n, len(alpha_list), len(settings), splits,
+            n_targets=y2.shape[1], kind=kind,
+        )  # fmt: skip
         stats = _new_stats()
         stats.update(kernel_settings=len(settings), candidates=len(candidates), folds=len(splits))
+        stats["predicted_search_seconds"] = round(predicted, 3)
         self.solver_ = solver
         self._settings = settings
 
@@ -392,6 +409,8 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         self.cv_kind_ = kind
         self.scorer_ = scorer
         stats["seconds"]["search"] = round(t_search, 4)
+        if solver == "cg" and kind != "loo":
+            self._verify(X, y, y2, base, splits, scorer, stats)
         if self.refit:
             t0 = time.perf_counter()
             self.best_estimator_ = self._refit(X, y, base, stats)
@@ -466,6 +485,22 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
 
     def _cg_setting(self, si, X, y2, kern, splits, alphas_s, stats):
         return CGPathStrategy(self).setting(si, X, y2, kern, splits, alphas_s, stats)
+
+    def _verify(self, X, y, y2, base, splits, scorer, stats) -> None:
+        """Score the selected setting again from float64 solves to a tight tolerance."""
+        t0 = time.perf_counter()
+        kp = {k: v for k, v in self.best_params_.items() if k != "alpha"}
+        kern = copy.deepcopy(base).set_params(**kp)
+        preds = verify_best(self, X, y2, kern, splits, self.best_alpha_, stats)
+        sc = []
+        for (_, te), p in zip(splits, preds):
+            sc.append(scorer(_FixedPredictions(p[:, 0] if y.ndim == 1 else p), X[te], y[te]))
+        verified = float(np.mean(sc))
+        stats["verified_score"] = verified
+        stats["verified_score_difference"] = verified - self.best_score_
+        stats["seconds"]["verify"] = round(time.perf_counter() - t0, 4)
+        log.info("verified score of %s: %.8g (search: %.8g)", self.best_params_, verified,
+                 self.best_score_)  # fmt: skip
 
     # ------------------------------------------------------------------ refit
     def _refit(self, X, y, base, stats) -> KernelRidge:

@@ -1,0 +1,99 @@
+"""Checks around a :class:`~pipeline.model_selection.KernelRidgeCV` search.
+
+- :func:`check_budget`: before any work, refuse a grid whose predicted cost
+  (:func:`pipeline.policy.cv_routing.predicted_search_seconds`) exceeds
+  ``max_search_seconds``, naming the prediction and a smaller grid that fits;
+- :func:`verify_best`: after a CG search, re-solve the selected (λ, kernel
+  setting) on every fold with float64 products to a tight tolerance and score it
+  again: the exact held-out score of the choice, and its difference from the
+  search's score, go to ``search_stats_``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+
+from pipeline.policy.cv_routing import predicted_search_seconds, suggest_smaller_grid
+
+__all__ = ["VERIFY_TOL", "check_budget", "verify_best"]
+
+log = logging.getLogger("pipeline.model_selection")
+
+#: relative residual of the verification solves (float64 products)
+VERIFY_TOL = 1e-10
+
+
+def check_budget(
+    max_seconds: Any,
+    solver: str,
+    n: int,
+    n_alpha: int,
+    n_settings: int,
+    splits: list,
+    *,
+    n_targets: int = 1,
+    kind: str = "complement",
+) -> float:
+    """The predicted seconds of the search; ValueError if above ``max_seconds``."""
+    predicted = predicted_search_seconds(
+        solver, n, n_alpha, n_settings, splits, n_targets=n_targets, kind=kind
+    )
+    if max_seconds is None:
+        return predicted
+    try:
+        budget = float(max_seconds)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"max_search_seconds must be a positive number of seconds or None, got {max_seconds!r}"
+        ) from None
+    if not budget > 0:
+        raise ValueError(f"max_search_seconds must be > 0, got {max_seconds!r}")
+    if predicted > budget:
+        smaller = suggest_smaller_grid(
+            solver, n, n_alpha, n_settings, splits, budget, n_targets=n_targets, kind=kind
+        )
+        raise ValueError(
+            f"the grid of {n_alpha} lambda(s) x {n_settings} kernel setting(s) x "
+            f"{len(splits)} split(s) on {n} rows (solver={solver!r}) is predicted to take "
+            f"{predicted:,.0f} s, more than max_search_seconds={budget:g}; search a smaller "
+            f"grid, e.g. {smaller}, or raise max_search_seconds"
+        )
+    return predicted
+
+
+def verify_best(
+    cv: Any, X: np.ndarray, y2: np.ndarray, kern: Any, splits: list, alpha: float, stats: dict
+) -> list[np.ndarray]:
+    """Held-out predictions of the selected setting on every fold, from float64 block
+    PCG to :data:`VERIFY_TOL` (no float32, no loose inner solves); unconverged folds are
+    solved directly."""
+    from pipeline.model_selection.cvblock import block_cv_predictions
+    from pipeline.model_selection.direct import direct_fold_predictions
+    from pipeline.model_selection.strategies import OutOfCoreStore
+    from pipeline.solvers.matvec import MatrixFreeKernelOperator
+
+    trains, tests = [tr for tr, _ in splits], [te for _, te in splits]
+    shifts = np.array([[cv._shift(alpha, len(tr)) for tr in trains]])
+    op = MatrixFreeKernelOperator(
+        X, kern, 1.0, block_size=OutOfCoreStore(cv).block_size(X.shape[0]), kernel_dtype="float64"
+    )
+    failures: list = []
+    vstats: dict = {}
+    pf = block_cv_predictions(
+        op, y2, trains, tests, shifts, preconditioner=cv.preconditioner, rank=cv.rank,
+        tol=VERIFY_TOL, max_iter=cv.max_iter,
+        random_state=cv.random_state if cv.random_state is not None else 0,
+        stats=vstats, failures=failures,
+    )  # fmt: skip
+    if failures:
+        todo = [(f["lambda_index"], f["fold"], f["shift"]) for f in failures]
+        exact = direct_fold_predictions(
+            lambda r, c: np.asarray(kern(X[r], X[c]), dtype=np.float64), y2, trains, tests, todo
+        )
+        for (li, f), p in exact.items():
+            pf[f][li] = p
+    stats["verify_passes"] = int(vstats.get("cg_matvecs", 0))
+    return [pf[f][0] for f in range(len(splits))]
