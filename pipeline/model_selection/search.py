@@ -148,6 +148,11 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
     max_search_seconds : float, default=None
         Refuse, before any work, a grid whose predicted cost exceeds this many
         seconds (the error gives the prediction and a smaller grid).
+    checkpoint : str or path, default=None
+        A directory where each finished kernel setting's held-out predictions are
+        recorded (atomic, checksummed, fingerprinted:
+        :mod:`pipeline.model_selection.checkpoint`); a restarted search reuses
+        them. Not used by ``solver="band"`` (all settings at once, in memory).
 
     Attributes
     ----------
@@ -191,6 +196,7 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         random_state: Any = None,
         kernel_dtype: str = "auto",
         max_search_seconds: float | None = None,
+        checkpoint: Any = None,
     ) -> None:
         self.alphas = alphas
         self.kernel = kernel
@@ -214,6 +220,7 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         self.random_state = random_state
         self.kernel_dtype = kernel_dtype
         self.max_search_seconds = max_search_seconds
+        self.checkpoint = checkpoint
 
     # ------------------------------------------------------------------ checks
     def _check_params(self) -> None:
@@ -352,6 +359,12 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         self.solver_ = solver
         self._settings = settings
 
+        ckpt = None
+        if self.checkpoint is not None:
+            from pipeline.model_selection.checkpoint import SettingCheckpoint
+
+            ckpt = SettingCheckpoint.for_search(self, solver, kind, X, y2, splits)
+
         # predictions per (setting, alpha): list over folds (or one pooled array for LOO)
         def run_setting(si: int) -> tuple[dict[float, list[np.ndarray]], dict[str, Any]]:
             # counters per setting (merged afterwards: settings may run in threads)
@@ -359,6 +372,13 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
             kern = copy.deepcopy(base).set_params(**settings[si])
             alphas_s = [c["alpha"] for c in candidates if c.kernel_params == settings[si]]
             alphas_s = list(dict.fromkeys(alphas_s))
+            if ckpt is not None:
+                done = ckpt.load(si, kern, settings[si], alphas_s)
+                if done is not None:
+                    stats["settings_resumed"] = 1
+                    log.info("kernel setting %d/%d %s: resumed from its checkpoint", si + 1,
+                             len(settings), settings[si])  # fmt: skip
+                    return done, stats
             t0 = time.perf_counter()
             if solver in ("eigen", "dense"):
                 preds = self._in_memory_setting(solver, X, y2, kern, splits, kind, alphas_s, stats)
@@ -369,7 +389,10 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
             dt = time.perf_counter() - t0
             stats["seconds"][f"setting_{si}"] = round(dt, 4)
             log.info("kernel setting %d/%d %s: %.2f s", si + 1, len(settings), settings[si], dt)
-            return {a: p for a, p in zip(alphas_s, preds)}, stats
+            out = {a: p for a, p in zip(alphas_s, preds)}
+            if ckpt is not None:
+                ckpt.save(si, kern, settings[si], alphas_s, out, dt)
+            return out, stats
 
         if solver == "band":
             outputs = self._band_settings(
