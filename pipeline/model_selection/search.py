@@ -21,9 +21,15 @@ The expensive work is done once and shared:
 - ``solver="cholesky"`` (out of core): one tile Cholesky of the full Gram per λ;
   K-fold and leave-one-out residuals come from panels of ``L⁻¹``, with no fold
   factorisation (:mod:`pipeline.model_selection.loo`);
-- ``solver="cg"`` (out of core): every fold solved by CG with products by the
-  full K, one Nyström factor per kernel setting, warm starts across λ
-  (:mod:`pipeline.model_selection.cgpath`).
+- ``solver="cg"`` (out of core, the default above ``IN_MEMORY_MAX_N`` when
+  predicted cheaper than one factorisation per λ): every (λ, fold) system of a
+  kernel setting is a column of one block PCG, so each iteration is one
+  matrix-free pass of the fused engine for all of them; one adaptive Nyström
+  factor per setting, restricted to each fold and shifted per λ; float32 kernel
+  values with float64 residual checks (:mod:`pipeline.model_selection.cvblock`).
+  A solve that does not reach ``tol`` is redone exactly and recorded
+  (``unconverged_settings``, ``redone_direct``), never scored; the chosen
+  setting is re-scored from float64 solves to 1e-10 (``verified_score``).
 
 Work counters are logged and kept in ``search_stats_``.
 """

@@ -95,3 +95,6 @@ CV_BLOCK_PASSES = 40
 #: seconds per kernel entry and per column of one pass (a symmetric pass multiplies
 #: each lower-tile entry twice: 4 flops per column at about 60 GFLOP/s on 2 cores)
 CV_BLOCK_COLUMN_SECONDS = 6.7e-11
+#: one fold's r x r eigendecomposition (LAPACK syevr, one BLAS thread per fold) in
+#: units of r³ flops at CHOLESKY_GFLOPS: 1.95 s at r = 1,600 on one busy core
+CV_EIGH_FLOPS_PER_R3 = 30.0

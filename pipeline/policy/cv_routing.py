@@ -18,6 +18,7 @@ from pipeline.policy.constants import (
     CHOLESKY_GFLOPS,
     CV_BLOCK_COLUMN_SECONDS,
     CV_BLOCK_PASSES,
+    CV_EIGH_FLOPS_PER_R3,
     EIG_FLOPS_PER_N3,
     IN_MEMORY_MAX_N,
     KERNEL_ENTRIES_PER_SECOND,
@@ -143,7 +144,9 @@ def predicted_search_seconds(
     kernel = n * n / KERNEL_ENTRIES_PER_SECOND
     if solver == "cg":
         columns = n_alpha * len(splits) * n_targets
-        per = CV_BLOCK_PASSES * _block_pass_seconds(n, max(1, columns // 2)) + kernel
+        r = min(n, max(256.0, 3.0 * n ** (2.0 / 3.0)))  # cvblock.rank_cap
+        precond = (2 * n * r * r + len(splits) * CV_EIGH_FLOPS_PER_R3 * r**3) / rate
+        per = CV_BLOCK_PASSES * _block_pass_seconds(n, max(1, columns // 2)) + kernel + precond
     elif solver == "cholesky":
         per = n_alpha * (n**3 / 3.0 / rate) + kernel / 2
     elif solver == "eigen":
