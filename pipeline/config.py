@@ -247,6 +247,9 @@ class CvConfig(_Model):
     max_search_seconds: float | None = Field(default=None, gt=0)
     #: solver cg: kernel values of the inner solves (residuals are float64 either way)
     kernel_dtype: Literal["auto", "float32", "float64"] = "auto"
+    #: solver cg: screen every system to this residual, then only the best λ to tol
+    screen_tol: float | None = Field(default=None, gt=0, lt=1)
+    screen_top: int = Field(default=3, ge=1)
 
     @field_validator("alphas", mode="before")
     @classmethod

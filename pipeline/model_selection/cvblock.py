@@ -105,6 +105,8 @@ def block_cv_predictions(
     random_state: Any = 0,
     stats: dict | None = None,
     failures: list | None = None,
+    screen_tol: float | None = None,
+    refine: Any = None,
 ) -> list[list[Any]]:
     """Held-out predictions ``preds[f][l]`` for every fold f and shift row ``shifts[l]``.
 
@@ -129,6 +131,11 @@ def block_cv_predictions(
         Unconverged systems are appended as dicts (``lambda_index``, ``fold``,
         ``reason``, ``rel_residual``) with predictions None; without the list they
         raise :class:`~pipeline.model_selection.direct.UnconvergedSolveError`.
+    screen_tol : float, optional
+        Screening: solve every system to this float64 relative residual first, then
+        call ``refine(preds)`` (the held-out predictions so far, ``preds[f][l]``),
+        which returns the λ indices to solve on to ``tol``; the others keep their
+        screening solution (``stats["screened_lambdas"]``).
     """
     stats = stats if stats is not None else {}
     n, t = y.shape
@@ -169,51 +176,74 @@ def block_cv_predictions(
     reason: list = [None] * c
     inner_op = op32 if op32 is not None else op64
     cap = int(max_iter or 1000)
-    passes32 = passes64 = iters = 0
-    for _step in range(MAX_REFINEMENTS):
-        todo = np.flatnonzero((rel > tol) & np.array([r is None for r in reason]))
-        if not todo.size:
-            break
-        inner = np.maximum(tol / np.maximum(rel[todo], 1e-300), INNER_TOL if op32 else 0.0)
-        res = block_pcg(
-            lambda V: kmul(inner_op, V),
-            R[:, todo],
-            col_shift[todo],
-            fold_of[todo],
-            masks,
-            pre,
-            tol=np.minimum(inner, 0.5),
-            max_iter=cap,
+    count = {"passes32": 0, "passes64": 0, "iters": 0}
+
+    def refine_to(target: np.ndarray) -> None:
+        """Iterative refinement until every live column's float64 residual <= target."""
+        for _step in range(MAX_REFINEMENTS):
+            todo = np.flatnonzero((rel > target) & np.array([r is None for r in reason]))
+            if not todo.size:
+                return
+            floor = INNER_TOL if op32 is not None else 0.0
+            inner = np.maximum(target[todo] / np.maximum(rel[todo], 1e-300), floor)
+            res = block_pcg(
+                lambda V: kmul(inner_op, V),
+                R[:, todo],
+                col_shift[todo],
+                fold_of[todo],
+                masks,
+                pre,
+                tol=np.minimum(inner, 0.5),
+                max_iter=cap,
+            )
+            count["iters"] += res.n_iter
+            count["passes32" if op32 is not None else "passes64"] += res.n_products
+            for k, j in enumerate(todo):
+                if res.reason[k] in ("nonfinite", "breakdown", "stagnation"):
+                    reason[j] = res.reason[k]
+            ok = np.array([reason[j] is None for j in todo])
+            todo = todo[ok]
+            if not todo.size:
+                return
+            X[:, todo] += res.x[:, ok]
+            # float64 residual (and the held-out predictions) of every updated column
+            KX[:, todo] = kmul(op64, X[:, todo])
+            count["passes64"] += 1
+            if not np.all(np.isfinite(KX[:, todo])):
+                for j in todo[~np.all(np.isfinite(KX[:, todo]), axis=0)]:
+                    reason[j] = "nonfinite"
+            R[:, todo] = B[:, todo] - KX[:, todo] * Mc[:, todo] - X[:, todo] * col_shift[todo]
+            rel[todo] = np.linalg.norm(R[:, todo], axis=0) / safe[todo]
+            stats.setdefault("refinement_residuals", []).append(float(np.max(rel[todo])))
+            for k, j in enumerate(todo):
+                if res.reason[ok.nonzero()[0][k]] == "max_iter" and rel[j] > target[j]:
+                    reason[j] = "max_iter"
+
+    def predictions() -> list[list[Any]]:
+        out: list[list[Any]] = [[None] * L for _ in range(nf)]
+        for li in range(L):
+            for f, te in enumerate(tests):
+                cols = (li * nf + f) * t + np.arange(t)
+                if all(reason[j] is None for j in cols):
+                    out[f][li] = KX[np.ix_(te, cols)]
+        return out
+
+    target = np.full(c, float(tol))
+    if screen_tol is not None and screen_tol > tol and refine is not None:
+        # screening: every system to screen_tol, then only the chosen λ to tol
+        target[:] = float(screen_tol)
+        refine_to(target)
+        keep = sorted({int(li) for li in refine(predictions())})
+        target[np.isin(lam_of, keep)] = float(tol)
+        stats["screened_lambdas"] = stats.get("screened_lambdas", 0) + L - len(keep)
+        stats.setdefault("screen", []).append(
+            {"screen_tol": float(screen_tol), "refined_lambda_indices": keep}
         )
-        iters += res.n_iter
-        if op32 is not None:
-            passes32 += res.n_products
-        else:
-            passes64 += res.n_products
-        for k, j in enumerate(todo):
-            if res.reason[k] in ("nonfinite", "breakdown", "stagnation"):
-                reason[j] = res.reason[k]
-        ok = np.array([reason[j] is None for j in todo])
-        todo = todo[ok]
-        if not todo.size:
-            break
-        X[:, todo] += res.x[:, ok]
-        # float64 residual (and the held-out predictions) of every updated column
-        KX[:, todo] = kmul(op64, X[:, todo])
-        passes64 += 1
-        if not np.all(np.isfinite(KX[:, todo])):
-            bad = todo[~np.all(np.isfinite(KX[:, todo]), axis=0)]
-            for j in bad:
-                reason[j] = "nonfinite"
-        R[:, todo] = B[:, todo] - KX[:, todo] * Mc[:, todo] - X[:, todo] * col_shift[todo]
-        rel[todo] = np.linalg.norm(R[:, todo], axis=0) / safe[todo]
-        stats.setdefault("refinement_residuals", []).append(float(np.max(rel[todo])))
-        for k, j in enumerate(todo):
-            if res.reason[ok.nonzero()[0][k]] == "max_iter" and rel[j] > tol:
-                reason[j] = "max_iter"
+    refine_to(target)
     for j in range(c):
-        if reason[j] is None and not rel[j] <= tol:
+        if reason[j] is None and not rel[j] <= target[j]:
             reason[j] = "max_iter"
+    iters, passes32, passes64 = count["iters"], count["passes32"], count["passes64"]
     stats["cg_iterations"] = stats.get("cg_iterations", 0) + iters
     stats["cg_matvecs"] = stats.get("cg_matvecs", 0) + passes32 + passes64
     stats["cg_passes_float32"] = stats.get("cg_passes_float32", 0) + passes32
@@ -255,11 +285,4 @@ def block_cv_predictions(
         len(failed),
         time.perf_counter() - t0,
     )
-    preds: list[list[Any]] = [[None] * L for _ in range(nf)]
-    for li in range(L):
-        for f, te in enumerate(tests):
-            if (li, f) in failed:
-                continue
-            cols = (li * nf + f) * t + np.arange(t)
-            preds[f][li] = KX[np.ix_(te, cols)]
-    return preds
+    return predictions()

@@ -15,15 +15,53 @@ import logging
 from typing import Any
 
 import numpy as np
+from sklearn.base import BaseEstimator, RegressorMixin
 
 from pipeline.policy.cv_routing import predicted_search_seconds, suggest_smaller_grid
 
-__all__ = ["VERIFY_TOL", "check_budget", "verify_best"]
+__all__ = ["VERIFY_TOL", "FixedPredictions", "check_budget", "screen_refiner", "verify_best"]
 
 log = logging.getLogger("pipeline.model_selection")
 
 #: relative residual of the verification solves (float64 products)
 VERIFY_TOL = 1e-10
+
+
+class FixedPredictions(RegressorMixin, BaseEstimator):
+    """Stand-in regressor for scorers: returns precomputed predictions."""
+
+    def __init__(self, pred: Any = None) -> None:
+        self.pred = pred
+
+    def predict(self, X: Any) -> np.ndarray:
+        return self.pred
+
+
+class screen_refiner:  # noqa: N801 - used as a function
+    """``refine(preds) -> λ indices``: the ``top`` λ by mean held-out score
+    (``preds[f][l]``, None for an unsolved system: never chosen by its score)."""
+
+    def __init__(self, X: np.ndarray, y: np.ndarray, splits: list, scorer: Any, top: int) -> None:
+        self.X, self.y, self.splits, self.scorer, self.top = X, y, splits, scorer, max(1, top)
+
+    def score(self, preds: list) -> list[float]:
+        out = []
+        for li in range(len(preds[0])):
+            vals = []
+            for f, (_, te) in enumerate(self.splits):
+                p = preds[f][li]
+                if p is None:
+                    vals.append(np.nan)
+                    continue
+                p = p[:, 0] if self.y.ndim == 1 else p
+                vals.append(float(self.scorer(FixedPredictions(p), self.X[te], self.y[te])))
+            out.append(float(np.mean(vals)))
+        return out
+
+    def __call__(self, preds: list) -> list[int]:
+        sc = np.array(self.score(preds))
+        sc = np.where(np.isnan(sc), np.inf, sc)  # unsolved: refine it (then redone exactly)
+        return [int(i) for i in np.argsort(-sc, kind="stable")[: self.top]]
 
 
 def check_budget(

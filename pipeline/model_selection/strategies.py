@@ -334,6 +334,8 @@ class CGPathStrategy(_Strategy):
         kd = getattr(cv, "kernel_dtype", "auto")
         use32 = kd in ("auto", "float32")
         kw = dict(
+            screen_tol=getattr(cv, "screen_tol", None),
+            refine=getattr(cv, "_screen_fn", None),
             preconditioner=cv.preconditioner,
             rank=cv.rank,
             tol=cv.tol,
