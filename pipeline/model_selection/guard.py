@@ -19,7 +19,14 @@ from sklearn.base import BaseEstimator, RegressorMixin
 
 from pipeline.policy.cv_routing import predicted_search_seconds, suggest_smaller_grid
 
-__all__ = ["VERIFY_TOL", "FixedPredictions", "check_budget", "screen_refiner", "verify_best"]
+__all__ = [
+    "VERIFY_TOL",
+    "FixedPredictions",
+    "check_budget",
+    "screen_refiner",
+    "verify_best",
+    "verify_choice",
+]
 
 log = logging.getLogger("pipeline.model_selection")
 
@@ -135,3 +142,20 @@ def verify_best(
             pf[f][li] = p
     stats["verify_passes"] = int(vstats.get("cg_matvecs", 0))
     return [pf[f][0] for f in range(len(splits))]
+
+
+def verify_choice(cv: Any, X, y, y2, base, splits, scorer, stats: dict) -> None:
+    """Score ``cv``'s selected setting again from :func:`verify_best`'s solves:
+    ``verified_score`` and ``verified_score_difference`` in ``stats``."""
+    import copy
+    import time
+
+    t0 = time.perf_counter()
+    kp = {k: v for k, v in cv.best_params_.items() if k != "alpha"}
+    kern = copy.deepcopy(base).set_params(**kp)
+    preds = verify_best(cv, X, y2, kern, splits, cv.best_alpha_, stats)
+    verified = screen_refiner(X, y, splits, scorer, 1).score([[p] for p in preds])[0]
+    stats["verified_score"] = verified
+    stats["verified_score_difference"] = verified - cv.best_score_
+    stats["seconds"]["verify"] = round(time.perf_counter() - t0, 4)
+    log.info("verified score of %s: %.8g (search: %.8g)", cv.best_params_, verified, cv.best_score_)

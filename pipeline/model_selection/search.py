@@ -58,7 +58,7 @@ from pipeline.model_selection.grid import (
     resolve_kernel,
 )
 from pipeline.model_selection.guard import FixedPredictions as _FixedPredictions
-from pipeline.model_selection.guard import check_budget, screen_refiner, verify_best
+from pipeline.model_selection.guard import check_budget, screen_refiner, verify_choice
 from pipeline.model_selection.stats import SearchStats, merge_stats, new_stats
 from pipeline.model_selection.strategies import (
     BandStrategy,
@@ -520,17 +520,7 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         return CGPathStrategy(self).setting(si, X, y2, kern, splits, alphas_s, stats)
 
     def _verify(self, X, y, y2, base, splits, scorer, stats) -> None:
-        """Score the selected setting again from float64 solves to a tight tolerance."""
-        t0 = time.perf_counter()
-        kp = {k: v for k, v in self.best_params_.items() if k != "alpha"}
-        kern = copy.deepcopy(base).set_params(**kp)
-        preds = verify_best(self, X, y2, kern, splits, self.best_alpha_, stats)
-        verified = screen_refiner(X, y, splits, scorer, 1).score([[p] for p in preds])[0]
-        stats["verified_score"] = verified
-        stats["verified_score_difference"] = verified - self.best_score_
-        stats["seconds"]["verify"] = round(time.perf_counter() - t0, 4)
-        log.info("verified score of %s: %.8g (search: %.8g)", self.best_params_, verified,
-                 self.best_score_)  # fmt: skip
+        verify_choice(self, X, y, y2, base, splits, scorer, stats)
 
     # ------------------------------------------------------------------ refit
     def _refit(self, X, y, base, stats) -> KernelRidge:
@@ -568,6 +558,14 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         gram = self._gram(si, X, kern, stats) if plan.needs_gram else None  # tiles reused
         fit = execute(plan, X, Y, kern, gram=gram, factor_store=store, factor_name="cv_chol")
         shift = fit.shift
+        if fit.cg is not None and not fit.cg.converged:  # never return an unconverged model
+            from pipeline.model_selection.direct import UnconvergedSolveError
+
+            raise UnconvergedSolveError(
+                f"the refit of {self.best_params_} stopped at relative residual "
+                f"{float(np.max(fit.cg.rel_residual)):.2e} > tol={self.tol:g}; raise max_iter, "
+                "use preconditioner='adaptive', or refit=False"
+            )
         if fit.factor is not None:
             stats["factorizations"] += 1
             stats["factor_tiles"] += len(fit.factor.computed)

@@ -176,3 +176,14 @@ def test_screening_solves_only_the_best_lambdas_tightly(dense_ref):
     assert err.max() < 1e-3
     assert err[m.best_index_] < 1e-8
     assert abs(st["verified_score_difference"]) < 1e-8
+
+
+def test_an_unconverged_refit_is_not_returned():
+    from pipeline.model_selection.direct import UnconvergedSolveError
+
+    X, y = _data(n=120)
+    with pytest.raises(UnconvergedSolveError, match="the refit of"):
+        KernelRidgeCV(
+            [1e-6, 1e-3], kernel="rbf", gamma=2.0, cv=3, solver="cg", preconditioner="none",
+            max_iter=5,
+        ).fit(X, y)  # fmt: skip
