@@ -109,6 +109,10 @@ def run(
                 "band_reductions",
                 "factorizations",
                 "cg_iterations",
+                "cg_passes_float32",
+                "cg_passes_float64",
+                "preconditioner_ranks",
+                "verified_score",
             )
             if k in stats
         },
