@@ -96,7 +96,9 @@ def choose_cv_solver(
     in_memory_max_n: int = IN_MEMORY_MAX_N,
 ) -> str:
     """``solver="auto"`` of the search: the cheapest in-memory strategy that fits, up to
-    ``in_memory_max_n`` rows; else ``"cholesky"`` with a store, else ``"cg"``."""
+    ``in_memory_max_n`` rows; else, with a store, ``"cholesky"`` for leave-one-out or
+    when one factorisation per λ is predicted cheaper than the block CG
+    (:func:`predicted_search_seconds`); else ``"cg"``."""
     costs: dict[str, Any] = {
         "eigen": eigen_cost(n, kind, n_alpha, splits, eigen_requested),
         "dense": dense_cost(n_alpha, splits),
@@ -107,9 +109,9 @@ def choose_cv_solver(
         for name in sorted(costs, key=costs.get):
             if fits(memory_need(name, n, band_workers, n_jobs)):
                 return name
-    if has_store and kind != "complement":
-        return "cholesky"  # LOO: exact from the factor; CG cannot give diag((K + λI)⁻¹)
-    if has_store:
+    if has_store and kind == "loo":
+        return "cholesky"  # exact LOO from the factor; CG cannot give diag((K + λI)⁻¹)
+    if has_store and kind == "complement":  # the factor's LGO panels need complements
         per = predicted_search_seconds("cholesky", n, n_alpha, 1, splits)
         if per < predicted_search_seconds("cg", n, n_alpha, 1, splits):
             return "cholesky"
