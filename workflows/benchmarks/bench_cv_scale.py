@@ -36,6 +36,20 @@ What it runs, in one process (timings compare only within a run):
 
 Target (issue #18): at N = 35,000, 10 λ x 3 γ x 5 folds in <= 10x one exact fit,
 peak RSS <= 3 GB.
+
+Measured 2026-11-23 on the shared 2-core machine UNDER LOAD (load average 5-11 from
+other jobs: timings noisy, the exact-fit baseline itself varied 3.4-11.3 s at N = 8,000):
+
+- ``--quick`` (N = 2,000, 5 λ x 2 γ, no screening then): search 21.5 s, exact fit 3.9 s
+  (5.5x; at this size the preconditioner build dominates), peak RSS 0.49 GB; same pick
+  as GridSearchCV (λ = 5.6e-3, γ = 0.03), max |score difference| 1.1e-10, 3.0x faster.
+- ``--n 8000``, γ = 0.01/0.03/0.1, no screening: search 86 s, exact fit 11.3 s (7.6x),
+  peak RSS 0.74 GB, 50 float32 + 13 float64 passes, ranks 294/699/1199, pick (1e-3, 0.01).
+- ``--n 8000`` (defaults: γ = 0.03/0.1/0.3, screening 1e-3, top 3): search 48.7 s, exact
+  fit 3.4 s (14x), peak RSS 0.74 GB, 148 float32 + 12 float64 passes (γ = 0.3 is the hard
+  one: rank capped at 1,199 with ρ/λ ≈ 3,800), pick (λ = 0.01, γ = 0.03), verified.
+- N = 35,000: not run here (the lead runs it on a quiet machine). Expected: the exact
+  fit grows as N³ (x84 from 8,000), a pass as N² (x19) and the rank cap as N^(2/3).
 """
 
 from __future__ import annotations
