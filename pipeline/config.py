@@ -243,6 +243,13 @@ class CvConfig(_Model):
     rank: int | None = Field(default=None, ge=1)
     #: kernel settings searched concurrently (in-memory solvers)
     n_jobs: int | None = Field(default=None, ge=1)
+    #: refuse (before any work) a grid predicted to take longer than this many seconds
+    max_search_seconds: float | None = Field(default=None, gt=0)
+    #: solver cg: kernel values of the inner solves (residuals are float64 either way)
+    kernel_dtype: Literal["auto", "float32", "float64"] = "auto"
+    #: solver cg: screen every system to this residual, then only the best λ to tol
+    screen_tol: float | None = Field(default=None, gt=0, lt=1)
+    screen_top: int = Field(default=3, ge=1)
 
     @field_validator("alphas", mode="before")
     @classmethod

@@ -17,12 +17,13 @@ vector, so CG runs on the block-diagonal system of all folds at once.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
 import scipy.linalg
 
-from pipeline.solvers.cg import conjugate_gradient
+from pipeline.solvers.cg import CGConvergenceError, CGConvergenceWarning, conjugate_gradient
 from pipeline.solvers.precond import nystrom_factor
 
 __all__ = ["cg_fold_predictions"]
@@ -67,6 +68,7 @@ def cg_fold_predictions(
     warm_start: bool = True,
     factor: np.ndarray | None = None,
     stats: dict | None = None,
+    failures: list | None = None,
 ) -> list[list[np.ndarray]]:
     """Held-out predictions ``preds[f][l]`` for each fold f and shift row ``shifts[l]``.
 
@@ -90,6 +92,12 @@ def cg_fold_predictions(
     factor : ndarray (n, r), optional
         A Nyström factor ``F`` (``K ≈ F Fᵀ``) already computed for this kernel: used
         instead of building one (``preconditioner="nystrom"``).
+    failures : list, optional
+        A λ whose solve does not reach ``tol`` (NaN, divergence, stagnation,
+        ``max_iter``) is never scored: it is appended here as a dict (``lambda_index``,
+        ``reason``, ``rel_residual``) and its predictions are None, for the caller to
+        redo exactly (:mod:`pipeline.model_selection.direct`). Without the list such
+        a solve raises :class:`~pipeline.model_selection.direct.UnconvergedSolveError`.
     """
     stats = stats if stats is not None else {}
     n, t = y.shape
@@ -164,31 +172,64 @@ def cg_fold_predictions(
     order = np.argsort(-shifts.mean(axis=1), kind="stable")
     sols: dict[int, np.ndarray] = {}
     x0 = None
+    failed: dict[int, dict] = {}
     for li in order:
         srow = shifts[li]
-        res = conjugate_gradient(
-            make_matvec(srow),
-            b,
-            x0=x0,
-            preconditioner=_Stacked(srow),
-            tol=tol,
-            max_iter=max_iter,
-        )
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", CGConvergenceWarning)
+                res = conjugate_gradient(
+                    make_matvec(srow),
+                    b,
+                    x0=x0,
+                    preconditioner=_Stacked(srow),
+                    tol=tol,
+                    max_iter=max_iter,
+                )
+        except CGConvergenceError as exc:  # divergence (NaN/inf) or stagnation
+            failed[int(li)] = {
+                "lambda_index": int(li),
+                "reason": type(exc).__name__,
+                "message": str(exc)[:300],
+            }
+            stats["cg_not_converged"] = stats.get("cg_not_converged", 0) + 1
+            continue
         stats["cg_iterations"] = stats.get("cg_iterations", 0) + int(res.n_iter)
         stats["cg_matvecs"] = stats.get("cg_matvecs", 0) + int(res.n_matvec)
         stats["cg_solves"] = stats.get("cg_solves", 0) + 1
-        if not res.converged:
+        if not res.converged or not np.all(np.isfinite(res.x)):
             stats["cg_not_converged"] = stats.get("cg_not_converged", 0) + 1
+            failed[int(li)] = {
+                "lambda_index": int(li),
+                "reason": "max_iter" if res.n_iter >= res.max_iter else "breakdown",
+                "rel_residual": float(np.max(res.rel_residual)),
+                "n_iter": int(res.n_iter),
+            }
+            continue
         sols[int(li)] = res.x.reshape(m, t)
         x0 = sols[int(li)] if warm_start else None
+    if failed and failures is None:
+        from pipeline.model_selection.direct import UnconvergedSolveError
+
+        raise UnconvergedSolveError(
+            f"CG did not reach tol={tol:.1e} for the shifts {[shifts[i].tolist() for i in failed]}"
+            f" ({sorted({f['reason'] for f in failed.values()})}); a diverged solve is never "
+            "scored: use an exact solver, a larger lambda or a stronger preconditioner"
+        )
+    if failures is not None:
+        failures.extend(failed[li] for li in sorted(failed))
     # one product for every (λ, fold): columns ordered (λ, fold, target)
     L = shifts.shape[0]
-    Xall = np.concatenate([sols[li] for li in range(L)], axis=1)  # (m, L * t)
-    KP = _kernel_product(op, scatter(Xall))  # (n, nf * L * t)
+    good = [li for li in range(L) if li in sols]
+    preds: list[list[Any]] = [[None] * L for _ in tests]
+    if not good:
+        return preds
+    Xall = np.concatenate([sols[li] for li in good], axis=1)  # (m, G * t)
+    KP = _kernel_product(op, scatter(Xall))  # (n, nf * G * t)
     stats["cg_matvecs"] = stats.get("cg_matvecs", 0) + 1
-    k = L * t
-    preds = []
+    k = len(good) * t
     for f, te in enumerate(tests):
         block = KP[te, f * k : (f + 1) * k]
-        preds.append([block[:, li * t : (li + 1) * t] for li in range(L)])
+        for gi, li in enumerate(good):
+            preds[f][li] = block[:, gi * t : (gi + 1) * t]
     return preds

@@ -25,6 +25,7 @@ import numpy as np
 
 from pipeline.model_selection.band import band_search
 from pipeline.model_selection.cgpath import cg_fold_predictions
+from pipeline.model_selection.direct import direct_fold_predictions, record_redo
 from pipeline.model_selection.eigen import (
     eigendecompose,
     fold_eigen_predictions,
@@ -44,6 +45,21 @@ __all__ = [
 ]
 
 log = logging.getLogger("pipeline.model_selection")
+
+
+def redo_failed(preds, failures, block, y2, trains, tests, shifts, stats, setting, ooc=None):
+    """Redo the λ rows in ``failures`` (from :func:`cg_fold_predictions`) exactly, in
+    place in ``preds[f][li]``, and record them in ``stats``."""
+    if not failures:
+        return
+    todo = [(fl["lambda_index"], f, float(shifts[fl["lambda_index"], f])) for fl in failures
+            for f in range(len(trains))]  # fmt: skip
+    exact = direct_fold_predictions(
+        block, y2, trains, tests, todo, out_of_core=ooc, what=f"setting {setting}"
+    )
+    for (li, f), p in exact.items():
+        preds[f][li] = p
+    record_redo(stats, setting, failures, "cholesky")
 
 
 class _Strategy:
@@ -123,17 +139,24 @@ class BandStrategy(_Strategy):
                 )
                 if r.solver == "cg":
                     t1 = time.perf_counter()
+                    failures: list = []
+                    trains, tests = [tr for tr, _ in splits], [te for _, te in splits]
                     pf = cg_fold_predictions(
                         DenseKernelOperator(K),
                         y2,
-                        [tr for tr, _ in splits],
-                        [te for _, te in splits],
+                        trains,
+                        tests,
                         np.array(shifts[s]).T,
                         tol=ROUTED_CG_TOL,
                         max_iter=cv.max_iter,
                         factor=r.factor,
                         stats=per[s],
+                        failures=failures,
                     )
+                    redo_failed(
+                        pf, failures, lambda r_, c_, K=K: K[np.ix_(r_, c_)], y2, trains,
+                        tests, np.array(shifts[s]).T, per[s], settings[s],
+                    )  # fmt: skip
                     per[s]["seconds"]["cg"] = round(time.perf_counter() - t1, 4)
                     preds[s] = pf
                 elif len(kept) < max(2, workers):  # the first band settings keep their K
@@ -293,29 +316,26 @@ class CholeskyStrategy(_Strategy):
 
 
 class CGPathStrategy(_Strategy):
-    """Out of core: every fold by CG with products by the full K, warm starts across λ."""
+    """Out of core: every (λ, fold) system of a kernel setting as a column of one block
+    PCG (:mod:`pipeline.model_selection.cvblock`): one matrix-free pass of the fused
+    engine per iteration for all of them, one Nyström factor per setting, float32
+    kernel values with float64 residuals; unconverged systems redone exactly."""
 
     def setting(self, si, X, y2, kern, splits, alphas_s, stats):
         cv = self.cv
-        from pipeline.solvers.matvec import make_operator
+        from pipeline.model_selection.cvblock import block_cv_predictions
+        from pipeline.solvers.matvec import MatrixFreeKernelOperator
 
-        if cv.store is not None:
-            op = make_operator("stored", 1.0, gram=OutOfCoreStore(cv).gram(si, X, kern, stats))
-        else:
-            op = make_operator(
-                "matrix-free",
-                1.0,
-                X=X,
-                kernel=kern,
-                block_size=OutOfCoreStore(cv).block_size(X.shape[0]),
-            )
-        shifts = np.array([[cv._shift(a, len(tr)) for tr, _ in splits] for a in alphas_s])
-        pf = cg_fold_predictions(
-            op,
-            y2,
-            [tr for tr, _ in splits],
-            [te for _, te in splits],
-            shifts,
+        n = X.shape[0]
+        bs = OutOfCoreStore(cv).block_size(n)
+        trains, tests = [tr for tr, _ in splits], [te for _, te in splits]
+        shifts = np.array([[cv._shift(a, len(tr)) for tr in trains] for a in alphas_s])
+        op64 = MatrixFreeKernelOperator(X, kern, 1.0, block_size=bs, kernel_dtype="float64")
+        kd = getattr(cv, "kernel_dtype", "auto")
+        use32 = kd in ("auto", "float32")
+        kw = dict(
+            screen_tol=getattr(cv, "screen_tol", None),
+            refine=getattr(cv, "_screen_fn", None),
             preconditioner=cv.preconditioner,
             rank=cv.rank,
             tol=cv.tol,
@@ -323,4 +343,55 @@ class CGPathStrategy(_Strategy):
             random_state=cv.random_state if cv.random_state is not None else 0,
             stats=stats,
         )
+        failures: list = []
+        try:
+            op32 = (
+                MatrixFreeKernelOperator(X, kern, 1.0, block_size=bs, kernel_dtype="float32")
+                if use32
+                else None
+            )
+            pf = block_cv_predictions(op64, y2, trains, tests, shifts, op32=op32,
+                                      failures=failures, **kw)  # fmt: skip
+        except ValueError as exc:
+            if not use32 or "float32" not in str(exc):
+                raise
+            log.info("float32 kernel values refused (%s); float64 products", exc)
+            failures.clear()
+            pf = block_cv_predictions(op64, y2, trains, tests, shifts, failures=failures, **kw)
+        stats.setdefault("kernel_dtypes", []).append("float32" if use32 else "float64")
+        if failures:
+            todo = [(fl["lambda_index"], fl["fold"], fl["shift"]) for fl in failures]
+
+            def block(r, c):
+                return np.asarray(kern(X[r], X[c]), dtype=np.float64)
+
+            ooc = None
+            if cv.store is not None and all(len(tr) + len(te) == n for tr, te in splits):
+                ooc = lambda todo_: self._out_of_core(si, X, y2, kern, splits, todo_, stats)  # noqa: E731
+            exact = direct_fold_predictions(
+                block, y2, trains, tests, todo, out_of_core=ooc, what=f"setting {si}"
+            )
+            for (li, f), p in exact.items():
+                pf[f][li] = p
+            record_redo(stats, cv._settings[si] if hasattr(cv, "_settings") else si, failures,
+                        "cholesky")  # fmt: skip
         return [[pf[f][li] for f in range(len(splits))] for li in range(len(alphas_s))]
+
+    def _out_of_core(self, si, X, y2, kern, splits, todo, stats):
+        """Exact K-fold predictions from a tile Cholesky of the stored Gram, per shift."""
+        from pipeline.model_selection.loo import lgo_residuals
+        from pipeline.solvers import cholesky_solve
+
+        store = OutOfCoreStore(self.cv)
+        gram = store.gram(si, X, kern, stats)
+        out = {}
+        by_shift: dict[float, list] = {}
+        for li, f, s in todo:
+            by_shift.setdefault(float(s), []).append((li, f))
+        for shift, items in by_shift.items():
+            fac = store.factor(gram, shift, stats)
+            coef = cholesky_solve(fac, y2)
+            for li, f in items:
+                te = splits[f][1]
+                out[(li, f)] = y2[te] - lgo_residuals(fac, coef, te, stats)
+        return out

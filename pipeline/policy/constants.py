@@ -88,3 +88,13 @@ BAND_GEMM_EFFICIENCY = 0.65
 CG_PASS_OVERHEAD = 1.5
 #: CG must be predicted cheaper than this fraction of the band reductions
 CG_MARGIN = 0.5
+#: out-of-core CV by block PCG (pipeline.model_selection.cvblock): kernel passes per
+#: kernel setting (all folds and λ in one block; float32 inner solves plus float64
+#: residual checks), measured on diamonds (RBF, λ down to 1e-3, 5 folds): 25-45
+CV_BLOCK_PASSES = 40
+#: seconds per kernel entry and per column of one pass (a symmetric pass multiplies
+#: each lower-tile entry twice: 4 flops per column at about 60 GFLOP/s on 2 cores)
+CV_BLOCK_COLUMN_SECONDS = 6.7e-11
+#: one fold's r x r eigendecomposition (LAPACK syevr, one BLAS thread per fold) in
+#: units of r³ flops at CHOLESKY_GFLOPS: 1.95 s at r = 1,600 on one busy core
+CV_EIGH_FLOPS_PER_R3 = 30.0

@@ -13,7 +13,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pipeline.policy.constants import BAND_FLOPS_PER_M3, EIG_FLOPS_PER_N3, IN_MEMORY_MAX_N
+from pipeline.policy.constants import (
+    BAND_FLOPS_PER_M3,
+    CHOLESKY_GFLOPS,
+    CV_BLOCK_COLUMN_SECONDS,
+    CV_BLOCK_PASSES,
+    CV_EIGH_FLOPS_PER_R3,
+    EIG_FLOPS_PER_N3,
+    IN_MEMORY_MAX_N,
+    KERNEL_ENTRIES_PER_SECOND,
+)
 
 __all__ = [
     "band_cost",
@@ -22,6 +31,8 @@ __all__ = [
     "eigen_cost",
     "eigen_mode",
     "memory_need",
+    "predicted_search_seconds",
+    "suggest_smaller_grid",
 ]
 
 
@@ -85,7 +96,9 @@ def choose_cv_solver(
     in_memory_max_n: int = IN_MEMORY_MAX_N,
 ) -> str:
     """``solver="auto"`` of the search: the cheapest in-memory strategy that fits, up to
-    ``in_memory_max_n`` rows; else ``"cholesky"`` with a store, else ``"cg"``."""
+    ``in_memory_max_n`` rows; else, with a store, ``"cholesky"`` for leave-one-out or
+    when one factorisation per λ is predicted cheaper than the block CG
+    (:func:`predicted_search_seconds`); else ``"cg"``."""
     costs: dict[str, Any] = {
         "eigen": eigen_cost(n, kind, n_alpha, splits, eigen_requested),
         "dense": dense_cost(n_alpha, splits),
@@ -96,4 +109,76 @@ def choose_cv_solver(
         for name in sorted(costs, key=costs.get):
             if fits(memory_need(name, n, band_workers, n_jobs)):
                 return name
-    return "cholesky" if has_store else "cg"
+    if has_store and kind == "loo":
+        return "cholesky"  # exact LOO from the factor; CG cannot give diag((K + λI)⁻¹)
+    if has_store and kind == "complement":  # the factor's LGO panels need complements
+        per = predicted_search_seconds("cholesky", n, n_alpha, 1, splits)
+        if per < predicted_search_seconds("cg", n, n_alpha, 1, splits):
+            return "cholesky"
+    return "cg"
+
+
+def _block_pass_seconds(n: int, columns: int) -> float:
+    entries = n * (n + 1) / 2.0
+    return entries * (1.0 / KERNEL_ENTRIES_PER_SECOND + columns * CV_BLOCK_COLUMN_SECONDS)
+
+
+def predicted_search_seconds(
+    solver: str,
+    n: int,
+    n_alpha: int,
+    n_settings: int,
+    splits: Sequence,
+    *,
+    n_targets: int = 1,
+    eigen_requested: str = "auto",
+    kind: str = "complement",
+) -> float:
+    """Predicted seconds of a whole search (every kernel setting) with ``solver``.
+
+    ``cholesky``: one tile Cholesky of the full Gram per λ (plus the Gram build);
+    ``cg``: :data:`CV_BLOCK_PASSES` block passes over the lower kernel tiles per
+    setting, every (λ, fold, target) column in each pass; the in-memory solvers:
+    their flop counts (:func:`eigen_cost`, :func:`band_cost`, :func:`dense_cost`)
+    at :data:`CHOLESKY_GFLOPS` plus the kernel matrix.
+    """
+    rate = CHOLESKY_GFLOPS * 1e9
+    kernel = n * n / KERNEL_ENTRIES_PER_SECOND
+    if solver == "cg":
+        columns = n_alpha * len(splits) * n_targets
+        r = min(n, max(256.0, 3.0 * n ** (2.0 / 3.0)))  # cvblock.rank_cap
+        precond = (2 * n * r * r + len(splits) * CV_EIGH_FLOPS_PER_R3 * r**3) / rate
+        per = CV_BLOCK_PASSES * _block_pass_seconds(n, max(1, columns // 2)) + kernel + precond
+    elif solver == "cholesky":
+        per = n_alpha * (n**3 / 3.0 / rate) + kernel / 2
+    elif solver == "eigen":
+        per = eigen_cost(n, kind, n_alpha, splits, eigen_requested) / rate + kernel
+    elif solver == "band":
+        per = band_cost(splits) / rate + kernel
+    else:
+        per = dense_cost(n_alpha, splits) / rate + kernel
+    return float(per * n_settings)
+
+
+def suggest_smaller_grid(
+    solver: str,
+    n: int,
+    n_alpha: int,
+    n_settings: int,
+    splits: Sequence,
+    budget: float,
+    **kw: Any,
+) -> str:
+    """A grid (λ count x kernel settings, else fewer rows) predicted to fit ``budget`` s."""
+    for settings in range(n_settings, 0, -1):
+        for alphas in range(n_alpha, 0, -1):
+            if predicted_search_seconds(solver, n, alphas, settings, splits, **kw) <= budget:
+                return f"{alphas} lambda(s) x {settings} kernel setting(s)"
+    rows = n
+    while rows > 100:
+        rows = int(rows * 0.8)
+        scale = rows / n
+        sub = [(range(int(len(tr) * scale)), range(int(len(te) * scale))) for tr, te in splits]
+        if predicted_search_seconds(solver, rows, 1, 1, sub, **kw) <= budget:
+            return f"1 lambda x 1 kernel setting on a subsample of about {rows} rows"
+    return "a much smaller problem (no grid on these rows fits the budget)"

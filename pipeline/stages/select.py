@@ -6,6 +6,10 @@ Runs only when the config has a ``cv`` section. It fits a
 rows, without its refit (the solve stage does the final fit), and writes the
 search report into its directory: ``cv_results.csv``, ``cv_search.json``,
 ``cv_score_vs_alpha.png`` and, with one kernel parameter, ``cv_heatmap.png``.
+Each finished kernel setting is recorded in ``settings/`` (atomic, checksummed,
+fingerprinted): a killed search restarts from its finished settings. Its outputs
+carry the score of every grid point (``grid``), the chosen point and the search's
+cost in seconds, for the run report.
 
 Its outputs ``kernel`` (the kernel spec with the selected parameters) and
 ``lam`` replace the configured ones in the downstream stages' arguments, so
@@ -70,6 +74,7 @@ def run(
         store=str(join_path(stage_dir, "cv.zarr")),
         refit=False,
         progress=True,  # one step per kernel setting, as pipeline.progress's mode says
+        checkpoint=str(join_path(stage_dir, "settings")),
         **options,
     )
     search.fit(X, y)
@@ -105,10 +110,32 @@ def run(
                 "band_reductions",
                 "factorizations",
                 "cg_iterations",
+                "cg_passes_float32",
+                "cg_passes_float64",
+                "preconditioner_ranks",
+                "verified_score",
             )
             if k in stats
         },
         "report": {k: str(p) for k, p in paths.items()},
+        # for the run report: the score of every grid point, the chosen one, the cost
+        "grid": _grid(search),
+        "seconds": {
+            k: float(v) for k, v in stats["seconds"].items() if not k.startswith("setting_")
+        },
+        "settings_resumed": int(stats.get("settings_resumed", 0)),
+        "redone_direct": int(stats.get("redone_direct", 0)),
+    }
+
+
+def _grid(search: Any) -> dict[str, Any]:
+    """The score per grid point (``params`` with ``alpha`` and kernel parameters)."""
+    res = search.cv_results_
+    return {
+        "params": [{k: _plain(v) for k, v in p.items()} for p in res["params"]],
+        "mean_test_score": [float(v) for v in res["mean_test_score"]],
+        "std_test_score": [float(v) for v in res["std_test_score"]],
+        "best_index": int(search.best_index_),
     }
 
 
