@@ -50,7 +50,6 @@ from sklearn.metrics import check_scoring
 from sklearn.utils.validation import check_is_fitted
 
 from pipeline.estimator import KernelRidge
-from pipeline.fit import execute, log_plan
 from pipeline.model_selection.grid import (
     build_candidates,
     check_alphas,
@@ -59,6 +58,7 @@ from pipeline.model_selection.grid import (
 )
 from pipeline.model_selection.guard import FixedPredictions as _FixedPredictions
 from pipeline.model_selection.guard import check_budget, screen_refiner, verify_choice
+from pipeline.model_selection.refit import IN_MEMORY, refit_best
 from pipeline.model_selection.stats import SearchStats, merge_stats, new_stats
 from pipeline.model_selection.strategies import (
     BandStrategy,
@@ -71,7 +71,6 @@ from pipeline.policy.constants import (
     CV_TOL,
 )
 from pipeline.policy.cv_routing import choose_cv_solver, eigen_mode, memory_need
-from pipeline.policy.plan import Resources, normalize_alpha_convention, plan_fit
 from pipeline.progress import open_progress, with_progress
 from pipeline.solvers.band import band_available
 from pipeline.validation import validate_X_y
@@ -81,7 +80,6 @@ __all__ = ["KernelRidgeCV"]
 log = logging.getLogger("pipeline.model_selection")
 
 SOLVERS = ("auto", "band", "eigen", "dense", "cholesky", "cg")
-IN_MEMORY = ("band", "eigen", "dense")
 CONVENTIONS = ("sklearn", "n_samples", "n")
 EIGEN_MODES = ("auto", "lgo", "fold")
 # calibrated constants of the search's routing live in pipeline.policy.constants
@@ -549,72 +547,7 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
 
     # ------------------------------------------------------------------ refit
     def _refit(self, X, y, base, stats) -> KernelRidge:
-        kern = copy.deepcopy(base).set_params(
-            **{k: v for k, v in self.best_params_.items() if k != "alpha"}
-        )
-        conv = normalize_alpha_convention(self.lambda_convention)
-        est = KernelRidge(
-            alpha=self.best_alpha_, kernel=kern, alpha_convention=conv, progress=self.progress
-        )
-        if self.solver_ in IN_MEMORY:
-            return est.fit(X, y)
-        # out of core: refit on the best setting's stored Gram (its tiles are reused, not
-        # rebuilt), one factorisation (cholesky) or one preconditioned CG solve (cg), as
-        # planned by the one fit plan (pipeline.policy.plan) and run by pipeline.fit.execute
-        n = X.shape[0]
-        si = self._settings.index({k: v for k, v in self.best_params_.items() if k != "alpha"})
-        Y = y.reshape(n, -1)
-        store = None if self.store is None else os.fspath(self.store)
-        seed = self.random_state if isinstance(self.random_state, int) else 0
-        choices = {
-            "solver": self.solver_,
-            "alpha": self.best_alpha_,
-            "alpha_convention": conv,
-            "block_size": self._block_size(n),
-            "tol": self.tol,
-            "max_iter": self.max_iter,
-            "preconditioner": self.preconditioner,
-            "rank": self.rank,
-            "matvec": "stored" if store is not None else "recompute",
-            "random_state": seed,
-            "store": store,
-        }
-        resources = Resources(float("inf"), float("inf"), in_memory=False)
-        plan, reason = plan_fit(n, X.shape[1], kern, resources, choices, n_targets=Y.shape[1])
-        log_plan(plan, reason, origin="KernelRidgeCV refit", logger=log)
-        gram = self._gram(si, X, kern, stats) if plan.needs_gram else None  # tiles reused
-        fit = execute(
-            plan, X, Y, kern, gram=gram, factor_store=store, factor_name="cv_chol", progress=True
-        )
-        shift = fit.shift
-        if fit.cg is not None and not fit.cg.converged:  # never return an unconverged model
-            from pipeline.model_selection.direct import UnconvergedSolveError
-
-            raise UnconvergedSolveError(
-                f"the refit of {self.best_params_} stopped at relative residual "
-                f"{float(np.max(fit.cg.rel_residual)):.2e} > tol={self.tol:g}; raise max_iter, "
-                "use preconditioner='adaptive', or refit=False"
-            )
-        if fit.factor is not None:
-            stats["factorizations"] += 1
-            stats["factor_tiles"] += len(fit.factor.computed)
-        else:
-            stats["cg_iterations"] += int(fit.cg.n_iter)
-            stats["cg_matvecs"] += int(fit.cg.n_matvec)
-            stats["cg_solves"] += 1
-        coef = np.asarray(fit.dual_coef).reshape(n, -1)
-        est.kernel_ = kern
-        est.dual_coef_ = coef[:, 0] if y.ndim == 1 else coef
-        est.X_fit_ = X
-        est.n_features_in_ = X.shape[1]
-        est.solver_ = self.solver_
-        est.effective_alpha_ = np.full(Y.shape[1], shift)
-        est.n_iter_ = int(fit.n_iter)
-        est.fit_info_ = {
-            "refit_by": "KernelRidgeCV",
-            "store": None if self.store is None else os.fspath(self.store),
-        }
-        return est
+        return refit_best(self, X, y, base, stats)
 
     # -------------------------------------------------------------- predict
     @with_progress
