@@ -5,8 +5,13 @@ kernel parameters by cross-validation, which then replace the configured ones
 downstream) → ``gram`` (only when the solver reads a stored
 Gram) → ``solve`` → ``model`` (the fitted-model artifact) → ``predict`` (test
 rows and an optional batch input) → ``evaluate`` (metrics on the test rows,
-next to scikit-learn's). Each is a function ``run(stage_dir, inputs, **params)``
-of explicit arguments; :func:`default_stages` wires them.
+next to scikit-learn's). Each is a plain function ``run(stage_dir, inputs, **params)``
+of typed arguments (the config's frozen sections, :mod:`pipeline.config`) that
+returns a typed output (:mod:`pipeline.stages.outputs`); :func:`default_stages`
+wires them. The runner fingerprints and records each stage's arguments as JSON
+(:meth:`pipeline.config.RunConfig.stage_params`); :func:`typed_params` turns that
+JSON into the typed arguments just before the call, so fingerprints are those of
+the JSON.
 
 ``solve``, ``model``, ``predict`` and ``evaluate`` keep their results per
 configuration, in ``RUN_DIR/results/<key>/`` (:mod:`pipeline.stages.results`);
@@ -42,24 +47,80 @@ STAGE_NAMES = tuple(STAGE_WIRING)
 PER_CONFIG_STAGES = ("solve", "model", "predict", "evaluate")
 
 
+#: JSON argument -> the config section it is validated into, per stage; the keys a
+#: section spreads over (``**section.model_dump()``) are gathered back into it
+_SECTIONS: dict[str, dict[str, Any]] = {
+    "ingest": {"data": "DataConfig", "split": "SplitConfig", "preprocess": "PreprocessConfig"},
+    "solve": {"solver": "SolverConfig"},
+    "predict": {"predict": ("PredictConfig", ("input", "columns", "output"))},
+    "evaluate": {"evaluate": ("EvaluateConfig", ("metrics", "baseline", "baseline_max_rows"))},
+}
+
+
+def typed_params(stage: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    """A stage's JSON arguments (what the runner fingerprints) as its typed arguments.
+
+    Each config section among them is validated into its frozen model from
+    :mod:`pipeline.config` (``solver`` into :class:`~pipeline.config.SolverConfig`,
+    ...; the predict and evaluate sections, whose keys the JSON holds at the top
+    level, are gathered into ``predict`` and ``evaluate``). A section that is
+    already a model is kept. Other arguments (the kernel spec, λ, block size)
+    pass through.
+
+    Parameters
+    ----------
+    stage : str
+        The stage's name (a key of :data:`STAGE_WIRING`).
+    params : mapping
+        Its arguments as :meth:`~pipeline.config.RunConfig.stage_params` gives them.
+
+    Returns
+    -------
+    dict
+        The keyword arguments of the stage's ``run``.
+    """
+    import pipeline.config as config
+
+    out = dict(params)
+    for arg, kind in _SECTIONS.get(stage, {}).items():
+        if isinstance(kind, tuple):
+            model, keys = getattr(config, kind[0]), kind[1]
+            if arg not in out:
+                out[arg] = {k: out.pop(k) for k in keys if k in out}
+        else:
+            model = getattr(config, kind)
+        out[arg] = model.model_validate(out.get(arg, {}))
+    return out
+
+
 def _lazy(module: str):
+    """``module.run`` with typed arguments, imported on the first call (the CLI starts fast)."""
+    stage = module.rsplit(".", 1)[1]
+
     def call(stage_dir, inputs, **params):
-        return importlib.import_module(module).run(stage_dir, inputs, **params)
+        run = importlib.import_module(module).run
+        return run(stage_dir, inputs, **typed_params(stage, params))
 
     call.__name__ = f"{module}.run"
     return call
 
 
+def _ingest_output(outputs: Mapping[str, Any]):
+    from pipeline.stages.outputs import IngestOutput
+
+    return IngestOutput.from_json(outputs["ingest"])
+
+
 def _gram_enabled(params: Mapping[str, Any], outputs: Mapping[str, Any]) -> bool:
     from pipeline.stages.solve import needs_gram
 
-    sp, ing = params["solve"], outputs["ingest"]
+    sp, ing = typed_params("solve", params["solve"]), _ingest_output(outputs)
     return needs_gram(
         sp["solver"],
-        ing["n_train"],
-        ing.get("n_features", 1),
+        ing.n_train,
+        ing.n_features,
         kernel=sp.get("kernel"),
-        store=ing.get("store"),
+        store=ing.store,
         alpha=sp.get("lam"),
         alpha_convention=sp.get("lam_convention"),
         block_size=sp.get("block_size"),
@@ -68,11 +129,12 @@ def _gram_enabled(params: Mapping[str, Any], outputs: Mapping[str, Any]) -> bool
 
 
 def _has_test_or_batch(params: Mapping[str, Any], outputs: Mapping[str, Any]) -> bool:
-    return bool(outputs["ingest"].get("X_test")) or bool(params["predict"].get("input"))
+    predict = typed_params("predict", params["predict"])["predict"]
+    return bool(_ingest_output(outputs).X_test) or bool(predict.input)
 
 
 def _has_test(params: Mapping[str, Any], outputs: Mapping[str, Any]) -> bool:
-    return bool(outputs["ingest"].get("X_test"))
+    return bool(_ingest_output(outputs).X_test)
 
 
 def _has_cv(params: Mapping[str, Any], outputs: Mapping[str, Any]) -> bool:
@@ -166,4 +228,5 @@ __all__ = [
     "latest_model",
     "run_stages",
     "run_status",
+    "typed_params",
 ]
