@@ -22,7 +22,9 @@ configurations with their metrics, :func:`latest_model` names the latest model.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from pipeline.stages.lock import LockHeldError, RunLock
@@ -30,6 +32,8 @@ from pipeline.stages.manifest import Manifest, StageRecord
 from pipeline.stages.runner import RunDirConflict, RunReport, Stage, StageFailed, run_stages
 from pipeline.stages.status import configurations, latest_model, run_status
 from pipeline.stages.verify import verify_metrics, verify_model, verify_predictions
+
+log = logging.getLogger("pipeline.stages")
 
 #: stage name -> (module, upstream stages)
 STAGE_WIRING: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -212,6 +216,88 @@ def default_stages() -> list[Stage]:
     ]
 
 
+def run_config(
+    config: Any,
+    run_dir: str | Path | None = None,
+    *,
+    overrides: Sequence[str] = (),
+    force_new: bool = False,
+    until: str | None = None,
+    on_event: Callable[[str, str, dict[str, Any]], None] | None = None,
+) -> RunReport:
+    """Run a config's stages in its run directory, as ``krr run`` does; ``pipeline.run``.
+
+    The run directory's lock is held while the stages run (a lock left by a killed
+    run on this host is taken over, with a warning); complete stages are skipped
+    and partial ones resume from their completion records. The tile graphs run on
+    the active Dask client when there is one (``distributed.Client``), else on
+    threads of this process: unlike ``krr run``, no cluster is started here.
+
+    Parameters
+    ----------
+    config : path, mapping or RunConfig
+        A YAML config file, a mapping of its keys, or a config from
+        :func:`pipeline.config.load_config`.
+    run_dir : path or URL, optional
+        The run directory; default: the config's ``run_dir`` (``runs/<name>``).
+    overrides : sequence of str
+        ``key=value`` overrides, as on the ``krr run`` command line (only with a
+        path or a mapping: a loaded config is final).
+    force_new : bool
+        Start over in a run directory that holds a run on other data.
+    until : str, optional
+        Stop after this stage.
+    on_event : callable, optional
+        ``on_event(stage, event, info)``, see :func:`run_stages`.
+
+    Returns
+    -------
+    RunReport
+        What ran, what was complete, the timings; ``report.outputs[stage]`` holds
+        each complete stage's outputs (e.g. ``report.outputs["model"]["path"]``).
+
+    Raises
+    ------
+    LockHeldError
+        Another run holds the run directory.
+    StageFailed
+        A stage failed (its cause is ``__cause__``); rerun to resume.
+    ValueError
+        ``overrides`` were given with a loaded config.
+    """
+    from pipeline.config import RunConfig, load_config
+
+    if isinstance(config, RunConfig):
+        if overrides:
+            raise ValueError(
+                f"overrides {list(overrides)} given with a loaded config; pass them to "
+                "pipeline.load_config(path, overrides) instead, or pass the config's path"
+            )
+        cfg = config
+    else:
+        cfg = load_config(config, overrides)
+    run_dir = cfg.resolved_run_dir() if run_dir is None else run_dir
+    recorded = cfg.model_dump(mode="json", by_alias=True)
+    if isinstance(recorded.get("storage"), dict) and recorded["storage"].get("options"):
+        recorded["storage"] = {**recorded["storage"], "options": "<not recorded>"}  # credentials
+    with RunLock(run_dir) as lock:
+        if lock.took_over:
+            log.warning(
+                "took over the lock of the killed run (pid %s, no longer alive); resuming",
+                lock.took_over.get("pid"),
+            )
+        return run_stages(
+            run_dir,
+            default_stages(),
+            cfg.stage_params(),
+            identity=cfg.identity(),
+            config=recorded,
+            force_new=force_new,
+            until=until,
+            on_event=on_event,
+        )
+
+
 __all__ = [
     "PER_CONFIG_STAGES",
     "STAGE_NAMES",
@@ -226,6 +312,7 @@ __all__ = [
     "configurations",
     "default_stages",
     "latest_model",
+    "run_config",
     "run_stages",
     "run_status",
     "typed_params",

@@ -41,6 +41,10 @@ tile, and keeps a verbatim copy of the replaced private tile code
 
 pykeops is reported if importable (it is not a dependency; never installed
 here).
+
+It imports internals (the tile engine, the Gram, the matvec and prediction modules)
+because it compares the engine's evaluators with the older tile code directly, which no
+public function exposes.
 """
 
 from __future__ import annotations
