@@ -81,3 +81,69 @@ def test_run_fingerprints_unchanged(tmp_path, monkeypatch):
     stored = zarr.open_array(store=str(tmp_path / "run/ingest/data.zarr"), path="X_train", mode="r")
     assert stored.attrs["fingerprint"] == X_TRAIN_PIN
     assert man.stage("gram").outputs["fingerprint"] == GRAM_PIN
+
+
+def test_every_stage_output_is_typed_and_keeps_its_json(tmp_path, monkeypatch):
+    import inspect
+
+    from pipeline.config import DataConfig, EvaluateConfig, PredictConfig, SolverConfig
+    from pipeline.stages import evaluate, ingest, predict, solve
+    from pipeline.stages.outputs import (
+        EvaluateOutput,
+        GramOutput,
+        IngestOutput,
+        ModelOutput,
+        PredictOutput,
+        SolveOutput,
+    )
+
+    types = {
+        "ingest": IngestOutput,
+        "gram": GramOutput,
+        "solve": SolveOutput,
+        "model": ModelOutput,
+        "predict": PredictOutput,
+        "evaluate": EvaluateOutput,
+    }
+    for mod, out, section, typ in (
+        (ingest, IngestOutput, "data", DataConfig),
+        (solve, SolveOutput, "solver", SolverConfig),
+        (predict, PredictOutput, "predict", PredictConfig),
+        (evaluate, EvaluateOutput, "evaluate", EvaluateConfig),
+    ):
+        sig = inspect.signature(mod.run)
+        assert sig.return_annotation in (out, out.__name__), mod.__name__
+        assert sig.parameters[section].annotation in (typ, typ.__name__), mod.__name__
+    monkeypatch.chdir(tmp_path)
+    cfg = _config(tmp_path)
+    rep = run_stages(
+        tmp_path / "run", default_stages(), cfg.stage_params(), identity=cfg.identity()
+    )
+    for name, js in Manifest.load(tmp_path / "run").stages.items():
+        if name in types:  # the manifest's JSON reads back and writes the same keys and values
+            assert types[name].from_json(js.outputs).to_json() == js.outputs, name
+    assert set(rep.outputs["predict"]) == {"test"}
+    assert "baseline" not in rep.outputs["evaluate"]  # baseline: none, as before
+    # the other shapes of the JSON: a batch file, a skipped baseline, no test set
+    batch = {"path": "p.npy", "format": "npy", "shape": [3, 1], "crc32c": 5}
+    assert PredictOutput.from_json({"batch": batch}).to_json() == {"batch": batch}
+    skipped = {"n_test": 2, "metrics": {"rmse": 1.0}, "baseline": None, "baseline_note": "why"}
+    assert EvaluateOutput.from_json(skipped).to_json() == skipped
+    empty = {"metrics": {}, "note": "no test set: nothing to evaluate"}
+    assert EvaluateOutput.from_json(empty).to_json() == empty
+
+
+def test_typed_params_validate_the_fingerprinted_json():
+    from pipeline.config import EvaluateConfig, PredictConfig, SolverConfig
+    from pipeline.stages import typed_params
+
+    params = load_config(CONFIG).stage_params()
+    solve = typed_params("solve", params["solve"])
+    assert isinstance(solve["solver"], SolverConfig) and solve["solver"].method == "cholesky"
+    assert solve["lam"] == params["solve"]["lam"]
+    pred = typed_params("predict", params["predict"])
+    assert pred["predict"] == PredictConfig() and set(pred) == {"predict", "kernel", "block_size"}
+    ev = typed_params("evaluate", params["evaluate"])
+    assert ev["evaluate"] == EvaluateConfig(baseline="none")
+    assert typed_params("solve", solve) == solve  # typed sections are kept
+    assert params == load_config(CONFIG).stage_params()  # the JSON itself is not changed
