@@ -1,7 +1,17 @@
 """krr-pipeline: exact kernel ridge regression, out of core, checkpointed, on Dask.
 
 The public names are loaded on first use (PEP 562), so importing a submodule
-(``pipeline.artifact``, ``pipeline.policy``) does not import every estimator.
+(``pipeline.artifact``, ``pipeline.policy``, ``pipeline.cli``) does not import every
+estimator, nor numpy and Dask.
+
+Besides the estimators, the package root holds what a user needs to drive a batch
+run from Python as ``krr`` does from the shell: :func:`load_config` (``krr
+validate``), :func:`run` (``krr run``: the run directory's lock and the resumable
+stages, returning a :class:`~pipeline.stages.RunReport`), :func:`run_status` (``krr
+status``), :func:`latest_model`, :func:`write_report` (``krr report``),
+:func:`read_run` (a run's stages, times, peak memory and metrics, as the report
+reads them) and :func:`plot_cv_results`. Scripts and notebooks should import only
+``pipeline`` and ``pipeline.cli``; the submodules are internals.
 """
 
 from __future__ import annotations
@@ -11,19 +21,42 @@ from typing import Any
 
 from pipeline._version import __version__
 
+#: public name -> (module, name there)
 _PUBLIC = {
-    "KernelPerceptron": "pipeline.perceptron",
-    "KernelRidge": "pipeline.estimator",
-    "KernelRidgeCV": "pipeline.model_selection",
-    "load": "pipeline.estimator",
+    "KernelPerceptron": ("pipeline.perceptron", "KernelPerceptron"),
+    "KernelRidge": ("pipeline.estimator", "KernelRidge"),
+    "KernelRidgeCV": ("pipeline.model_selection", "KernelRidgeCV"),
+    "load": ("pipeline.estimator", "load"),
+    "load_config": ("pipeline.config", "load_config"),
+    "run": ("pipeline.stages", "run_config"),
+    "run_status": ("pipeline.stages", "run_status"),
+    "latest_model": ("pipeline.stages", "latest_model"),
+    "write_report": ("pipeline.report", "write_report"),
+    "read_run": ("pipeline.report.gather", "gather"),
+    "plot_cv_results": ("pipeline.model_selection", "plot_cv_results"),
 }
 
-__all__ = ["KernelPerceptron", "KernelRidge", "KernelRidgeCV", "__version__", "kernels", "load"]
+__all__ = [
+    "KernelPerceptron",
+    "KernelRidge",
+    "KernelRidgeCV",
+    "__version__",
+    "kernels",
+    "latest_model",
+    "load",
+    "load_config",
+    "plot_cv_results",
+    "read_run",
+    "run",
+    "run_status",
+    "write_report",
+]
 
 
 def __getattr__(name: str) -> Any:
     if name in _PUBLIC:
-        value = getattr(importlib.import_module(_PUBLIC[name]), name)
+        module, attr = _PUBLIC[name]
+        value = getattr(importlib.import_module(module), attr)
         globals()[name] = value
         return value
     if name == "kernels":

@@ -9,10 +9,12 @@
 written this way. ``tests/test_notebook.py`` checks the shipped outputs and
 re-runs the notebook at a small N.
 
-The notebook drives one experiment through the public Python API only
-(``import pipeline``, :func:`pipeline.report.write_report`,
-:func:`pipeline.stages.status.run_status`, :func:`pipeline.stages.run_stages`,
-and the ``krr`` command in a subprocess): it holds no algorithm code.
+The notebook drives one experiment through the public Python API only: the package
+root ``pipeline`` (``pipeline.KernelRidgeCV``, ``pipeline.load_config``,
+``pipeline.run``, ``pipeline.run_status``, ``pipeline.read_run``,
+``pipeline.write_report``, ``pipeline.load``) and the ``krr`` command
+(``pipeline.cli``) in a subprocess; it imports no submodule of ``pipeline`` and
+holds no algorithm code (``tests/faults/test_fault_public_api.py`` checks this).
 """
 
 from __future__ import annotations
@@ -74,12 +76,6 @@ import yaml
 from IPython.display import Image, Markdown, display
 
 import pipeline
-from pipeline.config import load_config
-from pipeline.model_selection import plot_cv_results
-from pipeline.report import write_report
-from pipeline.report.gather import gather
-from pipeline.stages import RunLock, default_stages, run_stages
-from pipeline.stages.status import run_status
 
 logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
 workdir = Path(tempfile.mkdtemp(prefix="krr-notebook-"))  # data, config, run directory
@@ -97,7 +93,7 @@ def show(fig):
 def status_table(run_dir):
     \"\"\"`krr status` as a table: each stage's state and its finished tiles.\"\"\"
     rows = []
-    for s in run_status(run_dir)["stages"]:
+    for s in pipeline.run_status(run_dir)["stages"]:
         tiles = [t for t in s["tiles"] if t.get("total")]
         rows.append(
             {
@@ -174,6 +170,7 @@ search = pipeline.KernelRidgeCV(
     kernel="rbf",
     param_grid={"gamma": [0.003, 0.01, 0.03, 0.1]},
     cv=3,
+    solver="band",  # exact; "auto" may route a setting to CG by a timing probe
     lambda_convention="n_samples",
     scoring="neg_mean_squared_error",
 ).fit(X_cv, y_cv)
@@ -191,7 +188,7 @@ table.assign(param_alpha=table["param_alpha"].map("{:.1e}".format))""",
     (
         "code",
         """# the same PNGs `krr run` writes into the select stage of a run with a `cv:` section
-for png in plot_cv_results(search, workdir / "cv"):
+for png in pipeline.plot_cv_results(search, workdir / "cv"):
     display(Image(filename=str(png)))""",
     ),
     (
@@ -218,7 +215,7 @@ The config below fits all `N` training rows with the chosen λ and `gamma`. The 
 }
 config_path = workdir / "diamonds.yaml"
 config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-cfg = load_config(config_path)  # the same validation as `krr validate`
+cfg = pipeline.load_config(config_path)  # the same validation as `krr validate`
 print(config_path.read_text())""",
     ),
     (
@@ -240,7 +237,7 @@ with open(log_path, "w") as log_file:
 def gram_progress(run_dir):
     \"\"\"(tiles done, total) of the Gram, and whether any later stage has started.\"\"\"
     try:
-        stages = {s["stage"]: s for s in run_status(run_dir)["stages"]}
+        stages = {s["stage"]: s for s in pipeline.run_status(run_dir)["stages"]}
     except FileNotFoundError:  # no manifest yet
         return 0, None, False
     tiles = [t for t in stages["gram"]["tiles"] if t.get("total")]
@@ -275,7 +272,7 @@ print(f"{len(before)} completion records survive the kill")""",
         "md",
         """### Resume from Python, on this notebook's cluster
 
-The same config, driven from Python as the CLI does it (`load_config`, the run's lock, `run_stages`). The lock left by the killed process is taken over (its process is dead), complete stages are skipped, and the partial Gram stage resumes from its completion records: only the missing tiles are computed, on the cluster whose dashboard is linked above.""",
+The same config, driven from Python as the CLI does it: `pipeline.run` holds the run directory's lock and runs the resumable stages, as `krr run` does. The lock left by the killed process is taken over (its process is dead: the warning below says so), complete stages are skipped, and the partial Gram stage resumes from its completion records: only the missing tiles are computed, on the cluster whose dashboard is linked above.""",
     ),
     (
         "code",
@@ -291,17 +288,7 @@ The same config, driven from Python as the CLI does it (`load_config`, the run's
 
 
 t0 = time.perf_counter()
-with RunLock(run_dir) as lock:
-    if lock.took_over:
-        print(f"took over the lock of the killed run (pid {lock.took_over.get('pid')})")
-    report = run_stages(
-        run_dir,
-        default_stages(),
-        cfg.stage_params(),
-        identity=cfg.identity(),
-        config=cfg.model_dump(mode="json", by_alias=True),
-        on_event=on_event,
-    )
+report = pipeline.run(cfg, run_dir, on_event=on_event)
 print(f"resumed run finished in {time.perf_counter() - t0:.1f} s; ran: {', '.join(report.ran)}")
 after = completion_records(run_dir)
 reused = [p for p, t in before.items() if after.get(p) == t]
@@ -324,7 +311,7 @@ def disk_bytes(path):
 
 
 gib = 2.0**30
-run_data = gather(run_dir)
+run_data = pipeline.read_run(run_dir)
 pd.DataFrame(
     [
         {
@@ -342,11 +329,11 @@ pd.DataFrame(
         "md",
         """## The report
 
-`write_report` (the `krr report RUN_DIR` command) writes one self-contained HTML page: the plan and its reason, stage times and peak memory, the CV or CG curves the run has, parity and residual plots on the held-out rows, and the metrics next to the baselines. Open the file in a browser; its figures are shown below.""",
+`pipeline.write_report` (the `krr report RUN_DIR` command) writes one self-contained HTML page: the plan and its reason, stage times and peak memory, the CV or CG curves the run has, parity and residual plots on the held-out rows, and the metrics next to the baselines. Open the file in a browser; its figures are shown below.""",
     ),
     (
         "code",
-        """page = write_report(run_dir, workdir / "report.html")
+        """page = pipeline.write_report(run_dir, workdir / "report.html")
 print(f"report: {page} ({page.stat().st_size / 1e6:.1f} MB)")
 html = page.read_text()
 for caption_b64 in re.finditer(r'<img alt="([^"]*)" src="data:image/png;base64,([^"]+)"', html):

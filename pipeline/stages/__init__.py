@@ -5,8 +5,13 @@ kernel parameters by cross-validation, which then replace the configured ones
 downstream) → ``gram`` (only when the solver reads a stored
 Gram) → ``solve`` → ``model`` (the fitted-model artifact) → ``predict`` (test
 rows and an optional batch input) → ``evaluate`` (metrics on the test rows,
-next to scikit-learn's). Each is a function ``run(stage_dir, inputs, **params)``
-of explicit arguments; :func:`default_stages` wires them.
+next to scikit-learn's). Each is a plain function ``run(stage_dir, inputs, **params)``
+of typed arguments (the config's frozen sections, :mod:`pipeline.config`) that
+returns a typed output (:mod:`pipeline.stages.outputs`); :func:`default_stages`
+wires them. The runner fingerprints and records each stage's arguments as JSON
+(:meth:`pipeline.config.RunConfig.stage_params`); :func:`typed_params` turns that
+JSON into the typed arguments just before the call, so fingerprints are those of
+the JSON.
 
 ``solve``, ``model``, ``predict`` and ``evaluate`` keep their results per
 configuration, in ``RUN_DIR/results/<key>/`` (:mod:`pipeline.stages.results`);
@@ -17,7 +22,9 @@ configurations with their metrics, :func:`latest_model` names the latest model.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from pipeline.stages.lock import LockHeldError, RunLock
@@ -25,6 +32,8 @@ from pipeline.stages.manifest import Manifest, StageRecord
 from pipeline.stages.runner import RunDirConflict, RunReport, Stage, StageFailed, run_stages
 from pipeline.stages.status import configurations, latest_model, run_status
 from pipeline.stages.verify import verify_metrics, verify_model, verify_predictions
+
+log = logging.getLogger("pipeline.stages")
 
 #: stage name -> (module, upstream stages)
 STAGE_WIRING: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -42,24 +51,80 @@ STAGE_NAMES = tuple(STAGE_WIRING)
 PER_CONFIG_STAGES = ("solve", "model", "predict", "evaluate")
 
 
+#: JSON argument -> the config section it is validated into, per stage; the keys a
+#: section spreads over (``**section.model_dump()``) are gathered back into it
+_SECTIONS: dict[str, dict[str, Any]] = {
+    "ingest": {"data": "DataConfig", "split": "SplitConfig", "preprocess": "PreprocessConfig"},
+    "solve": {"solver": "SolverConfig"},
+    "predict": {"predict": ("PredictConfig", ("input", "columns", "output"))},
+    "evaluate": {"evaluate": ("EvaluateConfig", ("metrics", "baseline", "baseline_max_rows"))},
+}
+
+
+def typed_params(stage: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    """A stage's JSON arguments (what the runner fingerprints) as its typed arguments.
+
+    Each config section among them is validated into its frozen model from
+    :mod:`pipeline.config` (``solver`` into :class:`~pipeline.config.SolverConfig`,
+    ...; the predict and evaluate sections, whose keys the JSON holds at the top
+    level, are gathered into ``predict`` and ``evaluate``). A section that is
+    already a model is kept. Other arguments (the kernel spec, λ, block size)
+    pass through.
+
+    Parameters
+    ----------
+    stage : str
+        The stage's name (a key of :data:`STAGE_WIRING`).
+    params : mapping
+        Its arguments as :meth:`~pipeline.config.RunConfig.stage_params` gives them.
+
+    Returns
+    -------
+    dict
+        The keyword arguments of the stage's ``run``.
+    """
+    import pipeline.config as config
+
+    out = dict(params)
+    for arg, kind in _SECTIONS.get(stage, {}).items():
+        if isinstance(kind, tuple):
+            model, keys = getattr(config, kind[0]), kind[1]
+            if arg not in out:
+                out[arg] = {k: out.pop(k) for k in keys if k in out}
+        else:
+            model = getattr(config, kind)
+        out[arg] = model.model_validate(out.get(arg, {}))
+    return out
+
+
 def _lazy(module: str):
+    """``module.run`` with typed arguments, imported on the first call (the CLI starts fast)."""
+    stage = module.rsplit(".", 1)[1]
+
     def call(stage_dir, inputs, **params):
-        return importlib.import_module(module).run(stage_dir, inputs, **params)
+        run = importlib.import_module(module).run
+        return run(stage_dir, inputs, **typed_params(stage, params))
 
     call.__name__ = f"{module}.run"
     return call
 
 
+def _ingest_output(outputs: Mapping[str, Any]):
+    from pipeline.stages.outputs import IngestOutput
+
+    return IngestOutput.from_json(outputs["ingest"])
+
+
 def _gram_enabled(params: Mapping[str, Any], outputs: Mapping[str, Any]) -> bool:
     from pipeline.stages.solve import needs_gram
 
-    sp, ing = params["solve"], outputs["ingest"]
+    sp, ing = typed_params("solve", params["solve"]), _ingest_output(outputs)
     return needs_gram(
         sp["solver"],
-        ing["n_train"],
-        ing.get("n_features", 1),
+        ing.n_train,
+        ing.n_features,
         kernel=sp.get("kernel"),
-        store=ing.get("store"),
+        store=ing.store,
         alpha=sp.get("lam"),
         alpha_convention=sp.get("lam_convention"),
         block_size=sp.get("block_size"),
@@ -68,11 +133,12 @@ def _gram_enabled(params: Mapping[str, Any], outputs: Mapping[str, Any]) -> bool
 
 
 def _has_test_or_batch(params: Mapping[str, Any], outputs: Mapping[str, Any]) -> bool:
-    return bool(outputs["ingest"].get("X_test")) or bool(params["predict"].get("input"))
+    predict = typed_params("predict", params["predict"])["predict"]
+    return bool(_ingest_output(outputs).X_test) or bool(predict.input)
 
 
 def _has_test(params: Mapping[str, Any], outputs: Mapping[str, Any]) -> bool:
-    return bool(outputs["ingest"].get("X_test"))
+    return bool(_ingest_output(outputs).X_test)
 
 
 def _has_cv(params: Mapping[str, Any], outputs: Mapping[str, Any]) -> bool:
@@ -150,6 +216,88 @@ def default_stages() -> list[Stage]:
     ]
 
 
+def run_config(
+    config: Any,
+    run_dir: str | Path | None = None,
+    *,
+    overrides: Sequence[str] = (),
+    force_new: bool = False,
+    until: str | None = None,
+    on_event: Callable[[str, str, dict[str, Any]], None] | None = None,
+) -> RunReport:
+    """Run a config's stages in its run directory, as ``krr run`` does; ``pipeline.run``.
+
+    The run directory's lock is held while the stages run (a lock left by a killed
+    run on this host is taken over, with a warning); complete stages are skipped
+    and partial ones resume from their completion records. The tile graphs run on
+    the active Dask client when there is one (``distributed.Client``), else on
+    threads of this process: unlike ``krr run``, no cluster is started here.
+
+    Parameters
+    ----------
+    config : path, mapping or RunConfig
+        A YAML config file, a mapping of its keys, or a config from
+        :func:`pipeline.config.load_config`.
+    run_dir : path or URL, optional
+        The run directory; default: the config's ``run_dir`` (``runs/<name>``).
+    overrides : sequence of str
+        ``key=value`` overrides, as on the ``krr run`` command line (only with a
+        path or a mapping: a loaded config is final).
+    force_new : bool
+        Start over in a run directory that holds a run on other data.
+    until : str, optional
+        Stop after this stage.
+    on_event : callable, optional
+        ``on_event(stage, event, info)``, see :func:`run_stages`.
+
+    Returns
+    -------
+    RunReport
+        What ran, what was complete, the timings; ``report.outputs[stage]`` holds
+        each complete stage's outputs (e.g. ``report.outputs["model"]["path"]``).
+
+    Raises
+    ------
+    LockHeldError
+        Another run holds the run directory.
+    StageFailed
+        A stage failed (its cause is ``__cause__``); rerun to resume.
+    ValueError
+        ``overrides`` were given with a loaded config.
+    """
+    from pipeline.config import RunConfig, load_config
+
+    if isinstance(config, RunConfig):
+        if overrides:
+            raise ValueError(
+                f"overrides {list(overrides)} given with a loaded config; pass them to "
+                "pipeline.load_config(path, overrides) instead, or pass the config's path"
+            )
+        cfg = config
+    else:
+        cfg = load_config(config, overrides)
+    run_dir = cfg.resolved_run_dir() if run_dir is None else run_dir
+    recorded = cfg.model_dump(mode="json", by_alias=True)
+    if isinstance(recorded.get("storage"), dict) and recorded["storage"].get("options"):
+        recorded["storage"] = {**recorded["storage"], "options": "<not recorded>"}  # credentials
+    with RunLock(run_dir) as lock:
+        if lock.took_over:
+            log.warning(
+                "took over the lock of the killed run (pid %s, no longer alive); resuming",
+                lock.took_over.get("pid"),
+            )
+        return run_stages(
+            run_dir,
+            default_stages(),
+            cfg.stage_params(),
+            identity=cfg.identity(),
+            config=recorded,
+            force_new=force_new,
+            until=until,
+            on_event=on_event,
+        )
+
+
 __all__ = [
     "PER_CONFIG_STAGES",
     "STAGE_NAMES",
@@ -164,6 +312,8 @@ __all__ = [
     "configurations",
     "default_stages",
     "latest_model",
+    "run_config",
     "run_stages",
     "run_status",
+    "typed_params",
 ]

@@ -12,15 +12,18 @@ report`` draws the residual and parity plots without recomputing anything.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from pipeline.config import EvaluateConfig
 from pipeline.reference.memory import SAFETY_FRACTION, available_memory
 from pipeline.solvers.cholesky import regularisation_shift
 from pipeline.stages.ingest import open_rows
 from pipeline.stages.manifest import write_json_atomic
+from pipeline.stages.outputs import EvaluateOutput, IngestOutput, PredictOutput
 from pipeline.storage import read_all
 from pipeline.storage.location import join_path
 
@@ -92,14 +95,12 @@ def sklearn_baseline(
     return np.asarray(pred), time.perf_counter() - t0, kname
 
 
-def _mean_baseline(ing: dict[str, Any], y_test: np.ndarray, names: list[str]) -> dict[str, Any]:
+def _mean_baseline(ing: IngestOutput, y_test: np.ndarray, names: list[str]) -> dict[str, Any]:
     """The metrics of predicting the training mean of y for every held-out row."""
     y_train = np.asarray(open_rows(ing, "y_train").compute(), dtype=np.float64)
     y_train = y_train.reshape(len(y_train), -1)
-    if ing.get("y_scaler"):  # stored standardised: back to the original units
-        y_train = y_train * np.asarray(ing["y_scaler"]["scale"]) + np.asarray(
-            ing["y_scaler"]["mean"]
-        )
+    if ing.y_scaler:  # stored standardised: back to the original units
+        y_train = y_train * np.asarray(ing.y_scaler["scale"]) + np.asarray(ing.y_scaler["mean"])
     y_test = np.asarray(y_test, dtype=np.float64).reshape(len(y_test), -1)
     pred = np.broadcast_to(y_train.mean(axis=0), y_test.shape)
     return {"name": "mean of y_train", "metrics": regression_metrics(y_test, pred, names)}
@@ -123,30 +124,32 @@ def run(
     stage_dir: Path,
     inputs: dict[str, dict[str, Any]],
     *,
-    metrics: list[str],
-    baseline: str,
-    baseline_max_rows: int,
+    evaluate: EvaluateConfig,
     kernel: dict[str, Any],
     lam: float,
     lam_convention: str,
-) -> dict[str, Any]:
-    """Score the test predictions; fit the scikit-learn baseline when it fits."""
-    ing, pred = inputs["ingest"], inputs["predict"]
-    if "test" not in pred:
-        return {"metrics": {}, "note": "no test set: nothing to evaluate"}
-    names = list(metrics)
+) -> EvaluateOutput:
+    """Score the test predictions; fit the scikit-learn baseline when it fits.
+
+    ``evaluate`` is the config's frozen evaluate section (metrics and baseline).
+    """
+    ing = IngestOutput.from_json(inputs["ingest"])
+    t = PredictOutput.from_json(inputs["predict"]).test
+    if t is None:
+        return EvaluateOutput(metrics={}, note="no test set: nothing to evaluate")
+    names = list(evaluate.metrics)
+    baseline, baseline_max_rows = evaluate.baseline, evaluate.baseline_max_rows
     y_test = np.asarray(open_rows(ing, "y_test").compute())
-    t = pred["test"]
     # every prediction block checked against its crc32c: a damaged or deleted block
     # raises CorruptTileError, and `krr run` recomputes it in the predict stage
-    y_hat = read_all(t["store"], t["name"], row_keys=True)
+    y_hat = read_all(t.store, t.name, row_keys=True)
     out: dict[str, Any] = {
         "n_test": int(y_test.shape[0]),
         "metrics": regression_metrics(y_test, y_hat, names),
     }
     out["mean_baseline"] = _mean_baseline(ing, y_test, names)
     out["heldout"] = _save_heldout(stage_dir, y_test, y_hat)
-    n = ing["n_train"]
+    n = ing.n_train
     want = baseline == "sklearn" or (baseline == "auto" and n <= baseline_max_rows)
     # scikit-learn holds ~3 copies of the n x n kernel: never start it past the memory
     need = 3 * n * n * 8
@@ -161,16 +164,12 @@ def run(
         X_train = np.asarray(open_rows(ing, "X_train").compute())
         y_train = np.asarray(open_rows(ing, "y_train").compute())
         X_test = np.asarray(open_rows(ing, "X_test").compute())
-        if ing.get("scaler"):
-            X_test = (X_test - np.asarray(ing["scaler"]["mean"])) / np.asarray(
-                ing["scaler"]["scale"]
-            )
+        if ing.scaler:
+            X_test = (X_test - np.asarray(ing.scaler["mean"])) / np.asarray(ing.scaler["scale"])
         shift = regularisation_shift(lam, n, lam_convention)
         sk_pred, secs, kname = sklearn_baseline(X_train, y_train, X_test, kernel, shift)
-        if ing.get("y_scaler"):
-            sk_pred = sk_pred * np.asarray(ing["y_scaler"]["scale"]) + np.asarray(
-                ing["y_scaler"]["mean"]
-            )
+        if ing.y_scaler:
+            sk_pred = sk_pred * np.asarray(ing.y_scaler["scale"]) + np.asarray(ing.y_scaler["mean"])
         diff = np.abs(sk_pred.reshape(y_hat.shape) - y_hat)
         out["baseline"] = {
             "name": f"sklearn.kernel_ridge.KernelRidge(kernel={kname!r}, alpha={shift:g})",
@@ -189,10 +188,13 @@ def run(
         )
     # metrics.json holds the metrics only: the held-out arrays are referenced (with
     # their checksums) by the stage outputs in the manifest, whose paths are run-relative
-    write_json_atomic(join_path(stage_dir, "metrics.json"), metrics_file_view(out))
-    return out
+    result = EvaluateOutput.from_json(out)
+    write_json_atomic(join_path(stage_dir, "metrics.json"), metrics_file_view(result))
+    return result
 
 
-def metrics_file_view(outputs: dict[str, Any]) -> dict[str, Any]:
+def metrics_file_view(outputs: EvaluateOutput | Mapping[str, Any]) -> dict[str, Any]:
     """What ``metrics.json`` holds of the stage's outputs: all but the ``heldout`` paths."""
+    if isinstance(outputs, EvaluateOutput):
+        outputs = outputs.to_json()
     return {k: v for k, v in outputs.items() if k != "heldout"}

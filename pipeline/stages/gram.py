@@ -12,7 +12,7 @@ from typing import Any
 
 from pipeline.gram import build_gram
 from pipeline.stages.ingest import open_rows
-from pipeline.stages.outputs import GramOutput
+from pipeline.stages.outputs import GramOutput, IngestOutput
 from pipeline.storage.location import join_path
 
 
@@ -25,7 +25,7 @@ def run(
     dtype: str,
 ) -> GramOutput:
     """Build (or finish building) the Gram of the ingested training rows."""
-    ing = inputs["ingest"]
+    ing = IngestOutput.from_json(inputs["ingest"])
     store = str(join_path(stage_dir, "gram.zarr"))
     gram = build_gram(
         open_rows(ing, "X_train"),
@@ -35,7 +35,7 @@ def run(
         dtype,
         name="gram",
         overwrite=True,
-        x_fingerprint=ing["x_fingerprint"],
+        x_fingerprint=ing.x_fingerprint,
     )
     return GramOutput(
         store=gram.store,

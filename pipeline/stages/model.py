@@ -12,7 +12,7 @@ from typing import Any
 
 from pipeline.artifact import save_artifact
 from pipeline.stages.ingest import open_rows, preprocessing_params
-from pipeline.stages.outputs import ModelOutput
+from pipeline.stages.outputs import IngestOutput, ModelOutput, SolveOutput
 from pipeline.stages.solve import load_alpha
 from pipeline.storage.location import join_path
 
@@ -26,7 +26,8 @@ def run(
     lam_convention: str,
 ) -> ModelOutput:
     """Write the model artifact of the solved run (the stage fingerprints are its chain)."""
-    ing, sol = inputs["ingest"], inputs["solve"]
+    ing = IngestOutput.from_json(inputs["ingest"])
+    sol = SolveOutput.from_json(inputs["solve"])
     alpha = load_alpha(sol)
     if alpha.ndim == 2 and alpha.shape[1] == 1:
         alpha = alpha[:, 0]  # one target: the model predicts 1-D, like scikit-learn
@@ -39,8 +40,8 @@ def run(
         regularization_convention=lam_convention,
         X_train=open_rows(ing, "X_train").compute(),
         preprocessing=preprocessing_params(ing),
-        feature_names=ing.get("feature_names"),
-        target_names=ing.get("target_names"),
+        feature_names=ing.feature_names,
+        target_names=ing.target_names,
         fingerprint_chain={
             f"{name}_stage": inputs[name]["_fingerprint"]
             for name in ("ingest", "solve")
@@ -48,9 +49,9 @@ def run(
         },
         extra={
             "writer": "krr run",
-            "solver": sol.get("method"),
-            "feature_names": ing.get("feature_names"),
-            "target_names": ing.get("target_names"),
+            "solver": sol.method,
+            "feature_names": ing.feature_names,
+            "target_names": ing.target_names,
         },
         overwrite=True,
     )

@@ -11,8 +11,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline.predict import output_format, predict, select_features, write_predictions
+from pipeline.config import PredictConfig
+from pipeline.predict import output_format, select_features, write_predictions
+from pipeline.predict import predict as _predict
 from pipeline.stages.ingest import open_rows, preprocessing_params
+from pipeline.stages.outputs import (
+    IngestOutput,
+    PredictedFile,
+    PredictedRows,
+    PredictOutput,
+    SolveOutput,
+)
 from pipeline.stages.solve import load_alpha
 from pipeline.storage.location import join_path
 
@@ -21,59 +30,47 @@ def run(
     stage_dir: Path,
     inputs: dict[str, dict[str, Any]],
     *,
+    predict: PredictConfig,
     kernel: dict[str, Any],
-    input: str | None,
-    columns: list[str] | None,
-    output: str | None,
     block_size: int,
     input_identity: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Predict the test split and, if configured, ``input`` into ``output``.
+) -> PredictOutput:
+    """Predict the test split and, if configured, ``predict.input`` into ``predict.output``.
 
-    ``input_identity`` (the content identity of ``input``, computed by the
-    runner) only enters the stage fingerprint: a changed input is predicted again.
+    ``predict`` is the config's frozen predict section. ``input_identity`` (the
+    content identity of its input, computed by the runner) only enters the stage
+    fingerprint: a changed input is predicted again.
     """
     del input_identity
-    ing, sol = inputs["ingest"], inputs["solve"]
+    ing = IngestOutput.from_json(inputs["ingest"])
     X_train = open_rows(ing, "X_train")
-    alpha = load_alpha(sol)
+    alpha = load_alpha(SolveOutput.from_json(inputs["solve"]))
     pre = preprocessing_params(ing)
     common = dict(
         block_size=block_size, train_block_size=block_size, preprocessing=pre, overwrite=True
     )
-    out: dict[str, Any] = {}
+    test = batch = None
     X_test = open_rows(ing, "X_test")
     if X_test is not None:
         store = str(join_path(stage_dir, "predictions.zarr"))
-        res = predict(X_test, X_train, alpha, kernel, out=store, out_name="test", **common)
-        out["test"] = {
-            "store": res.store,
-            "name": res.name,
-            "shape": list(res.shape),
-            "blocks": res.n_blocks,
-        }
-    if input:
-        feats = ing.get("feature_names")
+        res = _predict(X_test, X_train, alpha, kernel, out=store, out_name="test", **common)
+        test = PredictedRows(res.store, res.name, list(res.shape), res.n_blocks)
+    if predict.input:
         src = select_features(
-            input,
+            predict.input,
             block_size,
-            feature_names=feats,
+            feature_names=ing.feature_names,
             n_features=int(X_train.shape[1]),
-            columns=columns,
+            columns=predict.columns,
         )
-        store = output or str(join_path(stage_dir, "batch.zarr"))
+        store = predict.output or str(join_path(stage_dir, "batch.zarr"))
         fmt = output_format(store)
         if fmt != "zarr":  # .npy / .csv / .parquet: computed in memory, written in one piece
             common.pop("overwrite")
-            y = predict(src, X_train, alpha, kernel, progress=False, **common)
-            crc = write_predictions(store, y, fmt, ing.get("target_names"))
-            out["batch"] = {"path": store, "format": fmt, "shape": list(y.shape), "crc32c": crc}
-            return out
-        res = predict(src, X_train, alpha, kernel, out=store, out_name="predictions", **common)
-        out["batch"] = {
-            "store": res.store,
-            "name": res.name,
-            "shape": list(res.shape),
-            "blocks": res.n_blocks,
-        }
-    return out
+            y = _predict(src, X_train, alpha, kernel, progress=False, **common)
+            crc = write_predictions(store, y, fmt, ing.target_names)
+            batch = PredictedFile(path=store, format=fmt, shape=list(y.shape), crc32c=crc)
+        else:
+            res = _predict(src, X_train, alpha, kernel, out=store, out_name="predictions", **common)
+            batch = PredictedRows(res.store, res.name, list(res.shape), res.n_blocks)
+    return PredictOutput(test=test, batch=batch)

@@ -14,16 +14,18 @@ from __future__ import annotations
 
 import io
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from pipeline.config import SolverConfig
 from pipeline.fit import log_plan
 from pipeline.gram import open_gram
 from pipeline.policy.constants import CHOLESKY_MAX_N
 from pipeline.stages.ingest import open_rows
-from pipeline.stages.outputs import GramOutput, SolveOutput
+from pipeline.stages.outputs import GramOutput, IngestOutput, SolveOutput
 from pipeline.storage import CorruptFileError, bytes_checksum
 from pipeline.storage.atomic import atomic_write
 from pipeline.storage.location import join_path, read_bytes
@@ -35,28 +37,29 @@ log = logging.getLogger("pipeline.stages")
 AUTO_CHOLESKY_MAX_ROWS = CHOLESKY_MAX_N
 
 
-def _choices(solver: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    """The config's solver section in :func:`~pipeline.policy.plan.plan_fit`'s vocabulary."""
+def _choices(solver: SolverConfig, **extra: Any) -> dict[str, Any]:
+    """The config's solver section in :func:`~pipeline.policy.plan.plan_fit`'s vocabulary
+    (its defaults are the config's, which are :mod:`pipeline.policy.constants`)."""
     return {
-        "solver": solver.get("method", "auto"),
-        "tol": solver.get("tol"),
-        "max_iter": solver.get("max_iter"),
-        "preconditioner": solver.get("preconditioner"),
-        "rank": solver.get("rank"),
-        "matvec": solver.get("matvec") or "recompute",
-        "checkpoint_every": solver.get("checkpoint_every"),
-        "jitter": bool(solver.get("jitter")),
-        "factor_dtype": solver.get("factor_dtype"),
-        "factor_scheduler": solver.get("factor_scheduler"),
-        "cost_model": solver.get("cost_model"),
-        "keep_gram": solver.get("keep_gram"),
-        "check_disk": solver.get("check_disk"),
+        "solver": solver.method,
+        "tol": solver.tol,
+        "max_iter": solver.max_iter,
+        "preconditioner": solver.preconditioner,
+        "rank": solver.rank,
+        "matvec": solver.matvec,
+        "checkpoint_every": solver.checkpoint_every,
+        "jitter": solver.jitter,
+        "factor_dtype": solver.factor_dtype,
+        "factor_scheduler": solver.factor_scheduler,
+        "cost_model": solver.cost_model,
+        "keep_gram": solver.keep_gram,
+        "check_disk": solver.check_disk,
         **extra,
     }
 
 
 def stage_plan(
-    solver: dict[str, Any],
+    solver: SolverConfig | Mapping[str, Any],
     n_train: int,
     n_features: int = 1,
     *,
@@ -73,6 +76,8 @@ def stage_plan(
     from pipeline.fit import measure_resources
     from pipeline.policy.plan import plan_fit
 
+    solver = SolverConfig.model_validate(solver)
+
     k = None
     if kernel is not None:
         from pipeline.kernels import kernel_from_spec
@@ -82,12 +87,16 @@ def stage_plan(
     return plan_fit(int(n_train), int(n_features), k, resources, _choices(solver, **choices))
 
 
-def resolve_method(solver: dict[str, Any], n_train: int, n_features: int = 1, **kw: Any) -> str:
+def resolve_method(
+    solver: SolverConfig | Mapping[str, Any], n_train: int, n_features: int = 1, **kw: Any
+) -> str:
     """The solver actually used: ``cholesky`` or ``cg`` (``auto`` decided by the fit plan)."""
     return stage_plan(solver, n_train, n_features, **kw)[0].solver
 
 
-def needs_gram(solver: dict[str, Any], n_train: int, n_features: int = 1, **kw: Any) -> bool:
+def needs_gram(
+    solver: SolverConfig | Mapping[str, Any], n_train: int, n_features: int = 1, **kw: Any
+) -> bool:
     """Whether the solve reads a stored Gram (so the gram stage must run)."""
     return stage_plan(solver, n_train, n_features, **kw)[0].needs_gram
 
@@ -140,7 +149,7 @@ def _solve_cholesky(stage_dir, inputs, y, plan, kernel=None) -> tuple[np.ndarray
         # replaced is rebuilt from the stored X_train (tile_cholesky logs why)
         from pipeline.solvers.cholesky_inplace import GramTileRecomputer
 
-        X = np.asarray(open_rows(inputs["ingest"], "X_train").compute())
+        X = np.asarray(open_rows(IngestOutput.from_json(inputs["ingest"]), "X_train").compute())
         recompute = GramTileRecomputer(X, kernel, int(gram.block_size), np.dtype(gram.dtype).name)
     res = execute(
         plan,
@@ -205,13 +214,13 @@ def _solve_cg(stage_dir, inputs, y, *, kernel, plan, solver):
     if plan.matvec == "stored":
         gram, X = _open_gram(inputs), None
     else:
-        gram, X = None, open_rows(inputs["ingest"], "X_train")
+        gram, X = None, open_rows(IngestOutput.from_json(inputs["ingest"]), "X_train")
     fit = execute(
         plan, X, y, kernel, gram=gram, cg_dir=str(join_path(stage_dir, "cg")), progress=True
     )
     res, shift = fit.cg, fit.shift
     history_crc = save_npy_atomic(join_path(stage_dir, "cg_history.npy"), np.asarray(res.history))
-    if not res.converged and not solver.get("allow_unconverged", False):
+    if not res.converged and not solver.allow_unconverged:
         worst = float(np.max(res.rel_residual))
         raise SolveNotConverged(
             f"CG did not converge: relative residual {worst:.3e} > tol {res.tol:.1e} after "
@@ -241,27 +250,29 @@ def run(
     lam_convention: str,
     block_size: int,
     dtype: str,
-    solver: dict[str, Any],
+    solver: SolverConfig,
 ) -> SolveOutput:
     """Solve for α with the configured solver; write ``alpha.npy``.
 
     The solver and its options come from :func:`stage_plan` (the one fit plan);
-    ``dtype`` is part of the fingerprint through the Gram; the solve itself is float64.
+    ``solver`` is the config's frozen solver section; ``dtype`` is part of the
+    fingerprint through the Gram; the solve itself is float64.
     """
-    ing = inputs["ingest"]
+    ing = IngestOutput.from_json(inputs["ingest"])
     y = np.asarray(open_rows(ing, "y_train").compute(), dtype=np.float64)
-    g = inputs.get("gram") or {}
+    g = inputs.get("gram")
     reclaim = 0
     if g:  # the Gram this plan asked for is already on disk: count it as free
         from pipeline.policy.plan import gram_disk_bytes
 
-        reclaim = gram_disk_bytes(int(ing["n_train"]), np.dtype(g.get("dtype", dtype)).itemsize)
+        gram_dtype = GramOutput.from_json(g).dtype
+        reclaim = gram_disk_bytes(ing.n_train, np.dtype(gram_dtype).itemsize)
     plan, reason = stage_plan(
         solver,
-        ing["n_train"],
-        ing.get("n_features", 1),
+        ing.n_train,
+        ing.n_features,
         kernel=kernel,
-        store=ing.get("store"),
+        store=ing.store,
         reclaim_bytes=reclaim,
         alpha=lam,
         alpha_convention=lam_convention,
@@ -289,7 +300,7 @@ def run(
     )
 
 
-def load_alpha(outputs: dict[str, Any]) -> np.ndarray:
+def load_alpha(outputs: SolveOutput | Mapping[str, Any]) -> np.ndarray:
     """α from the solve stage's outputs, checked against the CRC-32C recorded there.
 
     Raises
@@ -298,4 +309,6 @@ def load_alpha(outputs: dict[str, Any]) -> np.ndarray:
         ``alpha.npy`` is missing, damaged, or has no recorded checksum; ``krr
         run`` then reruns the solve stage.
     """
+    if isinstance(outputs, SolveOutput):
+        return load_npy_verified(outputs.alpha, outputs.alpha_crc32c)
     return load_npy_verified(outputs["alpha"], outputs.get("alpha_crc32c"))

@@ -153,7 +153,7 @@ def test_source_identity_follows_content_not_path(tmp_path, monkeypatch):
 
 
 def test_data_changed_during_ingest_fails_the_stage(tmp_path):
-    from pipeline.stages import ingest
+    from pipeline.stages import ingest, typed_params
     from pipeline.stages.source_identity import source_identity
 
     x, y = _data(tmp_path / "data", seed=0, n=60)
@@ -165,9 +165,14 @@ def test_data_changed_during_ingest_fails_the_stage(tmp_path):
         ingest.run(
             tmp_path / "ingest",
             {},
-            data=data,
-            split=split,
-            preprocess={"standardize": False},
-            block_size=20,
-            source_identity=at_start,
+            **typed_params(
+                "ingest",
+                dict(
+                    data=data,
+                    split=split,
+                    preprocess={"standardize": False},
+                    block_size=20,
+                    source_identity=at_start,
+                ),
+            ),
         )

@@ -14,6 +14,10 @@ same run, capped at ``--max-iter`` (2,000) iterations; a capped run is flagged.
 For an RBF kernel diag(K) is constant, so Jacobi is a scalar multiple of the
 identity and takes the same iterations as plain CG up to rounding;
 ``--skip-jacobi`` leaves it out to halve the run time.
+
+It imports internals (the CG solver, the matvec operators and the preconditioners)
+because it compares preconditioners on the same operator, which the public estimator
+does not expose one by one.
 """
 
 from __future__ import annotations

@@ -36,6 +36,10 @@ chosen λ can be seen to give a sensible fit.
 At N = 100,000 one product evaluates 5·10⁹ kernel entries (the lower half,
 each tile used twice), tens of seconds on 2 cores; the full run takes many
 minutes, so run it in the background and poll its output.
+
+It imports internals (the CG solver, the matvec operator, the preconditioners and the
+diagnostics) because it times the solver's parts against a bare kernel pass, below the
+public estimator.
 """
 
 from __future__ import annotations

@@ -17,6 +17,10 @@ Each measurement runs in a fresh subprocess, so its peak RSS is its own. GFLOP/s
 ``n**3 / 3`` flops. Run ``--quick`` (N=4000) on a shared machine; the full size is N=12000.
 
     python workflows/benchmarks/bench_cholesky.py --quick
+
+It imports internals (the tile Cholesky, the storage layer and the diagnostics) because
+it times the factorisation alone, on a Gram it builds itself, against scipy and
+dask.array.
 """
 
 from __future__ import annotations

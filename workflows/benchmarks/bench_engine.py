@@ -50,6 +50,10 @@ and the float32 error table, which the default runs too).
 
 pykeops is reported if importable (it is not a dependency; never installed
 here).
+
+It imports internals (the tile engine, the Gram, the matvec and prediction modules)
+because it compares the engine's evaluators with the older tile code directly, which no
+public function exposes.
 """
 
 from __future__ import annotations

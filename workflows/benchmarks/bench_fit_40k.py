@@ -11,6 +11,9 @@ run at all. Target: the whole fit with peak RSS <= 3 GB. Reports the wall time o
 each phase, GFLOP/s of the factorisation (n³/3 flops), and the process peak RSS
 (VmHWM). A spot check computes the residual of the solved system on the first
 row block, (K + λI) α - y, from kernel rows (nothing N x N is formed).
+
+It imports internals (the Gram, the solvers and the diagnostics) because it times each
+phase of the fit (Gram, factor, solve) on its own and records memory per phase.
 """
 
 from __future__ import annotations

@@ -18,6 +18,10 @@ Targets: <= 30 minutes in all, peak RSS <= 3 GB, relative residual <= 1e-11.
 Prints the time of each stage, GFLOP/s of the factorisation, the peak RSS after
 each stage, the disk the store used, and the cost model's prediction
 (:mod:`pipeline.policy.cholesky_cost`) next to the measured factor time.
+
+It imports internals (the Gram, the solvers, the Cholesky cost model and the
+diagnostics) because it times each phase of the fit on its own and checks the cost
+model's predictions against them.
 """
 
 from __future__ import annotations

@@ -22,6 +22,10 @@ psutil thread every 10 ms (``VmHWM`` gives the process-wide peak). Target:
 build wall <= 1.25 x max(compute-only, write-only) and peak RSS <= 2 GB.
 Repeats are interleaved; the minimum of each phase is reported. The stores are
 removed at the end.
+
+It imports internals (the Gram build, the storage layer and the diagnostics) because its
+baselines are the Gram's compute-only and write-only halves, which no public function
+runs alone.
 """
 
 from __future__ import annotations

@@ -28,6 +28,10 @@ For each λ it measures, with the matrix-free operator (float64 products):
     python workflows/benchmarks/bench_hard_solves.py --data flights --n 100000 --no-cholesky
 
 Timings on a shared machine are noisy: compare only figures from the same run.
+
+It imports internals (the CG variants, the preconditioners and the policy constants)
+because it compares solver variants on the same problem, below the public estimator's
+routing.
 """
 
 from __future__ import annotations

@@ -17,6 +17,10 @@ Peak RSS is the process's ``VmHWM`` right after the pipeline runs (before
 the bare loop and scikit-learn, which hold more in memory).
 
 Run ``python workflows/benchmarks/bench_predict.py --quick`` for small sizes.
+
+It imports internals (``pipeline.predict``, the kernels and the diagnostics) because it
+times the blockwise prediction engine itself, from a Zarr input to a Zarr output,
+without an estimator around it.
 """
 
 from __future__ import annotations

@@ -18,6 +18,10 @@ between repeats, so the benchmark also times the display's own work directly:
 the Dask callback's start (selecting the tile tasks of the graph) and one
 ``posttask`` per task, as the scheduler calls them, for the same graph; that
 cost over the ``off`` build time is the overhead that noise cannot hide.
+
+It imports internals (the Gram build, the row-block reader, the storage layer and the
+progress display) because it measures what the progress display adds to one Gram build,
+which needs the build's own entry points.
 """
 
 from __future__ import annotations

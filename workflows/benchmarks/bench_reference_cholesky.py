@@ -5,6 +5,9 @@ LAPACK potrf with BLAS held to one thread (the other OpenBLAS-safe option), same
     python workflows/benchmarks/bench_reference_cholesky.py           # n = 8192, 12288
 
 The faster one should be the default above ``dual.BLOCKED_MIN_N``.
+
+It imports internals (``pipeline.reference``) because it times the in-memory reference
+solver, which is a test oracle and not public API.
 """
 
 from __future__ import annotations

@@ -21,6 +21,10 @@ Usage::
     python workflows/benchmarks/scaling_model.py --validate    # real 1/2/3-worker runs
     python workflows/benchmarks/scaling_model.py --predict     # N=100k..1M, P=8..128
     python workflows/benchmarks/scaling_model.py --quick       # both, small
+
+It imports internals (the tile Cholesky's graph, the Gram and the kernels) because it
+replays the task graph that ``pipeline.solvers.tile_cholesky`` submits, which only the
+solver module describes.
 """
 
 from __future__ import annotations

@@ -1,0 +1,149 @@
+"""Typed stage parameters and outputs (issue #16, item 4) keep every stage fingerprint.
+
+The fingerprints below were computed on the code before the stages took typed config
+sections: a run directory made by it stays valid (nothing is recomputed) after it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import zarr
+
+from pipeline.config import load_config
+from pipeline.stages import Manifest, default_stages, run_stages
+from pipeline.stages.runner import stage_fingerprint
+
+CONFIG = {
+    "name": "pin",
+    "data": {"source": "npy", "path": "X.npy", "y_path": "y.npy"},
+    "split": {"test_fraction": 0.25, "seed": 3},
+    "kernel": {"name": "rbf", "params": {"gamma": 0.3}},
+    "lambda": 0.01,
+    "solver": {"method": "cholesky"},
+    "evaluate": {"baseline": "none"},
+    "block_size": 16,
+}
+
+#: computed on the base commit (before typed stage parameters)
+PARAM_PINS = {
+    "ingest": "8ff5db94fdc584c33842ecc1af9f0d68",
+    "select": "91c024552b523ae296eaa44a36257df8",
+    "gram": "bdbca5c099fde48c474f2ce87f69db2a",
+    "solve": "37167ff19effa7ccc680a4d86778427e",
+    "model": "f9cb922f72fe207a87705545cfed35c8",
+    "predict": "2e01bd4b1595ab5285e35ba2d636657e",
+    "evaluate": "e25afc9a5926fd85f0aaad405e56b138",
+}
+RUN_PINS = {
+    "ingest": "6e000fd0e3732c83e0167c8c585c457b",
+    "gram": "61186e3da9940214fe79b6886ef56766",
+    "solve": "34ba1fe075af754e13b10e4496aba841",
+    "model": "212865f15fffa72b3b5243bde65846c6",
+    "predict": "c8f8470ad248e8edbc524a49b1b887e5",
+    "evaluate": "f1fad71a15f2b420c7380345d3d719e7",
+}
+X_TRAIN_PIN = "f3b1a1f5f490d36511aca153c60395a4"
+GRAM_PIN = "3f08368462e1031ab7c449bb8a3c3317"
+
+
+def _config(tmp_path):
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "X.npy", rng.standard_normal((48, 3)))
+    np.save(tmp_path / "y.npy", rng.standard_normal(48))
+    return load_config(CONFIG)  # paths relative to the working directory: tmp_path
+
+
+def _param_fingerprints():
+    cfg = load_config({**CONFIG, "data": {"source": "sklearn", "name": "diabetes"}})
+    params = cfg.stage_params()
+    up = {"ingest": "i" * 16, "gram": "g" * 16, "solve": "s" * 16, "predict": "p" * 16}
+    return {
+        s.name: stage_fingerprint(s, params[s.name], {u: up[u] for u in s.after})
+        for s in default_stages()
+    }
+
+
+def test_stage_params_fingerprints_unchanged():
+    assert _param_fingerprints() == PARAM_PINS
+
+
+def test_run_fingerprints_unchanged(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = _config(tmp_path)
+    rep = run_stages(
+        tmp_path / "run", default_stages(), cfg.stage_params(), identity=cfg.identity()
+    )
+    assert rep.ran == ["ingest", "gram", "solve", "model", "predict", "evaluate"]
+    man = Manifest.load(tmp_path / "run")
+    got = {n: man.stage(n).fingerprint for n in rep.ran}
+    assert got == RUN_PINS
+    # the fingerprints inside the stored arrays (ingest's blocks, the Gram's tiles)
+    stored = zarr.open_array(store=str(tmp_path / "run/ingest/data.zarr"), path="X_train", mode="r")
+    assert stored.attrs["fingerprint"] == X_TRAIN_PIN
+    assert man.stage("gram").outputs["fingerprint"] == GRAM_PIN
+
+
+def test_every_stage_output_is_typed_and_keeps_its_json(tmp_path, monkeypatch):
+    import inspect
+
+    from pipeline.config import DataConfig, EvaluateConfig, PredictConfig, SolverConfig
+    from pipeline.stages import evaluate, ingest, predict, solve
+    from pipeline.stages.outputs import (
+        EvaluateOutput,
+        GramOutput,
+        IngestOutput,
+        ModelOutput,
+        PredictOutput,
+        SolveOutput,
+    )
+
+    types = {
+        "ingest": IngestOutput,
+        "gram": GramOutput,
+        "solve": SolveOutput,
+        "model": ModelOutput,
+        "predict": PredictOutput,
+        "evaluate": EvaluateOutput,
+    }
+    for mod, out, section, typ in (
+        (ingest, IngestOutput, "data", DataConfig),
+        (solve, SolveOutput, "solver", SolverConfig),
+        (predict, PredictOutput, "predict", PredictConfig),
+        (evaluate, EvaluateOutput, "evaluate", EvaluateConfig),
+    ):
+        sig = inspect.signature(mod.run)
+        assert sig.return_annotation in (out, out.__name__), mod.__name__
+        assert sig.parameters[section].annotation in (typ, typ.__name__), mod.__name__
+    monkeypatch.chdir(tmp_path)
+    cfg = _config(tmp_path)
+    rep = run_stages(
+        tmp_path / "run", default_stages(), cfg.stage_params(), identity=cfg.identity()
+    )
+    for name, js in Manifest.load(tmp_path / "run").stages.items():
+        if name in types:  # the manifest's JSON reads back and writes the same keys and values
+            assert types[name].from_json(js.outputs).to_json() == js.outputs, name
+    assert set(rep.outputs["predict"]) == {"test"}
+    assert "baseline" not in rep.outputs["evaluate"]  # baseline: none, as before
+    # the other shapes of the JSON: a batch file, a skipped baseline, no test set
+    batch = {"path": "p.npy", "format": "npy", "shape": [3, 1], "crc32c": 5}
+    assert PredictOutput.from_json({"batch": batch}).to_json() == {"batch": batch}
+    skipped = {"n_test": 2, "metrics": {"rmse": 1.0}, "baseline": None, "baseline_note": "why"}
+    assert EvaluateOutput.from_json(skipped).to_json() == skipped
+    empty = {"metrics": {}, "note": "no test set: nothing to evaluate"}
+    assert EvaluateOutput.from_json(empty).to_json() == empty
+
+
+def test_typed_params_validate_the_fingerprinted_json():
+    from pipeline.config import EvaluateConfig, PredictConfig, SolverConfig
+    from pipeline.stages import typed_params
+
+    params = load_config(CONFIG).stage_params()
+    solve = typed_params("solve", params["solve"])
+    assert isinstance(solve["solver"], SolverConfig) and solve["solver"].method == "cholesky"
+    assert solve["lam"] == params["solve"]["lam"]
+    pred = typed_params("predict", params["predict"])
+    assert pred["predict"] == PredictConfig() and set(pred) == {"predict", "kernel", "block_size"}
+    ev = typed_params("evaluate", params["evaluate"])
+    assert ev["evaluate"] == EvaluateConfig(baseline="none")
+    assert typed_params("solve", solve) == solve  # typed sections are kept
+    assert params == load_config(CONFIG).stage_params()  # the JSON itself is not changed
