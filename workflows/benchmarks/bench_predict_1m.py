@@ -4,6 +4,10 @@ Target (2 cores): ``K(X_new, X_train) @ alpha`` for M = 1,000,000 new rows and
 N = 50,000 training rows at >= 0.5 G kernel entries/s in float64, with a peak
 resident set size <= 1 GB.
 
+It imports internals (``pipeline.predict.predict``, ``pipeline.kernels.RBF`` and
+``pipeline.diagnostics.peak_rss_bytes``) because it times the blockwise prediction
+engine itself on a synthetic alpha, without a fit in front of it.
+
 In one run it measures
 
 1. the public path: :func:`pipeline.predict.predict` from a Zarr input of
