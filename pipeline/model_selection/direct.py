@@ -23,7 +23,7 @@ __all__ = ["UnconvergedSolveError", "direct_fold_predictions", "record_redo"]
 log = logging.getLogger("pipeline.model_selection")
 
 #: above this order, factor with one BLAS thread (OpenBLAS potrf crashes with 2 threads
-#: at n >= ~15,800; /work/shared/NOTES.md)
+#: at n >= ~15,800; docs/PERFORMANCE.md)
 _ONE_THREAD_FROM = 15_000
 
 
