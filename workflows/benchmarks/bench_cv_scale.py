@@ -230,7 +230,10 @@ def main() -> None:
         k = args.random_check if args.random_check is not None else (6 if n >= 20000 else 0)
         if k:
             rng = np.random.default_rng(1)
+            # the selection itself is not drawn: it is compared with K other grid points
+            sel_pt = (float(best["alpha"]), float(best["gamma"]))
             grid = [(float(a), float(g)) for a in alphas for g in args.gammas]
+            grid = [p for p in grid if not np.allclose(p, sel_pt)]
             pts = [grid[i] for i in rng.choice(len(grid), size=min(k, len(grid)), replace=False)]
             sel, _ = exact_heldout(X, y, splits[0], best["alpha"], best["gamma"], tmp, "sel")
             rand = [exact_heldout(X, y, splits[0], a, g, tmp, f"r{i}")[0]
