@@ -1,0 +1,71 @@
+"""Issue #18, item 3: `krr run` with a `cv:` section, SIGKILLed in the middle of its
+search (a setting's data stored, its marker not yet), resumes from its finished
+settings and selects exactly what an uninterrupted run selects."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+INJECT = Path(__file__).resolve().parents[1] / "faultinject"
+
+CONFIG = {
+    "data": {"source": "sklearn", "name": "diabetes"},
+    "split": {"test_fraction": 0.25},
+    "preprocess": {"standardize_y": True},
+    "kernel": {"name": "rbf", "params": {"gamma": 0.5}},
+    "lambda": 0.5,
+    "solver": {"method": "cholesky"},
+    "block_size": 128,
+    "evaluate": {"baseline": "none"},
+    "cv": {
+        "alphas": [0.01, 0.1, 1.0],
+        "param_grid": {"gamma": [0.01, 0.03, 0.1, 0.3]},
+        "folds": 3,
+        "shuffle": True,
+        "solver": "cg",
+    },
+}
+
+
+def _krr(conf: Path, run_dir: Path, kill_at: int | None = None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KRR_KILL")}
+    if kill_at is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(INJECT), env.get("PYTHONPATH", "")])
+        env["KRR_KILL_SETTING_AT"] = str(kill_at)
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "run", str(conf), "--run-dir", str(run_dir),
+         "--json"],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_sigkilled_search_resumes_and_selects_the_same(tmp_path):
+    conf = tmp_path / "conf.yaml"
+    conf.write_text(yaml.safe_dump(CONFIG))
+    clean = _krr(conf, tmp_path / "clean")
+    assert clean.returncode == 0, clean.stderr[-3000:]
+
+    run = tmp_path / "run"
+    killed = _krr(conf, run, kill_at=3)  # dies writing the 3rd setting's marker
+    assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr[-3000:])
+    done = sorted(p.name for p in (run / "select" / "settings").glob("setting_*.json"))
+    assert done == ["setting_000.json", "setting_001.json"]  # the 3rd has data, no marker
+
+    resumed = _krr(conf, run)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    want = json.loads((tmp_path / "clean" / "select" / "cv_search.json").read_text())
+    got = json.loads((run / "select" / "cv_search.json").read_text())
+    manifest = json.loads((run / "manifest.json").read_text())
+    sel = manifest["stages"]["select"]["outputs"]
+    assert sel["settings_resumed"] == 2
+    assert got["best_params"] == want["best_params"]
+    assert got["best_score"] == want["best_score"]
