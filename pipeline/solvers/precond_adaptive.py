@@ -242,6 +242,16 @@ def adaptive_rpcholesky(
             rho / mu,
             factor,
         )
+    elif rho > target:  # no pivot accepted in 20 tries: the residual is numerically exhausted
+        log.info(
+            "adaptive RPCholesky: stopped at rank %d after %d rounds (%.1f s): no new pivot "
+            "was accepted in 20 tries; estimated |K - F F^T| / shift = %.3g (target %.3g)",
+            k,
+            rounds,
+            info["seconds"],
+            rho / mu,
+            factor,
+        )
     else:
         log.info(
             "adaptive RPCholesky: rank %d in %d rounds (%.1f s), estimated |K - F F^T| / shift "
