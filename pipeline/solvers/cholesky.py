@@ -486,31 +486,10 @@ def tile_cholesky(
             len(todo) * L.block_size**2 * dtype.itemsize,
             f"the factor's {len(todo)} remaining {L.block_size}x{L.block_size} {dtype} tiles",
         )
-    width = tile_blas_threads(wide)
-    if scheduler == "dask":
-        records = _run_dask(gram, L, todo, shift, lam, convention, policy, progress, width)
-    else:
-        nthreads = n_threads or os.cpu_count() or 1
-        records = _run_threads(
-            gram,
-            L,
-            todo,
-            shift,
-            lam,
-            convention,
-            policy,
-            nthreads,
-            blas_threads=width,
-            progress=progress,
-        )
-    computed = tuple(tuple(r["tile"]) for r in records if r["computed"])
-    # jitter record over all diagonal tiles (from markers: also those of earlier runs)
-    jit: dict[str, float] = {}
+    computed, jit = run_factor_tasks(
+        gram, L, todo, shift, lam, convention, policy, scheduler, n_threads, wide, progress
+    )
     if policy is not None:
-        for j in range(grid.n_row_blocks):
-            rec = L.markers.record((j, j)) or {}
-            if rec.get("jitter"):
-                jit[f"{j}.{j}"] = float(rec["jitter"])
         zarr_arr = L.zarr("r+")
         zarr_arr.attrs["jitter"] = jit
     return CholeskyFactor(
@@ -522,6 +501,32 @@ def tile_cholesky(
         computed=computed,
         seconds=time.perf_counter() - t0,
     )
+
+
+def run_factor_tasks(
+    source, L, todo, shift, lam, convention, policy, scheduler, n_threads, wide, progress
+) -> tuple[tuple, dict[str, float]]:
+    """Run the factor's ``todo`` tile tasks on ``scheduler`` ("dask" or threads), each
+    reading its Gram tiles from ``source``, with the same fixed BLAS width in both
+    executors: (the tiles computed now, the jitter of every diagonal tile, read from the
+    markers so that earlier runs' tiles count too)."""
+    width = tile_blas_threads(wide)
+    if scheduler == "dask":
+        records = _run_dask(source, L, todo, shift, lam, convention, policy, progress, width)
+    else:
+        nthreads = n_threads or os.cpu_count() or 1
+        records = _run_threads(
+            source, L, todo, shift, lam, convention, policy, nthreads,
+            blas_threads=width, progress=progress,
+        )  # fmt: skip
+    computed = tuple(tuple(r["tile"]) for r in records if r["computed"])
+    jit: dict[str, float] = {}
+    if policy is not None:
+        for j in range(L.grid.n_row_blocks):
+            rec = L.markers.record((j, j)) or {}
+            if rec.get("jitter"):
+                jit[f"{j}.{j}"] = float(rec["jitter"])
+    return computed, jit
 
 
 def load_factor(store: str, name: str = "chol") -> CholeskyFactor:

@@ -330,30 +330,10 @@ def factor_in_place(
         z = gram.zarr("r+")
         z.attrs["inplace_factor"] = attrs
     reader = InPlaceGramReader(gram, recompute_tile)
-    width = chol.tile_blas_threads(wide)  # the same fixed BLAS width in both executors
-    if scheduler == "dask":
-        records = chol._run_dask(reader, L, todo, shift, lam, convention, policy, progress, width)
-    else:
-        nthreads = n_threads or os.cpu_count() or 1
-        records = chol._run_threads(
-            reader,
-            L,
-            todo,
-            shift,
-            lam,
-            convention,
-            policy,
-            nthreads,
-            blas_threads=width,
-            progress=progress,
-        )
-    computed = tuple(tuple(r["tile"]) for r in records if r["computed"])
-    jit: dict[str, float] = {}
+    computed, jit = chol.run_factor_tasks(
+        reader, L, todo, shift, lam, convention, policy, scheduler, n_threads, wide, progress
+    )
     if policy is not None:
-        for j in range(grid.n_row_blocks):
-            rec = L.markers.record((j, j)) or {}
-            if rec.get("jitter"):
-                jit[f"{j}.{j}"] = float(rec["jitter"])
         z = zarr.open_array(store=gram.store, path=gram.name, mode="r+")
         z.attrs["inplace_factor"] = {**attrs, "jitter": jit}
     return chol.CholeskyFactor(
