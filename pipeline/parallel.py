@@ -116,7 +116,10 @@ def dask_client(
         Workers of the local cluster (default: one per core).
     memory_limit : str or int
         Per-worker memory limit of the local cluster. Always explicit: Dask's
-        default is the whole machine per worker.
+        default is the whole machine per worker. Not applied with
+        ``processes=False``: in-process workers would measure the whole
+        process's memory against it, pause above 80 % of it and never resume
+        (a hang, not an error).
     """
     from distributed import Client, LocalCluster
 
@@ -126,6 +129,13 @@ def dask_client(
             yield client
         return
     n = n_workers or os.cpu_count() or 1
+    if not processes and memory_limit:
+        log.info(
+            "in-process workers (processes=False): memory_limit %s not applied "
+            "(it would be checked against the whole process's memory)",
+            memory_limit,
+        )
+        memory_limit = 0
     with (
         LocalCluster(
             n_workers=n,

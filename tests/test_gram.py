@@ -235,3 +235,21 @@ def test_distributed_local_cluster(tmp_path, X):
     # the marker records name the workers' processes, not this one
     pids = {g.markers.record(t).get("pid") for t in g.grid.lower_tiles()}
     assert os.getpid() not in pids
+
+
+def test_in_process_cluster_does_not_pause_on_the_whole_process_memory(caplog):
+    """In-process workers would check the whole process's memory against their limit,
+    pause above 80 % of it and never resume (a hang seen in CI once pytest's process
+    had grown past 0.8 GiB): the limit is not applied to them, and the log says so."""
+    import logging
+
+    from pipeline.parallel import dask_client
+
+    with (
+        caplog.at_level(logging.INFO, logger="pipeline"),
+        dask_client(n_workers=1, memory_limit="1MiB", processes=False) as client,
+    ):
+        limits = {w["memory_limit"] for w in client.scheduler_info()["workers"].values()}
+        assert client.submit(sum, [1, 2, 3]).result(timeout=60) == 6
+    assert limits == {0}
+    assert "memory_limit 1MiB not applied" in caplog.text

@@ -206,7 +206,7 @@ def test_bitwise_identical_on_distributed(tmp_path):
         ref = _passes(h)
     with (
         LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0",
-                     memory_limit="1GiB") as cluster,
+                     memory_limit=0) as cluster,
         Client(cluster),
     ):  # fmt: skip
         got = _passes(h)
