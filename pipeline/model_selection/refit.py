@@ -17,20 +17,21 @@ import numpy as np
 
 from pipeline.estimator import KernelRidge
 from pipeline.fit import execute, log_plan
+from pipeline.model_selection.choice import IN_MEMORY
 from pipeline.policy.plan import Resources, normalize_alpha_convention, plan_fit
 
-__all__ = ["refit_best"]
+__all__ = ["IN_MEMORY", "refit_best"]
 
 log = logging.getLogger("pipeline.model_selection")
 
-#: the solvers whose refit is an in-memory KernelRidge fit
-IN_MEMORY = ("band", "eigen", "dense")
 
-
-def refit_best(self, X, y, base, stats) -> KernelRidge:
+def refit_best(self, X, y, base, stats, settings) -> KernelRidge:
     """Refit the best setting of the fitted search ``self`` (a :class:`KernelRidgeCV`) on
     all of ``X``, ``y``: in memory by :class:`~pipeline.KernelRidge`, out of core on the
-    best setting's stored Gram by the one fit plan, counting its work into ``stats``."""
+    best setting's stored Gram by the one fit plan, counting its work into ``stats``.
+    ``settings`` are the kernel settings searched (the stored Grams are named by index)."""
+    from pipeline.model_selection.strategies import OutOfCoreStore
+
     kern = copy.deepcopy(base).set_params(
         **{k: v for k, v in self.best_params_.items() if k != "alpha"}
     )
@@ -44,7 +45,7 @@ def refit_best(self, X, y, base, stats) -> KernelRidge:
     # rebuilt), one factorisation (cholesky) or one preconditioned CG solve (cg), as
     # planned by the one fit plan (pipeline.policy.plan) and run by pipeline.fit.execute
     n = X.shape[0]
-    si = self._settings.index({k: v for k, v in self.best_params_.items() if k != "alpha"})
+    si = settings.index({k: v for k, v in self.best_params_.items() if k != "alpha"})
     Y = y.reshape(n, -1)
     store = None if self.store is None else os.fspath(self.store)
     seed = self.random_state if isinstance(self.random_state, int) else 0
@@ -52,7 +53,7 @@ def refit_best(self, X, y, base, stats) -> KernelRidge:
         "solver": self.solver_,
         "alpha": self.best_alpha_,
         "alpha_convention": conv,
-        "block_size": self._block_size(n),
+        "block_size": OutOfCoreStore(self).block_size(n),
         "tol": self.tol,
         "max_iter": self.max_iter,
         "preconditioner": self.preconditioner,
@@ -64,7 +65,7 @@ def refit_best(self, X, y, base, stats) -> KernelRidge:
     resources = Resources(float("inf"), float("inf"), in_memory=False)
     plan, reason = plan_fit(n, X.shape[1], kern, resources, choices, n_targets=Y.shape[1])
     log_plan(plan, reason, origin="KernelRidgeCV refit", logger=log)
-    gram = self._gram(si, X, kern, stats) if plan.needs_gram else None  # tiles reused
+    gram = OutOfCoreStore(self).gram(si, X, kern, stats) if plan.needs_gram else None
     fit = execute(
         plan, X, Y, kern, gram=gram, factor_store=store, factor_name="cv_chol", progress=True
     )

@@ -32,60 +32,56 @@ The expensive work is done once and shared:
   setting is re-scored from float64 solves to 1e-10 (``verified_score``).
 
 Work counters are logged and kept in ``search_stats_``.
+
+The class is a front, as scikit-learn's search classes are: it validates the
+input and sets the fitted attributes; the work is done by small modules:
+:mod:`~pipeline.model_selection.choice` (options, the solver and the checks before
+any work), :mod:`~pipeline.model_selection.runner` (the loop over kernel settings:
+checkpoints, threads, progress), :mod:`~pipeline.model_selection.strategies` (band,
+eigen/dense, Cholesky with LOO, CG path), :mod:`~pipeline.model_selection.scoring`,
+:mod:`~pipeline.model_selection.guard` (budget, verification) and
+:mod:`~pipeline.model_selection.refit`. Routing and cost models are in
+:mod:`pipeline.policy.cv_routing`.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
-import os
 import time
 from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
-from scipy.stats import rankdata
 from sklearn.base import BaseEstimator, MultiOutputMixin, RegressorMixin
 from sklearn.metrics import check_scoring
 from sklearn.utils.validation import check_is_fitted
 
 from pipeline.estimator import KernelRidge
+from pipeline.model_selection.choice import (
+    CONVENTIONS,
+    EIGEN_MODES,
+    SOLVERS,
+    check_params,
+    choose_search,
+)
 from pipeline.model_selection.grid import (
     build_candidates,
     check_alphas,
     make_splits,
     resolve_kernel,
 )
-from pipeline.model_selection.guard import FixedPredictions as _FixedPredictions
-from pipeline.model_selection.guard import check_budget, screen_refiner, verify_choice
-from pipeline.model_selection.refit import IN_MEMORY, refit_best
-from pipeline.model_selection.stats import SearchStats, merge_stats, new_stats
-from pipeline.model_selection.strategies import (
-    BandStrategy,
-    CGPathStrategy,
-    CholeskyStrategy,
-    InMemoryStrategy,
-    OutOfCoreStore,
-)
-from pipeline.policy.constants import (
-    CV_TOL,
-)
-from pipeline.policy.cv_routing import choose_cv_solver, eigen_mode, memory_need
-from pipeline.progress import open_progress, with_progress
+from pipeline.model_selection.guard import verify_choice
+from pipeline.model_selection.refit import refit_best
+from pipeline.model_selection.runner import run_search
+from pipeline.model_selection.scoring import cv_results, log_summary, score_candidates
+from pipeline.policy.constants import CV_TOL
+from pipeline.progress import with_progress
 from pipeline.solvers.band import band_available
 from pipeline.validation import validate_X_y
 
-__all__ = ["KernelRidgeCV"]
+__all__ = ["CONVENTIONS", "EIGEN_MODES", "SOLVERS", "KernelRidgeCV"]
 
 log = logging.getLogger("pipeline.model_selection")
-
-SOLVERS = ("auto", "band", "eigen", "dense", "cholesky", "cg")
-CONVENTIONS = ("sklearn", "n_samples", "n")
-EIGEN_MODES = ("auto", "lgo", "fold")
-# calibrated constants of the search's routing live in pipeline.policy.constants
-
-
-_new_stats, _merge_stats = new_stats, merge_stats  # the names this module used
 
 
 class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
@@ -236,98 +232,15 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         self.screen_tol = screen_tol
         self.screen_top = screen_top
 
-    # ------------------------------------------------------------------ checks
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         tags.input_tags.sparse = True  # sparse X is densified, as KernelRidge's kernels do
         return tags
 
-    def _check_params(self) -> None:
-        for name, value, allowed in (
-            ("solver", self.solver, SOLVERS),
-            ("lambda_convention", self.lambda_convention, CONVENTIONS),
-            ("eigen_mode", self.eigen_mode, EIGEN_MODES),
-        ):
-            if value not in allowed:
-                raise ValueError(f"{name}={value!r} is not valid; choose one of {allowed}")
-        if self.solver in ("cholesky",) and self.store is None:
-            raise ValueError(
-                f"solver={self.solver!r} needs store= (a directory or fsspec URL for the Gram "
-                "and factor arrays)"
-            )
-
     def _shift(self, alpha: float, n_train: int) -> float:
+        """The diagonal shift of ``alpha`` for a training set of ``n_train`` rows."""
         return float(alpha) * (n_train if self.lambda_convention in ("n_samples", "n") else 1.0)
 
-    def _band_workers(self, n: int, n_tasks: int) -> int:
-        """Concurrent band reductions: ``n_jobs``, else one per core as memory allows
-        (each holds one training-set copy; up to two kernel matrices are in flight)."""
-        from pipeline.reference.memory import SAFETY_FRACTION, available_memory
-
-        if self.n_jobs:
-            return max(1, int(self.n_jobs))
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except AttributeError:  # pragma: no cover - not Linux
-            cores = os.cpu_count() or 1
-        workers = max(1, min(cores, n_tasks))
-        budget = available_memory() * SAFETY_FRACTION
-        while workers > 1 and (2 + workers) * n * n * 8 > budget:
-            workers -= 1
-        return workers
-
-    def _memory_need(self, solver: str, n: int, band_workers: int) -> int:
-        return memory_need(solver, n, band_workers, self.n_jobs)
-
-    def _choose_solver(
-        self, n: int, kind: str, n_alpha: int, splits: list, band_workers: int = 1
-    ) -> str:
-        from pipeline.reference.memory import check_dense_memory
-
-        if self.solver == "band":
-            if kind == "loo":
-                raise ValueError(
-                    "solver='band' does one reduction per split; for cv='loo' use "
-                    "solver='eigen' (exact leave-one-out from one eigendecomposition)"
-                )
-            if not band_available():
-                raise RuntimeError(
-                    "solver='band' needs LAPACK dsytrd_sy2sb from SciPy's bundled OpenBLAS, "
-                    "which was not found here; use solver='eigen' or 'dense'"
-                )
-        if self.solver in IN_MEMORY:
-            check_dense_memory(
-                self._memory_need(self.solver, n, band_workers),
-                what=f"KernelRidgeCV(solver={self.solver!r}) with n={n}",
-            )
-            return self.solver
-        if self.solver != "auto":
-            return self.solver
-
-        def fits(nbytes: int) -> bool:
-            try:
-                check_dense_memory(nbytes, what="")
-            except MemoryError:
-                return False
-            return True
-
-        return choose_cv_solver(
-            n,
-            kind,
-            n_alpha,
-            splits,
-            fits=fits,
-            band_ok=kind != "loo" and band_available(),
-            has_store=self.store is not None,
-            band_workers=band_workers,
-            n_jobs=self.n_jobs,
-            eigen_requested=self.eigen_mode,
-        )
-
-    def _eigen_mode(self, n: int, kind: str, n_alpha: int, splits: list) -> str:
-        return eigen_mode(n, kind, n_alpha, splits, self.eigen_mode)
-
-    # -------------------------------------------------------------------- fit
     @with_progress
     def fit(self, X: Any, y: Any) -> KernelRidgeCV:
         """Run the search, then refit the best model on all of ``X, y``.
@@ -342,7 +255,7 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         self
         """
         t_start = time.perf_counter()
-        self._check_params()
+        check_params(self)
         alphas = check_alphas(self.alphas)
         base = resolve_kernel(self.kernel, self.gamma, self.degree, self.coef0)
         candidates, settings = build_candidates(alphas, self.param_grid, base)
@@ -360,102 +273,18 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         scorer = check_scoring(
             KernelRidge(), scoring="r2" if self.scoring is None else self.scoring
         )
-        alpha_list = [float(a) for a in alphas]
-        band_workers = self._band_workers(n, len(settings) * len(splits))
-        solver = self._choose_solver(n, kind, len(alpha_list), splits, band_workers)
-        if solver == "cg" and kind == "loo":
-            raise ValueError(
-                "cv='loo' needs solver='eigen' (in memory) or 'cholesky' (exact LOO from the "
-                "factor); CG cannot give diag((K + lambda I)^-1) exactly"
-            )
-        if solver == "cholesky" and kind == "splits":
-            raise ValueError(
-                f"solver='cholesky' needs splits whose training set is the complement of the "
-                f"test set (K-fold, held-out, LOO); cv={self.cv!r} is not; use solver='cg' or "
-                "an in-memory solver"
-            )
-        predicted = check_budget(
-            self.max_search_seconds, solver, n, len(alpha_list), len(settings), splits,
-            n_targets=y2.shape[1], kind=kind,
+        choice = choose_search(
+            self, n, kind, splits, n_alpha=len(alphas), n_settings=len(settings),
+            n_targets=y2.shape[1], band_available=band_available,
         )  # fmt: skip
-        stats = _new_stats()
-        stats.update(kernel_settings=len(settings), candidates=len(candidates), folds=len(splits))
-        stats["predicted_search_seconds"] = round(predicted, 3)
-        self.solver_ = solver
-        self._settings = settings
-
-        self._screen_fn = None
-        if solver == "cg" and self.screen_tol is not None:
-            self._screen_fn = screen_refiner(X, y, splits, scorer, int(self.screen_top))
-        ckpt = None
-        if self.checkpoint is not None:
-            from pipeline.model_selection.checkpoint import SettingCheckpoint
-
-            ckpt = SettingCheckpoint.for_search(self, solver, kind, X, y2, splits)
-
-        # predictions per (setting, alpha): list over folds (or one pooled array for LOO)
-        def run_setting(si: int) -> tuple[dict[float, list[np.ndarray]], dict[str, Any]]:
-            # counters per setting (merged afterwards: settings may run in threads)
-            stats = _new_stats()
-            kern = copy.deepcopy(base).set_params(**settings[si])
-            alphas_s = [c["alpha"] for c in candidates if c.kernel_params == settings[si]]
-            alphas_s = list(dict.fromkeys(alphas_s))
-            if ckpt is not None:
-                done = ckpt.load(si, kern, settings[si], alphas_s)
-                if done is not None:
-                    stats["settings_resumed"] = 1
-                    log.info("kernel setting %d/%d %s: resumed from its checkpoint", si + 1,
-                             len(settings), settings[si])  # fmt: skip
-                    return done, stats
-            t0 = time.perf_counter()
-            if solver in ("eigen", "dense"):
-                preds = self._in_memory_setting(solver, X, y2, kern, splits, kind, alphas_s, stats)
-            elif solver == "cholesky":
-                preds = self._cholesky_setting(si, X, y2, kern, splits, kind, alphas_s, stats)
-            else:
-                preds = self._cg_setting(si, X, y2, kern, splits, alphas_s, stats)
-            dt = time.perf_counter() - t0
-            stats["seconds"][f"setting_{si}"] = round(dt, 4)
-            log.info("kernel setting %d/%d %s: %.2f s", si + 1, len(settings), settings[si], dt)
-            out = {a: p for a, p in zip(alphas_s, preds)}
-            if ckpt is not None:
-                ckpt.save(si, kern, settings[si], alphas_s, out, dt)
-            shown.update()
-            return out, stats
-
-        shown = open_progress(f"cv ({solver})", len(settings), "kernel setting")
-        if solver == "band":
-            outputs = self._band_settings(
-                X, y2, base, settings, candidates, splits, band_workers, self.solver == "auto"
-            )
-        elif self.n_jobs and int(self.n_jobs) > 1 and solver in ("eigen", "dense"):
-            from concurrent.futures import ThreadPoolExecutor
-
-            from pipeline.parallel import blas_threads
-
-            with blas_threads(1):
-                with ThreadPoolExecutor(max_workers=int(self.n_jobs)) as pool:
-                    outputs = list(pool.map(run_setting, range(len(settings))))
-        else:
-            outputs = [run_setting(si) for si in range(len(settings))]
-        shown.update_to(len(settings))
-        shown.close()
-        results = [r for r, _ in outputs]
-        for _, st in outputs:
-            _merge_stats(stats, st)
+        self.solver_ = solver = choice.solver
+        results, stats = run_search(
+            self, choice, X, y, y2, base, settings, candidates, splits, kind, scorer
+        )
         t_search = time.perf_counter() - t_start
 
-        # ---------------------------------------------------------------- scores
-        n_scored = 1 if kind == "loo" else len(splits)
-        scores = np.empty((len(candidates), n_scored))
-        for ci, c in enumerate(candidates):
-            preds = results[settings.index(c.kernel_params)][c["alpha"]]
-            for f in range(n_scored):
-                te = np.arange(n) if kind == "loo" else splits[f][1]
-                p = preds[f]
-                p = p[:, 0] if y.ndim == 1 else p
-                scores[ci, f] = scorer(_FixedPredictions(p), X[te], y[te])
-        self.cv_results_ = self._results(candidates, scores, t_search)
+        scores = score_candidates(results, candidates, settings, splits, kind, scorer, X, y)
+        self.cv_results_ = cv_results(candidates, scores, t_search)
         self.best_index_ = int(self.cv_results_["rank_test_score"].argmin())
         self.best_params_ = dict(candidates[self.best_index_])
         self.best_score_ = float(self.cv_results_["mean_test_score"][self.best_index_])
@@ -465,91 +294,20 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         self.scorer_ = scorer
         stats["seconds"]["search"] = round(t_search, 4)
         if solver == "cg" and kind != "loo":
-            self._verify(X, y, y2, base, splits, scorer, stats)
+            verify_choice(self, X, y, y2, base, splits, scorer, stats)
         if self.refit:
             t0 = time.perf_counter()
-            self.best_estimator_ = self._refit(X, y, base, stats)
+            self.best_estimator_ = refit_best(self, X, y, base, stats, settings)
             self.n_iter_ = int(getattr(self.best_estimator_, "n_iter_", 1))
             stats["seconds"]["refit"] = round(time.perf_counter() - t0, 4)
         stats["seconds"]["total"] = round(time.perf_counter() - t_start, 4)
-        self.search_stats_ = stats
-        self.search_statistics_ = SearchStats.from_dict(stats)
-        log.info(
-            "KernelRidgeCV(%s): %d candidates x %d folds; kernel matrices %d, Gram tiles built "
-            "%d (reused %d), eigendecompositions %d, band reductions %d, factorisations %d, "
-            "CG iterations %d; "
-            "best %s score %.6g; %.2f s",
-            solver,
-            len(candidates),
-            len(splits),
-            stats["kernel_matrices"],
-            stats["gram_tiles_built"],
-            stats["gram_tiles_reused"],
-            stats["eigendecompositions"],
-            stats["band_reductions"],
-            stats["factorizations"],
-            stats["cg_iterations"],
-            self.best_params_,
-            self.best_score_,
-            stats["seconds"]["total"],
+        self.search_stats_ = stats.to_dict()
+        self.search_statistics_ = stats
+        log_summary(
+            solver, len(candidates), len(splits), stats, self.best_params_, self.best_score_
         )
         return self
 
-    # --------------------------------------------------------------- results
-    def _results(self, candidates: list, scores: np.ndarray, seconds: float) -> dict[str, Any]:
-        res: dict[str, Any] = {}
-        keys = sorted({k for c in candidates for k in c})
-        for k in keys:
-            col = np.ma.MaskedArray(np.empty(len(candidates), dtype=object), mask=True)
-            for i, c in enumerate(candidates):
-                if k in c:
-                    col[i] = c[k]
-            res[f"param_{k}"] = col
-        res["params"] = [dict(c) for c in candidates]
-        for f in range(scores.shape[1]):
-            res[f"split{f}_test_score"] = scores[:, f]
-        mean = scores.mean(axis=1)
-        res["mean_test_score"] = mean
-        res["std_test_score"] = scores.std(axis=1)
-        filled = np.where(
-            np.isnan(mean), np.nanmin(mean) - 1 if np.isfinite(mean).any() else 0, mean
-        )
-        res["rank_test_score"] = rankdata(-filled, method="min").astype(np.int32)
-        per = seconds / max(1, len(candidates))
-        res["mean_fit_time"] = np.full(len(candidates), per)
-        res["std_fit_time"] = np.zeros(len(candidates))
-        return res
-
-    # ------------------------------------------------------------ strategies
-    def _band_settings(self, X, y2, base, settings, candidates, splits, workers, route: bool):
-        return BandStrategy(self).run(X, y2, base, settings, candidates, splits, workers, route)
-
-    def _in_memory_setting(self, solver, X, y2, kern, splits, kind, alphas_s, stats):
-        return InMemoryStrategy(self).setting(solver, X, y2, kern, splits, kind, alphas_s, stats)
-
-    def _block_size(self, n: int) -> int:
-        return OutOfCoreStore(self).block_size(n)
-
-    def _gram(self, si: int, X, kern, stats):
-        return OutOfCoreStore(self).gram(si, X, kern, stats)
-
-    def _factor(self, gram, shift: float, stats):
-        return OutOfCoreStore(self).factor(gram, shift, stats)
-
-    def _cholesky_setting(self, si, X, y2, kern, splits, kind, alphas_s, stats):
-        return CholeskyStrategy(self).setting(si, X, y2, kern, splits, kind, alphas_s, stats)
-
-    def _cg_setting(self, si, X, y2, kern, splits, alphas_s, stats):
-        return CGPathStrategy(self).setting(si, X, y2, kern, splits, alphas_s, stats)
-
-    def _verify(self, X, y, y2, base, splits, scorer, stats) -> None:
-        verify_choice(self, X, y, y2, base, splits, scorer, stats)
-
-    # ------------------------------------------------------------------ refit
-    def _refit(self, X, y, base, stats) -> KernelRidge:
-        return refit_best(self, X, y, base, stats)
-
-    # -------------------------------------------------------------- predict
     @with_progress
     def predict(self, X: Any) -> np.ndarray:
         """Predict with ``best_estimator_``."""

@@ -1,9 +1,15 @@
 """Typed work counters of a :class:`~pipeline.model_selection.KernelRidgeCV` search.
 
-The strategies count into a plain dict (:func:`new_stats`, merged across threads
-by :func:`merge_stats`); the search then exposes it as ``search_stats_`` (the same
-dict, for JSON reports and code that reads keys) and as the typed
-:class:`SearchStats` in ``search_statistics_``.
+The strategies count into a :class:`SearchStats` (one per kernel setting, merged
+across threads by :meth:`SearchStats.merge`). It is a dataclass: the counters every
+search reports are typed fields (``stats.kernel_matrices += 1``); what only some
+strategies report (routes, eigen modes, redone solves, screening, verification) is
+kept, in the order it was recorded, in ``other``. For the solver modules below the
+strategies, which count into plain dicts too, it also reads and writes as a mapping
+(``stats["cg_iterations"] += n``, ``stats.get(...)``, ``stats.setdefault(...)``).
+The search exposes it as ``search_statistics_`` and its dict view
+(:meth:`SearchStats.to_dict`) as ``search_stats_``, for JSON reports and code that
+reads keys.
 """
 
 from __future__ import annotations
@@ -13,8 +19,11 @@ from typing import Any
 
 __all__ = ["SearchStats", "merge_stats", "new_stats"]
 
+#: keys merged by assignment of the whole search, not summed over settings
+_GRID_KEYS = ("kernel_settings", "candidates", "folds")
 
-@dataclass(frozen=True)
+
+@dataclass
 class SearchStats:
     """What a search did.
 
@@ -36,6 +45,10 @@ class SearchStats:
         Fold fits a plain grid search would have done.
     seconds : dict of str to float
         Wall time per phase.
+    other : dict
+        The counters only some searches report, in the order they were recorded
+        (``routes``, ``eigen_modes``, ``band_workers``, ``kernel_dtypes``,
+        ``unconverged_settings``, ``redone_direct``, ``verified_score``, ...).
     routes : list of dict
         ``solver="auto"``: per kernel setting, the routing decision and its predictions.
     eigen_modes : list of str
@@ -61,52 +74,73 @@ class SearchStats:
     preconditioner_builds: int = 0
     fold_fits_equivalent: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
-    routes: list[dict[str, Any]] = field(default_factory=list)
-    eigen_modes: list[str] = field(default_factory=list)
-    band_workers: int | None = None
     other: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
+    def _names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls) if f.name != "other")
+
+    @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SearchStats:
-        """The typed form of a counters dict; unknown keys go to ``other``."""
-        names = {f.name for f in fields(cls)} - {"other"}
+        """The typed form of a counters dict; keys that are not fields go to ``other``."""
+        names = cls._names()
         known = {k: v for k, v in d.items() if k in names}
         return cls(**known, other={k: v for k, v in d.items() if k not in names})
 
+    def to_dict(self) -> dict[str, Any]:
+        """The dict view (``search_stats_``): the fields, then ``other`` in its order."""
+        return {**{k: getattr(self, k) for k in self._names()}, **self.other}
+
+    # typed reads of the counters kept in ``other``
+    @property
+    def routes(self) -> list[dict[str, Any]]:
+        return self.other.get("routes", [])
+
+    @property
+    def eigen_modes(self) -> list[str]:
+        return self.other.get("eigen_modes", [])
+
+    @property
+    def band_workers(self) -> int | None:
+        return self.other.get("band_workers")
+
+    # the mapping protocol of the counters dicts the solver modules fill
     def __getitem__(self, key: str) -> Any:
         """Dict-style read, as ``search_stats_[key]``."""
-        if key in {f.name for f in fields(self)} - {"other"}:
+        if key in self._names():
             return getattr(self, key)
         return self.other[key]
 
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key in self._names():
+            setattr(self, key, value)
+        else:
+            self.other[key] = value
 
-def new_stats() -> dict[str, Any]:
-    """Zeroed counters (the keys of :class:`SearchStats` that every search reports)."""
-    return {
-        "kernel_settings": 0,
-        "candidates": 0,
-        "folds": 0,
-        "kernel_matrices": 0,
-        "gram_tiles_built": 0,
-        "gram_tiles_reused": 0,
-        "eigendecompositions": 0,
-        "band_reductions": 0,
-        "factorizations": 0,
-        "factor_tiles": 0,
-        "factor_tile_reads": 0,
-        "cg_iterations": 0,
-        "cg_matvecs": 0,
-        "cg_solves": 0,
-        "preconditioner_builds": 0,
-        "fold_fits_equivalent": 0,
-        "seconds": {},
-    }
+    def __contains__(self, key: object) -> bool:
+        return key in self._names() or key in self.other
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self[key] if key in self else default
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def update(self, **kw: Any) -> None:
+        for k, v in kw.items():
+            self[k] = v
+
+    def merge(self, part: SearchStats | dict[str, Any]) -> None:
+        """Add the counters of ``part`` (one kernel setting) into these: numbers are
+        summed, lists extended, the seconds summed per phase; the grid size is kept."""
+        _merge(self, part.to_dict() if isinstance(part, SearchStats) else part)
 
 
-def merge_stats(into: dict[str, Any], part: dict[str, Any]) -> None:
-    """Add the counters of ``part`` (one kernel setting) into ``into``."""
+def _merge(into: Any, part: dict[str, Any]) -> None:
     for k, v in part.items():
-        if k in ("kernel_settings", "candidates", "folds"):
+        if k in _GRID_KEYS:
             continue
         if isinstance(v, dict):
             for kk, vv in v.items():
@@ -115,3 +149,13 @@ def merge_stats(into: dict[str, Any], part: dict[str, Any]) -> None:
             into.setdefault(k, []).extend(v)
         else:
             into[k] = into.get(k, 0) + v
+
+
+def new_stats() -> SearchStats:
+    """Zeroed counters (the fields of :class:`SearchStats` that every search reports)."""
+    return SearchStats()
+
+
+def merge_stats(into: SearchStats | dict[str, Any], part: SearchStats | dict[str, Any]) -> None:
+    """Add the counters of ``part`` (one kernel setting) into ``into``."""
+    _merge(into, part.to_dict() if isinstance(part, SearchStats) else part)

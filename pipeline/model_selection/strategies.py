@@ -1,8 +1,11 @@
 """The search strategies of :class:`~pipeline.model_selection.KernelRidgeCV`.
 
 Each strategy turns one kernel setting (or, for band reductions, all of them)
-into held-out predictions per (λ, fold), counting its work into a stats dict
-(:mod:`pipeline.model_selection.stats`):
+into held-out predictions per (λ, fold), counting its work into a
+:class:`~pipeline.model_selection.stats.SearchStats`. One interface,
+``predictions(si, X, y2, kern, splits, kind, alphas, stats) -> out`` with
+``out[l][f]`` the predictions of ``alphas[l]`` on fold ``f`` (one pooled array for
+leave-one-out); :func:`make_strategy` gives the strategy of a solver:
 
 - :class:`BandStrategy`: band reductions, with CG where routing predicts it cheaper;
 - :class:`InMemoryStrategy`: eigen (LOO, leave-group-out, per fold) and dense;
@@ -10,7 +13,9 @@ into held-out predictions per (λ, fold), counting its work into a stats dict
 - :class:`CGPathStrategy`: out of core, CG over every fold with warm starts.
 
 They read the search's parameters from the :class:`KernelRidgeCV` they serve
-(``self.cv``); the routing and cost models are in :mod:`pipeline.policy`.
+(``self.cv``); the routing and cost models are in :mod:`pipeline.policy`. The loop
+over kernel settings (checkpoints, threads, progress) is
+:func:`pipeline.model_selection.runner.run_search`.
 """
 
 from __future__ import annotations
@@ -34,7 +39,13 @@ from pipeline.model_selection.eigen import (
 )
 from pipeline.model_selection.route import DenseKernelOperator, route_setting
 from pipeline.model_selection.stats import new_stats
-from pipeline.policy.constants import DEFAULT_BLOCK_SIZE, ROUTE_RANK, ROUTED_CG_TOL
+from pipeline.policy.constants import (
+    DEFAULT_BLOCK_SIZE,
+    ROUTE_RANK,
+    ROUTE_RANK_DIVISOR,
+    ROUTED_CG_TOL,
+)
+from pipeline.policy.cv_routing import eigen_mode
 
 __all__ = [
     "BandStrategy",
@@ -42,6 +53,7 @@ __all__ = [
     "CholeskyStrategy",
     "InMemoryStrategy",
     "OutOfCoreStore",
+    "make_strategy",
 ]
 
 log = logging.getLogger("pipeline.model_selection")
@@ -63,12 +75,32 @@ def redo_failed(preds, failures, block, y2, trains, tests, shifts, stats, settin
 
 
 class _Strategy:
-    def __init__(self, cv: Any) -> None:
-        self.cv = cv
+    """A search strategy over the :class:`KernelRidgeCV` ``cv``.
+
+    ``solver`` names it (``"eigen"`` or ``"dense"`` for :class:`InMemoryStrategy`),
+    ``settings`` are the kernel settings searched (named in the records of redone
+    solves) and ``screen`` is CG's screening refiner (:func:`~pipeline.model_selection.guard.screen_refiner`).
+    """
+
+    #: kernel settings may run concurrently in threads (``n_jobs``)
+    threads = False
+    #: one call of ``run`` does every kernel setting (no per-setting loop)
+    all_settings = False
+
+    def __init__(self, cv: Any, *, solver: str | None = None, settings: Any = None,
+                 screen: Any = None) -> None:  # fmt: skip
+        self.cv, self.solver, self.settings, self.screen = cv, solver, settings, screen
+
+    def predictions(self, si, X, y2, kern, splits, kind, alphas, stats) -> list:
+        """Held-out predictions of kernel setting ``si`` (kernel ``kern``):
+        ``out[l][f]`` for ``alphas[l]`` and fold ``f``, counting into ``stats``."""
+        raise NotImplementedError
 
 
 class BandStrategy(_Strategy):
     """Every kernel setting by band reductions, or by routed CG (``solver="auto"``)."""
+
+    all_settings = True
 
     def run(self, X, y2, base, settings, candidates, splits, workers, route: bool):
         """Every kernel setting by band reductions, or (``route``) by preconditioned CG
@@ -113,7 +145,7 @@ class BandStrategy(_Strategy):
                     [len(tr) for tr, _ in splits],
                     n_workers=workers,
                     tol=ROUTED_CG_TOL,
-                    rank=int(cv.rank or min(ROUTE_RANK, max(1, n // 8))),
+                    rank=int(cv.rank or min(ROUTE_RANK, max(1, n // ROUTE_RANK_DIVISOR))),
                     random_state=cv.random_state if cv.random_state is not None else 0,
                 )
                 per[s]["seconds"]["route"] = round(time.perf_counter() - t1, 4)
@@ -200,8 +232,10 @@ class BandStrategy(_Strategy):
 class InMemoryStrategy(_Strategy):
     """``eigen`` (LOO, LGO or per fold, by :func:`~pipeline.policy.cv_routing.eigen_mode`) and ``dense``."""
 
-    def setting(self, solver, X, y2, kern, splits, kind, alphas_s, stats):
-        cv = self.cv
+    threads = True
+
+    def predictions(self, si, X, y2, kern, splits, kind, alphas_s, stats):
+        cv, solver = self.cv, self.solver
         n = X.shape[0]
         t0 = time.perf_counter()
         K = np.asarray(kern(X), dtype=np.float64)
@@ -221,7 +255,7 @@ class InMemoryStrategy(_Strategy):
                     stats["factorizations"] += 1
                     stats["fold_fits_equivalent"] += 1
             return out
-        mode = cv._eigen_mode(n, kind, L, splits)
+        mode = eigen_mode(n, kind, L, splits, cv.eigen_mode)
         stats.setdefault("eigen_modes", []).append(mode)
         if mode == "loo":
             eig = eigendecompose(K, y2, overwrite=True)
@@ -287,7 +321,7 @@ class OutOfCoreStore(_Strategy):
 class CholeskyStrategy(_Strategy):
     """Out of core: a tile Cholesky of the full Gram per λ; fold and LOO residuals from it."""
 
-    def setting(self, si, X, y2, kern, splits, kind, alphas_s, stats):
+    def predictions(self, si, X, y2, kern, splits, kind, alphas_s, stats):
         cv = self.cv
         from pipeline.model_selection.loo import lgo_residuals, loo_residuals
         from pipeline.solvers import cholesky_solve
@@ -321,7 +355,7 @@ class CGPathStrategy(_Strategy):
     engine per iteration for all of them, one Nyström factor per setting, float32
     kernel values with float64 residuals; unconverged systems redone exactly."""
 
-    def setting(self, si, X, y2, kern, splits, alphas_s, stats):
+    def predictions(self, si, X, y2, kern, splits, kind, alphas_s, stats):
         cv = self.cv
         from pipeline.model_selection.cvblock import block_cv_predictions
         from pipeline.solvers.matvec import MatrixFreeKernelOperator
@@ -335,7 +369,7 @@ class CGPathStrategy(_Strategy):
         use32 = kd in ("auto", "float32")
         kw = dict(
             screen_tol=getattr(cv, "screen_tol", None),
-            refine=getattr(cv, "_screen_fn", None),
+            refine=self.screen,
             preconditioner=cv.preconditioner,
             rank=cv.rank,
             tol=cv.tol,
@@ -373,7 +407,7 @@ class CGPathStrategy(_Strategy):
             )
             for (li, f), p in exact.items():
                 pf[f][li] = p
-            record_redo(stats, cv._settings[si] if hasattr(cv, "_settings") else si, failures,
+            record_redo(stats, si if self.settings is None else self.settings[si], failures,
                         "cholesky")  # fmt: skip
         return [[pf[f][li] for f in range(len(splits))] for li in range(len(alphas_s))]
 
@@ -395,3 +429,18 @@ class CGPathStrategy(_Strategy):
                 te = splits[f][1]
                 out[(li, f)] = y2[te] - lgo_residuals(fac, coef, te, stats)
         return out
+
+
+#: the strategy class of each solver
+STRATEGIES: dict[str, type[_Strategy]] = {
+    "band": BandStrategy,
+    "eigen": InMemoryStrategy,
+    "dense": InMemoryStrategy,
+    "cholesky": CholeskyStrategy,
+    "cg": CGPathStrategy,
+}
+
+
+def make_strategy(solver: str, cv: Any, *, settings: Any = None, screen: Any = None) -> _Strategy:
+    """The strategy of ``solver`` for the search ``cv``."""
+    return STRATEGIES[solver](cv, solver=solver, settings=settings, screen=screen)

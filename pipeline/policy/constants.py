@@ -78,9 +78,10 @@ EIG_FLOPS_PER_N3 = 4.0
 #: the same units: measured 3.3-5.1 s at m=6400 against 1.1 s for potrf(6400) on 2 cores
 BAND_FLOPS_PER_M3 = 1.2
 #: settings routed to CG in memory solve to this relative residual, with a Nyström
-#: preconditioner of rank min(ROUTE_RANK, n // 8) (or ``rank``)
+#: preconditioner of rank min(ROUTE_RANK, n // ROUTE_RANK_DIVISOR) (or ``rank``)
 ROUTED_CG_TOL = 1e-10
 ROUTE_RANK = 1000
+ROUTE_RANK_DIVISOR = 8
 #: a band reduction (LAPACK dsytrd_sy2sb) runs at about this fraction of the
 #: single-thread GEMM rate (measured at m=6400: 0.6-0.75 on 2 cores)
 BAND_GEMM_EFFICIENCY = 0.65
