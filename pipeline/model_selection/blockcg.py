@@ -30,11 +30,11 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.linalg
 
+from pipeline.policy.constants import FACTOR_ROW_STEP, STAGNATION_WINDOW
+
 __all__ = ["BlockCGResult", "FoldNystromBlock", "block_pcg"]
 
-_ROW_STEP = 8192
-#: a column whose best residual has not fallen by 1% in this many iterations stagnates
-STAGNATION_WINDOW = 200
+_ROW_STEP = FACTOR_ROW_STEP
 
 
 def _ft_times(F: np.ndarray, R: np.ndarray) -> np.ndarray:

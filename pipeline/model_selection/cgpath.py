@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import scipy.linalg
 
+from pipeline.policy import constants as C
 from pipeline.solvers.cg import CGConvergenceError, CGConvergenceWarning, conjugate_gradient
 from pipeline.solvers.precond import nystrom_factor
 
@@ -62,7 +63,7 @@ def cg_fold_predictions(
     *,
     preconditioner: str = "nystrom",
     rank: int | None = None,
-    tol: float = 1e-8,
+    tol: float = C.CV_TOL,
     max_iter: int | None = None,
     random_state: Any = 0,
     warm_start: bool = True,
@@ -108,7 +109,7 @@ def cg_fold_predictions(
     pre_folds: list[_FoldNystrom] | None = None
     if preconditioner == "nystrom":
         if factor is None:
-            r = int(rank or min(n, 200))
+            r = int(rank or min(n, C.CV_DEFAULT_RANK))
             F, _ = nystrom_factor(op, min(r, n), random_state=random_state)
         else:
             F = factor

@@ -29,23 +29,18 @@ from typing import Any
 import numpy as np
 
 from pipeline.model_selection.blockcg import FoldNystromBlock, block_pcg
+from pipeline.policy import constants as C
 
 __all__ = ["block_cv_predictions", "precond_rank_cap", "rank_cap"]
 
 log = logging.getLogger("pipeline.model_selection")
 
-#: inner (float32) solves reduce the residual by this factor per refinement step
-INNER_TOL = 1e-3
-#: float64 refinement steps before a column is declared unconverged
-MAX_REFINEMENTS = 8
-#: the adaptive rank is capped at max(RANK_FLOOR, RANK_SCALE * n^(2/3)) (and by memory):
-#: the fold eigendecompositions cost ~r³ while a pass costs ~n², so a rank worth its
-#: build grows like n^(2/3). Measured on diamonds (RBF γ = 0.1, λ down to 1e-3):
-#: N = 4,000, rank 500: 71 passes, 2.7 s build; rank 1,618: 10 passes, 12 s build
-RANK_FLOOR = 256
-RANK_SCALE = 3.0
-#: bytes the preconditioner may use (F in float32 plus one r x r basis per fold)
-PRECOND_BUDGET = 1_200_000_000
+# the calibrated figures live in pipeline.policy.constants (see there)
+INNER_TOL = C.CV_INNER_TOL
+MAX_REFINEMENTS = C.CV_MAX_REFINEMENTS
+RANK_FLOOR = C.CV_RANK_FLOOR
+RANK_SCALE = C.CV_RANK_SCALE
+PRECOND_BUDGET = C.CV_PRECOND_BUDGET
 
 
 def precond_rank_cap(n: int, n_folds: int, budget: int = PRECOND_BUDGET) -> int:
@@ -68,7 +63,9 @@ def _factor(op, preconditioner, rank, min_shift, n_folds, random_state, stats):
     if preconditioner == "nystrom":
         from pipeline.solvers.precond import nystrom_factor
 
-        F, _ = nystrom_factor(op, min(int(rank or min(n, 200)), cap, n), random_state=random_state)
+        F, _ = nystrom_factor(
+            op, min(int(rank or min(n, C.CV_DEFAULT_RANK)), cap, n), random_state=random_state
+        )
         info = {"method": "nystrom", "rank": int(F.shape[1])}
     elif preconditioner == "adaptive":
         from pipeline.solvers.precond_adaptive import adaptive_rpcholesky
@@ -100,7 +97,7 @@ def block_cv_predictions(
     op32: Any = None,
     preconditioner: str = "adaptive",
     rank: int | None = None,
-    tol: float = 1e-8,
+    tol: float = C.CV_TOL,
     max_iter: int | None = None,
     random_state: Any = 0,
     stats: dict | None = None,
@@ -175,7 +172,7 @@ def block_cv_predictions(
     rel = np.where(bn > 0, 1.0, 0.0)
     reason: list = [None] * c
     inner_op = op32 if op32 is not None else op64
-    cap = int(max_iter or 1000)
+    cap = int(max_iter or C.DEFAULT_MAX_ITER)
     count = {"passes32": 0, "passes64": 0, "iters": 0}
 
     def refine_to(target: np.ndarray) -> None:

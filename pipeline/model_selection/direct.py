@@ -18,13 +18,14 @@ from typing import Any
 import numpy as np
 import scipy.linalg
 
+from pipeline.policy.constants import ONE_BLAS_THREAD_FROM
+
 __all__ = ["UnconvergedSolveError", "direct_fold_predictions", "record_redo"]
 
 log = logging.getLogger("pipeline.model_selection")
 
-#: above this order, factor with one BLAS thread (OpenBLAS potrf crashes with 2 threads
-#: at n >= ~15,800; docs/PERFORMANCE.md)
-_ONE_THREAD_FROM = 15_000
+#: above this order, factor with one BLAS thread (pipeline.policy.constants)
+_ONE_THREAD_FROM = ONE_BLAS_THREAD_FROM
 
 
 class UnconvergedSolveError(RuntimeError):

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from sklearn.base import BaseEstimator, RegressorMixin
 
+from pipeline.policy import constants as C
 from pipeline.policy.cv_routing import predicted_search_seconds, suggest_smaller_grid
 
 __all__ = [
@@ -31,7 +32,7 @@ __all__ = [
 log = logging.getLogger("pipeline.model_selection")
 
 #: relative residual of the verification solves (float64 products)
-VERIFY_TOL = 1e-10
+VERIFY_TOL = C.VERIFY_TOL
 
 
 class FixedPredictions(RegressorMixin, BaseEstimator):

@@ -23,6 +23,7 @@ import numpy as np
 from scipy import linalg
 from scipy.linalg import blas as sblas
 
+from pipeline.policy.constants import LOO_PANEL_BYTES
 from pipeline.solvers import CholeskyFactor, cholesky_solve
 from pipeline.solvers.triangular import forward_sweep
 from pipeline.storage import TiledArray
@@ -35,8 +36,8 @@ __all__ = [
     "loo_residuals",
 ]
 
-#: bytes of one L⁻¹ panel held in memory
-PANEL_BYTES = 512 * 1024**2
+#: bytes of one L⁻¹ panel held in memory (pipeline.policy.constants)
+PANEL_BYTES = LOO_PANEL_BYTES
 
 
 def _factor_array(factor: CholeskyFactor | TiledArray) -> TiledArray:

@@ -21,7 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.policy.constants import BAND_GEMM_EFFICIENCY, CG_MARGIN, CG_PASS_OVERHEAD
+from pipeline.policy.constants import (
+    CG_MARGIN,
+    GEMM_PROBE_SIZE,
+    ROUTE_POWER_ITERATIONS,
+    ROUTE_RHO_SAFETY,
+)
+from pipeline.policy.cv_routing import cg_iteration_bound, route_choice
 from pipeline.solvers.precond import rpcholesky
 
 __all__ = ["DenseKernelOperator", "Route", "cg_iteration_bound", "route_setting"]
@@ -48,17 +54,7 @@ class DenseKernelOperator:
         return self.K[np.ix_(idx, idx)]
 
 
-def cg_iteration_bound(kappa: float, tol: float) -> int:
-    """CG iterations to reduce the error by ``tol`` for condition number ``kappa``
-    (the Chebyshev bound ``2 ((√κ - 1)/(√κ + 1))^k <= tol``)."""
-    kappa = max(float(kappa), 1.0)
-    if kappa <= 1.0 + 1e-12:
-        return 1
-    q = (math.sqrt(kappa) + 1.0) / (math.sqrt(kappa) - 1.0)
-    return max(1, math.ceil(math.log(2.0 / tol) / math.log(q)))
-
-
-def _gemm_rate_one_thread(size: int = 768) -> float:
+def _gemm_rate_one_thread(size: int = GEMM_PROBE_SIZE) -> float:
     """Flop rate of one float64 GEMM on one BLAS thread (a 30 ms probe)."""
     from pipeline.parallel import blas_threads
 
@@ -92,7 +88,7 @@ def route_setting(
     tol: float,
     rank: int,
     random_state: Any = 0,
-    power_iterations: int = 8,
+    power_iterations: int = ROUTE_POWER_ITERATIONS,
 ) -> Route:
     """Choose CG or band reductions for one kernel setting.
 
@@ -121,14 +117,11 @@ def route_setting(
         norms = np.linalg.norm(W, axis=0)
         rho = float(norms.max())
         V = W / np.where(norms > 0, norms, 1.0)
-    rho *= 1.1  # the power iteration approaches ρ from below
-    # warm starts are not counted: the bound is for each λ from scratch
-    its = sum(
-        max(cg_iteration_bound(1.0 + rho / s, tol) for s in fold_shifts)
-        for fold_shifts in zip(*shifts)
-    )
-    cg_s = its * t_pass * CG_PASS_OVERHEAD
-    rate = _gemm_rate_one_thread() * BAND_GEMM_EFFICIENCY
-    band_s = sum(4.0 / 3.0 * m**3 for m in train_sizes) / (rate * max(1, n_workers))
-    solver = "cg" if cg_s < CG_MARGIN * band_s else "band"
+    rho *= ROUTE_RHO_SAFETY  # the power iteration approaches ρ from below
+    # the cost model is pipeline.policy.cv_routing.route_choice; CG_MARGIN is read here,
+    # at call time, so that it can be set for one search (the tests force each route)
+    solver, its, cg_s, band_s = route_choice(
+        rho, t_pass, shifts, train_sizes, gemm_rate_one_thread=_gemm_rate_one_thread(),
+        n_workers=n_workers, tol=tol, margin=CG_MARGIN,
+    )  # fmt: skip
     return Route(solver, rho, its, cg_s, band_s, F if solver == "cg" else None)

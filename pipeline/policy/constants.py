@@ -89,6 +89,14 @@ BAND_GEMM_EFFICIENCY = 0.65
 CG_PASS_OVERHEAD = 1.5
 #: CG must be predicted cheaper than this fraction of the band reductions
 CG_MARGIN = 0.5
+#: flops of one band reduction of an m x m Gram, per m³ (dsytrd_sy2sb, BLAS-3)
+BAND_REDUCTION_FLOPS_PER_M3 = 4.0 / 3.0
+#: routing measures ‖K - F Fᵀ‖ by this many block power iterations, and inflates the
+#: estimate by ROUTE_RHO_SAFETY (the power iteration approaches ρ from below)
+ROUTE_POWER_ITERATIONS = 8
+ROUTE_RHO_SAFETY = 1.1
+#: edge of the float64 GEMM that probes the one-thread flop rate (a 30 ms probe)
+GEMM_PROBE_SIZE = 768
 #: out-of-core CV by block PCG (pipeline.model_selection.cvblock): kernel passes per
 #: kernel setting (all folds and λ in one block; float32 inner solves plus float64
 #: residual checks), measured on diamonds (RBF, λ down to 1e-3, 5 folds): 25-45
@@ -99,3 +107,34 @@ CV_BLOCK_COLUMN_SECONDS = 6.7e-11
 #: one fold's r x r eigendecomposition (LAPACK syevr, one BLAS thread per fold) in
 #: units of r³ flops at CHOLESKY_GFLOPS: 1.95 s at r = 1,600 on one busy core
 CV_EIGH_FLOPS_PER_R3 = 30.0
+
+# ---------------------------------------------------------------------------
+# KernelRidgeCV's solvers (pipeline.model_selection): tolerances, ranks, sizes
+
+#: relative residual of the verification solves of the chosen setting (float64 products)
+VERIFY_TOL = 1e-10
+#: block PCG (cvblock): inner float32 solves reduce the residual by this factor per
+#: refinement step
+CV_INNER_TOL = 1e-3
+#: float64 refinement steps before a column is declared unconverged
+CV_MAX_REFINEMENTS = 8
+#: the adaptive rank is capped at max(CV_RANK_FLOOR, CV_RANK_SCALE * n^(2/3)) (and by
+#: memory): the fold eigendecompositions cost ~r³ while a pass costs ~n², so a rank worth
+#: its build grows like n^(2/3). Measured on diamonds (RBF γ = 0.1, λ down to 1e-3):
+#: N = 4,000, rank 500: 71 passes, 2.7 s build; rank 1,618: 10 passes, 12 s build
+CV_RANK_FLOOR = 256
+CV_RANK_SCALE = 3.0
+#: bytes the block PCG's preconditioner may use (F in float32 plus one r x r basis per fold)
+CV_PRECOND_BUDGET = 1_200_000_000
+#: Nyström rank of the CV's CG solves when ``rank`` is not given (capped at n)
+CV_DEFAULT_RANK = 200
+#: block CG: a column whose best residual has not fallen by 1% in this many iterations
+#: stagnates
+STAGNATION_WINDOW = 200
+#: rows of the n x r Nyström factor multiplied at once (bounds the float64 temporaries)
+FACTOR_ROW_STEP = 8192
+#: above this order a dense fold is factored with one BLAS thread (OpenBLAS potrf
+#: crashes with 2 threads at n >= ~15,800; docs/PERFORMANCE.md)
+ONE_BLAS_THREAD_FROM = 15_000
+#: bytes of one L⁻¹ panel held in memory by the exact LOO/LGO residuals
+LOO_PANEL_BYTES = 512 * 1024**2

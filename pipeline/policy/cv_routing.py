@@ -10,15 +10,22 @@ so this module does no I/O.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from pipeline.policy.constants import (
     BAND_FLOPS_PER_M3,
+    BAND_GEMM_EFFICIENCY,
+    BAND_REDUCTION_FLOPS_PER_M3,
+    CG_MARGIN,
+    CG_PASS_OVERHEAD,
     CHOLESKY_GFLOPS,
     CV_BLOCK_COLUMN_SECONDS,
     CV_BLOCK_PASSES,
     CV_EIGH_FLOPS_PER_R3,
+    CV_RANK_FLOOR,
+    CV_RANK_SCALE,
     EIG_FLOPS_PER_N3,
     IN_MEMORY_MAX_N,
     KERNEL_ENTRIES_PER_SECOND,
@@ -26,12 +33,14 @@ from pipeline.policy.constants import (
 
 __all__ = [
     "band_cost",
+    "cg_iteration_bound",
     "choose_cv_solver",
     "dense_cost",
     "eigen_cost",
     "eigen_mode",
     "memory_need",
     "predicted_search_seconds",
+    "route_choice",
     "suggest_smaller_grid",
 ]
 
@@ -118,6 +127,50 @@ def choose_cv_solver(
     return "cg"
 
 
+def cg_iteration_bound(kappa: float, tol: float) -> int:
+    """CG iterations to reduce the error by ``tol`` for condition number ``kappa``
+    (the Chebyshev bound ``2 ((√κ - 1)/(√κ + 1))^k <= tol``)."""
+    kappa = max(float(kappa), 1.0)
+    if kappa <= 1.0 + 1e-12:
+        return 1
+    q = (math.sqrt(kappa) + 1.0) / (math.sqrt(kappa) - 1.0)
+    return max(1, math.ceil(math.log(2.0 / tol) / math.log(q)))
+
+
+def route_choice(
+    rho: float,
+    t_pass: float,
+    shifts: Sequence[Sequence[float]],
+    train_sizes: Sequence[int],
+    *,
+    gemm_rate_one_thread: float,
+    n_workers: int,
+    tol: float,
+    margin: float = CG_MARGIN,
+) -> tuple[str, int, float, float]:
+    """In memory, CG or band reductions for one kernel setting:
+    ``(solver, predicted CG iterations, CG seconds, band seconds)``.
+
+    ``rho`` is ‖K - F Fᵀ‖₂ of the rank-r preconditioner, ``t_pass`` the measured seconds
+    of one product with K, ``shifts[f]`` the shifts of fold f (one per λ). CG's
+    iterations are the Chebyshev bound of ``κ = 1 + ρ/s`` for each λ from scratch (warm
+    starts are not counted); the band reductions run at
+    :data:`~pipeline.policy.constants.BAND_GEMM_EFFICIENCY` of the one-thread GEMM rate
+    on ``n_workers`` threads. CG is chosen when predicted cheaper than ``margin`` times
+    the band reductions.
+    """
+    its = sum(
+        max(cg_iteration_bound(1.0 + rho / s, tol) for s in fold_shifts)
+        for fold_shifts in zip(*shifts)
+    )
+    cg_s = its * t_pass * CG_PASS_OVERHEAD
+    rate = gemm_rate_one_thread * BAND_GEMM_EFFICIENCY
+    band_s = sum(BAND_REDUCTION_FLOPS_PER_M3 * m**3 for m in train_sizes) / (
+        rate * max(1, n_workers)
+    )
+    return ("cg" if cg_s < margin * band_s else "band"), its, cg_s, band_s
+
+
 def _block_pass_seconds(n: int, columns: int) -> float:
     entries = n * (n + 1) / 2.0
     return entries * (1.0 / KERNEL_ENTRIES_PER_SECOND + columns * CV_BLOCK_COLUMN_SECONDS)
@@ -146,7 +199,7 @@ def predicted_search_seconds(
     kernel = n * n / KERNEL_ENTRIES_PER_SECOND
     if solver == "cg":
         columns = n_alpha * len(splits) * n_targets
-        r = min(n, max(256.0, 3.0 * n ** (2.0 / 3.0)))  # cvblock.rank_cap
+        r = min(n, max(float(CV_RANK_FLOOR), CV_RANK_SCALE * n ** (2.0 / 3.0)))  # cvblock.rank_cap
         precond = (2 * n * r * r + len(splits) * CV_EIGH_FLOPS_PER_R3 * r**3) / rate
         per = CV_BLOCK_PASSES * _block_pass_seconds(n, max(1, columns // 2)) + kernel + precond
     elif solver == "cholesky":
