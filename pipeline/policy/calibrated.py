@@ -29,16 +29,12 @@ from pipeline.policy import constants as C
 
 __all__ = ["RHO_AT_DEFAULT_RANK", "CalibratedCostModel"]
 
-#: ‖K - F Fᵀ‖₂ of the rank-500 RPCholesky factor on the calibration problem
-#: (cg_cost's table: ρ/μ = 76 at μ = 1e-2), relative to a unit kernel diagonal
-RHO_AT_DEFAULT_RANK = 0.76
-#: the N of that measurement; ρ is scaled by N / RHO_REFERENCE_N
-RHO_REFERENCE_N = 10_000
-#: 2-core float64 GEMM probe (docs/PERFORMANCE.md: 154-159 GFLOP/s on Sapphire Rapids)
-DEFAULT_GEMM_GFLOPS = 150.0
-#: Zarr v3 float64 tiles, uncompressed (docs/PERFORMANCE.md: 0.74-0.98 write, 0.9-1.5 read)
-DEFAULT_DISK_READ_GBPS = 1.0
-DEFAULT_DISK_WRITE_GBPS = 0.8
+# the calibrated figures live in pipeline.policy.constants (with where they were measured)
+RHO_AT_DEFAULT_RANK = C.RHO_AT_DEFAULT_RANK
+RHO_REFERENCE_N = C.RHO_REFERENCE_N
+DEFAULT_GEMM_GFLOPS = C.DEFAULT_GEMM_GFLOPS
+DEFAULT_DISK_READ_GBPS = C.DEFAULT_DISK_READ_GBPS
+DEFAULT_DISK_WRITE_GBPS = C.DEFAULT_DISK_WRITE_GBPS
 
 
 class CalibratedCostModel:

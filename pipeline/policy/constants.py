@@ -61,6 +61,18 @@ STORED_MATVEC_MIN_FEATURES = 64
 CHOLESKY_GFLOPS = 60.0
 KERNEL_ENTRIES_PER_SECOND = 0.6e9
 CG_TYPICAL_PRODUCTS = 100
+#: rates of the calibrated cost model (pipeline.policy.calibrated.CalibratedCostModel,
+#: ``cost_model="calibrated"``), used when the caller measured none:
+#: ‖K - F Fᵀ‖₂ of the rank-500 RPCholesky factor on the calibration problem
+#: (cg_cost's table: ρ/μ = 76 at μ = 1e-2), relative to a unit kernel diagonal
+RHO_AT_DEFAULT_RANK = 0.76
+#: the N of that measurement; ρ is scaled by N / RHO_REFERENCE_N
+RHO_REFERENCE_N = 10_000
+#: 2-core float64 GEMM probe (docs/PERFORMANCE.md: 154-159 GFLOP/s on Sapphire Rapids)
+DEFAULT_GEMM_GFLOPS = 150.0
+#: Zarr v3 float64 tiles, uncompressed (docs/PERFORMANCE.md: 0.74-0.98 write, 0.9-1.5 read)
+DEFAULT_DISK_READ_GBPS = 1.0
+DEFAULT_DISK_WRITE_GBPS = 0.8
 
 # ---------------------------------------------------------------------------
 # KernelRidgeCV (pipeline.model_selection): search routing and its cost model

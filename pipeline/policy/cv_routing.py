@@ -30,6 +30,7 @@ from pipeline.policy.constants import (
     IN_MEMORY_MAX_N,
     KERNEL_ENTRIES_PER_SECOND,
 )
+from pipeline.policy.plan import predicted_cholesky_seconds
 
 __all__ = [
     "band_cost",
@@ -203,7 +204,8 @@ def predicted_search_seconds(
         precond = (2 * n * r * r + len(splits) * CV_EIGH_FLOPS_PER_R3 * r**3) / rate
         per = CV_BLOCK_PASSES * _block_pass_seconds(n, max(1, columns // 2)) + kernel + precond
     elif solver == "cholesky":
-        per = n_alpha * (n**3 / 3.0 / rate) + kernel / 2
+        # one factorisation per λ, priced as the fit plan's (simple) cost model prices it
+        per = n_alpha * predicted_cholesky_seconds(n, 1) + kernel / 2
     elif solver == "eigen":
         per = eigen_cost(n, kind, n_alpha, splits, eigen_requested) / rate + kernel
     elif solver == "band":
