@@ -44,6 +44,10 @@ class Hardware:
         None: the measured local read and write times (one core).
     wide_penalty : slowdown of a wide BLAS call with 0, 1, 2, ... other busy cores.
     cache_tiles : factor tiles a worker keeps (``KRR_TILE_CACHE_BYTES`` / tile bytes).
+    background : runnable processes of other jobs on every host (their share of the
+        cores is taken from the workers'; 0 on a dedicated machine).
+    placement : "free" (an idle worker takes the most critical ready task) or
+        "cyclic" (tile row i runs on worker i mod P, as the Dask executor deals them).
     """
 
     workers: int
@@ -58,6 +62,8 @@ class Hardware:
     bandwidth: float | None = None
     wide_penalty: tuple = field(default_factory=lambda: (1.0,))
     cache_tiles: int = 1 << 30
+    background: float = 0.0
+    placement: str = "free"
 
     @property
     def hosts(self) -> int:
@@ -170,7 +176,7 @@ def simulate_hosts(nb: int, costs, hw: Hardware) -> dict[str, float]:
         ks = {w: kind_of(w) for w in members[h]}
         n_cpu = sum(k == "cpu" for k in ks.values())
         n_blas = sum(k == "blas" for k in ks.values())
-        demand = n_cpu + n_blas * t_w
+        demand = n_cpu + n_blas * t_w + hw.background
         for w, k in ks.items():
             if k is None:
                 continue
@@ -179,7 +185,7 @@ def simulate_hosts(nb: int, costs, hw: Hardware) -> dict[str, float]:
             if k in ("net", "wait"):
                 r = 1.0
             elif k == "blas" and t_w > 1:
-                others = demand - t_w
+                others = int(round(demand - t_w))
                 r = 1.0 if demand <= C else 1.0 / pen[min(others, len(pen) - 1)]
             else:
                 r = min(1.0, C / demand) if demand else 1.0
@@ -199,8 +205,23 @@ def simulate_hosts(nb: int, costs, hw: Hardware) -> dict[str, float]:
                 waiting[w] = True
                 queue[h].append(w)
 
+    own: list[list] = [[] for _ in range(hw.workers)]  # cyclic: ready tasks per worker
+
     def dispatch():
         nonlocal sched_free
+        if hw.placement == "cyclic":
+            while ready:
+                _, t = heapq.heappop(ready)
+                heapq.heappush(own[t[0] % hw.workers], (-rank[t], t))
+            for w in list(idle):
+                if own[w]:
+                    _, t = heapq.heappop(own[w])
+                    idle.remove(w)
+                    start = max(now, sched_free) + hw.scheduler_overhead
+                    sched_free = start
+                    cur_task[w] = t
+                    push(start, "start", w)
+            return
         while ready and idle:
             _, t = heapq.heappop(ready)
             w = idle.pop(0)
