@@ -21,6 +21,7 @@ workers of a host share its cores:
 from __future__ import annotations
 
 import heapq
+import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -37,17 +38,21 @@ class Hardware:
     task_fixed : seconds of one-core Python work per task besides BLAS and tile I/O.
     scheduler_overhead : the scheduler's serial seconds per task.
     task_latency : seconds between a worker's task end and its next task's start
-        (the round trip to the scheduler; no CPU, in parallel).
-    remote_dep : seconds a task waits per other worker it fetches dependency
-        results from (Dask gathers them per worker).
+        (the round trip to the scheduler: Python work, one core, in parallel).
+    remote_dep : seconds (one core) a task spends per other worker it fetches
+        dependency results from (Dask gathers them per worker).
     bandwidth : bytes/s per worker for tile reads and writes over a network (no CPU);
         None: the measured local read and write times (one core).
     wide_penalty : slowdown of a wide BLAS call with 0, 1, 2, ... other busy cores.
     cache_tiles : factor tiles a worker keeps (``KRR_TILE_CACHE_BYTES`` / tile bytes).
+    scheduler_on_host : the scheduler runs on host 0 (a LocalCluster): while it
+        dispatches it takes a core there.
     background : runnable processes of other jobs on every host (their share of the
         cores is taken from the workers'; 0 on a dedicated machine).
-    placement : "free" (an idle worker takes the most critical ready task) or
-        "cyclic" (tile row i runs on worker i mod P, as the Dask executor deals them).
+    placement : "free" (an idle worker takes the most critical ready task),
+        "cyclic" (tile row i runs on worker i mod P, as the Dask executor deals them)
+        or "follow" (a task runs where most of its dependencies ran: Dask's default
+        placement, which put every tile task on one worker; work stealing ignored).
     """
 
     workers: int
@@ -63,6 +68,7 @@ class Hardware:
     wide_penalty: tuple = field(default_factory=lambda: (1.0,))
     cache_tiles: int = 1 << 30
     background: float = 0.0
+    scheduler_on_host: bool = False
     placement: str = "free"
 
     @property
@@ -102,8 +108,10 @@ def _phases(i, j, c, hw: Hardware, cache: OrderedDict, n_remote: int = 0) -> lis
         while len(cache) > hw.cache_tiles:
             cache.popitem(last=False)
 
-    add("wait", hw.task_latency + n_remote * hw.remote_dep)
-    add("cpu", hw.task_fixed)
+    # the round trip to the scheduler and the dependency fetches from other workers
+    # are Python work (scheduler, workers' event loops) on the host's cores: over
+    # loopback the wire costs nothing
+    add("cpu", hw.task_latency + n_remote * hw.remote_dep + hw.task_fixed)
     add(io_kind, rd)  # the Gram tile
     for k in range(j):
         read((j, k))
@@ -177,6 +185,8 @@ def simulate_hosts(nb: int, costs, hw: Hardware) -> dict[str, float]:
         n_cpu = sum(k == "cpu" for k in ks.values())
         n_blas = sum(k == "blas" for k in ks.values())
         demand = n_cpu + n_blas * t_w + hw.background
+        if hw.scheduler_on_host and h == 0 and sched_free > now + 1e-12:
+            demand += 1
         for w, k in ks.items():
             if k is None:
                 continue
@@ -209,10 +219,15 @@ def simulate_hosts(nb: int, costs, hw: Hardware) -> dict[str, float]:
 
     def dispatch():
         nonlocal sched_free
-        if hw.placement == "cyclic":
+        if hw.placement in ("cyclic", "follow"):
             while ready:
                 _, t = heapq.heappop(ready)
-                heapq.heappush(own[t[0] % hw.workers], (-rank[t], t))
+                if hw.placement == "cyclic":
+                    w = t[0] % hw.workers
+                else:
+                    ds = [ran_on[d] for d in _deps(*t)]
+                    w = max(set(ds), key=ds.count) if ds else 0
+                heapq.heappush(own[w], (-rank[t], t))
             for w in list(idle):
                 if own[w]:
                     _, t = heapq.heappop(own[w])
@@ -221,6 +236,7 @@ def simulate_hosts(nb: int, costs, hw: Hardware) -> dict[str, float]:
                     sched_free = start
                     cur_task[w] = t
                     push(start, "start", w)
+                    push(start, "sched", 0)
             return
         while ready and idle:
             _, t = heapq.heappop(ready)
@@ -229,11 +245,16 @@ def simulate_hosts(nb: int, costs, hw: Hardware) -> dict[str, float]:
             sched_free = start
             cur_task[w] = t
             push(start, "start", w)
+            push(start, "sched", 0)
 
     dispatch()
     while done < len(tasks):
         now, _, kind, w, v = heapq.heappop(events)
         h = host_of[w]
+        if kind == "sched":
+            if hw.scheduler_on_host:
+                rerate(0)
+            continue
         if kind == "start":
             n_remote = len({ran_on[d] for d in _deps(*cur_task[w])} - {w})
             ph[w] = _phases(*cur_task[w], costs, hw, caches[w], n_remote)
@@ -268,4 +289,53 @@ def simulate_hosts(nb: int, costs, hw: Hardware) -> dict[str, float]:
                     heapq.heappush(ready, (-rank[s], s))
             dispatch()
         rerate(h)
+        if hw.scheduler_on_host and h != 0:
+            rerate(0)
     return {"wall": now, "tasks": len(tasks), "blas_seconds_alone": busy_blas}
+
+
+def placement_study(
+    costs, b: int, cores: int, bandwidth: float, serial: float, latency: float,
+    sizes: tuple[int, ...] = (100_000, 200_000, 500_000), workers=(8, 16, 32, 64, 128),
+) -> list:  # fmt: skip
+    """Item 4 of issue #19: where the tile tasks run. One worker per host of ``cores``
+    cores, all of them BLAS threads of every task (``costs`` at that width); tiles over
+    the network at ``bandwidth``. Dask's default placement ("follow": where the
+    dependencies' records are) against the executor's row-cyclic dealing and an ideal
+    list scheduler ("free")."""
+    c = costs.scaled(b)
+    cache = max(1, (1 << 30) // (8 * b * b))
+    rows = []
+    for n in sizes:
+        nb = math.ceil(n / b)
+        for p in workers:
+            row = {"n": n, "workers": p, "tasks": nb * (nb + 1) // 2}
+            for placement in ("follow", "cyclic", "free"):
+                hw = Hardware(workers=p, cores_per_host=cores, blas_threads=cores,
+                              scheduler_overhead=serial, task_latency=latency,
+                              bandwidth=bandwidth, cache_tiles=cache, placement=placement)  # fmt: skip
+                row[f"{placement}_h"] = simulate_hosts(nb, c, hw)["wall"] / 3600
+            print(f"N={n:>9,} P={p:>4} follow={row['follow_h']:7.2f} h "
+                  f"cyclic={row['cyclic_h']:7.2f} h free={row['free_h']:7.2f} h", flush=True)  # fmt: skip
+            rows.append(row)
+    return rows
+
+
+def plot_placement(rows: list, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for n in sorted({r["n"] for r in rows}):
+        rs = [r for r in rows if r["n"] == n]
+        ps = [r["workers"] for r in rs]
+        (line,) = ax.loglog(ps, [r["cyclic_h"] for r in rs], "o-", label=f"N={n:,} row-cyclic")
+        ax.loglog(ps, [r["follow_h"] for r in rs], "x--", color=line.get_color(),
+                  label=f"N={n:,} Dask default")  # fmt: skip
+    ax.set_xlabel("workers (one per host)")
+    ax.set_ylabel("predicted factor time (h)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)

@@ -424,6 +424,7 @@ def validate(
         hw = Hardware(workers=p, workers_per_host=p, cores_per_host=cores,
                       blas_threads=cal["width"], host_lock=cal["width"] > 1,
                       task_fixed=cal["task_fixed"] * alone, scheduler_overhead=sched,
+                      scheduler_on_host=True,
                       background=bgs.get(p, bg) if background is None else bg, placement="cyclic" if p > 1 else "free",
                       task_latency=cal["latency"], remote_dep=cal.get("remote_dep", 0.0),
                       wide_penalty=tuple(cal["wide_penalty"]))  # fmt: skip
@@ -488,6 +489,12 @@ def main() -> None:
     ap.add_argument("--validate", action="store_true")
     ap.add_argument("--predict", action="store_true")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument(
+        "--placement",
+        action="store_true",
+        help="item 4: Dask's default placement against row-cyclic, by worker count",
+    )
+    ap.add_argument("--cores", type=int, default=16, help="cores per host (--placement)")
     ap.add_argument("--n", type=int, default=6000)
     ap.add_argument("--b", type=int, default=500)
     ap.add_argument("--overhead", type=float, default=1e-3, help="scheduler s per task")
@@ -526,6 +533,19 @@ def main() -> None:
                   f"{bgs.get(r['workers'], 0.0):>19.2f}")  # fmt: skip
         ok = all(abs(r["error"]) <= 0.25 for r in v["rows"])
         print("within 25 %: " + ("yes" if ok else "NO"))
+    if args.placement:
+        gflops = args.gemm_gflops or 2 * 1024**3 / measure_costs(1024, repeat=9).gemm / 1e9
+        # all the host's cores per task, at 85 % parallel efficiency
+        costs = rate_costs(1024, gflops * args.cores * 0.85)
+        try:
+            from scaling_host import placement_study, plot_placement
+        except ImportError:
+            from workflows.benchmarks.scaling_host import placement_study, plot_placement
+        rows = predict_rows = placement_study(costs, args.tile, args.cores, args.bandwidth,
+                                              args.overhead, 3e-3)  # fmt: skip
+        result["placement"] = {"gemm_gflops_1thread": gflops, "cores": args.cores,
+                               "tile": args.tile, "rows": rows}  # fmt: skip
+        plot_placement(predict_rows, DOCS / "scaling_placement.png")
     if args.predict:
         gflops = args.gemm_gflops or 2 * 1024**3 / measure_costs(1024, repeat=9).gemm / 1e9
         costs = rate_costs(1024, gflops)
@@ -555,9 +575,10 @@ def main() -> None:
         result["cg_product"] = cg
         if not args.quick:
             plot(rows, big, DOCS / "scaling.png")
-    out = args.out or str(
-        HERE / ("scaling_predict.json" if args.predict else "scaling_validation.json")
-    )
+    default = "scaling_predict.json" if args.predict else "scaling_validation.json"
+    if args.placement and not (args.predict or args.validate):
+        default = "scaling_placement.json"
+    out = args.out or str(HERE / default)
     if args.quick and args.out is None:
         out = str(HERE / "scaling_model_quick.json")
     Path(out).write_text(json.dumps(result, indent=1))
