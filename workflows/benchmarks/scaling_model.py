@@ -18,9 +18,14 @@ path (critical path first, as Dask's ordering approximates), and a task's time i
 
 Usage::
 
-    python workflows/benchmarks/scaling_model.py --validate    # real 1/2/3-worker runs
+    python workflows/benchmarks/scaling_model.py --validate --repeat 3  # real 1/2/3 workers
+    python workflows/benchmarks/scaling_model.py --placement   # item 4: where tasks run
     python workflows/benchmarks/scaling_model.py --predict     # N=100k..1M, P=8..128
     python workflows/benchmarks/scaling_model.py --quick       # both, small
+
+``--validate`` and ``--placement`` use the host model of ``scaling_host.py`` (workers
+sharing a host's cores, BLAS width, host lock, Dask's per-task costs), with costs
+measured by ``scaling_calibrate.py`` inside a worker in the same run.
 
 It imports internals (the tile Cholesky's graph, the Gram and the kernels) because it
 replays the task graph that ``pipeline.solvers.tile_cholesky`` submits, which only the
