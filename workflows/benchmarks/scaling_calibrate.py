@@ -7,6 +7,10 @@ tile write with its marker, the wide-GEMM slowdown with 1, 2, ... busy cores bes
 it, and the Python cost of a whole tile task beyond those (``task_fixed``, from real
 ``_tile_task`` calls on the first column). :func:`scheduler_overhead` times a chain of
 trivial tasks. Nothing here is fitted to the validated wall times.
+
+It imports internals (the BLAS tile kernels, the Cholesky's tile task and the tiled
+store) because it times the very operations a tile task runs, one by one, below the
+public estimator.
 """
 
 from __future__ import annotations
