@@ -4,6 +4,8 @@ finished settings, and records what the report needs (grid scores, choice, cost)
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,23 +13,8 @@ import pytest
 from pipeline.config import load_config
 from pipeline.stages import StageFailed, default_stages, run_stages
 
-RUN = {
-    "data": {"source": "sklearn", "name": "diabetes"},
-    "split": {"test_fraction": 0.25},
-    "preprocess": {"standardize_y": True},
-    "kernel": {"name": "rbf", "params": {"gamma": 0.5}},
-    "lambda": 0.5,
-    "solver": {"method": "cholesky"},
-    "block_size": 128,
-    "evaluate": {"baseline": "none"},
-}
-CV = {
-    "alphas": [0.01, 0.1, 1.0],
-    "param_grid": {"gamma": [0.01, 0.03, 0.1, 0.3]},
-    "folds": 3,
-    "shuffle": True,
-    "solver": "cg",
-}
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _diabetes_run import CV, RUN  # noqa: E402
 
 
 def go(run, cv=CV):

@@ -16,23 +16,10 @@ import yaml
 
 INJECT = Path(__file__).resolve().parents[1] / "faultinject"
 
-CONFIG = {
-    "data": {"source": "sklearn", "name": "diabetes"},
-    "split": {"test_fraction": 0.25},
-    "preprocess": {"standardize_y": True},
-    "kernel": {"name": "rbf", "params": {"gamma": 0.5}},
-    "lambda": 0.5,
-    "solver": {"method": "cholesky"},
-    "block_size": 128,
-    "evaluate": {"baseline": "none"},
-    "cv": {
-        "alphas": [0.01, 0.1, 1.0],
-        "param_grid": {"gamma": [0.01, 0.03, 0.1, 0.3]},
-        "folds": 3,
-        "shuffle": True,
-        "solver": "cg",
-    },
-}
+sys.path.insert(0, str(INJECT.parent))
+from _diabetes_run import CV, RUN  # noqa: E402
+
+CONFIG = {**RUN, "cv": CV}
 
 
 def _krr(conf: Path, run_dir: Path, kill_at: int | None = None):
