@@ -26,18 +26,22 @@ diamonds RBF γ=0.1, adaptive  10k    1e-3    1.62         11     5
 
 (ρ by power iteration; measured / bound = 0.45-0.67.)
 
-Products. A matrix-free product evaluates every entry of K once (the engine
-uses symmetry to halve the tiles but counts entries both ways), so its time is
-``N² / rate`` with ``rate`` the kernel entries per second measured by the
-engine's benchmark (``bench_engine.py``): on 2 cores at D = 14 about 0.53 G/s
-in float64 and 0.84 G/s in float32 (``docs/PERFORMANCE.md``). The rate falls
-with D as ``(D₀ + 14) / (D₀ + D)``, D₀ = :data:`ENTRY_COST_D0` (the exp and the
-bookkeeping cost as much as this many feature terms).
+Products. A matrix-free product multiplies by all N² entries of K; the fused
+engine evaluates each lower-triangle entry once and uses it twice, so its time is
+``N² / rate`` with ``rate`` = :data:`~pipeline.policy.constants.CG_PRODUCT_ENTRY_RATE`
+N² entries per second at D = 14, measured through whole CG solves (diamonds 40k:
+about 0.95 s per iteration at D = 9; the grid of ``bench_policy_grid.py``). That is
+more than the engine's one-sided figure (``ENTRY_RATE_FLOAT64``, 0.53 G/s, each
+entry counted once), which :func:`entry_rate` still gives by default. The rate
+falls with D as ``(D₀ + 14) / (D₀ + D)``, D₀ = :data:`ENTRY_COST_D0` (the exp and
+the bookkeeping cost as much as this many feature terms).
 """
 
 from __future__ import annotations
 
 import math
+
+from pipeline.policy import constants as C
 
 __all__ = [
     "CG_BOUND_FRACTION",
@@ -56,16 +60,12 @@ __all__ = [
     "rank_for_budget",
 ]
 
-#: measured CG iterations / Chebyshev bound on the table above (0.45-0.67)
-CG_BOUND_FRACTION = 0.6
-#: kernel entries per second of the fused engine, 2 cores, D = 14 (docs/PERFORMANCE.md, 2026-11-23)
-ENTRY_RATE_FLOAT64 = 0.53e9
-ENTRY_RATE_FLOAT32 = 0.84e9
-#: the per-entry cost is proportional to D + ENTRY_COST_D0
-ENTRY_COST_D0 = 16.0
-#: mixed precision: inner float32 iterations per float64 iteration (restarts of the
-#: refinement; measured 33/28, 84/34, 102/26 at N = 2,000 with tol 1e-10)
-MIXED_INNER_OVERHEAD = 1.5
+# the calibrated figures live in pipeline.policy.constants (with where they were measured)
+CG_BOUND_FRACTION = C.CG_BOUND_FRACTION
+ENTRY_RATE_FLOAT64 = C.ENTRY_RATE_FLOAT64
+ENTRY_RATE_FLOAT32 = C.ENTRY_RATE_FLOAT32
+ENTRY_COST_D0 = C.ENTRY_COST_D0
+MIXED_INNER_OVERHEAD = C.MIXED_INNER_OVERHEAD
 _REF_D = 14
 
 
@@ -101,7 +101,12 @@ def entry_rate(
 def product_seconds(
     n: int, n_features: int, kernel_dtype: str = "float64", base_rate: float | None = None
 ) -> float:
-    """Seconds of one matrix-free product ``(K + μI) v`` (N² kernel entries)."""
+    """Seconds of one matrix-free product ``(K + μI) v`` (N² kernel entries, at
+    :data:`~pipeline.policy.constants.CG_PRODUCT_ENTRY_RATE` at D = 14 unless ``base_rate``)."""
+    if base_rate is None:
+        base_rate = C.CG_PRODUCT_ENTRY_RATE * (
+            C.CG_PRODUCT_FLOAT32_SPEEDUP if kernel_dtype == "float32" else 1.0
+        )
     return float(n) ** 2 / entry_rate(n_features, kernel_dtype, base_rate)
 
 
@@ -122,14 +127,15 @@ def nystrom_build_seconds(
     rank: int,
     n_features: int,
     *,
-    gemm_flops: float = 100e9,
+    gemm_flops: float = C.DEFAULT_GEMM_GFLOPS * 1e9,
     base_rate: float | None = None,
 ) -> float:
     """Seconds to build a rank-r RPCholesky preconditioner: N·r kernel entries (the
     columns, at a third of the engine's rate: they are not fused), the Schur updates
     (about N r² flops) and the r x r eigendecomposition (about 10 r³ flops)."""
-    cols = float(n) * rank / (entry_rate(n_features, "float64", base_rate) / 3.0)
-    return cols + (2.0 * n * rank**2 + 10.0 * rank**3) / gemm_flops
+    rate = entry_rate(n_features, "float64", base_rate) * C.NYSTROM_COLUMN_RATE_FRACTION
+    cols = float(n) * rank / rate
+    return cols + (2.0 * n * rank**2 + C.NYSTROM_EIG_FLOPS_PER_R3 * rank**3) / gemm_flops
 
 
 def mixed_precision_products(iterations_float64: int, tol: float = 1e-10) -> tuple[int, int]:

@@ -24,18 +24,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: factorisation rate / 2-thread GEMM rate. Measured on Sapphire Rapids (2 cores,
-#: idle): 86.8 / 159 = 0.55 at N = 15,000, b = 2,500 (bench_cholesky.py), and
-#: about 97 / 159 = 0.61 for a whole fit at N = 34,842, b = 4,096. Under load from
-#: other processes (2026-11-23, 5 helpers) ours ran at 1.19x scipy cho_factor.
-CHOLESKY_EFFICIENCY = 0.58
-#: float32 factor (float64 POTRF on the diagonal) / float64 factor speed:
-#: 161.5 / 86.8 GFLOP/s at N = 15,000 (bench_cholesky.py, Sapphire Rapids)
-FLOAT32_SPEEDUP = 1.86
-#: resident memory of the interpreter with numpy/scipy/zarr/dask imported
-BASE_RSS_BYTES = 300 << 20
-#: the threads executor's read-ahead and write-behind budget, each (cholesky.IO_BUDGET_BYTES)
-IO_BUDGET_BYTES = 256 << 20
+from pipeline.policy import constants as C
+
+# the calibrated figures live in pipeline.policy.constants (with where they were measured)
+CHOLESKY_EFFICIENCY = C.CHOLESKY_EFFICIENCY
+FLOAT32_SPEEDUP = C.FLOAT32_SPEEDUP
+BASE_RSS_BYTES = C.BASE_RSS_BYTES
+IO_BUDGET_BYTES = C.IO_BUDGET_BYTES
 
 
 @dataclass(frozen=True)
@@ -83,7 +78,12 @@ def cholesky_flops(n: int) -> float:
 
 
 def cholesky_peak_memory(
-    n: int, block_size: int, *, threads: int = 2, itemsize: int = 8, cache_bytes: int = 1 << 30
+    n: int,
+    block_size: int,
+    *,
+    threads: int = 2,
+    itemsize: int = 8,
+    cache_bytes: int = C.CHOLESKY_CACHE_BYTES,
 ) -> int:
     """Peak resident bytes: per-thread working tiles, I/O queues, tile cache, base."""
     tile = min(int(block_size), int(n)) ** 2 * 8  # updates run in the factor's dtype, POTRF f64
@@ -104,7 +104,7 @@ def predict_cholesky(
     threads: int = 2,
     dtype: str = "float64",
     keep_gram: bool = True,
-    cache_bytes: int = 1 << 30,
+    cache_bytes: int = C.CHOLESKY_CACHE_BYTES,
 ) -> CholeskyCost:
     """Predicted seconds, peak memory and disk of :func:`pipeline.solvers.tile_cholesky`.
 
@@ -138,7 +138,7 @@ def predict_cholesky(
     speed = CHOLESKY_EFFICIENCY * gemm_gflops * (FLOAT32_SPEEDUP if itemsize == 4 else 1.0)
     flops = cholesky_flops(n)
     # critical path: the diagonal chain, about a tile POTRF + TRSM per column at one core
-    chain = t * (b**3 / 3.0) / (gemm_gflops / max(cores, 1) * 0.5) / 1e9
+    chain = t * (b**3 / 3.0) / (gemm_gflops / max(cores, 1) * C.POTRF_CHAIN_EFFICIENCY) / 1e9
     compute = max(flops / speed / 1e9, chain)
     read = lower_tile_bytes(n, block_size, 8)
     write = lower_tile_bytes(n, block_size, itemsize)

@@ -75,6 +75,74 @@ DEFAULT_DISK_READ_GBPS = 1.0
 DEFAULT_DISK_WRITE_GBPS = 0.8
 
 # ---------------------------------------------------------------------------
+# the one cost model of solver="auto" (pipeline.policy.calibrated, pipeline.policy.cg_cost,
+# pipeline.policy.cholesky_cost, pipeline.policy.spectrum). Measured on the 2-core
+# Intel Xeon (Sapphire Rapids) project machine, 2026-11-23; the grid of
+# workflows/benchmarks/bench_policy_grid.py (its JSON) and the 40k points of
+# docs/PERFORMANCE.md ("The solver policy against measured times").
+
+#: CG iterations / Chebyshev bound of κ = 1 + ρ/μ. cg_cost's table (diamonds, N = 10k-20k,
+#: ρ by power iteration on the full Gram): 0.45-0.67; the grid with ρ from the plan-time
+#: subsample estimate (pipeline.policy.spectrum): see bench_policy_grid.json
+CG_BOUND_FRACTION = 0.6
+#: kernel entries per second of the fused engine, 2 cores, D = 14, each entry counted once
+#: (docs/PERFORMANCE.md "Kernel times vector", bench_engine.py); cg_cost.entry_rate scales
+#: them to other D
+ENTRY_RATE_FLOAT64 = 0.53e9
+ENTRY_RATE_FLOAT32 = 0.84e9
+#: the per-entry cost is proportional to D + ENTRY_COST_D0 (the exp and the bookkeeping
+#: cost as much as this many feature terms)
+ENTRY_COST_D0 = 16.0
+#: mixed precision: inner float32 iterations per float64 iteration (restarts of the
+#: refinement; measured 33/28, 84/34, 102/26 at N = 2,000 with tol 1e-10)
+MIXED_INNER_OVERHEAD = 1.5
+#: tile Cholesky factorisation rate / 2-thread GEMM rate. Measured: 86.8 / 159 = 0.55 at
+#: N = 15,000, b = 2,500 (bench_cholesky.py, idle); 133.6 / 159 = 0.84 at N = 80,000,
+#: b = 4,000 (bench_fit_80k.py); 91.5 / 159 = 0.58 at N = 40,000 under load
+CHOLESKY_EFFICIENCY = 0.58
+#: float32 factor (float64 POTRF on the diagonal) / float64 factor speed:
+#: 161.5 / 86.8 GFLOP/s at N = 15,000 (bench_cholesky.py, Sapphire Rapids)
+FLOAT32_SPEEDUP = 1.86
+#: resident memory of the interpreter with numpy/scipy/zarr/dask imported
+BASE_RSS_BYTES = 300 << 20
+#: the threads executor's read-ahead and write-behind budget, each (mirrors
+#: pipeline.solvers.cholesky.IO_BUDGET_BYTES)
+IO_BUDGET_BYTES = 256 << 20
+#: fixed seconds of one out-of-core fit through the public estimator, beyond the work the
+#: model counts: store and Zarr array creation, fingerprints, thread pools, the solve's
+#: I/O set-up (the grid's N = 2,000 fits; bench_policy_grid.json)
+CHOLESKY_FIXED_SECONDS = 0.5
+CG_FIXED_SECONDS = 0.3
+#: N² entries per second of one matrix-free CG product at D = 14 (the symmetric fused
+#: product evaluates each lower-triangle entry once and uses it twice): diamonds N = 40,000,
+#: D = 9: 63 iterations in 60.6 s (bench_hard_auto.py), one product 1.05 s
+#: (bench_hard_solves.py); the grid (bench_policy_grid.json)
+CG_PRODUCT_ENTRY_RATE = 1.3e9
+#: float32 / float64 speed of that product: 1.05 s / 0.66 s at 40k (bench_hard_solves.py)
+CG_PRODUCT_FLOAT32_SPEEDUP = 1.6
+#: the Gram stage: N²/2 lower entries per second (float64, D = 14) and its Zarr write; the
+#: 80k fit wrote 25.6 GB of lower tiles in 49.5 s (bench_fit_80k.py)
+GRAM_ENTRY_RATE = 0.53e9
+#: the Nyström build: its N x r kernel columns run at this fraction of the fused rate (they
+#: are not fused), and its r x r eigendecomposition costs this many r³ flops
+NYSTROM_COLUMN_RATE_FRACTION = 1.0 / 3.0
+NYSTROM_EIG_FLOPS_PER_R3 = 10.0
+#: a preconditioner application (two N x r GEMVs) runs at this fraction of GEMM speed
+GEMV_FRACTION_OF_GEMM = 0.1
+#: the Cholesky's diagonal chain (one tile POTRF + TRSM per column) runs at this fraction
+#: of one core's GEMM rate
+POTRF_CHAIN_EFFICIENCY = 0.5
+#: the factor-tile cache of the out-of-core Cholesky (bytes)
+CHOLESKY_CACHE_BYTES = 1 << 30
+#: the plan-time estimate of the preconditioner's residual (pipeline.policy.spectrum):
+#: rows of the subsample (at least SPECTRUM_RANK_FACTOR x the rank, at most
+#: SPECTRUM_MAX_ROWS) and power iterations on its residual
+SPECTRUM_SAMPLE_ROWS = 2000
+SPECTRUM_RANK_FACTOR = 4
+SPECTRUM_MAX_ROWS = 4000
+SPECTRUM_POWER_ITERATIONS = 10
+
+# ---------------------------------------------------------------------------
 # KernelRidgeCV (pipeline.model_selection): search routing and its cost model
 
 #: largest n for which KernelRidgeCV(solver="auto") stays in memory
