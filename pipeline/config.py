@@ -177,10 +177,11 @@ class SolverConfig(_Model):
     keep_gram: bool = True
     #: check the free disk before the factorisation (InsufficientDiskError before any work)
     check_disk: bool = True
-    #: how ``method: auto`` predicts the two solvers' seconds: "simple" (constants, crossing
-    #: at 30,000 rows) or "calibrated" (pipeline.policy.calibrated: measured rates, and
-    #: CG's iterations from λ, so a small λ keeps the Cholesky up to a larger N)
-    cost_model: Literal["simple", "calibrated"] = "simple"
+    #: how ``method: auto`` predicts the two solvers' seconds: "calibrated" (the one cost
+    #: model, pipeline.policy.calibrated: measured rates, and CG's iterations from λ and
+    #: the preconditioner's residual measured on a subsample of the rows) or "simple"
+    #: (the old λ-blind constants, crossing at 30,000 rows)
+    cost_model: Literal["simple", "calibrated"] = "calibrated"
 
     @field_validator("matvec", mode="before")
     @classmethod

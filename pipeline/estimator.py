@@ -293,7 +293,7 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
                 "use solver='dense' for scikit-learn's alpha=0 behaviour"
             )
         copies = 2 if (self._precomputed or X.dtype == np.float32) else 1
-        plan, reason = self._plan(n, d, t, kernel, sw, copies)
+        plan, reason = self._plan(n, d, t, kernel, sw, copies, X=X)
         if solver == "auto":
             log_plan(plan, reason, origin="KernelRidge", logger=log)
             if plan.out_of_core:
@@ -331,11 +331,12 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         self.X_fit_ = X
         return self
 
-    def _plan(self, n: int, d: int, t: int, kernel: Any, sw: Any, copies: int):
+    def _plan(self, n: int, d: int, t: int, kernel: Any, sw: Any, copies: int, X: Any = None):
         """The fit plan and its reason (:func:`pipeline.policy.plan.plan_fit`).
 
         In-memory solvers are planned unless ``store`` is given and the fit can go
-        out of core (a Kernel object, one alpha).
+        out of core (a Kernel object, one alpha). ``X`` (dense rows) lets the plan
+        measure CG's preconditioner on a subsample, as ``krr run`` does.
         """
         one_alpha = np.unique(np.atleast_1d(np.asarray(self.alpha, dtype=np.float64))).size == 1
         ooc_able = kernel is not None and one_alpha
@@ -357,7 +358,8 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
             "kernel_copies": copies,
             "sample_weight": sw is not None,
         }
-        return plan_fit(n, d, kernel, resources, choices, n_targets=t)
+        rows = X if isinstance(X, np.ndarray) and X.ndim == 2 else None
+        return plan_fit(n, d, kernel, resources, choices, n_targets=t, X=rows)
 
     def _fit_out_of_core(
         self, X: Any, y: np.ndarray, sample_weight: Any, kernel: Any, plan: Any = None

@@ -229,7 +229,7 @@ def fit_out_of_core(
             }
             plan, reason = plan_fit(
                 n, d, kernel, measure_resources(root, in_memory=False), choices,
-                n_targets=1 if y.ndim == 1 else y.shape[1],
+                n_targets=1 if y.ndim == 1 else y.shape[1], X=X,
             )  # fmt: skip
             log_plan(plan, reason, origin="KernelRidge", logger=log)
         res = execute(plan, X, y, kernel, root=root, progress=progress, x_fingerprint=x_fingerprint)

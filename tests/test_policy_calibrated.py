@@ -88,7 +88,7 @@ def test_the_shift_follows_the_alpha_convention():
     )
 
 
-def test_simple_model_stays_the_default_and_old_models_still_plug_in():
+def test_calibrated_model_is_the_default_and_old_models_still_plug_in():
     class Old:  # the (n, d, kernel) interface without shift/tol
         def cholesky_seconds(self, n, d, kernel):
             return 1.0
@@ -99,6 +99,8 @@ def test_simple_model_stays_the_default_and_old_models_still_plug_in():
     k = make_kernel("rbf")
     assert plan_fit(10**5, 8, k, RES, cost_model=Old())[0].solver == "cholesky"
     _, reason = plan_fit(10**5, 8, k, RES)
+    assert "calibrated model" in reason
+    _, reason = plan_fit(10**5, 8, k, RES, {"cost_model": "simple"})
     assert "simple model" in reason
     assert isinstance(SimpleCostModel(), SimpleCostModel)
 

@@ -7,9 +7,11 @@ machine rate; they ask this package. Modules:
 - ``plan``: ``FitPlan`` and ``plan_fit`` (one fit plan and its reason).
 - ``cholesky_cost``: predicted time, memory and disk of the out-of-core Cholesky.
 - ``cg_cost``: predicted iterations and time of preconditioned CG.
-- ``calibrated``: the calibrated cost model of ``plan_fit`` (``cost_model="calibrated"``).
+- ``calibrated``: the one cost model of ``plan_fit`` (the default, ``cost_model="calibrated"``).
+- ``spectrum``: the preconditioner's residual measured on a subsample of the rows at plan time.
 - ``cv_routing``: ``KernelRidgeCV``'s routing and cost models.
 
 Everything here is a pure function of sizes, user choices and measured machine
-rates: no I/O, no Dask.
+rates, apart from ``spectrum``, which reads a few thousand sampled rows of X (a Dask
+array is only indexed and read) and forms their kernel matrix.
 """

@@ -1,23 +1,28 @@
-"""The calibrated cost model of :func:`pipeline.policy.plan.plan_fit`.
+"""The one cost model of :func:`pipeline.policy.plan.plan_fit` (``solver="auto"``).
 
-:class:`CalibratedCostModel` predicts the seconds of the two out-of-core solvers
-from the measured models of :mod:`pipeline.policy.cholesky_cost` (tile
-Cholesky: flops at the measured factorisation efficiency of a GEMM probe, the
-diagonal chain, disk I/O) and :mod:`pipeline.policy.cg_cost` (PCG iterations
-from the Chebyshev bound of ``κ = 1 + ρ/μ``, matrix-free products at the fused
-engine's kernel-entry rate, the Nyström build). Unlike the simple model it
-depends on the shift μ (λ, or nλ) and the tolerance: a small λ makes CG slow,
-so the Cholesky is preferred up to a larger N.
+:class:`CalibratedCostModel` predicts the seconds of the two out-of-core solvers as
+the public estimator runs them:
 
-ρ, the residual ``‖K - F Fᵀ‖₂`` of the rank-r preconditioner, is not known
-before the fit: :data:`RHO_AT_DEFAULT_RANK` is the value measured with the
-default rank on the calibration problem (diamonds, RBF, r = 500, N = 10,000:
-ρ = 0.76 for a kernel with unit diagonal). It is scaled linearly with N, since the
-eigenvalues of an N x N Gram grow as N times those of the kernel's integral
-operator (so the (r+1)-th one, which ρ tracks, does too), and the iteration count
-is the full Chebyshev bound
-(not the 0.45-0.67 fraction CG usually reaches), because a plan should not
-bet on an optimistic guess of ρ. Pure functions of sizes and rates: no I/O.
+- Cholesky: a fixed set-up cost, the Gram (its kernel entries and its Zarr write),
+  the tile factorisation (:func:`pipeline.policy.cholesky_cost.predict_cholesky`:
+  flops at the measured fraction of a GEMM rate, the diagonal chain, disk I/O) and
+  the two triangular solves (each reads the factor once).
+- CG: a fixed set-up cost, the Nyström build, and (iterations + 1) matrix-free
+  products (:func:`pipeline.policy.cg_cost.product_seconds`) plus the
+  preconditioner's applications. The iterations are
+  :data:`~pipeline.policy.constants.CG_BOUND_FRACTION` of the Chebyshev bound of
+  ``κ = 1 + ρ/μ`` (:func:`pipeline.policy.cg_cost.predicted_iterations`), where μ is
+  the shift (λ, or nλ) and ρ = ‖K - F Fᵀ‖₂ the residual of the rank-r preconditioner.
+
+ρ depends on the data. When the plan has the training rows, ρ is measured on a
+subsample (:func:`pipeline.policy.spectrum.estimate_residual`); without them it is
+:data:`~pipeline.policy.constants.RHO_AT_DEFAULT_RANK` at
+:data:`~pipeline.policy.constants.RHO_REFERENCE_N` rows, scaled linearly with N
+(the eigenvalues of an N x N Gram grow as N times those of the kernel's integral
+operator). Every constant lives in :mod:`pipeline.policy.constants`, with where it
+was measured; ``workflows/benchmarks/bench_policy_grid.py`` checks the predictions
+against measured times. Pure functions of sizes and rates, apart from the optional
+subsample estimate: no I/O.
 """
 
 from __future__ import annotations
@@ -54,7 +59,7 @@ class CalibratedCostModel:
         CG's relative tolerance when ``cg_seconds`` is not given one.
     rho : float
         Assumed preconditioner residual ``‖K - F Fᵀ‖₂`` at N = :data:`RHO_REFERENCE_N`,
-        scaled linearly with N (see the module notes).
+        scaled linearly with N, when no measured ρ is given (see the module notes).
     factor_dtype, kernel_dtype : str
         Precision of the stored factor and of CG's products.
     """
@@ -98,35 +103,61 @@ class CalibratedCostModel:
             f"block_size={self.block_size}, rank={self.rank}, rho={self.rho:g})"
         )
 
+    # -- Cholesky ---------------------------------------------------------------
+
     def gram_seconds(self, n: int, d: int) -> float:
         """Computing and writing the lower-tiled Gram the Cholesky reads."""
         entries = float(n) * (n + 1) / 2.0
-        compute = entries / cg_cost.entry_rate(d, "float64")
+        compute = entries / cg_cost.entry_rate(d, "float64", C.GRAM_ENTRY_RATE)
         write = cholesky_cost.lower_tile_bytes(n, min(self.block_size, n)) / (
             self.disk_write_gbps * 1e9
         )
         return max(compute, write)
 
+    def solve_seconds(self, n: int) -> float:
+        """The forward and back substitutions: each reads the stored factor once."""
+        item = 4 if self.factor_dtype == "float32" else 8
+        factor = cholesky_cost.lower_tile_bytes(n, min(self.block_size, n), item)
+        return 2.0 * factor / (self.disk_read_gbps * 1e9)
+
     def cholesky_seconds(self, n: int, d: int, kernel: Any = None, **_: Any) -> float:
-        """The Gram plus the tile factorisation (:func:`~pipeline.policy.cholesky_cost.predict_cholesky`)."""
+        """Set-up, the Gram, the tile factorisation and the two solves."""
+        n = int(n)
         cost = cholesky_cost.predict_cholesky(
-            int(n),
-            min(self.block_size, int(n)),
+            n,
+            min(self.block_size, n),
             gemm_gflops=self.gemm_gflops,
             disk_read_gbps=self.disk_read_gbps,
             disk_write_gbps=self.disk_write_gbps,
             dtype=self.factor_dtype,
         )
-        return self.gram_seconds(n, d) + cost.seconds
+        return (
+            C.CHOLESKY_FIXED_SECONDS
+            + self.gram_seconds(n, d)
+            + cost.seconds
+            + self.solve_seconds(n)
+        )
 
-    def residual(self, n: int) -> float:
-        """Assumed ``ρ = ‖K - F Fᵀ‖₂`` of the preconditioner for N rows."""
+    # -- CG ---------------------------------------------------------------------
+
+    def residual(self, n: int, rho: float | None = None) -> float:
+        """``ρ = ‖K - F Fᵀ‖₂`` of the preconditioner for N rows: ``rho`` when measured,
+        else the assumed one scaled with N."""
+        if rho is not None:
+            return float(rho)
         return self.rho * float(n) / RHO_REFERENCE_N
 
-    def cg_iterations(self, n: int, shift: float | None, tol: float | None = None) -> int:
-        """Chebyshev bound on PCG iterations at shift μ (``shift=None``: μ = 1)."""
+    def cg_iterations(
+        self,
+        n: int,
+        shift: float | None,
+        tol: float | None = None,
+        rho: float | None = None,
+    ) -> int:
+        """Predicted PCG iterations at shift μ (``shift=None``: μ = 1)."""
         mu = 1.0 if shift is None or not shift > 0 else float(shift)
-        return cg_cost.chebyshev_iterations(self.residual(n), mu, self.tol if tol is None else tol)
+        tol = self.tol if tol is None else tol
+        return cg_cost.predicted_iterations(self.residual(n, rho), mu, tol)
 
     def cg_seconds(
         self,
@@ -136,14 +167,43 @@ class CalibratedCostModel:
         *,
         shift: float | None = None,
         tol: float | None = None,
+        rho: float | None = None,
         **_: Any,
     ) -> float:
-        """Nyström build plus (iterations + 1) matrix-free products plus the
-        preconditioner applications (4 N r flops each)."""
+        """Set-up, the Nyström build, (iterations + 1) matrix-free products and the
+        preconditioner's applications (4 N r flops each)."""
         n = int(n)
         rank = min(self.rank, n)
-        its = self.cg_iterations(n, shift, tol)
+        its = self.cg_iterations(n, shift, tol, rho)
         build = cg_cost.nystrom_build_seconds(n, rank, d, gemm_flops=self.gemm_gflops * 1e9)
         product = cg_cost.product_seconds(n, d, self.kernel_dtype)
-        apply = 4.0 * n * rank / (self.gemm_gflops * 1e9 * 0.1)  # GEMV speed, not GEMM
-        return build + (its + 1) * product + its * apply
+        apply = 4.0 * n * rank / (self.gemm_gflops * 1e9 * C.GEMV_FRACTION_OF_GEMM)
+        return C.CG_FIXED_SECONDS + build + (its + 1) * product + its * apply
+
+    # -- both -------------------------------------------------------------------
+
+    def predict(
+        self,
+        n: int,
+        d: int,
+        kernel: Any = None,
+        *,
+        shift: float | None = None,
+        tol: float | None = None,
+        rho: float | None = None,
+        X: Any = None,
+    ) -> dict[str, Any]:
+        """Both predictions and what they rest on; ρ is measured on ``X`` when given."""
+        source = "measured" if rho is not None else "assumed"
+        if rho is None and X is not None and kernel is not None:
+            from pipeline.policy.spectrum import estimate_residual
+
+            rho = estimate_residual(X, kernel, min(self.rank, int(n)))
+            source = "subsample" if rho is not None else "assumed"
+        return {
+            "cholesky_seconds": self.cholesky_seconds(n, d, kernel),
+            "cg_seconds": self.cg_seconds(n, d, kernel, shift=shift, tol=tol, rho=rho),
+            "cg_iterations": self.cg_iterations(n, shift, tol, rho),
+            "rho": self.residual(n, rho),
+            "rho_source": source,
+        }

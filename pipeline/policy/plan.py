@@ -10,19 +10,22 @@ with its reason, then run it with :func:`pipeline.fit.execute`. The rule:
    ``n² D + n³/3``) and α > 0; else the dense dual when it fits in memory
    (or must: callables, ``"precomputed"``, per-target α).
 3. Otherwise out of core: CG when the Gram and factor do not fit on disk, the
-   Cholesky when CG's vectors do not fit in memory, else whichever the cost model
-   predicts faster (:func:`predicted_cholesky_seconds` against
-   :func:`predicted_cg_seconds`; the simple forms here cross at
-   :data:`~pipeline.policy.constants.CHOLESKY_MAX_N` rows). A kernel not known to
-   be PSD never gets CG.
+   Cholesky when CG's vectors do not fit in memory, else whichever the one cost
+   model, :class:`pipeline.policy.calibrated.CalibratedCostModel`, predicts faster.
+   It depends on λ: CG's iterations follow the preconditioner's residual ρ against
+   the shift μ, and ρ is measured on a subsample of the training rows when the
+   caller passes them (``X=``; :mod:`pipeline.policy.spectrum`), as ``krr run`` and
+   ``KernelRidge`` do. A kernel not known to be PSD never gets CG.
 
-Pure functions of sizes, user choices and measured resources: no I/O.
-The calibrated cost models (``cholesky_cost``, ``cg_cost``) plug in through the
-``cost_model`` argument of :func:`plan_fit` (any object with ``cholesky_seconds``
-and ``cg_seconds`` methods taking ``(n, d, kernel)``; a method that also takes the
-keywords ``shift`` and ``tol`` is given the diagonal shift μ and CG's tolerance),
-or by name: ``"simple"`` (the default) or ``"calibrated"``
-(:class:`pipeline.policy.calibrated.CalibratedCostModel`).
+Pure functions of sizes, user choices and measured resources, apart from that
+subsample estimate: no I/O. Other cost models plug in through the ``cost_model``
+argument of :func:`plan_fit` (any object with ``cholesky_seconds`` and
+``cg_seconds`` methods taking ``(n, d, kernel)``; a method that also takes the
+keywords ``shift``, ``tol`` or ``rho`` is given the diagonal shift μ, CG's
+tolerance and the measured ρ), or by name: ``"calibrated"`` (the default) or
+``"simple"`` (:class:`SimpleCostModel`: λ-blind constants that cross at
+:data:`~pipeline.policy.constants.CHOLESKY_MAX_N` rows; kept for comparison, it
+picks the slower solver on much of the measured grid).
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ __all__ = [
 
 SOLVERS = ("auto", "dense", "primal", "cholesky", "cg")
 #: cost models :func:`plan_fit` knows by name
-COST_MODELS = ("simple", "calibrated")
+COST_MODELS = ("calibrated", "simple")
 #: the one vocabulary of CG's operator; old spellings are accepted and mapped
 MATVEC_ALIASES = {
     "auto": "auto",
@@ -213,9 +216,11 @@ def predicted_cg_seconds(n: int, d: int, kernel: Any = None) -> float:
 
 
 class SimpleCostModel:
-    """The default cost model: :func:`predicted_cholesky_seconds` and
-    :func:`predicted_cg_seconds`. Replace it with a calibrated one through
-    ``plan_fit(..., cost_model=...)``."""
+    """The old λ-blind model: :func:`predicted_cholesky_seconds` and
+    :func:`predicted_cg_seconds` (``cost_model="simple"``). It ignores λ and the data,
+    so it picks the slower solver on much of the measured grid
+    (``bench_policy_grid.py``); the default is
+    :class:`pipeline.policy.calibrated.CalibratedCostModel`."""
 
     name = "simple"
 
@@ -250,11 +255,11 @@ def make_cost_model(
     tol: float = C.DEFAULT_TOL,
     factor_dtype: str = C.DEFAULT_FACTOR_DTYPE,
 ) -> Any:
-    """The cost model ``name`` (``None`` or ``"simple"``, ``"calibrated"``); an object
+    """The cost model ``name`` (``None`` or ``"calibrated"``, ``"simple"``); an object
     with ``cholesky_seconds`` and ``cg_seconds`` is returned as is."""
-    if name is None or name == "simple":
+    if name == "simple":
         return SimpleCostModel()
-    if name == "calibrated":
+    if name is None or name == "calibrated":
         from pipeline.policy.calibrated import CalibratedCostModel
 
         return CalibratedCostModel(
@@ -287,11 +292,13 @@ def out_of_core_choice(
     cost_model: Any = None,
     shift: float | None = None,
     tol: float | None = None,
+    rho: float | None = None,
 ) -> tuple[str, str]:
     """``"cholesky"`` or ``"cg"`` for an N x N kernel system, with the reason.
 
-    ``cholesky_max_n`` replaces the cost model by a row threshold. ``shift`` (μ) and
-    ``tol`` reach cost models whose methods accept them.
+    ``cholesky_max_n`` replaces the cost model by a row threshold. ``shift`` (μ),
+    ``tol`` and ``rho`` (the preconditioner's measured residual) reach cost models
+    whose methods accept them.
     """
     if n < 1 or n_features < 1:
         raise ValueError(f"n and n_features must be >= 1, got n={n}, n_features={n_features}")
@@ -335,18 +342,26 @@ def out_of_core_choice(
             f"{_gb(usable_disk)} of usable disk: the exact blocked Cholesky is cheaper here",
         )
     cm = make_cost_model(cost_model)
-    t_chol = _seconds(cm.cholesky_seconds, n, n_features, kernel, shift=shift, tol=tol)
-    t_cg = _seconds(cm.cg_seconds, n, n_features, kernel, shift=shift, tol=tol)
+    kw = {"shift": shift, "tol": tol, "rho": rho}
+    t_chol = _seconds(cm.cholesky_seconds, n, n_features, kernel, **kw)
+    t_cg = _seconds(cm.cg_seconds, n, n_features, kernel, **kw)
+    cg_why = f"{getattr(cm, 'name', 'cost')} model"
+    if hasattr(cm, "cg_iterations") and _accepts(cm.cg_iterations, "rho"):
+        its = cm.cg_iterations(n, shift, tol, rho=rho)
+        rho_n = cm.residual(n, rho)
+        cg_why += f": about {its} iterations at ρ/μ = {rho_n / (shift or 1.0):.3g}, ρ " + (
+            "measured on a subsample of the rows" if rho is not None else "assumed"
+        )
     if t_chol > t_cg:
         return (
             "cg",
             f"N={n}: a Cholesky (N³/3 = {n**3 / 3e12:.1f} TFLOP) is predicted at "
-            f"{t_chol:.3g} s, CG at {t_cg:.3g} s ({getattr(cm, 'name', 'cost')} model)",
+            f"{t_chol:.3g} s, CG at {t_cg:.3g} s ({cg_why})",
         )
     return (
         "cholesky",
         f"N={n}: the exact blocked Cholesky (predicted {t_chol:.3g} s) is cheaper than CG "
-        f"({t_cg:.3g} s, {getattr(cm, 'name', 'cost')} model), and the Gram plus factor "
+        f"({t_cg:.3g} s, {cg_why}), and the Gram plus factor "
         f"({_gb(need_disk)}) fit in {_gb(usable_disk)} of usable disk",
     )
 
@@ -404,6 +419,7 @@ def plan_fit(
     *,
     n_targets: int = 1,
     cost_model: Any = None,
+    X: Any = None,
 ) -> tuple[FitPlan, str]:
     """The plan of one fit and why, from its sizes, kernel, resources and user choices.
 
@@ -429,7 +445,14 @@ def plan_fit(
         ``cholesky_seconds(n, d, kernel)`` and ``cg_seconds(n, d, kernel)`` (given
         ``shift=`` μ and ``tol=`` too when they accept them), or a name of
         :data:`COST_MODELS`; default ``choices["cost_model"]``, else
-        :class:`SimpleCostModel`.
+        :class:`~pipeline.policy.calibrated.CalibratedCostModel`.
+    X : array-like of shape (n, d), optional
+        The training rows as the kernel sees them. When ``solver="auto"`` goes out
+        of core with the Nyström preconditioner, the residual ρ of that
+        preconditioner is measured on a seeded subsample of them
+        (:func:`pipeline.policy.spectrum.estimate_residual`); without them the cost
+        model assumes one. Callers that plan the same fit pass the same rows, so
+        they get the same plan.
 
     Returns
     -------
@@ -519,6 +542,17 @@ def plan_fit(
         mu = float(np.min(alphas))
         if base.alpha_convention == "n_samples":
             mu *= n
+        rho = None
+        if (
+            X is not None
+            and kernel is not None
+            and mercer
+            and base.preconditioner == "nystrom"
+            and _accepts(cm.cg_seconds, "rho")
+        ):
+            from pipeline.policy.spectrum import estimate_residual
+
+            rho = estimate_residual(X, kernel, base.rank)  # fixed seed: same rows, same ρ
         name, why = out_of_core_choice(
             n,
             d,
@@ -529,6 +563,7 @@ def plan_fit(
             cost_model=cm,
             shift=mu if mu > 0 else None,
             tol=base.tol,
+            rho=rho,
         )
         if name == "cg" and not mercer:
             name, why = "cholesky", f"{why}; but the kernel is not known to be PSD"

@@ -116,6 +116,7 @@ def _ingest_output(outputs: Mapping[str, Any]):
 
 
 def _gram_enabled(params: Mapping[str, Any], outputs: Mapping[str, Any]) -> bool:
+    from pipeline.stages.ingest import open_rows
     from pipeline.stages.solve import needs_gram
 
     sp, ing = typed_params("solve", params["solve"]), _ingest_output(outputs)
@@ -125,6 +126,7 @@ def _gram_enabled(params: Mapping[str, Any], outputs: Mapping[str, Any]) -> bool
         ing.n_features,
         kernel=sp.get("kernel"),
         store=ing.store,
+        X=open_rows(ing, "X_train"),
         alpha=sp.get("lam"),
         alpha_convention=sp.get("lam_convention"),
         block_size=sp.get("block_size"),

@@ -66,12 +66,15 @@ def stage_plan(
     kernel: Any = None,
     store: Any = None,
     reclaim_bytes: int = 0,
+    X: Any = None,
     **choices: Any,
 ):
     """The fit plan of ``krr run`` and its reason (:func:`pipeline.policy.plan.plan_fit`).
 
     ``krr run`` always solves out of core (its stages are checkpointed), so
     in-memory solvers are not planned; resources are measured where ``store`` lives.
+    ``X`` (the stored training rows, e.g. a Dask array) lets ``auto`` measure CG's
+    preconditioner on a subsample, as ``KernelRidge`` does.
     """
     from pipeline.fit import measure_resources
     from pipeline.policy.plan import plan_fit
@@ -84,7 +87,7 @@ def stage_plan(
 
         k = kernel_from_spec(kernel)
     resources = measure_resources(store, in_memory=False, reclaim_bytes=reclaim_bytes)
-    return plan_fit(int(n_train), int(n_features), k, resources, _choices(solver, **choices))
+    return plan_fit(int(n_train), int(n_features), k, resources, _choices(solver, **choices), X=X)
 
 
 def resolve_method(
@@ -274,6 +277,7 @@ def run(
         kernel=kernel,
         store=ing.store,
         reclaim_bytes=reclaim,
+        X=open_rows(ing, "X_train"),
         alpha=lam,
         alpha_convention=lam_convention,
         block_size=block_size,

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from pipeline import KernelRidge
+from pipeline.kernels import make_kernel
 from pipeline.policy import constants as C
 from pipeline.policy.plan import FitPlan, Resources, plan_fit
 
@@ -41,9 +42,15 @@ def test_one_default_each_from_the_constants():
 
 
 def test_auto_rule_crosses_at_the_row_threshold_and_takes_a_cost_model():
+    # the old simple model (still selectable) crosses at CHOLESKY_MAX_N rows whatever λ;
+    # the default, calibrated one depends on λ (tests/faults/test_fault_policy_grid.py
+    # checks it against measured times)
     n = C.CHOLESKY_MAX_N
-    assert plan_fit(n, 10, None, RES)[0].solver == "cholesky"
-    assert plan_fit(n + 1, 10, None, RES)[0].solver == "cg"
+    assert plan_fit(n, 10, None, RES, cost_model="simple")[0].solver == "cholesky"
+    assert plan_fit(n + 1, 10, None, RES, cost_model="simple")[0].solver == "cg"
+    rbf = make_kernel("rbf")
+    assert plan_fit(n, 10, rbf, RES, {"alpha": 1e-1})[0].solver == "cg"
+    assert plan_fit(n, 10, rbf, RES, {"alpha": 1e-4})[0].solver == "cholesky"
 
     class CholeskyAlwaysSlow:
         name = "test"
@@ -57,8 +64,6 @@ def test_auto_rule_crosses_at_the_row_threshold_and_takes_a_cost_model():
     plan, reason = plan_fit(1000, 10, None, RES, cost_model=CholeskyAlwaysSlow())
     assert plan.solver == "cg" and "test model" in reason
     # a kernel not known to be PSD never gets CG, whatever the cost model says
-    from pipeline.kernels import make_kernel
-
     plan, reason = plan_fit(1000, 10, make_kernel("sigmoid"), RES, cost_model=CholeskyAlwaysSlow())
     assert plan.solver == "cholesky" and "PSD" in reason
 
