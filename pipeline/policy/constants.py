@@ -124,9 +124,10 @@ CG_PRODUCT_FLOAT32_SPEEDUP = 1.6
 #: 80k fit wrote 25.6 GB of lower tiles in 49.5 s (bench_fit_80k.py)
 GRAM_ENTRY_RATE = 0.53e9
 #: the Nyström build: its N x r kernel columns run at this fraction of the fused rate (they
-#: are not fused), and its r x r eigendecomposition costs this many r³ flops
+#: are not fused), and its r x r eigendecomposition costs this many r³ flops at GEMM speed
+#: (scipy eigh, 2 cores, idle: 36 ms at r = 500, 16 ms at r = 300; 7x slower under load)
 NYSTROM_COLUMN_RATE_FRACTION = 1.0 / 3.0
-NYSTROM_EIG_FLOPS_PER_R3 = 10.0
+NYSTROM_EIG_FLOPS_PER_R3 = 45.0
 #: a preconditioner application (two N x r GEMVs) runs at this fraction of GEMM speed
 GEMV_FRACTION_OF_GEMM = 0.1
 #: the Cholesky's diagonal chain (one tile POTRF + TRSM per column) runs at this fraction
