@@ -32,6 +32,31 @@ def _median(f, repeat: int) -> float:
     return float(np.median(ts))
 
 
+def _cores() -> int:
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+_GEMM_LOOP = """
+import numpy as np
+from threadpoolctl import threadpool_limits
+b = {b}
+A, B, C = np.ones((b, b)), np.ones((b, b)), np.empty((b, b))
+with threadpool_limits(1):
+    while True:
+        np.matmul(A, B.T, out=C)
+"""
+
+
+def _gemm_loop(b: int) -> subprocess.Popen:
+    """A process running one-thread b x b GEMMs until killed."""
+    return subprocess.Popen([sys.executable, "-c", _GEMM_LOOP.format(b=b)])
+
+
 def calibrate(gram, width: int, host_lock: bool, max_busy: int = 2, repeat: int = 15) -> dict:
     """Costs of one tile task's parts at BLAS width ``width`` (seconds, medians)."""
     from pipeline.solvers import blas
@@ -61,6 +86,20 @@ def calibrate(gram, width: int, host_lock: bool, max_busy: int = 2, repeat: int 
                     p.kill()
                     p.wait()
         out["wide_penalty"] = pen
+        # one-thread BLAS calls of other workers at the same time share the memory
+        # system (and, on a VM, perhaps a physical core): the GEMM's slowdown with
+        # 1, 2, ... other processes running the same one-thread GEMM beside it
+        co = [1.0]
+        for k in range(1, min(max_busy, _cores() - 1) + 1) if width == 1 else ():
+            busy = [_gemm_loop(b) for _ in range(k)]
+            try:
+                time.sleep(0.3)
+                co.append(_median(lambda: blas.gemm_nt_sub(C, A, B), repeat) / out["gemm"])
+            finally:
+                for p in busy:
+                    p.kill()
+                    p.wait()
+        out["corun_penalty"] = co
     nb = gram.grid.n_row_blocks
     # distinct tiles, each read once (a tile read again comes from the page cache hot)
     rs = []

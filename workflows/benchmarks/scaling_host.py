@@ -44,6 +44,9 @@ class Hardware:
     bandwidth : bytes/s per worker for tile reads and writes over a network (no CPU);
         None: the measured local read and write times (one core).
     wide_penalty : slowdown of a wide BLAS call with 0, 1, 2, ... other busy cores.
+    corun_penalty : slowdown of a one-thread BLAS call with 0, 1, ... other one-thread
+        BLAS calls running at the same time on the host (shared caches and memory
+        bandwidth; measured, :func:`scaling_calibrate.calibrate`).
     cache_tiles : factor tiles a worker keeps (``KRR_TILE_CACHE_BYTES`` / tile bytes).
     scheduler_on_host : the scheduler runs on host 0 (a LocalCluster): while it
         dispatches it takes a core there.
@@ -66,6 +69,7 @@ class Hardware:
     remote_dep: float = 0.0
     bandwidth: float | None = None
     wide_penalty: tuple = field(default_factory=lambda: (1.0,))
+    corun_penalty: tuple = field(default_factory=lambda: (1.0,))
     cache_tiles: int = 1 << 30
     background: float = 0.0
     scheduler_on_host: bool = False
@@ -147,6 +151,7 @@ def simulate_hosts(nb: int, costs, hw: Hardware) -> dict[str, float]:
     C, t_w = float(hw.cores_per_host), hw.blas_threads
     lock = hw.host_lock and t_w > 1
     pen = hw.wide_penalty
+    co = hw.corun_penalty
     host_of = [w // hw.workers_per_host for w in range(hw.workers)]
     members = [[w for w in range(hw.workers) if host_of[w] == h] for h in range(hw.hosts)]
     holder: list = [None] * hw.hosts
@@ -199,6 +204,8 @@ def simulate_hosts(nb: int, costs, hw: Hardware) -> dict[str, float]:
                 r = 1.0 if demand <= C else 1.0 / pen[min(others, len(pen) - 1)]
             else:
                 r = min(1.0, C / demand) if demand else 1.0
+                if k == "blas" and n_blas > 1:  # one-thread calls side by side
+                    r /= co[min(int(min(n_blas, C)) - 1, len(co) - 1)]
             rate[w] = r
             ver[w] += 1
             push(now + max(rem[w], 0.0) / r, "end", w, ver[w])
