@@ -151,6 +151,13 @@ def real_runs(n: int, b: int, worker_counts=(1, 2, 3), repeat: int = 1, lam: flo
     return out, cal, runs
 
 
+def _fair_demand(used: float, p: int, cores: int) -> float:
+    """Runnable threads of other jobs that took ``used`` cores beside ``p`` busy workers."""
+    if used + p <= cores:
+        return used
+    return min(used * p / max(cores - used, 0.05), 8.0 * cores)
+
+
 def _replay(nb, costs, p, cores, width, fixed, sched, latency, remote, bg, pen, cache, co):
     Hardware = _import("scaling_host").Hardware
     simulate_hosts = _import("scaling_host").simulate_hosts
@@ -182,7 +189,11 @@ def validate(
     # other jobs' busy cores during each run (measured: /proc/stat minus this process
     # tree; ``background`` overrides). Costs measured beside them are scaled back to the
     # cores alone, and the replay gives the background its share again
-    bgs = cal.get("background_by_workers", {})
+    # Other jobs take their fair share: what they used (``c`` cores) is what a demand of
+    # ``D`` runnable threads gets beside our ``p`` busy workers (c = D C / (p + D) when
+    # the cores are oversubscribed), so the replay is given D, not c
+    used = {p: float(x) for p, x in cal.get("background_by_workers", {}).items()}
+    bgs = {p: _fair_demand(c, p, cores) for p, c in used.items()}
     bg = float(background) if background is not None else float(bgs.get(min(real), 0.0))
     alone = min(1.0, cores / (cal["width"] + bg))
     ops = ("gemm", "syrk", "trsm", "potrf", "read", "write")
@@ -231,7 +242,8 @@ def validate(
                      "error_isolated": round(m_iso / wall - 1, 3),
                      "load_per_run": [(round(r["load_before"], 2), round(r["load_after"], 2))
                                       for r in runs[p]],
-                     "other_jobs_cores": round(bgp, 3)})  # fmt: skip
+                     "other_jobs_cores": round(used.get(p, 0.0), 3),
+                     "other_jobs_demand": round(bgp, 3)})  # fmt: skip
     return {"n": n, "b": b, "cores": cores, "blas_threads": cal["width"],
             "load_average_before": load0, "load_average_after": os.getloadavg(),
             "background": bg, "corun_penalty_alone": co, "calibration": cal, "inrun_costs_1_worker": ir,
