@@ -158,16 +158,28 @@ def _fair_demand(used: float, p: int, cores: int) -> float:
     return min(used * p / max(cores - used, 0.05), 8.0 * cores)
 
 
-def _replay(nb, costs, p, cores, width, fixed, sched, latency, remote, bg, pen, cache, co):
+def _replay(nb, costs, p, cores, width, fixed, sched, latency, remote, bg, pen, cache, co,
+            on_host=True):  # fmt: skip
     Hardware = _import("scaling_host").Hardware
     simulate_hosts = _import("scaling_host").simulate_hosts
     hw = Hardware(workers=p, workers_per_host=p, cores_per_host=cores, blas_threads=width,
                   host_lock=width > 1, task_fixed=fixed, scheduler_overhead=sched,
-                  scheduler_on_host=True, background=bg,
+                  scheduler_on_host=on_host, background=bg,
                   placement="cyclic" if p > 1 else "free", task_latency=latency,
                   remote_dep=remote, wide_penalty=tuple(pen), cache_tiles=cache,
                   corun_penalty=tuple(co))  # fmt: skip
     return simulate_hosts(nb, costs, hw)["wall"]
+
+
+def _replay_own(nb, b, run, cal, latency, cache) -> float:
+    """One real run replayed with the costs measured inside it (they already include
+    the sharing of the cores, so every worker gets a core of its own in the replay)."""
+    TileCosts = _import("scaling_model").TileCosts
+    c = TileCosts(b, *(run[k] for k in ("gemm", "syrk", "trsm", "potrf", "read", "write")))
+    p = len(run["tasks_per_worker"])
+    wall = _replay(nb, c, p, p, cal["width"], run["task_fixed"], cal["serial"], latency,
+                   cal.get("remote_dep", 0.0), 0.0, [1.0], cache, [1.0], on_host=False)  # fmt: skip
+    return wall + run["setup"] + run["teardown"]
 
 
 def validate(
@@ -235,7 +247,9 @@ def validate(
         m_in += ir["setup"] + ir["teardown"]  # fmt: skip
         m_iso = _replay(nb, iso, p, cores, cal["width"], cal["task_fixed"] * alone, sched,
                         cal["latency"], cal.get("remote_dep", 0.0), bgp, pen, cache, co)  # fmt: skip
+        own = float(np.median([_replay_own(nb, b, r, cal, ir["latency"], cache) for r in runs[p]]))
         rows.append({"workers": p, "real_s": round(wall, 3),
+                     "model_own_s": round(own, 3), "error_own": round(own / wall - 1, 3),
                      "real_runs_s": [round(r["wall"], 3) for r in runs[p]],
                      "model_s": round(m_in, 3), "error": round(m_in / wall - 1, 3),
                      "model_isolated_s": round(m_iso, 3),
