@@ -228,7 +228,7 @@ def simulate_hosts(nb: int, costs, hw: Hardware) -> dict[str, float]:
             else:
                 r = min(1.0, C / demand) if demand else 1.0
                 if k == "blas" and n_blas > 1:  # one-thread calls side by side
-                    r /= co[min(int(min(n_blas, C)) - 1, len(co) - 1)]
+                    r /= co[max(0, min(int(min(n_blas, C)) - 1, len(co) - 1))]
             rate[w] = r
             ver[w] += 1
             push(now + max(rem[w], 0.0) / r, "end", w, ver[w])

@@ -151,13 +151,6 @@ def real_runs(n: int, b: int, worker_counts=(1, 2, 3), repeat: int = 1, lam: flo
     return out, cal, runs
 
 
-def _fair_demand(used: float, p: int, cores: int) -> float:
-    """Runnable threads of other jobs that took ``used`` cores beside ``p`` busy workers."""
-    if used + p <= cores:
-        return used
-    return min(used * p / max(cores - used, 0.05), 8.0 * cores)
-
-
 def _replay(nb, costs, p, cores, width, fixed, sched, latency, remote, bg, pen, cache, co,
             on_host=True):  # fmt: skip
     Hardware = _import("scaling_host").Hardware
@@ -192,22 +185,33 @@ def validate(
 ) -> dict:
     """Real runs with 1, 2, 3 workers on this host against the host-sharing model,
     with in-run costs (from the 1-worker run) and with isolated costs."""
-    TileCosts = _import("scaling_model").TileCosts
     load0 = os.getloadavg()
     if blas_threads:  # the tasks' BLAS width (tile_blas_threads reads it; workers inherit it)
         os.environ["KRR_CHOL_BLAS_THREADS"] = str(blas_threads)
     real, cal, runs = real_runs(n, b, repeat=repeat)
-    cores = os.cpu_count() or 1
+    out = model_rows(n, b, real, cal, runs, overhead, background)
+    out.update(load_average_before=load0, load_average_after=os.getloadavg())
+    return out
+
+
+def model_rows(n, b, real, cal, runs, overhead=None, background=None, cores=None) -> dict:
+    """The model's rows for measured runs (also from a stored JSON: ``real`` and
+    ``runs`` keyed by worker count)."""
+    TileCosts = _import("scaling_model").TileCosts
+    cores = cores or os.cpu_count() or 1
     # other jobs' busy cores during each run (measured: /proc/stat minus this process
     # tree; ``background`` overrides). Costs measured beside them are scaled back to the
     # cores alone, and the replay gives the background its share again
-    # Other jobs take their fair share: what they used (``c`` cores) is what a demand of
-    # ``D`` runnable threads gets beside our ``p`` busy workers (c = D C / (p + D) when
-    # the cores are oversubscribed), so the replay is given D, not c
-    used = {p: float(x) for p, x in cal.get("background_by_workers", {}).items()}
-    bgs = {p: _fair_demand(c, p, cores) for p, c in used.items()}
-    bg = float(background) if background is not None else float(bgs.get(min(real), 0.0))
-    alone = min(1.0, cores / (cal["width"] + bg))
+    # other jobs' CPU during each run (measured: /proc/stat minus this process tree):
+    # the replay of a run with p workers gets the cores they left, ``cores - used[p]``
+    # (``background`` overrides the measured use); costs measured in the 1-worker run
+    # beside them are scaled back to a whole core
+    used = {int(p): float(x) for p, x in cal.get("background_by_workers", {}).items()}
+    if background is not None:
+        used = {p: float(background) for p in real}
+    left = {p: max(0.25, cores - used.get(p, 0.0)) for p in real}
+    bg = used.get(min(real), 0.0)
+    alone = min(1.0, left[min(real)] / cal["width"])
     ops = ("gemm", "syrk", "trsm", "potrf", "read", "write")
     iso = TileCosts(b, *(cal[k] * alone for k in ops))
     ir = _mean_costs(runs[min(real)])
@@ -219,34 +223,33 @@ def validate(
     cache = max(1, DEFAULT_CACHE_BYTES // (8 * b * b))
     pen = cal["wide_penalty"]
 
-    # the co-run slowdown was timed beside the other jobs too: take out the part that
-    # is only processor sharing with them (the replay adds that back)
+    # the co-run slowdown was timed on the cores the other jobs left too: take out
+    # the part that is only sharing those (the replay adds it back)
     def share(demand):
-        return max(1.0, demand / cores)
+        return max(1.0, demand / left[min(real)])
 
-    co = [max(1.0, x * share(1 + bg) / share(1 + k + bg))
+    co = [max(1.0, x * share(1) / share(1 + k))
           for k, x in enumerate(cal.get("corun_penalty", [1.0]))]  # fmt: skip
     rows = []
     for p, wall in real.items():
-        bgp = bgs.get(p, bg) if background is None else bg
         m_in = _replay(
             nb,
             inr,
             p,
-            cores,
+            left[p],
             cal["width"],
             ir["task_fixed"] * alone,
             sched,
             ir["latency"],
             cal.get("remote_dep", 0.0),
-            bgp,
+            0.0,
             pen,
             cache,
             co,
         )
         m_in += ir["setup"] + ir["teardown"]  # fmt: skip
-        m_iso = _replay(nb, iso, p, cores, cal["width"], cal["task_fixed"] * alone, sched,
-                        cal["latency"], cal.get("remote_dep", 0.0), bgp, pen, cache, co)  # fmt: skip
+        m_iso = _replay(nb, iso, p, left[p], cal["width"], cal["task_fixed"] * alone, sched,
+                        cal["latency"], cal.get("remote_dep", 0.0), 0.0, pen, cache, co)  # fmt: skip
         own = float(np.median([_replay_own(nb, b, r, cal, ir["latency"], cache) for r in runs[p]]))
         rows.append({"workers": p, "real_s": round(wall, 3),
                      "model_own_s": round(own, 3), "error_own": round(own / wall - 1, 3),
@@ -257,8 +260,8 @@ def validate(
                      "load_per_run": [(round(r["load_before"], 2), round(r["load_after"], 2))
                                       for r in runs[p]],
                      "other_jobs_cores": round(used.get(p, 0.0), 3),
-                     "other_jobs_demand": round(bgp, 3)})  # fmt: skip
+                     "cores_left": round(left[p], 3)})  # fmt: skip
     return {"n": n, "b": b, "cores": cores, "blas_threads": cal["width"],
-            "load_average_before": load0, "load_average_after": os.getloadavg(),
-            "background": bg, "corun_penalty_alone": co, "calibration": cal, "inrun_costs_1_worker": ir,
+            "background": bg, "corun_penalty_alone": co, "calibration": cal,
+            "inrun_costs_1_worker": ir,
             "inrun_runs": {str(p): rs for p, rs in runs.items()}, "rows": rows}  # fmt: skip
