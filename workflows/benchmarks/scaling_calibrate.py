@@ -184,3 +184,47 @@ def scheduler_overhead(client, n: int = 60) -> float:
     t = time.perf_counter()
     client.compute(node).result()
     return (time.perf_counter() - t) / n
+
+
+def _rec(*deps):
+    return 0
+
+
+def edge_cost(client, nb: int = 40, repeat: int = 3) -> dict:
+    """Dask's cost per dependency edge: the left-looking tile graph of ``nb`` row
+    blocks with trivial tasks, submitted with every edge (``2 j + 1`` a task) and
+    with the 2-edge reduction, rows dealt to the workers as the executor does; the
+    difference in wall time over the difference in edges (medians of ``repeat``)."""
+    from dask import delayed
+
+    from pipeline.solvers.cholesky_exec import (
+        _deps,
+        owner_annotation,
+        submitted_deps,
+        tile_owners,
+    )
+
+    owners = tile_owners(client)
+    order = [(i, j) for j in range(nb) for i in range(j, nb)]
+    todo = set(order)
+    out = {}
+    for name, deps_of in (("full", _deps), ("reduced", lambda i, j: submitted_deps(i, j, todo))):
+        ts = []
+        for r in range(repeat):
+            nodes = {}
+            for i, j in order:
+                with owner_annotation(owners, i):
+                    nodes[(i, j)] = delayed(_rec, pure=False)(
+                        *[nodes[d] for d in deps_of(i, j)], dask_key_name=f"e{name}{r}-{i}-{j}"
+                    )
+            t = time.perf_counter()
+            client.compute(list(nodes.values()), sync=True)
+            ts.append(time.perf_counter() - t)
+        out[name] = float(np.median(ts))
+        out[f"{name}_edges"] = sum(len(deps_of(i, j)) for i, j in order)
+    out["tasks"] = len(order)
+    out["per_edge"] = max(
+        0.0, (out["full"] - out["reduced"]) / (out["full_edges"] - out["reduced_edges"])
+    )
+    out["per_task"] = out["reduced"] / len(order)
+    return out

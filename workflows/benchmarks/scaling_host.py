@@ -52,6 +52,13 @@ class Hardware:
         dispatches it takes a core there.
     background : runnable processes of other jobs on every host (their share of the
         cores is taken from the workers'; 0 on a dedicated machine).
+    edge_overhead : the scheduler's serial seconds per dependency edge of a task.
+    cache_model : "lru" (every tile access through each worker's LRU cache) or
+        "stack" (misses from the LRU stack distances of the left-looking access
+        pattern, O(1) per task; only where phases merge, see :func:`_task_seconds_stack`).
+    reduced_edges : the executor submits the 2-edge transitive reduction of the
+        dependencies (:func:`pipeline.solvers.cholesky_exec.submitted_deps`); False:
+        all ``2 j + 1`` (``j`` on the diagonal), as before.
     placement : "free" (an idle worker takes the most critical ready task),
         "cyclic" (tile row i runs on worker i mod P, as the Dask executor deals them)
         or "follow" (a task runs where most of its dependencies ran: Dask's default
@@ -74,6 +81,9 @@ class Hardware:
     background: float = 0.0
     scheduler_on_host: bool = False
     placement: str = "free"
+    edge_overhead: float = 0.0
+    cache_model: str = "lru"
+    reduced_edges: bool = True
 
     @property
     def hosts(self) -> int:
@@ -142,6 +152,42 @@ def _near_deps(i: int, j: int) -> list[tuple[int, int]]:
     return d
 
 
+def _task_seconds_stack(i, j, w, c, hw: Hardware, n_remote: int, col: list, nb: int) -> float:
+    """Seconds of task (i, j) on worker w with tile misses from LRU stack distances.
+
+    The access pattern of a left-looking task is ``(j,0), (i,0), ..., (j,j-1),
+    (i,j-1), (j,j)``: ``2 j + 2`` distinct tiles with its output. A tile of row ``j``
+    was last used by the worker's previous task of the same column (stack distance
+    about ``2 j + 1``): it hits iff that fits the cache; the first task of a column
+    misses them (unless row ``j`` is the worker's own and still cached). A tile of
+    the task's own row ``i`` was last used one column earlier, with the worker's
+    other tasks of that column in between (about ``m (2 j + 2)`` tiles for ``m`` tasks
+    a column): it hits iff that fits. Checked against the exact LRU replay
+    (``cache_model="lru"``) in docs/SCALING.md.
+    """
+    tile_bytes = 8.0 * c.b * c.b
+    rd = c.read if hw.bandwidth is None else tile_bytes / hw.bandwidth
+    wr = c.write if hw.bandwidth is None else tile_bytes / hw.bandwidth
+    C = hw.cache_tiles
+    s = 2 * j + 2
+    m = -(-(nb - max(j - 1, 0)) // hw.workers)  # a worker's tasks in one column
+    own_hit = m * s <= C
+    reads = 1  # the Gram tile
+    if j:
+        row_j_own = hw.placement == "cyclic" and j % hw.workers == w
+        if i == j:
+            reads += 0 if (row_j_own and own_hit) else j
+        else:
+            if col[w] == j:
+                shared = 0 if s <= C else j + 1
+            else:
+                shared = 0 if (row_j_own and own_hit) else j + 1
+            reads += shared + (0 if own_hit else j)
+    comp = j * (c.syrk if i == j else c.gemm) + (c.potrf if i == j else c.trsm)
+    cpu = hw.task_latency + n_remote * hw.remote_dep + hw.task_fixed
+    return cpu + reads * rd + comp + wr
+
+
 def _simple(hw: Hardware) -> bool:
     """No phase of any task can ever be slowed by another: one rate, phases merged."""
     co = hw.corun_penalty if hw.workers_per_host > 1 else (1.0,)
@@ -165,6 +211,7 @@ def simulate_hosts(nb: int, costs, hw: Hardware) -> dict[str, float]:
         for d in ds:
             succ[d].append(t)
     simple = _simple(hw)
+    col = [-1] * hw.workers  # the last column each worker ran a task of
     # critical-path priority, in tile flops (as the threads executor ranks them)
     rank: dict = {}
     for t in reversed(tasks):
@@ -262,7 +309,7 @@ def simulate_hosts(nb: int, costs, hw: Hardware) -> dict[str, float]:
                 if own[w]:
                     _, t = heapq.heappop(own[w])
                     idle.remove(w)
-                    start = max(now, sched_free) + hw.scheduler_overhead
+                    start = max(now, sched_free) + sched_cost(t)
                     sched_free = start
                     cur_task[w] = t
                     push(start, "start", w)
@@ -271,11 +318,21 @@ def simulate_hosts(nb: int, costs, hw: Hardware) -> dict[str, float]:
         while ready and idle:
             _, t = heapq.heappop(ready)
             w = idle.pop(0)
-            start = max(now, sched_free) + hw.scheduler_overhead
+            start = max(now, sched_free) + sched_cost(t)
             sched_free = start
             cur_task[w] = t
             push(start, "start", w)
             push(start, "sched", 0)
+
+    def sched_cost(t):
+        if not hw.edge_overhead:
+            return hw.scheduler_overhead
+        i, j = t
+        if hw.reduced_edges:
+            edges = (j > 0) + (i != j)
+        else:
+            edges = j if i == j else 2 * j + 1
+        return hw.scheduler_overhead + hw.edge_overhead * edges
 
     dispatch()
     while done < len(tasks):
@@ -292,9 +349,13 @@ def simulate_hosts(nb: int, costs, hw: Hardware) -> dict[str, float]:
             # placed row-cyclic)
             near = [(i, j - 1), (j, j - 1), (j, j)] if j else []
             n_remote = len({ran_on[d] for d in near if d != (i, j)} - {w})
-            ph[w] = _phases(i, j, costs, hw, caches[w], n_remote)
+            if simple and hw.cache_model == "stack":
+                ph[w] = [["net", _task_seconds_stack(i, j, w, costs, hw, n_remote, col, nb)]]
+            else:
+                ph[w] = _phases(i, j, costs, hw, caches[w], n_remote)
             if simple:  # every phase runs at rate 1: one phase
                 ph[w] = [["net", sum(x[1] for x in ph[w])]]
+            col[w] = j
             idx[w] = 0
             begin(w)
             rerate(h)
