@@ -20,7 +20,8 @@ Usage::
 
     python workflows/benchmarks/scaling_model.py --validate --repeat 3  # real 1/2/3 workers
     python workflows/benchmarks/scaling_model.py --placement   # item 4: where tasks run
-    python workflows/benchmarks/scaling_model.py --predict     # N=100k..1M, P=8..128
+    python workflows/benchmarks/scaling_model.py --predict     # one core per worker, ideal
+    python workflows/benchmarks/scaling_predict.py             # the host model, item 4
     python workflows/benchmarks/scaling_model.py --quick       # both, small
 
 ``--validate`` and ``--placement`` use the host model of ``scaling_host.py`` (workers
@@ -458,8 +459,9 @@ def main() -> None:
                           f"{r['wall']:9.2f} s/iteration eff={r['efficiency']:.2f}")  # fmt: skip
         result["cg_product"] = cg
         if not args.quick:
-            plot(rows, big, DOCS / "scaling.png")
-    default = "scaling_predict.json" if args.predict else "scaling_validation.json"
+            plot(rows, big, DOCS / "scaling_simple.png")
+    # the host model's predictions (scaling_predict.py) own scaling_predict.json
+    default = "scaling_predict_simple.json" if args.predict else "scaling_validation.json"
     if args.placement and not (args.predict or args.validate):
         default = "scaling_placement.json"
     out = args.out or str(HERE / default)
