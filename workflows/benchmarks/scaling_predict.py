@@ -64,21 +64,25 @@ def predict_one(n: int, p: int, config: str, a, cache_model: str = "stack") -> d
 
     host = _import("scaling_host")
     rate_costs = _import("scaling_model").rate_costs
-    b = a.tile if config == "before" else dask_block_size(n, p)
+    if config.startswith("b="):  # a fixed tile with the 2-edge lists (the policy's sweep)
+        b, reduced = int(config[2:]), True
+    else:
+        b = a.tile if config == "before" else dask_block_size(n, p)
+        reduced = config == "after"
     nb = math.ceil(n / b)
     c = rate_costs(b, a.gemm_gflops)
     hw = host.Hardware(
         workers=p, workers_per_host=1, cores_per_host=1, blas_threads=1,
         scheduler_overhead=a.serial, task_latency=a.latency, remote_dep=a.remote_dep,
         bandwidth=a.bandwidth, cache_tiles=max(1, a.cache_bytes // (8 * b * b)),
-        placement="cyclic", edge_overhead=a.edge, reduced_edges=config == "after",
+        placement="cyclic", edge_overhead=a.edge, reduced_edges=reduced,
         cache_model=cache_model,
     )  # fmt: skip
     t = time.perf_counter()
     sim = host.simulate_hosts(nb, c, hw)
     wall = sim["wall"]
     flops_s = n**3 / 3 / (a.gemm_gflops * 1e9)  # the whole factor's flops at the GEMM rate
-    edges = nb * nb - nb if config == "after" else sum(
+    edges = nb * nb - nb if reduced else sum(
         (j if i == j else 2 * j + 1) for j in range(nb) for i in range(j, nb))  # fmt: skip
     return {
         "n": n, "workers": p, "config": config, "b": b, "tasks": sim["tasks"], "edges": edges,
