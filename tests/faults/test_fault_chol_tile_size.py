@@ -143,3 +143,30 @@ def test_estimator_without_block_size_uses_policy_on_a_client(tmp_path, monkeypa
     assert seen == [dask_block_size(1500, 2)] == [1024]
     want = SkKRR(alpha=1e-2, kernel="rbf", gamma=0.3).fit(X, y).predict(X[:50])
     np.testing.assert_allclose(pred, want, rtol=1e-7, atol=1e-8)
+
+
+def test_dask_executor_submits_two_edges_per_task(tmp_path, monkeypatch):
+    """The graph the Dask executor hands to compute() has the reduced lists."""
+    from dask.core import get_dependencies
+
+    import pipeline.parallel as par
+
+    seen = {}
+    real_compute = par.compute
+
+    def spy(nodes, **kw):
+        seen["nodes"] = list(nodes)
+        return real_compute(nodes, **kw)
+
+    monkeypatch.setattr(par, "compute", spy)
+    X = np.random.default_rng(3).normal(size=(200, 3))
+    g = build_gram(X, RBF(gamma=0.2), str(tmp_path / "g"), 40, progress=False)
+    tile_cholesky(g, 1e-2, store=str(tmp_path / "f"), scheduler="dask", progress=False)
+    nodes = seen["nodes"]
+    dsk = {}
+    for d in nodes:
+        dsk.update(dict(d.__dask_graph__()))
+    tiles = [k for k in dsk if "chol-tile" in str(k)]
+    assert len(tiles) == 15  # 5 row blocks
+    n_edges = [len([d for d in get_dependencies(dsk, k) if "chol-tile" in str(d)]) for k in tiles]
+    assert max(n_edges) <= 2 and sum(n_edges) == 5 * 5 - 5, n_edges
