@@ -219,3 +219,19 @@ FACTOR_ROW_STEP = 8192
 ONE_BLAS_THREAD_FROM = 15_000
 #: bytes of one L⁻¹ panel held in memory by the exact LOO/LGO residuals
 LOO_PANEL_BYTES = 512 * 1024**2
+
+# ---------------------------------------------------------------------------
+# tile size of the Dask tile Cholesky by worker count (pipeline.solvers.cholesky_exec
+# .dask_block_size; docs/SCALING.md, item 4 of issue #19)
+#: the left-looking graph's critical path is ~1.5 n^2 b flops against n^3 / 3 of work,
+#: so about n / (4.5 b) workers can be busy; the policy's tile is n / (6 P), a path of
+#: 3/4 of one worker's share of the work. 6 is the scaling model's choice: over
+#: N = 100k-1M, P = 8-128 and tiles 1024-4096 its tile is 0.5 % slower than the
+#: model's best on average, 3.1 % at worst (4.5: 1.3 % / 7.7 %; 9: 0.8 % / 4.7 %;
+#: docs/SCALING.md, item 4)
+CHOL_DASK_PATH_FACTOR = 6.0
+#: smallest tile the policy picks: a 1024² one-thread GEMM (31 ms) keeps Dask's ~3 ms
+#: round trip per task (measured, scaling_validate.py) near 10 %
+CHOL_DASK_MIN_BLOCK = 1024
+#: largest tile the policy picks (128 MiB in float64; a task holds about four)
+CHOL_DASK_MAX_BLOCK = 4096

@@ -38,6 +38,91 @@ def _deps(i: int, j: int) -> list[tuple[int, int]]:
     return d
 
 
+def submitted_deps(i: int, j: int, todo_set: set) -> list[tuple[int, int]]:
+    """The dependencies the Dask executor submits for tile ``(i, j)``: the transitive
+    reduction of :func:`_deps` within ``todo_set``.
+
+    Task ``(i, j)`` reads every ``(i, k)`` and ``(j, k)``, ``k < j``, and ``(j, j)``:
+    ``2 j + 1`` edges, ``~T^3 / 3`` for ``T`` row blocks (311 million at N = 1M with
+    1024 tiles), which the client must build and the scheduler track. ``(i, j - 1)``
+    already waited for every ``(i, k)`` and ``(j - 1, k)``, and ``(j, j)`` for every
+    ``(j, k)``, so those two give the same order with 2 edges. A link that is already
+    stored (not in ``todo_set``: a resumed run) cannot stand for the tiles before it,
+    which may still be missing: then those are listed themselves. The tile task is
+    unchanged and reads only finished tiles, so the factor is the same bit for bit.
+    """
+    out: list[tuple[int, int]] = []
+    if j:
+        if (i, j - 1) in todo_set:
+            out.append((i, j - 1))
+        else:
+            out += [(i, k) for k in range(j - 1) if (i, k) in todo_set]
+    if i != j:
+        if (j, j) in todo_set:
+            out.append((j, j))
+        else:
+            out += [(j, k) for k in range(j) if (j, k) in todo_set]
+    return out
+
+
+def dask_block_size(
+    n: int,
+    workers: int,
+    *,
+    path_factor: float | None = None,
+    min_block: int | None = None,
+    max_block: int | None = None,
+    step: int = 256,
+) -> int:
+    """Tile edge for the Dask tile Cholesky of order ``n`` on ``workers`` workers.
+
+    The left-looking graph's critical path (the diagonal and first sub-diagonal task
+    of every column, one after the other) costs about ``1.5 n^2 b`` flops and the
+    whole factor ``n^3 / 3``, so with tiles of ``b`` only about ``n / (4.5 b)``
+    workers can ever be busy. The policy takes ``b = n / (6 P)``, a path of 3/4 of
+    one worker's share of the work (``CHOL_DASK_PATH_FACTOR``): smaller tiles shorten
+    the path further but read more (each ``2 b^3`` GEMM reads up to two
+    ``8 b^2``-byte tiles) and cost Dask more tasks. In the scaling model
+    (``docs/SCALING.md``) this tile is within 3 % of the best one at N = 100k to 1M
+    on 8 to 128 workers. Rounded down to a multiple of ``step``, kept
+    within ``[min_block, max_block]`` (constants ``CHOL_DASK_MIN_BLOCK``,
+    ``CHOL_DASK_MAX_BLOCK``) and at most ``n``. One worker (or none): the plan's
+    default, :data:`~pipeline.policy.constants.DEFAULT_BLOCK_SIZE`. A pure
+    function; the block size changes the Gram's tiling and so its fingerprint,
+    never the factor's correctness.
+
+    >>> dask_block_size(1_000_000, 8), dask_block_size(1_000_000, 128)
+    (4096, 1280)
+    """
+    from pipeline.policy import constants as C
+
+    k = C.CHOL_DASK_PATH_FACTOR if path_factor is None else float(path_factor)
+    lo = C.CHOL_DASK_MIN_BLOCK if min_block is None else int(min_block)
+    hi = C.CHOL_DASK_MAX_BLOCK if max_block is None else int(max_block)
+    if int(n) < 1 or int(workers) < 0:
+        raise ValueError(
+            f"dask_block_size needs n >= 1 and workers >= 0, got n={n}, workers={workers}"
+        )
+    if not (k > 0 and 1 <= lo <= hi and step >= 1):
+        raise ValueError(
+            f"dask_block_size needs path_factor > 0, step >= 1 and 1 <= min_block <= "
+            f"max_block, got path_factor={k}, min_block={lo}, max_block={hi}, step={step}"
+        )
+    if int(workers) <= 1:
+        return min(int(C.DEFAULT_BLOCK_SIZE), int(n))
+    b = int(int(n) / (k * int(workers)) // step) * step
+    return int(min(max(lo, min(b, hi)), int(n)))
+
+
+def client_block_size(n: int) -> int | None:
+    """:func:`dask_block_size` for the active distributed client's workers, or None
+    without a client (or with one worker): the caller keeps its own default."""
+    from pipeline.parallel import _active_client
+
+    owners = tile_owners(_active_client())
+    return dask_block_size(n, len(owners)) if owners else None
+
+
 def tile_blas_threads(wide: bool = True) -> int:
     """BLAS threads of every tile task: ``KRR_CHOL_BLAS_THREADS`` if set, else all
     cores (``wide``) or 1. It defines the factor's last bits (OpenBLAS rounds
@@ -107,7 +192,7 @@ def _run_dask(
     host_lock = _active_client() is not None and (blas_threads or 1) > 1
     owners = tile_owners(_active_client())
     for i, j in todo:  # todo is in left-looking order: deps come first
-        deps = [nodes[d] for d in _deps(i, j) if d in todo_set]
+        deps = [nodes[d] for d in submitted_deps(i, j, todo_set)]
         with owner_annotation(owners, i):
             nodes[(i, j)] = delayed(chol._tile_task, pure=False)(
                 gram,

@@ -32,6 +32,31 @@ def _median(f, repeat: int) -> float:
     return float(np.median(ts))
 
 
+def _cores() -> int:
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+_GEMM_LOOP = """
+import numpy as np
+from threadpoolctl import threadpool_limits
+b = {b}
+A, B, C = np.ones((b, b)), np.ones((b, b)), np.empty((b, b))
+with threadpool_limits(1):
+    while True:
+        np.matmul(A, B.T, out=C)
+"""
+
+
+def _gemm_loop(b: int) -> subprocess.Popen:
+    """A process running one-thread b x b GEMMs until killed."""
+    return subprocess.Popen([sys.executable, "-c", _GEMM_LOOP.format(b=b)])
+
+
 def calibrate(gram, width: int, host_lock: bool, max_busy: int = 2, repeat: int = 15) -> dict:
     """Costs of one tile task's parts at BLAS width ``width`` (seconds, medians)."""
     from pipeline.solvers import blas
@@ -61,6 +86,20 @@ def calibrate(gram, width: int, host_lock: bool, max_busy: int = 2, repeat: int 
                     p.kill()
                     p.wait()
         out["wide_penalty"] = pen
+        # one-thread BLAS calls of other workers at the same time share the memory
+        # system (and, on a VM, perhaps a physical core): the GEMM's slowdown with
+        # 1, 2, ... other processes running the same one-thread GEMM beside it
+        co = [1.0]
+        for k in range(1, min(max_busy, _cores() - 1) + 1) if width == 1 else ():
+            busy = [_gemm_loop(b) for _ in range(k)]
+            try:
+                time.sleep(0.3)
+                co.append(_median(lambda: blas.gemm_nt_sub(C, A, B), repeat) / out["gemm"])
+            finally:
+                for p in busy:
+                    p.kill()
+                    p.wait()
+        out["corun_penalty"] = co
     nb = gram.grid.n_row_blocks
     # distinct tiles, each read once (a tile read again comes from the page cache hot)
     rs = []
@@ -145,3 +184,47 @@ def scheduler_overhead(client, n: int = 60) -> float:
     t = time.perf_counter()
     client.compute(node).result()
     return (time.perf_counter() - t) / n
+
+
+def _rec(*deps):
+    return 0
+
+
+def edge_cost(client, nb: int = 40, repeat: int = 3) -> dict:
+    """Dask's cost per dependency edge: the left-looking tile graph of ``nb`` row
+    blocks with trivial tasks, submitted with every edge (``2 j + 1`` a task) and
+    with the 2-edge reduction, rows dealt to the workers as the executor does; the
+    difference in wall time over the difference in edges (medians of ``repeat``)."""
+    from dask import delayed
+
+    from pipeline.solvers.cholesky_exec import (
+        _deps,
+        owner_annotation,
+        submitted_deps,
+        tile_owners,
+    )
+
+    owners = tile_owners(client)
+    order = [(i, j) for j in range(nb) for i in range(j, nb)]
+    todo = set(order)
+    out = {}
+    for name, deps_of in (("full", _deps), ("reduced", lambda i, j: submitted_deps(i, j, todo))):
+        ts = []
+        for r in range(repeat):
+            nodes = {}
+            for i, j in order:
+                with owner_annotation(owners, i):
+                    nodes[(i, j)] = delayed(_rec, pure=False)(
+                        *[nodes[d] for d in deps_of(i, j)], dask_key_name=f"e{name}{r}-{i}-{j}"
+                    )
+            t = time.perf_counter()
+            client.compute(list(nodes.values()), sync=True)
+            ts.append(time.perf_counter() - t)
+        out[name] = float(np.median(ts))
+        out[f"{name}_edges"] = sum(len(deps_of(i, j)) for i, j in order)
+    out["tasks"] = len(order)
+    out["per_edge"] = max(
+        0.0, (out["full"] - out["reduced"]) / (out["full_edges"] - out["reduced_edges"])
+    )
+    out["per_task"] = out["reduced"] / len(order)
+    return out

@@ -44,11 +44,21 @@ class Hardware:
     bandwidth : bytes/s per worker for tile reads and writes over a network (no CPU);
         None: the measured local read and write times (one core).
     wide_penalty : slowdown of a wide BLAS call with 0, 1, 2, ... other busy cores.
+    corun_penalty : slowdown of a one-thread BLAS call with 0, 1, ... other one-thread
+        BLAS calls running at the same time on the host (shared caches and memory
+        bandwidth; measured, :func:`scaling_calibrate.calibrate`).
     cache_tiles : factor tiles a worker keeps (``KRR_TILE_CACHE_BYTES`` / tile bytes).
     scheduler_on_host : the scheduler runs on host 0 (a LocalCluster): while it
         dispatches it takes a core there.
     background : runnable processes of other jobs on every host (their share of the
         cores is taken from the workers'; 0 on a dedicated machine).
+    edge_overhead : the scheduler's serial seconds per dependency edge of a task.
+    cache_model : "lru" (every tile access through each worker's LRU cache) or
+        "stack" (misses from the LRU stack distances of the left-looking access
+        pattern, O(1) per task; only where phases merge, see :func:`_task_seconds_stack`).
+    reduced_edges : the executor submits the 2-edge transitive reduction of the
+        dependencies (:func:`pipeline.solvers.cholesky_exec.submitted_deps`); False:
+        all ``2 j + 1`` (``j`` on the diagonal), as before.
     placement : "free" (an idle worker takes the most critical ready task),
         "cyclic" (tile row i runs on worker i mod P, as the Dask executor deals them)
         or "follow" (a task runs where most of its dependencies ran: Dask's default
@@ -66,10 +76,14 @@ class Hardware:
     remote_dep: float = 0.0
     bandwidth: float | None = None
     wide_penalty: tuple = field(default_factory=lambda: (1.0,))
+    corun_penalty: tuple = field(default_factory=lambda: (1.0,))
     cache_tiles: int = 1 << 30
     background: float = 0.0
     scheduler_on_host: bool = False
     placement: str = "free"
+    edge_overhead: float = 0.0
+    cache_model: str = "lru"
+    reduced_edges: bool = True
 
     @property
     def hosts(self) -> int:
@@ -128,16 +142,76 @@ def _phases(i, j, c, hw: Hardware, cache: OrderedDict, n_remote: int = 0) -> lis
     return out
 
 
+def _near_deps(i: int, j: int) -> list[tuple[int, int]]:
+    """The transitive reduction of :func:`_deps`: ``(i, j - 1)`` (which needed every
+    ``(i, k)``, ``k < j - 1``) and ``(j, j)`` (which needed every ``(j, k)``, ``k < j``).
+    The same ready times and longest paths with 2 edges per task instead of ``2 j + 1``."""
+    d = [(i, j - 1)] if j else []
+    if i != j:
+        d.append((j, j))
+    return d
+
+
+def _task_seconds_stack(i, j, w, c, hw: Hardware, n_remote: int, col: list, nb: int) -> float:
+    """Seconds of task (i, j) on worker w with tile misses from LRU stack distances.
+
+    The access pattern of a left-looking task is ``(j,0), (i,0), ..., (j,j-1),
+    (i,j-1), (j,j)``: ``2 j + 2`` distinct tiles with its output. A tile of row ``j``
+    was last used by the worker's previous task of the same column (stack distance
+    about ``2 j + 1``): it hits iff that fits the cache; the first task of a column
+    misses them (unless row ``j`` is the worker's own and still cached). A tile of
+    the task's own row ``i`` was last used one column earlier, with the worker's
+    other tasks of that column in between (about ``m (2 j + 2)`` tiles for ``m`` tasks
+    a column): it hits iff that fits. Checked against the exact LRU replay
+    (``cache_model="lru"``) in docs/SCALING.md.
+    """
+    tile_bytes = 8.0 * c.b * c.b
+    rd = c.read if hw.bandwidth is None else tile_bytes / hw.bandwidth
+    wr = c.write if hw.bandwidth is None else tile_bytes / hw.bandwidth
+    C = hw.cache_tiles
+    s = 2 * j + 2
+    m = -(-(nb - max(j - 1, 0)) // hw.workers)  # a worker's tasks in one column
+    own_hit = m * s <= C
+    reads = 1  # the Gram tile
+    if j:
+        row_j_own = hw.placement == "cyclic" and j % hw.workers == w
+        if i == j:
+            reads += 0 if (row_j_own and own_hit) else j
+        else:
+            if col[w] == j:
+                shared = 0 if s <= C else j + 1
+            else:
+                shared = 0 if (row_j_own and own_hit) else j + 1
+            reads += shared + (0 if own_hit else j)
+    comp = j * (c.syrk if i == j else c.gemm) + (c.potrf if i == j else c.trsm)
+    cpu = hw.task_latency + n_remote * hw.remote_dep + hw.task_fixed
+    return cpu + reads * rd + comp + wr
+
+
+def _simple(hw: Hardware) -> bool:
+    """No phase of any task can ever be slowed by another: one rate, phases merged."""
+    co = hw.corun_penalty if hw.workers_per_host > 1 else (1.0,)
+    return (
+        not (hw.host_lock and hw.blas_threads > 1)
+        and not hw.scheduler_on_host
+        and hw.background == 0
+        and hw.workers_per_host * max(1, hw.blas_threads) <= hw.cores_per_host
+        and all(x == 1.0 for x in co)
+    )
+
+
 def simulate_hosts(nb: int, costs, hw: Hardware) -> dict[str, float]:
     """Simulated wall time of the tile Cholesky (``nb`` row blocks) on ``hw``."""
     tasks = [(i, j) for j in range(nb) for i in range(j, nb)]
     succ: dict = {t: [] for t in tasks}
     n_dep = {}
     for t in tasks:
-        ds = _deps(*t)
+        ds = _near_deps(*t)
         n_dep[t] = len(ds)
         for d in ds:
             succ[d].append(t)
+    simple = _simple(hw)
+    col = [-1] * hw.workers  # the last column each worker ran a task of
     # critical-path priority, in tile flops (as the threads executor ranks them)
     rank: dict = {}
     for t in reversed(tasks):
@@ -147,6 +221,7 @@ def simulate_hosts(nb: int, costs, hw: Hardware) -> dict[str, float]:
     C, t_w = float(hw.cores_per_host), hw.blas_threads
     lock = hw.host_lock and t_w > 1
     pen = hw.wide_penalty
+    co = hw.corun_penalty
     host_of = [w // hw.workers_per_host for w in range(hw.workers)]
     members = [[w for w in range(hw.workers) if host_of[w] == h] for h in range(hw.hosts)]
     holder: list = [None] * hw.hosts
@@ -199,6 +274,8 @@ def simulate_hosts(nb: int, costs, hw: Hardware) -> dict[str, float]:
                 r = 1.0 if demand <= C else 1.0 / pen[min(others, len(pen) - 1)]
             else:
                 r = min(1.0, C / demand) if demand else 1.0
+                if k == "blas" and n_blas > 1:  # one-thread calls side by side
+                    r /= co[max(0, min(int(min(n_blas, C)) - 1, len(co) - 1))]
             rate[w] = r
             ver[w] += 1
             push(now + max(rem[w], 0.0) / r, "end", w, ver[w])
@@ -232,7 +309,7 @@ def simulate_hosts(nb: int, costs, hw: Hardware) -> dict[str, float]:
                 if own[w]:
                     _, t = heapq.heappop(own[w])
                     idle.remove(w)
-                    start = max(now, sched_free) + hw.scheduler_overhead
+                    start = max(now, sched_free) + sched_cost(t)
                     sched_free = start
                     cur_task[w] = t
                     push(start, "start", w)
@@ -241,11 +318,21 @@ def simulate_hosts(nb: int, costs, hw: Hardware) -> dict[str, float]:
         while ready and idle:
             _, t = heapq.heappop(ready)
             w = idle.pop(0)
-            start = max(now, sched_free) + hw.scheduler_overhead
+            start = max(now, sched_free) + sched_cost(t)
             sched_free = start
             cur_task[w] = t
             push(start, "start", w)
             push(start, "sched", 0)
+
+    def sched_cost(t):
+        if not hw.edge_overhead:
+            return hw.scheduler_overhead
+        i, j = t
+        if hw.reduced_edges:
+            edges = (j > 0) + (i != j)
+        else:
+            edges = j if i == j else 2 * j + 1
+        return hw.scheduler_overhead + hw.edge_overhead * edges
 
     dispatch()
     while done < len(tasks):
@@ -256,8 +343,19 @@ def simulate_hosts(nb: int, costs, hw: Hardware) -> dict[str, float]:
                 rerate(0)
             continue
         if kind == "start":
-            n_remote = len({ran_on[d] for d in _deps(*cur_task[w])} - {w})
-            ph[w] = _phases(*cur_task[w], costs, hw, caches[w], n_remote)
+            i, j = cur_task[w]
+            # the workers the dependencies' records come from: row i's and row j's
+            # last tiles stand for their rows (all of a row runs on one worker when
+            # placed row-cyclic)
+            near = [(i, j - 1), (j, j - 1), (j, j)] if j else []
+            n_remote = len({ran_on[d] for d in near if d != (i, j)} - {w})
+            if simple and hw.cache_model == "stack":
+                ph[w] = [["net", _task_seconds_stack(i, j, w, costs, hw, n_remote, col, nb)]]
+            else:
+                ph[w] = _phases(i, j, costs, hw, caches[w], n_remote)
+            if simple:  # every phase runs at rate 1: one phase
+                ph[w] = [["net", sum(x[1] for x in ph[w])]]
+            col[w] = j
             idx[w] = 0
             begin(w)
             rerate(h)

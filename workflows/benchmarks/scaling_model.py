@@ -20,7 +20,8 @@ Usage::
 
     python workflows/benchmarks/scaling_model.py --validate --repeat 3  # real 1/2/3 workers
     python workflows/benchmarks/scaling_model.py --placement   # item 4: where tasks run
-    python workflows/benchmarks/scaling_model.py --predict     # N=100k..1M, P=8..128
+    python workflows/benchmarks/scaling_model.py --predict     # one core per worker, ideal
+    python workflows/benchmarks/scaling_predict.py             # the host model, item 4
     python workflows/benchmarks/scaling_model.py --quick       # both, small
 
 ``--validate`` and ``--placement`` use the host model of ``scaling_host.py`` (workers
@@ -38,7 +39,6 @@ import argparse
 import heapq
 import json
 import math
-import os
 import tempfile
 import time
 from dataclasses import dataclass
@@ -298,147 +298,16 @@ def cg_iteration(
 
 
 # ---------------------------------------------------------------------------
-# validation against real runs
+# validation against real runs: scaling_validate.py
 
 
-def _busy_cores_total() -> float:
-    """CPU seconds all processes of this host have used (``/proc/stat``; 0 elsewhere)."""
+def validate(*args, **kw) -> dict:
+    """Real runs on 1, 2, 3 workers against the host model (:mod:`scaling_validate`)."""
     try:
-        with open("/proc/stat") as f:
-            v = [float(x) for x in f.readline().split()[1:]]
-    except OSError:
-        return 0.0
-    idle = v[3] + (v[4] if len(v) > 4 else 0.0)
-    return (sum(v[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
-def _own_cpu() -> float:
-    """CPU seconds of this process and its children (the cluster's processes)."""
-    import psutil
-
-    me = psutil.Process()
-    total = sum(me.cpu_times()[:2])
-    for ch in me.children(recursive=True):
-        try:
-            total += sum(ch.cpu_times()[:2])
-        except psutil.Error:
-            pass
-    return total
-
-
-def _warm_worker() -> None:
-    """Import what a tile task imports (numpy, SciPy's BLAS, Zarr, the solver)."""
-    import scipy.linalg.cython_blas  # noqa: F401
-    import zarr  # noqa: F401
-
-    from pipeline.solvers import blas, cholesky  # noqa: F401
-
-    blas._blas_controllers()
-
-
-def real_runs(n: int, b: int, worker_counts=(1, 2, 3), repeat: int = 1) -> tuple[dict, dict]:
-    """Wall time of the real tile Cholesky (scheduler="dask") on LocalClusters of 1, 2, 3
-    single-thread worker processes, the same call as a user's; and, measured first in
-    the 1-worker cluster's worker process, the per-tile costs
-    (:func:`scaling_calibrate.calibrate`) and the scheduler's per-task cost."""
-    from distributed import Client, LocalCluster
-
-    from pipeline.gram import build_gram
-    from pipeline.kernels import RBF
-    from pipeline.solvers import tile_cholesky
-    from pipeline.solvers.cholesky_exec import tile_blas_threads
-
-    try:
-        from scaling_calibrate import calibrate, scheduler_costs
-    except ImportError:  # imported as a module of the package
-        from workflows.benchmarks.scaling_calibrate import calibrate, scheduler_costs
-
-    rng = np.random.default_rng(0)
-    X = rng.normal(size=(n, 8))
-    out: dict = {}
-    cal: dict = {}
-    width = tile_blas_threads(True)
-    with tempfile.TemporaryDirectory() as d:
-        g = build_gram(X, RBF(gamma=0.1), f"{d}/g.zarr", b, progress=False)
-        for p in worker_counts:
-            with LocalCluster(n_workers=p, threads_per_worker=1, processes=True,
-                              memory_limit="2GiB", dashboard_address=None) as cl, Client(cl) as c:  # fmt: skip
-                c.run(_warm_worker)  # imports outside the timed run (as in a long-lived cluster)
-                if p == min(worker_counts):
-                    cal0 = cal
-                    cal = c.submit(calibrate, g, width, width > 1, max(worker_counts) - 1,
-                                   pure=False).result()  # fmt: skip
-                    cal.update(scheduler_costs(c))
-                    cal.update(cal0)
-                if p == 2:
-                    cal["remote_dep"] = scheduler_costs(c)["remote_dep"]
-                ts, bgs = [], []
-                for r in range(repeat):
-                    all0, own0 = _busy_cores_total(), _own_cpu()
-                    t = time.perf_counter()
-                    tile_cholesky(g, 1e-2, store=f"{d}/f{p}-{r}.zarr", scheduler="dask",
-                                  progress=False)  # fmt: skip
-                    ts.append(time.perf_counter() - t)
-                    others = (_busy_cores_total() - all0) - (_own_cpu() - own0)
-                    bgs.append(max(0.0, others / ts[-1]))
-                out[p] = float(np.median(ts))
-                cal.setdefault("background_by_workers", {})[p] = float(np.median(bgs))
-                print(f"  real run: {p} worker(s) {out[p]:.2f} s (load {os.getloadavg()[0]:.2f})",
-                      flush=True)  # fmt: skip
-    return out, cal
-
-
-def validate(
-    n: int,
-    b: int,
-    overhead: float | None = None,
-    repeat: int = 1,
-    blas_threads: int | None = 1,
-    background: float | None = None,
-) -> dict:
-    """Real runs with 1, 2, 3 workers on this host against the host-sharing model.
-
-    Every cost comes from measurements made in the same run, inside a worker
-    process (:func:`scaling_calibrate.calibrate`); nothing is fitted to the real
-    wall times. The hardware simulated is this host: ``cpu_count`` cores, all the
-    workers on it, the tasks' BLAS width, the host-wide lock for wide BLAS calls.
-    """
-    try:
-        from scaling_host import Hardware, simulate_hosts
+        from scaling_validate import validate as _validate
     except ImportError:
-        from workflows.benchmarks.scaling_host import Hardware, simulate_hosts
-
-    load0 = os.getloadavg()
-    if blas_threads:  # the tasks' BLAS width (tile_blas_threads reads it; workers inherit it)
-        os.environ["KRR_CHOL_BLAS_THREADS"] = str(blas_threads)
-    real, cal = real_runs(n, b, repeat=repeat)
-    cores = os.cpu_count() or 1
-    # other jobs' runnable processes (``--background``; 0: a dedicated host, the load
-    # average is only recorded: it counts this script's own recent runs too). The
-    # calibration ran beside them, one process of ours: its times are scaled back to
-    # the cores alone, and the replay gives the background its share again
-    bgs = cal.get("background_by_workers", {})
-    bg = float(background) if background is not None else float(bgs.get(min(real), 0.0))
-    alone = min(1.0, cores / (cal["width"] + bg))
-    costs = TileCosts(b, *(cal[k] * alone for k in ("gemm", "syrk", "trsm", "potrf", "read",
-                                                    "write")))  # fmt: skip
-    nb = math.ceil(n / b)
-    sched = cal["serial"] if overhead is None else overhead
-    rows = []
-    for p, wall in real.items():
-        hw = Hardware(workers=p, workers_per_host=p, cores_per_host=cores,
-                      blas_threads=cal["width"], host_lock=cal["width"] > 1,
-                      task_fixed=cal["task_fixed"] * alone, scheduler_overhead=sched,
-                      scheduler_on_host=True,
-                      background=bgs.get(p, bg) if background is None else bg, placement="cyclic" if p > 1 else "free",
-                      task_latency=cal["latency"], remote_dep=cal.get("remote_dep", 0.0),
-                      wide_penalty=tuple(cal["wide_penalty"]))  # fmt: skip
-        sim = simulate_hosts(nb, costs, hw)
-        rows.append({"workers": p, "real_s": round(wall, 3), "model_s": round(sim["wall"], 3),
-                     "error": round(sim["wall"] / wall - 1, 3)})  # fmt: skip
-    return {"n": n, "b": b, "cores": cores, "blas_threads": cal["width"],
-            "load_average_before": load0, "load_average_after": os.getloadavg(),
-            "background": bg, "calibration": cal, "rows": rows}  # fmt: skip
+        from workflows.benchmarks.scaling_validate import validate as _validate
+    return _validate(*args, **kw)
 
 
 def predict(
@@ -489,6 +358,13 @@ def plot(rows: list, rows_batched: list, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def _summary(v: dict) -> dict:
+    """One validation run's table and conditions (for the JSON's history)."""
+    keep = ("when", "n", "b", "cores", "blas_threads", "load_average_before",
+            "load_average_after", "background", "rows")  # fmt: skip
+    return {k: v[k] for k in keep if k in v}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--validate", action="store_true")
@@ -500,8 +376,8 @@ def main() -> None:
         help="item 4: Dask's default placement against row-cyclic, by worker count",
     )
     ap.add_argument("--cores", type=int, default=16, help="cores per host (--placement)")
-    ap.add_argument("--n", type=int, default=6000)
-    ap.add_argument("--b", type=int, default=500)
+    ap.add_argument("--n", type=int, default=12000)
+    ap.add_argument("--b", type=int, default=1000)
     ap.add_argument("--overhead", type=float, default=1e-3, help="scheduler s per task")
     ap.add_argument("--bandwidth", type=float, default=1.25e9, help="bytes/s per worker")
     ap.add_argument("--gemm-gflops", type=float, default=None,
@@ -521,23 +397,27 @@ def main() -> None:
     if args.validate:
         v = validate(args.n, args.b, None, args.repeat, args.blas_threads or None,
                      args.background)  # fmt: skip
+        v["when"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         result["validation"] = v
         print(f"n={v['n']} b={v['b']} cores={v['cores']} BLAS threads/task={v['blas_threads']} "
               f"load before/after={v['load_average_before'][0]:.2f}/"
               f"{v['load_average_after'][0]:.2f}")  # fmt: skip
-        cal = v["calibration"]
-        print("calibrated: " + ", ".join(f"{k}={cal[k]:.4g}" for k in
-              ("gemm", "syrk", "trsm", "potrf", "read", "write", "task_fixed",
-               "serial", "latency", "remote_dep")) + f", wide_penalty={[round(x, 2) for x in cal['wide_penalty']]}")  # fmt: skip
-        bgs = cal.get("background_by_workers", {})
-        print(
-            f"{'workers':>7} {'real s':>8} {'model s':>8} {'error':>7} {'other jobs (cores)':>19}"
-        )
+        cal, ir = v["calibration"], v["inrun_costs_1_worker"]
+        keys = ("gemm", "syrk", "trsm", "potrf", "read", "write", "task_fixed", "latency")
+        print("isolated: " + ", ".join(f"{k}={cal[k]:.4g}" for k in keys)
+              + f", serial={cal['serial']:.4g}, remote_dep={cal.get('remote_dep', 0):.4g}")  # fmt: skip
+        print("in-run (1 worker): " + ", ".join(f"{k}={ir[k]:.4g}" for k in
+              keys + ("setup", "teardown")) + f"; corun_penalty={cal.get('corun_penalty')}")  # fmt: skip
+        print(f"{'workers':>7} {'real s':>8} {'own run':>8} {'error':>7} {'from 1 w':>8} {'error':>7} "
+              f"{'isolated':>9} {'error':>7} {'other jobs (cores)':>19}")  # fmt: skip
         for r in v["rows"]:
-            print(f"{r['workers']:>7} {r['real_s']:>8.2f} {r['model_s']:>8.2f} {r['error']:>+7.0%} "
-                  f"{bgs.get(r['workers'], 0.0):>19.2f}")  # fmt: skip
-        ok = all(abs(r["error"]) <= 0.25 for r in v["rows"])
-        print("within 25 %: " + ("yes" if ok else "NO"))
+            print(f"{r['workers']:>7} {r['real_s']:>8.2f} {r['model_own_s']:>8.2f} "
+                  f"{r['error_own']:>+7.0%} {r['model_s']:>8.2f} {r['error']:>+7.0%} "
+                  f"{r['model_isolated_s']:>9.2f} {r['error_isolated']:>+7.0%} "
+                  f"{r['other_jobs_cores']:>19.2f}")  # fmt: skip
+        for key, what in (("error_own", "own-run costs"), ("error", "from the 1-worker run")):
+            ok = all(abs(r[key]) <= 0.25 for r in v["rows"])
+            print(f"within 25 % ({what}): " + ("yes" if ok else "NO"))
     if args.placement:
         gflops = args.gemm_gflops or 2 * 1024**3 / measure_costs(1024, repeat=9).gemm / 1e9
         # all the host's cores per task, at 85 % parallel efficiency
@@ -579,13 +459,23 @@ def main() -> None:
                           f"{r['wall']:9.2f} s/iteration eff={r['efficiency']:.2f}")  # fmt: skip
         result["cg_product"] = cg
         if not args.quick:
-            plot(rows, big, DOCS / "scaling.png")
-    default = "scaling_predict.json" if args.predict else "scaling_validation.json"
+            plot(rows, big, DOCS / "scaling_simple.png")
+    # the host model's predictions (scaling_predict.py) own scaling_predict.json
+    default = "scaling_predict_simple.json" if args.predict else "scaling_validation.json"
     if args.placement and not (args.predict or args.validate):
         default = "scaling_placement.json"
     out = args.out or str(HERE / default)
     if args.quick and args.out is None:
         out = str(HERE / "scaling_model_quick.json")
+    if args.validate and Path(out).exists():  # keep every earlier validation run's table
+        try:
+            prev = json.loads(Path(out).read_text())
+        except ValueError:
+            prev = {}
+        hist = prev.get("history", [])
+        if "validation" in prev:
+            hist.append(_summary(prev["validation"]))
+        result["history"] = hist
     Path(out).write_text(json.dumps(result, indent=1))
     print(f"wrote {out}")
 
