@@ -6,7 +6,9 @@ checks out ``--before`` (default: the commit before the first fit-plan commit) i
 temporary ``git worktree``, then runs each workload below in a fresh Python process
 per commit, the two commits interleaved, ``--repeat`` times, and prints each one's
 minimum side by side with the ratio (after / before; ≤ 1.05 counts as no slowdown,
-inside this VM's run-to-run noise).
+inside this VM's run-to-run noise). Each time includes ``import pipeline``: the
+package root imports lazily since the refactor, so a first fit there pays imports that
+the earlier root paid at import (timing after the import made HEAD look 2-7x slower).
 
 Workloads, all through the public API (``pipeline.KernelRidge``,
 ``pipeline.KernelRidgeCV``), synthetic data, RBF:
@@ -38,6 +40,7 @@ BEFORE = "7796f5c^"  # the commit before "policy: one fit plan (FitPlan, plan_fi
 WORKLOAD = r"""
 import json, sys, tempfile, time
 import numpy as np
+t0 = time.perf_counter()  # the import counts: HEAD's package root imports lazily
 import pipeline
 
 name = sys.argv[1]
@@ -47,7 +50,6 @@ def data(n, d=8):
     w = rng.standard_normal(d) / np.sqrt(d)
     return X, np.sin(X @ w) + 0.1 * rng.standard_normal(n)
 
-t0 = time.perf_counter()
 with tempfile.TemporaryDirectory() as tmp:
     if name == "cholesky":
         X, y = data(6000)
