@@ -30,7 +30,8 @@ Products. A matrix-free product multiplies by all N² entries of K; the fused
 engine evaluates each lower-triangle entry once and uses it twice, so its time is
 ``N² / rate`` with ``rate`` = :data:`~pipeline.policy.constants.CG_PRODUCT_ENTRY_RATE`
 N² entries per second at D = 14, measured through whole CG solves (diamonds 40k:
-about 0.95 s per iteration at D = 9; the grid of ``bench_policy_grid.py``). That is
+about 0.95 s per iteration at D = 9; the grid of ``bench_policy_grid.py``), plus
+:data:`~pipeline.policy.constants.CG_PRODUCT_ROW_BLOCK_SECONDS` per row block. That is
 more than the engine's one-sided figure (``ENTRY_RATE_FLOAT64``, 0.53 G/s, each
 entry counted once), which :func:`entry_rate` still gives by default. The rate
 falls with D as ``(D₀ + 14) / (D₀ + D)``, D₀ = :data:`ENTRY_COST_D0` (the exp and
@@ -101,13 +102,18 @@ def entry_rate(
 def product_seconds(
     n: int, n_features: int, kernel_dtype: str = "float64", base_rate: float | None = None
 ) -> float:
-    """Seconds of one matrix-free product ``(K + μI) v`` (N² kernel entries, at
-    :data:`~pipeline.policy.constants.CG_PRODUCT_ENTRY_RATE` at D = 14 unless ``base_rate``)."""
+    """Seconds of one matrix-free product ``(K + μI) v``: a fixed cost per row block
+    (:data:`~pipeline.policy.constants.CG_PRODUCT_ROW_BLOCK_SECONDS`) plus N² kernel
+    entries at :data:`~pipeline.policy.constants.CG_PRODUCT_ENTRY_RATE` at D = 14 unless
+    ``base_rate``."""
     if base_rate is None:
         base_rate = C.CG_PRODUCT_ENTRY_RATE * (
             C.CG_PRODUCT_FLOAT32_SPEEDUP if kernel_dtype == "float32" else 1.0
         )
-    return float(n) ** 2 / entry_rate(n_features, kernel_dtype, base_rate)
+    row_blocks = math.ceil(int(n) / C.DEFAULT_BLOCK_SIZE)
+    return row_blocks * C.CG_PRODUCT_ROW_BLOCK_SECONDS + float(n) ** 2 / entry_rate(
+        n_features, kernel_dtype, base_rate
+    )
 
 
 def nystrom_memory_bytes(n: int, rank: int, dtype: str = "float32") -> int:

@@ -96,10 +96,11 @@ ENTRY_COST_D0 = 16.0
 #: mixed precision: inner float32 iterations per float64 iteration (restarts of the
 #: refinement; measured 33/28, 84/34, 102/26 at N = 2,000 with tol 1e-10)
 MIXED_INNER_OVERHEAD = 1.5
-#: tile Cholesky factorisation rate / 2-thread GEMM rate. Measured: 86.8 / 159 = 0.55 at
-#: N = 15,000, b = 2,500 (bench_cholesky.py, idle); 133.6 / 159 = 0.84 at N = 80,000,
-#: b = 4,000 (bench_fit_80k.py); 91.5 / 159 = 0.58 at N = 40,000 under load
-CHOLESKY_EFFICIENCY = 0.58
+#: tile Cholesky factorisation rate / 2-thread GEMM rate, quiet machine: 108.2 / 159 = 0.68
+#: at N = 15,000, b = 2,500 (bench_cholesky.py); 125.2 / 159 = 0.79 at N = 40,000
+#: (bench_fit_40k.py); 133.6 / 159 = 0.84 at N = 80,000, b = 4,000 (bench_fit_80k.py).
+#: (91.5 / 159 = 0.58 at 40k under load average 2.5.)
+CHOLESKY_EFFICIENCY = 0.75
 #: float32 factor (float64 POTRF on the diagonal) / float64 factor speed:
 #: 161.5 / 86.8 GFLOP/s at N = 15,000 (bench_cholesky.py, Sapphire Rapids)
 FLOAT32_SPEEDUP = 1.86
@@ -110,14 +111,21 @@ BASE_RSS_BYTES = 300 << 20
 IO_BUDGET_BYTES = 256 << 20
 #: fixed seconds of one out-of-core fit through the public estimator, beyond the work the
 #: model counts: store and Zarr array creation, fingerprints, thread pools, the solve's
-#: I/O set-up (the grid's N = 2,000 fits; bench_policy_grid.json)
-CHOLESKY_FIXED_SECONDS = 0.5
+#: I/O set-up. The grid's N = 1,000 fits (bench_policy_grid.json, quiet, 2026-11-23):
+#: the Cholesky 0.04-0.11 s in all; CG 0.33-0.37 s at 4-8 iterations (the Nyström
+#: build, the checkpoint store and the plan's subsample estimate included)
+CHOLESKY_FIXED_SECONDS = 0.05
 CG_FIXED_SECONDS = 0.3
-#: N² entries per second of one matrix-free CG product at D = 14 (the symmetric fused
-#: product evaluates each lower-triangle entry once and uses it twice): diamonds N = 40,000,
-#: D = 9: 63 iterations in 60.6 s (bench_hard_auto.py), one product 1.05 s
-#: (bench_hard_solves.py); the grid (bench_policy_grid.json)
-CG_PRODUCT_ENTRY_RATE = 1.3e9
+#: one matrix-free CG product costs CG_PRODUCT_ROW_BLOCK_SECONDS per row block of
+#: DEFAULT_BLOCK_SIZE rows (its Dask tasks and fixed-order reduction) plus N² entries at
+#: CG_PRODUCT_ENTRY_RATE per second at D = 14 (the symmetric fused product evaluates each
+#: lower-triangle entry once and uses it twice). Fitted to whole CG solves, seconds per
+#: product (solve - CG_FIXED_SECONDS) / (iterations + 1): 0.068 at N = 8,000 (the grid,
+#: D = 8-9, 77-215 iterations), 0.95 at N = 40,000 (diamonds D = 9, bench_hard_auto.py:
+#: 63 iterations in 60.6 s); it then predicts 0.022-0.027 at N = 4,000 (measured 0.022)
+#: and 42.4 s at N = 294,611 (flights D = 10, bench_flights.py: 44.3 s median)
+CG_PRODUCT_ROW_BLOCK_SECONDS = 0.0095
+CG_PRODUCT_ENTRY_RATE = 1.76e9
 #: float32 / float64 speed of that product: 1.05 s / 0.66 s at 40k (bench_hard_solves.py)
 CG_PRODUCT_FLOAT32_SPEEDUP = 1.6
 #: the Gram stage: N²/2 lower entries per second (float64, D = 14) and its Zarr write; the
