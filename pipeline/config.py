@@ -440,6 +440,15 @@ class RunConfig(_Model):
             rd = base / rd
         return rd
 
+    def _solver_params(self) -> dict[str, Any]:
+        """The solver section as the solve stage's fingerprint sees it: the cost model
+        only with ``method: auto``, the one method it can change (so a recalibrated or
+        re-defaulted cost model never invalidates a solve whose method was named)."""
+        out = self.solver.model_dump()
+        if out.get("method") != "auto":
+            out.pop("cost_model", None)
+        return out
+
     def stage_params(self) -> dict[str, dict[str, Any]]:
         """The explicit arguments of each stage (JSON-able); their hash is the stage's identity.
 
@@ -469,7 +478,7 @@ class RunConfig(_Model):
                 "lam_convention": self.solver_convention,
                 "block_size": self.block_size,
                 "dtype": self.dtype,
-                "solver": self.solver.model_dump(),
+                "solver": self._solver_params(),
             },
             "model": {
                 "kernel": kernel_spec,

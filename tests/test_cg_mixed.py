@@ -134,7 +134,9 @@ def test_cg_cost_iterations_against_measured(gamma, shift, rank):
 def test_cg_cost_product_and_memory_figures():
     t64 = cg_cost.product_seconds(40_000, 14, "float64")
     t32 = cg_cost.product_seconds(40_000, 14, "float32")
-    assert 1.5 < t64 < 6 and t32 < t64  # the measured 1.5-3 s per product at 40k
+    # measured 0.95 s per product at 40k with D = 9 (bench_hard_auto.py), so about
+    # 1.1 s at D = 14 (before the fused engine: 1.5-3 s)
+    assert 0.8 < t64 < 3 and t32 < t64
     assert cg_cost.product_seconds(40_000, 100) > t64
     assert cg_cost.rank_for_budget(40_000, 1 << 30) == 6710
     assert cg_cost.nystrom_memory_bytes(40_000, 2000) < 2e9

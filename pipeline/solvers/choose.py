@@ -29,11 +29,25 @@ def choose_solver(
     *,
     rank: int = 500,
     cholesky_max_n: int | None = None,
+    alpha: float | None = None,
 ) -> tuple[str, str]:
     """Choose ``"cholesky"`` or ``"cg"`` for an N x N kernel system (see
-    :func:`pipeline.policy.plan.out_of_core_choice`); returns ``(name, reason)``."""
+    :func:`pipeline.policy.plan.out_of_core_choice`); returns ``(name, reason)``.
+
+    With ``alpha`` (the diagonal shift) the one cost model weighs CG's iterations
+    against the Cholesky. Without it, as this function was first called, CG's
+    iterations cannot be predicted, so the λ-blind ``"simple"`` model decides
+    (:data:`CHOLESKY_MAX_N` rows).
+    """
     return out_of_core_choice(
-        n, n_features, disk_free, mem_free, rank=rank, cholesky_max_n=cholesky_max_n
+        n,
+        n_features,
+        disk_free,
+        mem_free,
+        rank=rank,
+        cholesky_max_n=cholesky_max_n,
+        cost_model=None if alpha is not None else "simple",
+        shift=alpha,
     )
 
 

@@ -23,8 +23,9 @@ def test_disk_formula_matches_the_solver_check():
 
 def test_prediction_at_the_measured_point_and_scaling():
     c = cc.predict_cholesky(15_000, 2500, **RATES)
-    # measured 12.96 s on an idle machine (86.8 GFLOP/s); the model is within 25 %
-    assert 10.0 < c.seconds < 16.0
+    # measured 10.40 s on a quiet machine (108.2 GFLOP/s, bench_cholesky.py, session 5;
+    # 12.96 s before the tile engine); the model is within 25 %
+    assert 7.8 < c.seconds < 13.0
     assert c.gflop == pytest.approx(1125.0)
     assert c.compute_seconds > c.io_seconds  # at this size the factorisation is compute bound
     big = cc.predict_cholesky(40_000, 4096, **RATES)
