@@ -28,30 +28,10 @@ from pipeline.policy.constants import (
     ROUTE_RHO_SAFETY,
 )
 from pipeline.policy.cv_routing import cg_iteration_bound, route_choice
+from pipeline.solvers.dense_operator import DenseKernelOperator
 from pipeline.solvers.precond import rpcholesky
 
 __all__ = ["DenseKernelOperator", "Route", "cg_iteration_bound", "route_setting"]
-
-
-class DenseKernelOperator:
-    """``K + shift·I`` for an in-memory K, with the operator interface of
-    :mod:`pipeline.solvers.matvec` (``matvec``, ``diagonal``, ``columns``, ``submatrix``)."""
-
-    def __init__(self, K: np.ndarray, shift: float = 1.0) -> None:
-        self.K, self.shift, self.n = K, float(shift), int(K.shape[0])
-
-    def matvec(self, V: np.ndarray) -> np.ndarray:
-        return self.K @ V + self.shift * V
-
-    def diagonal(self) -> np.ndarray:
-        return np.diag(self.K).copy()
-
-    def columns(self, idx: Any) -> np.ndarray:
-        return self.K[:, np.asarray(idx)]
-
-    def submatrix(self, idx: Any) -> np.ndarray:
-        idx = np.asarray(idx)
-        return self.K[np.ix_(idx, idx)]
 
 
 def _gemm_rate_one_thread(size: int = GEMM_PROBE_SIZE) -> float:

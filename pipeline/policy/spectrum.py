@@ -39,24 +39,6 @@ def sample_size(n: int, rank: int) -> int:
     return int(min(int(n), m, C.SPECTRUM_MAX_ROWS))
 
 
-class _Dense:
-    """The operator interface :func:`~pipeline.solvers.precond.rpcholesky` reads, on a matrix."""
-
-    def __init__(self, K: np.ndarray) -> None:
-        self.K = K
-        self.n = K.shape[0]
-
-    def diagonal(self) -> np.ndarray:
-        return np.diag(self.K).copy()
-
-    def columns(self, idx: Any) -> np.ndarray:
-        return self.K[:, np.asarray(idx)]
-
-    def submatrix(self, idx: Any) -> np.ndarray:
-        idx = np.asarray(idx)
-        return self.K[np.ix_(idx, idx)]
-
-
 def _top_eigenvalue(R: np.ndarray, iterations: int, rng: np.random.Generator) -> float:
     """Largest eigenvalue of the PSD matrix ``R`` by block power iteration (a lower bound
     that converges fast when the top eigenvalues are separated)."""
@@ -98,6 +80,7 @@ def estimate_residual(
         ρ for N rows; 0.0 when the rank covers every row; None when the subsample
         is too small to resolve the rank (the caller falls back to its table).
     """
+    from pipeline.solvers.dense_operator import DenseKernelOperator
     from pipeline.solvers.precond import rpcholesky
 
     n = int(X.shape[0])
@@ -111,7 +94,7 @@ def estimate_residual(
     idx = np.arange(n) if m >= n else np.sort(rng.choice(n, size=m, replace=False))
     Xs = np.asarray(X[idx], dtype=np.float64)
     K = np.asarray(kernel(Xs), dtype=np.float64)
-    F, _ = rpcholesky(_Dense(K), rank, random_state=random_state)
+    F, _ = rpcholesky(DenseKernelOperator(K), rank, random_state=random_state)
     K -= F @ F.T
     rho = _top_eigenvalue(K, C.SPECTRUM_POWER_ITERATIONS, rng)
     return rho * n / m

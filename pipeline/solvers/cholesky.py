@@ -512,12 +512,14 @@ def run_factor_tasks(
     markers so that earlier runs' tiles count too)."""
     width = tile_blas_threads(wide)
     if scheduler == "dask":
-        records = _run_dask(source, L, todo, shift, lam, convention, policy, progress, width)
+        records = _run_dask(
+            source, L, todo, shift, lam, convention, policy, progress, width, task=_tile_task
+        )
     else:
         nthreads = n_threads or os.cpu_count() or 1
         records = _run_threads(
             source, L, todo, shift, lam, convention, policy, nthreads,
-            blas_threads=width, progress=progress,
+            blas_threads=width, progress=progress, task=_tile_task,
         )  # fmt: skip
     computed = tuple(tuple(r["tile"]) for r in records if r["computed"])
     jit: dict[str, float] = {}

@@ -1,7 +1,8 @@
 """Executors of the tile Cholesky (:mod:`pipeline.solvers.cholesky`): Dask and threads.
 
 Both run the same tile task, :func:`pipeline.solvers.cholesky._tile_task` (a pure
-function of finished tiles), in left-looking dependency order:
+function of finished tiles, passed in as ``task`` so that this module does not import
+the one that imports it), in left-looking dependency order:
 
 - :func:`_run_dask`: one Dask task per factor tile on the active client or the
   threaded scheduler; dependencies through tiny results, never tile payloads.
@@ -27,7 +28,6 @@ from typing import Any
 import numpy as np
 
 from pipeline.solvers import blas as gil_free_blas
-from pipeline.solvers import cholesky as chol
 from pipeline.solvers.tile_io import TileIO
 
 
@@ -176,7 +176,7 @@ def owner_annotation(owners: list[str], i: int) -> contextlib.AbstractContextMan
 
 
 def _run_dask(
-    gram, L, todo, shift, lam, convention, jitter, progress, blas_threads=None
+    gram, L, todo, shift, lam, convention, jitter, progress, blas_threads=None, *, task
 ) -> list[dict]:
     from dask import delayed
 
@@ -194,7 +194,7 @@ def _run_dask(
     for i, j in todo:  # todo is in left-looking order: deps come first
         deps = [nodes[d] for d in submitted_deps(i, j, todo_set)]
         with owner_annotation(owners, i):
-            nodes[(i, j)] = delayed(chol._tile_task, pure=False)(
+            nodes[(i, j)] = delayed(task, pure=False)(
                 gram,
                 L,
                 i,
@@ -299,6 +299,8 @@ def _run_threads(
     wide=False,
     blas_threads=None,
     progress=False,
+    *,
+    task,
 ) -> list[dict]:
     """Run tile tasks on ``n_threads`` threads, critical path first.
 
@@ -347,7 +349,7 @@ def _run_threads(
             try:
                 # a fixed BLAS width per task (not "every core when alone"): the bits
                 # of a tile must not depend on what else happened to be running
-                rec = chol._tile_task(
+                rec = task(
                     gram, L, t[0], t[1], shift, lam, convention, jitter, io=io, blas_threads=width
                 )
             except BaseException as e:

@@ -7,6 +7,7 @@ import numpy as np
 from pipeline.kernels import RBF
 from pipeline.policy import constants as C
 from pipeline.policy.spectrum import estimate_residual, sample_size
+from pipeline.solvers.dense_operator import DenseKernelOperator
 from pipeline.solvers.precond import rpcholesky
 
 
@@ -27,7 +28,7 @@ def test_matches_the_exact_residual_when_the_sample_is_every_row():
     X, k = _data(1200), RBF(gamma=0.5)
     rho = estimate_residual(X, k, 150)
     K = k(X)
-    F, _ = rpcholesky(_Dense(K), 150, random_state=C.DEFAULT_RANDOM_STATE)
+    F, _ = rpcholesky(DenseKernelOperator(K), 150, random_state=C.DEFAULT_RANDOM_STATE)
     exact = float(np.linalg.eigvalsh(K - F @ F.T)[-1])
     assert 0.9 * exact <= rho <= 1.0001 * exact
     assert estimate_residual(X, k, 150) == rho  # deterministic: the same rows, the same ρ
@@ -39,17 +40,3 @@ def test_scales_with_n_from_a_subsample():
     # the residual of a fixed rank grows about linearly with N (a subsample of 2,000 rows
     # stands for 8,000)
     assert 2.0 <= big / small <= 8.0
-
-
-class _Dense:
-    def __init__(self, K):
-        self.K, self.n = K, K.shape[0]
-
-    def diagonal(self):
-        return np.diag(self.K).copy()
-
-    def columns(self, idx):
-        return self.K[:, idx]
-
-    def submatrix(self, idx):
-        return self.K[np.ix_(idx, idx)]
