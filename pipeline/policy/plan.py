@@ -165,7 +165,8 @@ class FitPlan:
             parts += [
                 f"matvec={self.matvec}",
                 f"preconditioner={self.preconditioner}",
-                f"rank={self.rank}",
+                # "adaptive" grows its own rank (up to its memory budget); "nystrom" uses rank
+                f"rank={'chosen by adaptive' if self.preconditioner == 'adaptive' else self.rank}",
                 f"tol={self.tol:g}",
                 f"max_iter={self.max_iter}",
             ]

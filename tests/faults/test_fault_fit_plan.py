@@ -133,3 +133,13 @@ def test_krr_run_and_estimator_log_the_same_plan(tmp_path, monkeypatch, caplog):
     np.testing.assert_allclose(
         est.dual_coef_, np.load(solve["alpha"]).reshape(est.dual_coef_.shape), rtol=1e-8, atol=1e-10
     )
+
+
+def test_the_plan_line_says_who_chooses_the_rank():
+    k = make_kernel("rbf")
+    ch = {"solver": "cg", "alpha": 1e-2}
+    nys, _ = plan_fit(50_000, 8, k, RES, {**ch, "preconditioner": "nystrom", "rank": 300})
+    ada, _ = plan_fit(50_000, 8, k, RES, {**ch, "preconditioner": "adaptive", "rank": 300})
+    assert "rank=300" in nys.describe()
+    # the adaptive preconditioner grows its own rank: the log must not claim 300
+    assert "rank=chosen by adaptive" in ada.describe() and "rank=300" not in ada.describe()
