@@ -406,6 +406,15 @@ def in_memory_choice(n: int, d: int, *, has_primal: bool, alpha: Any = 1.0) -> s
     return "primal" if _primal_flops(n, d) < _dual_flops(n, d) else "dense"
 
 
+def _cholesky_beats_any_cg(cm: Any, n: int, d: int, kernel: Any, mu: float, tol: float) -> bool:
+    """Whether the Cholesky is predicted faster than CG even with a perfect preconditioner
+    (ρ = 0: one iteration). Then measuring ρ on a subsample (about 0.5 s) cannot change
+    the choice, and small fits skip it."""
+    kw = {"shift": mu if mu > 0 else None, "tol": tol}
+    t_chol = _seconds(cm.cholesky_seconds, n, d, kernel, **kw)
+    return t_chol <= _seconds(cm.cg_seconds, n, d, kernel, rho=0.0, **kw)
+
+
 def _choice(choices: Mapping[str, Any], key: str, default: Any) -> Any:
     v = choices.get(key)
     return default if v is None else v
@@ -550,6 +559,7 @@ def plan_fit(
             and mercer
             and base.preconditioner == "nystrom"
             and _accepts(cm.cg_seconds, "rho")
+            and not _cholesky_beats_any_cg(cm, n, d, kernel, mu, base.tol)
         ):
             from pipeline.policy.spectrum import estimate_residual
 

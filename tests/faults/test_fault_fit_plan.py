@@ -143,3 +143,22 @@ def test_the_plan_line_says_who_chooses_the_rank():
     assert "rank=300" in nys.describe()
     # the adaptive preconditioner grows its own rank: the log must not claim 300
     assert "rank=chosen by adaptive" in ada.describe() and "rank=300" not in ada.describe()
+
+
+def test_small_fits_skip_the_subsample_estimate(monkeypatch):
+    # when the Cholesky beats CG even at one iteration, measuring ρ (about 0.5 s) cannot
+    # change the choice: a 2,000-row fit is planned without it
+    import pipeline.policy.spectrum as spectrum
+
+    calls = []
+    real = spectrum.estimate_residual
+    monkeypatch.setattr(
+        spectrum, "estimate_residual", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k)
+    )
+    k = make_kernel("rbf", gamma=0.1)
+    X = np.random.default_rng(0).standard_normal((2_000, 8))
+    plan, reason = plan_fit(2_000, 8, k, RES, {"alpha": 1e-2}, X=X)
+    assert plan.solver == "cholesky" and calls == [] and "assumed" in reason
+    X = np.random.default_rng(0).standard_normal((8_000, 8))
+    plan, reason = plan_fit(8_000, 8, k, RES, {"alpha": 1e-1}, X=X)
+    assert calls == [(8_000, 8)] and "measured on a subsample" in reason
