@@ -87,13 +87,23 @@ def policy(n: int, d: int, lam: float, X: np.ndarray | None = None) -> dict:
     return {"choice": plan.solver, "reason": reason, **pred}
 
 
-def _fit(solver: str, X: np.ndarray, y: np.ndarray, lam: float) -> dict:
+#: the fits of one case: name -> KernelRidge arguments ("cg_stored" only with --stored)
+FITS = {
+    "cholesky": {"solver": "cholesky"},
+    "cg": {"solver": "cg"},
+    "cg_stored": {"solver": "cg", "matvec": "stored"},
+}
+
+
+def _fit(name: str, X: np.ndarray, y: np.ndarray, lam: float) -> dict:
     import pipeline
 
+    kw = FITS[name]
+    solver = kw["solver"]
     with tempfile.TemporaryDirectory(prefix="bench-policy-") as tmp:
         t0 = time.perf_counter()
         est = pipeline.KernelRidge(
-            alpha=lam, kernel="rbf", gamma=GAMMA, solver=solver, tol=TOL, store=tmp
+            alpha=lam, kernel="rbf", gamma=GAMMA, tol=TOL, store=tmp, **kw
         ).fit(X, y)
         secs = time.perf_counter() - t0
     out = {"seconds": round(secs, 3), "n_iter": int(est.n_iter_)}
@@ -106,7 +116,7 @@ def _load() -> list[float]:
     return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
 
 
-def measure(ns, lams, datasets, repeats: int) -> dict:
+def measure(ns, lams, datasets, repeats: int, stored: bool = False) -> dict:
     """Fit every case with both solvers; the minimum of ``repeats`` timings each."""
     X, y = grid_data("synthetic", 1000)
     _fit("cholesky", X, y, 1e-2), _fit("cg", X, y, 1e-2)  # warm up: imports, threads, Zarr
@@ -116,14 +126,16 @@ def measure(ns, lams, datasets, repeats: int) -> dict:
             X, y = grid_data(name, n)
             for lam in lams:
                 row = {"data": name, "n": n, "d": int(X.shape[1]), "lam": lam}
-                for solver in ("cholesky", "cg"):
+                for solver in ("cholesky", "cg", *(("cg_stored",) if stored else ())):
                     runs = [_fit(solver, X, y, lam) for _ in range(repeats)]
                     best = min(runs, key=lambda r: r["seconds"])
                     row[solver] = {**best, "all_seconds": [r["seconds"] for r in runs]}
                 row["load_after"] = _load()
                 cases.append(row)
                 print(f"  {name} n={n} lam={lam:g}: cholesky {row['cholesky']['seconds']:.2f} s, "
-                      f"cg {row['cg']['seconds']:.2f} s ({row['cg']['n_iter']} it)", flush=True)  # fmt: skip
+                      f"cg {row['cg']['seconds']:.2f} s ({row['cg']['n_iter']} it)"
+                      + (f", cg stored {row['cg_stored']['seconds']:.2f} s" if stored else ""),
+                      flush=True)  # fmt: skip
     return {"cases": cases}
 
 
@@ -160,6 +172,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lams", type=float, nargs="+", default=list(LAMS))
     ap.add_argument("--data", nargs="+", default=list(DATASETS))
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument(
+        "--stored",
+        action="store_true",
+        help="also time CG with the stored Gram (matvec='stored'; data for the policy's "
+        "stored/recompute choice, not yet replayed); use with --json elsewhere",
+    )
     ap.add_argument("--json", default=str(JSON))
     a = ap.parse_args(argv)
     if a.replay:
@@ -167,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         before = _load()
         t0 = time.perf_counter()
-        doc = measure(a.ns, a.lams, a.data, a.repeats)
+        doc = measure(a.ns, a.lams, a.data, a.repeats, a.stored)
         doc.update(
             {
                 "gamma": GAMMA,
