@@ -59,12 +59,6 @@ def _dense(X: Any) -> np.ndarray:
     return X.toarray() if sp.issparse(X) else X
 
 
-def _client_bs(n: int) -> int | None:
-    from pipeline.solvers.cholesky_exec import client_block_size
-
-    return client_block_size(n)
-
-
 class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstimator):
     """Exact kernel ridge regression, scikit-learn compatible.
 
@@ -351,9 +345,7 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
             "solver": self.solver,
             "alpha": self.alpha,
             "alpha_convention": self.alpha_convention,
-            # no block size given: on a distributed client, tiles sized by its worker
-            # count (the tile Cholesky's critical path; docs/SCALING.md)
-            "block_size": self.block_size if self.block_size is not None else _client_bs(n),
+            "block_size": self.block_size,
             "tol": self.tol,
             "max_iter": self.max_iter,
             "preconditioner": self.preconditioner,

@@ -88,12 +88,15 @@ def measure_resources(
     ``reclaim_bytes`` counts bytes this fit's own earlier outputs already hold in
     the store (a finished Gram), so a plan made before and after writing them agrees.
     """
+    from pipeline.parallel import _active_client
     from pipeline.reference import memory
+    from pipeline.solvers.cholesky_exec import tile_owners
 
     return Resources(
         memory_bytes=float(memory.available_memory()),
         disk_bytes=_disk_free(store) + float(reclaim_bytes),
         in_memory=in_memory,
+        workers=max(1, len(tile_owners(_active_client()))),
     )
 
 

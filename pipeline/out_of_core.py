@@ -216,9 +216,7 @@ def fit_out_of_core(
                 "solver": solver,
                 "alpha": lam,
                 "alpha_convention": convention,
-                # no block size given: on a distributed client, tiles sized by its
-                # worker count (the tile Cholesky's critical path; docs/SCALING.md)
-                "block_size": block_size if block_size is not None else _client_block_size(n),
+                "block_size": block_size,
                 "tol": tol,
                 "max_iter": max_iter,
                 "preconditioner": preconditioner,
@@ -236,12 +234,6 @@ def fit_out_of_core(
             log_plan(plan, reason, origin="KernelRidge", logger=log)
         res = execute(plan, X, y, kernel, root=root, progress=progress, x_fingerprint=x_fingerprint)
         return OutOfCoreFit(res.dual_coef, res.solver, res.n_iter, res.shift, res.info)
-
-
-def _client_block_size(n: int) -> int | None:
-    from pipeline.solvers.cholesky_exec import client_block_size
-
-    return client_block_size(n)
 
 
 def _x_fingerprint(X: np.ndarray) -> str:

@@ -106,11 +106,17 @@ class Resources:
     in_memory : bool
         Whether an in-memory solver (``dense``, ``primal``) may be planned; False
         for ``krr run`` and for an estimator given a ``store``.
+    workers : int
+        Workers of the active distributed client (1 without one). With no
+        ``block_size`` chosen and ``workers >= 2``, the tile is sized by the worker
+        count (:func:`pipeline.solvers.cholesky_exec.dask_block_size`: the tile
+        Cholesky's critical path, docs/SCALING.md).
     """
 
     memory_bytes: float
     disk_bytes: float
     in_memory: bool = True
+    workers: int = 1
 
 
 @dataclass(frozen=True)
@@ -415,6 +421,15 @@ def _cholesky_beats_any_cg(cm: Any, n: int, d: int, kernel: Any, mu: float, tol:
     return t_chol <= _seconds(cm.cg_seconds, n, d, kernel, rho=0.0, **kw)
 
 
+def _default_block_size(n: int, workers: int) -> int:
+    """The tile edge when none is chosen: by worker count on a cluster, else the default."""
+    if workers >= 2:
+        from pipeline.solvers.cholesky_exec import dask_block_size
+
+        return dask_block_size(n, workers)
+    return min(C.DEFAULT_BLOCK_SIZE, max(1, n))
+
+
 def _choice(choices: Mapping[str, Any], key: str, default: Any) -> Any:
     v = choices.get(key)
     return default if v is None else v
@@ -479,7 +494,7 @@ def plan_fit(
     one_alpha = np.unique(alphas).size == 1
     matvec = normalize_matvec(_choice(ch, "matvec", "auto"))
     rank = int(_choice(ch, "rank", C.DEFAULT_RANK))
-    bs = int(_choice(ch, "block_size", min(C.DEFAULT_BLOCK_SIZE, max(1, n))))
+    bs = int(_choice(ch, "block_size", _default_block_size(n, resources.workers)))
     store = ch.get("store")
     base = FitPlan(
         solver="dense",

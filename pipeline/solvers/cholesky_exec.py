@@ -114,15 +114,6 @@ def dask_block_size(
     return int(min(max(lo, min(b, hi)), int(n)))
 
 
-def client_block_size(n: int) -> int | None:
-    """:func:`dask_block_size` for the active distributed client's workers, or None
-    without a client (or with one worker): the caller keeps its own default."""
-    from pipeline.parallel import _active_client
-
-    owners = tile_owners(_active_client())
-    return dask_block_size(n, len(owners)) if owners else None
-
-
 def tile_blas_threads(wide: bool = True) -> int:
     """BLAS threads of every tile task: ``KRR_CHOL_BLAS_THREADS`` if set, else all
     cores (``wide``) or 1. It defines the factor's last bits (OpenBLAS rounds

@@ -162,3 +162,16 @@ def test_small_fits_skip_the_subsample_estimate(monkeypatch):
     X = np.random.default_rng(0).standard_normal((8_000, 8))
     plan, reason = plan_fit(8_000, 8, k, RES, {"alpha": 1e-1}, X=X)
     assert calls == [(8_000, 8)] and "measured on a subsample" in reason
+
+
+def test_the_plan_sizes_tiles_by_the_clients_worker_count():
+    from pipeline.solvers.cholesky_exec import dask_block_size
+
+    k = make_kernel("rbf")
+    ch = {"solver": "cholesky", "alpha": 1e-2}
+    many = Resources(memory_bytes=16 * GB, disk_bytes=10_000 * GB, in_memory=False, workers=64)
+    plan, _ = plan_fit(200_000, 8, k, many, ch)
+    assert plan.block_size == dask_block_size(200_000, 64) != C.DEFAULT_BLOCK_SIZE
+    # no client (one worker): the default tile; a chosen block size always wins
+    assert plan_fit(200_000, 8, k, RES, ch)[0].block_size == C.DEFAULT_BLOCK_SIZE
+    assert plan_fit(200_000, 8, k, many, {**ch, "block_size": 3000})[0].block_size == 3000
