@@ -159,6 +159,10 @@ class SolverConfig(_Model):
     #: fly) or ``auto`` (by D and free disk); the old spellings ``matrix_free``,
     #: ``matrix-free`` and ``free`` are read as ``recompute``
     matvec: Literal["stored", "recompute", "auto"] = "auto"
+    #: CG's product precision: "mixed" computes kernel tiles in float32 inside a float64
+    #: iterative refinement (the answer still meets tol in float64); "auto": the cost model
+    #: chooses (pipeline.policy.cg_variant)
+    cg_precision: Literal["auto", "float64", "mixed"] = "auto"
     checkpoint_every: int = Field(default=C.DEFAULT_CHECKPOINT_EVERY, ge=1)
     #: accept a CG solve that stops at max_iter or breaks down (the run summary says so);
     #: by default such a solve fails the run (exit 4)
@@ -443,10 +447,14 @@ class RunConfig(_Model):
     def _solver_params(self) -> dict[str, Any]:
         """The solver section as the solve stage's fingerprint sees it: the cost model
         only with ``method: auto``, the one method it can change (so a recalibrated or
-        re-defaulted cost model never invalidates a solve whose method was named)."""
+        re-defaulted cost model never invalidates a solve whose method was named), and
+        ``cg_precision`` only when named (a mixed solve's checkpoints carry their own
+        fingerprint)."""
         out = self.solver.model_dump()
         if out.get("method") != "auto":
             out.pop("cost_model", None)
+        if out.get("cg_precision") == "auto":
+            out.pop("cg_precision")  # the default names no choice: earlier runs keep theirs
         return out
 
     def stage_params(self) -> dict[str, dict[str, Any]]:

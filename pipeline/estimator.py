@@ -121,6 +121,12 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
     matvec : {"auto", "stored", "recompute"}, default="auto"
         How ``solver="cg"`` multiplies by K: from the stored tiles or by
         recomputing kernel tiles on the fly.
+    cg_precision : {"auto", "float64", "mixed"}, default="auto"
+        Precision of ``solver="cg"``'s products. "mixed" recomputes kernel tiles in
+        float32 inside an iterative refinement whose residuals are float64, so the
+        answer still meets ``tol`` in float64 (if the float32 products stall, float64
+        products take over). "auto": the fit plan's cost model chooses it and
+        ``matvec``, and logs why.
     random_state : int, RandomState or None, default=None
         Seed for randomised parts of the out-of-core solvers (Nyström landmarks).
     factor_dtype : {"float64", "float32"}, default="float64"
@@ -183,6 +189,7 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         preconditioner: str = "nystrom",
         rank: int | None = None,
         matvec: str = "auto",
+        cg_precision: str = "auto",
         random_state: Any = None,
         factor_dtype: str = "float64",
         storage_options: dict | None = None,
@@ -204,6 +211,7 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         self.preconditioner = preconditioner
         self.rank = rank
         self.matvec = matvec
+        self.cg_precision = cg_precision
         self.random_state = random_state
         self.factor_dtype = factor_dtype
         self.storage_options = storage_options
@@ -217,6 +225,7 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         check_choice("alpha_convention", self.alpha_convention, ALPHA_CONVENTIONS)
         check_choice("preconditioner", self.preconditioner, PRECONDITIONERS)
         check_choice("matvec", self.matvec, MATVECS)
+        check_choice("cg_precision", self.cg_precision, ("auto", "float64", "mixed"))
         check_choice("factor_dtype", self.factor_dtype, ("float64", "float32"))
         if not isinstance(self.keep_gram, bool | np.bool_):
             raise ValueError(f"keep_gram must be True or False, got {self.keep_gram!r}")
@@ -351,6 +360,7 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
             "preconditioner": self.preconditioner,
             "rank": self.rank,
             "matvec": self.matvec,
+            "cg_precision": self.cg_precision,
             "random_state": self.random_state if isinstance(self.random_state, int) else None,
             "factor_dtype": self.factor_dtype,
             "keep_gram": bool(self.keep_gram),
@@ -442,6 +452,7 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
             preconditioner=self.preconditioner,
             rank=self.rank,
             matvec=self.matvec,
+            cg_precision=self.cg_precision,
             random_state=self.random_state if isinstance(self.random_state, int) else None,
             factor_dtype=self.factor_dtype,
             keep_gram=bool(self.keep_gram),
@@ -479,6 +490,10 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
                          "kernel_params", "progress", "verbose")
         }  # fmt: skip
         params["alpha"] = np.atleast_1d(np.asarray(self.alpha, dtype=np.float64)).tolist()
+        if params.get("cg_precision") == "auto":
+            # the default names no choice (stores of earlier fits keep their names); the
+            # mixed solve's checkpoints carry their own fingerprint
+            params.pop("cg_precision")
         rs = self.random_state
         params["random_state"] = rs if isinstance(rs, int) else None
         return {

@@ -236,6 +236,11 @@ def execute(
     from pipeline.solvers.matvec import make_operator
     from pipeline.solvers.precond import make_preconditioner
 
+    if plan.cg_precision == "mixed" and plan.matvec != "recompute":
+        raise ValueError(
+            f"cg_precision='mixed' recomputes the kernel in float32; plan.matvec must be "
+            f"'recompute', got {plan.matvec!r}"
+        )
     if plan.matvec == "stored":
         op = make_operator("stored", shift, gram=gram, block_size=bs)
     else:
@@ -252,7 +257,16 @@ def execute(
 
     # the iteration and the relative residual, live (pipeline.progress decides how)
     with cg_progress(enabled=progress, tol=plan.tol, max_iter=plan.max_iter) as shown:
-        if ckpt is None:
+        if plan.cg_precision == "mixed":
+            from pipeline.solvers.cg_mixed_fit import mixed_cg_fit
+
+            # float32 kernel products inside, float64 residuals outside; checkpointed per
+            # refinement step, and float64 products take over if float32 stagnates
+            res = mixed_cg_fit(
+                op, y, preconditioner=pre, tol=plan.tol, max_iter=plan.max_iter,
+                store=ckpt, callback=shown,
+            )  # fmt: skip
+        elif ckpt is None:
             from pipeline.solvers.cg import conjugate_gradient
 
             res = conjugate_gradient(
@@ -274,6 +288,7 @@ def execute(
             )
     info = {
         "matvec": plan.matvec,
+        "cg_precision": plan.cg_precision,
         "converged": bool(res.converged),
         "rel_residual": np.asarray(res.rel_residual).tolist(),
         "history": res.history,

@@ -157,6 +157,7 @@ def fit_out_of_core(
     matvec: str = "auto",
     random_state: int | None = None,
     progress: bool = True,
+    cg_precision: str = "auto",
     factor_dtype: str = "float64",
     plan: Any = None,
     keep_gram: bool = True,
@@ -177,6 +178,8 @@ def fit_out_of_core(
         Where the Gram, factor and CG checkpoints live; reusing it resumes.
     matvec : {"auto", "stored", "recompute"}
         CG's operator: stream the stored Gram or recompute kernel tiles.
+    cg_precision : {"auto", "float64", "mixed"}
+        CG's products: float64, or float32 inside a float64 refinement.
     factor_dtype : {"float64", "float32"}
         Cholesky only: precision of the stored factor; with float32, alpha is
         refined against the stored Gram (:func:`pipeline.solvers.cholesky_solve`).
@@ -222,6 +225,7 @@ def fit_out_of_core(
                 "preconditioner": preconditioner,
                 "rank": rank,
                 "matvec": matvec,
+                "cg_precision": cg_precision,
                 "random_state": random_state,
                 "factor_dtype": factor_dtype,
                 "keep_gram": keep_gram,

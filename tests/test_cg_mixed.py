@@ -140,8 +140,11 @@ def test_cg_cost_product_and_memory_figures():
     assert cg_cost.product_seconds(40_000, 100) > t64
     assert cg_cost.rank_for_budget(40_000, 1 << 30) == 6710
     assert cg_cost.nystrom_memory_bytes(40_000, 2000) < 2e9
-    lo, hi = cg_cost.mixed_precision_products(10, 1e-10)
-    assert lo == 15 and hi == 4
+    # 1.15 float32 iterations per float64 one while N/μ <= 2e6, 1.7 beyond (the variants
+    # grid, bench_policy_grid_variants.json); one float64 product per 3 digits of tol
+    assert cg_cost.mixed_precision_products(10, 1e-10) == (12, 4)
+    assert cg_cost.mixed_precision_products(10, 1e-10, n_over_shift=1e5) == (12, 4)
+    assert cg_cost.mixed_precision_products(10, 1e-6, n_over_shift=1e7) == (17, 2)
     assert cg_cost.predicted_cg_seconds(40_000, 9, 1.0, 1e-2, 1e-6, rank=2000) > 0
     with pytest.raises(ValueError, match="tol"):
         cg_cost.chebyshev_iterations(1.0, 1.0, 2.0)

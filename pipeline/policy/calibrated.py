@@ -168,17 +168,43 @@ class CalibratedCostModel:
         shift: float | None = None,
         tol: float | None = None,
         rho: float | None = None,
+        matvec: str = "recompute",
+        precision: str | None = None,
         **_: Any,
     ) -> float:
-        """Set-up, the Nyström build, (iterations + 1) matrix-free products and the
-        preconditioner's applications (4 N r flops each)."""
+        """Set-up, the Nyström build, the products and the preconditioner's
+        applications (4 N r flops each).
+
+        ``matvec="recompute"`` evaluates N² kernel entries per product;
+        ``"stored"`` builds the Gram once and reads its lower tiles per product.
+        ``precision="mixed"`` (recompute only) does about
+        :data:`~pipeline.policy.constants.MIXED_INNER_OVERHEAD` float32 products per
+        float64 iteration plus one float64 product per three digits of ``tol``
+        (:func:`pipeline.policy.cg_cost.mixed_precision_products`); default: the
+        model's ``kernel_dtype``.
+        """
         n = int(n)
         rank = min(self.rank, n)
+        tol = self.tol if tol is None else tol
         its = self.cg_iterations(n, shift, tol, rho)
         build = cg_cost.nystrom_build_seconds(n, rank, d, gemm_flops=self.gemm_gflops * 1e9)
-        product = cg_cost.product_seconds(n, d, self.kernel_dtype)
         apply = 4.0 * n * rank / (self.gemm_gflops * 1e9 * C.GEMV_FRACTION_OF_GEMM)
-        return C.CG_FIXED_SECONDS + build + (its + 1) * product + its * apply
+        base = C.CG_FIXED_SECONDS + build
+        if matvec == "stored":
+            product = cg_cost.stored_product_seconds(n, min(self.block_size, n))
+            setup = 8.0 * n * (n + 1) / 2.0 / C.CG_STORED_SETUP_BYTES_PER_SECOND
+            return base + setup + (its + 1) * product + its * apply
+        precision = precision or self.kernel_dtype
+        if precision == "mixed":
+            mu = 1.0 if shift is None or not shift > 0 else float(shift)
+            lo, hi = cg_cost.mixed_precision_products(its, tol, n / mu)
+            return (
+                base
+                + lo * (cg_cost.product_seconds(n, d, "float32") + apply)
+                + hi * cg_cost.product_seconds(n, d, "float64")
+            )
+        product = cg_cost.product_seconds(n, d, precision)
+        return base + (its + 1) * product + its * apply
 
     # -- both -------------------------------------------------------------------
 

@@ -59,6 +59,7 @@ __all__ = [
     "predicted_iterations",
     "product_seconds",
     "rank_for_budget",
+    "stored_product_seconds",
 ]
 
 # the calibrated figures live in pipeline.policy.constants (with where they were measured)
@@ -106,14 +107,23 @@ def product_seconds(
     (:data:`~pipeline.policy.constants.CG_PRODUCT_ROW_BLOCK_SECONDS`) plus N² kernel
     entries at :data:`~pipeline.policy.constants.CG_PRODUCT_ENTRY_RATE` at D = 14 unless
     ``base_rate``."""
+    if kernel_dtype == "float32":  # the whole product, row-block costs included (measured)
+        return product_seconds(n, n_features, "float64", base_rate) / C.CG_PRODUCT_FLOAT32_SPEEDUP
     if base_rate is None:
-        base_rate = C.CG_PRODUCT_ENTRY_RATE * (
-            C.CG_PRODUCT_FLOAT32_SPEEDUP if kernel_dtype == "float32" else 1.0
-        )
+        base_rate = C.CG_PRODUCT_ENTRY_RATE
     row_blocks = math.ceil(int(n) / C.DEFAULT_BLOCK_SIZE)
     return row_blocks * C.CG_PRODUCT_ROW_BLOCK_SECONDS + float(n) ** 2 / entry_rate(
-        n_features, kernel_dtype, base_rate
+        n_features, "float64", base_rate
     )
+
+
+def stored_product_seconds(n: int, block_size: int = C.DEFAULT_BLOCK_SIZE) -> float:
+    """Seconds of one product with the stored Gram: a fixed cost per lower tile (its
+    read, checksum and task) plus the N²/2 stored float64 entries at
+    :data:`~pipeline.policy.constants.CG_STORED_BYTES_PER_SECOND` (page cache or disk)."""
+    t = math.ceil(int(n) / max(1, int(block_size)))
+    lower_bytes = 8.0 * n * (n + 1) / 2.0
+    return t * (t + 1) / 2 * C.CG_STORED_TILE_SECONDS + lower_bytes / C.CG_STORED_BYTES_PER_SECOND
 
 
 def nystrom_memory_bytes(n: int, rank: int, dtype: str = "float32") -> int:
@@ -144,11 +154,21 @@ def nystrom_build_seconds(
     return cols + (2.0 * n * rank**2 + C.NYSTROM_EIG_FLOPS_PER_R3 * rank**3) / gemm_flops
 
 
-def mixed_precision_products(iterations_float64: int, tol: float = 1e-10) -> tuple[int, int]:
+def mixed_precision_products(
+    iterations_float64: int, tol: float = 1e-10, n_over_shift: float | None = None
+) -> tuple[int, int]:
     """``(float32 products, float64 products)`` of the mixed solve for a float64 CG of
-    ``iterations_float64`` iterations: each refinement step gains about 3 digits."""
-    outer = max(1, math.ceil(-math.log10(tol) / 3.0))
-    return math.ceil(MIXED_INNER_OVERHEAD * iterations_float64), outer
+    ``iterations_float64`` iterations: each refinement step gains about
+    :data:`~pipeline.policy.constants.MIXED_DIGITS_PER_STEP` digits, and the inner
+    solves' restarts cost :data:`~pipeline.policy.constants.MIXED_INNER_OVERHEAD` times
+    the float64 iterations while ``N / μ`` (a bound on the condition number of a
+    unit-diagonal kernel) is at most :data:`~pipeline.policy.constants.MIXED_MAX_N_OVER_SHIFT`,
+    :data:`~pipeline.policy.constants.MIXED_INNER_OVERHEAD_ILL` beyond (the float32
+    products' error then limits each step)."""
+    outer = max(1, math.ceil(-math.log10(tol) / C.MIXED_DIGITS_PER_STEP))
+    ill = n_over_shift is not None and n_over_shift > C.MIXED_MAX_N_OVER_SHIFT
+    overhead = C.MIXED_INNER_OVERHEAD_ILL if ill else MIXED_INNER_OVERHEAD
+    return math.ceil(overhead * iterations_float64), outer
 
 
 def predicted_cg_seconds(
@@ -167,7 +187,7 @@ def predicted_cg_seconds(
     its = predicted_iterations(rho, shift, tol)
     build = nystrom_build_seconds(n, rank, n_features, base_rate=base_rate) if rank else 0.0
     if kernel_dtype == "mixed":
-        lo, hi = mixed_precision_products(its, tol)
+        lo, hi = mixed_precision_products(its, tol, n / shift)
         return (
             build
             + lo * product_seconds(n, n_features, "float32", None)

@@ -93,9 +93,13 @@ ENTRY_RATE_FLOAT32 = 0.84e9
 #: the per-entry cost is proportional to D + ENTRY_COST_D0 (the exp and the bookkeeping
 #: cost as much as this many feature terms)
 ENTRY_COST_D0 = 16.0
-#: mixed precision: inner float32 iterations per float64 iteration (restarts of the
-#: refinement; measured 33/28, 84/34, 102/26 at N = 2,000 with tol 1e-10)
-MIXED_INNER_OVERHEAD = 1.5
+#: mixed precision (pipeline.solvers.cg_mixed_fit, tol 1e-6): inner float32 iterations per
+#: float64 iteration. bench_policy_grid_variants.json (diamonds, synthetic D = 8 and 64,
+#: N = 4,000-8,000): 1.07-1.24 while N/μ <= 8e5, 1.33-2.22 at N/μ = 4e6-8e6, where the
+#: float32 products' error (1.5e-7 relative) limits each refinement step
+MIXED_INNER_OVERHEAD = 1.15
+MIXED_INNER_OVERHEAD_ILL = 1.7
+MIXED_MAX_N_OVER_SHIFT = 2e6
 #: tile Cholesky factorisation rate / 2-thread GEMM rate, quiet machine: 108.2 / 159 = 0.68
 #: at N = 15,000, b = 2,500 (bench_cholesky.py); 125.2 / 159 = 0.79 at N = 40,000
 #: (bench_fit_40k.py); 133.6 / 159 = 0.84 at N = 80,000, b = 4,000 (bench_fit_80k.py).
@@ -126,8 +130,30 @@ CG_FIXED_SECONDS = 0.3
 #: and 42.4 s at N = 294,611 (flights D = 10, bench_flights.py: 44.3 s median)
 CG_PRODUCT_ROW_BLOCK_SECONDS = 0.0095
 CG_PRODUCT_ENTRY_RATE = 1.76e9
-#: float32 / float64 speed of that product: 1.05 s / 0.66 s at 40k (bench_hard_solves.py)
-CG_PRODUCT_FLOAT32_SPEEDUP = 1.6
+#: float64 / float32 time of that whole product (the row-block costs shrink too): 1.19-1.56,
+#: median 1.40, at N = 8,000 on the variants grid (bench_policy_grid_variants.json, fitted
+#: from whole solves); 1.6 at 40k (1.05 s / 0.66 s, bench_hard_solves.py)
+CG_PRODUCT_FLOAT32_SPEEDUP = 1.4
+#: mixed precision (pipeline.solvers.cg_mixed_fit): digits of the float64 residual gained
+#: per refinement step (its inner float32 solves stop at MIXED_INNER_TOL)
+MIXED_DIGITS_PER_STEP = 3.0
+MIXED_INNER_TOL = 1e-3
+#: an inner float32 solve has reached its floor when its residual has not fallen by 10 % in
+#: this many iterations. 3 stopped restarted solves at their first plateau (synthetic
+#: N = 3,000, λ = 1e-3: a 4-iteration step that gained nothing, then a needless fallback
+#: to float64); 20 let the same step gain 2.6 digits
+MIXED_INNER_PATIENCE = 20
+#: CG with the stored Gram (matvec="stored"): the set-up (the Gram stage, its Zarr tiles,
+#: fsyncs and markers, and the preconditioner's columns read back) costs the lower tiles'
+#: bytes at CG_STORED_SETUP_BYTES_PER_SECOND; each product a fixed cost per lower tile
+#: (read, CRC-32C check, task) plus the bytes at CG_STORED_BYTES_PER_SECOND (page cache).
+#: Least squares over the 24 stored solves of bench_policy_grid_stored.json (N = 1,000-
+#: 8,000, measured iterations): within 0.56-1.33x at N >= 2,000. Not measured beyond:
+#: the 80k Gram stage wrote 0.52 GB/s (bench_fit_80k.py), and a Gram larger than the page
+#: cache is read at disk speed (DEFAULT_DISK_READ_GBPS), so large-N figures are rough
+CG_STORED_SETUP_BYTES_PER_SECOND = 0.113e9
+CG_STORED_TILE_SECONDS = 0.0048
+CG_STORED_BYTES_PER_SECOND = 3.06e9
 #: the Gram stage: N²/2 lower entries per second (float64, D = 14) and its Zarr write; the
 #: 80k fit wrote 25.6 GB of lower tiles in 49.5 s (bench_fit_80k.py)
 GRAM_ENTRY_RATE = 0.53e9
@@ -150,6 +176,14 @@ SPECTRUM_SAMPLE_ROWS = 2000
 SPECTRUM_RANK_FACTOR = 4
 SPECTRUM_MAX_ROWS = 4000
 SPECTRUM_POWER_ITERATIONS = 10
+#: a named solver="cg" measures ρ (to choose its product's variant) only when the solve is
+#: predicted to take this long: the estimate then costs at most about 10 %
+SPECTRUM_WORTH_SECONDS = 5.0
+#: CG's product is stored or mixed-precision (pipeline.policy.cg_variant) only when that is
+#: predicted to save this fraction and this many seconds of the float64 recomputing solve;
+#: below that the grid's timing noise (about 10 %) would decide
+CG_VARIANT_MIN_SAVING = 0.1
+CG_VARIANT_MIN_SECONDS = 1.0
 
 # ---------------------------------------------------------------------------
 # KernelRidgeCV (pipeline.model_selection): search routing and its cost model

@@ -16,6 +16,10 @@ with its reason, then run it with :func:`pipeline.fit.execute`. The rule:
    the shift μ, and ρ is measured on a subsample of the training rows when the
    caller passes them (``X=``; :mod:`pipeline.policy.spectrum`), as ``krr run`` and
    ``KernelRidge`` do. A kernel not known to be PSD never gets CG.
+4. Every CG fit (named or chosen) takes its product's variant from
+   :func:`pipeline.policy.cg_variant.choose_cg_variant`: recomputed or stored tiles,
+   float64 or mixed precision (``matvec`` and ``cg_precision`` the user named are
+   kept), by the same cost model; ``auto`` compares CG's best variant with the Cholesky.
 
 Pure functions of sizes, user choices and measured resources, apart from that
 subsample estimate: no I/O. Other cost models plug in through the ``cost_model``
@@ -37,6 +41,15 @@ from typing import Any
 import numpy as np
 
 from pipeline.policy import constants as C
+from pipeline.policy.cg_variant import choose_cg_variant, matvec_choice, normalize_precision
+from pipeline.policy.cost_models import (
+    SimpleCostModel,
+    _accepts,
+    _seconds,
+    make_cost_model,
+    predicted_cg_seconds,
+    predicted_cholesky_seconds,
+)
 
 __all__ = [
     "ALPHA_CONVENTION_ALIASES",
@@ -58,8 +71,6 @@ __all__ = [
 ]
 
 SOLVERS = ("auto", "dense", "primal", "cholesky", "cg")
-#: cost models :func:`plan_fit` knows by name
-COST_MODELS = ("calibrated", "simple")
 #: the one vocabulary of CG's operator; old spellings are accepted and mapped
 MATVEC_ALIASES = {
     "auto": "auto",
@@ -132,6 +143,9 @@ class FitPlan:
     block_size: int = C.DEFAULT_BLOCK_SIZE
     factor_dtype: str = C.DEFAULT_FACTOR_DTYPE
     kernel_dtype: str = C.DEFAULT_KERNEL_DTYPE
+    #: CG: "float64" products, or "mixed" (float32 kernel products refined to the
+    #: float64 answer; pipeline.solvers.cg_mixed_fit)
+    cg_precision: str = "float64"
     preconditioner: str = C.DEFAULT_PRECONDITIONER
     rank: int = C.DEFAULT_RANK
     tol: float = C.DEFAULT_TOL
@@ -170,6 +184,7 @@ class FitPlan:
         if self.solver == "cg":
             parts += [
                 f"matvec={self.matvec}",
+                *(["cg_precision=mixed"] if self.cg_precision == "mixed" else []),
                 f"preconditioner={self.preconditioner}",
                 # "adaptive" grows its own rank (up to its memory budget); "nystrom" uses rank
                 f"rank={'chosen by adaptive' if self.preconditioner == 'adaptive' else self.rank}",
@@ -208,82 +223,6 @@ def _gb(x: float) -> str:
 
 
 # ---------------------------------------------------------------------------
-# the cost model (simple, constants-based forms; the calibrated ones plug in)
-
-
-def predicted_cholesky_seconds(n: int, d: int, kernel: Any = None) -> float:
-    """Seconds of an out-of-core Cholesky: N³/3 flops at ``CHOLESKY_GFLOPS``."""
-    return n**3 / 3.0 / (C.CHOLESKY_GFLOPS * 1e9)
-
-
-def predicted_cg_seconds(n: int, d: int, kernel: Any = None) -> float:
-    """Seconds of a Nyström-preconditioned CG: ``CG_TYPICAL_PRODUCTS`` products of
-    N² kernel entries at ``KERNEL_ENTRIES_PER_SECOND``."""
-    return C.CG_TYPICAL_PRODUCTS * float(n) ** 2 / C.KERNEL_ENTRIES_PER_SECOND
-
-
-class SimpleCostModel:
-    """The old λ-blind model: :func:`predicted_cholesky_seconds` and
-    :func:`predicted_cg_seconds` (``cost_model="simple"``). It ignores λ and the data,
-    so it picks the slower solver on much of the measured grid
-    (``bench_policy_grid.py``); the default is
-    :class:`pipeline.policy.calibrated.CalibratedCostModel`."""
-
-    name = "simple"
-
-    def cholesky_seconds(self, n: int, d: int, kernel: Any = None) -> float:
-        return predicted_cholesky_seconds(n, d, kernel)
-
-    def cg_seconds(self, n: int, d: int, kernel: Any = None) -> float:
-        return predicted_cg_seconds(n, d, kernel)
-
-
-def _accepts(fn: Any, key: str) -> bool:
-    import inspect
-
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    return any(p.name == key or p.kind is p.VAR_KEYWORD for p in params)
-
-
-def _seconds(fn: Any, n: int, d: int, kernel: Any, **kw: Any) -> float:
-    """``fn(n, d, kernel)``, with those of ``kw`` (``shift``, ``tol``) that ``fn`` accepts."""
-    extra = {k: v for k, v in kw.items() if v is not None and _accepts(fn, k)}
-    return float(fn(n, d, kernel, **extra))
-
-
-def make_cost_model(
-    name: Any,
-    *,
-    block_size: int = C.DEFAULT_BLOCK_SIZE,
-    rank: int = C.DEFAULT_RANK,
-    tol: float = C.DEFAULT_TOL,
-    factor_dtype: str = C.DEFAULT_FACTOR_DTYPE,
-) -> Any:
-    """The cost model ``name`` (``None`` or ``"calibrated"``, ``"simple"``); an object
-    with ``cholesky_seconds`` and ``cg_seconds`` is returned as is."""
-    if name == "simple":
-        return SimpleCostModel()
-    if name is None or name == "calibrated":
-        from pipeline.policy.calibrated import CalibratedCostModel
-
-        return CalibratedCostModel(
-            block_size=block_size,
-            rank=rank,
-            tol=tol,
-            factor_dtype=factor_dtype if factor_dtype in ("float64", "float32") else "float64",
-        )
-    if hasattr(name, "cholesky_seconds") and hasattr(name, "cg_seconds"):
-        return name
-    raise ValueError(
-        f"cost_model={name!r} is not valid; choose one of {COST_MODELS} or pass an object "
-        "with cholesky_seconds(n, d, kernel) and cg_seconds(n, d, kernel) methods"
-    )
-
-
-# ---------------------------------------------------------------------------
 # the rules
 
 
@@ -300,12 +239,14 @@ def out_of_core_choice(
     shift: float | None = None,
     tol: float | None = None,
     rho: float | None = None,
+    cg_options: Mapping[str, Any] | None = None,
 ) -> tuple[str, str]:
     """``"cholesky"`` or ``"cg"`` for an N x N kernel system, with the reason.
 
     ``cholesky_max_n`` replaces the cost model by a row threshold. ``shift`` (μ),
     ``tol`` and ``rho`` (the preconditioner's measured residual) reach cost models
-    whose methods accept them.
+    whose methods accept them; so do ``cg_options`` (CG's ``matvec`` and
+    ``precision``, :func:`pipeline.policy.cg_variant.choose_cg_variant`).
     """
     if n < 1 or n_features < 1:
         raise ValueError(f"n and n_features must be >= 1, got n={n}, n_features={n_features}")
@@ -351,7 +292,7 @@ def out_of_core_choice(
     cm = make_cost_model(cost_model)
     kw = {"shift": shift, "tol": tol, "rho": rho}
     t_chol = _seconds(cm.cholesky_seconds, n, n_features, kernel, **kw)
-    t_cg = _seconds(cm.cg_seconds, n, n_features, kernel, **kw)
+    t_cg = _seconds(cm.cg_seconds, n, n_features, kernel, **kw, **dict(cg_options or {}))
     cg_why = f"{getattr(cm, 'name', 'cost')} model"
     if hasattr(cm, "cg_iterations") and _accepts(cm.cg_iterations, "rho"):
         its = cm.cg_iterations(n, shift, tol, rho=rho)
@@ -373,29 +314,6 @@ def out_of_core_choice(
     )
 
 
-def matvec_choice(n: int, n_features: int, disk_free: float) -> tuple[str, str]:
-    """``"stored"`` or ``"recompute"`` for CG, with the reason.
-
-    Reading a stored float64 entry (8 bytes at about 1 GB/s) costs about as much
-    as recomputing a low-dimensional RBF entry, so a store pays off only when the
-    kernel is costly to evaluate (many features) and the Gram fits on disk.
-    """
-    need = gram_disk_bytes(n)
-    if need > C.DISK_MARGIN * disk_free:
-        return "recompute", f"the Gram ({_gb(need)}) does not fit in the free disk"
-    if n_features >= C.STORED_MATVEC_MIN_FEATURES:
-        return (
-            "stored",
-            f"D={n_features}: an entry costs O(D) to recompute but 8 bytes to read, and the "
-            f"Gram ({_gb(need)}) fits on disk",
-        )
-    return (
-        "recompute",
-        f"D={n_features} is small: recomputing a kernel entry costs about as much as reading "
-        "it back, and no store is needed",
-    )
-
-
 def _dual_flops(n: int, d: int) -> float:
     return float(n) ** 2 * d + float(n) ** 3 / 3.0
 
@@ -410,6 +328,21 @@ def in_memory_choice(n: int, d: int, *, has_primal: bool, alpha: Any = 1.0) -> s
     if not has_primal or np.any(np.asarray(alpha, dtype=np.float64) <= 0):
         return "dense"
     return "primal" if _primal_flops(n, d) < _dual_flops(n, d) else "dense"
+
+
+def _rho_matters(
+    cm: Any, solver: str, n: int, d: int, kernel: Any, mu: float, tol: float, matvec, precision
+) -> bool:
+    """Whether measuring ρ on a subsample (about 0.5 s) can change the plan: with
+    ``solver="auto"`` unless the Cholesky wins even against a one-iteration CG; with
+    ``solver="cg"`` when the product's variant is open and the solve is predicted to
+    take :data:`~pipeline.policy.constants.SPECTRUM_WORTH_SECONDS` or more."""
+    if solver == "auto":
+        return not _cholesky_beats_any_cg(cm, n, d, kernel, mu, tol)
+    if solver != "cg" or (matvec != "auto" and precision != "auto"):
+        return False
+    kw = {"shift": mu if mu > 0 else None, "tol": tol}
+    return _seconds(cm.cg_seconds, n, d, kernel, **kw) >= C.SPECTRUM_WORTH_SECONDS
 
 
 def _cholesky_beats_any_cg(cm: Any, n: int, d: int, kernel: Any, mu: float, tol: float) -> bool:
@@ -469,7 +402,7 @@ def plan_fit(
     cost_model : object or str, optional
         ``cholesky_seconds(n, d, kernel)`` and ``cg_seconds(n, d, kernel)`` (given
         ``shift=`` μ and ``tol=`` too when they accept them), or a name of
-        :data:`COST_MODELS`; default ``choices["cost_model"]``, else
+        :data:`~pipeline.policy.cost_models.COST_MODELS`; default ``choices["cost_model"]``, else
         :class:`~pipeline.policy.calibrated.CalibratedCostModel`.
     X : array-like of shape (n, d), optional
         The training rows as the kernel sees them. When ``solver="auto"`` goes out
@@ -556,29 +489,45 @@ def plan_fit(
         solver = "auto"
     if solver in ("dense", "primal"):
         return replace(base, solver=solver), reason
-    if solver == "auto":
-        cm = make_cost_model(
-            cost_model if cost_model is not None else ch.get("cost_model"),
-            block_size=bs,
-            rank=base.rank,
-            tol=base.tol,
-            factor_dtype=base.factor_dtype,
-        )
-        mu = float(np.min(alphas))
-        if base.alpha_convention == "n_samples":
-            mu *= n
-        rho = None
-        if (
-            X is not None
-            and kernel is not None
-            and mercer
-            and base.preconditioner == "nystrom"
-            and _accepts(cm.cg_seconds, "rho")
-            and not _cholesky_beats_any_cg(cm, n, d, kernel, mu, base.tol)
-        ):
-            from pipeline.policy.spectrum import estimate_residual
+    precision = normalize_precision(ch.get("cg_precision"))
+    cm = make_cost_model(
+        cost_model if cost_model is not None else ch.get("cost_model"),
+        block_size=bs,
+        rank=base.rank,
+        tol=base.tol,
+        factor_dtype=base.factor_dtype,
+    )
+    mu = float(np.min(alphas))
+    if base.alpha_convention == "n_samples":
+        mu *= n
+    shift = mu if mu > 0 else None
+    rho = None
+    if (
+        X is not None
+        and kernel is not None
+        and mercer
+        and base.preconditioner == "nystrom"
+        and _accepts(cm.cg_seconds, "rho")
+        and _rho_matters(cm, solver, n, d, kernel, mu, base.tol, matvec, precision)
+    ):
+        from pipeline.policy.spectrum import estimate_residual
 
-            rho = estimate_residual(X, kernel, base.rank)  # fixed seed: same rows, same ρ
+        rho = estimate_residual(X, kernel, base.rank)  # fixed seed: same rows, same ρ
+    variant = choose_cg_variant(
+        n,
+        d,
+        kernel,
+        resources.disk_bytes,
+        matvec=matvec,
+        precision=precision,
+        cost_model=cm,
+        shift=shift,
+        tol=base.tol,
+        rho=rho,
+        n_targets=n_targets,
+        kernel_dtype=base.kernel_dtype,
+    )
+    if solver == "auto":
         name, why = out_of_core_choice(
             n,
             d,
@@ -587,9 +536,10 @@ def plan_fit(
             rank=rank,
             kernel=kernel,
             cost_model=cm,
-            shift=mu if mu > 0 else None,
+            shift=shift,
             tol=base.tol,
             rho=rho,
+            cg_options={"matvec": variant[0], "precision": variant[1]},
         )
         if name == "cg" and not mercer:
             name, why = "cholesky", f"{why}; but the kernel is not known to be PSD"
@@ -597,7 +547,5 @@ def plan_fit(
         solver = name
     if solver == "cholesky":
         return replace(base, solver="cholesky", matvec="stored"), reason
-    if matvec == "auto":
-        matvec, why = matvec_choice(n, d, resources.disk_bytes)
-        reason = f"{reason}; matvec {matvec}: {why}"
-    return replace(base, solver="cg", matvec=matvec), reason
+    matvec, precision, why = variant
+    return replace(base, solver="cg", matvec=matvec, cg_precision=precision), f"{reason}; {why}"

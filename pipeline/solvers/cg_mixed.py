@@ -116,6 +116,8 @@ def mixed_precision_cg(
     max_outer: int = 30,
     max_inner: int = 1000,
     stagnation_window: int | None = 200,
+    x0: np.ndarray | None = None,
+    on_outer: Callable[[int, np.ndarray, float], Any] | None = None,
 ) -> MixedCGResult:
     """Solve ``A x = b`` to a float64 relative residual ``tol`` with cheap inner products.
 
@@ -139,12 +141,20 @@ def mixed_precision_cg(
         Refinement steps; iterations of each inner solve.
     stagnation_window : int or None
         Passed to the inner CG.
+    x0 : ndarray, optional
+        Starting point (e.g. a checkpointed outer iterate); its float64 residual is
+        computed first (one more float64 product).
+    on_outer : callable ``(k, x, rel)``, optional
+        Called after each accepted outer step with the float64 iterate and its
+        relative residual (e.g. to checkpoint it).
 
     Raises
     ------
     CGStagnationError
         An outer step failed to halve the residual: the float32 products are
-        too inexact for this conditioning (use float64 CG or Cholesky).
+        too inexact for this conditioning (use float64 CG or Cholesky). Its
+        ``x`` attribute holds the last accepted iterate, so a float64 solve can
+        go on from there.
     CGDivergenceError
         NaN or inf anywhere.
     """
@@ -162,11 +172,16 @@ def mixed_precision_cg(
     x = np.zeros_like(b)
     if b_norm == 0:
         return MixedCGResult(x, True, 0.0, 0, 0, 0, 0, np.zeros(1), [(0, 0.0)], 0.0)
-    r = b.copy()
-    rel = 1.0
-    history = [1.0]
-    outer = [(0, 1.0)]
     n_inner = n_low = n_high = 0
+    if x0 is None:
+        r = b.copy()
+    else:
+        x = np.array(x0, dtype=np.float64).reshape(b.shape)
+        r = b - np.asarray(matvec_high(x), dtype=np.float64).reshape(b.shape)
+        n_high += 1
+    rel = float(np.linalg.norm(r)) / b_norm
+    history = [rel]
+    outer = [(0, rel)]
     k = 0
     while rel > tol and k < max_outer:
         k += 1
@@ -187,7 +202,7 @@ def mixed_precision_cg(
         n_inner += res.n_iter
         n_low += res.n_matvec
         history.extend((rel * res.history[1:, 0]).tolist())
-        x += res.x
+        accepted, x = x, x + res.x
         r = b - np.asarray(matvec_high(x), dtype=np.float64).reshape(b.shape)
         n_high += 1
         if not np.all(np.isfinite(r)):
@@ -200,13 +215,18 @@ def mixed_precision_cg(
         outer.append((n_inner, new))
         log.info("mixed CG: outer %d, %d inner iterations, rel. residual %.3e", k, n_inner, new)
         if new > 0.5 * rel:
-            raise CGStagnationError(
+            err = CGStagnationError(
                 f"mixed-precision CG stagnated at outer step {k}: the float64 relative residual "
                 f"went from {rel:.3e} to {new:.3e} (target {tol:.1e}). The float32 products are "
                 "too inexact for this conditioning: use float64 products (kernel_dtype="
                 "'float64'), solver='cholesky', a larger lambda or a higher preconditioner rank."
             )
+            err.x = accepted  # the last accepted iterate
+            err.n_matvec_low, err.n_matvec_high = n_low, n_high
+            raise err
         rel = new
+        if on_outer is not None:
+            on_outer(k, x, rel)
     return MixedCGResult(
         x=x,
         converged=rel <= tol,

@@ -47,6 +47,7 @@ def _choices(solver: SolverConfig, **extra: Any) -> dict[str, Any]:
         "preconditioner": solver.preconditioner,
         "rank": solver.rank,
         "matvec": solver.matvec,
+        "cg_precision": solver.cg_precision,
         "checkpoint_every": solver.checkpoint_every,
         "jitter": solver.jitter,
         "factor_dtype": solver.factor_dtype,

