@@ -35,7 +35,10 @@ def test_band_solve_matches_scipy_for_every_shift(m, kd):
         # relative to the solution, the accuracy of a Cholesky solve (cond up to ~1e7)
         np.testing.assert_allclose(out[i], ref, atol=1e-9 * np.abs(ref).max())
     one = red.solve(Y[:, 0], shifts[:1])
-    np.testing.assert_allclose(one[0, :, 0], out[0, :, 0], rtol=1e-12, atol=1e-14)
+    # one column against two: BLAS takes other kernels (GEMV, GEMM), so the last bits
+    # differ (1.5e-12 of the largest entry at cond 1e7 on AMD EPYC's OpenBLAS)
+    scale = np.abs(out[0, :, 0]).max()
+    np.testing.assert_allclose(one[0, :, 0], out[0, :, 0], rtol=0, atol=1e-11 * scale)
 
 
 def test_band_reduction_is_an_orthogonal_similarity():

@@ -81,7 +81,10 @@ def test_multiple_right_hand_sides_share_products(krr):
     assert calls[0] == 3 and min(calls) < 3
     # a column solved alone gives the same answer as in the block
     single = conjugate_gradient(lambda P: A @ P, B[:, 1], tol=1e-8)
-    np.testing.assert_allclose(single.x, res.x[:, 1], rtol=1e-7, atol=1e-10)
+    # both meet tol 1e-8 in the residual; their difference is bounded by κ·tol relative to
+    # the solution (3.7e-7 of an entry of the solution on AMD EPYC), not entrywise 1e-7
+    diff = np.linalg.norm(single.x - res.x[:, 1]) / np.linalg.norm(res.x[:, 1])
+    assert diff <= 1e-6, diff
 
 
 def test_warm_start(krr):
