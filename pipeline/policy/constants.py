@@ -154,6 +154,11 @@ MIXED_INNER_PATIENCE = 20
 CG_STORED_SETUP_BYTES_PER_SECOND = 0.113e9
 CG_STORED_TILE_SECONDS = 0.0048
 CG_STORED_BYTES_PER_SECOND = 3.06e9
+#: the tile Cholesky writes its factor tiles past the page cache (O_DIRECT; the process
+#: keeps them in its tile cache for the solves). Through the page cache a new 50 MB file
+#: cost 110 ms of CPU on this VM (fresh guest pages), directly 4-7 ms (session 9, AMD
+#: EPYC; docs/PERFORMANCE.md)
+DIRECT_FACTOR_WRITES = True
 #: the Gram stage: N²/2 lower entries per second (float64, D = 14) and its Zarr write; the
 #: 80k fit wrote 25.6 GB of lower tiles in 49.5 s (bench_fit_80k.py)
 GRAM_ENTRY_RATE = 0.53e9

@@ -54,6 +54,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.policy.constants import DIRECT_FACTOR_WRITES
 from pipeline.solvers import blas as gil_free_blas
 
 # ---------------------------------------------------------------------------
@@ -200,7 +201,8 @@ def _store_tile(
     _CACHE.put(_cache_key(L, i, j), tile)
 
     def write(t: np.ndarray) -> None:
-        L.write_tile(i, j, t, **info)  # region first, marker last
+        # region first, marker last; past the page cache (this process caches the tile)
+        L.write_tile(i, j, t, direct=DIRECT_FACTOR_WRITES, **info)
 
     if io is None:
         write(tile)

@@ -121,11 +121,13 @@ class InPlaceFactorArray(TiledArray):
     def intents(self) -> TileMarkers:
         return TileMarkers(self.store, self.name + INTENT_SUFFIX, self.fingerprint)
 
-    def write_tile(self, i: int, j: int, tile: np.ndarray, **marker_info: Any) -> None:
+    def write_tile(
+        self, i: int, j: int, tile: np.ndarray, *, direct: bool = False, **marker_info: Any
+    ) -> None:
         data = np.ascontiguousarray(np.asarray(tile, dtype=self.dtype))
         intents = self.intents()
         intents.mark((i, j), crc32c=tile_checksum(data))  # 1. intent
-        super().write_tile(i, j, data, **marker_info)  # 2. chunk, 3. marker
+        super().write_tile(i, j, data, direct=direct, **marker_info)  # 2. chunk, 3. marker
         intents.unmark((i, j))  # 4.
 
 

@@ -347,8 +347,14 @@ class TiledArray:
 
         return as_dask(self, row_keys=row_keys)
 
-    def write_tile(self, i: int, j: int, tile: np.ndarray, **marker_info: Any) -> None:
+    def write_tile(
+        self, i: int, j: int, tile: np.ndarray, *, direct: bool = False, **marker_info: Any
+    ) -> None:
         """Region-write one tile, then mark it complete (data first, marker last).
+
+        ``direct``: the caller keeps the tile in memory and will not read it back
+        soon, so a raw local chunk is written past the page cache
+        (:func:`~pipeline.storage.rawchunks.write_chunk`).
 
         The marker records the CRC-32C of the bytes written (the tile cast to
         the stored dtype, C order) as ``crc32c``. On a local disk the chunk is
@@ -376,7 +382,7 @@ class TiledArray:
                 return  # the same tile again: already stored and recorded
             raise TileRewriteError(self.store, self.name, (i, j))
         if layout is not None:
-            write_chunk(layout, self._coords(i, j), data)
+            write_chunk(layout, self._coords(i, j), data, direct=direct)
         else:
             arr[region] = data
         self.markers.mark((i, j), **marker_info, crc32c=crc)

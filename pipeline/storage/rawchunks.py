@@ -17,6 +17,7 @@ tests check that Zarr reads what these functions write and vice versa.
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from dataclasses import dataclass
@@ -153,7 +154,9 @@ def chunk_problem(layout: ChunkLayout, coords: tuple[int, ...]) -> str | None:
     return None
 
 
-def write_chunk(layout: ChunkLayout, coords: tuple[int, ...], data: np.ndarray) -> None:
+def write_chunk(
+    layout: ChunkLayout, coords: tuple[int, ...], data: np.ndarray, *, direct: bool = False
+) -> None:
     """Write ``data`` (the chunk's region of the array) as chunk ``coords``, atomically.
 
     The bytes go to a temporary file in the chunk's directory, which then
@@ -163,6 +166,11 @@ def write_chunk(layout: ChunkLayout, coords: tuple[int, ...], data: np.ndarray) 
     :func:`~pipeline.storage.open_tiled_array` of the array removes
     (:mod:`pipeline.storage.tempfiles`). No fsync, as for markers: the page
     cache survives a killed process.
+
+    ``direct``: write past the page cache (``O_DIRECT``, :func:`_write_direct`),
+    for tiles this process keeps in memory and will not read back soon. Where the
+    filesystem refuses ``O_DIRECT`` (tmpfs, some network filesystems), the
+    ordinary write is used.
     """
     region = layout.region_shape(coords)
     if tuple(data.shape) != region:
@@ -175,12 +183,13 @@ def write_chunk(layout: ChunkLayout, coords: tuple[int, ...], data: np.ndarray) 
     path = layout.path(coords)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = tmp_path_for(str(path))
+    view = memoryview(out).cast("B")
     try:
-        with open(tmp, "wb", buffering=0) as f:
-            view = memoryview(out).cast("B")
-            written = 0
-            while written < len(view):
-                written += f.write(view[written:])
+        if not (direct and _write_direct(tmp, view)):
+            with open(tmp, "wb", buffering=0) as f:
+                written = 0
+                while written < len(view):
+                    written += f.write(view[written:])
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -188,3 +197,84 @@ def write_chunk(layout: ChunkLayout, coords: tuple[int, ...], data: np.ndarray) 
         except FileNotFoundError:
             pass
         raise
+
+
+# ---------------------------------------------------------------------------
+# O_DIRECT writes: no page cache, so no fresh pages to fill (on this VM a new 50 MB file
+# cost 110 ms of CPU written through the page cache and 4-7 ms written directly)
+
+_ALIGN = 4096  # O_DIRECT needs the buffer, offset and length aligned to the device block
+_POOL: list[Any] = []  # aligned buffers (mmap), reused so that their pages stay warm
+_POOL_KEEP = 2
+_NO_DIRECT: set[int] = set()  # st_dev of filesystems that refused O_DIRECT
+
+
+def _aligned_buffer(nbytes: int) -> Any:
+    import mmap
+
+    with _LOCK:
+        for k, buf in enumerate(_POOL):
+            if len(buf) >= nbytes:
+                return _POOL.pop(k)
+    return mmap.mmap(-1, -(-nbytes // _ALIGN) * _ALIGN)  # page-aligned anonymous memory
+
+
+def _release_buffer(buf: Any) -> None:
+    with _LOCK:
+        if len(_POOL) < _POOL_KEEP:
+            _POOL.append(buf)
+            return
+    buf.close()
+
+
+def _write_direct(tmp: str, view: memoryview) -> bool:
+    """Write ``view`` to the new file ``tmp`` with ``O_DIRECT``; False (nothing written)
+    if this filesystem refuses it. The aligned head goes directly from a reused aligned
+    buffer; the unaligned tail (under 4 KiB) through the page cache."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return False
+    try:
+        dev = os.stat(os.path.dirname(tmp) or ".").st_dev
+    except OSError:
+        return False
+    if dev in _NO_DIRECT:
+        return False
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | flag, 0o644)
+    except OSError as exc:
+        if exc.errno in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP):
+            _NO_DIRECT.add(dev)
+            return False
+        raise
+    n = len(view)
+    head = n - n % _ALIGN
+    buf = _aligned_buffer(max(head, _ALIGN))
+    try:
+        try:
+            if head:
+                mv = memoryview(buf)
+                mv[:head] = view[:head]
+                written = 0
+                while written < head:
+                    written += os.write(fd, mv[written:head])
+                mv.release()
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            _NO_DIRECT.add(dev)  # opened, but the first aligned write was refused
+            os.close(fd)
+            fd = -1
+            os.unlink(tmp)
+            return False
+    finally:
+        _release_buffer(buf)
+        if fd >= 0:
+            os.close(fd)
+    if head < n:
+        with open(tmp, "r+b", buffering=0) as f:
+            f.seek(head)
+            written = head
+            while written < n:
+                written += f.write(view[written:])
+    return True

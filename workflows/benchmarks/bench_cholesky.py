@@ -114,6 +114,10 @@ def run_mode(mode: str, store: str, out: str) -> dict:
         # at a time, the same bits in both executors)
         if kind == "ionice":  # read-ahead / write-behind threads at niceness 10
             os.environ["KRR_CHOL_IO_NICE"] = "10"
+        if kind == "buffered":  # factor tiles through the page cache (before O_DIRECT)
+            import pipeline.solvers.cholesky as chol
+
+            chol.DIRECT_FACTOR_WRITES = False
         n_threads = 1 if kind == "threads1" else None
         sched = "dask" if kind in ("dask", "f32dask") else "threads"
         dtype = np.float32 if single else np.float64
@@ -213,7 +217,8 @@ def main(argv: list[str] | None = None) -> None:
         default="ours-threads,ours-dask,ours-f32,scipy",
         help="comma-separated list of ours-threads, ours-dask (the two executors, BLAS on "
         "all cores per call), ours-narrow (wide=False), ours-threads1, ours-ionice "
-        "(threads, I/O threads niced: KRR_CHOL_IO_NICE=10), ours-f32 / "
+        "(threads, I/O threads niced: KRR_CHOL_IO_NICE=10), ours-buffered (threads, factor "
+        "tiles written through the page cache, as before DIRECT_FACTOR_WRITES), ours-f32 / "
         "ours-f32dask (float32 factor, float64 diagonal tiles, alpha refined to 1e-11 "
         "with the matrix-free float64 product), scipy, dask (dask.array.linalg)",
     )
