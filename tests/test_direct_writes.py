@@ -87,3 +87,9 @@ def test_the_factor_is_written_directly_and_unchanged(tmp_path, monkeypatch, sch
     f = tile_cholesky(write_gram(tmp_path / "b", K, 128), 1e-2, scheduler=scheduler)
     assert len(seen) == 6  # the 6 lower tiles of the factor, nothing else
     np.testing.assert_array_equal(f.L.zarr("r")[:], ref.L.zarr("r")[:])  # bit for bit
+
+
+def test_no_aligned_buffer_outlives_the_factorisation(tmp_path):
+    K = rbf_matrix(300, seed=4)
+    tile_cholesky(write_gram(tmp_path, K, 128), 1e-2, progress=False)
+    assert rc._POOL == []

@@ -512,17 +512,22 @@ def run_factor_tasks(
     reading its Gram tiles from ``source``, with the same fixed BLAS width in both
     executors: (the tiles computed now, the jitter of every diagonal tile, read from the
     markers so that earlier runs' tiles count too)."""
+    from pipeline.storage.rawchunks import release_direct_buffers
+
     width = tile_blas_threads(wide)
-    if scheduler == "dask":
-        records = _run_dask(
-            source, L, todo, shift, lam, convention, policy, progress, width, task=_tile_task
-        )
-    else:
-        nthreads = n_threads or os.cpu_count() or 1
-        records = _run_threads(
-            source, L, todo, shift, lam, convention, policy, nthreads,
-            blas_threads=width, progress=progress, task=_tile_task,
-        )  # fmt: skip
+    try:
+        if scheduler == "dask":
+            records = _run_dask(
+                source, L, todo, shift, lam, convention, policy, progress, width, task=_tile_task
+            )
+        else:
+            nthreads = n_threads or os.cpu_count() or 1
+            records = _run_threads(
+                source, L, todo, shift, lam, convention, policy, nthreads,
+                blas_threads=width, progress=progress, task=_tile_task,
+            )  # fmt: skip
+    finally:
+        release_direct_buffers()  # the aligned write buffers (a tile each) are not kept
     computed = tuple(tuple(r["tile"]) for r in records if r["computed"])
     jit: dict[str, float] = {}
     if policy is not None:

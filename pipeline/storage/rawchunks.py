@@ -28,7 +28,14 @@ import numpy as np
 
 from pipeline.storage.tempfiles import tmp_path_for
 
-__all__ = ["ChunkLayout", "chunk_layout", "chunk_problem", "read_chunk", "write_chunk"]
+__all__ = [
+    "ChunkLayout",
+    "chunk_layout",
+    "chunk_problem",
+    "read_chunk",
+    "release_direct_buffers",
+    "write_chunk",
+]
 
 
 @dataclass(frozen=True)
@@ -205,7 +212,7 @@ def write_chunk(
 
 _ALIGN = 4096  # O_DIRECT needs the buffer, offset and length aligned to the device block
 _POOL: list[Any] = []  # aligned buffers (mmap), reused so that their pages stay warm
-_POOL_KEEP = 2
+_POOL_KEEP = 1
 _NO_DIRECT: set[int] = set()  # st_dev of filesystems that refused O_DIRECT
 
 
@@ -225,6 +232,15 @@ def _release_buffer(buf: Any) -> None:
             _POOL.append(buf)
             return
     buf.close()
+
+
+def release_direct_buffers() -> None:
+    """Free the aligned buffers kept for direct writes (a pass that wrote calls this at
+    its end, so a long-lived process does not hold a tile's worth of memory)."""
+    with _LOCK:
+        bufs, _POOL[:] = list(_POOL), []
+    for buf in bufs:
+        buf.close()
 
 
 def _write_direct(tmp: str, view: memoryview) -> bool:
