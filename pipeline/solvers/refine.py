@@ -25,10 +25,10 @@ from pipeline.solvers.triangular import (
     FactorPreconditioner,
     _as_factor,
     _sweep_blas,
-    _tiles_ahead,
-    _trsm_lower,
     back_substitution,
+    back_sweep,
     forward_substitution,
+    forward_sweep,
 )
 
 
@@ -57,22 +57,9 @@ class NativeFactorPreconditioner(FactorPreconditioner):
         return out[:, 0] if one_d else out
 
     def _sweeps(self, z: np.ndarray) -> None:
-        L = self.L
-        g = L.grid
-        T = g.n_row_blocks
-        tiles = _tiles_ahead(L, [(i, k) for i in range(T) for k in range(i + 1)])
-        for i in range(T):
-            si = g.row_slice(i)
-            acc = z[si].copy()
-            for k in range(i):
-                acc -= next(tiles) @ z[g.row_slice(k)]
-            z[si] = _trsm_lower(next(tiles), acc, trans=False)
-        tiles = _tiles_ahead(L, [(i, k) for i in reversed(range(T)) for k in [i, *range(i)]])
-        for i in reversed(range(T)):
-            si = g.row_slice(i)
-            z[si] = _trsm_lower(next(tiles), z[si], trans=True)
-            for k in range(i):
-                z[g.row_slice(k)] -= next(tiles).T @ z[si]
+        # the solvers' one forward and back sweep, in z's precision (float32 here)
+        forward_sweep(self.L, z)
+        back_sweep(self.L, z)
 
 
 def refinement_operator(

@@ -105,13 +105,17 @@ def forward_substitution(factor: CholeskyFactor | TiledArray, y: Any) -> np.ndar
     return z[:, 0] if one_d else z
 
 
-def back_substitution(factor: CholeskyFactor | TiledArray, z: Any) -> np.ndarray:
-    """Solve ``L.T alpha = z`` blockwise, reading L's tiles row by row (last row first)."""
-    L = _as_factor(factor)
-    a, one_d = _as_rhs(z, L.shape[0])
+def back_sweep(L: TiledArray, a: np.ndarray) -> np.ndarray:
+    """Solve ``L.T x = a`` in place, tile row by tile row, last row first.
+
+    The one blockwise back sweep (used by :func:`back_substitution` and by the
+    float32 factor's preconditioner, :mod:`pipeline.solvers.refine`). Row ``i``
+    holds ``L_ii`` and ``L_ik`` (k < i): once ``x_i`` is known, ``a_k -= L_ikᵀ x_i``.
+    Factor tiles are read once each, prefetched; the arithmetic runs in ``a``'s
+    precision (float32 with a float32 factor).
+    """
     g = L.grid
     T = g.n_row_blocks
-    # row i holds L_ii and L_ik (k < i): once alpha_i is known, z_k -= L_ik.T alpha_i
     keys = [(i, k) for i in reversed(range(T)) for k in [i, *range(i)]]
     tiles = _tiles_ahead(L, keys)
     with _sweep_blas():
@@ -121,6 +125,14 @@ def back_substitution(factor: CholeskyFactor | TiledArray, z: Any) -> np.ndarray
             for k in range(i):
                 sk = g.row_slice(k)
                 a[sk] -= next(tiles).T @ a[si]
+    return a
+
+
+def back_substitution(factor: CholeskyFactor | TiledArray, z: Any) -> np.ndarray:
+    """Solve ``L.T alpha = z`` blockwise, reading L's tiles row by row (last row first)."""
+    L = _as_factor(factor)
+    a, one_d = _as_rhs(z, L.shape[0])
+    back_sweep(L, a)
     return a[:, 0] if one_d else a
 
 
