@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pipeline.solvers.blas import gemm_nt_sub, syrk_lower_sub, trsm_right_lower_t
-from pipeline.solvers.tile_io import TileIO
+from pipeline.tiles.tile_io import TileIO
 
 RTOL = {np.float64: 1e-12, np.float32: 2e-5}
 

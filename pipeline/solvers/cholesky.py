@@ -78,13 +78,13 @@ from pipeline.solvers.cholesky_options import (  # noqa: E402, F401  (re-exporte
     make_jitter_policy,
     regularisation_shift,
 )
-from pipeline.solvers.tile_io import TileIO
 from pipeline.storage import (
     IncompleteArrayError,
     TiledArray,
     fingerprint_obj,
     open_tiled_array,
 )
+from pipeline.tiles.tile_io import TileIO
 
 # ---------------------------------------------------------------------------
 # tile kernels (BLAS-3)

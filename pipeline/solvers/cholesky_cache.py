@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.solvers.tile_io import TileIO
 from pipeline.storage import TiledArray
+from pipeline.tiles.tile_io import TileIO
 
 
 class _TileCache:

@@ -6,9 +6,10 @@ the one that imports it), in left-looking dependency order:
 
 - :func:`_run_dask`: one Dask task per factor tile on the active client or the
   threaded scheduler; dependencies through tiny results, never tile payloads.
-- :func:`_run_threads`: a list scheduler on a few threads of this process, the
-  ready task with the longest remaining path first. Gram reads and factor
-  writes run in background threads (TileIO).
+- :func:`_run_threads`: the tile engine's in-process DAG executor
+  (:func:`pipeline.tiles.dag.run_dag`) on a few threads of this process, the ready
+  task with the longest remaining path first. Gram reads and factor writes run in
+  background threads (the engine's TileIO).
 
 Both give every BLAS/LAPACK call of a tile task the same fixed thread count
 (:func:`tile_blas_threads`: all cores by default, "wide", the calls then run one
@@ -28,7 +29,8 @@ from typing import Any
 import numpy as np
 
 from pipeline.solvers import blas as gil_free_blas
-from pipeline.solvers.tile_io import TileIO
+from pipeline.tiles.dag import run_dag, upward_ranks
+from pipeline.tiles.tile_io import TileIO
 
 
 def _deps(i: int, j: int) -> list[tuple[int, int]]:
@@ -214,21 +216,14 @@ def _run_dask(
 
 def _critical_path_ranks(todo: list[tuple[int, int]], block: int) -> dict[tuple[int, int], float]:
     """Upward rank (cost of the longest path from a tile task to the end), in tile flops."""
-    todo_set = set(todo)
-    cost = {}
-    for i, j in todo:
+
+    def cost(t: tuple[int, int]) -> float:
+        i, j = t
         upd = j * (1.0 if i == j else 2.0)  # SYRK / GEMM per earlier column, in b^3 units
         fin = 2.0 / 3.0 if i == j else 1.0  # POTRF runs at about half GEMM speed; TRSM
-        cost[(i, j)] = (upd + fin) * float(block) ** 3
-    succ: dict[tuple[int, int], list[tuple[int, int]]] = {t: [] for t in todo}
-    for t in todo:
-        for d in _deps(*t):
-            if d in todo_set:
-                succ[d].append(t)
-    rank: dict[tuple[int, int], float] = {}
-    for t in reversed(todo):  # left-looking order is topological: successors come later
-        rank[t] = cost[t] + max((rank[s] for s in succ[t]), default=0.0)
-    return rank
+        return (upd + fin) * float(block) ** 3
+
+    return upward_ranks(todo, lambda t: _deps(*t), cost)
 
 
 #: extra memory the read-ahead and write-behind of the threads scheduler may hold, each
@@ -301,70 +296,21 @@ def _run_threads(
     (:func:`pipeline.solvers.blas.serialized`); the tile threads then overlap their
     reads, copies and checksums with the BLAS call in progress.
 
-    A small list scheduler: a task becomes ready when its dependencies finished
-    (computed; their writes may still be queued); idle threads take the ready task
-    with the longest path to the end. Gram reads and factor writes run in
-    background threads.
+    The engine's in-process DAG executor (:func:`pipeline.tiles.dag.run_dag`): a task
+    becomes ready when its dependencies finished (computed; their writes may still be
+    queued); idle threads take the ready task with the longest path to the end. Gram
+    reads and factor writes run in the engine's TileIO threads.
     """
-    import heapq
-
     from pipeline.parallel import blas_threads as _blas
 
     if not todo:
         return []
-    todo_set = set(todo)
     rank = _critical_path_ranks(todo, L.block_size)
-    waiting = {t: sum(d in todo_set for d in set(_deps(*t))) for t in todo}
-    succ: dict[tuple[int, int], list[tuple[int, int]]] = {t: [] for t in todo}
-    for t in todo:
-        for d in set(_deps(*t)):
-            if d in todo_set:
-                succ[d].append(t)
-    ready = [(-rank[t], t) for t in todo if waiting[t] == 0]
-    heapq.heapify(ready)
-    cond = threading.Condition()
-    records: list[dict] = []
-    errors: list[BaseException] = []
-    state = {"running": 0}
-
-    def worker() -> None:
-        while True:
-            with cond:
-                while not ready and state["running"] and not errors:
-                    cond.wait()
-                if errors or not ready:
-                    cond.notify_all()
-                    return
-                _, t = heapq.heappop(ready)
-                state["running"] += 1
-            try:
-                # a fixed BLAS width per task (not "every core when alone"): the bits
-                # of a tile must not depend on what else happened to be running
-                rec = task(
-                    gram, L, t[0], t[1], shift, lam, convention, jitter, io=io, blas_threads=width
-                )
-            except BaseException as e:
-                with cond:
-                    errors.append(e)
-                    state["running"] -= 1
-                    cond.notify_all()
-                return
-            with cond:
-                records.append(rec)
-                shown.update()
-                state["running"] -= 1
-                for s in succ[t]:
-                    waiting[s] -= 1
-                    if waiting[s] == 0:
-                        heapq.heappush(ready, (-rank[s], s))
-                cond.notify_all()
-
     n_threads = max(1, min(int(n_threads), len(todo)))
     if blas_threads is None:
         blas_threads = int(blas_cores) if (wide and blas_cores) else tile_blas_threads(wide)
     width = max(1, int(blas_threads))
-    tile_bytes = L.block_size**2 * max(np.dtype(gram.dtype).itemsize, np.dtype(L.dtype).itemsize)
-    io_depth = int(min(2, max(1, IO_BUDGET_BYTES // max(tile_bytes, 1))))
+    io_depth = _io_depth(gram, L)
     # Gram tiles are read ahead in left-looking order and factor tiles written behind,
     # so the tile threads keep their cores busy with BLAS (a few tiles of extra memory)
     nice = io_niceness()
@@ -377,17 +323,27 @@ def _run_threads(
     serial = gil_free_blas.serialized() if width > 1 else contextlib.nullcontext()
     from pipeline.progress import stage_progress
 
+    def run(t: tuple[int, int]) -> dict:
+        # a fixed BLAS width per task (not "every core when alone"): the bits of a tile
+        # must not depend on what else happened to be running
+        return task(gram, L, t[0], t[1], shift, lam, convention, jitter, io=io, blas_threads=width)
+
     shown_cm = stage_progress("cholesky", len(todo), "tile", enabled=progress)
     with io, _blas(width), serial, shown_cm as shown:
-        threads = [
-            threading.Thread(target=worker, name=f"chol-{k}", daemon=True) for k in range(n_threads)
-        ]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
-    if errors:
-        raise errors[0]
-    if len(records) != len(todo):  # cannot happen with a consistent dependency graph
-        raise RuntimeError(f"tile scheduler stopped after {len(records)} of {len(todo)} tiles")
-    return records
+        # the engine's in-process DAG executor; a task is ready when its inputs are
+        # computed (their writes may still be queued: TileIO serves them meanwhile)
+        return run_dag(
+            todo,
+            lambda t: _deps(*t),
+            run,
+            rank=rank,
+            n_threads=n_threads,
+            on_done=lambda _t, _rec: shown.update(),
+            name="chol",
+        )
+
+
+def _io_depth(gram: Any, L: Any) -> int:
+    """Tiles read ahead (and written behind): up to 2, within :data:`IO_BUDGET_BYTES`."""
+    item = max(np.dtype(gram.dtype).itemsize, np.dtype(L.dtype).itemsize)
+    return int(min(2, max(1, IO_BUDGET_BYTES // max(L.block_size**2 * item, 1))))

@@ -17,8 +17,8 @@ import numpy as np
 from scipy.linalg import blas as sblas
 
 from pipeline.solvers.cholesky import CholeskyFactor, _read_factor_tile, release_tile_cache
-from pipeline.solvers.tile_io import TileIO
 from pipeline.storage import TiledArray, fingerprint_blocks, fingerprint_obj, open_tiled_array
+from pipeline.tiles.tile_io import TileIO
 
 
 def _sweep_blas():

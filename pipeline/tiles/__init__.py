@@ -6,7 +6,11 @@
 - :func:`kernel_tile`: write a tile (Gram build);
 - :func:`task_threads`: inner threads for a fused call inside a Dask task;
 - :mod:`pipeline.tiles.engine`: the tile engine every kernel pass is specified
-  on (tile set x source x consumer, fixed-order reduction, resume).
+  on (tile set x source x consumer, fixed-order reduction, resume);
+- :mod:`pipeline.tiles.dag`: its in-process executor for passes whose tiles depend
+  on one another (the tile Cholesky), critical path first;
+- :mod:`pipeline.tiles.tile_io`: read-ahead and ordered write-behind of tiles
+  (the Cholesky and the forward/back sweeps).
 
 See :mod:`pipeline.tiles.fused` for the design, precision and measured speed.
 """

@@ -1,0 +1,146 @@
+"""The engine's in-process executor for tile DAGs: a list scheduler, critical path first.
+
+Passes whose tiles depend on one another (the tile Cholesky: tile ``(i, j)`` needs
+``(i, k)``, ``(j, k)`` for ``k < j`` and ``(j, j)``) cannot be a fixed-order
+reduction like the kernel passes of :mod:`pipeline.tiles.engine`. Run in this
+process, they go through :func:`run_dag`; on a Dask client they are a Dask graph
+run by :func:`pipeline.parallel.compute`, the same executor as the kernel passes.
+
+:func:`run_dag` runs ``run(key)`` for every key on ``n_threads`` threads. A task
+becomes ready when all of its dependencies have finished; an idle thread takes
+the ready task with the highest ``rank`` (the cost of its longest path to the
+end, :func:`upward_ranks`). It stops at the first error and raises it. Results do
+not depend on the order the tasks ran in as long as each task is a pure function
+of its finished inputs, which is what the passes guarantee.
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from typing import Any
+
+__all__ = ["run_dag", "upward_ranks"]
+
+
+def upward_ranks(
+    keys: Sequence[Hashable],
+    deps: Callable[[Hashable], Iterable[Hashable]],
+    cost: Callable[[Hashable], float],
+) -> dict[Hashable, float]:
+    """Each key's upward rank: its cost plus the largest rank among its successors.
+
+    ``keys`` must be in a topological order (dependencies first); dependencies
+    outside ``keys`` (already finished) are ignored.
+    """
+    inside = set(keys)
+    succ: dict[Hashable, list[Hashable]] = {k: [] for k in keys}
+    for k in keys:
+        for d in set(deps(k)):
+            if d in inside:
+                succ[d].append(k)
+    rank: dict[Hashable, float] = {}
+    for k in reversed(keys):
+        rank[k] = float(cost(k)) + max((rank[s] for s in succ[k]), default=0.0)
+    return rank
+
+
+def run_dag(
+    keys: Sequence[Hashable],
+    deps: Callable[[Hashable], Iterable[Hashable]],
+    run: Callable[[Hashable], Any],
+    *,
+    rank: Mapping[Hashable, float] | None = None,
+    n_threads: int = 1,
+    on_done: Callable[[Hashable, Any], Any] | None = None,
+    name: str = "dag",
+) -> list[Any]:
+    """Run ``run(key)`` for every key of a DAG on ``n_threads`` threads; return the
+    results in completion order.
+
+    Parameters
+    ----------
+    keys : sequence
+        The tasks, in a topological order.
+    deps : callable
+        ``deps(key)``: the keys it needs; those not in ``keys`` count as finished.
+    run : callable
+        ``run(key) -> result``, called once per key, on one of the threads.
+    rank : mapping, optional
+        Priority of each key (higher first); default: the order of ``keys``.
+    on_done : callable, optional
+        ``on_done(key, result)``, called under the scheduler's lock after each task
+        (e.g. a progress bar's update).
+    name : str
+        Prefix of the threads' names.
+
+    Raises
+    ------
+    BaseException
+        The first error of any task (the other threads stop taking tasks).
+    RuntimeError
+        Tasks left that can never become ready (a cycle in ``deps``).
+    """
+    if not keys:
+        return []
+    inside = set(keys)
+    if rank is None:
+        rank = {k: -float(n) for n, k in enumerate(keys)}
+    waiting = {k: sum(d in inside for d in set(deps(k))) for k in keys}
+    succ: dict[Hashable, list[Hashable]] = {k: [] for k in keys}
+    for k in keys:
+        for d in set(deps(k)):
+            if d in inside:
+                succ[d].append(k)
+    order = {k: n for n, k in enumerate(keys)}  # ties: the topological order
+    ready = [(-rank[k], order[k], k) for k in keys if waiting[k] == 0]
+    heapq.heapify(ready)
+    cond = threading.Condition()
+    results: list[Any] = []
+    errors: list[BaseException] = []
+    state = {"running": 0}
+
+    def worker() -> None:
+        while True:
+            with cond:
+                while not ready and state["running"] and not errors:
+                    cond.wait()
+                if errors or not ready:
+                    cond.notify_all()
+                    return
+                _, _, k = heapq.heappop(ready)
+                state["running"] += 1
+            try:
+                out = run(k)
+            except BaseException as e:
+                with cond:
+                    errors.append(e)
+                    state["running"] -= 1
+                    cond.notify_all()
+                return
+            with cond:
+                results.append(out)
+                if on_done is not None:
+                    on_done(k, out)
+                state["running"] -= 1
+                for s in succ[k]:
+                    waiting[s] -= 1
+                    if waiting[s] == 0:
+                        heapq.heappush(ready, (-rank[s], order[s], s))
+                cond.notify_all()
+
+    n = max(1, min(int(n_threads), len(keys)))
+    threads = [threading.Thread(target=worker, name=f"{name}-{k}", daemon=True) for k in range(n)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    if errors:
+        raise errors[0]
+    if len(results) != len(keys):
+        raise RuntimeError(
+            f"{name}: {len(keys) - len(results)} of {len(keys)} tasks never became ready "
+            "(their dependencies form a cycle or name a task that failed)"
+        )
+    return results
