@@ -84,6 +84,7 @@ from pipeline.storage import (
     fingerprint_obj,
     open_tiled_array,
 )
+from pipeline.tiles.engine import pending
 from pipeline.tiles.tile_io import TileIO
 
 # ---------------------------------------------------------------------------
@@ -423,8 +424,7 @@ def tile_cholesky(
         scheduler = "dask" if _active_client() is not None else "threads"
     grid = gram.grid
     if check_gram and keep_gram:  # in place: checked against both marker kinds
-        done = gram.markers.done()
-        missing = [t for t in grid.lower_tiles() if t not in done]
+        missing = pending(gram.markers, grid.lower_tiles())
         if missing:
             raise IncompleteArrayError(
                 gram.store,
@@ -478,8 +478,7 @@ def tile_cholesky(
         overwrite=overwrite,
         attributes=attrs,
     )
-    done_l = L.markers.done()
-    todo = [t for t in _left_looking_order(grid.n_row_blocks) if t not in done_l]
+    todo = pending(L.markers, _left_looking_order(grid.n_row_blocks))  # resume
     if check_disk and todo:
         from pipeline.solvers.cholesky_inplace import check_disk_space
 
@@ -557,8 +556,7 @@ def load_factor(store: str, name: str = "chol") -> CholeskyFactor:
         np.dtype(arr.dtype).str,
         a["fingerprint"],
     )
-    done = L.markers.done()
-    missing = [t for t in L.grid.lower_tiles() if t not in done]
+    missing = pending(L.markers, L.grid.lower_tiles())
     if missing:
         raise IncompleteArrayError(
             str(store),

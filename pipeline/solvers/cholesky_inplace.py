@@ -50,6 +50,7 @@ import numpy as np
 from pipeline.storage import TiledArray
 from pipeline.storage.arrays import CorruptTileError, tile_checksum
 from pipeline.storage.markers import TileMarkers
+from pipeline.tiles.engine import pending
 
 log = logging.getLogger(__name__)
 
@@ -309,7 +310,7 @@ def factor_in_place(
                 "replaced them by factor tiles. Rebuild the Gram, or pass recompute_tile= to "
                 "recompute those tiles from X",
             )
-    todo = [t for t in chol._left_looking_order(grid.n_row_blocks) if t not in done_l]
+    todo = pending(L.markers, chol._left_looking_order(grid.n_row_blocks))  # resume
     if check_disk and todo:
         nthreads = 1 if scheduler == "dask" else (n_threads or os.cpu_count() or 1)
         check_disk_space(
