@@ -308,9 +308,14 @@ def main(argv: list[str] | None = None) -> None:
             for m in ("ours-threads", "ours-dask"):
                 if m in summary:
                     ratio = summary[m]["gflops"] / sp["gflops"]
+                    # the medians too: on a VM whose runs vary by +-5 %, one lucky best
+                    # can decide a 0.9x target either way
+                    med = sp["median_s"] / summary[m]["median_s"]
                     print(
-                        f"{m} / scipy cho_factor GFLOP/s = {ratio:.2f}x (target >= 0.9x, issue "
-                        f"#15): {'MET' if ratio >= 0.9 else 'NOT MET'}"
+                        f"{m} / scipy cho_factor GFLOP/s = {ratio:.2f}x best of {a.repeats}, "
+                        f"{med:.2f}x by medians (target >= 0.9x, issue #15): "
+                        f"{'MET' if ratio >= 0.9 else 'NOT MET'} (best), "
+                        f"{'MET' if med >= 0.9 else 'NOT MET'} (medians)"
                     )
         for f64, f32 in (("ours-threads", "ours-f32"), ("ours-dask", "ours-f32dask")):
             if f64 in summary and f32 in summary:
