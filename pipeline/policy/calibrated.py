@@ -192,7 +192,7 @@ class CalibratedCostModel:
         base = C.CG_FIXED_SECONDS + build
         if matvec == "stored":
             product = cg_cost.stored_product_seconds(n, min(self.block_size, n))
-            setup = 8.0 * n * (n + 1) / 2.0 / C.CG_STORED_SETUP_BYTES_PER_SECOND
+            setup = cg_cost.gram_disk_bytes(n) / C.CG_STORED_SETUP_BYTES_PER_SECOND
             return base + setup + (its + 1) * product + its * apply
         precision = precision or self.kernel_dtype
         if precision == "mixed":

@@ -58,6 +58,7 @@ __all__ = [
     "predicted_cg_seconds",
     "predicted_iterations",
     "product_seconds",
+    "gram_disk_bytes",
     "rank_for_budget",
     "stored_product_seconds",
 ]
@@ -117,13 +118,20 @@ def product_seconds(
     )
 
 
+def gram_disk_bytes(n: int, itemsize: int = 8) -> int:
+    """Bytes of the lower-tiled Gram's N(N+1)/2 entries (what a stored-matvec CG reads)."""
+    return (int(n) * (int(n) + 1) // 2) * itemsize
+
+
 def stored_product_seconds(n: int, block_size: int = C.DEFAULT_BLOCK_SIZE) -> float:
     """Seconds of one product with the stored Gram: a fixed cost per lower tile (its
     read, checksum and task) plus the N²/2 stored float64 entries at
     :data:`~pipeline.policy.constants.CG_STORED_BYTES_PER_SECOND` (page cache or disk)."""
     t = math.ceil(int(n) / max(1, int(block_size)))
-    lower_bytes = 8.0 * n * (n + 1) / 2.0
-    return t * (t + 1) / 2 * C.CG_STORED_TILE_SECONDS + lower_bytes / C.CG_STORED_BYTES_PER_SECOND
+    return (
+        t * (t + 1) / 2 * C.CG_STORED_TILE_SECONDS
+        + gram_disk_bytes(n) / C.CG_STORED_BYTES_PER_SECOND
+    )
 
 
 def nystrom_memory_bytes(n: int, rank: int, dtype: str = "float32") -> int:

@@ -29,6 +29,7 @@ import inspect
 from typing import Any
 
 from pipeline.policy import constants as C
+from pipeline.policy.cg_cost import gram_disk_bytes
 
 __all__ = ["CG_PRECISIONS", "choose_cg_variant", "matvec_choice", "normalize_precision"]
 
@@ -59,7 +60,7 @@ def matvec_choice(n: int, n_features: int, disk_free: float) -> tuple[str, str]:
     as recomputing a low-dimensional RBF entry, so a store pays off only when the
     kernel is costly to evaluate (many features) and the Gram fits on disk.
     """
-    need = (n * (n + 1) // 2) * 8
+    need = gram_disk_bytes(n)
     if need > C.DISK_MARGIN * disk_free:
         return "recompute", f"the Gram ({_gb(need)}) does not fit in the free disk"
     if n_features >= C.STORED_MATVEC_MIN_FEATURES:
@@ -118,7 +119,7 @@ def choose_cg_variant(
             "cg_precision='mixed' recomputes the kernel in float32, so it cannot use "
             "matvec='stored'; use matvec='recompute' (or 'auto'), or cg_precision='float64'"
         )
-    gram_fits = (n * (n + 1) // 2) * 8 <= C.DISK_MARGIN * disk_free
+    gram_fits = gram_disk_bytes(n) <= C.DISK_MARGIN * disk_free
     mixed_ok = n_targets == 1 and kernel_dtype == "float64" and getattr(kernel, "is_mercer", True)
     matvecs = [matvec] if matvec != "auto" else ["recompute", *(["stored"] if gram_fits else [])]
     if precision == "mixed":

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.policy import constants as C
+from pipeline.policy.cg_cost import gram_disk_bytes
 from pipeline.policy.cg_variant import choose_cg_variant, matvec_choice, normalize_precision
 from pipeline.policy.cost_models import (
     SimpleCostModel,
@@ -206,11 +207,6 @@ class FitPlan:
 def cholesky_disk_bytes(n: int, itemsize: int = 8) -> int:
     """Disk a blocked Cholesky needs: the lower-tiled Gram plus its lower factor."""
     return 2 * (n * (n + 1) // 2) * itemsize
-
-
-def gram_disk_bytes(n: int, itemsize: int = 8) -> int:
-    """Disk of the lower-tiled Gram alone (what a stored-matvec CG reads)."""
-    return (n * (n + 1) // 2) * itemsize
 
 
 def cg_memory_bytes(n: int, n_features: int, rank: int = C.DEFAULT_RANK, n_rhs: int = 1) -> int:

