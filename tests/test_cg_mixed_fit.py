@@ -165,3 +165,22 @@ def test_the_cheapest_variant_wins_by_a_material_margin():
         choose_cg_variant(10_000, 8, k, 1e13, cost_model=cheap_mixed, kernel_dtype="float32")[1]
         == "float64"
     )
+
+
+def test_a_mixed_solve_short_of_tol_warns_as_float64_cg_does(monkeypatch):
+    import pipeline.solvers.cg_mixed_fit as mf
+    from pipeline.solvers.cg import CGConvergenceWarning
+
+    X, y = _data(600)
+    op = _op(X, 1e-2)
+    real = mf.mixed_precision_cg
+    # one refinement step only: it gains digits (no stagnation) but cannot reach 1e-12
+    monkeypatch.setattr(mf, "mixed_precision_cg", lambda *a, **k: real(*a, max_outer=1, **k))
+    with pytest.warns(CGConvergenceWarning, match="mixed-precision CG 'cg' did not converge"):
+        res = mixed_cg_fit(op, y, tol=1e-12)
+    assert not res.converged and res.rel_residual[0] > 1e-12
+    # stalled products hand over to float64 CG, which warns in its own words when short
+    monkeypatch.setattr(mf, "mixed_precision_cg", real)
+    with pytest.warns(CGConvergenceWarning, match="did not converge"):
+        res = mixed_cg_fit(_op(X, 1e-3), y, tol=1e-12, max_iter=2)
+    assert not res.converged

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from pipeline.policy.constants import MIXED_INNER_PATIENCE, MIXED_INNER_TOL
-from pipeline.solvers.cg import CGResult, CGStagnationError, CGState
+from pipeline.solvers.cg import CGConvergenceWarning, CGResult, CGStagnationError, CGState
 from pipeline.solvers.cg_mixed import float32_twin, mixed_precision_cg
 
 __all__ = ["mixed_cg_fit"]
@@ -121,6 +122,15 @@ def _one_column(
         res.n_matvec += err.n_matvec_low + err.n_matvec_high
         res.wall_time = time.perf_counter() - t0
         return res
+    if not mixed.converged:  # as float64 CG does: a result short of tol is never silent
+        warnings.warn(
+            f"mixed-precision CG {name!r} did not converge: relative residual "
+            f"{mixed.rel_residual:.3e} > tol {tol:.1e} after {mixed.n_inner} inner iterations. "
+            "Raise max_iter, use a preconditioner (e.g. 'nystrom'), loosen tol, or use "
+            "cg_precision='float64'.",
+            CGConvergenceWarning,
+            stacklevel=3,
+        )
     hist = np.asarray(mixed.history, dtype=np.float64).reshape(-1, 1)
     return CGResult(
         x=mixed.x,
