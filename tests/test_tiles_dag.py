@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from pipeline.tiles.dag import run_dag, upward_ranks
+from pipeline.tiles.dag import RankOrder, run_dag, serial_order, upward_ranks
 
 
 def _diamond():
@@ -68,3 +68,35 @@ def test_dependencies_outside_the_keys_count_as_finished_and_a_cycle_is_reported
     assert run_dag(["x"], lambda k: ["done-before"], lambda k: 1) == [1]
     with pytest.raises(RuntimeError, match="never became ready"):
         run_dag(["p", "q"], {"p": ["q"], "q": ["p"]}.__getitem__, lambda k: k)
+
+
+def test_serial_order_is_one_thread_run_dag():
+    deps = {"a": [], "b": [], "c": ["a"], "d": ["b", "c"], "e": ["a"]}
+    rank = {"a": 1.0, "b": 5.0, "c": 3.0, "d": 0.5, "e": 4.0}
+    order = serial_order(list(deps), deps.__getitem__, rank)
+    ran = run_dag(list(deps), deps.__getitem__, lambda k: k, rank=rank, n_threads=1)
+    assert order == ran == ["b", "a", "e", "c", "d"]
+
+
+def test_rank_order_makes_the_threaded_scheduler_take_high_ranks_first():
+    """Dask's threaded scheduler runs independent tasks in dask.order's order; with
+    RankOrder the ready task of highest rank goes first."""
+    import dask
+
+    ran = []
+
+    def note(k, *deps):
+        ran.append("end" if k < 0 else f"t{k}")
+        return k
+
+    names = [f"t{k}" for k in range(6)]
+    dsk = {n: (note, k) for k, n in enumerate(names)}
+    dsk["end"] = (note, -1, *names)
+    rank = {n: float(k % 3 * 10 - k) for k, n in enumerate(names)}
+    dask.threaded.get(dsk, "end", num_workers=1, callbacks=[RankOrder(rank)._callback])
+    assert ran[:-1] == sorted(names, key=lambda n: -rank[n])
+    assert ran[-1] == "end"
+    ran.clear()
+    with RankOrder({n: -r for n, r in rank.items()}):  # the reverse, as a context manager
+        dask.threaded.get(dsk, "end", num_workers=1)
+    assert ran[:-1] == sorted(names, key=lambda n: rank[n])

@@ -282,3 +282,7 @@ CHOL_DASK_PATH_FACTOR = 6.0
 CHOL_DASK_MIN_BLOCK = 1024
 #: largest tile the policy picks (128 MiB in float64; a task holds about four)
 CHOL_DASK_MAX_BLOCK = 4096
+#: the Dask executor of the tile Cholesky takes the ready tile with the longest path to
+#: the end first, as the threads executor does (a callback on the threaded scheduler,
+#: priorities on a client); False leaves Dask's own order (dask.order, row by row)
+DASK_CRITICAL_PATH_FIRST = True

@@ -28,8 +28,9 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.policy.constants import DASK_CRITICAL_PATH_FIRST
 from pipeline.solvers import blas as gil_free_blas
-from pipeline.tiles.dag import run_dag, upward_ranks
+from pipeline.tiles.dag import RankOrder, run_dag, upward_ranks
 from pipeline.tiles.tile_io import TileIO
 
 
@@ -149,8 +150,11 @@ def tile_owners(client: Any) -> list[str]:
     return workers if len(workers) > 1 else []
 
 
-def owner_annotation(owners: list[str], i: int) -> contextlib.AbstractContextManager:
-    """Prefer worker ``owners[i % len(owners)]`` for the tasks of tile row ``i``.
+def owner_annotation(
+    owners: list[str], i: int, priority: float | None = None
+) -> contextlib.AbstractContextManager:
+    """Prefer worker ``owners[i % len(owners)]`` for the tasks of tile row ``i``, and
+    give them ``priority`` (a distributed scheduler runs higher priorities first).
 
     Dask places a task on a worker that holds its dependencies' results; the tile
     tasks depend on each other only through tiny records, so every tile task
@@ -161,11 +165,16 @@ def owner_annotation(owners: list[str], i: int) -> contextlib.AbstractContextMan
     ``allow_other_workers``: a lost or busy worker's tasks still run elsewhere.
     Results do not depend on the placement (every task has a fixed BLAS width).
     """
-    if not owners:
+    notes: dict[str, Any] = {}
+    if owners:
+        notes.update(workers=[owners[i % len(owners)]], allow_other_workers=True)
+    if priority is not None:
+        notes["priority"] = int(priority)
+    if not notes:
         return contextlib.nullcontext()
     import dask
 
-    return dask.annotate(workers=[owners[i % len(owners)]], allow_other_workers=True)
+    return dask.annotate(**notes)
 
 
 def _run_dask(
@@ -183,10 +192,15 @@ def _run_dask(
     # worker processes of a distributed client share the host's cores: their wide
     # BLAS calls queue on a host-wide lock (the threaded scheduler's on the process's)
     host_lock = _active_client() is not None and (blas_threads or 1) > 1
-    owners = tile_owners(_active_client())
+    client = _active_client()
+    owners = tile_owners(client)
+    block3 = float(L.block_size) ** 3  # ranks in tile flops; priorities in b³ units
+    # critical path first, as the threads executor: ranks as priorities on a client,
+    # a callback that reorders the threaded scheduler's ready list otherwise
+    tile_rank = _critical_path_ranks(todo, L.block_size)
     for i, j in todo:  # todo is in left-looking order: deps come first
         deps = [nodes[d] for d in submitted_deps(i, j, todo_set)]
-        with owner_annotation(owners, i):
+        with owner_annotation(owners, i, tile_rank[(i, j)] // block3 if client else None):
             nodes[(i, j)] = delayed(task, pure=False)(
                 gram,
                 L,
@@ -208,6 +222,10 @@ def _run_dask(
         # threaded scheduler, wide BLAS calls one at a time: a thread more than cores,
         # so one task's synchronous read or write overlaps the others' BLAS calls
         kw["num_workers"] = (os.cpu_count() or 1) + 1
+    if _active_client() is None and DASK_CRITICAL_PATH_FIRST:
+        kw["callbacks"] = [
+            RankOrder({f"{prefix}-{i}-{j}": r for (i, j), r in tile_rank.items()})._callback
+        ]
     (records,) = compute(
         list(nodes.values()), progress=progress, desc="cholesky", unit="tile", **kw
     )

@@ -2,15 +2,19 @@
 
 ``cholesky_solve`` solves ``(K + shift*I) alpha = y`` as ``L z = y`` then
 ``L.T alpha = z``, reading each factor tile of the lower triangle once per
-pass (row by row, prefetched in a background thread). ``y`` may hold one or
+pass (prefetched by the engine's TileIO). Each pass is a tile DAG on the
+engine's in-process executor (:func:`pipeline.tiles.dag.run_dag`, one task per
+factor tile, each row's updates chained in a fixed order): the same bits on any
+number of threads, and the LOO panels' wide right-hand sides use every core. ``y`` may hold one or
 many right-hand sides (multi-output regression); ``alpha`` is ``N x outputs``,
 small enough to return as numpy, and can also be written to Zarr.
 """
 
 from __future__ import annotations
 
+import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -18,28 +22,55 @@ from scipy.linalg import blas as sblas
 
 from pipeline.solvers.cholesky import CholeskyFactor, _read_factor_tile, release_tile_cache
 from pipeline.storage import TiledArray, fingerprint_blocks, fingerprint_obj, open_tiled_array
+from pipeline.tiles.dag import run_dag, serial_order, upward_ranks
 from pipeline.tiles.tile_io import TileIO
 
 
 def _sweep_blas():
-    """BLAS threads of the sweeps' products and small TRSMs: one (memory-bound)."""
+    """BLAS threads of the sweeps' products and small TRSMs: one per tile task."""
     from pipeline.solvers.blas import process_threads
 
     return process_threads(SWEEP_BLAS_THREADS)
 
 
-#: BLAS threads of the forward/back sweeps (memory-bound tile-times-panel products)
+#: BLAS threads of each forward/back sweep task (tile-times-panel products: memory-bound
+#: for one right-hand side; for wide panels the tasks run in parallel instead)
 SWEEP_BLAS_THREADS = 1
 
 
-def _tiles_ahead(
-    L: TiledArray, keys: list[tuple[int, int]], depth: int = 3
-) -> Iterator[np.ndarray]:
-    """Yield factor tiles in ``keys`` order (distinct keys), reading ``depth`` tiles ahead."""
-    reader = TileIO(lambda k: _read_factor_tile(L, *k), keys, depth=depth, max_pending=0)
-    with reader:
-        for key in keys:
-            yield reader.read(key)
+def _sweep_threads() -> int:
+    """Tile threads of a sweep: one per core (each task's BLAS on one thread)."""
+    return max(1, os.cpu_count() or 1)
+
+
+def _run_sweep(
+    L: TiledArray,
+    keys: list[tuple[int, int]],
+    deps: Callable[[tuple[int, int]], list[tuple[int, int]]],
+    cost: Callable[[tuple[int, int]], float],
+    step: Callable[[tuple[int, int], np.ndarray], None],
+    name: str,
+) -> None:
+    """Run ``step(key, factor tile key)`` for every key on the engine's DAG executor.
+
+    Tasks are ready when their dependencies ran; the ready task with the longest path
+    to the end goes first (:func:`pipeline.tiles.dag.run_dag`). Factor tiles (each
+    read once) come through the engine's TileIO, read ahead in the one-thread order.
+    Each row's updates are chained in a fixed order, so the result is the same bit
+    for bit whatever the thread count.
+    """
+    rank = upward_ranks(keys, deps, cost)
+    order = serial_order(keys, deps, rank)
+    io = TileIO(lambda k: _read_factor_tile(L, *k), order, depth=3, max_pending=0)
+    with io, _sweep_blas():
+        run_dag(
+            keys,
+            deps,
+            lambda t: step(t, io.read(t)),
+            rank=rank,
+            n_threads=_sweep_threads(),
+            name=name,
+        )
 
 
 def _trsm_lower(lii: np.ndarray, b: np.ndarray, trans: bool) -> np.ndarray:
@@ -72,28 +103,44 @@ def _as_rhs(y: Any, n: int) -> tuple[np.ndarray, bool]:
 
 
 def forward_sweep(L: TiledArray, z: np.ndarray, start_block: int = 0) -> np.ndarray:
-    """Solve ``L x = z`` in place, tile row by tile row, from tile row ``start_block`` on.
+    """Solve ``L x = z`` in place, from tile row ``start_block`` on.
 
     The one blockwise forward sweep (used by :func:`forward_substitution` and by
     the LOO panels, :func:`pipeline.model_selection.loo.forward_panel`): ``z``
     (C order, 2-D) holds the rows from ``start_block``'s first row on, the
     right-hand side being zero above them; factor tiles ``(i, k)`` with
     ``start_block <= k <= i`` are read once each, prefetched.
+
+    A tile DAG on the engine's executor: task ``(i, k)``, ``k < i``, subtracts
+    ``L_ik x_k`` from row block ``i`` once ``x_k`` is solved and ``(i, k - 1)``
+    ran (the row's updates in increasing ``k``, as a serial sweep); task
+    ``(i, i)`` then solves ``L_ii x_i = z_i``. Rows below the critical path
+    update in parallel.
     """
     g = L.grid
     T = g.n_row_blocks
-    r0 = g.row_slice(start_block).start if T else 0
+    if T <= start_block:
+        return z
+    r0 = g.row_slice(start_block).start
+
+    def rows(i: int) -> slice:
+        s = g.row_slice(i)
+        return slice(s.start - r0, s.stop - r0)
+
+    def deps(t: tuple[int, int]) -> list[tuple[int, int]]:
+        i, k = t
+        return ([(i, k - 1)] if k > start_block else []) + ([(k, k)] if k < i else [])
+
+    def step(t: tuple[int, int], tile: np.ndarray) -> None:
+        i, k = t
+        if k < i:
+            zi = z[rows(i)]
+            zi -= tile @ z[rows(k)]
+        else:
+            z[rows(i)] = _trsm_lower(tile, z[rows(i)], trans=False)
+
     keys = [(i, k) for i in range(start_block, T) for k in range(start_block, i + 1)]
-    tiles = _tiles_ahead(L, keys)
-    with _sweep_blas():
-        for i in range(start_block, T):
-            si = g.row_slice(i)
-            li = slice(si.start - r0, si.stop - r0)
-            acc = z[li].copy()
-            for k in range(start_block, i):
-                sk = g.row_slice(k)
-                acc -= next(tiles) @ z[sk.start - r0 : sk.stop - r0]
-            z[li] = _trsm_lower(next(tiles), acc, trans=False)
+    _run_sweep(L, keys, deps, lambda t: 2.0 if t[0] != t[1] else 1.0, step, "forward")
     return z
 
 
@@ -106,25 +153,36 @@ def forward_substitution(factor: CholeskyFactor | TiledArray, y: Any) -> np.ndar
 
 
 def back_sweep(L: TiledArray, a: np.ndarray) -> np.ndarray:
-    """Solve ``L.T x = a`` in place, tile row by tile row, last row first.
+    """Solve ``L.T x = a`` in place, last tile row first.
 
     The one blockwise back sweep (used by :func:`back_substitution` and by the
     float32 factor's preconditioner, :mod:`pipeline.solvers.refine`). Row ``i``
     holds ``L_ii`` and ``L_ik`` (k < i): once ``x_i`` is known, ``a_k -= L_ikᵀ x_i``.
     Factor tiles are read once each, prefetched; the arithmetic runs in ``a``'s
     precision (float32 with a float32 factor).
+
+    A tile DAG on the engine's executor: task ``(i, i)`` solves ``L_iiᵀ x_i = a_i``
+    once ``(i + 1, i)`` ran; task ``(i, k)``, ``k < i``, subtracts ``L_ikᵀ x_i`` from
+    ``a_k`` once ``x_i`` is solved and ``(i + 1, k)`` ran (each block's updates in
+    decreasing ``i``, as a serial sweep).
     """
     g = L.grid
     T = g.n_row_blocks
+
+    def deps(t: tuple[int, int]) -> list[tuple[int, int]]:
+        i, k = t
+        return ([(i, i)] if k < i else []) + ([(i + 1, k)] if i + 1 < T else [])
+
+    def step(t: tuple[int, int], tile: np.ndarray) -> None:
+        i, k = t
+        if k < i:
+            ak = a[g.row_slice(k)]
+            ak -= tile.T @ a[g.row_slice(i)]
+        else:
+            a[g.row_slice(i)] = _trsm_lower(tile, a[g.row_slice(i)], trans=True)
+
     keys = [(i, k) for i in reversed(range(T)) for k in [i, *range(i)]]
-    tiles = _tiles_ahead(L, keys)
-    with _sweep_blas():
-        for i in reversed(range(T)):
-            si = g.row_slice(i)
-            a[si] = _trsm_lower(next(tiles), a[si], trans=True)
-            for k in range(i):
-                sk = g.row_slice(k)
-                a[sk] -= next(tiles).T @ a[si]
+    _run_sweep(L, keys, deps, lambda t: 2.0 if t[0] != t[1] else 1.0, step, "back")
     return a
 
 

@@ -12,6 +12,12 @@ the ready task with the highest ``rank`` (the cost of its longest path to the
 end, :func:`upward_ranks`). It stops at the first error and raises it. Results do
 not depend on the order the tasks ran in as long as each task is a pure function
 of its finished inputs, which is what the passes guarantee.
+
+The same DAG as a Dask graph on Dask's threaded scheduler follows ``dask.order``
+(its order minimises memory, tile row by tile row) and ignores priorities;
+:class:`RankOrder` is a Dask callback that makes that scheduler take the ready task
+of highest rank first too, as :func:`run_dag` does. On a distributed client the
+same ranks go in as ``priority`` annotations.
 """
 
 from __future__ import annotations
@@ -21,7 +27,9 @@ import threading
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["run_dag", "upward_ranks"]
+from dask.callbacks import Callback
+
+__all__ = ["RankOrder", "run_dag", "serial_order", "upward_ranks"]
 
 
 def upward_ranks(
@@ -44,6 +52,65 @@ def upward_ranks(
     for k in reversed(keys):
         rank[k] = float(cost(k)) + max((rank[s] for s in succ[k]), default=0.0)
     return rank
+
+
+def serial_order(
+    keys: Sequence[Hashable],
+    deps: Callable[[Hashable], Iterable[Hashable]],
+    rank: Mapping[Hashable, float],
+) -> list[Hashable]:
+    """The order :func:`run_dag` on one thread runs ``keys`` in (highest ready rank first).
+
+    With more threads the order differs a little; passes announce this one to their
+    read-ahead (:class:`pipeline.tiles.tile_io.TileIO`), which reads a tile asked for
+    out of turn at once.
+    """
+    inside = set(keys)
+    waiting = {k: sum(d in inside for d in set(deps(k))) for k in keys}
+    succ: dict[Hashable, list[Hashable]] = {k: [] for k in keys}
+    for k in keys:
+        for d in set(deps(k)):
+            if d in inside:
+                succ[d].append(k)
+    order = {k: n for n, k in enumerate(keys)}
+    ready = [(-rank[k], order[k], k) for k in keys if waiting[k] == 0]
+    heapq.heapify(ready)
+    out: list[Hashable] = []
+    while ready:
+        _, _, k = heapq.heappop(ready)
+        out.append(k)
+        for s in succ[k]:
+            waiting[s] -= 1
+            if waiting[s] == 0:
+                heapq.heappush(ready, (-rank[s], order[s], s))
+    return out
+
+
+class RankOrder(Callback):
+    """Dask callback: the threaded scheduler starts the ready task of highest rank first.
+
+    Dask's local scheduler pops its ready tasks from the end of a list that
+    ``dask.order`` sorted; after every finished task (and at the start) this sorts
+    that list by ``rank`` (a mapping from Dask key to priority, higher first; keys
+    not in it go last, ties keep Dask's own order). Pass its ``_callback`` tuple in
+    ``callbacks=`` of ``dask.compute`` (:func:`pipeline.parallel.compute`), or use it
+    as a context manager. Only the order changes, so
+    the results of pure tasks do not.
+    """
+
+    def __init__(self, rank: Mapping[Hashable, float]) -> None:
+        super().__init__()
+        self.rank = rank
+
+    def _sort(self, state: dict) -> None:
+        get = self.rank.get
+        state["ready"].sort(key=lambda k: get(k, float("-inf")))
+
+    def _start_state(self, dsk: Any, state: dict) -> None:
+        self._sort(state)
+
+    def _posttask(self, key: Any, result: Any, dsk: Any, state: dict, worker_id: Any) -> None:
+        self._sort(state)
 
 
 def run_dag(

@@ -118,8 +118,12 @@ def run_mode(mode: str, store: str, out: str) -> dict:
             import pipeline.solvers.cholesky as chol
 
             chol.DIRECT_FACTOR_WRITES = False
+        if kind == "daskorder":  # the Dask executor in dask.order's order (before session 10)
+            import pipeline.solvers.cholesky_exec as chol_exec
+
+            chol_exec.DASK_CRITICAL_PATH_FIRST = False
         n_threads = 1 if kind == "threads1" else None
-        sched = "dask" if kind in ("dask", "f32dask") else "threads"
+        sched = "dask" if kind in ("dask", "f32dask", "daskorder") else "threads"
         dtype = np.float32 if single else np.float64
         c0, t0 = time.process_time(), time.perf_counter()
         f = tile_cholesky(
@@ -218,7 +222,8 @@ def main(argv: list[str] | None = None) -> None:
         help="comma-separated list of ours-threads, ours-dask (the two executors, BLAS on "
         "all cores per call), ours-narrow (wide=False), ours-threads1, ours-ionice "
         "(threads, I/O threads niced: KRR_CHOL_IO_NICE=10), ours-buffered (threads, factor "
-        "tiles written through the page cache, as before DIRECT_FACTOR_WRITES), ours-f32 / "
+        "tiles written through the page cache, as before DIRECT_FACTOR_WRITES), ours-daskorder "
+        "(the Dask executor in dask.order's order, as before DASK_CRITICAL_PATH_FIRST), ours-f32 / "
         "ours-f32dask (float32 factor, float64 diagonal tiles, alpha refined to 1e-11 "
         "with the matrix-free float64 product), scipy, dask (dask.array.linalg)",
     )
