@@ -205,3 +205,38 @@ def test_sweeps_run_tiles_in_parallel(tmp_path, monkeypatch):
     np.testing.assert_allclose(out, serial, rtol=1e-12, atol=1e-12)
     assert state["tasks"] == 8 * 9 // 2  # one task per lower tile
     assert state["most"] == 2  # row updates ran beside the critical path
+
+
+@pytest.mark.parametrize("lane", [1, 2, 256])
+def test_sweep_lanes_share_tile_reads_and_skip_zero_rows(tmp_path, monkeypatch, lane):
+    """Wide right-hand sides are cut into lanes (independent DAGs run in parallel): each
+    factor tile is still read once per sweep, a lane whose columns are zero above some
+    tile row starts there, and the values are those of the dense triangular solve."""
+    from pipeline.solvers import triangular
+
+    n, b = 233, 40
+    f = tile_cholesky(write_gram(tmp_path, rbf_matrix(n, seed=7), b), 1e-2)
+    Ld = np.zeros((n, n))
+    for i, j in f.L.grid.lower_tiles():
+        Ld[f.L.grid.row_slice(i), f.L.grid.col_slice(j)] = f.L.read_tile(i, j)
+    monkeypatch.setattr(triangular, "SWEEP_LANE_COLUMNS", lane)
+    reads = []
+    real = triangular._read_factor_tile
+    monkeypatch.setattr(
+        triangular, "_read_factor_tile", lambda L, i, k: (reads.append((i, k)), real(L, i, k))[1]
+    )
+    cols = np.array([150, 90, 151, 232, 120])  # identity columns, unsorted, none above 80
+    E = np.zeros((n, cols.size))
+    E[cols, np.arange(cols.size)] = 1.0
+    first = np.argmax(E != 0, axis=0)
+    z = triangular.forward_sweep(f.L, E.copy(), 0, first)
+    assert rel(z, scipy.linalg.solve_triangular(Ld, E, lower=True)) < 1e-10
+    assert sorted(reads) == sorted(set(reads))  # once each
+    # the sweep started at tile row 0, but no lane needs the tiles left of column 80
+    assert reads and all(k >= 80 // b for _, k in reads)
+    reads.clear()
+    a = triangular.back_sweep(f.L, z.copy())
+    assert rel(a, scipy.linalg.solve_triangular(Ld.T, z, lower=False)) < 1e-10
+    assert sorted(reads) == sorted(set(reads)) and len(reads) == len(list(f.L.grid.lower_tiles()))
+    monkeypatch.setattr(triangular, "_sweep_threads", lambda: 1)
+    np.testing.assert_array_equal(triangular.forward_sweep(f.L, E.copy(), 0, first), z)

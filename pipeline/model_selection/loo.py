@@ -57,7 +57,10 @@ def forward_panel(
     T = g.n_row_blocks
     r0 = g.row_slice(start_block).start
     X = np.array(E[r0:], dtype=np.float64, order="C")
-    forward_sweep(L, X, start_block)  # the solvers' one forward sweep
+    # each column's first nonzero row: its lane of the sweep starts at that tile row
+    # (E's identity columns: rows above a column's own are zero)
+    first_row = np.argmax(X != 0, axis=0) if X.size else None
+    forward_sweep(L, X, start_block, first_row)  # the solvers' one forward sweep
     if stats is not None:
         n = T - start_block
         stats["factor_tile_reads"] = stats.get("factor_tile_reads", 0) + n * (n + 1) // 2

@@ -286,3 +286,7 @@ CHOL_DASK_MAX_BLOCK = 4096
 #: the end first, as the threads executor does (a callback on the threaded scheduler,
 #: priorities on a client); False leaves Dask's own order (dask.order, row by row)
 DASK_CRITICAL_PATH_FIRST = True
+#: columns of one lane of the forward/back sweeps: lanes are independent tile DAGs run
+#: in parallel (the LOO panels' wide right-hand sides use every core); a fixed width,
+#: so the bits do not depend on the core count
+SWEEP_LANE_COLUMNS = 256

@@ -13,13 +13,16 @@ small enough to return as numpy, and can also be written to Zarr.
 from __future__ import annotations
 
 import os
+import threading
 import warnings
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
 from scipy.linalg import blas as sblas
 
+from pipeline.policy.constants import SWEEP_LANE_COLUMNS
 from pipeline.solvers.cholesky import CholeskyFactor, _read_factor_tile, release_tile_cache
 from pipeline.storage import TiledArray, fingerprint_blocks, fingerprint_obj, open_tiled_array
 from pipeline.tiles.dag import run_dag, serial_order, upward_ranks
@@ -34,7 +37,7 @@ def _sweep_blas():
 
 
 #: BLAS threads of each forward/back sweep task (tile-times-panel products: memory-bound
-#: for one right-hand side; for wide panels the tasks run in parallel instead)
+#: for one right-hand side; for wide panels the lanes run in parallel instead)
 SWEEP_BLAS_THREADS = 1
 
 
@@ -43,30 +46,80 @@ def _sweep_threads() -> int:
     return max(1, os.cpu_count() or 1)
 
 
+Key = tuple[int, int, int]  # (lane, tile row, tile column)
+
+
+class _SharedTiles:
+    """Factor tiles read once (through TileIO) and handed to every lane that uses them;
+    a tile is dropped when its last lane took it."""
+
+    def __init__(self, io: TileIO, uses: dict[tuple[int, int], int]) -> None:
+        self._io, self._uses = io, dict(uses)
+        self._held: dict[tuple[int, int], Future] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[int, int]) -> np.ndarray:
+        with self._lock:
+            fut = self._held.get(key)
+            first = fut is None
+            if first:
+                fut = self._held[key] = Future()
+        if first:
+            try:
+                fut.set_result(self._io.read(key))
+            except BaseException as e:
+                fut.set_exception(e)
+        tile = fut.result()
+        with self._lock:
+            self._uses[key] -= 1
+            if not self._uses[key]:
+                del self._held[key]
+        return tile
+
+
+def _lanes(n_cols: int, first_row: np.ndarray | None, g: Any, start_block: int, r0: int):
+    """Column lanes ``(columns, first tile row)``: ``SWEEP_LANE_COLUMNS`` columns each
+    (a fixed width, so the bits do not depend on the machine's cores); a lane starts at
+    the tile row of its first possibly nonzero row (all rows above are zero)."""
+    w = max(1, int(SWEEP_LANE_COLUMNS))
+    out = []
+    for c0 in range(0, n_cols, w):
+        cols = slice(c0, min(n_cols, c0 + w))
+        start = start_block
+        if first_row is not None:
+            start = max(start_block, int(first_row[cols].min() + r0) // g.block_size)
+        out.append((cols, start))
+    return out
+
+
 def _run_sweep(
     L: TiledArray,
-    keys: list[tuple[int, int]],
-    deps: Callable[[tuple[int, int]], list[tuple[int, int]]],
-    cost: Callable[[tuple[int, int]], float],
-    step: Callable[[tuple[int, int], np.ndarray], None],
+    keys: list[Key],
+    deps: Callable[[Key], list[Key]],
+    step: Callable[[Key, np.ndarray], None],
     name: str,
 ) -> None:
-    """Run ``step(key, factor tile key)`` for every key on the engine's DAG executor.
+    """Run ``step(key, factor tile (i, k))`` for every ``(lane, i, k)`` on the engine's
+    DAG executor.
 
     Tasks are ready when their dependencies ran; the ready task with the longest path
-    to the end goes first (:func:`pipeline.tiles.dag.run_dag`). Factor tiles (each
-    read once) come through the engine's TileIO, read ahead in the one-thread order.
-    Each row's updates are chained in a fixed order, so the result is the same bit
-    for bit whatever the thread count.
+    to the end goes first (:func:`pipeline.tiles.dag.run_dag`). Factor tiles come
+    through the engine's TileIO, read ahead in the one-thread order, each read once
+    and shared by the lanes. Each lane's row updates are chained in a fixed order, so
+    the result is the same bit for bit whatever the thread count.
     """
-    rank = upward_ranks(keys, deps, cost)
-    order = serial_order(keys, deps, rank)
+    rank = upward_ranks(keys, deps, lambda t: 2.0 if t[1] != t[2] else 1.0)
+    order = list(dict.fromkeys(t[1:] for t in serial_order(keys, deps, rank)))
+    uses: dict[tuple[int, int], int] = {}
+    for t in keys:
+        uses[t[1:]] = uses.get(t[1:], 0) + 1
     io = TileIO(lambda k: _read_factor_tile(L, *k), order, depth=3, max_pending=0)
     with io, _sweep_blas():
+        tiles = _SharedTiles(io, uses)
         run_dag(
             keys,
             deps,
-            lambda t: step(t, io.read(t)),
+            lambda t: step(t, tiles.get(t[1:])),
             rank=rank,
             n_threads=_sweep_threads(),
             name=name,
@@ -102,45 +155,60 @@ def _as_rhs(y: Any, n: int) -> tuple[np.ndarray, bool]:
     return np.array(y.reshape(n, -1), dtype=np.float64, order="C"), one_d
 
 
-def forward_sweep(L: TiledArray, z: np.ndarray, start_block: int = 0) -> np.ndarray:
+def forward_sweep(
+    L: TiledArray, z: np.ndarray, start_block: int = 0, first_row: np.ndarray | None = None
+) -> np.ndarray:
     """Solve ``L x = z`` in place, from tile row ``start_block`` on.
 
     The one blockwise forward sweep (used by :func:`forward_substitution` and by
     the LOO panels, :func:`pipeline.model_selection.loo.forward_panel`): ``z``
     (C order, 2-D) holds the rows from ``start_block``'s first row on, the
     right-hand side being zero above them; factor tiles ``(i, k)`` with
-    ``start_block <= k <= i`` are read once each, prefetched.
+    ``start_block <= k <= i`` are read once each, prefetched. ``first_row``
+    (optional, one per column of ``z``, counted from ``z``'s first row): the first
+    row of each column that may be nonzero; a lane of columns then starts at its
+    own first tile row (the LOO panels' identity columns: about a third of the
+    flops of a sweep from the top).
 
-    A tile DAG on the engine's executor: task ``(i, k)``, ``k < i``, subtracts
-    ``L_ik x_k`` from row block ``i`` once ``x_k`` is solved and ``(i, k - 1)``
-    ran (the row's updates in increasing ``k``, as a serial sweep); task
-    ``(i, i)`` then solves ``L_ii x_i = z_i``. Rows below the critical path
-    update in parallel.
+    A tile DAG on the engine's executor, per lane of ``SWEEP_LANE_COLUMNS``
+    columns: task ``(lane, i, k)``, ``k < i``, subtracts ``L_ik x_k`` from row
+    block ``i`` once ``x_k`` is solved and ``(lane, i, k - 1)`` ran (the row's
+    updates in increasing ``k``, as a serial sweep); task ``(lane, i, i)`` then
+    solves ``L_ii x_i = z_i``. Rows below the critical path, and the lanes, run
+    in parallel.
     """
     g = L.grid
     T = g.n_row_blocks
-    if T <= start_block:
+    if T <= start_block or z.shape[1] == 0:
         return z
     r0 = g.row_slice(start_block).start
+    lanes = _lanes(z.shape[1], first_row, g, start_block, r0)
 
     def rows(i: int) -> slice:
         s = g.row_slice(i)
         return slice(s.start - r0, s.stop - r0)
 
-    def deps(t: tuple[int, int]) -> list[tuple[int, int]]:
-        i, k = t
-        return ([(i, k - 1)] if k > start_block else []) + ([(k, k)] if k < i else [])
+    def deps(t: Key) -> list[Key]:
+        c, i, k = t
+        return ([(c, i, k - 1)] if k > lanes[c][1] else []) + ([(c, k, k)] if k < i else [])
 
-    def step(t: tuple[int, int], tile: np.ndarray) -> None:
-        i, k = t
+    def step(t: Key, tile: np.ndarray) -> None:
+        c, i, k = t
+        cols = lanes[c][0]
         if k < i:
-            zi = z[rows(i)]
-            zi -= tile @ z[rows(k)]
+            zi = z[rows(i), cols]
+            zi -= tile @ z[rows(k), cols]
         else:
-            z[rows(i)] = _trsm_lower(tile, z[rows(i)], trans=False)
+            z[rows(i), cols] = _trsm_lower(tile, z[rows(i), cols], trans=False)
 
-    keys = [(i, k) for i in range(start_block, T) for k in range(start_block, i + 1)]
-    _run_sweep(L, keys, deps, lambda t: 2.0 if t[0] != t[1] else 1.0, step, "forward")
+    keys = [
+        (c, i, k)
+        for i in range(start_block, T)
+        for k in range(start_block, i + 1)
+        for c, (_, s0) in enumerate(lanes)
+        if k >= s0
+    ]
+    _run_sweep(L, keys, deps, step, "forward")
     return z
 
 
@@ -161,28 +229,35 @@ def back_sweep(L: TiledArray, a: np.ndarray) -> np.ndarray:
     Factor tiles are read once each, prefetched; the arithmetic runs in ``a``'s
     precision (float32 with a float32 factor).
 
-    A tile DAG on the engine's executor: task ``(i, i)`` solves ``L_iiᵀ x_i = a_i``
-    once ``(i + 1, i)`` ran; task ``(i, k)``, ``k < i``, subtracts ``L_ikᵀ x_i`` from
-    ``a_k`` once ``x_i`` is solved and ``(i + 1, k)`` ran (each block's updates in
-    decreasing ``i``, as a serial sweep).
+    A tile DAG on the engine's executor, per lane of columns (as
+    :func:`forward_sweep`): task ``(lane, i, i)`` solves ``L_iiᵀ x_i = a_i`` once
+    ``(lane, i + 1, i)`` ran; task ``(lane, i, k)``, ``k < i``, subtracts
+    ``L_ikᵀ x_i`` from ``a_k`` once ``x_i`` is solved and ``(lane, i + 1, k)`` ran
+    (each block's updates in decreasing ``i``, as a serial sweep).
     """
     g = L.grid
     T = g.n_row_blocks
+    if not T or a.shape[1] == 0:
+        return a
+    lanes = _lanes(a.shape[1], None, g, 0, 0)
 
-    def deps(t: tuple[int, int]) -> list[tuple[int, int]]:
-        i, k = t
-        return ([(i, i)] if k < i else []) + ([(i + 1, k)] if i + 1 < T else [])
+    def deps(t: Key) -> list[Key]:
+        c, i, k = t
+        return ([(c, i, i)] if k < i else []) + ([(c, i + 1, k)] if i + 1 < T else [])
 
-    def step(t: tuple[int, int], tile: np.ndarray) -> None:
-        i, k = t
+    def step(t: Key, tile: np.ndarray) -> None:
+        c, i, k = t
+        cols = lanes[c][0]
         if k < i:
-            ak = a[g.row_slice(k)]
-            ak -= tile.T @ a[g.row_slice(i)]
+            ak = a[g.row_slice(k), cols]
+            ak -= tile.T @ a[g.row_slice(i), cols]
         else:
-            a[g.row_slice(i)] = _trsm_lower(tile, a[g.row_slice(i)], trans=True)
+            a[g.row_slice(i), cols] = _trsm_lower(tile, a[g.row_slice(i), cols], trans=True)
 
-    keys = [(i, k) for i in reversed(range(T)) for k in [i, *range(i)]]
-    _run_sweep(L, keys, deps, lambda t: 2.0 if t[0] != t[1] else 1.0, step, "back")
+    keys = [
+        (c, i, k) for i in reversed(range(T)) for k in [i, *range(i)] for c in range(len(lanes))
+    ]
+    _run_sweep(L, keys, deps, step, "back")
     return a
 
 
