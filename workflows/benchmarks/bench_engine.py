@@ -48,8 +48,9 @@ and the float32 error table, which the default runs too).
     python workflows/benchmarks/bench_engine.py --quick    # N = 6,000
     python workflows/benchmarks/bench_engine.py            # N = 30,000 (minutes)
 
-pykeops is reported if importable (it is not a dependency; never installed
-here).
+pykeops's ``LazyTensor`` RBF matvec and prediction (CPU backend, float64 and
+float32: rows ``keops64`` and ``keops32``) run when it imports; it is not a
+dependency (``pip install pykeops`` adds it, its first call compiles with g++).
 
 It imports internals (the tile engine, the Gram, the matvec and prediction modules)
 because it compares the engine's evaluators with the older tile code directly, which no
@@ -285,6 +286,32 @@ def gram_methods(kernel: Kernel, gamma: float | None) -> dict[str, Callable]:
     return m
 
 
+def keops_methods(gamma: float | None) -> dict[str, Callable]:
+    """pykeops's ``LazyTensor`` RBF product on the CPU, float64 and float32, when it
+    imports (not a dependency: ``pip install pykeops`` adds it; its first call compiles
+    the formula with the machine's C++ compiler, outside the timing). It evaluates
+    every entry of ``K(A, B)``: for the symmetric matvec that is all N² entries, where
+    the fused code evaluates the stored lower half, so its rate is the same unit,
+    entries of the answer's stored lower triangle per second."""
+    if gamma is None:
+        return {}
+    try:
+        from pykeops.numpy import LazyTensor
+    except ImportError:
+        return {}
+
+    def make(dtype):
+        def product(A: np.ndarray, B: np.ndarray, v: np.ndarray) -> np.ndarray:
+            a = LazyTensor(np.ascontiguousarray(A, dtype=dtype)[:, None, :])
+            b = LazyTensor(np.ascontiguousarray(B, dtype=dtype)[None, :, :])
+            K = (-gamma * ((a - b) ** 2).sum(-1)).exp()
+            return K @ np.ascontiguousarray(v, dtype=dtype)
+
+        return product
+
+    return {"keops64": make(np.float64), "keops32": make(np.float32)}
+
+
 # -- main ------------------------------------------------------------------------------
 def _build_to_fresh_store(X: np.ndarray, kernel: Kernel, tmp: str, kd: str | None = None) -> None:
     """``build_gram`` into a new store (every tile computed, written and marked); ``kd``:
@@ -318,6 +345,8 @@ def _run_dataset(name, X, Xn, kernel, gamma, repeat, rows, ops, pool, tmp):
                               progress=False)  # fmt: skip
             st = StoredKernelOperator(gram, 1e-3)
             calls["ours: stored"] = lambda st=st: st.matvec(v[:, 0])
+            for k, f in keops_methods(gamma).items():
+                calls[k] = lambda f=f: f(X, X, v)
         elif op == "predict":
             meths = predict_methods(kernel, gamma)
             calls = {k: (lambda f=f: rect_product(f, Xn, X, v, pool)) for k, f in meths.items()}
@@ -325,6 +354,8 @@ def _run_dataset(name, X, Xn, kernel, gamma, repeat, rows, ops, pool, tmp):
                 Xn, X, v[:, 0], kernel, block_size=PRED_TILE, train_block_size=PRED_TILE,
                 progress=False,
             )  # fmt: skip
+            for k, f in keops_methods(gamma).items():
+                calls[k] = lambda f=f: f(Xn, X, v)
         else:
             meths = gram_methods(kernel, gamma)
             calls = {k: (lambda f=f: gram_build(f, X, pool)) for k, f in meths.items()}
@@ -413,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import pykeops
 
-        keops = f"pykeops {pykeops.__version__} installed (not benchmarked here)"
+        keops = f"pykeops {pykeops.__version__} (CPU backend: rows keops64, keops32)"
     except ImportError:
         keops = "pykeops: not installed"
     print(
