@@ -157,6 +157,17 @@ def test_the_plan_picks_a_measured_fast_variant(variant_cases):
     assert _variant_regrets(variant_cases, _plan_variant) == []
 
 
+def test_the_plan_picks_a_fast_variant_after_the_float32_speedup():
+    # the same grid measured again in session 10 (AMD EPYC), after the float32 products
+    # became 1.4x faster (CG_PRODUCT_FLOAT32_SPEEDUP refitted: 1.4 -> 1.5); mixed now
+    # wins 9 of 18 cases by the clock (stored 2), and the plan stays within REGRET of the
+    # fastest on every case
+    cases = _load_cases("bench_policy_grid_variants_s10.json")
+    faster = [min(VARIANTS, key=lambda v: c[v]["seconds"]) for c, _ in cases]
+    assert faster.count("cg_mixed") >= 5 and "cg" in faster
+    assert _variant_regrets(cases, _plan_variant) == []
+
+
 def test_the_model_ranks_the_variants_without_the_noise_margin(variant_cases, monkeypatch):
     # the plan keeps float64 unless a variant saves 10 % and 1 s; the model's own ranking,
     # without that margin, must also pick a fast variant on every case with D <= 9. At
