@@ -223,3 +223,33 @@ def test_task_threads():
         assert task_threads(10_000) == cores
     with dask.config.set(num_workers=cores):
         assert task_threads(10_000) == 1
+
+
+@pytest.mark.parametrize("n", [1, 2, 63, 64, 65, 130, 300, 512])
+def test_symmetrize_in_slabs_is_the_triangle_copy(n):
+    """The slab mirror of diagonal sub-blocks makes the same copies as one fancy-indexed
+    copy of the strict lower triangle: the same bits, the lower triangle untouched."""
+    from pipeline.tiles.evaluators import _symmetrize
+
+    E = np.random.default_rng(n).standard_normal((n, n))
+    ref = E.copy()
+    iu = np.triu_indices(n, 1)
+    ref[iu] = ref.T[iu]
+    low = np.tril(E).copy()
+    _symmetrize(E)
+    np.testing.assert_array_equal(E, ref)
+    np.testing.assert_array_equal(np.tril(E), low)
+
+
+def test_float32_products_use_twice_the_rows_of_float64():
+    """Product sub-blocks: float32 GEMM-family evaluators take 512 x 512 (the bytes of
+    float64's 256 x 512); an explicit block_shape is kept as given."""
+    from pipeline.tiles.evaluators import BLOCK_GEMM, prepare
+    from pipeline.tiles.fused import _product_block_shape
+
+    X = np.random.default_rng(0).standard_normal((40, 3))
+    ev32 = prepare(RBF(gamma=0.5), X, None, np.float32)
+    ev64 = prepare(RBF(gamma=0.5), X, None, np.float64)
+    assert _product_block_shape(None, ev32) == (2 * BLOCK_GEMM[0], BLOCK_GEMM[1])
+    assert _product_block_shape(None, ev64) == BLOCK_GEMM
+    assert _product_block_shape((8, 16), ev32) == (8, 16)
