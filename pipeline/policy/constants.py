@@ -293,3 +293,10 @@ DASK_CRITICAL_PATH_FIRST = True
 #: in parallel (the LOO panels' wide right-hand sides use every core); a fixed width,
 #: so the bits do not depend on the core count
 SWEEP_LANE_COLUMNS = 256
+#: bytes of evicted factor-tile buffers kept for the next tile reads (pipeline.storage.
+#: buffers): a fresh page cost about 2 ms of CPU per MB on the AMD EPYC VM (session 10),
+#: and at N = 40,000 each re-read of an evicted 134 MB tile landed in fresh pages.
+#: bench_fit_40k.py factor: 210.6 / 211.1 s without reuse, 205.4 s with 256 MiB (reads
+#: ahead of the evictions still took fresh pages), 201.2 s with 640 MiB; peak RSS 2.27 GB
+#: in all four (glibc told to keep all freed memory: 198.7 s)
+TILE_BUFFER_POOL_BYTES = 640 << 20

@@ -3,18 +3,23 @@
 A factor tile's key includes the factor's fingerprint, so a cached tile is never
 stale; an LRU under a byte budget (``KRR_TILE_CACHE_BYTES``, 1 GiB by default)
 keeps the recently used ones, and the solves right after a factorisation reuse them.
+An evicted tile that nothing else holds gives its memory to the next tile read
+(:mod:`pipeline.storage.buffers`, at most ``TILE_BUFFER_POOL_BYTES`` waiting).
 """
 
 from __future__ import annotations
 
 import collections
 import os
+import sys
 import threading
 from typing import Any
 
 import numpy as np
 
+from pipeline.policy.constants import TILE_BUFFER_POOL_BYTES
 from pipeline.storage import TiledArray
+from pipeline.storage import buffers as tile_buffers
 from pipeline.tiles.tile_io import TileIO
 
 
@@ -42,6 +47,7 @@ class _TileCache:
     def put(self, key: Any, arr: np.ndarray) -> None:
         if arr.nbytes > self.budget:
             return
+        spare: list[np.ndarray] = []
         with self._lock:
             old = self._d.pop(key, None)
             if old is not None:
@@ -51,6 +57,13 @@ class _TileCache:
             while self.nbytes > self.budget and self._d:
                 _, ev = self._d.popitem(last=False)
                 self.nbytes -= ev.nbytes
+                # held by nothing else (``ev`` and getrefcount's argument: 2), so no task
+                # reads it: its memory goes to the next tile read instead of fresh pages
+                if sys.getrefcount(ev) == 2:
+                    spare.append(ev)
+            ev = None
+        for ev in spare:
+            tile_buffers.give(ev, TILE_BUFFER_POOL_BYTES)
 
     def drop(self, prefix: tuple) -> None:
         """Forget every entry whose key starts with ``prefix``."""
@@ -77,7 +90,9 @@ def set_tile_cache_budget(nbytes: int) -> None:
 
 
 def release_tile_cache(factor: Any = None) -> None:
-    """Free this process's cached factor tiles: those of ``factor``, or all (None)."""
+    """Free this process's cached factor tiles: those of ``factor``, or all (None), and
+    the evicted tiles' buffers kept for reuse (:mod:`pipeline.storage.buffers`)."""
+    tile_buffers.release()
     if factor is None:
         _CACHE.clear()
         return

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.storage import buffers as tile_buffers
 from pipeline.storage.tempfiles import tmp_path_for
 
 __all__ = [
@@ -126,7 +127,7 @@ def _inspect(store: str, name: str) -> ChunkLayout | None:
 def read_chunk(layout: ChunkLayout, coords: tuple[int, ...]) -> np.ndarray | None:
     """Chunk ``coords`` as a fresh writable array (edge chunks cut to the array's
     shape), or None if its file is missing or has an unexpected size."""
-    buf = np.empty(layout.chunk_shape, dtype=layout.dtype)
+    buf = tile_buffers.take(layout.chunk_shape, layout.dtype)  # reused memory if any waits
     try:
         with open(layout.path(coords), "rb", buffering=0) as f:
             got = f.readinto(memoryview(buf).cast("B"))

@@ -1,0 +1,73 @@
+"""Reused tile buffers (pipeline.storage.buffers) and the factor-tile cache's recycling."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.storage import buffers, rawchunks
+
+
+@pytest.fixture(autouse=True)
+def _empty_pool():
+    buffers.release()
+    yield
+    buffers.release()
+
+
+def test_take_reuses_what_was_given_within_the_cap():
+    a = np.ones((4, 5))
+    assert buffers.give(a, max_bytes=a.nbytes)
+    assert buffers.waiting_bytes() == a.nbytes
+    assert not buffers.give(np.ones((4, 5)), max_bytes=a.nbytes)  # over the cap
+    b = buffers.take((4, 5), np.float64)
+    assert b is a and b.flags.writeable and buffers.waiting_bytes() == 0
+    c = buffers.take((4, 5), np.float64)  # nothing waits: a new array
+    assert c is not a and c.shape == (4, 5)
+    assert buffers.take((5, 4), np.float64) is not a  # shape and dtype must match
+
+
+def test_views_and_borrowed_memory_are_never_kept():
+    base = np.zeros((8, 8))
+    assert not buffers.give(base[:4], max_bytes=1 << 20)
+    assert not buffers.give(np.asfortranarray(np.zeros((3, 4))), max_bytes=1 << 20)
+    assert buffers.waiting_bytes() == 0
+
+
+def test_factor_with_a_small_cache_recycles_and_keeps_its_bits(tmp_path, monkeypatch):
+    """A tile cache of two tiles evicts during the factorisation: evicted tiles nothing
+    holds go to the next reads. The factor is the same bit for bit as without reuse."""
+    from test_triangular import rbf_matrix, write_gram
+
+    from pipeline.solvers import cholesky_cache, tile_cholesky
+
+    n, b = 300, 50
+    g = write_gram(tmp_path / "g", rbf_matrix(n, seed=11), b)
+    old_budget = cholesky_cache._CACHE.budget
+    try:
+        cholesky_cache.set_tile_cache_budget(2 * b * b * 8)
+        monkeypatch.setattr(cholesky_cache, "TILE_BUFFER_POOL_BYTES", 0)  # no reuse
+        ref = tile_cholesky(g, 1e-2, store=str(tmp_path / "a"), progress=False)
+        ref_tiles = {t: ref.L.read_tile(*t) for t in ref.L.grid.lower_tiles()}
+        cholesky_cache.release_tile_cache()
+        monkeypatch.setattr(cholesky_cache, "TILE_BUFFER_POOL_BYTES", 4 * b * b * 8)
+        taken = []
+        real_take = rawchunks.tile_buffers.take
+
+        def counting_take(shape, dtype):
+            had = buffers.waiting_bytes()
+            arr = real_take(shape, dtype)
+            taken.append(buffers.waiting_bytes() < had)  # True: a reused buffer
+            return arr
+
+        monkeypatch.setattr(rawchunks.tile_buffers, "take", counting_take)
+        for sched in ("threads", "dask"):
+            got = tile_cholesky(g, 1e-2, store=str(tmp_path / sched), progress=False,
+                                scheduler=sched)  # fmt: skip
+            for t, tile in ref_tiles.items():
+                np.testing.assert_array_equal(got.L.read_tile(*t), tile)
+            cholesky_cache.release_tile_cache()
+        assert any(taken), "no tile read reused an evicted tile's memory"
+        assert buffers.waiting_bytes() == 0  # released with the cache
+    finally:
+        cholesky_cache.set_tile_cache_budget(old_budget)
