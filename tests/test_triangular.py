@@ -229,9 +229,11 @@ def test_sweep_lanes_share_tile_reads_and_skip_zero_rows(tmp_path, monkeypatch, 
     E = np.zeros((n, cols.size))
     E[cols, np.arange(cols.size)] = 1.0
     first = np.argmax(E != 0, axis=0)
-    z = triangular.forward_sweep(f.L, E.copy(), 0, first)
+    stats: dict = {}
+    z = triangular.forward_sweep(f.L, E.copy(), 0, first, stats)
     assert rel(z, scipy.linalg.solve_triangular(Ld, E, lower=True)) < 1e-10
     assert sorted(reads) == sorted(set(reads))  # once each
+    assert stats["factor_tile_reads"] == len(reads)  # the tiles actually read
     # the sweep started at tile row 0, but no lane needs the tiles left of column 80
     assert reads and all(k >= 80 // b for _, k in reads)
     reads.clear()
@@ -240,3 +242,24 @@ def test_sweep_lanes_share_tile_reads_and_skip_zero_rows(tmp_path, monkeypatch, 
     assert sorted(reads) == sorted(set(reads)) and len(reads) == len(list(f.L.grid.lower_tiles()))
     monkeypatch.setattr(triangular, "_sweep_threads", lambda: 1)
     np.testing.assert_array_equal(triangular.forward_sweep(f.L, E.copy(), 0, first), z)
+
+
+def test_loo_panels_count_the_tiles_they_read(tmp_path):
+    """inverse_diagonal's panels report the factor tiles their sweeps read: each panel
+    reads the lower tiles from its first tile row on, once (lanes share them)."""
+    from pipeline.model_selection.loo import inverse_diagonal
+    from pipeline.solvers import triangular
+
+    n, b = 300, 30
+    K = rbf_matrix(n, seed=9)
+    f = tile_cholesky(write_gram(tmp_path, K, b), 1e-2)
+    stats: dict = {}
+    lane = triangular.SWEEP_LANE_COLUMNS
+    try:
+        triangular.SWEEP_LANE_COLUMNS = b  # one lane per tile column
+        d = inverse_diagonal(f, panel_bytes=8 * n * b * 3, stats=stats)  # 3 blocks a panel
+    finally:
+        triangular.SWEEP_LANE_COLUMNS = lane
+    np.testing.assert_allclose(d, np.diag(np.linalg.inv(K + 1e-2 * np.eye(n))), rtol=1e-9)
+    T = n // b
+    assert stats["factor_tile_reads"] == sum((T - j) * (T - j + 1) // 2 for j in (0, 3, 6, 9))

@@ -45,25 +45,26 @@ def _factor_array(factor: CholeskyFactor | TiledArray) -> TiledArray:
 
 
 def forward_panel(
-    L: CholeskyFactor | TiledArray, E: np.ndarray, start_block: int, stats: dict | None = None
+    L: CholeskyFactor | TiledArray,
+    E: np.ndarray,
+    start_block: int,
+    stats: dict | None = None,
+    first_row: np.ndarray | None = None,
 ) -> np.ndarray:
     """Solve ``L X = E`` where E (n x m) is zero above tile row ``start_block``.
+
+    ``first_row`` (optional, one per column of E, counted from row 0): the first
+    row of each column that may be nonzero (an identity column's own row); the
+    sweep's lanes then skip the factor tiles left of it.
 
     Returns X (rows above ``start_block``'s first row are zero and not stored:
     the result has ``n - start_row`` rows).
     """
     L = _factor_array(L)
-    g = L.grid
-    T = g.n_row_blocks
-    r0 = g.row_slice(start_block).start
+    r0 = L.grid.row_slice(start_block).start
     X = np.array(E[r0:], dtype=np.float64, order="C")
-    # each column's first nonzero row: its lane of the sweep starts at that tile row
-    # (E's identity columns: rows above a column's own are zero)
-    first_row = np.argmax(X != 0, axis=0) if X.size else None
-    forward_sweep(L, X, start_block, first_row)  # the solvers' one forward sweep
-    if stats is not None:
-        n = T - start_block
-        stats["factor_tile_reads"] = stats.get("factor_tile_reads", 0) + n * (n + 1) // 2
+    rel = None if first_row is None else np.maximum(np.asarray(first_row) - r0, 0)
+    forward_sweep(L, X, start_block, rel, stats)  # the solvers' one forward sweep
     return X
 
 
@@ -84,7 +85,7 @@ def inverse_diagonal(
         c0, c1 = g.row_slice(j0).start, g.row_slice(j1 - 1).stop
         E = np.zeros((n, c1 - c0))
         E[c0:c1] = np.eye(c1 - c0)
-        X = forward_panel(L, E, j0, stats)
+        X = forward_panel(L, E, j0, stats, first_row=np.arange(c0, c1))
         out[c0:c1] = np.einsum("ij,ij->j", X, X)
     return out
 
@@ -98,7 +99,7 @@ def inverse_principal_block(
     idx = np.asarray(idx, dtype=np.int64)
     E = np.zeros((g.n_rows, idx.size))
     E[idx, np.arange(idx.size)] = 1.0
-    X = forward_panel(L, E, int(idx.min()) // g.block_size, stats)
+    X = forward_panel(L, E, int(idx.min()) // g.block_size, stats, first_row=idx)
     syrk = sblas.get_blas_funcs("syrk", (X,))
     return syrk(1.0, np.asfortranarray(X), trans=1, lower=1)
 

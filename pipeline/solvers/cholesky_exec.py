@@ -189,10 +189,10 @@ def _run_dask(
     prefix = f"chol-tile-{L.fingerprint[:10]}-{uuid.uuid4().hex[:8]}"
     nodes: dict[tuple[int, int], Any] = {}
     todo_set = set(todo)
+    client = _active_client()
     # worker processes of a distributed client share the host's cores: their wide
     # BLAS calls queue on a host-wide lock (the threaded scheduler's on the process's)
-    host_lock = _active_client() is not None and (blas_threads or 1) > 1
-    client = _active_client()
+    host_lock = client is not None and (blas_threads or 1) > 1
     owners = tile_owners(client)
     block3 = float(L.block_size) ** 3  # ranks in tile flops; priorities in b³ units
     # critical path first, as the threads executor: ranks as priorities on a client,
@@ -218,11 +218,11 @@ def _run_dask(
     if not nodes:
         return []
     kw = {}
-    if not host_lock and (blas_threads or 1) > 1 and _active_client() is None:
+    if not host_lock and (blas_threads or 1) > 1 and client is None:
         # threaded scheduler, wide BLAS calls one at a time: a thread more than cores,
         # so one task's synchronous read or write overlaps the others' BLAS calls
         kw["num_workers"] = (os.cpu_count() or 1) + 1
-    if _active_client() is None and DASK_CRITICAL_PATH_FIRST:
+    if client is None and DASK_CRITICAL_PATH_FIRST:
         kw["callbacks"] = [
             RankOrder({f"{prefix}-{i}-{j}": r for (i, j), r in tile_rank.items()})._callback
         ]

@@ -98,9 +98,9 @@ def _run_sweep(
     deps: Callable[[Key], list[Key]],
     step: Callable[[Key, np.ndarray], None],
     name: str,
-) -> None:
+) -> int:
     """Run ``step(key, factor tile (i, k))`` for every ``(lane, i, k)`` on the engine's
-    DAG executor.
+    DAG executor; returns the number of factor tiles read.
 
     Tasks are ready when their dependencies ran; the ready task with the longest path
     to the end goes first (:func:`pipeline.tiles.dag.run_dag`). Factor tiles come
@@ -124,6 +124,7 @@ def _run_sweep(
             n_threads=_sweep_threads(),
             name=name,
         )
+    return len(uses)
 
 
 def _trsm_lower(lii: np.ndarray, b: np.ndarray, trans: bool) -> np.ndarray:
@@ -156,7 +157,11 @@ def _as_rhs(y: Any, n: int) -> tuple[np.ndarray, bool]:
 
 
 def forward_sweep(
-    L: TiledArray, z: np.ndarray, start_block: int = 0, first_row: np.ndarray | None = None
+    L: TiledArray,
+    z: np.ndarray,
+    start_block: int = 0,
+    first_row: np.ndarray | None = None,
+    stats: dict | None = None,
 ) -> np.ndarray:
     """Solve ``L x = z`` in place, from tile row ``start_block`` on.
 
@@ -168,7 +173,8 @@ def forward_sweep(
     (optional, one per column of ``z``, counted from ``z``'s first row): the first
     row of each column that may be nonzero; a lane of columns then starts at its
     own first tile row (the LOO panels' identity columns: about a third of the
-    flops of a sweep from the top).
+    flops of a sweep from the top). ``stats["factor_tile_reads"]``, if given, counts
+    the factor tiles read.
 
     A tile DAG on the engine's executor, per lane of ``SWEEP_LANE_COLUMNS``
     columns: task ``(lane, i, k)``, ``k < i``, subtracts ``L_ik x_k`` from row
@@ -208,7 +214,9 @@ def forward_sweep(
         for c, (_, s0) in enumerate(lanes)
         if k >= s0
     ]
-    _run_sweep(L, keys, deps, step, "forward")
+    reads = _run_sweep(L, keys, deps, step, "forward")
+    if stats is not None:
+        stats["factor_tile_reads"] = stats.get("factor_tile_reads", 0) + reads
     return z
 
 

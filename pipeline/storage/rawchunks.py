@@ -125,8 +125,9 @@ def _inspect(store: str, name: str) -> ChunkLayout | None:
 
 
 def read_chunk(layout: ChunkLayout, coords: tuple[int, ...]) -> np.ndarray | None:
-    """Chunk ``coords`` as a fresh writable array (edge chunks cut to the array's
-    shape), or None if its file is missing or has an unexpected size."""
+    """Chunk ``coords`` as a writable array that no one else holds (a new one, or a
+    buffer given back for reuse, :mod:`pipeline.storage.buffers`; edge chunks cut to
+    the array's shape), or None if its file is missing or has an unexpected size."""
     buf = tile_buffers.take(layout.chunk_shape, layout.dtype)  # reused memory if any waits
     try:
         with open(layout.path(coords), "rb", buffering=0) as f:

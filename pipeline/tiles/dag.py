@@ -32,6 +32,21 @@ from dask.callbacks import Callback
 __all__ = ["RankOrder", "run_dag", "serial_order", "upward_ranks"]
 
 
+def _edges(
+    keys: Sequence[Hashable], deps: Callable[[Hashable], Iterable[Hashable]]
+) -> tuple[dict[Hashable, int], dict[Hashable, list[Hashable]]]:
+    """Each key's count of unfinished dependencies within ``keys``, and its successors."""
+    inside = set(keys)
+    waiting: dict[Hashable, int] = {}
+    succ: dict[Hashable, list[Hashable]] = {k: [] for k in keys}
+    for k in keys:
+        mine = [d for d in set(deps(k)) if d in inside]
+        waiting[k] = len(mine)
+        for d in mine:
+            succ[d].append(k)
+    return waiting, succ
+
+
 def upward_ranks(
     keys: Sequence[Hashable],
     deps: Callable[[Hashable], Iterable[Hashable]],
@@ -42,12 +57,7 @@ def upward_ranks(
     ``keys`` must be in a topological order (dependencies first); dependencies
     outside ``keys`` (already finished) are ignored.
     """
-    inside = set(keys)
-    succ: dict[Hashable, list[Hashable]] = {k: [] for k in keys}
-    for k in keys:
-        for d in set(deps(k)):
-            if d in inside:
-                succ[d].append(k)
+    _, succ = _edges(keys, deps)
     rank: dict[Hashable, float] = {}
     for k in reversed(keys):
         rank[k] = float(cost(k)) + max((rank[s] for s in succ[k]), default=0.0)
@@ -65,13 +75,7 @@ def serial_order(
     read-ahead (:class:`pipeline.tiles.tile_io.TileIO`), which reads a tile asked for
     out of turn at once.
     """
-    inside = set(keys)
-    waiting = {k: sum(d in inside for d in set(deps(k))) for k in keys}
-    succ: dict[Hashable, list[Hashable]] = {k: [] for k in keys}
-    for k in keys:
-        for d in set(deps(k)):
-            if d in inside:
-                succ[d].append(k)
+    waiting, succ = _edges(keys, deps)
     order = {k: n for n, k in enumerate(keys)}
     ready = [(-rank[k], order[k], k) for k in keys if waiting[k] == 0]
     heapq.heapify(ready)
@@ -94,8 +98,7 @@ class RankOrder(Callback):
     that list by ``rank`` (a mapping from Dask key to priority, higher first; keys
     not in it go last, ties keep Dask's own order). Pass its ``_callback`` tuple in
     ``callbacks=`` of ``dask.compute`` (:func:`pipeline.parallel.compute`), or use it
-    as a context manager. Only the order changes, so
-    the results of pure tasks do not.
+    as a context manager. Only the order changes, so the results of pure tasks do not.
     """
 
     def __init__(self, rank: Mapping[Hashable, float]) -> None:
@@ -151,15 +154,9 @@ def run_dag(
     """
     if not keys:
         return []
-    inside = set(keys)
     if rank is None:
         rank = {k: -float(n) for n, k in enumerate(keys)}
-    waiting = {k: sum(d in inside for d in set(deps(k))) for k in keys}
-    succ: dict[Hashable, list[Hashable]] = {k: [] for k in keys}
-    for k in keys:
-        for d in set(deps(k)):
-            if d in inside:
-                succ[d].append(k)
+    waiting, succ = _edges(keys, deps)
     order = {k: n for n, k in enumerate(keys)}  # ties: the topological order
     ready = [(-rank[k], order[k], k) for k in keys if waiting[k] == 0]
     heapq.heapify(ready)

@@ -47,7 +47,7 @@ from pipeline.solvers.cholesky import _read_factor_tile
 
 
 # -- baseline: the serial tile loops of session 9 (one BLAS thread, row by row) -------
-def serial_forward(L, z: np.ndarray, start: int = 0, first_row=None) -> np.ndarray:
+def serial_forward(L, z: np.ndarray, start: int = 0, first_row=None, stats=None) -> np.ndarray:
     g = L.grid
     r0 = g.row_slice(start).start
     with process_threads(1):
@@ -150,6 +150,10 @@ def main(argv: list[str] | None = None) -> int:
                 json.dump({"n": n, "block": b, "rows": rows}, fh, indent=1)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    bad = [r["what"] for r in rows if not r["err"] <= 1e-10]
+    if bad:  # a fast wrong answer is no result
+        print(f"FAILED: {', '.join(bad)} disagree with scipy beyond 1e-10")
+        return 1
     return 0
 
 
