@@ -30,7 +30,7 @@ import numpy as np
 
 from pipeline.policy.constants import DASK_CRITICAL_PATH_FIRST
 from pipeline.solvers import blas as gil_free_blas
-from pipeline.tiles.dag import RankOrder, run_dag, upward_ranks
+from pipeline.tiles.dag import RankOrder, run_dag, serial_order, upward_ranks
 from pipeline.tiles.tile_io import TileIO
 
 
@@ -198,6 +198,9 @@ def _run_dask(
     # critical path first, as the threads executor: ranks as priorities on a client,
     # a callback that reorders the threaded scheduler's ready list otherwise
     tile_rank = _critical_path_ranks(todo, L.block_size)
+    # in this process (no client): the threads executor's read-ahead and write-behind,
+    # shared by the tasks; on a cluster each task reads and writes its own tiles
+    io = _tile_io(gram, L, todo, tile_rank) if client is None and todo else None
     for i, j in todo:  # todo is in left-looking order: deps come first
         deps = [nodes[d] for d in submitted_deps(i, j, todo_set)]
         with owner_annotation(owners, i, tile_rank[(i, j)] // block3 if client else None):
@@ -211,6 +214,7 @@ def _run_dask(
                 convention,
                 jitter,
                 deps,
+                io=io,
                 blas_threads=blas_threads,
                 host_lock=host_lock,
                 dask_key_name=f"{prefix}-{i}-{j}",
@@ -226,9 +230,10 @@ def _run_dask(
         kw["callbacks"] = [
             RankOrder({f"{prefix}-{i}-{j}": r for (i, j), r in tile_rank.items()})._callback
         ]
-    (records,) = compute(
-        list(nodes.values()), progress=progress, desc="cholesky", unit="tile", **kw
-    )
+    with io if io is not None else contextlib.nullcontext():
+        (records,) = compute(
+            list(nodes.values()), progress=progress, desc="cholesky", unit="tile", **kw
+        )
     return list(records)
 
 
@@ -328,16 +333,7 @@ def _run_threads(
     if blas_threads is None:
         blas_threads = int(blas_cores) if (wide and blas_cores) else tile_blas_threads(wide)
     width = max(1, int(blas_threads))
-    io_depth = _io_depth(gram, L)
-    # Gram tiles are read ahead in left-looking order and factor tiles written behind,
-    # so the tile threads keep their cores busy with BLAS (a few tiles of extra memory)
-    nice = io_niceness()
-    io = TileIO(
-        _niced(lambda key: gram.read_tile(key[1], key[2]), nice),
-        [("K", i, j) for i, j in todo],
-        depth=io_depth,
-        max_pending=io_depth,
-    )
+    io = _tile_io(gram, L, todo, rank)
     serial = gil_free_blas.serialized() if width > 1 else contextlib.nullcontext()
     from pipeline.progress import stage_progress
 
@@ -359,6 +355,21 @@ def _run_threads(
             on_done=lambda _t, _rec: shown.update(),
             name="chol",
         )
+
+
+def _tile_io(gram: Any, L: Any, todo: list, rank: dict) -> TileIO:
+    """The executors' TileIO: Gram tiles read ahead in the order the tasks will
+    probably run (the one-thread list schedule, critical path first) and factor tiles
+    written behind, so the tile threads keep the cores busy with BLAS (a few tiles of
+    extra memory)."""
+    depth = _io_depth(gram, L)
+    order = serial_order(todo, lambda t: _deps(*t), rank)
+    return TileIO(
+        _niced(lambda key: gram.read_tile(key[1], key[2]), io_niceness()),
+        [("K", i, j) for i, j in order],
+        depth=depth,
+        max_pending=depth,
+    )
 
 
 def _io_depth(gram: Any, L: Any) -> int:

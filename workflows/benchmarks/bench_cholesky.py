@@ -98,6 +98,69 @@ def _dense_from_store(gram) -> np.ndarray:
     return K
 
 
+def _floor(gram) -> dict:
+    """The tile algorithm's floor on this machine, measured in this process.
+
+    - BLAS: every POTRF, TRSM, SYRK and GEMM call of the factorisation, each kind
+      timed alone on full tiles at the executors' BLAS width (best of 3), then
+      summed over the calls by their flops (a ragged last tile counts its own). Both
+      executors run these calls one at a time on all cores, so no schedule of them
+      is faster.
+    - reads: every lower Gram tile read once, checksum verified, into new memory that
+      is kept, as the factor's tile cache keeps its tiles (one thread).
+    """
+    from pipeline.solvers import blas
+    from pipeline.solvers.cholesky_exec import tile_blas_threads
+
+    g = gram.grid
+    sizes = g.row_chunks()
+    b = sizes[0]
+    rng = np.random.default_rng(0)
+    A, B, C = (rng.standard_normal((b, b)) for _ in range(3))
+    S = A @ A.T + b * np.eye(b)
+    Ls = np.linalg.cholesky(S)
+
+    def best(fn, setup=lambda: None) -> float:
+        ts = []
+        for _ in range(4):  # the first is a warm-up
+            arg = setup()
+            t0 = time.perf_counter()
+            fn(arg)
+            ts.append(time.perf_counter() - t0)
+        return min(ts[1:])
+
+    with blas.fixed_width(tile_blas_threads(True)):
+        rate = {
+            "gemm": 2 * b**3 / best(lambda _: blas.gemm_nt_sub(C, A, B)),
+            "syrk": b**3 / best(lambda _: blas.syrk_lower_sub(C, A)),
+            "trsm": b**3 / best(lambda c: blas.trsm_right_lower_t(Ls, c), lambda: C.copy()),
+            "potrf": b**3 / 3 / best(blas.potrf_lower, lambda: S.copy()),
+        }
+    flops = dict.fromkeys(rate, 0.0)
+    for j, sj in enumerate(sizes):
+        flops["potrf"] += sj**3 / 3
+        for k in range(j):
+            flops["syrk"] += sj * sj * sizes[k]
+        for i in range(j + 1, len(sizes)):
+            flops["trsm"] += sizes[i] * sj * sj
+            for k in range(j):
+                flops["gemm"] += 2 * sizes[i] * sj * sizes[k]
+    blas_s = sum(flops[k] / rate[k] for k in rate)
+    kept = []
+    c0, t0 = time.process_time(), time.perf_counter()
+    for i, j in g.lower_tiles():
+        kept.append(gram.read_tile(i, j))
+    read_s, read_cpu = time.perf_counter() - t0, time.process_time() - c0
+    return {
+        "seconds": blas_s + read_s,
+        "cpu_seconds": blas_s * tile_blas_threads(True) + read_cpu,
+        "blas_floor_s": blas_s,
+        "read_floor_s": read_s,
+        "read_gb": sum(t.nbytes for t in kept) / 1e9,
+        "blas_gflops": {k: v / 1e9 for k, v in rate.items()},
+    }
+
+
 def run_mode(mode: str, store: str, out: str) -> dict:
     """Run one measurement in this process; returns seconds and peak RSS."""
     gram = _open_gram(store)
@@ -163,6 +226,8 @@ def run_mode(mode: str, store: str, out: str) -> dict:
         r = y - StoredKernelOperator(gram, LAM).matvec(alpha)
         res["rel_residual"] = float(np.max(np.linalg.norm(r, axis=0) / np.linalg.norm(y, axis=0)))
         res["refine_iterations"] = stats.get("refine_iterations", 0)
+    elif mode == "floor":
+        res.update(_floor(gram))
     elif mode == "scipy":
         import scipy.linalg
 
@@ -225,7 +290,9 @@ def main(argv: list[str] | None = None) -> None:
         "tiles written through the page cache, as before DIRECT_FACTOR_WRITES), ours-daskorder "
         "(the Dask executor in dask.order's order, as before DASK_CRITICAL_PATH_FIRST), ours-f32 / "
         "ours-f32dask (float32 factor, float64 diagonal tiles, alpha refined to 1e-11 "
-        "with the matrix-free float64 product), scipy, dask (dask.array.linalg)",
+        "with the matrix-free float64 product), scipy, dask (dask.array.linalg), floor "
+        "(the BLAS calls timed alone plus one read of the Gram into new memory: the "
+        "least any tile schedule could take here)",
     )
     p.add_argument("--workdir", default=None, help="where the stores go (default: a tmp dir)")
     p.add_argument("--json", default=None, help="also write the results here")
@@ -263,6 +330,15 @@ def main(argv: list[str] | None = None) -> None:
                 r = json.loads(line[0][7:])
                 results.setdefault(mode, []).append(r)
                 shutil.rmtree(out, ignore_errors=True)
+                if mode == "floor":
+                    rates = ", ".join(f"{k} {v:.0f}" for k, v in r["blas_gflops"].items())
+                    print(
+                        f"  rep {rep} floor: BLAS calls alone {r['blas_floor_s']:.2f} s ({rates} "
+                        f"GFLOP/s) + reads {r['read_floor_s']:.2f} s ({r['read_gb']:.2f} GB "
+                        "into new memory) = {:.2f} s".format(r["seconds"]),
+                        flush=True,
+                    )
+                    continue
                 solve = (
                     f" (+ solve, 2 RHS: {r['solve_seconds']:.2f} s, "
                     f"{r['refine_iterations']} refinement its, rel. residual "
@@ -276,7 +352,11 @@ def main(argv: list[str] | None = None) -> None:
                     flush=True,
                 )
         # same matrix: the float64 factors agree (last row of the last tile)
-        checks = {m: np.array(rs[0]["check_tile"]) for m, rs in results.items() if "f32" not in m}
+        checks = {
+            m: np.array(rs[0]["check_tile"])
+            for m, rs in results.items()
+            if "f32" not in m and "check_tile" in rs[0]
+        }
         if checks:
             ref = next(iter(checks.values()))
             dev = max(float(np.max(np.abs(c - ref))) for c in checks.values())
