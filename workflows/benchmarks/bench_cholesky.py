@@ -294,6 +294,14 @@ def main(argv: list[str] | None = None) -> None:
         "(the BLAS calls timed alone plus one read of the Gram into new memory: the "
         "least any tile schedule could take here)",
     )
+    p.add_argument(
+        "--pause",
+        type=float,
+        default=3.0,
+        help="seconds to wait before each measurement: on a VM whose balloon reports freed "
+        "pages to the host, a process that starts right after another freed its memory "
+        "reuses it cheaply, by luck (docs/PERFORMANCE.md, known traps)",
+    )
     p.add_argument("--workdir", default=None, help="where the stores go (default: a tmp dir)")
     p.add_argument("--json", default=None, help="also write the results here")
     p.add_argument("--_worker", nargs=3, metavar=("MODE", "STORE", "OUT"), help=argparse.SUPPRESS)
@@ -318,6 +326,7 @@ def main(argv: list[str] | None = None) -> None:
         for rep in range(a.repeats):
             for mode in modes:
                 out = os.path.join(work, f"out-{mode}-{rep}.zarr")
+                time.sleep(a.pause)
                 proc = subprocess.run(
                     [sys.executable, __file__, "--_worker", mode, store, out],
                     capture_output=True,
