@@ -74,3 +74,16 @@ def test_dask_executor_shares_the_read_ahead_and_keeps_the_bits(tmp_path, io_thr
     assert {name for name, _ in io_threads["write"]} == {"tile-write"}
     for t in g.grid.lower_tiles():
         np.testing.assert_array_equal(got.L.read_tile(*t), ref.L.read_tile(*t))
+
+
+def test_processes_scheduler_reads_its_own_tiles(tmp_path):
+    """Dask's processes scheduler cannot share the TileIO (its threads and locks do not
+    pickle): there each task reads and writes its own tiles, with the same bits."""
+    import dask
+
+    g = _gram(tmp_path)
+    ref = tile_cholesky(g, 1e-2, store=str(tmp_path / "t"), scheduler="threads", progress=False)
+    with dask.config.set(scheduler="processes", num_workers=2):
+        got = tile_cholesky(g, 1e-2, store=str(tmp_path / "p"), scheduler="dask", progress=False)
+    for t in g.grid.lower_tiles():
+        np.testing.assert_array_equal(got.L.read_tile(*t), ref.L.read_tile(*t))

@@ -5,7 +5,8 @@ function of finished tiles, passed in as ``task`` so that this module does not i
 the one that imports it), in left-looking dependency order:
 
 - :func:`_run_dask`: one Dask task per factor tile on the active client or the
-  threaded scheduler; dependencies through tiny results, never tile payloads.
+  threaded scheduler; dependencies through tiny results, never tile payloads. On the
+  threaded (or synchronous) scheduler the tasks share the threads executor's TileIO.
 - :func:`_run_threads`: the tile engine's in-process DAG executor
   (:func:`pipeline.tiles.dag.run_dag`) on a few threads of this process, the ready
   task with the longest remaining path first. Gram reads and factor writes run in
@@ -198,9 +199,11 @@ def _run_dask(
     # critical path first, as the threads executor: ranks as priorities on a client,
     # a callback that reorders the threaded scheduler's ready list otherwise
     tile_rank = _critical_path_ranks(todo, L.block_size)
-    # in this process (no client): the threads executor's read-ahead and write-behind,
-    # shared by the tasks; on a cluster each task reads and writes its own tiles
-    io = _tile_io(gram, L, todo, tile_rank) if client is None and todo else None
+    # tasks in this process (no client, a threaded or synchronous scheduler): the threads
+    # executor's read-ahead and write-behind, shared by the tasks; elsewhere (a cluster,
+    # the processes scheduler) each task reads and writes its own tiles
+    shared = client is None and todo and _scheduler_in_this_process()
+    io = _tile_io(gram, L, todo, tile_rank) if shared else None
     for i, j in todo:  # todo is in left-looking order: deps come first
         deps = [nodes[d] for d in submitted_deps(i, j, todo_set)]
         with owner_annotation(owners, i, tile_rank[(i, j)] // block3 if client else None):
@@ -355,6 +358,19 @@ def _run_threads(
             on_done=lambda _t, _rec: shown.update(),
             name="chol",
         )
+
+
+def _scheduler_in_this_process() -> bool:
+    """Whether Dask's configured scheduler (no client) runs tasks in this process: the
+    threaded one (the default) or the synchronous one, not the processes scheduler."""
+    import dask
+    import dask.local
+    import dask.threaded
+
+    s = dask.config.get("scheduler", None)
+    if s is None or s is dask.threaded.get or s is dask.local.get_sync:
+        return True
+    return s in ("threads", "threading", "sync", "synchronous", "single-threaded")
 
 
 def _tile_io(gram: Any, L: Any, todo: list, rank: dict) -> TileIO:
