@@ -108,6 +108,9 @@ def _floor(gram) -> dict:
       is faster.
     - reads: every lower Gram tile read once, checksum verified, into new memory that
       is kept, as the factor's tile cache keeps its tiles (one thread).
+
+    Its ``seconds``: the BLAS time plus the reads' CPU time spread over the cores the
+    BLAS calls use (reads that overlap the BLAS calls perfectly still take CPU from them).
     """
     from pipeline.solvers import blas
     from pipeline.solvers.cholesky_exec import tile_blas_threads
@@ -151,9 +154,12 @@ def _floor(gram) -> dict:
     for i, j in g.lower_tiles():
         kept.append(gram.read_tile(i, j))
     read_s, read_cpu = time.perf_counter() - t0, time.process_time() - c0
+    width = tile_blas_threads(True)
     return {
-        "seconds": blas_s + read_s,
-        "cpu_seconds": blas_s * tile_blas_threads(True) + read_cpu,
+        # the reads overlap the BLAS calls at best, on the same cores: the least wall
+        # time is the CPU time of both spread over the cores
+        "seconds": max(blas_s, blas_s + read_cpu / width),
+        "cpu_seconds": blas_s * width + read_cpu,
         "blas_floor_s": blas_s,
         "read_floor_s": read_s,
         "read_gb": sum(t.nbytes for t in kept) / 1e9,
@@ -344,7 +350,8 @@ def main(argv: list[str] | None = None) -> None:
                     print(
                         f"  rep {rep} floor: BLAS calls alone {r['blas_floor_s']:.2f} s ({rates} "
                         f"GFLOP/s) + reads {r['read_floor_s']:.2f} s ({r['read_gb']:.2f} GB "
-                        "into new memory) = {:.2f} s".format(r["seconds"]),
+                        "into new memory): at best {:.2f} s with the reads beside the BLAS "
+                        "calls".format(r["seconds"]),
                         flush=True,
                     )
                     continue
