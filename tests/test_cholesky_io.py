@@ -87,3 +87,20 @@ def test_processes_scheduler_reads_its_own_tiles(tmp_path):
         got = tile_cholesky(g, 1e-2, store=str(tmp_path / "p"), scheduler="dask", progress=False)
     for t in g.grid.lower_tiles():
         np.testing.assert_array_equal(got.L.read_tile(*t), ref.L.read_tile(*t))
+
+
+def test_dask_executor_ends_its_io_threads_when_the_graph_build_fails(tmp_path, monkeypatch):
+    import pipeline.solvers.cholesky_exec as exec_mod
+
+    g = _gram(tmp_path)
+
+    def broken(*a, **kw):
+        raise RuntimeError("graph build failed")
+
+    monkeypatch.setattr(exec_mod, "submitted_deps", broken)
+    with pytest.raises(RuntimeError, match="graph build failed"):
+        tile_cholesky(g, 1e-2, store=str(tmp_path / "d"), scheduler="dask", progress=False)
+    alive = [
+        t.name for t in threading.enumerate() if t.name.startswith(("tile-read", "tile-write"))
+    ]
+    assert alive == []

@@ -185,6 +185,8 @@ def _run_dask(
 
     from pipeline.parallel import _active_client, compute
 
+    if not todo:
+        return []
     # a fresh token per call: a scheduler that still holds an erred key from a failed
     # earlier call (e.g. a corrupt Gram tile since recomputed) must not replay its error
     prefix = f"chol-tile-{L.fingerprint[:10]}-{uuid.uuid4().hex[:8]}"
@@ -202,28 +204,8 @@ def _run_dask(
     # tasks in this process (no client, a threaded or synchronous scheduler): the threads
     # executor's read-ahead and write-behind, shared by the tasks; elsewhere (a cluster,
     # the processes scheduler) each task reads and writes its own tiles
-    shared = client is None and todo and _scheduler_in_this_process()
+    shared = client is None and _scheduler_in_this_process()
     io = _tile_io(gram, L, todo, tile_rank) if shared else None
-    for i, j in todo:  # todo is in left-looking order: deps come first
-        deps = [nodes[d] for d in submitted_deps(i, j, todo_set)]
-        with owner_annotation(owners, i, tile_rank[(i, j)] // block3 if client else None):
-            nodes[(i, j)] = delayed(task, pure=False)(
-                gram,
-                L,
-                i,
-                j,
-                shift,
-                lam,
-                convention,
-                jitter,
-                deps,
-                io=io,
-                blas_threads=blas_threads,
-                host_lock=host_lock,
-                dask_key_name=f"{prefix}-{i}-{j}",
-            )
-    if not nodes:
-        return []
     kw = {}
     if not host_lock and (blas_threads or 1) > 1 and client is None:
         # threaded scheduler, wide BLAS calls one at a time: a thread more than cores,
@@ -233,7 +215,27 @@ def _run_dask(
         kw["callbacks"] = [
             RankOrder({f"{prefix}-{i}-{j}": r for (i, j), r in tile_rank.items()})._callback
         ]
+    # the TileIO's threads end (its queued writes done) however the graph build or the
+    # compute ends
     with io if io is not None else contextlib.nullcontext():
+        for i, j in todo:  # todo is in left-looking order: deps come first
+            deps = [nodes[d] for d in submitted_deps(i, j, todo_set)]
+            with owner_annotation(owners, i, tile_rank[(i, j)] // block3 if client else None):
+                nodes[(i, j)] = delayed(task, pure=False)(
+                    gram,
+                    L,
+                    i,
+                    j,
+                    shift,
+                    lam,
+                    convention,
+                    jitter,
+                    deps,
+                    io=io,
+                    blas_threads=blas_threads,
+                    host_lock=host_lock,
+                    dask_key_name=f"{prefix}-{i}-{j}",
+                )
         (records,) = compute(
             list(nodes.values()), progress=progress, desc="cholesky", unit="tile", **kw
         )
