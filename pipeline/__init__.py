@@ -19,7 +19,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from pipeline import _blas_env
 from pipeline._version import __version__
+
+_blas_env.apply()  # before anything here imports SciPy (its OpenBLAS reads it on load)
 
 #: public name -> (module, name there)
 _PUBLIC = {

@@ -300,3 +300,15 @@ SWEEP_LANE_COLUMNS = 256
 #: ahead of the evictions still took fresh pages), 201.2 s with 640 MiB; peak RSS 2.27 GB
 #: in all four (glibc told to keep all freed memory: 198.7 s)
 TILE_BUFFER_POOL_BYTES = 640 << 20
+#: new tile-read buffers of at least this many bytes are faulted in between two wide
+#: (all-core) BLAS calls on every core (pipeline.solvers.blas.first_touch_between_calls),
+#: not by a reader thread that preempts one of the call's threads while its partners
+#: spin; 0 turns it off. Session 12, AMD EPYC VM: first touch 2.1-2.3 s per GB on one
+#: thread, 1.2 s on two; the copy from the page cache afterwards 0.09 s per GB
+FIRST_TOUCH_MIN_BYTES = 4 << 20
+#: OPENBLAS_THREAD_TIMEOUT the package sets, unless the user did, before SciPy's OpenBLAS
+#: loads (pipeline._blas_env): idle BLAS threads spin 2**4 cycles after a call, not 2**28
+#: (about 0.1 s), so the tile threads' reads and copies between two all-core calls get the
+#: cores; 0 leaves the variable alone. Session 12, AMD EPYC VM, N = 15,000, b = 2,500,
+#: threads executor, 3 runs each: 10.34-10.50 s with 4, 10.69-11.19 s with 28
+OPENBLAS_THREAD_TIMEOUT = 4

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import cache
 from typing import Any
 
@@ -25,6 +25,7 @@ import numpy as np
 
 __all__ = [
     "blas_lock",
+    "first_touch_between_calls",
     "fixed_width",
     "gemm_nt_sub",
     "potrf_lower",
@@ -303,6 +304,42 @@ def trsm_right_lower_t(ell: np.ndarray, a: np.ndarray) -> np.ndarray:
     # x^T is X_F (nb x m) in a's buffer: solve L_F^T X_F = A_F
     _call(p, "trsm", "L", "U", "T", "N", nb, m, 1.0, ell, _ld(ell, "ell"), a, _ld(a, "a"))
     return a
+
+
+def first_touch_between_calls(
+    n_threads: int | None = None,
+) -> Callable[[np.ndarray], None] | None:
+    """A ``first_touch`` for tile reads beside wide BLAS calls
+    (:func:`pipeline.storage.buffers.take`), or None where it would not help.
+
+    Faulting in a new read buffer is most of a tile read's CPU (on the AMD EPYC VM
+    about 2 s per GB, ten times the copy). Done by a reader thread while an all-core
+    BLAS call runs, it preempts one of the call's threads and the others spin on it,
+    so the call loses the fault time on every core. The hook instead waits for the
+    lock that wide calls hold (so none runs), then faults the pages in on
+    ``n_threads`` threads: on every core, in a fraction of the time. The read that
+    follows (a copy) runs outside the lock. Results do not depend on it.
+
+    ``n_threads``: the wide calls' width (default: the calling thread's
+    :func:`fixed_width`). None for one-thread calls (they run beside each other, not
+    one at a time), when calls also queue with other processes (``host_lock``), or
+    when :data:`~pipeline.policy.constants.FIRST_TOUCH_MIN_BYTES` is 0.
+    """
+    from pipeline.policy.constants import FIRST_TOUCH_MIN_BYTES
+    from pipeline.storage.buffers import touch
+
+    n = getattr(_WIDTH, "n", None) if n_threads is None else int(n_threads)
+    if not n or n <= 1 or getattr(_WIDTH, "host", False) or FIRST_TOUCH_MIN_BYTES <= 0:
+        return None
+    width, least = int(n), int(FIRST_TOUCH_MIN_BYTES)
+
+    def first_touch(arr: np.ndarray) -> None:
+        if arr.nbytes < least:
+            return
+        with _SERIAL if _SERIAL is not None else _WIDE_LOCK:  # the lock of the calls now
+            touch(arr, width)
+
+    return first_touch
 
 
 @contextlib.contextmanager

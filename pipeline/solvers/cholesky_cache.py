@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.policy.constants import TILE_BUFFER_POOL_BYTES
+from pipeline.solvers import blas as gil_free_blas
 from pipeline.storage import TiledArray
 from pipeline.storage import buffers as tile_buffers
 from pipeline.tiles.tile_io import TileIO
@@ -110,7 +111,10 @@ def _read_factor_tile(L: TiledArray, i: int, j: int, io: TileIO | None = None) -
     if tile is None and io is not None:
         tile = io.pending(("L", i, j))  # finished, queued for writing, evicted from the cache
     if tile is None:
-        tile = np.ascontiguousarray(L.read_tile(i, j))
+        # a task's own read (a cache miss): a new buffer is faulted in between its
+        # wide BLAS calls, on every core
+        touch = gil_free_blas.first_touch_between_calls()
+        tile = np.ascontiguousarray(L.read_tile(i, j, first_touch=touch))
         tile.flags.writeable = False
         _CACHE.put(key, tile)
     return tile

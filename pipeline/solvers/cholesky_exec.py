@@ -205,7 +205,7 @@ def _run_dask(
     # executor's read-ahead and write-behind, shared by the tasks; elsewhere (a cluster,
     # the processes scheduler) each task reads and writes its own tiles
     shared = client is None and _scheduler_in_this_process()
-    io = _tile_io(gram, L, todo, tile_rank) if shared else None
+    io = _tile_io(gram, L, todo, tile_rank, blas_threads or 1) if shared else None
     kw = {}
     if not host_lock and (blas_threads or 1) > 1 and client is None:
         # threaded scheduler, wide BLAS calls one at a time: a thread more than cores,
@@ -338,7 +338,6 @@ def _run_threads(
     if blas_threads is None:
         blas_threads = int(blas_cores) if (wide and blas_cores) else tile_blas_threads(wide)
     width = max(1, int(blas_threads))
-    io = _tile_io(gram, L, todo, rank)
     serial = gil_free_blas.serialized() if width > 1 else contextlib.nullcontext()
     from pipeline.progress import stage_progress
 
@@ -348,7 +347,8 @@ def _run_threads(
         return task(gram, L, t[0], t[1], shift, lam, convention, jitter, io=io, blas_threads=width)
 
     shown_cm = stage_progress("cholesky", len(todo), "tile", enabled=progress)
-    with io, _blas(width), serial, shown_cm as shown:
+    # the TileIO inside ``serial``: its first reads already wait for the calls' lock
+    with serial, _tile_io(gram, L, todo, rank, width) as io, _blas(width), shown_cm as shown:
         # the engine's in-process DAG executor; a task is ready when its inputs are
         # computed (their writes may still be queued: TileIO serves them meanwhile)
         return run_dag(
@@ -375,15 +375,18 @@ def _scheduler_in_this_process() -> bool:
     return s in ("threads", "threading", "sync", "synchronous", "single-threaded")
 
 
-def _tile_io(gram: Any, L: Any, todo: list, rank: dict) -> TileIO:
+def _tile_io(gram: Any, L: Any, todo: list, rank: dict, width: int = 1) -> TileIO:
     """The executors' TileIO: Gram tiles read ahead in the order the tasks will
     probably run (the one-thread list schedule, critical path first) and factor tiles
     written behind, so the tile threads keep the cores busy with BLAS (a few tiles of
-    extra memory)."""
+    extra memory). With wide BLAS calls (``width`` > 1) a new read buffer is faulted
+    in between two calls on every core
+    (:func:`pipeline.solvers.blas.first_touch_between_calls`)."""
     depth = _io_depth(gram, L)
     order = serial_order(todo, lambda t: _deps(*t), rank)
+    touch = gil_free_blas.first_touch_between_calls(width) if width > 1 else None
     return TileIO(
-        _niced(lambda key: gram.read_tile(key[1], key[2]), io_niceness()),
+        _niced(lambda key: gram.read_tile(key[1], key[2], first_touch=touch), io_niceness()),
         [("K", i, j) for i, j in order],
         depth=depth,
         max_pending=depth,

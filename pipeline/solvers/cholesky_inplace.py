@@ -224,7 +224,9 @@ class InPlaceGramReader:
             )
         return tile
 
-    def read_tile(self, i: int, j: int = 0, verify: bool = True) -> np.ndarray:
+    def read_tile(
+        self, i: int, j: int = 0, verify: bool = True, *, first_touch: Any = None
+    ) -> np.ndarray:
         rec = self.gram.markers.record((i, j))
         if rec is None:
             return self._recompute(
@@ -233,7 +235,7 @@ class InPlaceGramReader:
                 "was replaced by an in-place factor (keep_gram=False) or is missing",
             )
         try:
-            return self.gram.read_tile(i, j, verify=verify)
+            return self.gram.read_tile(i, j, verify=verify, first_touch=first_touch)
         except CorruptTileError as exc:
             return self._recompute(i, j, f"fails its checksum ({exc.problem})")
 

@@ -20,6 +20,7 @@ read and written a whole chunk at a time as raw bytes, in Zarr's own layout
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -210,8 +211,19 @@ class TiledArray:
         c = int(arr.chunks[1])
         return (g.row_slice(i), slice(j * c, min((j + 1) * c, self.shape[1])))
 
-    def read_tile(self, i: int, j: int = 0, verify: bool = True) -> np.ndarray:
+    def read_tile(
+        self,
+        i: int,
+        j: int = 0,
+        verify: bool = True,
+        *,
+        first_touch: Callable[[np.ndarray], None] | None = None,
+    ) -> np.ndarray:
         """Read tile ``(i, j)``; with ``verify``, check it against its marker's checksum.
+
+        ``first_touch(buf)`` is called on a newly allocated read buffer before the raw
+        read fills it (:func:`pipeline.storage.buffers.take`); reads through Zarr
+        ignore it.
 
         Raises
         ------
@@ -226,7 +238,7 @@ class TiledArray:
         tile = None
         if layout is not None:
             try:
-                tile = read_chunk(layout, coords)
+                tile = read_chunk(layout, coords, first_touch)
             except PermissionError:  # not damage: recomputing would not help
                 raise
             except OSError as exc:  # e.g. EIO, a directory: unreadable, not merely absent

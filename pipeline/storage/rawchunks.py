@@ -20,6 +20,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -124,11 +125,17 @@ def _inspect(store: str, name: str) -> ChunkLayout | None:
     )
 
 
-def read_chunk(layout: ChunkLayout, coords: tuple[int, ...]) -> np.ndarray | None:
+def read_chunk(
+    layout: ChunkLayout,
+    coords: tuple[int, ...],
+    first_touch: Callable[[np.ndarray], None] | None = None,
+) -> np.ndarray | None:
     """Chunk ``coords`` as a writable array that no one else holds (a new one, or a
     buffer given back for reuse, :mod:`pipeline.storage.buffers`; edge chunks cut to
-    the array's shape), or None if its file is missing or has an unexpected size."""
-    buf = tile_buffers.take(layout.chunk_shape, layout.dtype)  # reused memory if any waits
+    the array's shape), or None if its file is missing or has an unexpected size.
+    ``first_touch``: see :func:`pipeline.storage.buffers.take` (called before the read)."""
+    # reused memory if any waits
+    buf = tile_buffers.take(layout.chunk_shape, layout.dtype, first_touch)
     try:
         with open(layout.path(coords), "rb", buffering=0) as f:
             got = f.readinto(memoryview(buf).cast("B"))

@@ -167,6 +167,25 @@ def _floor(gram) -> dict:
     }
 
 
+def _mode_env(mode: str) -> dict[str, str]:
+    """The measurement's environment. Importing ``pipeline`` shortened OpenBLAS's spin
+    after each call (``OPENBLAS_THREAD_TIMEOUT``, pipeline._blas_env) in this process,
+    and a child inherits it: the scipy and dask.array baselines get the user's own
+    setting back (OpenBLAS's default unless the user set one), ``scipy-quiet`` keeps the
+    package's, and ``ours-spin`` runs ours with OpenBLAS's default (2**28 cycles)."""
+    from pipeline import _blas_env
+
+    env = dict(os.environ)
+    user = _blas_env.state().get("user_value")
+    # the child imports pipeline too, which sets the variable only where it is unset:
+    # 28 is OpenBLAS's default (its build's THREAD_TIMEOUT)
+    if mode in ("scipy", "dask"):
+        env["OPENBLAS_THREAD_TIMEOUT"] = "28" if user is None else str(user)
+    elif mode == "ours-spin":
+        env["OPENBLAS_THREAD_TIMEOUT"] = "28"
+    return env
+
+
 def run_mode(mode: str, store: str, out: str) -> dict:
     """Run one measurement in this process; returns seconds and peak RSS."""
     gram = _open_gram(store)
@@ -187,11 +206,16 @@ def run_mode(mode: str, store: str, out: str) -> dict:
             import pipeline.solvers.cholesky as chol
 
             chol.DIRECT_FACTOR_WRITES = False
+        if kind == "lazytouch":  # new read buffers faulted in by the reader (before session 12)
+            import pipeline.policy.constants as policy_constants
+
+            policy_constants.FIRST_TOUCH_MIN_BYTES = 0
         if kind == "daskorder":  # the Dask executor in dask.order's order (before session 10)
             import pipeline.solvers.cholesky_exec as chol_exec
 
             chol_exec.DASK_CRITICAL_PATH_FIRST = False
         n_threads = 1 if kind == "threads1" else None
+        # "spin": the threads executor with OpenBLAS's default spin (_mode_env)
         sched = "dask" if kind in ("dask", "f32dask", "daskorder") else "threads"
         dtype = np.float32 if single else np.float64
         c0, t0 = time.process_time(), time.perf_counter()
@@ -234,7 +258,7 @@ def run_mode(mode: str, store: str, out: str) -> dict:
         res["refine_iterations"] = stats.get("refine_iterations", 0)
     elif mode == "floor":
         res.update(_floor(gram))
-    elif mode == "scipy":
+    elif mode in ("scipy", "scipy-quiet"):
         import scipy.linalg
 
         K = _dense_from_store(gram)
@@ -293,10 +317,15 @@ def main(argv: list[str] | None = None) -> None:
         help="comma-separated list of ours-threads, ours-dask (the two executors, BLAS on "
         "all cores per call), ours-narrow (wide=False), ours-threads1, ours-ionice "
         "(threads, I/O threads niced: KRR_CHOL_IO_NICE=10), ours-buffered (threads, factor "
-        "tiles written through the page cache, as before DIRECT_FACTOR_WRITES), ours-daskorder "
+        "tiles written through the page cache, as before DIRECT_FACTOR_WRITES), ours-lazytouch "
+        "(threads, new read buffers faulted in by the reader thread beside the BLAS calls, "
+        "as before FIRST_TOUCH_MIN_BYTES), ours-spin (threads, OpenBLAS's default spin after "
+        "each call, as before the package set OPENBLAS_THREAD_TIMEOUT), ours-daskorder "
         "(the Dask executor in dask.order's order, as before DASK_CRITICAL_PATH_FIRST), ours-f32 / "
         "ours-f32dask (float32 factor, float64 diagonal tiles, alpha refined to 1e-11 "
-        "with the matrix-free float64 product), scipy, dask (dask.array.linalg), floor "
+        "with the matrix-free float64 product), scipy (OpenBLAS's default spin, or the user's "
+        "OPENBLAS_THREAD_TIMEOUT), scipy-quiet (scipy with the package's setting), dask "
+        "(dask.array.linalg), floor "
         "(the BLAS calls timed alone plus one read of the Gram into new memory: the "
         "least any tile schedule could take here)",
     )
@@ -337,6 +366,7 @@ def main(argv: list[str] | None = None) -> None:
                     [sys.executable, __file__, "--_worker", mode, store, out],
                     capture_output=True,
                     text=True,
+                    env=_mode_env(mode),
                 )
                 line = [s for s in proc.stdout.splitlines() if s.startswith("RESULT ")]
                 if proc.returncode or not line:
