@@ -34,6 +34,9 @@ from pipeline.gram import build_gram
 from pipeline.kernels import RBF
 from pipeline.solvers import cholesky_solve, release_tile_cache, tile_cholesky
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gemm_baseline import gemm_peak_gflops, peak_line  # noqa: E402
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -77,6 +80,11 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     out: dict = {"n": n, "block": block, "factor_dtype": a.factor_dtype, "scheduler": a.scheduler}
+    # the baseline, same run: the factor's main tile call at its width (GEMM peak)
+    out["gemm_peak_gflops"] = gemm_peak_gflops(block)
+    print(
+        f"  GEMM peak (tile {block}, all cores) {out['gemm_peak_gflops']:.1f} GFLOP/s", flush=True
+    )
     try:
         t0 = time.perf_counter()
         gram = build_gram(X, kernel, str(store), block, progress=False)
@@ -101,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
             f"peak RSS {peak_rss_bytes() / 1e9:.2f} GB",
             flush=True,
         )
+        if a.factor_dtype == "float64":
+            print(peak_line(out["gflops"], out["gemm_peak_gflops"]), flush=True)
         t2 = time.perf_counter()
         refine: dict = {}
         if a.refine == "matrix_free" or a.keep_gram == "false":

@@ -44,6 +44,9 @@ from pipeline.policy.cholesky_cost import predict_cholesky
 from pipeline.solvers import release_tile_cache, tile_cholesky
 from pipeline.solvers.refine import solve_refined
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gemm_baseline import gemm_peak_gflops, peak_line  # noqa: E402
+
 
 def _du(path: Path) -> int:
     total = 0
@@ -89,7 +92,12 @@ def main(argv: list[str] | None = None) -> int:
         help="float32 with --factor-dtype float32, in place: a quarter of the float64 disk",
     )
     p.add_argument("--refine", default="auto", choices=["auto", "matrix_free", "stored", "none"])
-    p.add_argument("--gemm-gflops", type=float, default=159.0, help="for the cost model")
+    p.add_argument(
+        "--gemm-gflops",
+        type=float,
+        default=None,
+        help="for the cost model (default: the GEMM peak measured at the start of this run)",
+    )
     p.add_argument("--dir", default=None, help="scratch directory for the store")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
@@ -112,6 +120,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     out: dict = {"n": n, "d": a.d, "block": block, "factor_dtype": a.factor_dtype}
     out["keep_gram"] = a.keep_gram
+    # the baseline, same run: the factor's main tile call at its width (GEMM peak)
+    out["gemm_peak_gflops"] = gemm_peak_gflops(block)
+    print(
+        f"  GEMM peak (tile {block}, all cores) {out['gemm_peak_gflops']:.1f} GFLOP/s", flush=True
+    )
+    a.gemm_gflops = a.gemm_gflops or out["gemm_peak_gflops"]
     pred = predict_cholesky(
         n,
         block,
@@ -147,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
             f"disk {out['disk_total_gb']:.2f} GB",
             flush=True,
         )
+        if a.factor_dtype == "float64":
+            print(peak_line(out["gflops"], out["gemm_peak_gflops"]), flush=True)
         t2 = time.perf_counter()
         stats: dict = {}
         kw: dict = {}

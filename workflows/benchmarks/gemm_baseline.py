@@ -1,0 +1,47 @@
+"""The machine's GEMM peak, measured in the benchmark's own run (issue #15's baseline).
+
+The Cholesky targets are stated against float64 GEMM ("120 GFLOP/s, 75 % of GEMM
+peak"), and the machine under the benchmarks changes from session to session, so
+the fit benchmarks measure the peak themselves, beside the factorisation: the tile
+kernel the factor spends most of its time in (``C -= A @ B.T`` through
+:func:`pipeline.solvers.blas.gemm_nt_sub`) on square ``block`` tiles, with every
+core in one call, as the executors' wide tasks run it. Best of ``repeats``.
+
+It imports an internal (the GIL-free BLAS wrapper) so the baseline is the very call
+the factor makes.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+
+def gemm_peak_gflops(block: int = 4000, repeats: int = 3, dtype=np.float64) -> float:
+    """Best GFLOP/s of ``block``³ tile GEMMs (2·b³ flops each) on all cores."""
+    from pipeline.solvers import blas
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((block, block)).astype(dtype)
+    b = rng.standard_normal((block, block)).astype(dtype)
+    c = np.zeros((block, block), dtype=dtype)
+    best = float("inf")
+    with blas.fixed_width(os.cpu_count() or 1):
+        blas.gemm_nt_sub(c, a, b)  # warm-up: thread start, first touch
+        for _ in range(max(1, int(repeats))):
+            t = time.perf_counter()
+            blas.gemm_nt_sub(c, a, b)
+            best = min(best, time.perf_counter() - t)
+    return 2 * block**3 / best / 1e9
+
+
+def peak_line(gflops: float, peak: float, target: float = 120.0, share: float = 0.75) -> str:
+    """One line: the factor's rate against the absolute and the relative target."""
+    return (
+        f"  factor {gflops:.1f} GFLOP/s = {gflops / peak:.0%} of the GEMM peak measured in "
+        f"this run ({peak:.1f} GFLOP/s); issue #15: >= {target:.0f} GFLOP/s "
+        f"{'met' if gflops >= target else 'NOT met'}, >= {share:.0%} of GEMM peak "
+        f"{'met' if gflops >= share * peak else 'NOT met'}"
+    )
