@@ -7,8 +7,8 @@ kernel the factor spends most of its time in (``C -= A @ B.T`` through
 :func:`pipeline.solvers.blas.gemm_nt_sub`) on square ``block`` tiles, with every
 core in one call, as the executors' wide tasks run it. Best of ``repeats``.
 
-It imports an internal (the GIL-free BLAS wrapper) so the baseline is the very call
-the factor makes.
+It imports internals (the GIL-free BLAS wrapper) because the baseline must be the
+very call the factor makes, at the width the factor makes it.
 """
 
 from __future__ import annotations
