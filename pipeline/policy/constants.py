@@ -312,3 +312,12 @@ FIRST_TOUCH_MIN_BYTES = 4 << 20
 #: cores; 0 leaves the variable alone. Session 12, AMD EPYC VM, N = 15,000, b = 2,500,
 #: threads executor, 3 runs each: 10.34-10.50 s with 4, 10.69-11.19 s with 28
 OPENBLAS_THREAD_TIMEOUT = 4
+#: the tile Cholesky's Gram reads (each Gram tile is read once per factorisation) drop
+#: the chunk file from the page cache once read (POSIX_FADV_DONTNEED,
+#: pipeline.storage.rawchunks.read_chunk): the guest frees those pages at once, and the
+#: next new read buffer lands in them instead of in free memory the VM's host must fault
+#: in again. Session 12, AMD EPYC VM, 21 chunks of 50 MB read into kept buffers: 0.34-0.41
+#: s of CPU with the drop against 0.85-1.07 s without. A later factorisation (a new
+#: lambda) reads the Gram from disk instead of the page cache, ahead of its tasks
+#: (TileIO). False keeps the Gram cached
+DROP_READ_PAGE_CACHE = True

@@ -159,8 +159,8 @@ def _factor_tile(
     """Compute factor tile ``(i, j)`` from finished tiles; returns (tile, marker info)."""
     dtype = np.dtype(L.dtype)
     t0 = time.perf_counter()
-    if k_tile is None:
-        k_tile = io.read(("K", i, j)) if io is not None else gram.read_tile(i, j)
+    if k_tile is None:  # read once: no need to keep it in the page cache
+        k_tile = io.read(("K", i, j)) if io is not None else read_gram_tile(gram, i, j)
     # jitter scale: the tile's own diagonal of K + shift*I (not that of the Schur
     # complement, which is ~0 exactly when jitter is needed)
     scale = float(np.mean(np.abs(np.diag(k_tile)))) + shift if i == j else 0.0
@@ -253,6 +253,7 @@ from pipeline.solvers.cholesky_exec import (  # noqa: E402, F401  (re-exported)
     _deps,
     _run_dask,
     _run_threads,
+    read_gram_tile,
     tile_blas_threads,
 )
 

@@ -375,6 +375,17 @@ def _scheduler_in_this_process() -> bool:
     return s in ("threads", "threading", "sync", "synchronous", "single-threaded")
 
 
+def read_gram_tile(gram: Any, i: int, j: int, first_touch: Any = None) -> np.ndarray:
+    """Gram tile ``(i, j)`` for the factorisation, verified. The factor reads each Gram
+    tile once, so with :data:`~pipeline.policy.constants.DROP_READ_PAGE_CACHE` its
+    chunk file leaves the page cache once read, and the next new read buffer reuses
+    those pages (:func:`pipeline.storage.rawchunks.read_chunk`)."""
+    from pipeline.policy import constants as C
+
+    drop = bool(C.DROP_READ_PAGE_CACHE)
+    return gram.read_tile(i, j, first_touch=first_touch, drop_cache=drop)
+
+
 def _tile_io(gram: Any, L: Any, todo: list, rank: dict, width: int = 1) -> TileIO:
     """The executors' TileIO: Gram tiles read ahead in the order the tasks will
     probably run (the one-thread list schedule, critical path first) and factor tiles
@@ -386,7 +397,7 @@ def _tile_io(gram: Any, L: Any, todo: list, rank: dict, width: int = 1) -> TileI
     order = serial_order(todo, lambda t: _deps(*t), rank)
     touch = gil_free_blas.first_touch_between_calls(width) if width > 1 else None
     return TileIO(
-        _niced(lambda key: gram.read_tile(key[1], key[2], first_touch=touch), io_niceness()),
+        _niced(lambda key: read_gram_tile(gram, key[1], key[2], touch), io_niceness()),
         [("K", i, j) for i, j in order],
         depth=depth,
         max_pending=depth,

@@ -225,7 +225,13 @@ class InPlaceGramReader:
         return tile
 
     def read_tile(
-        self, i: int, j: int = 0, verify: bool = True, *, first_touch: Any = None
+        self,
+        i: int,
+        j: int = 0,
+        verify: bool = True,
+        *,
+        first_touch: Any = None,
+        drop_cache: bool = False,
     ) -> np.ndarray:
         rec = self.gram.markers.record((i, j))
         if rec is None:
@@ -235,7 +241,9 @@ class InPlaceGramReader:
                 "was replaced by an in-place factor (keep_gram=False) or is missing",
             )
         try:
-            return self.gram.read_tile(i, j, verify=verify, first_touch=first_touch)
+            return self.gram.read_tile(
+                i, j, verify=verify, first_touch=first_touch, drop_cache=drop_cache
+            )
         except CorruptTileError as exc:
             return self._recompute(i, j, f"fails its checksum ({exc.problem})")
 

@@ -129,11 +129,20 @@ def read_chunk(
     layout: ChunkLayout,
     coords: tuple[int, ...],
     first_touch: Callable[[np.ndarray], None] | None = None,
+    drop_cache: bool = False,
 ) -> np.ndarray | None:
     """Chunk ``coords`` as a writable array that no one else holds (a new one, or a
     buffer given back for reuse, :mod:`pipeline.storage.buffers`; edge chunks cut to
     the array's shape), or None if its file is missing or has an unexpected size.
-    ``first_touch``: see :func:`pipeline.storage.buffers.take` (called before the read)."""
+    ``first_touch``: see :func:`pipeline.storage.buffers.take` (called before the read).
+
+    ``drop_cache``: once read, the file's pages leave the page cache
+    (``POSIX_FADV_DONTNEED``), for a chunk its reader will not read again soon. The
+    kernel frees them at once, so the next new read buffer is likely to land in those
+    pages, which the VM's host already backs, rather than in free memory that the
+    host must fault in again (:data:`~pipeline.policy.constants.DROP_READ_PAGE_CACHE`).
+    Where the call is missing or fails, the read is the same.
+    """
     # reused memory if any waits
     buf = tile_buffers.take(layout.chunk_shape, layout.dtype, first_touch)
     try:
@@ -141,12 +150,25 @@ def read_chunk(
             got = f.readinto(memoryview(buf).cast("B"))
             if got != buf.nbytes or f.read(1):
                 return None
+            if drop_cache:
+                _drop_page_cache(f.fileno())
     except FileNotFoundError:
         return None
     region = layout.region_shape(coords)
     if region == layout.chunk_shape:
         return buf
     return np.ascontiguousarray(buf[tuple(slice(0, r) for r in region)])
+
+
+def _drop_page_cache(fd: int) -> None:
+    """Ask the kernel to drop file ``fd``'s clean cached pages (advice: never an error)."""
+    advise = getattr(os, "posix_fadvise", None)  # not on macOS or Windows
+    if advise is None:
+        return
+    try:
+        advise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    except OSError:
+        pass
 
 
 def chunk_problem(layout: ChunkLayout, coords: tuple[int, ...]) -> str | None:

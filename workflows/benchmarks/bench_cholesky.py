@@ -26,6 +26,7 @@ dask.array.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -167,6 +168,19 @@ def _floor(gram) -> dict:
     }
 
 
+def _warm_page_cache(store: str) -> None:
+    """Read every file of the store through one small buffer, so the Gram sits in the
+    page cache as it does right after the Gram stage wrote it. The factor drops each
+    Gram tile's pages once read (DROP_READ_PAGE_CACHE), so without this the next mode
+    would read from disk, and the next scipy load too."""
+    buf = bytearray(1 << 20)
+    for root, _, files in os.walk(store):
+        for name in files:
+            with open(os.path.join(root, name), "rb", buffering=0) as f:
+                while f.readinto(buf):
+                    pass
+
+
 def _mode_env(mode: str) -> dict[str, str]:
     """The measurement's environment. Importing ``pipeline`` shortened OpenBLAS's spin
     after each call (``OPENBLAS_THREAD_TIMEOUT``, pipeline._blas_env) in this process,
@@ -206,6 +220,10 @@ def run_mode(mode: str, store: str, out: str) -> dict:
             import pipeline.solvers.cholesky as chol
 
             chol.DIRECT_FACTOR_WRITES = False
+        if kind == "keepcache":  # Gram tiles left in the page cache (before session 12)
+            import pipeline.policy.constants as policy_constants
+
+            policy_constants.DROP_READ_PAGE_CACHE = False
         if kind == "lazytouch":  # new read buffers faulted in by the reader (before session 12)
             import pipeline.policy.constants as policy_constants
 
@@ -216,22 +234,35 @@ def run_mode(mode: str, store: str, out: str) -> dict:
             chol_exec.DASK_CRITICAL_PATH_FIRST = False
         n_threads = 1 if kind == "threads1" else None
         # "spin": the threads executor with OpenBLAS's default spin (_mode_env)
-        sched = "dask" if kind in ("dask", "f32dask", "daskorder") else "threads"
+        sched = "dask" if kind in ("dask", "f32dask", "daskorder", "client") else "threads"
         dtype = np.float32 if single else np.float64
-        c0, t0 = time.process_time(), time.perf_counter()
-        f = tile_cholesky(
-            gram,
-            LAM,
-            store=out,
-            name="chol",
-            scheduler=sched,
-            progress=False,
-            dtype=dtype,
-            n_threads=n_threads,
-            wide=kind != "narrow",
-        )
-        res["seconds"] = time.perf_counter() - t0
-        res["cpu_seconds"] = time.process_time() - c0
+        with contextlib.ExitStack() as stack:
+            client = None
+            if kind == "client":  # Dask on the active client: krr run's embedded cluster
+                from pipeline.parallel import dask_client
+
+                client = stack.enter_context(dask_client())
+                cpu0 = client.run(time.process_time)  # workers up before the clock starts
+            c0, t0 = time.process_time(), time.perf_counter()
+            f = tile_cholesky(
+                gram,
+                LAM,
+                store=out,
+                name="chol",
+                scheduler=sched,
+                progress=False,
+                dtype=dtype,
+                n_threads=n_threads,
+                wide=kind != "narrow",
+            )
+            res["seconds"] = time.perf_counter() - t0
+            res["cpu_seconds"] = time.process_time() - c0
+            if client is not None:  # the workers' CPU and memory, not this process's
+                from pipeline.diagnostics import peak_rss_bytes as worker_peak
+
+                stats = client.run(lambda: (time.process_time(), worker_peak()))
+                res["cpu_seconds"] += sum(c - cpu0[w] for w, (c, _) in stats.items())
+                res["worker_peak_rss_gb"] = [round(m / 1024**3, 2) for _, m in stats.values()]
         last = gram.grid.n_row_blocks - 1
         res["check_tile"] = f.L.read_tile(last, last)[-1, -3:].astype(float).tolist()
         from pipeline.solvers import cholesky_solve
@@ -301,7 +332,8 @@ def run_mode(mode: str, store: str, out: str) -> dict:
     else:
         raise SystemExit(f"unknown mode {mode}")
     res["gflops"] = n**3 / 3 / res["seconds"] / 1e9
-    res["peak_rss_gb"] = _peak_rss_gb()
+    # ours-client: this process and its worker processes (the sum of their peaks)
+    res["peak_rss_gb"] = _peak_rss_gb() + sum(res.get("worker_peak_rss_gb", ()))
     return res
 
 
@@ -319,13 +351,16 @@ def main(argv: list[str] | None = None) -> None:
         "(threads, I/O threads niced: KRR_CHOL_IO_NICE=10), ours-buffered (threads, factor "
         "tiles written through the page cache, as before DIRECT_FACTOR_WRITES), ours-lazytouch "
         "(threads, new read buffers faulted in by the reader thread beside the BLAS calls, "
-        "as before FIRST_TOUCH_MIN_BYTES), ours-spin (threads, OpenBLAS's default spin after "
+        "as before FIRST_TOUCH_MIN_BYTES), ours-keepcache (threads, Gram tiles left in the page "
+        "cache once read, as before DROP_READ_PAGE_CACHE), ours-spin (threads, OpenBLAS's default spin after "
         "each call, as before the package set OPENBLAS_THREAD_TIMEOUT), ours-daskorder "
         "(the Dask executor in dask.order's order, as before DASK_CRITICAL_PATH_FIRST), ours-f32 / "
         "ours-f32dask (float32 factor, float64 diagonal tiles, alpha refined to 1e-11 "
         "with the matrix-free float64 product), scipy (OpenBLAS's default spin, or the user's "
         "OPENBLAS_THREAD_TIMEOUT), scipy-quiet (scipy with the package's setting), dask "
-        "(dask.array.linalg), floor "
+        "(dask.array.linalg), ours-client (the Dask executor on the embedded LocalCluster that "
+        "krr run starts: 2 worker processes, 1 thread each; CPU and peak RSS of the workers, "
+        "cluster start-up untimed), floor "
         "(the BLAS calls timed alone plus one read of the Gram into new memory: the "
         "least any tile schedule could take here)",
     )
@@ -361,6 +396,7 @@ def main(argv: list[str] | None = None) -> None:
         for rep in range(a.repeats):
             for mode in modes:
                 out = os.path.join(work, f"out-{mode}-{rep}.zarr")
+                _warm_page_cache(store)  # every mode starts as a fit after its Gram stage
                 time.sleep(a.pause)
                 proc = subprocess.run(
                     [sys.executable, __file__, "--_worker", mode, store, out],
@@ -394,7 +430,12 @@ def main(argv: list[str] | None = None) -> None:
                 )
                 print(
                     f"  rep {rep} {mode:12s} {r['seconds']:7.2f} s {r['gflops']:6.1f} GFLOP/s "
-                    f"(CPU {r['cpu_seconds']:6.2f} s) peak RSS {r['peak_rss_gb']:.2f} GB{solve}",
+                    f"(CPU {r['cpu_seconds']:6.2f} s) peak RSS {r['peak_rss_gb']:.2f} GB{solve}"
+                    + (
+                        f"; workers' peak RSS {r['worker_peak_rss_gb']} GB"
+                        if "worker_peak_rss_gb" in r
+                        else ""
+                    ),
                     flush=True,
                 )
         # same matrix: the float64 factors agree (last row of the last tile)
