@@ -234,14 +234,17 @@ def run_mode(mode: str, store: str, out: str) -> dict:
             chol_exec.DASK_CRITICAL_PATH_FIRST = False
         n_threads = 1 if kind == "threads1" else None
         # "spin": the threads executor with OpenBLAS's default spin (_mode_env)
-        sched = "dask" if kind in ("dask", "f32dask", "daskorder", "client") else "threads"
+        dask_kinds = ("dask", "f32dask", "daskorder", "client", "client1x2")
+        sched = "dask" if kind in dask_kinds else "threads"
         dtype = np.float32 if single else np.float64
         with contextlib.ExitStack() as stack:
             client = None
-            if kind == "client":  # Dask on the active client: krr run's embedded cluster
+            if kind.startswith("client"):  # Dask on the active client: krr run's embedded
+                # cluster (2 worker processes x 1 thread here), or one worker x 2 threads
                 from pipeline.parallel import dask_client
 
-                client = stack.enter_context(dask_client())
+                shape = {"n_workers": 1, "threads_per_worker": 2} if kind == "client1x2" else {}
+                client = stack.enter_context(dask_client(**shape))
                 cpu0 = client.run(time.process_time)  # workers up before the clock starts
             c0, t0 = time.process_time(), time.perf_counter()
             f = tile_cholesky(
@@ -360,7 +363,8 @@ def main(argv: list[str] | None = None) -> None:
         "OPENBLAS_THREAD_TIMEOUT), scipy-quiet (scipy with the package's setting), dask "
         "(dask.array.linalg), ours-client (the Dask executor on the embedded LocalCluster that "
         "krr run starts: 2 worker processes, 1 thread each; CPU and peak RSS of the workers, "
-        "cluster start-up untimed), floor "
+        "cluster start-up untimed), ours-client1x2 (the same with one worker process of 2 "
+        "threads), floor "
         "(the BLAS calls timed alone plus one read of the Gram into new memory: the "
         "least any tile schedule could take here)",
     )
