@@ -321,3 +321,9 @@ OPENBLAS_THREAD_TIMEOUT = 4
 #: lambda) reads the Gram from disk instead of the page cache, ahead of its tasks
 #: (TileIO). False keeps the Gram cached
 DROP_READ_PAGE_CACHE = True
+#: the Dask executor's tasks in worker processes (a distributed client, the processes
+#: scheduler) write their factor tiles through the page cache and map the other workers'
+#: tiles from it (mmap, read-only: pipeline.solvers.cholesky_cache.mapped_factor_reads)
+#: instead of writing past it (O_DIRECT) and reading each into new memory in every
+#: worker; False: as the in-process executors (session 12 measurements: docs/PERFORMANCE.md)
+HOST_SHARED_FACTOR_TILES = True

@@ -65,6 +65,7 @@ from pipeline.solvers.cholesky_cache import (  # noqa: E402, F401  (re-exported)
     _cache_key,
     _read_factor_tile,
     _TileCache,
+    mapped_factor_reads,
     release_tile_cache,
     set_tile_cache_budget,
 )
@@ -196,14 +197,21 @@ def _factor_tile(
 
 
 def _store_tile(
-    L: TiledArray, i: int, j: int, tile: np.ndarray, info: dict[str, Any], io: TileIO | None = None
+    L: TiledArray,
+    i: int,
+    j: int,
+    tile: np.ndarray,
+    info: dict[str, Any],
+    io: TileIO | None = None,
+    direct: bool = DIRECT_FACTOR_WRITES,
 ) -> None:
     tile.flags.writeable = False
     _CACHE.put(_cache_key(L, i, j), tile)
 
     def write(t: np.ndarray) -> None:
-        # region first, marker last; past the page cache (this process caches the tile)
-        L.write_tile(i, j, t, direct=DIRECT_FACTOR_WRITES, **info)
+        # region first, marker last; past the page cache where only this process reads
+        # the tile (it caches it), through it for other processes to map
+        L.write_tile(i, j, t, direct=direct, **info)
 
     if io is None:
         write(tile)
@@ -226,6 +234,7 @@ def _tile_task(
     io: TileIO | None = None,
     blas_threads: int | None = None,
     host_lock: bool = False,
+    host_shared: bool = False,
 ) -> dict[str, Any]:
     """Dask task: factor tile (i, j) unless its marker exists; return a tiny record.
 
@@ -233,14 +242,20 @@ def _tile_task(
     threads (:func:`pipeline.solvers.blas.fixed_width`), so the tile's bits do not
     depend on the executor or on what else runs (None: the caller's setting);
     ``host_lock``: wide calls also queue with those of other processes on this host
-    (Dask worker processes).
+    (Dask worker processes); ``host_shared``: the factor tiles go through the page
+    cache and the task maps other tasks' tiles from it
+    (:func:`~pipeline.solvers.cholesky_cache.mapped_factor_reads`), for tasks in worker
+    processes.
     """
     rec = L.markers.record((i, j))
     if rec is not None:  # a retried or duplicated task: the tile is already stored
         return {"tile": (i, j), "computed": False, "jitter": rec.get("jitter")}
-    with gil_free_blas.fixed_width(blas_threads, host_lock=host_lock):
+    with (
+        gil_free_blas.fixed_width(blas_threads, host_lock=host_lock),
+        mapped_factor_reads(host_shared),
+    ):
         tile, info = _factor_tile(gram, L, i, j, shift, lam, convention, jitter, io=io)
-    _store_tile(L, i, j, tile, info, io)
+    _store_tile(L, i, j, tile, info, io, direct=DIRECT_FACTOR_WRITES and not host_shared)
     return {"tile": (i, j), "computed": True, "jitter": info.get("jitter")}
 
 

@@ -10,9 +10,11 @@ An evicted tile that nothing else holds gives its memory to the next tile read
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import sys
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -105,11 +107,33 @@ def _cache_key(arr: TiledArray, i: int, j: int) -> tuple:
     return (arr.store, arr.name, arr.fingerprint, i, j)
 
 
+_MAPPED = threading.local()
+
+
+@contextlib.contextmanager
+def mapped_factor_reads(on: bool = True) -> Iterator[None]:
+    """Inside (this thread): a factor tile missing from the cache is mapped from its
+    file (:meth:`TiledArray.map_tile`: the page cache's pages, which the processes of a
+    host share) instead of copied into new memory. For tasks in worker processes, whose
+    factor tiles are written through the page cache by other processes
+    (:data:`~pipeline.policy.constants.HOST_SHARED_FACTOR_TILES`)."""
+    prev = getattr(_MAPPED, "on", False)
+    _MAPPED.on = bool(on)
+    try:
+        yield
+    finally:
+        _MAPPED.on = prev
+
+
 def _read_factor_tile(L: TiledArray, i: int, j: int, io: TileIO | None = None) -> np.ndarray:
     key = _cache_key(L, i, j)
     tile = _CACHE.get(key)
     if tile is None and io is not None:
         tile = io.pending(("L", i, j))  # finished, queued for writing, evicted from the cache
+    if tile is None and getattr(_MAPPED, "on", False):
+        tile = L.map_tile(i, j)  # None: an edge tile, not a local raw chunk: read below
+        if tile is not None:
+            _CACHE.put(key, tile)
     if tile is None:
         # a task's own read (a cache miss): a new buffer is faulted in between its
         # wide BLAS calls, on every core

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.policy import constants as C
 from pipeline.policy.constants import DASK_CRITICAL_PATH_FIRST
 from pipeline.solvers import blas as gil_free_blas
 from pipeline.tiles.dag import RankOrder, run_dag, serial_order, upward_ranks
@@ -98,8 +99,6 @@ def dask_block_size(
     >>> dask_block_size(1_000_000, 8), dask_block_size(1_000_000, 128)
     (4096, 1280)
     """
-    from pipeline.policy import constants as C
-
     k = C.CHOL_DASK_PATH_FACTOR if path_factor is None else float(path_factor)
     lo = C.CHOL_DASK_MIN_BLOCK if min_block is None else int(min_block)
     hi = C.CHOL_DASK_MAX_BLOCK if max_block is None else int(max_block)
@@ -234,6 +233,8 @@ def _run_dask(
                     io=io,
                     blas_threads=blas_threads,
                     host_lock=host_lock,
+                    # tasks in other processes share factor tiles through the page cache
+                    host_shared=not shared and C.HOST_SHARED_FACTOR_TILES,
                     dask_key_name=f"{prefix}-{i}-{j}",
                 )
         (records,) = compute(
@@ -380,8 +381,6 @@ def read_gram_tile(gram: Any, i: int, j: int, first_touch: Any = None) -> np.nda
     tile once, so with :data:`~pipeline.policy.constants.DROP_READ_PAGE_CACHE` its
     chunk file leaves the page cache once read, and the next new read buffer reuses
     those pages (:func:`pipeline.storage.rawchunks.read_chunk`)."""
-    from pipeline.policy import constants as C
-
     drop = bool(C.DROP_READ_PAGE_CACHE)
     return gram.read_tile(i, j, first_touch=first_touch, drop_cache=drop)
 

@@ -32,7 +32,13 @@ import zarr
 
 from pipeline.storage.errors import ForeignPathError, TileRewriteError
 from pipeline.storage.markers import TileMarkers
-from pipeline.storage.rawchunks import chunk_layout, chunk_problem, read_chunk, write_chunk
+from pipeline.storage.rawchunks import (
+    chunk_layout,
+    chunk_problem,
+    map_chunk,
+    read_chunk,
+    write_chunk,
+)
 from pipeline.storage.tempfiles import sweep_tmp_files
 from pipeline.storage.tiles import TileGrid
 
@@ -260,6 +266,26 @@ class TiledArray:
                 self._raise_if_marked(i, j, f"Zarr cannot decode its chunk ({exc})", exc)
                 raise
         if verify:
+            self.verify_tile(i, j, tile)
+        return tile
+
+    def map_tile(self, i: int, j: int = 0, verify: bool = True) -> np.ndarray | None:
+        """Tile ``(i, j)`` mapped read-only from its chunk file (no copy, no new memory:
+        the page cache's pages, shared by the processes of a host that map it), checked
+        like :meth:`read_tile`; None where it cannot be mapped (not a raw chunk on a
+        local disk, an edge tile, a missing file): read it instead.
+
+        Raises
+        ------
+        CorruptTileError
+            ``verify`` is True, the tile's record carries a checksum, and the mapped
+            bytes do not match it.
+        """
+        layout = chunk_layout(self.store, self.name)
+        if layout is None:
+            return None
+        tile = map_chunk(layout, self._coords(i, j))
+        if tile is not None and verify:
             self.verify_tile(i, j, tile)
         return tile
 

@@ -34,6 +34,7 @@ __all__ = [
     "ChunkLayout",
     "chunk_layout",
     "chunk_problem",
+    "map_chunk",
     "read_chunk",
     "release_direct_buffers",
     "write_chunk",
@@ -158,6 +159,28 @@ def read_chunk(
     if region == layout.chunk_shape:
         return buf
     return np.ascontiguousarray(buf[tuple(slice(0, r) for r in region)])
+
+
+def map_chunk(layout: ChunkLayout, coords: tuple[int, ...]) -> np.ndarray | None:
+    """Chunk ``coords`` mapped read-only from its file (``mmap``): no copy and no new
+    memory, the page cache's pages themselves, shared by every process on the host that
+    maps the same file. None if the file is missing, has an unexpected size, or is an
+    edge chunk (its region is not the whole chunk: the caller reads it instead).
+
+    A mapping stays valid if the file is later replaced or removed (it keeps the old
+    inode), and chunks are never rewritten once marked complete.
+    """
+    if layout.region_shape(coords) != layout.chunk_shape:
+        return None
+    path = layout.path(coords)
+    nbytes = int(np.prod(layout.chunk_shape)) * layout.dtype.itemsize
+    try:
+        if os.stat(path).st_size != nbytes:
+            return None
+        mapped = np.memmap(path, dtype=layout.dtype, mode="r", shape=layout.chunk_shape)
+    except FileNotFoundError:
+        return None
+    return mapped.view(np.ndarray)  # a plain read-only array over the mapping
 
 
 def _drop_page_cache(fd: int) -> None:

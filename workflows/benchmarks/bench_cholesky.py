@@ -234,7 +234,11 @@ def run_mode(mode: str, store: str, out: str) -> dict:
             chol_exec.DASK_CRITICAL_PATH_FIRST = False
         n_threads = 1 if kind == "threads1" else None
         # "spin": the threads executor with OpenBLAS's default spin (_mode_env)
-        dask_kinds = ("dask", "f32dask", "daskorder", "client", "client1x2")
+        dask_kinds = ("dask", "f32dask", "daskorder", "client", "client1x2", "clientcopy")
+        if kind == "clientcopy":  # each worker copies the others' factor tiles (before)
+            import pipeline.policy.constants as policy_constants
+
+            policy_constants.HOST_SHARED_FACTOR_TILES = False
         sched = "dask" if kind in dask_kinds else "threads"
         dtype = np.float32 if single else np.float64
         with contextlib.ExitStack() as stack:
@@ -364,7 +368,8 @@ def main(argv: list[str] | None = None) -> None:
         "(dask.array.linalg), ours-client (the Dask executor on the embedded LocalCluster that "
         "krr run starts: 2 worker processes, 1 thread each; CPU and peak RSS of the workers, "
         "cluster start-up untimed), ours-client1x2 (the same with one worker process of 2 "
-        "threads), floor "
+        "threads), ours-clientcopy (ours-client with each worker reading the others' factor tiles "
+        "into its own memory, past the page cache, as before HOST_SHARED_FACTOR_TILES), floor "
         "(the BLAS calls timed alone plus one read of the Gram into new memory: the "
         "least any tile schedule could take here)",
     )
