@@ -203,10 +203,11 @@ def _store_tile(
     tile: np.ndarray,
     info: dict[str, Any],
     io: TileIO | None = None,
-    direct: bool = DIRECT_FACTOR_WRITES,
+    direct: bool | None = None,
 ) -> None:
     tile.flags.writeable = False
     _CACHE.put(_cache_key(L, i, j), tile)
+    direct = DIRECT_FACTOR_WRITES if direct is None else direct  # read at call time
 
     def write(t: np.ndarray) -> None:
         # region first, marker last; past the page cache where only this process reads

@@ -52,6 +52,11 @@ class ChunkLayout:
     fill_value: Any
     key_of: Any  # metadata.encode_chunk_key
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of one chunk file (edge chunks are stored at full size)."""
+        return int(np.prod(self.chunk_shape)) * self.dtype.itemsize
+
     def path(self, coords: tuple[int, ...]) -> Path:
         return self.root / self.key_of(tuple(int(c) for c in coords))
 
@@ -173,7 +178,7 @@ def map_chunk(layout: ChunkLayout, coords: tuple[int, ...]) -> np.ndarray | None
     if layout.region_shape(coords) != layout.chunk_shape:
         return None
     path = layout.path(coords)
-    nbytes = int(np.prod(layout.chunk_shape)) * layout.dtype.itemsize
+    nbytes = layout.nbytes
     try:
         if os.stat(path).st_size != nbytes:
             return None
@@ -209,7 +214,7 @@ def chunk_problem(layout: ChunkLayout, coords: tuple[int, ...]) -> str | None:
         return f"its chunk file {str(path)!r} cannot be read ({exc})"
     if not path.is_file():
         return f"its chunk path {str(path)!r} is not a regular file"
-    nbytes = int(np.prod(layout.chunk_shape)) * layout.dtype.itemsize
+    nbytes = layout.nbytes
     if st.st_size != nbytes:
         return f"its chunk file {str(path)!r} holds {st.st_size} bytes, not {nbytes}"
     return None

@@ -13,7 +13,6 @@ very call the factor makes, at the width the factor makes it.
 
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
@@ -22,13 +21,14 @@ import numpy as np
 def gemm_peak_gflops(block: int = 4000, repeats: int = 3, dtype=np.float64) -> float:
     """Best GFLOP/s of ``block``³ tile GEMMs (2·b³ flops each) on all cores."""
     from pipeline.solvers import blas
+    from pipeline.solvers.cholesky_exec import tile_blas_threads
 
     rng = np.random.default_rng(0)
     a = rng.standard_normal((block, block)).astype(dtype)
     b = rng.standard_normal((block, block)).astype(dtype)
     c = np.zeros((block, block), dtype=dtype)
     best = float("inf")
-    with blas.fixed_width(os.cpu_count() or 1):
+    with blas.fixed_width(tile_blas_threads(True)):  # the executors' width (wide tasks)
         blas.gemm_nt_sub(c, a, b)  # warm-up: thread start, first touch
         for _ in range(max(1, int(repeats))):
             t = time.perf_counter()
