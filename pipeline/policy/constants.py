@@ -327,3 +327,7 @@ DROP_READ_PAGE_CACHE = True
 #: instead of writing past it (O_DIRECT) and reading each into new memory in every
 #: worker; False: as the in-process executors (session 12 measurements: docs/PERFORMANCE.md)
 HOST_SHARED_FACTOR_TILES = True
+#: with HOST_SHARED_FACTOR_TILES: once a worker has written a factor tile through the
+#: page cache, its tile cache maps the file's pages and the private copy's memory takes
+#: the next Gram tile read (new memory costs ~2 s per GB of faults on the VMs measured)
+SHARE_WRITTEN_TILES = True

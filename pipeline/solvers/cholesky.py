@@ -68,6 +68,7 @@ from pipeline.solvers.cholesky_cache import (  # noqa: E402, F401  (re-exported)
     mapped_factor_reads,
     release_tile_cache,
     set_tile_cache_budget,
+    share_written_tile,
 )
 
 # ---------------------------------------------------------------------------
@@ -257,6 +258,8 @@ def _tile_task(
     ):
         tile, info = _factor_tile(gram, L, i, j, shift, lam, convention, jitter, io=io)
     _store_tile(L, i, j, tile, info, io, direct=DIRECT_FACTOR_WRITES and not host_shared)
+    if host_shared:  # the cache maps the tile just written; its memory serves a next read
+        share_written_tile(L, i, j, tile)
     return {"tile": (i, j), "computed": True, "jitter": info.get("jitter")}
 
 

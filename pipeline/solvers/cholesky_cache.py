@@ -142,3 +142,24 @@ def _read_factor_tile(L: TiledArray, i: int, j: int, io: TileIO | None = None) -
         tile.flags.writeable = False
         _CACHE.put(key, tile)
     return tile
+
+
+def share_written_tile(L: TiledArray, i: int, j: int, tile: np.ndarray) -> bool:
+    """After factor tile ``(i, j)`` was written through the page cache (a task in a
+    worker process, :data:`~pipeline.policy.constants.HOST_SHARED_FACTOR_TILES`): the
+    cache holds the file's mapped pages instead of the task's private copy, which goes
+    to the next tile read (:mod:`pipeline.storage.buffers`) rather than new memory.
+    The caller must not use ``tile`` afterwards. False where the tile cannot be mapped
+    (it stays cached as it is)."""
+    from pipeline.policy import constants as C
+
+    if not C.SHARE_WRITTEN_TILES:
+        return False
+    mapped = L.map_tile(i, j, verify=False)  # the bytes just written and checked
+    if mapped is None:
+        return False
+    _CACHE.put(_cache_key(L, i, j), mapped)
+    # held by the caller's name and this argument (and getrefcount's): nobody reads it
+    if sys.getrefcount(tile) <= 3:
+        tile_buffers.give(tile, TILE_BUFFER_POOL_BYTES)
+    return True

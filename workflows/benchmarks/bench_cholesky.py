@@ -200,6 +200,14 @@ def _mode_env(mode: str) -> dict[str, str]:
     return env
 
 
+def _private_written_tiles() -> None:
+    """In a worker: keep the private copy of each factor tile it writes in its tile
+    cache, as before SHARE_WRITTEN_TILES (the constant is read in the worker)."""
+    import pipeline.policy.constants as policy_constants
+
+    policy_constants.SHARE_WRITTEN_TILES = False
+
+
 def run_mode(mode: str, store: str, out: str) -> dict:
     """Run one measurement in this process; returns seconds and peak RSS."""
     gram = _open_gram(store)
@@ -234,7 +242,9 @@ def run_mode(mode: str, store: str, out: str) -> dict:
             chol_exec.DASK_CRITICAL_PATH_FIRST = False
         n_threads = 1 if kind == "threads1" else None
         # "spin": the threads executor with OpenBLAS's default spin (_mode_env)
-        dask_kinds = ("dask", "f32dask", "daskorder", "client", "client1x2", "clientcopy")
+        dask_kinds = (
+            "dask", "f32dask", "daskorder", "client", "client1x2", "clientcopy", "clientprivate"
+        )  # fmt: skip
         if kind == "clientcopy":  # each worker copies the others' factor tiles (before)
             import pipeline.policy.constants as policy_constants
 
@@ -249,6 +259,8 @@ def run_mode(mode: str, store: str, out: str) -> dict:
 
                 shape = {"n_workers": 1, "threads_per_worker": 2} if kind == "client1x2" else {}
                 client = stack.enter_context(dask_client(**shape))
+                if kind == "clientprivate":  # workers cache their own tiles' private copies
+                    client.run(_private_written_tiles)  # (before SHARE_WRITTEN_TILES)
                 cpu0 = client.run(time.process_time)  # workers up before the clock starts
             c0, t0 = time.process_time(), time.perf_counter()
             f = tile_cholesky(
@@ -369,7 +381,9 @@ def main(argv: list[str] | None = None) -> None:
         "krr run starts: 2 worker processes, 1 thread each; CPU and peak RSS of the workers, "
         "cluster start-up untimed), ours-client1x2 (the same with one worker process of 2 "
         "threads), ours-clientcopy (ours-client with each worker reading the others' factor tiles "
-        "into its own memory, past the page cache, as before HOST_SHARED_FACTOR_TILES), floor "
+        "into its own memory, past the page cache, as before HOST_SHARED_FACTOR_TILES), "
+        "ours-clientprivate (ours-client with each worker caching the private copy of the tiles "
+        "it wrote, as before SHARE_WRITTEN_TILES), floor "
         "(the BLAS calls timed alone plus one read of the Gram into new memory: the "
         "least any tile schedule could take here)",
     )
