@@ -135,3 +135,52 @@ def test_client_factor_caches_its_own_tiles_mapped_with_the_same_bits(tmp_path, 
         np.testing.assert_array_equal(got.L.read_tile(*t), ref.L.read_tile(*t))
         if cached[t] is not None:
             np.testing.assert_array_equal(cached[t], ref.L.read_tile(*t))
+
+
+def test_solve_after_a_client_factor_maps_the_tiles_written_through_the_page_cache(
+    tmp_path, monkeypatch
+):
+    """The solve runs in the client's process, whose tile cache is empty: it maps the
+    tiles the workers wrote through the page cache (their markers say so) instead of
+    reading them into new memory, and gets the same alpha bit for bit."""
+    pytest.importorskip("distributed")
+    from distributed import Client, LocalCluster
+
+    from pipeline.solvers import cholesky_solve
+    from pipeline.storage import TiledArray
+
+    monkeypatch.setenv("KRR_CHOL_BLAS_THREADS", "1")
+    K = rbf_matrix(230, seed=9)
+    g = write_gram(tmp_path / "g", K, 50)
+    y = np.random.default_rng(2).standard_normal(230)
+    ref = tile_cholesky(g, 1e-3, store=str(tmp_path / "ref"), name="chol",
+                        scheduler="threads", progress=False)  # fmt: skip
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                     dashboard_address=":0", memory_limit=0) as cluster,
+        Client(cluster),
+    ):  # fmt: skip
+        got = tile_cholesky(g, 1e-3, store=str(tmp_path / "got"), name="chol",
+                            scheduler="dask", progress=False)  # fmt: skip
+    maps: list[tuple[str, int, int]] = []
+    real_map = TiledArray.map_tile
+
+    def map_tile(self, i, j=0, *a, **kw):
+        out = real_map(self, i, j, *a, **kw)
+        if out is not None:
+            maps.append((self.store, i, j))
+        return out
+
+    monkeypatch.setattr(TiledArray, "map_tile", map_tile)
+    lower = list(g.grid.lower_tiles())
+    whole = {(i, j) for i, j in lower if i < 4}
+    assert all((got.L.markers.record(t) or {}).get("page_cache") for t in lower)
+    assert not any((ref.L.markers.record(t) or {}).get("page_cache") for t in lower)
+    release_tile_cache()  # as in a process other than the workers'
+    a_ref = cholesky_solve(ref, y)
+    assert maps == []  # written past the page cache: read, not mapped
+    release_tile_cache()
+    a_got = cholesky_solve(got, y)
+    assert {(i, j) for _, i, j in maps} == whole  # edge tiles are read
+    np.testing.assert_array_equal(a_got, a_ref)
+    np.testing.assert_allclose((K + 1e-3 * np.eye(230)) @ a_got, y, rtol=0, atol=1e-8)

@@ -257,6 +257,8 @@ def _tile_task(
         mapped_factor_reads(host_shared),
     ):
         tile, info = _factor_tile(gram, L, i, j, shift, lam, convention, jitter, io=io)
+    if host_shared:  # written through the page cache: a later reader maps it
+        info["page_cache"] = True
     _store_tile(L, i, j, tile, info, io, direct=DIRECT_FACTOR_WRITES and not host_shared)
     if host_shared:  # the cache maps the tile just written; its memory serves a next read
         share_written_tile(L, i, j, tile)
