@@ -273,7 +273,8 @@ class TiledArray:
         """Tile ``(i, j)`` mapped read-only from its chunk file (no copy, no new memory:
         the page cache's pages, shared by the processes of a host that map it), checked
         like :meth:`read_tile`; None where it cannot be mapped (not a raw chunk on a
-        local disk, an edge tile, a missing file): read it instead.
+        local disk, an edge tile cut in its columns, a missing file): read it instead.
+        A tile of the last tile row maps as the first rows of its padded chunk file.
 
         Raises
         ------

@@ -170,12 +170,15 @@ def map_chunk(layout: ChunkLayout, coords: tuple[int, ...]) -> np.ndarray | None
     """Chunk ``coords`` mapped read-only from its file (``mmap``): no copy and no new
     memory, the page cache's pages themselves, shared by every process on the host that
     maps the same file. None if the file is missing, has an unexpected size, or is an
-    edge chunk (its region is not the whole chunk: the caller reads it instead).
+    edge chunk whose region would not be C-contiguous (cut in a dimension after the
+    first: the caller reads it instead). An edge chunk cut in its first dimension only
+    (the last tile row of a matrix) maps as the first rows of its padded file.
 
     A mapping stays valid if the file is later replaced or removed (it keeps the old
     inode), and chunks are never rewritten once marked complete.
     """
-    if layout.region_shape(coords) != layout.chunk_shape:
+    region = layout.region_shape(coords)
+    if tuple(region[1:]) != tuple(layout.chunk_shape[1:]):
         return None
     path = layout.path(coords)
     nbytes = layout.nbytes
@@ -185,7 +188,8 @@ def map_chunk(layout: ChunkLayout, coords: tuple[int, ...]) -> np.ndarray | None
         mapped = np.memmap(path, dtype=layout.dtype, mode="r", shape=layout.chunk_shape)
     except FileNotFoundError:
         return None
-    return mapped.view(np.ndarray)  # a plain read-only array over the mapping
+    arr = mapped.view(np.ndarray)  # a plain read-only array over the mapping
+    return arr if region[0] == arr.shape[0] else arr[: region[0]]  # (still C-contiguous)
 
 
 def _drop_page_cache(fd: int) -> None:
