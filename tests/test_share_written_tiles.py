@@ -106,14 +106,12 @@ def test_switched_off_or_unmappable_keeps_the_private_copy(tmp_path, monkeypatch
     assert _CACHE.get(_cache_key(g2, 2, 2)) is edge
 
 
-@pytest.mark.parametrize("share", [True, False], ids=["mapped", "private"])
-def test_client_factor_caches_its_own_tiles_mapped_with_the_same_bits(tmp_path, monkeypatch, share):
+def _threads_and_client_factors(tmp_path, K):
+    """The factor of ``K`` in tiles of 50 by the threads executor (the reference) and by
+    the Dask executor on a LocalCluster of 2 in-process workers: (gram, ref, got)."""
     pytest.importorskip("distributed")
     from distributed import Client, LocalCluster
 
-    monkeypatch.setenv("KRR_CHOL_BLAS_THREADS", "1")
-    monkeypatch.setattr(policy_constants, "SHARE_WRITTEN_TILES", share)
-    K = rbf_matrix(230, seed=8)  # 5 x 5 tiles of 50, the last 30 wide
     g = write_gram(tmp_path / "g", K, 50)
     ref = tile_cholesky(g, 1e-3, store=str(tmp_path / "ref"), name="chol",
                         scheduler="threads", progress=False)  # fmt: skip
@@ -125,6 +123,15 @@ def test_client_factor_caches_its_own_tiles_mapped_with_the_same_bits(tmp_path, 
     ):  # fmt: skip
         got = tile_cholesky(g, 1e-3, store=str(tmp_path / "got"), name="chol",
                             scheduler="dask", progress=False)  # fmt: skip
+    return g, ref, got
+
+
+@pytest.mark.parametrize("share", [True, False], ids=["mapped", "private"])
+def test_client_factor_caches_its_own_tiles_mapped_with_the_same_bits(tmp_path, monkeypatch, share):
+    monkeypatch.setenv("KRR_CHOL_BLAS_THREADS", "1")
+    monkeypatch.setattr(policy_constants, "SHARE_WRITTEN_TILES", share)
+    # 5 x 5 tiles of 50, the last 30 wide
+    g, ref, got = _threads_and_client_factors(tmp_path, rbf_matrix(230, seed=8))
     lower = list(g.grid.lower_tiles())
     whole = [t for t in lower if t != (4, 4)]  # the last diagonal tile is read
     cached = {t: _CACHE.get(_cache_key(got.L, *t)) for t in lower}
@@ -144,25 +151,13 @@ def test_solve_after_a_client_factor_maps_the_tiles_written_through_the_page_cac
     """The solve runs in the client's process, whose tile cache is empty: it maps the
     tiles the workers wrote through the page cache (their markers say so) instead of
     reading them into new memory, and gets the same alpha bit for bit."""
-    pytest.importorskip("distributed")
-    from distributed import Client, LocalCluster
-
     from pipeline.solvers import cholesky_solve
     from pipeline.storage import TiledArray
 
     monkeypatch.setenv("KRR_CHOL_BLAS_THREADS", "1")
     K = rbf_matrix(230, seed=9)
-    g = write_gram(tmp_path / "g", K, 50)
     y = np.random.default_rng(2).standard_normal(230)
-    ref = tile_cholesky(g, 1e-3, store=str(tmp_path / "ref"), name="chol",
-                        scheduler="threads", progress=False)  # fmt: skip
-    with (
-        LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
-                     dashboard_address=":0", memory_limit=0) as cluster,
-        Client(cluster),
-    ):  # fmt: skip
-        got = tile_cholesky(g, 1e-3, store=str(tmp_path / "got"), name="chol",
-                            scheduler="dask", progress=False)  # fmt: skip
+    g, ref, got = _threads_and_client_factors(tmp_path, K)
     maps: list[tuple[str, int, int]] = []
     real_map = TiledArray.map_tile
 
