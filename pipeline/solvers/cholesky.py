@@ -204,16 +204,19 @@ def _store_tile(
     tile: np.ndarray,
     info: dict[str, Any],
     io: TileIO | None = None,
-    direct: bool | None = None,
+    shared: bool = False,
 ) -> None:
+    """Cache factor tile ``(i, j)`` and write it: region first, marker last. Past the
+    page cache (:data:`DIRECT_FACTOR_WRITES`, read at call time) where only this process
+    reads it (it caches it); ``shared`` (tasks in worker processes): through it, marked
+    ``page_cache``, for other processes to map."""
     tile.flags.writeable = False
     _CACHE.put(_cache_key(L, i, j), tile)
-    direct = DIRECT_FACTOR_WRITES if direct is None else direct  # read at call time
+    direct = DIRECT_FACTOR_WRITES and not shared
+    marker = {**info, "page_cache": True} if shared else info
 
     def write(t: np.ndarray) -> None:
-        # region first, marker last; past the page cache where only this process reads
-        # the tile (it caches it), through it for other processes to map
-        L.write_tile(i, j, t, direct=direct, **info)
+        L.write_tile(i, j, t, direct=direct, **marker)
 
     if io is None:
         write(tile)
@@ -257,9 +260,7 @@ def _tile_task(
         mapped_factor_reads(host_shared),
     ):
         tile, info = _factor_tile(gram, L, i, j, shift, lam, convention, jitter, io=io)
-    if host_shared:  # written through the page cache: a later reader maps it
-        info["page_cache"] = True
-    _store_tile(L, i, j, tile, info, io, direct=DIRECT_FACTOR_WRITES and not host_shared)
+    _store_tile(L, i, j, tile, info, io, shared=host_shared)
     if host_shared:  # the cache maps the tile just written; its memory serves a next read
         share_written_tile(L, i, j, tile)
     return {"tile": (i, j), "computed": True, "jitter": info.get("jitter")}
