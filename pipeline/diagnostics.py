@@ -22,10 +22,21 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # not Linux
 
 
-def current_rss_bytes() -> int:
-    """Current resident set size (``VmRSS``)."""
+def _status_bytes(field: str) -> int:
+    """A ``kB`` field of ``/proc/self/status`` in bytes (Linux)."""
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
-    raise OSError("VmRSS not found in /proc/self/status")
+    raise OSError(f"{field} not found in /proc/self/status")
+
+
+def current_rss_bytes() -> int:
+    """Current resident set size (``VmRSS``)."""
+    return _status_bytes("VmRSS")
+
+
+def private_rss_bytes() -> int:
+    """Current private (anonymous) resident memory (``RssAnon``): not the file pages a
+    process maps, which RSS and VmHWM count again in every process that maps them."""
+    return _status_bytes("RssAnon")

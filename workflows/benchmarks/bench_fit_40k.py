@@ -38,39 +38,7 @@ from pipeline.solvers import cholesky_solve, release_tile_cache, tile_cholesky
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gemm_baseline import gemm_peak_gflops, peak_line  # noqa: E402
-
-
-def _anon_sampler_start(every: float = 0.25) -> None:
-    """In a process: sample its private memory (``RssAnon``: not the page-cache pages
-    it maps, which VmHWM counts in every process that maps them) until the process ends."""
-    import threading
-
-    def anon() -> int:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) * 1024
-        return 0
-
-    state = {"peak": anon()}
-    # on sys: a function sent to a worker by value gets its own copy of this module's globals
-    sys._krr_bench_anon = state  # type: ignore[attr-defined]
-
-    def loop() -> None:
-        while True:
-            state["peak"] = max(state["peak"], anon())
-            time.sleep(every)
-
-    threading.Thread(target=loop, name="anon-sampler", daemon=True).start()
-
-
-def _anon_peak(reset: bool = False) -> int:
-    """The sampled peak of private memory (and, with ``reset``, start a new one)."""
-    state = getattr(sys, "_krr_bench_anon", {})
-    peak = int(state.get("peak", 0))
-    if reset and state:
-        state["peak"] = 0
-    return peak
+from memory_sampler import private_peak, start_private  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,15 +95,15 @@ def main(argv: list[str] | None = None) -> int:
         from pipeline.parallel import dask_client
 
         client = stack.enter_context(dask_client())
-        client.run(_anon_sampler_start)
-        _anon_sampler_start()
+        client.run(start_private)
+        start_private()
     own = " (this process)" if client is not None else ""
     try:
         t0 = time.perf_counter()
         gram = build_gram(X, kernel, str(store), block, progress=False)
         out["gram_s"] = time.perf_counter() - t0
         if client is not None:  # private memory of the Gram stage, then a new peak
-            anon = [*client.run(_anon_peak, reset=True).values(), _anon_peak(reset=True)]
+            anon = [*client.run(private_peak, reset=True).values(), private_peak(reset=True)]
             out["gram_private_peak_gb"] = [round(m / 1e9, 2) for m in anon]
             print(
                 f"  gram stage private memory peaks (workers, this process): {out['gram_private_peak_gb']} GB"
@@ -186,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  workers' peak RSS {out['worker_peak_rss_gb']} GB (summed below)")
             # private memory alone (sampled): mapped factor tiles are the host's page
             # cache, counted above in every process that maps them
-            anon = [*client.run(_anon_peak).values(), _anon_peak()]
+            anon = [*client.run(private_peak).values(), private_peak()]
             out["private_peak_gb"] = [round(m / 1e9, 2) for m in anon]
             print(
                 f"  private memory since the Gram stage (RssAnon, sampled every 0.25 s): workers "

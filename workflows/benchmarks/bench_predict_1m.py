@@ -18,7 +18,7 @@ In one run it measures
    (one streaming read of X_new), the model fingerprint, the fused tiles
    (float64) and the checksummed writes. Wall seconds, CPU seconds of the
    process (all threads), G entries/s = M * N / wall;
-2. peak RSS of that call: a psutil sampler (every 20 ms) during the call, and
+2. peak RSS of that call: a sampler of VmRSS (every 20 ms) during the call, and
    the process's ``VmHWM`` right after it (setup included; the baselines run
    later and hold more, so they cannot inflate it);
 3. baselines in the same process, on a slice of the new rows against every
@@ -55,7 +55,6 @@ import resource
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -64,9 +63,12 @@ import numpy as np
 import zarr
 from threadpoolctl import threadpool_limits
 
-from pipeline.diagnostics import peak_rss_bytes
+from pipeline.diagnostics import current_rss_bytes, peak_rss_bytes
 from pipeline.kernels import RBF
 from pipeline.predict import predict
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from memory_sampler import PeakSampler  # noqa: E402
 
 PLAIN_TILE = 2048
 TARGET_GS, TARGET_RSS = 0.5, 1e9
@@ -76,32 +78,6 @@ def cpu_seconds() -> float:
     """User + system CPU seconds of this process, all threads."""
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return ru.ru_utime + ru.ru_stime
-
-
-class RssSampler:
-    """Peak RSS of this process over a ``with`` block, sampled by a thread (psutil)."""
-
-    def __init__(self, every: float = 0.02) -> None:
-        import psutil
-
-        self.proc, self.every, self.peak = psutil.Process(), every, 0
-        self._stop = threading.Event()
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self.proc.memory_info().rss)
-            self._stop.wait(self.every)
-
-    def __enter__(self) -> RssSampler:
-        self.peak = self.proc.memory_info().rss
-        self._t = threading.Thread(target=self._loop, daemon=True)
-        self._t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._t.join()
-        self.peak = max(self.peak, self.proc.memory_info().rss)
 
 
 def make_input(path: str, M: int, D: int, seed: int = 1, chunk: int = 65536) -> None:
@@ -196,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         rss0 = peak_rss_bytes()
         out = os.path.join(work, "out")
         shutil.rmtree(out, ignore_errors=True)
-        with RssSampler() as rs, dask.config.set(num_workers=T):
+        with PeakSampler(current_rss_bytes) as rs, dask.config.set(num_workers=T):
             c0, t0 = cpu_seconds(), time.perf_counter()
             res = predict(src, Xt, a, kernel, out=out, block_size=args.block_size,
                           train_block_size=args.train_block_size, progress=False)  # fmt: skip
@@ -230,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         row(f"plain numpy tile loop, {S:,} rows (extrap.)", S * N, w_plain, c_plain)
         row(f"sklearn pairwise_kernels, {S_sk:,} rows (extrap.)", S_sk * N, w_sk, c_sk)
         gib = 2**30
-        print(f"\npeak RSS during predict (psutil, 20 ms): {rs.peak / gib:.3f} GiB; VmHWM after it: "
+        print(f"\npeak RSS during predict (VmRSS sampled every 20 ms): {rs.peak / gib:.3f} GiB; VmHWM after it: "
               f"{hwm / gib:.3f} GiB ({rss0 / gib:.3f} GiB before it); data a prediction can hold "
               f"at once (all of X_new, X_train, alpha, y, scratch): <= {bound / 2**20:.0f} MiB")  # fmt: skip
         print(f"relative error vs plain loop {err:.1e}, vs sklearn {err_sk:.1e}")
