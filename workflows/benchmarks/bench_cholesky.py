@@ -113,6 +113,8 @@ def _floor(gram) -> dict:
     Its ``seconds``: the BLAS time plus the reads' CPU time spread over the cores the
     BLAS calls use (reads that overlap the BLAS calls perfectly still take CPU from them).
     """
+    from gemm_baseline import best_seconds as best  # this script's directory
+
     from pipeline.solvers import blas
     from pipeline.solvers.cholesky_exec import tile_blas_threads
 
@@ -123,15 +125,6 @@ def _floor(gram) -> dict:
     A, B, C = (rng.standard_normal((b, b)) for _ in range(3))
     S = A @ A.T + b * np.eye(b)
     Ls = np.linalg.cholesky(S)
-
-    def best(fn, setup=lambda: None) -> float:
-        ts = []
-        for _ in range(4):  # the first is a warm-up
-            arg = setup()
-            t0 = time.perf_counter()
-            fn(arg)
-            ts.append(time.perf_counter() - t0)
-        return min(ts[1:])
 
     with blas.fixed_width(tile_blas_threads(True)):
         rate = {

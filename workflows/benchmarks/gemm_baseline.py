@@ -18,6 +18,18 @@ import time
 import numpy as np
 
 
+def best_seconds(fn, setup=lambda: None, repeats: int = 3) -> float:
+    """Best wall time of ``fn(setup())`` over ``repeats`` runs, after one warm-up run
+    (thread start, first touch); ``setup`` is not timed."""
+    times = []
+    for _ in range(1 + max(1, int(repeats))):
+        arg = setup()
+        t = time.perf_counter()
+        fn(arg)
+        times.append(time.perf_counter() - t)
+    return min(times[1:])
+
+
 def gemm_peak_gflops(block: int = 4000, repeats: int = 3, dtype=np.float64) -> float:
     """Best GFLOP/s of ``block``³ tile GEMMs (2·b³ flops each) on all cores."""
     from pipeline.solvers import blas
@@ -27,13 +39,8 @@ def gemm_peak_gflops(block: int = 4000, repeats: int = 3, dtype=np.float64) -> f
     a = rng.standard_normal((block, block)).astype(dtype)
     b = rng.standard_normal((block, block)).astype(dtype)
     c = np.zeros((block, block), dtype=dtype)
-    best = float("inf")
     with blas.fixed_width(tile_blas_threads(True)):  # the executors' width (wide tasks)
-        blas.gemm_nt_sub(c, a, b)  # warm-up: thread start, first touch
-        for _ in range(max(1, int(repeats))):
-            t = time.perf_counter()
-            blas.gemm_nt_sub(c, a, b)
-            best = min(best, time.perf_counter() - t)
+        best = best_seconds(lambda _: blas.gemm_nt_sub(c, a, b), repeats=repeats)
     return 2 * block**3 / best / 1e9
 
 
