@@ -5,6 +5,9 @@
 ``with`` block or from ``start()`` on. For Dask worker processes, ``client.run`` the
 module functions :func:`start_private` and :func:`private_peak` (state is kept here,
 one sampler per process).
+
+It imports internals (``pipeline.diagnostics``) because the benchmarks measure memory
+with the same ``/proc`` readings the package's own diagnostics use.
 """
 
 from __future__ import annotations
