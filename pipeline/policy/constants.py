@@ -100,13 +100,22 @@ ENTRY_COST_D0 = 16.0
 MIXED_INNER_OVERHEAD = 1.15
 MIXED_INNER_OVERHEAD_ILL = 1.7
 MIXED_MAX_N_OVER_SHIFT = 2e6
-#: tile Cholesky factorisation rate / 2-thread GEMM rate, quiet machine: 108.2 / 159 = 0.68
-#: at N = 15,000, b = 2,500 (bench_cholesky.py); 125.2 / 159 = 0.79 at N = 40,000
-#: (bench_fit_40k.py); 133.6 / 159 = 0.84 at N = 80,000, b = 4,000 (bench_fit_80k.py).
-#: (91.5 / 159 = 0.58 at 40k under load average 2.5.)
-CHOLESKY_EFFICIENCY = 0.75
+#: tile Cholesky factorisation rate / 2-thread GEMM rate of the same run, as a function of
+#: the tiles per side T = ceil(N / b): CHOLESKY_EFFICIENCY_MAX * T / (T + CHOLESKY_EFFICIENCY_T0)
+#: (the diagonal POTRFs, the TRSMs and the I/O that nothing overlaps are a ~1/T share).
+#: Least squares over 13 measurements on two machines (docs/PERFORMANCE.md). Intel Xeon
+#: (GEMM 159): T=6 (15k, b 2,500) 0.68; T=10 (40k, b 4,096) 0.755 and 0.79; T=20 (80k,
+#: b 4,000) 0.84. AMD EPYC (GEMM 104-125): T=6 0.785, 0.83, 0.90; T=10 0.82, 0.84, 0.85,
+#: 0.87; T=20 0.88, 0.90.
+#: It gives 0.79 / 0.83 / 0.87 at T = 6 / 10 / 20, within 5 % of every point but the two
+#: T=6 extremes (+16 % Intel, -12 % AMD session 9). The constant 0.75 used until session 14
+#: predicted the 80k factor 18-21 % too slow on AMD. (91.5 / 159 = 0.58 at 40k under load
+#: average 2.5: the model is for a quiet machine.)
+CHOLESKY_EFFICIENCY_MAX = 0.90
+CHOLESKY_EFFICIENCY_T0 = 0.8
 #: float32 factor (float64 POTRF on the diagonal) / float64 factor speed:
 #: 161.5 / 86.8 GFLOP/s at N = 15,000 (bench_cholesky.py, Sapphire Rapids)
+#: (AMD EPYC, session 14: 157.1 / 84.7 at 15k; 178.1 at 80k against 96.4-97.6 in float64)
 FLOAT32_SPEEDUP = 1.86
 #: resident memory of the interpreter with numpy/scipy/zarr/dask imported
 BASE_RSS_BYTES = 300 << 20

@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -397,6 +398,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     if a.quick:
         a.n, a.block_size = 4000, 1000
+    if a.workdir:  # a scratch directory that does not exist yet is made
+        Path(a.workdir).mkdir(parents=True, exist_ok=True)
     work = tempfile.mkdtemp(prefix="bench_chol_", dir=a.workdir)
     try:
         store = os.path.join(work, "gram.zarr")

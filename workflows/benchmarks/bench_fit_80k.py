@@ -111,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     X = rng.standard_normal((n, a.d))
     y = np.sin(X[:, 0]) + np.cos(X[:, 1]) + 0.1 * rng.standard_normal(n)
     kernel = RBF(gamma=1.0 / a.d)
+    if a.dir:  # a scratch directory that does not exist yet is made
+        Path(a.dir).mkdir(parents=True, exist_ok=True)
     store = Path(tempfile.mkdtemp(prefix="bench_fit80k_", dir=a.dir))
     print(
         f"N={n} D={a.d} block={block} RBF lambda={a.lam} factor {a.factor_dtype} "

@@ -163,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         * dtype.itemsize
     )
+    if args.dir:  # a scratch directory that does not exist yet is made
+        Path(args.dir).mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="bench_gram_", dir=args.dir))
     print(
         f"bench_gram: N={n} D={args.d} block={block} dtype={dtype} RBF; {n_tiles} lower tiles, "
