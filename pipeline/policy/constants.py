@@ -107,8 +107,9 @@ MIXED_MAX_N_OVER_SHIFT = 2e6
 #: (GEMM 159): T=6 (15k, b 2,500) 0.68; T=10 (40k, b 4,096) 0.755 and 0.79; T=20 (80k,
 #: b 4,000) 0.84. AMD EPYC (GEMM 104-125): T=6 0.785, 0.83, 0.90; T=10 0.82, 0.84, 0.85,
 #: 0.87; T=20 0.88, 0.90.
-#: It gives 0.79 / 0.83 / 0.87 at T = 6 / 10 / 20, within 5 % of every point but the two
-#: T=6 extremes (+16 % Intel, -12 % AMD session 9). The constant 0.75 used until session 14
+#: It gives 0.79 / 0.83 / 0.87 at T = 6 / 10 / 20: within 5 % of every AMD point but one
+#: (-12 %, T=6, session 9), and +3 % to +17 % above the Intel points (the largest at T=6),
+#: against -17 % to +10 % for a constant 0.75. The constant 0.75 used until session 14
 #: predicted the 80k factor 18-21 % too slow on AMD. (91.5 / 159 = 0.58 at 40k under load
 #: average 2.5: the model is for a quiet machine.)
 CHOLESKY_EFFICIENCY_MAX = 0.90
