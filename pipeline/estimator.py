@@ -133,8 +133,9 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         Precision of the stored factor of ``solver="cholesky"``. "float32"
         halves its bytes and runs the tile updates at float32 speed (diagonal
         tiles are still factored in float64); ``dual_coef_`` is then refined to
-        double precision by CG preconditioned with that factor, against the
-        stored float64 Gram.
+        double precision by CG preconditioned with that factor, with matrix-free
+        products from X (against the stored float64 Gram when X is not a numpy
+        array).
     keep_gram : bool, default=True
         ``solver="cholesky"``: False factors in place, the factor replacing the
         stored Gram tile by tile, so the fit needs the Gram's disk once instead of

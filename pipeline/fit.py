@@ -170,6 +170,23 @@ def execute(
     conv = solver_convention(plan.alpha_convention)
     shift = regularisation_shift(plan.alpha, n, conv)
     bs = int(plan.block_size)
+    # a float32 factor's alpha must be refined to double precision: against the kept
+    # Gram, or with matrix-free products from X in memory. In place with neither,
+    # it would be single precision: refused before any work, never returned
+    mf = isinstance(X, np.ndarray) and kernel is not None
+    if (
+        plan.solver == "cholesky"
+        and np.dtype(plan.factor_dtype) == np.float32
+        and not plan.keep_gram
+        and not mf
+    ):
+        raise ValueError(
+            "factor_dtype='float32' with keep_gram=False needs X in memory (a numpy "
+            "array) and the kernel, to refine alpha to double precision with "
+            "matrix-free products: the Gram it could be refined against is replaced "
+            f"by the factor (got X of type {type(X).__name__}). Pass X as a numpy array, "
+            "use keep_gram=True, or factor_dtype='float64'."
+        )
     if plan.needs_gram and gram is None:
         from pipeline.gram import build_gram
 
@@ -218,7 +235,6 @@ def execute(
         # in place, the Gram's array holds the factor now: nothing to refine against
         # a float32 factor is refined with matrix-free products when X is in memory
         # (no rereads of the stored Gram; pipeline.solvers.refine.refinement_operator)
-        mf = isinstance(X, np.ndarray) and kernel is not None
         coef = cholesky_solve(
             factor,
             y,

@@ -147,19 +147,23 @@ def _solve_cholesky(stage_dir, inputs, y, plan, kernel=None) -> tuple[np.ndarray
     from pipeline.fit import execute
 
     gram = _open_gram(inputs)
-    recompute = None
+    recompute = X = None
+    single = np.dtype(plan.factor_dtype) == np.float32
+    if not plan.keep_gram or single:
+        X = np.asarray(open_rows(IngestOutput.from_json(inputs["ingest"]), "X_train").compute())
     if not plan.keep_gram:
         # in place: the factor replaces the gram stage's tiles; a tile an earlier lambda
         # replaced is rebuilt from the stored X_train (tile_cholesky logs why)
         from pipeline.solvers.cholesky_inplace import GramTileRecomputer
 
-        X = np.asarray(open_rows(IngestOutput.from_json(inputs["ingest"]), "X_train").compute())
         recompute = GramTileRecomputer(X, kernel, int(gram.block_size), np.dtype(gram.dtype).name)
+    # a float32 factor's alpha is refined to float64 with matrix-free products from
+    # X_train (in place there is no Gram left to refine against; kept, X is faster)
     res = execute(
         plan,
-        None,
+        X if single else None,
         y,
-        None,
+        kernel if single else None,
         gram=gram,
         factor_store=str(join_path(stage_dir, "factor.zarr")),
         factor_name="chol",

@@ -1,0 +1,40 @@
+"""A float32 factor in place needs X in memory to be refined: refused before any work.
+
+Without a kept Gram or X, its alpha would be single precision; ``execute`` raises a
+ValueError that names the fix before the Gram is built (nothing is written).
+"""
+
+from __future__ import annotations
+
+import dask.array as da
+import numpy as np
+import pytest
+
+from pipeline.fit import execute
+from pipeline.kernels import make_kernel
+from pipeline.policy.plan import FitPlan
+
+
+def test_float32_in_place_without_x_in_memory_is_refused_before_any_work(tmp_path):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(120, 3))
+    y = rng.normal(size=120)
+    plan = FitPlan(
+        solver="cholesky", alpha=0.1, block_size=50, factor_dtype="float32", keep_gram=False
+    )
+    root = tmp_path / "store"
+    for x_arg, kernel in [(da.from_array(X, chunks=50), make_kernel("rbf")), (X, None)]:
+        with pytest.raises(ValueError, match=r"float32.*keep_gram=False needs X in memory"):
+            execute(plan, x_arg, y, kernel, root=str(root))
+    assert not root.exists()  # refused before the Gram was built
+
+
+def test_float32_with_a_kept_gram_is_still_allowed(tmp_path):
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(120, 3))
+    y = rng.normal(size=120)
+    k = make_kernel("rbf")
+    plan = FitPlan(solver="cholesky", alpha=0.1, block_size=50, factor_dtype="float32")
+    res = execute(plan, da.from_array(X, chunks=50), y, k, root=str(tmp_path / "s"))
+    exact = np.linalg.solve(k(X) + 0.1 * np.eye(120), y)
+    np.testing.assert_allclose(res.dual_coef, exact, rtol=1e-8, atol=1e-10)
