@@ -140,8 +140,10 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         ``solver="cholesky"``: False factors in place, the factor replacing the
         stored Gram tile by tile, so the fit needs the Gram's disk once instead of
         twice; a later fit in the same ``store`` with another alpha recomputes the
-        replaced Gram tiles from X. Needs ``factor_dtype`` equal to the Gram's
-        (float64).
+        replaced Gram tiles from X. With ``factor_dtype="float32"`` the Gram
+        itself is then stored in float32 (a quarter of the float64 disk of a kept
+        Gram and factor), and ``dual_coef_`` is refined to double precision with
+        matrix-free products from X, which must be a numpy array.
     progress : bool or {"auto", "bars", "lines", "off"}, default=False
         Show the progress of ``fit`` and ``predict`` (Gram tiles, Cholesky
         tiles, CG iteration and relative residual, predicted tiles) on stderr.

@@ -197,6 +197,7 @@ def execute(
             kernel,
             root,
             bs,
+            plan.gram_dtype,
             progress=progress,
             x_fingerprint=x_fingerprint or _x_fingerprint(X),
         )

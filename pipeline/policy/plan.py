@@ -173,6 +173,15 @@ class FitPlan:
         """Whether the fit reads a stored Gram (Cholesky, or CG with the stored matvec)."""
         return self.solver == "cholesky" or (self.solver == "cg" and self.matvec == "stored")
 
+    @property
+    def gram_dtype(self) -> str:
+        """dtype of the Gram the fit builds: the factor's when the Cholesky factors in
+        place (a float32 factor replaces a float32 Gram, half the disk, and alpha is
+        refined to float64 with matrix-free products from X), else float64."""
+        if self.solver == "cholesky" and not self.keep_gram:
+            return np.dtype(self.factor_dtype).name
+        return "float64"
+
     def describe(self) -> str:
         """One line for the log: the choices that matter for this solver."""
         parts = [f"solver={self.solver}", f"alpha={self.alpha:g} ({self.alpha_convention})"]

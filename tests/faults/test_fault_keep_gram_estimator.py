@@ -60,3 +60,29 @@ def test_config_keys():
     s = SolverConfig(keep_gram=False, check_disk=False)
     assert s.keep_gram is False and s.check_disk is False
     assert SolverConfig().keep_gram is True and SolverConfig().check_disk is True
+
+
+def test_float32_in_place_stores_a_float32_gram_and_refines_to_float64(data, tmp_path):
+    """``keep_gram=False, factor_dtype="float32"``: the plan stores the Gram in float32
+    (the in-place factor's own dtype; it used to raise a dtype mismatch) and the fit
+    refines alpha to the float64 answer with matrix-free products from X, for two
+    alphas and for a Dask X."""
+    from pipeline.gram.build import open_gram
+
+    X, y = data
+    for alpha in (1e-2, 1e-1):
+        ref = _fit(X, y, tmp_path / "kept", alpha, True)
+        m = KernelRidge(
+            alpha=alpha, kernel="rbf", gamma=0.3, solver="cholesky", block_size=64,
+            store=str(tmp_path / "f32"), keep_gram=False, factor_dtype="float32",
+        ).fit(X, y)  # fmt: skip
+        np.testing.assert_allclose(m.dual_coef_, ref.dual_coef_, rtol=1e-8, atol=1e-10)
+        assert m.fit_info_["rel_residual"] <= 1e-11
+        assert np.dtype(open_gram(m.fit_info_["store"], "gram").dtype) == np.float32
+    import dask.array as da  # the estimator holds a Dask X in memory for the refinement
+
+    m = KernelRidge(
+        alpha=1e-1, kernel="rbf", gamma=0.3, solver="cholesky", block_size=64,
+        store=str(tmp_path / "f32dask"), keep_gram=False, factor_dtype="float32",
+    ).fit(da.from_array(X, chunks=64), y)  # fmt: skip
+    np.testing.assert_allclose(m.dual_coef_, ref.dual_coef_, rtol=1e-8, atol=1e-10)
