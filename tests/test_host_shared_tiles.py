@@ -69,9 +69,8 @@ def test_client_tasks_write_through_the_page_cache_and_map_each_others_tiles(
     pytest.importorskip("distributed")
     monkeypatch.setenv("KRR_CHOL_BLAS_THREADS", "1")
     monkeypatch.setattr(policy_constants, "HOST_SHARED_FACTOR_TILES", shared)
-    K = rbf_matrix(
-        230, seed=6
-    )  # 5 x 5 tiles of 50, the last 30 wide (its diagonal tile read, not mapped)
+    # 5 x 5 tiles of 50, the last 30 wide (its diagonal tile read, not mapped)
+    K = rbf_matrix(230, seed=6)
     g = write_gram(tmp_path / "g", K, 50)
     ref = tile_cholesky(g, 1e-3, store=str(tmp_path / "ref"), name="chol",
                         scheduler="threads", progress=False)  # fmt: skip

@@ -23,6 +23,7 @@ from pipeline.policy.constants import TILE_BUFFER_POOL_BYTES
 from pipeline.solvers import blas as gil_free_blas
 from pipeline.storage import TiledArray
 from pipeline.storage import buffers as tile_buffers
+from pipeline.storage.rawchunks import chunk_layout
 from pipeline.tiles.tile_io import TileIO
 
 
@@ -131,8 +132,8 @@ def _in_page_cache(L: TiledArray, i: int, j: int) -> bool:
     as the solve after a factorisation on a client, then maps it rather than copying
     it into new memory (measured at N = 15,000: the solve took 1.4-1.5 s copying the
     tiles into new memory, 0.3 s mapping them)."""
-    if "://" in str(L.store):  # an object store (no mapping): spare its marker a GET
-        return False
+    if chunk_layout(L.store, L.name) is None:  # nothing to map (an object store, or not
+        return False  # raw chunks): the storage layer decides; spare the marker a read
     return bool((L.markers.record((i, j)) or {}).get("page_cache"))
 
 
