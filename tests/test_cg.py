@@ -226,3 +226,48 @@ def test_choose_matvec_mode():
     assert choose_matvec_mode(20_000, 200, 1000 * GB)[0] == "stored"
     name, reason = choose_matvec_mode(1_000_000, 200, 100 * GB)
     assert name == "matrix-free" and "does not fit" in reason
+
+
+def test_confirm_false_stops_on_the_recursive_residual_one_product_sooner(krr):
+    _, y, _, _, A = krr
+    calls = []
+
+    def mv(V):
+        calls.append(1)
+        return A @ V
+
+    on = conjugate_gradient(mv, y, tol=1e-8, true_residual_every=0)
+    n_on = len(calls)
+    calls.clear()
+    off = conjugate_gradient(mv, y, tol=1e-8, true_residual_every=0, confirm=False)
+    assert on.converged and off.converged and on.n_iter == off.n_iter
+    # the confirming product is the only one saved: same iterates, one call less
+    assert n_on == on.n_iter + 1 and len(calls) == off.n_iter == off.n_matvec
+    np.testing.assert_array_equal(on.x, off.x)
+    assert _true_rel(A, off.x, y) <= 1e-7  # unconfirmed: its caller checks the true residual
+
+
+def test_refinement_spends_one_product_per_cg_iteration_plus_its_true_residuals(krr, monkeypatch):
+    from pipeline.solvers import refine as R
+
+    _, y, _, _, A = krr
+    L = np.linalg.cholesky(A).astype(np.float32).astype(np.float64)  # a single-precision factor
+    calls = []
+
+    class Op:
+        def matvec(self, V):
+            calls.append(1)
+            return A @ V
+
+    def pre_apply(self, V):
+        return scipy.linalg.cho_solve((L, True), V)
+
+    monkeypatch.setattr(R.NativeFactorPreconditioner, "__init__", lambda self, f: None)
+    monkeypatch.setattr(R.NativeFactorPreconditioner, "apply", pre_apply)
+    alpha0 = pre_apply(None, y)
+    stats: dict = {}
+    x = R.refine_with_operator(L, Op(), y, alpha0, tol=1e-12, stats=stats)
+    assert _true_rel(A, x, y) <= 1e-12
+    assert stats["refine_iterations"] >= 1
+    # each step: one true residual, then one product per CG iteration; one final residual
+    assert len(calls) == stats["refine_iterations"] + stats["refine_steps"] + 1

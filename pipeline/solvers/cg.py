@@ -207,6 +207,7 @@ def conjugate_gradient(
     true_residual_every: int = 50,
     state: CGState | None = None,
     stagnation_window: int | None = 200,
+    confirm: bool = True,
 ) -> CGResult:
     """Solve ``A x = b`` (A SPD, given by ``matvec``) by preconditioned CG.
 
@@ -239,6 +240,11 @@ def conjugate_gradient(
     stagnation_window : int or None
         Raise :class:`CGStagnationError` when a column's best relative residual
         has not fallen by 1% over this many iterations (None or 0: never).
+    confirm : bool
+        Before stopping a column on its recursive residual, recompute its true
+        residual ``b - A x`` (one product) and stop only if that meets ``tol``.
+        False saves the product where the caller computes the true residual
+        itself right after (iterative refinement's outer loop does).
 
     Returns
     -------
@@ -356,7 +362,7 @@ def conjugate_gradient(
             st.n_matvec += 1
         rel[act] = np.linalg.norm(st.r[:, act], axis=0) / safe_norm[act]
         done = act[rel[act] <= tol]
-        if done.size and not (every and st.iteration % every == 0):
+        if confirm and done.size and not (every and st.iteration % every == 0):
             # confirm on the true residual before stopping a column
             R_true = B[:, done] - A(st.x[:, done])
             st.n_matvec += 1

@@ -151,8 +151,13 @@ def refine_with_operator(
         rhs = np.where(todo, r, 0.0)  # a converged column stays as it is
         with warnings.catch_warnings():  # an inner solve short of its tol is judged
             warnings.simplefilter("ignore", CGConvergenceWarning)  # by the next true residual
-            res = conjugate_gradient(
-                op.matvec, rhs, preconditioner=pre, tol=inner, max_iter=max(1, max_iter - its)
+            res = conjugate_gradient(  # the loop's next true residual confirms it
+                op.matvec,
+                rhs,
+                preconditioner=pre,
+                tol=inner,
+                max_iter=max(1, max_iter - its),
+                confirm=False,
             )
         x += res.x.reshape(x.shape)
         its += int(res.n_iter)
