@@ -247,26 +247,61 @@ def test_confirm_false_stops_on_the_recursive_residual_one_product_sooner(krr):
     assert _true_rel(A, off.x, y) <= 1e-7  # unconfirmed: its caller checks the true residual
 
 
-def test_refinement_spends_one_product_per_cg_iteration_plus_its_true_residuals(krr, monkeypatch):
+def _refine_dense(monkeypatch, A, y, matvec, tol):
+    """refine_with_operator on a dense system, the factor a float32-rounded Cholesky."""
     from pipeline.solvers import refine as R
 
-    _, y, _, _, A = krr
-    L = np.linalg.cholesky(A).astype(np.float32).astype(np.float64)  # a single-precision factor
-    calls = []
+    L = np.linalg.cholesky(A).astype(np.float32).astype(np.float64)
 
     class Op:
         def matvec(self, V):
-            calls.append(1)
-            return A @ V
+            return matvec(V)
 
     def pre_apply(self, V):
         return scipy.linalg.cho_solve((L, True), V)
 
     monkeypatch.setattr(R.NativeFactorPreconditioner, "__init__", lambda self, f: None)
     monkeypatch.setattr(R.NativeFactorPreconditioner, "apply", pre_apply)
-    alpha0 = pre_apply(None, y)
     stats: dict = {}
-    x = R.refine_with_operator(L, Op(), y, alpha0, tol=1e-12, stats=stats)
+    x = R.refine_with_operator(L, Op(), y, pre_apply(None, y), tol=tol, stats=stats)
+    return x, stats
+
+
+def test_refinement_accepts_a_stall_at_float64_rounding_floor(krr, monkeypatch):
+    X, y, kernel, _, _ = krr
+    A = kernel(X) + 1e-7 * np.eye(len(y))  # |alpha| ~ 1e5 |y|: 1e-13 is out of float64's reach
+    direct = scipy.linalg.cho_solve(scipy.linalg.cho_factor(A, lower=True), y)
+    assert _true_rel(A, direct, y) > 1e-13  # float64's own solve misses it too
+    x, stats = _refine_dense(monkeypatch, A, y, lambda V: A @ V, tol=1e-13)
+    floor = stats["refine_rounding_floor"]
+    assert 1e-13 < stats["rel_residual"] <= floor
+    assert _true_rel(A, x, y) <= max(floor, 2 * _true_rel(A, direct, y))
+
+
+def test_refinement_stalled_above_the_rounding_floor_is_an_error(krr, monkeypatch):
+    from pipeline.solvers.cg import CGConvergenceError
+
+    X, y, kernel, _, _ = krr
+    A = kernel(X) + 1e-3 * np.eye(len(y))
+    noise = np.random.default_rng(1)
+
+    def noisy(V):  # a product good to 1e-9 only: far above float64's floor
+        out = A @ V
+        return out * (1 + 1e-9 * noise.standard_normal(out.shape))
+
+    with pytest.raises(CGConvergenceError, match="did not converge"):
+        _refine_dense(monkeypatch, A, y, noisy, tol=1e-13)
+
+
+def test_refinement_spends_one_product_per_cg_iteration_plus_its_true_residuals(krr, monkeypatch):
+    _, y, _, _, A = krr
+    calls = []
+
+    def counted(V):
+        calls.append(1)
+        return A @ V
+
+    x, stats = _refine_dense(monkeypatch, A, y, counted, tol=1e-12)
     assert _true_rel(A, x, y) <= 1e-12
     assert stats["refine_iterations"] >= 1
     # each step: one true residual, then one product per CG iteration; one final residual

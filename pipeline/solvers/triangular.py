@@ -345,10 +345,12 @@ def cholesky_solve(
         factorisation leaves up to its budget, 1 GiB by default, in memory so
         that the solve right after it reads no tile twice from disk).
     gram : TiledArray, optional
-        The stored Gram the factor was made from. With a float32 factor, alpha
-        is refined against it to ``refine_tol`` (:func:`refine_solution`).
-        Without it, a float32 factor's alpha has single-precision accuracy
-        (a warning says so).
+        The stored Gram the factor was made from. With a float32 factor (or a
+        float32 Gram), alpha is refined to ``refine_tol``: against this Gram, or
+        with float64 products from ``X`` when given (:func:`refine_solution`).
+        Without either, a float32 factor's alpha has single-precision accuracy
+        (a warning says so); refined against a float32 Gram, it solves the
+        Gram's rounded values (a warning says so too).
     refine_tol : float
         Relative residual ``‖y - (K + shift I) alpha‖ / ‖y‖`` the refinement reaches.
     stats : dict, optional
@@ -364,8 +366,19 @@ def cholesky_solve(
     alpha : ndarray, float64, shaped like ``y``
     """
     L = _as_factor(factor)
-    single = np.dtype(L.dtype) == np.float32
+    # a float32 factor, or one of a float32 Gram, solves a single-precision system
+    single = np.float32 in (
+        np.dtype(L.dtype),
+        np.dtype(gram.dtype if gram is not None else L.dtype),
+    )
     matrix_free = X is not None and kernel is not None
+    if single and gram is not None and np.dtype(gram.dtype) == np.float32 and not matrix_free:
+        warnings.warn(
+            "refining against a float32 Gram reaches the solution for the Gram's rounded "
+            "values, not the float64 kernel's; pass X= and kernel= to refine with "
+            "float64 products from X",
+            stacklevel=2,
+        )
     try:
         if single and (gram is not None or matrix_free):
             from pipeline.solvers.refine import (

@@ -148,7 +148,9 @@ def _solve_cholesky(stage_dir, inputs, y, plan, kernel=None) -> tuple[np.ndarray
 
     gram = _open_gram(inputs)
     recompute = X = None
-    single = np.dtype(plan.factor_dtype) == np.float32
+    # a float32 factor, or a factor of a float32 Gram, solves a single-precision
+    # system: its alpha is refined to float64 from X_train (never returned as it is)
+    single = np.float32 in (np.dtype(plan.factor_dtype), np.dtype(gram.dtype))
     if not plan.keep_gram or single:
         X = np.asarray(open_rows(IngestOutput.from_json(inputs["ingest"]), "X_train").compute())
     if not plan.keep_gram:
@@ -157,8 +159,8 @@ def _solve_cholesky(stage_dir, inputs, y, plan, kernel=None) -> tuple[np.ndarray
         from pipeline.solvers.cholesky_inplace import GramTileRecomputer
 
         recompute = GramTileRecomputer(X, kernel, int(gram.block_size), np.dtype(gram.dtype).name)
-    # a float32 factor's alpha is refined to float64 with matrix-free products from
-    # X_train (in place there is no Gram left to refine against; kept, X is faster)
+    # refined with matrix-free products from X_train (in place there is no Gram left
+    # to refine against; a kept float32 Gram is not the float64 K; and X is faster)
     res = execute(
         plan,
         X if single else None,

@@ -98,3 +98,18 @@ def test_float32_in_place_is_refined_to_the_float64_answer(conf, tmp_path):
     # refined to a relative residual <= 1e-11 of the float64 system: alpha agrees with
     # the float64 factor's far beyond float32 (~1e-4 here without the refinement)
     np.testing.assert_allclose(a32, a64, rtol=1e-7, atol=1e-9 * np.abs(a64).max())
+
+
+@pytest.mark.slow
+def test_float64_factor_of_a_float32_gram_is_refined_to_the_float64_answer(conf, tmp_path):
+    """``dtype: float32`` with the default float64 factor, Gram kept: the factor is
+    exact for the Gram's rounded values, not for the float64 kernel, so its alpha was
+    off by about float32's rounding times the condition number (0.44 % of the
+    predictions on 8,000 diamonds rows at lambda = 1e-4) with exit 0. ``krr run`` now
+    refines it with float64 products from X_train."""
+    exact, rounded = tmp_path / "f64", tmp_path / "f32"
+    _krr(conf, exact, "lambda=1e-4")
+    res = _krr(conf, rounded, "dtype=float32", "lambda=1e-4")
+    assert "float32 Gram" not in res.stderr, res.stderr[-3000:]
+    a64, a32 = _alpha(exact), _alpha(rounded)
+    np.testing.assert_allclose(a32, a64, rtol=1e-7, atol=1e-9 * np.abs(a64).max())
