@@ -258,6 +258,14 @@ def execute(
             f"cg_precision='mixed' recomputes the kernel in float32; plan.matvec must be "
             f"'recompute', got {plan.matvec!r}"
         )
+    single_gram = plan.matvec == "stored" and np.dtype(gram.dtype) == np.float32
+    if single_gram and not mf:
+        raise ValueError(
+            "CG on a float32 Gram converges to the solution for the Gram's rounded values; "
+            "reaching the float64 one needs X in memory (a numpy array) and the kernel for "
+            f"float64 residuals (got X of type {type(X).__name__}). Pass X as a numpy "
+            "array, or use a float64 Gram."
+        )
     if plan.matvec == "stored":
         op = make_operator("stored", shift, gram=gram, block_size=bs)
     else:
@@ -274,7 +282,17 @@ def execute(
 
     # the iteration and the relative residual, live (pipeline.progress decides how)
     with cg_progress(enabled=progress, tol=plan.tol, max_iter=plan.max_iter) as shown:
-        if plan.cg_precision == "mixed":
+        if single_gram:
+            from pipeline.solvers.cg_mixed_fit import mixed_cg_fit
+
+            # CG on the stored float32 Gram inside a float64 refinement whose residuals
+            # are matrix-free products from X: the float64 answer, not the rounded Gram's
+            high = make_operator("matrix-free", shift, X=X, kernel=kernel, block_size=bs)
+            res = mixed_cg_fit(
+                high, y, preconditioner=pre, tol=plan.tol, max_iter=plan.max_iter,
+                store=ckpt, callback=shown, low=op,
+            )  # fmt: skip
+        elif plan.cg_precision == "mixed":
             from pipeline.solvers.cg_mixed_fit import mixed_cg_fit
 
             # float32 kernel products inside, float64 residuals outside; checkpointed per

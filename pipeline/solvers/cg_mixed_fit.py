@@ -66,6 +66,7 @@ def _one_column(
     store: str | None,
     name: str,
     callback: Callable[[Any], Any] | None,
+    low: Any = None,
 ) -> CGResult:
     from pipeline.solvers.cg_checkpoint import cg_fingerprint, resumable_cg
     from pipeline.solvers.precond import IdentityPreconditioner
@@ -77,7 +78,10 @@ def _one_column(
         from pipeline.solvers.cg_checkpoint import CGCheckpoint
 
         pre = preconditioner if preconditioner is not None else IdentityPreconditioner()
-        fp = cg_fingerprint(op.fingerprint, pre.fingerprint, b, tol, {"precision": "mixed"})
+        what = {"precision": "mixed"}
+        if low is not None:  # inner products from another operator (a float32 Gram)
+            what["low"] = low.fingerprint
+        fp = cg_fingerprint(op.fingerprint, pre.fingerprint, b, tol, what)
         ckpt = CGCheckpoint(store, fp, name=f"{name}-mixed", every=1)
         saved = ckpt.load()
         if saved is not None:
@@ -91,7 +95,7 @@ def _one_column(
         if callback is not None:
             callback(state)
 
-    low = float32_twin(op)
+    low = float32_twin(op) if low is None else low
     try:
         mixed = mixed_precision_cg(
             op.matvec,
@@ -156,6 +160,7 @@ def mixed_cg_fit(
     store: str | None = None,
     name: str = "cg",
     callback: Callable[[Any], Any] | None = None,
+    low: Any = None,
 ) -> CGResult:
     """Solve ``op x = y`` to a float64 relative residual ``tol`` with float32 inner products.
 
@@ -172,6 +177,11 @@ def mixed_cg_fit(
         Checkpoint directory (as ``resumable_cg``'s); None: no checkpoints.
     callback : callable, optional
         Called with a :class:`~pipeline.solvers.cg.CGState` after each outer step.
+    low : operator, optional
+        The inner products' operator; default ``op``'s float32 twin. A stored
+        float32 Gram (:class:`~pipeline.solvers.matvec.StoredKernelOperator`)
+        is one: CG on it alone converges to the rounded Gram's solution, and
+        ``op`` (float64, matrix-free from X) turns that into the float64 one.
 
     Returns
     -------
@@ -181,7 +191,7 @@ def mixed_cg_fit(
     if y.ndim == 1:
         return _one_column(
             op, y, preconditioner=preconditioner, tol=tol, max_iter=max_iter,
-            store=store, name=name, callback=callback,
+            store=store, name=name, callback=callback, low=low,
         )  # fmt: skip
     parts = [
         _one_column(
@@ -193,6 +203,7 @@ def mixed_cg_fit(
             store=store,
             name=f"{name}-{j}",
             callback=callback,
+            low=low,
         )  # fmt: skip
         for j in range(y.shape[1])
     ]

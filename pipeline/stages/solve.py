@@ -223,6 +223,8 @@ def _solve_cg(stage_dir, inputs, y, *, kernel, plan, solver):
     check_cg_kernel(kernel)
     if plan.matvec == "stored":
         gram, X = _open_gram(inputs), None
+        if np.dtype(gram.dtype) == np.float32:  # float64 residuals from X_train (fit.execute)
+            X = np.asarray(open_rows(IngestOutput.from_json(inputs["ingest"]), "X_train").compute())
     else:
         gram, X = None, open_rows(IngestOutput.from_json(inputs["ingest"]), "X_train")
     fit = execute(

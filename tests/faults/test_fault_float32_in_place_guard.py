@@ -38,3 +38,22 @@ def test_float32_with_a_kept_gram_is_still_allowed(tmp_path):
     res = execute(plan, da.from_array(X, chunks=50), y, k, root=str(tmp_path / "s"))
     exact = np.linalg.solve(k(X) + 0.1 * np.eye(120), y)
     np.testing.assert_allclose(res.dual_coef, exact, rtol=1e-8, atol=1e-10)
+
+
+def test_cg_on_a_float32_gram_needs_x_in_memory(tmp_path):
+    """CG with the stored matvec on a float32 Gram is refined with float64 products
+    from X; without X in memory it is refused before the solve (the Gram, the caller's,
+    stays as it is)."""
+    from pipeline.gram import build_gram
+
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(120, 3))
+    y = rng.normal(size=120)
+    k = make_kernel("rbf")
+    gram = build_gram(X, k, str(tmp_path / "g"), 50, dtype="float32", progress=False)
+    plan = FitPlan(solver="cg", alpha=1e-3, block_size=50, matvec="stored", tol=1e-10)
+    with pytest.raises(ValueError, match="float32 Gram converges to the solution for the"):
+        execute(plan, da.from_array(X, chunks=50), y, k, gram=gram)
+    res = execute(plan, X, y, k, gram=gram)
+    exact = np.linalg.solve(k(X) + 1e-3 * np.eye(120), y)
+    np.testing.assert_allclose(res.dual_coef, exact, rtol=1e-7, atol=1e-9)
