@@ -130,7 +130,6 @@ def _gram_enabled(params: Mapping[str, Any], outputs: Mapping[str, Any]) -> bool
         alpha=sp.get("lam"),
         alpha_convention=sp.get("lam_convention"),
         block_size=sp.get("block_size"),
-        kernel_dtype=sp.get("dtype"),
     )
 
 

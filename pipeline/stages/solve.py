@@ -290,8 +290,7 @@ def run(
         alpha=lam,
         alpha_convention=lam_convention,
         block_size=block_size,
-        kernel_dtype=dtype,
-    )
+    )  # ``dtype`` is the Gram's storage only: every product of the solve is float64
     method = plan.solver
     log_plan(plan, reason, origin="krr run", logger=log)
     if method == "cholesky":

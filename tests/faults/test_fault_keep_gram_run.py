@@ -126,3 +126,15 @@ def test_cg_on_a_float32_gram_reaches_the_float64_answer(conf, tmp_path):
     _krr(conf, rounded, "dtype=float32", *cg)
     a64, a32 = _alpha(exact), _alpha(rounded)
     np.testing.assert_allclose(a32, a64, rtol=1e-6, atol=1e-7 * np.abs(a64).max())
+
+
+@pytest.mark.slow
+def test_matrix_free_cg_with_dtype_float32_keeps_float64_products(conf, tmp_path):
+    """``dtype`` is the Gram's storage. It used to reach the CG plan as the kernel's
+    dtype too, so matrix-free CG ran on float32 products and stalled above tol
+    (exit 4 on the demo at the default tol 1e-6)."""
+    cg = ("solver.method=cg", "solver.matvec=recompute", "solver.tol=1e-9")
+    exact, single = tmp_path / "f64", tmp_path / "f32"
+    _krr(conf, exact, *cg)
+    _krr(conf, single, "dtype=float32", *cg)
+    np.testing.assert_allclose(_alpha(single), _alpha(exact), rtol=1e-12, atol=0)
