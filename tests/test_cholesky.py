@@ -149,6 +149,19 @@ def test_psd_kernel_with_zero_lambda_is_actionable(tmp_path):
         tile_cholesky(gram, 0.0, progress=False)
 
 
+def test_a_float32_factor_that_loses_definiteness_says_float64_would_do(tmp_path):
+    K = rbf_matrix(300, d=2, gamma=0.05)  # smooth: eigenvalues fall far below float32's 6e-8
+    gram = write_gram(tmp_path, K, 100)
+    tile_cholesky(gram, 1e-9, progress=False, store=str(tmp_path), name="f64")  # float64: fine
+    with pytest.raises(NotPositiveDefiniteError, match="factor_dtype='float64'") as ei:
+        tile_cholesky(gram, 1e-9, progress=False, store=str(tmp_path), dtype="float32")
+    assert ei.value.factor_dtype == "float32" and "The factor is float32" in str(ei.value)
+    import pickle
+
+    again = pickle.loads(pickle.dumps(ei.value))  # crosses Dask workers whole
+    assert again.factor_dtype == "float32" and str(again) == str(ei.value)
+
+
 def test_jitter_retries_and_records(tmp_path):
     rng = np.random.default_rng(0)
     X = rng.standard_normal((120, 3))

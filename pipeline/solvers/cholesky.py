@@ -189,7 +189,9 @@ def _factor_tile(
                     break
         if piv != 0:
             row = L.grid.row_slice(j).start + piv - 1
-            raise NotPositiveDefiniteError((i, j), piv, row, lam, convention, shift, tuple(tried))
+            raise NotPositiveDefiniteError(
+                (i, j), piv, row, lam, convention, shift, tuple(tried), dtype.name
+            )
         out = lt if lt.dtype == dtype else lt.astype(dtype)
     else:
         out = _trsm_right_lower_t(_read_factor_tile(L, j, j, io), a)
