@@ -171,8 +171,10 @@ class SolverConfig(_Model):
     jitter: bool = False
     #: precision of the stored factor: "float32" halves its bytes and runs the tile
     #: updates at float32 speed (diagonal tiles still factored in float64); alpha is then
-    #: refined to double precision by CG preconditioned with the factor
-    factor_dtype: Literal["float64", "float32"] = "float64"
+    #: refined to double precision by CG preconditioned with the factor; "auto" chooses
+    #: float32 when a subsample says it is safe and pays (pipeline.policy.factor_precision),
+    #: redoing a failed float32 factor in float64 (in place: the Gram's dtype)
+    factor_dtype: Literal["float64", "float32", "auto"] = "float64"
     #: how factor tiles are scheduled (see pipeline.solvers.tile_cholesky): "auto" runs
     #: them on the cluster when there is one, else on threads of this process
     factor_scheduler: Literal["auto", "threads", "dask"] = "auto"

@@ -129,13 +129,16 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         ``matvec``, and logs why.
     random_state : int, RandomState or None, default=None
         Seed for randomised parts of the out-of-core solvers (Nyström landmarks).
-    factor_dtype : {"float64", "float32"}, default="float64"
+    factor_dtype : {"float64", "float32", "auto"}, default="float64"
         Precision of the stored factor of ``solver="cholesky"``. "float32"
         halves its bytes and runs the tile updates at float32 speed (diagonal
         tiles are still factored in float64); ``dual_coef_`` is then refined to
         double precision by CG preconditioned with that factor, with matrix-free
         products from X (against the stored float64 Gram when X is not a numpy
-        array).
+        array). "auto": float32 from 10,000 rows when X is a numpy array and a
+        subsample says the shift is safe for float32
+        (:mod:`pipeline.policy.factor_precision`), else float64; an auto-chosen
+        float32 factor that fails is redone in float64.
     keep_gram : bool, default=True
         ``solver="cholesky"``: False factors in place, the factor replacing the
         stored Gram tile by tile, so the fit needs the Gram's disk once instead of
@@ -229,7 +232,7 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         check_choice("preconditioner", self.preconditioner, PRECONDITIONERS)
         check_choice("matvec", self.matvec, MATVECS)
         check_choice("cg_precision", self.cg_precision, ("auto", "float64", "mixed"))
-        check_choice("factor_dtype", self.factor_dtype, ("float64", "float32"))
+        check_choice("factor_dtype", self.factor_dtype, ("float64", "float32", "auto"))
         if not isinstance(self.keep_gram, bool | np.bool_):
             raise ValueError(f"keep_gram must be True or False, got {self.keep_gram!r}")
         check_positive_int("block_size", self.block_size)

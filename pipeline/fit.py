@@ -115,7 +115,42 @@ def _x_fingerprint(X: Any) -> str | None:
     return fingerprint_blocks([X])
 
 
-def execute(
+def execute(plan: FitPlan, X: Any, y: np.ndarray, kernel: Any, **options: Any) -> FitResult:
+    """Run ``plan`` on ``X, y`` (the options as :func:`_execute` takes them).
+
+    A float32 factor that ``factor_dtype="auto"`` chose (``plan.factor_dtype_auto``)
+    and that fails (not positive definite in float32, or its refinement stops short)
+    is redone in float64, with a warning in the log and ``info["factor_dtype_fallback"]``
+    naming the failure: "auto" can cost the float32 attempt's time, never the answer.
+    In place, the float32 Gram (which held the failed factor) is rebuilt in float64.
+    """
+    if not (
+        plan.solver == "cholesky"
+        and plan.factor_dtype_auto
+        and np.dtype(plan.factor_dtype) == np.float32
+    ):
+        return _execute(plan, X, y, kernel, **options)
+    from dataclasses import replace
+
+    from pipeline.solvers.cg import CGConvergenceError
+    from pipeline.solvers.cholesky_options import NotPositiveDefiniteError
+
+    try:
+        return _execute(plan, X, y, kernel, **options)
+    except (NotPositiveDefiniteError, CGConvergenceError) as err:
+        log.warning(
+            "the float32 factor that factor_dtype='auto' chose failed (%s); factoring in "
+            "float64 instead",
+            err,
+        )
+        if not plan.keep_gram:  # its tiles hold the failed float32 factor now
+            options = {**options, "gram": None, "recompute_tile": None, "_rebuild_gram": True}
+        res = _execute(replace(plan, factor_dtype="float64"), X, y, kernel, **options)
+        res.info["factor_dtype_fallback"] = f"{type(err).__name__}: {err}"
+        return res
+
+
+def _execute(
     plan: FitPlan,
     X: Any,
     y: np.ndarray,
@@ -134,6 +169,7 @@ def execute(
     overwrite_k: bool | None = None,
     jitter: Any = None,
     recompute_tile: Any = None,
+    _rebuild_gram: bool = False,
 ) -> FitResult:
     """Run ``plan`` on ``X, y``.
 
@@ -199,6 +235,7 @@ def execute(
             bs,
             plan.gram_dtype,
             progress=progress,
+            overwrite=_rebuild_gram,  # only the fallback's: the float32 Gram this fit built
             x_fingerprint=x_fingerprint or _x_fingerprint(X),
         )
     if plan.solver == "cholesky":

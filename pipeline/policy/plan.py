@@ -72,6 +72,7 @@ __all__ = [
 ]
 
 SOLVERS = ("auto", "dense", "primal", "cholesky", "cg")
+FACTOR_DTYPES = ("float64", "float32", "auto")
 #: the one vocabulary of CG's operator; old spellings are accepted and mapped
 MATVEC_ALIASES = {
     "auto": "auto",
@@ -162,6 +163,9 @@ class FitPlan:
     keep_gram: bool = True
     #: Cholesky: check the free disk before any work (InsufficientDiskError)
     check_disk: bool = True
+    #: Cholesky: factor_dtype was chosen by factor_dtype="auto"; a float32 factor that
+    #: fails (not positive definite, refinement short) is then redone in float64
+    factor_dtype_auto: bool = False
     extra: dict = field(default_factory=dict, compare=False)
 
     @property
@@ -434,6 +438,11 @@ def plan_fit(
     rank = int(_choice(ch, "rank", C.DEFAULT_RANK))
     bs = int(_choice(ch, "block_size", _default_block_size(n, resources.workers)))
     store = ch.get("store")
+    factor_dtype = _choice(ch, "factor_dtype", C.DEFAULT_FACTOR_DTYPE)
+    if factor_dtype not in FACTOR_DTYPES:
+        raise ValueError(
+            f"factor_dtype={factor_dtype!r} is not valid; choose one of {FACTOR_DTYPES}"
+        )
     base = FitPlan(
         solver="dense",
         alpha=float(alphas[0]) if one_alpha else float("nan"),
@@ -441,7 +450,7 @@ def plan_fit(
             _choice(ch, "alpha_convention", C.DEFAULT_ALPHA_CONVENTION)
         ),
         block_size=bs,
-        factor_dtype=_choice(ch, "factor_dtype", C.DEFAULT_FACTOR_DTYPE),
+        factor_dtype="float64" if factor_dtype == "auto" else factor_dtype,
         kernel_dtype=_choice(ch, "kernel_dtype", C.DEFAULT_KERNEL_DTYPE),
         preconditioner=_choice(ch, "preconditioner", C.DEFAULT_PRECONDITIONER),
         rank=min(rank, max(1, n)),
@@ -551,6 +560,13 @@ def plan_fit(
         reason = why if reason.startswith("requested") else f"{reason}: {why}"
         solver = name
     if solver == "cholesky":
-        return replace(base, solver="cholesky", matvec="stored"), reason
+        plan = replace(base, solver="cholesky", matvec="stored")
+        if factor_dtype == "auto":
+            from pipeline.policy.factor_precision import choose_factor_dtype
+
+            dt, why = choose_factor_dtype(n, shift, X=X, kernel=kernel if mercer else None)
+            plan = replace(plan, factor_dtype=dt, factor_dtype_auto=True)
+            reason = f"{reason}; {why}"
+        return plan, reason
     matvec, precision, why = variant
     return replace(base, solver="cg", matvec=matvec, cg_precision=precision), f"{reason}; {why}"

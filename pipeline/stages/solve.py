@@ -279,6 +279,14 @@ def run(
 
         gram_dtype = GramOutput.from_json(g).dtype
         reclaim = gram_disk_bytes(ing.n_train, np.dtype(gram_dtype).itemsize)
+    X_train = open_rows(ing, "X_train")
+    in_place = {}
+    if solver.factor_dtype == "auto":
+        # the rule judges float32 on the rows in memory (the refinement reads them);
+        # in place the factor takes the gram stage's dtype, chosen before this stage
+        X_train = np.asarray(X_train.compute())
+        if not solver.keep_gram:
+            in_place = {"factor_dtype": dtype}
     plan, reason = stage_plan(
         solver,
         ing.n_train,
@@ -286,10 +294,11 @@ def run(
         kernel=kernel,
         store=ing.store,
         reclaim_bytes=reclaim,
-        X=open_rows(ing, "X_train"),
+        X=X_train,
         alpha=lam,
         alpha_convention=lam_convention,
         block_size=block_size,
+        **in_place,
     )  # ``dtype`` is the Gram's storage only: every product of the solve is float64
     method = plan.solver
     log_plan(plan, reason, origin="krr run", logger=log)
