@@ -346,14 +346,17 @@ SHARE_WRITTEN_TILES = True
 #: rows below which "auto" keeps the float64 factor (the float32 one saved 1.4-1.6x of
 #: the fit from 10,000 rows up: bench_fit_40k at 15k and 40k, KernelRidge at 10k)
 FACTOR_FLOAT32_MIN_ROWS = 10_000
-#: rows of the seeded subsample whose kernel eigenvalues judge float32's risk
-FACTOR_FLOAT32_SAMPLE_ROWS = 2000
-#: the largest risk eps32 * lmax(K) / (lmin(K_sub) + shift) "auto" factors in float32.
-#: KernelRidge(keep_gram=False), float32 against float64 (session 15, AMD EPYC):
-#: diamonds N = 10,000: risk 0.017 / 0.17: 3 / 5 refinement iterations, 1.63x / 1.43x
-#: faster; risk 1.7: 18 iterations, 7 % slower; risk 17 and 173: the float32 factor lost
-#: positive definiteness. Diamonds N = 15,000: risk 0.51: 7 iterations, 1.27x; risk
-#: 1.71: 11 iterations, 1.32x. Gaussian rows (D = 12) N = 10,000: risk 0.011-0.107, 3-8
-#: iterations, 1.13-1.48x, down to lambda = 1e-6. Between 0.51 (pays) and 1.7 (pays at
-#: 15k, not at 10k); a wrong float32 choice costs time only (execute's fallback)
+#: rows of the seeded subsample whose kernel eigenvalues judge float32's risk: 1,000
+#: cost 0.05 s a fit, 2,000 0.33 s (eigvalsh), and gave the same risks on diamonds
+#: (Gaussian rows: lower ones, all far below the threshold)
+FACTOR_FLOAT32_SAMPLE_ROWS = 1000
+#: the largest risk eps32 * lmax(K) / (lmin(K_sub) + shift), eps32 = 1.19e-7, that "auto"
+#: factors in float32. KernelRidge(keep_gram=False), float32 against float64, session 15
+#: (AMD EPYC; bench_factor_auto.py): diamonds N = 10,000: risk 0.035 / 0.35: 3 / 5
+#: refinement iterations, 1.58x / 1.47x faster; risk 3.5: 18 iterations, no faster;
+#: risk 35 and 350: the float32 factor lost positive definiteness. Diamonds N = 15,000:
+#: risk 0.51: 7 iterations, 1.27x; risk 1.71: 11 iterations, 1.32x. Gaussian rows
+#: (D = 12) N = 10,000: risk 0.02-0.22 (2,000-row subsample), 3-8 iterations,
+#: 1.12-1.57x, down to lambda = 1e-6. A wrong float32 choice costs time, not the answer
+#: (execute redoes a failed one in float64)
 FACTOR_FLOAT32_MAX_RISK = 1.0
