@@ -36,11 +36,13 @@ def float32_factor_risk(
     X: np.ndarray, kernel: Any, shift: float, *, random_state: int = C.DEFAULT_RANDOM_STATE
 ) -> float:
     """``ε₃₂ · λmax(K) / (λmin(K_m) + shift)`` from a seeded subsample of ``X``'s rows."""
+    from pipeline.policy.spectrum import subsample_rows
+
     n = int(X.shape[0])
     m = int(min(n, C.FACTOR_FLOAT32_SAMPLE_ROWS))
-    rng = np.random.default_rng(random_state)
-    idx = np.arange(n) if m >= n else np.sort(rng.choice(n, size=m, replace=False))
-    ev = np.linalg.eigvalsh(np.asarray(kernel(np.asarray(X[idx], dtype=np.float64))))
+    ev = np.linalg.eigvalsh(
+        np.asarray(kernel(subsample_rows(X, m, np.random.default_rng(random_state))))
+    )
     lmax = float(ev[-1]) * n / m
     return EPS32 * lmax / (max(float(ev[0]), 0.0) + float(shift))
 

@@ -30,13 +30,21 @@ import numpy as np
 
 from pipeline.policy import constants as C
 
-__all__ = ["estimate_residual", "sample_size"]
+__all__ = ["estimate_residual", "sample_size", "subsample_rows"]
 
 
 def sample_size(n: int, rank: int) -> int:
     """Rows of the subsample that measures the rank-``rank`` residual of N = ``n`` rows."""
     m = max(C.SPECTRUM_SAMPLE_ROWS, C.SPECTRUM_RANK_FACTOR * int(rank))
     return int(min(int(n), m, C.SPECTRUM_MAX_ROWS))
+
+
+def subsample_rows(X: Any, m: int, rng: np.random.Generator) -> np.ndarray:
+    """``m`` of ``X``'s rows (all of them when ``m >= N``), drawn uniformly by the seeded
+    ``rng`` and kept in order, as float64: the plan's measurements on the data use them."""
+    n = int(X.shape[0])
+    idx = np.arange(n) if m >= n else np.sort(rng.choice(n, size=m, replace=False))
+    return np.asarray(X[idx], dtype=np.float64)
 
 
 def _top_eigenvalue(R: np.ndarray, iterations: int, rng: np.random.Generator) -> float:
@@ -91,8 +99,7 @@ def estimate_residual(
     if rank * 2 > m:
         return None
     rng = np.random.default_rng(random_state)
-    idx = np.arange(n) if m >= n else np.sort(rng.choice(n, size=m, replace=False))
-    Xs = np.asarray(X[idx], dtype=np.float64)
+    Xs = subsample_rows(X, m, rng)  # the same draws: rng goes on to the power iterations
     K = np.asarray(kernel(Xs), dtype=np.float64)
     F, _ = rpcholesky(DenseKernelOperator(K), rank, random_state=random_state)
     K -= F @ F.T

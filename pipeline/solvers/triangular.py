@@ -367,12 +367,10 @@ def cholesky_solve(
     """
     L = _as_factor(factor)
     # a float32 factor, or one of a float32 Gram, solves a single-precision system
-    single = np.float32 in (
-        np.dtype(L.dtype),
-        np.dtype(gram.dtype if gram is not None else L.dtype),
-    )
+    single_gram = gram is not None and np.dtype(gram.dtype) == np.float32
+    single = single_gram or np.dtype(L.dtype) == np.float32
     matrix_free = X is not None and kernel is not None
-    if single and gram is not None and np.dtype(gram.dtype) == np.float32 and not matrix_free:
+    if single_gram and not matrix_free:
         warnings.warn(
             "refining against a float32 Gram reaches the solution for the Gram's rounded "
             "values, not the float64 kernel's; pass X= and kernel= to refine with "

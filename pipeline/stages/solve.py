@@ -143,7 +143,7 @@ def _open_gram(inputs: dict[str, dict[str, Any]]):
     return open_gram(gram.store, gram.name)
 
 
-def _solve_cholesky(stage_dir, inputs, y, plan, kernel=None) -> tuple[np.ndarray, dict]:
+def _solve_cholesky(stage_dir, inputs, y, plan, kernel=None, X_mem=None) -> tuple[np.ndarray, dict]:
     from pipeline.fit import execute
 
     gram = _open_gram(inputs)
@@ -151,8 +151,8 @@ def _solve_cholesky(stage_dir, inputs, y, plan, kernel=None) -> tuple[np.ndarray
     # a float32 factor, or a factor of a float32 Gram, solves a single-precision
     # system: its alpha is refined to float64 from X_train (never returned as it is)
     single = np.float32 in (np.dtype(plan.factor_dtype), np.dtype(gram.dtype))
-    if not plan.keep_gram or single:
-        X = np.asarray(open_rows(IngestOutput.from_json(inputs["ingest"]), "X_train").compute())
+    if not plan.keep_gram or single:  # X_train, unless the plan already read it
+        X = X_mem if X_mem is not None else _rows_in_memory(inputs)
     if not plan.keep_gram:
         # in place: the factor replaces the gram stage's tiles; a tile an earlier lambda
         # replaced is rebuilt from the stored X_train (tile_cholesky logs why)
@@ -187,6 +187,11 @@ def _solve_cholesky(stage_dir, inputs, y, plan, kernel=None) -> tuple[np.ndarray
         "factor_tiles_computed": len(factor.computed),
     }
     return res.dual_coef, info
+
+
+def _rows_in_memory(inputs) -> np.ndarray:
+    """X_train as a numpy array (the refinement's float64 products read it)."""
+    return np.asarray(open_rows(IngestOutput.from_json(inputs["ingest"]), "X_train").compute())
 
 
 class SolveNotConverged(RuntimeError):
@@ -224,7 +229,7 @@ def _solve_cg(stage_dir, inputs, y, *, kernel, plan, solver):
     if plan.matvec == "stored":
         gram, X = _open_gram(inputs), None
         if np.dtype(gram.dtype) == np.float32:  # float64 residuals from X_train (fit.execute)
-            X = np.asarray(open_rows(IngestOutput.from_json(inputs["ingest"]), "X_train").compute())
+            X = _rows_in_memory(inputs)
     else:
         gram, X = None, open_rows(IngestOutput.from_json(inputs["ingest"]), "X_train")
     fit = execute(
@@ -284,7 +289,7 @@ def run(
     if solver.factor_dtype == "auto":
         # the rule judges float32 on the rows in memory (the refinement reads them);
         # in place the factor takes the gram stage's dtype, chosen before this stage
-        X_train = np.asarray(X_train.compute())
+        X_train = _rows_in_memory(inputs)
         if not solver.keep_gram:
             in_place = {"factor_dtype": dtype}
     plan, reason = stage_plan(
@@ -303,7 +308,8 @@ def run(
     method = plan.solver
     log_plan(plan, reason, origin="krr run", logger=log)
     if method == "cholesky":
-        alpha, info = _solve_cholesky(stage_dir, inputs, y, plan, kernel)
+        X_mem = X_train if isinstance(X_train, np.ndarray) else None
+        alpha, info = _solve_cholesky(stage_dir, inputs, y, plan, kernel, X_mem)
     else:
         alpha, info = _solve_cg(stage_dir, inputs, y, kernel=kernel, plan=plan, solver=solver)
     alpha = np.asarray(alpha, dtype=np.float64).reshape(y.shape)
