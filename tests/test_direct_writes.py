@@ -93,3 +93,23 @@ def test_no_aligned_buffer_outlives_the_factorisation(tmp_path):
     K = rbf_matrix(300, seed=4)
     tile_cholesky(write_gram(tmp_path, K, 128), 1e-2, progress=False)
     assert rc._POOL == []
+
+
+@pytest.mark.parametrize("past", [True, False])
+def test_the_gram_stage_writes_past_the_page_cache_and_the_same_bytes(tmp_path, monkeypatch, past):
+    """build_gram writes every tile with O_DIRECT (GRAM_WRITES_PAST_PAGE_CACHE), the
+    bytes those through the page cache, and keeps no aligned buffer afterwards."""
+    from pipeline.gram import build_gram
+    from pipeline.policy import constants as C
+
+    X = np.random.default_rng(5).standard_normal((230, 6))  # 100-blocks: ragged edge tiles
+    ref = build_gram(X, "rbf", str(tmp_path / "ref"), 100, progress=False)
+    monkeypatch.setattr(C, "GRAM_WRITES_PAST_PAGE_CACHE", past)
+    seen = _spy_open(monkeypatch)
+    g = build_gram(X, "rbf", str(tmp_path / "g"), 100, progress=False)
+    assert len(seen) == (6 if past else 0)  # the 6 lower tiles, and only with the constant
+    for i, j in g.grid.lower_tiles():
+        pa = rc.chunk_layout(g.store, "gram").path((i, j))
+        pb = rc.chunk_layout(ref.store, "gram").path((i, j))
+        assert pa.read_bytes() == pb.read_bytes()
+    assert rc._POOL == []

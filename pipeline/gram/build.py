@@ -51,7 +51,9 @@ from dask.highlevelgraph import HighLevelGraph
 from pipeline.io import as_row_blocks, check_block_size, validate_and_fingerprint
 from pipeline.kernels import Kernel, kernel_fingerprint, make_kernel
 from pipeline.parallel import compute
+from pipeline.policy import constants as C
 from pipeline.storage import TiledArray, fingerprint_obj, open_tiled_array
+from pipeline.storage.rawchunks import release_direct_buffers
 from pipeline.tiles import task_threads
 from pipeline.tiles.engine import KernelSource, pending, store_graph
 
@@ -160,9 +162,12 @@ _DISK_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EFBIG}
 
 
 def _write(handle: TiledArray, i: int, j: int, tile: np.ndarray, **info: Any) -> None:
-    """Write and mark tile (i, j); a full disk is explained (completed tiles stay valid)."""
+    """Write and mark tile (i, j), past the page cache where the store allows it
+    (:data:`~pipeline.policy.constants.GRAM_WRITES_PAST_PAGE_CACHE`: its reader, the
+    factorisation, reads each tile once); a full disk is explained (completed tiles
+    stay valid)."""
     try:
-        handle.write_tile(i, j, tile, **info)
+        handle.write_tile(i, j, tile, direct=bool(C.GRAM_WRITES_PAST_PAGE_CACHE), **info)
     except OSError as exc:
         if exc.errno in _DISK_FULL:
             raise OSError(
@@ -343,9 +348,12 @@ def build_gram(
     statuses: list[tuple[int, int, float]] = []
     if todo:
         graph = tile_graph(handle, k, Xd, Zd, todo, run_id, kernel_dtype=kd)
-        (statuses,) = compute(
-            graph, progress=progress, desc=name, unit="tile", initial=len(all_tiles) - len(todo)
-        )
+        try:
+            (statuses,) = compute(
+                graph, progress=progress, desc=name, unit="tile", initial=len(all_tiles) - len(todo)
+            )
+        finally:
+            release_direct_buffers()  # this process's aligned write buffers are not kept
         missing = pending(handle.markers, todo)
         if missing:
             raise RuntimeError(

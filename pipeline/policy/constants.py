@@ -331,6 +331,17 @@ OPENBLAS_THREAD_TIMEOUT = 4
 #: lambda) reads the Gram from disk instead of the page cache, ahead of its tasks
 #: (TileIO). False keeps the Gram cached
 DROP_READ_PAGE_CACHE = True
+#: the Gram stage writes its tiles past the page cache (O_DIRECT, where the filesystem
+#: allows it; pipeline.storage.rawchunks.write_chunk): a tile written through the page
+#: cache fills fresh pages, which cost about 2 ms of CPU per MB on the VM (session 9:
+#: 110 ms against 4-7 ms per 50 MB tile), while its reader, the factorisation, reads
+#: each Gram tile once and drops it from the page cache anyway. Session 16, AMD EPYC VM,
+#: N = 15,000, b = 2,500, D = 16, fresh processes, 4 alternating runs each: the Gram
+#: stage 2.35-2.82 s (1.2-1.4 s user, 5.4-6.6 s system over the whole run) through the
+#: page cache against 1.77-1.85 s past it, the float64 factor after it unchanged
+#: (13.6-14.8 s against 13.4-14.5 s); Gram + factor 16.5-17.6 s against 15.4-16.3 s.
+#: False writes through the page cache (a later reader then copies from memory)
+GRAM_WRITES_PAST_PAGE_CACHE = True
 #: the Dask executor's tasks in worker processes (a distributed client, the processes
 #: scheduler) write their factor tiles through the page cache and map the other workers'
 #: tiles from it (mmap, read-only: pipeline.solvers.cholesky_cache.mapped_factor_reads)

@@ -394,9 +394,9 @@ class TiledArray:
     ) -> None:
         """Region-write one tile, then mark it complete (data first, marker last).
 
-        ``direct``: the caller keeps the tile in memory and will not read it back
-        soon, so a raw local chunk is written past the page cache
-        (:func:`~pipeline.storage.rawchunks.write_chunk`).
+        ``direct``: no reader needs the tile from the page cache soon (the writer
+        keeps it in memory, or its one reader reads it once), so a raw local chunk is
+        written past the page cache (:func:`~pipeline.storage.rawchunks.write_chunk`).
 
         The marker records the CRC-32C of the bytes written (the tile cast to
         the stored dtype, C order) as ``crc32c``. On a local disk the chunk is

@@ -275,8 +275,8 @@ def write_chunk(
 
 _ALIGN = 4096  # O_DIRECT needs the buffer, offset and length aligned to the device block
 #: aligned buffers (mmap), reused so that their pages stay warm: at most _POOL_KEEP per
-#: process between writes (a tile's bytes). The factorisation frees this process's at its
-#: end (release_direct_buffers); a Dask worker process keeps its one until it exits
+#: process between writes (a tile's bytes). The factorisation and the Gram stage free this
+#: process's at their end (release_direct_buffers); a Dask worker keeps its one until it exits
 _POOL: list[Any] = []
 _POOL_KEEP = 1
 _NO_DIRECT: set[int] = set()  # st_dev of filesystems that refused O_DIRECT
