@@ -1,0 +1,132 @@
+"""One factor tile's arithmetic: the tile kernels of the left-looking tile Cholesky.
+
+``_factor_tile`` computes factor tile ``L_ij`` (``i >= j``) from the Gram tile
+``K_ij`` and finished factor tiles (:mod:`pipeline.solvers.cholesky` runs it on its
+executors, writes and caches the result):
+
+    A    = K_ij + shift * delta_ij * I - sum_{k<j} L_ik @ L_jk.T
+    L_jj = potrf(A)                 (i == j; in float64 for a float32 factor too)
+    L_ij = A @ inv(L_jj).T          (i > j, a TRSM)
+
+Every call is a BLAS-3 or LAPACK call that releases the GIL, in a fixed k order, so
+the result is bitwise reproducible."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from pipeline.solvers import blas as gil_free_blas
+from pipeline.solvers.cholesky_cache import _read_factor_tile
+from pipeline.solvers.cholesky_exec import read_gram_tile
+from pipeline.solvers.cholesky_options import JitterPolicy, NotPositiveDefiniteError
+from pipeline.storage import TiledArray
+from pipeline.tiles.tile_io import TileIO
+
+
+def _potrf_lower(a: np.ndarray, overwrite: bool = False) -> tuple[np.ndarray, int]:
+    """Lower Cholesky factor of the tile whose *lower* triangle ``a`` holds (C order).
+
+    GIL-free (:func:`pipeline.solvers.blas.potrf_lower`: the same LAPACK call as
+    SciPy's ``potrf(a.T, lower=0)``, so the same bits), so the other tile threads
+    keep doing their I/O meanwhile.
+    """
+    ok = overwrite and a.flags.c_contiguous and a.flags.writeable and a.dtype == np.float64
+    c = a if ok else np.array(a, dtype=np.float64, order="C")
+    info = gil_free_blas.potrf_lower(c)
+    return c, int(info)
+
+
+def _trsm_right_lower_t(ljj: np.ndarray, a: np.ndarray) -> np.ndarray:
+    """Solve ``X @ ljj.T = a`` for X in place of ``a`` (both C-contiguous); GIL-free."""
+    return gil_free_blas.trsm_right_lower_t(ljj, a)
+
+
+def _updated_tile(
+    gram: TiledArray,
+    L: TiledArray,
+    i: int,
+    j: int,
+    shift: float,
+    dtype: np.dtype,
+    k_tile: np.ndarray | None = None,
+    io: TileIO | None = None,
+) -> np.ndarray:
+    """``K_ij + shift*delta_ij*I - sum_k L_ik L_jk^T`` (for i == j: lower triangle only).
+
+    Accumulated in place, GEMM off the diagonal and SYRK on it (half the flops),
+    in a fixed k order, so the result is reproducible bit for bit. The BLAS calls
+    release the GIL (:mod:`pipeline.solvers.blas`; SciPy's f2py ``gemm``/``syrk``/
+    ``trsm`` wrappers hold it, which serialised the tile threads), so tile
+    threads overlap.
+    """
+    if k_tile is None:
+        k_tile = gram.read_tile(i, j)
+    # zarr returns a fresh array: reuse it when it already is writable C-ordered float64
+    a = np.require(k_tile, dtype=dtype, requirements=["C", "W"])
+    if a is k_tile and not k_tile.flags.owndata:
+        a = k_tile.copy()
+    if i == j:
+        a[np.diag_indices_from(a)] += shift
+    for k in range(j):
+        ljk = _read_factor_tile(L, j, k, io)
+        if i == j:
+            gil_free_blas.syrk_lower_sub(a, ljk)
+        else:
+            gil_free_blas.gemm_nt_sub(a, _read_factor_tile(L, i, k, io), ljk)
+    return a
+
+
+def _factor_tile(
+    gram: TiledArray,
+    L: TiledArray,
+    i: int,
+    j: int,
+    shift: float,
+    lam: float,
+    convention: str,
+    jitter: JitterPolicy | None,
+    k_tile: np.ndarray | None = None,
+    io: TileIO | None = None,
+) -> tuple[np.ndarray, dict[str, Any]]:
+    """Compute factor tile ``(i, j)`` from finished tiles; returns (tile, marker info)."""
+    dtype = np.dtype(L.dtype)
+    t0 = time.perf_counter()
+    if k_tile is None:  # read once: no need to keep it in the page cache
+        k_tile = io.read(("K", i, j)) if io is not None else read_gram_tile(gram, i, j)
+    # jitter scale: the tile's own diagonal of K + shift*I (not that of the Schur
+    # complement, which is ~0 exactly when jitter is needed)
+    scale = float(np.mean(np.abs(np.diag(k_tile)))) + shift if i == j else 0.0
+    a = _updated_tile(gram, L, i, j, shift, dtype, k_tile, io)
+    info: dict[str, Any] = {}
+    if i == j:
+        # a float32 factor still factors its diagonal tiles in float64
+        a = a.astype(np.float64, copy=False)
+        keep = a.copy() if jitter is not None else None
+        lt, piv = _potrf_lower(a, overwrite=keep is None)
+        tried: list[float] = []
+        if piv != 0 and jitter is not None:
+            a = keep
+            scale = scale or 1.0
+            for t in range(jitter.max_tries):
+                eps = jitter.initial * jitter.growth**t * scale
+                tried.append(eps)
+                aj = a.copy()
+                aj[np.diag_indices_from(aj)] += eps
+                lt, piv = _potrf_lower(aj)
+                if piv == 0:
+                    info["jitter"] = eps
+                    info["jitter_tries"] = t + 1
+                    break
+        if piv != 0:
+            row = L.grid.row_slice(j).start + piv - 1
+            raise NotPositiveDefiniteError(
+                (i, j), piv, row, lam, convention, shift, tuple(tried), dtype.name
+            )
+        out = lt if lt.dtype == dtype else lt.astype(dtype)
+    else:
+        out = _trsm_right_lower_t(_read_factor_tile(L, j, j, io), a)
+    info["seconds"] = round(time.perf_counter() - t0, 4)
+    return out, info
