@@ -130,6 +130,8 @@ def _threads_and_client_factors(tmp_path, K):
 def test_client_factor_caches_its_own_tiles_mapped_with_the_same_bits(tmp_path, monkeypatch, share):
     monkeypatch.setenv("KRR_CHOL_BLAS_THREADS", "1")
     monkeypatch.setattr(policy_constants, "SHARE_WRITTEN_TILES", share)
+    # the workers' caches as the tasks left them (in-process workers: this cache)
+    monkeypatch.setattr(policy_constants, "RELEASE_WORKER_TILES", False)
     # 5 x 5 tiles of 50, the last 30 wide
     g, ref, got = _threads_and_client_factors(tmp_path, rbf_matrix(230, seed=8))
     lower = list(g.grid.lower_tiles())

@@ -352,6 +352,15 @@ HOST_SHARED_FACTOR_TILES = True
 #: page cache, its tile cache maps the file's pages and the private copy's memory takes
 #: the next Gram tile read (new memory costs ~2 s per GB of faults on the VMs measured)
 SHARE_WRITTEN_TILES = True
+#: after a factorisation on a distributed client, each worker drops that factor's cached
+#: tiles (up to its tile cache's 1 GiB, some of them mapped files), the tile buffers
+#: kept for reuse (up to TILE_BUFFER_POOL_BYTES) and its aligned write buffer: a worker
+#: of a long-lived cluster would otherwise hold them, as unmanaged memory that Dask's
+#: memory monitor counts against the worker's limit, and a mapped tile keeps its file's
+#: disk space after the store is deleted. The solve that follows runs in the client's
+#: process and maps or reads the tiles itself. False keeps them (the next factorisation
+#: of the same fingerprint, a resumed one, would reuse them)
+RELEASE_WORKER_TILES = True
 
 # -- factor_dtype="auto": a float32 tile Cholesky refined to float64, when it pays ------
 #: rows below which "auto" keeps the float64 factor (the float32 one saved 1.4-1.6x of

@@ -22,6 +22,7 @@ the executor, its thread count or the order the tasks ran in.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 import uuid
@@ -34,6 +35,8 @@ from pipeline.policy.constants import DASK_CRITICAL_PATH_FIRST
 from pipeline.solvers import blas as gil_free_blas
 from pipeline.tiles.dag import RankOrder, run_dag, serial_order, upward_ranks
 from pipeline.tiles.tile_io import TileIO
+
+log = logging.getLogger(__name__)
 
 
 def _deps(i: int, j: int) -> list[tuple[int, int]]:
@@ -237,10 +240,26 @@ def _run_dask(
                     host_shared=not shared and C.HOST_SHARED_FACTOR_TILES,
                     dask_key_name=f"{prefix}-{i}-{j}",
                 )
-        (records,) = compute(
-            list(nodes.values()), progress=progress, desc="cholesky", unit="tile", **kw
-        )
+        try:
+            (records,) = compute(
+                list(nodes.values()), progress=progress, desc="cholesky", unit="tile", **kw
+            )
+        finally:
+            if client is not None and C.RELEASE_WORKER_TILES:
+                release_on_workers(client, L)
     return list(records)
+
+
+def release_on_workers(client: Any, L: Any) -> None:
+    """Each worker of ``client`` drops factor ``L``'s cached tiles and its kept buffers
+    (:func:`~pipeline.solvers.cholesky_cache.release_worker_tiles`); a worker that
+    cannot be reached keeps them (logged, never an error: the factor is complete)."""
+    from pipeline.solvers.cholesky_cache import release_worker_tiles
+
+    try:
+        client.run(release_worker_tiles, L.store, L.name, L.fingerprint)
+    except Exception as exc:  # a worker lost meanwhile, or client.run refused
+        log.info("the workers' cached factor tiles were not released (%s)", exc)
 
 
 def _critical_path_ranks(todo: list[tuple[int, int]], block: int) -> dict[tuple[int, int], float]:
