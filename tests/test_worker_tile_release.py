@@ -62,3 +62,42 @@ def test_worker_processes_release_the_factor_tiles_and_the_alpha_is_unchanged(
     for f in (kept, got):
         np.testing.assert_array_equal(f.L.zarr("r")[:], ref.L.zarr("r")[:])
     np.testing.assert_array_equal(cholesky_solve(got, y), want)
+
+
+def test_tasks_reading_their_own_tiles_prefetch_the_next_tile_of_their_row(tmp_path, monkeypatch):
+    """On a client (tasks read their own Gram tiles, with no read-ahead threads), task
+    (i, j) asks the kernel to read Gram tile (i, j + 1) ahead (POSIX_FADV_WILLNEED);
+    the factor's bits do not change (PREFETCH_NEXT_GRAM_TILE)."""
+    import os
+
+    pytest.importorskip("distributed")
+    if not hasattr(os, "posix_fadvise"):
+        pytest.skip("no posix_fadvise here")
+    from distributed import Client, LocalCluster
+
+    monkeypatch.setenv("KRR_CHOL_BLAS_THREADS", "1")
+    g = write_gram(tmp_path / "g", rbf_matrix(230, seed=12), 50)  # 5 x 5 tiles
+    ref = tile_cholesky(g, 1e-3, store=str(tmp_path / "ref"), scheduler="threads",
+                        progress=False)  # fmt: skip
+    release_tile_cache()
+    advised: list[str] = []
+    real = os.posix_fadvise
+
+    def spy(fd, offset, length, advice):
+        if advice == os.POSIX_FADV_WILLNEED:
+            advised.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return real(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", spy)
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                     dashboard_address=":0", memory_limit=0) as cluster,
+        Client(cluster),
+    ):  # fmt: skip
+        got = tile_cholesky(g, 1e-3, store=str(tmp_path / "got"), scheduler="dask",
+                            progress=False)  # fmt: skip
+    gram_dir = os.path.realpath(tmp_path / "g" / "gram")
+    coords = sorted(tuple(int(c) for c in p.split("/")[-2:]) for p in advised)
+    assert all(os.path.realpath(p).startswith(gram_dir) for p in advised)
+    assert coords == sorted((i, j + 1) for i, j in g.grid.lower_tiles() if j < i)
+    np.testing.assert_array_equal(got.L.zarr("r")[:], ref.L.zarr("r")[:])

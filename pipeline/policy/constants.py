@@ -361,6 +361,14 @@ SHARE_WRITTEN_TILES = True
 #: process and maps or reads the tiles itself. False keeps them (the next factorisation
 #: of the same fingerprint, a resumed one, would reuse them)
 RELEASE_WORKER_TILES = True
+#: a factor task that reads its own Gram tiles (the Dask executor in worker processes,
+#: which has no read-ahead threads) first asks the kernel to read the next Gram tile of
+#: its tile row into the page cache in the background (POSIX_FADV_WILLNEED). Since the
+#: Gram stage writes past the page cache (GRAM_WRITES_PAST_PAGE_CACHE), these reads
+#: come from disk and their latency would stall the task. Session 16, AMD EPYC VM,
+#: N = 15,000, b = 2,500, on the embedded LocalCluster: a cold Gram 17.97 / 18.45 s
+#: against 16.64 / 16.46 s with the whole Gram in the page cache (see PERFORMANCE.md)
+PREFETCH_NEXT_GRAM_TILE = True
 
 # -- factor_dtype="auto": a float32 tile Cholesky refined to float64, when it pays ------
 #: rows below which "auto" keeps the float64 factor (the float32 one saved 1.4-1.6x of

@@ -404,6 +404,20 @@ def read_gram_tile(gram: Any, i: int, j: int, first_touch: Any = None) -> np.nda
     return gram.read_tile(i, j, first_touch=first_touch, drop_cache=drop)
 
 
+def prefetch_gram_tile(gram: Any, i: int, j: int) -> None:
+    """Start reading Gram tile ``(i, j)`` into the page cache in the background, for a
+    task that reads its own tiles (in a worker process: no read-ahead threads) and will
+    need it later (:data:`~pipeline.policy.constants.PREFETCH_NEXT_GRAM_TILE`). Only raw
+    local chunks; anything else is left alone."""
+    from pipeline.storage.rawchunks import chunk_layout, prefetch_chunk
+
+    if not C.PREFETCH_NEXT_GRAM_TILE or not isinstance(getattr(gram, "store", None), str):
+        return
+    layout = chunk_layout(gram.store, gram.name)
+    if layout is not None and len(layout.shape) == 2:
+        prefetch_chunk(layout, (int(i), int(j)))
+
+
 def _tile_io(gram: Any, L: Any, todo: list, rank: dict, width: int = 1) -> TileIO:
     """The executors' TileIO: Gram tiles read ahead in the order the tasks will
     probably run (the one-thread list schedule, critical path first) and factor tiles

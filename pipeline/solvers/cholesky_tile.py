@@ -20,7 +20,7 @@ import numpy as np
 
 from pipeline.solvers import blas as gil_free_blas
 from pipeline.solvers.cholesky_cache import _read_factor_tile
-from pipeline.solvers.cholesky_exec import read_gram_tile
+from pipeline.solvers.cholesky_exec import prefetch_gram_tile, read_gram_tile
 from pipeline.solvers.cholesky_options import JitterPolicy, NotPositiveDefiniteError
 from pipeline.storage import TiledArray
 from pipeline.tiles.tile_io import TileIO
@@ -94,6 +94,8 @@ def _factor_tile(
     """Compute factor tile ``(i, j)`` from finished tiles; returns (tile, marker info)."""
     dtype = np.dtype(L.dtype)
     t0 = time.perf_counter()
+    if k_tile is None and io is None and j < i:  # a task reading its own tiles: the
+        prefetch_gram_tile(gram, i, j + 1)  # next one of its row, read ahead by the kernel
     if k_tile is None:  # read once: no need to keep it in the page cache
         k_tile = io.read(("K", i, j)) if io is not None else read_gram_tile(gram, i, j)
     # jitter scale: the tile's own diagonal of K + shift*I (not that of the Schur

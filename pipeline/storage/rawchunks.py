@@ -35,6 +35,7 @@ __all__ = [
     "chunk_layout",
     "chunk_problem",
     "map_chunk",
+    "prefetch_chunk",
     "read_chunk",
     "release_direct_buffers",
     "write_chunk",
@@ -190,6 +191,25 @@ def map_chunk(layout: ChunkLayout, coords: tuple[int, ...]) -> np.ndarray | None
         return None
     arr = mapped.view(np.ndarray)  # a plain read-only array over the mapping
     return arr if region[0] == arr.shape[0] else arr[: region[0]]  # (still C-contiguous)
+
+
+def prefetch_chunk(layout: ChunkLayout, coords: tuple[int, ...]) -> None:
+    """Ask the kernel to start reading chunk ``coords`` into the page cache, in the
+    background (``POSIX_FADV_WILLNEED``), for a read that comes later. Advice only:
+    nothing happens where the file is missing or the call is unavailable."""
+    advise = getattr(os, "posix_fadvise", None)  # not on macOS or Windows
+    if advise is None:
+        return
+    try:
+        fd = os.open(layout.path(coords), os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        advise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _drop_page_cache(fd: int) -> None:

@@ -162,15 +162,23 @@ def _floor(gram) -> dict:
     }
 
 
-def _warm_page_cache(store: str) -> None:
-    """Read every file of the store through one small buffer, so the Gram sits in the
-    page cache as it does right after the Gram stage wrote it. The factor drops each
-    Gram tile's pages once read (DROP_READ_PAGE_CACHE), so without this the next mode
-    would read from disk, and the next scipy load too."""
+def _as_after_the_gram_stage(store: str, warm: bool = False) -> None:
+    """Leave the store's files in or out of the page cache as the Gram stage leaves
+    them. It writes past the page cache (GRAM_WRITES_PAST_PAGE_CACHE, session 16), so
+    the factor reads the Gram from disk: every file's pages are dropped. Before, it
+    wrote through it: every file is read through one small buffer. The factor drops
+    each Gram tile's pages once read (DROP_READ_PAGE_CACHE) either way. ``warm``: as
+    before, whatever the constant says."""
+    from pipeline.policy import constants as C
+
     buf = bytearray(1 << 20)
     for root, _, files in os.walk(store):
         for name in files:
             with open(os.path.join(root, name), "rb", buffering=0) as f:
+                if C.GRAM_WRITES_PAST_PAGE_CACHE and not warm and hasattr(os, "posix_fadvise"):
+                    os.fsync(f.fileno())  # (clean pages only are dropped)
+                    os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+                    continue
                 while f.readinto(buf):
                     pass
 
@@ -379,7 +387,10 @@ def main(argv: list[str] | None = None) -> None:
         "ours-clientprivate (ours-client with each worker caching the private copy of the tiles "
         "it wrote, as before SHARE_WRITTEN_TILES), floor "
         "(the BLAS calls timed alone plus one read of the Gram into new memory: the "
-        "least any tile schedule could take here)",
+        "least any tile schedule could take here). Any mode with '+warm' (e.g. "
+        "ours-threads+warm) starts with the Gram in the page cache, as after a Gram stage "
+        "that wrote through it (before GRAM_WRITES_PAST_PAGE_CACHE); without it, the Gram's "
+        "pages are dropped first, as the Gram stage now leaves them",
     )
     p.add_argument(
         "--pause",
@@ -415,13 +426,16 @@ def main(argv: list[str] | None = None) -> None:
         for rep in range(a.repeats):
             for mode in modes:
                 out = os.path.join(work, f"out-{mode}-{rep}.zarr")
-                _warm_page_cache(store)  # every mode starts as a fit after its Gram stage
+                # every mode starts as a fit after its Gram stage; "<mode>+warm": after
+                # a Gram stage that wrote through the page cache (before session 16)
+                run, warm = mode.removesuffix("+warm"), mode.endswith("+warm")
+                _as_after_the_gram_stage(store, warm=warm)
                 time.sleep(a.pause)
                 proc = subprocess.run(
-                    [sys.executable, __file__, "--_worker", mode, store, out],
+                    [sys.executable, __file__, "--_worker", run, store, out],
                     capture_output=True,
                     text=True,
-                    env=_mode_env(mode),
+                    env=_mode_env(run),
                 )
                 line = [s for s in proc.stdout.splitlines() if s.startswith("RESULT ")]
                 if proc.returncode or not line:
