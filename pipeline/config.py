@@ -176,7 +176,8 @@ class SolverConfig(_Model):
     #: redoing a failed float32 factor in float64 (in place: the Gram's dtype)
     factor_dtype: Literal["float64", "float32", "auto"] = "float64"
     #: how factor tiles are scheduled (see pipeline.solvers.tile_cholesky): "auto" runs
-    #: them on the cluster when there is one, else on threads of this process
+    #: them on threads of this process, unless the cluster's workers run on other
+    #: machines (then on the cluster, one task per tile); "dask" always on the cluster
     factor_scheduler: Literal["auto", "threads", "dask"] = "auto"
     #: false factors in place: the factor replaces the Gram tile by tile (the Gram's disk
     #: is needed once); a rerun with another lambda recomputes the replaced tiles from X

@@ -90,13 +90,15 @@ def measure_resources(
     """
     from pipeline.parallel import _active_client
     from pipeline.reference import memory
-    from pipeline.solvers.cholesky_exec import tile_owners
+    from pipeline.solvers.cholesky_exec import auto_scheduler, tile_owners
 
+    # the tile is sized by worker count only where the tiles run on the workers
+    on_workers = auto_scheduler() == "dask"
     return Resources(
         memory_bytes=float(memory.available_memory()),
         disk_bytes=_disk_free(store) + float(reclaim_bytes),
         in_memory=in_memory,
-        workers=max(1, len(tile_owners(_active_client()))),
+        workers=max(1, len(tile_owners(_active_client()))) if on_workers else 1,
     )
 
 

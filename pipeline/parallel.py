@@ -34,6 +34,52 @@ def _active_client() -> Any | None:
         return None
 
 
+def workers_on_this_host(client: Any) -> bool:
+    """Whether every worker of ``client`` runs on this machine: in this process
+    (``inproc://``), or at one of this machine's addresses (the embedded LocalCluster, or
+    a scheduler and workers started here). False for no workers, or when the scheduler
+    does not answer."""
+    try:
+        workers = client.scheduler_info()["workers"]
+    except Exception:
+        return False
+    if not workers:
+        return False
+    local = _this_host_addresses()
+    for addr, info in workers.items():
+        if str(addr).startswith("inproc://"):
+            continue
+        host = info.get("host") if isinstance(info, dict) else None
+        if host is None:
+            from urllib.parse import urlsplit
+
+            host = urlsplit(str(addr)).hostname
+        if host not in local:
+            return False
+    return True
+
+
+def _this_host_addresses() -> set[str]:
+    """This machine's names and the addresses of its network interfaces."""
+    import socket
+
+    names = {"127.0.0.1", "::1", "localhost"}
+    try:
+        hostname = socket.gethostname()
+        names.add(hostname)
+        names.update(socket.gethostbyname_ex(hostname)[2])
+    except OSError:
+        pass
+    try:
+        import psutil  # a dependency of distributed, which a client needs
+
+        for addrs in psutil.net_if_addrs().values():
+            names.update(a.address.split("%")[0] for a in addrs)
+    except Exception:
+        pass
+    return names
+
+
 @contextlib.contextmanager
 def blas_threads(n: int | None) -> Iterator[None]:
     """Limit BLAS threads inside the block (None: leave as is)."""

@@ -369,6 +369,15 @@ RELEASE_WORKER_TILES = True
 #: N = 15,000, b = 2,500, on the embedded LocalCluster: a cold Gram 17.97 / 18.45 s
 #: against 16.64 / 16.46 s with the whole Gram in the page cache (see PERFORMANCE.md)
 PREFETCH_NEXT_GRAM_TILE = True
+#: scheduler="auto" (factor_scheduler: auto) factors on the threads executor in this
+#: process when a distributed client's workers all run on this machine (the embedded
+#: LocalCluster of krr run, or a scheduler and workers started here), and on the workers
+#: (one Dask task per tile) only when they run elsewhere. On one machine the threads
+#: executor shares one tile cache and one read-ahead, and writes no tile through the
+#: page cache. Session 16, AMD EPYC VM, N = 15,000, b = 2,500 (bench_cholesky.py, same
+#: runs): threads 13.5-15.9 s, the Dask executor on the embedded LocalCluster 16.5-18.5 s;
+#: session 13, N = 40,000: 236.5 s against 246-260 s. False: always the workers
+FACTOR_THREADS_ON_THIS_HOST = True
 
 # -- factor_dtype="auto": a float32 tile Cholesky refined to float64, when it pays ------
 #: rows below which "auto" keeps the float64 factor (the float32 one saved 1.4-1.6x of

@@ -177,6 +177,7 @@ from pipeline.solvers.cholesky_exec import (  # noqa: E402, F401  (re-exported)
     _deps,
     _run_dask,
     _run_threads,
+    auto_scheduler,
     read_gram_tile,
     tile_blas_threads,
 )
@@ -281,8 +282,10 @@ def tile_cholesky(
         by :func:`pipeline.parallel.compute` on the active distributed client or
         the threaded scheduler. Both give the same factor bit for bit (see
         ``wide``).
-        "auto" (default): "dask" when a distributed client is active, else
-        "threads".
+        "auto" (default): "dask" when a distributed client is active and its
+        workers run on other machines, else "threads"
+        (:func:`~pipeline.solvers.cholesky_exec.auto_scheduler`: on one machine the
+        threads executor in this process is the faster).
     n_threads : int, optional
         Threads of the "threads" scheduler (default: all cores).
     overwrite : bool
@@ -344,9 +347,7 @@ def tile_cholesky(
     if scheduler not in ("auto", "threads", "dask"):
         raise ValueError(f"scheduler must be 'auto', 'threads' or 'dask', got {scheduler!r}")
     if scheduler == "auto":
-        from pipeline.parallel import _active_client
-
-        scheduler = "dask" if _active_client() is not None else "threads"
+        scheduler = auto_scheduler(say=True)
     grid = gram.grid
     if check_gram and keep_gram:  # in place: checked against both marker kinds
         missing = pending(gram.markers, grid.lower_tiles())

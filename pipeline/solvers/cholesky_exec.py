@@ -141,6 +141,28 @@ def tile_blas_threads(wide: bool = True) -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def auto_scheduler(say: bool = False) -> str:
+    """The executor of ``scheduler="auto"``: "threads" (in this process) without a
+    distributed client, or with one whose workers all run on this machine
+    (:data:`~pipeline.policy.constants.FACTOR_THREADS_ON_THIS_HOST`); "dask" (one task
+    per tile on the client's workers) when they run elsewhere. ``say``: log the choice
+    when a client is passed over."""
+    from pipeline.parallel import _active_client, workers_on_this_host
+
+    client = _active_client()
+    if client is None:
+        return "threads"
+    if C.FACTOR_THREADS_ON_THIS_HOST and workers_on_this_host(client):
+        if say:
+            log.info(
+                "factor: the threads executor in this process (the cluster's workers run "
+                "on this machine, where it is the faster; factor_scheduler='dask' runs the "
+                "tiles on them)"
+            )
+        return "threads"
+    return "dask"
+
+
 def tile_owners(client: Any) -> list[str]:
     """The workers of a distributed ``client`` that tile rows are dealt to (sorted
     addresses; empty without a client or with one worker)."""

@@ -111,15 +111,23 @@ def test_policy_tiles_dask_factor_matches_dense_and_threads(tmp_path, monkeypatc
         np.testing.assert_allclose(np.tril(t) if i == j else t, blk, rtol=0, atol=1e-10)
 
 
-def test_estimator_without_block_size_uses_policy_on_a_client(tmp_path, monkeypatch):
+@pytest.mark.parametrize("here", [False, True], ids=["workers-elsewhere", "workers-here"])
+def test_estimator_without_block_size_uses_policy_on_a_client(tmp_path, monkeypatch, here):
     """KernelRidge(solver="cholesky") with no block_size on a 2-worker client builds
-    its Gram with the policy's tile, and predicts as scikit-learn does."""
+    its Gram with the policy's tile for 2 workers when they run on other machines (the
+    factor's tiles run on them), and with the default tile when they run on this one
+    (the factor runs on the threads executor here: FACTOR_THREADS_ON_THIS_HOST); it
+    predicts as scikit-learn does either way."""
     pytest.importorskip("distributed")
     from distributed import Client, LocalCluster
     from sklearn.kernel_ridge import KernelRidge as SkKRR
 
     import pipeline
     import pipeline.gram as gram_mod
+    import pipeline.parallel as par
+
+    if not here:  # as a cluster on other machines looks
+        monkeypatch.setattr(par, "workers_on_this_host", lambda client: False)
 
     seen = []
     real_build = gram_mod.build_gram
@@ -140,7 +148,8 @@ def test_estimator_without_block_size_uses_policy_on_a_client(tmp_path, monkeypa
         est = pipeline.KernelRidge(alpha=1e-2, kernel="rbf", gamma=0.3, solver="cholesky",
                                    store=str(tmp_path / "s")).fit(X, y)  # fmt: skip
         pred = est.predict(X[:50])
-    assert seen == [dask_block_size(1500, 2)] == [1024]
+    assert dask_block_size(1500, 2) == 1024
+    assert seen == ([1500] if here else [1024])
     want = SkKRR(alpha=1e-2, kernel="rbf", gamma=0.3).fit(X, y).predict(X[:50])
     np.testing.assert_allclose(pred, want, rtol=1e-7, atol=1e-8)
 
