@@ -252,6 +252,8 @@ def run_mode(mode: str, store: str, out: str) -> dict:
 
             policy_constants.HOST_SHARED_FACTOR_TILES = False
         sched = "dask" if kind in dask_kinds else "threads"
+        if kind == "clientauto":  # krr run's own choice on its embedded cluster (session 16:
+            sched = "auto"  # the threads executor here, the workers idle)
         dtype = np.float32 if single else np.float64
         with contextlib.ExitStack() as stack:
             client = None
@@ -384,6 +386,8 @@ def main(argv: list[str] | None = None) -> None:
         "cluster start-up untimed), ours-client1x2 (the same with one worker process of 2 "
         "threads), ours-clientcopy (ours-client with each worker reading the others' factor tiles "
         "into its own memory, past the page cache, as before HOST_SHARED_FACTOR_TILES), "
+        "ours-clientauto (the embedded LocalCluster with scheduler='auto', krr run's default: "
+        "the threads executor in this process since FACTOR_THREADS_ON_THIS_HOST), "
         "ours-clientprivate (ours-client with each worker caching the private copy of the tiles "
         "it wrote, as before SHARE_WRITTEN_TILES), floor "
         "(the BLAS calls timed alone plus one read of the Gram into new memory: the "
@@ -510,7 +514,7 @@ def main(argv: list[str] | None = None) -> None:
                 f"{x1} {row['gflop_per_cpu_s']:11.1f} {x2} {row['peak_rss_gb']:8.2f} GB{tail}"
             )
         if sp:
-            for m in ("ours-threads", "ours-dask"):
+            for m in ("ours-threads", "ours-dask", "ours-client", "ours-clientauto"):
                 if m in summary:
                     ratio = summary[m]["gflops"] / sp["gflops"]
                     # the medians too: on a VM whose runs vary by +-5 %, one lucky best
