@@ -74,7 +74,11 @@ def _this_host_addresses() -> set[str]:
         import psutil  # a dependency of distributed, which a client needs
 
         for addrs in psutil.net_if_addrs().values():
-            names.update(a.address.split("%")[0] for a in addrs)
+            names.update(
+                a.address.split("%")[0]
+                for a in addrs
+                if a.family in (socket.AF_INET, socket.AF_INET6)
+            )
     except Exception:
         pass
     return names
