@@ -104,16 +104,15 @@ def release_tile_cache(factor: Any = None) -> None:
     _CACHE.drop((L.store, L.name, L.fingerprint))
 
 
-def release_worker_tiles(store: str, name: str, fingerprint: str) -> int:
-    """In a worker process, after a factorisation: drop that factor's cached tiles, the
-    tile buffers kept for reuse and the aligned write buffer
+def release_worker_tiles(L: TiledArray) -> int:
+    """In a worker process, after factorisation ``L``: :func:`release_tile_cache` for it
+    (its cached tiles and the spare tile buffers) and the aligned write buffer
     (:data:`~pipeline.policy.constants.RELEASE_WORKER_TILES`). Returns the cached bytes
     left (other factors' tiles)."""
     from pipeline.storage.rawchunks import release_direct_buffers
 
-    tile_buffers.release()
+    release_tile_cache(L)
     release_direct_buffers()
-    _CACHE.drop((store, name, fingerprint))
     return _CACHE.nbytes
 
 

@@ -279,7 +279,7 @@ def release_on_workers(client: Any, L: Any) -> None:
     from pipeline.solvers.cholesky_cache import release_worker_tiles
 
     try:
-        client.run(release_worker_tiles, L.store, L.name, L.fingerprint)
+        client.run(release_worker_tiles, L)
     except Exception as exc:  # a worker lost meanwhile, or client.run refused
         log.info("the workers' cached factor tiles were not released (%s)", exc)
 
