@@ -460,6 +460,20 @@ class RunConfig(_Model):
             out.pop("cg_precision")  # the default names no choice: earlier runs keep theirs
         return out
 
+    def _gram_on_demand(self) -> bool:
+        """Whether the gram stage only creates the Gram's array, for an in-place factor
+        (``method: cholesky``, ``keep_gram: false``) that computes each Gram tile from X
+        when it needs it (:data:`~pipeline.policy.constants.GRAM_ON_DEMAND_IN_PLACE`)."""
+        from pipeline.policy import constants as C
+
+        s = self.solver
+        return bool(
+            C.GRAM_ON_DEMAND_IN_PLACE
+            and s.method == "cholesky"
+            and not s.keep_gram
+            and s.factor_scheduler != "dask"
+        )
+
     def stage_params(self) -> dict[str, dict[str, Any]]:
         """The explicit arguments of each stage (JSON-able); their hash is the stage's identity.
 
@@ -482,7 +496,14 @@ class RunConfig(_Model):
                 "lam_convention": self.solver_convention,
                 "block_size": self.block_size,
             },
-            "gram": {"kernel": kernel_spec, "block_size": self.block_size, "dtype": self.dtype},
+            "gram": {
+                "kernel": kernel_spec,
+                "block_size": self.block_size,
+                "dtype": self.dtype,
+                # in place, the factor computes the Gram's tiles from X (named only then:
+                # every other run's gram stage keeps its identity)
+                **({"on_demand": True} if self._gram_on_demand() else {}),
+            },
             "solve": {
                 "kernel": kernel_spec,
                 "lam": self.lam,

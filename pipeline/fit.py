@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.policy import constants as C
 from pipeline.policy.plan import FitPlan, Resources, plan_fit
 
 __all__ = ["FitResult", "execute", "log_plan", "measure_resources", "plan_fit", "solver_convention"]
@@ -107,6 +108,15 @@ def log_plan(plan: FitPlan, reason: str, *, origin: str, logger: logging.Logger 
     logger.info(
         "fit plan (%s): %s; chose %r because %s", origin, plan.describe(), plan.solver, reason
     )
+
+
+def _factor_runs_here(scheduler: str) -> bool:
+    """Whether the tile Cholesky's tasks run in this process (the threads executor)."""
+    if scheduler == "auto":
+        from pipeline.solvers.cholesky_exec import auto_scheduler
+
+        scheduler = auto_scheduler(say=False)
+    return scheduler == "threads"
 
 
 def _x_fingerprint(X: Any) -> str | None:
@@ -230,6 +240,16 @@ def _execute(
             f"by the factor (got X of type {type(X).__name__}). Pass X as a numpy array, "
             "use keep_gram=True, or factor_dtype='float64'."
         )
+    # in place with X in memory, the Gram is not stored first: the factor computes each
+    # Gram tile from X as it needs it (no Gram stage, no Gram bytes written or read)
+    # (only where the factor runs in this process: remote workers would each need X)
+    on_demand = (
+        plan.solver == "cholesky"
+        and not plan.keep_gram
+        and mf
+        and C.GRAM_ON_DEMAND_IN_PLACE
+        and _factor_runs_here(plan.factor_scheduler)
+    )
     if plan.needs_gram and gram is None:
         from pipeline.gram import build_gram
 
@@ -244,6 +264,8 @@ def _execute(
             progress=progress,
             overwrite=_rebuild_gram,  # only the fallback's: the float32 Gram this fit built
             x_fingerprint=x_fingerprint or _x_fingerprint(X),
+            kernel_dtype=C.GRAM_ON_DEMAND_KERNEL_DTYPE if on_demand else None,
+            defer=on_demand,
         )
     if plan.solver == "cholesky":
         from pipeline.solvers import cholesky_solve, tile_cholesky
@@ -258,9 +280,8 @@ def _execute(
             if recompute_tile is None and isinstance(X, np.ndarray) and kernel is not None:
                 from pipeline.solvers.cholesky_inplace import GramTileRecomputer
 
-                recompute_tile = GramTileRecomputer(
-                    X, kernel, int(gram.block_size), np.dtype(gram.dtype).name
-                )
+                # the evaluation the Gram's array records: the bits a stored tile has
+                recompute_tile = GramTileRecomputer.for_gram(gram, X, kernel)
         factor = tile_cholesky(
             gram,
             plan.alpha,

@@ -84,11 +84,10 @@ def test_a_failing_float32_choice_falls_back_to_float64(
     X = _smooth(400)
     y = np.sin(4 * X[:, 0])
     kw = dict(alpha=1e-9, kernel="rbf", gamma=0.5, solver="cholesky", block_size=150)
+    kw["keep_gram"] = keep_gram  # in place, both Grams are computed on demand (same bits)
     exact = KernelRidge(**kw, store=str(tmp_path / "a")).fit(X, y)
     with caplog.at_level(logging.WARNING, logger="pipeline.fit"):
-        auto = KernelRidge(
-            **kw, store=str(tmp_path / "b"), factor_dtype="auto", keep_gram=keep_gram
-        ).fit(X, y)
+        auto = KernelRidge(**kw, store=str(tmp_path / "b"), factor_dtype="auto").fit(X, y)
     assert "factor_dtype='auto' chose failed" in caplog.text
     assert "NotPositiveDefiniteError" in auto.fit_info_["factor_dtype_fallback"]
     np.testing.assert_array_equal(auto.dual_coef_, exact.dual_coef_)  # the float64 fit

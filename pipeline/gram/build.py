@@ -236,6 +236,7 @@ def build_gram(
     x_fingerprint: str | None = None,
     z_fingerprint: str | None = None,
     kernel_dtype: str | None = None,
+    defer: bool = False,
 ) -> TiledArray | tuple[TiledArray, GramBuildStats]:
     """Build K(X, X) (lower tiles) or K(X, Z) into a tiled Zarr v3 array, resumably.
 
@@ -274,6 +275,15 @@ def build_gram(
         to ``dtype``; it is then part of the fingerprint. Default (None): the
         kernel object's own evaluation in the inputs' dtype, bitwise the
         tiles every store held before, so existing stores resume unchanged.
+    defer : bool
+        Create the array (its fingerprint and metadata) but compute no tile: for a
+        factorisation in place (``keep_gram=False``) that computes each Gram tile
+        from X when it needs it and replaces it by its factor tile
+        (:data:`~pipeline.policy.constants.GRAM_ON_DEMAND_IN_PLACE`). Tiles
+        already stored stay and are read. The array records how its tiles are
+        evaluated (``kernel_dtype``), so that
+        :meth:`~pipeline.solvers.cholesky_inplace.GramTileRecomputer.for_gram`
+        computes the same bits.
 
     Returns
     -------
@@ -330,6 +340,10 @@ def build_gram(
     }
     if z_fingerprint is not None:
         attrs["z_fingerprint"] = z_fingerprint
+    if kd is not None:  # how the tiles are evaluated: a recomputed tile has the same bits
+        attrs["kernel_dtype"] = kd
+    if defer and Zd is not None:
+        raise ValueError("defer=True is for the symmetric Gram K(X, X) of an in-place factor")
     handle = open_tiled_array(
         store,
         name,
@@ -343,7 +357,7 @@ def build_gram(
     )
     grid = handle.grid
     all_tiles = list(grid.lower_tiles() if Zd is None else grid.tiles())
-    todo = pending(handle.markers, all_tiles)
+    todo = [] if defer else pending(handle.markers, all_tiles)
     run_id = uuid.uuid4().hex[:12]
     statuses: list[tuple[int, int, float]] = []
     if todo:

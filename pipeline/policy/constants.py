@@ -379,6 +379,20 @@ PREFETCH_NEXT_GRAM_TILE = True
 #: session 13, N = 40,000: 236.5 s against 246-260 s. False: always the workers
 FACTOR_THREADS_ON_THIS_HOST = True
 
+#: keep_gram=False with X in memory (KernelRidge, fit.execute): the Gram is not stored
+#: first. build_gram(defer=True) only creates its array, and the in-place factor computes
+#: each Gram tile from X (GramTileRecomputer, in its read-ahead threads) when it needs it,
+#: then stores its factor tile there: no Gram stage, and no Gram bytes written or read.
+#: Session 17, AMD EPYC VM, N = 15,000, b = 2,500, D = 16 (fresh processes, complete fit
+#: with the float32 factor and matrix-free refinement): 9.6-10.3 s on demand against
+#: 10.8-11.3 s with the Gram stored first. False: the Gram stage runs first, as before
+GRAM_ON_DEMAND_IN_PLACE = True
+#: evaluation dtype of an on-demand Gram tile (the tile engine's fused evaluators, then
+#: cast to the Gram's dtype): 15-18 ms per 2,500 x 2,500 tile on one core, against
+#: 32 ms for the kernel object's own evaluation, which left the float32 factor waiting
+#: (8.3-8.9 s against 7.6-8.0 s, same runs)
+GRAM_ON_DEMAND_KERNEL_DTYPE = "float64"
+
 # -- factor_dtype="auto": a float32 tile Cholesky refined to float64, when it pays ------
 #: rows below which "auto" keeps the float64 factor (the float32 one saved 1.4-1.6x of
 #: the fit from 10,000 rows up: bench_fit_40k at 15k and 40k, KernelRidge at 10k)

@@ -28,6 +28,7 @@ __all__ = [
     "first_touch_between_calls",
     "fixed_width",
     "gemm_nt_sub",
+    "numpy_blas_single_threaded",
     "potrf_lower",
     "serialized",
     "syrk_lower_sub",
@@ -71,6 +72,7 @@ class _ThreadCount:
     """
 
     def __init__(self, controller: Any) -> None:
+        self.filepath = str(getattr(controller, "filepath", ""))
         self.get = controller.get_num_threads
         self.set = controller.set_num_threads
         if getattr(controller, "internal_api", "") == "openblas":
@@ -123,6 +125,43 @@ def fixed_width(n_threads: int | None, host_lock: bool = False) -> Iterator[None
         _WIDTH.n, _WIDTH.host = prev
 
 
+def _numpy_own_blas() -> tuple[_ThreadCount, ...]:
+    """numpy's BLAS when it is another library than SciPy's (the wheels bundle one
+    each: ``numpy.libs`` and ``scipy.libs``); empty when they share one."""
+    ctl = _blas_controllers()
+    if len({c.filepath for c in ctl}) < 2:
+        return ()
+    return tuple(c for c in ctl if "numpy" in c.filepath.lower())
+
+
+def _tile_blas() -> tuple[_ThreadCount, ...]:
+    """The BLAS this module calls (SciPy's): every library but numpy's own."""
+    own = _numpy_own_blas()
+    return tuple(c for c in _blas_controllers() if c not in own)
+
+
+@contextlib.contextmanager
+def numpy_blas_single_threaded() -> Iterator[None]:
+    """numpy's own BLAS at one thread inside the block, where it is not SciPy's.
+
+    The tile kernels here call SciPy's BLAS (all cores, one call at a time). numpy's
+    matmul inside a kernel evaluation that runs beside them (a Gram tile computed on
+    demand in a read-ahead thread) would start its own BLAS threads on the same cores
+    and preempt them; at one thread it only takes the cores' gaps. Restored afterwards.
+    GEMM splits its rows and columns over threads, never the sums, so the values do
+    not change.
+    """
+    own = _numpy_own_blas()
+    prev = [c.get() for c in own]
+    for c in own:
+        c.set(1)
+    try:
+        yield
+    finally:
+        for c, n in zip(own, prev, strict=True):
+            c.set(n)
+
+
 @contextlib.contextmanager
 def _host_lock() -> Iterator[None]:
     """An exclusive ``flock`` on ``$TMPDIR/krr-wide-blas.lock`` (released by the kernel
@@ -145,7 +184,9 @@ def _host_lock() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _width_section(n: int, lock: Any) -> Iterator[None]:
-    ctl = _blas_controllers()
+    # only the library these calls use: numpy's own BLAS keeps its count (one thread
+    # while a factor runs, numpy_blas_single_threaded)
+    ctl = _tile_blas()
     if n == 1 and lock is None:  # concurrent 1-thread calls: setting 1 is idempotent
         for c in ctl:
             if c.get() != 1:

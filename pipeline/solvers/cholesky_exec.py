@@ -389,8 +389,17 @@ def _run_threads(
         return task(gram, L, t[0], t[1], shift, lam, convention, jitter, io=io, blas_threads=width)
 
     shown_cm = stage_progress("cholesky", len(todo), "tile", enabled=progress)
-    # the TileIO inside ``serial``: its first reads already wait for the calls' lock
-    with serial, _tile_io(gram, L, todo, rank, width) as io, _blas(width), shown_cm as shown:
+    # the TileIO inside ``serial``: its first reads already wait for the calls' lock;
+    # numpy's own BLAS at one thread from before its first read: a Gram tile computed
+    # on demand in a read thread then takes the gaps of the tile calls (SciPy's BLAS)
+    # instead of preempting them (C.GRAM_ON_DEMAND_IN_PLACE)
+    with (
+        serial,
+        _blas(width),
+        gil_free_blas.numpy_blas_single_threaded(),
+        _tile_io(gram, L, todo, rank, width) as io,
+        shown_cm as shown,
+    ):
         # the engine's in-process DAG executor; a task is ready when its inputs are
         # computed (their writes may still be queued: TileIO serves them meanwhile)
         return run_dag(

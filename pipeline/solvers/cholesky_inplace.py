@@ -33,7 +33,11 @@ the factor, 8 for float64 and 4 for float32; markers are negligible):
 - ``keep_gram=True``: ``T (T + 1) / 2 * b^2 * s`` for the factor's lower tiles, on
   top of the Gram's ``T (T + 1) / 2 * b^2 * 8``;
 - ``keep_gram=False``: ``(w + 1) * b^2 * 8`` only (temporary chunk files of the
-  ``w`` writers during the atomic replace), the Gram's own space is reused.
+  ``w`` writers during the atomic replace), the Gram's own space is reused;
+- ``keep_gram=False`` with the Gram computed on demand (never stored first,
+  :data:`~pipeline.policy.constants.GRAM_ON_DEMAND_IN_PLACE`): the factor's own
+  ``T (T + 1) / 2 * b^2 * s`` (less its tiles already on disk) plus the temporary
+  files, and nothing for the Gram.
 """
 
 from __future__ import annotations
@@ -169,6 +173,9 @@ class InPlaceGramReader:
 
     gram: TiledArray
     recompute_tile: Callable[[int, int], np.ndarray] | None = None
+    #: log level of the per-tile line for a tile that is not stored (the factorisation
+    #: logs one line for all of them first); a failed checksum is always at INFO
+    missing_level: int = logging.INFO
 
     # the attributes the Cholesky reads from a Gram
     @property
@@ -203,7 +210,7 @@ class InPlaceGramReader:
     def markers(self) -> TileMarkers:
         return self.gram.markers
 
-    def _recompute(self, i: int, j: int, why: str) -> np.ndarray:
+    def _recompute(self, i: int, j: int, why: str, level: int = logging.INFO) -> np.ndarray:
         if self.recompute_tile is None:
             raise GramReplacedError(
                 f"Gram tile ({i}, {j}) of {self.gram.store!r}/{self.gram.name!r} {why}, and no "
@@ -211,7 +218,7 @@ class InPlaceGramReader:
                 "stage again: it recomputes exactly the tiles without a Gram marker), or pass "
                 "recompute_tile=<function (i, j) -> Gram tile>."
             )
-        log.info("Gram tile (%d, %d) %s; recomputing it from X", i, j, why)
+        log.log(level, "Gram tile (%d, %d) %s; recomputing it from X", i, j, why)
         tile = np.asarray(self.recompute_tile(i, j), dtype=self.gram.dtype)
         g = self.gram.grid
         want = (
@@ -239,6 +246,7 @@ class InPlaceGramReader:
                 i,
                 j,
                 "was replaced by an in-place factor (keep_gram=False) or is missing",
+                self.missing_level,
             )
         try:
             return self.gram.read_tile(
@@ -246,6 +254,20 @@ class InPlaceGramReader:
             )
         except CorruptTileError as exc:
             return self._recompute(i, j, f"fails its checksum ({exc.problem})")
+
+
+def _unwritten_chunks(gram: TiledArray, tiles: list) -> list:
+    """The ``tiles`` whose chunk file is not on the local disk yet (a Gram computed on
+    demand, :func:`pipeline.gram.build_gram` with ``defer=True``): their factor tiles
+    need new space. Empty for an object store (no free-space figure is checked there)."""
+    from pipeline.storage.rawchunks import chunk_layout
+
+    if not tiles or not isinstance(gram.store, str) or _local_dir(gram.store) is None:
+        return []
+    layout = chunk_layout(gram.store, gram.name)
+    if layout is None:  # not raw local chunks: count every such tile, to be safe
+        return list(tiles)
+    return [t for t in tiles if not layout.path(t).exists()]
 
 
 def in_place_fingerprint(factor_fp: str) -> str:
@@ -321,12 +343,27 @@ def factor_in_place(
                 "recompute those tiles from X",
             )
     todo = pending(L.markers, chol._left_looking_order(grid.n_row_blocks))  # resume
+    done_g = gram.markers.done()
+    no_gram = [t for t in todo if t not in done_g]
+    unwritten = _unwritten_chunks(gram, no_gram)
     if check_disk and todo:
         nthreads = 1 if scheduler == "dask" else (n_threads or os.cpu_count() or 1)
         check_disk_space(
             gram.store,
-            factor_disk_bytes(n, gram.block_size, dtype, keep_gram=False, writers=nthreads),
-            "the in-place factor's temporary chunk files",
+            factor_disk_bytes(n, gram.block_size, dtype, keep_gram=False, writers=nthreads)
+            + len(unwritten) * gram.block_size**2 * dtype.itemsize,
+            "the in-place factor's temporary chunk files"
+            + (f" and its {len(unwritten)} tiles not on disk yet" if unwritten else ""),
+        )
+    if no_gram and recompute_tile is not None:
+        log.info(
+            "in-place Cholesky: %d of the %d tiles to factor have no stored Gram tile (%d "
+            "never written: the Gram is computed on demand; the others replaced by an "
+            "in-place factor of another lambda); recomputing it from X as the factor "
+            "needs each tile",
+            len(no_gram),
+            len(todo),
+            len(unwritten),
         )
     attrs = {
         "fingerprint": L.fingerprint,
@@ -342,7 +379,7 @@ def factor_in_place(
     if todo:
         z = gram.zarr("r+")
         z.attrs["inplace_factor"] = attrs
-    reader = InPlaceGramReader(gram, recompute_tile)
+    reader = InPlaceGramReader(gram, recompute_tile, missing_level=logging.DEBUG)
     computed, jit = chol.run_factor_tasks(
         reader, L, todo, shift, lam, convention, policy, scheduler, n_threads, wide, progress
     )
@@ -364,16 +401,31 @@ def factor_in_place(
 class GramTileRecomputer:
     """``recompute_tile`` for :func:`pipeline.solvers.tile_cholesky` with ``keep_gram=False``.
 
-    Recomputes Gram tile ``(i, j)`` from X as the Gram build computes it
-    (``kernel(X_i)`` on the diagonal, ``kernel(X_i, X_j)`` off it), cast to the
-    Gram's dtype. Picklable; with the Dask executor X travels with each task
-    that needs it, so prefer the threads executor for a rebuild.
+    Recomputes Gram tile ``(i, j)`` from X as the Gram build computes it, cast to
+    the Gram's dtype: ``kernel(X_i)`` on the diagonal and ``kernel(X_i, X_j)`` off
+    it, or, with ``kernel_dtype``, the tile engine's fused evaluators in that dtype
+    (:class:`pipeline.tiles.KernelSource`, about twice as fast; ``build_gram``'s
+    ``kernel_dtype``). :meth:`for_gram` reads which from the Gram's array, so a
+    recomputed tile has the bits a stored one would have. Picklable; with the Dask
+    executor X travels with each task that needs it, so prefer the threads executor
+    for a rebuild.
     """
 
     X: np.ndarray
     kernel: Any
     block_size: int
     dtype: str = "float64"
+    kernel_dtype: str | None = None
+
+    @classmethod
+    def for_gram(cls, gram: TiledArray, X: np.ndarray, kernel: Any) -> GramTileRecomputer:
+        """The recomputer of ``gram``'s tiles: its block, its dtype, and the evaluation
+        its array records (``kernel_dtype``, written by ``build_gram``)."""
+        try:
+            kd = gram.zarr("r").attrs.get("kernel_dtype")
+        except Exception:  # an array without our attributes: the kernel's own evaluation
+            kd = None
+        return cls(X, kernel, int(gram.block_size), np.dtype(gram.dtype).name, kd)
 
     def __call__(self, i: int, j: int) -> np.ndarray:
         from pipeline.kernels import make_kernel
@@ -381,5 +433,11 @@ class GramTileRecomputer:
         k = make_kernel(self.kernel)
         b = int(self.block_size)
         Xi = self.X[i * b : (i + 1) * b]
-        tile = k(Xi) if i == j else k(Xi, self.X[j * b : (j + 1) * b])
+        Xj = Xi if i == j else self.X[j * b : (j + 1) * b]
+        if self.kernel_dtype is not None:  # build_gram's fused tile (tile_graph's source)
+            from pipeline.tiles.engine import KernelSource
+
+            src = KernelSource(k, kernel_dtype=self.kernel_dtype, tile_eval="fused")
+            return src.tile(i, j, Xi, Xj, np.dtype(self.dtype))
+        tile = k(Xi) if i == j else k(Xi, Xj)
         return np.asarray(tile, dtype=self.dtype)

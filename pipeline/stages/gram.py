@@ -1,7 +1,8 @@
 """Gram stage: K(X_train, X_train) as lower tiles in ``{stage_dir}/gram.zarr``.
 
 Runs only when the solver reads a stored Gram (Cholesky, or CG with the stored
-matvec). It calls :func:`pipeline.gram.build_gram`, which checkpoints per tile,
+matvec). For an in-place Cholesky (``keep_gram: false``) it only creates the array:
+the factor computes each Gram tile from X when it needs it. It calls :func:`pipeline.gram.build_gram`, which checkpoints per tile,
 so a rerun after a kill computes only the tiles without a completion record.
 """
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.gram import build_gram
+from pipeline.policy import constants as C
 from pipeline.stages.ingest import open_rows
 from pipeline.stages.outputs import GramOutput, IngestOutput
 from pipeline.storage.location import join_path
@@ -23,8 +25,13 @@ def run(
     kernel: dict[str, Any],
     block_size: int,
     dtype: str,
+    on_demand: bool = False,
 ) -> GramOutput:
-    """Build (or finish building) the Gram of the ingested training rows."""
+    """Build (or finish building) the Gram of the ingested training rows.
+
+    ``on_demand``: only create the Gram's array (``build_gram(defer=True)``); the
+    in-place factor of the solve stage computes each tile from X when it needs it.
+    """
     ing = IngestOutput.from_json(inputs["ingest"])
     store = str(join_path(stage_dir, "gram.zarr"))
     gram = build_gram(
@@ -36,6 +43,8 @@ def run(
         name="gram",
         overwrite=True,
         x_fingerprint=ing.x_fingerprint,
+        kernel_dtype=C.GRAM_ON_DEMAND_KERNEL_DTYPE if on_demand else None,
+        defer=on_demand,
     )
     return GramOutput(
         store=gram.store,

@@ -158,7 +158,7 @@ def _solve_cholesky(stage_dir, inputs, y, plan, kernel=None, X_mem=None) -> tupl
         # replaced is rebuilt from the stored X_train (tile_cholesky logs why)
         from pipeline.solvers.cholesky_inplace import GramTileRecomputer
 
-        recompute = GramTileRecomputer(X, kernel, int(gram.block_size), np.dtype(gram.dtype).name)
+        recompute = GramTileRecomputer.for_gram(gram, X, kernel)
     # refined with matrix-free products from X_train (in place there is no Gram left
     # to refine against; a kept float32 Gram is not the float64 K; and X is faster)
     res = execute(

@@ -6,6 +6,8 @@ Usage::
     python workflows/benchmarks/bench_fit_40k.py --quick    # N=8,000, block 2048
     python workflows/benchmarks/bench_fit_40k.py --scheduler dask   # the Dask executor
     python workflows/benchmarks/bench_fit_40k.py --scheduler client # ... on krr run's cluster
+    python workflows/benchmarks/bench_fit_40k.py --keep-gram false --gram on-demand
+        # in place, no Gram stage: the factor computes each Gram tile from X
 
 The full Gram at N = 40,000 is 12.8 GB in float64, more than half this machine's
 memory; scikit-learn's KernelRidge needs about 3·N²·8 bytes (38 GB) and cannot
@@ -34,7 +36,9 @@ import numpy as np
 from pipeline.diagnostics import peak_rss_bytes
 from pipeline.gram import build_gram
 from pipeline.kernels import RBF
+from pipeline.policy.constants import GRAM_ON_DEMAND_KERNEL_DTYPE
 from pipeline.solvers import cholesky_solve, release_tile_cache, tile_cholesky
+from pipeline.solvers.cholesky_inplace import GramTileRecomputer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gemm_baseline import gemm_peak_gflops, peak_line  # noqa: E402
@@ -60,7 +64,13 @@ def main(argv: list[str] | None = None) -> int:
         choices=["stored", "matrix_free"],
         help="products of the float32 factor's refinement: stored Gram or recomputed from X",
     )
-    p.add_argument("--keep-gram", default="true", choices=["true", "false"])
+    p.add_argument(
+        "--keep-gram",
+        default="true",
+        choices=["true", "false"],
+        help="false: factor in place; the Gram is then stored in the factor's dtype "
+        "(float32: half the disk and half the bytes written and read)",
+    )
     p.add_argument(
         "--scheduler",
         default="threads",
@@ -69,9 +79,26 @@ def main(argv: list[str] | None = None) -> int:
         "scheduler; client: the whole fit on the LocalCluster that krr run starts, 2 "
         "worker processes here, peak RSS summed over them and this process; the same bits)",
     )
+    p.add_argument(
+        "--gram",
+        default="stored",
+        choices=["stored", "on-demand"],
+        help="on-demand (needs --keep-gram false): no Gram stage; the in-place factor "
+        "computes each Gram tile from X when it needs it (KernelRidge(keep_gram=False))",
+    )
+    p.add_argument(
+        "--gram-dtype",
+        default=None,
+        choices=["float64", "float32"],
+        help="stored Gram dtype (default: the factor's in place, else float64)",
+    )
     p.add_argument("--dir", default=None, help="scratch directory for the store")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
+    if a.gram == "on-demand" and a.keep_gram != "false":
+        p.error(
+            "--gram on-demand computes the Gram inside an in-place factor: add --keep-gram false"
+        )
     n = a.n or (8_000 if a.quick else 40_000)
     block = a.block or (2048 if a.quick else 4096)
     rng = np.random.default_rng(0)
@@ -102,7 +129,23 @@ def main(argv: list[str] | None = None) -> int:
     own = " (this process)" if client is not None else ""
     try:
         t0 = time.perf_counter()
-        gram = build_gram(X, kernel, str(store), block, progress=False)
+        # in place (keep_gram=False) the factor replaces the Gram tile by tile, so the
+        # Gram is stored in the factor's dtype, as the fit builds it (plan.gram_dtype)
+        gram_dtype = a.gram_dtype or (a.factor_dtype if a.keep_gram == "false" else "float64")
+        # on demand (in place only, as KernelRidge(keep_gram=False) does): the Gram's
+        # array is only created, and the factor computes each tile from X when it needs it
+        on_demand = a.gram == "on-demand"
+        gram = build_gram(
+            X,
+            kernel,
+            str(store),
+            block,
+            gram_dtype,
+            progress=False,
+            kernel_dtype=GRAM_ON_DEMAND_KERNEL_DTYPE if on_demand else None,
+            defer=on_demand,
+        )
+        recompute = GramTileRecomputer.for_gram(gram, X, kernel) if on_demand else None
         out["gram_s"] = time.perf_counter() - t0
         if client is not None:  # private memory of the Gram stage, then a new peak
             anon = [*client.run(private_peak, reset=True).values(), private_peak(reset=True)]
@@ -122,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             progress=False,
             dtype=a.factor_dtype,
             keep_gram=a.keep_gram == "true",
+            recompute_tile=recompute,
             scheduler="dask" if client is not None else a.scheduler,
         )
         out["factor_s"] = time.perf_counter() - t1

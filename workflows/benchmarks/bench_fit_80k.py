@@ -5,6 +5,8 @@ Usage::
     python workflows/benchmarks/bench_fit_80k.py               # N=80,000, D=12, block 4000
     python workflows/benchmarks/bench_fit_80k.py --quick       # N=8,000, block 2000
     python workflows/benchmarks/bench_fit_80k.py --factor-dtype float32 --keep-gram
+    python workflows/benchmarks/bench_fit_80k.py --gram-dtype float32 --factor-dtype float32 \
+        --gram on-demand    # in place, no Gram stage: the factor computes the Gram's tiles
 
 The full float64 Gram at N = 80,000 is 51 GB (25.6 GB of lower tiles), twice the
 RAM. Stages: Gram build (lower tiles), tile Cholesky (in place by default,
@@ -41,7 +43,9 @@ from pipeline.diagnostics import peak_rss_bytes
 from pipeline.gram import build_gram
 from pipeline.kernels import RBF
 from pipeline.policy.cholesky_cost import predict_cholesky
+from pipeline.policy.constants import GRAM_ON_DEMAND_KERNEL_DTYPE
 from pipeline.solvers import release_tile_cache, tile_cholesky
+from pipeline.solvers.cholesky_inplace import GramTileRecomputer
 from pipeline.solvers.refine import solve_refined
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -91,6 +95,13 @@ def main(argv: list[str] | None = None) -> int:
         choices=["float64", "float32"],
         help="float32 with --factor-dtype float32, in place: a quarter of the float64 disk",
     )
+    p.add_argument(
+        "--gram",
+        default="stored",
+        choices=["stored", "on-demand"],
+        help="on-demand (in place only): no Gram stage; the factor computes each Gram "
+        "tile from X when it needs it, as KernelRidge(keep_gram=False) does",
+    )
     p.add_argument("--refine", default="auto", choices=["auto", "matrix_free", "stored", "none"])
     p.add_argument(
         "--gemm-gflops",
@@ -105,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     block = a.block or (2000 if a.quick else 4000)
     if not a.keep_gram and a.factor_dtype != a.gram_dtype:
         p.error("in place (no --keep-gram) the factor's dtype must be the Gram's (--gram-dtype)")
+    if a.gram == "on-demand" and a.keep_gram:
+        p.error("--gram on-demand computes the Gram inside an in-place factor: drop --keep-gram")
     if a.refine == "stored" and not a.keep_gram:
         p.error("--refine stored needs --keep-gram (in place, the Gram is gone after the factor)")
     rng = np.random.default_rng(0)
@@ -122,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     out: dict = {"n": n, "d": a.d, "block": block, "factor_dtype": a.factor_dtype}
     out["keep_gram"] = a.keep_gram
+    out["gram"] = a.gram
     # the baseline, same run: the factor's main tile call at its width (GEMM peak)
     out["gemm_peak_gflops"] = gemm_peak_gflops(block)
     print(
@@ -140,7 +154,18 @@ def main(argv: list[str] | None = None) -> int:
     out["predicted_factor_s"] = pred.seconds
     try:
         t0 = time.perf_counter()
-        gram = build_gram(X, kernel, str(store), block, dtype=a.gram_dtype, progress=False)
+        on_demand = a.gram == "on-demand"  # only the Gram's array; no tile computed yet
+        gram = build_gram(
+            X,
+            kernel,
+            str(store),
+            block,
+            dtype=a.gram_dtype,
+            progress=False,
+            kernel_dtype=GRAM_ON_DEMAND_KERNEL_DTYPE if on_demand else None,
+            defer=on_demand,
+        )
+        recompute = GramTileRecomputer.for_gram(gram, X, kernel) if on_demand else None
         out["gram_s"] = time.perf_counter() - t0
         out["rss_after_gram_gb"] = peak_rss_bytes() / 1e9
         out["disk_gram_gb"] = _du(store) / 1e9
@@ -151,7 +176,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         t1 = time.perf_counter()
         factor = tile_cholesky(
-            gram, a.lam, progress=False, dtype=a.factor_dtype, keep_gram=a.keep_gram
+            gram,
+            a.lam,
+            progress=False,
+            dtype=a.factor_dtype,
+            keep_gram=a.keep_gram,
+            recompute_tile=recompute,
         )
         out["factor_s"] = time.perf_counter() - t1
         out["gflops"] = n**3 / 3 / out["factor_s"] / 1e9
