@@ -146,7 +146,9 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         replaced Gram tiles from X. With ``factor_dtype="float32"`` the Gram
         itself is then stored in float32 (a quarter of the float64 disk of a kept
         Gram and factor), and ``dual_coef_`` is refined to double precision with
-        matrix-free products from X, which must be a numpy array.
+        matrix-free products from X, which must be a numpy array. With X in
+        memory the Gram is not stored first: the factor computes each Gram tile
+        from X when it needs it (no Gram stage; ``GRAM_ON_DEMAND_IN_PLACE``).
     progress : bool or {"auto", "bars", "lines", "off"}, default=False
         Show the progress of ``fit`` and ``predict`` (Gram tiles, Cholesky
         tiles, CG iteration and relative residual, predicted tiles) on stderr.

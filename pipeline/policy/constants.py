@@ -383,9 +383,11 @@ FACTOR_THREADS_ON_THIS_HOST = True
 #: first. build_gram(defer=True) only creates its array, and the in-place factor computes
 #: each Gram tile from X (GramTileRecomputer, in its read-ahead threads) when it needs it,
 #: then stores its factor tile there: no Gram stage, and no Gram bytes written or read.
-#: Session 17, AMD EPYC VM, N = 15,000, b = 2,500, D = 16 (fresh processes, complete fit
-#: with the float32 factor and matrix-free refinement): 9.6-10.3 s on demand against
-#: 10.8-11.3 s with the Gram stored first. False: the Gram stage runs first, as before
+#: Session 17, AMD EPYC VM, N = 15,000, b = 2,500, D = 16 (bench_fit_40k, fresh
+#: processes, complete fits): float32 in place 9.5-10.4 s on demand against 10.6-11.5 s
+#: with the Gram stored first; float64 in place 14.3-15.1 s against 16.0-16.7 s for the
+#: default float64 fit. N = 80,000 float32: 992.6 s against 1,014.9-1,062.1 s (session
+#: 14), the Gram stage's 27-29 s gone. False: the Gram stage runs first, as before
 GRAM_ON_DEMAND_IN_PLACE = True
 #: evaluation dtype of an on-demand Gram tile (the tile engine's fused evaluators, then
 #: cast to the Gram's dtype): 15-18 ms per 2,500 x 2,500 tile on one core, against
