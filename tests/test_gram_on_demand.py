@@ -194,7 +194,12 @@ def test_one_log_line_not_one_per_tile(tmp_path, caplog):
         _factor_on_demand(tmp_path, X)
     lines = [r for r in caplog.records if r.levelno >= logging.INFO]
     assert sum("recomputing it from X" in r.getMessage() for r in lines) == 1
-    assert "15 never written" in caplog.text
+    assert "15 never written" in caplog.text and "replaced" not in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger=inplace.__name__):  # another lambda, same array
+        _factor_on_demand(tmp_path, X, lam=1e-2)
+    assert "15 replaced by an in-place factor of another lambda" in caplog.text
+    assert "never written" not in caplog.text
 
 
 def test_tiles_computed_on_demand_use_one_numpy_blas_thread(tmp_path):

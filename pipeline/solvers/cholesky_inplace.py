@@ -256,18 +256,33 @@ class InPlaceGramReader:
             return self._recompute(i, j, f"fails its checksum ({exc.problem})")
 
 
-def _unwritten_chunks(gram: TiledArray, tiles: list) -> list:
+def _unwritten_chunks(gram: TiledArray, tiles: list) -> list | None:
     """The ``tiles`` whose chunk file is not on the local disk yet (a Gram computed on
     demand, :func:`pipeline.gram.build_gram` with ``defer=True``): their factor tiles
-    need new space. Empty for an object store (no free-space figure is checked there)."""
+    need new space. None for an object store (not known; no free-space figure is
+    checked there)."""
     from pipeline.storage.rawchunks import chunk_layout
 
-    if not tiles or not isinstance(gram.store, str) or _local_dir(gram.store) is None:
+    if not tiles:
         return []
+    if not isinstance(gram.store, str) or _local_dir(gram.store) is None:
+        return None
     layout = chunk_layout(gram.store, gram.name)
     if layout is None:  # not raw local chunks: count every such tile, to be safe
         return list(tiles)
     return [t for t in tiles if not layout.path(t).exists()]
+
+
+def _why_not_stored(missing: int, unwritten: list | None) -> str:
+    """Why ``missing`` Gram tiles are not stored, for the factorisation's log line."""
+    if unwritten is None:  # an object store: which ones were ever written is not known
+        return "computed on demand, or replaced by an in-place factor of another lambda"
+    parts = []
+    if unwritten:
+        parts.append(f"{len(unwritten)} never written: the Gram is computed on demand")
+    if missing > len(unwritten):
+        parts.append(f"{missing - len(unwritten)} replaced by an in-place factor of another lambda")
+    return "; ".join(parts)
 
 
 def in_place_fingerprint(factor_fp: str) -> str:
@@ -351,19 +366,17 @@ def factor_in_place(
         check_disk_space(
             gram.store,
             factor_disk_bytes(n, gram.block_size, dtype, keep_gram=False, writers=nthreads)
-            + len(unwritten) * gram.block_size**2 * dtype.itemsize,
+            + len(unwritten or ()) * gram.block_size**2 * dtype.itemsize,
             "the in-place factor's temporary chunk files"
             + (f" and its {len(unwritten)} tiles not on disk yet" if unwritten else ""),
         )
     if no_gram and recompute_tile is not None:
         log.info(
-            "in-place Cholesky: %d of the %d tiles to factor have no stored Gram tile (%d "
-            "never written: the Gram is computed on demand; the others replaced by an "
-            "in-place factor of another lambda); recomputing it from X as the factor "
-            "needs each tile",
+            "in-place Cholesky: %d of the %d tiles to factor have no stored Gram tile (%s); "
+            "recomputing it from X as the factor needs each tile",
             len(no_gram),
             len(todo),
-            len(unwritten),
+            _why_not_stored(len(no_gram), unwritten),
         )
     attrs = {
         "fingerprint": L.fingerprint,
