@@ -54,9 +54,9 @@ class _CountingRecomputer(GramTileRecomputer):
 
     calls: list = []
 
-    def __call__(self, i, j):
+    def __call__(self, i, j, out=None):
         _CountingRecomputer.calls.append((i, j))
-        return super().__call__(i, j)
+        return super().__call__(i, j, out=out)
 
 
 @pytest.fixture
@@ -110,6 +110,9 @@ def test_recomputed_tiles_have_the_stored_tiles_bits(tmp_path, dtype):
         assert rec.kernel_dtype == kd and rec.dtype == dtype
         for i, j in g.grid.lower_tiles():
             np.testing.assert_array_equal(rec(i, j), g.read_tile(i, j))
+            buf = np.full(g.read_tile(i, j).shape, np.nan, dtype=dtype)  # a reused buffer
+            assert rec(i, j, out=buf) is buf
+            np.testing.assert_array_equal(buf, g.read_tile(i, j))
 
 
 def test_deferred_gram_array_has_no_tiles(tmp_path):
@@ -224,4 +227,26 @@ def test_tiles_computed_on_demand_use_one_numpy_blas_thread(tmp_path):
     assert len(seen) == 15 and set(seen) == {1}
     assert own[0].get() == before
     _, ref = _factor_on_demand(tmp_path / "ref", X)
+    np.testing.assert_array_equal(_dense(f), _dense(ref))
+
+
+def test_tiles_computed_on_demand_fill_reused_buffers(tmp_path, monkeypatch):
+    """Each on-demand tile is written into a buffer from the tile-buffer pool (memory
+    an evicted factor tile left), not fresh pages, and the factor keeps its bits."""
+    from pipeline.storage import buffers as tile_buffers
+
+    X, _ = _data(n=220)
+    _, ref = _factor_on_demand(tmp_path / "ref", X)
+    taken = []
+    real_take = tile_buffers.take
+
+    def take(shape, dtype, first_touch=None):
+        taken.append((tuple(shape), np.dtype(dtype).name))
+        return real_take(shape, dtype, first_touch)
+
+    monkeypatch.setattr(tile_buffers, "take", take)
+    _, f = _factor_on_demand(tmp_path / "pool", X)
+    grams = [t for t in taken if t[1] == "float64"]
+    assert len(grams) >= 15  # every Gram tile (reads of factor tiles may take some too)
+    assert sorted({s for s, _ in grams}) == [(20, 20), (20, 50), (50, 50)]  # last row ragged
     np.testing.assert_array_equal(_dense(f), _dense(ref))

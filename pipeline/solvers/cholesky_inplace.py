@@ -210,7 +210,9 @@ class InPlaceGramReader:
     def markers(self) -> TileMarkers:
         return self.gram.markers
 
-    def _recompute(self, i: int, j: int, why: str, level: int = logging.INFO) -> np.ndarray:
+    def _recompute(
+        self, i: int, j: int, why: str, level: int = logging.INFO, first_touch: Any = None
+    ) -> np.ndarray:
         if self.recompute_tile is None:
             raise GramReplacedError(
                 f"Gram tile ({i}, {j}) of {self.gram.store!r}/{self.gram.name!r} {why}, and no "
@@ -219,12 +221,21 @@ class InPlaceGramReader:
                 "recompute_tile=<function (i, j) -> Gram tile>."
             )
         log.log(level, "Gram tile (%d, %d) %s; recomputing it from X", i, j, why)
-        tile = np.asarray(self.recompute_tile(i, j), dtype=self.gram.dtype)
         g = self.gram.grid
         want = (
             g.row_slice(i).stop - g.row_slice(i).start,
             g.col_slice(j).stop - g.col_slice(j).start,
         )
+        if isinstance(self.recompute_tile, GramTileRecomputer):
+            # into memory this process already touched (an evicted factor tile's, as a
+            # stored tile's read would be), not fresh pages: on a VM those cost about
+            # 2 ms of CPU per MB, and the pool would otherwise only grow
+            from pipeline.storage import buffers as tile_buffers
+
+            buf = tile_buffers.take(want, np.dtype(self.gram.dtype), first_touch)
+            tile = self.recompute_tile(i, j, out=buf)
+        else:
+            tile = np.asarray(self.recompute_tile(i, j), dtype=self.gram.dtype)
         if tile.shape != want:
             raise ValueError(
                 f"recompute_tile({i}, {j}) returned shape {tile.shape}, expected {want}"
@@ -247,6 +258,7 @@ class InPlaceGramReader:
                 j,
                 "was replaced by an in-place factor (keep_gram=False) or is missing",
                 self.missing_level,
+                first_touch,
             )
         try:
             return self.gram.read_tile(
@@ -440,17 +452,18 @@ class GramTileRecomputer:
             kd = None
         return cls(X, kernel, int(gram.block_size), np.dtype(gram.dtype).name, kd)
 
-    def __call__(self, i: int, j: int) -> np.ndarray:
+    def __call__(self, i: int, j: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Gram tile ``(i, j)``, written into ``out`` when given (C-contiguous, the
+        tile's shape and ``dtype``: a reused buffer; the same bits)."""
         from pipeline.kernels import make_kernel
+        from pipeline.tiles.engine import KernelSource
 
         k = make_kernel(self.kernel)
         b = int(self.block_size)
         Xi = self.X[i * b : (i + 1) * b]
         Xj = Xi if i == j else self.X[j * b : (j + 1) * b]
-        if self.kernel_dtype is not None:  # build_gram's fused tile (tile_graph's source)
-            from pipeline.tiles.engine import KernelSource
-
-            src = KernelSource(k, kernel_dtype=self.kernel_dtype, tile_eval="fused")
-            return src.tile(i, j, Xi, Xj, np.dtype(self.dtype))
-        tile = k(Xi) if i == j else k(Xi, Xj)
-        return np.asarray(tile, dtype=self.dtype)
+        # build_gram's tile (tile_graph's source): fused with a kernel_dtype, else the
+        # kernel object's own evaluation in X's dtype
+        kd = self.kernel_dtype or ("float32" if Xi.dtype == np.float32 else "float64")
+        src = KernelSource(k, kernel_dtype=kd, tile_eval="fused" if self.kernel_dtype else "kernel")
+        return src.tile(i, j, Xi, Xj, np.dtype(self.dtype), out=out)

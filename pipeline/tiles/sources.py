@@ -70,13 +70,22 @@ class KernelSource:
             "block_shape": self.block_shape,
         }
 
-    def tile(self, i: int, j: int, xi: Any, xj: Any, dtype: Any = np.float64) -> np.ndarray:
+    def tile(
+        self, i: int, j: int, xi: Any, xj: Any, dtype: Any = np.float64, out: Any = None
+    ) -> np.ndarray:
+        """Tile ``(i, j)`` in ``dtype``; written into ``out`` (C-contiguous, that shape
+        and dtype) when given, e.g. a reused buffer (the bits do not depend on it)."""
         xi = np.asarray(xi)
         same = self.symmetric and i == j
         if self.tile_eval == "kernel":
             t = self.kernel(xi) if same else self.kernel(xi, np.asarray(xj))
-            return np.asarray(t, dtype=dtype)
-        out = np.empty((xi.shape[0], xi.shape[0] if same else np.asarray(xj).shape[0]), dtype)
+            if out is None:
+                return np.asarray(t, dtype=dtype)
+            np.copyto(out, t, casting="unsafe")
+            return out
+        if out is None:
+            shape = (xi.shape[0], xi.shape[0] if same else np.asarray(xj).shape[0])
+            out = np.empty(shape, dtype)
         return kernel_tile(self.kernel, xi, None if same else xj, out, **self._kw())
 
     def products(self, i, j, xi, xj, vi, vj, shift=0.0):
