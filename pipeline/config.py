@@ -464,15 +464,10 @@ class RunConfig(_Model):
         """Whether the gram stage only creates the Gram's array, for an in-place factor
         (``method: cholesky``, ``keep_gram: false``) that computes each Gram tile from X
         when it needs it (:data:`~pipeline.policy.constants.GRAM_ON_DEMAND_IN_PLACE`)."""
-        from pipeline.policy import constants as C
+        from pipeline.policy.plan import gram_on_demand
 
-        s = self.solver
-        return bool(
-            C.GRAM_ON_DEMAND_IN_PLACE
-            and s.method == "cholesky"
-            and not s.keep_gram
-            and s.factor_scheduler != "dask"
-        )
+        s = self.solver  # the solve stage reads X_train into memory for an in-place factor
+        return gram_on_demand(s.method, s.keep_gram, True, s.factor_scheduler != "dask")
 
     def stage_params(self) -> dict[str, dict[str, Any]]:
         """The explicit arguments of each stage (JSON-able); their hash is the stage's identity.

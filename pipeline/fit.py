@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.policy import constants as C
-from pipeline.policy.plan import FitPlan, Resources, plan_fit
+from pipeline.policy.plan import FitPlan, Resources, gram_on_demand, plan_fit
 
 __all__ = ["FitResult", "execute", "log_plan", "measure_resources", "plan_fit", "solver_convention"]
 
@@ -243,12 +243,11 @@ def _execute(
     # in place with X in memory, the Gram is not stored first: the factor computes each
     # Gram tile from X as it needs it (no Gram stage, no Gram bytes written or read)
     # (only where the factor runs in this process: remote workers would each need X)
-    on_demand = (
-        plan.solver == "cholesky"
-        and not plan.keep_gram
-        and mf
-        and C.GRAM_ON_DEMAND_IN_PLACE
-        and _factor_runs_here(plan.factor_scheduler)
+    on_demand = gram_on_demand(
+        plan.solver,
+        plan.keep_gram,
+        mf,
+        plan.solver == "cholesky" and _factor_runs_here(plan.factor_scheduler),
     )
     if plan.needs_gram and gram is None:
         from pipeline.gram import build_gram

@@ -250,3 +250,32 @@ def test_tiles_computed_on_demand_fill_reused_buffers(tmp_path, monkeypatch):
     assert len(grams) >= 15  # every Gram tile (reads of factor tiles may take some too)
     assert sorted({s for s, _ in grams}) == [(20, 20), (20, 50), (50, 50)]  # last row ragged
     np.testing.assert_array_equal(_dense(f), _dense(ref))
+
+
+def test_one_rule_for_the_estimator_and_krr_run(monkeypatch):
+    """``policy.plan.gram_on_demand`` decides for both the fit and krr run's gram stage:
+    only an in-place Cholesky on threads here defers the Gram; other runs keep their
+    gram stage's identity (no ``on_demand`` key)."""
+    from pipeline.config import load_config
+    from pipeline.policy.plan import gram_on_demand
+
+    assert gram_on_demand("cholesky", False, True, True)
+    assert not gram_on_demand("cholesky", True, True, True)  # the Gram is kept
+    assert not gram_on_demand("cholesky", False, False, True)  # X not in memory
+    assert not gram_on_demand("cholesky", False, True, False)  # the factor runs elsewhere
+    assert not gram_on_demand("cg", False, True, True)
+    base = {
+        "data": {"source": "npy", "path": "X.npy", "y_path": "y.npy"},
+        "solver": {"method": "cholesky"},
+    }
+
+    def gram_params(**solver):
+        cfg = load_config({**base, "solver": {**base["solver"], **solver}})
+        return cfg.stage_params()["gram"]
+
+    assert gram_params(keep_gram=False).get("on_demand") is True
+    assert "on_demand" not in gram_params()
+    assert "on_demand" not in gram_params(keep_gram=False, factor_scheduler="dask")
+    assert "on_demand" not in gram_params(keep_gram=False, method="auto")
+    monkeypatch.setattr(C, "GRAM_ON_DEMAND_IN_PLACE", False)
+    assert "on_demand" not in gram_params(keep_gram=False)

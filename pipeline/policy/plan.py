@@ -217,6 +217,20 @@ class FitPlan:
 # sizes
 
 
+def gram_on_demand(solver: str, keep_gram: bool, x_in_memory: bool, factor_runs_here: bool) -> bool:
+    """Whether the Gram is not stored first (``build_gram(defer=True)``): an in-place
+    Cholesky (``keep_gram=False``) whose factor runs in this process, with X in memory,
+    computes each Gram tile from X when it needs it (``GRAM_ON_DEMAND_IN_PLACE``). The
+    one rule ``fit.execute`` and ``krr run``'s gram stage both apply."""
+    return bool(
+        C.GRAM_ON_DEMAND_IN_PLACE
+        and solver == "cholesky"
+        and not keep_gram
+        and x_in_memory
+        and factor_runs_here
+    )
+
+
 def cholesky_disk_bytes(n: int, itemsize: int = 8) -> int:
     """Disk a blocked Cholesky needs: the lower-tiled Gram plus its lower factor."""
     return 2 * (n * (n + 1) // 2) * itemsize

@@ -353,9 +353,9 @@ def factor_in_place(
         log.info("in-place Cholesky: %d tiles written before a stop adopted", len(adopted))
     grid = gram.grid
     done_l = L.markers.done()
+    done_g = gram.markers.done()  # listed once: the check and the tiles to compute
     lower = list(grid.lower_tiles())
     if check_gram and recompute_tile is None:
-        done_g = gram.markers.done()
         missing = [t for t in lower if t not in done_l and t not in done_g]
         if missing:
             raise IncompleteArrayError(
@@ -370,7 +370,6 @@ def factor_in_place(
                 "recompute those tiles from X",
             )
     todo = pending(L.markers, chol._left_looking_order(grid.n_row_blocks))  # resume
-    done_g = gram.markers.done()
     no_gram = [t for t in todo if t not in done_g]
     unwritten = _unwritten_chunks(gram, no_gram)
     if check_disk and todo:

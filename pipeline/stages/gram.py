@@ -2,7 +2,8 @@
 
 Runs only when the solver reads a stored Gram (Cholesky, or CG with the stored
 matvec). For an in-place Cholesky (``keep_gram: false``) it only creates the array:
-the factor computes each Gram tile from X when it needs it. It calls :func:`pipeline.gram.build_gram`, which checkpoints per tile,
+the factor computes each Gram tile from X when it needs it. It calls
+:func:`pipeline.gram.build_gram`, which checkpoints per tile,
 so a rerun after a kill computes only the tiles without a completion record.
 """
 
