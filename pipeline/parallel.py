@@ -156,6 +156,23 @@ def compute(
             return dask.compute(*collections, **kwargs)
 
 
+def embedded_cluster_config() -> dict[str, Any]:
+    """The Dask settings :func:`dask_client` gives the cluster it starts
+    (:data:`~pipeline.policy.constants.EMBEDDED_CLUSTER_DASK_CONFIG`: no worker
+    profiler, slower event-loop ticks), each only where the user's Dask config still
+    holds Dask's default: a value set in a Dask YAML file or a ``DASK_*`` variable wins."""
+    import distributed  # noqa: F401  (registers the distributed.* defaults)
+
+    from pipeline.policy.constants import EMBEDDED_CLUSTER_DASK_CONFIG
+
+    defaults = dask.config.merge(*dask.config.defaults)
+    return {
+        key: value
+        for key, value in EMBEDDED_CLUSTER_DASK_CONFIG.items()
+        if dask.config.get(key, None) == dask.config.get(key, None, config=defaults)
+    }
+
+
 @contextlib.contextmanager
 def dask_client(
     address: str | None = None,
@@ -196,16 +213,20 @@ def dask_client(
             memory_limit,
         )
         memory_limit = 0
-    with (
-        LocalCluster(
-            n_workers=n,
-            threads_per_worker=threads_per_worker,
-            memory_limit=memory_limit,
-            processes=processes,
-            dashboard_address=":0",  # a free port: never collide with another cluster
-        ) as cluster,
-        Client(cluster) as client,
-    ):
+    with contextlib.ExitStack() as stack:
+        # read by the scheduler, the nannies (which pass it to their worker processes)
+        # and the workers as they start: set only while they are created
+        with dask.config.set(embedded_cluster_config()):
+            cluster = stack.enter_context(
+                LocalCluster(
+                    n_workers=n,
+                    threads_per_worker=threads_per_worker,
+                    memory_limit=memory_limit,
+                    processes=processes,
+                    dashboard_address=":0",  # a free port: never collide with another cluster
+                )
+            )
+            client = stack.enter_context(Client(cluster))
         log.info(
             "started local cluster: %d workers x %d threads, %s each (dashboard %s)",
             n,

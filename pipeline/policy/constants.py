@@ -378,6 +378,27 @@ PREFETCH_NEXT_GRAM_TILE = True
 #: runs): threads 13.5-15.9 s, the Dask executor on the embedded LocalCluster 16.5-18.5 s;
 #: session 13, N = 40,000: 236.5 s against 246-260 s. False: always the workers
 FACTOR_THREADS_ON_THIS_HOST = True
+#: Dask settings of the embedded LocalCluster (pipeline.parallel.dask_client; never of a
+#: cluster given by address), each applied only where the user's Dask config still has
+#: Dask's default: no statistical profiler in the workers (it samples every thread's
+#: stack every 10 ms); the event loops' tick every 1 s instead of 20 ms, the system
+#: monitor every 2 s instead of 0.5 s, and the workers' and nannies' memory checks every
+#: 1 s instead of 0.1 s (a worker past its memory limit is paused or restarted up to
+#: 1 s later). On 2 cores each wake-up preempts one thread of an all-core BLAS call
+#: while its partner spins. Session 18, AMD EPYC VM, N = 15,000, b = 2,500
+#: (bench_cholesky.py, ours-clientauto: krr run's default, the threads executor in this
+#: process beside the cluster; three alternating rounds of 2 repeats, best of each):
+#: Dask's defaults 13.86 / 14.35 / 15.64 s (1.06 / 1.07 / 1.10x the threads executor
+#: without a cluster, same round); without the profiler and with slow ticks 13.55 /
+#: 13.52 / 14.57 s (1.05 / 1.03 / 1.08x); with the memory checks too 13.23 / 13.68 /
+#: 13.50 s (1.00 / 1.02 / 0.96x). The Dask executor on the workers (ours-client), two
+#: rounds: 16.17 / 15.58 s -> 14.60 / 15.02 s without the profiler and with slow ticks
+EMBEDDED_CLUSTER_DASK_CONFIG = {
+    "distributed.worker.profile.enabled": False,
+    "distributed.admin.tick.interval": "1s",
+    "distributed.admin.system-monitor.interval": "2s",
+    "distributed.worker.memory.monitor-interval": "1s",
+}
 
 #: keep_gram=False with X in memory (KernelRidge, fit.execute): the Gram is not stored
 #: first. build_gram(defer=True) only creates its array, and the in-place factor computes

@@ -1,0 +1,64 @@
+"""The embedded LocalCluster's Dask settings (policy.constants.EMBEDDED_CLUSTER_DASK_CONFIG).
+
+On 2 cores every wake-up of a worker's profiler or an event loop's tick preempts one
+thread of an all-core BLAS call. The cluster ``dask_client`` starts runs without the
+worker profiler and with slower ticks; a cluster given by address is left alone, and
+a value the user set in their Dask config wins.
+"""
+
+from __future__ import annotations
+
+import dask
+import pytest
+
+from pipeline.parallel import dask_client, embedded_cluster_config
+from pipeline.policy.constants import EMBEDDED_CLUSTER_DASK_CONFIG
+
+TICK = "distributed.admin.tick.interval"
+PROFILE = "distributed.worker.profile.enabled"
+MONITOR = "distributed.admin.system-monitor.interval"
+MEMORY = "distributed.worker.memory.monitor-interval"
+
+
+def _worker_settings(dask_worker):
+    return (
+        dask.config.get(PROFILE),
+        dask_worker._tick_interval,
+        "profile" in dask_worker.periodic_callbacks,
+        dask_worker.periodic_callbacks["monitor"].callback_time,
+        getattr(dask_worker.periodic_callbacks.get("memory_monitor"), "callback_time", None),
+    )
+
+
+def test_config_applies_only_where_the_user_left_dasks_default():
+    assert embedded_cluster_config() == EMBEDDED_CLUSTER_DASK_CONFIG
+    with dask.config.set({TICK: "50ms", PROFILE: False}):
+        got = embedded_cluster_config()
+    assert TICK not in got  # the user's 50 ms wins
+    assert got[MONITOR] == EMBEDDED_CLUSTER_DASK_CONFIG[MONITOR]
+    # the user's False equals ours; it is applied either way
+    assert got.get(PROFILE, False) is False
+
+
+@pytest.mark.slow
+def test_embedded_cluster_runs_without_profiler_and_with_slow_ticks():
+    before = dask.config.get(TICK)
+    with dask_client(n_workers=1, memory_limit="1GiB", processes=True) as client:
+        settings = list(client.run(_worker_settings).values())
+        scheduler = client.cluster.scheduler
+        sched_tick = scheduler._tick_interval
+        sched_monitor = scheduler.periodic_callbacks["monitor"].callback_time
+        # the settings are the cluster's, not this process's
+        assert dask.config.get(TICK) == before
+    assert settings == [(False, 1.0, False, 2000, 1000)]  # a worker process, through its nanny
+    assert sched_tick == 1.0 and sched_monitor == 2000
+
+
+def test_user_setting_reaches_the_embedded_cluster():
+    with (
+        dask.config.set({TICK: "50ms"}),
+        dask_client(n_workers=1, memory_limit=0, processes=False) as client,
+    ):
+        settings = [s[1:] for s in client.run(_worker_settings).values()]
+    # (in process: no config of its own to read, and no memory limit to watch)
+    assert settings == [(0.05, False, 2000, None)]
