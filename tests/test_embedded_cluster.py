@@ -30,9 +30,17 @@ def _worker_settings(dask_worker):
     )
 
 
+def _dask_defaults() -> dict:
+    import distributed  # noqa: F401  (registers the distributed.* defaults)
+
+    merged = dask.config.merge(*dask.config.defaults)
+    return {k: dask.config.get(k, config=merged) for k in EMBEDDED_CLUSTER_DASK_CONFIG}
+
+
 def test_config_applies_only_where_the_user_left_dasks_default():
-    assert embedded_cluster_config() == EMBEDDED_CLUSTER_DASK_CONFIG
-    with dask.config.set({TICK: "50ms", PROFILE: False}):
+    with dask.config.set(_dask_defaults()):  # whatever this machine's Dask config says
+        assert embedded_cluster_config() == EMBEDDED_CLUSTER_DASK_CONFIG
+    with dask.config.set({**_dask_defaults(), TICK: "50ms", PROFILE: False}):
         got = embedded_cluster_config()
     assert TICK not in got  # the user's 50 ms wins
     assert got[MONITOR] == EMBEDDED_CLUSTER_DASK_CONFIG[MONITOR]
@@ -42,21 +50,22 @@ def test_config_applies_only_where_the_user_left_dasks_default():
 
 @pytest.mark.slow
 def test_embedded_cluster_runs_without_profiler_and_with_slow_ticks():
-    before = dask.config.get(TICK)
-    with dask_client(n_workers=1, memory_limit="1GiB", processes=True) as client:
-        settings = list(client.run(_worker_settings).values())
-        scheduler = client.cluster.scheduler
-        sched_tick = scheduler._tick_interval
-        sched_monitor = scheduler.periodic_callbacks["monitor"].callback_time
-        # the settings are the cluster's, not this process's
-        assert dask.config.get(TICK) == before
+    with dask.config.set(_dask_defaults()):
+        before = dask.config.get(TICK)
+        with dask_client(n_workers=1, memory_limit="1GiB", processes=True) as client:
+            settings = list(client.run(_worker_settings).values())
+            scheduler = client.cluster.scheduler
+            sched_tick = scheduler._tick_interval
+            sched_monitor = scheduler.periodic_callbacks["monitor"].callback_time
+            # the settings are the cluster's, not this process's
+            assert dask.config.get(TICK) == before
     assert settings == [(False, 1.0, False, 2000, 1000)]  # a worker process, through its nanny
     assert sched_tick == 1.0 and sched_monitor == 2000
 
 
 def test_user_setting_reaches_the_embedded_cluster():
     with (
-        dask.config.set({TICK: "50ms"}),
+        dask.config.set({**_dask_defaults(), TICK: "50ms"}),
         dask_client(n_workers=1, memory_limit=0, processes=False) as client,
     ):
         settings = [s[1:] for s in client.run(_worker_settings).values()]
