@@ -173,6 +173,13 @@ def embedded_cluster_config() -> dict[str, Any]:
     }
 
 
+def _describe(settings: dict[str, Any]) -> str:
+    """The embedded cluster's settings, for its start-up log line: the Dask keys, so a
+    reader can find them (and set them otherwise in their own Dask config)."""
+    keys = ", ".join(f"{k}={v}" for k, v in settings.items())
+    return f"Dask settings {keys} (EMBEDDED_CLUSTER_DASK_CONFIG)"
+
+
 @contextlib.contextmanager
 def dask_client(
     address: str | None = None,
@@ -216,7 +223,8 @@ def dask_client(
     with contextlib.ExitStack() as stack:
         # read by the scheduler, the nannies (which pass it to their worker processes)
         # and the workers as they start: set only while they are created
-        with dask.config.set(embedded_cluster_config()):
+        quiet = embedded_cluster_config()
+        with dask.config.set(quiet):
             cluster = stack.enter_context(
                 LocalCluster(
                     n_workers=n,
@@ -228,10 +236,11 @@ def dask_client(
             )
             client = stack.enter_context(Client(cluster))
         log.info(
-            "started local cluster: %d workers x %d threads, %s each (dashboard %s)",
+            "started local cluster: %d workers x %d threads, %s each (dashboard %s)%s",
             n,
             threads_per_worker,
             memory_limit,
             client.dashboard_link if dashboard else "off",
+            f"; {_describe(quiet)}" if quiet else "",
         )
         yield client

@@ -49,8 +49,10 @@ def test_config_applies_only_where_the_user_left_dasks_default():
 
 
 @pytest.mark.slow
-def test_embedded_cluster_runs_without_profiler_and_with_slow_ticks():
-    with dask.config.set(_dask_defaults()):
+def test_embedded_cluster_runs_without_profiler_and_with_slow_ticks(caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="pipeline"), dask.config.set(_dask_defaults()):
         before = dask.config.get(TICK)
         with dask_client(n_workers=1, memory_limit="1GiB", processes=True) as client:
             settings = list(client.run(_worker_settings).values())
@@ -61,6 +63,9 @@ def test_embedded_cluster_runs_without_profiler_and_with_slow_ticks():
             assert dask.config.get(TICK) == before
     assert settings == [(False, 1.0, False, 2000, 1000)]  # a worker process, through its nanny
     assert sched_tick == 1.0 and sched_monitor == 2000
+    # the start-up line names the keys, so a user can find and override them
+    assert "distributed.worker.profile.enabled=False" in caplog.text
+    assert "distributed.admin.tick.interval=1s" in caplog.text
 
 
 def test_user_setting_reaches_the_embedded_cluster():
