@@ -252,6 +252,38 @@ def test_tiles_computed_on_demand_fill_reused_buffers(tmp_path, monkeypatch):
     np.testing.assert_array_equal(_dense(f), _dense(ref))
 
 
+@pytest.mark.parametrize("takes_out", [True, False])
+def test_any_recompute_tile_that_takes_out_gets_a_reused_buffer(tmp_path, monkeypatch, takes_out):
+    """The reader offers a pooled buffer to every ``recompute_tile`` with an ``out``
+    parameter (not only to GramTileRecomputer); a plain ``(i, j)`` one is called as
+    before. Both give the same factor, bit for bit."""
+    from pipeline.solvers.cholesky_inplace import _takes_out
+    from pipeline.storage import buffers as tile_buffers
+
+    X, _ = _data(n=220)
+    _, ref = _factor_on_demand(tmp_path / "ref", X)
+    g0 = build_gram(X, RBF(gamma=0.25), str(tmp_path / "g0"), 50, defer=True,
+                    kernel_dtype="float64", progress=False)  # fmt: skip
+    inner = GramTileRecomputer.for_gram(g0, X, RBF(gamma=0.25))
+    outs = []
+
+    def with_out(i, j, out=None):
+        outs.append(out is not None)
+        return inner(i, j, out=out)
+
+    def plain(i, j):
+        outs.append(False)
+        return inner(i, j)
+
+    rec = with_out if takes_out else plain
+    assert _takes_out(rec) is takes_out
+    assert _takes_out(lambda i, j, **kw: None) and not _takes_out(max)
+    monkeypatch.setattr(tile_buffers, "take", lambda *a, **k: np.empty(a[0], a[1]))
+    _, f = _factor_on_demand(tmp_path / "f", X, recompute_tile=rec)
+    assert len(outs) == 15 and all(outs) is takes_out and any(outs) is takes_out
+    np.testing.assert_array_equal(_dense(f), _dense(ref))
+
+
 def test_one_rule_for_the_estimator_and_krr_run(monkeypatch):
     """``policy.plan.gram_on_demand`` decides for both the fit and krr run's gram stage:
     only an in-place Cholesky on threads here defers the Gram; other runs keep their

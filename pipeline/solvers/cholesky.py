@@ -320,6 +320,8 @@ def tile_cholesky(
         With ``keep_gram=False``: recomputes a Gram tile from X when it was
         replaced by an earlier in-place factor (or fails its checksum), with a
         log line that says why. Without it such a tile raises a clear error.
+        One that also accepts ``out=`` (e.g. ``GramTileRecomputer``) is given a
+        reused buffer of the tile's shape and dtype to write the tile into.
     check_disk : bool
         Check free space on the store's disk before any work:
         ``T(T+1)/2 * b^2 * itemsize`` bytes for a separate factor (``T`` tiles

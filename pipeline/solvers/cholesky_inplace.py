@@ -226,7 +226,7 @@ class InPlaceGramReader:
             g.row_slice(i).stop - g.row_slice(i).start,
             g.col_slice(j).stop - g.col_slice(j).start,
         )
-        if isinstance(self.recompute_tile, GramTileRecomputer):
+        if _takes_out(self.recompute_tile):
             # into memory this process already touched (an evicted factor tile's, as a
             # stored tile's read would be), not fresh pages: on a VM those cost about
             # 2 ms of CPU per MB, and the pool would otherwise only grow
@@ -266,6 +266,18 @@ class InPlaceGramReader:
             )
         except CorruptTileError as exc:
             return self._recompute(i, j, f"fails its checksum ({exc.problem})")
+
+
+def _takes_out(fn: Callable[..., Any]) -> bool:
+    """Whether ``recompute_tile`` accepts ``out=`` (a buffer to write the tile into, as
+    :class:`GramTileRecomputer` does); a plain ``(i, j) -> tile`` callable does not."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # no signature to read (some builtins): call it plainly
+        return False
+    return "out" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
 def _unwritten_chunks(gram: TiledArray, tiles: list) -> list | None:
