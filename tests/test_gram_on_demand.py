@@ -284,6 +284,26 @@ def test_any_recompute_tile_that_takes_out_gets_a_reused_buffer(tmp_path, monkey
     np.testing.assert_array_equal(_dense(f), _dense(ref))
 
 
+def test_a_recompute_tile_with_kwargs_that_ignores_out_still_gives_the_grams_dtype(tmp_path):
+    """A ``(i, j, **kw)`` callable is offered the buffer but may return its own array (a
+    list of lists here, as a plain callable may): it is taken as the Gram's dtype, as a
+    plain callable's is, and the factor is the same bits."""
+    X, _ = _data(n=220)
+    _, ref = _factor_on_demand(tmp_path / "ref", X)
+    g0 = build_gram(X, RBF(gamma=0.25), str(tmp_path / "g0"), 50, defer=True,
+                    kernel_dtype="float64", progress=False)  # fmt: skip
+    inner = GramTileRecomputer.for_gram(g0, X, RBF(gamma=0.25))
+    offered = []
+
+    def ignores_out(i, j, **kw):
+        offered.append("out" in kw)
+        return inner(i, j).tolist()
+
+    _, f = _factor_on_demand(tmp_path / "f", X, recompute_tile=ignores_out)
+    assert len(offered) == 15 and all(offered)
+    np.testing.assert_array_equal(_dense(f), _dense(ref))
+
+
 def test_one_rule_for_the_estimator_and_krr_run(monkeypatch):
     """``policy.plan.gram_on_demand`` decides for both the fit and krr run's gram stage:
     only an in-place Cholesky on threads here defers the Gram; other runs keep their

@@ -42,6 +42,7 @@ the factor, 8 for float64 and 4 for float32; markers are negligible):
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -210,6 +211,11 @@ class InPlaceGramReader:
     def markers(self) -> TileMarkers:
         return self.gram.markers
 
+    @functools.cached_property
+    def _recompute_takes_out(self) -> bool:
+        """Whether ``recompute_tile`` accepts ``out=`` (read once per reader)."""
+        return self.recompute_tile is not None and _takes_out(self.recompute_tile)
+
     def _recompute(
         self, i: int, j: int, why: str, level: int = logging.INFO, first_touch: Any = None
     ) -> np.ndarray:
@@ -226,7 +232,7 @@ class InPlaceGramReader:
             g.row_slice(i).stop - g.row_slice(i).start,
             g.col_slice(j).stop - g.col_slice(j).start,
         )
-        if _takes_out(self.recompute_tile):
+        if self._recompute_takes_out:
             # into memory this process already touched (an evicted factor tile's, as a
             # stored tile's read would be), not fresh pages: on a VM those cost about
             # 2 ms of CPU per MB, and the pool would otherwise only grow
@@ -235,7 +241,9 @@ class InPlaceGramReader:
             buf = tile_buffers.take(want, np.dtype(self.gram.dtype), first_touch)
             tile = self.recompute_tile(i, j, out=buf)
         else:
-            tile = np.asarray(self.recompute_tile(i, j), dtype=self.gram.dtype)
+            tile = self.recompute_tile(i, j)
+        # (no copy where it is already the Gram's dtype: e.g. the buffer it was given)
+        tile = np.asarray(tile, dtype=self.gram.dtype)
         if tile.shape != want:
             raise ValueError(
                 f"recompute_tile({i}, {j}) returned shape {tile.shape}, expected {want}"
