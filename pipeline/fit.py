@@ -110,13 +110,30 @@ def log_plan(plan: FitPlan, reason: str, *, origin: str, logger: logging.Logger 
     )
 
 
-def _factor_runs_here(scheduler: str) -> bool:
-    """Whether the tile Cholesky's tasks run in this process (the threads executor)."""
-    if scheduler == "auto":
-        from pipeline.solvers.cholesky_exec import auto_scheduler
+def factor_executor(plan: FitPlan, in_place_from_x: bool) -> str | None:
+    """The tile Cholesky's executor for ``plan``, decided once per fit: "threads" or
+    "dask" (None when the plan does not factor). ``factor_scheduler="auto"`` runs an
+    in-place factor whose Gram tiles come from X in this process's memory
+    (``in_place_from_x``) on threads here, as ``krr run``'s gram stage assumes when it
+    stores no Gram (:func:`~pipeline.policy.plan.gram_on_demand`, the one rule: only
+    ``"dask"`` sends it to the workers); otherwise "auto" asks the cluster once
+    (:func:`~pipeline.solvers.cholesky_exec.auto_scheduler`)."""
+    if plan.solver != "cholesky":
+        return None
+    if plan.factor_scheduler != "auto":
+        return plan.factor_scheduler
+    from pipeline.parallel import _active_client
+    from pipeline.solvers.cholesky_exec import auto_scheduler
 
-        scheduler = auto_scheduler(say=False)
-    return scheduler == "threads"
+    if in_place_from_x:
+        if _active_client() is not None:
+            log.info(
+                "factor: the threads executor in this process, which holds X: the Gram "
+                "is not stored, each tile is computed from X as the factor needs it "
+                "(factor_scheduler='dask' stores the Gram and factors on the workers)"
+            )
+        return "threads"
+    return auto_scheduler(say=True)
 
 
 def _x_fingerprint(X: Any) -> str | None:
@@ -243,12 +260,8 @@ def _execute(
     # in place with X in memory, the Gram is not stored first: the factor computes each
     # Gram tile from X as it needs it (no Gram stage, no Gram bytes written or read)
     # (only where the factor runs in this process: remote workers would each need X)
-    on_demand = gram_on_demand(
-        plan.solver,
-        plan.keep_gram,
-        mf,
-        plan.solver == "cholesky" and _factor_runs_here(plan.factor_scheduler),
-    )
+    executor = factor_executor(plan, gram_on_demand(plan.solver, plan.keep_gram, mf, True))
+    on_demand = gram_on_demand(plan.solver, plan.keep_gram, mf, executor == "threads")
     if plan.needs_gram and gram is None:
         from pipeline.gram import build_gram
 
@@ -291,7 +304,7 @@ def _execute(
             recompute_tile=recompute_tile if not plan.keep_gram else None,
             check_disk=plan.check_disk,
             jitter=True if plan.jitter else None,
-            scheduler=plan.factor_scheduler,
+            scheduler=executor,
             overwrite=True,
             progress=progress,
             dtype=plan.factor_dtype,

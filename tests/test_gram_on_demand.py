@@ -331,3 +331,52 @@ def test_one_rule_for_the_estimator_and_krr_run(monkeypatch):
     assert "on_demand" not in gram_params(keep_gram=False, method="auto")
     monkeypatch.setattr(C, "GRAM_ON_DEMAND_IN_PLACE", False)
     assert "on_demand" not in gram_params(keep_gram=False)
+
+
+def test_auto_factors_in_place_from_x_here_whatever_the_cluster(tmp_path, monkeypatch, caplog):
+    """``factor_scheduler="auto"`` with ``keep_gram=False`` and X in memory factors on
+    threads in this process, computing the Gram from X, even when the client's workers
+    run elsewhere: the one rule ``krr run``'s gram stage applies when it stores no Gram
+    (only ``"dask"`` sends the factor to the workers). The cluster is asked once per fit
+    at most, not again by the factorisation; a kept Gram still goes to the workers."""
+    pytest.importorskip("distributed")
+    from distributed import Client, LocalCluster
+
+    import pipeline.parallel as par
+    import pipeline.solvers.cholesky as chol
+    import pipeline.solvers.cholesky_exec as chol_exec
+
+    X, y = _data(n=220)
+    ran, asked = [], []
+    real = {"threads": chol._run_threads, "dask": chol._run_dask, "auto": chol_exec.auto_scheduler}
+    monkeypatch.setattr(
+        chol, "_run_threads", lambda *a, **k: ran.append("threads") or real["threads"](*a, **k)
+    )
+    monkeypatch.setattr(
+        chol, "_run_dask", lambda *a, **k: ran.append("dask") or real["dask"](*a, **k)
+    )
+    monkeypatch.setattr(
+        chol_exec, "auto_scheduler", lambda *a, **k: asked.append(1) or real["auto"](*a, **k)
+    )
+    monkeypatch.setattr(chol, "auto_scheduler", chol_exec.auto_scheduler)
+    monkeypatch.setenv("KRR_CHOL_BLAS_THREADS", "1")
+    writes = []
+    real_write = build_gram.__globals__["_write"]
+    monkeypatch.setitem(build_gram.__globals__, "_write",
+                        lambda h, i, j, t, **kw: writes.append((i, j)) or real_write(h, i, j, t, **kw))  # fmt: skip
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                     dashboard_address=":0", memory_limit=0) as cluster,
+        Client(cluster),
+    ):  # fmt: skip
+        monkeypatch.setattr(par, "workers_on_this_host", lambda client: False)
+        with caplog.at_level(logging.INFO, logger="pipeline.fit"):
+            m = _model(tmp_path / "a", 50).fit(X, y)
+        assert ran == ["threads"] and writes == []  # here, from X: no Gram stored
+        assert "the threads executor in this process, which holds X" in caplog.text
+        n_asked = len(asked)
+        kept = KernelRidge(alpha=1e-3, kernel="rbf", gamma=0.25, solver="cholesky",
+                           block_size=50, store=str(tmp_path / "b")).fit(X, y)  # fmt: skip
+    assert ran == ["threads", "dask"]  # a kept Gram: stored first, factored on the workers
+    assert len(asked) - n_asked <= 2  # the plan's tile size and the executor, no more
+    np.testing.assert_allclose(m.dual_coef_, kept.dual_coef_, rtol=1e-9, atol=1e-9)
