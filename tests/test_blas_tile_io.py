@@ -164,3 +164,28 @@ def test_caller_error_still_finishes_queued_writes():
             io.write("a", np.zeros(1), lambda t: written.append("a"))
             raise RuntimeError("compute failed")
     assert written == ["a"]
+
+
+@pytest.mark.parametrize("venv", ["/opt/venv", "/home/u/numpy-work/venv", "/srv/scipy_numpy"])
+def test_numpys_own_blas_is_told_apart_by_where_it_lies(monkeypatch, tmp_path, venv):
+    """numpy's own BLAS is the library under numpy's package or its ``numpy.libs``,
+    wherever the environment is: a path with "numpy" elsewhere in it (a virtual
+    environment named after it) does not make SciPy's library numpy's too."""
+    import types
+
+    from pipeline.solvers import blas
+
+    site = f"{venv}/lib/python3.11/site-packages"
+    fake_numpy = types.SimpleNamespace(__file__=f"{site}/numpy/__init__.py")
+    monkeypatch.setattr(blas, "np", fake_numpy)
+
+    def ctl(path):
+        return types.SimpleNamespace(filepath=path)
+
+    numpys = ctl(f"{site}/numpy.libs/libscipy_openblas64_-32a4b2a6.so")
+    scipys = ctl(f"{site}/scipy.libs/libscipy_openblas-6cdc3b4a.so")
+    monkeypatch.setattr(blas, "_blas_controllers", lambda: (numpys, scipys))
+    assert blas._numpy_own_blas() == (numpys,)
+    assert blas._tile_blas() == (scipys,)
+    monkeypatch.setattr(blas, "_blas_controllers", lambda: (scipys,))  # one shared library
+    assert blas._numpy_own_blas() == () and blas._tile_blas() == (scipys,)

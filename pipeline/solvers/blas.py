@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import threading
 from collections.abc import Callable, Iterator
 from functools import cache
@@ -125,13 +126,25 @@ def fixed_width(n_threads: int | None, host_lock: bool = False) -> Iterator[None
         _WIDTH.n, _WIDTH.host = prev
 
 
+def _package_dirs(module: Any) -> tuple[str, ...]:
+    """Where a package's own files and its wheel's bundled libraries live: its package
+    directory and the ``<name>.libs`` beside it (auditwheel's layout), with a separator
+    at the end so that a path is matched by directory, not by a name's prefix."""
+    pkg = os.path.dirname(os.path.realpath(module.__file__))
+    libs = os.path.join(os.path.dirname(pkg), os.path.basename(pkg) + ".libs")
+    return (pkg + os.sep, libs + os.sep)
+
+
 def _numpy_own_blas() -> tuple[_ThreadCount, ...]:
     """numpy's BLAS when it is another library than SciPy's (the wheels bundle one
-    each: ``numpy.libs`` and ``scipy.libs``); empty when they share one."""
+    each: ``numpy.libs`` and ``scipy.libs``); empty when they share one. Told apart by
+    where each library's file lies (numpy's package or its ``numpy.libs``), not by a
+    name in the path: a virtual environment named after numpy matched both."""
     ctl = _blas_controllers()
     if len({c.filepath for c in ctl}) < 2:
         return ()
-    return tuple(c for c in ctl if "numpy" in c.filepath.lower())
+    dirs = _package_dirs(np)
+    return tuple(c for c in ctl if os.path.realpath(c.filepath).startswith(dirs))
 
 
 def _tile_blas() -> tuple[_ThreadCount, ...]:
