@@ -240,9 +240,9 @@ def test_tiles_computed_on_demand_fill_reused_buffers(tmp_path, monkeypatch):
     taken = []
     real_take = tile_buffers.take
 
-    def take(shape, dtype, first_touch=None, aligned=False):
+    def take(shape, dtype, first_touch=None):
         taken.append((tuple(shape), np.dtype(dtype).name))
-        return real_take(shape, dtype, first_touch, aligned)
+        return real_take(shape, dtype, first_touch)
 
     monkeypatch.setattr(tile_buffers, "take", take)
     _, f = _factor_on_demand(tmp_path / "pool", X)

@@ -54,9 +54,9 @@ def test_factor_with_a_small_cache_recycles_and_keeps_its_bits(tmp_path, monkeyp
         taken = []
         real_take = rawchunks.tile_buffers.take
 
-        def counting_take(shape, dtype, first_touch=None, aligned=False):
+        def counting_take(shape, dtype, first_touch=None):
             had = buffers.waiting_bytes()
-            arr = real_take(shape, dtype, first_touch, aligned)
+            arr = real_take(shape, dtype, first_touch)
             taken.append(buffers.waiting_bytes() < had)  # True: a reused buffer
             return arr
 

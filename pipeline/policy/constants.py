@@ -172,12 +172,6 @@ CG_STORED_BYTES_PER_SECOND = 3.06e9
 #: cost 110 ms of CPU on this VM (fresh guest pages), directly 4-7 ms (session 9, AMD
 #: EPYC; docs/PERFORMANCE.md)
 DIRECT_FACTOR_WRITES = True
-#: ... and reads the finished factor tiles it needs past the page cache too (O_DIRECT into
-#: reused page-aligned buffers; each is read many times: 1,331 reads of 136 tiles at
-#: N = 80,000, block 5,000, about 266 GB). On this VM a buffered read cost 0.19 s of CPU
-#: per GB from the page cache and 0.35-0.37 from disk, a direct one 0.035 (session 20,
-#: AMD EPYC; docs/PERFORMANCE.md). The solves after it read through the page cache
-DIRECT_FACTOR_READS = True
 #: the Gram stage: N²/2 lower entries per second (float64, D = 14) and its Zarr write; the
 #: 80k fit wrote 25.6 GB of lower tiles in 49.5 s (bench_fit_80k.py)
 GRAM_ENTRY_RATE = 0.53e9

@@ -149,13 +149,7 @@ def _in_page_cache(L: TiledArray, i: int, j: int) -> bool:
     return bool((L.markers.record((i, j)) or {}).get("page_cache"))
 
 
-def _read_factor_tile(
-    L: TiledArray, i: int, j: int, io: TileIO | None = None, direct: bool = False
-) -> np.ndarray:
-    """Factor tile ``(i, j)``, finished and read-only: from the tile cache, the tiles
-    queued for writing, a mapping, or else read and cached. ``direct``: a read goes past
-    the page cache (``O_DIRECT``: :data:`~pipeline.policy.constants.DIRECT_FACTOR_READS`,
-    for the factorisation's own reads)."""
+def _read_factor_tile(L: TiledArray, i: int, j: int, io: TileIO | None = None) -> np.ndarray:
     key = _cache_key(L, i, j)
     tile = _CACHE.get(key)
     if tile is None and io is not None:
@@ -168,7 +162,7 @@ def _read_factor_tile(
         # a task's own read (a cache miss): a new buffer is faulted in between its
         # wide BLAS calls, on every core
         touch = gil_free_blas.first_touch_between_calls()
-        tile = np.ascontiguousarray(L.read_tile(i, j, first_touch=touch, direct=direct))
+        tile = np.ascontiguousarray(L.read_tile(i, j, first_touch=touch))
         tile.flags.writeable = False
         _CACHE.put(key, tile)
     return tile

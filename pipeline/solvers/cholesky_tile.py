@@ -18,13 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.policy import constants as C
 from pipeline.solvers import blas as gil_free_blas
 from pipeline.solvers.cholesky_cache import _read_factor_tile
 from pipeline.solvers.cholesky_exec import prefetch_gram_tile, read_gram_tile
 from pipeline.solvers.cholesky_options import JitterPolicy, NotPositiveDefiniteError
 from pipeline.storage import TiledArray
-from pipeline.storage import buffers as tile_buffers
 from pipeline.tiles.tile_io import TileIO
 
 
@@ -68,17 +66,16 @@ def _updated_tile(
         k_tile = gram.read_tile(i, j)
     # zarr returns a fresh array: reuse it when it already is writable C-ordered float64
     a = np.require(k_tile, dtype=dtype, requirements=["C", "W"])
-    if a is k_tile and not tile_buffers.owns_memory(k_tile):
+    if a is k_tile and not k_tile.flags.owndata:
         a = k_tile.copy()
     if i == j:
         a[np.diag_indices_from(a)] += shift
-    direct = bool(C.DIRECT_FACTOR_READS)  # its reads of finished factor tiles
     for k in range(j):
-        ljk = _read_factor_tile(L, j, k, io, direct)
+        ljk = _read_factor_tile(L, j, k, io)
         if i == j:
             gil_free_blas.syrk_lower_sub(a, ljk)
         else:
-            gil_free_blas.gemm_nt_sub(a, _read_factor_tile(L, i, k, io, direct), ljk)
+            gil_free_blas.gemm_nt_sub(a, _read_factor_tile(L, i, k, io), ljk)
     return a
 
 
@@ -132,7 +129,6 @@ def _factor_tile(
             )
         out = lt if lt.dtype == dtype else lt.astype(dtype)
     else:
-        ljj = _read_factor_tile(L, j, j, io, bool(C.DIRECT_FACTOR_READS))
-        out = _trsm_right_lower_t(ljj, a)
+        out = _trsm_right_lower_t(_read_factor_tile(L, j, j, io), a)
     info["seconds"] = round(time.perf_counter() - t0, 4)
     return out, info

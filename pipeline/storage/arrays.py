@@ -225,15 +225,14 @@ class TiledArray:
         *,
         first_touch: Callable[[np.ndarray], None] | None = None,
         drop_cache: bool = False,
-        direct: bool = False,
     ) -> np.ndarray:
         """Read tile ``(i, j)``; with ``verify``, check it against its marker's checksum.
 
         ``first_touch(buf)`` is called on a newly allocated read buffer before the raw
         read fills it (:func:`pipeline.storage.buffers.take`); ``drop_cache``: the
         chunk file leaves the page cache once read (for a tile read once, e.g. by the
-        tile Cholesky); ``direct``: read past the page cache (``O_DIRECT``; see
-        :func:`~pipeline.storage.rawchunks.read_chunk`). Reads through Zarr ignore them.
+        tile Cholesky: :func:`~pipeline.storage.rawchunks.read_chunk`). Reads through
+        Zarr ignore both.
 
         Raises
         ------
@@ -248,7 +247,7 @@ class TiledArray:
         tile = None
         if layout is not None:
             try:
-                tile = read_chunk(layout, coords, first_touch, drop_cache, direct)
+                tile = read_chunk(layout, coords, first_touch, drop_cache)
             except PermissionError:  # not damage: recomputing would not help
                 raise
             except OSError as exc:  # e.g. EIO, a directory: unreadable, not merely absent

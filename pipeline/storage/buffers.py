@@ -22,82 +22,33 @@ from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["ALIGN", "give", "owns_memory", "padded", "release", "take", "touch", "waiting_bytes"]
+__all__ = ["give", "release", "take", "touch", "waiting_bytes"]
 
 _LOCK = threading.Lock()
 _FREE: dict[tuple[tuple[int, ...], str], list[np.ndarray]] = {}
 _BYTES = 0
 
 
-#: the alignment of :func:`take`'s ``aligned`` arrays: a page, which ``O_DIRECT`` asks of
-#: a read's buffer address and length; every new array of at least ALIGNED_MIN_BYTES is
-#: aligned, so that a tile's memory can serve any later read once it is given back
-ALIGN = 4096
-ALIGNED_MIN_BYTES = 1 << 20
-
-
 def take(
     shape: tuple[int, ...],
     dtype: np.dtype,
     first_touch: Callable[[np.ndarray], None] | None = None,
-    aligned: bool = False,
 ) -> np.ndarray:
     """A writable C-contiguous array of ``shape`` and ``dtype``; its contents are
     undefined (as ``np.empty``'s). ``first_touch(arr)`` is called on a new array
-    (not on a reused one) before it is returned. ``aligned``: its data starts on a
-    page and its owner (``arr.base``, :func:`padded`) runs on to the next page
-    boundary after its end, for an ``O_DIRECT`` read into it."""
+    (not on a reused one) before it is returned."""
     global _BYTES
     key = (tuple(int(s) for s in shape), np.dtype(dtype).str)
     with _LOCK:
-        free = _FREE.get(key, [])
-        for k in range(len(free) - 1, -1, -1):
-            if not aligned or free[k].base is not None:  # (only aligned ones are views)
-                arr = free.pop(k)
-                _BYTES -= arr.nbytes
-                return arr
-    nbytes = int(np.prod(key[0], dtype=np.int64)) * np.dtype(dtype).itemsize
-    if aligned or nbytes >= ALIGNED_MIN_BYTES:  # a tile: fit for any later read
-        raw = np.empty(-(-nbytes // ALIGN) * ALIGN + ALIGN, dtype=np.uint8)
-        off = -raw.ctypes.data % ALIGN
-        arr = raw[off : off + nbytes].view(dtype).reshape(key[0])  # arr.base is raw
-    else:
-        arr = np.empty(shape, dtype=dtype)
+        free = _FREE.get(key)
+        if free:
+            arr = free.pop()
+            _BYTES -= arr.nbytes
+            return arr
+    arr = np.empty(shape, dtype=dtype)
     if first_touch is not None:
         first_touch(arr)
     return arr
-
-
-def padded(arr: np.ndarray) -> memoryview:
-    """The bytes of an ``aligned`` array from :func:`take`, from its first to the next
-    page boundary after its last (a length ``O_DIRECT`` accepts)."""
-    start = arr.ctypes.data - arr.base.ctypes.data
-    n = -(-arr.nbytes // ALIGN) * ALIGN
-    return memoryview(arr.base[start : start + n])
-
-
-def owns_memory(arr: np.ndarray) -> bool:
-    """Whether ``arr`` alone holds its memory: it owns it, or it is an aligned array of
-    :func:`take` (a view of a byte array that nothing else holds), so writing into it
-    changes no other array."""
-    return bool(arr.flags.owndata) or (arr.base is not None and _aligned(arr))
-
-
-def _aligned(arr: np.ndarray) -> bool:
-    """Whether ``arr`` is an ``aligned`` array of :func:`take`: a page-aligned view of a
-    byte array that owns its memory, held by nothing but ``arr``."""
-    import sys
-
-    raw = arr.base
-    return (
-        isinstance(raw, np.ndarray)
-        and raw.base is None
-        and raw.dtype == np.uint8
-        and raw.flags.owndata
-        and arr.ctypes.data % ALIGN == 0
-        and raw.nbytes == -(-arr.nbytes // ALIGN) * ALIGN + ALIGN
-        and sys.getrefcount(raw) <= 3  # arr.base, ``raw`` here and getrefcount's argument
-    )
 
 
 def touch(arr: np.ndarray, threads: int = 1) -> None:
@@ -127,10 +78,7 @@ def give(arr: np.ndarray, max_bytes: int) -> bool:
     overwritten). Only arrays that own their C-contiguous memory are kept.
     """
     global _BYTES
-    if not arr.flags.c_contiguous:
-        return False
-    aligned = arr.base is not None and _aligned(arr)
-    if not aligned and (arr.base is not None or not arr.flags.owndata):
+    if arr.base is not None or not arr.flags.owndata or not arr.flags.c_contiguous:
         return False
     with _LOCK:
         if _BYTES + arr.nbytes > max_bytes:

@@ -137,7 +137,6 @@ def read_chunk(
     coords: tuple[int, ...],
     first_touch: Callable[[np.ndarray], None] | None = None,
     drop_cache: bool = False,
-    direct: bool = False,
 ) -> np.ndarray | None:
     """Chunk ``coords`` as a writable array that no one else holds (a new one, or a
     buffer given back for reuse, :mod:`pipeline.storage.buffers`; edge chunks cut to
@@ -150,26 +149,16 @@ def read_chunk(
     pages, which the VM's host already backs, rather than in free memory that the
     host must fault in again (:data:`~pipeline.policy.constants.DROP_READ_PAGE_CACHE`).
     Where the call is missing or fails, the read is the same.
-
-    ``direct``: read past the page cache (``O_DIRECT``, :func:`_read_direct`) into a
-    page-aligned buffer, for a chunk read many times over a pass larger than the page
-    cache (the tile Cholesky's factor tiles, :data:`~pipeline.policy.constants.
-    DIRECT_FACTOR_READS`): no copy out of the page cache and no pages of it to fill.
-    Where the filesystem refuses ``O_DIRECT``, the ordinary read is used.
     """
     # reused memory if any waits
-    buf = tile_buffers.take(layout.chunk_shape, layout.dtype, first_touch, aligned=direct)
+    buf = tile_buffers.take(layout.chunk_shape, layout.dtype, first_touch)
     try:
-        got = _read_direct(layout.path(coords), buf) if direct else None
-        if got is None:  # not asked for, or refused here: through the page cache
-            with open(layout.path(coords), "rb", buffering=0) as f:
-                got = f.readinto(memoryview(buf).cast("B"))
-                if got != buf.nbytes or f.read(1):
-                    return None
-                if drop_cache:
-                    _drop_page_cache(f.fileno())
-        elif got != buf.nbytes:  # the wrong size (a direct read stops at the end of file)
-            return None
+        with open(layout.path(coords), "rb", buffering=0) as f:
+            got = f.readinto(memoryview(buf).cast("B"))
+            if got != buf.nbytes or f.read(1):
+                return None
+            if drop_cache:
+                _drop_page_cache(f.fileno())
     except FileNotFoundError:
         return None
     region = layout.region_shape(coords)
@@ -311,7 +300,6 @@ _ALIGN = 4096  # O_DIRECT needs the buffer, offset and length aligned to the dev
 _POOL: list[Any] = []
 _POOL_KEEP = 1
 _NO_DIRECT: set[int] = set()  # st_dev of filesystems that refused O_DIRECT
-_NO_DIRECT_READ: set[int] = set()  # ... an O_DIRECT read
 
 
 def _aligned_buffer(nbytes: int) -> Any:
@@ -339,43 +327,6 @@ def release_direct_buffers() -> None:
         bufs, _POOL[:] = list(_POOL), []
     for buf in bufs:
         buf.close()
-
-
-def _read_direct(path: Path, buf: np.ndarray) -> int | None:
-    """Read file ``path`` into ``buf`` (an ``aligned`` array of
-    :func:`pipeline.storage.buffers.take`) with ``O_DIRECT``: the bytes read, up to
-    the page after ``buf``'s end (more than ``buf.nbytes`` means the file is larger),
-    or None if this filesystem refuses it (nothing read)."""
-    flag = getattr(os, "O_DIRECT", 0)
-    if not flag or buf.base is None:
-        return None
-    dev = os.stat(path).st_dev  # FileNotFoundError: the caller's "missing"
-    if dev in _NO_DIRECT_READ:
-        return None
-    try:
-        fd = os.open(path, os.O_RDONLY | flag)
-    except OSError as exc:
-        if exc.errno in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP):
-            _NO_DIRECT_READ.add(dev)
-            return None
-        raise
-    view = tile_buffers.padded(buf)
-    got = 0
-    try:
-        while got < len(view):
-            n = os.readv(fd, [view[got:]])
-            got += n
-            if n == 0 or n % _ALIGN:  # a short read: the end of the file
-                break
-    except OSError as exc:
-        if exc.errno != errno.EINVAL or got:
-            raise
-        _NO_DIRECT_READ.add(dev)  # opened, but the aligned read was refused
-        return None
-    finally:
-        os.close(fd)
-        view.release()
-    return got
 
 
 def _write_direct(tmp: str, view: memoryview) -> bool:

@@ -92,19 +92,9 @@ def main(argv: list[str] | None = None) -> int:
         choices=["float64", "float32"],
         help="stored Gram dtype (default: the factor's in place, else float64)",
     )
-    p.add_argument(
-        "--factor-reads",
-        default="direct",
-        choices=["direct", "buffered"],
-        help="the factor's reads of its finished tiles: past the page cache (O_DIRECT, "
-        "DIRECT_FACTOR_READS, the default) or through it (before session 20)",
-    )
     p.add_argument("--dir", default=None, help="scratch directory for the store")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
-    import pipeline.policy.constants as policy_constants
-
-    policy_constants.DIRECT_FACTOR_READS = a.factor_reads == "direct"
     if a.gram == "on-demand" and a.keep_gram != "false":
         p.error(
             "--gram on-demand computes the Gram inside an in-place factor: add --keep-gram false"
@@ -122,8 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         f"N={n} D={a.d} block={block} RBF lambda={a.lam} factor {a.factor_dtype}; store {store}",
         flush=True,
     )
-    out: dict = {"n": n, "block": block, "factor_dtype": a.factor_dtype, "scheduler": a.scheduler,
-                 "factor_reads": a.factor_reads}  # fmt: skip
+    out: dict = {"n": n, "block": block, "factor_dtype": a.factor_dtype, "scheduler": a.scheduler}
     # the baseline, same run: the factor's main tile call at its width (GEMM peak)
     out["gemm_peak_gflops"] = gemm_peak_gflops(block)
     print(

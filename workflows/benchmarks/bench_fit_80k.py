@@ -109,19 +109,9 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="for the cost model (default: the GEMM peak measured at the start of this run)",
     )
-    p.add_argument(
-        "--factor-reads",
-        default="direct",
-        choices=["direct", "buffered"],
-        help="the factor's reads of its finished tiles: past the page cache (O_DIRECT, "
-        "DIRECT_FACTOR_READS, the default) or through it (before session 20)",
-    )
     p.add_argument("--dir", default=None, help="scratch directory for the store")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
-    import pipeline.policy.constants as policy_constants
-
-    policy_constants.DIRECT_FACTOR_READS = a.factor_reads == "direct"
     n = a.n or (8_000 if a.quick else 80_000)
     block = a.block or (2000 if a.quick else 4000)
     if not a.keep_gram and a.factor_dtype != a.gram_dtype:
@@ -143,8 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{n * n * 8 / 1e9:.1f} GB",
         flush=True,
     )
-    out: dict = {"n": n, "d": a.d, "block": block, "factor_dtype": a.factor_dtype,
-                 "factor_reads": a.factor_reads}  # fmt: skip
+    out: dict = {"n": n, "d": a.d, "block": block, "factor_dtype": a.factor_dtype}
     out["keep_gram"] = a.keep_gram
     out["gram"] = a.gram
     # the baseline, same run: the factor's main tile call at its width (GEMM peak)
