@@ -71,3 +71,49 @@ def test_factor_with_a_small_cache_recycles_and_keeps_its_bits(tmp_path, monkeyp
         assert buffers.waiting_bytes() == 0  # released with the cache
     finally:
         cholesky_cache.set_tile_cache_budget(old_budget)
+
+
+def test_evicted_tiles_that_a_task_still_read_are_recycled_once_it_is_done(tmp_path, monkeypatch):
+    """A factor tile evicted while a task still reads it gives its buffer to the pool
+    once the task lets it go (RECYCLE_HELD_EVICTIONS), not back to the system: fewer
+    reads land in new memory, and the factor keeps its bits."""
+    from test_triangular import rbf_matrix, write_gram
+
+    import pipeline.policy.constants as policy_constants
+    from pipeline.solvers import cholesky_cache, tile_cholesky
+
+    n, b = 600, 50  # 12 x 12 tiles, a cache of 4 tiles and a pool of 3
+    g = write_gram(tmp_path / "g", rbf_matrix(n, seed=12), b)
+    old_budget = cholesky_cache._CACHE.budget
+    real_take = rawchunks.tile_buffers.take
+    counts = {}
+
+    def run(recycle):
+        monkeypatch.setattr(policy_constants, "RECYCLE_HELD_EVICTIONS", recycle)
+        new = []
+
+        def counting_take(shape, dtype, first_touch=None):
+            had = buffers.waiting_bytes()
+            arr = real_take(shape, dtype, first_touch)
+            new.append(buffers.waiting_bytes() >= had)  # True: nothing reused
+            return arr
+
+        monkeypatch.setattr(rawchunks.tile_buffers, "take", counting_take)
+        f = tile_cholesky(g, 1e-2, store=str(tmp_path / str(recycle)), progress=False,
+                          n_threads=2)  # fmt: skip
+        counts[recycle] = sum(new)
+        tiles = {t: f.L.read_tile(*t) for t in f.L.grid.lower_tiles()}
+        cholesky_cache.release_tile_cache()
+        assert cholesky_cache._CACHE._held == []  # released with the cache
+        return tiles
+
+    try:
+        cholesky_cache.set_tile_cache_budget(4 * b * b * 8)
+        monkeypatch.setattr(cholesky_cache, "TILE_BUFFER_POOL_BYTES", 3 * b * b * 8)
+        before, after = run(False), run(True)
+    finally:
+        cholesky_cache.set_tile_cache_budget(old_budget)
+        cholesky_cache.release_tile_cache()
+    for t, tile in before.items():
+        np.testing.assert_array_equal(after[t], tile)
+    assert counts[True] < counts[False], counts

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.policy import constants as C
 from pipeline.policy.constants import TILE_BUFFER_POOL_BYTES
 from pipeline.solvers import blas as gil_free_blas
 from pipeline.storage import TiledArray
@@ -37,6 +38,8 @@ class _TileCache:
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
+        # evicted tiles a task still held: their buffers go to the next reads once freed
+        self._held: list[np.ndarray] = []
 
     def get(self, key: Any) -> np.ndarray | None:
         with self._lock:
@@ -65,9 +68,33 @@ class _TileCache:
                 # reads it: its memory goes to the next tile read instead of fresh pages
                 if sys.getrefcount(ev) == 2:
                     spare.append(ev)
+                elif C.RECYCLE_HELD_EVICTIONS:  # a task reads it: once it is done
+                    self._held.append(ev)
             ev = None
+            if self._held:
+                spare += self._released_held()
         for ev in spare:
             tile_buffers.give(ev, TILE_BUFFER_POOL_BYTES)
+
+    def _released_held(self) -> list[np.ndarray]:
+        """The evicted tiles that no task holds any more, taken out of ``_held`` (see
+        :data:`~pipeline.policy.constants.RECYCLE_HELD_EVICTIONS`); those still held
+        stay, up to the buffer pool's budget (beyond it they are forgotten, and freed
+        with their last reader). Under the lock."""
+        spare: list[np.ndarray] = []
+        kept: list[np.ndarray] = []
+        kept_bytes = 0
+        while self._held:
+            h = self._held.pop()
+            if sys.getrefcount(h) == 2:  # ``h`` and getrefcount's argument
+                spare.append(h)
+            elif kept_bytes + h.nbytes <= TILE_BUFFER_POOL_BYTES:
+                kept.append(h)
+                kept_bytes += h.nbytes
+            h = None
+        kept.reverse()
+        self._held = kept
+        return spare
 
     def drop(self, prefix: tuple) -> None:
         """Forget every entry whose key starts with ``prefix``."""
@@ -79,6 +106,7 @@ class _TileCache:
     def clear(self) -> None:
         with self._lock:
             self._d.clear()
+            self._held = []
             self.nbytes = 0
 
 
