@@ -109,9 +109,19 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="for the cost model (default: the GEMM peak measured at the start of this run)",
     )
+    p.add_argument(
+        "--recycle-held",
+        default="on",
+        choices=["on", "off"],
+        help="off: an evicted factor tile that a task still reads is freed, not recycled "
+        "(RECYCLE_HELD_EVICTIONS, before session 20)",
+    )
     p.add_argument("--dir", default=None, help="scratch directory for the store")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
+    import pipeline.policy.constants as policy_constants
+
+    policy_constants.RECYCLE_HELD_EVICTIONS = a.recycle_held == "on"
     n = a.n or (8_000 if a.quick else 80_000)
     block = a.block or (2000 if a.quick else 4000)
     if not a.keep_gram and a.factor_dtype != a.gram_dtype:
@@ -133,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{n * n * 8 / 1e9:.1f} GB",
         flush=True,
     )
-    out: dict = {"n": n, "d": a.d, "block": block, "factor_dtype": a.factor_dtype}
+    out: dict = {"n": n, "d": a.d, "block": block, "factor_dtype": a.factor_dtype,
+                 "recycle_held": a.recycle_held}  # fmt: skip
     out["keep_gram"] = a.keep_gram
     out["gram"] = a.gram
     # the baseline, same run: the factor's main tile call at its width (GEMM peak)
