@@ -314,7 +314,9 @@ TILE_BUFFER_POOL_BYTES = 640 << 20
 #: to the pool once that task lets it go (checked at each later eviction), instead of
 #: back to the system. At N = 80,000 (16 x 16 tiles, a cache of 5 tiles and a pool of 3),
 #: 264 of the factor's 1,472 tile buffers were new memory before, about 53 GB to fault in
-#: (perf: clear_page_erms 2.0 % of the fit's CPU samples; session 20)
+#: (perf: clear_page_erms 2.0 % of the fit's CPU samples); at block 4,000, 250 -> 27 of
+#: 2,826. bench_fit_80k.py float64, block 4,000, one pair: fit 1,781.1 s, peak 2.44 GB,
+#: against 1,807.1 s, 2.57 GB (within the VM's noise; session 20, docs/PERFORMANCE.md)
 RECYCLE_HELD_EVICTIONS = True
 #: new tile-read buffers of at least this many bytes are faulted in between two wide
 #: (all-core) BLAS calls on every core (pipeline.solvers.blas.first_touch_between_calls),
