@@ -252,6 +252,15 @@ def test_tiles_computed_on_demand_fill_reused_buffers(tmp_path, monkeypatch):
     np.testing.assert_array_equal(_dense(f), _dense(ref))
 
 
+def _reference_and_recomputer(tmp_path):
+    """X, its factor computed on demand (the reference), and a recomputer of its Gram."""
+    X, _ = _data(n=220)
+    _, ref = _factor_on_demand(tmp_path / "ref", X)
+    g0 = build_gram(X, RBF(gamma=0.25), str(tmp_path / "g0"), 50, defer=True,
+                    kernel_dtype="float64", progress=False)  # fmt: skip
+    return X, ref, GramTileRecomputer.for_gram(g0, X, RBF(gamma=0.25))
+
+
 @pytest.mark.parametrize("takes_out", [True, False])
 def test_any_recompute_tile_that_takes_out_gets_a_reused_buffer(tmp_path, monkeypatch, takes_out):
     """The reader offers a pooled buffer to every ``recompute_tile`` with an ``out``
@@ -260,11 +269,7 @@ def test_any_recompute_tile_that_takes_out_gets_a_reused_buffer(tmp_path, monkey
     from pipeline.solvers.cholesky_inplace import _takes_out
     from pipeline.storage import buffers as tile_buffers
 
-    X, _ = _data(n=220)
-    _, ref = _factor_on_demand(tmp_path / "ref", X)
-    g0 = build_gram(X, RBF(gamma=0.25), str(tmp_path / "g0"), 50, defer=True,
-                    kernel_dtype="float64", progress=False)  # fmt: skip
-    inner = GramTileRecomputer.for_gram(g0, X, RBF(gamma=0.25))
+    X, ref, inner = _reference_and_recomputer(tmp_path)
     outs = []
 
     def with_out(i, j, out=None):
@@ -288,11 +293,7 @@ def test_a_recompute_tile_with_kwargs_that_ignores_out_still_gives_the_grams_dty
     """A ``(i, j, **kw)`` callable is offered the buffer but may return its own array (a
     list of lists here, as a plain callable may): it is taken as the Gram's dtype, as a
     plain callable's is, and the factor is the same bits."""
-    X, _ = _data(n=220)
-    _, ref = _factor_on_demand(tmp_path / "ref", X)
-    g0 = build_gram(X, RBF(gamma=0.25), str(tmp_path / "g0"), 50, defer=True,
-                    kernel_dtype="float64", progress=False)  # fmt: skip
-    inner = GramTileRecomputer.for_gram(g0, X, RBF(gamma=0.25))
+    X, ref, inner = _reference_and_recomputer(tmp_path)
     offered = []
 
     def ignores_out(i, j, **kw):

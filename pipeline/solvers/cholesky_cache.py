@@ -97,9 +97,11 @@ class _TileCache:
         return spare
 
     def drop(self, prefix: tuple) -> None:
-        """Forget every entry whose key starts with ``prefix``."""
+        """Forget every entry whose key starts with ``prefix``, and the evicted tiles
+        waiting for their last reader (``_held``: none is a cache entry any more)."""
         n = len(prefix)
         with self._lock:
+            self._held = []
             for key in [k for k in self._d if k[:n] == prefix]:
                 self.nbytes -= self._d.pop(key).nbytes
 
