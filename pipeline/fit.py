@@ -89,17 +89,20 @@ def measure_resources(
     ``reclaim_bytes`` counts bytes this fit's own earlier outputs already hold in
     the store (a finished Gram), so a plan made before and after writing them agrees.
     """
-    from pipeline.parallel import _active_client
+    from pipeline.parallel import _active_client, workers_on_this_host
     from pipeline.reference import memory
-    from pipeline.solvers.cholesky_exec import auto_scheduler, tile_owners
+    from pipeline.solvers.cholesky_exec import tile_owners
 
-    # the tile is sized by worker count only where the tiles run on the workers
-    on_workers = auto_scheduler() == "dask"
+    # the plan sizes the tile by this count only where its tiles run on the workers
+    # (:func:`~pipeline.policy.plan.tiles_on_workers`)
+    client = _active_client()
+    workers = max(1, len(tile_owners(client)))
     return Resources(
         memory_bytes=float(memory.available_memory()),
         disk_bytes=_disk_free(store) + float(reclaim_bytes),
         in_memory=in_memory,
-        workers=max(1, len(tile_owners(_active_client()))) if on_workers else 1,
+        workers=workers,
+        workers_here=workers >= 2 and workers_on_this_host(client),
     )
 
 

@@ -5,6 +5,8 @@ machine rate; they ask this package. Modules:
 
 - ``constants``: the defaults and calibrated constants, each with where it was measured.
 - ``plan``: ``FitPlan`` and ``plan_fit`` (one fit plan and its reason).
+- ``placement``: the measured ``Resources``, where a fit's tiles run, and the tile
+  size that follows.
 - ``cholesky_cost``: predicted time, memory and disk of the out-of-core Cholesky.
 - ``cg_cost``: predicted iterations and time of preconditioned CG.
 - ``cost_models``: the cost models known by name (``calibrated``, ``simple``) and how

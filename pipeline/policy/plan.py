@@ -51,6 +51,12 @@ from pipeline.policy.cost_models import (
     predicted_cg_seconds,
     predicted_cholesky_seconds,
 )
+from pipeline.policy.placement import (
+    Resources,
+    default_block_size,
+    gram_on_demand,
+    tiles_on_workers,
+)
 
 __all__ = [
     "ALPHA_CONVENTION_ALIASES",
@@ -61,6 +67,7 @@ __all__ = [
     "cg_memory_bytes",
     "cholesky_disk_bytes",
     "gram_disk_bytes",
+    "gram_on_demand",
     "make_cost_model",
     "matvec_choice",
     "normalize_alpha_convention",
@@ -104,32 +111,6 @@ def normalize_alpha_convention(value: str) -> str:
         raise ValueError(
             f"alpha_convention={value!r} is not valid; choose 'sklearn' or 'n_samples'"
         ) from None
-
-
-@dataclass(frozen=True)
-class Resources:
-    """What the fit may use, measured by the caller.
-
-    Parameters
-    ----------
-    memory_bytes : float
-        Memory available to the process.
-    disk_bytes : float
-        Free bytes where the store lives (``inf`` for object storage).
-    in_memory : bool
-        Whether an in-memory solver (``dense``, ``primal``) may be planned; False
-        for ``krr run`` and for an estimator given a ``store``.
-    workers : int
-        Workers of the active distributed client (1 without one). With no
-        ``block_size`` chosen and ``workers >= 2``, the tile is sized by the worker
-        count (:func:`pipeline.solvers.cholesky_exec.dask_block_size`: the tile
-        Cholesky's critical path, docs/SCALING.md).
-    """
-
-    memory_bytes: float
-    disk_bytes: float
-    in_memory: bool = True
-    workers: int = 1
 
 
 @dataclass(frozen=True)
@@ -215,20 +196,6 @@ class FitPlan:
 
 # ---------------------------------------------------------------------------
 # sizes
-
-
-def gram_on_demand(solver: str, keep_gram: bool, x_in_memory: bool, factor_runs_here: bool) -> bool:
-    """Whether the Gram is not stored first (``build_gram(defer=True)``): an in-place
-    Cholesky (``keep_gram=False``) whose factor runs in this process, with X in memory,
-    computes each Gram tile from X when it needs it (``GRAM_ON_DEMAND_IN_PLACE``). The
-    one rule ``fit.execute`` and ``krr run``'s gram stage both apply."""
-    return bool(
-        C.GRAM_ON_DEMAND_IN_PLACE
-        and solver == "cholesky"
-        and not keep_gram
-        and x_in_memory
-        and factor_runs_here
-    )
 
 
 def cholesky_disk_bytes(n: int, itemsize: int = 8) -> int:
@@ -377,15 +344,6 @@ def _cholesky_beats_any_cg(cm: Any, n: int, d: int, kernel: Any, mu: float, tol:
     return t_chol <= _seconds(cm.cg_seconds, n, d, kernel, rho=0.0, **kw)
 
 
-def _default_block_size(n: int, workers: int) -> int:
-    """The tile edge when none is chosen: by worker count on a cluster, else the default."""
-    if workers >= 2:
-        from pipeline.solvers.cholesky_exec import dask_block_size
-
-        return dask_block_size(n, workers)
-    return min(C.DEFAULT_BLOCK_SIZE, max(1, n))
-
-
 def _choice(choices: Mapping[str, Any], key: str, default: Any) -> Any:
     v = choices.get(key)
     return default if v is None else v
@@ -450,7 +408,17 @@ def plan_fit(
     one_alpha = np.unique(alphas).size == 1
     matvec = normalize_matvec(_choice(ch, "matvec", "auto"))
     rank = int(_choice(ch, "rank", C.DEFAULT_RANK))
-    bs = int(_choice(ch, "block_size", _default_block_size(n, resources.workers)))
+    fs = _choice(ch, "factor_scheduler", "auto")
+    keep = bool(_choice(ch, "keep_gram", True))
+    x_here = isinstance(X, np.ndarray) and kernel is not None
+
+    def block_for(solver: str) -> int:
+        w = tiles_on_workers(
+            solver, resources, factor_scheduler=fs, keep_gram=keep, x_in_memory=x_here
+        )
+        return int(_choice(ch, "block_size", default_block_size(n, w)))
+
+    bs = block_for(solver)
     store = ch.get("store")
     factor_dtype = _choice(ch, "factor_dtype", C.DEFAULT_FACTOR_DTYPE)
     if factor_dtype not in FACTOR_DTYPES:
@@ -474,8 +442,8 @@ def plan_fit(
         random_state=int(_choice(ch, "random_state", C.DEFAULT_RANDOM_STATE)),
         checkpoint_every=int(_choice(ch, "checkpoint_every", C.DEFAULT_CHECKPOINT_EVERY)),
         jitter=bool(ch.get("jitter") or False),
-        factor_scheduler=_choice(ch, "factor_scheduler", "auto"),
-        keep_gram=bool(_choice(ch, "keep_gram", True)),
+        factor_scheduler=fs,
+        keep_gram=keep,
         check_disk=bool(_choice(ch, "check_disk", True)),
     )
     mercer = bool(getattr(kernel, "is_mercer", True))
@@ -574,7 +542,7 @@ def plan_fit(
         reason = why if reason.startswith("requested") else f"{reason}: {why}"
         solver = name
     if solver == "cholesky":
-        plan = replace(base, solver="cholesky", matvec="stored")
+        plan = replace(base, solver="cholesky", matvec="stored", block_size=block_for(solver))
         if factor_dtype == "auto":
             from pipeline.policy.factor_precision import choose_factor_dtype
 
@@ -583,4 +551,5 @@ def plan_fit(
             reason = f"{reason}; {why}"
         return plan, reason
     matvec, precision, why = variant
-    return replace(base, solver="cg", matvec=matvec, cg_precision=precision), f"{reason}; {why}"
+    plan = replace(base, solver="cg", matvec=matvec, cg_precision=precision)
+    return replace(plan, block_size=block_for("cg")), f"{reason}; {why}"

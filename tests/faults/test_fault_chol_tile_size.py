@@ -111,13 +111,20 @@ def test_policy_tiles_dask_factor_matches_dense_and_threads(tmp_path, monkeypatc
         np.testing.assert_allclose(np.tril(t) if i == j else t, blk, rtol=0, atol=1e-10)
 
 
-@pytest.mark.parametrize("here", [False, True], ids=["workers-elsewhere", "workers-here"])
-def test_estimator_without_block_size_uses_policy_on_a_client(tmp_path, monkeypatch, here):
+@pytest.mark.parametrize(
+    "here, keep_gram",
+    [(False, True), (True, True), (False, False)],
+    ids=["workers-elsewhere", "workers-here", "workers-elsewhere-in-place"],
+)
+def test_estimator_without_block_size_uses_policy_on_a_client(
+    tmp_path, monkeypatch, here, keep_gram
+):
     """KernelRidge(solver="cholesky") with no block_size on a 2-worker client builds
     its Gram with the policy's tile for 2 workers when they run on other machines (the
     factor's tiles run on them), and with the default tile when they run on this one
-    (the factor runs on the threads executor here: FACTOR_THREADS_ON_THIS_HOST); it
-    predicts as scikit-learn does either way."""
+    (the factor runs on the threads executor here: FACTOR_THREADS_ON_THIS_HOST), or
+    when the factor is in place and computes its Gram from X here (keep_gram=False,
+    whatever the cluster); it predicts as scikit-learn does either way."""
     pytest.importorskip("distributed")
     from distributed import Client, LocalCluster
     from sklearn.kernel_ridge import KernelRidge as SkKRR
@@ -146,10 +153,10 @@ def test_estimator_without_block_size_uses_policy_on_a_client(tmp_path, monkeypa
         Client(cluster),
     ):  # fmt: skip
         est = pipeline.KernelRidge(alpha=1e-2, kernel="rbf", gamma=0.3, solver="cholesky",
-                                   store=str(tmp_path / "s")).fit(X, y)  # fmt: skip
+                                   keep_gram=keep_gram, store=str(tmp_path / "s")).fit(X, y)  # fmt: skip
         pred = est.predict(X[:50])
     assert dask_block_size(1500, 2) == 1024
-    assert seen == ([1500] if here else [1024])
+    assert seen == ([1500] if here or not keep_gram else [1024])
     want = SkKRR(alpha=1e-2, kernel="rbf", gamma=0.3).fit(X, y).predict(X[:50])
     np.testing.assert_allclose(pred, want, rtol=1e-7, atol=1e-8)
 

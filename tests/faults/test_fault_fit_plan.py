@@ -175,3 +175,39 @@ def test_the_plan_sizes_tiles_by_the_clients_worker_count():
     # no client (one worker): the default tile; a chosen block size always wins
     assert plan_fit(200_000, 8, k, RES, ch)[0].block_size == C.DEFAULT_BLOCK_SIZE
     assert plan_fit(200_000, 8, k, many, {**ch, "block_size": 3000})[0].block_size == 3000
+
+
+def test_the_tile_is_sized_for_the_workers_only_where_the_tiles_run_on_them():
+    """An in-place factor that computes its Gram from X runs here under
+    ``factor_scheduler="auto"`` whatever the cluster (``fit.factor_executor``), so its
+    tile is this process's default; ``"dask"`` sends it to the workers, also when they
+    run on this machine, and sizes the tile for them."""
+    from pipeline.solvers.cholesky_exec import dask_block_size
+
+    k = make_kernel("rbf")
+    n = 200_000
+    X = np.zeros((n, 2))
+    many = Resources(memory_bytes=16 * GB, disk_bytes=10_000 * GB, in_memory=False, workers=64)
+    local = Resources(
+        memory_bytes=16 * GB, disk_bytes=10_000 * GB, in_memory=False, workers=64, workers_here=True
+    )
+    sized = dask_block_size(n, 64)
+    assert sized != C.DEFAULT_BLOCK_SIZE
+
+    def block(res, X=None, **ch):
+        return plan_fit(n, 2, k, res, {"solver": "cholesky", "alpha": 1e-2, **ch}, X=X)[
+            0
+        ].block_size
+
+    in_place = {"keep_gram": False}
+    assert block(many, X, **in_place) == C.DEFAULT_BLOCK_SIZE  # factored here, from X
+    assert block(many, None, **in_place) == sized  # no X here: the Gram is stored, on them
+    assert block(many, X) == sized  # kept Gram: the factor runs on the workers
+    assert block(many, X, factor_scheduler="dask", **in_place) == sized
+    assert block(many, X, factor_scheduler="threads") == C.DEFAULT_BLOCK_SIZE
+    # workers on this machine: "auto" factors on threads here, "dask" on them
+    assert block(local, X) == C.DEFAULT_BLOCK_SIZE
+    assert block(local, X, factor_scheduler="dask") == sized
+    # CG's tiles go to workers on other machines, as before
+    cg = plan_fit(n, 2, k, many, {"solver": "cg", "alpha": 1e-2, "keep_gram": False}, X=X)[0]
+    assert cg.block_size == sized
