@@ -162,9 +162,11 @@ def test_bad_inputs(problem):
 
 
 @pytest.mark.slow
-def test_matvec_under_a_distributed_client(tmp_path, problem):
+def test_matvec_under_a_distributed_client(tmp_path, problem, monkeypatch):
     from pipeline.parallel import dask_client
+    from pipeline.policy import constants as C
 
+    monkeypatch.setattr(C, "SMALL_PASS_ENTRIES", 0)  # on the workers, not here
     X, kernel, K = problem
     gram = write_gram(tmp_path, K, 64)
     V = np.random.default_rng(4).normal(size=(K.shape[0], 2))

@@ -195,10 +195,13 @@ def test_bitwise_identical_threads_and_sync(tmp_path):
         np.testing.assert_array_equal(x, y)
 
 
-def test_bitwise_identical_on_distributed(tmp_path):
+def test_bitwise_identical_on_distributed(tmp_path, monkeypatch):
     pytest.importorskip("distributed")
     from distributed import Client, LocalCluster
 
+    from pipeline.policy import constants as C
+
+    monkeypatch.setattr(C, "SMALL_PASS_ENTRIES", 0)  # every pass on the workers
     kernel = RBF(gamma=0.3)
     h = stored(tmp_path, kernel(X), 20, lower=True)
     engine.store_tiles(KernelSource(kernel), h, list(h.grid.lower_tiles()), X=X)
@@ -231,3 +234,46 @@ def test_build_gram_fused_opt_in_has_its_own_fingerprint(tmp_path):
         np.testing.assert_allclose(gf.read_tile(i, j), g.read_tile(i, j), rtol=0, atol=1e-12)
     with pytest.raises(ValueError, match="kernel_dtype"):
         build_gram(X, kernel, tmp_path / "c", 64, progress=False, kernel_dtype="float16")
+
+
+def test_small_passes_run_here_beside_a_client_on_this_machine(tmp_path, monkeypatch):
+    """A pass of at most SMALL_PASS_ENTRIES kernel entries runs in this process (a
+    cluster round trip costs more than the pass) when the client's workers run on this
+    machine, with the bits the workers give; a larger one, or one beside a client on
+    other machines, goes to the workers (tiles.where)."""
+    pytest.importorskip("distributed")
+    from distributed import Client, LocalCluster
+
+    import pipeline.parallel as par
+    from pipeline.policy import constants as C
+    from pipeline.tiles import where
+
+    kernel = RBF(gamma=0.3)
+    h = stored(tmp_path, kernel(X), 20, lower=True)
+    engine.store_tiles(KernelSource(kernel), h, list(h.grid.lower_tiles()), X=X)
+    with dask.config.set(scheduler="sync"):
+        ref = _passes(h)
+    ch = chunks_of(203, 20)
+    lower = where.lower_entries(ch)  # the matvecs' (the smallest passes: 203² for accumulate)
+    assert lower == sum(a * b for i, a in enumerate(ch) for b in ch[: i + 1]) < 203 * 203
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0",
+                     memory_limit=0) as cluster,
+        Client(cluster) as client,
+    ):  # fmt: skip
+        sent = []
+        real = client.compute
+        monkeypatch.setattr(client, "compute", lambda *a, **k: sent.append(1) or real(*a, **k))
+        got = _passes(h)
+        assert sent == []  # all three ran here
+        monkeypatch.setattr(C, "SMALL_PASS_ENTRIES", lower - 1)
+        got_big = _passes(h)
+        assert len(sent) == 3  # the smallest is one entry over the budget: on the workers
+        monkeypatch.setattr(C, "SMALL_PASS_ENTRIES", 10**9)
+        where._LOCAL.clear()
+        monkeypatch.setattr(par, "workers_on_this_host", lambda c: False)
+        _passes(h)
+        assert len(sent) == 6  # workers on other machines: always on them
+    for x, y, z in zip(ref, got, got_big, strict=True):
+        np.testing.assert_array_equal(x, y)
+        np.testing.assert_array_equal(x, z)

@@ -386,6 +386,13 @@ PREFETCH_NEXT_GRAM_TILE = True
 #: runs): threads 13.5-15.9 s, the Dask executor on the embedded LocalCluster 16.5-18.5 s;
 #: session 13, N = 40,000: 236.5 s against 246-260 s. False: always the workers
 FACTOR_THREADS_ON_THIS_HOST = True
+#: a tile pass over at most this many kernel entries runs on Dask's threaded scheduler in
+#: this process, not on a distributed client whose workers all run on this machine
+#: (pipeline.tiles.where). Session 21, AMD EPYC VM, 2 cores, a kernel product (RBF, D = 8):
+#: in this process 3.7 / 5.0 / 8.5 / 22.0 ms at n = 331 / 1,000 / 2,000 / 4,000; on a
+#: 2-worker LocalCluster 29.2 / 27.1 / 34.3 / 53.7 ms (114 ms at 8,000). A CV search on
+#: diabetes (krr run, cv.solver: cg) made 137 such products at about 66 ms each
+SMALL_PASS_ENTRIES = 8_000_000
 #: Dask settings of the embedded LocalCluster (pipeline.parallel.dask_client; never of a
 #: cluster given by address), each applied only where the user's Dask config still has
 #: Dask's default: no statistical profiler in the workers (it samples every thread's

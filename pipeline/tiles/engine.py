@@ -51,6 +51,7 @@ from dask.highlevelgraph import HighLevelGraph
 
 from pipeline.tiles.fused import available_cores
 from pipeline.tiles.sources import CallableSource, KernelSource, StoredSource
+from pipeline.tiles.where import compute_here, lower_entries, n_rows, runs_here, tile_entries
 
 __all__ = [
     "FAN_IN",
@@ -273,6 +274,7 @@ def execute(
     desc: str = "",
     local: bool = False,
     n_tasks: int = 1,
+    entries: float | None = None,
 ) -> Any:
     """Run a pass and return the value of ``key``.
 
@@ -280,10 +282,14 @@ def execute(
     else the threaded scheduler with BLAS held to one thread). ``local=True``:
     in this process (threads, or the configured synchronous scheduler), with
     BLAS given ``cores // tasks`` threads, for passes over in-memory data that
-    a cluster would only have to be sent.
+    a cluster would only have to be sent. ``entries``: the kernel entries the pass
+    evaluates; a small pass runs here, one BLAS thread per task, rather than on a
+    client whose workers run on this machine (:func:`pipeline.tiles.where.runs_here`).
     """
     graph = HighLevelGraph.from_collections(key, dsk, dependencies=list(deps))
     d = Delayed(key, graph)
+    if not local and runs_here(entries, graph):
+        return compute_here(d)
     if local:
         from pipeline.parallel import blas_threads
 
@@ -380,7 +386,9 @@ def store_tiles(
         source, handle, tiles, X, Z, run_id=run_id, on_write=on_write,
         token=uuid.uuid4().hex[:12],
     )  # fmt: skip
-    return execute(dsk, fkey, deps, progress=progress, desc=desc)
+    g = handle.grid
+    area = tile_entries(g.row_chunks(), g.col_chunks(), tiles)
+    return execute(dsk, fkey, deps, progress=progress, desc=desc, entries=area)
 
 
 def _products_entry(i, j, source, xi, xj, vi, vj, shift):
@@ -422,7 +430,8 @@ def matvec(
         "matvec", tile_set("lower", nb), _products_entry, args, rows=rows, n_rows=nb,
         final=_concat, dsk=dsk, deps=deps, token=tok,
     )  # fmt: skip
-    return execute(dsk, fkey, deps, progress=progress, desc="kernel matvec")
+    area = lower_entries(chunks)
+    return execute(dsk, fkey, deps, progress=progress, desc="kernel matvec", entries=area)
 
 
 def _product_entry(i, j, source, xi, xj, aj):
@@ -502,7 +511,11 @@ def accumulate(
     rk = xb.keys if xb else len(row_chunks or ())
     dsk, _, fkey, deps = accumulate_graph(source, rk, zk, ab.keys, dsk=dsk, deps=deps)
     n_tasks = (len(rk) if not isinstance(rk, int) else rk) * len(ab.keys)
-    return execute(dsk, fkey, deps, progress=progress, desc=desc, local=local, n_tasks=n_tasks)
+    nx = n_rows(X, row_chunks)
+    area = None if nx is None else nx * int(np.shape(A)[0])
+    return execute(
+        dsk, fkey, deps, progress=progress, desc=desc, local=local, n_tasks=n_tasks, entries=area
+    )
 
 
 def _piece_entry(i, j, source, xi, xj, rows_i, cols_j, rows_j, cols_i):
@@ -564,7 +577,8 @@ def gather(
     )  # fmt: skip
     if not tiles:
         return np.empty(shape)
-    return execute(dsk, fkey, deps, progress=progress, desc="kernel columns")
+    area = tile_entries(chunks, chunks, tiles)
+    return execute(dsk, fkey, deps, progress=progress, desc="kernel columns", entries=area)
 
 
 def _diag_entry(i, j, source, xi):
@@ -582,4 +596,4 @@ def diagonal(source: Any, chunks: Sequence[int], X: Any = None) -> np.ndarray:
         lambda i, j: (sk, None if xk is None else xk[i]),
         final=_concat, dsk=dsk, deps=deps, token=tok,
     )  # fmt: skip
-    return execute(dsk, fkey, deps)
+    return execute(dsk, fkey, deps, entries=sum(int(c) for c in chunks))
