@@ -126,6 +126,10 @@ def test_notebook_executes_at_small_n(tmp_path, monkeypatch):
         timeout=300,
         resources={"metadata": {"path": str(tmp_path)}},
     )
-    client.execute()  # raises CellExecutionError on the first failing cell
+    try:
+        client.execute()  # raises CellExecutionError on the first failing cell
+    finally:  # a kernel manager it was given is not stopped by nbclient
+        if km.has_kernel and km.is_alive():
+            km.shutdown_kernel(now=True)
     text = _check_run(nb)
     assert "N = 3000 training rows" in text

@@ -253,7 +253,11 @@ def test_jupyter_kernel_shows_a_widget(tmp_path):
     )
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code)])
     km = KernelManager(kernel_name="python3", kernel_spec_manager=ThisPython())
-    nbclient.NotebookClient(nb, km=km, kernel_name="python3", timeout=120).execute()
+    try:
+        nbclient.NotebookClient(nb, km=km, kernel_name="python3", timeout=120).execute()
+    finally:  # a kernel manager it was given is not stopped by nbclient
+        if km.has_kernel and km.is_alive():
+            km.shutdown_kernel(now=True)
     outputs = nb.cells[0].outputs
     assert not [o for o in outputs if o.output_type == "error"], outputs
     widgets = [
