@@ -229,7 +229,8 @@ class _GemmExp(BlockEvaluator):
                 _refuse_f32(kernel, float(np.max(np.abs(src))))
 
     def fill(self, E, r0, r1, c0, c1, diag, T):
-        np.matmul(self.A[:, r0:r1].T, self.B[:, c0:c1], out=E)
+        # np.dot releases the GIL around BLAS (np.matmul may not; see fused._strip_products)
+        np.dot(self.A[:, r0:r1].T, self.B[:, c0:c1], out=E)
         if diag:
             _symmetrize(E)
             np.fill_diagonal(E, 0.0)
@@ -334,7 +335,7 @@ class _GemmPoly(BlockEvaluator):
         self.B = self.A if B is A else _cast(kernel, B, kd)
 
     def fill(self, E, r0, r1, c0, c1, diag, T):
-        np.matmul(self.A[r0:r1], self.B[c0:c1].T, out=E)
+        np.dot(self.A[r0:r1], self.B[c0:c1].T, out=E)
         if diag:
             _symmetrize(E)
         _power(E, self.degree, T)
