@@ -8,6 +8,7 @@ chosen once, by whoever opened :func:`dask_client` (cli, workflows, user code).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import os
 import sys
@@ -20,8 +21,36 @@ from threadpoolctl import threadpool_limits
 
 log = logging.getLogger(__name__)
 
+#: set inside :func:`in_this_process`: computations ignore the active client
+_HERE: contextvars.ContextVar[bool] = contextvars.ContextVar("krr_in_this_process", default=False)
+
+
+@contextlib.contextmanager
+def in_this_process(enabled: bool = True) -> Iterator[None]:
+    """Inside the block, every computation runs in this process, as if no distributed
+    client were active: :func:`compute` on Dask's threaded scheduler (one BLAS thread
+    per task, as on a worker), and so does a plain ``dask.compute`` unless the user's
+    Dask config names a scheduler. For steps so small that a cluster round trip costs
+    more than the work (``enabled=False``: a no-op, so callers can pass their rule)."""
+    if not enabled:
+        yield
+        return
+    token = _HERE.set(True)
+    try:
+        # a Client sets "dask.distributed" as the default scheduler; a user's own local
+        # choice (synchronous, threads, processes) stays
+        if dask.config.get("scheduler", None) in (None, "dask.distributed", "distributed"):
+            with dask.config.set(scheduler="threads"):
+                yield
+        else:
+            yield
+    finally:
+        _HERE.reset(token)
+
 
 def _active_client() -> Any | None:
+    if _HERE.get():
+        return None
     # no client can exist before distributed is imported; importing it only to ask
     # costs 0.2-0.4 s in a process's first fit (bench_no_slowdown.py caught it)
     if "distributed" not in sys.modules:

@@ -393,6 +393,13 @@ FACTOR_THREADS_ON_THIS_HOST = True
 #: 2-worker LocalCluster 29.2 / 27.1 / 34.3 / 53.7 ms (114 ms at 8,000). A CV search on
 #: diabetes (krr run, cv.solver: cg) made 137 such products at about 66 ms each
 SMALL_PASS_ENTRIES = 8_000_000
+#: the ingest stage runs in this process, not on a distributed client whose workers all
+#: run on this machine, when its source arrays (X and y, read or in memory) hold at most
+#: this many values (64 MB of float64). Session 22, AMD EPYC VM, 2 cores, the README's
+#: main job (diamonds, 53,940 x 9 read, 10,000 rows kept): its 6 computations and the
+#: streamed validation (36 round trips) made the stage 4.1-5.6 s on the embedded 2-worker
+#: LocalCluster; in this process 0.7 s, with the same stored rows and fingerprints
+SMALL_INGEST_VALUES = 8_000_000
 #: Dask settings of the embedded LocalCluster (pipeline.parallel.dask_client; never of a
 #: cluster given by address), each applied only where the user's Dask config still has
 #: Dask's default: no statistical profiler in the workers (it samples every thread's

@@ -23,12 +23,14 @@ import numpy as np
 
 from pipeline.config import DataConfig, PreprocessConfig, SplitConfig
 from pipeline.io import as_row_blocks, fingerprint_row_blocks, validate_row_blocks
-from pipeline.parallel import compute
+from pipeline.parallel import compute, in_this_process
+from pipeline.policy import constants as C
 from pipeline.progress import progress_group
 from pipeline.stages.outputs import IngestOutput
 from pipeline.storage import TiledArray, fingerprint_obj, open_tiled_array, read_blocks
 from pipeline.storage.location import join_path
 from pipeline.tiles.engine import pending
+from pipeline.tiles.where import runs_here
 
 
 class InputError(ValueError):
@@ -262,6 +264,41 @@ def run(
         X, y, feats, target = load_source(data, block_size)
     except FileNotFoundError as e:
         raise InputError(str(e)) from e
+    # a small source runs here beside a cluster on this machine: each of the stage's
+    # computations would otherwise be one cluster round trip (SMALL_INGEST_VALUES)
+    with in_this_process(_small(X, y)):
+        return _split_and_store(
+            store, X, y, feats, target, data=data, split=split, preprocess=preprocess,
+            block_size=block_size, source_identity=source_identity,
+        )  # fmt: skip
+
+
+def _small(*arrays: da.Array) -> bool:
+    """Whether ``arrays`` (row counts known) hold at most ``SMALL_INGEST_VALUES`` values
+    and the active client's workers run on this machine (:func:`pipeline.tiles.where.runs_here`)."""
+    values = 0
+    for a in arrays:
+        rows = a.shape[0]
+        if rows != rows:  # NaN: not known before reading
+            return False
+        values += int(rows) * int(np.prod(a.shape[1:], dtype=np.int64))
+    return runs_here(values, None, limit=C.SMALL_INGEST_VALUES)
+
+
+def _split_and_store(
+    store: str,
+    X: da.Array,
+    y: da.Array,
+    feats: list[str] | None,
+    target: list[str] | None,
+    *,
+    data: DataConfig,
+    split: SplitConfig,
+    preprocess: PreprocessConfig,
+    block_size: int,
+    source_identity: dict[str, Any] | None,
+) -> IngestOutput:
+    """The stage after loading: validate, subset, split, standardise, store (see :func:`run`)."""
     if X.shape[0] != y.shape[0]:
         raise InputError(f"X has {X.shape[0]} rows but y has {y.shape[0]}; they must match")
     validate_row_blocks(X, "X")

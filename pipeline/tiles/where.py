@@ -46,19 +46,21 @@ def _holds_futures(graph: Any) -> bool:
     return any(isinstance(v, Future) for v in dict(graph).values())
 
 
-def runs_here(entries: float | None, graph: Any) -> bool:
+def runs_here(entries: float | None, graph: Any, limit: int | None = None) -> bool:
     """Whether a pass over ``entries`` kernel entries (None: unknown) with Dask
-    ``graph`` runs in this process although a distributed client is active (see the
-    module docstring). False without a client: the caller's default path already
-    runs here."""
-    if entries is None or entries > C.SMALL_PASS_ENTRIES:
+    ``graph`` (None: none to check for futures) runs in this process although a
+    distributed client is active (see the module docstring); ``limit``: the largest
+    such pass (default :data:`~pipeline.policy.constants.SMALL_PASS_ENTRIES`). False
+    without a client: the caller's default path already runs here."""
+    limit = C.SMALL_PASS_ENTRIES if limit is None else int(limit)
+    if entries is None or entries > limit:
         return False
     from pipeline.parallel import _active_client
 
     client = _active_client()
     if client is None or not _workers_here(client):
         return False
-    return not _holds_futures(graph)
+    return graph is None or not _holds_futures(graph)
 
 
 def compute_here(d: Any) -> Any:

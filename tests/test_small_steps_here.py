@@ -1,0 +1,116 @@
+"""Small stage steps beside a cluster on this machine run in this process.
+
+A computation sent to a distributed client costs a round trip (0.3-0.5 s each on
+the embedded LocalCluster), so the ingest stage of a small source and the
+evaluate stage's reads run here (:func:`pipeline.parallel.in_this_process`),
+with the same stored rows and fingerprints; a large source, or a client whose
+workers run on other machines, keeps the cluster.
+"""
+
+from __future__ import annotations
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+
+import pipeline.parallel as par
+from pipeline.policy import constants as C
+from pipeline.stages import ingest, typed_params
+from pipeline.stages.ingest import open_rows
+from pipeline.tiles import where
+
+N, D, BLOCK = 300, 4, 50
+
+
+@pytest.fixture
+def client():
+    pytest.importorskip("distributed")
+    from distributed import Client, LocalCluster
+
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0",
+                     memory_limit=0) as cluster,
+        Client(cluster) as c,
+    ):  # fmt: skip
+        where._LOCAL.clear()
+        yield c
+    where._LOCAL.clear()
+
+
+def _spy(client, monkeypatch) -> list[str]:
+    """Every computation the client is asked to run: ``compute`` (pipeline.parallel)
+    and ``get`` (a plain ``dask.compute`` under the client)."""
+    sent: list[str] = []
+    for name in ("compute", "get"):
+        real = getattr(client, name)
+        monkeypatch.setattr(
+            client, name, lambda *a, _n=name, _r=real, **k: sent.append(_n) or _r(*a, **k)
+        )
+    return sent
+
+
+def _ingest(tmp_path, name):
+    rng = np.random.default_rng(0)
+    x, y = tmp_path / "X.npy", tmp_path / "y.npy"
+    if not x.exists():
+        np.save(x, rng.normal(size=(N, D)))
+        np.save(y, rng.normal(size=N))
+    params = dict(
+        data={"source": "npy", "path": str(x), "y_path": str(y)},
+        split={"test_fraction": 0.2, "seed": 0},
+        preprocess={"standardize": True, "standardize_y": True},
+        block_size=BLOCK,
+    )
+    out = ingest.run(tmp_path / name, {}, **typed_params("ingest", params))
+    rows = {
+        k: np.asarray(open_rows(out, k).compute(scheduler="sync"))
+        for k in ("X_train", "y_train", "X_test")
+    }
+    return out, rows
+
+
+def test_a_small_ingest_runs_here_beside_a_client_on_this_machine(tmp_path, client, monkeypatch):
+    sent = _spy(client, monkeypatch)
+    here, rows_here = _ingest(tmp_path, "here")
+    assert sent == [], sent  # moments, validation, writes and fingerprint: all here
+    monkeypatch.setattr(C, "SMALL_INGEST_VALUES", N * D + N - 1)  # one value too many
+    there, rows_there = _ingest(tmp_path, "there")
+    assert "compute" in sent and "get" in sent
+    n_sent = len(sent)
+    monkeypatch.setattr(C, "SMALL_INGEST_VALUES", 10**9)
+    where._LOCAL.clear()
+    monkeypatch.setattr(par, "workers_on_this_host", lambda c: False)
+    _ingest(tmp_path, "elsewhere")
+    assert len(sent) > n_sent  # workers on other machines: always on them
+    a, b = here.to_json(), there.to_json()
+    for k in ("store",):
+        a.pop(k), b.pop(k)
+    assert a == b  # the scalers, the counts and the content fingerprint
+    for k in rows_here:
+        np.testing.assert_array_equal(rows_here[k], rows_there[k])
+
+
+def test_in_this_process_sets_the_client_aside_and_keeps_a_users_scheduler(client, monkeypatch):
+    sent = _spy(client, monkeypatch)
+    x = da.arange(12, chunks=4)
+    with par.in_this_process():
+        assert par._active_client() is None
+        assert par.compute(x.sum(), progress=False)[0] == 66
+        assert x.sum().compute() == 66
+    assert sent == []
+    assert par._active_client() is client  # only inside the block
+    assert x.sum().compute() == 66 and sent == ["get"]
+    with par.in_this_process(enabled=False):
+        assert par._active_client() is client
+    with dask.config.set(scheduler="sync"), par.in_this_process():
+        assert dask.config.get("scheduler") == "sync"  # the user's own choice stays
+
+
+def test_evaluate_reads_the_stored_rows_here(tmp_path, client, monkeypatch):
+    from pipeline.stages.evaluate import _rows_here
+
+    out, rows = _ingest(tmp_path, "ing")
+    sent = _spy(client, monkeypatch)
+    np.testing.assert_array_equal(_rows_here(out, "X_test"), rows["X_test"])
+    assert sent == []
