@@ -12,6 +12,7 @@ import contextvars
 import logging
 import os
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -111,6 +112,41 @@ def _this_host_addresses() -> set[str]:
     except Exception:
         pass
     return names
+
+
+#: (client, scheduler address) -> (workers all on this machine, when asked)
+_LOCAL: dict[tuple[int, str], tuple[bool, float]] = {}
+_LOCAL_TTL_S = 10.0  # ask the scheduler again after this long (a worker may join)
+
+
+def _workers_here(client: Any) -> bool:
+    key = (id(client), str(getattr(getattr(client, "scheduler", None), "address", "")))
+    now = time.monotonic()
+    hit = _LOCAL.get(key)
+    if hit is not None and now - hit[1] < _LOCAL_TTL_S:
+        return hit[0]
+    here = bool(workers_on_this_host(client))
+    _LOCAL[key] = (here, now)
+    return here
+
+
+def _holds_futures(graph: Any) -> bool:
+    try:
+        from distributed import Future
+    except ImportError:  # pragma: no cover - distributed is a dependency
+        return False
+    return any(isinstance(v, Future) for v in dict(graph).values())
+
+
+def beside_local_workers(graph: Any = None) -> bool:
+    """Whether a distributed client is active, its workers all run on this machine
+    (asked at most every 10 s) and Dask ``graph`` (None: none to check) holds no
+    futures: a computation of the graph may then run in this process
+    (:func:`in_this_process`) on the same files, without a round trip."""
+    client = _active_client()
+    if client is None or not _workers_here(client):
+        return False
+    return graph is None or not _holds_futures(graph)
 
 
 @contextlib.contextmanager

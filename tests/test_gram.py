@@ -222,9 +222,11 @@ def test_zarr_layout(tmp_path, X):
 
 
 @pytest.mark.slow
-def test_distributed_local_cluster(tmp_path, X):
+def test_distributed_local_cluster(tmp_path, X, monkeypatch):
     from pipeline.parallel import dask_client
+    from pipeline.policy import constants as C
 
+    monkeypatch.setattr(C, "SMALL_PASS_ENTRIES", 0)  # the workers' path, not a small build here
     k = RBF(gamma=0.2)
     with dask_client(n_workers=2, threads_per_worker=1, memory_limit="1GiB", processes=True):
         g, stats = build_gram(X, k, tmp_path / "s", 64, return_stats=True, progress=False)

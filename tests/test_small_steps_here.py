@@ -33,9 +33,9 @@ def client():
                      memory_limit=0) as cluster,
         Client(cluster) as c,
     ):  # fmt: skip
-        where._LOCAL.clear()
+        par._LOCAL.clear()
         yield c
-    where._LOCAL.clear()
+    par._LOCAL.clear()
 
 
 def _spy(client, monkeypatch) -> list[str]:
@@ -76,13 +76,13 @@ def test_a_small_ingest_runs_here_beside_a_client_on_this_machine(tmp_path, clie
     assert sent == [], sent  # moments, validation, writes and fingerprint: all here
     monkeypatch.setattr(C, "SMALL_INGEST_VALUES", N * D + N - 1)  # one value too many
     there, rows_there = _ingest(tmp_path, "there")
-    assert "compute" in sent and "get" in sent
+    assert "compute" in sent and "get" not in sent  # validation reads its blocks here anyway
     n_sent = len(sent)
     monkeypatch.setattr(C, "SMALL_INGEST_VALUES", 10**9)
-    where._LOCAL.clear()
+    par._LOCAL.clear()
     monkeypatch.setattr(par, "workers_on_this_host", lambda c: False)
     _ingest(tmp_path, "elsewhere")
-    assert len(sent) > n_sent  # workers on other machines: always on them
+    assert "get" in sent[n_sent:]  # workers on other machines: always on them
     a, b = here.to_json(), there.to_json()
     for k in ("store",):
         a.pop(k), b.pop(k)
@@ -114,3 +114,27 @@ def test_evaluate_reads_the_stored_rows_here(tmp_path, client, monkeypatch):
     sent = _spy(client, monkeypatch)
     np.testing.assert_array_equal(_rows_here(out, "X_test"), rows["X_test"])
     assert sent == []
+
+
+def test_a_small_gram_builds_here_and_a_costly_one_on_the_workers(tmp_path, client, monkeypatch):
+    """build_gram beside a client on this machine: a build of at most SMALL_PASS_ENTRIES
+    entries (weighed by D) runs here, with the bits the workers give."""
+    from pipeline.gram import build_gram
+    from pipeline.storage import read_all
+
+    X = np.random.default_rng(1).normal(size=(120, 8))
+    sent = _spy(client, monkeypatch)
+    here = read_all(str(build_gram(X, "rbf", tmp_path / "here.zarr", 50).store), "gram")
+    assert sent == []
+    entries = where.lower_entries([50, 50, 20])
+    monkeypatch.setattr(C, "SMALL_PASS_ENTRIES", entries - 1)
+    there = read_all(str(build_gram(X, "rbf", tmp_path / "there.zarr", 50).store), "gram")
+    assert sent == ["compute"]
+    np.testing.assert_array_equal(here, there)
+    # the same entries at D = 500 cost about 20 times more each: not a small build
+    monkeypatch.setattr(C, "SMALL_PASS_ENTRIES", 4 * entries)
+    assert where.runs_here(entries, None)
+    assert not where.runs_here(entries, None, n_features=500)
+    wide = np.random.default_rng(2).normal(size=(120, 500))
+    build_gram(wide, "laplacian", tmp_path / "wide.zarr", 50)
+    assert sent == ["compute", "compute"]

@@ -266,11 +266,14 @@ def test_small_passes_run_here_beside_a_client_on_this_machine(tmp_path, monkeyp
         monkeypatch.setattr(client, "compute", lambda *a, **k: sent.append(1) or real(*a, **k))
         got = _passes(h)
         assert sent == []  # all three ran here
-        monkeypatch.setattr(C, "SMALL_PASS_ENTRIES", lower - 1)
+        # the kernel matvec's entries weigh (16 + 4) / (16 + 8) of D = 8's, the stored
+        # matvec's (no kernel) and the accumulation's (203² entries) more
+        assert where.weigh(lower, X) < lower < where.weigh(203 * 203, X)
+        monkeypatch.setattr(C, "SMALL_PASS_ENTRIES", int(where.weigh(lower, X)) - 1)
         got_big = _passes(h)
         assert len(sent) == 3  # the smallest is one entry over the budget: on the workers
         monkeypatch.setattr(C, "SMALL_PASS_ENTRIES", 10**9)
-        where._LOCAL.clear()
+        par._LOCAL.clear()
         monkeypatch.setattr(par, "workers_on_this_host", lambda c: False)
         _passes(h)
         assert len(sent) == 6  # workers on other machines: always on them

@@ -50,12 +50,13 @@ from dask.highlevelgraph import HighLevelGraph
 
 from pipeline.io import as_row_blocks, check_block_size, validate_and_fingerprint
 from pipeline.kernels import Kernel, kernel_fingerprint, make_kernel
-from pipeline.parallel import compute
+from pipeline.parallel import compute, in_this_process
 from pipeline.policy import constants as C
 from pipeline.storage import TiledArray, fingerprint_obj, open_tiled_array
 from pipeline.storage.rawchunks import release_direct_buffers
 from pipeline.tiles import task_threads
 from pipeline.tiles.engine import KernelSource, pending, store_graph
+from pipeline.tiles.where import runs_here, tile_entries
 
 __all__ = [
     "GramBuildStats",
@@ -362,10 +363,15 @@ def build_gram(
     statuses: list[tuple[int, int, float]] = []
     if todo:
         graph = tile_graph(handle, k, Xd, Zd, todo, run_id, kernel_dtype=kd)
+        # a small build beside a cluster on this machine runs here (tiles.where)
+        entries = tile_entries(grid.row_chunks(), grid.col_chunks(), todo)
+        here = runs_here(entries, graph.__dask_graph__(), n_features=Xd.shape[1])
         try:
-            (statuses,) = compute(
-                graph, progress=progress, desc=name, unit="tile", initial=len(all_tiles) - len(todo)
-            )
+            with in_this_process(here):
+                (statuses,) = compute(
+                    graph, progress=progress, desc=name, unit="tile",
+                    initial=len(all_tiles) - len(todo),
+                )  # fmt: skip
         finally:
             release_direct_buffers()  # this process's aligned write buffers are not kept
         missing = pending(handle.markers, todo)

@@ -27,6 +27,7 @@ import dask
 import dask.array as da
 import numpy as np
 
+from pipeline.parallel import beside_local_workers, in_this_process
 from pipeline.storage import fingerprint_blocks
 
 __all__ = [
@@ -70,9 +71,13 @@ def iter_row_blocks(X: da.Array, batch: int = 2) -> Iterator[tuple[int, int, np.
     check_meta(X)
     offsets = np.concatenate([[0], np.cumsum(X.chunks[0])]).astype(int)
     n_blocks = len(X.chunks[0])
+    # every block comes to this process anyway: beside workers on this machine it is
+    # read here, without a round trip each (unless it lives on the workers, futures)
+    here = beside_local_workers(X.__dask_graph__())
     for start in range(0, n_blocks, max(1, batch)):
         idx = range(start, min(start + max(1, batch), n_blocks))
-        arrays = dask.compute(*[X.blocks[i] for i in idx])
+        with in_this_process(here):
+            arrays = dask.compute(*[X.blocks[i] for i in idx])
         for i, b in zip(idx, arrays):
             yield i, int(offsets[i]), np.asarray(b)
 

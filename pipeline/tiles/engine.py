@@ -51,7 +51,7 @@ from dask.highlevelgraph import HighLevelGraph
 
 from pipeline.tiles.fused import available_cores
 from pipeline.tiles.sources import CallableSource, KernelSource, StoredSource
-from pipeline.tiles.where import compute_here, lower_entries, n_rows, runs_here, tile_entries
+from pipeline.tiles.where import compute_here, lower_entries, n_rows, runs_here, tile_entries, weigh
 
 __all__ = [
     "FAN_IN",
@@ -387,7 +387,7 @@ def store_tiles(
         token=uuid.uuid4().hex[:12],
     )  # fmt: skip
     g = handle.grid
-    area = tile_entries(g.row_chunks(), g.col_chunks(), tiles)
+    area = weigh(tile_entries(g.row_chunks(), g.col_chunks(), tiles), X)
     return execute(dsk, fkey, deps, progress=progress, desc=desc, entries=area)
 
 
@@ -430,7 +430,7 @@ def matvec(
         "matvec", tile_set("lower", nb), _products_entry, args, rows=rows, n_rows=nb,
         final=_concat, dsk=dsk, deps=deps, token=tok,
     )  # fmt: skip
-    area = lower_entries(chunks)
+    area = weigh(lower_entries(chunks), X)
     return execute(dsk, fkey, deps, progress=progress, desc="kernel matvec", entries=area)
 
 
@@ -512,7 +512,7 @@ def accumulate(
     dsk, _, fkey, deps = accumulate_graph(source, rk, zk, ab.keys, dsk=dsk, deps=deps)
     n_tasks = (len(rk) if not isinstance(rk, int) else rk) * len(ab.keys)
     nx = n_rows(X, row_chunks)
-    area = None if nx is None else nx * int(np.shape(A)[0])
+    area = None if nx is None else weigh(nx * int(np.shape(A)[0]), X)
     return execute(
         dsk, fkey, deps, progress=progress, desc=desc, local=local, n_tasks=n_tasks, entries=area
     )
@@ -577,7 +577,7 @@ def gather(
     )  # fmt: skip
     if not tiles:
         return np.empty(shape)
-    area = tile_entries(chunks, chunks, tiles)
+    area = weigh(tile_entries(chunks, chunks, tiles), X)
     return execute(dsk, fkey, deps, progress=progress, desc="kernel columns", entries=area)
 
 

@@ -14,53 +14,59 @@ so does every pass of a client on other machines.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from pipeline.policy import constants as C
 
-__all__ = ["compute_here", "lower_entries", "n_rows", "runs_here", "tile_entries"]
+__all__ = [
+    "compute_here", "lower_entries", "n_features", "n_rows", "runs_here", "tile_entries", "weigh",
+]  # fmt: skip
 
-_LOCAL: dict[tuple[int, str], tuple[bool, float]] = {}
-_TTL_S = 10.0  # ask the scheduler again after this long (a worker may join)
-
-
-def _workers_here(client: Any) -> bool:
-    from pipeline.parallel import workers_on_this_host
-
-    key = (id(client), str(getattr(getattr(client, "scheduler", None), "address", "")))
-    now = time.monotonic()
-    hit = _LOCAL.get(key)
-    if hit is not None and now - hit[1] < _TTL_S:
-        return hit[0]
-    here = bool(workers_on_this_host(client))
-    _LOCAL[key] = (here, now)
-    return here
+#: the D at which SMALL_PASS_ENTRIES was measured (RBF, session 21)
+SMALL_PASS_FEATURES = 8
 
 
-def _holds_futures(graph: Any) -> bool:
-    try:
-        from distributed import Future
-    except ImportError:  # pragma: no cover - distributed is a dependency
-        return False
-    return any(isinstance(v, Future) for v in dict(graph).values())
-
-
-def runs_here(entries: float | None, graph: Any, limit: int | None = None) -> bool:
+def runs_here(
+    entries: float | None, graph: Any, limit: int | None = None, n_features: int | None = None
+) -> bool:
     """Whether a pass over ``entries`` kernel entries (None: unknown) with Dask
     ``graph`` (None: none to check for futures) runs in this process although a
     distributed client is active (see the module docstring); ``limit``: the largest
-    such pass (default :data:`~pipeline.policy.constants.SMALL_PASS_ENTRIES`). False
-    without a client: the caller's default path already runs here."""
+    such pass (default :data:`~pipeline.policy.constants.SMALL_PASS_ENTRIES`, entries
+    at D = 8). ``n_features`` (D) weighs each entry by its cost, ``D + ENTRY_COST_D0``
+    against D = 8's, so a pass is small by its time. False without a client: the
+    caller's default path already runs here."""
     limit = C.SMALL_PASS_ENTRIES if limit is None else int(limit)
-    if entries is None or entries > limit:
+    if entries is None:
         return False
-    from pipeline.parallel import _active_client
+    if n_features is not None:
+        entries = weigh(entries, n_features)
+    if entries > limit:
+        return False
+    from pipeline.parallel import beside_local_workers
 
-    client = _active_client()
-    if client is None or not _workers_here(client):
-        return False
-    return graph is None or not _holds_futures(graph)
+    return beside_local_workers(graph)
+
+
+def weigh(entries: float | None, features: Any) -> float | None:
+    """``entries`` weighed by their cost at D features (``features``: D, or the pass's
+    X as an array or a list of row blocks) against D = 8's, the measurement's; as given
+    when D is not known (a pass over stored tiles: no kernel to evaluate)."""
+    d = features if isinstance(features, int) else n_features(features)
+    if entries is None or d is None:
+        return entries
+    d0 = C.ENTRY_COST_D0
+    return entries * (d0 + max(1, int(d))) / (d0 + SMALL_PASS_FEATURES)
+
+
+def n_features(X: Any) -> int | None:
+    """Columns of a pass input (an array, a Dask array or a list of row blocks), or None."""
+    if X is None:
+        return None
+    shape = getattr(X, "shape", None)
+    if shape is None and isinstance(X, list | tuple) and X:
+        shape = getattr(X[0], "shape", None)
+    return int(shape[1]) if shape is not None and len(shape) == 2 else None
 
 
 def compute_here(d: Any) -> Any:

@@ -164,9 +164,12 @@ def test_threaded_scheduler_uses_tqdm_dask_callback(data, tmp_path, capfd, monke
 def test_distributed_client_uses_the_scheduler_feed(data, tmp_path, capfd, caplog, monkeypatch):
     from distributed import Client, LocalCluster
 
+    from pipeline.policy import constants as C
+
     X, _ = data
     seen = _trackers(monkeypatch)
     progress.set_progress_mode("lines")
+    monkeypatch.setattr(C, "SMALL_PASS_ENTRIES", 0)  # the workers' path, not a small build here
     with (
         caplog.at_level(logging.ERROR),
         LocalCluster(
