@@ -7,7 +7,10 @@ process. So a pass of at most
 :data:`~pipeline.policy.constants.SMALL_PASS_ENTRIES` kernel entries runs on
 Dask's threaded scheduler here when the client's workers all run on this
 machine (their stores are this machine's too), with one BLAS thread per task as
-the workers use, so its bits are those the workers would give. A pass whose
+the workers use, so its bits are those the workers would give. Entries are
+weighed by their cost at the pass's D (:func:`weigh`: ``D + ENTRY_COST_D0``
+against D = 8's, the measurement's), so a costly kernel's pass of the same size
+stays on the workers. A pass whose
 graph holds futures (data that lives on the workers) always goes to them, and
 so does every pass of a client on other machines.
 """
