@@ -76,3 +76,28 @@ def test_user_setting_reaches_the_embedded_cluster():
         settings = [s[1:] for s in client.run(_worker_settings).values()]
     # (in process: no config of its own to read, and no memory limit to watch)
     assert settings == [(0.05, False, 2000, None)]
+
+
+def _tile_modules_imported() -> bool:
+    import sys
+
+    return all(m in sys.modules for m in ("pipeline.gram", "pipeline.predict"))
+
+
+@pytest.mark.slow
+def test_embedded_workers_import_the_tile_modules_as_they_start(caplog):
+    """The embedded cluster's worker processes import the tile modules at start, not
+    waited for, so the first stage on them (the Gram, after an ingest in this process)
+    does not wait for the imports (bench_main_job.py); a cluster given by address is
+    left alone."""
+    import logging
+    import time
+
+    with caplog.at_level(logging.ERROR), dask_client(n_workers=1, memory_limit="1GiB") as client:
+        deadline = time.monotonic() + 60
+        done = False
+        while not done and time.monotonic() < deadline:
+            done = all(client.run(_tile_modules_imported).values())
+            time.sleep(0.1)
+        assert done
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
