@@ -77,8 +77,11 @@ def run_once(mode: str, workdir: Path) -> dict:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--quick", action="store_true", help="one repeat")
     p.add_argument("--json", help="also write the results here")
     a = p.parse_args(argv)
+    if a.quick:
+        a.repeats = 1
     results = []
     with tempfile.TemporaryDirectory(prefix="bench_main_job_") as tmp:
         for rep in range(a.repeats):
