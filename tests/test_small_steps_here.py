@@ -134,7 +134,7 @@ def test_a_small_gram_builds_here_and_a_costly_one_on_the_workers(tmp_path, clie
     # the same entries at D = 500 cost about 20 times more each: not a small build
     monkeypatch.setattr(C, "SMALL_PASS_ENTRIES", 4 * entries)
     assert where.runs_here(entries, None)
-    assert not where.runs_here(entries, None, n_features=500)
+    assert not where.runs_here(where.weigh(entries, 500), None)
     wide = np.random.default_rng(2).normal(size=(120, 500))
     build_gram(wide, "laplacian", tmp_path / "wide.zarr", 50)
     assert sent == ["compute", "compute"]

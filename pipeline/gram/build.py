@@ -56,7 +56,7 @@ from pipeline.storage import TiledArray, fingerprint_obj, open_tiled_array
 from pipeline.storage.rawchunks import release_direct_buffers
 from pipeline.tiles import task_threads
 from pipeline.tiles.engine import KernelSource, pending, store_graph
-from pipeline.tiles.where import runs_here, tile_entries
+from pipeline.tiles.where import runs_here, tile_entries, weigh
 
 __all__ = [
     "GramBuildStats",
@@ -364,8 +364,8 @@ def build_gram(
     if todo:
         graph = tile_graph(handle, k, Xd, Zd, todo, run_id, kernel_dtype=kd)
         # a small build beside a cluster on this machine runs here (tiles.where)
-        entries = tile_entries(grid.row_chunks(), grid.col_chunks(), todo)
-        here = runs_here(entries, graph.__dask_graph__(), n_features=Xd.shape[1])
+        entries = weigh(tile_entries(grid.row_chunks(), grid.col_chunks(), todo), Xd)
+        here = runs_here(entries, graph.__dask_graph__())
         try:
             with in_this_process(here):
                 (statuses,) = compute(

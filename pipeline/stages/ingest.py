@@ -30,7 +30,7 @@ from pipeline.stages.outputs import IngestOutput
 from pipeline.storage import TiledArray, fingerprint_obj, open_tiled_array, read_blocks
 from pipeline.storage.location import join_path
 from pipeline.tiles.engine import pending
-from pipeline.tiles.where import runs_here
+from pipeline.tiles.where import n_rows, runs_here
 
 
 class InputError(ValueError):
@@ -276,12 +276,10 @@ def run(
 def _small(*arrays: da.Array) -> bool:
     """Whether ``arrays`` (row counts known) hold at most ``SMALL_INGEST_VALUES`` values
     and the active client's workers run on this machine (:func:`pipeline.tiles.where.runs_here`)."""
-    values = 0
-    for a in arrays:
-        rows = a.shape[0]
-        if rows != rows:  # NaN: not known before reading
-            return False
-        values += int(rows) * int(np.prod(a.shape[1:], dtype=np.int64))
+    rows = [n_rows(a) for a in arrays]
+    if None in rows:  # not known before reading (a CSV or Parquet source)
+        return False
+    values = sum(r * int(np.prod(a.shape[1:], dtype=np.int64)) for r, a in zip(rows, arrays))
     return runs_here(values, None, limit=C.SMALL_INGEST_VALUES)
 
 

@@ -51,7 +51,7 @@ from dask.highlevelgraph import HighLevelGraph
 
 from pipeline.tiles.fused import available_cores
 from pipeline.tiles.sources import CallableSource, KernelSource, StoredSource
-from pipeline.tiles.where import compute_here, lower_entries, n_rows, runs_here, tile_entries, weigh
+from pipeline.tiles.where import lower_entries, n_rows, runs_here, tile_entries, weigh
 
 __all__ = [
     "FAN_IN",
@@ -288,8 +288,6 @@ def execute(
     """
     graph = HighLevelGraph.from_collections(key, dsk, dependencies=list(deps))
     d = Delayed(key, graph)
-    if not local and runs_here(entries, graph):
-        return compute_here(d)
     if local:
         from pipeline.parallel import blas_threads
 
@@ -297,9 +295,10 @@ def execute(
         with blas_threads(max(1, cores // max(1, min(n_tasks, cores)))):
             (res,) = dask.compute(d, scheduler=_local_scheduler(), optimize_graph=False)
         return res
-    from pipeline.parallel import compute
+    from pipeline.parallel import compute, in_this_process
 
-    (res,) = compute(d, progress=progress, desc=desc, unit="tile", optimize_graph=False)
+    with in_this_process(runs_here(entries, graph)):
+        (res,) = compute(d, progress=progress, desc=desc, unit="tile", optimize_graph=False)
     return res
 
 

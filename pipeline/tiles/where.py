@@ -21,30 +21,22 @@ from typing import Any
 
 from pipeline.policy import constants as C
 
-__all__ = [
-    "compute_here", "lower_entries", "n_features", "n_rows", "runs_here", "tile_entries", "weigh",
-]  # fmt: skip
+__all__ = ["lower_entries", "n_features", "n_rows", "runs_here", "tile_entries", "weigh"]
 
 #: the D at which SMALL_PASS_ENTRIES was measured (RBF, session 21)
 SMALL_PASS_FEATURES = 8
 
 
-def runs_here(
-    entries: float | None, graph: Any, limit: int | None = None, n_features: int | None = None
-) -> bool:
+def runs_here(entries: float | None, graph: Any, limit: int | None = None) -> bool:
     """Whether a pass over ``entries`` kernel entries (None: unknown) with Dask
     ``graph`` (None: none to check for futures) runs in this process although a
     distributed client is active (see the module docstring); ``limit``: the largest
     such pass (default :data:`~pipeline.policy.constants.SMALL_PASS_ENTRIES`, entries
-    at D = 8). ``n_features`` (D) weighs each entry by its cost, ``D + ENTRY_COST_D0``
-    against D = 8's, so a pass is small by its time. False without a client: the
-    caller's default path already runs here."""
+    at D = 8: pass kernel entries through :func:`weigh`, so a pass is small by its
+    time). False without a client: the caller's default path already runs here; the
+    caller runs it under :func:`pipeline.parallel.in_this_process`."""
     limit = C.SMALL_PASS_ENTRIES if limit is None else int(limit)
-    if entries is None:
-        return False
-    if n_features is not None:
-        entries = weigh(entries, n_features)
-    if entries > limit:
+    if entries is None or entries > limit:
         return False
     from pipeline.parallel import beside_local_workers
 
@@ -70,19 +62,6 @@ def n_features(X: Any) -> int | None:
     if shape is None and isinstance(X, list | tuple) and X:
         shape = getattr(X[0], "shape", None)
     return int(shape[1]) if shape is not None and len(shape) == 2 else None
-
-
-def compute_here(d: Any) -> Any:
-    """Compute Dask object ``d`` on the threaded scheduler in this process, one BLAS
-    thread per task (as a worker runs it)."""
-    import dask
-    import dask.threaded
-
-    from pipeline.parallel import blas_threads
-
-    with blas_threads(1):
-        (res,) = dask.compute(d, scheduler=dask.threaded.get, optimize_graph=False)
-    return res
 
 
 def tile_entries(row_chunks: Any, col_chunks: Any, tiles: Any) -> int:
