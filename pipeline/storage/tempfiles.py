@@ -10,9 +10,16 @@ reopened (:func:`pipeline.storage.open_tiled_array`), *before* any work on it
 starts. A temporary file is stale when
 
 * its name matches one of the two patterns above (never any other file), and
-* it was last modified before this process started (so no writer of this
-  process, in any thread, can own it), and
-* the process id in its name, if any, is not a live process on this host.
+* the process id in its name is not a live process on this host (nor this one:
+  every thread of this process writes under its id), or, for a name without a
+  process id, it was last modified before this process started.
+
+The process id, not the file's age, decides for our own files: a run started a
+few milliseconds after a kill (a retry loop) must sweep what the killed writer
+left, and neither file times nor process start times are that fine. A writer on
+another host of a shared filesystem is not seen as live here; deleting its
+temporary file only fails that write's rename, and the task that made it
+belongs to a killed run (stores are swept before their own run's tasks start).
 
 Temporary stores (the Gram and factor of an estimator fitted out of core
 without an explicit ``store``) live under one directory, :func:`temp_root`:
@@ -48,12 +55,29 @@ __all__ = [
 
 
 def _process_start() -> float:
+    """When this process started, in seconds since the epoch, to the clock tick.
+
+    Linux: the start time in ``/proc/self/stat`` (clock ticks since boot) against
+    ``CLOCK_BOOTTIME`` (``psutil``'s ``create_time`` adds the ticks to a boot time
+    in whole seconds, so it is up to a second early). Elsewhere ``psutil``;
+    without it, this module's import time. Never later than the import: no writer
+    of this process can have made a temporary file before it
+    (:func:`tmp_path_for` is here).
+    """
+    imported = time.time()
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        since_boot = int(fields[19]) / os.sysconf("SC_CLK_TCK")
+        return min(imported, imported - (time.clock_gettime(time.CLOCK_BOOTTIME) - since_boot))
+    except (OSError, ValueError, IndexError, AttributeError):
+        pass
     try:
         import psutil
 
-        return float(psutil.Process().create_time())
+        return min(imported, float(psutil.Process().create_time()))
     except Exception:  # psutil missing or unsupported: this module's import time
-        return time.time()
+        return imported
 
 
 #: when this process started (seconds since the epoch); files older than this
@@ -87,12 +111,16 @@ def _pid_alive(pid: int) -> bool:
 
 def _is_stale(name: str, mtime: float, before: float) -> bool:
     m = _TMP_RE.search(name)
-    if m is None or mtime >= before:
-        return False
+    if m is None:
+        return False  # not a temporary file of ours or Zarr's: never touched
     pid = m.group("pid")
-    if pid is not None and int(pid) != os.getpid() and _pid_alive(int(pid)):
-        return False  # a live writer of another process on this host
-    return True
+    if pid is None:  # no writer named (Zarr's, or ours before pids): its age decides
+        return mtime < before
+    if int(pid) == os.getpid():
+        # ours, unless an earlier process that had our pid left it: a clear second
+        # older than this process (file times and the start are coarse)
+        return mtime < before - 1.0
+    return not _pid_alive(int(pid))
 
 
 def sweep_tmp_files(directory: str | os.PathLike, *, recursive: bool = True) -> list[str]:

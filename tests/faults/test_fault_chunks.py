@@ -219,3 +219,54 @@ def test_leftovers_of_a_killed_writer_are_swept(tmp_path, monkeypatch):
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+DIES_WRITING = """
+import os, signal, sys
+from pipeline.storage.tempfiles import tmp_path_for
+
+open(tmp_path_for(sys.argv[1]), "wb").close()  # a write begun, then the process killed
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+SWEEPS = """
+import sys
+from pipeline.storage.tempfiles import sweep_tmp_files
+
+print(len(sweep_tmp_files(sys.argv[1])))
+"""
+
+
+def test_a_run_started_right_after_a_kill_sweeps_what_the_killed_writer_left(tmp_path):
+    """The dead writer's process id decides, not the file's age.
+
+    ``krr run`` killed and at once started again (a retry loop, the fault tests)
+    left an empty ``.tmp`` chunk that the rerun never swept: the file looked no
+    older than the new process (file times and start times are coarser than the
+    milliseconds between the two). Three kill-then-sweep pairs; each sweep must
+    remove the one file.
+    """
+    chunk_dir = tmp_path / "a" / "c" / "0"
+    chunk_dir.mkdir(parents=True)
+    for attempt in range(3):
+        died = subprocess.run([sys.executable, "-c", DIES_WRITING, str(chunk_dir / "0")],
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert died.returncode == -9, died.stderr[-2000:]
+        assert len(_tmp_files(tmp_path)) == 1
+        swept = subprocess.run([sys.executable, "-c", SWEEPS, str(tmp_path / "a")],
+                               capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert swept.stdout.strip() == "1", (attempt, swept.stderr[-2000:])
+        assert _tmp_files(tmp_path) == []
+
+
+def test_this_process_keeps_its_own_temporary_files_and_drops_an_old_namesake(tmp_path):
+    """Our pid in the name: ours (a thread's write in progress), unless the file is
+    clearly older than this process (an earlier process that had the same pid)."""
+    d = tmp_path / "c" / "0"
+    d.mkdir(parents=True)
+    mine, namesake = Path(tf.tmp_path_for(str(d / "0"))), Path(tf.tmp_path_for(str(d / "1")))
+    mine.write_bytes(b"half")
+    namesake.write_bytes(b"old")
+    os.utime(namesake, (tf.PROCESS_START - 5, tf.PROCESS_START - 5))
+    assert tf.sweep_tmp_files(tmp_path) == [str(namesake)]
+    assert _tmp_files(tmp_path) == [mine]
