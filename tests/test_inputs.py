@@ -159,6 +159,59 @@ def test_validation_streams_one_block_at_a_time():
     assert blocks == [(0, 0, (40, 3)), (1, 40, (40, 3)), (2, 80, (40, 3)), (3, 120, (17, 3))]
 
 
+def test_default_batches_hold_at_most_row_batch_bytes(monkeypatch):
+    """Blocks are computed in batches of consecutive blocks up to ROW_BATCH_BYTES (one
+    block alone when it is larger), one batch in memory at a time, in order."""
+    import pipeline.io.validate as V
+    import pipeline.policy.constants as C
+
+    held: list[int] = []  # blocks loaded and not yet yielded
+    peak = [0]
+
+    def load(i, n):
+        held.append(i)
+        peak[0] = max(peak[0], len(held))
+        return np.full((n, 3), float(i))
+
+    sizes = [40, 40, 40, 90, 17, 40]  # 24 bytes a row
+    parts = [
+        da.from_delayed(dask.delayed(load, pure=False)(i, n), shape=(n, 3), dtype="f8")
+        for i, n in enumerate(sizes)
+    ]
+    A = da.concatenate(parts)
+    monkeypatch.setattr(C, "ROW_BATCH_BYTES", 2 * 40 * 24)  # two 40-row blocks
+    assert [list(r) for r in V._batches(sizes, 24, None)] == [[0, 1], [2], [3], [4, 5]]
+    got = []
+    for i, off, b in iter_row_blocks(A):
+        assert b[0, 0] == i
+        got.append((i, off))
+        held.remove(i)
+    assert got == [(0, 0), (1, 40), (2, 80), (3, 120), (4, 210), (5, 227)]
+    assert peak[0] == 2
+    # a fixed batch still works, and the fingerprint does not depend on the batches
+    assert [list(r) for r in V._batches(sizes, 24, 4)] == [[0, 1, 2, 3], [4, 5]]
+    held.clear()
+    assert fingerprint_row_blocks(A) == fingerprint_row_blocks(A, batch=1)
+
+
+def test_a_pass_over_many_blocks_makes_few_computations(monkeypatch):
+    """Each computation costs time in proportion to the whole graph: 300 small blocks
+    are read in one computation, not 150 (the ingest of 6.4 million rows took 179 s)."""
+    import pipeline.io.validate as V
+
+    calls = []
+    real = V.dask.compute
+
+    def counted(*args, **kwargs):
+        calls.append(len(args))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(V.dask, "compute", counted)
+    A = da.ones((3000, 4), chunks=(10, 4))
+    assert sum(1 for _ in iter_row_blocks(A)) == 300
+    assert calls == [300]
+
+
 def test_fingerprint_depends_on_content_not_split_or_source(tmp_path, X):
     fp = fingerprint_row_blocks(as_row_blocks(X, 64))
     assert validate_and_fingerprint(as_row_blocks(X, 17)) == fp

@@ -395,11 +395,22 @@ FACTOR_THREADS_ON_THIS_HOST = True
 SMALL_PASS_ENTRIES = 8_000_000
 #: the ingest stage runs in this process, not on a distributed client whose workers all
 #: run on this machine, when its source arrays (X and y, read or in memory) hold at most
-#: this many values (64 MB of float64). Session 22, AMD EPYC VM, 2 cores, the README's
+#: this many values (512 MB of float64). Session 22, AMD EPYC VM, 2 cores, the README's
 #: main job (diamonds, 53,940 x 9 read, 10,000 rows kept): its 6 computations and the
 #: streamed validation (36 round trips) made the stage 4.1-5.6 s on the embedded 2-worker
-#: LocalCluster; in this process 0.7 s, with the same stored rows and fingerprints
-SMALL_INGEST_VALUES = 8_000_000
+#: LocalCluster; in this process 0.7 s, with the same stored rows and fingerprints (then
+#: 8 million). Session 23, bench_ingest_placement.py (.npy, D = 9 + 1, block 4,096, same
+#: VM kind): in this process / on the workers 1.3 / 3.8 s at 0.5 million values, 1.9 /
+#: 7.2 s at 2 million, 5.2 / 23.6 s at 8 million, 14.0 / 74.9 s at 24 million, 43.8 /
+#: 266.8 s at 64 million, this process's peak 0.74 GB against 1.44 GB (+ 0.61 GB of
+#: workers). Larger sources stay on the workers: not measured
+SMALL_INGEST_VALUES = 64_000_000
+#: bytes of row blocks that io.validate.iter_row_blocks computes together (validation and
+#: fingerprints stream a source in batches of consecutive blocks, one batch held at a
+#: time). Every computation costs time in proportion to the source's whole graph, so
+#: batches of a fixed 2 blocks made the ingest quadratic in its blocks: 7.8 / 31 / 179 s
+#: at 0.8 / 2.4 / 6.4 million rows x 10 (bench_ingest_placement.py, session 23)
+ROW_BATCH_BYTES = 64 * 2**20
 #: Dask settings of the embedded LocalCluster (pipeline.parallel.dask_client; never of a
 #: cluster given by address), each applied only where the user's Dask config still has
 #: Dask's default: no statistical profiler in the workers (it samples every thread's

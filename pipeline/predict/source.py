@@ -170,4 +170,4 @@ def input_fingerprint(X: da.Array) -> str:
     Depends on values, dtype and shape, not on the block split, so a caller
     holding the io fingerprint of the same data may pass it instead.
     """
-    return fingerprint_row_blocks(X, batch=8)
+    return fingerprint_row_blocks(X)
