@@ -183,7 +183,15 @@ def test_distributed_client_uses_the_scheduler_feed(data, tmp_path, capfd, caplo
     gram = _lines(capfd.readouterr().err, "gram")
     assert "gram: 0/15 tiles (0%)" in gram[0] and "gram: 15/15 tiles (100%)" in gram[-1], gram
     # the scheduler's feed ended with the computation: nothing is cancelled at shutdown
-    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+    # (asyncio's report of an aiohttp session an earlier S3 test left to the garbage
+    # collector is not the cluster's)
+    errors = [
+        r
+        for r in caplog.records
+        if r.levelno >= logging.ERROR
+        and not (r.name == "asyncio" and r.getMessage().startswith("Unclosed"))
+    ]
+    assert not errors, caplog.text
 
 
 def test_cv_search_counts_kernel_settings(data, capfd):
