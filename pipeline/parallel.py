@@ -245,23 +245,6 @@ def _describe(settings: dict[str, Any]) -> str:
     return f"Dask settings {keys} (EMBEDDED_CLUSTER_DASK_CONFIG)"
 
 
-def _import_tile_modules() -> None:
-    """Run in each new worker process of the embedded cluster, not waited for: the
-    modules its first tile tasks need, imported while this process ingests the data
-    (otherwise the first stage on the workers, the Gram, waits about 0.7 s for them)."""
-    import pipeline.gram  # noqa: F401
-    import pipeline.predict  # noqa: F401
-    import pipeline.solvers.matvec  # noqa: F401
-
-
-async def _import_tile_modules_soon() -> None:
-    # Client.run(wait=False) takes coroutines only; the imports run on a thread of the
-    # worker's default executor, so its event loop (heartbeats, tasks) goes on
-    import asyncio
-
-    await asyncio.get_running_loop().run_in_executor(None, _import_tile_modules)
-
-
 @contextlib.contextmanager
 def dask_client(
     address: str | None = None,
@@ -317,8 +300,9 @@ def dask_client(
                 )
             )
             client = stack.enter_context(Client(cluster))
-        if processes:  # the workers import the tile modules while this process works
-            client.run(_import_tile_modules_soon, wait=False)
+        # No warm-up of the workers' imports here: session 22 ran one on a worker thread
+        # beside the first tasks, and two threads importing dask.array at once can leave
+        # it half-initialised ("No dispatch for numpy.ndarray", a failed stage; session 23)
         log.info(
             "started local cluster: %d workers x %d threads, %s each (dashboard %s)%s",
             n,

@@ -78,34 +78,24 @@ def test_user_setting_reaches_the_embedded_cluster():
     assert settings == [(0.05, False, 2000, None)]
 
 
-def _tile_modules_imported() -> bool:
-    import sys
+def test_the_embedded_cluster_runs_nothing_on_its_workers_beside_the_first_tasks(monkeypatch):
+    """Session 22 had each new worker import the tile modules on a thread, not waited
+    for. Beside the first task (which imports dask.array as it is unpickled) the two
+    imports raced: dask.array half-initialised, "No dispatch for numpy.ndarray", and
+    the stage failed (seen once in the full suite, session 23). Nothing is run on the
+    workers as the cluster starts, and the first computation on them succeeds."""
+    import dask.array as da
+    from distributed import Client
 
-    return all(m in sys.modules for m in ("pipeline.gram", "pipeline.predict"))
+    ran = []
+    real = Client.run
 
+    def run(self, function, *args, **kwargs):
+        ran.append(getattr(function, "__name__", repr(function)))
+        return real(self, function, *args, **kwargs)
 
-@pytest.mark.slow
-def test_embedded_workers_import_the_tile_modules_as_they_start(caplog):
-    """The embedded cluster's worker processes import the tile modules at start, not
-    waited for, so the first stage on them (the Gram, after an ingest in this process)
-    does not wait for the imports (bench_main_job.py); a cluster given by address is
-    left alone."""
-    import logging
-    import time
-
-    with caplog.at_level(logging.ERROR), dask_client(n_workers=1, memory_limit="1GiB") as client:
-        deadline = time.monotonic() + 60
-        done = False
-        while not done and time.monotonic() < deadline:
-            done = all(client.run(_tile_modules_imported).values())
-            time.sleep(0.1)
-        assert done
-    # asyncio's report of an unclosed aiohttp session, which an earlier test's S3
-    # filesystem left to the garbage collector, is not the warm-up's or the cluster's
-    errors = [
-        r
-        for r in caplog.records
-        if r.levelno >= logging.ERROR
-        and not (r.name == "asyncio" and r.getMessage().startswith("Unclosed"))
-    ]
-    assert not errors, caplog.text
+    monkeypatch.setattr(Client, "run", run)
+    with dask_client(n_workers=1, memory_limit="1GiB") as client:
+        assert ran == []
+        x = da.ones((40, 40), chunks=10)
+        assert float(client.compute((x @ x.T).sum()).result()) == 40.0**3
