@@ -31,10 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -78,19 +75,9 @@ def make_source(d: Path, rows: int, features: int, seed: int = 0) -> Path:
 
 
 def run_once(mode: str, conf: Path, workdir: Path) -> dict:
-    run_dir = workdir / f"run-{mode}-{time.monotonic_ns()}"
-    script = workdir / "child.py"
-    script.write_text(_CHILD)
-    t0 = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, str(script), mode, str(conf), str(run_dir)],
-        capture_output=True,
-        text=True,
-        cwd=workdir,
-    )
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"{mode}: krr run failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    from bench_main_job import run_child  # this script's directory
+
+    run_dir, wall = run_child(_CHILD, mode, conf, workdir)
     stage = json.loads((run_dir / "manifest.json").read_text())["stages"]["ingest"]
     import shutil
 

@@ -44,13 +44,15 @@ if __name__ == "__main__":
 """
 
 
-def run_once(mode: str, workdir: Path) -> dict:
+def run_child(child: str, mode: str, conf: Path, workdir: Path) -> tuple[Path, float]:
+    """Run the script ``child`` (``krr run`` in a fresh process: argv mode, config, run
+    dir) in ``workdir``; its new run directory and wall seconds. Exits on a failure."""
     run_dir = workdir / f"run-{mode}-{time.monotonic_ns()}"
     script = workdir / "child.py"
-    script.write_text(_CHILD)
+    script.write_text(child)
     t0 = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, str(script), mode, str(ROOT / "conf" / "demo.yaml"), str(run_dir)],
+        [sys.executable, str(script), mode, str(conf), str(run_dir)],
         capture_output=True,
         text=True,
         cwd=workdir,
@@ -58,6 +60,11 @@ def run_once(mode: str, workdir: Path) -> dict:
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"{mode}: krr run failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    return run_dir, wall
+
+
+def run_once(mode: str, workdir: Path) -> dict:
+    run_dir, wall = run_child(_CHILD, mode, ROOT / "conf" / "demo.yaml", workdir)
     manifest = json.loads((run_dir / "manifest.json").read_text())
     stages = manifest["stages"]
     secs = {s: stages[s]["resources"]["seconds"] for s in STAGES if s in stages}
