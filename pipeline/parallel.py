@@ -28,25 +28,38 @@ _HERE: contextvars.ContextVar[bool] = contextvars.ContextVar("krr_in_this_proces
 
 @contextlib.contextmanager
 def in_this_process(enabled: bool = True) -> Iterator[None]:
-    """Inside the block, every computation runs in this process, as if no distributed
-    client were active: :func:`compute` on Dask's threaded scheduler (one BLAS thread
-    per task, as on a worker), and so does a plain ``dask.compute`` unless the user's
-    Dask config names a scheduler. For steps so small that a cluster round trip costs
-    more than the work (``enabled=False``: a no-op, so callers can pass their rule)."""
+    """Inside the block, this thread's computations run in this process, as if no
+    distributed client were active: :func:`compute` on Dask's threaded scheduler (one
+    BLAS thread per task, as on a worker), unless the user's Dask config names a local
+    scheduler of its own. A plain ``dask.compute`` inside the block passes
+    ``**local_scheduler()`` to do the same. For steps so small that a cluster round
+    trip costs more than the work (``enabled=False``: a no-op, so callers can pass
+    their rule).
+
+    Only a context variable is set, never Dask's global config: another thread's
+    computations, and a user's own ``dask.compute`` in another thread, keep the
+    client, and a block that ends on one thread does not end another's."""
     if not enabled:
         yield
         return
     token = _HERE.set(True)
     try:
-        # a Client sets "dask.distributed" as the default scheduler; a user's own local
-        # choice (synchronous, threads, processes) stays
-        if dask.config.get("scheduler", None) in (None, "dask.distributed", "distributed"):
-            with dask.config.set(scheduler="threads"):
-                yield
-        else:
-            yield
+        yield
     finally:
         _HERE.reset(token)
+
+
+def local_scheduler() -> dict[str, Any]:
+    """``dask.compute`` keywords that keep a computation in this process inside
+    :func:`in_this_process`: ``{"scheduler": "threads"}`` when Dask's config holds a
+    client's scheduler (or none); ``{}`` outside the block, or when the user's config
+    names a local scheduler (synchronous, threads, processes), which stays."""
+    if not _HERE.get():
+        return {}
+    # a Client sets "dask.distributed" as the default scheduler
+    if dask.config.get("scheduler", None) in (None, "dask.distributed", "distributed"):
+        return {"scheduler": "threads"}
+    return {}
 
 
 def _active_client() -> Any | None:
@@ -214,6 +227,8 @@ def compute(
             callbacks = shown.callbacks
             if callbacks:
                 kwargs["callbacks"] = [*kwargs.get("callbacks", ()), *callbacks]
+            for key, value in local_scheduler().items():  # inside in_this_process
+                kwargs.setdefault(key, value)
             if "distributed" not in sys.modules and dask.config.get("scheduler", None) is None:
                 # what dask would choose, without its import of distributed to look
                 # for a client that cannot exist (0.2-0.4 s on a first small fit)

@@ -97,14 +97,56 @@ def test_in_this_process_sets_the_client_aside_and_keeps_a_users_scheduler(clien
     with par.in_this_process():
         assert par._active_client() is None
         assert par.compute(x.sum(), progress=False)[0] == 66
-        assert x.sum().compute() == 66
+        assert x.sum().compute(**par.local_scheduler()) == 66
+        assert dask.config.get("scheduler") == "dask.distributed"  # the global stays
     assert sent == []
     assert par._active_client() is client  # only inside the block
+    assert par.local_scheduler() == {}
     assert x.sum().compute() == 66 and sent == ["get"]
     with par.in_this_process(enabled=False):
         assert par._active_client() is client
+        assert par.local_scheduler() == {}
     with dask.config.set(scheduler="sync"), par.in_this_process():
         assert dask.config.get("scheduler") == "sync"  # the user's own choice stays
+        assert par.local_scheduler() == {}
+
+
+def test_a_block_on_one_thread_neither_reaches_nor_ends_another_threads(client, monkeypatch):
+    """Two threads: one stays inside in_this_process while the other enters and leaves
+    its own block. The first still runs here after the second's block ended, and a
+    thread outside any block keeps the client all along (session 23 set Dask's global
+    config inside the block: both failed)."""
+    import threading
+
+    sent = _spy(client, monkeypatch)
+    x = da.arange(12, chunks=4)
+    inside, left, done = threading.Event(), threading.Event(), threading.Event()
+    seen: dict[str, object] = {}
+
+    def long_block():
+        with par.in_this_process():
+            inside.set()
+            left.wait(30)  # the other thread's block has ended
+            seen["long"] = par.compute(x.sum(), progress=False)[0]
+            seen["long_plain"] = x.sum().compute(**par.local_scheduler())
+        done.set()
+
+    t = threading.Thread(target=long_block, daemon=True)
+    t.start()
+    try:
+        assert inside.wait(30)
+        with par.in_this_process():
+            assert par.compute(x.sum(), progress=False)[0] == 66
+        assert sent == []
+        # outside any block, beside a thread inside one: the client runs it
+        assert par.compute(x.sum(), progress=False)[0] == 66 and sent == ["compute"]
+        assert x.sum().compute() == 66 and sent == ["compute", "get"]
+    finally:
+        left.set()
+    assert done.wait(30)
+    t.join(30)
+    assert seen == {"long": 66, "long_plain": 66}
+    assert sent == ["compute", "get"]  # the long block ran both here
 
 
 def test_evaluate_reads_the_stored_rows_here(tmp_path, client, monkeypatch):

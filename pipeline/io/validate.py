@@ -28,7 +28,7 @@ import dask
 import dask.array as da
 import numpy as np
 
-from pipeline.parallel import beside_local_workers, in_this_process
+from pipeline.parallel import beside_local_workers, in_this_process, local_scheduler
 from pipeline.storage import fingerprint_blocks
 
 __all__ = [
@@ -81,7 +81,7 @@ def iter_row_blocks(X: da.Array, batch: int | None = None) -> Iterator[tuple[int
     here = beside_local_workers(X.__dask_graph__())
     for idx in _batches(sizes, int(X.shape[1]) * X.dtype.itemsize, batch):
         with in_this_process(here):
-            arrays = dask.compute(*[X.blocks[i] for i in idx])
+            arrays = dask.compute(*[X.blocks[i] for i in idx], **local_scheduler())
         for i, b in zip(idx, arrays):
             yield i, int(offsets[i]), np.asarray(b)
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.config import EvaluateConfig
-from pipeline.parallel import in_this_process
+from pipeline.parallel import in_this_process, local_scheduler
 from pipeline.reference.memory import SAFETY_FRACTION, available_memory
 from pipeline.solvers.cholesky import regularisation_shift
 from pipeline.stages.ingest import open_rows
@@ -101,7 +101,7 @@ def _rows_here(ing: IngestOutput, name: str) -> np.ndarray:
     reads the predictions): a client would read it on a worker and send it back, one
     round trip of 0.3-0.4 s each on the embedded LocalCluster (session 22)."""
     with in_this_process():
-        return np.asarray(open_rows(ing, name).compute())
+        return np.asarray(open_rows(ing, name).compute(**local_scheduler()))
 
 
 def _mean_baseline(ing: IngestOutput, y_test: np.ndarray, names: list[str]) -> dict[str, Any]:
