@@ -220,6 +220,31 @@ def _split_indices(n: int, test_fraction: float, seed: int) -> tuple[np.ndarray,
     return np.sort(perm[n_test:]), np.sort(perm[:n_test])
 
 
+def _pick(block: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    return block[keep]
+
+
+def take_rows(A: da.Array, rows: np.ndarray) -> da.Array:
+    """``A[rows]`` for sorted, unique ``rows``: one task per block of ``A``, which keeps
+    that block's chosen rows (a boolean mask chunked like ``A``'s rows), so the graph
+    grows with the blocks, not with the rows. Dask's own ``A[rows]`` builds graphs of the
+    index arrays: the train/test split of 6.4 million rows took 19 s and 1.1 GB before
+    any row was read (session 24). Falls back to it while ``A``'s row chunks are unknown."""
+    row_chunks = A.chunks[0]
+    rows = np.asarray(rows)
+    if any(np.isnan(c) for c in row_chunks) or np.any(np.diff(rows) <= 0):
+        return A[rows]
+    keep = np.zeros(A.shape[0], dtype=bool)
+    keep[rows] = True
+    starts = np.concatenate([[0], np.cumsum(row_chunks)[:-1]]).astype(np.int64)
+    sizes = tuple(int(k) for k in np.add.reduceat(keep, starts)) if len(keep) else row_chunks
+    mask = da.from_array(keep, chunks=(row_chunks,))
+    ind = "ij"[: A.ndim]
+    return da.blockwise(
+        _pick, ind, A, ind, mask, "i", adjust_chunks={"i": sizes}, dtype=A.dtype, meta=A._meta
+    )
+
+
 def _moments(X: da.Array) -> tuple[np.ndarray, np.ndarray]:
     mean, std = compute(X.mean(axis=0), X.std(axis=0), desc="ingest: moments")
     std = np.where(np.asarray(std) > 0, std, 1.0)
@@ -305,7 +330,7 @@ def _split_and_store(
     n_rows = data.n_rows
     if n_rows is not None and n_rows < X.shape[0]:
         keep = np.sort(np.random.default_rng(data.seed).choice(X.shape[0], n_rows, False))
-        X, y = X[keep], y[keep]
+        X, y = take_rows(X, keep), take_rows(y, keep)
 
     if split.test_path:
         Xtr, ytr = X, y
@@ -326,7 +351,7 @@ def _split_and_store(
             validate_row_blocks(yte, "y_test")
     elif split.test_fraction > 0:
         tr, te = _split_indices(X.shape[0], split.test_fraction, split.seed)
-        Xtr, ytr, Xte, yte = X[tr], y[tr], X[te], y[te]
+        Xtr, ytr, Xte, yte = take_rows(X, tr), take_rows(y, tr), take_rows(X, te), take_rows(y, te)
     else:
         Xtr, ytr, Xte, yte = X, y, None, None
 
