@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 import scipy.linalg
@@ -92,3 +94,58 @@ def test_refinement_that_stops_short_raises_instead_of_returning_alpha(tmp_path)
     alpha0 = np.zeros(n)
     with pytest.raises(CGConvergenceError, match="did not converge"):
         refine_solution(f, gram, 1e-5, y, alpha0, tol=1e-15, max_iter=1)
+
+
+@pytest.mark.parametrize("scheduler", ["threads", "dask"])
+def test_float32_diagonal_tiles_factor_in_one_reused_float64_scratch(
+    tmp_path, monkeypatch, scheduler
+):
+    """Each float32 diagonal tile is factored in float64 in a scratch tile that the
+    previous diagonal tile gave back (pipeline.storage.buffers), not in new memory: one
+    new scratch per tile shape. The factor is the float64 POTRF of each diagonal tile
+    cast to float32, as before."""
+    from pipeline.storage import buffers
+
+    n, b = 5 * 64 + 29, 64  # five full diagonal tiles and a ragged one
+    # a float32 Gram (as in place): no float64 read buffer takes the scratch in between
+    K = rbf_matrix(n, seed=7).astype(np.float32).astype(np.float64)
+    gram = write_gram(tmp_path, K.astype(np.float32), b)
+    new: list[tuple] = []
+    real_take = buffers.take
+
+    def take(shape, dtype, first_touch=None):
+        key = (tuple(int(s) for s in shape), np.dtype(dtype).str)
+        scratch = sys._getframe(1).f_code.co_name == "_float64_scratch"  # not a Gram read
+        if scratch and not buffers._FREE.get(key):
+            new.append(key[0])
+        return real_take(shape, dtype, first_touch)
+
+    monkeypatch.setattr(buffers, "take", take)
+    buffers.release()  # none waiting from an earlier factorisation in this process
+    lam = 1e-3
+    f = tile_cholesky(gram, lam, dtype=np.float32, scheduler=scheduler, progress=False)
+    assert sorted(new) == [(29, 29), (b, b)]
+    # the first diagonal tile: K + lam*I in float32, its float64 POTRF rounded to float32
+    a = K[:b, :b].astype(np.float32)
+    a[np.diag_indices_from(a)] += lam
+    want = scipy.linalg.cholesky(a.astype(np.float64), lower=True).astype(np.float32)
+    np.testing.assert_array_equal(np.tril(f.L.read_tile(0, 0)), want)
+
+
+def test_float32_factor_with_jitter_keeps_the_tile_it_retries(tmp_path):
+    """A rank-deficient Gram, lambda 0, float32 factor: every failed diagonal POTRF is
+    retried from the tile as it was (the float64 scratch is overwritten by the failed
+    attempt), and L Lᵀ is K plus the recorded block-diagonal jitter to float32 rounding."""
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((150, 3))
+    K = X @ X.T
+    gram = write_gram(tmp_path, K, 40)
+    f = tile_cholesky(gram, 0.0, dtype=np.float32, jitter=1e-6, progress=False)
+    assert f.jitter
+    L = np.tril(f.L.zarr("r")[:].astype(np.float64))
+    D = np.zeros_like(K)
+    for key, eps in f.jitter.items():
+        j = int(key.split(".")[0])
+        s = slice(40 * j, min(150, 40 * (j + 1)))
+        D[s, s] += eps * np.eye(s.stop - s.start)
+    assert rel(L @ L.T, K + D) < 1e-5

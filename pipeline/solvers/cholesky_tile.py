@@ -18,11 +18,13 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.policy import constants as C
 from pipeline.solvers import blas as gil_free_blas
 from pipeline.solvers.cholesky_cache import _read_factor_tile
 from pipeline.solvers.cholesky_exec import prefetch_gram_tile, read_gram_tile
 from pipeline.solvers.cholesky_options import JitterPolicy, NotPositiveDefiniteError
 from pipeline.storage import TiledArray
+from pipeline.storage import buffers as tile_buffers
 from pipeline.tiles.tile_io import TileIO
 
 
@@ -37,6 +39,14 @@ def _potrf_lower(a: np.ndarray, overwrite: bool = False) -> tuple[np.ndarray, in
     c = a if ok else np.array(a, dtype=np.float64, order="C")
     info = gil_free_blas.potrf_lower(c)
     return c, int(info)
+
+
+def _float64_scratch(a: np.ndarray) -> np.ndarray:
+    """``a``'s values in a float64 tile from :mod:`pipeline.storage.buffers` (one that
+    an earlier diagonal tile gave back, when there is one)."""
+    d = tile_buffers.take(a.shape, np.dtype(np.float64))
+    np.copyto(d, a)
+    return d
 
 
 def _trsm_right_lower_t(ljj: np.ndarray, a: np.ndarray) -> np.ndarray:
@@ -104,18 +114,18 @@ def _factor_tile(
     a = _updated_tile(gram, L, i, j, shift, dtype, k_tile, io)
     info: dict[str, Any] = {}
     if i == j:
-        # a float32 factor still factors its diagonal tiles in float64
-        a = a.astype(np.float64, copy=False)
-        keep = a.copy() if jitter is not None else None
-        lt, piv = _potrf_lower(a, overwrite=keep is None)
+        # a float32 factor still factors its diagonal tiles in float64: in a reused
+        # scratch tile (a new one is fresh memory, which costs more than the copies)
+        d = a if a.dtype == np.float64 else _float64_scratch(a)
+        keep = d.copy() if jitter is not None else None
+        lt, piv = _potrf_lower(d, overwrite=keep is None)
         tried: list[float] = []
         if piv != 0 and jitter is not None:
-            a = keep
             scale = scale or 1.0
             for t in range(jitter.max_tries):
                 eps = jitter.initial * jitter.growth**t * scale
                 tried.append(eps)
-                aj = a.copy()
+                aj = keep.copy()
                 aj[np.diag_indices_from(aj)] += eps
                 lt, piv = _potrf_lower(aj)
                 if piv == 0:
@@ -127,7 +137,13 @@ def _factor_tile(
             raise NotPositiveDefiniteError(
                 (i, j), piv, row, lam, convention, shift, tuple(tried), dtype.name
             )
-        out = lt if lt.dtype == dtype else lt.astype(dtype)
+        if lt.dtype == dtype:
+            out = lt
+        else:  # back into the float32 tile (the same rounding as astype)
+            np.copyto(a, lt, casting="same_kind")
+            out = a
+        if d is not a:
+            tile_buffers.give(d, C.TILE_BUFFER_POOL_BYTES)
     else:
         out = _trsm_right_lower_t(_read_factor_tile(L, j, j, io), a)
     info["seconds"] = round(time.perf_counter() - t0, 4)
