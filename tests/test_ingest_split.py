@@ -70,3 +70,40 @@ def test_the_stage_stores_the_split_numpy_gives(tmp_path):
     np.testing.assert_array_equal(rows("y_train").ravel(), yk[tr])
     mean, std = Xk[tr].mean(0), Xk[tr].std(0)
     np.testing.assert_allclose(rows("X_train"), (Xk[tr] - mean) / std, rtol=1e-12, atol=1e-12)
+
+
+def test_the_stored_rows_do_not_depend_on_the_sources_chunks(tmp_path, monkeypatch):
+    """The same rows loaded in other chunks (a dask array source, or the selection's own
+    chunks) give the same standardised rows and scalers, bit for bit: the moments sum
+    over row blocks of block_size."""
+    rng = np.random.default_rng(5)
+    X, y = rng.normal(size=(500, 4)) * 1e3 + 7.0, rng.normal(size=500)
+    np.save(tmp_path / "X.npy", X)
+    np.save(tmp_path / "y.npy", y)
+    params = dict(
+        data={"source": "npy", "path": str(tmp_path / "X.npy"), "y_path": str(tmp_path / "y.npy")},
+        split={"test_fraction": 0.3, "seed": 1},
+        preprocess={"standardize": True, "standardize_y": True},
+        block_size=64,
+    )
+    real = ingest.load_source
+    runs = {}
+    for name, chunk in (("as_stored", None), ("small", 7), ("large", 333)):
+        if chunk is not None:
+
+            def load(data, block_size, _c=chunk):
+                Xd, yd, feats, target = real(data, block_size)
+                return Xd.rechunk({0: _c}), yd.rechunk({0: _c}), feats, target
+
+            monkeypatch.setattr(ingest, "load_source", load)
+        out = ingest.run(tmp_path / name, {}, **typed_params("ingest", params))
+        runs[name] = (
+            out.to_json()["scaler"],
+            out.to_json()["y_scaler"],
+            np.asarray(open_rows(out, "X_train").compute(scheduler="sync")),
+            np.asarray(open_rows(out, "y_train").compute(scheduler="sync")),
+        )
+    for name in ("small", "large"):
+        assert runs[name][:2] == runs["as_stored"][:2]
+        np.testing.assert_array_equal(runs[name][2], runs["as_stored"][2])
+        np.testing.assert_array_equal(runs[name][3], runs["as_stored"][3])

@@ -354,6 +354,10 @@ def _split_and_store(
         Xtr, ytr, Xte, yte = take_rows(X, tr), take_rows(y, tr), take_rows(X, te), take_rows(y, te)
     else:
         Xtr, ytr, Xte, yte = X, y, None, None
+    # the moments sum over row blocks of block_size, as the rows are stored: their bits
+    # (and the standardised rows') then depend on the rows alone, not on how the source
+    # or the row selection happened to be chunked
+    Xtr, ytr = (a if np.isnan(a.shape[0]) else a.rechunk({0: block_size}) for a in (Xtr, ytr))
 
     scaler = y_scaler = None
     if preprocess.standardize:
