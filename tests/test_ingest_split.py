@@ -24,6 +24,18 @@ def test_take_rows_is_numpy_indexing(chunks, fraction):
         np.testing.assert_array_equal(got.compute(scheduler="sync"), A[rows])
 
 
+def test_take_rows_of_a_selection_with_empty_blocks():
+    """A first selection leaves blocks of no rows; a second one (the split after
+    data.n_rows) must still count each block's rows right."""
+    A = np.arange(80.0).reshape(40, 2)
+    first = take_rows(da.from_array(A, chunks=(10, 2)), np.array([1, 2, 35]))
+    assert first.chunks[0] == (2, 0, 0, 1)
+    second = take_rows(first, np.array([0, 2]))
+    assert second.chunks[0] == (1, 0, 0, 1)
+    np.testing.assert_array_equal(second.compute(scheduler="sync"), A[[1, 35]])
+    assert take_rows(first, np.array([], dtype=int)).chunks[0] == (0, 0, 0, 0)
+
+
 def test_take_rows_falls_back_for_unsorted_rows_and_keeps_their_order():
     X = np.arange(40.0).reshape(20, 2)
     rows = np.array([5, 1, 1, 17])
@@ -42,7 +54,8 @@ def test_take_rows_graph_grows_with_blocks_not_rows():
     assert len(dict(many.__dask_graph__())) == 3 * (n // block)
 
 
-def test_the_stage_stores_the_split_numpy_gives(tmp_path):
+@pytest.mark.parametrize("n_rows", [300, 12])
+def test_the_stage_stores_the_split_numpy_gives(tmp_path, n_rows):
     """n_rows subsetting then the split, through the stage: the stored raw test rows are
     the source's rows at the sorted indices, the standardised training rows are the
     source's training rows scaled."""
@@ -52,14 +65,14 @@ def test_the_stage_stores_the_split_numpy_gives(tmp_path):
     np.save(tmp_path / "y.npy", y)
     params = dict(
         data={"source": "npy", "path": str(tmp_path / "X.npy"),
-              "y_path": str(tmp_path / "y.npy"), "n_rows": 300, "seed": 4},
+              "y_path": str(tmp_path / "y.npy"), "n_rows": n_rows, "seed": 4},
         split={"test_fraction": 0.25, "seed": 9},
         preprocess={"standardize": True, "standardize_y": False},
         block_size=40,
     )  # fmt: skip
     out = ingest.run(tmp_path / "ing", {}, **typed_params("ingest", params))
-    keep = np.sort(np.random.default_rng(4).choice(333, 300, False))
-    tr, te = _split_indices(300, 0.25, 9)
+    keep = np.sort(np.random.default_rng(4).choice(333, n_rows, False))
+    tr, te = _split_indices(n_rows, 0.25, 9)
     Xk, yk = X[keep], y[keep]
 
     def rows(name):

@@ -236,8 +236,11 @@ def take_rows(A: da.Array, rows: np.ndarray) -> da.Array:
         return A[rows]
     keep = np.zeros(A.shape[0], dtype=bool)
     keep[rows] = True
-    starts = np.concatenate([[0], np.cumsum(row_chunks)[:-1]]).astype(np.int64)
-    sizes = tuple(int(k) for k in np.add.reduceat(keep, starts)) if len(keep) else row_chunks
+    # rows kept per block, by differences of a running count (np.add.reduceat would give
+    # a block of no rows, e.g. after an earlier selection, its next row's flag instead)
+    kept = np.concatenate([[0], np.cumsum(keep, dtype=np.int64)])
+    ends = np.cumsum(row_chunks).astype(np.int64)
+    sizes = tuple(int(k) for k in kept[ends] - kept[ends - np.asarray(row_chunks, dtype=np.int64)])
     mask = da.from_array(keep, chunks=(row_chunks,))
     ind = "ij"[: A.ndim]
     return da.blockwise(
