@@ -236,11 +236,9 @@ def take_rows(A: da.Array, rows: np.ndarray) -> da.Array:
         return A[rows]
     keep = np.zeros(A.shape[0], dtype=bool)
     keep[rows] = True
-    # rows kept per block, by differences of a running count (np.add.reduceat would give
-    # a block of no rows, e.g. after an earlier selection, its next row's flag instead)
-    kept = np.concatenate([[0], np.cumsum(keep, dtype=np.int64)])
-    ends = np.cumsum(row_chunks).astype(np.int64)
-    sizes = tuple(int(k) for k in kept[ends] - kept[ends - np.asarray(row_chunks, dtype=np.int64)])
+    # rows kept per block: the sorted rows between its bounds (a block may keep none)
+    bounds = np.concatenate([[0], np.cumsum(row_chunks)])
+    sizes = tuple(int(k) for k in np.diff(np.searchsorted(rows, bounds)))
     mask = da.from_array(keep, chunks=(row_chunks,))
     ind = "ij"[: A.ndim]
     return da.blockwise(
