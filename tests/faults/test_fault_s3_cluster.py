@@ -27,7 +27,7 @@ from _s3server import make_bucket, moto_server, s3_env  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-N, D, BLOCK, NB = 2400, 8, 150, 200
+N, D, BLOCK, NB = 2400, 8, 240, 200
 BUCKET = "krr-cluster"
 
 CONFIG = """
