@@ -78,7 +78,9 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         ``"precomputed"`` (X is the kernel matrix); or a callable on two rows
         (evaluated through scikit-learn's ``pairwise_kernels``, as scikit-learn does).
     gamma, degree, coef0 : as in scikit-learn
-        Forwarded to named kernels that take them; ignored otherwise.
+        Forwarded to named kernels that take them; for a spec dict, they fill
+        only the parameters the spec leaves out (its own values win); ignored
+        otherwise.
     kernel_params : dict, default=None
         Keyword arguments for a callable kernel, or ``set_params`` values for a
         Kernel object (applied to a copy).
@@ -423,7 +425,10 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
                 )
             set_storage_options(scheme, self.storage_options)
         X = _dense(X)
-        X_fit = X
+        # the out-of-core solve evaluates K in float64 from float32 rows (fit.execute), so
+        # prediction must too: kept as float32, predict(float32 X) evaluated K(X, X_fit) in
+        # float32 and multiplied its rounding by alpha (0.4 % of the scale at lambda=1e-6)
+        X_fit = X.astype(np.float64) if X.dtype == np.float32 else X
         from pipeline.storage import fingerprint_blocks
 
         x_fp = fingerprint_blocks([X])

@@ -327,3 +327,23 @@ def test_memory_guard_refuses_before_work(monkeypatch):
     with pytest.raises(InsufficientMemoryError, match="solver='cholesky'"):
         KernelRidge(kernel=_Spy(), solver="dense").fit(X, y)
     assert _Spy.calls == 0
+
+
+@pytest.mark.parametrize("solver", ["dense", "cholesky"])
+def test_a_spec_dicts_own_parameters_win_over_the_estimators_defaults(solver, tmp_path):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(300, 3))
+    y = (X @ [1.0, -2.0, 0.5]) ** 2
+    kw = {"store": str(tmp_path), "block_size": 128} if solver == "cholesky" else {}
+    spec = {"name": "polynomial", "params": {"degree": 2, "gamma": 0.5, "coef0": 0.0}}
+    a = KernelRidge(kernel=spec, alpha=1e-3, solver=solver, **kw).fit(X, y)
+    b = KernelRidge(kernel=Polynomial(degree=2, gamma=0.5, coef0=0.0), alpha=1e-3, solver=solver,
+                    **kw).fit(X, y)  # fmt: skip
+    # degree=3 and coef0=1 (the estimator's defaults) used to replace the spec's values
+    assert a.kernel_.get_params() == b.kernel_.get_params()
+    np.testing.assert_array_equal(a.predict(X), b.predict(X))
+    # what the spec leaves out is still filled from the estimator's parameters
+    c = KernelRidge(kernel={"name": "polynomial", "params": {"degree": 2}}, gamma=0.25,
+                    solver=solver, **kw).fit(X, y)  # fmt: skip
+    assert c.kernel_.get_params()["gamma"] == 0.25 and c.kernel_.get_params()["degree"] == 2
+    assert c.kernel_.get_params()["coef0"] == 1

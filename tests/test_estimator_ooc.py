@@ -195,3 +195,25 @@ def test_fsspec_file_url_store_resumes_and_saves(diabetes, tmp_path):
     np.testing.assert_array_equal(
         pipeline.load(f"file://{tmp_path}/model").predict(X[:10]), est.predict(X[:10])
     )
+
+
+@pytest.mark.parametrize("solver", ["cholesky", "cg"])
+def test_float32_rows_predict_with_the_kernel_the_fit_solved(solver, tmp_path):
+    # the out-of-core solve evaluates K in float64 from float32 rows; prediction must use
+    # the same kernel values: a float32 K(X, X_fit) times a large alpha (lambda = 1e-6)
+    # was off by 0.4 % of the predictions' scale
+    rng = np.random.default_rng(0)
+    X32 = rng.normal(size=(600, 5)).astype(np.float32)
+    y = np.sin(X32.astype(np.float64)).sum(axis=1) + 0.01 * rng.normal(size=600)
+    Xt32 = rng.normal(size=(200, 5)).astype(np.float32)
+    kw = dict(kernel="rbf", gamma=0.1, alpha=1e-6, solver=solver, tol=1e-10, max_iter=5000,
+              block_size=256)  # fmt: skip
+    m32 = KernelRidge(**kw, store=str(tmp_path / "a")).fit(X32, y)
+    m64 = KernelRidge(**kw, store=str(tmp_path / "b")).fit(X32.astype(np.float64), y)
+    assert np.abs(m32.dual_coef_).max() > 1e3  # the hard case: rounding in K is amplified
+    assert m32.X_fit_.dtype == np.float64
+    scale = np.abs(m64.predict(Xt32.astype(np.float64))).max()
+    got, want = m32.predict(Xt32), m64.predict(Xt32.astype(np.float64))
+    assert np.abs(got - want).max() <= 1e-8 * scale, np.abs(got - want).max()
+    # and the model reproduces its own fit: y - prediction = lambda * alpha in sample
+    np.testing.assert_allclose(y - m32.predict(X32), 1e-6 * m32.dual_coef_, atol=1e-7)

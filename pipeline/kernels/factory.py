@@ -98,10 +98,14 @@ def resolve_estimator_kernel(
 ) -> Kernel | None:
     """The Kernel an estimator's scikit-learn style parameters describe.
 
-    Names and spec dicts go through :func:`make_kernel` with ``gamma``, ``degree``
-    and ``coef0``; a Kernel object is used as is, or a copy with ``kernel_params``
-    applied. Returns None for ``"precomputed"`` and for callables on two rows,
-    which the estimators evaluate through scikit-learn as scikit-learn does.
+    Names go through :func:`make_kernel` with ``gamma``, ``degree`` and ``coef0``.
+    A spec dict describes its kernel as its Kernel object does: its own
+    parameters win, and ``gamma``, ``degree`` and ``coef0`` only fill those it
+    leaves out (the estimators' defaults ``degree=3, coef0=1`` are never None, so
+    forwarding them replaced a spec's ``degree=2`` by 3). A Kernel object is used
+    as is, or a copy with ``kernel_params`` applied. Returns None for
+    ``"precomputed"`` and for callables on two rows, which the estimators
+    evaluate through scikit-learn as scikit-learn does.
     """
     if isinstance(kernel, str) and kernel == "precomputed":
         return None
@@ -111,8 +115,12 @@ def resolve_estimator_kernel(
 
             return copy.deepcopy(kernel).set_params(**kernel_params)
         return kernel
-    if isinstance(kernel, str | dict):
-        return make_kernel(kernel, gamma=gamma, degree=degree, coef0=coef0)
+    forwarded = {"gamma": gamma, "degree": degree, "coef0": coef0}
+    if isinstance(kernel, dict):
+        own = kernel.get("params") or {}
+        return make_kernel(kernel, **{p: v for p, v in forwarded.items() if p not in own})
+    if isinstance(kernel, str):
+        return make_kernel(kernel, **forwarded)
     if callable(kernel):
         return None
     raise TypeError(
