@@ -176,7 +176,10 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--block-size", type=int, default=4096, help="rows per block (default 4096)")
     pr.add_argument("--scheduler", metavar="ADDRESS", help="tcp://host:port of a Dask scheduler")
     pr.add_argument(
-        "--overwrite", action="store_true", help="replace an output of another model/input"
+        "--overwrite",
+        action="store_true",
+        help="replace predictions the pipeline wrote (of another model or input); a file or "
+        "directory it did not write is never replaced",
     )
     pr.add_argument(
         "--x-train",
@@ -379,6 +382,13 @@ def cmd_run(args) -> int:
             Manifest.load(run_dir)
         except ManifestError as e:
             raise CliError(str(e), EXIT_RUN_DIR) from None
+        if cfg.predict.output:  # a user's file there is refused before any stage runs
+            from pipeline.predict.output import check_prediction_output
+
+            try:
+                check_prediction_output(cfg.predict.output, overwrite=True)
+            except ValueError as e:
+                raise CliError(f"predict.output: {e}", EXIT_BAD_INPUT) from None
         with stack:
             if cfg.cluster.address:  # an external scheduler: checked before any work
                 ensure_client()

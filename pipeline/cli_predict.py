@@ -23,7 +23,7 @@ def cmd_predict(args) -> int:
     import numpy as np
 
     from pipeline.artifact import ArtifactError, load_artifact
-    from pipeline.predict.output import output_format, write_predictions
+    from pipeline.predict.output import check_prediction_output, output_format, write_predictions
 
     if args.scheduler:  # a malformed address is a usage error, before any work
         check_scheduler_address(args.scheduler, "--scheduler")
@@ -31,6 +31,10 @@ def cmd_predict(args) -> int:
         fmt = output_format(args.output)
     except ValueError as e:
         raise CliError(str(e), EXIT_BAD_CONFIG) from None
+    try:  # a user's file (or our own predictions without --overwrite) is kept: before any work
+        check_prediction_output(args.output, args.overwrite)
+    except (ValueError, FileExistsError) as e:
+        raise CliError(str(e), EXIT_BAD_INPUT) from None
     if (Path(args.model) / "manifest.json").is_file():  # a run directory: its latest model
         from pipeline.stages.status import latest_model
 
@@ -71,7 +75,7 @@ def cmd_predict(args) -> int:
                 X = as_row_blocks(inp, args.block_size)
             if fmt != "zarr":
                 y = np.asarray(model.predict(X, block_size=args.block_size))
-                write_predictions(out, y, fmt, model.target_names)
+                write_predictions(out, y, fmt, model.target_names, overwrite=args.overwrite)
                 n = len(y)
             else:
                 res = model.predict(

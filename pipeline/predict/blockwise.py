@@ -444,6 +444,9 @@ def _open_output(
     meta: dict,
     overwrite: bool,
 ) -> TiledArray:
+    from pipeline.predict.output import check_zarr_output_root
+
+    check_zarr_output_root(out)  # not among the files of a directory that is not a store
     fp = fingerprint_obj({"kind": "krr-predictions", **meta, "dtype": dtype.str})
     try:
         return open_tiled_array(

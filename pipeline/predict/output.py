@@ -51,20 +51,129 @@ def output_columns(target_names: Sequence[str] | None, n_outputs: int) -> list[s
     return [f"y{i}" for i in range(n_outputs)]
 
 
+#: suffix of the record written beside a file output: it says the pipeline wrote that
+#: file (its CRC-32C), so a later write may replace it and nothing else
+OWNER_RECORD_SUFFIX = ".krr-pipeline.json"
+
+
+def owner_record_path(path: str | os.PathLike) -> str:
+    """The record beside a ``.npy``/``.csv``/``.parquet`` output that says we wrote it."""
+    return os.fspath(path) + OWNER_RECORD_SUFFIX
+
+
+def check_output_file(path: str | os.PathLike, overwrite: bool) -> None:
+    """Refuse, before any work, a file output path that holds something to keep.
+
+    Nothing there: fine. Predictions the pipeline wrote (the record beside the
+    file says so): replaced only with ``overwrite``, and a file changed since
+    (its CRC-32C is not the recorded one: damaged, as a run's verified read
+    finds it) is logged before it is replaced. Anything else (a user's file, a
+    directory) is refused even with ``overwrite``.
+
+    Raises
+    ------
+    ForeignPathError
+        The path holds something the pipeline did not write.
+    FileExistsError
+        The path holds the pipeline's own predictions and ``overwrite`` is False.
+    """
+    import json
+
+    from pipeline.storage.errors import ForeignPathError
+
+    path = os.fspath(path)
+    if not os.path.lexists(path):
+        return
+    fix = "Choose another output path, or move or remove it yourself if you no longer need it"
+    if os.path.isdir(path) or not os.path.isfile(path):
+        raise ForeignPathError(path, "a directory" if os.path.isdir(path) else "not a file", fix)
+    try:
+        with open(owner_record_path(path)) as f:
+            record = json.load(f)
+        recorded = int(record["crc32c"]) if record.get("written_by") == "krr-pipeline" else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        recorded = None
+    if recorded is None:
+        raise ForeignPathError(path, "a file the pipeline did not write", fix)
+    if not overwrite:
+        raise FileExistsError(
+            f"output {path!r} already holds predictions this pipeline wrote; pass --overwrite "
+            "(overwrite=True) to replace them, or choose another output path"
+        )
+    if file_crc32c(path) != recorded:
+        import logging
+
+        logging.getLogger(__name__).warning(
+            "output %r changed since the pipeline wrote it (CRC-32C differs from %s); "
+            "replacing it with the new predictions",
+            path,
+            owner_record_path(path),
+        )
+
+
+def check_zarr_output_root(store: str | os.PathLike) -> None:
+    """Refuse a ``.zarr`` output that is a file, or a non-empty directory that is not
+    a Zarr store: the predictions' array, markers and ``zarr.json`` would be written
+    among its files. (An array of another program at the output's array path is
+    refused by :func:`pipeline.storage.open_tiled_array`.)
+
+    Raises
+    ------
+    ForeignPathError
+    """
+    import fsspec
+
+    from pipeline.storage.errors import ForeignPathError
+
+    store = os.fspath(store)
+    fs, root = fsspec.core.url_to_fs(store)
+    root = root.rstrip("/")
+    if not fs.exists(root):
+        return
+    if not fs.isdir(root):
+        raise ForeignPathError(store, "a file")
+    if fs.exists(f"{root}/zarr.json"):
+        return
+    if fs.find(root):  # any file, at any depth (empty directories are nobody's work)
+        raise ForeignPathError(store, "a non-empty directory that is not a Zarr store")
+
+
+def check_prediction_output(path: str | os.PathLike, overwrite: bool) -> str:
+    """Check an output path before any work (:func:`check_output_file` for a file
+    format, :func:`check_zarr_output_root` for ``.zarr``); returns its format."""
+    fmt = output_format(path)
+    if fmt == "zarr":
+        check_zarr_output_root(path)
+    else:
+        check_output_file(path, overwrite)
+    return fmt
+
+
 def write_predictions(
-    path: str | os.PathLike, y: Any, fmt: str, target_names: Sequence[str] | None = None
+    path: str | os.PathLike,
+    y: Any,
+    fmt: str,
+    target_names: Sequence[str] | None = None,
+    *,
+    overwrite: bool = False,
 ) -> int:
     """Write in-memory predictions ``y`` (shape (M,) or (M, k)) as ``.npy``, ``.csv`` or ``.parquet``.
 
     The file is written under a temporary name in the same directory and
     renamed into place, so an interrupted write never leaves a partial file
-    under the final name. Returns the CRC-32C of the file's bytes, computed from
-    the written file before the rename (see :func:`file_crc32c`), for the caller
-    to record and check on a later read.
+    under the final name; then a record beside it (:func:`owner_record_path`)
+    notes its CRC-32C, so that a later write replaces only a file the pipeline
+    wrote (:func:`check_output_file`, called here again; callers call it before
+    any work too). Returns the CRC-32C of the file's bytes, computed from the
+    written file before the rename (see :func:`file_crc32c`), for the caller to
+    record and check on a later read.
     """
+    import json
+
     import numpy as np
 
     path = os.fspath(path)
+    check_output_file(path, overwrite)
     y = np.asarray(y)
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
@@ -87,6 +196,10 @@ def write_predictions(
             raise ValueError(f"write_predictions writes npy, csv or parquet, got format {fmt!r}")
         crc = file_crc32c(tmp)
         os.replace(tmp, path)
+        record = {"written_by": "krr-pipeline", "crc32c": crc, "shape": list(y.shape)}
+        with open(tmp, "w") as f:
+            json.dump(record, f)
+        os.replace(tmp, owner_record_path(path))
         return crc
     finally:
         if os.path.exists(tmp):

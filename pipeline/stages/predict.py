@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import PredictConfig
-from pipeline.predict import output_format, select_features, write_predictions
 from pipeline.predict import predict as _predict
+from pipeline.predict import select_features, write_predictions
+from pipeline.predict.output import check_prediction_output
 from pipeline.stages.ingest import open_rows, preprocessing_params
 from pipeline.stages.outputs import (
     IngestOutput,
@@ -64,11 +65,12 @@ def run(
             columns=predict.columns,
         )
         store = predict.output or str(join_path(stage_dir, "batch.zarr"))
-        fmt = output_format(store)
+        fmt = check_prediction_output(store, overwrite=True)  # before predicting
         if fmt != "zarr":  # .npy / .csv / .parquet: computed in memory, written in one piece
             common.pop("overwrite")
             y = _predict(src, X_train, alpha, kernel, progress=False, **common)
-            crc = write_predictions(store, y, fmt, ing.target_names)
+            # a run replaces the predictions it wrote, never a file of the user's
+            crc = write_predictions(store, y, fmt, ing.target_names, overwrite=True)
             batch = PredictedFile(path=store, format=fmt, shape=list(y.shape), crc32c=crc)
         else:
             res = _predict(src, X_train, alpha, kernel, out=store, out_name="predictions", **common)

@@ -61,7 +61,8 @@ def test_krr_predict_keeps_a_user_file_in_the_output(model_and_input, tmp_path):
             capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         assert r.returncode == cli.EXIT_BAD_INPUT, (r.returncode, r.stderr[-2000:])
-        assert str(out / "predictions") in r.stderr and "did not create" in r.stderr
+        # refused at the store's root, which holds the user's directory (session 25)
+        assert str(out) in r.stderr and "did not create" in r.stderr
         assert thesis.read_bytes() == THESIS
 
 
@@ -73,14 +74,18 @@ def test_predict_api_never_replaces_what_it_did_not_create(model_and_input, tmp_
     for overwrite in (False, True):
         with pytest.raises(ForeignPathError, match="non-empty directory") as e:
             predict(Xn, X, alpha, "rbf", out=str(out), overwrite=overwrite, progress=False)
-        assert str(out / "predictions") in str(e.value) and "remove" in str(e.value)
+        assert str(out) in str(e.value) and "remove" in str(e.value)
         assert thesis.read_bytes() == THESIS
     # a plain file, a Zarr group, a Zarr array someone else wrote: all left alone
     (tmp_path / "f").mkdir()
     (tmp_path / "f" / "predictions").write_bytes(b"notes")
     zarr.create_group(store=str(tmp_path / "g"), path="predictions")
     zarr.create_array(store=str(tmp_path / "z"), name="predictions", shape=(4,), dtype="f8")
-    for where, what in (("f", "a file"), ("g", "a Zarr group"), ("z", "without krr-pipeline")):
+    for where, what in (
+        ("f", "not a Zarr store"),
+        ("g", "a Zarr group"),
+        ("z", "without krr-pipeline"),
+    ):
         with pytest.raises(ForeignPathError, match=what):
             predict(Xn, X, alpha, "rbf", out=str(tmp_path / where), overwrite=True, progress=False)
     assert (tmp_path / "f" / "predictions").read_bytes() == b"notes"
@@ -155,3 +160,61 @@ def test_run_name_must_stay_inside_runs(name, tmp_path, monkeypatch):
     conf.write_text("data: {source: sklearn, name: diabetes}\n")
     assert cli.main(["run", str(conf), f"name={name}"]) == cli.EXIT_BAD_CONFIG
     assert not (tmp_path / "x").exists() and not (tmp_path.parent / "x").exists()
+
+
+@pytest.mark.parametrize("ext", ["npy", "csv"])
+def test_krr_predict_never_replaces_a_users_file_output(model_and_input, tmp_path, capsys, ext):
+    # a .npy/.csv output was renamed over whatever was there, --overwrite or not (session 25)
+    art, _, xn = model_and_input
+    precious = tmp_path / f"precious.{ext}"
+    precious.write_bytes(THESIS)
+    for extra in ([], ["--overwrite"]):
+        code = cli.main(["predict", str(art), str(xn), str(precious), *extra])
+        assert code == cli.EXIT_BAD_INPUT
+        err = capsys.readouterr().err
+        assert str(precious) in err and "did not write" in err and "another output path" in err
+        assert precious.read_bytes() == THESIS
+    # our own predictions: written with a record beside them, replaced only with --overwrite
+    out = tmp_path / f"pred.{ext}"
+    assert cli.main(["predict", str(art), str(xn), str(out)]) == 0
+    first = out.read_bytes()
+    assert Path(f"{out}.krr-pipeline.json").is_file()
+    assert cli.main(["predict", str(art), str(xn), str(out)]) == cli.EXIT_BAD_INPUT
+    assert "--overwrite" in capsys.readouterr().err
+    assert cli.main(["predict", str(art), str(xn), str(out), "--overwrite"]) == 0
+    assert out.read_bytes() == first
+    # a directory at a file output's path is refused too
+    (tmp_path / f"d.{ext}").mkdir()
+    assert (
+        cli.main(["predict", str(art), str(xn), str(tmp_path / f"d.{ext}")]) == cli.EXIT_BAD_INPUT
+    )
+
+
+def test_krr_run_refuses_a_users_file_as_predict_output_before_any_stage(tmp_path, capsys):
+    import yaml
+
+    np.save(tmp_path / "new.npy", np.zeros((5, 10)))
+    precious = tmp_path / "precious.csv"
+    precious.write_bytes(THESIS)
+    conf = tmp_path / "conf.yaml"
+    conf.write_text(yaml.safe_dump({
+        "data": {"source": "sklearn", "name": "diabetes"},
+        "kernel": {"name": "rbf"}, "lambda": 0.5, "evaluate": {"baseline": "none"},
+        "predict": {"input": str(tmp_path / "new.npy"), "output": str(precious)},
+    }))  # fmt: skip
+    code = cli.main(["run", str(conf), "--run-dir", str(tmp_path / "run")])
+    assert code == cli.EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert "predict.output" in err and str(precious) in err and "[ingest]" not in err
+    assert precious.read_bytes() == THESIS
+    assert not (tmp_path / "run" / "ingest").exists()
+
+
+def test_a_zarr_output_is_not_written_among_a_users_files(model_and_input, tmp_path):
+    _, X, xn = model_and_input
+    out = tmp_path / "mine.zarr"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(ForeignPathError, match="not a Zarr store"):
+        predict(np.load(xn), X, np.ones(len(X)), "rbf", out=str(out), progress=False)
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]

@@ -124,7 +124,7 @@ def test_extra_column_is_refused_unless_columns_are_selected(named_model, data, 
     expected = est.predict(pd.DataFrame(data[2], columns=FEATURES))
     np.testing.assert_allclose(np.load(out), expected, rtol=1e-10, atol=1e-10)
     # an explicit selection that is not the model's features is refused, naming it
-    bad = run_cli("predict", path, src, out, "--columns", "carat,depth,price")
+    bad = run_cli("predict", path, src, tmp_path / "bad.npy", "--columns", "carat,depth,price")
     assert bad == cli.EXIT_BAD_INPUT
     assert "['table']" in capsys.readouterr().err
 
