@@ -87,10 +87,12 @@ def path_identity(path: str) -> dict[str, Any]:
         except Exception as e:  # the ingest stage reports an unreadable URL
             return {"url": path, "error": f"{type(e).__name__}: {e}"}
     local = path[len("file://") :] if path.startswith("file://") else path
-    if any(c in local for c in "*?["):
+    if os.path.exists(local):  # a literal name first: "X[1].npy" is a file, not a pattern
+        matches = [local]
+    elif any(c in local for c in "*?["):
         matches = sorted(glob.glob(local))
     else:
-        matches = [local] if os.path.exists(local) else []
+        matches = []
     if not matches:
         return {"path": os.path.abspath(local), "missing": True}
     try:

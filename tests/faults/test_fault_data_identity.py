@@ -152,6 +152,21 @@ def test_source_identity_follows_content_not_path(tmp_path, monkeypatch):
     assert pkg["package"]["package"] == "scikit-learn" and pkg["package"]["version"]
 
 
+def test_a_file_named_like_a_pattern_is_identified_by_its_content(tmp_path):
+    # "X[1].npy" was globbed as a pattern that matched nothing: its identity was the
+    # constant "missing" record, so a changed file reused every stage (session 25)
+    from pipeline.stages import source_identity as si
+
+    odd = tmp_path / "X[1].npy"
+    np.save(odd, np.arange(300.0).reshape(100, 3))
+    ident = si.path_identity(str(odd))
+    assert "missing" not in ident and "blake2b" in ident
+    np.save(odd, np.arange(300.0).reshape(100, 3)[::-1])
+    assert si.path_identity(str(odd)) != ident
+    # a pattern that names no file as such still matches its files
+    assert si.path_identity(str(tmp_path / "*.npy"))["files"] == 1
+
+
 def test_data_changed_during_ingest_fails_the_stage(tmp_path):
     from pipeline.stages import ingest, typed_params
     from pipeline.stages.source_identity import source_identity
