@@ -273,3 +273,68 @@ def test_non_finite_given_test_targets_are_bad_input(tmp_path, capsys):
     )
     assert run_cli("run", p, "--run-dir", tmp_path / "r") == cli.EXIT_BAD_INPUT
     assert "y_test" in capsys.readouterr().err
+
+
+def _test_set_conf(tmp_path, data: str, split: str):
+    p = tmp_path / "t.yaml"
+    p.write_text(
+        f"data: {data}\nsplit: {split}\n"
+        "kernel: {name: rbf, params: {gamma: 0.5}}\nlambda: 0.01\nblock_size: 16\n"
+        "evaluate: {baseline: none}\ncluster: {processes: false, n_workers: 1}\n"
+    )
+    return p
+
+
+def test_a_csv_test_set_is_read_by_the_training_columns_names(tmp_path, capsys):
+    # its features were taken in the test file's own order: columns b,a read as a,b gave
+    # r2 -1.2 instead of 0.999 with exit 0 (session 25)
+    import json
+
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    tr, te = rng.normal(size=(60, 2)), rng.normal(size=(20, 2))
+    f = lambda A: 2 * A[:, 0] - A[:, 1] ** 2  # noqa: E731
+    pd.DataFrame({"a": tr[:, 0], "b": tr[:, 1], "y": f(tr)}).to_csv(
+        tmp_path / "tr.csv", index=False
+    )
+    r2 = {}
+    for name, cols in (("same", ["a", "b", "y"]), ("swapped", ["b", "y", "a"])):
+        df = pd.DataFrame({"a": te[:, 0], "b": te[:, 1], "y": f(te)})[cols]
+        df.to_csv(tmp_path / f"{name}.csv", index=False)
+        p = _test_set_conf(
+            tmp_path,
+            f"{{source: csv, path: {tmp_path}/tr.csv, target: y}}",
+            f"{{test_path: {tmp_path}/{name}.csv}}",
+        )
+        assert run_cli("run", p, "--run-dir", tmp_path / name, "--json") == 0
+        r2[name] = json.loads(capsys.readouterr().out)["evaluate"]["metrics"]["r2"]
+    assert r2["same"] > 0.5 and r2["swapped"] == r2["same"]
+    # a test file without a training column is refused, naming it
+    pd.DataFrame({"a": te[:, 0], "c": te[:, 1], "y": f(te)}).to_csv(tmp_path / "c.csv", index=False)
+    p = _test_set_conf(
+        tmp_path,
+        f"{{source: csv, path: {tmp_path}/tr.csv, target: y}}",
+        f"{{test_path: {tmp_path}/c.csv}}",
+    )
+    assert run_cli("run", p, "--run-dir", tmp_path / "c") == cli.EXIT_BAD_INPUT
+    assert "'b'" in capsys.readouterr().err
+
+
+def test_a_test_sets_y_with_other_outputs_is_refused_before_any_work(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "X.npy", rng.normal(size=(40, 2)))
+    np.save(tmp_path / "y.npy", rng.normal(size=40))
+    np.save(tmp_path / "Xt.npy", rng.normal(size=(10, 2)))
+    np.save(tmp_path / "yt.npy", rng.normal(size=(10, 2)))
+    data = f"{{source: npy, path: {tmp_path}/X.npy, y_path: {tmp_path}/y.npy}}"
+    p = _test_set_conf(
+        tmp_path, data, f"{{test_path: {tmp_path}/Xt.npy, test_y_path: {tmp_path}/yt.npy}}"
+    )
+    assert run_cli("run", p, "--run-dir", tmp_path / "r") == cli.EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert "2 output column(s) but the training y has 1" in err and "[gram]" not in err
+    # and a npy test set without its targets names split.test_y_path
+    p = _test_set_conf(tmp_path, data, f"{{test_path: {tmp_path}/Xt.npy}}")
+    assert run_cli("run", p, "--run-dir", tmp_path / "r2") == cli.EXIT_BAD_INPUT
+    assert "split.test_y_path" in capsys.readouterr().err

