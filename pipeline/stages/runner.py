@@ -94,6 +94,10 @@ from pipeline.storage.tempfiles import sweep_tmp_files
 
 log = logging.getLogger("pipeline.stages")
 
+#: the files the runner writes atomically at a run directory's top level: only their
+#: temporary files are swept there (the directory may hold the user's own files)
+RUN_DIR_FILES = frozenset({MANIFEST_NAME, LATEST_NAME})
+
 StageFunc = Callable[..., dict[str, Any]]
 #: ``enabled(params_by_stage, outputs_so_far) -> bool``
 EnabledFunc = Callable[[Mapping[str, dict[str, Any]], Mapping[str, dict[str, Any]]], bool]
@@ -243,7 +247,7 @@ def _discard_run(run_dir: Path | str, manifest: Manifest, keep: Sequence[str] = 
         _rmdir_if_empty(run_dir.joinpath(*rel.split("/")))
     if manifest.results:
         _rmdir_if_empty(results)
-    sweep_tmp_files(run_dir, recursive=False)
+    sweep_tmp_files(run_dir, recursive=False, targets=RUN_DIR_FILES)
     (run_dir / MANIFEST_NAME).unlink(missing_ok=True)
     if manifest.latest is not None:
         (run_dir / LATEST_NAME).unlink(missing_ok=True)
@@ -377,7 +381,9 @@ def run_stages(
         _discard_run(run_dir, manifest, keep=(".lock", "run.log"))
         manifest = Manifest(run_dir=run_dir)
     if not remote:
-        sweep_tmp_files(run_dir, recursive=False)  # e.g. a manifest write a kill interrupted
+        sweep_tmp_files(
+            run_dir, recursive=False, targets=RUN_DIR_FILES
+        )  # e.g. a manifest write a kill interrupted
     manifest.identity = ident
     if config is not None:
         manifest.config = dict(config)

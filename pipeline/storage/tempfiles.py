@@ -40,6 +40,7 @@ import socket
 import tempfile
 import time
 import uuid
+from collections.abc import Collection
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -123,13 +124,21 @@ def _is_stale(name: str, mtime: float, before: float) -> bool:
     return not _pid_alive(int(pid))
 
 
-def sweep_tmp_files(directory: str | os.PathLike, *, recursive: bool = True) -> list[str]:
+def sweep_tmp_files(
+    directory: str | os.PathLike,
+    *,
+    recursive: bool = True,
+    targets: Collection[str] | None = None,
+) -> list[str]:
     """Remove stale temporary files of atomic writes under a local ``directory``.
 
     Only files named like the pipeline's (or Zarr's) temporary files, older than
     this process and not owned by a live process, are removed (see the module
     docstring). Call it when a store is opened, before work on it starts.
     fsspec URLs are skipped: object stores write whole objects, no temporaries.
+    ``targets``: only temporary files of these names (``manifest.json`` for
+    ``manifest.json.{pid}-{hex}.tmp``), for a directory that also holds the
+    user's files (a run directory): a user's ``export.{32 hex}.tmp`` is not ours.
 
     Returns
     -------
@@ -154,6 +163,8 @@ def sweep_tmp_files(directory: str | os.PathLike, *, recursive: bool = True) -> 
                         stack.append(e.path)
                     continue
                 if not e.is_file(follow_symlinks=False):
+                    continue
+                if targets is not None and _TMP_RE.sub("", e.name) not in targets:
                     continue
                 if _is_stale(e.name, e.stat(follow_symlinks=False).st_mtime, PROCESS_START):
                     os.unlink(e.path)

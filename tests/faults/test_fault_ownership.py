@@ -218,3 +218,25 @@ def test_a_zarr_output_is_not_written_among_a_users_files(model_and_input, tmp_p
     with pytest.raises(ForeignPathError, match="not a Zarr store"):
         predict(np.load(xn), X, np.ones(len(X)), "rbf", out=str(out), progress=False)
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+
+
+def test_a_run_sweeps_only_its_own_temporary_files_in_the_run_directory(tmp_path):
+    # every run removed any top-level "*.<32 hex>.tmp" or ".partial" file older than it,
+    # a user's export.<hex>.tmp included (session 25)
+    import time
+
+    run = tmp_path / "run"
+    run.mkdir()
+    hexa = "0123456789abcdef" * 2
+    users = [run / f"export.{hexa}.tmp", run / f"download.{hexa}.partial", run / "notes.txt"]
+    for p in users:
+        p.write_text("mine")
+    dead = 2**22 + 12345  # above Linux's default pid_max: no live process has it
+    stale = run / f"manifest.json.{dead}-{hexa}.tmp"
+    stale.write_text("{}")
+    old = time.time() - 3600
+    for p in [*users, stale]:
+        os.utime(p, (old, old))
+    run_stages(run, _stages(), {"a": {"p": 1}, "b": {"p": 2}}, identity={"data": 1})
+    assert all(p.read_text() == "mine" for p in users)
+    assert not stale.exists()
