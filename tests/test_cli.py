@@ -354,3 +354,23 @@ def test_file_urls_name_local_paths(tmp_path, monkeypatch, capsys):
     assert run_cli("run", p, "--run-dir", f"file://{tmp_path}/run") == 0
     assert (tmp_path / "run" / "manifest.json").is_file()
     assert list(cwd.iterdir()) == []
+
+
+def test_a_tsv_source_and_an_empty_source(tmp_path, capsys):
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(40, 2))
+    df = pd.DataFrame({"a": X[:, 0], "b": X[:, 1], "y": X[:, 0] - X[:, 1]})
+    df.to_csv(tmp_path / "d.tsv", sep="\t", index=False)
+    # the column names of a .tsv were read with sep="," (one column "a\tb\ty")
+    p = _test_set_conf(tmp_path, f"{{source: csv, path: {tmp_path}/d.tsv, target: y}}", "{}")
+    assert run_cli("run", p, "--run-dir", tmp_path / "tsv") == 0
+    # no rows: refused by the ingest as bad input, not a gram-stage failure with a rerun hint
+    np.save(tmp_path / "X0.npy", np.zeros((0, 2)))
+    np.save(tmp_path / "y0.npy", np.zeros(0))
+    data = f"{{source: npy, path: {tmp_path}/X0.npy, y_path: {tmp_path}/y0.npy}}"
+    p = _test_set_conf(tmp_path, data, "{test_fraction: 0.0}")
+    capsys.readouterr()
+    assert run_cli("run", p, "--run-dir", tmp_path / "empty") == cli.EXIT_BAD_INPUT
+    assert "has no rows" in capsys.readouterr().err

@@ -36,6 +36,15 @@ def test_take_rows_of_a_selection_with_empty_blocks():
     assert take_rows(first, np.array([], dtype=int)).chunks[0] == (0, 0, 0, 0)
 
 
+@pytest.mark.parametrize("chunks", [(0, 1, 0), (1, 0), (0, 2, 0), (0, 1, 1)])
+def test_take_rows_of_one_or_two_rows_among_empty_blocks(chunks):
+    # one row among empty blocks: blockwise broadcast its length-1 mask, 3 rows for 1
+    A = np.arange(sum(chunks) * 2.0).reshape(-1, 2)
+    for rows in (np.arange(len(A)), np.array([len(A) - 1])):
+        got = take_rows(da.from_array(A, chunks=(chunks, (2,))), rows)
+        np.testing.assert_array_equal(got.compute(scheduler="sync"), A[rows])
+
+
 def test_take_rows_falls_back_for_unsorted_rows_and_keeps_their_order():
     X = np.arange(40.0).reshape(20, 2)
     rows = np.array([5, 1, 1, 17])

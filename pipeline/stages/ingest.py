@@ -120,11 +120,17 @@ def _load_package(data: DataConfig) -> tuple[np.ndarray, np.ndarray, list[str], 
 
 
 def _table_columns(path: str, source: str) -> list[str]:
+    """The table's column names, read as its rows are (a ``.tsv`` is tab-separated)."""
     from pipeline._optional import require as require_extra
+    from pipeline.io.inputs import open_table
 
-    dd = require_extra("dask.dataframe", f"data.source: {source}")
-    reader = dd.read_parquet if source == "parquet" else dd.read_csv
-    return list(reader(path).columns)
+    require_extra("dask.dataframe", f"data.source: {source}")
+    table = open_table(path)
+    if table is None:  # a name open_table does not take for a table: by the source
+        import dask.dataframe as dd
+
+        table = dd.read_parquet(path) if source == "parquet" else dd.read_csv(path)
+    return list(table.columns)
 
 
 def _load_y(path: str, block_size: int) -> da.Array:
@@ -232,7 +238,8 @@ def take_rows(A: da.Array, rows: np.ndarray) -> da.Array:
     any row was read (session 24). Falls back to it while ``A``'s row chunks are unknown."""
     row_chunks = A.chunks[0]
     rows = np.asarray(rows)
-    if any(np.isnan(c) for c in row_chunks) or np.any(np.diff(rows) <= 0):
+    # one row in all: blockwise would broadcast that length-1 mask over every block
+    if A.shape[0] <= 1 or any(np.isnan(c) for c in row_chunks) or np.any(np.diff(rows) <= 0):
         return A[rows]
     keep = np.zeros(A.shape[0], dtype=bool)
     keep[rows] = True
@@ -364,6 +371,8 @@ def _split_and_store(
     """The stage after loading: validate, subset, split, standardise, store (see :func:`run`)."""
     if X.shape[0] != y.shape[0]:
         raise InputError(f"X has {X.shape[0]} rows but y has {y.shape[0]}; they must match")
+    if X.shape[0] == 0:  # before the Gram stage fails on it with a rerun hint
+        raise InputError(f"the data source {data.path or data.name!r} has no rows")
     if split.test_path:  # its shapes are checked before any pass over the training rows
         Xte, yte = _load_test_set(split, data, feats, X, y, block_size)
     validate_row_blocks(X, "X")
