@@ -141,6 +141,21 @@ def test_not_pd_error_names_tile_pivot_lambda_options(tmp_path, scheduler):
     assert (2, 2) not in f_done and (0, 0) in f_done
 
 
+@pytest.mark.parametrize("scheduler", ["threads", "dask"])
+@pytest.mark.parametrize("where", ["diagonal", "off-diagonal tile", "inside a diagonal tile"])
+def test_a_non_finite_kernel_value_is_named_not_factored(tmp_path, scheduler, where):
+    # an overflowing kernel (inf in the Gram) gave a NaN factor, and the solve then said
+    # "y contains NaN or infinity" (session 25)
+    K = rbf_matrix(100)
+    r, c = {"diagonal": (70, 70), "off-diagonal tile": (70, 5), "inside a diagonal tile": (70, 65)}[
+        where
+    ]
+    K[r, c] = K[c, r] = np.inf
+    gram = write_gram(tmp_path, K, 30)
+    with pytest.raises(ValueError, match="non-finite value .* standardise X"):
+        tile_cholesky(gram, 0.1, scheduler=scheduler, progress=False)
+
+
 def test_psd_kernel_with_zero_lambda_is_actionable(tmp_path):
     rng = np.random.default_rng(0)
     X = rng.standard_normal((120, 3))

@@ -28,6 +28,23 @@ from pipeline.storage import buffers as tile_buffers
 from pipeline.tiles.tile_io import TileIO
 
 
+def _check_finite_diagonal(a: np.ndarray, i: int, when: str) -> None:
+    """Raise if diagonal tile ``i`` has a non-finite diagonal entry (O(b), no pass over the
+    tile): an inf or NaN anywhere in the Gram's rows up to it reaches this diagonal through
+    the updates (before the POTRF), or its factor (after it). Without this, the factor
+    finished with NaN and the solve blamed y."""
+    diag = np.diagonal(a)
+    if np.isfinite(diag).all():
+        return
+    r = int(np.flatnonzero(~np.isfinite(diag))[0])
+    raise ValueError(
+        f"the kernel matrix holds a non-finite value (inf or NaN) in the rows of block {i}: "
+        f"diagonal entry {r} of that block is {diag[r]} {when} its Cholesky factorisation. "
+        "The kernel's values overflow float64 (e.g. a high polynomial degree on large "
+        "features): standardise X, or lower the degree or gamma"
+    )
+
+
 def _potrf_lower(a: np.ndarray, overwrite: bool = False) -> tuple[np.ndarray, int]:
     """Lower Cholesky factor of the tile whose *lower* triangle ``a`` holds (C order).
 
@@ -116,9 +133,12 @@ def _factor_tile(
     if i == j:
         # a float32 factor still factors its diagonal tiles in float64: in a reused
         # scratch tile (a new one is fresh memory, which costs more than the copies)
+        _check_finite_diagonal(a, i, "before")
         d = a if a.dtype == np.float64 else _float64_scratch(a)
         keep = d.copy() if jitter is not None else None
         lt, piv = _potrf_lower(d, overwrite=keep is None)
+        if piv == 0:
+            _check_finite_diagonal(lt, i, "after")
         tried: list[float] = []
         if piv != 0 and jitter is not None:
             scale = scale or 1.0
