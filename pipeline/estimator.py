@@ -297,6 +297,10 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         lam = effective_alpha(
             self.alpha, n, n_targets=t, sample_weight=sw, alpha_convention=self.alpha_convention
         )
+        # an earlier fit's or a loaded krr run model's state (its scaler) must not outlive it
+        for stale in ("primal_coef_", "preprocessing_", "fit_info_"):
+            if hasattr(self, stale):
+                delattr(self, stale)
         solver = self.solver
         if solver in OUT_OF_CORE_SOLVERS:
             return self._fit_out_of_core(X, y, sw, kernel)
@@ -320,8 +324,6 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
             solver = plan.solver
         self.kernel_ = kernel
         self.effective_alpha_ = lam
-        if hasattr(self, "primal_coef_"):
-            del self.primal_coef_
         if solver == "primal":
             check_dense_memory(primal_bytes(n, d, t), what=f"the in-memory primal solve with D={d}")
             fit = execute(
@@ -347,7 +349,7 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
             self.dual_coef_ = fit.dual_coef
         self.solver_ = solver
         self.n_iter_ = 1
-        self.X_fit_ = X
+        self.X_fit_ = _c_order(X)
         return self
 
     def _plan(self, n: int, d: int, t: int, kernel: Any, sw: Any, copies: int, X: Any = None):
@@ -428,7 +430,7 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         # the out-of-core solve evaluates K in float64 from float32 rows (fit.execute), so
         # prediction must too: kept as float32, predict(float32 X) evaluated K(X, X_fit) in
         # float32 and multiplied its rounding by alpha (0.4 % of the scale at lambda=1e-6)
-        X_fit = X.astype(np.float64) if X.dtype == np.float32 else X
+        X_fit = _c_order(X.astype(np.float64) if X.dtype == np.float32 else X)
         from pipeline.storage import fingerprint_blocks
 
         x_fp = fingerprint_blocks([X])
@@ -475,8 +477,6 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         dual = fit.dual_coef.reshape(y.shape)
         if root_w is not None:
             dual = dual * (root_w if y.ndim == 1 else root_w[:, None])
-        if hasattr(self, "primal_coef_"):
-            del self.primal_coef_
         self.kernel_ = kernel
         self.dual_coef_ = dual
         self.X_fit_ = X_fit
@@ -593,3 +593,8 @@ def load(path: Any) -> KernelRidge:
     for name, value in attrs.items():
         setattr(est, name, value)
     return est
+
+
+def _c_order(X: Any) -> Any:
+    """Dense ``X_fit_`` in C order, as a saved model reloads it (the same bits after)."""
+    return np.ascontiguousarray(X) if isinstance(X, np.ndarray) else X

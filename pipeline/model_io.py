@@ -59,7 +59,20 @@ def save_model(est: Any, path: Any, *, overwrite: bool = False) -> ModelArtifact
         X = X.toarray()
     conv = "n" if est.alpha_convention == "n_samples" else "sklearn"
     shift = np.asarray(est.effective_alpha_, dtype=np.float64)
-    lam = float(np.atleast_1d(np.asarray(est.alpha, dtype=np.float64))[0])
+    alphas = np.atleast_1d(np.asarray(est.alpha, dtype=np.float64))
+    lam = float(alphas[0]) if np.unique(alphas).size == 1 else alphas.tolist()
+    extra = {
+        "estimator": "pipeline.KernelRidge",
+        "params": params,
+        "solver_": est.solver_,
+        "n_iter_": int(est.n_iter_),
+        "effective_alpha_": shift.tolist(),
+    }
+    primal = getattr(est, "primal_coef_", None)
+    if primal is not None:  # predict(X) = X @ primal_coef_ (JSON floats round-trip exactly)
+        extra["primal_coef_"] = np.asarray(primal, dtype=np.float64).tolist()
+    # a model loaded from krr run keeps its scaler (its X_train is the standardised rows)
+    pre = getattr(est, "preprocessing_", None) or None
     return save_artifact(
         str(path),
         dual_coef=est.dual_coef_,
@@ -67,13 +80,8 @@ def save_model(est: Any, path: Any, *, overwrite: bool = False) -> ModelArtifact
         regularization=lam,
         regularization_convention=conv,
         X_train=np.asarray(X),
-        extra={
-            "estimator": "pipeline.KernelRidge",
-            "params": params,
-            "solver_": est.solver_,
-            "n_iter_": int(est.n_iter_),
-            "effective_alpha_": shift.tolist(),
-        },
+        preprocessing=None if pre is None else {k: np.asarray(v).tolist() for k, v in pre.items()},
+        extra=extra,
         overwrite=overwrite,
         feature_names=_feature_names(est),
     )
@@ -122,6 +130,9 @@ def estimator_state(art: ModelArtifact, path: Any = None) -> tuple[dict[str, Any
             "solver": solver if solver in ("dense", "primal", "cholesky", "cg") else "auto",
         }
     X = np.asarray(art.X_train)
+    reg = np.atleast_1d(np.asarray(art.regularization, dtype=np.float64))
+    if art.regularization_convention in ("n", "n_samples"):  # the solve's shift is n·lambda
+        reg = reg * X.shape[0]
     attrs: dict[str, Any] = {
         "kernel_": art.kernel,
         "dual_coef_": np.asarray(art.dual_coef),
@@ -129,10 +140,10 @@ def estimator_state(art: ModelArtifact, path: Any = None) -> tuple[dict[str, Any
         "n_features_in_": X.shape[1],
         "solver_": extra.get("solver_", extra.get("solver") or "dense"),
         "n_iter_": extra.get("n_iter_", 1),
-        "effective_alpha_": np.asarray(
-            extra.get("effective_alpha_", np.atleast_1d(art.regularization))
-        ),
+        "effective_alpha_": np.asarray(extra.get("effective_alpha_", reg)),
     }
+    if extra.get("primal_coef_") is not None:  # a primal fit predicts X @ primal_coef_
+        attrs["primal_coef_"] = np.asarray(extra["primal_coef_"], dtype=np.float64)
     if art.feature_names is not None:  # predict then checks DataFrame columns like scikit-learn
         attrs["feature_names_in_"] = np.asarray(art.feature_names, dtype=object)
     if art.preprocessing:

@@ -273,3 +273,79 @@ def test_batch_store_of_another_artifact_is_refused(model, tmp_path, X_new):
         b.predict(X_new, out=out, block_size=50, progress=False)
     again = load_artifact(tmp_path / "a").predict(X_new, out=out, block_size=50, progress=False)
     assert again.n_skipped == 4
+
+
+def _krr_run_like_model(path, X, y, convention="sklearn"):
+    """What krr run's model stage writes: standardised X_train, the scaler, no estimator."""
+    from sklearn.kernel_ridge import KernelRidge as SK
+
+    from pipeline.kernels import RBF
+
+    xm, xs, ym, ys = X.mean(0), X.std(0), y.mean(), y.std()
+    Z, t = (X - xm) / xs, (y - ym) / ys
+    lam = 0.1 if convention == "sklearn" else 0.1 / len(X)
+    sk = SK(alpha=0.1, kernel="rbf", gamma=0.5).fit(Z, t)
+    save_artifact(
+        path, dual_coef=sk.dual_coef_, kernel=RBF(gamma=0.5), regularization=lam,
+        regularization_convention=convention, X_train=Z, extra={"solver": "cholesky"},
+        preprocessing={"x_mean": xm, "x_scale": xs, "y_mean": ym, "y_scale": ys},
+    )  # fmt: skip
+    return lambda Xq: sk.predict((Xq - xm) / xs) * ys + ym
+
+
+def test_a_loaded_krr_run_model_keeps_its_scaler_when_saved_and_drops_it_when_refit(tmp_path):
+    # re-saving dropped the scaler (predictions off by 10 on |y| ~ 9); a refit kept it
+    # and rescaled the new fit's predictions (off by 7) (session 25)
+    from pipeline import KernelRidge, load
+
+    rng = np.random.default_rng(0)
+    X = 10 + 5 * rng.standard_normal((200, 3))
+    y = np.sin(X).sum(1) * 3 + 7
+    Xt = 10 + 5 * rng.standard_normal((20, 3))
+    ref = _krr_run_like_model(str(tmp_path / "run_model"), X, y)
+    m = load(str(tmp_path / "run_model"))
+    np.testing.assert_allclose(m.predict(Xt), ref(Xt), atol=1e-10)
+    m.save(str(tmp_path / "resaved"))
+    np.testing.assert_array_equal(load(str(tmp_path / "resaved")).predict(Xt), m.predict(Xt))
+    m.set_params(solver="dense").fit(X, y)
+    assert not hasattr(m, "preprocessing_")
+    fresh = KernelRidge(alpha=0.1, kernel=m.kernel, solver="dense").fit(X, y)
+    np.testing.assert_array_equal(m.predict(Xt), fresh.predict(Xt))
+
+
+def test_a_loaded_n_samples_krr_run_model_reports_its_shift(tmp_path):
+    from pipeline import load
+
+    rng = np.random.default_rng(1)
+    X, y = rng.standard_normal((50, 2)), rng.standard_normal(50)
+    _krr_run_like_model(str(tmp_path / "m"), X, y, convention="n")
+    m = load(str(tmp_path / "m"))
+    assert m.alpha_convention == "n_samples"
+    np.testing.assert_allclose(m.effective_alpha_, [0.1])  # n * (0.1 / n), not 0.1 / n
+
+
+def test_primal_per_target_and_dataframe_models_round_trip_bitwise(tmp_path):
+    # primal_coef_ was not saved, so a loaded primal model predicted through dual_coef_
+    # (0.49 off at float32, alpha=1e-6); per-target alphas were recorded as the first;
+    # a DataFrame's F-ordered X_fit_ changed the bits after a round trip (session 25)
+    import pandas as pd
+
+    from pipeline import KernelRidge, load
+
+    rng = np.random.default_rng(2)
+    X = rng.standard_normal((120, 4))
+    Y = X @ rng.standard_normal((4, 2))
+    for X_fit, alpha, kernel in (
+        (X.astype(np.float32), 1e-6, "linear"),
+        (X, [0.1, 5.0], "rbf"),
+        (pd.DataFrame(X, columns=list("abcd")), 0.1, "rbf"),
+    ):
+        m = KernelRidge(alpha=alpha, kernel=kernel).fit(X_fit, Y)
+        path = str(tmp_path / f"m{len(list(tmp_path.iterdir()))}")
+        m.save(path)
+        back = load(path)
+        np.testing.assert_array_equal(back.predict(X_fit), m.predict(X_fit))
+        assert getattr(back, "solver_", None) == m.solver_
+    assert load_artifact(path).regularization is not None
+    two = load_artifact(str(tmp_path / "m1"))
+    np.testing.assert_array_equal(np.atleast_1d(two.regularization), [0.1, 5.0])
