@@ -54,7 +54,8 @@ class SettingCheckpoint:
                 [np.concatenate([np.asarray(tr), [-1], np.asarray(te), [-2]]) for tr, te in splits]
             ),
         }
-        self.n_folds = len(splits)
+        # leave-one-out keeps one pooled prediction array per lambda, not one per split
+        self.n_folds = 1 if base.get("kind") == "loo" else len(splits)
         self.resumed: list[int] = []
 
     @classmethod
@@ -63,6 +64,10 @@ class SettingCheckpoint:
         opts = ("lambda_convention", "tol", "max_iter", "preconditioner", "rank",
                 "kernel_dtype", "eigen_mode", "block_size", "random_state")  # fmt: skip
         base = {"solver": solver, "kind": kind, **{k: repr(getattr(cv, k, None)) for k in opts}}
+        if getattr(cv, "screen_tol", None) is not None:
+            # screening keeps rough solves for the lambdas the scorer does not pick for
+            # refining: the stored predictions then depend on these too
+            base["screen"] = [repr(cv.screen_tol), repr(cv.screen_top), repr(cv.scoring)]
         return cls(cv.checkpoint, base, X, y, splits)
 
     def _paths(self, si: int) -> tuple[Any, Any]:

@@ -1,0 +1,54 @@
+"""The CV search's per-setting checkpoints: what their fingerprint covers, and
+leave-one-out's pooled predictions (session 25's review found both wrong)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.model_selection import KernelRidgeCV
+
+
+def _data(n: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, 3))
+    return X, np.sin(X[:, 0]) + 0.1 * rng.normal(size=n)
+
+
+def test_a_screened_searchs_checkpoints_are_not_resumed_by_an_unscreened_one(tmp_path):
+    # screening keeps rough CG solves for the lambdas it does not refine; an unscreened
+    # search on the same checkpoint reused them (scores off by 0.15) with exit 0
+    X, y = _data(150)
+    kw = dict(param_grid={"gamma": [0.2]}, cv=3, solver="cg", block_size=64,
+              preconditioner="none", refit=False, tol=1e-10)  # fmt: skip
+    alphas = [1e-3, 1e-1, 1.0]
+    ck = str(tmp_path / "ck")
+    KernelRidgeCV(alphas, checkpoint=ck, screen_tol=0.5, screen_top=1, **kw).fit(X, y)
+    again = KernelRidgeCV(alphas, checkpoint=ck, **kw).fit(X, y)
+    fresh = KernelRidgeCV(alphas, **kw).fit(X, y)
+    assert not again.search_stats_.get("settings_resumed")
+    np.testing.assert_allclose(
+        again.cv_results_["mean_test_score"], fresh.cv_results_["mean_test_score"], atol=1e-9
+    )
+    # the same unscreened search again does resume, with the same scores
+    third = KernelRidgeCV(alphas, checkpoint=ck, **kw).fit(X, y)
+    assert third.search_stats_.get("settings_resumed") == 1
+    np.testing.assert_array_equal(
+        third.cv_results_["mean_test_score"], again.cv_results_["mean_test_score"]
+    )
+
+
+@pytest.mark.parametrize("solver", ["eigen", "cholesky"])
+def test_leave_one_out_with_a_checkpoint_saves_and_resumes(tmp_path, solver):
+    # LOO stores one pooled prediction array per lambda; the checkpoint counted n folds
+    # and raised IndexError, so the CLI's cv: {folds: loo} always failed
+    X, y = _data(60)
+    kw = dict(gamma=0.3, cv="loo", solver=solver, refit=False, store=str(tmp_path / "s"))
+    first = KernelRidgeCV([0.1, 1.0], checkpoint=str(tmp_path / "ck"), **kw).fit(X, y)
+    again = KernelRidgeCV([0.1, 1.0], checkpoint=str(tmp_path / "ck"), **kw).fit(X, y)
+    plain = KernelRidgeCV([0.1, 1.0], **kw).fit(X, y)
+    assert again.search_stats_.get("settings_resumed") == 1
+    for m in (first, again):
+        np.testing.assert_allclose(
+            m.cv_results_["mean_test_score"], plain.cv_results_["mean_test_score"], rtol=1e-12
+        )
