@@ -52,3 +52,33 @@ def test_leave_one_out_with_a_checkpoint_saves_and_resumes(tmp_path, solver):
         np.testing.assert_allclose(
             m.cv_results_["mean_test_score"], plain.cv_results_["mean_test_score"], rtol=1e-12
         )
+
+
+def test_the_select_stage_scores_in_the_data_units_of_y(tmp_path):
+    # with standardize_y the stored y_train is standardised, and neg_mean_squared_error
+    # was reported in its units: var(y) (about 5,900 for diabetes) times too small
+    from pipeline.config import load_config
+    from pipeline.stages import default_stages, run_stages
+    from pipeline.stages.ingest import open_rows
+
+    run = {
+        "data": {"source": "sklearn", "name": "diabetes"},
+        "split": {"test_fraction": 0.25},
+        "preprocess": {"standardize_y": True},
+        "kernel": {"name": "rbf", "params": {"gamma": 0.1}},
+        "lambda": 0.5,
+        "evaluate": {"baseline": "none"},
+        "cv": {"alphas": [0.01, 0.1], "folds": 3, "solver": "eigen",
+               "scoring": "neg_mean_squared_error"},
+    }  # fmt: skip
+    cfg = load_config(run)
+    rep = run_stages(tmp_path / "run", default_stages(), cfg.stage_params(),
+                     identity=cfg.identity(), until="select")  # fmt: skip
+    ing, sel = rep.outputs["ingest"], rep.outputs["select"]
+    X = np.asarray(open_rows(ing, "X_train").compute())
+    y = np.asarray(open_rows(ing, "y_train").compute())[:, 0]
+    std = KernelRidgeCV([0.01, 0.1], gamma=0.1, cv=3, solver="eigen",
+                        scoring="neg_mean_squared_error", refit=False).fit(X, y)  # fmt: skip
+    scale = ing["y_scaler"]["scale"][0]
+    assert scale > 10
+    np.testing.assert_allclose(sel["best_score"], std.best_score_ * scale**2, rtol=1e-10)

@@ -134,7 +134,9 @@ def test_select_feeds_lambda_and_kernel_downstream(tmp_path):
         scoring="neg_mean_squared_error",
     ).fit(X, y)
     assert sel["best_params"] == pytest.approx(gs.best_params_)
-    assert sel["best_score"] == pytest.approx(gs.best_score_, rel=1e-8)
+    # in the data's units of y: the MSE on the standardised rows times the y scale squared
+    scale = (ing.get("y_scaler") or {"scale": [1.0]})["scale"][0]
+    assert sel["best_score"] == pytest.approx(gs.best_score_ * scale**2, rel=1e-8)
 
     # downstream stages ran with the selection, not with lambda=0.5, gamma=0.5
     assert sel["lam"] == gs.best_params_["alpha"]

@@ -11,6 +11,12 @@ fingerprinted): a killed search restarts from its finished settings. Its outputs
 carry the score of every grid point (``grid``), the chosen point and the search's
 cost in seconds, for the run report.
 
+Scores are in the units of the data's y: with ``standardize_y`` the stored
+``y_train`` is standardised, and :class:`OriginalUnits` maps predictions and
+targets back before the scorer sees them. The folds are cut from the rows as the
+ingest standardised them (the scalers' moments are those of all training rows,
+not refitted per fold as a scikit-learn ``Pipeline`` would).
+
 Its outputs ``kernel`` (the kernel spec with the selected parameters) and
 ``lam`` replace the configured ones in the downstream stages' arguments, so
 their fingerprints are those of the selected model: a new grid that selects
@@ -47,6 +53,42 @@ def _save_report(save: Any, search: Any, stage_dir: Any) -> dict[str, Any]:
         return {k: upload_file(p, join_path(stage_dir, Path(p).name)) for k, p in local.items()}
 
 
+class OriginalUnits:
+    """A scorer that scores predictions and targets mapped back from the standardised y.
+
+    With ``preprocess.standardize_y`` the stored ``y_train`` is ``(y - mean) / scale``,
+    so a scale-dependent scorer (``neg_mean_squared_error``) scored on it was divided by
+    ``scale**2`` while the evaluate stage reports the data's units (1,100 times too
+    small in the review's example). R² is the same either way.
+    """
+
+    def __init__(self, scoring: Any, mean: Any, scale: Any) -> None:
+        from sklearn.metrics import check_scoring
+
+        from pipeline import KernelRidge
+
+        self.scoring = scoring
+        self.mean = np.asarray(mean, dtype=np.float64)
+        self.scale = np.asarray(scale, dtype=np.float64)
+        self._scorer = check_scoring(KernelRidge(), scoring="r2" if scoring is None else scoring)
+
+    def _back(self, y: Any) -> np.ndarray:
+        y = np.asarray(y, dtype=np.float64)
+        m, s = (self.mean, self.scale) if y.ndim == 2 else (self.mean[0], self.scale[0])
+        return y * s + m
+
+    def __call__(self, estimator: Any, X: Any, y: Any) -> float:
+        from pipeline.model_selection.guard import FixedPredictions
+
+        return self._scorer(FixedPredictions(self._back(estimator.predict(X))), X, self._back(y))
+
+    def __repr__(self) -> str:  # deterministic: part of a screened search's checkpoint key
+        return (
+            f"OriginalUnits({self.scoring!r}, mean={self.mean.tolist()!r}, "
+            f"scale={self.scale.tolist()!r})"
+        )
+
+
 def run(
     stage_dir: Path,
     inputs: dict[str, dict[str, Any]],
@@ -66,6 +108,9 @@ def run(
         y = y[:, 0]
     section = {k: v for k, v in cv.items() if k in keys}
     options = {k: v for k, v in cv.items() if k not in keys}
+    y_scaler = ing.get("y_scaler")
+    if y_scaler:  # y_train is stored standardised: score in the units of the data's y
+        section["scoring"] = OriginalUnits(section.get("scoring"), **y_scaler)
     search = search_from_config(
         section,
         kernel=kernel,
