@@ -192,6 +192,27 @@ def test_float32_refuses_values_that_overflow(data):
     assert _rel(out, big(X, Y) @ V) <= TOL64
 
 
+def test_float32_generic_and_fractional_polynomial_paths(data):
+    # the generic path rounded float64 rows to float32 before the kernel saw them: data
+    # far from the origin lost its differences (1e-3 error against the fused RBF's 1e-6);
+    # a polynomial of degree < 1 checked only its value, not the GEMM's base (inf)
+    rng = np.random.default_rng(0)
+    Xf = 1e4 + rng.standard_normal((300, 4))
+
+    class MyRBF(RBF):  # not fused: the generic path
+        pass
+
+    for k in (MyRBF(gamma=1.0), RBF(gamma=1.0) + 0.0 * Linear()):
+        tile = np.empty((300, 300), np.float32)
+        kernel_tile(k, Xf, Xf, tile, kernel_dtype="float32")
+        assert np.abs(tile - k(Xf, Xf)).max() <= 1e-6
+    X = np.abs(rng.standard_normal((50, 3))) * 1e19
+    V = rng.standard_normal((50, 1))
+    with pytest.raises(ValueError, match=r"float32.*Polynomial"):
+        kernel_matvec(Polynomial(degree=0.5, gamma=1.0, coef0=1.0), X, X, V, np.zeros((50, 1)),
+                      kernel_dtype="float32")  # fmt: skip
+
+
 def test_argument_errors(data):
     X, Y, V, Vi = data
     with pytest.raises(ValueError, match="kernel_dtype"):

@@ -321,8 +321,10 @@ class _GemmPoly(BlockEvaluator):
             B[:, d] = 1.0
             base = g * nx * ny + abs(c)
             log_bound = self.degree * math.log(base) if base > 0 else -math.inf
-            bound = math.exp(min(log_bound, 700.0))
-            over = log_bound > math.log(F32_LIMIT)
+            # the GEMM's base itself must fit too: with 0 < degree < 1 the value can fit
+            # in float32 while base overflows it (inf ** 0.5 is inf)
+            bound = max(math.exp(min(log_bound, 700.0)), base)
+            over = log_bound > math.log(F32_LIMIT) or base > F32_LIMIT
         else:
             self.degree = 1.0
             A, B = x, y
@@ -348,14 +350,19 @@ class _Generic(BlockEvaluator):
         _log_generic(kernel)
         self.dtype = kd
         self.kernel = kernel
-        self.Xi = np.ascontiguousarray(Xi, dtype=kd)
-        self.Xj = self.Xi if Xj is None else np.ascontiguousarray(Xj, dtype=kd)
+        # the rows keep their own precision: only the values are cast to kd (rounding
+        # float64 rows to float32 first lost the small differences of data far from
+        # the origin, 1,000 times the fused RBF's error)
+        self.Xi = np.ascontiguousarray(Xi)
+        self.Xj = self.Xi if Xj is None else np.ascontiguousarray(Xj)
 
     def fill(self, E, r0, r1, c0, c1, diag, T):
         xs = self.Xi[r0:r1]
         K = self.kernel(xs) if diag else self.kernel(xs, self.Xj[c0:c1])
-        if self.dtype == np.float32 and np.isinf(K).any():
-            _refuse_f32(self.kernel, float(np.max(np.abs(K))))
+        if self.dtype == np.float32 and K.size:
+            top = float(np.nanmax(np.abs(K), initial=0.0))  # a NaN row stays NaN
+            if top > F32_LIMIT:  # inf, or a value float32 cannot hold
+                _refuse_f32(self.kernel, top)
         np.copyto(E, K, casting="unsafe")
         if diag:  # a kernel's own symmetric evaluation may differ in the last bit
             _symmetrize(E)
