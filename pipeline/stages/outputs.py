@@ -140,9 +140,15 @@ class PredictedRows:
     name: str
     shape: list[int]
     blocks: int
+    #: the stored array's fingerprint (model and input): a store that another
+    #: configuration overwrote since is found by it (None: a run from before session 25)
+    fingerprint: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if out["fingerprint"] is None:  # as runs before it wrote (the same JSON)
+            del out["fingerprint"]
+        return out
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,7 @@ def run(
     if X_test is not None:
         store = str(join_path(stage_dir, "predictions.zarr"))
         res = _predict(X_test, X_train, alpha, kernel, out=store, out_name="test", **common)
-        test = PredictedRows(res.store, res.name, list(res.shape), res.n_blocks)
+        test = PredictedRows(res.store, res.name, list(res.shape), res.n_blocks, res.fingerprint)
     if predict.input:
         src = select_features(
             predict.input,
@@ -74,5 +74,7 @@ def run(
             batch = PredictedFile(path=store, format=fmt, shape=list(y.shape), crc32c=crc)
         else:
             res = _predict(src, X_train, alpha, kernel, out=store, out_name="predictions", **common)
-            batch = PredictedRows(res.store, res.name, list(res.shape), res.n_blocks)
+            batch = PredictedRows(
+                res.store, res.name, list(res.shape), res.n_blocks, res.fingerprint
+            )
     return PredictOutput(test=test, batch=batch)

@@ -59,6 +59,20 @@ def verify_predictions(stage_dir: Path, outputs: dict[str, Any]) -> None:
             continue
         if not entry.get("store") or not entry.get("name"):
             continue  # whole-file outputs of runs from before checksums were recorded
+        if entry.get("fingerprint"):  # another configuration may have written it since
+            import zarr
+
+            try:
+                found = zarr.open_array(store=entry["store"], path=entry["name"], mode="r")
+                fp = found.attrs.get("fingerprint")
+            except Exception as e:  # missing or unreadable: recomputed like a damaged one
+                raise DamagedOutput(f"predictions {entry['store']!r}: {e}") from e
+            if fp != entry["fingerprint"]:
+                raise DamagedOutput(
+                    f"predictions {entry['store']!r} (array {entry['name']!r}) now hold another "
+                    f"model's or input's predictions (fingerprint {fp}, this stage wrote "
+                    f"{entry['fingerprint']}): written by another configuration since"
+                )
         read_all(entry["store"], entry["name"], row_keys=True)
 
 

@@ -62,3 +62,29 @@ def test_changed_prediction_file_is_recomputed_not_trusted(tmp_path, ext):
     third = _go(tmp_path / "run", new_rows, out)
     assert "predict" in third.ran  # recomputed, not trusted
     assert out.read_bytes() == good
+
+
+def test_a_shared_zarr_output_rewritten_by_another_configuration_is_predicted_again(tmp_path):
+    # two configurations (lambda) wrote the same predict.output; switching back found its
+    # results complete and kept the other's predictions in p.zarr, exit 0 (session 25)
+    import zarr
+    from sklearn.datasets import load_diabetes
+
+    new_rows = tmp_path / "new.npy"
+    np.save(new_rows, load_diabetes().data[:37])  # rows like the training rows
+    out = tmp_path / "p.zarr"
+
+    def go(lam):
+        cfg = load_config(
+            {**BASE, "lambda": lam, "predict": {"input": str(new_rows), "output": str(out)}}, []
+        )
+        rep = run_stages(tmp_path / "run", default_stages(), cfg.stage_params(),
+                         identity=cfg.identity())  # fmt: skip
+        return rep, np.asarray(zarr.open_array(store=str(out), path="predictions")[...])
+
+    _, first = go(0.5)
+    _, other = go(5.0)
+    assert not np.allclose(first, other)
+    rep, back = go(0.5)
+    assert "predict" in rep.ran  # its store held lambda=5's predictions: predicted again
+    np.testing.assert_array_equal(back, first)
