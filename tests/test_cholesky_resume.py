@@ -100,3 +100,47 @@ def test_sigkill_then_resume(tmp_path, scheduler, monkeypatch):
     # a third call recomputes nothing
     again = tile_cholesky(gram, LAM, scheduler=scheduler, progress=False)
     assert again.computed == ()
+
+
+def test_an_in_place_factor_killed_between_chunk_and_marker_leaves_no_stale_marker(
+    tmp_path, monkeypatch
+):
+    # lambda 1 factored in place; lambda 2 killed after it replaced a chunk but before its
+    # marker: the tile kept lambda 1's marker over lambda 2's bytes, and every later
+    # lambda 1 run raised CorruptTileError (session 25)
+    from pipeline.gram import build_gram
+    from pipeline.kernels import make_kernel
+    from pipeline.solvers import cholesky_solve, load_factor
+    from pipeline.solvers.cholesky import release_tile_cache
+    from pipeline.solvers.cholesky_inplace import GramTileRecomputer
+    from pipeline.storage.markers import TileMarkers
+
+    rng = np.random.default_rng(0)
+    X, y = rng.standard_normal((300, 3)), rng.standard_normal((300, 2))
+    kern = make_kernel("rbf")
+    want = np.linalg.solve(kern(X) + 1e-2 * np.eye(300), y)
+    g = build_gram(X, kern, str(tmp_path), 64, progress=False)
+    kw = dict(keep_gram=False, recompute_tile=GramTileRecomputer.for_gram(g, X, kern),
+              progress=False, scheduler="threads", n_threads=1)  # fmt: skip
+    first = tile_cholesky(g, 1e-2, **kw)
+    mark, calls = TileMarkers.mark, {"n": 0}
+
+    def dying_mark(self, tile, **info):  # lambda 2's second factor marker: killed
+        if self.fingerprint not in (g.fingerprint, first.L.fingerprint) and not (
+            self.name.endswith("~inplace")
+        ):
+            calls["n"] += 1
+            if calls["n"] > 1:
+                raise KeyboardInterrupt("killed")
+        return mark(self, tile, **info)
+
+    monkeypatch.setattr(TileMarkers, "mark", dying_mark)
+    with pytest.raises(KeyboardInterrupt):
+        tile_cholesky(g, 3e-1, **kw)
+    monkeypatch.setattr(TileMarkers, "mark", mark)
+    release_tile_cache()
+    again = tile_cholesky(g, 1e-2, **kw)
+    assert again.computed  # the replaced tiles were recomputed, none read as corrupt
+    for f in (again, load_factor(str(tmp_path), "gram")):
+        alpha = cholesky_solve(f, y)
+        assert np.linalg.norm(alpha - want) / np.linalg.norm(want) < 1e-10

@@ -133,6 +133,11 @@ class InPlaceFactorArray(TiledArray):
         data = np.ascontiguousarray(np.asarray(tile, dtype=self.dtype))
         intents = self.intents()
         intents.mark((i, j), crc32c=tile_checksum(data))  # 1. intent
+        # 1b. the chunk's old marker goes first, whatever its fingerprint (the Gram's, or
+        # another lambda's factor): a kill between the chunk and its new marker then
+        # leaves no marker (recomputed), never an old one over new bytes, which that
+        # lambda's reruns met as a CorruptTileError with no way out
+        self.markers.unmark((i, j))
         super().write_tile(i, j, data, direct=direct, **marker_info)  # 2. chunk, 3. marker
         intents.unmark((i, j))  # 4.
 
