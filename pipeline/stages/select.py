@@ -65,7 +65,7 @@ class OriginalUnits:
     def __init__(self, scoring: Any, mean: Any, scale: Any) -> None:
         from sklearn.metrics import check_scoring
 
-        from pipeline import KernelRidge
+        from pipeline.estimator import KernelRidge
 
         self.scoring = scoring
         self.mean = np.asarray(mean, dtype=np.float64)
