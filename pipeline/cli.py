@@ -95,6 +95,17 @@ log = logging.getLogger("krr")
 _EPILOG = "exit codes:\n" + "\n".join(f"  {c:>3}  {d}" for c, d in EXIT_CODES.items())
 
 
+def _positive_int(text: str) -> int:
+    """An option value that must be a whole number >= 1 (a usage error otherwise: exit 2)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = KrrArgumentParser(
         prog="krr",
@@ -173,7 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated feature columns of a Parquet/CSV input (default: the model's "
         "feature names; other columns are then refused)",
     )
-    pr.add_argument("--block-size", type=int, default=4096, help="rows per block (default 4096)")
+    pr.add_argument(
+        "--block-size", type=_positive_int, default=4096, help="rows per block (default 4096)"
+    )
     pr.add_argument("--scheduler", metavar="ADDRESS", help="tcp://host:port of a Dask scheduler")
     pr.add_argument(
         "--overwrite",
@@ -387,6 +400,8 @@ def cmd_run(args) -> int:
 
             try:
                 check_prediction_output(cfg.predict.output, overwrite=True)
+            except ImportError as e:  # a .parquet output without its extra
+                raise CliError(f"predict.output: {e}", EXIT_BAD_CONFIG) from None
             except ValueError as e:
                 raise CliError(f"predict.output: {e}", EXIT_BAD_INPUT) from None
         with stack:

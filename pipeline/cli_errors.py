@@ -173,19 +173,20 @@ def _classify_stage_error(e) -> int:
         return EXIT_BAD_CONFIG
     if isinstance(cause, InputError | FileNotFoundError):
         return EXIT_BAD_INPUT
-    if e.stage == "ingest" and isinstance(cause, ValueError):
-        return EXIT_BAD_INPUT
+    if e.stage in ("ingest", "predict") and isinstance(cause, ValueError):
+        return EXIT_BAD_INPUT  # the training rows, or predict.input's rows and columns
     return EXIT_STAGE_FAILED
 
 
 def _stage_error_hint(e, code: int) -> str:
     """What to do about a failed stage: a rerun resumes, but cannot fix bad data or config."""
+    from pipeline.solvers.cholesky_options import NonFiniteKernelError
     from pipeline.stages.solve import IndefiniteKernelError, SolveNotConverged
 
     if code == EXIT_BAD_INPUT:
         return "fix the input data (a rerun cannot help), then rerun the same command"
     if code == EXIT_BAD_CONFIG:
         return "install what the message names, then rerun the same command to resume"
-    if isinstance(e.__cause__, SolveNotConverged | IndefiniteKernelError):
+    if isinstance(e.__cause__, SolveNotConverged | IndefiniteKernelError | NonFiniteKernelError):
         return "change the config as said above, then rerun (the stages before it are kept)"
     return "rerun the same command to resume"

@@ -33,6 +33,8 @@ def cmd_predict(args) -> int:
         raise CliError(str(e), EXIT_BAD_CONFIG) from None
     try:  # a user's file (or our own predictions without --overwrite) is kept: before any work
         check_prediction_output(args.output, args.overwrite)
+    except ImportError as e:  # a .parquet output without its extra
+        raise CliError(str(e), EXIT_BAD_CONFIG) from None
     except (ValueError, FileExistsError) as e:
         raise CliError(str(e), EXIT_BAD_INPUT) from None
     if (Path(args.model) / "manifest.json").is_file():  # a run directory: its latest model
@@ -48,6 +50,9 @@ def cmd_predict(args) -> int:
         model = load_artifact(args.model, x_train=args.x_train)
     except (ArtifactError, FileNotFoundError) as e:
         raise CliError(f"model {args.model!r}: {e}", EXIT_BAD_INPUT) from None
+    except ValueError as e:  # e.g. --x-train for a model that stores its rows
+        raise CliError(f"model {args.model!r}: {str(e).replace('x_train=', '--x-train')}",
+                       EXIT_BAD_CONFIG) from None  # fmt: skip
     inp = args.input
     if "://" not in inp and not any(c in inp for c in "*?[") and not Path(inp).exists():
         raise CliError(f"input {inp!r} does not exist", EXIT_BAD_INPUT)
@@ -88,6 +93,8 @@ def cmd_predict(args) -> int:
                     res.n_blocks,
                     res.n_skipped,
                 )
+        except ImportError as e:  # a .parquet or .csv input without its extra
+            raise CliError(str(e), EXIT_BAD_CONFIG) from None
         except (ValueError, FileNotFoundError) as e:
             raise CliError(f"cannot predict {inp!r}: {e}", EXIT_BAD_INPUT) from None
     print(f"predicted {n} rows in {time.perf_counter() - t0:.1f} s -> {out}")

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from pipeline.cli_errors import (
+    EXIT_BAD_CONFIG,
     EXIT_BAD_INPUT,
     EXIT_LOCKED,
     EXIT_OK,
@@ -101,7 +102,9 @@ def cmd_report(args) -> int:
         path = write_report(_run_dir_arg(args.run_dir), args.output)
     except ManifestError as e:
         raise CliError(str(e), EXIT_RUN_DIR) from None
-    except (FileNotFoundError, ImportError) as e:
+    except ImportError as e:  # matplotlib: a missing extra is a config error (exit 2)
+        raise CliError(str(e), EXIT_BAD_CONFIG) from None
+    except (FileNotFoundError, ValueError) as e:  # not a run dir; a file not ours at -o
         raise CliError(str(e), EXIT_BAD_INPUT) from None
     print(path)
     return EXIT_OK

@@ -107,6 +107,15 @@ class DataConfig(_Model):
             )
         if s == "sklearn" and not self.name:
             raise ValueError("source 'sklearn' needs 'name' (e.g. diabetes)")
+        if s == "sklearn":  # a config error before any work, not an ingest failure
+            import sklearn.datasets as skd
+
+            if not callable(getattr(skd, f"load_{self.name}", None)):
+                shipped = sorted(n[5:] for n in dir(skd) if n.startswith("load_"))
+                raise ValueError(
+                    f"scikit-learn has no shipped data set {self.name!r} (fetch_* loaders "
+                    f"download and are not supported); shipped ones: {shipped}"
+                )
         if s in FILE_SOURCES and not self.path:
             raise ValueError(f"source {s!r} needs 'path'")
         if s in ("npy", "zarr") and not self.y_path:
@@ -227,6 +236,15 @@ class PredictConfig(_Model):
 
             output_format(v)  # ValueError naming the extension and the supported ones
         return v
+
+    @model_validator(mode="after")
+    def _output_needs_input(self) -> PredictConfig:
+        if self.output is not None and self.input is None:  # else nothing is written: exit 0
+            raise ValueError(
+                f"predict.output {self.output!r} needs predict.input (the rows to predict); "
+                "the test split's predictions are in the run directory's predict stage"
+            )
+        return self
 
 
 class EvaluateConfig(_Model):
@@ -368,7 +386,7 @@ class RunConfig(_Model):
     kernel: KernelConfig = KernelConfig()
     #: ridge strength λ (the "lambda" of the design card); ``alpha`` (the Python
     #: API's name) is an alias
-    lam: float = Field(default=1e-3, gt=0, alias="lambda")
+    lam: float = Field(default=1e-3, gt=0, allow_inf_nan=False, alias="lambda")
     #: ``sklearn``: solve (K + λ I) α = y (scikit-learn's ``alpha``); ``n_samples``:
     #: (K + n λ I) α = y. The old key ``lam_convention`` and value ``n`` are accepted.
     lam_convention: Literal["sklearn", "n_samples"] = Field(

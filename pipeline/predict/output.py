@@ -146,6 +146,10 @@ def check_prediction_output(path: str | os.PathLike, overwrite: bool) -> str:
         check_zarr_output_root(path)
     else:
         check_output_file(path, overwrite)
+    if fmt == "parquet":  # a missing extra is said before any work, not after it
+        from pipeline._optional import require
+
+        require("pyarrow", "a .parquet output")
     return fmt
 
 
@@ -174,6 +178,7 @@ def write_predictions(
 
     path = os.fspath(path)
     check_output_file(path, overwrite)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)  # as a .zarr output's
     y = np.asarray(y)
     tmp = f"{path}.tmp-{os.getpid()}"
     try:

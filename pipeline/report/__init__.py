@@ -57,7 +57,28 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path | s
     target = str(out)
     if not is_url(out):
         out = Path(out)
+        _check_ours(out)
         out.parent.mkdir(parents=True, exist_ok=True)
         target = str(out.absolute())  # a bare file name has no directory part to write beside
     atomic_write(target, page, fsync=True)
     return out
+
+
+def _check_ours(out: Path) -> None:
+    """Refuse to replace a file that is not a report this package wrote (a user's page)."""
+    from pipeline.report.html import GENERATOR
+    from pipeline.storage.errors import ForeignPathError
+
+    if not out.exists():
+        return
+    if out.is_file():
+        with open(out, "rb") as f:
+            head = f.read(4096)
+        # session 25's pages name their generator; earlier ones start with this title
+        if f'content="{GENERATOR}"'.encode() in head or b"<title>krr report" in head:
+            return
+    raise ForeignPathError(
+        str(out),
+        "a directory" if out.is_dir() else "a file that is not a krr-pipeline report",
+        "Write the report elsewhere (-o PATH), or move that file yourself",
+    )

@@ -38,6 +38,10 @@ font-variant-numeric:tabular-nums}
 """
 
 
+#: names the page as ours: write_report replaces only a file that carries it
+GENERATOR = "krr-pipeline report"
+
+
 def _num(v: Any, fmt: str = ".6g") -> str:
     if v is None:
         return "–"
@@ -278,6 +282,7 @@ def render_html(data: RunData) -> str:
     )
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta name="generator" content="{GENERATOR}">'
         f"<title>{escape(title)}</title><style>{_CSS}</style></head>"
         f"<body>{body}</body></html>\n"
     )

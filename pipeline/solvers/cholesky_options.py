@@ -11,6 +11,11 @@ import numpy as np
 CONVENTIONS = ("sklearn", "n")
 
 
+class NonFiniteKernelError(ValueError):
+    """The Gram holds an inf or NaN (the kernel's values overflow float64): the factor
+    cannot be computed, whatever lambda or jitter. The message names the block."""
+
+
 class NotPositiveDefiniteError(ValueError):
     """A diagonal tile of ``K + shift * I`` (after the left-looking update) is not PD.
 

@@ -22,7 +22,11 @@ from pipeline.policy import constants as C
 from pipeline.solvers import blas as gil_free_blas
 from pipeline.solvers.cholesky_cache import _read_factor_tile
 from pipeline.solvers.cholesky_exec import prefetch_gram_tile, read_gram_tile
-from pipeline.solvers.cholesky_options import JitterPolicy, NotPositiveDefiniteError
+from pipeline.solvers.cholesky_options import (
+    JitterPolicy,
+    NonFiniteKernelError,
+    NotPositiveDefiniteError,
+)
 from pipeline.storage import TiledArray
 from pipeline.storage import buffers as tile_buffers
 from pipeline.tiles.tile_io import TileIO
@@ -37,7 +41,7 @@ def _check_finite_diagonal(a: np.ndarray, i: int, when: str) -> None:
     if np.isfinite(diag).all():
         return
     r = int(np.flatnonzero(~np.isfinite(diag))[0])
-    raise ValueError(
+    raise NonFiniteKernelError(
         f"the kernel matrix holds a non-finite value (inf or NaN) in the rows of block {i}: "
         f"diagonal entry {r} of that block is {diag[r]} {when} its Cholesky factorisation. "
         "The kernel's values overflow float64 (e.g. a high polynomial degree on large "

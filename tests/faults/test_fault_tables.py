@@ -197,7 +197,9 @@ def test_config_predict_output_extension_is_checked():
 
     with pytest.raises(ValidationError, match="'.txt'"):
         PredictConfig(output="preds.txt")
-    assert PredictConfig(output="preds.parquet").output == "preds.parquet"
+    assert PredictConfig(input="x.npy", output="preds.parquet").output == "preds.parquet"
+    with pytest.raises(ValidationError, match="needs predict.input"):  # else nothing written
+        PredictConfig(output="preds.parquet")
 
 
 SMALL_RUN = """

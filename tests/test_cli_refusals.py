@@ -1,0 +1,85 @@
+"""The command line refuses bad input before any work, with the documented exit code,
+and never replaces a file it did not write (defects found by session 25's review)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import yaml
+
+from pipeline import cli
+
+BASE = {
+    "data": {"source": "sklearn", "name": "diabetes"},
+    "kernel": {"name": "rbf", "params": {"gamma": 0.1}},
+    "lambda": 0.5,
+    "block_size": 128,
+    "evaluate": {"baseline": "none"},
+}
+
+
+def _conf(path, **extra):
+    path.write_text(yaml.safe_dump({**BASE, **extra}))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    d = tmp_path_factory.mktemp("refusals")
+    assert cli.main(["run", _conf(d / "c.yaml"), "--run-dir", str(d / "run")]) == 0
+    return d
+
+
+def test_config_values_that_would_fail_later_are_config_errors(tmp_path, capsys):
+    conf = _conf(tmp_path / "c.yaml")
+    cases = [
+        (["predict.output=" + str(tmp_path / "p.npy")], "needs predict.input"),  # exit 0, no file
+        (["lambda=.inf"], "finite number"),  # failed in the solve stage, exit 4
+        (["data.name=nope"], "no shipped data set 'nope'"),  # failed in the ingest, exit 3
+    ]
+    for overrides, said in cases:
+        for cmd in (["validate", conf], ["run", conf, "--run-dir", str(tmp_path / "r")]):
+            assert cli.main([*cmd, *overrides]) == cli.EXIT_BAD_CONFIG, (cmd, overrides)
+            assert said in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_bad_predict_input_in_a_run_is_bad_input_not_a_rerun(finished, tmp_path, capsys):
+    np.save(tmp_path / "nine.npy", np.zeros((5, 9)))  # diabetes has 10 features
+    conf = _conf(tmp_path / "c.yaml", predict={"input": str(tmp_path / "nine.npy")})
+    code = cli.main(["run", conf, "--run-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_BAD_INPUT and "a rerun cannot help" in err, err[-500:]
+
+
+def test_krr_report_never_replaces_a_users_file(finished, tmp_path, capsys, monkeypatch):
+    pytest.importorskip("matplotlib")
+    notes = tmp_path / "notes.html"
+    notes.write_text("<html>my notes</html>")
+    run = str(finished / "run")
+    assert cli.main(["report", run, "-o", str(notes)]) == cli.EXIT_BAD_INPUT
+    assert "not a krr-pipeline report" in capsys.readouterr().err
+    assert notes.read_text() == "<html>my notes</html>"
+    ours = tmp_path / "r.html"
+    for _ in range(2):  # its own page it replaces
+        assert cli.main(["report", run, "-o", str(ours)]) == 0
+    import pipeline.report.figures as figures
+
+    def missing():
+        raise ImportError("matplotlib is missing: pip install 'krr-pipeline[plots]'")
+
+    monkeypatch.setattr(figures, "require_matplotlib", missing)
+    assert cli.main(["report", run, "-o", str(tmp_path / "x.html")]) == cli.EXIT_BAD_CONFIG
+
+
+def test_krr_predict_option_and_model_errors(finished, tmp_path, capsys):
+    run = str(finished / "run")
+    np.save(tmp_path / "new.npy", np.zeros((4, 10)))
+    new = str(tmp_path / "new.npy")
+    # an output in a directory that does not exist yet: made, as for a .zarr output
+    assert cli.main(["predict", run, new, str(tmp_path / "sub" / "dir" / "p.npy")]) == 0
+    assert (tmp_path / "sub" / "dir" / "p.npy").is_file()
+    code = cli.main(["predict", run, new, str(tmp_path / "q.npy"), "--block-size", "0"])
+    assert code == cli.EXIT_BAD_CONFIG and "must be >= 1" in capsys.readouterr().err
+    code = cli.main(["predict", run, new, str(tmp_path / "r.npy"), "--x-train", new])
+    assert code == cli.EXIT_BAD_CONFIG and "--x-train" in capsys.readouterr().err
