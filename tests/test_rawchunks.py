@@ -81,3 +81,11 @@ def test_recreated_array_is_seen(tmp_path):
     assert chunk_layout(store, "a").chunk_shape == (4, 4)
     open_tiled_array(store, "a", (8, 8), 2, np.float64, "fp2", overwrite=True)
     assert chunk_layout(store, "a").chunk_shape == (2, 2)
+
+
+def test_atomic_write_takes_a_file_url(tmp_path):
+    # the local filesystem was picked but the path kept its file:// prefix (session 25)
+    from pipeline.storage.atomic import atomic_write
+
+    atomic_write(f"file://{tmp_path}/d/x.json", b"1")
+    assert (tmp_path / "d" / "x.json").read_bytes() == b"1"

@@ -11,9 +11,11 @@ Protocol (see ``docs/STORAGE.md``):
    ``pipe_file(mode="create")``): the store decides atomically, so of two runs
    that race for a free lock exactly one succeeds.
 2. If it exists, read it. It is held (:class:`~pipeline.stages.lock.LockHeldError`)
-   unless its lease has expired, or it names this host and a process that is no
-   longer running (PID and start time both checked, so a reused PID does not
-   count as the owner). A dead owner's lock is deleted and step 1 is retried.
+   unless its lease has expired, or it names this host, this kernel boot and this
+   PID namespace (a container that shares the hostname has its own PIDs) and a
+   process that is no longer running (PID and start time both checked, so a
+   reused PID does not count as the owner). A dead owner's lock is deleted and
+   step 1 is retried.
 3. After creating it, read it back and compare the token.
 
 Honest limits: taking over a dead owner's lock is "delete, then create
@@ -24,7 +26,10 @@ renewal thread re-reads the object and logs an error and sets
 run. A process that is paused for longer than the lease (``ttl``) loses the
 lock without knowing it until its next renewal. S3 has no fencing tokens, so
 these cases are documented, not prevented. A lease on a filesystem without
-conditional writes degrades to check-then-write.
+conditional writes degrades to check-then-write. Expiry compares the owner's
+clock (``expires``, written by the owner) with the reader's: hosts whose clocks
+differ by more than ``ttl / 3`` can see a live lease as expired, so keep them in
+sync (NTP).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from typing import Any
 import psutil
 
 from pipeline.storage.location import Location, StoreUnreachable
+from pipeline.storage.tempfiles import process_namespace
 
 log = logging.getLogger("pipeline.stages")
 
@@ -77,6 +83,8 @@ def _dead(rec: dict[str, Any], now: float) -> bool:
         return True  # expired (or a record without an expiry: not ours to honour)
     if rec.get("host") != socket.gethostname():
         return False
+    if rec.get("pidns") != process_namespace() or not rec.get("pidns"):
+        return False  # another container with this hostname: its PIDs are not ours to see
     pid = rec.get("pid")
     if not isinstance(pid, int):
         return False
@@ -118,6 +126,7 @@ class LeaseLock:
             {
                 "pid": pid,
                 "host": socket.gethostname(),
+                "pidns": process_namespace(),
                 "proc_start": _proc_start(pid),
                 "started": time.time(),
                 "expires": time.time() + self.ttl,

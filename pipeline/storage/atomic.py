@@ -31,6 +31,7 @@ def atomic_write(path: str, data: bytes, *, fs: Any = None, fsync: bool = False)
             fs, path = fsspec.core.url_to_fs(path)  # e.g. s3://...: one PUT below
         else:
             fs = fsspec.filesystem("file")
+            path = path[len("file://") :] if path.startswith("file://") else path
     parent = path.rsplit("/", 1)[0]
     fs.makedirs(parent, exist_ok=True)
     if not is_local(fs):

@@ -110,6 +110,24 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def process_namespace() -> str:
+    """This kernel boot and PID namespace (``boot_id:pidns inode``; "" where unknown).
+
+    A PID names a process only inside one namespace: two containers that share a
+    hostname (``--network host``) and a volume each have their own PID 7. A record
+    that names a PID is judged by it only when this matches ours."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        return f"{boot}:{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return ""
+
+
+#: the record inside a temporary store naming the namespace of its process
+STORE_OWNER = ".krr-store-owner"
+
+
 def _is_stale(name: str, mtime: float, before: float) -> bool:
     m = _TMP_RE.search(name)
     if m is None:
@@ -206,6 +224,14 @@ def sweep_temp_stores(root: str | os.PathLike | None = None) -> list[str]:
         pid = int(m.group("pid"))
         if pid == os.getpid() or _pid_alive(pid):
             continue
+        try:  # a process of another PID namespace (a container on this host) is not
+            with open(os.path.join(e.path, STORE_OWNER)) as f:  # seen by _pid_alive
+                if f.read().strip() != process_namespace():
+                    continue
+        except FileNotFoundError:
+            pass  # a store of an earlier version, or one not yet recorded: by its pid
+        except OSError:
+            continue
         shutil.rmtree(e.path, ignore_errors=True)
         removed.append(e.path)
     if removed:
@@ -219,4 +245,7 @@ def make_temp_store() -> str:
     root = temp_root()
     sweep_temp_stores(root)
     prefix = f"krr-store-{os.getpid()}@{socket.gethostname()}-"
-    return tempfile.mkdtemp(prefix=prefix, dir=root)
+    store = tempfile.mkdtemp(prefix=prefix, dir=root)
+    with open(os.path.join(store, STORE_OWNER), "w") as f:
+        f.write(process_namespace())
+    return store

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -215,10 +217,27 @@ def test_leftovers_of_a_killed_writer_are_swept(tmp_path, monkeypatch):
         assert _tmp_files(tmp_path / "chunk") == [live]
         new = tf.make_temp_store()  # sweeps the temporary stores of dead processes
         assert not any(s.exists() for s in stores) and Path(new).is_dir()
-        os.rmdir(new)
+        assert sorted(os.listdir(new)) == [tf.STORE_OWNER]  # its namespace, for sweeps
+        shutil.rmtree(new)
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_a_temporary_store_of_another_pid_namespace_is_not_swept(tmp_path):
+    # a container sharing this hostname and the temp root has its own PIDs: its live
+    # store looked like a dead process's here and was deleted mid-fit (session 25)
+    dead = 2**22 + 4321  # above Linux's default pid_max: no process here has it
+    host = socket.gethostname()
+    theirs = tmp_path / f"krr-store-{dead}@{host}-abc"
+    ours = tmp_path / f"krr-store-{dead + 1}@{host}-def"
+    legacy = tmp_path / f"krr-store-{dead + 2}@{host}-ghi"  # before the owner record
+    for d, ns in ((theirs, "other-boot:1"), (ours, tf.process_namespace()), (legacy, None)):
+        d.mkdir()
+        if ns is not None:
+            (d / tf.STORE_OWNER).write_text(ns)
+    removed = tf.sweep_temp_stores(tmp_path)
+    assert sorted(removed) == sorted([str(ours), str(legacy)]) and theirs.is_dir()
 
 
 DIES_WRITING = """

@@ -303,8 +303,16 @@ def test_lease_lock_excludes_and_takes_over_dead_or_expired(s3):
     # a lease of a process that no longer runs on this host is taken over
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True).stdout.strip()  # fmt: skip
+    from pipeline.storage.tempfiles import process_namespace
+
     rec = {"pid": int(dead), "host": os.uname().nodename, "proc_start": 1.0,
-           "expires": time.time() + 3600, "token": "dead"}  # fmt: skip
+           "pidns": "another-container:1", "expires": time.time() + 3600, "token": "dead"}  # fmt: skip
+    # the same hostname in another PID namespace (a container with --network host): its
+    # PID says nothing here, so its unexpired lease holds (session 25)
+    _fs().pipe_file(f"{BUCKET}/leased/.lock", json.dumps(rec).encode())
+    with pytest.raises(LockHeldError):
+        RunLock(url).acquire()
+    rec["pidns"] = process_namespace()
     _fs().pipe_file(f"{BUCKET}/leased/.lock", json.dumps(rec).encode())
     b = RunLock(url).acquire()
     assert b.took_over["token"] == "dead"
