@@ -432,6 +432,13 @@ def cmd_run(args) -> int:
                     f"run directory {str(run_dir)!r} is unusable: {type(e).__name__}: {e}",
                     EXIT_RUN_DIR,
                 ) from None
+        if getattr(lock, "lost", False):  # an object-store lease another run took over
+            raise CliError(
+                f"another run took over the lock of {str(run_dir)!r} while this one ran (its "
+                "lease was not renewed in time): its results may mix with the other run's; "
+                "wait for that run, then rerun the same command to verify and resume",
+                EXIT_LOCKED,
+            )
         done = f"stopped after stage {args.until} (--until)" if args.until else "run complete"
         runlog.write(
             logging.INFO,

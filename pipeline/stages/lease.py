@@ -22,8 +22,10 @@ Honest limits: taking over a dead owner's lock is "delete, then create
 exclusively"; two runs that both found the same dead lock may race, and the
 delete of the slower can remove the lock the faster one just created. The
 renewal thread re-reads the object and logs an error and sets
-:attr:`LeaseLock.lost` when it finds another token, but it does not stop the
-run. A process that is paused for longer than the lease (``ttl``) loses the
+:attr:`LeaseLock.lost` when it finds another token; its write is conditional on
+the object it read (``If-Match`` on S3), so it never takes back a lease another
+run has taken over. A run that lost its lease is not stopped at once, but
+``krr run`` then fails (exit 5) instead of reporting success. A process that is paused for longer than the lease (``ttl``) loses the
 lock without knowing it until its next renewal. S3 has no fencing tokens, so
 these cases are documented, not prevented. A lease on a filesystem without
 conditional writes degrades to check-then-write. Expiry compares the owner's
@@ -74,6 +76,15 @@ def _read(loc: Location) -> dict[str, Any] | None:
     except (json.JSONDecodeError, UnicodeDecodeError):
         return {}
     return rec if isinstance(rec, dict) else {}
+
+
+def _etag(fs: Any, path: str) -> str | None:
+    """The object's ETag on an S3 store (for a conditional PUT); None elsewhere."""
+    protocol = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    if not {"s3", "s3a"} & set(protocol):
+        return None
+    info = fs.info(path, refresh=True)
+    return info.get("ETag") or info.get("etag")
 
 
 def _dead(rec: dict[str, Any], now: float) -> bool:
@@ -178,13 +189,19 @@ class LeaseLock:
     def _renew_loop(self) -> None:
         while not self._stop.wait(self.ttl / 3):
             try:
+                path = self.loc.path(LOCK_NAME)
+                etag = _etag(self.loc.fs, path)  # before the read: a newer owner changes it
                 rec = _read(self.loc)
                 if rec is None or rec.get("token") != self.token:
                     if not self.lost:
                         log.error("the lease %s was taken by another run: %s", self.path, rec)
                     self.lost = True
                     continue
-                self.loc.fs.pipe_file(self.loc.path(LOCK_NAME), self._record())
+                # conditional on the object read: a run that took the lease over between
+                # the read and this write keeps it (a plain PUT took it back, and the
+                # newer run was the one flagged lost)
+                extra = {"IfMatch": etag} if etag is not None else {}
+                self.loc.fs.pipe_file(path, self._record(), **extra)
             except Exception as e:  # a transient store error: try again next period
                 log.warning("could not renew the lease %s: %s", self.path, e)
 

@@ -420,3 +420,42 @@ def test_runner_ownership_rules_hold_on_an_object_store(s3):
     assert fs.exists(f"{BUCKET}/owned/notes.txt")  # not ours: kept
     assert not fs.exists(f"{BUCKET}/owned/a/out-1.txt")
     assert fs.exists(f"{BUCKET}/owned/a/out-3.txt")
+
+
+def test_a_stalled_renewal_never_takes_back_a_lease_another_run_took_over(s3):
+    # the renewal re-read the lease, then wrote it with a plain PUT: a run stalled between
+    # the two took back the lease a newer run held, and the newer run was flagged lost
+    from pipeline.stages.lease import LeaseLock
+    from pipeline.storage.location import Location
+
+    url = f"s3://{BUCKET}/stalled"
+    a = LeaseLock(url, ttl=1.5).acquire()
+
+    class Stalls:  # the second renewal's write waits 3 s, past the lease's expiry
+        n = 0
+
+        def __init__(self, fs):
+            self._fs = fs
+
+        def __getattr__(self, k):
+            return getattr(self._fs, k)
+
+        def pipe_file(self, *args, **kw):
+            Stalls.n += 1
+            if Stalls.n == 2:
+                time.sleep(3.0)
+            return self._fs.pipe_file(*args, **kw)
+
+    a.loc.fs = Stalls(a.loc.fs)
+    b = None
+    try:
+        time.sleep(2.6)  # a's lease has expired
+        b = LeaseLock(url, ttl=3.0).acquire()
+        assert b.took_over["token"] == a.token
+        time.sleep(2.6)
+        holder = json.loads(Location(url).read_bytes(".lock"))["token"]
+        assert holder == b.token and a.lost and not b.lost
+    finally:
+        a._stop.set()
+        if b is not None:
+            b.release()
