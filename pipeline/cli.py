@@ -157,7 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
         "-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help="warnings only"
     )
 
-    s = sub.add_parser("status", help="show each stage of a run dir: done, partial or pending")
+    s = sub.add_parser(
+        "status",
+        help="show each stage of a run dir: done, partial or pending",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     s.add_argument("run_dir", metavar="RUN_DIR")
     s.add_argument(
         "--json", action="store_true", help="machine-readable output (on failure: an error object)"
@@ -169,7 +174,12 @@ def build_parser() -> argparse.ArgumentParser:
         "-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help="warnings only"
     )
 
-    pr = sub.add_parser("predict", help="batch prediction with a saved model")
+    pr = sub.add_parser(
+        "predict",
+        help="batch prediction with a saved model",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     pr.add_argument(
         "model", metavar="MODEL", help="model artifact, or a run directory (its latest model)"
     )
@@ -221,7 +231,12 @@ def build_parser() -> argparse.ArgumentParser:
         "-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help="warnings only"
     )
 
-    rp = sub.add_parser("report", help="write a self-contained HTML report of a run dir")
+    rp = sub.add_parser(
+        "report",
+        help="write a self-contained HTML report of a run dir",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     rp.add_argument("run_dir", metavar="RUN_DIR")
     rp.add_argument(
         "-o", "--output", metavar="FILE", help="HTML file (default RUN_DIR/report.html)"
@@ -233,7 +248,12 @@ def build_parser() -> argparse.ArgumentParser:
         "-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help="warnings only"
     )
 
-    v = sub.add_parser("validate", help="check a config and exit")
+    v = sub.add_parser(
+        "validate",
+        help="check a config and exit",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     v.add_argument("config", metavar="CONFIG")
     v.add_argument("overrides", nargs="*", metavar="key=value", help="anywhere on the line")
     v.add_argument(

@@ -24,4 +24,5 @@ run_dir=${RUN_DIR:-runs/$(basename "${config%.*}")}
 
 "$KRR" run "$config" "$@" --run-dir "$run_dir"
 "$KRR" status "$run_dir"
-"$KRR" predict "$run_dir" "$input" "$output"  # the run directory's latest model
+# --overwrite: a rerun replaces the predictions this script wrote (never a file it did not)
+"$KRR" predict "$run_dir" "$input" "$output" --overwrite  # the run directory's latest model

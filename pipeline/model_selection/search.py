@@ -24,8 +24,8 @@ The expensive work is done once and shared:
 - ``solver="cg"`` (out of core, the default above ``IN_MEMORY_MAX_N`` when
   predicted cheaper than one factorisation per λ): every (λ, fold) system of a
   kernel setting is a column of one block PCG, so each iteration is one
-  matrix-free pass of the fused engine for all of them; one adaptive Nyström
-  factor per setting, restricted to each fold and shifted per λ; float32 kernel
+  matrix-free pass of the fused engine for all of them; one Nyström factor
+  (``preconditioner="adaptive"``: RPCholesky of adaptive rank) per setting, restricted to each fold and shifted per λ; float32 kernel
   values with float64 residual checks (:mod:`pipeline.model_selection.cvblock`).
   A solve that does not reach ``tol`` is redone exactly and recorded
   (``unconverged_settings``, ``redone_direct``), never scored; the chosen
@@ -125,7 +125,8 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
     refit : bool, default=True
         Refit ``best_estimator_`` (a :class:`pipeline.KernelRidge`) on all data.
     tol, max_iter, preconditioner, rank : CG options
-        Relative tolerance, iteration cap, "nystrom" or "none", Nyström rank.
+        Relative tolerance, iteration cap, "nystrom" (the default), "adaptive"
+        (RPCholesky, its rank grown until it resolves K) or "none", Nyström rank.
     n_jobs : int, default=None
         In-memory solvers only. "band": (setting, fold) reductions run
         concurrently (default: one per core, as memory allows); "eigen" and

@@ -36,7 +36,9 @@ echo "$(date -Is) refit: data $train_hash -> $run_dir"
 
 mkdir -p "$out_dir"
 out="$out_dir/$train_hash-$score_hash.zarr"
-"$KRR" predict "$run_dir" "$score_x" "$out"  # the run directory's latest model
+# --overwrite: after a config change on the same data the store holds the previous
+# model's predictions, which this script wrote; they are replaced (never a user's file)
+"$KRR" predict "$run_dir" "$score_x" "$out" --overwrite  # the run directory's latest model
 
 ln -sfn "$(basename "$out")" "$out_dir/.latest.tmp" && mv -T "$out_dir/.latest.tmp" "$out_dir/latest.zarr"
 echo "$(date -Is) predictions: $out"
