@@ -18,10 +18,10 @@ def _data(n: int, seed: int = 0):
 def test_a_screened_searchs_checkpoints_are_not_resumed_by_an_unscreened_one(tmp_path):
     # screening keeps rough CG solves for the lambdas it does not refine; an unscreened
     # search on the same checkpoint reused them (scores off by 0.15) with exit 0
-    X, y = _data(150)
-    kw = dict(param_grid={"gamma": [0.2]}, cv=3, solver="cg", block_size=64,
-              preconditioner="none", refit=False, tol=1e-10)  # fmt: skip
-    alphas = [1e-3, 1e-1, 1.0]
+    X, y = _data(80)
+    kw = dict(param_grid={"gamma": [0.2]}, cv=3, solver="cg", block_size=32,
+              preconditioner="none", refit=False, tol=1e-8)  # fmt: skip
+    alphas = [1e-2, 1e-1, 1.0]
     ck = str(tmp_path / "ck")
     KernelRidgeCV(alphas, checkpoint=ck, screen_tol=0.5, screen_top=1, **kw).fit(X, y)
     again = KernelRidgeCV(alphas, checkpoint=ck, **kw).fit(X, y)
