@@ -69,7 +69,8 @@ def cmd_unlock(args) -> int:
 
     run_dir = _run_dir_arg(args.run_dir)
     if isinstance(run_dir, Path) and not run_dir.is_dir():
-        raise CliError(f"run directory {str(run_dir)!r} does not exist", EXIT_BAD_INPUT)
+        what = "is a file, not a run directory" if run_dir.exists() else "does not exist"
+        raise CliError(f"run directory {str(run_dir)!r} {what}", EXIT_BAD_INPUT)
     try:
         owner = unlock(run_dir)
     except LockHeldError as e:

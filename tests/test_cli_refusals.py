@@ -83,3 +83,16 @@ def test_krr_predict_option_and_model_errors(finished, tmp_path, capsys):
     assert code == cli.EXIT_BAD_CONFIG and "must be >= 1" in capsys.readouterr().err
     code = cli.main(["predict", run, new, str(tmp_path / "r.npy"), "--x-train", new])
     assert code == cli.EXIT_BAD_CONFIG and "--x-train" in capsys.readouterr().err
+
+
+def test_small_cli_messages(tmp_path, capsys, caplog):
+    import logging
+
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    assert cli.main(["unlock", str(afile)]) == cli.EXIT_BAD_INPUT
+    assert "is a file, not a run directory" in capsys.readouterr().err
+    with caplog.at_level(logging.WARNING, logger="pipeline.stages"):
+        conf = _conf(tmp_path / "c.yaml", data={**BASE["data"], "n_rows": 100000})
+        assert cli.main(["run", conf, "--run-dir", str(tmp_path / "r"), "--until", "ingest"]) == 0
+    assert "data.n_rows=100000 is more than the data's 442 rows" in caplog.text

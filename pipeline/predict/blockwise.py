@@ -458,7 +458,10 @@ def _open_output(
     except StoreMismatchError as exc:
         old = dict(zarr.open_array(store=str(out), path=name, mode="r").attrs)
         where = f"{out!r} (array {name!r})"
-        fix = "Write to another output path, or pass overwrite=True to replace them."
+        fix = (
+            "Write to another output path, or replace them: overwrite=True "
+            "(krr predict: --overwrite)."
+        )
         if old.get("model_fingerprint") not in (None, meta["model_fingerprint"]):
             raise StoreMismatchError(
                 f"output store {where} holds predictions of another model (model fingerprint "

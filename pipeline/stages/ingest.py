@@ -13,6 +13,7 @@ in row blocks through :mod:`pipeline.io`.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,8 @@ from pipeline.storage import TiledArray, fingerprint_obj, open_tiled_array, read
 from pipeline.storage.location import join_path
 from pipeline.tiles.engine import pending
 from pipeline.tiles.where import n_rows, runs_here
+
+log = logging.getLogger("pipeline.stages")
 
 
 class InputError(ValueError):
@@ -379,6 +382,10 @@ def _split_and_store(
     validate_row_blocks(y, "y")
 
     n_rows = data.n_rows
+    if n_rows is not None and n_rows > X.shape[0]:
+        log.warning(
+            "data.n_rows=%d is more than the data's %d rows: every row is used", n_rows, X.shape[0]
+        )
     if n_rows is not None and n_rows < X.shape[0]:
         keep = np.sort(np.random.default_rng(data.seed).choice(X.shape[0], n_rows, False))
         X, y = take_rows(X, keep), take_rows(y, keep)
