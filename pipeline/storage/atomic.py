@@ -30,8 +30,10 @@ def atomic_write(path: str, data: bytes, *, fs: Any = None, fsync: bool = False)
         if "://" in path and not path.startswith("file://"):
             fs, path = fsspec.core.url_to_fs(path)  # e.g. s3://...: one PUT below
         else:
+            from pipeline.storage.location import local_file_path  # (it imports this module)
+
             fs = fsspec.filesystem("file")
-            path = path[len("file://") :] if path.startswith("file://") else path
+            path = local_file_path(path)
     parent = path.rsplit("/", 1)[0]
     fs.makedirs(parent, exist_ok=True)
     if not is_local(fs):
