@@ -54,6 +54,7 @@ import numpy as np
 
 from pipeline.storage import TiledArray
 from pipeline.storage.arrays import CorruptTileError, tile_checksum
+from pipeline.storage.location import is_url, local_file_path
 from pipeline.storage.markers import TileMarkers
 from pipeline.tiles.engine import pending
 
@@ -94,10 +95,9 @@ def factor_disk_bytes(
 
 
 def _local_dir(store: str) -> str | None:
-    if "://" in store and not store.startswith("file://"):
+    if is_url(store):
         return None  # an object store: no free-space figure to check
-    path = store[len("file://") :] if store.startswith("file://") else store
-    path = os.path.abspath(path)
+    path = os.path.abspath(local_file_path(store))
     while path and not os.path.exists(path):
         parent = os.path.dirname(path)
         if parent == path:

@@ -34,6 +34,8 @@ import os
 from importlib import metadata
 from typing import Any
 
+from pipeline.storage.location import is_url, local_file_path
+
 #: a local source up to this size is hashed in full
 FULL_HASH_MAX_BYTES = 1 << 30
 #: a larger one: this many blocks of this size, spread over each file
@@ -78,7 +80,7 @@ def path_identity(path: str) -> dict[str, Any]:
     A path that does not exist or cannot be read gives a record saying so
     (``missing`` / ``error``); the ingest stage then reports the input error.
     """
-    if "://" in path and not path.startswith("file://"):
+    if is_url(path):
         try:
             import fsspec
 
@@ -86,7 +88,7 @@ def path_identity(path: str) -> dict[str, Any]:
             return {"url": path, "ukey": str(fs.ukey(p))}
         except Exception as e:  # the ingest stage reports an unreadable URL
             return {"url": path, "error": f"{type(e).__name__}: {e}"}
-    local = path[len("file://") :] if path.startswith("file://") else path
+    local = local_file_path(path)
     if os.path.exists(local):  # a literal name first: "X[1].npy" is a file, not a pattern
         matches = [local]
     elif any(c in local for c in "*?["):

@@ -197,6 +197,15 @@ def test_disk_check_before_any_work(tmp_path, monkeypatch):
     assert inplace.factor_disk_bytes(N, B, keep_gram=False, writers=2) == 3 * B * B * 8
 
 
+def test_disk_check_finds_the_local_disk_of_a_file_url(tmp_path):
+    # the free space of a "FILE://" or "local://" store is checked on its local disk
+    # (it was skipped as an object store's)
+    missing = tmp_path / "not" / "yet.zarr"
+    for url in (f"file://{missing}", f"FILE://{missing}", f"local://{missing}", str(missing)):
+        assert inplace._local_dir(url) == str(tmp_path), url
+    assert inplace._local_dir("s3://bucket/run") is None
+
+
 def test_in_place_refuses_other_dtype_or_store(tmp_path):
     gram = write_gram(tmp_path / "g")
     with pytest.raises(ValueError, match="dtype must be the Gram's"):

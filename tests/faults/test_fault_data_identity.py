@@ -167,6 +167,19 @@ def test_a_file_named_like_a_pattern_is_identified_by_its_content(tmp_path):
     assert si.path_identity(str(tmp_path / "*.npy"))["files"] == 1
 
 
+def test_a_file_url_in_any_case_is_identified_as_its_local_file(tmp_path):
+    # "FILE://" and "local://" were taken for object-store URLs: fsspec's ukey of the
+    # file, not its content, so the identity changed with the spelling (session 26)
+    from pipeline.stages import source_identity as si
+
+    f = tmp_path / "X.npy"
+    np.save(f, np.arange(30.0).reshape(10, 3))
+    plain = si.path_identity(str(f))
+    assert "blake2b" in plain
+    for url in (f"file://{f}", f"FILE://{f}", f"local://{f}"):
+        assert si.path_identity(url) == plain, url
+
+
 def test_data_changed_during_ingest_fails_the_stage(tmp_path):
     from pipeline.stages import ingest, typed_params
     from pipeline.stages.source_identity import source_identity
