@@ -38,7 +38,10 @@ import zarr
 from pipeline.artifact_refs import (
     check_names,
     escape_message,
+    foreign_entries,
     loaded_names,
+    normalise_path,
+    read_ref,
     ref_to_store,
     resolve_stored_ref,
 )
@@ -136,11 +139,17 @@ class ModelArtifact:
             feature_names=self.feature_names,
             n_features=self.n_features,
             columns=kwargs.pop("columns", None),
+            ordinal=(self.extra or {}).get("ordinal"),  # a krr run model's data.ordinal
         )
         kwargs.setdefault("model_fingerprint", self.model_fingerprint)
+        X_train = self.X_train
+        if (self.extra or {}).get("primal_coef_") is not None and X_train.dtype != np.float64:
+            # a primal fit on float32 rows: its alpha is large and cancels, so the kernel is
+            # evaluated in float64 (in float32 the predictions were off by more than y's range)
+            X_train = np.asarray(X_train, dtype=np.float64)
         return predict(
             X_new,
-            self.X_train,
+            X_train,
             self.dual_coef,
             self.kernel,
             preprocessing=self.preprocessing,
@@ -177,15 +186,6 @@ def _fs(path: str) -> tuple[Any, str]:
     return fsspec.core.url_to_fs(str(path))
 
 
-def _normalise_path(path_or_url: Any) -> str:
-    path = os.fspath(path_or_url)
-    if path.startswith("file://"):
-        path = path[len("file://") :]  # plain paths: zarr's local store makes directories
-    if "://" not in path:
-        path = os.path.abspath(path)
-    return path
-
-
 def _json_checked(obj: Any, what: str) -> Any:
     try:
         return json.loads(json.dumps(obj, allow_nan=False))
@@ -219,23 +219,6 @@ def _check_real(a: np.ndarray, name: str) -> np.ndarray:
     if a.dtype.kind == "f" and not np.all(np.isfinite(a)):
         raise ValueError(f"{name} has NaN or inf values; a fitted model must be finite")
     return np.ascontiguousarray(a)
-
-
-def _read_ref(ref: str) -> Any:
-    """Open a referenced X_train: a ``.npy`` file (memory-mapped) or a Zarr array."""
-    if ref.endswith(".npy"):
-        if "://" in ref:
-            with fsspec.open(ref, "rb") as f:
-                return np.load(f)
-        if not os.path.exists(ref):
-            raise FileNotFoundError(f"X_train reference {ref!r} does not exist")
-        return np.load(ref, mmap_mode="r")
-    try:
-        return zarr.open_array(store=ref, mode="r")
-    except Exception as exc:
-        raise FileNotFoundError(
-            f"X_train reference {ref!r} cannot be opened as a Zarr array or .npy file ({exc})"
-        ) from exc
 
 
 def _regularization(value: Any) -> float | list[float]:
@@ -309,7 +292,7 @@ def save_artifact(
     ModelArtifact
         The model as saved (``path`` set).
     """
-    path = _normalise_path(path_or_url)
+    path = normalise_path(path_or_url)
     if (X_train is None) == (x_train_ref is None):
         raise ValueError("give exactly one of X_train (stored in the artifact) or x_train_ref")
     kernel = make_kernel(kernel)
@@ -324,8 +307,8 @@ def save_artifact(
     dual_coef = _check_real(dual_coef, "dual_coef")
     ref_arr = None
     if x_train_ref is not None:
-        x_train_ref = _normalise_path(x_train_ref)
-        ref_arr = _read_ref(x_train_ref)
+        x_train_ref = normalise_path(x_train_ref)
+        ref_arr = read_ref(x_train_ref)
         X_shape, X_dtype = tuple(ref_arr.shape), np.dtype(ref_arr.dtype)
     else:
         X_train = _check_real(X_train, "X_train")
@@ -360,6 +343,20 @@ def save_artifact(
         if not overwrite:
             raise FileExistsError(
                 f"a model artifact already exists at {path!r}; pass overwrite=True to replace it"
+            )
+        inside = x_train_ref is not None and ref_to_store(x_train_ref, path) != x_train_ref
+        if inside:  # it would be deleted below and then read back as fill zeros
+            raise FileExistsError(
+                f"x_train_ref {x_train_ref!r} lies inside the artifact {path!r} that "
+                "overwrite=True would replace (and so delete it); save to another path, or "
+                "move the training rows out of it first"
+            )
+        others = foreign_entries(fs, root)
+        if others:  # opening the group with mode="w" below removes everything under it
+            raise FileExistsError(
+                f"the model artifact at {path!r} also holds {others}, which it did not write; "
+                "refusing to replace it (that would delete them). Move them out, or save "
+                "to another path"
             )
 
     group = zarr.open_group(store=path, mode="w")
@@ -538,7 +535,7 @@ def load_artifact(
         checksum that does not match (array or metadata), or an X_train
         reference that leads out of the artifact without ``x_train=``.
     """
-    path = _normalise_path(path_or_url)
+    path = normalise_path(path_or_url)
     group, meta = _open_meta(path)
     arrays = meta["arrays"]
     dual_coef = _load_array(group, "dual_coef", arrays["dual_coef"], path)
@@ -556,10 +553,10 @@ def load_artifact(
             ref_url = resolve_stored_ref(ref["url"], path)
             if ref_url is None:
                 raise ArtifactError(escape_message(ref["url"], path))
-            src = _read_ref(ref_url)
+            src = read_ref(ref_url)
         elif isinstance(x_train, str | os.PathLike):
-            ref_url = _normalise_path(x_train)
-            src = _read_ref(ref_url)
+            ref_url = normalise_path(x_train)
+            src = read_ref(ref_url)
         else:
             ref_url, src = None, x_train
         if list(src.shape) != ref["shape"] or np.dtype(src.dtype).str != ref["dtype"]:

@@ -7,6 +7,8 @@
   needs the caller to name the location (``load_artifact(path, x_train=...)``).
 - Feature and target names: ``None`` or one distinct string per column
   (:func:`check_names`).
+- What ``overwrite=True`` may replace: an artifact's own entries only
+  (:func:`foreign_entries` lists the others, and the save then refuses).
 """
 
 from __future__ import annotations
@@ -14,7 +16,46 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import fsspec
 import numpy as np
+import zarr
+
+from pipeline.storage.location import local_file_path
+
+#: the top-level entries an artifact writes (its metadata and its two arrays)
+ARTIFACT_ENTRIES = frozenset({"zarr.json", "dual_coef", "X_train"})
+
+
+def foreign_entries(fs: Any, root: str) -> list[str]:
+    """Names directly under the artifact directory ``root`` that an artifact does not
+    write (a user's notes, an X_train reference file kept beside it): replacing the
+    artifact would delete them with it."""
+    names = (str(p).rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False))
+    return sorted(n for n in names if n not in ARTIFACT_ENTRIES)
+
+
+def normalise_path(path_or_url: Any) -> str:
+    """A local path made absolute (a ``file://`` URL as its path: zarr's local store makes
+    directories); any other URL as is."""
+    path = local_file_path(os.fspath(path_or_url))
+    return path if "://" in path else os.path.abspath(path)
+
+
+def read_ref(ref: str) -> Any:
+    """Open a referenced X_train: a ``.npy`` file (memory-mapped) or a Zarr array."""
+    if ref.endswith(".npy"):
+        if "://" in ref:
+            with fsspec.open(ref, "rb") as f:
+                return np.load(f)
+        if not os.path.exists(ref):
+            raise FileNotFoundError(f"X_train reference {ref!r} does not exist")
+        return np.load(ref, mmap_mode="r")
+    try:
+        return zarr.open_array(store=ref, mode="r")
+    except Exception as exc:
+        raise FileNotFoundError(
+            f"X_train reference {ref!r} cannot be opened as a Zarr array or .npy file ({exc})"
+        ) from exc
 
 
 def is_url(path: str) -> bool:

@@ -75,6 +75,7 @@ def cmd_predict(args) -> int:
                 feature_names=model.feature_names,
                 n_features=model.n_features,
                 columns=cols,
+                ordinal=(model.extra or {}).get("ordinal"),
             )
             if X is inp:
                 X = as_row_blocks(inp, args.block_size)

@@ -349,3 +349,36 @@ def test_primal_per_target_and_dataframe_models_round_trip_bitwise(tmp_path):
     assert load_artifact(path).regularization is not None
     two = load_artifact(str(tmp_path / "m1"))
     np.testing.assert_array_equal(np.atleast_1d(two.regularization), [0.1, 5.0])
+
+
+def test_overwrite_keeps_what_the_artifact_did_not_write(model, tmp_path):
+    # overwrite=True removed everything under the path: a user's notes, and the training
+    # rows an x_train_ref pointed at inside it, which were then read back as zeros and
+    # saved without error (session 26)
+    save_artifact(tmp_path / "m", **model)
+    (tmp_path / "m" / "NOTES.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match=r"also holds \['NOTES.txt'\]"):
+        save_artifact(tmp_path / "m", overwrite=True, **model)
+    assert (tmp_path / "m" / "NOTES.txt").read_text() == "mine"
+    (tmp_path / "m" / "NOTES.txt").unlink()
+    X = np.asarray(model.pop("X_train"))
+    with pytest.raises(FileExistsError, match="lies inside the artifact"):
+        save_artifact(tmp_path / "m", overwrite=True, x_train_ref=str(tmp_path / "m" / "X_train"),
+                      **model)  # fmt: skip
+    np.testing.assert_array_equal(load_artifact(tmp_path / "m").X_train, X)
+
+
+def test_a_primal_float32_model_predicts_as_fitted_through_its_artifact(tmp_path):
+    # the artifact (krr predict) evaluated the kernel in float32 against a large alpha:
+    # predictions off by more than y's range, exit 0 (session 26)
+    from pipeline import KernelRidge
+
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(1500, 3)) + [20.0, 50.0, 100.0]
+    y = X @ [1.0, -2.0, 0.5] + rng.normal(size=1500)
+    Xn = (rng.normal(size=(200, 3)) + [20.0, 50.0, 100.0]).astype(np.float32)
+    m = KernelRidge(kernel="linear", alpha=1e-2).fit(X.astype(np.float32), y)
+    assert m.solver_ == "primal"
+    m.save(str(tmp_path / "p"))
+    got = load_artifact(tmp_path / "p").predict(Xn, progress=False)
+    np.testing.assert_allclose(got, m.predict(Xn), atol=1e-3 * np.ptp(y))

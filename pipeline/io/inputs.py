@@ -23,7 +23,7 @@ are refused with a ``ValueError`` naming them. Finiteness is checked by
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import dask
@@ -123,6 +123,10 @@ def _from_dataframe(df: Any, columns: Sequence[str] | None, what: str) -> da.Arr
         for c, t in df.dtypes.items()
         if not (pd.api.types.is_numeric_dtype(t) or pd.api.types.is_bool_dtype(t))
     ]
+    if bad and len(df.head(1, npartitions=-1)) == 0:
+        # a header without rows: pandas types its columns "object", which is not a
+        # sign of text; no rows is no rows (0 predictions; a training source is refused)
+        return da.zeros((0, len(df.columns)), dtype=np.float64, chunks=(1, len(df.columns)))
     if bad:
         raise ValueError(
             f"{what}: columns {bad} are not numeric; pass columns=[...] with numeric columns only"
@@ -131,6 +135,34 @@ def _from_dataframe(df: Any, columns: Sequence[str] | None, what: str) -> da.Arr
         # pandas extension dtypes (nullable Int64, Float64...): NA becomes NaN, caught later
         df = df.astype("float64")
     return df.to_dask_array(lengths=True)
+
+
+def encode_ordinal(df: Any, codes: Mapping[Any, list[str]], what: str) -> Any:
+    """``df`` (pandas or Dask) with each column of ``codes`` replaced by its categories'
+    codes as float64 (a value outside them raises ValueError naming it; in a Dask
+    DataFrame when its partition is read)."""
+
+    def encode(part: Any) -> Any:
+        import pandas as pd
+
+        part = part.copy()
+        for col, cats in codes.items():
+            c = pd.Categorical(part[col], categories=cats, ordered=True).codes
+            if (c < 0).any():
+                bad = sorted(set(part[col][c < 0].astype(str)))[:5]
+                raise ValueError(
+                    f"{what}: ordinal column {col!r} has values {bad} outside its categories "
+                    f"{cats} (data.ordinal); add them to the list, or drop those rows"
+                )
+            part[col] = c.astype(np.float64)
+        return part
+
+    if hasattr(df, "map_partitions"):  # a Dask DataFrame
+        meta = df._meta.copy()
+        for col in codes:
+            meta[col] = meta[col].astype("float64")
+        return df.map_partitions(encode, meta=meta)
+    return encode(df)
 
 
 def is_zarr_path(path: str) -> bool:

@@ -454,6 +454,7 @@ def _open_output(
             overwrite=overwrite,
             chunk_cols=shape[1] if len(shape) == 2 else None,
             attributes=meta,
+            fill_value=np.nan,  # rows not written yet read as NaN, never as plausible 0.0
         )  # fmt: skip
     except StoreMismatchError as exc:
         old = dict(zarr.open_array(store=str(out), path=name, mode="r").attrs)
@@ -580,6 +581,11 @@ def predict(
             dsk, done_key, [X, m.X_train, m.dual_coef],
             progress=progress, desc="predict",
         )  # fmt: skip
+    arr = handle.zarr()
+    if todo or not arr.attrs.get("complete"):
+        # every row block is written and marked: say so to readers that ignore markers
+        # (a store killed midway has no such attribute, and its missing rows read as NaN)
+        arr.attrs["complete"] = True
     return BatchPrediction(
         store=str(out),
         name=out_name,

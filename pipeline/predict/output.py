@@ -65,10 +65,11 @@ def check_output_file(path: str | os.PathLike, overwrite: bool) -> None:
     """Refuse, before any work, a file output path that holds something to keep.
 
     Nothing there: fine. Predictions the pipeline wrote (the record beside the
-    file says so): replaced only with ``overwrite``, and a file changed since
-    (its CRC-32C is not the recorded one: damaged, as a run's verified read
-    finds it) is logged before it is replaced. Anything else (a user's file, a
-    directory) is refused even with ``overwrite``.
+    file says so, and the file's CRC-32C is the recorded one, or the one of the
+    file it was replacing when a write was killed between its two renames):
+    replaced only with ``overwrite``. Anything else (a user's file, a
+    directory, a file changed since the pipeline wrote it: nothing says it is
+    still ours) is refused even with ``overwrite``.
 
     Raises
     ------
@@ -90,24 +91,25 @@ def check_output_file(path: str | os.PathLike, overwrite: bool) -> None:
     try:
         with open(owner_record_path(path)) as f:
             record = json.load(f)
-        recorded = int(record["crc32c"]) if record.get("written_by") == "krr-pipeline" else None
+        ours = record.get("written_by") == "krr-pipeline"
+        known = {int(record["crc32c"])} if ours else set()
+        if ours and record.get("replaces_crc32c") is not None:
+            known.add(int(record["replaces_crc32c"]))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        recorded = None
-    if recorded is None:
+        known = set()
+    if not known:
         raise ForeignPathError(path, "a file the pipeline did not write", fix)
+    if file_crc32c(path) not in known:
+        raise ForeignPathError(
+            path,
+            "a file that changed since the pipeline wrote it (its CRC-32C is not the one "
+            f"recorded in {owner_record_path(path)!r}: damaged, or replaced by someone else)",
+            fix,
+        )
     if not overwrite:
         raise FileExistsError(
             f"output {path!r} already holds predictions this pipeline wrote; pass --overwrite "
             "(overwrite=True) to replace them, or choose another output path"
-        )
-    if file_crc32c(path) != recorded:
-        import logging
-
-        logging.getLogger(__name__).warning(
-            "output %r changed since the pipeline wrote it (CRC-32C differs from %s); "
-            "replacing it with the new predictions",
-            path,
-            owner_record_path(path),
         )
 
 
@@ -163,12 +165,16 @@ def write_predictions(
 ) -> int:
     """Write in-memory predictions ``y`` (shape (M,) or (M, k)) as ``.npy``, ``.csv`` or ``.parquet``.
 
-    The file is written under a temporary name in the same directory and
-    renamed into place, so an interrupted write never leaves a partial file
-    under the final name; then a record beside it (:func:`owner_record_path`)
-    notes its CRC-32C, so that a later write replaces only a file the pipeline
-    wrote (:func:`check_output_file`, called here again; callers call it before
-    any work too). Returns the CRC-32C of the file's bytes, computed from the
+    The file is written under a new temporary name in the same directory
+    (:func:`~pipeline.storage.tempfiles.tmp_path_for`, created exclusively: never
+    a file that is there already) and renamed into place, so an interrupted write
+    never leaves a partial file under the final name. The record beside it
+    (:func:`owner_record_path`), which notes its CRC-32C so that a later write
+    replaces only a file the pipeline wrote (:func:`check_output_file`, called
+    here again; callers call it before any work too), is renamed into place
+    *first*: a write killed between the two renames leaves the old file beside a
+    record it does not match, which ``overwrite`` replaces (with a warning), never
+    a new file without a record, which would be refused as a user's. Returns the CRC-32C of the file's bytes, computed from the
     written file before the rename (see :func:`file_crc32c`), for the caller to
     record and check on a later read.
     """
@@ -180,35 +186,44 @@ def write_predictions(
     check_output_file(path, overwrite)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)  # as a .zarr output's
     y = np.asarray(y)
-    tmp = f"{path}.tmp-{os.getpid()}"
+    from pipeline.storage.tempfiles import tmp_path_for
+
+    tmp, rec_tmp = tmp_path_for(path), tmp_path_for(owner_record_path(path))
     try:
         if fmt == "npy":
-            with open(tmp, "wb") as f:
+            with open(tmp, "xb") as f:
                 np.save(f, y)
         elif fmt in ("csv", "parquet"):
             import pandas as pd
 
-            y2 = y.reshape(len(y), -1)
+            # (M,) -> (M, 1); not reshape(M, -1), which fails for 0 rows
+            y2 = y[:, None] if y.ndim == 1 else y.reshape(y.shape[0], int(np.prod(y.shape[1:])))
             df = pd.DataFrame(y2, columns=output_columns(target_names, y2.shape[1]))
             if fmt == "csv":
-                df.to_csv(tmp, index=False, float_format="%.17g")
+                with open(tmp, "x", newline="") as f:
+                    df.to_csv(f, index=False, float_format="%.17g")
             else:
                 from pipeline._optional import require
 
                 require("pyarrow", "a .parquet output")
-                df.to_parquet(tmp, index=False)
+                with open(tmp, "xb") as f:
+                    df.to_parquet(f, index=False)
         else:
             raise ValueError(f"write_predictions writes npy, csv or parquet, got format {fmt!r}")
         crc = file_crc32c(tmp)
-        os.replace(tmp, path)
+        # the file replaced (ours: checked above) stays known as ours until the rename
+        old = file_crc32c(path) if os.path.isfile(path) else None
         record = {"written_by": "krr-pipeline", "crc32c": crc, "shape": list(y.shape)}
-        with open(tmp, "w") as f:
+        record["replaces_crc32c"] = old
+        with open(rec_tmp, "x") as f:
             json.dump(record, f)
-        os.replace(tmp, owner_record_path(path))
+        os.replace(rec_tmp, owner_record_path(path))
+        os.replace(tmp, path)
         return crc
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        for t in (tmp, rec_tmp):
+            if os.path.exists(t):
+                os.unlink(t)
 
 
 def file_crc32c(path: str | os.PathLike) -> int:

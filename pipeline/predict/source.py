@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import dask.array as da
 import zarr
 
 from pipeline.io import as_row_blocks, fingerprint_row_blocks
-from pipeline.io.inputs import is_zarr_path, open_table
+from pipeline.io.inputs import encode_ordinal, is_zarr_path, open_table
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +32,7 @@ def select_features(
     feature_names: Sequence[str] | None,
     n_features: int,
     columns: Sequence[str] | None = None,
+    ordinal: Mapping[str, Sequence[str]] | None = None,
 ) -> Any:
     """Read a table's feature columns by name, in the model's order; other inputs unchanged.
 
@@ -50,6 +51,10 @@ def select_features(
         Explicit column selection. With ``feature_names`` it must name
         exactly the model's features (in any order); without them it is
         read in the order given.
+    ordinal : mapping of str to list of str, optional
+        The training run's ordinal encodings (``data.ordinal``): each named column
+        of the table holds categories and is read as their codes (0, 1, ... in the
+        list's order), as the ingest read it.
 
     Returns
     -------
@@ -59,8 +64,9 @@ def select_features(
     ------
     ValueError
         A feature column is missing (naming it), the table has columns the
-        model was not fitted on (naming them; select with ``columns``), or a
-        model without names meets a table whose numeric column count differs.
+        model was not fitted on (naming them; select with ``columns``), a
+        model without names meets a table whose numeric column count differs, or
+        an ordinal column holds a value outside its categories.
     """
     df = None if isinstance(X, da.Array) else open_table(X)
     if df is None:
@@ -93,6 +99,9 @@ def select_features(
         if absent:  # explicit columns= naming columns the table lacks
             raise ValueError(f"{what}: columns {absent} not found; available: {available}")
         cols = [label[c] for c in names]
+        codes = {label[c]: list(v) for c, v in (ordinal or {}).items() if c in names}
+        if codes:  # categories -> the training run's codes, then the features as numbers
+            return as_row_blocks(encode_ordinal(df[cols], codes, what), block_size)
     elif columns is not None:
         cols = list(columns)
     else:

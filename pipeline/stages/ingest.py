@@ -118,8 +118,9 @@ def _load_package(data: DataConfig) -> tuple[np.ndarray, np.ndarray, list[str], 
     raise AssertionError(src)
 
 
-def _table_columns(path: str, source: str) -> list[str]:
-    """The table's column names, read as its rows are (a ``.tsv`` is tab-separated)."""
+def _open_table(path: str, source: str) -> Any:
+    """The table as a lazy Dask DataFrame, read as its rows are (a ``.tsv`` is
+    tab-separated)."""
     from pipeline._optional import require as require_extra
     from pipeline.io.inputs import open_table
 
@@ -129,7 +130,11 @@ def _table_columns(path: str, source: str) -> list[str]:
         import dask.dataframe as dd
 
         table = dd.read_parquet(path) if source == "parquet" else dd.read_csv(path)
-    return list(table.columns)
+    return table
+
+
+def _table_columns(path: str, source: str) -> list[str]:
+    return list(_open_table(path, source).columns)
 
 
 def _load_y(path: str, block_size: int) -> da.Array:
@@ -163,8 +168,20 @@ def _load_files(
     features = data.features
     if features is None:
         features = [c for c in _table_columns(path, src) if c not in target and c != "rownames"]
-    X = as_row_blocks(path, block_size, columns=features)
-    y = as_row_blocks(path, block_size, columns=target, dtype=np.float64)
+    src_rows: Any = path
+    if data.ordinal:  # category columns read as their codes, as for a package's tables
+        from pipeline.io.inputs import encode_ordinal
+
+        table = _open_table(path, src)
+        missing = [c for c in data.ordinal if c not in table.columns]
+        if missing:
+            raise InputError(
+                f"ordinal columns {missing} are not in the data; available columns: "
+                f"{list(table.columns)}"
+            )
+        src_rows = encode_ordinal(table, dict(data.ordinal), f"data file {path!r}")
+    X = as_row_blocks(src_rows, block_size, columns=features)
+    y = as_row_blocks(src_rows, block_size, columns=target, dtype=np.float64)
     return X, y, list(features), target
 
 
@@ -449,6 +466,7 @@ def _split_and_store(
         y_scaler=y_scaler,
         # X_train was validated as part of X above: hash it, do not check it again
         x_fingerprint=fingerprint_row_blocks(stored_X.rechunk((block_size, -1))),
+        ordinal={str(k): [str(c) for c in v] for k, v in data.ordinal.items()} or None,
     )
 
 

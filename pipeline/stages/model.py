@@ -52,6 +52,8 @@ def run(
             "solver": sol.method,
             "feature_names": ing.feature_names,
             "target_names": ing.target_names,
+            # categories read as codes: krr predict applies them to a table's raw values
+            **({"ordinal": ing.ordinal} if ing.ordinal else {}),
         },
         overwrite=True,
     )

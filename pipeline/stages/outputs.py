@@ -103,7 +103,8 @@ class IngestOutput:
     ``store`` (``X_test``/``y_test`` are None without a test set); open them with
     :func:`pipeline.stages.ingest.open_rows`. ``scaler`` and ``y_scaler`` are
     ``{"mean": [...], "scale": [...]}`` or None; ``x_fingerprint`` is the content
-    hash of the stored ``X_train``.
+    hash of the stored ``X_train``; ``ordinal`` the columns read as category codes
+    (``data.ordinal``), which prediction applies to a table's raw values too.
     """
 
     store: str
@@ -121,6 +122,7 @@ class IngestOutput:
     scaler: dict[str, list[float]] | None = None
     y_scaler: dict[str, list[float]] | None = None
     x_fingerprint: str | None = None
+    ordinal: dict[str, list[str]] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

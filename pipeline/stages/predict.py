@@ -63,6 +63,7 @@ def run(
             feature_names=ing.feature_names,
             n_features=int(X_train.shape[1]),
             columns=predict.columns,
+            ordinal=ing.ordinal,
         )
         store = predict.output or str(join_path(stage_dir, "batch.zarr"))
         fmt = check_prediction_output(store, overwrite=True)  # before predicting

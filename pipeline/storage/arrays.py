@@ -462,6 +462,7 @@ def open_tiled_array(
     compressors: Any = None,
     chunk_cols: int | None = None,
     attributes: dict[str, Any] | None = None,
+    fill_value: Any = 0,
 ) -> TiledArray:
     """Create, or reopen for resuming, a chunked array under a fingerprint.
 
@@ -486,6 +487,9 @@ def open_tiled_array(
         Zarr v3 compressors; None (uncompressed) is the measured fastest here.
     attributes : dict, optional
         Extra JSON metadata stored with the array.
+    fill_value : scalar
+        What a chunk not written yet reads as, to a plain Zarr reader (NaN for
+        predictions, so that rows not computed yet never read as plausible zeros).
 
     Reopening an array for resume first removes the temporary files that
     killed writers left in it and in its markers
@@ -542,7 +546,7 @@ def open_tiled_array(
         chunks=chunks,
         dtype=dtype,
         compressors=compressors,
-        fill_value=0,
+        fill_value=fill_value,
         attributes=attrs,
         # only ever replaces an array of ours (checked above) or an empty directory
         overwrite=True,

@@ -59,9 +59,72 @@ def test_changed_prediction_file_is_recomputed_not_trusted(tmp_path, ext):
     data = bytearray(good)
     data[-3] ^= 0x01  # one changed digit / byte, same size
     out.write_bytes(bytes(data))
+    # not trusted, and not replaced either: nothing says the changed file is still ours
+    # (a user's file saved there after the pipeline's was removed looks the same;
+    # session 26: it was replaced with a warning)
+    from pipeline.stages.runner import StageFailed
+    from pipeline.storage.errors import ForeignPathError
+
+    with pytest.raises(StageFailed, match="changed since the pipeline wrote it") as ei:
+        _go(tmp_path / "run", new_rows, out)
+    assert isinstance(ei.value.__cause__, ForeignPathError)
+    assert out.read_bytes() == bytes(data)
+    out.unlink()  # the user removes it: predicted again
     third = _go(tmp_path / "run", new_rows, out)
-    assert "predict" in third.ran  # recomputed, not trusted
+    assert "predict" in third.ran
     assert out.read_bytes() == good
+
+
+def test_a_users_file_where_the_pipeline_wrote_is_not_replaced(tmp_path):
+    # the pipeline's out.npy removed (its record stays), the user's own saved there:
+    # --overwrite replaced it with a warning (session 26)
+    from pipeline.storage.errors import ForeignPathError
+
+    out = tmp_path / "out.npy"
+    write_predictions(out, np.arange(10.0), "npy")
+    out.unlink()
+    np.save(out, np.arange(5))
+    mine = out.read_bytes()
+    with pytest.raises(ForeignPathError, match="changed since the pipeline wrote it"):
+        write_predictions(out, np.arange(10.0), "npy", overwrite=True)
+    assert out.read_bytes() == mine
+
+
+@pytest.mark.parametrize("ext", ["npy", "csv", "parquet"])
+def test_a_write_killed_between_its_renames_is_replaced_and_zero_rows_write(
+    tmp_path, ext, monkeypatch
+):
+    # the data was renamed in before its record: a kill between the two left a file that
+    # --overwrite refused as a user's; a 0-row csv/parquet failed to reshape; the temp
+    # name f"{path}.tmp-{pid}" truncated and removed a file of that name (session 26)
+    import os
+
+    import pipeline.predict.output as output
+
+    pytest.importorskip("pyarrow") if ext == "parquet" else None
+    out = tmp_path / f"y.{ext}"
+    decoy = tmp_path / f"y.{ext}.tmp-{os.getpid()}"
+    decoy.write_text("mine")
+    write_predictions(out, np.arange(4.0), ext)
+    first = out.read_bytes()
+    real, calls = os.replace, []
+
+    def killed(src, dst):
+        calls.append(dst)
+        if str(dst) == str(out):
+            raise KeyboardInterrupt  # the record is in place, the data not yet
+        return real(src, dst)
+
+    monkeypatch.setattr(output.os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        write_predictions(out, np.arange(6.0), ext, overwrite=True)
+    monkeypatch.setattr(output.os, "replace", real)
+    assert out.read_bytes() == first and len(calls) == 2
+    assert write_predictions(out, np.zeros(0), ext, overwrite=True) == file_crc32c(out)
+    assert decoy.read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [out.name, out.name + ".krr-pipeline.json", decoy.name]
+    )
 
 
 def test_a_shared_zarr_output_rewritten_by_another_configuration_is_predicted_again(tmp_path):
