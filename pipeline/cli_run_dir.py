@@ -65,7 +65,7 @@ def cmd_status(args) -> int:
 
 def cmd_unlock(args) -> int:
     """Remove a lock left by a dead run; refuse while a live run holds it."""
-    from pipeline.stages.lock import LockHeldError, unlock
+    from pipeline.stages.lock import LockHeldError, RunDirUnusable, unlock
 
     run_dir = _run_dir_arg(args.run_dir)
     if isinstance(run_dir, Path) and not run_dir.is_dir():
@@ -82,6 +82,8 @@ def cmd_unlock(args) -> int:
         ) from None
     except PermissionError as e:
         raise CliError(f"cannot remove the lock in {str(run_dir)!r}: {e}", EXIT_RUN_DIR) from None
+    except RunDirUnusable as e:  # not a lock of ours: left alone
+        raise CliError(str(e), EXIT_RUN_DIR) from None
     if owner is None:
         print(f"{run_dir}: not locked")
         return EXIT_OK

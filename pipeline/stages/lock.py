@@ -109,7 +109,16 @@ def _try_flock(path: Path, create: bool) -> int | None:
     """
     for _ in range(100):
         flags = (os.O_RDWR | os.O_CREAT) if create else os.O_RDONLY
-        fd = os.open(path, flags, 0o644)
+        try:  # never through a symbolic link: it could name any file of the user's
+            fd = os.open(path, flags | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        except OSError as e:
+            if e.errno != errno.ELOOP:
+                raise
+            raise RunDirUnusable(
+                f"{str(path)!r} is a symbolic link, not the lock file krr-pipeline writes; "
+                "it never writes or removes a file through a link. Remove the link, or use "
+                "another run directory."
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
@@ -213,6 +222,7 @@ class RunLock:
                 time.sleep(0.05)
             raise LockHeldError(self.run_dir, owner)
         try:
+            _refuse_foreign(fd, self.path)
             previous = _read_fd(fd)
             host = socket.gethostname()
             if previous and previous.get("host") not in (None, host):
@@ -254,6 +264,17 @@ class RunLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _refuse_foreign(fd: int, path: Path) -> None:
+    """Raise :class:`RunDirUnusable` if the lock file holds something other than a
+    lock record (empty is fine: a run killed before it wrote its record)."""
+    if os.fstat(fd).st_size and not {"pid", "host"} <= _read_fd(fd).keys():
+        raise RunDirUnusable(
+            f"{str(path)!r} exists and is not a krr-pipeline lock record; krr-pipeline "
+            "never overwrites or removes what it did not create. Move or rename it, or "
+            "use another run directory."
+        )
 
 
 def _read_fd(fd: int) -> dict[str, Any]:
@@ -321,7 +342,13 @@ def unlock(run_dir: str | Path) -> dict[str, Any] | None:
     if fd is None:
         raise LockHeldError(run_dir, _read_owner(path) or {})
     try:
+        _refuse_foreign(fd, path)
         owner = _read_fd(fd)
+        if not owner and not (run_dir / "manifest.json").exists():
+            raise RunDirUnusable(
+                f"{str(path)!r} is empty and {str(run_dir)!r} is not a run directory (no "
+                "manifest.json): not removed"
+            )
         path.unlink(missing_ok=True)
     finally:
         os.close(fd)

@@ -89,7 +89,7 @@ from pipeline.storage import (
     CorruptTileError,
     fingerprint_obj,
 )
-from pipeline.storage.location import Location, is_url, join_path
+from pipeline.storage.location import Location, is_url, join_path, read_bytes
 from pipeline.storage.tempfiles import sweep_tmp_files
 
 log = logging.getLogger("pipeline.stages")
@@ -195,7 +195,34 @@ def stage_fingerprint(
     )
 
 
+def _check_latest_file(run_dir: Path | str) -> None:
+    """Refuse, before any work, a ``latest.json`` that is not this package's pointer
+    (a user's file of that name would be replaced when the run ends)."""
+    import json
+
+    try:
+        rec = json.loads(read_bytes(join_path(run_dir, LATEST_NAME)))
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError):
+        rec = None
+    if not (isinstance(rec, dict) and {"configuration", "dir"} <= rec.keys()):
+        where = str(join_path(run_dir, LATEST_NAME))
+        raise RunDirConflict(
+            f"{where!r} exists and is not the pointer krr-pipeline writes there (the latest "
+            "configuration); krr-pipeline never overwrites what it did not create. Move or "
+            "rename it, or use another run directory."
+        )
+
+
 def _clear_dir(path: Path | str, keep: Sequence[str] = ()) -> None:
+    if not is_url(path) and path.is_symlink():  # iterdir() would follow it to its target
+        raise RunDirConflict(
+            f"{str(path)!r} is a symbolic link; its stage must be recomputed, and "
+            "krr-pipeline does not empty a directory through a link (its target may hold "
+            "files it did not create). Replace the link with a directory (move the "
+            "pipeline's files into it), or remove it."
+        )
     if is_url(path):
         loc = Location(path)
         for name in loc.list():
@@ -384,6 +411,7 @@ def run_stages(
         sweep_tmp_files(
             run_dir, recursive=False, targets=RUN_DIR_FILES
         )  # e.g. a manifest write a kill interrupted
+    _check_latest_file(run_dir)
     manifest.identity = ident
     if config is not None:
         manifest.config = dict(config)

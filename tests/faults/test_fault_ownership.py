@@ -240,3 +240,54 @@ def test_a_run_sweeps_only_its_own_temporary_files_in_the_run_directory(tmp_path
     run_stages(run, _stages(), {"a": {"p": 1}, "b": {"p": 2}}, identity={"data": 1})
     assert all(p.read_text() == "mine" for p in users)
     assert not stale.exists()
+
+
+def test_a_users_lock_file_or_link_is_neither_written_nor_removed(tmp_path):
+    # a user's ".lock" was truncated, rewritten and deleted by a run, one that was a
+    # symbolic link overwrote its target, and `krr unlock` removed any ".lock"
+    # (session 26)
+    from pipeline.stages.lock import RunDirUnusable, RunLock, unlock
+
+    mine = tmp_path / "proj"
+    mine.mkdir()
+    (mine / ".lock").write_text("my lock notes")
+    with pytest.raises(RunDirUnusable, match="not a krr-pipeline lock record"):
+        RunLock(mine).acquire()
+    with pytest.raises(RunDirUnusable, match="not a krr-pipeline lock record"):
+        unlock(mine)
+    assert (mine / ".lock").read_text() == "my lock notes"
+    (mine / ".lock").write_text("")  # empty, and no manifest: not a run directory
+    with pytest.raises(RunDirUnusable, match="not a run directory"):
+        unlock(mine)
+    assert (mine / ".lock").exists()
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (tmp_path / "secret.txt").write_text("secret")
+    (linked / ".lock").symlink_to(tmp_path / "secret.txt")
+    for call in (lambda: RunLock(linked).acquire(), lambda: unlock(linked)):
+        with pytest.raises(RunDirUnusable, match="symbolic link"):
+            call()
+    assert (tmp_path / "secret.txt").read_text() == "secret"
+    with RunLock(tmp_path / "run") as lock:  # a run directory of ours still locks/unlocks
+        assert lock.read_owner()["pid"] == os.getpid()
+    assert not (tmp_path / "run" / ".lock").exists()
+
+
+def test_a_users_latest_json_and_a_linked_stage_directory_are_left_alone(tmp_path):
+    # a user's latest.json was replaced at the end of a run; a stage directory replaced
+    # by a link was emptied through it when its stage had to run again (session 26)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "latest.json").write_text('{"my": "release notes"}')
+    with pytest.raises(RunDirConflict, match="latest.json"):
+        run_stages(run, _stages(), {"a": {"p": 1}, "b": {"p": 2}}, identity={"data": 1})
+    assert (run / "latest.json").read_text() == '{"my": "release notes"}'
+    (run / "latest.json").unlink()
+    run_stages(run, _stages(), {"a": {"p": 1}, "b": {"p": 2}}, identity={"data": 1})
+    big = tmp_path / "bigdisk"
+    (run / "b").rename(big)
+    (big / "other_project.csv").write_text("mine")
+    (run / "b").symlink_to(big)
+    with pytest.raises(RunDirConflict, match="symbolic link"):
+        run_stages(run, _stages(), {"a": {"p": 1}, "b": {"p": 3}}, identity={"data": 1})
+    assert (big / "other_project.csv").read_text() == "mine"
