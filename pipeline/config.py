@@ -162,7 +162,7 @@ class KernelConfig(_Model):
 class SolverConfig(_Model):
     method: Literal["cholesky", "cg", "auto"] = "auto"
     # conjugate gradients (defaults: pipeline.policy.constants, shared with KernelRidge)
-    tol: float = Field(default=C.DEFAULT_TOL, gt=0)
+    tol: float = Field(default=C.DEFAULT_TOL, gt=0, lt=1)  # a relative residual; 1 is y = 0
     max_iter: int = Field(default=C.DEFAULT_MAX_ITER, ge=1)
     #: "adaptive": RPCholesky Nyström whose rank grows until it resolves K at the shift
     preconditioner: Literal["none", "jacobi", "nystrom", "adaptive"] = C.DEFAULT_PRECONDITIONER

@@ -245,9 +245,9 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         if (
             isinstance(self.tol, bool)
             or not isinstance(self.tol, int | float)
-            or not (np.isfinite(self.tol) and self.tol > 0)
-        ):
-            raise ValueError(f"tol must be a positive float, got {self.tol!r}")
+            or not (0 < self.tol < 1)
+        ):  # a relative residual: at tol >= 1, alpha = 0 already "converged"
+            raise ValueError(f"tol must be a float in (0, 1), e.g. 1e-6, got {self.tol!r}")
         if self.kernel_params is not None and not isinstance(self.kernel_params, dict):
             raise TypeError(f"kernel_params must be a dict or None, got {self.kernel_params!r}")
         if self._precomputed and self.solver == "primal":

@@ -179,6 +179,8 @@ def test_preconditioner_protocol(krr):
         ({"tol": 0.0}, "tol"),
         ({"tol": -1e-6}, "tol"),
         ({"tol": np.nan}, "tol"),
+        ({"tol": 1.0}, "tol"),  # x = 0 "converged": an all-zero model (session 26)
+        ({"tol": np.inf}, "tol"),
         ({"max_iter": 0}, "max_iter"),
         ({"max_iter": 2.5}, "max_iter"),
         ({"x0": np.ones(7)}, "x0"),

@@ -96,3 +96,17 @@ def test_small_cli_messages(tmp_path, capsys, caplog):
         conf = _conf(tmp_path / "c.yaml", data={**BASE["data"], "n_rows": 100000})
         assert cli.main(["run", conf, "--run-dir", str(tmp_path / "r"), "--until", "ingest"]) == 0
     assert "data.n_rows=100000 is more than the data's 442 rows" in caplog.text
+
+
+@pytest.mark.parametrize("value", ["1.0", "2", ".inf"])
+def test_a_tolerance_of_one_or_more_is_refused_by_the_config_and_the_estimator(value):
+    # tol >= 1 passed: CG stopped at x = 0 and krr run exited 0 with an all-zero model,
+    # or ".inf" failed as an internal error after the ingest (session 26)
+    from pipeline import KernelRidge
+    from pipeline.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="solver.tol"):
+        load_config({"data": {"source": "sklearn", "name": "diabetes"}}, [f"solver.tol={value}"])
+    X = np.random.default_rng(0).normal(size=(30, 2))
+    with pytest.raises(ValueError, match=r"tol must be a float in \(0, 1\)"):
+        KernelRidge(solver="cg", tol=float(value.lstrip("."))).fit(X, X[:, 0])

@@ -170,8 +170,8 @@ class CGResult:
 
 
 def _check_args(b: np.ndarray, tol: float, max_iter: int | None) -> int:
-    if not np.isfinite(tol) or tol <= 0:
-        raise ValueError(f"tol must be a positive finite number, got {tol!r} (e.g. tol=1e-6)")
+    if not 0 < tol < 1:  # a relative residual: at tol >= 1, x = 0 already "converged"
+        raise ValueError(f"tol must lie in (0, 1), got {tol!r} (e.g. tol=1e-6)")
     if max_iter is not None and (int(max_iter) != max_iter or max_iter < 1):
         raise ValueError(f"max_iter must be an integer >= 1, got {max_iter!r}")
     if b.ndim not in (1, 2) or b.shape[0] < 1:

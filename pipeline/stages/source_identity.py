@@ -28,11 +28,12 @@ What identifies a source:
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import os
 from importlib import metadata
 from typing import Any
+
+import fsspec
 
 from pipeline.storage.location import is_url, local_file_path
 
@@ -82,8 +83,6 @@ def path_identity(path: str) -> dict[str, Any]:
     """
     if is_url(path):
         try:
-            import fsspec
-
             fs, p = fsspec.core.url_to_fs(path)
             return {"url": path, "ukey": str(fs.ukey(p))}
         except Exception as e:  # the ingest stage reports an unreadable URL
@@ -92,7 +91,13 @@ def path_identity(path: str) -> dict[str, Any]:
     if os.path.exists(local):  # a literal name first: "X[1].npy" is a file, not a pattern
         matches = [local]
     elif any(c in local for c in "*?["):
-        matches = sorted(glob.glob(local))
+        # expanded as the readers (dask via fsspec) expand it: "**" recurses, and names
+        # starting with a dot match (glob.glob does neither: a changed file it missed
+        # kept the identity, and every stage was reused)
+        try:
+            matches = sorted(fsspec.filesystem("file").glob(local))
+        except ValueError as e:  # a pattern fsspec refuses: the ingest reports it
+            return {"path": os.path.abspath(local), "error": f"ValueError: {e}"}
     else:
         matches = []
     if not matches:

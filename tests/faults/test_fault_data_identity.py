@@ -204,3 +204,22 @@ def test_data_changed_during_ingest_fails_the_stage(tmp_path):
                 ),
             ),
         )
+
+
+def test_a_pattern_is_identified_by_the_files_the_reader_reads(tmp_path):
+    # "**" did not recurse and dot-files were skipped (glob.glob), while the CSV reader
+    # (fsspec) reads both: a changed file kept the identity and every stage was reused,
+    # the old model and metrics with exit 0 (session 26)
+    from pipeline.stages import source_identity as si
+
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "part1.csv").write_text("a,y\n1,2\n")
+    (tmp_path / ".hidden.csv").write_text("a,y\n3,4\n")
+    for pattern in ("**/*.csv", "*.csv"):
+        before = si.path_identity(str(tmp_path / pattern))
+        assert "blake2b" in before, before
+        target = tmp_path / ("sub/part1.csv" if pattern.startswith("**") else ".hidden.csv")
+        old = target.read_text()
+        target.write_text(old.replace("2", "7").replace("4", "9"))
+        assert si.path_identity(str(tmp_path / pattern)) != before, pattern
+        target.write_text(old)
