@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pipeline.config_checks import (
     check_run_dir,
     check_run_name,
+    combination_problem,
     local_file_url,
     resolve_config_paths,
     sklearn_loader,
@@ -37,23 +38,11 @@ from pipeline.policy import constants as C
 from pipeline.policy.plan import ALPHA_CONVENTION_ALIASES, MATVEC_ALIASES
 
 __all__ = [
-    "ClusterConfig",
-    "ConfigError",
-    "CvConfig",
-    "DataConfig",
-    "EvaluateConfig",
-    "KernelConfig",
-    "PredictConfig",
-    "PreprocessConfig",
-    "RunConfig",
-    "SolverConfig",
-    "SplitConfig",
-    "apply_overrides",
-    "check_run_dir",
-    "check_run_name",
-    "load_config",
+    "ClusterConfig", "ConfigError", "CvConfig", "DataConfig", "EvaluateConfig",
+    "KernelConfig", "PredictConfig", "PreprocessConfig", "RunConfig", "SolverConfig",
+    "SplitConfig", "apply_overrides", "check_run_dir", "check_run_name", "load_config",
     "parse_overrides",
-]
+]  # fmt: skip
 
 
 #: config key -> its other accepted spellings (a config may give only one of them)
@@ -268,7 +257,7 @@ class CvConfig(_Model):
     eigen_mode: Literal["auto", "lgo", "fold"] = "auto"
     random_state: int | None = 0
     # conjugate gradients (solver cg)
-    tol: float = Field(default=C.CV_TOL, gt=0)
+    tol: float = Field(default=C.CV_TOL, gt=0, lt=1)
     max_iter: int | None = Field(default=None, ge=1)
     preconditioner: Literal["nystrom", "adaptive", "none"] = "nystrom"
     rank: int | None = Field(default=None, ge=1)
@@ -349,7 +338,7 @@ class ClusterConfig(_Model):
     memory_limit: str = "4GiB"
     processes: bool = True
     dashboard: bool = True
-    connect_timeout: float = Field(default=10.0, gt=0)
+    connect_timeout: float = Field(default=10.0, gt=0, allow_inf_nan=False)
 
 
 class StorageConfig(_Model):
@@ -577,11 +566,12 @@ def load_config(
         p = Path(path)
         source = str(p)
         if not p.is_file():
-            raise ConfigError(f"config file {source!r} does not exist")
+            what = "is a directory, not a file" if p.is_dir() else "does not exist"
+            raise ConfigError(f"config file {source!r} {what}")
         try:
             raw = yaml.safe_load(p.read_text())
-        except yaml.YAMLError as e:
-            raise ConfigError(f"config file {source!r} is not valid YAML: {e}") from None
+        except (yaml.YAMLError, UnicodeDecodeError) as e:  # e.g. `krr run X.npy`
+            raise ConfigError(f"config file {source!r} is not valid YAML text: {e}") from None
         if raw is None:
             raw = {}
         if not isinstance(raw, dict):
@@ -592,6 +582,10 @@ def load_config(
     raw = apply_overrides(raw, overrides)
     raw.setdefault("name", Path(source).stem if source != "(dict)" else "run")
     try:
-        return RunConfig.model_validate(raw)
+        cfg = RunConfig.model_validate(raw)
     except ValidationError as e:
         raise ConfigError(_format_errors(e, source, RunConfig)) from None
+    problem = combination_problem(cfg)  # settings each valid alone, refused together
+    if problem:
+        raise ConfigError(f"{source}: {problem}")
+    return cfg

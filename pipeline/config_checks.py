@@ -120,3 +120,40 @@ def sklearn_loader(name: str | None) -> Any:
             f"are not supported); shipped ones: {shipped}"
         )
     return loader
+
+
+def combination_problem(cfg: Any) -> str | None:
+    """Why settings that are each valid cannot run together (naming the keys and the
+    fix), or None: checked by ``krr validate`` and before ``krr run`` does any work
+    (they failed in a stage, after the ingest, as "rerun to resume")."""
+    cv = getattr(cfg, "cv", None)
+    if cv is not None and cv.folds == "loo" and cv.solver in ("band", "cg", "dense"):
+        return (
+            f"cv.folds: loo needs cv.solver eigen, cholesky or auto (exact leave-one-out), "
+            f"got cv.solver: {cv.solver}, which solves one system per left-out row"
+        )
+    solver = cfg.solver
+    if solver.cg_precision == "mixed" and solver.matvec == "stored":
+        return (
+            "solver.cg_precision: mixed recomputes the kernel in float32, so it cannot use "
+            "solver.matvec: stored; set solver.matvec: recompute (or auto), or "
+            "solver.cg_precision: float64"
+        )
+    split, data = cfg.split, cfg.data
+    if split.test_path and not split.test_y_path and data.source in ("npy", "zarr"):
+        return (
+            f"split.test_path of a {data.source} source needs split.test_y_path (the test "
+            "targets), as data.path needs data.y_path"
+        )
+    try:
+        from dask.utils import parse_bytes
+
+        limit = cfg.cluster.memory_limit
+        if str(limit).strip().lower() != "auto" and parse_bytes(limit) <= 0:
+            raise ValueError
+    except (ValueError, TypeError, KeyError):
+        return (
+            f"cluster.memory_limit: {cfg.cluster.memory_limit!r} is not a positive size; "
+            "write e.g. 4GiB, 4000MB or auto"
+        )
+    return None

@@ -110,3 +110,33 @@ def test_a_tolerance_of_one_or_more_is_refused_by_the_config_and_the_estimator(v
     X = np.random.default_rng(0).normal(size=(30, 2))
     with pytest.raises(ValueError, match=r"tol must be a float in \(0, 1\)"):
         KernelRidge(solver="cg", tol=float(value.lstrip("."))).fit(X, X[:, 0])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        (["cv.alphas=[0.1]", "cv.folds=loo", "cv.solver=band"], "cv.folds: loo needs"),
+        (["cv.alphas=[0.1]", "cv.folds=loo", "cv.solver=dense"], "cv.folds: loo needs"),
+        (["solver.cg_precision=mixed", "solver.matvec=stored"], "cannot use solver.matvec"),
+        (["cluster.memory_limit=abc"], "cluster.memory_limit"),
+        (["cluster.connect_timeout=.inf"], "cluster.connect_timeout"),
+        (["cv.alphas=[0.1]", "cv.tol=2"], "cv.tol"),
+    ],
+)
+def test_settings_refused_together_fail_validation_not_a_stage(overrides, match):
+    # each passed `krr validate`, then failed in a stage after the ingest: exit 1
+    # ("internal error") or exit 4 ("rerun the same command to resume") (session 26)
+    from pipeline.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=match):
+        load_config({"data": {"source": "sklearn", "name": "diabetes"}}, overrides)
+
+
+def test_a_config_file_that_is_not_yaml_text_is_a_config_error(tmp_path):
+    from pipeline.config import ConfigError, load_config
+
+    np.save(tmp_path / "X.npy", np.arange(5.0))  # e.g. `krr run X.npy` (exit 1 before)
+    with pytest.raises(ConfigError, match="not valid YAML text"):
+        load_config(tmp_path / "X.npy")
+    with pytest.raises(ConfigError, match="is a directory"):
+        load_config(tmp_path)

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from pipeline.model_selection.guard import check_budget
 from pipeline.policy.cv_routing import choose_cv_solver, memory_need
 
@@ -53,6 +55,17 @@ def check_params(cv: Any) -> None:
     ):
         if value not in allowed:
             raise ValueError(f"{name}={value!r} is not valid; choose one of {allowed}")
+    tol = getattr(cv, "tol", None)
+    if tol is not None and (isinstance(tol, bool) or not isinstance(tol, int | float)
+                            or not 0 < tol < 1):  # fmt: skip
+        # a relative residual: at tol >= 1 every CG solve stops at alpha = 0
+        raise ValueError(f"tol must be a float in (0, 1), e.g. 1e-6, got {tol!r}")
+    scoring = getattr(cv, "scoring", None)
+    if isinstance(scoring, list | tuple | set | dict):
+        raise ValueError(
+            f"scoring={scoring!r}: give one scorer name or callable; a multi-metric search "
+            "is not supported (run one search per metric)"
+        )
     if cv.solver in ("cholesky",) and cv.store is None:
         raise ValueError(
             f"solver={cv.solver!r} needs store= (a directory or fsspec URL for the Gram "
@@ -156,10 +169,19 @@ def choose_search(
     """Choose and check the search's solver before any work (see the module notes)."""
     workers = band_workers(cv.n_jobs, n, n_settings * len(splits))
     solver = choose_solver(cv, n, kind, n_alpha, splits, workers, band_available)
-    if solver == "cg" and kind == "loo":
+    if solver in ("cg", "dense") and kind == "loo":
         raise ValueError(
             "cv='loo' needs solver='eigen' (in memory) or 'cholesky' (exact LOO from the "
-            "factor); CG cannot give diag((K + lambda I)^-1) exactly"
+            f"factor); solver={solver!r} solves one system per left-out row"
+        )
+    if (
+        solver == "cg"
+        and kind == "splits"
+        and any(np.unique(tr).size != len(tr) for tr, _ in splits)
+    ):  # its block solve keeps one row per index: not the training set sklearn uses
+        raise ValueError(
+            "these splits repeat rows in a training set (e.g. bootstrap samples), which "
+            "solver='cg' does not support; use solver='eigen', 'dense' or 'band'"
         )
     if solver == "cholesky" and kind == "splits":
         raise ValueError(

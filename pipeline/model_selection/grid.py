@@ -168,14 +168,15 @@ def build_candidates(
 
 
 def make_splits(
-    cv: Any, X: Any, y: np.ndarray, random_state: Any = None
+    cv: Any, X: Any, y: np.ndarray, random_state: Any = None, groups: Any = None
 ) -> tuple[list[tuple[np.ndarray, np.ndarray]], str]:
     """The (train, test) index pairs of ``cv``, and their kind.
 
     ``cv`` is an int (K-fold, as scikit-learn's ``check_cv`` for a regressor),
     ``"loo"`` or a ``LeaveOneOut`` (exact leave-one-out), a float in (0, 1)
     (one shuffled held-out split of that fraction), any scikit-learn splitter
-    or an iterable of (train, test) index arrays.
+    or an iterable of (train, test) index arrays. ``groups`` goes to the
+    splitter's ``split`` (``GroupKFold``, ``LeaveOneGroupOut``...).
 
     Returns
     -------
@@ -222,7 +223,7 @@ def make_splits(
         cv = check_cv(cv, y, classifier=False)
     splits = [
         (np.asarray(tr, dtype=np.int64), np.asarray(te, dtype=np.int64))
-        for tr, te in cv.split(X, y)
+        for tr, te in cv.split(X, y, groups)  # groups: GroupKFold and its kin
     ]
     if not splits:
         raise ValueError(f"cv={cv!r} produced no (train, test) splits")
@@ -231,7 +232,10 @@ def make_splits(
             raise ValueError(f"cv={cv!r} produced a split with an empty train or test set")
     complement = True
     for tr, te in splits:
-        if tr.size + te.size != n or np.intersect1d(tr, te).size:
+        # every row exactly once, in train or test (a repeated training row beside a
+        # missing one has the right sizes: the fold formulas then trained on that row)
+        u = np.unique(tr)
+        if u.size != tr.size or u.size + te.size != n or np.union1d(u, te).size != n:
             complement = False
     kind = "complement" if complement else "splits"
     return splits, kind

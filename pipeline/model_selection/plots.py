@@ -103,7 +103,15 @@ def plot_heatmap(search: Any, path: str | os.PathLike, param: str | None = None)
             )
         param = others[0]
     alphas = sorted({float(p[akey]) for p in res["params"]})
-    values = sorted({p[param] for p in res["params"] if param in p})
+    # None (e.g. gamma=None: 1 / n_features) first, then the numbers, then other values
+    values = sorted(
+        {p[param] for p in res["params"] if param in p},
+        key=lambda v: (
+            v is not None,
+            not isinstance(v, int | float),
+            v if isinstance(v, int | float) else str(v),
+        ),
+    )
     Z = np.full((len(values), len(alphas)), np.nan)
     for p, m in zip(res["params"], res["mean_test_score"]):
         if param in p:
@@ -116,8 +124,9 @@ def plot_heatmap(search: Any, path: str | os.PathLike, param: str | None = None)
     )
     ax.set_xlabel("λ (alpha)")
     ax.set_ylabel(param)
-    r, c = np.unravel_index(np.nanargmax(Z), Z.shape)
-    ax.scatter([c], [r], marker="*", s=150, c="w", edgecolors="k")
+    if np.isfinite(Z).any():  # the best setting starred (an all-NaN grid has none)
+        r, c = np.unravel_index(np.nanargmax(Z), Z.shape)
+        ax.scatter([c], [r], marker="*", s=150, c="w", edgecolors="k")
     fig.colorbar(im, ax=ax, label="mean CV score")
     return _save(fig, path)
 

@@ -119,6 +119,11 @@ def save_search_report(search: KernelRidgeCV, run_dir: str | os.PathLike) -> dic
     except ImportError as e:  # matplotlib (the [plots] extra) is not installed
         logging.getLogger(__name__).warning("CV plots not written: %s", e)
         plots = []
+    except Exception as e:  # a figure must never fail a finished search
+        logging.getLogger(__name__).warning(
+            "CV plots not written (%s: %s); the results are in cv_results.csv", type(e).__name__, e
+        )
+        plots = []
     for p in plots:
         paths[p.stem] = p
     return paths

@@ -243,13 +243,16 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         return float(alpha) * (n_train if self.lambda_convention in ("n_samples", "n") else 1.0)
 
     @with_progress
-    def fit(self, X: Any, y: Any) -> KernelRidgeCV:
+    def fit(self, X: Any, y: Any, groups: Any = None) -> KernelRidgeCV:
         """Run the search, then refit the best model on all of ``X, y``.
 
         Parameters
         ----------
         X : array-like of shape (n_samples, n_features)
         y : array-like of shape (n_samples,) or (n_samples, n_targets)
+        groups : array-like of shape (n_samples,), optional
+            Group labels for a group splitter ``cv`` (``GroupKFold``...), as in
+            scikit-learn's ``GridSearchCV.fit``.
 
         Returns
         -------
@@ -270,7 +273,7 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
                 "pass more rows, or fit pipeline.KernelRidge with a fixed alpha"
             )
         y2 = y.reshape(n, -1)
-        splits, kind = make_splits(self.cv, X, y, self.random_state)
+        splits, kind = make_splits(self.cv, X, y, self.random_state, groups)
         scorer = check_scoring(
             KernelRidge(), scoring="r2" if self.scoring is None else self.scoring
         )
