@@ -14,6 +14,7 @@ without changing the public signature.
 from __future__ import annotations
 
 import logging
+import numbers
 from dataclasses import replace
 from typing import Any
 
@@ -41,6 +42,7 @@ from pipeline.validation import (
     check_alpha,
     check_choice,
     check_positive_int,
+    check_random_seed,
     check_sample_weight,
     validate_X_predict,
     validate_X_y,
@@ -53,10 +55,7 @@ OUT_OF_CORE_SOLVERS = ("cholesky", "cg")
 SOLVERS = IN_MEMORY_SOLVERS + OUT_OF_CORE_SOLVERS
 PRECONDITIONERS = ("nystrom", "jacobi", "none", "adaptive")
 MATVECS = ("auto", "stored", "recompute")
-
-
-def _dense(X: Any) -> np.ndarray:
-    return X.toarray() if sp.issparse(X) else X
+_dense = lambda X: X.toarray() if sp.issparse(X) else X  # noqa: E731
 
 
 class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstimator):
@@ -112,10 +111,13 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         ...}, "key": ..., "secret": ...}`` for ``s3://``), registered for this process
         (see ``docs/STORAGE.md``); None: the standard ``AWS_*`` environment variables.
         Never saved with the model.
-    tol : float, default=1e-6
+    tol : float in (0, 1), default=1e-6
         Relative residual tolerance of ``solver="cg"``.
     max_iter : int, default=None
-        Iteration limit of ``solver="cg"`` (None: 1000, the fit plan's default).
+        Iteration limit of ``solver="cg"`` (None: 1000). A solve that stops there
+        unconverged warns (``CGConvergenceWarning``, a scikit-learn
+        ``ConvergenceWarning``) and keeps its α, as scikit-learn's iterative
+        solvers do; ``fit_info_["converged"]`` says so (``krr run`` fails instead).
     preconditioner : {"nystrom", "jacobi", "none", "adaptive"}, default="nystrom"
         Preconditioner of ``solver="cg"``.
     rank : int, default=None
@@ -130,7 +132,7 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         products take over). "auto": the fit plan's cost model chooses it and
         ``matvec``, and logs why.
     random_state : int, RandomState or None, default=None
-        Seed for randomised parts of the out-of-core solvers (Nyström landmarks).
+        Seed of the Nyström landmarks (out-of-core solvers); None: seed 0.
     factor_dtype : {"float64", "float32", "auto"}, default="float64"
         Precision of the stored factor of ``solver="cholesky"``. "float32"
         halves its bytes and runs the tile updates at float32 speed (diagonal
@@ -143,14 +145,13 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         float32 factor that fails is redone in float64.
     keep_gram : bool, default=True
         ``solver="cholesky"``: False factors in place, the factor replacing the
-        stored Gram tile by tile, so the fit needs the Gram's disk once instead of
-        twice; a later fit in the same ``store`` with another alpha recomputes the
-        replaced Gram tiles from X. With ``factor_dtype="float32"`` the Gram
-        itself is then stored in float32 (a quarter of the float64 disk of a kept
-        Gram and factor), and ``dual_coef_`` is refined to double precision with
-        matrix-free products from X, which must be a numpy array. With X in
-        memory the Gram is not stored first: the factor computes each Gram tile
-        from X when it needs it (no Gram stage; ``GRAM_ON_DEMAND_IN_PLACE``).
+        stored Gram tile by tile: the Gram's disk once instead of twice (each
+        alpha is its own fit, in its own subdirectory of ``store``: no Gram is
+        shared). With ``factor_dtype="float32"`` the Gram is then float32 (a
+        quarter of the disk of a kept float64 Gram and factor), and ``dual_coef_``
+        is refined to double precision with matrix-free products from X (a numpy
+        array). With X in memory the factor computes each Gram tile from X when
+        it needs it (no Gram stage; ``GRAM_ON_DEMAND_IN_PLACE``).
     progress : bool or {"auto", "bars", "lines", "off"}, default=False
         Show the progress of ``fit`` and ``predict`` (Gram tiles, Cholesky
         tiles, CG iteration and relative residual, predicted tiles) on stderr.
@@ -228,8 +229,7 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         self.keep_gram = keep_gram
         self.progress = progress
 
-    # -- tags ----------------------------------------------------------------
-    # -- parameters ------------------------------------------------------------
+    # -- tags and parameters -------------------------------------------------
     def _check_params(self) -> None:
         check_choice("solver", self.solver, SOLVERS)
         check_choice("alpha_convention", self.alpha_convention, ALPHA_CONVENTIONS)
@@ -244,7 +244,7 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         check_positive_int("rank", self.rank)
         if (
             isinstance(self.tol, bool)
-            or not isinstance(self.tol, int | float)
+            or not isinstance(self.tol, numbers.Real)
             or not (0 < self.tol < 1)
         ):  # a relative residual: at tol >= 1, alpha = 0 already "converged"
             raise ValueError(f"tol must be a float in (0, 1), e.g. 1e-6, got {self.tol!r}")
@@ -256,8 +256,8 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
             )
 
     def _kernel_matrix(self, X: Any, Y: Any = None) -> np.ndarray:
-        if self._precomputed:
-            return X
+        if self._precomputed:  # a sparse K too (np.asarray made it a 0-d object array)
+            return _dense(X)
         k = self.kernel_ if hasattr(self, "kernel_") else self._resolve_kernel()
         if k is None:  # a callable on two rows: exactly scikit-learn's evaluation
             return pairwise_kernels(
@@ -288,6 +288,7 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         """
         # every check runs before any kernel evaluation
         self._check_params()
+        self._seed = check_random_seed(self.random_state)  # drawn once per fit
         kernel = self._resolve_kernel()
         X, y = validate_X_y(self, X, y, precomputed=self._precomputed)
         n, d = X.shape
@@ -297,8 +298,9 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         lam = effective_alpha(
             self.alpha, n, n_targets=t, sample_weight=sw, alpha_convention=self.alpha_convention
         )
-        # an earlier fit's or a loaded krr run model's state (its scaler) must not outlive it
-        for stale in ("primal_coef_", "preprocessing_", "fit_info_"):
+        # an earlier fit's or a loaded krr run model's state (its scaler) must not outlive it,
+        # nor a half of it a refused fit: unfitted (NotFittedError), not wrong numbers
+        for stale in ("dual_coef_", "X_fit_", "primal_coef_", "preprocessing_", "fit_info_"):
             if hasattr(self, stale):
                 delattr(self, stale)
         solver = self.solver
@@ -373,7 +375,7 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
             "rank": self.rank,
             "matvec": self.matvec,
             "cg_precision": self.cg_precision,
-            "random_state": self.random_state if isinstance(self.random_state, int) else None,
+            "random_state": self._seed,
             "factor_dtype": self.factor_dtype,
             "keep_gram": bool(self.keep_gram),
             "store": self.store,
@@ -427,9 +429,8 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
                 )
             set_storage_options(scheme, self.storage_options)
         X = _dense(X)
-        # the out-of-core solve evaluates K in float64 from float32 rows (fit.execute), so
-        # prediction must too: kept as float32, predict(float32 X) evaluated K(X, X_fit) in
-        # float32 and multiplied its rounding by alpha (0.4 % of the scale at lambda=1e-6)
+        # K was evaluated in float64 from float32 rows (fit.execute): so must predict be (in
+        # float32 its rounding times alpha was 0.4 % of the scale at lambda=1e-6)
         X_fit = _c_order(X.astype(np.float64) if X.dtype == np.float32 else X)
         from pipeline.storage import fingerprint_blocks
 
@@ -468,7 +469,7 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
             rank=self.rank,
             matvec=self.matvec,
             cg_precision=self.cg_precision,
-            random_state=self.random_state if isinstance(self.random_state, int) else None,
+            random_state=self._seed,
             factor_dtype=self.factor_dtype,
             keep_gram=bool(self.keep_gram),
             plan=plan,
@@ -507,8 +508,7 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
             # the default names no choice (stores of earlier fits keep their names); the
             # mixed solve's checkpoints carry their own fingerprint
             params.pop("cg_precision")
-        rs = self.random_state
-        params["random_state"] = rs if isinstance(rs, int) else None
+        params["random_state"] = self._seed
         return {
             "estimator": "KernelRidge",
             "params": params,

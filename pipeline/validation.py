@@ -187,5 +187,18 @@ def check_positive_int(name: str, value: Any, *, allow_none: bool = True) -> int
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, Integral) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
+        what = "a positive integer or None" if allow_none else "a positive integer"
+        raise ValueError(f"{name} must be {what}, got {value!r}")
     return int(value)
+
+
+def check_random_seed(random_state: Any) -> int | None:
+    """The seed of ``random_state``: an int (NumPy integers too), one drawn from a
+    ``RandomState`` (as scikit-learn estimators draw theirs; it advances it), or None."""
+    if random_state is None:
+        return None
+    if isinstance(random_state, Integral) and not isinstance(random_state, bool):
+        return int(random_state)
+    if isinstance(random_state, np.random.RandomState):
+        return int(random_state.randint(np.iinfo(np.int32).max))
+    raise ValueError(f"random_state must be an int, a RandomState or None, got {random_state!r}")

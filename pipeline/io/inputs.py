@@ -87,7 +87,13 @@ def _read_npy_rows(path: str, start: int, stop: int) -> np.ndarray:
 
 
 def _from_npy(path: str, block_size: int) -> da.Array:
-    mm = np.load(path, mmap_mode="r")
+    try:
+        mm = np.load(path, mmap_mode="r")
+    except ValueError as e:  # e.g. Python objects in its dtype: no memory map
+        raise ValueError(
+            f".npy file {path!r} cannot be read as a numeric array ({e}); save X as a "
+            "float array (np.save(path, X.astype(np.float64)))"
+        ) from None
     if mm.ndim != 2:
         raise ValueError(
             f".npy file {path!r} holds a {mm.ndim}-D array of shape {mm.shape}; X must be 2-D"
@@ -193,7 +199,9 @@ def _from_path(path: str, block_size: int, columns: Sequence[str] | None) -> da.
                 f"could not open {path!r} as a Zarr array ({exc}); give the path of the array "
                 "itself, e.g. 'data.zarr/X', not of its group"
             ) from exc
-        return da.from_zarr(arr, chunks=(block_size, arr.shape[1] if arr.ndim == 2 else -1))
+        if arr.ndim != 2:  # ((block_size, -1),) failed with "chunks do not add up"
+            return da.from_zarr(arr)  # _finish names the shape and the fix
+        return da.from_zarr(arr, chunks=(block_size, arr.shape[1]))
     from pipeline._optional import require
 
     dd = require("dask.dataframe", f"reading the table {path!r}")
@@ -294,6 +302,8 @@ def as_row_blocks(
         or non-numeric columns.
     """
     block_size = check_block_size(block_size)
+    if isinstance(columns, str):  # one name, not its characters
+        columns = [columns]
     if isinstance(source, da.Array):
         if columns is not None:
             raise ValueError("columns= applies to tables (Parquet/CSV/DataFrame), not to arrays")

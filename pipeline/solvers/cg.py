@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
+from sklearn.exceptions import ConvergenceWarning
 
 __all__ = [
     "CGConvergenceError",
@@ -40,8 +41,10 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-class CGConvergenceWarning(UserWarning):
-    """CG stopped at ``max_iter`` before reaching ``tol``."""
+class CGConvergenceWarning(ConvergenceWarning):
+    """CG stopped at ``max_iter`` before reaching ``tol`` (a scikit-learn
+    ``ConvergenceWarning``, so ``warnings.simplefilter("error", ConvergenceWarning)``
+    catches it)."""
 
 
 class CGConvergenceError(RuntimeError):
