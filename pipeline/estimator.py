@@ -26,7 +26,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from pipeline.fit import execute, log_plan, measure_resources
 from pipeline.kernel_estimator import KernelParamsMixin
-from pipeline.kernels import Linear
+from pipeline.kernels import Linear, spec_round_trips
 from pipeline.model_io import estimator_state, save_model
 from pipeline.policy.plan import plan_fit
 from pipeline.progress import with_progress
@@ -362,7 +362,7 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         measure CG's preconditioner on a subsample, as ``krr run`` does.
         """
         one_alpha = np.unique(np.atleast_1d(np.asarray(self.alpha, dtype=np.float64))).size == 1
-        ooc_able = kernel is not None and one_alpha
+        ooc_able = kernel is not None and one_alpha and spec_round_trips(kernel)  # (no callables)
         resources = measure_resources(self.store, in_memory=self.store is None or not ooc_able)
         choices = {
             "solver": self.solver,

@@ -165,11 +165,12 @@ def execute(plan: FitPlan, X: Any, y: np.ndarray, kernel: Any, **options: Any) -
     from dataclasses import replace
 
     from pipeline.solvers.cg import CGConvergenceError
-    from pipeline.solvers.cholesky_options import NotPositiveDefiniteError
+    from pipeline.solvers.cholesky_options import NonFiniteKernelError, NotPositiveDefiniteError
 
     try:
         return _execute(plan, X, y, kernel, **options)
-    except (NotPositiveDefiniteError, CGConvergenceError) as err:
+    except (NotPositiveDefiniteError, CGConvergenceError, NonFiniteKernelError) as err:
+        # (a kernel value beyond float32's range, too: float64 may hold it)
         log.warning(
             "the float32 factor that factor_dtype='auto' chose failed (%s); factoring in "
             "float64 instead",

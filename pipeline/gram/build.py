@@ -166,7 +166,16 @@ def _write(handle: TiledArray, i: int, j: int, tile: np.ndarray, **info: Any) ->
     """Write and mark tile (i, j), past the page cache where the store allows it
     (:data:`~pipeline.policy.constants.GRAM_WRITES_PAST_PAGE_CACHE`: its reader, the
     factorisation, reads each tile once); a full disk is explained (completed tiles
-    stay valid)."""
+    stay valid). A float32 diagonal tile whose diagonal overflowed is refused: for a
+    Mercer kernel every entry is at most the largest diagonal one, so this O(b) check
+    catches the tiles a float32 store turned into inf (build_gram returned normally)."""
+    if i == j and tile.dtype == np.float32 and not np.isfinite(np.diagonal(tile)).all():
+        raise ValueError(
+            f"Gram tile ({i}, {i}) overflows float32 storage: its kernel values exceed "
+            f"{np.finfo(np.float32).max:.3g} (e.g. a high polynomial degree on large "
+            "features). Store the Gram in float64 (dtype='float64'; KernelRidge: "
+            "factor_dtype='float64'), or standardise X, or lower the degree or gamma"
+        )
     try:
         handle.write_tile(i, j, tile, direct=bool(C.GRAM_WRITES_PAST_PAGE_CACHE), **info)
     except OSError as exc:

@@ -132,24 +132,32 @@ class Parametrized:
                 nested.setdefault(head, {})[sub] = value
             else:
                 direct[head] = value
+        import copy
+
         old = {n: getattr(self, n) for n in direct}
-        for n, v in direct.items():
-            setattr(self, n, v)
+        # the nested objects' state, restored in place (they keep their identity)
+        saved = {h: copy.deepcopy(getattr(self, h).__dict__) for h in nested
+                 if hasattr(getattr(self, h), "__dict__")}  # fmt: skip
         try:
+            for n, v in direct.items():
+                setattr(self, n, v)
+            self._check_params()
+            for head, sub_params in nested.items():
+                inner = getattr(self, head)
+                if not hasattr(inner, "set_params"):
+                    raise ValueError(
+                        f"parameter {head!r} of {type(self).__name__} is {inner!r}, "
+                        f"which has no nested parameters {sorted(sub_params)}"
+                    )
+                inner.set_params(**sub_params)
             self._check_params()
         except (ValueError, TypeError):
             for n, v in old.items():
                 setattr(self, n, v)
+            for h, state in saved.items():
+                vars(getattr(self, h)).clear()
+                vars(getattr(self, h)).update(state)
             raise
-        for head, sub_params in nested.items():
-            inner = getattr(self, head)
-            if not hasattr(inner, "set_params"):
-                raise ValueError(
-                    f"parameter {head!r} of {type(self).__name__} is {inner!r}, "
-                    f"which has no nested parameters {sorted(sub_params)}"
-                )
-            inner.set_params(**sub_params)
-        self._check_params()
         return self
 
     def _check_params(self) -> None:
@@ -279,7 +287,8 @@ def _to_spec_value(v: Any, pname: str, owner: Any) -> Any:
     raise TypeError(
         f"parameter {pname}={v!r} of {type(owner).__name__} cannot be serialised to a spec; "
         "use a registered kernel or warping function (see pipeline.kernels.warping) "
-        "instead of an arbitrary Python callable"
+        "instead of an arbitrary Python callable (stores, saved models and krr run need "
+        "a spec; KernelRidge fits such a kernel in memory: solver='dense', no store)"
     )
 
 

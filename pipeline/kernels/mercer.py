@@ -21,9 +21,9 @@ class MercerReport:
     Attributes
     ----------
     symmetric : bool
-        ``max_asymmetry <= tol · max(1, max|K|)``.
+        ``max_asymmetry <= tol · max|K|``.
     psd : bool
-        ``min_eigenvalue >= -tol · max(1, |max_eigenvalue|)``.
+        ``min_eigenvalue >= -tol · |max_eigenvalue|`` (at least n·eps·max|K|).
     min_eigenvalue, max_eigenvalue : float
         Extreme eigenvalues of the symmetric part ``(K + Kᵀ)/2``.
     max_asymmetry : float
@@ -99,12 +99,15 @@ def check_mercer(
     if not np.all(np.isfinite(K)):
         raise ValueError("kernel returned NaN or inf on the sample; cannot check it")
     asym = float(np.max(np.abs(K - K.T)))
-    scale = max(1.0, float(np.max(np.abs(K))))
+    # relative to the matrix's own size (a positive factor changes no verdict), with a
+    # floor of float64's rounding: a max(1, .) floor made tiny kernels pass as PSD
+    top = float(np.max(np.abs(K)))
+    scale = top if top > 0 else 1.0
     eig = eigvalsh((K + K.T) / 2.0, check_finite=False)
     lo, hi = float(eig[0]), float(eig[-1])
     return MercerReport(
         symmetric=asym <= tol * scale,
-        psd=lo >= -tol * max(1.0, abs(hi)),
+        psd=lo >= -tol * max(abs(hi), n * np.finfo(np.float64).eps * scale),
         min_eigenvalue=lo,
         max_eigenvalue=hi,
         max_asymmetry=asym,

@@ -44,8 +44,9 @@ def _check_finite_diagonal(a: np.ndarray, i: int, when: str) -> None:
     raise NonFiniteKernelError(
         f"the kernel matrix holds a non-finite value (inf or NaN) in the rows of block {i}: "
         f"diagonal entry {r} of that block is {diag[r]} {when} its Cholesky factorisation. "
-        "The kernel's values overflow float64 (e.g. a high polynomial degree on large "
+        f"The kernel's values overflow {a.dtype} (e.g. a high polynomial degree on large "
         "features): standardise X, or lower the degree or gamma"
+        + (", or use factor_dtype='float64'" if a.dtype == np.float32 else "")
     )
 
 

@@ -353,8 +353,13 @@ class _Generic(BlockEvaluator):
         # the rows keep their own precision: only the values are cast to kd (rounding
         # float64 rows to float32 first lost the small differences of data far from
         # the origin, 1,000 times the fused RBF's error)
-        self.Xi = np.ascontiguousarray(Xi)
-        self.Xj = self.Xi if Xj is None else np.ascontiguousarray(Xj)
+        # float32 rows with kd float64 are promoted (exactly): a kernel evaluates in
+        # float32 when all its inputs are float32 (1e-7 errors under "float64")
+        up = np.float64 if kd == np.float64 else None
+        self.Xi = np.ascontiguousarray(Xi, dtype=up or np.asarray(Xi).dtype)
+        self.Xj = (
+            self.Xi if Xj is None else np.ascontiguousarray(Xj, dtype=up or np.asarray(Xj).dtype)
+        )
 
     def fill(self, E, r0, r1, c0, c1, diag, T):
         xs = self.Xi[r0:r1]
