@@ -43,6 +43,7 @@ from pipeline.cli_args import (
     UsageError,
     check_scheduler_address,
     json_error,
+    not_empty,
     parse_command_line,
     run_log,
     run_log_header,
@@ -138,9 +139,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="config overrides, e.g. lambda=1e-4 (anywhere on the line)",
     )
     r.add_argument(
-        "--scheduler", metavar="ADDRESS", help="tcp://host:port of an existing Dask scheduler"
+        "--scheduler",
+        metavar="ADDRESS",
+        type=not_empty,
+        help="tcp://host:port of an existing Dask scheduler",
     )
-    r.add_argument("--run-dir", metavar="DIR", help="run directory (default: the config's run_dir)")
+    r.add_argument("--run-dir", metavar="DIR", type=not_empty,
+                   help="run directory (default: the config's run_dir)")  # fmt: skip
     r.add_argument(
         "--force-new", action="store_true", help="discard a run dir that holds a run on other data"
     )
@@ -197,7 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument(
         "--block-size", type=_positive_int, default=4096, help="rows per block (default 4096)"
     )
-    pr.add_argument("--scheduler", metavar="ADDRESS", help="tcp://host:port of a Dask scheduler")
+    pr.add_argument("--scheduler", metavar="ADDRESS", type=not_empty,
+                    help="tcp://host:port of a Dask scheduler")  # fmt: skip
     pr.add_argument(
         "--overwrite",
         action="store_true",

@@ -255,3 +255,11 @@ def stages_after(
         if needed:
             out.append(stage.name)
     return out
+
+
+def not_empty(value: str) -> str:
+    """An option's value that must name something ("$SCHED" of an unset variable was
+    ignored: the embedded cluster and the config's run directory were used)."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return value

@@ -139,6 +139,8 @@ def _client(
     timeouts = (
         {"distributed.comm.timeouts.connect": f"{cluster.connect_timeout}s"} if address else {}
     )
+    if address:  # a port that is not a Dask scheduler hung Client() or crashed it
+        _probe_scheduler(address, cluster.connect_timeout, source)
     try:
         with dask.config.set(timeouts):
             client = stack.enter_context(
@@ -165,6 +167,42 @@ def _client(
         yield client
 
 
+def _probe_scheduler(address: str, timeout: float, source: str) -> None:
+    """Ask ``address`` who it is, within ``timeout`` seconds, before a Client connects:
+    CliError (exit 6) unless a Dask scheduler answers. ``distributed.Client`` waits
+    forever on a port that accepts and never answers (an HTTP server), and reads
+    other bytes as a frame length (a MemoryError of exabytes)."""
+    import asyncio
+    import concurrent.futures
+
+    from distributed.core import rpc
+
+    async def ask() -> Any:
+        r = rpc(address)
+        try:
+            return await r.identity()
+        finally:
+            await r.close_rpc()
+
+    pool = concurrent.futures.ThreadPoolExecutor(1)  # its own event loop, whatever runs here
+    try:
+        job = pool.submit(lambda: asyncio.run(asyncio.wait_for(ask(), timeout)))
+        info = job.result(timeout + 5)
+        what = info.get("type") if isinstance(info, dict) else None
+        if what != "Scheduler":
+            raise ValueError(f"it answered as {what!r}")
+    except Exception as e:
+        why = "no answer" if isinstance(e, TimeoutError | asyncio.TimeoutError) else str(e)
+        raise CliError(
+            f"scheduler {address!r} does not answer as a Dask scheduler within {timeout:g} s "
+            f"({type(e).__name__}: {why[:200]}). Check the address (and cluster."
+            f"connect_timeout), or leave out {source} to use the embedded local cluster.",
+            EXIT_NO_SCHEDULER,
+        ) from None
+    finally:
+        pool.shutdown(wait=False)
+
+
 def _classify_stage_error(e) -> int:
     from pipeline.stages.ingest import InputError
 
@@ -175,6 +213,8 @@ def _classify_stage_error(e) -> int:
         return EXIT_BAD_INPUT
     if e.stage in ("ingest", "predict") and isinstance(cause, ValueError):
         return EXIT_BAD_INPUT  # the training rows, or predict.input's rows and columns
+    if e.stage == "select" and type(cause) is ValueError:  # the cv section against the
+        return EXIT_BAD_CONFIG  # data (e.g. more folds than rows): a rerun cannot help
     return EXIT_STAGE_FAILED
 
 
@@ -185,8 +225,10 @@ def _stage_error_hint(e, code: int) -> str:
 
     if code == EXIT_BAD_INPUT:
         return "fix the input data (a rerun cannot help), then rerun the same command"
-    if code == EXIT_BAD_CONFIG:
+    if code == EXIT_BAD_CONFIG and isinstance(e.__cause__, ImportError):
         return "install what the message names, then rerun the same command to resume"
+    if code == EXIT_BAD_CONFIG:
+        return "change the cv section as said above (a rerun cannot help), then rerun"
     if isinstance(e.__cause__, SolveNotConverged | IndefiniteKernelError | NonFiniteKernelError):
         return "change the config as said above, then rerun (the stages before it are kept)"
     return "rerun the same command to resume"

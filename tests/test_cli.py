@@ -334,9 +334,10 @@ def test_a_test_sets_y_with_other_outputs_is_refused_before_any_work(tmp_path, c
     assert run_cli("run", p, "--run-dir", tmp_path / "r") == cli.EXIT_BAD_INPUT
     err = capsys.readouterr().err
     assert "2 output column(s) but the training y has 1" in err and "[gram]" not in err
-    # and a npy test set without its targets names split.test_y_path
+    # and a npy test set without its targets names split.test_y_path (a config error
+    # since session 26: `krr validate` says so too)
     p = _test_set_conf(tmp_path, data, f"{{test_path: {tmp_path}/Xt.npy}}")
-    assert run_cli("run", p, "--run-dir", tmp_path / "r2") == cli.EXIT_BAD_INPUT
+    assert run_cli("run", p, "--run-dir", tmp_path / "r2") == cli.EXIT_BAD_CONFIG
     assert "split.test_y_path" in capsys.readouterr().err
 
 

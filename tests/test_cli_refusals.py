@@ -140,3 +140,47 @@ def test_a_config_file_that_is_not_yaml_text_is_a_config_error(tmp_path):
         load_config(tmp_path / "X.npy")
     with pytest.raises(ConfigError, match="is a directory"):
         load_config(tmp_path)
+
+
+def test_a_port_that_is_not_a_dask_scheduler_fails_fast_with_exit_6(tmp_path, capsys):
+    # an HTTP-like server hung `krr run --scheduler` forever; one answering other bytes
+    # crashed it with a MemoryError of exabytes, exit 1 (session 26)
+    import socket
+    import threading
+    import time
+
+    def serve(sock, reply):
+        while True:
+            try:
+                c, _ = sock.accept()
+            except OSError:
+                return
+            if reply:
+                c.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n" * 4)
+            threading.Timer(30, c.close).start()  # silent, or answered, then held open
+
+    conf = _conf(tmp_path / "c.yaml")
+    for reply in (False, True):
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(4)
+        threading.Thread(target=serve, args=(sock, reply), daemon=True).start()
+        addr = f"tcp://127.0.0.1:{sock.getsockname()[1]}"
+        t0 = time.monotonic()
+        code = cli.main(["-q", "run", conf, "--run-dir", str(tmp_path / f"r{reply}"),
+                         "--scheduler", addr, "cluster.connect_timeout=1"])  # fmt: skip
+        sock.close()
+        assert code == cli.EXIT_NO_SCHEDULER and time.monotonic() - t0 < 20
+        assert "does not answer as a Dask scheduler" in capsys.readouterr().err
+
+
+def test_empty_option_values_and_too_many_folds_are_config_errors(tmp_path, capsys):
+    conf = _conf(tmp_path / "c.yaml")
+    for opt in ("--run-dir", "--scheduler"):  # "$VAR" unset: ignored, exit 0 before
+        assert cli.main(["run", conf, opt, ""]) == 2
+        assert "must not be empty" in capsys.readouterr().err
+    # more folds than rows: exit 4 and "rerun the same command to resume" before
+    code = cli.main(["-q", "run", conf, "--run-dir", str(tmp_path / "f"), "cv.alphas=[0.1]",
+                     "cv.folds=100000"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_BAD_CONFIG and "a rerun cannot help" in err
