@@ -100,11 +100,16 @@ def check_run_name(name: str) -> None:
 
 
 def local_file_url(v: Any) -> Any:
-    """A ``file://`` URL in a path field is the local path it names (as fsspec reads it)."""
+    """A ``file://`` URL in a path field is the local path it names (as fsspec reads it);
+    a ``~`` path is expanded (it was checked as the home directory's, then written to a
+    directory named ``~`` in the current one)."""
     if isinstance(v, str):
+        import os
+
         from pipeline.storage.location import local_file_path
 
-        return local_file_path(v)
+        v = local_file_path(v)
+        return os.path.expanduser(v) if v.startswith("~") else v
     return v
 
 

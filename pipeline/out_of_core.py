@@ -52,9 +52,12 @@ class OutOfCoreFit:
 @contextlib.contextmanager
 def _store_dir(store: Any) -> Iterator[str]:
     if store is not None:
-        if isinstance(store, Path) or "://" not in str(store):
+        from pipeline.storage.arrays import normalize_store
+
+        store = normalize_store(store)  # one spelling for Zarr and fsspec (markers)
+        if "://" not in store:
             Path(store).mkdir(parents=True, exist_ok=True)
-        yield str(store)
+        yield store
         return
     from pipeline.storage.tempfiles import make_temp_store
 

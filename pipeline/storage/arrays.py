@@ -431,16 +431,15 @@ class TiledArray:
 
 
 def normalize_store(store: Any) -> str:
-    """A store location as a string; ``file://`` URLs become plain local paths.
+    """A store location as a string; local URLs (``file://``, ``local://``) become plain paths.
 
     Zarr opens plain paths with its LocalStore, which creates directories as it
     writes; its fsspec store does not create them on a local filesystem. Other
     URLs (s3://, gs://, memory://, ...) are passed through to fsspec.
     """
-    text = str(store)
-    if text.startswith("file://"):
-        return text[len("file://") :]
-    return text
+    from pipeline.storage.location import local_file_path
+
+    return local_file_path(str(store))  # file://, FILE://, local://, file:/
 
 
 def _chunks(shape: tuple[int, ...], block_size: int, chunk_cols: int | None) -> tuple[int, ...]:

@@ -61,6 +61,8 @@ def local_file_path(path: str) -> str:
     for prefix in ("file://", "local://"):
         if path[: len(prefix)].lower() == prefix:
             return path[len(prefix) :]
+    if path[:6].lower() == "file:/":  # "file:/abs": fsspec reads it as /abs, so must we
+        return path[5:]
     return path
 
 
