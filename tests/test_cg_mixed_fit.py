@@ -184,3 +184,24 @@ def test_a_mixed_solve_short_of_tol_warns_as_float64_cg_does(monkeypatch):
     with pytest.warns(CGConvergenceWarning, match="did not converge"):
         res = mixed_cg_fit(_op(X, 1e-3), y, tol=1e-12, max_iter=2)
     assert not res.converged
+
+
+def test_max_iter_bounds_the_whole_mixed_solve_and_n_iter_counts_every_iteration():
+    # max_iter bounded each inner solve (max_iter=15 ran 90 iterations), and after the
+    # float64 fallback n_iter left out the float32 iterations (session 26)
+    import warnings
+
+    from pipeline import KernelRidge
+
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(900, 4))
+    y = np.sin(X[:, 0])
+    kw = dict(kernel="rbf", gamma=0.5, solver="cg", block_size=200, cg_precision="mixed",
+              matvec="recompute")  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m = KernelRidge(alpha=1e-1, tol=1e-9, max_iter=15, preconditioner="nystrom", rank=50,
+                        random_state=0, **kw).fit(X, y)  # fmt: skip
+        assert m.n_iter_ <= 15 and not m.fit_info_["converged"]
+        m = KernelRidge(alpha=1e-3, tol=1e-8, max_iter=40, preconditioner="none", **kw).fit(X, y)
+        assert m.n_iter_ <= 40

@@ -138,7 +138,8 @@ def mixed_precision_cg(
         many iterations: it has reached the floor of the float32 product, and
         the next float64 residual takes over.
     max_outer, max_inner : int
-        Refinement steps; iterations of each inner solve.
+        Refinement steps; inner (float32) iterations of the whole solve, all inner
+        solves together (as ``max_iter`` bounds a float64 CG).
     stagnation_window : int or None
         Passed to the inner CG.
     x0 : ndarray, optional
@@ -183,7 +184,7 @@ def mixed_precision_cg(
     history = [rel]
     outer = [(0, rel)]
     k = 0
-    while rel > tol and k < max_outer:
+    while rel > tol and k < max_outer and n_inner < max_inner:
         k += 1
         # ask the inner solve for no more than the outer target needs
         itol = max(inner_tol, 0.5 * tol / rel)
@@ -194,7 +195,7 @@ def mixed_precision_cg(
                 r,
                 preconditioner=preconditioner,
                 tol=min(itol, 0.5),
-                max_iter=max_inner,
+                max_iter=max_inner - n_inner,  # what the budget has left
                 true_residual_every=0,
                 stagnation_window=stagnation_window,
                 callback=_FloorStop(inner_patience),
@@ -222,7 +223,7 @@ def mixed_precision_cg(
                 "'float64'), solver='cholesky', a larger lambda or a higher preconditioner rank."
             )
             err.x = accepted  # the last accepted iterate
-            err.n_matvec_low, err.n_matvec_high = n_low, n_high
+            err.n_matvec_low, err.n_matvec_high, err.n_inner = n_low, n_high, n_inner
             raise err
         rel = new
         if on_outer is not None:

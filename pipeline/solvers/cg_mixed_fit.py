@@ -116,7 +116,9 @@ def _one_column(
             name,
             err,
         )
-        kw = dict(preconditioner=preconditioner, tol=tol, max_iter=max_iter, x0=err.x)
+        # one iteration budget for the whole solve: what the float32 iterations left
+        left = max(1, max_iter - err.n_inner)
+        kw = dict(preconditioner=preconditioner, tol=tol, max_iter=left, x0=err.x)
         if store is not None:
             res = resumable_cg(op, b, store, name=f"{name}-float64", callback=callback, **kw)
         else:
@@ -124,6 +126,7 @@ def _one_column(
 
             res = conjugate_gradient(op.matvec, b, callback=callback, **kw)
         res.n_matvec += err.n_matvec_low + err.n_matvec_high
+        res.n_iter += err.n_inner  # the float32 iterations before the fallback too
         res.wall_time = time.perf_counter() - t0
         return res
     if not mixed.converged:  # as float64 CG does: a result short of tol is never silent
