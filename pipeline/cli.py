@@ -58,8 +58,7 @@ from pipeline.cli_errors import (
     EXIT_OK,
     EXIT_RUN_DIR,
     CliError,
-    _check_extras,
-    _check_paths,
+    _check_before_work,
     _check_store,
     _classify_stage_error,
     _client,
@@ -297,8 +296,7 @@ def _redacted(config: dict[str, Any]) -> dict[str, Any]:
 
 def cmd_validate(args) -> int:
     cfg = _load(args.config, args.overrides)
-    _check_paths(cfg)
-    _check_extras(cfg)
+    _check_before_work(cfg)
     print(f"config {args.config!r} is valid")
     print(
         f"  data: {cfg.data.source} {cfg.data.package or ''} {cfg.data.name or cfg.data.path or ''}"
@@ -347,10 +345,7 @@ def cmd_run(args) -> int:
             check_run_dir(str(run_dir), "--run-dir")
         except ValueError as e:
             raise CliError(str(e), EXIT_BAD_CONFIG) from None
-    if cfg.cluster.address and not args.scheduler:
-        check_scheduler_address(cfg.cluster.address, "cluster.address")
-    _check_paths(cfg)
-    _check_extras(cfg)
+    _check_before_work(cfg)
     _check_store(run_dir, cfg)
     tty = _isatty()
     stack = contextlib.ExitStack()
@@ -421,15 +416,6 @@ def cmd_run(args) -> int:
             Manifest.load(run_dir)
         except ManifestError as e:
             raise CliError(str(e), EXIT_RUN_DIR) from None
-        if cfg.predict.output:  # a user's file there is refused before any stage runs
-            from pipeline.predict.output import check_prediction_output
-
-            try:
-                check_prediction_output(cfg.predict.output, overwrite=True)
-            except ImportError as e:  # a .parquet output without its extra
-                raise CliError(f"predict.output: {e}", EXIT_BAD_CONFIG) from None
-            except ValueError as e:
-                raise CliError(f"predict.output: {e}", EXIT_BAD_INPUT) from None
         with stack:
             if cfg.cluster.address:  # an external scheduler: checked before any work
                 ensure_client()

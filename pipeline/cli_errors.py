@@ -90,6 +90,27 @@ def _check_extras(cfg) -> None:
             raise CliError(str(e), EXIT_BAD_CONFIG) from None
 
 
+def _check_before_work(cfg) -> None:
+    """What ``krr run`` refuses before any work, and ``krr validate`` with it: the
+    scheduler address's form, the input paths, the extras, and a ``predict.output``
+    that holds a user's file (validate said "valid" for those; run refused them)."""
+    if cfg.cluster.address:
+        from pipeline.cli_args import check_scheduler_address  # (it imports this module)
+
+        check_scheduler_address(cfg.cluster.address, "cluster.address")
+    _check_paths(cfg)
+    _check_extras(cfg)
+    if cfg.predict.output:  # a user's file there is refused before any stage runs
+        from pipeline.predict.output import check_prediction_output
+
+        try:
+            check_prediction_output(cfg.predict.output, overwrite=True)
+        except ImportError as e:  # a .parquet output without its extra
+            raise CliError(f"predict.output: {e}", EXIT_BAD_CONFIG) from None
+        except ValueError as e:
+            raise CliError(f"predict.output: {e}", EXIT_BAD_INPUT) from None
+
+
 def _check_store(run_dir: Path | str, cfg) -> None:
     """An object-store run directory: register ``storage.options``, then check that the
     store answers and the bucket exists (created only with ``storage.create_bucket``),

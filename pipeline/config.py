@@ -21,6 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pipeline.config_checks import (
+    bool_for_number,
     check_run_dir,
     check_run_name,
     combination_problem,
@@ -54,6 +55,14 @@ KEY_ALIASES: dict[str, tuple[str, ...]] = {
 
 class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _numbers_not_bools(cls, data: Any) -> Any:
+        problem = bool_for_number(cls, data)
+        if problem:
+            raise ValueError(problem)
+        return data
 
 
 FILE_SOURCES = ("npy", "zarr", "parquet", "csv")

@@ -3,6 +3,7 @@ the config models, the stages and the CLI."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -161,4 +162,26 @@ def combination_problem(cfg: Any) -> str | None:
             f"cluster.memory_limit: {cfg.cluster.memory_limit!r} is not a positive size; "
             "write e.g. 4GiB, 4000MB or auto"
         )
+    return None
+
+
+def _leaves(annotation: Any) -> list[Any]:
+    from typing import get_args
+
+    args = get_args(annotation)
+    return [annotation] if not args else [x for a in args for x in _leaves(a)]
+
+
+def bool_for_number(model: Any, data: Any) -> str | None:
+    """The first numeric field of ``model`` given a boolean (YAML's ``yes``/``true``),
+    as an error naming it, or None: pydantic's lax mode read ``lambda: yes`` as 1."""
+    if not isinstance(data, Mapping):
+        return None
+    for name, field in model.model_fields.items():
+        leaves = _leaves(field.annotation)
+        if bool in leaves or not any(t in (int, float) for t in leaves):
+            continue
+        v = data.get(field.alias or name, data.get(name))
+        if isinstance(v, bool) or (isinstance(v, list) and any(isinstance(x, bool) for x in v)):
+            return f"{field.alias or name}: expected a number, got {v!r} (true/yes/on are booleans)"
     return None

@@ -121,6 +121,8 @@ def test_a_tolerance_of_one_or_more_is_refused_by_the_config_and_the_estimator(v
         (["cluster.memory_limit=abc"], "cluster.memory_limit"),
         (["cluster.connect_timeout=.inf"], "cluster.connect_timeout"),
         (["cv.alphas=[0.1]", "cv.tol=2"], "cv.tol"),
+        (["lambda=yes"], "lambda: expected a number"),  # read as 1 before
+        (["cv.alphas=[true, 0.1]"], "alphas: expected a number"),
     ],
 )
 def test_settings_refused_together_fail_validation_not_a_stage(overrides, match):
@@ -184,3 +186,16 @@ def test_empty_option_values_and_too_many_folds_are_config_errors(tmp_path, caps
                      "cv.folds=100000"])  # fmt: skip
     err = capsys.readouterr().err
     assert code == cli.EXIT_BAD_CONFIG and "a rerun cannot help" in err
+
+
+def test_validate_refuses_what_run_refuses_before_any_work(tmp_path, capsys):
+    # `krr validate` said "valid" for a malformed cluster.address and for a
+    # predict.output holding a user's file, which `krr run` then refused (session 26)
+    conf = _conf(tmp_path / "c.yaml")
+    assert cli.main(["validate", conf, "cluster.address=foo:bar"]) == cli.EXIT_BAD_CONFIG
+    np.save(tmp_path / "new.npy", np.zeros((3, 10)))
+    (tmp_path / "mine.npy").write_bytes(b"user data")
+    code = cli.main(["validate", conf, f"predict.input={tmp_path}/new.npy",
+                     f"predict.output={tmp_path}/mine.npy"])  # fmt: skip
+    assert code == cli.EXIT_BAD_INPUT and "did not write" in capsys.readouterr().err
+    assert (tmp_path / "mine.npy").read_bytes() == b"user data"
