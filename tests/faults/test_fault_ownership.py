@@ -142,7 +142,8 @@ def test_run_dir_root_home_or_cwd_refused(value, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     run_dir = str(tmp_path / "home") if value == "HOME" else value
     base = {"data": {"source": "sklearn", "name": "diabetes"}}
-    with pytest.raises(ConfigError, match=f"run_dir {run_dir!r} is"):
+    shown = str(tmp_path / "home") if value == "~" else run_dir  # "~" is expanded first
+    with pytest.raises(ConfigError, match=f"run_dir {shown!r} is"):
         load_config({**base, "run_dir": run_dir})
     conf = tmp_path / "c.yaml"
     conf.write_text("data: {source: sklearn, name: diabetes}\n")
