@@ -194,6 +194,7 @@ def _execute(
     factor_store: str | None = None,
     factor_name: str = "chol",
     cg_dir: str | None = None,
+    cg_adopt: tuple[str, ...] = (),
     x_fingerprint: str | None = None,
     progress: bool = False,
     alpha: Any = None,
@@ -222,6 +223,9 @@ def _execute(
         Where the Cholesky factor goes.
     cg_dir : str, optional
         CG checkpoint directory; without it and ``root``, CG runs without checkpoints.
+    cg_adopt : tuple of str
+        Other CG checkpoint directories (read only): the same solve's latest state
+        there is resumed when ``cg_dir`` holds none (:func:`resumable_cg`).
     alpha, sample_weight, K, overwrite_k, jitter : optional
         In memory only: the raw (possibly per-target) alpha, sample weights, a
         precomputed kernel matrix (``kernel(X)`` when None), whether the solve may
@@ -401,6 +405,7 @@ def _execute(
                 tol=plan.tol,
                 max_iter=plan.max_iter,
                 callback=shown,
+                adopt_from=cg_adopt,
             )
     info = {
         "matvec": plan.matvec,

@@ -19,7 +19,7 @@ import io
 import json
 import logging
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import fsspec
@@ -207,6 +207,7 @@ def resumable_cg(
     strict: bool = False,
     true_residual_every: int = 50,
     fingerprint: str | None = None,
+    adopt_from: Sequence[str] = (),
 ) -> CGResult:
     """CG on ``operator`` (a :class:`KernelOperator`, or any callable with a
     ``fingerprint``) that checkpoints to ``store`` every ``every`` iterations and
@@ -216,7 +217,10 @@ def resumable_cg(
     preconditioner's fingerprints, ``b`` and ``tol``. ``x0`` is used only when
     there is no checkpoint to resume. Other parameters are those of
     :func:`pipeline.solvers.cg.conjugate_gradient`; ``result.start_iter`` tells
-    where the solve resumed.
+    where the solve resumed. ``adopt_from``: other stores whose checkpoints of the
+    same solve (same fingerprint, so the same iterates) may be resumed, read only,
+    when ``store`` holds none, e.g. another configuration's that differs only in
+    ``max_iter`` or ``allow_unconverged``.
     """
     b = np.asarray(b, dtype=np.float64)
     if not np.all(np.isfinite(b)):
@@ -235,6 +239,15 @@ def resumable_cg(
     state = ckpt.load()
     if state is not None:
         log.info("resuming CG %r from iteration %d", name, state.iteration)
+    for other in adopt_from if state is None else ():
+        try:
+            found = CGCheckpoint(other, fingerprint, name=name, every=every).load()
+        except (OSError, ValueError):  # unreadable: not a state to resume
+            continue
+        if found is not None and (state is None or found.iteration > state.iteration):
+            state = found
+            log.info("resuming CG %r from iteration %d of the same solve in %s", name,
+                     found.iteration, other)  # fmt: skip
 
     def cb(st: CGState) -> Any:
         ckpt(st)

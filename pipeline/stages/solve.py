@@ -28,7 +28,7 @@ from pipeline.stages.ingest import open_rows
 from pipeline.stages.outputs import GramOutput, IngestOutput, SolveOutput
 from pipeline.storage import CorruptFileError, bytes_checksum
 from pipeline.storage.atomic import atomic_write
-from pipeline.storage.location import join_path, read_bytes
+from pipeline.storage.location import is_url, join_path, read_bytes
 
 log = logging.getLogger("pipeline.stages")
 
@@ -222,6 +222,24 @@ def check_cg_kernel(kernel: dict[str, Any]) -> None:
         )
 
 
+def _other_cg_dirs(stage_dir: Any) -> tuple[str, ...]:
+    """The CG checkpoint directories of this run directory's other configurations
+    (``results/*/solve/cg``, and an older layout's ``solve/cg``), newest first. A
+    solve whose configuration differs only in what does not change its iterates
+    (``max_iter``, ``allow_unconverged``, ``checkpoint_every``...) resumes from
+    theirs, as the unconverged-solve message advises (it started from 0 before).
+    Local run directories only."""
+    from pipeline.stages.manifest import RESULTS_DIR
+
+    results = Path(stage_dir).resolve().parent.parent
+    if is_url(stage_dir) or results.name != RESULTS_DIR:  # (never another run directory)
+        return ()
+    own = Path(stage_dir).resolve() / "cg"
+    found = [p for p in [*results.glob("*/solve/cg"), results.parent / "solve" / "cg"]
+             if p.is_dir() and p != own]  # fmt: skip
+    return tuple(str(p) for p in sorted(found, key=lambda p: p.stat().st_mtime, reverse=True))
+
+
 def _solve_cg(stage_dir, inputs, y, *, kernel, plan, solver):
     from pipeline.fit import execute
 
@@ -233,8 +251,9 @@ def _solve_cg(stage_dir, inputs, y, *, kernel, plan, solver):
     else:
         gram, X = None, open_rows(IngestOutput.from_json(inputs["ingest"]), "X_train")
     fit = execute(
-        plan, X, y, kernel, gram=gram, cg_dir=str(join_path(stage_dir, "cg")), progress=True
-    )
+        plan, X, y, kernel, gram=gram, cg_dir=str(join_path(stage_dir, "cg")), progress=True,
+        cg_adopt=_other_cg_dirs(stage_dir),
+    )  # fmt: skip
     res, shift = fit.cg, fit.shift
     history_crc = save_npy_atomic(join_path(stage_dir, "cg_history.npy"), np.asarray(res.history))
     if not res.converged and not solver.allow_unconverged:

@@ -263,3 +263,34 @@ def test_manifest_refuses_a_configuration_directory_outside_results(kept, tmp_pa
     (run / "manifest.json").write_text(json.dumps(d))
     with pytest.raises(ManifestError, match="configuration record"):
         Manifest.load(run)
+
+
+def test_an_unconverged_solve_is_resumed_by_the_configuration_its_message_advises(tmp_path):
+    # "set solver.allow_unconverged=true" / "raise solver.max_iter" made a new
+    # configuration that recomputed every CG iteration from zero (session 26)
+    from pipeline.stages import StageFailed, run_config
+
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "X.npy", rng.normal(size=(600, 4)))
+    np.save(tmp_path / "y.npy", rng.normal(size=600))
+    cfg = {"data": {"source": "npy", "path": str(tmp_path / "X.npy"),
+                    "y_path": str(tmp_path / "y.npy")},
+           "split": {"test_fraction": 0.1, "seed": 0},
+           "kernel": {"name": "rbf", "params": {"gamma": 0.5}}, "lambda": 1e-3,
+           "block_size": 200, "evaluate": {"baseline": "none"},
+           "solver": {"method": "cg", "matvec": "recompute", "preconditioner": "jacobi",
+                      "tol": 1e-12, "max_iter": 30, "checkpoint_every": 10,
+                      "cg_precision": "float64"}}  # fmt: skip
+    with pytest.raises(StageFailed, match="did not converge"):
+        run_config(cfg, tmp_path / "run")
+
+    def solve_details(rep):
+        out = rep.outputs["solve"]
+        return out.get("details", out)
+
+    more = {**cfg, "solver": {**cfg["solver"], "max_iter": 40}}
+    with pytest.raises(StageFailed, match="after 40 iterations"):
+        run_config(more, tmp_path / "run")
+    accept = {**cfg, "solver": {**cfg["solver"], "allow_unconverged": True, "max_iter": 40}}
+    rep = run_config(accept, tmp_path / "run")
+    assert solve_details(rep)["resumed_from"] == 40  # the state of the max_iter=40 run
