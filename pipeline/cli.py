@@ -203,6 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pr.add_argument("--scheduler", metavar="ADDRESS", type=not_empty,
                     help="tcp://host:port of a Dask scheduler")  # fmt: skip
+    pr.add_argument("--nan-policy", choices=("raise", "propagate"), default="raise",
+                    help="rows with NaN or inf: refuse the input (default), or predict NaN "
+                    "for them")  # fmt: skip
     pr.add_argument(
         "--overwrite",
         action="store_true",

@@ -80,13 +80,16 @@ def cmd_predict(args) -> int:
             if X is inp:
                 X = as_row_blocks(inp, args.block_size)
             if fmt != "zarr":
-                y = np.asarray(model.predict(X, block_size=args.block_size))
+                y = np.asarray(
+                    model.predict(X, block_size=args.block_size, nan_policy=args.nan_policy)
+                )
                 write_predictions(out, y, fmt, model.target_names, overwrite=args.overwrite)
                 n = len(y)
             else:
                 res = model.predict(
-                    X, out=out, block_size=args.block_size, overwrite=args.overwrite
-                )
+                    X, out=out, block_size=args.block_size, overwrite=args.overwrite,
+                    nan_policy=args.nan_policy,
+                )  # fmt: skip
                 n = res.shape[0]
                 log.info(
                     "%d of %d row blocks computed (%d already complete)",

@@ -1,9 +1,9 @@
 """Run configuration: typed, frozen models loaded from YAML with command-line overrides.
 
-A config file is validated into :class:`RunConfig`. Unknown keys are errors that
-suggest the nearest valid key, and a value of the wrong type is an error that
-names its key. Overrides such as ``kernel.params.gamma=0.5`` or ``lambda=1e-4`` are
-applied to the parsed YAML before validation, so they are checked the same way.
+A config file is validated into :class:`RunConfig`. Unknown keys (and keys given
+twice) are errors that suggest the nearest valid key, and a value of the wrong type
+is an error that names its key. Overrides (``kernel.params.gamma=0.5``) are applied
+to the parsed YAML before validation, so they are checked the same way.
 
 Only the CLI and the workflows read configs; :meth:`RunConfig.stage_params`
 turns a config into the explicit, JSON-able arguments each stage takes.
@@ -25,6 +25,7 @@ from pipeline.config_checks import (
     check_run_dir,
     check_run_name,
     combination_problem,
+    load_yaml,
     local_file_url,
     resolve_config_paths,
     sklearn_loader,
@@ -578,7 +579,7 @@ def load_config(
             what = "is a directory, not a file" if p.is_dir() else "does not exist"
             raise ConfigError(f"config file {source!r} {what}")
         try:
-            raw = yaml.safe_load(p.read_text())
+            raw = load_yaml(p.read_text())
         except (yaml.YAMLError, UnicodeDecodeError) as e:  # e.g. `krr run X.npy`
             raise ConfigError(f"config file {source!r} is not valid YAML text: {e}") from None
         if raw is None:

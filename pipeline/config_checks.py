@@ -185,3 +185,26 @@ def bool_for_number(model: Any, data: Any) -> str | None:
         if isinstance(v, bool) or (isinstance(v, list) and any(isinstance(x, bool) for x in v)):
             return f"{field.alias or name}: expected a number, got {v!r} (true/yes/on are booleans)"
     return None
+
+
+def load_yaml(text: str) -> Any:
+    """``yaml.safe_load`` that refuses a key given twice in one mapping (a config with
+    ``lambda:`` twice silently took the last one): a ``yaml.YAMLError`` naming it."""
+    import yaml
+
+    class _Unique(yaml.SafeLoader):
+        pass
+
+    def mapping(loader: Any, node: Any, deep: bool = False) -> Any:
+        seen = set()
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice", key_node.start_mark
+                )
+            seen.add(key)
+        return loader.construct_mapping(node, deep)
+
+    _Unique.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    return yaml.load(text, Loader=_Unique)  # noqa: S506 (a SafeLoader subclass)

@@ -199,3 +199,28 @@ def test_validate_refuses_what_run_refuses_before_any_work(tmp_path, capsys):
                      f"predict.output={tmp_path}/mine.npy"])  # fmt: skip
     assert code == cli.EXIT_BAD_INPUT and "did not write" in capsys.readouterr().err
     assert (tmp_path / "mine.npy").read_bytes() == b"user data"
+
+
+def test_krr_predict_nan_policy_option(finished, tmp_path, capsys):
+    # the NaN refusal told a CLI user to "pass nan_policy='propagate'", which krr predict
+    # could not do (session 26)
+    rows = np.random.default_rng(0).normal(size=(5, 10)) * 0.05
+    rows[2, 3] = np.nan
+    np.save(tmp_path / "new.npy", rows)
+    out = tmp_path / "p.npy"
+    run = str(finished / "run")
+    assert cli.main(["predict", run, str(tmp_path / "new.npy"), str(out)]) == 3
+    assert "--nan-policy propagate" in capsys.readouterr().err
+    assert cli.main(["predict", run, str(tmp_path / "new.npy"), str(out),
+                     "--nan-policy", "propagate"]) == 0  # fmt: skip
+    got = np.load(out)
+    assert np.isnan(got[2]).all() and np.isfinite(np.delete(got, 2, axis=0)).all()
+
+
+def test_a_key_given_twice_in_a_config_file_is_refused(tmp_path):
+    from pipeline.config import ConfigError, load_config
+
+    p = tmp_path / "c.yaml"
+    p.write_text("data: {source: sklearn, name: diabetes}\nlambda: 0.1\nlambda: 5\n")
+    with pytest.raises(ConfigError, match="key 'lambda' is given twice"):
+        load_config(p)  # the last one was taken silently (session 26)

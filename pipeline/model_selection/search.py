@@ -118,7 +118,11 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
     block_size : int, default=None
         Tile size for the out-of-core solvers (default 2048, at most n).
     store : str or path, default=None
-        Zarr store for the out-of-core solvers (Gram and factor arrays).
+        Zarr store for the out-of-core solvers (Gram and factor arrays). One
+        search at a time per store: its arrays have fixed names, so concurrent
+        searches on one store (clones in ``cross_val_score(..., n_jobs=2)``)
+        fail; give each its own store (``KernelRidge(store=...)`` keys each fit
+        by its content and shares one store safely).
     eigen_mode : {"auto", "lgo", "fold"}, default="auto"
         ``"lgo"``: one eigendecomposition of the full K and the exact
         leave-group-out formula; ``"fold"``: one of each fold's training Gram.

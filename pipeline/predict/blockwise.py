@@ -78,7 +78,8 @@ def _prepare(
             raise ValueError(
                 f"X_new row block {index} (rows {row_start}..{stop}) has {rows.size} row(s) "
                 f"with NaN or inf, the first at row {row_start + int(rows[0])}; clean the "
-                "input, or pass nan_policy='propagate' to predict NaN for those rows"
+                "input, or pass nan_policy='propagate' (krr predict: --nan-policy propagate) to "
+                "predict NaN for those rows"
             )
         xb = xb.copy()
         xb[rows] = 0
