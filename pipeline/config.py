@@ -60,8 +60,7 @@ class _Model(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _numbers_not_bools(cls, data: Any) -> Any:
-        problem = bool_for_number(cls, data)
-        if problem:
+        if problem := bool_for_number(cls, data):
             raise ValueError(problem)
         return data
 
