@@ -78,8 +78,7 @@ def _prepare(
             raise ValueError(
                 f"X_new row block {index} (rows {row_start}..{stop}) has {rows.size} row(s) "
                 f"with NaN or inf, the first at row {row_start + int(rows[0])}; clean the "
-                "input, or pass nan_policy='propagate' (krr predict: --nan-policy propagate) to "
-                "predict NaN for those rows"
+                "input, or pass nan_policy='propagate' (krr predict: --nan-policy propagate)"
             )
         xb = xb.copy()
         xb[rows] = 0
@@ -582,11 +581,8 @@ def predict(
             dsk, done_key, [X, m.X_train, m.dual_coef],
             progress=progress, desc="predict",
         )  # fmt: skip
-    arr = handle.zarr()
-    if todo or not arr.attrs.get("complete"):
-        # every row block is written and marked: say so to readers that ignore markers
-        # (a store killed midway has no such attribute, and its missing rows read as NaN)
-        arr.attrs["complete"] = True
+    if todo or not handle.zarr().attrs.get("complete"):  # every block marked: this is
+        handle.zarr().attrs["complete"] = True  # said to readers that ignore the markers
     return BatchPrediction(
         store=str(out),
         name=out_name,
