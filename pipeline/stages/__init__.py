@@ -31,7 +31,7 @@ from pipeline.stages.lock import LockHeldError, RunLock
 from pipeline.stages.manifest import Manifest, StageRecord
 from pipeline.stages.runner import RunDirConflict, RunReport, Stage, StageFailed, run_stages
 from pipeline.stages.status import configurations, latest_model, run_status
-from pipeline.stages.verify import verify_metrics, verify_model, verify_predictions
+from pipeline.stages.verify import verify_gram, verify_metrics, verify_model, verify_predictions
 
 log = logging.getLogger("pipeline.stages")
 
@@ -179,6 +179,7 @@ def _predict_input(params: dict[str, Any], outputs: Mapping[str, Any]) -> dict[s
 
 #: cheap checks of a complete stage's final outputs before it is skipped
 _VERIFY = {
+    "gram": verify_gram,
     "model": verify_model,
     "predict": verify_predictions,
     "evaluate": verify_metrics,

@@ -9,6 +9,9 @@ so a rerun after a kill computes only the tiles without a completion record.
 
 from __future__ import annotations
 
+import functools
+import logging
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +19,10 @@ from pipeline.gram import build_gram
 from pipeline.policy import constants as C
 from pipeline.stages.ingest import open_rows
 from pipeline.stages.outputs import GramOutput, IngestOutput
-from pipeline.storage.location import join_path
+from pipeline.storage import ForeignPathError
+from pipeline.storage.location import is_url, join_path
+
+log = logging.getLogger(__name__)
 
 
 def run(
@@ -35,7 +41,8 @@ def run(
     """
     ing = IngestOutput.from_json(inputs["ingest"])
     store = str(join_path(stage_dir, "gram.zarr"))
-    gram = build_gram(
+    build = functools.partial(
+        build_gram,
         open_rows(ing, "X_train"),
         kernel,
         store,
@@ -47,6 +54,17 @@ def run(
         kernel_dtype=C.GRAM_ON_DEMAND_KERNEL_DTYPE if on_demand else None,
         defer=on_demand,
     )
+    try:
+        gram = build()
+    except ForeignPathError as e:
+        if is_url(store) or not Path(e.path).resolve().is_relative_to(Path(store).resolve()):
+            raise
+        # an unreadable array in this stage's own directory (which holds only what the
+        # pipeline wrote, runner.py): e.g. a damaged zarr.json, which no rerun could
+        # get past. The store (array and completion records) is removed and built again
+        log.warning("the Gram's array in %s is unreadable (%s): building it again", store, e)
+        shutil.rmtree(store)
+        gram = build()
     return GramOutput(
         store=gram.store,
         name=gram.name,

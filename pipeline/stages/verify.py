@@ -18,11 +18,35 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from pipeline.storage import read_all
 
 
 class DamagedOutput(ValueError):
     """A complete stage's output no longer verifies (see the module docstring)."""
+
+
+def verify_gram(stage_dir: Path, outputs: dict[str, Any]) -> None:
+    """The Gram's array metadata still says what the stage recorded (shape, tile,
+    dtype, fingerprint): a damaged ``zarr.json`` failed every later stage, and every
+    rerun, with the same error (the tiles themselves are checked when read)."""
+    from pipeline.gram import open_gram
+
+    if not outputs.get("store"):
+        return
+    try:
+        g = open_gram(outputs["store"], outputs.get("name", "gram"))
+        found = [list(g.shape), g.block_size, np.dtype(g.dtype).name, g.fingerprint]
+    except (OSError, ValueError) as e:
+        raise DamagedOutput(f"Gram {outputs['store']!r}: {e}") from e
+    want = [outputs.get(k) for k in ("shape", "block_size", "dtype", "fingerprint")]
+    want[2] = np.dtype(want[2]).name if want[2] else want[2]
+    if found != want:
+        raise DamagedOutput(
+            f"Gram {outputs['store']!r}: its metadata says shape, tile, dtype, fingerprint "
+            f"{found}, the stage recorded {want}"
+        )
 
 
 def verify_model(stage_dir: Path, outputs: dict[str, Any]) -> None:

@@ -517,6 +517,7 @@ def open_tiled_array(
             and tuple(existing.shape) == shape
             and tuple(existing.chunks) == chunks
             and np.dtype(existing.dtype) == dtype
+            and existing.attrs.get("block_size") == int(block_size)  # (its readers use it)
         )
         if same:
             # reopened for resume: before any work, drop what killed writers left

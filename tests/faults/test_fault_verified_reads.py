@@ -293,3 +293,32 @@ def test_corrupt_X_train_without_its_source_fails_loudly(data, tmp_path):
     src.write_bytes(good)
     _ok(_krr(conf, run, "lambda=0.02"))
     assert _metrics(run) == _metrics(clean)
+
+
+@pytest.mark.parametrize("damage", ["invalid json", "block_size attribute", "shape"])
+def test_a_damaged_gram_zarr_json_is_rebuilt_not_a_stuck_run(tmp_path, damage):
+    # the gram stage trusted its zarr.json: a damaged one failed the solve stage with
+    # exit 4 ("rerun to resume"), and every rerun failed the same way (session 26)
+    from pipeline.stages import run_config
+
+    cfg = {"data": {"source": "sklearn", "name": "diabetes"}, "split": {"test_fraction": 0.25},
+           "kernel": {"name": "rbf", "params": {"gamma": 0.05}}, "lambda": 0.5,
+           "solver": {"method": "cholesky"}, "block_size": 128,
+           "evaluate": {"baseline": "none"}}  # fmt: skip
+    run_config(cfg, tmp_path / "run")
+    meta = tmp_path / "run" / "gram" / "gram.zarr" / "gram" / "zarr.json"
+    text = meta.read_text()
+    doc = json.loads(text)
+    if damage == "invalid json":
+        text = text.replace(":", ";", 1)
+    elif damage == "block_size attribute":
+        doc["attributes"]["block_size"] = 129
+        text = json.dumps(doc)
+    else:
+        doc["shape"] = [doc["shape"][0] + 1, doc["shape"][1]]
+        text = json.dumps(doc)
+    meta.write_text(text)
+    again = run_config({**cfg, "lambda": 0.05}, tmp_path / "run")
+    fresh = run_config({**cfg, "lambda": 0.05}, tmp_path / "fresh")
+    assert "gram" in again.ran
+    assert again.outputs["evaluate"]["metrics"] == fresh.outputs["evaluate"]["metrics"]
