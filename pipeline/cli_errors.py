@@ -197,9 +197,13 @@ def _probe_scheduler(address: str, timeout: float, source: str) -> None:
     import concurrent.futures
 
     from distributed.core import rpc
+    from distributed.security import Security
+
+    # the dask config's TLS settings, as Client(address) reads them (tls:// addresses)
+    conn = Security().get_connection_args("client")
 
     async def ask() -> Any:
-        r = rpc(address)
+        r = rpc(address, connection_args=conn)
         try:
             return await r.identity()
         finally:

@@ -344,7 +344,7 @@ class ClusterConfig(_Model):
     address: str | None = None
     n_workers: int | None = Field(default=None, ge=1)
     threads_per_worker: int = Field(default=1, ge=1)
-    memory_limit: str = "4GiB"
+    memory_limit: str | int | float = "4GiB"  # as LocalCluster takes it (0: no limit)
     processes: bool = True
     dashboard: bool = True
     connect_timeout: float = Field(default=10.0, gt=0, allow_inf_nan=False)

@@ -151,16 +151,18 @@ def combination_problem(cfg: Any) -> str | None:
             f"split.test_path of a {data.source} source needs split.test_y_path (the test "
             "targets), as data.path needs data.y_path"
         )
-    try:
-        from dask.utils import parse_bytes
+    try:  # as the embedded LocalCluster reads it ("auto", "0", a fraction, "4GiB")
+        import logging
 
-        limit = cfg.cluster.memory_limit
-        if str(limit).strip().lower() != "auto" and parse_bytes(limit) <= 0:
+        from distributed.worker_memory import parse_memory_limit
+
+        lim = parse_memory_limit(cfg.cluster.memory_limit, 1, logger=logging.getLogger(__name__))
+        if lim is not None and lim <= 0:  # ("-1" parses, as a negative size)
             raise ValueError
     except (ValueError, TypeError, KeyError):
         return (
             f"cluster.memory_limit: {cfg.cluster.memory_limit!r} is not a positive size; "
-            "write e.g. 4GiB, 4000MB or auto"
+            "write e.g. 4GiB, 4000MB, 0.5 (of the memory) or auto"
         )
     return None
 

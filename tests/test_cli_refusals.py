@@ -119,6 +119,7 @@ def test_a_tolerance_of_one_or_more_is_refused_by_the_config_and_the_estimator(v
         (["cv.alphas=[0.1]", "cv.folds=loo", "cv.solver=dense"], "cv.folds: loo needs"),
         (["solver.cg_precision=mixed", "solver.matvec=stored"], "cannot use solver.matvec"),
         (["cluster.memory_limit=abc"], "cluster.memory_limit"),
+        (["cluster.memory_limit=AUTO"], "cluster.memory_limit"),  # dask takes only "auto"
         (["cluster.connect_timeout=.inf"], "cluster.connect_timeout"),
         (["cv.alphas=[0.1]", "cv.tol=2"], "cv.tol"),
         (["lambda=yes"], "lambda: expected a number"),  # read as 1 before
@@ -224,3 +225,11 @@ def test_a_key_given_twice_in_a_config_file_is_refused(tmp_path):
     p.write_text("data: {source: sklearn, name: diabetes}\nlambda: 0.1\nlambda: 5\n")
     with pytest.raises(ConfigError, match="key 'lambda' is given twice"):
         load_config(p)  # the last one was taken silently (session 26)
+
+
+@pytest.mark.parametrize("limit", ["auto", "0", "0.5", "4GiB"])
+def test_memory_limits_the_local_cluster_takes_are_valid(limit):
+    from pipeline.config import load_config
+
+    load_config({"data": {"source": "sklearn", "name": "diabetes"}},
+                [f"cluster.memory_limit={limit}"])  # fmt: skip

@@ -50,6 +50,7 @@ from dask.highlevelgraph import HighLevelGraph
 
 from pipeline.io import as_row_blocks, check_block_size, validate_and_fingerprint
 from pipeline.kernels import Kernel, kernel_fingerprint, make_kernel
+from pipeline.kernels.base import NonFiniteKernelError
 from pipeline.parallel import compute, in_this_process
 from pipeline.policy import constants as C
 from pipeline.storage import TiledArray, fingerprint_obj, open_tiled_array
@@ -170,7 +171,7 @@ def _write(handle: TiledArray, i: int, j: int, tile: np.ndarray, **info: Any) ->
     Mercer kernel every entry is at most the largest diagonal one, so this O(b) check
     catches the tiles a float32 store turned into inf (build_gram returned normally)."""
     if i == j and tile.dtype == np.float32 and not np.isfinite(np.diagonal(tile)).all():
-        raise ValueError(
+        raise NonFiniteKernelError(  # (a ValueError)
             f"Gram tile ({i}, {i}) overflows float32 storage: its kernel values exceed "
             f"{np.finfo(np.float32).max:.3g} (e.g. a high polynomial degree on large "
             "features). Store the Gram in float64 (dtype='float64'; KernelRidge: "

@@ -153,15 +153,27 @@ def encode_ordinal(df: Any, codes: Mapping[Any, list[str]], what: str) -> Any:
 
         part = part.copy()
         for col, cats in codes.items():
-            c = pd.Categorical(part[col], categories=cats, ordered=True).codes
+            c = pd.Categorical(_as_text(part[col]), categories=cats, ordered=True).codes
             if (c < 0).any():
                 bad = sorted(set(part[col][c < 0].astype(str)))[:5]
                 raise ValueError(
                     f"{what}: ordinal column {col!r} has values {bad} outside its categories "
-                    f"{cats} (data.ordinal); add them to the list, or drop those rows"
+                    f"{cats} (data.ordinal of the training run: train again with them "
+                    "there, or drop those rows)"
                 )
             part[col] = c.astype(np.float64)
         return part
+
+    def _as_text(s: Any) -> Any:
+        """The values as the config's category strings: a CSV reader parses "1" as 1,
+        "1" beside an empty cell as 1.0, "True" as True (they matched no category)."""
+        import pandas as pd
+
+        if isinstance(s.dtype, pd.CategoricalDtype) or s.dtype == object:
+            return s
+        if pd.api.types.is_float_dtype(s.dtype) and (s.dropna() % 1 == 0).all():
+            return s.astype("Int64").astype("string").astype(object)
+        return s.astype("string").astype(object)
 
     if hasattr(df, "map_partitions"):  # a Dask DataFrame
         meta = df._meta.copy()

@@ -87,6 +87,23 @@ def check_real(
         raise ValueError(f"{who}: {name} must be {rng}{none}, got {value!r}")
 
 
+class NonFiniteKernelError(ValueError):
+    """The kernel's values are inf or NaN where they are stored (they overflow float64,
+    or a float32 Gram): no factor can be computed, whatever lambda or jitter. The
+    message names the block and the fix."""
+
+
+def _param_state(obj: Any) -> list[tuple[Any, dict[str, Any]]]:
+    """``obj`` and every parametrized object nested in it, each with its parameters'
+    current values (the objects themselves, not copies)."""
+    values = {n: getattr(obj, n) for n in obj._param_names()}
+    out = [(obj, values)]
+    for v in values.values():
+        if hasattr(v, "_param_names") and not isinstance(v, type):
+            out += _param_state(v)
+    return out
+
+
 class Parametrized:
     """scikit-learn style parameters: the keyword arguments of ``__init__``.
 
@@ -132,12 +149,7 @@ class Parametrized:
                 nested.setdefault(head, {})[sub] = value
             else:
                 direct[head] = value
-        import copy
-
-        old = {n: getattr(self, n) for n in direct}
-        # the nested objects' state, restored in place (they keep their identity)
-        saved = {h: copy.deepcopy(getattr(self, h).__dict__) for h in nested
-                 if hasattr(getattr(self, h), "__dict__")}  # fmt: skip
+        saved = _param_state(self)  # every (object, its parameters), nested ones too
         try:
             for n, v in direct.items():
                 setattr(self, n, v)
@@ -152,11 +164,9 @@ class Parametrized:
                 inner.set_params(**sub_params)
             self._check_params()
         except (ValueError, TypeError):
-            for n, v in old.items():
-                setattr(self, n, v)
-            for h, state in saved.items():
-                vars(getattr(self, h)).clear()
-                vars(getattr(self, h)).update(state)
+            for obj, values in saved:  # the same objects, their old values
+                for n, v in values.items():
+                    setattr(obj, n, v)
             raise
         return self
 

@@ -17,6 +17,7 @@ memory, whether the band LAPACK routine exists) and raises the errors.
 
 from __future__ import annotations
 
+import numbers
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -56,7 +57,7 @@ def check_params(cv: Any) -> None:
         if value not in allowed:
             raise ValueError(f"{name}={value!r} is not valid; choose one of {allowed}")
     tol = getattr(cv, "tol", None)
-    if tol is not None and (isinstance(tol, bool) or not isinstance(tol, int | float)
+    if tol is not None and (isinstance(tol, bool) or not isinstance(tol, numbers.Real)
                             or not 0 < tol < 1):  # fmt: skip
         # a relative residual: at tol >= 1 every CG solve stops at alpha = 0
         raise ValueError(f"tol must be a float in (0, 1), e.g. 1e-6, got {tol!r}")

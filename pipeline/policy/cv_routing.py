@@ -109,10 +109,9 @@ def choose_cv_solver(
     ``in_memory_max_n`` rows; else, with a store, ``"cholesky"`` for leave-one-out or
     when one factorisation per λ is predicted cheaper than the block CG
     (:func:`predicted_search_seconds`); else ``"cg"``."""
-    costs: dict[str, Any] = {
-        "eigen": eigen_cost(n, kind, n_alpha, splits, eigen_requested),
-        "dense": dense_cost(n_alpha, splits),
-    }
+    costs: dict[str, Any] = {"eigen": eigen_cost(n, kind, n_alpha, splits, eigen_requested)}
+    if kind != "loo":  # one system per left-out row: leave-one-out is eigen's (or the factor's)
+        costs["dense"] = dense_cost(n_alpha, splits)
     if kind != "loo" and band_ok:
         costs["band"] = band_cost(splits)
     if n <= in_memory_max_n:

@@ -173,8 +173,9 @@ def write_predictions(
     replaces only a file the pipeline wrote (:func:`check_output_file`, called
     here again; callers call it before any work too), is renamed into place
     *first*: a write killed between the two renames leaves the old file beside a
-    record it does not match, which ``overwrite`` replaces (with a warning), never
-    a new file without a record, which would be refused as a user's. Returns the CRC-32C of the file's bytes, computed from the
+    record it does not match but its ``replaces_crc32c`` does, which ``overwrite``
+    replaces, never a new file without a record, which would be refused as a
+    user's. Returns the CRC-32C of the file's bytes, computed from the
     written file before the rename (see :func:`file_crc32c`), for the caller to
     record and check on a later read.
     """

@@ -244,7 +244,9 @@ def resumable_cg(
             found = CGCheckpoint(other, fingerprint, name=name, every=every).load()
         except (OSError, ValueError):  # unreadable: not a state to resume
             continue
-        if found is not None and (state is None or found.iteration > state.iteration):
+        if found is None or (max_iter is not None and found.iteration > max_iter):
+            continue  # past this solve's max_iter: its iterate is not this solve's answer
+        if state is None or found.iteration > state.iteration:
             state = found
             log.info("resuming CG %r from iteration %d of the same solve in %s", name,
                      found.iteration, other)  # fmt: skip

@@ -215,6 +215,11 @@ def mixed_precision_cg(
         history[-1] = new
         outer.append((n_inner, new))
         log.info("mixed CG: outer %d, %d inner iterations, rel. residual %.3e", k, n_inner, new)
+        if n_inner >= max_inner and new <= rel:  # the budget ran out, not the precision:
+            rel = new  # an unconverged result (max_iter reached), never "stagnation"
+            if on_outer is not None:
+                on_outer(k, x, rel)
+            break
         if new > 0.5 * rel:
             err = CGStagnationError(
                 f"mixed-precision CG stagnated at outer step {k}: the float64 relative residual "

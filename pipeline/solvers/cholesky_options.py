@@ -8,12 +8,9 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.kernels.base import NonFiniteKernelError  # noqa: F401 (re-exported)
+
 CONVENTIONS = ("sklearn", "n")
-
-
-class NonFiniteKernelError(ValueError):
-    """The Gram holds an inf or NaN (the kernel's values overflow float64): the factor
-    cannot be computed, whatever lambda or jitter. The message names the block."""
 
 
 class NotPositiveDefiniteError(ValueError):

@@ -62,3 +62,18 @@ def test_group_splitters_and_none_in_a_grid(tmp_path):
     m = KernelRidgeCV(alphas=[0.1, 1.0], param_grid={"gamma": [None, 0.5]}).fit(X, y)
     out = save_search_report(m, tmp_path)  # sorting None beside floats raised TypeError
     assert "cv_heatmap" in out
+
+
+def test_auto_leave_one_out_on_a_few_rows_and_a_numpy_tol():
+    # solver="auto" chose dense for leave-one-out on <= 10 rows, which is then refused;
+    # np.float32(tol) was refused by KernelRidgeCV (session 26)
+    from sklearn.model_selection import LeaveOneOut
+
+    X, y = _data(8)
+    m = KernelRidgeCV(alphas=[0.1], cv="loo").fit(X, y)
+    ref = GridSearchCV(SK(kernel="rbf"), {"alpha": [0.1]}, cv=LeaveOneOut(),
+                       scoring="neg_mean_squared_error").fit(X, y)  # fmt: skip
+    assert m.solver_ != "dense"
+    m2 = KernelRidgeCV(alphas=[0.1], cv="loo", scoring="neg_mean_squared_error").fit(X, y)
+    np.testing.assert_allclose(m2.best_score_, ref.best_score_, rtol=1e-9)
+    KernelRidgeCV(alphas=[0.1], tol=np.float32(1e-4)).fit(*_data(40))

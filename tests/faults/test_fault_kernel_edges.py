@@ -13,7 +13,9 @@ def test_a_float32_gram_that_overflows_is_refused(tmp_path):
 
     X = np.random.default_rng(13).standard_normal((60, 3)) * 1e20  # K ~ 1e40: float64 only
     for kd in (None, "float64"):
-        with pytest.raises(ValueError, match="overflows float32 storage"):
+        from pipeline.solvers.cholesky_options import NonFiniteKernelError
+
+        with pytest.raises(NonFiniteKernelError, match="overflows float32 storage"):
             build_gram(X, Linear(), str(tmp_path / f"g{kd}"), 25, dtype="float32",
                        kernel_dtype=kd, progress=False)  # fmt: skip
 
@@ -57,3 +59,11 @@ def test_auto_with_a_store_fits_a_callable_warped_kernel_in_memory(tmp_path):
     X, y = rng.standard_normal((200, 3)), rng.standard_normal(200)
     m = KernelRidge(kernel=Warped(RBF(), lambda Z: 2 * Z), store=str(tmp_path / "s")).fit(X, y)
     assert m.solver_ == "dense"
+
+
+def test_a_refused_set_params_keeps_the_users_nested_objects():
+    inner = RBF(gamma=0.5)
+    k = Sum(Sum(inner, RBF()), RBF())
+    with pytest.raises(ValueError, match="gamma"):
+        k.set_params(k1__k1__gamma=0.1, k2__gamma=-1.0)
+    assert k.k1.k1 is inner and inner.gamma == 0.5  # the user's object, its old value

@@ -102,3 +102,16 @@ def test_a_zarr_prediction_store_says_when_it_is_complete(tmp_path, monkeypatch)
     z = zarr.open_array(store=out, path="predictions", mode="r")
     assert z.attrs["complete"] is True and res.n_skipped == 2
     np.testing.assert_allclose(z[...], predict(Xn, Xt, a, "rbf", block_size=10, progress=False))
+
+
+def test_ordinal_categories_that_a_csv_reader_parses_as_numbers(tmp_path):
+    # "1", "2", "3" were read as integers and matched no category: "values ['1', '2',
+    # '3'] outside its categories ['1', '2', '3']" (session 26)
+    from pipeline.io.inputs import encode_ordinal
+
+    df = pd.DataFrame({"g": [1, 3, 2], "h": [1.0, None, 2.0], "b": [True, False, True]})
+    out = encode_ordinal(df, {"g": ["1", "2", "3"], "b": ["False", "True"]}, "t")
+    assert out["g"].tolist() == [0.0, 2.0, 1.0] and out["b"].tolist() == [1.0, 0.0, 1.0]
+    with pytest.raises(ValueError, match="outside its categories"):
+        encode_ordinal(df, {"h": ["1", "2"]}, "t")  # the empty cell is no category
+    assert encode_ordinal(df.dropna(), {"h": ["1", "2"]}, "t")["h"].tolist() == [0.0, 1.0]

@@ -291,6 +291,11 @@ def test_an_unconverged_solve_is_resumed_by_the_configuration_its_message_advise
     more = {**cfg, "solver": {**cfg["solver"], "max_iter": 40}}
     with pytest.raises(StageFailed, match="after 40 iterations"):
         run_config(more, tmp_path / "run")
+    fewer = {**cfg, "solver": {**cfg["solver"], "allow_unconverged": True, "max_iter": 10}}
+    rep = run_config(fewer, tmp_path / "run")  # a state past its max_iter is not its answer
+    assert solve_details(rep)["resumed_from"] == 0 and solve_details(rep)["n_iter"] == 10
+    fresh = run_config(fewer, tmp_path / "fresh")
+    assert rep.outputs["evaluate"]["metrics"] == fresh.outputs["evaluate"]["metrics"]
     accept = {**cfg, "solver": {**cfg["solver"], "allow_unconverged": True, "max_iter": 40}}
     rep = run_config(accept, tmp_path / "run")
     assert solve_details(rep)["resumed_from"] == 40  # the state of the max_iter=40 run
