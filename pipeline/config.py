@@ -290,9 +290,9 @@ class CvConfig(_Model):
                     "give a list of ridge penalties, or {logspace: [lo, hi, num]} "
                     "(10**lo .. 10**hi, num values)"
                 )
-            import numpy as np
-
             lo, hi, num = spec
+            if any(isinstance(v, bool) for v in (lo, hi)):
+                raise ValueError(f"logspace bounds must be numbers, got {[lo, hi]!r}")
             if isinstance(num, bool) or not isinstance(num, int) or num < 1:
                 raise ValueError(f"logspace num must be an int >= 1, got {num!r}")
             return np.logspace(float(lo), float(hi), num).tolist()

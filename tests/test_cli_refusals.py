@@ -124,6 +124,7 @@ def test_a_tolerance_of_one_or_more_is_refused_by_the_config_and_the_estimator(v
         (["cv.alphas=[0.1]", "cv.tol=2"], "cv.tol"),
         (["lambda=yes"], "lambda: expected a number"),  # read as 1 before
         (["cv.alphas=[true, 0.1]"], "alphas: expected a number"),
+        (["cv.alphas={logspace: [true, 1, 3]}"], "logspace bounds must be numbers"),
     ],
 )
 def test_settings_refused_together_fail_validation_not_a_stage(overrides, match):
