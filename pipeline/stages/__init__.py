@@ -213,6 +213,7 @@ def default_stages() -> list[Stage]:
             verify=_VERIFY.get(name),
             per_config=name in PER_CONFIG_STAGES,
             scratch=_SCRATCH.get(name, ()),
+            reusable=name == "solve",  # alpha: copied from an equal configuration's solve
         )
         for name, (module, after) in STAGE_WIRING.items()
     ]

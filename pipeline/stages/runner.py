@@ -78,6 +78,7 @@ from pipeline.stages.recovery import (
 )
 from pipeline.stages.results import (
     Planned,
+    adopt_result,
     config_dirs,
     enter_configuration,
     plan_configuration,
@@ -148,6 +149,9 @@ class Stage:
     #: its fingerprint changes. Its ``enabled`` and ``resolve`` may read only the
     #: outputs of stages that are not ``per_config``.
     per_config: bool = False
+    #: a ``per_config`` stage whose complete result in another configuration with the
+    #: same fingerprint is copied instead of computed again (results.adopt_result)
+    reusable: bool = False
     #: entries of a ``per_config`` stage's directory needed only to resume it (e.g. the
     #: Cholesky factor): removed from a complete configuration when a run moves to another
     #: one, so kept configurations cost their results' disk, not their factors'
@@ -484,6 +488,21 @@ def _run_pass(
             if until == stage.name:
                 break
             continue
+        if stage.per_config and rec.started is None:
+            rec.started = time.time()  # (recorded before the directory is made: ours)
+            manifest.save()
+            adopted = adopt_result(run_dir, manifest, stage, fp, stage_dir)
+            if adopted is not None:
+                rec.status, rec.fingerprint, rec.outputs, rec.error = "done", fp, adopted, None
+                rec.finished = time.time()
+                manifest.save()
+                outputs[stage.name] = adopted
+                _note(report.skipped_done, stage.name)
+                emit(stage.name, "skip", {"fingerprint": fp, "copied": True})
+                if until == stage.name:
+                    break
+                continue
+            rec.started = None
         _check_adoptable(stage_dir, rec)  # from here on, stage_dir is ours
         if rec.fingerprint is not None and rec.fingerprint != fp:
             # another config computed what is there: never resume from it

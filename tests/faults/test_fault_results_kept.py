@@ -299,3 +299,30 @@ def test_an_unconverged_solve_is_resumed_by_the_configuration_its_message_advise
     accept = {**cfg, "solver": {**cfg["solver"], "allow_unconverged": True, "max_iter": 40}}
     rep = run_config(accept, tmp_path / "run")
     assert solve_details(rep)["resumed_from"] == 40  # the state of the max_iter=40 run
+
+
+def test_a_new_prediction_input_reuses_the_equal_solve_of_another_configuration(tmp_path):
+    # a predict.* or evaluate.* change made a new configuration that solved again (a
+    # 25-minute factor at 80k) for the same alpha (session 26)
+    from pipeline.stages import run_config
+
+    rng = np.random.default_rng(0)
+    for name, m in (("new1", 7), ("new2", 9)):
+        np.save(tmp_path / f"{name}.npy", rng.normal(size=(m, 10)) * 0.05)
+    cfg = {"data": {"source": "sklearn", "name": "diabetes"},
+           "kernel": {"name": "rbf", "params": {"gamma": 0.05}}, "lambda": 0.5,
+           "solver": {"method": "cholesky"}, "block_size": 128,
+           "evaluate": {"baseline": "none"},
+           "predict": {"input": str(tmp_path / "new1.npy")}}  # fmt: skip
+    first = run_config(cfg, tmp_path / "run")
+    other = {**cfg, "predict": {"input": str(tmp_path / "new2.npy")}}
+    second = run_config(other, tmp_path / "run")
+    assert second.configuration != first.configuration
+    assert "solve" in second.skipped_done and "predict" in second.ran
+    fresh = run_config(other, tmp_path / "fresh")
+    np.testing.assert_array_equal(np.load(second.outputs["solve"]["alpha"]),
+                                  np.load(fresh.outputs["solve"]["alpha"]))  # fmt: skip
+    assert second.outputs["solve"]["alpha"] != first.outputs["solve"]["alpha"]  # its own copy
+    assert not (Path(second.outputs["solve"]["alpha"]).parent / "factor.zarr").exists()
+    back = run_config(cfg, tmp_path / "run")
+    assert back.ran == []
