@@ -406,6 +406,7 @@ def _execute(
                 max_iter=plan.max_iter,
                 callback=shown,
                 adopt_from=cg_adopt,
+                tiling={"block_size": bs, "matvec": plan.matvec},
             )
     info = {
         "matvec": plan.matvec,

@@ -77,13 +77,19 @@ class CGCheckpoint:
         Save every ``every`` iterations (k >= 1).
     """
 
-    def __init__(self, store: str, fingerprint: str, *, name: str = "cg", every: int = 10) -> None:
+    def __init__(
+        self, store: str, fingerprint: str, *, name: str = "cg", every: int = 10,
+        tiling: Any = None,
+    ) -> None:  # fmt: skip
         if int(every) != every or every < 1:
             raise ValueError(f"checkpoint interval 'every' must be an integer >= 1, got {every!r}")
         self.store = str(store)
         self.fingerprint = fingerprint
         self.name = name
         self.every = int(every)
+        #: what else fixes the iterates' bits (e.g. the matrix-free product's tile size,
+        #: which its fingerprint leaves out): recorded, and required to adopt a state
+        self.tiling = tiling
         self.markers = TileMarkers(self.store, f"cg-{name}", fingerprint)
         self.fs, root = fsspec.core.url_to_fs(self.store)
         self.root = f"{root.rstrip('/')}/_cg/{name}"
@@ -126,7 +132,11 @@ class CGCheckpoint:
         data = buf.getvalue()
         self._write(f"{self.root}/slot{slot}.npz", data)
         self.markers.mark(
-            _KEY, slot=slot, iteration=int(state.iteration), crc32c=bytes_checksum(data)
+            _KEY,
+            slot=slot,
+            iteration=int(state.iteration),
+            crc32c=bytes_checksum(data),
+            **({"tiling": self.tiling} if self.tiling is not None else {}),
         )
         self._slot = slot
         self.n_saved += 1
@@ -208,6 +218,7 @@ def resumable_cg(
     true_residual_every: int = 50,
     fingerprint: str | None = None,
     adopt_from: Sequence[str] = (),
+    tiling: Any = None,
 ) -> CGResult:
     """CG on ``operator`` (a :class:`KernelOperator`, or any callable with a
     ``fingerprint``) that checkpoints to ``store`` every ``every`` iterations and
@@ -220,7 +231,8 @@ def resumable_cg(
     where the solve resumed. ``adopt_from``: other stores whose checkpoints of the
     same solve (same fingerprint, so the same iterates) may be resumed, read only,
     when ``store`` holds none, e.g. another configuration's that differs only in
-    ``max_iter`` or ``allow_unconverged``.
+    ``max_iter`` or ``allow_unconverged``; only a state recorded with the same
+    ``tiling`` (anything else that fixes the iterates' bits) is adopted.
     """
     b = np.asarray(b, dtype=np.float64)
     if not np.all(np.isfinite(b)):
@@ -235,13 +247,17 @@ def resumable_cg(
                 "'fingerprint' attribute"
             )
         fingerprint = cg_fingerprint(op_fp, pre_fp, b, tol)
-    ckpt = CGCheckpoint(store, fingerprint, name=name, every=every)
+    ckpt = CGCheckpoint(store, fingerprint, name=name, every=every, tiling=tiling)
     state = ckpt.load()
     if state is not None:
         log.info("resuming CG %r from iteration %d", name, state.iteration)
-    for other in adopt_from if state is None else ():
+    for other in adopt_from if state is None and tiling is not None else ():
         try:
-            found = CGCheckpoint(other, fingerprint, name=name, every=every).load()
+            theirs = CGCheckpoint(other, fingerprint, name=name, every=every)
+            # the same products bit for bit: their tiling too (a matrix-free product's
+            # rounding follows its tiles; a state from another tiling gave another alpha)
+            same = (theirs.markers.record(_KEY) or {}).get("tiling") == tiling
+            found = theirs.load() if same else None
         except (OSError, ValueError):  # unreadable: not a state to resume
             continue
         if found is None or (max_iter is not None and found.iteration > max_iter):

@@ -215,8 +215,11 @@ def mixed_precision_cg(
         history[-1] = new
         outer.append((n_inner, new))
         log.info("mixed CG: outer %d, %d inner iterations, rel. residual %.3e", k, n_inner, new)
-        if n_inner >= max_inner and new <= rel:  # the budget ran out, not the precision:
-            rel = new  # an unconverged result (max_iter reached), never "stagnation"
+        if n_inner >= max_inner:  # the budget ran out, not the precision: an unconverged
+            if new <= rel:  # result (max_iter reached) with the better iterate, never
+                rel = new  # "stagnation" (and no float64 fallback past max_iter)
+            else:
+                x = accepted
             if on_outer is not None:
                 on_outer(k, x, rel)
             break

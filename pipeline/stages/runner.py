@@ -488,7 +488,8 @@ def _run_pass(
             if until == stage.name:
                 break
             continue
-        if stage.per_config and rec.started is None:
+        if stage.reusable and stage.per_config and rec.started is None:
+            _check_adoptable(stage_dir, rec)  # a directory of the user's: refused first
             rec.started = time.time()  # (recorded before the directory is made: ours)
             manifest.save()
             adopted = adopt_result(run_dir, manifest, stage, fp, stage_dir)
@@ -502,7 +503,8 @@ def _run_pass(
                 if until == stage.name:
                     break
                 continue
-            rec.started = None
+            rec.started = None  # (nothing made: the record says so again)
+            manifest.save()
         _check_adoptable(stage_dir, rec)  # from here on, stage_dir is ours
         if rec.fingerprint is not None and rec.fingerprint != fp:
             # another config computed what is there: never resume from it

@@ -326,3 +326,46 @@ def test_a_new_prediction_input_reuses_the_equal_solve_of_another_configuration(
     assert not (Path(second.outputs["solve"]["alpha"]).parent / "factor.zarr").exists()
     back = run_config(cfg, tmp_path / "run")
     assert back.ran == []
+
+
+def test_reuse_never_takes_a_users_directory_nor_another_tilings_cg_state(tmp_path):
+    # the copy marked every new configuration's stage as started before checking its
+    # directory: a refused user directory was written into on the next run, and
+    # deleted by --force-new; a CG state of another block_size (the matrix-free
+    # product's fingerprint leaves its tiling out) gave another alpha (session 26)
+    from pipeline.stages import RunDirConflict, StageFailed, run_config
+
+    cfg = {"data": {"source": "sklearn", "name": "diabetes"},
+           "kernel": {"name": "rbf", "params": {"gamma": 0.05}}, "lambda": 0.5,
+           "solver": {"method": "cholesky"}, "block_size": 128,
+           "evaluate": {"baseline": "none"}}  # fmt: skip
+    run_config(cfg, tmp_path / "run")
+    other = {**cfg, "evaluate": {"baseline": "none", "metrics": ["rmse"]}}
+    key = run_config(other, tmp_path / "probe").configuration
+    mine = tmp_path / "run" / "results" / key / "solve"
+    mine.mkdir(parents=True)
+    (mine / "notes.txt").write_text("mine")
+    for _ in range(2):
+        with pytest.raises(RunDirConflict, match="does not record"):
+            run_config(other, tmp_path / "run")
+    assert (mine / "notes.txt").read_text() == "mine"
+
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "X.npy", rng.normal(size=(500, 4)) * 3)
+    np.save(tmp_path / "y.npy", rng.normal(size=500))
+    cg = {"data": {"source": "npy", "path": str(tmp_path / "X.npy"),
+                   "y_path": str(tmp_path / "y.npy")},
+          "split": {"test_fraction": 0.1, "seed": 0}, "preprocess": {"standardize": False},
+          "kernel": {"name": "rbf", "params": {"gamma": 0.2}}, "lambda": 1e-6,
+          "block_size": 128, "evaluate": {"baseline": "none"},
+          "solver": {"method": "cg", "matvec": "recompute", "preconditioner": "jacobi",
+                     "tol": 1e-13, "max_iter": 30, "cg_precision": "float64"}}  # fmt: skip
+    with pytest.raises(StageFailed, match="did not converge"):
+        run_config(cg, tmp_path / "cgrun")
+    b = {**cg, "block_size": 100,
+         "solver": {**cg["solver"], "max_iter": 40, "allow_unconverged": True}}  # fmt: skip
+    got = run_config(b, tmp_path / "cgrun")
+    fresh = run_config(b, tmp_path / "cgfresh")
+    assert got.outputs["solve"].get("resumed_from", 0) == 0
+    np.testing.assert_array_equal(np.load(got.outputs["solve"]["alpha"]),
+                                  np.load(fresh.outputs["solve"]["alpha"]))  # fmt: skip
