@@ -158,8 +158,8 @@ def encode_ordinal(df: Any, codes: Mapping[Any, list[str]], what: str) -> Any:
                 bad = sorted(set(part[col][c < 0].astype(str)))[:5]
                 raise ValueError(
                     f"{what}: ordinal column {col!r} has values {bad} outside its categories "
-                    f"{cats} (data.ordinal of the training run: train again with them "
-                    "there, or drop those rows)"
+                    f"{cats} (data.ordinal; a fitted model's categories are its training "
+                    "run's: train again with them added), or drop those rows"
                 )
             part[col] = c.astype(np.float64)
         return part

