@@ -12,6 +12,7 @@ ran on zeros before the model stage refused the scaler.
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -21,6 +22,8 @@ import scipy.linalg
 from pipeline.float_range import SAFE_EXPONENT, pow2_exponents
 from pipeline.kernels import RBF
 from pipeline.solvers.cg import CGConvergenceWarning, conjugate_gradient
+
+LAMBDAS = [1e-300, 1e-31, 1e-12, 1.0, 1e300]
 
 
 @pytest.fixture(scope="module")
@@ -250,3 +253,69 @@ def test_block_pcg_on_a_power_of_two_multiple_is_the_same_solve(system):
     np.testing.assert_array_equal(res.x[:, 2], np.ldexp(res.x[:, 0], 700))
     # the ordinary column's solve is that of three ordinary columns (same BLAS calls)
     np.testing.assert_array_equal(res.x[:, 0], solve(np.column_stack([y, y, y])).x[:, 0])
+
+
+# ---------------------------------------------------------------------------- the cost models
+
+
+@pytest.mark.parametrize("lam", LAMBDAS)
+def test_cg_cost_functions_are_finite_for_any_positive_lambda(lam):
+    """Old code: ZeroDivisionError at lambda 1e-31 and 1e-300."""
+    from pipeline.policy import cg_cost
+    from pipeline.policy.calibrated import CalibratedCostModel
+
+    n, d = 50_000, 8
+    its = cg_cost.chebyshev_iterations(1e3, lam, 1e-8)
+    assert 1 <= its <= cg_cost.MAX_PREDICTED_ITERATIONS
+    assert 1 <= cg_cost.predicted_iterations(1e3, lam, 1e-8) <= its
+    for dtype in ("float64", "float32", "mixed"):
+        t = cg_cost.predicted_cg_seconds(n, d, 1e3, lam, 1e-8, rank=100, kernel_dtype=dtype)
+        assert math.isfinite(t) and t > 0
+    cm = CalibratedCostModel()
+    for kw in ({}, {"matvec": "stored"}, {"precision": "mixed"}, {"rho": 10.0}):
+        t = cm.cg_seconds(n, d, shift=lam, tol=1e-8, **kw)
+        assert math.isfinite(t) and t > 0
+    pred = cm.predict(n, d, shift=lam, tol=1e-8)
+    assert all(math.isfinite(pred[k]) for k in ("cholesky_seconds", "cg_seconds", "rho"))
+
+
+def test_cg_iterations_fall_as_lambda_grows_and_keep_their_old_values():
+    from pipeline.policy import cg_cost
+    from pipeline.policy.cv_routing import cg_iteration_bound
+
+    its = [cg_cost.chebyshev_iterations(1e3, lam, 1e-8) for lam in LAMBDAS]
+    assert its == sorted(its, reverse=True) and its[-1] == 1
+    assert its[0] == cg_cost.MAX_PREDICTED_ITERATIONS > its[1]
+    assert cg_cost.chebyshev_iterations(1e300, 1e-300, 1e-8) == cg_cost.MAX_PREDICTED_ITERATIONS
+    for kappa in np.geomspace(1.001, 1e8 - 1, 57):  # the old formula, bit for bit
+        s = math.sqrt(kappa)
+        old = max(1, math.ceil(math.log(2.0 / 1e-6) / math.log((s + 1.0) / (s - 1.0))))
+        assert cg_cost.chebyshev_bound(kappa, 1e-6) == cg_iteration_bound(kappa, 1e-6) == old
+    # past sqrt(kappa) = 1e4 the bound is log(2/tol) sqrt(kappa) / 2 to first order
+    assert cg_cost.chebyshev_bound(1e20, 1e-6) == pytest.approx(math.log(2e6) * 1e10 / 2, 1e-9)
+
+
+@pytest.mark.parametrize("lam", LAMBDAS)
+def test_cv_routing_is_finite_for_any_positive_lambda(lam):
+    from pipeline.policy.cv_routing import route_choice
+
+    solver, its, cg_s, band_s = route_choice(
+        10.0, 0.01, [[lam] * 3], [100] * 3, gemm_rate_one_thread=1e10, n_workers=2, tol=1e-8
+    )
+    assert solver in ("cg", "band") and its >= 1 and math.isfinite(cg_s)
+
+
+@pytest.mark.parametrize("lam", LAMBDAS)
+@pytest.mark.parametrize("solver", ["auto", "cholesky", "cg"])
+def test_plan_fit_prices_any_positive_lambda(lam, solver):
+    """Old code: ``plan_fit`` raised ZeroDivisionError for lambda 1e-300 whatever the solver."""
+    from pipeline.policy.placement import Resources
+    from pipeline.policy.plan import plan_fit
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(3000, 4))
+    res = Resources(memory_bytes=1e12, disk_bytes=1e13, in_memory=False)
+    plan, why = plan_fit(3000, 4, RBF(gamma=0.5), res, {"solver": solver, "alpha": lam}, X=X)
+    assert plan.solver in ("cholesky", "cg") and why
+    if solver != "auto":
+        assert plan.solver == solver
