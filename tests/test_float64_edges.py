@@ -319,3 +319,92 @@ def test_plan_fit_prices_any_positive_lambda(lam, solver):
     assert plan.solver in ("cholesky", "cg") and why
     if solver != "auto":
         assert plan.solver == solver
+
+
+# -------------------------------------------------------------------------- ingest's moments
+
+
+def _ingest(tmp_path, name, X, y, standardize_y=False):
+    from pipeline.stages import ingest, typed_params
+    from pipeline.stages.ingest import open_rows
+
+    d = tmp_path / name
+    d.mkdir()
+    np.save(d / "X.npy", X)
+    np.save(d / "y.npy", y)
+    params = dict(
+        data={"source": "npy", "path": str(d / "X.npy"), "y_path": str(d / "y.npy")},
+        split={"test_fraction": 0.25, "seed": 1},
+        preprocess={"standardize": True, "standardize_y": standardize_y},
+        block_size=64,
+    )
+    out = ingest.run(d / "ing", {}, **typed_params("ingest", params))
+
+    def rows(key):
+        return np.asarray(open_rows(out, key).compute(scheduler="sync"))
+
+    return out.to_json(), rows("X_train"), rows("y_train")
+
+
+@pytest.fixture(scope="module")
+def features():
+    rng = np.random.default_rng(7)
+    X = rng.normal(size=(300, 3)) * [1.0, 5.0, 0.2] + [0.0, 3.0, -1.0]
+    return X, np.sin(X[:, 0]) + 0.1 * rng.normal(size=300)
+
+
+@pytest.mark.parametrize("k", [600, 511, -600, -1000])
+def test_ingest_standardises_power_of_two_multiples_of_x_bit_for_bit(tmp_path, features, k):
+    """X times 2**600 (about 4e180: its squares overflow) or 2**-1000 (subnormal squares)
+    standardise to the same stored rows as X; the scaler is X's times 2**k exactly.
+    Old code: scale inf, every stored training row 0."""
+    X, y = features
+    base, X0, _ = _ingest(tmp_path, "base", X, y)
+    far, Xk, _ = _ingest(tmp_path, "far", np.ldexp(X, k), y)
+    for key in ("mean", "scale"):
+        np.testing.assert_array_equal(
+            far["scaler"][key], np.ldexp(np.asarray(base["scaler"][key]), k)
+        )
+    np.testing.assert_array_equal(Xk, X0)
+
+
+def test_ingest_standardises_x_and_y_of_order_1e154(tmp_path, features):
+    X, y = features
+    base, X0, y0 = _ingest(tmp_path, "base", X, y, standardize_y=True)
+    big, Xb, yb = _ingest(tmp_path, "big", X * 1e154, y * 1e154, standardize_y=True)
+    assert np.all(np.isfinite(big["scaler"]["scale"])) and np.all(np.isfinite(Xb))
+    np.testing.assert_allclose(np.asarray(big["scaler"]["scale"]) / 1e154,
+                               base["scaler"]["scale"], rtol=1e-13)  # fmt: skip
+    np.testing.assert_allclose(np.asarray(big["y_scaler"]["mean"]) / 1e154,
+                               base["y_scaler"]["mean"], rtol=1e-13)  # fmt: skip
+    np.testing.assert_allclose(Xb, X0, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(yb, y0, rtol=1e-12, atol=1e-12)
+
+
+def test_krr_run_on_x_of_order_1e154_predicts_as_on_x(tmp_path, features):
+    """Old code: the model stage failed on an infinite ``x_scale`` after the Gram and
+    the solve had run on rows standardised to 0 (exit 4)."""
+    from pipeline import cli
+
+    X, y = features
+    preds = {}
+    for name, factor in (("plain", 1.0), ("big", 1e154)):
+        d = tmp_path / name
+        d.mkdir()
+        np.save(d / "X.npy", X[:200] * factor)
+        np.save(d / "y.npy", y[:200])
+        (d / "c.yaml").write_text(
+            f"name: edge\n"
+            f"data: {{source: npy, path: {d / 'X.npy'}, y_path: {d / 'y.npy'}}}\n"
+            "split: {test_fraction: 0.25, seed: 0}\n"
+            "preprocess: {standardize: true, standardize_y: false}\n"
+            "kernel: {name: rbf, params: {gamma: 0.2}}\n"
+            "lambda: 0.5\n"
+            "solver: {method: cholesky}\n"
+            "block_size: 64\n"
+            "cluster: {n_workers: 1, processes: false, memory_limit: 1GiB, dashboard: false}\n"
+        )
+        assert cli.main(["run", str(d / "c.yaml"), "--run-dir", str(d / "r")]) == cli.EXIT_OK
+        (found,) = (d / "r" / "results").glob("*/evaluate/y_pred.npy")
+        preds[name] = np.load(found)
+    np.testing.assert_allclose(preds["big"], preds["plain"], rtol=1e-9, atol=1e-12)
