@@ -408,3 +408,34 @@ def test_krr_run_on_x_of_order_1e154_predicts_as_on_x(tmp_path, features):
         (found,) = (d / "r" / "results").glob("*/evaluate/y_pred.npy")
         preds[name] = np.load(found)
     np.testing.assert_allclose(preds["big"], preds["plain"], rtol=1e-9, atol=1e-12)
+
+
+# ----------------------------------------------------------------------- held-out metrics
+
+
+@pytest.mark.parametrize("k", [-700, 700])
+def test_regression_metrics_of_power_of_two_multiples_are_scaled_exactly(k):
+    """Old code: rmse 0 and r2 1.0 at 2**-700 (whatever the predictions), inf/NaN at 2**700."""
+    from pipeline.stages.evaluate import regression_metrics
+
+    rng = np.random.default_rng(2)
+    y = rng.normal(size=(40, 2))
+    pred = y + 0.3 * rng.normal(size=(40, 2))
+    names = ["rmse", "mae", "r2"]
+    base = regression_metrics(y, pred, names)
+    far = regression_metrics(np.ldexp(y, k), np.ldexp(pred, k), names)
+    assert far["rmse"] == np.ldexp(base["rmse"], k) and far["mae"] == np.ldexp(base["mae"], k)
+    assert far["r2"] == base["r2"] < 0.99
+
+
+@pytest.mark.parametrize("factor", [1e-200, 1e200])
+def test_regression_metrics_of_tiny_and_huge_targets(factor):
+    from pipeline.stages.evaluate import regression_metrics
+
+    rng = np.random.default_rng(3)
+    y = rng.normal(size=50)
+    pred = y + 0.3 * rng.normal(size=50)
+    base = regression_metrics(y, pred, ["rmse", "r2"])
+    got = regression_metrics(y * factor, pred * factor, ["rmse", "r2"])
+    assert got["rmse"] / factor == pytest.approx(base["rmse"], rel=1e-12)
+    assert got["r2"] == pytest.approx(base["r2"], rel=1e-12)
