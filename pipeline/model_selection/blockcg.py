@@ -20,6 +20,9 @@ eigendecomposition per fold, shared by every λ: only ``1/(w + s)`` changes).
 
 A column that breaks down (``pᵀAp <= 0``), produces NaN/inf, stagnates or
 reaches ``max_iter`` is reported with its reason; it is never silently kept.
+A column of ``B`` far from 1 in magnitude is solved scaled by an exact power of two
+(:func:`pipeline.float_range.pow2_exponents`), as float64 CG does: its norms and
+inner products would underflow or overflow.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.linalg
 
+from pipeline.float_range import pow2_exponents
 from pipeline.policy.constants import FACTOR_ROW_STEP, STAGNATION_WINDOW
 
 __all__ = ["BlockCGResult", "FoldNystromBlock", "block_pcg"]
@@ -178,9 +182,11 @@ def block_pcg(
     n, c = B.shape
     tol = np.broadcast_to(np.asarray(tol, dtype=np.float64), (c,))
     Mc = masks[folds].T.astype(np.float64)  # (n, c)
+    k = pow2_exponents(np.max(np.abs(B), axis=0, initial=0.0))  # 0 for an ordinary column
+    scaled = bool(np.any(k))
     X = np.zeros((n, c))
-    R = B.copy()
-    bn = np.linalg.norm(B, axis=0)
+    R = np.ldexp(B, k) if scaled else B.copy()
+    bn = np.linalg.norm(R, axis=0)
     safe = np.where(bn > 0, bn, 1.0)
     rel = np.where(bn > 0, 1.0, 0.0)
     reason: list = [None] * c
@@ -241,4 +247,6 @@ def block_pcg(
             rz[go] = rz_new
     stop(np.flatnonzero(active), "max_iter")
     X[:, [i for i, r in enumerate(reason) if r == "nonfinite"]] = 0.0
+    if scaled:
+        X = np.ldexp(X, -k)
     return BlockCGResult(x=X, rel=rel, reason=reason, n_iter=it, n_products=products)

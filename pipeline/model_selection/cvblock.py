@@ -18,6 +18,10 @@ The out-of-core strategy of :class:`~pipeline.model_selection.KernelRidgeCV`
 4. a column that does not reach ``tol`` (NaN, breakdown, stagnation, iteration
    cap) is reported in ``failures`` and never scored (the strategy redoes it
    exactly, :mod:`pipeline.model_selection.direct`).
+
+A target far from 1 in magnitude is solved scaled by an exact power of two
+(:func:`pipeline.float_range.pow2_exponents`) and its predictions scaled back:
+the residual norms would underflow or overflow.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.float_range import pow2_exponents
 from pipeline.model_selection.blockcg import FoldNystromBlock, block_pcg
 from pipeline.policy import constants as C
 
@@ -138,6 +143,11 @@ def block_cv_predictions(
     n, t = y.shape
     L, nf = shifts.shape
     t0 = time.perf_counter()
+    # each target solved as 2**e y (e = 0 for an ordinary one), its predictions scaled back
+    e = pow2_exponents(np.max(np.abs(y), axis=0, initial=0.0))
+    scaled = bool(np.any(e))
+    if scaled:
+        y = np.ldexp(np.asarray(y, dtype=np.float64), e)
     F, _ = _factor(op64, preconditioner, rank, shifts.min(), nf, random_state, stats)
     pre = FoldNystromBlock(F, trains)
     stats.setdefault("seconds", {})
@@ -222,7 +232,8 @@ def block_cv_predictions(
             for f, te in enumerate(tests):
                 cols = (li * nf + f) * t + np.arange(t)
                 if all(reason[j] is None for j in cols):
-                    out[f][li] = KX[np.ix_(te, cols)]
+                    block = KX[np.ix_(te, cols)]  # columns: the t targets in order
+                    out[f][li] = np.ldexp(block, -e) if scaled else block
         return out
 
     target = np.full(c, float(tol))

@@ -9,7 +9,10 @@ most ``κ = 1 + ρ/μ`` and CG needs at most the Chebyshev bound
 ``k = ⌈log(2/tol) / log((√κ+1)/(√κ-1))⌉`` iterations
 (:func:`chebyshev_iterations`). CG does better because the spectrum of the
 preconditioned matrix clusters at 1: :func:`predicted_iterations` scales the
-bound by :data:`CG_BOUND_FRACTION`, calibrated below.
+bound by :data:`CG_BOUND_FRACTION`, calibrated below. The bound is a total
+function of μ > 0 (:func:`chebyshev_bound`): past √κ = 1e4 its step is
+``2 atanh(1/√κ)``, as ``(√κ+1)/(√κ-1)`` rounds to 1 near √κ = 1e16 (λ = 1e-31
+divided by zero), and it is capped at :data:`MAX_PREDICTED_ITERATIONS`.
 
 Calibration (measured under load, 2 cores, 2026-11-23, relative residual 1e-6):
 
@@ -49,7 +52,9 @@ __all__ = [
     "ENTRY_COST_D0",
     "ENTRY_RATE_FLOAT32",
     "ENTRY_RATE_FLOAT64",
+    "MAX_PREDICTED_ITERATIONS",
     "MIXED_INNER_OVERHEAD",
+    "chebyshev_bound",
     "chebyshev_iterations",
     "entry_rate",
     "mixed_precision_products",
@@ -71,18 +76,36 @@ ENTRY_COST_D0 = C.ENTRY_COST_D0
 MIXED_INNER_OVERHEAD = C.MIXED_INNER_OVERHEAD
 _REF_D = 14
 
+#: the most iterations a bound reports: a solve no budget affords (an int64, so every
+#: consumer of the figure can hold it), reached as μ tends to 0 or ρ/μ overflows
+MAX_PREDICTED_ITERATIONS = 2**62
+
+
+def chebyshev_bound(kappa: float, tol: float) -> int:
+    """``⌈log(2/tol) / log((√κ+1)/(√κ-1))⌉``, the iterations that reduce CG's error by
+    ``tol`` at condition number ``kappa``, for any ``kappa`` (1 or less: 1; inf: the cap
+    :data:`MAX_PREDICTED_ITERATIONS`)."""
+    kappa = float(kappa)
+    if not kappa > 1.0 + 1e-12:
+        return 1
+    s = math.sqrt(kappa)
+    if s < 1e4:
+        step = math.log((s + 1.0) / (s - 1.0))
+    else:  # the quotient rounds towards 1 (to 1 itself near s = 1e16): its exact form
+        step = 2.0 * math.atanh(1.0 / s)
+    if not step > 0:  # s = inf: rho / shift overflowed
+        return MAX_PREDICTED_ITERATIONS
+    return max(1, min(MAX_PREDICTED_ITERATIONS, math.ceil(math.log(2.0 / tol) / step)))
+
 
 def chebyshev_iterations(rho: float, shift: float, tol: float) -> int:
-    """Upper bound on PCG iterations for ``κ = 1 + rho/shift`` and relative tolerance ``tol``."""
+    """Upper bound on PCG iterations for ``κ = 1 + rho/shift`` and relative tolerance ``tol``
+    (any ``shift > 0``: a tiny one gives a large, finite bound)."""
     if not (shift > 0):
         raise ValueError(f"shift must be > 0, got {shift!r}")
     if not (0 < tol < 1):
         raise ValueError(f"tol must lie in (0, 1), got {tol!r}")
-    kappa = 1.0 + max(float(rho), 0.0) / float(shift)
-    if kappa <= 1.0 + 1e-12:
-        return 1
-    s = math.sqrt(kappa)
-    return max(1, math.ceil(math.log(2.0 / tol) / math.log((s + 1.0) / (s - 1.0))))
+    return chebyshev_bound(1.0 + max(float(rho), 0.0) / float(shift), tol)
 
 
 def predicted_iterations(rho: float, shift: float, tol: float) -> int:

@@ -10,10 +10,10 @@ so this module does no I/O.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pipeline.policy.cg_cost import chebyshev_bound
 from pipeline.policy.constants import (
     BAND_FLOPS_PER_M3,
     BAND_GEMM_EFFICIENCY,
@@ -129,12 +129,9 @@ def choose_cv_solver(
 
 def cg_iteration_bound(kappa: float, tol: float) -> int:
     """CG iterations to reduce the error by ``tol`` for condition number ``kappa``
-    (the Chebyshev bound ``2 ((√κ - 1)/(√κ + 1))^k <= tol``)."""
-    kappa = max(float(kappa), 1.0)
-    if kappa <= 1.0 + 1e-12:
-        return 1
-    q = (math.sqrt(kappa) + 1.0) / (math.sqrt(kappa) - 1.0)
-    return max(1, math.ceil(math.log(2.0 / tol) / math.log(q)))
+    (the Chebyshev bound ``2 ((√κ - 1)/(√κ + 1))^k <= tol``,
+    :func:`pipeline.policy.cg_cost.chebyshev_bound`: finite for any κ)."""
+    return chebyshev_bound(kappa, tol)
 
 
 def route_choice(

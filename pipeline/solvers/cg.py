@@ -12,6 +12,15 @@ is recomputed every ``true_residual_every`` iterations (and replaces the
 recurrence), and a column is declared converged only after its true residual is
 checked. The whole state (:class:`CGState`) is handed to the callback, which is
 how :mod:`pipeline.solvers.cg_checkpoint` saves and resumes solves.
+
+A column of ``b`` whose largest magnitude lies outside about [1e-30, 1e30] is
+solved as ``2**k b`` with its largest magnitude in [0.5, 1)
+(:func:`pipeline.float_range.pow2_exponents`), and its solution scaled back by
+``2**-k``: the norms and inner products are sums of squares, and on a y of order
+1e-200 they underflowed to zero (CG stopped at once with alpha = 0) or, near
+1e-160, to subnormals (alpha 0.75 % off at tol 1e-8). The power of two is exact,
+so the scaled solve's iterates are the unscaled ones' times ``2**k``; ordinary
+columns are not scaled at all.
 """
 
 from __future__ import annotations
@@ -25,6 +34,8 @@ from typing import Any, Protocol
 
 import numpy as np
 from sklearn.exceptions import ConvergenceWarning
+
+from pipeline.float_range import pow2_exponents
 
 __all__ = [
     "CGConvergenceError",
@@ -104,6 +115,10 @@ class CGState:
     Arrays are ``(n, m)``; ``rz``, ``b_norm`` and ``active`` are ``(m,)``.
     ``history`` holds one row of relative residuals per iteration (row 0 is the
     start), from the recurrence or, when recomputed, the true residual.
+    ``rhs_exponent`` (``(m,)`` ints, or None: all zero) is the power of two the
+    solve scaled each column of ``b`` by: ``x``, ``r``, ``p``, ``z`` (and ``rz``,
+    ``b_norm``) are those of ``A x = 2**rhs_exponent * b``, so the solution so far
+    is ``np.ldexp(x, -rhs_exponent)``. Not saved with a checkpoint: ``b`` gives it.
     """
 
     x: np.ndarray
@@ -116,6 +131,7 @@ class CGState:
     iteration: int
     n_matvec: int
     history: list[np.ndarray] = field(default_factory=list)
+    rhs_exponent: np.ndarray | None = None
 
     @property
     def rel_residual(self) -> np.ndarray:
@@ -129,6 +145,7 @@ class CGState:
             iteration=self.iteration,
             n_matvec=self.n_matvec,
             history=[h.copy() for h in self.history],
+            rhs_exponent=None if self.rhs_exponent is None else self.rhs_exponent.copy(),
         )
 
 
@@ -270,6 +287,11 @@ def conjugate_gradient(
     one_d = b.ndim == 1
     B = b.reshape(b.shape[0], -1)
     n, m = B.shape
+    # columns far from 1 in magnitude are solved scaled by an exact power of two
+    k = pow2_exponents(np.max(np.abs(B), axis=0))
+    scaled = bool(np.any(k))
+    if scaled:
+        B = np.ldexp(B, k)
     M = preconditioner if preconditioner is not None else _Identity()
     t0 = time.perf_counter()
 
@@ -300,6 +322,8 @@ def conjugate_gradient(
                 raise ValueError(f"x0 must have the shape of b {b.shape}, got {np.shape(x0)}")
             if not np.all(np.isfinite(X)):
                 raise ValueError("x0 contains NaN or infinite values")
+            if scaled:
+                X = np.ldexp(X, k)
             R = B - A(X)
             n_mv = 1
         safe = np.where(b_norm > 0, b_norm, 1.0)
@@ -328,6 +352,15 @@ def conjugate_gradient(
         if state.x.shape != (n, m):
             raise ValueError(f"state has shape {state.x.shape}, but b has {B.shape}")
         state = state.copy()
+        if scaled:
+            b_norm = np.linalg.norm(B, axis=0)
+            if not np.array_equal(state.b_norm, b_norm):
+                # a state of the unscaled system (saved before b was scaled): scale it
+                for name in ("x", "r", "p", "z"):
+                    setattr(state, name, np.ldexp(getattr(state, name), k))
+                state.rz = np.ldexp(state.rz, 2 * k)
+                state.b_norm = b_norm
+    state.rhs_exponent = k if scaled else None
     start_iter = state.iteration
     safe_norm = np.where(state.b_norm > 0, state.b_norm, 1.0)
     every = int(true_residual_every)
@@ -409,8 +442,9 @@ def conjugate_gradient(
     rel_final = st.history[-1]
     col_conv = rel_final <= tol
     converged = bool(col_conv.all())
+    x_out = np.ldexp(st.x, -k) if scaled else st.x.copy()
     result = CGResult(
-        x=st.x[:, 0].copy() if one_d else st.x.copy(),
+        x=x_out[:, 0].copy() if one_d else x_out,
         converged=converged,
         n_iter=st.iteration,
         start_iter=start_iter,

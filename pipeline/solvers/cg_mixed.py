@@ -13,6 +13,10 @@ whenever ``κ·δ`` is well below 1, without float64 products throughout.
 When the float32 error is too large for the conditioning (``κ·δ`` near 1) the
 outer residual stops falling; the solve then raises
 :class:`pipeline.solvers.cg.CGStagnationError` suggesting float64 products.
+
+A ``b`` far from 1 in magnitude is solved scaled by an exact power of two, as
+float64 CG does (:func:`pipeline.float_range.pow2_exponents`): its norms would
+underflow or overflow, and its float32 products round to zero below about 1e-45.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.float_range import pow2_exponents
 from pipeline.solvers.cg import (
     CGConvergenceWarning,
     CGDivergenceError,
@@ -169,6 +174,13 @@ def mixed_precision_cg(
     if not (0 < inner_tol < 1):
         raise ValueError(f"inner_tol must lie in (0, 1), got {inner_tol!r} (e.g. 1e-4)")
     t0 = time.perf_counter()
+    # the solve runs on 2**e b (e = 0 for an ordinary b); x and x0 are scaled alike
+    e = int(pow2_exponents(np.max(np.abs(b), initial=0.0)))
+    b = np.ldexp(b, e) if e else b
+
+    def unscaled(v: np.ndarray) -> np.ndarray:
+        return np.ldexp(v, -e) if e else v
+
     b_norm = float(np.linalg.norm(b))
     x = np.zeros_like(b)
     if b_norm == 0:
@@ -178,6 +190,7 @@ def mixed_precision_cg(
         r = b.copy()
     else:
         x = np.array(x0, dtype=np.float64).reshape(b.shape)
+        x = np.ldexp(x, e) if e else x
         r = b - np.asarray(matvec_high(x), dtype=np.float64).reshape(b.shape)
         n_high += 1
     rel = float(np.linalg.norm(r)) / b_norm
@@ -221,7 +234,7 @@ def mixed_precision_cg(
             else:
                 x = accepted
             if on_outer is not None:
-                on_outer(k, x, rel)
+                on_outer(k, unscaled(x), rel)
             break
         if new > 0.5 * rel:
             err = CGStagnationError(
@@ -230,14 +243,14 @@ def mixed_precision_cg(
                 "too inexact for this conditioning: use float64 products (kernel_dtype="
                 "'float64'), solver='cholesky', a larger lambda or a higher preconditioner rank."
             )
-            err.x = accepted  # the last accepted iterate
+            err.x = unscaled(accepted)  # the last accepted iterate
             err.n_matvec_low, err.n_matvec_high, err.n_inner = n_low, n_high, n_inner
             raise err
         rel = new
         if on_outer is not None:
-            on_outer(k, x, rel)
+            on_outer(k, unscaled(x), rel)
     return MixedCGResult(
-        x=x,
+        x=unscaled(x),
         converged=rel <= tol,
         rel_residual=rel,
         n_outer=k,

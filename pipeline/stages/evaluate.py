@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.config import EvaluateConfig
+from pipeline.float_range import pow2_exponents
 from pipeline.parallel import in_this_process, local_scheduler
 from pipeline.reference.memory import SAFETY_FRACTION, available_memory
 from pipeline.solvers.cholesky import regularisation_shift
@@ -32,18 +33,28 @@ from pipeline.storage.location import join_path
 def regression_metrics(
     y_true: np.ndarray, y_pred: np.ndarray, names: list[str]
 ) -> dict[str, float]:
-    """RMSE, MAE and R² (averaged over outputs) of ``y_pred`` against ``y_true``."""
+    """RMSE, MAE and R² (averaged over outputs) of ``y_pred`` against ``y_true``.
+
+    The squares are taken on ``2**k`` times the errors (RMSE) or each output (R²)
+    when those lie far from 1 (:func:`pipeline.float_range.pow2_exponents`; k = 0
+    otherwise): on a y of order 1e-200 they underflowed to 0, an RMSE of 0 and an
+    R² of 1 whatever the predictions; on 1e200 they overflowed (inf, NaN).
+    """
     y_true = np.asarray(y_true, dtype=np.float64).reshape(len(y_true), -1)
     y_pred = np.asarray(y_pred, dtype=np.float64).reshape(y_true.shape)
     err = y_pred - y_true
     out: dict[str, float] = {}
     if "rmse" in names:
-        out["rmse"] = float(np.sqrt(np.mean(err**2)))
+        k = int(pow2_exponents(np.max(np.abs(err), initial=0.0)))
+        rmse = np.sqrt(np.mean(np.ldexp(err, k) ** 2)) if k else np.sqrt(np.mean(err**2))
+        out["rmse"] = float(np.ldexp(rmse, -k) if k else rmse)
     if "mae" in names:
         out["mae"] = float(np.mean(np.abs(err)))
-    if "r2" in names:
-        ss_res = np.sum(err**2, axis=0)
-        ss_tot = np.sum((y_true - y_true.mean(axis=0)) ** 2, axis=0)
+    if "r2" in names:  # a ratio per output: the same on 2**k times the output
+        k = pow2_exponents(np.max(np.abs(y_true), axis=0, initial=0.0))
+        y_t, e = (np.ldexp(y_true, k), np.ldexp(err, k)) if np.any(k) else (y_true, err)
+        ss_res = np.sum(e**2, axis=0)
+        ss_tot = np.sum((y_t - y_t.mean(axis=0)) ** 2, axis=0)
         out["r2"] = float(np.mean(1.0 - ss_res / np.where(ss_tot > 0, ss_tot, 1.0)))
     return out
 

@@ -14,6 +14,7 @@ in row blocks through :mod:`pipeline.io`.
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ import dask.array as da
 import numpy as np
 
 from pipeline.config import DataConfig, PreprocessConfig, SplitConfig
+from pipeline.float_range import pow2_exponents
 from pipeline.io import as_row_blocks, fingerprint_row_blocks, validate_row_blocks
 from pipeline.parallel import compute, in_this_process
 from pipeline.policy import constants as C
@@ -269,7 +271,25 @@ def take_rows(A: da.Array, rows: np.ndarray) -> da.Array:
 
 
 def _moments(X: da.Array) -> tuple[np.ndarray, np.ndarray]:
-    mean, std = compute(X.mean(axis=0), X.std(axis=0), desc="ingest: moments")
+    """Each column's mean and standard deviation (1 where it is 0).
+
+    A column whose largest magnitude lies outside about [1e-30, 1e30] has its moments
+    taken on ``2**k x`` (:func:`pipeline.float_range.pow2_exponents`) and scaled back:
+    its sum of squares overflowed past about 1e154 (an infinite scale standardised
+    every row to 0, and the Gram and the solve ran on zeros) or underflowed. The power
+    of two is exact, so an ordinary column's moments keep their bits.
+    """
+    with warnings.catch_warnings():  # a column far from 1 is taken again below
+        warnings.filterwarnings("ignore", "overflow encountered", RuntimeWarning)
+        mean, std, amax = compute(
+            X.mean(axis=0), X.std(axis=0), abs(X).max(axis=0), desc="ingest: moments"
+        )
+    k = pow2_exponents(amax)
+    if np.any(k):
+        mean_k, std_k = compute(
+            *(m(np.ldexp(X, k), axis=0) for m in (da.mean, da.std)), desc="ingest: moments"
+        )
+        mean, std = np.ldexp(mean_k, -k), np.ldexp(std_k, -k)
     std = np.where(np.asarray(std) > 0, std, 1.0)
     return np.asarray(mean, dtype=np.float64), np.asarray(std, dtype=np.float64)
 
