@@ -52,29 +52,15 @@ def test_the_exit_code_table_is_in_the_help(capsys):
         assert f"{code:>3}  " in out
 
 
-SMALL = """\
-name: small
-data: {source: npy, path: X.npy, y_path: y.npy}
-kernel: {name: rbf, params: {gamma: 0.3}}
-lambda: 0.1
-solver: {method: cholesky}
-block_size: 16
-evaluate: {baseline: none}
-cluster: {n_workers: 1, processes: false, memory_limit: 1GiB, dashboard: false}
-"""
-
-
 @pytest.fixture
-def here(tmp_path, monkeypatch):
-    """A working directory with small.yaml, its data, a NaN data set, a file and bad YAML."""
-    rng = np.random.default_rng(0)
-    np.save(tmp_path / "X.npy", rng.normal(size=(40, 3)))
-    np.save(tmp_path / "y.npy", rng.normal(size=40))
+def here(tmp_path, monkeypatch, small_data, write_config):
+    """The working directory: small.yaml (tiles of 16) on ``small_data``, a data set
+    with a NaN, a file and a config that is not YAML."""
+    write_config(small_data, name="small.yaml", block_size=16)
     bad = np.ones((20, 2))
     bad[13, 1] = np.nan
     np.save(tmp_path / "Xbad.npy", bad)
     np.save(tmp_path / "ybad.npy", np.ones(20))
-    (tmp_path / "small.yaml").write_text(SMALL)
     (tmp_path / "bad.yaml").write_text("data: [unclosed\n")
     (tmp_path / "afile").write_text("x")
     monkeypatch.chdir(tmp_path)
