@@ -146,12 +146,6 @@ def small_data(tmp_path) -> SmallData:
     return make_small_data(tmp_path / "data")
 
 
-@pytest.fixture(scope="module")
-def small_data_module(tmp_path_factory) -> SmallData:
-    """:func:`small_data` shared by a module's tests (do not change its files)."""
-    return make_small_data(tmp_path_factory.mktemp("data"))
-
-
 #: a small `krr run` config: Cholesky, tiles of 64, one in-process worker, no baseline
 SMALL_CONFIG: dict[str, Any] = {
     "name": "small",
