@@ -215,6 +215,34 @@ def test_kernel_fingerprint_of_names_and_specs():
     assert kernel_fingerprint(make_kernel(KERNEL.to_spec())) == PINS["kernel_rbf"]
 
 
+def test_kernel_identity_names_the_classes_modules():
+    # what kernel_fingerprint hashes: the spec with each node's module-qualified class. A
+    # kernel class moved to another module changes every Gram, factor and model
+    # fingerprint made with it: a move must keep these strings
+    from pipeline.kernels import kernel_identity
+
+    rbf = {"name": "rbf", "params": {"gamma": 0.5, "length_scale": None},
+           "class": "pipeline.kernels.basic.RBF"}  # fmt: skip
+    assert kernel_identity(2.0 * RBF(gamma=0.5) + Linear()) == {
+        "name": "sum",
+        "params": {
+            "k1": {"name": "scaled", "params": {"kernel": rbf, "weight": 2.0},
+                   "class": "pipeline.kernels.compose.Scaled"},
+            "k2": {"name": "linear", "params": {}, "class": "pipeline.kernels.basic.Linear"},
+        },
+        "class": "pipeline.kernels.compose.Sum",
+    }  # fmt: skip
+    paths = {
+        type(k).__name__: kernel_identity(k)["class"]
+        for k in (Laplacian(gamma=0.25), Polynomial(degree=2), Constant(2.0))
+    }
+    assert paths == {
+        "Laplacian": "pipeline.kernels.basic.Laplacian",
+        "Polynomial": "pipeline.kernels.basic.Polynomial",
+        "Constant": "pipeline.kernels.basic.Constant",
+    }
+
+
 # -- the Gram, the factor, the operators, the preconditioners, CG --------------------------
 
 
