@@ -320,6 +320,22 @@ def test_an_estimator_store_has_the_pinned_layout(tmp_path):
         ]
 
 
+def test_a_cv_checkpoint_has_the_pinned_layout(tmp_path):
+    # KernelRidgeCV(checkpoint=...): per setting, its predictions (p_<lambda>_<fold>) and
+    # a JSON record written after them (its fingerprint: test_fingerprint_pins)
+    X, y, _ = artifact_data()
+    pipeline.KernelRidgeCV(alphas=[0.1, 1.0], kernel="rbf", param_grid={"gamma": [0.5, 1.0]},
+                           cv=2, checkpoint=str(tmp_path / "ck")).fit(X, y)  # fmt: skip
+    assert _files(tmp_path / "ck") == [
+        "setting_000.json", "setting_000.npz", "setting_001.json", "setting_001.npz",
+    ]  # fmt: skip
+    rec = json.loads((tmp_path / "ck" / "setting_001.json").read_text())
+    assert sorted(rec) == ["alphas", "crc32c", "fingerprint", "seconds", "setting"]
+    assert rec["setting"] == {"gamma": "1.0"} and rec["alphas"] == [0.1, 1.0]
+    with np.load(tmp_path / "ck" / "setting_001.npz") as data:
+        assert sorted(data.files) == ["p_0_0", "p_0_1", "p_1_0", "p_1_1"]
+
+
 def _artifact_meta(path: Path) -> dict:
     return json.loads((path / "zarr.json").read_text())["attributes"]["krr_model"]
 
