@@ -10,10 +10,7 @@ meets the damaged tile must recompute it and finish with the α of a clean run.
 from __future__ import annotations
 
 import json
-import os
 import pickle
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -141,17 +138,8 @@ cluster: {{n_workers: 1, processes: false, memory_limit: 2GiB}}
 """
 
 
-def _krr_run(conf: Path, run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KRR_KILL")}
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", "run", str(conf), *overrides, "--run-dir",
-         str(run_dir), "--json"],
-        env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-
-
 @pytest.mark.slow
-def test_krr_run_recomputes_corrupt_gram_tile(tmp_path):
+def test_krr_run_recomputes_corrupt_gram_tile(tmp_path, krr_run):
     rng = np.random.default_rng(1)
     X = rng.normal(size=(600, 5))
     y = np.sin(X[:, 0]) + 0.1 * rng.normal(size=600)
@@ -161,7 +149,7 @@ def test_krr_run_recomputes_corrupt_gram_tile(tmp_path):
     conf.write_text(CONFIG.format(x=tmp_path / "X.npy", y=tmp_path / "y.npy"))
     run, clean = tmp_path / "run", tmp_path / "clean"
 
-    first = _krr_run(conf, run)
+    first = krr_run.run(conf, run, json=True)
     assert first.returncode == 0, first.stderr[-3000:]
     store = run / "gram" / "gram.zarr"
     markers = store / "_markers" / "gram"
@@ -171,7 +159,7 @@ def test_krr_run_recomputes_corrupt_gram_tile(tmp_path):
     good = _corrupt(chunk)
 
     # a new lambda keeps the Gram, so the solve reads the damaged tile
-    second = _krr_run(conf, run, "lambda=0.02")
+    second = krr_run.run(conf, run, "lambda=0.02", json=True)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "corrupt tile (3, 1) of array 'gram'" in second.stderr, second.stderr[-3000:]
     assert "rerunning from stage 'gram'" in second.stderr
@@ -184,7 +172,7 @@ def test_krr_run_recomputes_corrupt_gram_tile(tmp_path):
     assert changed == ["3.1"]  # only the damaged tile was recomputed
     assert chunk.read_bytes() == good
 
-    ref = _krr_run(conf, clean, "lambda=0.02")
+    ref = krr_run.run(conf, clean, "lambda=0.02", json=True)
     assert ref.returncode == 0, ref.stderr[-3000:]
     assert "corrupt" not in ref.stderr
     from pipeline.stages.manifest import Manifest

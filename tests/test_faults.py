@@ -8,10 +8,7 @@ predictions must be bitwise identical to an uninterrupted run.
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +19,6 @@ from pipeline.artifact import load_artifact
 
 pytestmark = pytest.mark.slow
 
-INJECT = Path(__file__).parent / "faultinject"
 
 CONFIG = """
 name: faults
@@ -65,20 +61,6 @@ def _config(data: Path, dest: Path, solver: str) -> Path:
     return p
 
 
-def _krr_run(conf: Path, run_dir: Path, kill: tuple[str, int] | None = None):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KRR_KILL")}
-    if kill is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(INJECT), env.get("PYTHONPATH", "")])
-        env["KRR_KILL_MATCH"], env["KRR_KILL_AT"] = kill[0], str(kill[1])
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", "run", str(conf), "--run-dir", str(run_dir)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-
-
 def _results(run_dir: Path) -> dict[str, np.ndarray]:
     from pipeline.stages.manifest import Manifest
 
@@ -93,11 +75,11 @@ def _results(run_dir: Path) -> dict[str, np.ndarray]:
 
 
 @pytest.fixture(scope="module")
-def reference(data, tmp_path_factory):
+def reference(data, tmp_path_factory, krr_run):
     refs = {}
     for solver in (CHOLESKY, CG):
         d = tmp_path_factory.mktemp("ref")
-        r = _krr_run(_config(data, d, solver), d / "run")
+        r = krr_run.run(_config(data, d, solver), d / "run", timeout=600)
         assert r.returncode == 0, r.stderr[-3000:]
         refs[solver] = _results(d / "run")
     return refs
@@ -114,19 +96,17 @@ def reference(data, tmp_path_factory):
     ],
     ids=["ingest", "gram", "factor", "cg", "predict"],
 )
-def test_sigkill_then_rerun_is_bitwise_identical(data, reference, tmp_path, solver, match, at):
+def test_sigkill_then_rerun_is_bitwise_identical(
+    data, reference, tmp_path, solver, match, at, krr_run
+):
     conf = _config(data, tmp_path, solver)
     run_dir = tmp_path / "run"
-    killed = _krr_run(conf, run_dir, kill=(match, at))
+    killed = krr_run.run(conf, run_dir, kill=(match, at), timeout=600)
     # the injected kill really happened, inside the stage we aimed at
     assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr[-3000:])
-    status = subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", "status", str(run_dir)],
-        capture_output=True,
-        text=True,
-    )
+    status = krr_run("status", run_dir)
     assert "partial" in status.stdout, status.stdout
-    resumed = _krr_run(conf, run_dir)
+    resumed = krr_run.run(conf, run_dir, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     got, want = _results(run_dir), reference[solver]
     assert got.keys() == want.keys()

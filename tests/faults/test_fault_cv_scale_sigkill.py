@@ -5,9 +5,7 @@ settings and selects exactly what an uninterrupted run selects."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,32 +20,22 @@ from _diabetes_run import CV, RUN  # noqa: E402
 CONFIG = {**RUN, "cv": CV}
 
 
-def _krr(conf: Path, run_dir: Path, kill_at: int | None = None):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KRR_KILL")}
-    if kill_at is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(INJECT), env.get("PYTHONPATH", "")])
-        env["KRR_KILL_SETTING_AT"] = str(kill_at)
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", "run", str(conf), "--run-dir", str(run_dir),
-         "--json"],
-        env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-
-
 @pytest.mark.slow
-def test_sigkilled_search_resumes_and_selects_the_same(tmp_path):
+def test_sigkilled_search_resumes_and_selects_the_same(tmp_path, krr_run):
     conf = tmp_path / "conf.yaml"
     conf.write_text(yaml.safe_dump(CONFIG))
-    clean = _krr(conf, tmp_path / "clean")
+    clean = krr_run.run(conf, tmp_path / "clean", json=True, timeout=600)
     assert clean.returncode == 0, clean.stderr[-3000:]
 
     run = tmp_path / "run"
-    killed = _krr(conf, run, kill_at=3)  # dies writing the 3rd setting's marker
+    # dies writing the 3rd setting's marker
+    killed = krr_run.run(conf, run, json=True, inject=True, env={"KRR_KILL_SETTING_AT": "3"},
+                         timeout=600)  # fmt: skip
     assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr[-3000:])
     done = sorted(p.name for p in (run / "select" / "settings").glob("setting_*.json"))
     assert done == ["setting_000.json", "setting_001.json"]  # the 3rd has data, no marker
 
-    resumed = _krr(conf, run)
+    resumed = krr_run.run(conf, run, json=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     want = json.loads((tmp_path / "clean" / "select" / "cv_search.json").read_text())
     got = json.loads((run / "select" / "cv_search.json").read_text())

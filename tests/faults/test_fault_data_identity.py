@@ -9,10 +9,7 @@ directory (the manifest's relative paths led to another run's data).
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +20,6 @@ from pipeline.artifact import load_artifact
 
 pytestmark = pytest.mark.slow
 
-INJECT = Path(__file__).resolve().parents[1] / "faultinject"
 
 CONFIG = """
 name: ident
@@ -54,34 +50,19 @@ def _conf(dest: Path, x: Path, y: Path) -> Path:
     return p
 
 
-def _krr(*args, cwd=None, kill: tuple[str, int] | None = None):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KRR_KILL")}
-    if kill is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(INJECT), env.get("PYTHONPATH", "")])
-        env["KRR_KILL_MATCH"], env["KRR_KILL_AT"] = kill[0], str(kill[1])
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", *map(str, args)],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
 def _reference_predict(X: np.ndarray, y: np.ndarray, Xq: np.ndarray) -> np.ndarray:
     from sklearn.kernel_ridge import KernelRidge
 
     return KernelRidge(alpha=0.1, kernel="rbf", gamma=0.3).fit(X, y).predict(Xq)
 
 
-def test_changed_file_after_finished_run_reruns_ingest(tmp_path):
+def test_changed_file_after_finished_run_reruns_ingest(tmp_path, krr_run):
     x, y = _data(tmp_path / "data", seed=0)
     conf, run = _conf(tmp_path, x, y), tmp_path / "run"
-    first = _krr("run", conf, "--run-dir", run)
+    first = krr_run("run", conf, "--run-dir", run)
     assert first.returncode == 0, first.stderr[-3000:]
     x_new, _ = _data(tmp_path / "data", seed=1)  # same shape, other rows
-    second = _krr("run", conf, "--run-dir", run)
+    second = krr_run("run", conf, "--run-dir", run)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "ran: ingest, gram, solve, model" in second.stdout, second.stdout
     Xn, yn = np.load(x_new), np.load(y)
@@ -93,32 +74,32 @@ def test_changed_file_after_finished_run_reruns_ingest(tmp_path):
     np.testing.assert_allclose(model.predict(Xq), _reference_predict(Xn, yn, Xq), atol=1e-8)
 
 
-def test_changed_file_between_killed_ingest_and_resume_is_not_mixed(tmp_path):
+def test_changed_file_between_killed_ingest_and_resume_is_not_mixed(tmp_path, krr_run):
     x, y = _data(tmp_path / "data", seed=0)
     conf, run = _conf(tmp_path, x, y), tmp_path / "run"
-    killed = _krr("run", conf, "--run-dir", run, kill=("X_train/", 3))
+    killed = krr_run("run", conf, "--run-dir", run, kill=("X_train/", 3))
     assert killed.returncode == -9, killed.stderr[-3000:]
     # blocks 0 and 1 of the old file are stored and recorded
     assert len(list((run / "ingest" / "data.zarr" / "_markers" / "X_train").iterdir())) >= 2
     _data(tmp_path / "data", seed=1)
-    resumed = _krr("run", conf, "--run-dir", run)
+    resumed = krr_run("run", conf, "--run-dir", run)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     stored = zarr.open_array(str(run / "ingest" / "data.zarr"), path="X_train", mode="r")[...]
     np.testing.assert_array_equal(stored, np.load(x))
 
 
-def test_moved_run_dir_resumed_by_relative_path_from_another_cwd(tmp_path):
+def test_moved_run_dir_resumed_by_relative_path_from_another_cwd(tmp_path, krr_run):
     # two projects, each with a run directory called "run" (relative --run-dir)
     a, b = tmp_path / "a", tmp_path / "b"
     xa, ya = _data(a / "data", seed=0)
     xb, yb = _data(b / "data", seed=1)
     conf_a, conf_b = _conf(a, xa, ya), _conf(b, xb, yb)
     for cwd, conf in ((a, conf_a), (b, conf_b)):
-        r = _krr("run", conf, "--run-dir", "run", "--until", "ingest", cwd=cwd)
+        r = krr_run("run", conf, "--run-dir", "run", "--until", "ingest", cwd=cwd)
         assert r.returncode == 0, r.stderr[-3000:]
     # a's run directory is moved, then resumed from b's directory by a relative path
     shutil.move(str(a / "run"), str(tmp_path / "moved"))
-    r = _krr("run", conf_a, "--run-dir", "../moved", cwd=b)
+    r = krr_run("run", conf_a, "--run-dir", "../moved", cwd=b)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "already complete: ingest" in r.stdout, r.stdout
     from pipeline.stages.status import latest_model

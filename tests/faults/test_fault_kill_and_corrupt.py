@@ -10,11 +10,8 @@ by its checksum and recomputed by the stage that owns it.
 
 from __future__ import annotations
 
-import os
 import random
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +22,6 @@ from pipeline.artifact import load_artifact
 
 pytestmark = pytest.mark.slow
 
-INJECT = Path(__file__).resolve().parents[1] / "faultinject"
 
 CONFIG = """
 name: killcorrupt
@@ -46,7 +42,7 @@ KILL_POINTS = [("X_train/", 6), ("gram/", 21), ("chol/", 21), ("predictions/", 1
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
+def setup(tmp_path_factory, krr_run):
     d = tmp_path_factory.mktemp("killcorrupt")
     rng = np.random.default_rng(1)
     X = rng.normal(size=(800, 4))
@@ -56,23 +52,9 @@ def setup(tmp_path_factory):
     conf = d / "conf.yaml"
     conf.write_text(CONFIG.format(x=d / "X.npy", y=d / "y.npy", xn=d / "Xn.npy"))
     ref = d / "ref"
-    r = _run(conf, ref)
+    r = krr_run.run(conf, ref, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     return conf, _results(ref)
-
-
-def _run(conf: Path, run_dir: Path, kill: tuple[str, int] | None = None):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KRR_KILL")}
-    if kill is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(INJECT), env.get("PYTHONPATH", "")])
-        env["KRR_KILL_MATCH"], env["KRR_KILL_AT"] = kill[0], str(kill[1])
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", "run", str(conf), "--run-dir", str(run_dir)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
 
 
 def _results(run_dir: Path) -> dict[str, np.ndarray]:
@@ -110,7 +92,7 @@ def _flip_byte(path: Path, rnd: random.Random) -> None:
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_random_kills_with_corruption_between_runs(setup, tmp_path, seed):
+def test_random_kills_with_corruption_between_runs(setup, tmp_path, seed, krr_run):
     conf, want = setup
     rnd = random.Random(seed)
     run_dir = tmp_path / "run"
@@ -118,7 +100,7 @@ def test_random_kills_with_corruption_between_runs(setup, tmp_path, seed):
     for _attempt in range(2):
         match, most = rnd.choice(KILL_POINTS)
         at = rnd.randint(1, most)
-        r = _run(conf, run_dir, kill=(match, at))
+        r = krr_run.run(conf, run_dir, kill=(match, at), timeout=600)
         history.append((match, at, r.returncode))
         # a kill point past the end of that array's markers lets the run finish
         assert r.returncode in (0, -signal.SIGKILL), (history, r.stderr[-3000:])
@@ -127,7 +109,7 @@ def test_random_kills_with_corruption_between_runs(setup, tmp_path, seed):
             victim = rnd.choice(chunks)
             _flip_byte(victim, rnd)
             history.append(("flipped", str(victim.relative_to(run_dir))))
-    final = _run(conf, run_dir)
+    final = krr_run.run(conf, run_dir, timeout=600)
     assert final.returncode == 0, (history, final.stderr[-3000:])
     # what the killed writers left half-written was swept when its store was reopened
     left = [p for p in run_dir.rglob("*") if p.suffix in (".tmp", ".partial")]
@@ -139,14 +121,14 @@ def test_random_kills_with_corruption_between_runs(setup, tmp_path, seed):
 
 
 @pytest.mark.parametrize("target", ["model/model/dual_coef", "predict/predictions.zarr/test"])
-def test_damaged_final_output_of_a_complete_run_is_recomputed(setup, tmp_path, target):
+def test_damaged_final_output_of_a_complete_run_is_recomputed(setup, tmp_path, target, krr_run):
     """A rerun of a complete run re-reads its final outputs and repairs a flipped byte."""
     conf, want = setup
     run_dir = tmp_path / "run"
-    assert _run(conf, run_dir).returncode == 0
+    assert krr_run.run(conf, run_dir, timeout=600).returncode == 0
     victim = next(p for p in _chunk_files(run_dir) if target in str(p.relative_to(run_dir)))
     _flip_byte(victim, random.Random(0))
-    again = _run(conf, run_dir)
+    again = krr_run.run(conf, run_dir, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "failed verification" in again.stderr + again.stdout
     got = _results(run_dir)

@@ -79,7 +79,7 @@ def _n_keys(fs, prefix: str) -> int:
         return 0
 
 
-def test_cluster_on_object_store_survives_kill_and_join(tmp_path, monkeypatch):
+def test_cluster_on_object_store_survives_kill_and_join(tmp_path, monkeypatch, krr_run):
     import s3fs
 
     # one BLAS thread in every process, as a nanny gives its worker (these run without
@@ -104,11 +104,7 @@ def test_cluster_on_object_store_survives_kill_and_join(tmp_path, monkeypatch):
         # the reference: the same config, run dir on the local disk, in-process threads
         ref_conf = tmp_path / "ref.yaml"
         ref_conf.write_text(text.replace("SCHED", "threads"))
-        ref = subprocess.run(
-            [sys.executable, "-m", "pipeline.cli", "run", str(ref_conf), "--run-dir",
-             str(tmp_path / "ref")],
-            capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+        ref = krr_run.run(ref_conf, tmp_path / "ref")
         assert ref.returncode == 0, ref.stderr[-3000:]
         want = _results(str(tmp_path / "ref"))
 

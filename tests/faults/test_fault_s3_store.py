@@ -21,8 +21,6 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from _s3server import make_bucket, moto_server, s3_env  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
-INJECT = ROOT / "tests" / "faultinject"
 BUCKET = "krr-test"
 
 CONFIG = """
@@ -71,22 +69,6 @@ def _config(data: Path, dest: Path, extra: str = "") -> Path:
     return p
 
 
-def _krr(args, cwd: Path, env_extra=None, kill=None, timeout=300):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KRR_KILL")}
-    env.update(env_extra or {})
-    if kill is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(INJECT), env.get("PYTHONPATH", "")])
-        env["KRR_KILL_MATCH"], env["KRR_KILL_AT"] = kill[0], str(kill[1])
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", *args],
-        env=env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 def _results(run_dir: str) -> dict[str, np.ndarray]:
     """α from the model artifact and every prediction array (local path or URL)."""
     import zarr
@@ -114,9 +96,9 @@ def _assert_same(got, want):
 
 
 @pytest.fixture(scope="module")
-def local_reference(data, tmp_path_factory):
+def local_reference(data, tmp_path_factory, krr_run):
     d = tmp_path_factory.mktemp("s3ref")
-    r = _krr(["run", str(_config(data, d)), "--run-dir", str(d / "run")], cwd=d)
+    r = krr_run("run", str(_config(data, d)), "--run-dir", str(d / "run"), cwd=d)
     assert r.returncode == 0, r.stderr[-3000:]
     return _results(str(d / "run"))
 
@@ -150,13 +132,13 @@ def test_estimator_fit_on_s3_equals_local_fit_bitwise_and_saves_to_s3(s3, tmp_pa
 
 @pytest.mark.slow
 def test_krr_run_on_s3_writes_nothing_locally_and_equals_local_run(
-    s3, data, tmp_path, local_reference
+    s3, data, tmp_path, local_reference, krr_run
 ):
     conf = _config(data, tmp_path)
     work = tmp_path / "cwd"
     work.mkdir()
     url = f"s3://{BUCKET}/cli"
-    r = _krr(["run", str(conf), "--run-dir", url, "--json"], cwd=work)
+    r = krr_run("run", str(conf), "--run-dir", url, "--json", cwd=work)
     assert r.returncode == 0, r.stderr[-3000:]
     assert list(work.iterdir()) == [], "krr run wrote to the local disk"
     out = json.loads(r.stdout)
@@ -171,25 +153,25 @@ def test_krr_run_on_s3_writes_nothing_locally_and_equals_local_run(
     assert manifest["stages"]["model"]["outputs"]["path"] == f"@run/results/{key}/model/model"
     _assert_same(_results(url), local_reference)
     # a second run finds every stage complete
-    again = _krr(["run", str(conf), "--run-dir", url, "--json"], cwd=work)
+    again = krr_run("run", str(conf), "--run-dir", url, "--json", cwd=work)
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads(again.stdout)["ran"] == []
-    st = _krr(["status", url], cwd=work)
+    st = krr_run("status", url, cwd=work)
     assert st.returncode == 0 and "done" in st.stdout, st.stdout + st.stderr
     assert list(work.iterdir()) == []
 
 
 @pytest.mark.slow
 def test_kill_mid_factor_on_s3_then_resume_is_bitwise_identical(
-    s3, data, tmp_path, local_reference
+    s3, data, tmp_path, local_reference, krr_run
 ):
     conf = _config(data, tmp_path)
     url = f"s3://{BUCKET}/killed"
-    killed = _krr(["run", str(conf), "--run-dir", url], cwd=tmp_path, kill=("chol/", 5))
+    killed = krr_run("run", str(conf), "--run-dir", url, cwd=tmp_path, kill=("chol/", 5))
     assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr[-3000:])
     # the dead run's lease is still there; the rerun on this host takes it over
     assert _fs().exists(f"{BUCKET}/killed/.lock")
-    resumed = _krr(["run", str(conf), "--run-dir", url], cwd=tmp_path)
+    resumed = krr_run("run", str(conf), "--run-dir", url, cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "took over" in resumed.stderr
     assert "[solve] resuming" in resumed.stderr
@@ -197,10 +179,10 @@ def test_kill_mid_factor_on_s3_then_resume_is_bitwise_identical(
 
 
 @pytest.mark.slow
-def test_corrupted_object_is_detected_and_recomputed(s3, data, tmp_path, local_reference):
+def test_corrupted_object_is_detected_and_recomputed(s3, data, tmp_path, local_reference, krr_run):
     conf = _config(data, tmp_path)
     url = f"s3://{BUCKET}/corrupt"
-    first = _krr(["run", str(conf), "lambda=0.02", "--run-dir", url], cwd=tmp_path)
+    first = krr_run("run", str(conf), "lambda=0.02", "--run-dir", url, cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     fs = _fs()
     key = f"{BUCKET}/corrupt/gram/gram.zarr/gram/c/1/0"
@@ -208,7 +190,7 @@ def test_corrupted_object_is_detected_and_recomputed(s3, data, tmp_path, local_r
     raw[100] ^= 0xFF  # one flipped byte in a stored Gram tile
     fs.pipe_file(key, bytes(raw))
     # λ back to the reference: the solve stage reruns and reads the corrupt tile
-    r = _krr(["run", str(conf), "--run-dir", url, "--json"], cwd=tmp_path)
+    r = krr_run("run", str(conf), "--run-dir", url, "--json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "corrupt tile (1, 0)" in r.stderr, r.stderr[-3000:]
     assert "gram" in json.loads(r.stdout)["ran"]
@@ -216,26 +198,29 @@ def test_corrupted_object_is_detected_and_recomputed(s3, data, tmp_path, local_r
 
 
 @pytest.mark.slow
-def test_missing_bucket_is_refused_unless_config_creates_it(s3, data, tmp_path):
+def test_missing_bucket_is_refused_unless_config_creates_it(s3, data, tmp_path, krr_run):
     url = "s3://no-such-bucket-xyz/run"
-    r = _krr(["run", str(_config(data, tmp_path)), "--run-dir", url], cwd=tmp_path)
+    r = krr_run("run", str(_config(data, tmp_path)), "--run-dir", url, cwd=tmp_path)
     assert r.returncode == 7, r.stderr
     assert "bucket 'no-such-bucket-xyz' does not exist" in r.stderr
     assert "storage.create_bucket: true" in r.stderr
     assert not _fs().exists("no-such-bucket-xyz")
     conf = _config(data, tmp_path, extra="storage: {create_bucket: true}")
-    r = _krr(["run", str(conf), "--run-dir", url, "--until", "ingest"], cwd=tmp_path)
+    r = krr_run("run", str(conf), "--run-dir", url, "--until", "ingest", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert _fs().exists("no-such-bucket-xyz/run/manifest.json")
 
 
-def test_unreachable_endpoint_fails_before_work_starts(s3, data, tmp_path):
+def test_unreachable_endpoint_fails_before_work_starts(s3, data, tmp_path, krr_run):
     env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_MAX_ATTEMPTS": "1"}
     t0 = time.perf_counter()
-    r = _krr(
-        ["run", str(_config(data, tmp_path)), "--run-dir", f"s3://{BUCKET}/x"],
+    r = krr_run(
+        "run",
+        str(_config(data, tmp_path)),
+        "--run-dir",
+        f"s3://{BUCKET}/x",
         cwd=tmp_path,
-        env_extra=env,
+        env=env,
     )
     assert r.returncode == 7, r.stderr
     assert "does not answer" in r.stderr and "AWS_ENDPOINT_URL" in r.stderr
@@ -244,17 +229,12 @@ def test_unreachable_endpoint_fails_before_work_starts(s3, data, tmp_path):
 
 
 @pytest.mark.slow
-def test_storage_options_from_config_reach_the_store(s3, data, tmp_path):
+def test_storage_options_from_config_reach_the_store(s3, data, tmp_path, krr_run):
     # the endpoint only in the config's storage.options, not in the environment
-    env = {k: v for k, v in os.environ.items() if k != "AWS_ENDPOINT_URL"}
     opts = json.dumps({"client_kwargs": {"endpoint_url": s3["AWS_ENDPOINT_URL"]}})
     conf = _config(data, tmp_path, extra=f"storage: {{options: {opts}}}")
-    r = subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", "run", str(conf), "--run-dir",
-         f"s3://{BUCKET}/opts", "--until", "ingest"],
-        env=env,
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    r = krr_run("run", conf, "--run-dir", f"s3://{BUCKET}/opts", "--until", "ingest",
+                cwd=tmp_path, env={"AWS_ENDPOINT_URL": None})  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     manifest = json.loads(_fs().cat_file(f"{BUCKET}/opts/manifest.json"))
     assert manifest["config"]["storage"]["options"] == "<not recorded>"
@@ -330,12 +310,12 @@ def test_lease_lock_excludes_and_takes_over_dead_or_expired(s3):
 
 
 @pytest.mark.slow
-def test_select_stage_report_goes_to_the_object_store(s3, data, tmp_path):
+def test_select_stage_report_goes_to_the_object_store(s3, data, tmp_path, krr_run):
     conf = _config(data, tmp_path, extra="cv: {alphas: [0.01, 0.1], folds: 3}")
     work = tmp_path / "cwd"
     work.mkdir()
     url = f"s3://{BUCKET}/select"
-    r = _krr(["run", str(conf), "--run-dir", url, "--until", "select", "--json"], cwd=work)
+    r = krr_run("run", str(conf), "--run-dir", url, "--until", "select", "--json", cwd=work)
     assert r.returncode == 0, r.stderr[-3000:]
     assert list(work.iterdir()) == [], "the select report was written to the local disk"
     keys = _fs().find(f"{BUCKET}/select/select")

@@ -1,0 +1,198 @@
+"""Fixtures every test directory shares: the ``krr`` command line in a subprocess, a small
+config written to disk, and small data sets.
+
+Stage tests run in process (``pipeline.run``, ``pipeline.cli.main``); ``krr_run`` is for
+what needs a process of its own: a kill (``tests/faultinject``) or an exit code.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+TESTS = Path(__file__).resolve().parent
+#: on PYTHONPATH, its ``sitecustomize`` kills the process at a chosen completion marker
+FAULTINJECT = TESTS / "faultinject"
+
+
+class KrrRunner:
+    """``krr ARGS...`` as ``python -m pipeline.cli ARGS...`` in a subprocess.
+
+    The one implementation of the command-line subprocess the tests use. The child gets
+    this process's environment without any ``KRR_KILL*`` variable (a kill is asked for
+    explicitly), so a test never inherits another's injected fault.
+    """
+
+    def __call__(
+        self,
+        *args: Any,
+        cwd: str | os.PathLike | None = None,
+        kill: tuple[str, int] | None = None,
+        env: Mapping[str, str | None] | None = None,
+        inject: bool = False,
+        timeout: float = 300,
+        check: bool = False,
+    ) -> subprocess.CompletedProcess:
+        """Run ``krr *args`` and return the CompletedProcess (text stdout and stderr).
+
+        Parameters
+        ----------
+        *args
+            The command line after ``krr`` (paths are turned into strings).
+        cwd
+            The child's working directory (default: this one).
+        kill
+            ``(match, at)``: SIGKILL the child just before the ``at``-th completion marker
+            of an array whose name matches ``match`` (``KRR_KILL_MATCH``/``KRR_KILL_AT``).
+        env
+            Extra environment variables; a value of None removes the variable.
+        inject
+            Put ``tests/faultinject`` on the child's PYTHONPATH (implied by ``kill``), for
+            faults chosen through ``env`` (e.g. ``KRR_KILL_SETTING_AT``).
+        timeout
+            Seconds before the child is killed and the test fails.
+        check
+            Assert a zero exit status (the message holds the end of stderr).
+        """
+        full = {k: v for k, v in os.environ.items() if not k.startswith("KRR_KILL")}
+        for k, v in (env or {}).items():
+            if v is None:
+                full.pop(k, None)
+            else:
+                full[k] = v
+        if kill is not None or inject:
+            full["PYTHONPATH"] = os.pathsep.join([str(FAULTINJECT), full.get("PYTHONPATH", "")])
+        if kill is not None:
+            full["KRR_KILL_MATCH"], full["KRR_KILL_AT"] = kill[0], str(kill[1])
+        res = subprocess.run(
+            [sys.executable, "-m", "pipeline.cli", *map(str, args)],
+            cwd=cwd,
+            env=full,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if check:
+            assert res.returncode == 0, res.stderr[-3000:]
+        return res
+
+    def run(
+        self,
+        conf: str | os.PathLike,
+        run_dir: str | os.PathLike,
+        *overrides: Any,
+        json: bool = False,
+        **kw: Any,
+    ) -> subprocess.CompletedProcess:
+        """``krr run CONF OVERRIDES... --run-dir RUN_DIR [--json]``; ``kw`` as for a call."""
+        extra = ("--json",) if json else ()
+        return self("run", conf, *overrides, "--run-dir", run_dir, *extra, **kw)
+
+
+@pytest.fixture(scope="session")
+def krr_run() -> KrrRunner:
+    """Run the ``krr`` command line in a subprocess: ``krr_run("status", run_dir)``,
+    ``krr_run.run(conf, run_dir, "lambda=0.1", json=True, kill=("gram", 3))``."""
+    return KrrRunner()
+
+
+@dataclass(frozen=True)
+class SmallData:
+    """A small regression problem saved as ``.npy`` files (and kept in memory)."""
+
+    dir: Path
+    X: np.ndarray
+    y: np.ndarray
+    X_new: np.ndarray
+
+    @property
+    def x_path(self) -> Path:
+        return self.dir / "X.npy"
+
+    @property
+    def y_path(self) -> Path:
+        return self.dir / "y.npy"
+
+    @property
+    def x_new_path(self) -> Path:
+        return self.dir / "Xn.npy"
+
+
+def make_small_data(dest: Path, n: int = 200, d: int = 4, n_new: int = 50, seed: int = 0):
+    """``X`` standard normal (n, d), ``y = sin(X[:, 0]) + 0.1 noise``, new rows ``X_new``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d))
+    y = np.sin(X[:, 0]) + 0.1 * rng.normal(size=n)
+    X_new = rng.normal(size=(n_new, d))
+    np.save(dest / "X.npy", X)
+    np.save(dest / "y.npy", y)
+    np.save(dest / "Xn.npy", X_new)
+    return SmallData(dest, X, y, X_new)
+
+
+@pytest.fixture
+def small_data(tmp_path) -> SmallData:
+    """200 x 4 training rows and 50 new rows in ``tmp_path/data`` (seed 0)."""
+    return make_small_data(tmp_path / "data")
+
+
+#: a small `krr run` config: Cholesky, tiles of 64, one in-process worker, no baseline
+SMALL_CONFIG: dict[str, Any] = {
+    "name": "small",
+    "split": {"test_fraction": 0.25, "seed": 0},
+    "preprocess": {"standardize": True, "standardize_y": False},
+    "kernel": {"name": "rbf", "params": {"gamma": 0.3}},
+    "lambda": 0.1,
+    "solver": {"method": "cholesky"},
+    "block_size": 64,
+    "evaluate": {"baseline": "none"},
+    "cluster": {"n_workers": 1, "processes": False, "memory_limit": "2GiB", "dashboard": False},
+}
+
+
+def _merge(base: dict, extra: Mapping) -> dict:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), dict) else v
+    return out
+
+
+@pytest.fixture
+def write_config(tmp_path):
+    """``write_config(data=None, name="conf.yaml", dest=tmp_path, **sections) -> Path``.
+
+    Writes :data:`SMALL_CONFIG` as YAML, its sections updated (nested mappings merged)
+    by ``sections`` (``lambda`` is ``lam``); ``data`` (a :class:`SmallData`) fills
+    ``data`` with its ``.npy`` paths. A string ``text`` is written as it is.
+    """
+
+    def write(
+        data: SmallData | None = None,
+        name: str = "conf.yaml",
+        dest: Path | None = None,
+        text: str | None = None,
+        **sections: Any,
+    ) -> Path:
+        path = (dest or tmp_path) / name
+        if text is not None:
+            path.write_text(text)
+            return path
+        if "lam" in sections:
+            sections["lambda"] = sections.pop("lam")
+        conf = _merge(SMALL_CONFIG, sections)
+        if data is not None:
+            conf["data"] = {"source": "npy", "path": str(data.x_path), "y_path": str(data.y_path)}
+        path.write_text(yaml.safe_dump(conf, sort_keys=False))
+        return path
+
+    return write
