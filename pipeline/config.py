@@ -36,6 +36,7 @@ from pipeline.config_overrides import (
     apply_overrides,
     parse_overrides,
 )
+from pipeline.errors import IndefiniteKernelError
 from pipeline.policy import constants as C
 from pipeline.policy.plan import ALPHA_CONVENTION_ALIASES, MATVEC_ALIASES
 
@@ -454,7 +455,7 @@ class RunConfig(_Model):
         if self.solver.method == "cg":
             kernel = self.kernel.build()
             if not getattr(kernel, "is_mercer", True):
-                raise ValueError(
+                raise IndefiniteKernelError(
                     f"solver.method: 'cg' needs a positive semi-definite kernel, and kernel "
                     f"{kernel!r} is not one (is_mercer is False): CG can break down or return a "
                     "wrong alpha on an indefinite K + lambda*I. Use solver.method=cholesky (it "

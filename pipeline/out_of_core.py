@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.errors import IndefiniteKernelError
 from pipeline.kernels import Kernel
 from pipeline.policy.constants import DEFAULT_BLOCK_SIZE
 
@@ -210,7 +211,7 @@ def fit_out_of_core(
         raise ValueError(f"solver must be 'cholesky', 'cg' or 'auto', got {solver!r}")
     mercer = bool(getattr(kernel, "is_mercer", True))
     if solver == "cg" and not mercer:
-        raise ValueError(
+        raise IndefiniteKernelError(
             f"solver='cg' needs a positive semi-definite kernel, and {kernel!r} is not one "
             "(is_mercer is False): CG can break down or return wrong coefficients on an "
             "indefinite K + alpha*I. Use solver='cholesky' (it names the shift that fails), "

@@ -57,6 +57,7 @@ from scipy import linalg
 from scipy.linalg import lapack
 from threadpoolctl import threadpool_limits
 
+from pipeline.errors import SingularKernelWarning
 from pipeline.validation import check_alpha
 
 #: largest n for which potrf may use more than one BLAS thread (OpenBLAS segfault)
@@ -70,10 +71,6 @@ _AUTO_JITTER = (1e-12, 1e-10, 1e-8, 1e-6)
 _SINGULAR_MSG = "Singular matrix in solving dual problem. Using least-squares solution instead."
 #: rows per block when predicting, so K(X_test, X_fit) stays below ~256 MiB
 PREDICT_BLOCK_BYTES = 256 * 1024**2
-
-
-class SingularKernelWarning(UserWarning):
-    """K + lam I was not positive definite; a jittered or least-squares solution was used."""
 
 
 def effective_alpha(

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.config import SolverConfig
+from pipeline.errors import IndefiniteKernelError, SolveNotConverged
 from pipeline.fit import log_plan
 from pipeline.gram import open_gram
 from pipeline.policy.constants import CHOLESKY_MAX_N
@@ -192,14 +193,6 @@ def _solve_cholesky(stage_dir, inputs, y, plan, kernel=None, X_mem=None) -> tupl
 def _rows_in_memory(inputs) -> np.ndarray:
     """X_train as a numpy array (the refinement's float64 products read it)."""
     return np.asarray(open_rows(IngestOutput.from_json(inputs["ingest"]), "X_train").compute())
-
-
-class SolveNotConverged(RuntimeError):
-    """CG stopped at ``max_iter`` or broke down, and ``solver.allow_unconverged`` is false."""
-
-
-class IndefiniteKernelError(ValueError):
-    """The CG solver was asked for with a kernel that is not known to be PSD."""
 
 
 def check_cg_kernel(kernel: dict[str, Any]) -> None:
