@@ -23,6 +23,7 @@ import numpy as np
 
 from pipeline.errors import IndefiniteKernelError
 from pipeline.kernels import Kernel
+from pipeline.options import ALPHA_CONVENTIONS, solver_choices
 from pipeline.policy.constants import DEFAULT_BLOCK_SIZE
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ __all__ = [
     "weighted_problem",
 ]
 #: estimator convention names -> solver convention names
-CONVENTIONS = {"sklearn": "sklearn", "n_samples": "n"}
+CONVENTIONS = ALPHA_CONVENTIONS
 
 
 @dataclass
@@ -219,22 +220,22 @@ def fit_out_of_core(
         )
     with _store_dir(store) as root:
         if plan is None:
-            choices = {
-                "solver": solver,
-                "alpha": lam,
-                "alpha_convention": convention,
-                "block_size": block_size,
-                "tol": tol,
-                "max_iter": max_iter,
-                "preconditioner": preconditioner,
-                "rank": rank,
-                "matvec": matvec,
-                "cg_precision": cg_precision,
-                "random_state": random_state,
-                "factor_dtype": factor_dtype,
-                "keep_gram": keep_gram,
-                "store": store,
-            }
+            choices = solver_choices(
+                solver=solver,
+                alpha=lam,
+                alpha_convention=convention,
+                block_size=block_size,
+                tol=tol,
+                max_iter=max_iter,
+                preconditioner=preconditioner,
+                rank=rank,
+                matvec=matvec,
+                cg_precision=cg_precision,
+                random_state=random_state,
+                factor_dtype=factor_dtype,
+                keep_gram=keep_gram,
+                store=store,
+            )
             plan, reason = plan_fit(
                 n, d, kernel, measure_resources(root, in_memory=False), choices,
                 n_targets=1 if y.ndim == 1 else y.shape[1], X=X,

@@ -24,6 +24,7 @@ from pipeline.config import SolverConfig
 from pipeline.errors import IndefiniteKernelError, SolveNotConverged
 from pipeline.fit import log_plan
 from pipeline.gram import open_gram
+from pipeline.options import solver_choices
 from pipeline.policy.constants import CHOLESKY_MAX_N
 from pipeline.stages.ingest import open_rows
 from pipeline.stages.outputs import GramOutput, IngestOutput, SolveOutput
@@ -41,23 +42,23 @@ AUTO_CHOLESKY_MAX_ROWS = CHOLESKY_MAX_N
 def _choices(solver: SolverConfig, **extra: Any) -> dict[str, Any]:
     """The config's solver section in :func:`~pipeline.policy.plan.plan_fit`'s vocabulary
     (its defaults are the config's, which are :mod:`pipeline.policy.constants`)."""
-    return {
-        "solver": solver.method,
-        "tol": solver.tol,
-        "max_iter": solver.max_iter,
-        "preconditioner": solver.preconditioner,
-        "rank": solver.rank,
-        "matvec": solver.matvec,
-        "cg_precision": solver.cg_precision,
-        "checkpoint_every": solver.checkpoint_every,
-        "jitter": solver.jitter,
-        "factor_dtype": solver.factor_dtype,
-        "factor_scheduler": solver.factor_scheduler,
-        "cost_model": solver.cost_model,
-        "keep_gram": solver.keep_gram,
-        "check_disk": solver.check_disk,
+    return solver_choices(
+        solver=solver.method,
+        tol=solver.tol,
+        max_iter=solver.max_iter,
+        preconditioner=solver.preconditioner,
+        rank=solver.rank,
+        matvec=solver.matvec,
+        cg_precision=solver.cg_precision,
+        checkpoint_every=solver.checkpoint_every,
+        jitter=solver.jitter,
+        factor_dtype=solver.factor_dtype,
+        factor_scheduler=solver.factor_scheduler,
+        cost_model=solver.cost_model,
+        keep_gram=solver.keep_gram,
+        check_disk=solver.check_disk,
         **extra,
-    }
+    )
 
 
 def stage_plan(
