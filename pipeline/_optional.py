@@ -14,6 +14,8 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+from pipeline.errors import MissingExtraError
+
 __all__ = ["EXTRAS", "MissingExtraError", "require"]
 
 #: module -> (extra that installs it, distribution name)
@@ -25,14 +27,6 @@ EXTRAS = {
     "matplotlib.pyplot": ("plots", "matplotlib"),
     "s3fs": ("s3", "s3fs"),
 }
-
-
-class MissingExtraError(ImportError):
-    """An optional package is not installed; the message names the extra that installs it."""
-
-    def __init__(self, message: str, extra: str) -> None:
-        super().__init__(message)
-        self.extra = extra
 
 
 def require(module: str, what: str) -> ModuleType:

@@ -45,6 +45,7 @@ from pipeline.artifact_refs import (
     ref_to_store,
     resolve_stored_ref,
 )
+from pipeline.errors import ArtifactError
 from pipeline.kernels import Kernel, kernel_from_spec, make_kernel, spec_round_trips
 from pipeline.predict import check_preprocessing, model_fingerprint
 from pipeline.storage import fingerprint_blocks, fingerprint_obj
@@ -54,10 +55,6 @@ FORMAT_VERSION = 1
 SUPPORTED_VERSIONS = (1,)
 META_KEY = "krr_model"
 _CHUNK_BYTES = 64 * 2**20
-
-
-class ArtifactError(ValueError):
-    """An artifact that cannot be loaded: not one, incomplete, unknown version, or corrupt."""
 
 
 @dataclass

@@ -36,8 +36,19 @@ from pipeline.config_overrides import (
     apply_overrides,
     parse_overrides,
 )
+from pipeline.errors import IndefiniteKernelError
+from pipeline.options import (
+    ALPHA_CONVENTION_ALIASES,
+    ALPHA_CONVENTIONS,
+    CG_PRECISIONS,
+    FACTOR_DTYPES,
+    FACTOR_SCHEDULERS,
+    MATVEC_ALIASES,
+    PRECONDITIONERS,
+    RUN_SOLVERS,
+)
+from pipeline.options import solver_convention as _solver_spelling
 from pipeline.policy import constants as C
-from pipeline.policy.plan import ALPHA_CONVENTION_ALIASES, MATVEC_ALIASES
 
 __all__ = [
     "ClusterConfig", "ConfigError", "CvConfig", "DataConfig", "EvaluateConfig",
@@ -158,21 +169,22 @@ class KernelConfig(_Model):
 
 
 class SolverConfig(_Model):
-    method: Literal["cholesky", "cg", "auto"] = "auto"
+    method: Literal[RUN_SOLVERS] = "auto"
     # conjugate gradients (defaults: pipeline.policy.constants, shared with KernelRidge)
     tol: float = Field(default=C.DEFAULT_TOL, gt=0, lt=1)  # a relative residual; 1 is y = 0
     max_iter: int = Field(default=C.DEFAULT_MAX_ITER, ge=1)
     #: "adaptive": RPCholesky Nyström whose rank grows until it resolves K at the shift
-    preconditioner: Literal["none", "jacobi", "nystrom", "adaptive"] = C.DEFAULT_PRECONDITIONER
+    preconditioner: Literal[PRECONDITIONERS] = C.DEFAULT_PRECONDITIONER
     rank: int = Field(default=C.DEFAULT_RANK, ge=1)
     #: CG's product with K: ``stored`` (read the Gram), ``recompute`` (kernel tiles on the
     #: fly) or ``auto`` (by D and free disk); the old spellings ``matrix_free``,
     #: ``matrix-free`` and ``free`` are read as ``recompute``
+    #: (pipeline.options.MATVECS, in the order the config's messages always listed them)
     matvec: Literal["stored", "recompute", "auto"] = "auto"
     #: CG's product precision: "mixed" computes kernel tiles in float32 inside a float64
     #: iterative refinement (the answer still meets tol in float64); "auto": the cost model
     #: chooses (pipeline.policy.cg_variant)
-    cg_precision: Literal["auto", "float64", "mixed"] = "auto"
+    cg_precision: Literal[CG_PRECISIONS] = "auto"
     checkpoint_every: int = Field(default=C.DEFAULT_CHECKPOINT_EVERY, ge=1)
     #: accept a CG solve that stops at max_iter or breaks down (the run summary says so);
     #: by default such a solve fails the run (exit 4)
@@ -184,11 +196,11 @@ class SolverConfig(_Model):
     #: refined to double precision by CG preconditioned with the factor; "auto" chooses
     #: float32 when a subsample says it is safe and pays (pipeline.policy.factor_precision),
     #: redoing a failed float32 factor in float64 (in place: the Gram's dtype)
-    factor_dtype: Literal["float64", "float32", "auto"] = "float64"
+    factor_dtype: Literal[FACTOR_DTYPES] = "float64"
     #: how factor tiles are scheduled (see pipeline.solvers.tile_cholesky): "auto" runs
     #: them on threads of this process, unless the cluster's workers run on other
     #: machines (then on the cluster, one task per tile); "dask" always on the cluster
-    factor_scheduler: Literal["auto", "threads", "dask"] = "auto"
+    factor_scheduler: Literal[FACTOR_SCHEDULERS] = "auto"
     #: false factors in place: the factor replaces the Gram tile by tile (the Gram's disk
     #: is needed once); a rerun with another lambda recomputes the replaced tiles from X
     keep_gram: bool = True
@@ -198,6 +210,7 @@ class SolverConfig(_Model):
     #: model, pipeline.policy.calibrated: measured rates, and CG's iterations from λ and
     #: the preconditioner's residual measured on a subsample of the rows) or "simple"
     #: (the old λ-blind constants, crossing at 30,000 rows)
+    #: (pipeline.options.COST_MODELS, in the order the config's messages always listed them)
     cost_model: Literal["simple", "calibrated"] = "calibrated"
 
     @field_validator("matvec", mode="before")
@@ -377,7 +390,7 @@ class RunConfig(_Model):
     lam: float = Field(default=1e-3, gt=0, allow_inf_nan=False, alias="lambda")
     #: ``sklearn``: solve (K + λ I) α = y (scikit-learn's ``alpha``); ``n_samples``:
     #: (K + n λ I) α = y. The old key ``lam_convention`` and value ``n`` are accepted.
-    lam_convention: Literal["sklearn", "n_samples"] = Field(
+    lam_convention: Literal[ALPHA_CONVENTIONS] = Field(
         default=C.DEFAULT_ALPHA_CONVENTION, alias="alpha_convention"
     )
     solver: SolverConfig = SolverConfig()
@@ -415,7 +428,7 @@ class RunConfig(_Model):
     @property
     def solver_convention(self) -> str:
         """The λ convention as the solvers spell it (``sklearn`` or ``n``)."""
-        return "n" if self.lam_convention == "n_samples" else "sklearn"
+        return _solver_spelling(self.lam_convention)
 
     _run_dir_url = field_validator("run_dir", mode="before")(local_file_url)
 
@@ -454,7 +467,7 @@ class RunConfig(_Model):
         if self.solver.method == "cg":
             kernel = self.kernel.build()
             if not getattr(kernel, "is_mercer", True):
-                raise ValueError(
+                raise IndefiniteKernelError(
                     f"solver.method: 'cg' needs a positive semi-definite kernel, and kernel "
                     f"{kernel!r} is not one (is_mercer is False): CG can break down or return a "
                     "wrong alpha on an indefinite K + lambda*I. Use solver.method=cholesky (it "

@@ -16,11 +16,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from pipeline.errors import ConfigError
+
 __all__ = ["ConfigError", "apply_overrides", "parse_overrides"]
-
-
-class ConfigError(ValueError):
-    """A config file is missing, is not valid YAML, or does not validate."""
 
 
 def _model_at(model: type[BaseModel], loc: Iterable[Any]) -> type[BaseModel] | None:

@@ -28,10 +28,18 @@ from pipeline.fit import execute, log_plan, measure_resources
 from pipeline.kernel_estimator import KernelParamsMixin
 from pipeline.kernels import Linear, spec_round_trips
 from pipeline.model_io import estimator_state, save_model
+from pipeline.options import (
+    ALPHA_CONVENTIONS,
+    CG_PRECISIONS,
+    FACTOR_DTYPES,
+    MATVECS,
+    OUT_OF_CORE_SOLVERS,
+    SOLVERS,
+    solver_choices,
+)
 from pipeline.policy.plan import plan_fit
 from pipeline.progress import with_progress
 from pipeline.reference import (
-    ALPHA_CONVENTIONS,
     check_dense_memory,
     dense_dual_bytes,
     effective_alpha,
@@ -48,13 +56,10 @@ from pipeline.validation import (
     validate_X_y,
 )
 
-IN_MEMORY_SOLVERS = ("auto", "dense", "primal")
 log = logging.getLogger(__name__)
 
-OUT_OF_CORE_SOLVERS = ("cholesky", "cg")
-SOLVERS = IN_MEMORY_SOLVERS + OUT_OF_CORE_SOLVERS
+#: pipeline.options.PRECONDITIONERS, in the order KernelRidge's message always listed them
 PRECONDITIONERS = ("nystrom", "jacobi", "none", "adaptive")
-MATVECS = ("auto", "stored", "recompute")
 _dense = lambda X: X.toarray() if sp.issparse(X) else X  # noqa: E731
 
 
@@ -235,8 +240,8 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         check_choice("alpha_convention", self.alpha_convention, ALPHA_CONVENTIONS)
         check_choice("preconditioner", self.preconditioner, PRECONDITIONERS)
         check_choice("matvec", self.matvec, MATVECS)
-        check_choice("cg_precision", self.cg_precision, ("auto", "float64", "mixed"))
-        check_choice("factor_dtype", self.factor_dtype, ("float64", "float32", "auto"))
+        check_choice("cg_precision", self.cg_precision, CG_PRECISIONS)
+        check_choice("factor_dtype", self.factor_dtype, FACTOR_DTYPES)
         if not isinstance(self.keep_gram, bool | np.bool_):
             raise ValueError(f"keep_gram must be True or False, got {self.keep_gram!r}")
         check_positive_int("block_size", self.block_size)
@@ -364,24 +369,24 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         one_alpha = np.unique(np.atleast_1d(np.asarray(self.alpha, dtype=np.float64))).size == 1
         ooc_able = kernel is not None and one_alpha and spec_round_trips(kernel)  # (no callables)
         resources = measure_resources(self.store, in_memory=self.store is None or not ooc_able)
-        choices = {
-            "solver": self.solver,
-            "alpha": self.alpha,
-            "alpha_convention": self.alpha_convention,
-            "block_size": self.block_size,
-            "tol": self.tol,
-            "max_iter": self.max_iter,
-            "preconditioner": self.preconditioner,
-            "rank": self.rank,
-            "matvec": self.matvec,
-            "cg_precision": self.cg_precision,
-            "random_state": self._seed,
-            "factor_dtype": self.factor_dtype,
-            "keep_gram": bool(self.keep_gram),
-            "store": self.store,
-            "kernel_copies": copies,
-            "sample_weight": sw is not None,
-        }
+        choices = solver_choices(
+            solver=self.solver,
+            alpha=self.alpha,
+            alpha_convention=self.alpha_convention,
+            block_size=self.block_size,
+            tol=self.tol,
+            max_iter=self.max_iter,
+            preconditioner=self.preconditioner,
+            rank=self.rank,
+            matvec=self.matvec,
+            cg_precision=self.cg_precision,
+            random_state=self._seed,
+            factor_dtype=self.factor_dtype,
+            keep_gram=bool(self.keep_gram),
+            store=self.store,
+            kernel_copies=copies,
+            sample_weight=sw is not None,
+        )
         rows = X if isinstance(X, np.ndarray) and X.ndim == 2 else None
         return plan_fit(n, d, kernel, resources, choices, n_targets=t, X=rows)
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.options import solver_convention
 from pipeline.policy import constants as C
 from pipeline.policy.plan import FitPlan, Resources, gram_on_demand, plan_fit
 
@@ -57,11 +58,6 @@ class FitResult:
     factor: Any = None
     cg: Any = None
     primal_coef: np.ndarray | None = None
-
-
-def solver_convention(alpha_convention: str) -> str:
-    """The solvers' spelling (``"sklearn"`` or ``"n"``) of an alpha convention."""
-    return "n" if alpha_convention in ("n_samples", "n") else "sklearn"
 
 
 def _disk_free(store: Any) -> float:

@@ -18,6 +18,7 @@ import numpy as np
 
 from pipeline.artifact import ArtifactError, ModelArtifact, save_artifact
 from pipeline.kernels import Kernel, kernel_from_spec
+from pipeline.options import diagonal_shift, public_convention, solver_convention
 
 #: the one fitted-model value: what ``KernelRidge.save``, ``krr run``'s model stage
 #: and :func:`pipeline.load` write and read (kernel spec, X_train or its reference,
@@ -57,7 +58,7 @@ def save_model(est: Any, path: Any, *, overwrite: bool = False) -> ModelArtifact
     X = est.X_fit_
     if hasattr(X, "toarray"):
         X = X.toarray()
-    conv = "n" if est.alpha_convention == "n_samples" else "sklearn"
+    conv = solver_convention(est.alpha_convention)
     shift = np.asarray(est.effective_alpha_, dtype=np.float64)
     alphas = np.atleast_1d(np.asarray(est.alpha, dtype=np.float64))
     lam = float(alphas[0]) if np.unique(alphas).size == 1 else alphas.tolist()
@@ -124,15 +125,12 @@ def estimator_state(art: ModelArtifact, path: Any = None) -> tuple[dict[str, Any
         params = {
             "alpha": float(reg[0]) if np.unique(reg).size == 1 else reg.tolist(),
             "kernel": art.kernel,
-            "alpha_convention": "n_samples"
-            if art.regularization_convention in ("n", "n_samples")
-            else "sklearn",
+            "alpha_convention": public_convention(art.regularization_convention),
             "solver": solver if solver in ("dense", "primal", "cholesky", "cg") else "auto",
         }
     X = np.asarray(art.X_train)
     reg = np.atleast_1d(np.asarray(art.regularization, dtype=np.float64))
-    if art.regularization_convention in ("n", "n_samples"):  # the solve's shift is n·lambda
-        reg = reg * X.shape[0]
+    reg = diagonal_shift(reg, X.shape[0], solver_convention(art.regularization_convention))
     attrs: dict[str, Any] = {
         "kernel_": art.kernel,
         "dual_coef_": np.asarray(art.dual_coef),

@@ -21,7 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.errors import IndefiniteKernelError
 from pipeline.kernels import Kernel
+from pipeline.options import ALPHA_CONVENTIONS, solver_choices
 from pipeline.policy.constants import DEFAULT_BLOCK_SIZE
 
 log = logging.getLogger(__name__)
@@ -35,7 +37,7 @@ __all__ = [
     "weighted_problem",
 ]
 #: estimator convention names -> solver convention names
-CONVENTIONS = {"sklearn": "sklearn", "n_samples": "n"}
+CONVENTIONS = ALPHA_CONVENTIONS
 
 
 @dataclass
@@ -210,7 +212,7 @@ def fit_out_of_core(
         raise ValueError(f"solver must be 'cholesky', 'cg' or 'auto', got {solver!r}")
     mercer = bool(getattr(kernel, "is_mercer", True))
     if solver == "cg" and not mercer:
-        raise ValueError(
+        raise IndefiniteKernelError(
             f"solver='cg' needs a positive semi-definite kernel, and {kernel!r} is not one "
             "(is_mercer is False): CG can break down or return wrong coefficients on an "
             "indefinite K + alpha*I. Use solver='cholesky' (it names the shift that fails), "
@@ -218,22 +220,22 @@ def fit_out_of_core(
         )
     with _store_dir(store) as root:
         if plan is None:
-            choices = {
-                "solver": solver,
-                "alpha": lam,
-                "alpha_convention": convention,
-                "block_size": block_size,
-                "tol": tol,
-                "max_iter": max_iter,
-                "preconditioner": preconditioner,
-                "rank": rank,
-                "matvec": matvec,
-                "cg_precision": cg_precision,
-                "random_state": random_state,
-                "factor_dtype": factor_dtype,
-                "keep_gram": keep_gram,
-                "store": store,
-            }
+            choices = solver_choices(
+                solver=solver,
+                alpha=lam,
+                alpha_convention=convention,
+                block_size=block_size,
+                tol=tol,
+                max_iter=max_iter,
+                preconditioner=preconditioner,
+                rank=rank,
+                matvec=matvec,
+                cg_precision=cg_precision,
+                random_state=random_state,
+                factor_dtype=factor_dtype,
+                keep_gram=keep_gram,
+                store=store,
+            )
             plan, reason = plan_fit(
                 n, d, kernel, measure_resources(root, in_memory=False), choices,
                 n_targets=1 if y.ndim == 1 else y.shape[1], X=X,

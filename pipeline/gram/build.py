@@ -48,6 +48,7 @@ from dask.base import tokenize
 from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
 
+from pipeline.errors import StoreNotWritableError
 from pipeline.io import as_row_blocks, check_block_size, validate_and_fingerprint
 from pipeline.kernels import Kernel, kernel_fingerprint, make_kernel
 from pipeline.kernels.base import NonFiniteKernelError
@@ -67,10 +68,6 @@ __all__ = [
     "open_gram",
     "read_sym_tile",
 ]
-
-
-class StoreNotWritableError(ValueError, PermissionError):
-    """The store location cannot be created or written."""
 
 
 @dataclass

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.model_selection.guard import check_budget
+from pipeline.options import ALPHA_CONVENTION_ALIASES
 from pipeline.policy.cv_routing import choose_cv_solver, memory_need
 
 __all__ = [
@@ -41,7 +42,7 @@ __all__ = [
 ]
 
 SOLVERS = ("auto", "band", "eigen", "dense", "cholesky", "cg")
-CONVENTIONS = ("sklearn", "n_samples", "n")
+CONVENTIONS = tuple(ALPHA_CONVENTION_ALIASES)  # ("sklearn", "n_samples", "n")
 EIGEN_MODES = ("auto", "lgo", "fold")
 #: the solvers that hold the kernel matrix in memory (their refit is a KernelRidge fit)
 IN_MEMORY = ("band", "eigen", "dense")

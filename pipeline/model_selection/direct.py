@@ -18,7 +18,11 @@ from typing import Any
 import numpy as np
 import scipy.linalg
 
+from pipeline.errors import SolveNotConverged
 from pipeline.policy.constants import ONE_BLAS_THREAD_FROM
+
+#: the old name of :class:`pipeline.errors.SolveNotConverged` (a CV solve that did not converge)
+UnconvergedSolveError = SolveNotConverged
 
 __all__ = ["UnconvergedSolveError", "direct_fold_predictions", "record_redo"]
 
@@ -26,10 +30,6 @@ log = logging.getLogger("pipeline.model_selection")
 
 #: above this order, factor with one BLAS thread (pipeline.policy.constants)
 _ONE_THREAD_FROM = ONE_BLAS_THREAD_FROM
-
-
-class UnconvergedSolveError(RuntimeError):
-    """A CV solve did not reach its tolerance and could not be redone exactly."""
 
 
 def _dense_fold(Ktt: np.ndarray, Kvt: np.ndarray, y: np.ndarray, shift: float) -> np.ndarray:

@@ -18,7 +18,8 @@ import numpy as np
 from pipeline.estimator import KernelRidge
 from pipeline.fit import execute, log_plan
 from pipeline.model_selection.choice import IN_MEMORY
-from pipeline.policy.plan import Resources, normalize_alpha_convention, plan_fit
+from pipeline.options import normalize_alpha_convention, solver_choices
+from pipeline.policy.plan import Resources, plan_fit
 
 __all__ = ["IN_MEMORY", "refit_best"]
 
@@ -49,19 +50,19 @@ def refit_best(self, X, y, base, stats, settings) -> KernelRidge:
     Y = y.reshape(n, -1)
     store = None if self.store is None else os.fspath(self.store)
     seed = self.random_state if isinstance(self.random_state, int) else 0
-    choices = {
-        "solver": self.solver_,
-        "alpha": self.best_alpha_,
-        "alpha_convention": conv,
-        "block_size": OutOfCoreStore(self).block_size(n),
-        "tol": self.tol,
-        "max_iter": self.max_iter,
-        "preconditioner": self.preconditioner,
-        "rank": self.rank,
-        "matvec": "stored" if store is not None else "recompute",
-        "random_state": seed,
-        "store": store,
-    }
+    choices = solver_choices(
+        solver=self.solver_,
+        alpha=self.best_alpha_,
+        alpha_convention=conv,
+        block_size=OutOfCoreStore(self).block_size(n),
+        tol=self.tol,
+        max_iter=self.max_iter,
+        preconditioner=self.preconditioner,
+        rank=self.rank,
+        matvec="stored" if store is not None else "recompute",
+        random_state=seed,
+        store=store,
+    )
     resources = Resources(float("inf"), float("inf"), in_memory=False)
     plan, reason = plan_fit(n, X.shape[1], kern, resources, choices, n_targets=Y.shape[1])
     log_plan(plan, reason, origin="KernelRidgeCV refit", logger=log)

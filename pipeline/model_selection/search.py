@@ -74,6 +74,7 @@ from pipeline.model_selection.guard import verify_choice
 from pipeline.model_selection.refit import refit_best
 from pipeline.model_selection.runner import run_search
 from pipeline.model_selection.scoring import cv_results, log_summary, score_candidates
+from pipeline.options import diagonal_shift
 from pipeline.policy.constants import CV_TOL
 from pipeline.progress import with_progress
 from pipeline.solvers.band import band_available
@@ -244,7 +245,7 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
 
     def _shift(self, alpha: float, n_train: int) -> float:
         """The diagonal shift of ``alpha`` for a training set of ``n_train`` rows."""
-        return float(alpha) * (n_train if self.lambda_convention in ("n_samples", "n") else 1.0)
+        return diagonal_shift(float(alpha), n_train, self.lambda_convention)
 
     @with_progress
     def fit(self, X: Any, y: Any, groups: Any = None) -> KernelRidgeCV:

@@ -28,13 +28,11 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+from pipeline.options import CG_PRECISIONS
 from pipeline.policy import constants as C
 from pipeline.policy.cg_cost import gram_disk_bytes
 
 __all__ = ["CG_PRECISIONS", "choose_cg_variant", "matvec_choice", "normalize_precision"]
-
-#: CG's product precision: ``mixed`` is float32 kernel entries with float64 refinement
-CG_PRECISIONS = ("auto", "float64", "mixed")
 
 
 def _gb(x: float) -> str:

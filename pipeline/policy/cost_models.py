@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeline.options import COST_MODELS
 from pipeline.policy import constants as C
 
 __all__ = [
@@ -22,7 +23,6 @@ __all__ = [
 ]
 
 #: cost models :func:`pipeline.policy.plan.plan_fit` knows by name
-COST_MODELS = ("calibrated", "simple")
 
 
 def predicted_cholesky_seconds(n: int, d: int, kernel: Any = None) -> float:

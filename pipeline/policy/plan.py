@@ -40,6 +40,15 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.options import (
+    ALPHA_CONVENTION_ALIASES,
+    FACTOR_DTYPES,
+    MATVEC_ALIASES,
+    SOLVERS,
+    diagonal_shift,
+    normalize_alpha_convention,
+    normalize_matvec,
+)
 from pipeline.policy import constants as C
 from pipeline.policy.cg_cost import gram_disk_bytes
 from pipeline.policy.cg_variant import choose_cg_variant, matvec_choice, normalize_precision
@@ -77,40 +86,6 @@ __all__ = [
     "predicted_cg_seconds",
     "predicted_cholesky_seconds",
 ]
-
-SOLVERS = ("auto", "dense", "primal", "cholesky", "cg")
-FACTOR_DTYPES = ("float64", "float32", "auto")
-#: the one vocabulary of CG's operator; old spellings are accepted and mapped
-MATVEC_ALIASES = {
-    "auto": "auto",
-    "stored": "stored",
-    "recompute": "recompute",
-    "matrix_free": "recompute",
-    "matrix-free": "recompute",
-    "free": "recompute",
-}
-#: the one vocabulary of the λ convention; ``n`` is the old spelling of ``n_samples``
-ALPHA_CONVENTION_ALIASES = {"sklearn": "sklearn", "n_samples": "n_samples", "n": "n_samples"}
-
-
-def normalize_matvec(value: str) -> str:
-    """``"stored"``, ``"recompute"`` or ``"auto"`` for any accepted spelling."""
-    try:
-        return MATVEC_ALIASES[value]
-    except (KeyError, TypeError):
-        raise ValueError(
-            f"matvec={value!r} is not valid; choose 'stored', 'recompute' or 'auto'"
-        ) from None
-
-
-def normalize_alpha_convention(value: str) -> str:
-    """``"sklearn"`` or ``"n_samples"`` for any accepted spelling (``"n"`` is old)."""
-    try:
-        return ALPHA_CONVENTION_ALIASES[value]
-    except (KeyError, TypeError):
-        raise ValueError(
-            f"alpha_convention={value!r} is not valid; choose 'sklearn' or 'n_samples'"
-        ) from None
 
 
 @dataclass(frozen=True)
@@ -493,9 +468,7 @@ def plan_fit(
         tol=base.tol,
         factor_dtype=base.factor_dtype,
     )
-    mu = float(np.min(alphas))
-    if base.alpha_convention == "n_samples":
-        mu *= n
+    mu = diagonal_shift(float(np.min(alphas)), n, base.alpha_convention)
     shift = mu if mu > 0 else None
     rho = None
     if (

@@ -57,6 +57,8 @@ from scipy import linalg
 from scipy.linalg import lapack
 from threadpoolctl import threadpool_limits
 
+from pipeline.errors import SingularKernelWarning
+from pipeline.options import ALPHA_CONVENTIONS, diagonal_shift
 from pipeline.validation import check_alpha
 
 #: largest n for which potrf may use more than one BLAS thread (OpenBLAS segfault)
@@ -65,15 +67,10 @@ POTRF_THREADED_MAX_N = 12_000
 BLOCKED_MIN_N: int | None = None
 #: tile order of the blocked factorisation
 POTRF_TILE = 2_048
-ALPHA_CONVENTIONS = ("sklearn", "n_samples")
 _AUTO_JITTER = (1e-12, 1e-10, 1e-8, 1e-6)
 _SINGULAR_MSG = "Singular matrix in solving dual problem. Using least-squares solution instead."
 #: rows per block when predicting, so K(X_test, X_fit) stays below ~256 MiB
 PREDICT_BLOCK_BYTES = 256 * 1024**2
-
-
-class SingularKernelWarning(UserWarning):
-    """K + lam I was not positive definite; a jittered or least-squares solution was used."""
 
 
 def effective_alpha(
@@ -91,15 +88,15 @@ def effective_alpha(
     integer weights act exactly like repeated rows).
     """
     a = check_alpha(alpha, n_targets)
-    if alpha_convention == "sklearn":
-        return a
-    if alpha_convention == "n_samples":
-        n = float(n_samples) if sample_weight is None else float(np.sum(sample_weight))
-        return a * n
-    raise ValueError(
-        f"alpha_convention={alpha_convention!r} is not valid; choose 'sklearn' (K + alpha I) "
-        "or 'n_samples' (K + n alpha I)"
-    )
+    if alpha_convention not in ALPHA_CONVENTIONS:
+        raise ValueError(
+            f"alpha_convention={alpha_convention!r} is not valid; choose 'sklearn' (K + alpha I) "
+            "or 'n_samples' (K + n alpha I)"
+        )
+    if alpha_convention == "sklearn":  # (no pass over the weights)
+        return diagonal_shift(a, n_samples, alpha_convention)
+    n = float(n_samples) if sample_weight is None else float(np.sum(sample_weight))
+    return diagonal_shift(a, n, alpha_convention)
 
 
 @contextlib.contextmanager

@@ -15,14 +15,12 @@ from pathlib import Path
 
 import psutil
 
+from pipeline.errors import InsufficientMemoryError
+
 GiB = 1024**3
 
 #: fraction of the available memory the in-memory path may plan to use
 SAFETY_FRACTION = 0.85
-
-
-class InsufficientMemoryError(MemoryError):
-    """The in-memory path would need more memory than this machine has available."""
 
 
 def _cgroup_available() -> int | None:

@@ -33,9 +33,20 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
-from sklearn.exceptions import ConvergenceWarning
 
+from pipeline.errors import (
+    CGConvergenceWarning,
+    CGDivergenceError,
+    CGStagnationError,
+    IndefiniteKernelError,
+    SolveNotConverged,
+)
 from pipeline.float_range import pow2_exponents
+
+#: old names of :class:`pipeline.errors.SolveNotConverged` and
+#: :class:`pipeline.errors.IndefiniteKernelError` (the same classes)
+CGConvergenceError = SolveNotConverged
+CGIndefiniteKernelError = IndefiniteKernelError
 
 __all__ = [
     "CGConvergenceError",
@@ -50,29 +61,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-class CGConvergenceWarning(ConvergenceWarning):
-    """CG stopped at ``max_iter`` before reaching ``tol`` (a scikit-learn
-    ``ConvergenceWarning``, so ``warnings.simplefilter("error", ConvergenceWarning)``
-    catches it)."""
-
-
-class CGConvergenceError(RuntimeError):
-    """CG did not converge and ``strict=True`` was asked for."""
-
-
-class CGStagnationError(CGConvergenceError):
-    """CG made no progress for ``stagnation_window`` iterations (raised whatever ``strict``)."""
-
-
-class CGDivergenceError(CGConvergenceError):
-    """A product, the preconditioner or the residual produced NaN or inf: the solve is
-    abandoned at once, so a diverged solve is never scored."""
-
-
-class CGIndefiniteKernelError(ValueError):
-    """CG was handed an operator whose kernel is not known to be positive semi-definite."""
 
 
 #: a column whose best relative residual has not fallen below this fraction of its

@@ -9,8 +9,9 @@ from typing import Any
 import numpy as np
 
 from pipeline.kernels.base import NonFiniteKernelError  # noqa: F401 (re-exported)
+from pipeline.options import SOLVER_CONVENTIONS, diagonal_shift
 
-CONVENTIONS = ("sklearn", "n")
+CONVENTIONS = SOLVER_CONVENTIONS
 
 
 class NotPositiveDefiniteError(ValueError):
@@ -139,4 +140,4 @@ def regularisation_shift(lam: float, n: int, convention: str = "sklearn") -> flo
             f"lambda must be a finite number >= 0, got {lam!r}; use e.g. alpha=1e-3 "
             "(kernel ridge needs lambda > 0 unless the kernel is strictly positive definite)"
         )
-    return lam if convention == "sklearn" else n * lam
+    return diagonal_shift(lam, n, convention)

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import scipy.linalg
 
+from pipeline.options import PRECONDITIONERS as OPTION_PRECONDITIONERS
 from pipeline.solvers.matvec import check_shift
 from pipeline.storage import fingerprint_blocks, fingerprint_obj
 
@@ -38,7 +39,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-PRECONDITIONERS = ("none", "jacobi", "nystrom", "adaptive")
+PRECONDITIONERS = OPTION_PRECONDITIONERS  # (pipeline.options: the one vocabulary)
 
 
 class IdentityPreconditioner:

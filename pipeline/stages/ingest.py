@@ -24,6 +24,7 @@ import dask.array as da
 import numpy as np
 
 from pipeline.config import DataConfig, PreprocessConfig, SplitConfig
+from pipeline.errors import InputError, SourceChanged
 from pipeline.float_range import pow2_exponents
 from pipeline.io import as_row_blocks, fingerprint_row_blocks, validate_row_blocks
 from pipeline.parallel import compute, in_this_process
@@ -36,14 +37,6 @@ from pipeline.tiles.engine import pending
 from pipeline.tiles.where import n_rows, runs_here
 
 log = logging.getLogger("pipeline.stages")
-
-
-class InputError(ValueError):
-    """The configured data cannot be read or is not valid input."""
-
-
-class SourceChanged(RuntimeError):
-    """The data's content identity at the end of ingest differs from the one at its start."""
 
 
 # ---------------------------------------------------------------------------

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from pipeline.errors import ManifestError
 from pipeline.storage.atomic import atomic_write
 from pipeline.storage.location import is_url, join_path
 
@@ -54,10 +55,6 @@ RESULTS_DIR = "results"
 #: the pointer to the latest configuration: ``{run_dir}/latest.json``
 LATEST_NAME = "latest.json"
 _CONFIG_DIR = re.compile(r"^(results/[0-9a-f]{6,64})?$")
-
-
-class ManifestError(ValueError):
-    """``manifest.json`` exists but cannot be read (not JSON, another version)."""
 
 
 def _under(path: str, root: str) -> str | None:

@@ -21,8 +21,10 @@ from typing import Any
 import numpy as np
 
 from pipeline.config import SolverConfig
+from pipeline.errors import IndefiniteKernelError, SolveNotConverged
 from pipeline.fit import log_plan
 from pipeline.gram import open_gram
+from pipeline.options import solver_choices
 from pipeline.policy.constants import CHOLESKY_MAX_N
 from pipeline.stages.ingest import open_rows
 from pipeline.stages.outputs import GramOutput, IngestOutput, SolveOutput
@@ -40,23 +42,23 @@ AUTO_CHOLESKY_MAX_ROWS = CHOLESKY_MAX_N
 def _choices(solver: SolverConfig, **extra: Any) -> dict[str, Any]:
     """The config's solver section in :func:`~pipeline.policy.plan.plan_fit`'s vocabulary
     (its defaults are the config's, which are :mod:`pipeline.policy.constants`)."""
-    return {
-        "solver": solver.method,
-        "tol": solver.tol,
-        "max_iter": solver.max_iter,
-        "preconditioner": solver.preconditioner,
-        "rank": solver.rank,
-        "matvec": solver.matvec,
-        "cg_precision": solver.cg_precision,
-        "checkpoint_every": solver.checkpoint_every,
-        "jitter": solver.jitter,
-        "factor_dtype": solver.factor_dtype,
-        "factor_scheduler": solver.factor_scheduler,
-        "cost_model": solver.cost_model,
-        "keep_gram": solver.keep_gram,
-        "check_disk": solver.check_disk,
+    return solver_choices(
+        solver=solver.method,
+        tol=solver.tol,
+        max_iter=solver.max_iter,
+        preconditioner=solver.preconditioner,
+        rank=solver.rank,
+        matvec=solver.matvec,
+        cg_precision=solver.cg_precision,
+        checkpoint_every=solver.checkpoint_every,
+        jitter=solver.jitter,
+        factor_dtype=solver.factor_dtype,
+        factor_scheduler=solver.factor_scheduler,
+        cost_model=solver.cost_model,
+        keep_gram=solver.keep_gram,
+        check_disk=solver.check_disk,
         **extra,
-    }
+    )
 
 
 def stage_plan(
@@ -192,14 +194,6 @@ def _solve_cholesky(stage_dir, inputs, y, plan, kernel=None, X_mem=None) -> tupl
 def _rows_in_memory(inputs) -> np.ndarray:
     """X_train as a numpy array (the refinement's float64 products read it)."""
     return np.asarray(open_rows(IngestOutput.from_json(inputs["ingest"]), "X_train").compute())
-
-
-class SolveNotConverged(RuntimeError):
-    """CG stopped at ``max_iter`` or broke down, and ``solver.allow_unconverged`` is false."""
-
-
-class IndefiniteKernelError(ValueError):
-    """The CG solver was asked for with a kernel that is not known to be PSD."""
 
 
 def check_cg_kernel(kernel: dict[str, Any]) -> None:

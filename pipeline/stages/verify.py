@@ -20,11 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.errors import DamagedOutput
 from pipeline.storage import read_all
-
-
-class DamagedOutput(ValueError):
-    """A complete stage's output no longer verifies (see the module docstring)."""
 
 
 def verify_gram(stage_dir: Path, outputs: dict[str, Any]) -> None:

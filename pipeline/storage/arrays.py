@@ -19,7 +19,6 @@ read and written a whole chunk at a time as raw bytes, in Zarr's own layout
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,12 @@ import google_crc32c
 import numpy as np
 import zarr
 
+from pipeline.errors import (  # noqa: F401  (re-exported: their old home)
+    CorruptFileError,
+    CorruptTileError,
+    MissingTileError,
+    StoreMismatchError,
+)
 from pipeline.storage.errors import ForeignPathError, TileRewriteError
 from pipeline.storage.markers import TileMarkers
 from pipeline.storage.rawchunks import (
@@ -41,131 +46,6 @@ from pipeline.storage.rawchunks import (
 )
 from pipeline.storage.tempfiles import sweep_tmp_files
 from pipeline.storage.tiles import TileGrid
-
-
-class StoreMismatchError(ValueError):
-    """An existing store holds results computed from other inputs or config."""
-
-
-class CorruptTileError(ValueError):
-    """A stored tile's bytes do not match its completion record, or cannot be read.
-
-    Attributes
-    ----------
-    store, name : str
-        The store root and the array name.
-    tile : tuple of int
-        The tile index ``(i, j)``.
-    expected, found : int or None
-        The CRC-32C recorded when the tile was written, and that of the bytes
-        read; ``found`` is None when the bytes could not be read as a tile at
-        all (a truncated, oversized or unreadable chunk), and ``expected`` is
-        None for a record written without a checksum.
-    reason : str or None
-        What is wrong when it is not a checksum mismatch (e.g. the chunk file's size).
-    """
-
-    def __init__(
-        self,
-        store: str,
-        name: str,
-        tile: tuple[int, ...],
-        expected: int | None,
-        found: int | None,
-        reason: str | None = None,
-    ) -> None:
-        self.store = store
-        self.name = name
-        self.tile = tuple(int(t) for t in tile)
-        self.expected = None if expected is None else int(expected)
-        self.found = None if found is None else int(found)
-        self.reason = reason
-        super().__init__(
-            f"tile {self.tile} of array {name!r} in store {store!r} is corrupt: "
-            f"{self.problem}. Remove its marker (TileMarkers(store, {name!r}, fingerprint)"
-            f".unmark({self.tile})) and recompute it; `krr run` does this by itself when the "
-            "store belongs to one of its stages."
-        )
-
-    @property
-    def problem(self) -> str:
-        """One phrase: the checksums that differ, or why the bytes cannot be read."""
-        if self.found is None or self.expected is None:
-            return f"it has a completion record, but {self.reason or 'its bytes cannot be read'}"
-        return (
-            f"its completion record has crc32c {self.expected:#010x} but the stored bytes "
-            f"hash to {self.found:#010x}"
-        )
-
-    def __reduce__(self):  # picklable across Dask workers despite the custom __init__
-        args = (self.store, self.name, self.tile, self.expected, self.found, self.reason)
-        return (type(self), args)
-
-
-class MissingTileError(CorruptTileError):
-    """A block that must be stored cannot be verified: it has no completion record,
-    one without a checksum, or a chunk that cannot be decoded (``reason`` says which).
-
-    A subclass of :class:`CorruptTileError`, so whatever recovers from a corrupt
-    tile (``krr run`` unmarks it and reruns the stage that owns the store)
-    recovers from this too: the block is recomputed instead of read as zeros.
-    """
-
-    def __init__(self, store: str, name: str, tile: tuple[int, ...], reason: str) -> None:
-        super().__init__(store, name, tile, 0, 0)
-        self.reason = reason
-        ValueError.__init__(
-            self,
-            f"block {self.tile} of array {name!r} in store {store!r} cannot be verified: "
-            f"{reason}. Recompute it (remove its marker, if any, and rerun the step that wrote "
-            "the array); `krr run` does this by itself when the store belongs to one of its "
-            "stages.",
-        )
-
-    @property
-    def problem(self) -> str:
-        """One phrase: why the block cannot be verified."""
-        return self.reason
-
-    def __reduce__(self):
-        return (type(self), (self.store, self.name, self.tile, self.reason))
-
-
-class CorruptFileError(CorruptTileError):
-    """A single stored file (e.g. ``alpha.npy``) does not match its recorded CRC-32C.
-
-    ``store`` is the file's directory, ``name`` its file name and ``tile`` is
-    ``(0,)``, so the runner's corrupt-tile recovery reruns the stage whose
-    directory holds the file. ``expected`` is -1 when no checksum was recorded.
-    """
-
-    def __init__(self, path: str, expected: int, found: int) -> None:
-        path = str(path)
-        store, name = os.path.split(path)
-        super().__init__(store or ".", name, (0,), expected, found)
-        self.path = path
-        self.reason = self._why(expected, found)
-        ValueError.__init__(
-            self,
-            f"stored file {path!r} cannot be used: {self.reason}. Recompute it; `krr run` "
-            "reruns the stage that wrote it by itself.",
-        )
-
-    @staticmethod
-    def _why(expected: int, found: int) -> str:
-        if expected < 0:
-            return "no CRC-32C was recorded for it (written by an older version?)"
-        if found < 0:
-            return f"it is missing or unreadable (recorded crc32c {expected:#010x})"
-        return f"its recorded crc32c is {expected:#010x} but its bytes hash to {found:#010x}"
-
-    @property
-    def problem(self) -> str:
-        """One phrase: why the file cannot be used."""
-        return self.reason
-
-    def __reduce__(self):
-        return (type(self), (self.path, self.expected, self.found))
 
 
 def bytes_checksum(data: bytes) -> int:

@@ -25,6 +25,7 @@ from typing import Any
 import fsspec
 import fsspec.config
 
+from pipeline.errors import StoreUnreachable  # noqa: F401  (its old home)
 from pipeline.storage.atomic import atomic_write, is_local
 
 #: packages that provide the filesystems of common URL schemes
@@ -37,11 +38,6 @@ _PACKAGES = {
     "abfs": "adlfs",
     "abfss": "adlfs",
 }
-
-
-class StoreUnreachable(OSError):
-    """An object store cannot be used: no filesystem for its scheme, the endpoint
-    does not answer, the credentials are refused, or the bucket does not exist."""
 
 
 def url_scheme(path: str | Path) -> str | None:
