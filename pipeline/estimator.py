@@ -38,6 +38,7 @@ from pipeline.reference import (
     predict_dual,
     primal_bytes,
 )
+from pipeline.tiles.dense import check_finite_predictions, kernel_matrix, kernel_predict
 from pipeline.validation import (
     check_alpha,
     check_choice,
@@ -263,7 +264,9 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
             return pairwise_kernels(
                 X, Y, metric=self.kernel, filter_params=True, **(self.kernel_params or {})
             )
-        return k(_dense(X), None if Y is None else _dense(Y))
+        # the fused, cache-blocked evaluators (the kernel object's own code for kernels
+        # they do not know); a kernel that overflows is refused, never a NaN model
+        return kernel_matrix(k, X, Y)
 
     # -- fit -------------------------------------------------------------------
     @with_progress
@@ -567,7 +570,12 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         if sp.issparse(X):
             X = X.tocsr()
         X_fit = self.X_fit_ if self.kernel_ is None else _dense(self.X_fit_)
-        return predict_dual(lambda Xb: self._kernel_matrix(Xb, X_fit), X, self.dual_coef_)
+        fused = kernel_predict(self.kernel_, X, X_fit, self.dual_coef_)
+        if fused is not None:  # the fused evaluators: K(X, X_fit) is never formed
+            return fused
+        pred = predict_dual(lambda Xb: self._kernel_matrix(Xb, X_fit), X, self.dual_coef_)
+        check_finite_predictions(pred)
+        return pred
 
 
 def load(path: Any) -> KernelRidge:
