@@ -224,3 +224,20 @@ def test_in_memory_predict_refuses_an_overflowing_kernel(kernel):
     model = KernelRidge(kernel=kernel, solver="dense").fit(X / HUGE, y)
     with pytest.raises(NonFiniteKernelError, match=r"K\(X, (X_fit|Y)\).*overflow"):
         model.predict(X)
+
+
+# -- kernel columns (the Nystrom preconditioner's K[rows][:, cols]) -----------------------
+@pytest.mark.parametrize("kernel", FUSED + OTHERS, ids=repr)
+def test_kernel_columns_take_the_fused_evaluators(kernel):
+    from pipeline.tiles import kernel_tile
+    from pipeline.tiles.engine import KernelSource
+
+    X, Y, rng = _data(70, 50, 4)
+    ri, cj = rng.permutation(70)[:9], rng.permutation(50)[:13]
+    a, b = KernelSource(kernel).pieces(0, 1, X, Y, ri, cj, cj[:5], ri[:4])
+    assert _rel(a, kernel(X[ri], Y[cj])) < 1e-13 and _rel(b, kernel(Y[cj[:5]], X[ri[:4]])) < 1e-13
+    if kernel in FUSED:  # the fused bits (before: the kernel object's)
+        want = kernel_tile(kernel, X[ri], Y[cj], np.empty((9, 13)), n_threads=1)
+    else:
+        want = kernel(X[ri], Y[cj])
+    np.testing.assert_array_equal(a, want)
