@@ -241,3 +241,19 @@ def test_kernel_columns_take_the_fused_evaluators(kernel):
     else:
         want = kernel(X[ri], Y[cj])
     np.testing.assert_array_equal(a, want)
+
+
+def test_kernel_perceptron_refuses_an_overflowing_kernel():
+    from pipeline import KernelPerceptron
+
+    X, y = _huge()
+    with pytest.raises(NonFiniteKernelError, match="overflow"):
+        KernelPerceptron(kernel="poly", degree=3, gamma=1.0).fit(X, y > 0)
+
+
+def test_kernel_ridge_cv_refuses_an_overflowing_kernel():
+    from pipeline import KernelRidgeCV
+
+    X, y = _huge(60)
+    with pytest.raises(NonFiniteKernelError, match="overflow"):
+        KernelRidgeCV(alphas=[0.1, 1.0], kernel="poly", degree=3, gamma=1.0, cv=3).fit(X, y)
