@@ -514,6 +514,10 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         params["random_state"] = self._seed
         return {
             "estimator": "KernelRidge",
+            # the fused evaluation of the Gram's tiles (issue #43): a store of an earlier
+            # evaluation (other Gram bits, another Gram fingerprint) is another fit's
+            # directory, recomputed here rather than refused or mixed
+            "tiles": "fused",
             "params": params,
             "kernel": kernel_fingerprint(kernel),
             "X": x_fp,

@@ -257,3 +257,32 @@ def test_kernel_ridge_cv_refuses_an_overflowing_kernel():
     X, y = _huge(60)
     with pytest.raises(NonFiniteKernelError, match="overflow"):
         KernelRidgeCV(alphas=[0.1, 1.0], kernel="poly", degree=3, gamma=1.0, cv=3).fit(X, y)
+
+
+def test_out_of_core_fit_directory_is_not_one_of_the_old_evaluation(tmp_path, monkeypatch):
+    """A KernelRidge store written before the Gram was fused (its Gram under the old
+    fingerprint) is another directory: refit, it is recomputed beside it, never
+    refused (StoreMismatchError) nor mixed with the new tiles."""
+    X, _, rng = _data(120, 1, 3)
+    y = rng.normal(size=120)
+    est = KernelRidge(kernel="rbf", solver="cholesky", store=str(tmp_path), block_size=50)
+    old_identity = KernelRidge._fit_identity
+
+    def before(self, *a):
+        ident = old_identity(self, *a)
+        ident.pop("tiles", None)  # the identity the earlier code named its directory by
+        return ident
+
+    monkeypatch.setattr(KernelRidge, "_fit_identity", before)
+    est.fit(X, y)
+    old_dir = est.fit_info_["store"]
+    # that directory's Gram as the earlier evaluation stored it: another fingerprint
+    import zarr
+
+    arr = zarr.open_array(store=old_dir, path="gram", mode="r+")
+    arr.attrs["fingerprint"] = "0" * 64
+    monkeypatch.setattr(KernelRidge, "_fit_identity", old_identity)
+    est.fit(X, y)
+    assert est.fit_info_["store"] != old_dir
+    ref = KernelRidge(kernel="rbf", solver="dense").fit(X, y)
+    assert _rel(est.predict(X), ref.predict(X)) < 1e-8
