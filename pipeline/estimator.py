@@ -46,6 +46,7 @@ from pipeline.reference import (
     predict_dual,
     primal_bytes,
 )
+from pipeline.tiles.dense import check_finite_predictions, kernel_matrix, kernel_predict
 from pipeline.validation import (
     check_alpha,
     check_choice,
@@ -268,7 +269,9 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
             return pairwise_kernels(
                 X, Y, metric=self.kernel, filter_params=True, **(self.kernel_params or {})
             )
-        return k(_dense(X), None if Y is None else _dense(Y))
+        # the fused, cache-blocked evaluators (the kernel object's own code for kernels
+        # they do not know); a kernel that overflows is refused, never a NaN model
+        return kernel_matrix(k, X, Y)
 
     # -- fit -------------------------------------------------------------------
     @with_progress
@@ -516,6 +519,10 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         params["random_state"] = self._seed
         return {
             "estimator": "KernelRidge",
+            # the fused evaluation of the Gram's tiles (issue #43): a store of an earlier
+            # evaluation (other Gram bits, another Gram fingerprint) is another fit's
+            # directory, recomputed here rather than refused or mixed
+            "tiles": "fused",
             "params": params,
             "kernel": kernel_fingerprint(kernel),
             "X": x_fp,
@@ -572,7 +579,12 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         if sp.issparse(X):
             X = X.tocsr()
         X_fit = self.X_fit_ if self.kernel_ is None else _dense(self.X_fit_)
-        return predict_dual(lambda Xb: self._kernel_matrix(Xb, X_fit), X, self.dual_coef_)
+        fused = kernel_predict(self.kernel_, X, X_fit, self.dual_coef_)
+        if fused is not None:  # the fused evaluators: K(X, X_fit) is never formed
+            return fused
+        pred = predict_dual(lambda Xb: self._kernel_matrix(Xb, X_fit), X, self.dual_coef_)
+        check_finite_predictions(pred)
+        return pred
 
 
 def load(path: Any) -> KernelRidge:

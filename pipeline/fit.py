@@ -437,9 +437,14 @@ def _execute_in_memory(
         )
         dual = primal_to_dual(X, y, coef, lam, sample_weight) if np.all(lam > 0) else None
         return FitResult(dual, "primal", 1, float("nan"), plan, primal_coef=coef)
+    from pipeline.tiles.dense import check_finite_kernel, kernel_matrix
+
     overwrite = K is None if overwrite_k is None else overwrite_k
-    if K is None:
-        K = kernel(X)
+    if K is None:  # the fused evaluators (the kernel object's code for kernels they do not know)
+        K = kernel_matrix(kernel, X, check=False)
+    # an overflowing kernel is refused, as the out-of-core Cholesky and CG refuse it (it
+    # gave a NaN model); a caller's own K (precomputed, a callable's) is checked too
+    check_finite_kernel(K)
     dual, info = solve_dual(
         K,
         y,

@@ -26,6 +26,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from pipeline.kernel_estimator import KernelParamsMixin
 from pipeline.reference import check_dense_memory, dense_dual_bytes, predict_dual
+from pipeline.tiles.dense import kernel_matrix, kernel_predict
 from pipeline.validation import FLOAT_DTYPES, SPARSE_FORMATS, check_positive_int
 
 
@@ -122,7 +123,9 @@ class KernelPerceptron(KernelParamsMixin, ClassifierMixin, BaseEstimator):
             return pairwise_kernels(
                 X, Y, metric=self.kernel, filter_params=True, **(self.kernel_params or {})
             )
-        return np.asarray(k(_dense(X), None if Y is None else _dense(Y)), dtype=np.float64)
+        # the fused evaluators (the kernel object's code for kernels they do not know);
+        # a kernel that overflows is refused (NonFiniteKernelError)
+        return np.asarray(kernel_matrix(k, X, Y), dtype=np.float64)
 
     def fit(self, X: Any, y: Any) -> KernelPerceptron:
         """Run the kernel perceptron until an epoch without mistakes or ``max_epochs``.
@@ -209,8 +212,12 @@ class KernelPerceptron(KernelParamsMixin, ClassifierMixin, BaseEstimator):
         X = validate_data(self, X, accept_sparse=SPARSE_FORMATS, dtype=FLOAT_DTYPES, reset=False)
         if self._precomputed:
             return self._kernel_matrix(X, self.X_fit_) @ self.dual_coef_ + self.intercept_
-        # kernel rows in blocks: never the whole n_samples x n_fit matrix at once
-        scores = predict_dual(lambda Xb: self._kernel_matrix(Xb, self.X_fit_), X, self.dual_coef_)
+        # the fused evaluators never form K(X, X_fit); else kernel rows in blocks
+        scores = kernel_predict(self.kernel_, X, self.X_fit_, self.dual_coef_)
+        if scores is None:
+            scores = predict_dual(
+                lambda Xb: self._kernel_matrix(Xb, self.X_fit_), X, self.dual_coef_
+            )
         return scores + self.intercept_
 
     def predict(self, X: Any) -> np.ndarray:

@@ -21,6 +21,7 @@ from pipeline.kernels import RBF
 from pipeline.solvers import tile_cholesky
 from pipeline.solvers.matvec import make_operator
 from pipeline.storage import CorruptTileError, TileMarkers, tile_checksum
+from pipeline.tiles import kernel_tile
 
 BLOCK = 100
 
@@ -81,7 +82,9 @@ def test_corrupt_chunk_detected_on_read(gram):
         read_sym_tile(g, 1, 2)
     # unverified reads see the damaged bytes; other tiles are unaffected
     assert not np.array_equal(g.read_tile(2, 1, verify=False), clean)
-    np.testing.assert_array_equal(g.read_tile(2, 0), RBF(gamma=0.3)(X[200:300], X[:100]))
+    # (the fused evaluation's tile: its bits, pipeline.tiles.kernel_tile)
+    tile = kernel_tile(RBF(gamma=0.3), X[200:300], X[:100], np.empty((100, 100)), n_threads=1)
+    np.testing.assert_array_equal(g.read_tile(2, 0), tile)
     # the chunk restored: verified again
     _chunk_file(Path(g.store), g.name, 2, 1).write_bytes(original)
     np.testing.assert_array_equal(g.read_tile(2, 1), clean)

@@ -217,21 +217,35 @@ def test_bitwise_identical_on_distributed(tmp_path, monkeypatch):
         np.testing.assert_array_equal(x, y)
 
 
-def test_build_gram_fused_opt_in_has_its_own_fingerprint(tmp_path):
+def test_build_gram_is_fused_by_default_under_its_own_fingerprint(tmp_path):
+    """Issue #43: every Gram tile goes through the fused evaluators (before, the
+    default was the kernel object's whole-tile code). Its bits differ, so its
+    fingerprint does: a store of the old evaluation is never resumed with new tiles."""
     from pipeline.gram import build_gram, gram_fingerprint
     from pipeline.io import as_row_blocks, fingerprint_row_blocks
+    from pipeline.storage import fingerprint_obj
+    from pipeline.tiles import kernel_tile
 
     kernel = RBF(gamma=0.3)
     fx = fingerprint_row_blocks(as_row_blocks(X, 64))
     g = build_gram(X, kernel, tmp_path / "a", 64, progress=False)
-    # the default keeps the fingerprint (and the bits) of every Gram stored before
     assert g.fingerprint == gram_fingerprint(fx, kernel, 64, "float64")
-    np.testing.assert_array_equal(g.read_tile(2, 0), kernel(X[128:192], X[:64]))
-    gf = build_gram(X, kernel, tmp_path / "b", 64, progress=False, kernel_dtype="float64")
-    assert gf.fingerprint == gram_fingerprint(fx, kernel, 64, "float64", kernel_dtype="float64")
+    # the same evaluation (and fingerprint) as the explicit float64 one
+    assert g.fingerprint == gram_fingerprint(fx, kernel, 64, "float64", kernel_dtype="float64")
+    assert g.zarr("r").attrs["kernel_dtype"] == "float64"
+    tile = kernel_tile(kernel, X[128:192], X[:64], np.empty((64, 64)), n_threads=1)
+    np.testing.assert_array_equal(g.read_tile(2, 0), tile)
+    # not the old recipe (no kernel_dtype): an old store is another array
+    from pipeline.kernels import kernel_fingerprint
+
+    old = fingerprint_obj({"what": "gram", "x": fx, "kernel": kernel_fingerprint(kernel),
+                           "block_size": 64, "dtype": "float64"})  # fmt: skip
+    assert g.fingerprint != old
+    gf = build_gram(X, kernel, tmp_path / "b", 64, progress=False, kernel_dtype="float32")
     assert gf.fingerprint != g.fingerprint
     for i, j in g.grid.lower_tiles():
-        np.testing.assert_allclose(gf.read_tile(i, j), g.read_tile(i, j), rtol=0, atol=1e-12)
+        np.testing.assert_allclose(g.read_tile(i, j), kernel(X[64 * i : 64 * i + 64],
+                                   X[64 * j : 64 * j + 64]), rtol=0, atol=1e-12)  # fmt: skip
     with pytest.raises(ValueError, match="kernel_dtype"):
         build_gram(X, kernel, tmp_path / "c", 64, progress=False, kernel_dtype="float16")
 

@@ -70,6 +70,11 @@ __all__ = [
 ]
 
 
+#: evaluation dtype of a Gram's tiles when the caller names none: float64 values
+#: (float32 rows are the user's values, not a precision), cast to the stored dtype
+DEFAULT_KERNEL_DTYPE = "float64"
+
+
 @dataclass
 class GramBuildStats:
     """What one :func:`build_gram` call did."""
@@ -93,12 +98,17 @@ def gram_fingerprint(
     z_fingerprint: str | None = None,
     kernel_dtype: str | None = None,
 ) -> str:
-    """Fingerprint of K(X, X) (or K(X, Z)) as stored: X hash, kernel (spec and classes), block, dtype.
+    """Fingerprint of K(X, X) (or K(X, Z)) as stored: X hash, kernel (spec and classes), block,
+    dtype, and the evaluation dtype of the fused engine that computed the tiles.
 
-    ``kernel_dtype`` is given only for a Gram evaluated by the fused engine
-    (other bits than the kernel object's own evaluation); None, the default
-    evaluation, keeps every fingerprint as it was.
+    ``kernel_dtype`` None is :func:`build_gram`'s default, ``"float64"``. Every Gram
+    is evaluated by the fused engine since issue #43 (one tile evaluation path): a
+    store written before, by the kernel object's own evaluation (other bits), had no
+    ``kernel_dtype`` in its fingerprint, so it is recomputed (``krr run``) or refused
+    (``StoreMismatchError``), never mixed with tiles of the new evaluation.
     """
+    if kernel_dtype is None:
+        kernel_dtype = DEFAULT_KERNEL_DTYPE
     k = make_kernel(kernel)
     obj: dict[str, Any] = {
         "what": "gram" if z_fingerprint is None else "cross",
@@ -109,8 +119,7 @@ def gram_fingerprint(
     }
     if z_fingerprint is not None:
         obj["z"] = z_fingerprint
-    if kernel_dtype is not None:
-        obj["kernel_dtype"] = str(kernel_dtype)
+    obj["kernel_dtype"] = str(kernel_dtype)
     return fingerprint_obj(obj)
 
 
@@ -201,14 +210,15 @@ def tile_graph(
     """The Dask graph that computes and writes ``tiles`` (one engine task each).
 
     A specification on the tile engine (:func:`pipeline.tiles.engine.store_graph`):
-    source = the kernel from X's row blocks (the kernel object's own evaluation
-    by default; the fused evaluators with ``kernel_dtype`` or
-    ``tile_eval="fused"``), consumer = store and mark. Its value is the list of ``(i, j, compute_seconds)`` statuses.
+    source = the kernel from X's row blocks, evaluated by the fused evaluators
+    in ``kernel_dtype`` (default float64; the kernel object's own code only for
+    kernels they do not know, or with ``tile_eval="kernel"``), consumer = store
+    and mark. Its value is the list of ``(i, j, compute_seconds)`` statuses.
     """
-    if tile_eval is None:  # as build_gram: fused evaluation iff a kernel_dtype is asked for
-        tile_eval = "kernel" if kernel_dtype is None else "fused"
+    if tile_eval is None:
+        tile_eval = "fused"
     if kernel_dtype is None:
-        kernel_dtype = _default_kernel_dtype(X)
+        kernel_dtype = DEFAULT_KERNEL_DTYPE
     source = KernelSource(
         kernel,
         kernel_dtype=kernel_dtype,
@@ -221,11 +231,6 @@ def tile_graph(
         source, handle, tiles, X, Z, run_id=run_id, name="gram", on_write=_write, token=token
     )
     return Delayed(final, HighLevelGraph.from_collections(final, dsk, dependencies=deps))
-
-
-def _default_kernel_dtype(X: Any) -> str:
-    """The kernels' own rule: float32 values iff the inputs are float32."""
-    return "float32" if np.dtype(X.dtype) == np.float32 else "float64"
 
 
 def build_gram(
@@ -259,7 +264,7 @@ def build_gram(
     block_size : int
         Tile edge (>= 1); X is read in row blocks of this size.
     dtype : {"float64", "float32"}
-        Stored dtype. Tiles are evaluated in X's dtype and then cast.
+        Stored dtype. Tiles are evaluated in ``kernel_dtype`` and then cast.
     Z : optional
         Second input set: build the rectangular K(X, Z) (all tiles) instead.
     name : str, optional
@@ -278,11 +283,13 @@ def build_gram(
         :func:`pipeline.io.validate_and_fingerprint`; given, the validation
         pass over X (or Z) is skipped.
     kernel_dtype : {"float64", "float32"}, optional
-        Evaluate the tiles with the fused, cache-blocked evaluators
-        (:mod:`pipeline.tiles`, 3-5x faster) in this dtype, before the cast
-        to ``dtype``; it is then part of the fingerprint. Default (None): the
-        kernel object's own evaluation in the inputs' dtype, bitwise the
-        tiles every store held before, so existing stores resume unchanged.
+        The dtype the fused, cache-blocked evaluators (:mod:`pipeline.tiles`,
+        3-5x faster than the kernel object's whole-tile code) evaluate the
+        tiles in, before the cast to ``dtype``; part of the fingerprint.
+        Default (None): float64, whatever X's dtype. Kernels the evaluators do
+        not know are evaluated by the kernel object, per sub-block. A store
+        written before issue #43 (the kernel object's whole-tile evaluation,
+        other bits) has another fingerprint: it is not resumed.
     defer : bool
         Create the array (its fingerprint and metadata) but compute no tile: for a
         factorisation in place (``keep_gram=False``) that computes each Gram tile
@@ -338,7 +345,7 @@ def build_gram(
         raise ValueError(f"cannot build a Gram matrix of shape ({n}, {m}): X (or Z) has no rows")
     if kernel_dtype is not None and str(kernel_dtype) not in ("float64", "float32"):
         raise ValueError(f"kernel_dtype must be 'float64' or 'float32', got {kernel_dtype!r}")
-    kd = None if kernel_dtype is None else str(kernel_dtype)
+    kd = DEFAULT_KERNEL_DTYPE if kernel_dtype is None else str(kernel_dtype)
     fp = gram_fingerprint(x_fingerprint, k, block_size, dt, z_fingerprint, kd)
     _check_writable(store)
     attrs = {
@@ -348,8 +355,7 @@ def build_gram(
     }
     if z_fingerprint is not None:
         attrs["z_fingerprint"] = z_fingerprint
-    if kd is not None:  # how the tiles are evaluated: a recomputed tile has the same bits
-        attrs["kernel_dtype"] = kd
+    attrs["kernel_dtype"] = kd  # how the tiles are evaluated: a recomputed tile has the same bits
     if defer and Zd is not None:
         raise ValueError("defer=True is for the symmetric Gram K(X, X) of an in-place factor")
     handle = open_tiled_array(

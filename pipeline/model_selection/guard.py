@@ -19,6 +19,7 @@ from sklearn.base import BaseEstimator, RegressorMixin
 
 from pipeline.policy import constants as C
 from pipeline.policy.cv_routing import predicted_search_seconds, suggest_smaller_grid
+from pipeline.tiles.dense import kernel_matrix
 
 __all__ = [
     "VERIFY_TOL",
@@ -137,7 +138,11 @@ def verify_best(
     if failures:
         todo = [(f["lambda_index"], f["fold"], f["shift"]) for f in failures]
         exact = direct_fold_predictions(
-            lambda r, c: np.asarray(kern(X[r], X[c]), dtype=np.float64), y2, trains, tests, todo
+            lambda r, c: np.asarray(kernel_matrix(kern, X[r], X[c]), dtype=np.float64),
+            y2,
+            trains,
+            tests,
+            todo,
         )
         for (li, f), p in exact.items():
             pf[f][li] = p

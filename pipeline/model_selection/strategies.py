@@ -46,6 +46,7 @@ from pipeline.policy.constants import (
     ROUTED_CG_TOL,
 )
 from pipeline.policy.cv_routing import eigen_mode
+from pipeline.tiles.dense import kernel_matrix
 
 __all__ = [
     "BandStrategy",
@@ -125,7 +126,7 @@ class BandStrategy(_Strategy):
             if s in kept:
                 return kept.pop(s)
             t0 = time.perf_counter()
-            K = np.asarray(kerns[s](X), dtype=np.float64)
+            K = np.asarray(kernel_matrix(kerns[s], X), dtype=np.float64)
             per[s]["kernel_matrices"] += 1
             sec = per[s]["seconds"]
             sec["kernel"] = sec.get("kernel", 0) + time.perf_counter() - t0
@@ -238,7 +239,7 @@ class InMemoryStrategy(_Strategy):
         cv, solver = self.cv, self.solver
         n = X.shape[0]
         t0 = time.perf_counter()
-        K = np.asarray(kern(X), dtype=np.float64)
+        K = np.asarray(kernel_matrix(kern, X), dtype=np.float64)
         stats["kernel_matrices"] += 1
         stats["seconds"]["kernel"] = stats["seconds"].get("kernel", 0) + time.perf_counter() - t0
         L = len(alphas_s)
@@ -397,7 +398,7 @@ class CGPathStrategy(_Strategy):
             todo = [(fl["lambda_index"], fl["fold"], fl["shift"]) for fl in failures]
 
             def block(r, c):
-                return np.asarray(kern(X[r], X[c]), dtype=np.float64)
+                return np.asarray(kernel_matrix(kern, X[r], X[c]), dtype=np.float64)
 
             ooc = None
             if cv.store is not None and all(len(tr) + len(te) == n for tr, te in splits):

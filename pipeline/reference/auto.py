@@ -23,6 +23,7 @@ from pipeline.kernels import Kernel, Linear, make_kernel
 from pipeline.policy.plan import Resources, plan_fit
 from pipeline.reference.dual import effective_alpha, predict_dual
 from pipeline.reference.memory import check_dense_memory, dense_dual_bytes, primal_bytes
+from pipeline.tiles.dense import check_finite_predictions, kernel_matrix, kernel_predict
 
 
 def dual_flops(n_samples: int, n_features: int) -> float:
@@ -65,11 +66,16 @@ class ReferenceModel:
         if self.coef is not None:
             return np.asarray(X @ self.coef, dtype=np.float64)
         Xf = self.X_fit
+        fused = kernel_predict(self.kernel, X, Xf, self.dual_coef)
+        if fused is not None:  # the fused evaluators, K(X, X_fit) never formed
+            return fused
 
         def kfn(Xb: Any) -> np.ndarray:
             return self.kernel(_dense(Xb), Xf)
 
-        return predict_dual(kfn, X, self.dual_coef)
+        pred = predict_dual(kfn, X, self.dual_coef)
+        check_finite_predictions(pred)
+        return pred
 
 
 def fit_reference(
@@ -142,7 +148,7 @@ def fit_reference(
         k,
         alpha=alpha,
         sample_weight=sw,
-        K=k(_dense(X)),
+        K=kernel_matrix(k, _dense(X), check=False),  # checked by execute
         overwrite_k=True,
         jitter=jitter,
     )

@@ -19,6 +19,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy import linalg
 
+from pipeline.kernels.base import NonFiniteKernelError
 from pipeline.reference.dual import _SINGULAR_MSG, SingularKernelWarning, effective_alpha
 
 
@@ -69,6 +70,12 @@ def solve_primal(
     )
     sw = None if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
     G = _gram_primal(Phi, sw)
+    if not np.isfinite(G).all():  # finite features: Phi^T Phi overflowed (it solved to 0)
+        raise NonFiniteKernelError(
+            "the primal matrix Phi^T Phi of the linear kernel holds a non-finite value (inf "
+            "or NaN): the kernel's values overflow float64 (e.g. very large features): "
+            "standardise X"
+        )
     WY = Y if sw is None else Y * sw[:, None]
     B = np.asarray(Phi.T @ WY, dtype=np.float64)
     d = G.shape[0]

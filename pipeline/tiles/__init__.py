@@ -5,6 +5,9 @@
 - :func:`predict_accumulate`: the same for prediction (rectangular);
 - :func:`kernel_tile`: write a tile (Gram build);
 - :func:`task_threads`: inner threads for a fused call inside a Dask task;
+- :mod:`pipeline.tiles.dense`: the in-memory kernel matrix (fit) and prediction
+  of the estimators on the same evaluators (the kernel object only for kernels
+  they do not know), refusing a kernel that overflows;
 - :mod:`pipeline.tiles.engine`: the tile engine every kernel pass is specified
   on (tile set x source x consumer, fixed-order reduction, resume);
 - :mod:`pipeline.tiles.dag`: its in-process executor for passes whose tiles depend

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.kernels import Kernel, make_kernel
+from pipeline.tiles.evaluators import is_fused
 from pipeline.tiles.fused import kernel_matvec, kernel_tile
 
 __all__ = ["CallableSource", "KernelSource", "StoredSource"]
@@ -38,9 +39,11 @@ class KernelSource:
         Sub-block shape of the fused evaluation (default: per kernel).
     tile_eval : {"fused", "kernel"}
         How a whole tile (:meth:`tile`, the store consumer) is evaluated: by
-        the fused evaluators, or by the kernel object itself (``kernel(X_i)``
-        / ``kernel(X_i, Z_j)`` in the inputs' dtype: bitwise the tiles every
-        Gram store held before the engine). Products are always fused.
+        the fused evaluators (a kernel they do not know: by the kernel object
+        per sub-block, :mod:`pipeline.tiles.evaluators`), or by the kernel
+        object itself (``kernel(X_i)`` / ``kernel(X_i, Z_j)`` in the inputs'
+        dtype: bitwise the tiles of the Gram stores written before issue #43,
+        for recomputing theirs). Products and pieces are always fused.
     """
 
     def __init__(
@@ -109,10 +112,18 @@ class KernelSource:
     def pieces(self, i, j, xi, xj, rows_i, cols_j, rows_j, cols_i):
         """``K_ij[rows_i][:, cols_j]`` and ``K_ji[rows_j][:, cols_i]`` (None: skip)."""
         xi, xj = np.asarray(xi), np.asarray(xj)
-        k = self.kernel
-        a = None if rows_i is None else np.asarray(k(xi[rows_i], xj[cols_j]), dtype=np.float64)
-        b = None if rows_j is None else np.asarray(k(xj[rows_j], xi[cols_i]), dtype=np.float64)
+        a = None if rows_i is None else self._piece(xi[rows_i], xj[cols_j])
+        b = None if rows_j is None else self._piece(xj[rows_j], xi[cols_i])
         return a, b
+
+    def _piece(self, xr: np.ndarray, xc: np.ndarray) -> np.ndarray:
+        """``K(xr, xc)`` in float64: fused in float64 (the kernel object for kernels
+        the evaluators do not know)."""
+        if not is_fused(self.kernel):
+            return np.asarray(self.kernel(xr, xc), dtype=np.float64)
+        out = np.empty((xr.shape[0], xc.shape[0]))
+        kw = {**self._kw(), "kernel_dtype": "float64"}
+        return kernel_tile(self.kernel, xr, xc, out, **kw)
 
     def diag(self, i, xi, xj):
         return np.asarray(self.kernel.diag(np.asarray(xi)), dtype=np.float64)
