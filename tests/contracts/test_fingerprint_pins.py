@@ -79,15 +79,15 @@ PINS: dict[str, str] = {
     # RBF(gamma=0.5) * Polynomial(degree=3, gamma=1.0, coef0=0.0)
     "kernel_product": "kernel-048cda170d61f5a5eaa76c97a0f40a54d843103ccdf3787908d67a53977b77b2",
     # gram_fingerprint(X, RBF(0.5), block 4, float64): the stored Gram
-    "gram": "5049a62876e3f59e06e386e7ed5df373",
+    "gram": "50a3ba4bc2d27f6425c9a516d8127c5e",  # moved 2026-11-28: fused Gram tiles by default (#43 item 3)
     # the same Gram stored as float32
-    "gram_f32": "c237847f48798952621c49202be1c03f",
+    "gram_f32": "58f2349f35cd46b616bb62be36cc3b3a",  # moved 2026-11-28: fused Gram tiles by default (#43 item 3)
     # the fused engine's evaluation, kernel_dtype float64
     "gram_fused64": "50a3ba4bc2d27f6425c9a516d8127c5e",
     # the fused engine's evaluation, kernel_dtype float32, float32 tiles
     "gram_fused32": "cafd07f60c598fe7e844568cb479b2e2",
     # K(X, Z), Z's fingerprint FP
-    "gram_cross": "f85b1a728e78c3f8eca1abd4d39542dd",
+    "gram_cross": "ce52f10b930e73b182e3606dd4d67cb6",  # moved 2026-11-28: fused Gram tiles by default (#43 item 3)
     # factor_fingerprint(gram FP, 0.1, sklearn, no jitter, float64)
     "factor": "1c018ef602d7b26b90cf92fdc512e498",
     # the same, n_samples convention
@@ -121,17 +121,17 @@ PINS: dict[str, str] = {
     # predict(X[:5], X, y / 2, RBF(0.5), out=..., model_fingerprint=FP)
     "predictions": "dcc6b0bf9ac72a6fe6b1b10c2db768c0",
     # KernelRidge(alpha=0.1, rbf, gamma=0.5, block_size=4, solver=cholesky): fit-<this>
-    "store_cholesky": "cbe3552357f15968b2b8",
+    "store_cholesky": "db1c8fd1fec894d081ae",  # moved 2026-11-28: fused Gram tiles by default (#43 item 3)
     # its Gram (equals PINS["gram"])
-    "store_cholesky_gram": "5049a62876e3f59e06e386e7ed5df373",
+    "store_cholesky_gram": "50a3ba4bc2d27f6425c9a516d8127c5e",  # moved 2026-11-28: fused Gram tiles by default (#43 item 3)
     # its factor, attrs and markers
-    "store_cholesky_chol": "9a912a7e03eea229d3fb21cb2b7fd645",
+    "store_cholesky_chol": "c8469abf8b0128bcae107f8582283b36",  # moved 2026-11-28: fused Gram tiles by default (#43 item 3)
     # solver=cg, preconditioner=jacobi, matvec=recompute, tol=1e-10: fit-<this>
-    "store_cg": "24f89c07cc51ef30b14c",
+    "store_cg": "e63755b2e19382c79f6d",  # moved 2026-11-28: fused Gram tiles by default (#43 item 3)
     # its CG checkpoint marker
     "store_cg_state": "07eded4e41a33fe168869f5b3b44353b",
     # the Cholesky fit with sample weights 1 + k/8
-    "store_weighted": "ec7740876bc63abd094b",
+    "store_weighted": "b75e4d345b46499371f5",  # moved 2026-11-28: fused Gram tiles by default (#43 item 3)
     # configuration_key({solve: FP, model: m*32, predict: None, evaluate: e})
     "configuration": "f1ae8a5eeab34fe139813fdfcab7edd5",
     # SettingCheckpoint(cg, kfold, 2 folds).fingerprint(RBF(0.5), gamma 0.5, 3 lambdas)
@@ -250,7 +250,9 @@ def test_gram_fingerprint_recipe():
     from pipeline.gram import gram_fingerprint
 
     fx = fingerprint_blocks([X])
-    # K(X, X) as the gram stage and KernelRidge store it (kernel object's evaluation)
+    # K(X, X) as the gram stage and KernelRidge store it: since 2026-11-28 (#43 item 3) the
+    # fused evaluators' float64 values by default, the same recipe as gram_fused64
+    assert PINS["gram"] == PINS["gram_fused64"]
     _pin("gram", gram_fingerprint(fx, KERNEL, BLOCK, "float64"))
     assert gram_fingerprint(fx, "rbf", BLOCK, np.float64) != PINS["gram"]  # gamma=None
     assert gram_fingerprint(fx, {"name": "rbf", "params": {"gamma": 0.5}}, 4, "f8") == PINS["gram"]
