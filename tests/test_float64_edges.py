@@ -599,3 +599,48 @@ def test_select_stage_on_tiny_and_huge_targets_matches_the_stage_on_y(
     plain, far = got["plain"], got["far"]
     assert far["best_params"] == plain["best_params"] != {"alpha": 1e-3, "gamma": 0.1}
     assert far["best_score"] == pytest.approx(plain["best_score"] * factor**degree, rel=1e-12)
+
+
+# -------------------------------------------------------------- float32 factor's refinement
+
+# History (issue #44, class 7): refinement of a float32 factor's solution divided by ‖y‖,
+# which underflowed to 0 at y ~ 1e-200 and was replaced by 1, so it stopped at once; the
+# float32 first solve of such a y was itself 0 (y cast to float32): dual_coef_ = 0, exit 0.
+# At 1e200 that first solve overflowed to inf and the refinement failed with a
+# zero-size-array ValueError.
+
+
+def _float32_factor_fit(X, y, tmp_path, name):
+    from pipeline import KernelRidge
+
+    return KernelRidge(
+        alpha=1e-3,
+        kernel="rbf",
+        gamma=0.5,
+        solver="cholesky",
+        factor_dtype="float32",
+        store=str(tmp_path / name),
+        block_size=64,
+    ).fit(X, y)
+
+
+@pytest.mark.parametrize("factor", [1e-200, 1e200])
+def test_float32_factor_refinement_of_tiny_and_huge_targets(system, tmp_path, factor):
+    X, K, y = system
+    ref = scipy.linalg.solve(K + 1e-3 * np.eye(len(y)), y, assume_a="pos")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the float32 first solve of 1e200
+        m = _float32_factor_fit(X, y * factor, tmp_path, "far")
+    assert _rel_err(np.asarray(m.dual_coef_), ref * factor, factor) < 1e-9
+
+
+@pytest.mark.parametrize("j", [-665, 665])
+def test_float32_factor_refinement_of_a_power_of_two_multiple_is_the_same_solve(
+    system, tmp_path, j
+):
+    X, _, y = system
+    base = _float32_factor_fit(X, y, tmp_path, "base")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        far = _float32_factor_fit(X, np.ldexp(y, j), tmp_path, "far")
+    np.testing.assert_array_equal(np.asarray(far.dual_coef_), np.ldexp(base.dual_coef_, j))
