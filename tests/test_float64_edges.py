@@ -542,6 +542,33 @@ def test_cv_scores_of_power_of_two_multiples_of_y_are_scaled_exactly(cv_data, so
         np.testing.assert_array_equal(got.cv_results_[key], want, err_msg=key)
 
 
+@pytest.mark.parametrize(("solver", "cv"), [("eigen", 4), ("eigen", "loo"), ("cholesky", "loo")])
+def test_cv_eigen_and_loo_scores_of_a_power_of_two_multiple_are_scaled_exactly(
+    cv_data, tmp_path, solver, cv
+):
+    X, y = cv_data
+    search = _cv(solver, "neg_mean_squared_error").set_params(cv=cv)
+    if solver == "cholesky":
+        search.set_params(store=str(tmp_path / "store"))
+    ref = search.fit(X, y).cv_results_
+    got = search.fit(X, np.ldexp(y, -665))
+    assert got.best_index_ == int(np.argmin(ref["rank_test_score"])) > 0
+    np.testing.assert_array_equal(got.cv_results_["mean_test_score"],
+                                  np.ldexp(ref["mean_test_score"], -1330))  # fmt: skip
+
+
+def test_cv_checkpoint_of_a_tiny_target_resumes_to_the_same_search(cv_data, tmp_path):
+    """The checkpoint holds the predictions on 2**k y, fingerprinted with 2**k y."""
+    X, y = cv_data
+    ref = _cv("cg").fit(X, y)
+    search = _cv("cg").set_params(checkpoint=str(tmp_path / "ckpt"))
+    first = search.fit(X, y * 1e-200).cv_results_["mean_test_score"]
+    again = search.fit(X, y * 1e-200)
+    assert again.search_stats_["settings_resumed"] == 3
+    np.testing.assert_array_equal(again.cv_results_["mean_test_score"], first)
+    assert again.best_params_ == ref.best_params_
+
+
 @pytest.mark.parametrize("factor", [1e-200, 1e200])
 @pytest.mark.parametrize("scoring", ["neg_mean_squared_log_error", "callable"])
 def test_cv_refuses_a_scorer_it_cannot_convert_on_a_far_y(cv_data, factor, scoring):
