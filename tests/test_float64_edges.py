@@ -439,3 +439,235 @@ def test_regression_metrics_of_tiny_and_huge_targets(factor):
     got = regression_metrics(y * factor, pred * factor, ["rmse", "r2"])
     assert got["rmse"] / factor == pytest.approx(base["rmse"], rel=1e-12)
     assert got["r2"] == pytest.approx(base["r2"], rel=1e-12)
+
+
+# ----------------------------------------------------------------------- KernelRidgeCV scores
+
+# History (issue #44, class 7): KernelRidgeCV scored the held-out predictions with
+# scikit-learn's scorers on y itself, whose squares underflow or overflow: on a y of
+# order 1e-200 every mean test score was 1.0 (R²) and best_params_ the first candidate,
+# on 1e200 every score NaN. The search now runs on 2**k y (exact) and converts back.
+
+CV_SOLVERS = ["dense", "cg", "band", "auto"]
+
+
+@pytest.fixture(scope="module")
+def cv_data():
+    """Noisy data whose best (λ, γ) is neither the first candidate nor the last."""
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(96, 3))
+    y = np.sin(X.sum(1)) + 0.3 * rng.normal(size=96)
+    return X, y / (2 * np.abs(y).max())  # max |y| = 0.5: 2**j y is y's search, exactly
+
+
+def _cv(solver: str, scoring=None):
+    from pipeline.model_selection import KernelRidgeCV
+
+    if solver == "band":
+        from pipeline.solvers.band import band_available
+
+        if not band_available():
+            pytest.skip("LAPACK band reduction not available")
+    return KernelRidgeCV(
+        alphas=(1e-3, 1e-2, 0.1, 1.0),
+        param_grid={"gamma": [0.3, 1.0, 3.0]},
+        cv=4,
+        solver=solver,
+        scoring=scoring,
+        tol=1e-12,
+        random_state=0,
+    )
+
+
+def _score_keys(res: dict) -> list[str]:
+    return [k for k in res if k.endswith("_test_score") and not k.startswith("rank")]
+
+
+@pytest.mark.parametrize("solver", CV_SOLVERS)
+@pytest.mark.parametrize("factor", [1e-200, 1e200])
+@pytest.mark.parametrize(
+    ("scoring", "degree"), [(None, 0), ("explained_variance", 0), ("neg_mean_absolute_error", 1)]
+)
+def test_cv_scores_of_tiny_and_huge_targets_match_the_search_on_y(
+    cv_data, solver, factor, scoring, degree
+):
+    """Same best_params_, and every score in y's units (old code: R² 1.0 or NaN).
+
+    y * factor is not a power-of-two multiple of y: the exact solvers agree to 1e-12,
+    CG to its tolerance (two CG runs on y's that differ by rounding)."""
+    X, y = cv_data
+    ref = _cv(solver, scoring).fit(X, y)
+    assert 0 < ref.best_index_ < len(ref.cv_results_["params"]) - 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CGConvergenceWarning)
+        got = _cv(solver, scoring).fit(X, y * factor)
+    assert got.best_params_ == ref.best_params_
+    np.testing.assert_array_equal(
+        got.cv_results_["rank_test_score"], ref.cv_results_["rank_test_score"]
+    )
+    rtol = 1e-9 if got.solver_ == "cg" else 1e-12
+    for key in _score_keys(ref.cv_results_):
+        want = ref.cv_results_[key] * factor**degree
+        np.testing.assert_allclose(got.cv_results_[key], want, rtol=rtol, atol=0, err_msg=key)
+    assert got.best_score_ == pytest.approx(ref.best_score_ * factor**degree, rel=rtol)
+    if got.solver_ == "cg":
+        v = got.search_stats_["verified_score"]
+        assert v == pytest.approx(ref.search_stats_["verified_score"] * factor**degree, rel=1e-9)
+    np.testing.assert_allclose(
+        got.predict(X[:5]) / factor, ref.predict(X[:5]), rtol=1e-9, atol=1e-12
+    )
+
+
+@pytest.mark.parametrize("solver", CV_SOLVERS)
+@pytest.mark.parametrize("j", [-665, 665])  # about 1e-200 and 1e200
+@pytest.mark.parametrize(
+    "scoring",
+    ["r2", "neg_mean_squared_error", "neg_root_mean_squared_error", "neg_median_absolute_error"],
+)
+def test_cv_scores_of_power_of_two_multiples_of_y_are_scaled_exactly(cv_data, solver, j, scoring):
+    """The search on 2**j y is the search on y: same ranks, scores times 2**(degree j)
+    bit for bit (the mean squared error underflows to -0.0 or overflows to -inf in y's
+    units, but the ranks are taken before the conversion)."""
+    from pipeline.model_selection.scoring import SCORE_DEGREE
+
+    X, y = cv_data
+    ref = _cv(solver, scoring).fit(X, y)
+    got = _cv(solver, scoring).fit(X, np.ldexp(y, j))
+    assert got.best_params_ == ref.best_params_ and got.best_index_ == ref.best_index_ > 0
+    np.testing.assert_array_equal(
+        got.cv_results_["rank_test_score"], ref.cv_results_["rank_test_score"]
+    )
+    for key in _score_keys(ref.cv_results_):
+        want = np.ldexp(ref.cv_results_[key], SCORE_DEGREE[scoring] * j)
+        np.testing.assert_array_equal(got.cv_results_[key], want, err_msg=key)
+
+
+@pytest.mark.parametrize(("solver", "cv"), [("eigen", 4), ("eigen", "loo"), ("cholesky", "loo")])
+def test_cv_eigen_and_loo_scores_of_a_power_of_two_multiple_are_scaled_exactly(
+    cv_data, tmp_path, solver, cv
+):
+    X, y = cv_data
+    search = _cv(solver, "neg_mean_squared_error").set_params(cv=cv)
+    if solver == "cholesky":
+        search.set_params(store=str(tmp_path / "store"))
+    ref = search.fit(X, y).cv_results_
+    got = search.fit(X, np.ldexp(y, -665))
+    assert got.best_index_ == int(np.argmin(ref["rank_test_score"])) > 0
+    np.testing.assert_array_equal(got.cv_results_["mean_test_score"],
+                                  np.ldexp(ref["mean_test_score"], -1330))  # fmt: skip
+
+
+def test_cv_checkpoint_of_a_tiny_target_resumes_to_the_same_search(cv_data, tmp_path):
+    """The checkpoint holds the predictions on 2**k y, fingerprinted with 2**k y."""
+    X, y = cv_data
+    ref = _cv("cg").fit(X, y)
+    search = _cv("cg").set_params(checkpoint=str(tmp_path / "ckpt"))
+    first = search.fit(X, y * 1e-200).cv_results_["mean_test_score"]
+    again = search.fit(X, y * 1e-200)
+    assert again.search_stats_["settings_resumed"] == 3
+    np.testing.assert_array_equal(again.cv_results_["mean_test_score"], first)
+    assert again.best_params_ == ref.best_params_
+
+
+@pytest.mark.parametrize("factor", [1e-200, 1e200])
+@pytest.mark.parametrize("scoring", ["neg_mean_squared_log_error", "callable"])
+def test_cv_refuses_a_scorer_it_cannot_convert_on_a_far_y(cv_data, factor, scoring):
+    from sklearn.metrics import get_scorer
+
+    X, y = cv_data
+    if scoring == "callable":
+        scoring = get_scorer("neg_mean_absolute_error")
+    with pytest.raises(ValueError, match=r"largest magnitude is .*rescale y"):
+        _cv("dense", scoring).fit(X, y * factor)
+    _cv("dense", scoring).fit(X, np.abs(y))  # ordinary y: any scorer, as before
+
+
+def test_cv_target_exponent_is_zero_for_ordinary_y():
+    """k = 0 keeps every bit of today's search (and its checkpoint fingerprints)."""
+    from pipeline.model_selection.scoring import target_exponent
+
+    edge = 2.0**SAFE_EXPONENT
+    for amax in [1e-30, 1.0, 1e30, edge / 2]:
+        assert target_exponent(np.array([0.0, -amax]), lambda *a: 0.0) == (0, 0)
+    k = -SAFE_EXPONENT - 1
+    assert target_exponent(np.array([edge]), "neg_mean_squared_error") == (k, -2 * k)
+
+
+@pytest.mark.parametrize("standardize_y", [True, False])
+@pytest.mark.parametrize("factor", [1e-200, 1e200])
+@pytest.mark.parametrize(("scoring", "degree"), [("r2", 0), ("neg_root_mean_squared_error", 1)])
+def test_select_stage_on_tiny_and_huge_targets_matches_the_stage_on_y(
+    tmp_path, features, standardize_y, factor, scoring, degree
+):
+    """The select stage of ``krr run``: same choice, best score in the data's units.
+    With ``standardize_y`` its scorer maps the standardised rows back to the data's
+    units (:class:`pipeline.stages.select.OriginalUnits`): old code scored R² 1.0 (at
+    1e-200) or NaN (1e200) there, for every candidate."""
+    from pipeline.stages import select, typed_params
+
+    X, y = features
+    cv = {
+        "alphas": [1e-3, 1e-2, 0.1, 1.0],
+        "param_grid": {"gamma": [0.1, 1.0, 10.0]},
+        "folds": 3,
+        "scoring": scoring,
+    }
+    params = typed_params(
+        "select",
+        {"cv": cv, "kernel": {"name": "rbf", "params": {"gamma": 0.5}},
+         "lam_convention": "sklearn", "block_size": 64},
+    )  # fmt: skip
+    got = {}
+    for name, f in (("plain", 1.0), ("far", factor)):
+        out, _, _ = _ingest(tmp_path, name, X[:200], y[:200] * f, standardize_y=standardize_y)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            got[name] = select.run(tmp_path / f"{name}_select", {"ingest": out}, **params)
+    plain, far = got["plain"], got["far"]
+    assert far["best_params"] == plain["best_params"] != {"alpha": 1e-3, "gamma": 0.1}
+    assert far["best_score"] == pytest.approx(plain["best_score"] * factor**degree, rel=1e-12)
+
+
+# -------------------------------------------------------------- float32 factor's refinement
+
+# History (issue #44, class 7): refinement of a float32 factor's solution divided by ‖y‖,
+# which underflowed to 0 at y ~ 1e-200 and was replaced by 1, so it stopped at once; the
+# float32 first solve of such a y was itself 0 (y cast to float32): dual_coef_ = 0, exit 0.
+# At 1e200 that first solve overflowed to inf and the refinement failed with a
+# zero-size-array ValueError.
+
+
+def _float32_factor_fit(X, y, tmp_path, name):
+    from pipeline import KernelRidge
+
+    return KernelRidge(
+        alpha=1e-3,
+        kernel="rbf",
+        gamma=0.5,
+        solver="cholesky",
+        factor_dtype="float32",
+        store=str(tmp_path / name),
+        block_size=64,
+    ).fit(X, y)
+
+
+@pytest.mark.parametrize("factor", [1e-200, 1e200])
+def test_float32_factor_refinement_of_tiny_and_huge_targets(system, tmp_path, factor):
+    X, K, y = system
+    ref = scipy.linalg.solve(K + 1e-3 * np.eye(len(y)), y, assume_a="pos")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the float32 first solve of 1e200
+        m = _float32_factor_fit(X, y * factor, tmp_path, "far")
+    assert _rel_err(np.asarray(m.dual_coef_), ref * factor, factor) < 1e-9
+
+
+@pytest.mark.parametrize("j", [-665, 665])
+def test_float32_factor_refinement_of_a_power_of_two_multiple_is_the_same_solve(
+    system, tmp_path, j
+):
+    X, _, y = system
+    base = _float32_factor_fit(X, y, tmp_path, "base")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        far = _float32_factor_fit(X, np.ldexp(y, j), tmp_path, "far")
+    np.testing.assert_array_equal(np.asarray(far.dual_coef_), np.ldexp(base.dual_coef_, j))

@@ -150,9 +150,11 @@ def verify_best(
     return [pf[f][0] for f in range(len(splits))]
 
 
-def verify_choice(cv: Any, X, y, y2, base, splits, scorer, stats: dict) -> None:
+def verify_choice(cv: Any, X, y, y2, base, splits, scorer, stats: dict, back: int = 0) -> None:
     """Score ``cv``'s selected setting again from :func:`verify_best`'s solves:
-    ``verified_score`` and ``verified_score_difference`` in ``stats``."""
+    ``verified_score`` and ``verified_score_difference`` in ``stats`` (the score times
+    ``2**back``: y in the user's units is ``2**-k y``,
+    :func:`~pipeline.model_selection.scoring.target_exponent`)."""
     import copy
     import time
 
@@ -161,6 +163,9 @@ def verify_choice(cv: Any, X, y, y2, base, splits, scorer, stats: dict) -> None:
     kern = copy.deepcopy(base).set_params(**kp)
     preds = verify_best(cv, X, y2, kern, splits, cv.best_alpha_, stats)
     verified = screen_refiner(X, y, splits, scorer, 1).score([[p] for p in preds])[0]
+    if back:
+        with np.errstate(over="ignore", under="ignore"):
+            verified = float(np.ldexp(verified, back))
     stats["verified_score"] = verified
     stats["verified_score_difference"] = verified - cv.best_score_
     stats["seconds"]["verify"] = round(time.perf_counter() - t0, 4)

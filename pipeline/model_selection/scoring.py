@@ -5,6 +5,9 @@
   fold from the held-out predictions of :func:`~pipeline.model_selection.runner.run_search`
   (one pooled score for leave-one-out);
 - :func:`cv_results`: scikit-learn's ``cv_results_`` layout;
+- :func:`target_exponent`: the power of two that brings a y far from 1 near 1 for the
+  search (its scorer's squares underflow or overflow otherwise), and how the scores
+  convert back to y's units;
 - :func:`log_summary`: the one log line of a finished search.
 """
 
@@ -16,11 +19,58 @@ from typing import Any
 import numpy as np
 from scipy.stats import rankdata
 
+from pipeline.float_range import SAFE_EXPONENT, pow2_exponents
 from pipeline.model_selection.guard import FixedPredictions
 
-__all__ = ["cv_results", "log_summary", "score_candidates"]
+__all__ = ["SCORE_DEGREE", "cv_results", "log_summary", "score_candidates", "target_exponent"]
 
 log = logging.getLogger("pipeline.model_selection")
+
+
+#: scorers whose value on ``c * y`` and ``c * predictions`` is ``c**degree`` times their
+#: value on ``y`` and the predictions (``None`` is the default R²)
+SCORE_DEGREE: dict[Any, int] = {
+    None: 0,
+    "r2": 0,
+    "explained_variance": 0,
+    "neg_mean_squared_error": 2,
+    "neg_root_mean_squared_error": 1,
+    "neg_mean_absolute_error": 1,
+    "neg_median_absolute_error": 1,
+    "max_error": 1,
+}
+
+
+def target_exponent(y: np.ndarray, scoring: Any) -> tuple[int, int]:
+    """``(k, back)``: search on ``2**k y`` and multiply its scores by ``2**back``.
+
+    ``k`` is :func:`~pipeline.float_range.pow2_exponents` of y's largest magnitude: 0 for
+    ordinary y (the search and its scores keep their bits), else the exponent that brings
+    that magnitude into ``[0.5, 1)``. Every solve is linear in y and exact under a power
+    of two, so the held-out predictions on ``2**k y`` are ``2**k`` times those on y, and
+    a scorer of known degree (:data:`SCORE_DEGREE`) converts back exactly:
+    ``back = -degree k``. On y itself the scorer's squares underflow or overflow (issue
+    #44: every R² 1.0 at 1e-200, NaN at 1e200). Another scorer (a callable, an unlisted
+    name) on such a y is refused before any work. A scorer object with a
+    ``score_back`` attribute scores in ``2**-score_back`` times y's units itself
+    (:class:`pipeline.stages.select.OriginalUnits`): that is added to ``back``.
+    """
+    amax = float(np.max(np.abs(y))) if np.size(y) else 0.0
+    k = int(pow2_exponents(amax))
+    own = int(getattr(scoring, "score_back", 0))
+    if k == 0:
+        return 0, own
+    key = scoring if scoring is None or isinstance(scoring, str) else None
+    if (scoring is not None and key is None) or key not in SCORE_DEGREE:
+        known = ", ".join(repr(s) for s in SCORE_DEGREE if s is not None)
+        raise ValueError(
+            f"KernelRidgeCV: y's largest magnitude is {amax:.6g}, outside "
+            f"[2**-{SAFE_EXPONENT}, 2**{SAFE_EXPONENT}), where the squares of "
+            f"scoring={scoring!r} underflow or overflow and the search cannot convert its "
+            f"scores back to y's units (it can for {known}); rescale y (e.g. divide it by "
+            f"{amax:.3g}) before the search, or pass one of those scorers"
+        )
+    return k, -SCORE_DEGREE[key] * k
 
 
 def score_candidates(
@@ -47,9 +97,15 @@ def score_candidates(
     return scores
 
 
-def cv_results(candidates: list, scores: np.ndarray, seconds: float) -> dict[str, Any]:
+def cv_results(
+    candidates: list, scores: np.ndarray, seconds: float, back: int = 0
+) -> dict[str, Any]:
     """scikit-learn's ``cv_results_`` from the candidates and their scores per fold;
-    the search's ``seconds`` are spread evenly over the candidates."""
+    the search's ``seconds`` are spread evenly over the candidates.
+
+    ``back``: the scores were taken on ``2**k y`` (:func:`target_exponent`); they are
+    ranked as they are (in y's units a mean squared error of order 1e-400 is 0 for
+    every candidate) and reported times ``2**back``."""
     res: dict[str, Any] = {}
     keys = sorted({k for c in candidates for k in c})
     for k in keys:
@@ -66,6 +122,13 @@ def cv_results(candidates: list, scores: np.ndarray, seconds: float) -> dict[str
     res["std_test_score"] = scores.std(axis=1)
     filled = np.where(np.isnan(mean), np.nanmin(mean) - 1 if np.isfinite(mean).any() else 0, mean)
     res["rank_test_score"] = rankdata(-filled, method="min").astype(np.int32)
+    if back:  # -0.0 / -inf where y's units cannot hold the score (an MSE of 1e-400 or 1e400)
+        with np.errstate(over="ignore", under="ignore"):
+            for key in [f"split{f}_test_score" for f in range(scores.shape[1])] + [
+                "mean_test_score",
+                "std_test_score",
+            ]:
+                res[key] = np.ldexp(res[key], back)
     per = seconds / max(1, len(candidates))
     res["mean_fit_time"] = np.full(len(candidates), per)
     res["std_fit_time"] = np.zeros(len(candidates))

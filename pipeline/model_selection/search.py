@@ -73,7 +73,12 @@ from pipeline.model_selection.grid import (
 from pipeline.model_selection.guard import verify_choice
 from pipeline.model_selection.refit import refit_best
 from pipeline.model_selection.runner import run_search
-from pipeline.model_selection.scoring import cv_results, log_summary, score_candidates
+from pipeline.model_selection.scoring import (
+    cv_results,
+    log_summary,
+    score_candidates,
+    target_exponent,
+)
 from pipeline.options import diagonal_shift
 from pipeline.policy.constants import CV_TOL
 from pipeline.progress import with_progress
@@ -106,7 +111,13 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
     scoring : str or callable, default=None
         A scikit-learn scorer name (e.g. ``"neg_mean_squared_error"``) or a
         scorer; None is R² (``estimator.score``). With leave-one-out the score
-        is computed on the pooled held-out predictions.
+        is computed on the pooled held-out predictions. A y far from 1 (largest
+        magnitude outside ``[2**-100, 2**100)``, where a scorer's squares underflow
+        or overflow) is searched as ``2**k y``, exactly, and the scores are reported
+        in y's units (R² unchanged, MSE times ``2**-2k``...; an MSE of order 1e-400
+        is then -0.0); with a scorer whose scaling is not known (a callable, names
+        outside :data:`pipeline.model_selection.scoring.SCORE_DEGREE`) such a y is
+        refused: rescale it.
     lambda_convention : {"sklearn", "n_samples", "n"}, default="sklearn"
         Shift ``K + alpha I``, or ``K + n_train alpha I`` (n_train of each fold;
         ``"n"`` is the run config's name for ``"n_samples"``).
@@ -277,8 +288,13 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
                 f"KernelRidgeCV needs at least 2 samples to cross-validate, got n_samples={n}; "
                 "pass more rows, or fit pipeline.KernelRidge with a fixed alpha"
             )
-        y2 = y.reshape(n, -1)
+        # y far from 1: the search runs on 2**k y, exactly (target_exponent)
+        k, back = target_exponent(y, self.scoring)
         splits, kind = make_splits(self.cv, X, y, self.random_state, groups)
+        y_user = y
+        if k:
+            y = np.ldexp(y, k)
+        y2 = y.reshape(n, -1)
         scorer = check_scoring(
             KernelRidge(), scoring="r2" if self.scoring is None else self.scoring
         )
@@ -293,7 +309,7 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         t_search = time.perf_counter() - t_start
 
         scores = score_candidates(results, candidates, settings, splits, kind, scorer, X, y)
-        self.cv_results_ = cv_results(candidates, scores, t_search)
+        self.cv_results_ = cv_results(candidates, scores, t_search, back=back)
         self.best_index_ = int(self.cv_results_["rank_test_score"].argmin())
         self.best_params_ = dict(candidates[self.best_index_])
         self.best_score_ = float(self.cv_results_["mean_test_score"][self.best_index_])
@@ -303,10 +319,10 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         self.scorer_ = scorer
         stats["seconds"]["search"] = round(t_search, 4)
         if solver == "cg" and kind != "loo":
-            verify_choice(self, X, y, y2, base, splits, scorer, stats)
+            verify_choice(self, X, y, y2, base, splits, scorer, stats, back=back)
         if self.refit:
             t0 = time.perf_counter()
-            self.best_estimator_ = refit_best(self, X, y, base, stats, settings)
+            self.best_estimator_ = refit_best(self, X, y_user, base, stats, settings)
             self.n_iter_ = int(getattr(self.best_estimator_, "n_iter_", 1))
             stats["seconds"]["refit"] = round(time.perf_counter() - t0, 4)
         stats["seconds"]["total"] = round(time.perf_counter() - t_start, 4)

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.float_range import pow2_exponents
 from pipeline.solvers.triangular import (
     FactorPreconditioner,
     _as_factor,
@@ -131,10 +132,16 @@ def refine_with_operator(
 
     stats = stats if stats is not None else {}
     y2 = np.asarray(y, dtype=np.float64).reshape(np.shape(y)[0], -1)
-    x = np.array(alpha, dtype=np.float64).reshape(y2.shape)
+    # a column far from 1 is refined as 2**k y (exact; k = 0 keeps ordinary y's bits):
+    # at y ~ 1e-200 ‖y‖ underflowed to 0 and refinement stopped at once (issue #44)
+    k = pow2_exponents(np.max(np.abs(y2), axis=0, initial=0.0))
+    y2 = np.ldexp(y2, k)
+    x = np.ldexp(np.array(alpha, dtype=np.float64).reshape(y2.shape), k)
     y_norm = np.linalg.norm(y2, axis=0)
     y_norm[y_norm == 0] = 1.0
     pre = NativeFactorPreconditioner(factor)
+    if np.any(k != 0):  # a float32 first solve of such a y itself gave 0 or inf: redo it
+        x[:, k != 0] = pre.apply(y2[:, k != 0])
     its = steps = 0
     history = []
     while True:
@@ -175,7 +182,7 @@ def refine_with_operator(
     stats["rel_residual"] = history[-1]
     stats["refine_history"] = history
     stats["refine_operator"] = type(op).__name__
-    return x.reshape(np.shape(alpha))
+    return np.ldexp(x, -k).reshape(np.shape(alpha))
 
 
 def _at_rounding_floor(

@@ -35,6 +35,7 @@ import numpy as np
 from pipeline.kernels import make_kernel
 from pipeline.model_selection import save_search_report, search_from_config
 from pipeline.model_selection.report import CV_SECTION_KEYS
+from pipeline.model_selection.scoring import target_exponent
 from pipeline.stages.ingest import open_rows
 from pipeline.storage.location import is_url, join_path, upload_file
 
@@ -60,6 +61,13 @@ class OriginalUnits:
     so a scale-dependent scorer (``neg_mean_squared_error``) scored on it was divided by
     ``scale**2`` while the evaluate stage reports the data's units (1,100 times too
     small in the review's example). R² is the same either way.
+
+    Data whose y lies far from 1 (``|mean| + scale`` outside ``[2**-100, 2**100)``) is
+    mapped back to ``2**k`` times its units, where the scorer's squares neither
+    underflow nor overflow, and ``score_back`` tells the search to multiply the
+    scores by ``2**score_back`` after ranking them
+    (:func:`pipeline.model_selection.scoring.target_exponent`; issue #44: at 1e-200 every
+    R² was 1.0). Ordinary y: ``k = score_back = 0``, the same bits as before.
     """
 
     def __init__(self, scoring: Any, mean: Any, scale: Any) -> None:
@@ -71,10 +79,12 @@ class OriginalUnits:
         self.mean = np.asarray(mean, dtype=np.float64)
         self.scale = np.asarray(scale, dtype=np.float64)
         self._scorer = check_scoring(KernelRidge(), scoring="r2" if scoring is None else scoring)
+        self._k, self.score_back = target_exponent(np.abs(self.mean) + np.abs(self.scale), scoring)
 
     def _back(self, y: Any) -> np.ndarray:
         y = np.asarray(y, dtype=np.float64)
-        m, s = (self.mean, self.scale) if y.ndim == 2 else (self.mean[0], self.scale[0])
+        mean, scale = np.ldexp(self.mean, self._k), np.ldexp(self.scale, self._k)
+        m, s = (mean, scale) if y.ndim == 2 else (mean[0], scale[0])
         return y * s + m
 
     def __call__(self, estimator: Any, X: Any, y: Any) -> float:
