@@ -68,7 +68,7 @@ def _factor(op, preconditioner, rank, min_shift, n_folds, random_state, stats):
         )
         info = {"method": "nystrom", "rank": int(F.shape[1])}
     elif preconditioner == "adaptive":
-        from pipeline.solvers.precond_adaptive import adaptive_rpcholesky
+        from pipeline.solvers.precond import adaptive_rpcholesky
 
         F, _, info = adaptive_rpcholesky(
             op,
