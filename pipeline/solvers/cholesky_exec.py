@@ -46,6 +46,10 @@ def _deps(i: int, j: int) -> list[tuple[int, int]]:
     return d
 
 
+def _left_looking_order(n_blocks: int) -> list[tuple[int, int]]:
+    return [(i, j) for j in range(n_blocks) for i in range(j, n_blocks)]
+
+
 def submitted_deps(i: int, j: int, todo_set: set) -> list[tuple[int, int]]:
     """The dependencies the Dask executor submits for tile ``(i, j)``: the transitive
     reduction of :func:`_deps` within ``todo_set``.

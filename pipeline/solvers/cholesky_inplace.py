@@ -52,6 +52,8 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.solvers.cholesky_exec import _left_looking_order
+from pipeline.solvers.cholesky_options import CholeskyFactor
 from pipeline.storage import TiledArray
 from pipeline.storage.arrays import CorruptTileError, tile_checksum
 from pipeline.storage.location import is_url, local_file_path
@@ -347,13 +349,17 @@ def factor_in_place(
     check_disk: bool = True,
     wide: bool = True,
     t0: float,
-):
-    """``tile_cholesky(..., keep_gram=False)``: the factor replaces the Gram tile by tile."""
+    run_tasks: Callable[..., tuple[tuple, dict[str, float]]],
+) -> CholeskyFactor:
+    """``tile_cholesky(..., keep_gram=False)``: the factor replaces the Gram tile by tile.
+
+    ``run_tasks`` runs the factor's tile tasks: the driver's
+    :func:`~pipeline.solvers.cholesky.run_factor_tasks`, passed in by
+    :func:`~pipeline.solvers.cholesky.tile_cholesky` (which imports this module)."""
     import time
 
     import zarr
 
-    from pipeline.solvers import cholesky as chol
     from pipeline.storage import IncompleteArrayError
 
     if store is not None and str(store) != str(gram.store):
@@ -394,7 +400,7 @@ def factor_in_place(
                 "replaced them by factor tiles. Rebuild the Gram, or pass recompute_tile= to "
                 "recompute those tiles from X",
             )
-    todo = pending(L.markers, chol._left_looking_order(grid.n_row_blocks))  # resume
+    todo = pending(L.markers, _left_looking_order(grid.n_row_blocks))  # resume
     no_gram = [t for t in todo if t not in done_g]
     unwritten = _unwritten_chunks(gram, no_gram)
     if check_disk and todo:
@@ -429,13 +435,13 @@ def factor_in_place(
         z = gram.zarr("r+")
         z.attrs["inplace_factor"] = attrs
     reader = InPlaceGramReader(gram, recompute_tile, missing_level=logging.DEBUG)
-    computed, jit = chol.run_factor_tasks(
+    computed, jit = run_tasks(
         reader, L, todo, shift, lam, convention, policy, scheduler, n_threads, wide, progress
     )
     if policy is not None:
         z = zarr.open_array(store=gram.store, path=gram.name, mode="r+")
         z.attrs["inplace_factor"] = {**attrs, "jitter": jit}
-    return chol.CholeskyFactor(
+    return CholeskyFactor(
         L=L,
         lam=float(lam),
         convention=convention,
