@@ -320,7 +320,7 @@ def _execute(
         refine: dict = {}
         # in place, the Gram's array holds the factor now: nothing to refine against
         # a float32 factor is refined with matrix-free products when X is in memory
-        # (no rereads of the stored Gram; pipeline.solvers.refine.refinement_operator)
+        # (no rereads of the stored Gram; pipeline.solvers.triangular.refinement_operator)
         coef = cholesky_solve(
             factor,
             y,
