@@ -30,25 +30,11 @@ from typing import Any
 from pipeline.stages.lock import LockHeldError, RunLock
 from pipeline.stages.manifest import Manifest, StageRecord
 from pipeline.stages.runner import RunDirConflict, RunReport, Stage, StageFailed, run_stages
+from pipeline.stages.stage import PER_CONFIG_STAGES, STAGE_NAMES, STAGE_WIRING
 from pipeline.stages.status import configurations, latest_model, run_status
 from pipeline.stages.verify import verify_gram, verify_metrics, verify_model, verify_predictions
 
 log = logging.getLogger("pipeline.stages")
-
-#: stage name -> (module, upstream stages)
-STAGE_WIRING: dict[str, tuple[str, tuple[str, ...]]] = {
-    "ingest": ("pipeline.stages.ingest", ()),
-    "select": ("pipeline.stages.select", ("ingest",)),
-    "gram": ("pipeline.stages.gram", ("ingest",)),
-    "solve": ("pipeline.stages.solve", ("ingest", "gram")),
-    "model": ("pipeline.stages.model", ("ingest", "solve")),
-    "predict": ("pipeline.stages.predict", ("ingest", "solve")),
-    "evaluate": ("pipeline.stages.evaluate", ("ingest", "predict")),
-}
-STAGE_NAMES = tuple(STAGE_WIRING)
-#: stages whose results are kept per configuration, in ``results/<key>/`` (see
-#: :mod:`pipeline.stages.results`); the others are shared by every configuration
-PER_CONFIG_STAGES = ("solve", "model", "predict", "evaluate")
 
 
 #: JSON argument -> the config section it is validated into, per stage; the keys a

@@ -15,6 +15,7 @@ import numpy as np
 
 from pipeline.stages.lock import lock_owner
 from pipeline.stages.manifest import Manifest
+from pipeline.stages.stage import STAGE_NAMES
 from pipeline.storage import TileMarkers
 
 
@@ -137,8 +138,6 @@ def run_status(run_dir: str | Path, stage_names: tuple[str, ...] | None = None) 
     if not (Location(run_dir).exists("manifest.json") if remote else manifest.path.exists()):
         raise FileNotFoundError(f"{str(run_dir)!r} is not a run directory (no manifest.json)")
     if stage_names is None:
-        from pipeline.stages import STAGE_NAMES
-
         stage_names = STAGE_NAMES
     names = list(stage_names) + [n for n in manifest.stages if n not in stage_names]
     owner = lock_owner(run_dir)
