@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.policy import constants as C
+from pipeline.policy.calibrated import CalibratedCostModel
 
 __all__ = [
     "COST_MODELS",
@@ -81,8 +82,6 @@ def make_cost_model(
     if name == "simple":
         return SimpleCostModel()
     if name is None or name == "calibrated":
-        from pipeline.policy.calibrated import CalibratedCostModel
-
         return CalibratedCostModel(
             block_size=block_size,
             rank=rank,

@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.kernels import Linear
 from pipeline.policy import constants as C
 from pipeline.policy.cg_cost import gram_disk_bytes
 from pipeline.policy.cg_variant import choose_cg_variant, matvec_choice, normalize_precision
@@ -51,6 +52,7 @@ from pipeline.policy.cost_models import (
     predicted_cg_seconds,
     predicted_cholesky_seconds,
 )
+from pipeline.policy.factor_precision import choose_factor_dtype
 from pipeline.policy.placement import (
     Resources,
     default_block_size,
@@ -449,8 +451,6 @@ def plan_fit(
     mercer = bool(getattr(kernel, "is_mercer", True))
     reason = f"requested solver={solver!r}"
     if solver == "auto" and resources.in_memory:
-        from pipeline.kernels import Linear
-
         has_primal = isinstance(kernel, Linear)
         choice = in_memory_choice(n, d, has_primal=has_primal, alpha=alphas)
         if choice == "primal":
@@ -544,8 +544,6 @@ def plan_fit(
     if solver == "cholesky":
         plan = replace(base, solver="cholesky", matvec="stored", block_size=block_for(solver))
         if factor_dtype == "auto":
-            from pipeline.policy.factor_precision import choose_factor_dtype
-
             dt, why = choose_factor_dtype(n, shift, X=X, kernel=kernel if mercer else None)
             plan = replace(plan, factor_dtype=dt, factor_dtype_auto=True)
             reason = f"{reason}; {why}"

@@ -69,6 +69,7 @@ from pipeline.solvers.cholesky_cache import (  # noqa: E402, F401  (re-exported)
     set_tile_cache_budget,
     share_written_tile,
 )
+from pipeline.solvers.cholesky_exec import _niced, io_niceness
 
 # ---------------------------------------------------------------------------
 # the factor that replaces its Gram (keep_gram=False; pipeline.solvers.cholesky_inplace)
@@ -103,6 +104,7 @@ from pipeline.storage import (
     fingerprint_obj,
     open_tiled_array,
 )
+from pipeline.storage.rawchunks import release_direct_buffers
 from pipeline.tiles.engine import pending
 from pipeline.tiles.tile_io import TileIO
 
@@ -131,8 +133,6 @@ def _store_tile(
     if io is None:
         write(tile)
     else:  # one writer thread, in completion order: an input's marker precedes its users'
-        from pipeline.solvers.cholesky_exec import _niced, io_niceness
-
         io.write(("L", i, j), tile, _niced(write, io_niceness()))
 
 
@@ -410,7 +410,6 @@ def run_factor_tasks(
     reading its Gram tiles from ``source``, with the same fixed BLAS width in both
     executors: (the tiles computed now, the jitter of every diagonal tile, read from the
     markers so that earlier runs' tiles count too)."""
-    from pipeline.storage.rawchunks import release_direct_buffers
 
     width = tile_blas_threads(wide)
     try:

@@ -52,13 +52,15 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.kernels import make_kernel
 from pipeline.solvers.cholesky_exec import _left_looking_order
 from pipeline.solvers.cholesky_options import CholeskyFactor
-from pipeline.storage import TiledArray
+from pipeline.storage import IncompleteArrayError, TiledArray, fingerprint_obj
+from pipeline.storage import buffers as tile_buffers
 from pipeline.storage.arrays import CorruptTileError, tile_checksum
 from pipeline.storage.location import is_url, local_file_path
 from pipeline.storage.markers import TileMarkers
-from pipeline.tiles.engine import pending
+from pipeline.tiles.engine import KernelSource, pending
 
 log = logging.getLogger(__name__)
 
@@ -243,7 +245,6 @@ class InPlaceGramReader:
             # into memory this process already touched (an evicted factor tile's, as a
             # stored tile's read would be), not fresh pages: on a VM those cost about
             # 2 ms of CPU per MB, and the pool would otherwise only grow
-            from pipeline.storage import buffers as tile_buffers
 
             buf = tile_buffers.take(want, np.dtype(self.gram.dtype), first_touch)
             tile = self.recompute_tile(i, j, out=buf)
@@ -326,7 +327,6 @@ def _why_not_stored(missing: int, unwritten: list | None) -> str:
 
 def in_place_fingerprint(factor_fp: str) -> str:
     """The in-place factor's fingerprint: that of the separate factor, marked in place."""
-    from pipeline.storage import fingerprint_obj
 
     return fingerprint_obj({"what": "tile-cholesky-lower-in-place", "factor": factor_fp})
 
@@ -359,8 +359,6 @@ def factor_in_place(
     import time
 
     import zarr
-
-    from pipeline.storage import IncompleteArrayError
 
     if store is not None and str(store) != str(gram.store):
         raise ValueError(
@@ -485,8 +483,6 @@ class GramTileRecomputer:
     def __call__(self, i: int, j: int, out: np.ndarray | None = None) -> np.ndarray:
         """Gram tile ``(i, j)``, written into ``out`` when given (C-contiguous, the
         tile's shape and ``dtype``: a reused buffer; the same bits)."""
-        from pipeline.kernels import make_kernel
-        from pipeline.tiles.engine import KernelSource
 
         k = make_kernel(self.kernel)
         b = int(self.block_size)

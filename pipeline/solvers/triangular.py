@@ -40,6 +40,7 @@ import numpy as np
 from scipy.linalg import blas as sblas
 
 from pipeline.policy.constants import SWEEP_LANE_COLUMNS
+from pipeline.solvers.blas import process_threads
 from pipeline.solvers.cg import CGConvergenceError, CGConvergenceWarning, conjugate_gradient
 from pipeline.solvers.cholesky import CholeskyFactor, _read_factor_tile, release_tile_cache
 from pipeline.solvers.matvec import MatrixFreeKernelOperator, StoredKernelOperator
@@ -50,7 +51,6 @@ from pipeline.tiles.tile_io import TileIO
 
 def _sweep_blas():
     """BLAS threads of the sweeps' products and small TRSMs: one per tile task."""
-    from pipeline.solvers.blas import process_threads
 
     return process_threads(SWEEP_BLAS_THREADS)
 

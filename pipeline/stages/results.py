@@ -53,7 +53,7 @@ from pipeline.stages.manifest import (
 )
 from pipeline.stages.stage import Stage, stage_fingerprint
 from pipeline.storage import fingerprint_obj
-from pipeline.storage.location import join_path
+from pipeline.storage.location import Location, is_url, join_path
 
 log = logging.getLogger("pipeline.stages")
 
@@ -174,8 +174,6 @@ def free_scratch(run_dir: Path | str, cfg: ConfigRecord, stages: Sequence[Stage]
     the runner) are removed; a symbolic link is left alone.
     """
     import shutil
-
-    from pipeline.storage.location import Location, is_url
 
     for stage in stages:
         rec = cfg.stages.get(stage.name)

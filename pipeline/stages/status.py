@@ -17,6 +17,7 @@ from pipeline.stages.lock import lock_owner
 from pipeline.stages.manifest import Manifest
 from pipeline.stages.stage import STAGE_NAMES
 from pipeline.storage import TileMarkers
+from pipeline.storage.location import Location, is_url
 
 
 def _marker_dirs(stage_dir: Path) -> list[tuple[Path, str]]:
@@ -80,8 +81,6 @@ def _stage_tiles_url(stage_url: str) -> list[dict[str, Any]]:
     """:func:`stage_tiles` for a stage directory on an object store (a URL)."""
     import zarr
 
-    from pipeline.storage.location import Location
-
     loc = Location(stage_url)
     try:
         keys = loc.fs.find(loc.root)
@@ -130,7 +129,6 @@ def run_status(run_dir: str | Path, stage_names: tuple[str, ...] | None = None) 
     FileNotFoundError
         ``run_dir`` does not exist or holds no manifest.
     """
-    from pipeline.storage.location import Location, is_url
 
     remote = is_url(run_dir)
     run_dir = str(run_dir).rstrip("/") if remote else Path(run_dir)
@@ -284,7 +282,6 @@ def latest_model(run_dir: str | Path) -> str:
     ValueError
         The latest configuration has no complete model stage.
     """
-    from pipeline.storage.location import Location, is_url
 
     remote = is_url(run_dir)
     run_dir = str(run_dir).rstrip("/") if remote else Path(run_dir)

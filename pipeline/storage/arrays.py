@@ -31,6 +31,7 @@ import numpy as np
 import zarr
 
 from pipeline.storage.errors import ForeignPathError, TileRewriteError
+from pipeline.storage.location import local_file_path
 from pipeline.storage.markers import TileMarkers
 from pipeline.storage.rawchunks import (
     chunk_layout,
@@ -461,7 +462,6 @@ def normalize_store(store: Any) -> str:
     writes; its fsspec store does not create them on a local filesystem. Other
     URLs (s3://, gs://, memory://, ...) are passed through to fsspec.
     """
-    from pipeline.storage.location import local_file_path
 
     return local_file_path(str(store))  # file://, FILE://, local://, file:/
 
