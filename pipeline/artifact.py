@@ -35,6 +35,7 @@ import fsspec
 import numpy as np
 import zarr
 
+from pipeline._version import __version__
 from pipeline.artifact_refs import (
     check_names,
     escape_message,
@@ -47,7 +48,7 @@ from pipeline.artifact_refs import (
 )
 from pipeline.errors import ArtifactError
 from pipeline.kernels import Kernel, kernel_from_spec, make_kernel, spec_round_trips
-from pipeline.predict import check_preprocessing, model_fingerprint
+from pipeline.predict import check_preprocessing, model_fingerprint, predict, select_features
 from pipeline.storage import fingerprint_blocks, fingerprint_obj
 
 FORMAT = "krr-pipeline.model"
@@ -128,7 +129,6 @@ class ModelArtifact:
         :func:`pipeline.predict.select_features`); ``columns=[...]`` selects
         columns explicitly.
         """
-        from pipeline.predict import predict, select_features
 
         X_new = select_features(
             X_new,
@@ -174,7 +174,6 @@ class ModelArtifact:
 
 # -- helpers ----------------------------------------------------------------------
 def _package_version() -> str:
-    from pipeline._version import __version__
 
     return __version__
 

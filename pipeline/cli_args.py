@@ -16,7 +16,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pipeline.cli_errors import EXIT_BAD_CONFIG, EXIT_CODES, CliError
+from pipeline.cli_errors import (  # noqa: F401 (check_scheduler_address re-exported)
+    EXIT_CODES,
+    check_scheduler_address,
+)
 
 __all__ = [
     "ERROR_TYPES",
@@ -111,29 +114,6 @@ def parse_command_line(
     t = extra[0]
     hint = _option_hint(sub, t) if t.startswith("-") else ""
     raise UsageError(f"unrecognized arguments: {' '.join(extra)}{hint}", sub)
-
-
-# tcp://host:port (the scheme may be left out: distributed then uses tcp); IPv6 in [ ]
-_ADDRESS = re.compile(
-    r"^(?:(?P<scheme>[a-z]+)://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(?P<port>\d{1,5})/?$"
-)
-_SCHEMES = ("tcp", "tls", "ws", "wss", "ucx")
-
-
-def check_scheduler_address(address: str, what: str = "--scheduler") -> str:
-    """``address`` if it is a Dask scheduler address (``tcp://host:port``), else a usage
-    error (exit 2) that names the value and the expected form."""
-    if address.startswith("inproc://"):
-        return address
-    m = _ADDRESS.match(address.strip())
-    ok = m is not None and (m["scheme"] or "tcp") in _SCHEMES and 0 < int(m["port"]) < 65536
-    if not ok:
-        raise CliError(
-            f"{what} {address!r} is not a Dask scheduler address: expected tcp://host:port "
-            "(e.g. tcp://127.0.0.1:8786, or tls://host:port), as printed by `dask scheduler`",
-            EXIT_BAD_CONFIG,
-        )
-    return address.strip()
 
 
 def json_error(code: int, message: str, exception: str | None = None) -> None:

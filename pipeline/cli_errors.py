@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,29 @@ class CliError(Exception):
     def __init__(self, message: str, code: int) -> None:
         super().__init__(message)
         self.code = code
+
+
+# tcp://host:port (the scheme may be left out: distributed then uses tcp); IPv6 in [ ]
+_ADDRESS = re.compile(
+    r"^(?:(?P<scheme>[a-z]+)://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(?P<port>\d{1,5})/?$"
+)
+_SCHEMES = ("tcp", "tls", "ws", "wss", "ucx")
+
+
+def check_scheduler_address(address: str, what: str = "--scheduler") -> str:
+    """``address`` if it is a Dask scheduler address (``tcp://host:port``), else a usage
+    error (exit 2) that names the value and the expected form."""
+    if address.startswith("inproc://"):
+        return address
+    m = _ADDRESS.match(address.strip())
+    ok = m is not None and (m["scheme"] or "tcp") in _SCHEMES and 0 < int(m["port"]) < 65536
+    if not ok:
+        raise CliError(
+            f"{what} {address!r} is not a Dask scheduler address: expected tcp://host:port "
+            "(e.g. tcp://127.0.0.1:8786, or tls://host:port), as printed by `dask scheduler`",
+            EXIT_BAD_CONFIG,
+        )
+    return address.strip()
 
 
 def _load(config: str, overrides: list[str]):
@@ -95,8 +119,6 @@ def _check_before_work(cfg) -> None:
     scheduler address's form, the input paths, the extras, and a ``predict.output``
     that holds a user's file (validate said "valid" for those; run refused them)."""
     if cfg.cluster.address:
-        from pipeline.cli_args import check_scheduler_address  # (it imports this module)
-
         check_scheduler_address(cfg.cluster.address, "cluster.address")
     _check_paths(cfg)
     _check_extras(cfg)

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pipeline.storage.location import local_file_path
+
 __all__ = [
     "PATH_KEYS",
     "check_run_dir",
@@ -106,8 +108,6 @@ def local_file_url(v: Any) -> Any:
     directory named ``~`` in the current one)."""
     if isinstance(v, str):
         import os
-
-        from pipeline.storage.location import local_file_path
 
         v = local_file_path(v)
         return os.path.expanduser(v) if v.startswith("~") else v

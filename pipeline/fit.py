@@ -19,8 +19,20 @@ from typing import Any
 import numpy as np
 
 from pipeline.options import solver_convention
+from pipeline.parallel import _active_client
 from pipeline.policy import constants as C
 from pipeline.policy.plan import FitPlan, Resources, gram_on_demand, plan_fit
+from pipeline.progress import cg_progress
+from pipeline.solvers import cholesky_solve, tile_cholesky
+from pipeline.solvers.cg import CGConvergenceError, conjugate_gradient
+from pipeline.solvers.cg_checkpoint import resumable_cg
+from pipeline.solvers.cg_mixed_fit import mixed_cg_fit
+from pipeline.solvers.cholesky import regularisation_shift
+from pipeline.solvers.cholesky_exec import tile_owners
+from pipeline.solvers.cholesky_options import NonFiniteKernelError, NotPositiveDefiniteError
+from pipeline.solvers.matvec import make_operator
+from pipeline.solvers.precond import make_preconditioner
+from pipeline.storage import fingerprint_blocks
 
 __all__ = ["FitResult", "execute", "log_plan", "measure_resources", "plan_fit", "solver_convention"]
 
@@ -87,7 +99,6 @@ def measure_resources(
     """
     from pipeline.parallel import _active_client, workers_on_this_host
     from pipeline.reference import memory
-    from pipeline.solvers.cholesky_exec import tile_owners
 
     # the plan sizes the tile by this count only where its tiles run on the workers
     # (:func:`~pipeline.policy.plan.tiles_on_workers`)
@@ -121,7 +132,6 @@ def factor_executor(plan: FitPlan, in_place_from_x: bool) -> str | None:
         return None
     if plan.factor_scheduler != "auto":
         return plan.factor_scheduler
-    from pipeline.parallel import _active_client
     from pipeline.solvers.cholesky_exec import auto_scheduler
 
     if in_place_from_x:
@@ -138,7 +148,6 @@ def factor_executor(plan: FitPlan, in_place_from_x: bool) -> str | None:
 def _x_fingerprint(X: Any) -> str | None:
     if not isinstance(X, np.ndarray):
         return None
-    from pipeline.storage import fingerprint_blocks
 
     return fingerprint_blocks([X])
 
@@ -159,9 +168,6 @@ def execute(plan: FitPlan, X: Any, y: np.ndarray, kernel: Any, **options: Any) -
     ):
         return _execute(plan, X, y, kernel, **options)
     from dataclasses import replace
-
-    from pipeline.solvers.cg import CGConvergenceError
-    from pipeline.solvers.cholesky_options import NonFiniteKernelError, NotPositiveDefiniteError
 
     try:
         return _execute(plan, X, y, kernel, **options)
@@ -233,7 +239,6 @@ def _execute(
     """
     if plan.solver in ("dense", "primal"):
         return _execute_in_memory(plan, X, y, kernel, alpha, sample_weight, K, overwrite_k, jitter)
-    from pipeline.solvers.cholesky import regularisation_shift
 
     if np.dtype(getattr(X, "dtype", np.float64)) == np.float32:
         # float32 rows are the user's values, not a precision for the solve: the Gram is
@@ -284,8 +289,6 @@ def _execute(
             defer=on_demand,
         )
     if plan.solver == "cholesky":
-        from pipeline.solvers import cholesky_solve, tile_cholesky
-
         if not plan.keep_gram:
             if np.dtype(plan.factor_dtype) != np.dtype(gram.dtype):
                 raise ValueError(
@@ -316,7 +319,7 @@ def _execute(
         refine: dict = {}
         # in place, the Gram's array holds the factor now: nothing to refine against
         # a float32 factor is refined with matrix-free products when X is in memory
-        # (no rereads of the stored Gram; pipeline.solvers.refine.refinement_operator)
+        # (no rereads of the stored Gram; pipeline.solvers.triangular.refinement_operator)
         coef = cholesky_solve(
             factor,
             y,
@@ -331,8 +334,6 @@ def _execute(
         return FitResult(np.asarray(coef), "cholesky", 1, float(shift), plan, info, factor=factor)
     if plan.solver != "cg":
         raise ValueError(f"plan.solver must be dense, primal, cholesky or cg, got {plan.solver!r}")
-    from pipeline.solvers.matvec import make_operator
-    from pipeline.solvers.precond import make_preconditioner
 
     if plan.cg_precision == "mixed" and plan.matvec != "recompute":
         raise ValueError(
@@ -359,13 +360,10 @@ def _execute(
         plan.preconditioner, op, rank=min(plan.rank, n), random_state=plan.random_state
     )
     ckpt = cg_dir or root
-    from pipeline.progress import cg_progress
 
     # the iteration and the relative residual, live (pipeline.progress decides how)
     with cg_progress(enabled=progress, tol=plan.tol, max_iter=plan.max_iter) as shown:
         if single_gram:
-            from pipeline.solvers.cg_mixed_fit import mixed_cg_fit
-
             # CG on the stored float32 Gram inside a float64 refinement whose residuals
             # are matrix-free products from X: the float64 answer, not the rounded Gram's
             high = make_operator("matrix-free", shift, X=X, kernel=kernel, block_size=bs)
@@ -374,8 +372,6 @@ def _execute(
                 store=ckpt, callback=shown, low=op,
             )  # fmt: skip
         elif plan.cg_precision == "mixed":
-            from pipeline.solvers.cg_mixed_fit import mixed_cg_fit
-
             # float32 kernel products inside, float64 residuals outside; checkpointed per
             # refinement step, and float64 products take over if float32 stagnates
             res = mixed_cg_fit(
@@ -383,15 +379,11 @@ def _execute(
                 store=ckpt, callback=shown,
             )  # fmt: skip
         elif ckpt is None:
-            from pipeline.solvers.cg import conjugate_gradient
-
             res = conjugate_gradient(
                 op.matvec, y, preconditioner=pre, tol=plan.tol, max_iter=plan.max_iter,
                 callback=shown,
             )  # fmt: skip
         else:
-            from pipeline.solvers.cg_checkpoint import resumable_cg
-
             res = resumable_cg(
                 op,
                 y,

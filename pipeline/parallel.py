@@ -20,6 +20,9 @@ import dask
 import dask.threaded
 from threadpoolctl import threadpool_limits
 
+from pipeline.progress import resolved_mode
+from pipeline.progress_dask import dask_progress
+
 log = logging.getLogger(__name__)
 
 #: set inside :func:`in_this_process`: computations ignore the active client
@@ -181,7 +184,6 @@ def _in_notebook() -> bool:
 
 def show_progress(progress: bool = True) -> bool:
     """Whether a progress display would be drawn (asked for, and a mode other than off)."""
-    from pipeline.progress import resolved_mode
 
     return bool(progress) and resolved_mode()[0] != "off"
 
@@ -206,7 +208,6 @@ def compute(
     ``match`` (``unit="tile"``: the tile tasks), else every task; ``initial``
     units were done before (a resumed build).
     """
-    from pipeline.progress_dask import dask_progress
 
     client = _active_client()
     with dask_progress(

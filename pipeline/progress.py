@@ -25,7 +25,7 @@ configures logging and progress was asked for explicitly, they are written to
 stderr with a timestamp.
 
 Entry points: :func:`stage_progress` (a counted loop: the Cholesky threads,
-the CV settings), :func:`dask_progress` (a Dask computation, in
+the CV settings), :func:`~pipeline.progress_dask.dask_progress` (a Dask computation, in
 :mod:`pipeline.progress_dask`: the tile tasks of the graph on the threaded
 scheduler through :class:`tqdm.dask.TqdmCallback`, or on a distributed cluster
 through its scheduler's progress feed, as :func:`distributed.progress` does),
@@ -53,7 +53,6 @@ __all__ = [
     "MODES",
     "Progress",
     "cg_progress",
-    "dask_progress",
     "get_progress_mode",
     "open_progress",
     "progress_group",
@@ -484,7 +483,7 @@ class _Group:
 def progress_group(label: str, unit: str = "task", *, enabled: bool = True) -> Iterator[Any]:
     """One display for the several Dask computations of a stage (ingest).
 
-    Each :func:`dask_progress` inside (with progress enabled) becomes a phase of
+    Each :func:`~pipeline.progress_dask.dask_progress` inside (with progress enabled) becomes a phase of
     this display, relabelled and recounted, instead of a display of its own.
     """
     group = _Group(label, unit, enabled)
@@ -497,14 +496,6 @@ def progress_group(label: str, unit: str = "task", *, enabled: bool = True) -> I
         _group.reset(token)
         if group.bar is not None:
             group.bar.close(failed=failed)
-
-
-# -- Dask computations (pipeline.progress_dask) ------------------------------------------
-def dask_progress(label: str, unit: str = "tile", **kwargs: Any) -> Any:
-    """The display of one Dask computation: :func:`pipeline.progress_dask.dask_progress`."""
-    from pipeline.progress_dask import dask_progress as _dask_progress
-
-    return _dask_progress(label, unit, **kwargs)
 
 
 # -- conjugate gradients -----------------------------------------------------------------

@@ -251,7 +251,7 @@ def test_confirm_false_stops_on_the_recursive_residual_one_product_sooner(krr):
 
 def _refine_dense(monkeypatch, A, y, matvec, tol):
     """refine_with_operator on a dense system, the factor a float32-rounded Cholesky."""
-    from pipeline.solvers import refine as R
+    from pipeline.solvers import triangular as R
 
     L = np.linalg.cholesky(A).astype(np.float32).astype(np.float64)
 

@@ -19,8 +19,11 @@ from pipeline.solvers.cg import (
 )
 from pipeline.solvers.cg_mixed import float32_twin, mixed_precision_cg
 from pipeline.solvers.matvec import MatrixFreeKernelOperator
-from pipeline.solvers.precond import NystromPreconditioner, rpcholesky
-from pipeline.solvers.precond_adaptive import adaptive_nystrom_preconditioner
+from pipeline.solvers.precond import (
+    NystromPreconditioner,
+    adaptive_nystrom_preconditioner,
+    rpcholesky,
+)
 
 
 @pytest.fixture(scope="module")

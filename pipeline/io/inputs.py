@@ -30,6 +30,8 @@ import dask
 import dask.array as da
 import numpy as np
 
+from pipeline._optional import require
+
 __all__ = ["as_row_blocks", "check_block_size", "open_table"]
 
 _PARQUET_SUFFIXES = (".parquet", ".pq", ".parq")
@@ -110,7 +112,6 @@ def _from_npy(path: str, block_size: int) -> da.Array:
 
 
 def _from_dataframe(df: Any, columns: Sequence[str] | None, what: str) -> da.Array:
-    from pipeline._optional import require
 
     dd = require("dask.dataframe", "reading a Parquet/CSV table or a DataFrame")
     import pandas as pd
@@ -214,7 +215,6 @@ def _from_path(path: str, block_size: int, columns: Sequence[str] | None) -> da.
         if arr.ndim != 2:  # ((block_size, -1),) failed with "chunks do not add up"
             return da.from_zarr(arr)  # _finish names the shape and the fix
         return da.from_zarr(arr, chunks=(block_size, arr.shape[1]))
-    from pipeline._optional import require
 
     dd = require("dask.dataframe", f"reading the table {path!r}")
     if low.endswith(_PARQUET_SUFFIXES) or (
@@ -253,7 +253,6 @@ def open_table(source: Any) -> Any:
     low = path.lower().rstrip("/")
     if low.endswith(".npy") or is_zarr_path(path):
         return None
-    from pipeline._optional import require
 
     dd = require("dask.dataframe", f"reading the table {path!r}")
     if low.endswith(_PARQUET_SUFFIXES) or ("://" not in path and os.path.isdir(path)):

@@ -15,11 +15,15 @@ import inspect
 import json
 import numbers
 import sys
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
 
 _REGISTRY: dict[str, type[Kernel]] = {}
+#: readers of the nested specs that are not kernels, by kind: :mod:`pipeline.kernels.warping`
+#: adds ``"warping"`` (its ``warping_from_spec``) when it loads; it imports this module
+SPEC_READERS: dict[str, Callable[[dict[str, Any]], Any]] = {}
 
 
 def register(cls: type[Kernel]) -> type[Kernel]:
@@ -254,15 +258,13 @@ class Kernel(Parametrized):
         """
         return {"name": self.name, "params": self._spec_params()}
 
-    # -- algebra (implemented in pipeline.kernels.compose) -------------------
+    # -- algebra: the registered "sum", "product", "scaled" and "constant" kernels
+    # (pipeline.kernels.compose, pipeline.kernels.basic; they import this module)
     def __add__(self, other: Any) -> Kernel:
-        from pipeline.kernels.basic import Constant
-        from pipeline.kernels.compose import Sum
-
         if isinstance(other, Kernel):
-            return Sum(self, other)
+            return _REGISTRY["sum"](self, other)
         if isinstance(other, numbers.Real) and not isinstance(other, bool):
-            return Sum(self, Constant(float(other)))
+            return _REGISTRY["sum"](self, _REGISTRY["constant"](float(other)))
         return NotImplemented
 
     def __radd__(self, other: Any) -> Kernel:
@@ -272,12 +274,10 @@ class Kernel(Parametrized):
         return self.__add__(other)
 
     def __mul__(self, other: Any) -> Kernel:
-        from pipeline.kernels.compose import Product, Scaled
-
         if isinstance(other, Kernel):
-            return Product(self, other)
+            return _REGISTRY["product"](self, other)
         if isinstance(other, numbers.Real) and not isinstance(other, bool):
-            return Scaled(self, float(other))
+            return _REGISTRY["scaled"](self, float(other))
         return NotImplemented
 
     __rmul__ = __mul__
@@ -306,9 +306,7 @@ def _from_spec_value(v: Any) -> Any:
     """Rebuild nested kernel / warping specs inside a params value."""
     if isinstance(v, dict) and "name" in v:
         if v.get("kind") == "warping" or v["name"] not in _REGISTRY:
-            from pipeline.kernels.warping import warping_from_spec
-
-            return warping_from_spec(v)
+            return SPEC_READERS["warping"](v)
         return kernel_from_spec(v)
     if isinstance(v, list) and any(isinstance(x, dict) for x in v):
         return [_from_spec_value(x) for x in v]

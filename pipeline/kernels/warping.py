@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from pipeline.kernels.base import Parametrized, check_real
+from pipeline.kernels.base import SPEC_READERS, Parametrized, _from_spec_value, check_real
 
 _WARPINGS: dict[str, type[Warping]] = {}
 
@@ -91,10 +91,10 @@ def warping_from_spec(spec: dict[str, Any]) -> Warping:
             f"warping {name!r} does not take parameters {unknown}; "
             f"valid parameters are {cls._param_names()}"
         )
-    from pipeline.kernels.base import _from_spec_value
-
     return cls(**{k: _from_spec_value(v) for k, v in params.items()})
 
+
+SPEC_READERS["warping"] = warping_from_spec
 
 # -- validation helpers -------------------------------------------------------
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.parallel import blas_threads
 from pipeline.solvers.band import band_reduce
 
 __all__ = ["band_fold_predictions", "band_search", "take_block"]
@@ -155,7 +156,6 @@ def band_search(
         for t in tasks:
             task(t)
         return out
-    from pipeline.parallel import blas_threads
 
     # full rounds with one BLAS thread per reduction, then the last few reductions
     # (fewer than the workers) share the cores' BLAS threads instead of leaving them idle

@@ -84,7 +84,7 @@ def cg_fold_predictions(
         the row mean, each row warm-started from the previous one.
     preconditioner : {"nystrom", "adaptive", "none"}
         ``"adaptive"``: one RPCholesky factor whose rank grows until it resolves K
-        at the smallest shift of the grid (:func:`~pipeline.solvers.precond_adaptive.adaptive_rpcholesky`),
+        at the smallest shift of the grid (:func:`~pipeline.solvers.precond.adaptive_rpcholesky`),
         shared by every fold and λ as the Nyström factor is.
     rank : int, optional
         Nyström rank (default ``min(n, 200)``); with ``"adaptive"``, a cap on the rank.
@@ -116,7 +116,7 @@ def cg_fold_predictions(
         stats["preconditioner_builds"] = stats.get("preconditioner_builds", 0) + 1
         pre_folds = [_FoldNystrom(F[tr]) for tr in trains]
     elif preconditioner == "adaptive":
-        from pipeline.solvers.precond_adaptive import adaptive_rpcholesky
+        from pipeline.solvers.precond import adaptive_rpcholesky
 
         F, _, _ = adaptive_rpcholesky(
             op,

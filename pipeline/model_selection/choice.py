@@ -28,6 +28,7 @@ import numpy as np
 from pipeline.model_selection.guard import check_budget
 from pipeline.options import ALPHA_CONVENTION_ALIASES
 from pipeline.policy.cv_routing import choose_cv_solver, memory_need
+from pipeline.reference.memory import check_dense_memory
 
 __all__ = [
     "CONVENTIONS",
@@ -105,7 +106,6 @@ def choose_solver(
     """The solver of the search ``cv`` on ``n`` rows: the one asked for (checked), else
     ``solver="auto"``'s choice. ``band_available()`` says whether the band LAPACK
     routine exists here."""
-    from pipeline.reference.memory import check_dense_memory
 
     if cv.solver == "band":
         if kind == "loo":

@@ -34,7 +34,9 @@ import numpy as np
 
 from pipeline.float_range import pow2_exponents
 from pipeline.model_selection.blockcg import FoldNystromBlock, block_pcg
+from pipeline.model_selection.direct import UnconvergedSolveError
 from pipeline.policy import constants as C
+from pipeline.solvers.precond import adaptive_rpcholesky, nystrom_factor
 
 __all__ = ["block_cv_predictions", "precond_rank_cap", "rank_cap"]
 
@@ -66,15 +68,11 @@ def _factor(op, preconditioner, rank, min_shift, n_folds, random_state, stats):
         return None, {}
     cap = min(precond_rank_cap(n, n_folds), rank_cap(n))
     if preconditioner == "nystrom":
-        from pipeline.solvers.precond import nystrom_factor
-
         F, _ = nystrom_factor(
             op, min(int(rank or min(n, C.CV_DEFAULT_RANK)), cap, n), random_state=random_state
         )
         info = {"method": "nystrom", "rank": int(F.shape[1])}
     elif preconditioner == "adaptive":
-        from pipeline.solvers.precond_adaptive import adaptive_rpcholesky
-
         F, _, info = adaptive_rpcholesky(
             op,
             float(min_shift),
@@ -274,8 +272,6 @@ def block_cv_predictions(
     if failed:
         stats["cg_not_converged"] = stats.get("cg_not_converged", 0) + len(failed)
         if failures is None:
-            from pipeline.model_selection.direct import UnconvergedSolveError
-
             raise UnconvergedSolveError(
                 f"{len(failed)} CV solve(s) did not reach tol={tol:.1e}: "
                 f"{list(failed.values())[:3]}; a diverged solve is never scored"

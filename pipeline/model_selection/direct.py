@@ -19,7 +19,9 @@ import numpy as np
 import scipy.linalg
 
 from pipeline.errors import SolveNotConverged
+from pipeline.parallel import blas_threads
 from pipeline.policy.constants import ONE_BLAS_THREAD_FROM
+from pipeline.reference.memory import InsufficientMemoryError, check_dense_memory
 
 #: the old name of :class:`pipeline.errors.SolveNotConverged` (a CV solve that did not converge)
 UnconvergedSolveError = SolveNotConverged
@@ -35,8 +37,6 @@ _ONE_THREAD_FROM = ONE_BLAS_THREAD_FROM
 def _dense_fold(Ktt: np.ndarray, Kvt: np.ndarray, y: np.ndarray, shift: float) -> np.ndarray:
     Ktt[np.diag_indices_from(Ktt)] += shift
     if Ktt.shape[0] >= _ONE_THREAD_FROM:
-        from pipeline.parallel import blas_threads
-
         with blas_threads(1):
             c = scipy.linalg.cho_factor(Ktt, lower=True, overwrite_a=True, check_finite=False)
     else:
@@ -81,7 +81,6 @@ def direct_fold_predictions(
     UnconvergedSolveError
         A system fits neither in memory nor out of core.
     """
-    from pipeline.reference.memory import InsufficientMemoryError, check_dense_memory
 
     out: dict[tuple[int, int], np.ndarray] = {}
     too_big: list[tuple[int, int, float]] = []

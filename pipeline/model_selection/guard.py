@@ -17,8 +17,12 @@ from typing import Any
 import numpy as np
 from sklearn.base import BaseEstimator, RegressorMixin
 
+from pipeline.model_selection.cvblock import block_cv_predictions
+from pipeline.model_selection.direct import direct_fold_predictions
+from pipeline.model_selection.strategies import OutOfCoreStore
 from pipeline.policy import constants as C
 from pipeline.policy.cv_routing import predicted_search_seconds, suggest_smaller_grid
+from pipeline.solvers.matvec import MatrixFreeKernelOperator
 from pipeline.tiles.dense import kernel_matrix
 
 __all__ = [
@@ -117,10 +121,6 @@ def verify_best(
     """Held-out predictions of the selected setting on every fold, from float64 block
     PCG to :data:`VERIFY_TOL` (no float32, no loose inner solves); unconverged folds are
     solved directly."""
-    from pipeline.model_selection.cvblock import block_cv_predictions
-    from pipeline.model_selection.direct import direct_fold_predictions
-    from pipeline.model_selection.strategies import OutOfCoreStore
-    from pipeline.solvers.matvec import MatrixFreeKernelOperator
 
     trains, tests = [tr for tr, _ in splits], [te for _, te in splits]
     shifts = np.array([[cv._shift(alpha, len(tr)) for tr in trains]])

@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from pipeline._optional import require
+
 __all__ = ["plot_cv_results", "plot_heatmap", "plot_score_vs_alpha"]
 
 
@@ -27,7 +29,6 @@ def _alpha_key(params: dict) -> str:
 
 
 def _figure():
-    from pipeline._optional import require
 
     matplotlib = require("matplotlib", "the CV plots")
 

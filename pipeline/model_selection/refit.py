@@ -18,6 +18,8 @@ import numpy as np
 from pipeline.estimator import KernelRidge
 from pipeline.fit import execute, log_plan
 from pipeline.model_selection.choice import IN_MEMORY
+from pipeline.model_selection.direct import UnconvergedSolveError
+from pipeline.model_selection.strategies import OutOfCoreStore
 from pipeline.options import normalize_alpha_convention, solver_choices
 from pipeline.policy.plan import Resources, plan_fit
 
@@ -31,7 +33,6 @@ def refit_best(self, X, y, base, stats, settings) -> KernelRidge:
     all of ``X``, ``y``: in memory by :class:`~pipeline.KernelRidge`, out of core on the
     best setting's stored Gram by the one fit plan, counting its work into ``stats``.
     ``settings`` are the kernel settings searched (the stored Grams are named by index)."""
-    from pipeline.model_selection.strategies import OutOfCoreStore
 
     kern = copy.deepcopy(base).set_params(
         **{k: v for k, v in self.best_params_.items() if k != "alpha"}
@@ -72,8 +73,6 @@ def refit_best(self, X, y, base, stats, settings) -> KernelRidge:
     )
     shift = fit.shift
     if fit.cg is not None and not fit.cg.converged:  # never return an unconverged model
-        from pipeline.model_selection.direct import UnconvergedSolveError
-
         raise UnconvergedSolveError(
             f"the refit of {self.best_params_} stopped at relative residual "
             f"{float(np.max(fit.cg.rel_residual)):.2e} > tol={self.tol:g}; raise max_iter, "

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.parallel import blas_threads
 from pipeline.policy.constants import (
     CG_MARGIN,
     GEMM_PROBE_SIZE,
@@ -36,7 +37,6 @@ __all__ = ["DenseKernelOperator", "Route", "cg_iteration_bound", "route_setting"
 
 def _gemm_rate_one_thread(size: int = GEMM_PROBE_SIZE) -> float:
     """Flop rate of one float64 GEMM on one BLAS thread (a 30 ms probe)."""
-    from pipeline.parallel import blas_threads
 
     a = np.random.default_rng(0).standard_normal((size, size))
     with blas_threads(1):

@@ -20,9 +20,11 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.model_selection.checkpoint import SettingCheckpoint
 from pipeline.model_selection.guard import screen_refiner
 from pipeline.model_selection.stats import SearchStats, new_stats
 from pipeline.model_selection.strategies import make_strategy
+from pipeline.parallel import blas_threads
 from pipeline.progress import open_progress
 
 __all__ = ["run_search", "setting_alphas"]
@@ -83,8 +85,6 @@ def run_search(
         screen = screen_refiner(X, y, splits, scorer, int(cv.screen_top))
     ckpt = None
     if cv.checkpoint is not None:
-        from pipeline.model_selection.checkpoint import SettingCheckpoint
-
         ckpt = SettingCheckpoint.for_search(cv, solver, kind, X, y2, splits)
 
     def run_setting(si: int) -> tuple[dict[float, list[np.ndarray]], SearchStats]:
@@ -118,8 +118,6 @@ def run_search(
         )
     elif cv.n_jobs and int(cv.n_jobs) > 1 and strategy.threads:
         from concurrent.futures import ThreadPoolExecutor
-
-        from pipeline.parallel import blas_threads
 
         with blas_threads(1):
             with ThreadPoolExecutor(max_workers=int(cv.n_jobs)) as pool:

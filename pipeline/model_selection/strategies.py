@@ -30,6 +30,7 @@ import numpy as np
 
 from pipeline.model_selection.band import band_search
 from pipeline.model_selection.cgpath import cg_fold_predictions
+from pipeline.model_selection.cvblock import block_cv_predictions
 from pipeline.model_selection.direct import direct_fold_predictions, record_redo
 from pipeline.model_selection.eigen import (
     eigendecompose,
@@ -37,6 +38,7 @@ from pipeline.model_selection.eigen import (
     lgo_predictions,
     loo_predictions,
 )
+from pipeline.model_selection.loo import lgo_residuals, loo_residuals
 from pipeline.model_selection.route import DenseKernelOperator, route_setting
 from pipeline.model_selection.stats import new_stats
 from pipeline.policy.constants import (
@@ -46,6 +48,9 @@ from pipeline.policy.constants import (
     ROUTED_CG_TOL,
 )
 from pipeline.policy.cv_routing import eigen_mode
+from pipeline.reference import solve_dual
+from pipeline.solvers import cholesky_solve, tile_cholesky
+from pipeline.solvers.matvec import MatrixFreeKernelOperator
 from pipeline.tiles.dense import kernel_matrix
 
 __all__ = [
@@ -244,8 +249,6 @@ class InMemoryStrategy(_Strategy):
         stats["seconds"]["kernel"] = stats["seconds"].get("kernel", 0) + time.perf_counter() - t0
         L = len(alphas_s)
         if solver == "dense":
-            from pipeline.reference import solve_dual
-
             out = [[None] * len(splits) for _ in range(L)]
             for f, (tr, te) in enumerate(splits):
                 Ktt = K[np.ix_(tr, tr)]
@@ -309,7 +312,6 @@ class OutOfCoreStore(_Strategy):
 
     def factor(self, gram, shift: float, stats):
         cv = self.cv
-        from pipeline.solvers import tile_cholesky
 
         fac = tile_cholesky(
             gram, shift, store=os.fspath(cv.store), name="cv_chol", overwrite=True, progress=False
@@ -324,8 +326,6 @@ class CholeskyStrategy(_Strategy):
 
     def predictions(self, si, X, y2, kern, splits, kind, alphas_s, stats):
         cv = self.cv
-        from pipeline.model_selection.loo import lgo_residuals, loo_residuals
-        from pipeline.solvers import cholesky_solve
 
         n = X.shape[0]
         gram = OutOfCoreStore(cv).gram(si, X, kern, stats)
@@ -358,8 +358,6 @@ class CGPathStrategy(_Strategy):
 
     def predictions(self, si, X, y2, kern, splits, kind, alphas_s, stats):
         cv = self.cv
-        from pipeline.model_selection.cvblock import block_cv_predictions
-        from pipeline.solvers.matvec import MatrixFreeKernelOperator
 
         n = X.shape[0]
         bs = OutOfCoreStore(cv).block_size(n)
@@ -414,8 +412,6 @@ class CGPathStrategy(_Strategy):
 
     def _out_of_core(self, si, X, y2, kern, splits, todo, stats):
         """Exact K-fold predictions from a tile Cholesky of the stored Gram, per shift."""
-        from pipeline.model_selection.loo import lgo_residuals
-        from pipeline.solvers import cholesky_solve
 
         store = OutOfCoreStore(self.cv)
         gram = store.gram(si, X, kern, stats)

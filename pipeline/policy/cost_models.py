@@ -13,6 +13,7 @@ from typing import Any
 
 from pipeline.options import COST_MODELS
 from pipeline.policy import constants as C
+from pipeline.policy.calibrated import CalibratedCostModel
 
 __all__ = [
     "COST_MODELS",
@@ -81,8 +82,6 @@ def make_cost_model(
     if name == "simple":
         return SimpleCostModel()
     if name is None or name == "calibrated":
-        from pipeline.policy.calibrated import CalibratedCostModel
-
         return CalibratedCostModel(
             block_size=block_size,
             rank=rank,

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.policy import constants as C
+from pipeline.policy.spectrum import subsample_rows
 
 __all__ = ["choose_factor_dtype", "float32_factor_risk"]
 
@@ -36,7 +37,6 @@ def float32_factor_risk(
     X: np.ndarray, kernel: Any, shift: float, *, random_state: int = C.DEFAULT_RANDOM_STATE
 ) -> float:
     """``ε₃₂ · λmax(K) / (λmin(K_m) + shift)`` from a seeded subsample of ``X``'s rows."""
-    from pipeline.policy.spectrum import subsample_rows
 
     n = int(X.shape[0])
     m = int(min(n, C.FACTOR_FLOAT32_SAMPLE_ROWS))

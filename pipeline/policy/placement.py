@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipeline.policy import constants as C
+from pipeline.solvers.cholesky_exec import dask_block_size
 
 __all__ = ["Resources", "default_block_size", "gram_on_demand", "tiles_on_workers"]
 
@@ -93,7 +94,5 @@ def tiles_on_workers(
 def default_block_size(n: int, workers: int) -> int:
     """The tile edge when none is chosen: by worker count on a cluster, else the default."""
     if workers >= 2:
-        from pipeline.solvers.cholesky_exec import dask_block_size
-
         return dask_block_size(n, workers)
     return min(C.DEFAULT_BLOCK_SIZE, max(1, n))

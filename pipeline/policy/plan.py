@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.kernels import Linear
 from pipeline.options import (
     ALPHA_CONVENTION_ALIASES,
     FACTOR_DTYPES,
@@ -60,6 +61,7 @@ from pipeline.policy.cost_models import (
     predicted_cg_seconds,
     predicted_cholesky_seconds,
 )
+from pipeline.policy.factor_precision import choose_factor_dtype
 from pipeline.policy.placement import (
     Resources,
     default_block_size,
@@ -424,8 +426,6 @@ def plan_fit(
     mercer = bool(getattr(kernel, "is_mercer", True))
     reason = f"requested solver={solver!r}"
     if solver == "auto" and resources.in_memory:
-        from pipeline.kernels import Linear
-
         has_primal = isinstance(kernel, Linear)
         choice = in_memory_choice(n, d, has_primal=has_primal, alpha=alphas)
         if choice == "primal":
@@ -517,8 +517,6 @@ def plan_fit(
     if solver == "cholesky":
         plan = replace(base, solver="cholesky", matvec="stored", block_size=block_for(solver))
         if factor_dtype == "auto":
-            from pipeline.policy.factor_precision import choose_factor_dtype
-
             dt, why = choose_factor_dtype(n, shift, X=X, kernel=kernel if mercer else None)
             plan = replace(plan, factor_dtype=dt, factor_dtype_auto=True)
             reason = f"{reason}; {why}"

@@ -29,6 +29,8 @@ from typing import Any
 import numpy as np
 
 from pipeline.policy import constants as C
+from pipeline.solvers.dense_operator import DenseKernelOperator
+from pipeline.solvers.precond import rpcholesky
 
 __all__ = ["estimate_residual", "sample_size", "subsample_rows"]
 
@@ -88,8 +90,6 @@ def estimate_residual(
         ρ for N rows; 0.0 when the rank covers every row; None when the subsample
         is too small to resolve the rank (the caller falls back to its table).
     """
-    from pipeline.solvers.dense_operator import DenseKernelOperator
-    from pipeline.solvers.precond import rpcholesky
 
     n = int(X.shape[0])
     rank = int(rank)

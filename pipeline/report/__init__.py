@@ -14,6 +14,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipeline.report.gather import gather
+from pipeline.report.html import render_html
+from pipeline.storage.errors import ForeignPathError
+from pipeline.storage.location import is_url, join_path
+
 __all__ = ["REPORT_NAME", "write_report"]
 
 #: the report's file name in the run directory when no ``out`` is given
@@ -44,10 +49,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path | s
         matplotlib is missing: ``pip install 'krr-pipeline[plots]'``.
     """
     from pipeline.report.figures import require_matplotlib
-    from pipeline.report.gather import gather
-    from pipeline.report.html import render_html
     from pipeline.storage.atomic import atomic_write
-    from pipeline.storage.location import is_url, join_path
 
     require_matplotlib()  # before reading anything: say what to install first
     data = gather(run_dir)
@@ -67,7 +69,6 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path | s
 def _check_ours(out: Path) -> None:
     """Refuse to replace a file that is not a report this package wrote (a user's page)."""
     from pipeline.report.html import GENERATOR
-    from pipeline.storage.errors import ForeignPathError
 
     if not out.exists():
         return

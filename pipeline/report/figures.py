@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.model_selection.plots import plot_heatmap, plot_score_vs_alpha
+
 __all__ = [
     "PLOTS_HINT",
     "cg_convergence",
@@ -118,14 +120,12 @@ def _cv_png(draw: Any, cv_results: dict[str, Any], **kw: Any) -> bytes:
 
 def cv_curve(cv_results: dict[str, Any]) -> bytes:
     """CV score against λ (:func:`pipeline.model_selection.plots.plot_score_vs_alpha`)."""
-    from pipeline.model_selection.plots import plot_score_vs_alpha
 
     return _cv_png(plot_score_vs_alpha, cv_results)
 
 
 def cv_heatmap(cv_results: dict[str, Any], param: str) -> bytes:
     """(λ, ``param``) heatmap (:func:`pipeline.model_selection.plots.plot_heatmap`)."""
-    from pipeline.model_selection.plots import plot_heatmap
 
     return _cv_png(plot_heatmap, cv_results, param=param)
 

@@ -20,6 +20,12 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.stages.ingest import open_rows
+from pipeline.stages.outputs import SolveOutput
+from pipeline.stages.solve import load_npy_verified
+from pipeline.storage import read_all
+from pipeline.storage.location import is_url, read_bytes
+
 __all__ = ["RunData", "StageInfo", "gather"]
 
 
@@ -104,8 +110,6 @@ def _stages(manifest: Any) -> list[StageInfo]:
 
 
 def _solve(data: RunData, manifest: Any) -> None:
-    from pipeline.stages.outputs import SolveOutput
-    from pipeline.stages.solve import load_npy_verified
 
     sol = _done(manifest, "solve")
     if sol is None:
@@ -165,7 +169,6 @@ def read_cv_results(text: str) -> dict[str, Any]:
 
 
 def _select(data: RunData, manifest: Any) -> None:
-    from pipeline.storage.location import read_bytes
 
     sel = _done(manifest, "select")
     if sel is None:
@@ -209,16 +212,12 @@ def _evaluate(data: RunData, manifest: Any) -> None:
 def _heldout(ev: dict[str, Any], manifest: Any) -> tuple[np.ndarray, np.ndarray]:
     """The held-out targets and predictions: the evaluate stage's checked copies, or
     (a run from before they were saved) the ingest and predict stages' stored arrays."""
-    from pipeline.stages.solve import load_npy_verified
 
     h = ev.get("heldout")
     if h:
         y_true = load_npy_verified(h["y_true"], h.get("y_true_crc32c"))
         y_pred = load_npy_verified(h["y_pred"], h.get("y_pred_crc32c"))
     else:
-        from pipeline.stages.ingest import open_rows
-        from pipeline.storage import read_all
-
         ing, pred = _done(manifest, "ingest"), _done(manifest, "predict")
         if not ing or not pred or "test" not in pred or not ing.get("y_test"):
             raise ValueError("the run recorded no held-out predictions")
@@ -240,7 +239,6 @@ def gather(run_dir: str | Path) -> RunData:
         The manifest exists but cannot be read.
     """
     from pipeline.stages.manifest import MANIFEST_NAME, Manifest
-    from pipeline.storage.location import is_url
 
     if not is_url(run_dir) and not (Path(run_dir) / MANIFEST_NAME).is_file():
         raise FileNotFoundError(

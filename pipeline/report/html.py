@@ -13,6 +13,7 @@ import datetime as _dt
 from html import escape
 from typing import Any
 
+from pipeline._version import __version__
 from pipeline.report import figures as F
 from pipeline.report.gather import RunData
 
@@ -257,7 +258,6 @@ def _metrics(d: RunData) -> str:
 
 def render_html(data: RunData) -> str:
     """The report page of ``data`` (a complete HTML document)."""
-    from pipeline._version import __version__
 
     F.require_matplotlib()
     title = f"krr report: {data.name}" if data.name else "krr report"

@@ -49,7 +49,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -70,11 +69,21 @@ from pipeline.solvers.cholesky_cache import (  # noqa: E402, F401  (re-exported)
     set_tile_cache_budget,
     share_written_tile,
 )
+from pipeline.solvers.cholesky_exec import _niced, io_niceness
 
 # ---------------------------------------------------------------------------
-# errors and options (pipeline.solvers.cholesky_options)
+# the factor that replaces its Gram (keep_gram=False; pipeline.solvers.cholesky_inplace)
+from pipeline.solvers.cholesky_inplace import (
+    InPlaceFactorArray,
+    check_disk_space,
+    factor_in_place,
+)
+
+# ---------------------------------------------------------------------------
+# errors, options and the factor (pipeline.solvers.cholesky_options)
 from pipeline.solvers.cholesky_options import (  # noqa: E402, F401  (re-exported)
     CONVENTIONS,
+    CholeskyFactor,
     JitterPolicy,
     NotPositiveDefiniteError,
     make_jitter_policy,
@@ -95,6 +104,7 @@ from pipeline.storage import (
     fingerprint_obj,
     open_tiled_array,
 )
+from pipeline.storage.rawchunks import release_direct_buffers
 from pipeline.tiles.engine import pending
 from pipeline.tiles.tile_io import TileIO
 
@@ -123,8 +133,6 @@ def _store_tile(
     if io is None:
         write(tile)
     else:  # one writer thread, in completion order: an input's marker precedes its users'
-        from pipeline.solvers.cholesky_exec import _niced, io_niceness
-
         io.write(("L", i, j), tile, _niced(write, io_niceness()))
 
 
@@ -175,6 +183,7 @@ from pipeline.solvers.cholesky_exec import (  # noqa: E402, F401  (re-exported)
     IO_BUDGET_BYTES,
     _critical_path_ranks,
     _deps,
+    _left_looking_order,
     _run_dask,
     _run_threads,
     auto_scheduler,
@@ -184,37 +193,6 @@ from pipeline.solvers.cholesky_exec import (  # noqa: E402, F401  (re-exported)
 
 # ---------------------------------------------------------------------------
 # public API
-
-
-@dataclass(frozen=True)
-class CholeskyFactor:
-    """The stored factor ``L`` of ``K + shift * I`` and how it was made.
-
-    Attributes
-    ----------
-    L : TiledArray
-        Lower tiles of the factor (tiles with ``j > i`` are never written).
-    lam, convention, shift : float, str, float
-        ``shift = lam`` ("sklearn") or ``n * lam`` ("n").
-    jitter : dict
-        ``{"i.j": jitter}`` for diagonal tiles that needed jitter (empty if none).
-    computed : tuple of (int, int)
-        Tiles computed by this call (empty when everything was already stored).
-    seconds : float
-        Wall time of this call.
-    """
-
-    L: TiledArray
-    lam: float
-    convention: str
-    shift: float
-    jitter: dict[str, float] = field(default_factory=dict)
-    computed: tuple[tuple[int, int], ...] = ()
-    seconds: float = 0.0
-
-    @property
-    def n(self) -> int:
-        return int(self.L.shape[0])
 
 
 def factor_fingerprint(
@@ -231,10 +209,6 @@ def factor_fingerprint(
             "dtype": np.dtype(dtype).str,
         }
     )
-
-
-def _left_looking_order(n_blocks: int) -> list[tuple[int, int]]:
-    return [(i, j) for j in range(n_blocks) for i in range(j, n_blocks)]
 
 
 def tile_cholesky(
@@ -368,8 +342,6 @@ def tile_cholesky(
         raise ValueError(f"dtype must be float64 or float32, got {dtype}")
     fp = factor_fingerprint(gram, lam, convention, policy, dtype)
     if not keep_gram:
-        from pipeline.solvers.cholesky_inplace import factor_in_place
-
         return factor_in_place(
             gram,
             lam,
@@ -387,6 +359,7 @@ def tile_cholesky(
             check_disk=check_disk,
             wide=wide,
             t0=t0,
+            run_tasks=run_factor_tasks,
         )
     attrs = {
         "lambda": float(lam),
@@ -408,8 +381,6 @@ def tile_cholesky(
     )
     todo = pending(L.markers, _left_looking_order(grid.n_row_blocks))  # resume
     if check_disk and todo:
-        from pipeline.solvers.cholesky_inplace import check_disk_space
-
         check_disk_space(
             L.store,
             len(todo) * L.block_size**2 * dtype.itemsize,
@@ -439,7 +410,6 @@ def run_factor_tasks(
     reading its Gram tiles from ``source``, with the same fixed BLAS width in both
     executors: (the tiles computed now, the jitter of every diagonal tile, read from the
     markers so that earlier runs' tiles count too)."""
-    from pipeline.storage.rawchunks import release_direct_buffers
 
     width = tile_blas_threads(wide)
     try:
@@ -472,8 +442,6 @@ def load_factor(store: str, name: str = "chol") -> CholeskyFactor:
     arr = zarr.open_array(store=str(store), path=name, mode="r")
     a = dict(arr.attrs)
     if "inplace_factor" in a:  # keep_gram=False: the factor replaced the Gram's tiles
-        from pipeline.solvers.cholesky_inplace import InPlaceFactorArray
-
         a = {**a, **a["inplace_factor"]}
     cls = InPlaceFactorArray if "inplace_factor" in dict(arr.attrs) else TiledArray
     L = cls(

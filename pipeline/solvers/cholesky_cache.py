@@ -24,7 +24,7 @@ from pipeline.policy.constants import TILE_BUFFER_POOL_BYTES
 from pipeline.solvers import blas as gil_free_blas
 from pipeline.storage import TiledArray
 from pipeline.storage import buffers as tile_buffers
-from pipeline.storage.rawchunks import chunk_layout
+from pipeline.storage.rawchunks import chunk_layout, release_direct_buffers
 from pipeline.tiles.tile_io import TileIO
 
 
@@ -139,7 +139,6 @@ def release_worker_tiles(L: TiledArray) -> int:
     (its cached tiles and the spare tile buffers) and the aligned write buffer
     (:data:`~pipeline.policy.constants.RELEASE_WORKER_TILES`). Returns the cached bytes
     left (other factors' tiles)."""
-    from pipeline.storage.rawchunks import release_direct_buffers
 
     release_tile_cache(L)
     release_direct_buffers()
@@ -205,7 +204,6 @@ def share_written_tile(L: TiledArray, i: int, j: int, tile: np.ndarray) -> bool:
     to the next tile read (:mod:`pipeline.storage.buffers`) rather than new memory.
     The caller must not use ``tile`` afterwards. False where the tile cannot be mapped
     (it stays cached as it is)."""
-    from pipeline.policy import constants as C
 
     if not C.SHARE_WRITTEN_TILES:
         return False

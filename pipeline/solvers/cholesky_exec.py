@@ -30,9 +30,12 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.parallel import blas_threads as _blas
 from pipeline.policy import constants as C
 from pipeline.policy.constants import DASK_CRITICAL_PATH_FIRST
+from pipeline.progress import stage_progress
 from pipeline.solvers import blas as gil_free_blas
+from pipeline.solvers.cholesky_cache import release_worker_tiles
 from pipeline.tiles.dag import RankOrder, run_dag, serial_order, upward_ranks
 from pipeline.tiles.tile_io import TileIO
 
@@ -44,6 +47,10 @@ def _deps(i: int, j: int) -> list[tuple[int, int]]:
     if i != j:
         d += [(j, k) for k in range(j)] + [(j, j)]
     return d
+
+
+def _left_looking_order(n_blocks: int) -> list[tuple[int, int]]:
+    return [(i, j) for j in range(n_blocks) for i in range(j, n_blocks)]
 
 
 def submitted_deps(i: int, j: int, todo_set: set) -> list[tuple[int, int]]:
@@ -276,7 +283,6 @@ def release_on_workers(client: Any, L: Any) -> None:
     """Each worker of ``client`` drops factor ``L``'s cached tiles and its kept buffers
     (:func:`~pipeline.solvers.cholesky_cache.release_worker_tiles`); a worker that
     cannot be reached keeps them (logged, never an error: the factor is complete)."""
-    from pipeline.solvers.cholesky_cache import release_worker_tiles
 
     try:
         client.run(release_worker_tiles, L)
@@ -371,7 +377,6 @@ def _run_threads(
     queued); idle threads take the ready task with the longest path to the end. Gram
     reads and factor writes run in the engine's TileIO threads.
     """
-    from pipeline.parallel import blas_threads as _blas
 
     if not todo:
         return []
@@ -381,7 +386,6 @@ def _run_threads(
         blas_threads = int(blas_cores) if (wide and blas_cores) else tile_blas_threads(wide)
     width = max(1, int(blas_threads))
     serial = gil_free_blas.serialized() if width > 1 else contextlib.nullcontext()
-    from pipeline.progress import stage_progress
 
     def run(t: tuple[int, int]) -> dict:
         # a fixed BLAS width per task (not "every core when alone"): the bits of a tile

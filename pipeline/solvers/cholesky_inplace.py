@@ -52,11 +52,15 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.storage import TiledArray
+from pipeline.kernels import make_kernel
+from pipeline.solvers.cholesky_exec import _left_looking_order
+from pipeline.solvers.cholesky_options import CholeskyFactor
+from pipeline.storage import IncompleteArrayError, TiledArray, fingerprint_obj
+from pipeline.storage import buffers as tile_buffers
 from pipeline.storage.arrays import CorruptTileError, tile_checksum
 from pipeline.storage.location import is_url, local_file_path
 from pipeline.storage.markers import TileMarkers
-from pipeline.tiles.engine import pending
+from pipeline.tiles.engine import KernelSource, pending
 
 log = logging.getLogger(__name__)
 
@@ -241,7 +245,6 @@ class InPlaceGramReader:
             # into memory this process already touched (an evicted factor tile's, as a
             # stored tile's read would be), not fresh pages: on a VM those cost about
             # 2 ms of CPU per MB, and the pool would otherwise only grow
-            from pipeline.storage import buffers as tile_buffers
 
             buf = tile_buffers.take(want, np.dtype(self.gram.dtype), first_touch)
             tile = self.recompute_tile(i, j, out=buf)
@@ -324,7 +327,6 @@ def _why_not_stored(missing: int, unwritten: list | None) -> str:
 
 def in_place_fingerprint(factor_fp: str) -> str:
     """The in-place factor's fingerprint: that of the separate factor, marked in place."""
-    from pipeline.storage import fingerprint_obj
 
     return fingerprint_obj({"what": "tile-cholesky-lower-in-place", "factor": factor_fp})
 
@@ -347,14 +349,16 @@ def factor_in_place(
     check_disk: bool = True,
     wide: bool = True,
     t0: float,
-):
-    """``tile_cholesky(..., keep_gram=False)``: the factor replaces the Gram tile by tile."""
+    run_tasks: Callable[..., tuple[tuple, dict[str, float]]],
+) -> CholeskyFactor:
+    """``tile_cholesky(..., keep_gram=False)``: the factor replaces the Gram tile by tile.
+
+    ``run_tasks`` runs the factor's tile tasks: the driver's
+    :func:`~pipeline.solvers.cholesky.run_factor_tasks`, passed in by
+    :func:`~pipeline.solvers.cholesky.tile_cholesky` (which imports this module)."""
     import time
 
     import zarr
-
-    from pipeline.solvers import cholesky as chol
-    from pipeline.storage import IncompleteArrayError
 
     if store is not None and str(store) != str(gram.store):
         raise ValueError(
@@ -394,7 +398,7 @@ def factor_in_place(
                 "replaced them by factor tiles. Rebuild the Gram, or pass recompute_tile= to "
                 "recompute those tiles from X",
             )
-    todo = pending(L.markers, chol._left_looking_order(grid.n_row_blocks))  # resume
+    todo = pending(L.markers, _left_looking_order(grid.n_row_blocks))  # resume
     no_gram = [t for t in todo if t not in done_g]
     unwritten = _unwritten_chunks(gram, no_gram)
     if check_disk and todo:
@@ -429,13 +433,13 @@ def factor_in_place(
         z = gram.zarr("r+")
         z.attrs["inplace_factor"] = attrs
     reader = InPlaceGramReader(gram, recompute_tile, missing_level=logging.DEBUG)
-    computed, jit = chol.run_factor_tasks(
+    computed, jit = run_tasks(
         reader, L, todo, shift, lam, convention, policy, scheduler, n_threads, wide, progress
     )
     if policy is not None:
         z = zarr.open_array(store=gram.store, path=gram.name, mode="r+")
         z.attrs["inplace_factor"] = {**attrs, "jitter": jit}
-    return chol.CholeskyFactor(
+    return CholeskyFactor(
         L=L,
         lam=float(lam),
         convention=convention,
@@ -479,8 +483,6 @@ class GramTileRecomputer:
     def __call__(self, i: int, j: int, out: np.ndarray | None = None) -> np.ndarray:
         """Gram tile ``(i, j)``, written into ``out`` when given (C-contiguous, the
         tile's shape and ``dtype``: a reused buffer; the same bits)."""
-        from pipeline.kernels import make_kernel
-        from pipeline.tiles.engine import KernelSource
 
         k = make_kernel(self.kernel)
         b = int(self.block_size)

@@ -1,15 +1,17 @@
-"""Errors and options of the tile Cholesky: not-PD error, jitter policy, the shift."""
+"""Errors, options and result of the tile Cholesky: not-PD error, jitter policy, the shift,
+the factor (:class:`CholeskyFactor`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from pipeline.kernels.base import NonFiniteKernelError  # noqa: F401 (re-exported)
 from pipeline.options import SOLVER_CONVENTIONS, diagonal_shift
+from pipeline.storage import TiledArray
 
 CONVENTIONS = SOLVER_CONVENTIONS
 
@@ -141,3 +143,34 @@ def regularisation_shift(lam: float, n: int, convention: str = "sklearn") -> flo
             "(kernel ridge needs lambda > 0 unless the kernel is strictly positive definite)"
         )
     return diagonal_shift(lam, n, convention)
+
+
+@dataclass(frozen=True)
+class CholeskyFactor:
+    """The stored factor ``L`` of ``K + shift * I`` and how it was made.
+
+    Attributes
+    ----------
+    L : TiledArray
+        Lower tiles of the factor (tiles with ``j > i`` are never written).
+    lam, convention, shift : float, str, float
+        ``shift = lam`` ("sklearn") or ``n * lam`` ("n").
+    jitter : dict
+        ``{"i.j": jitter}`` for diagonal tiles that needed jitter (empty if none).
+    computed : tuple of (int, int)
+        Tiles computed by this call (empty when everything was already stored).
+    seconds : float
+        Wall time of this call.
+    """
+
+    L: TiledArray
+    lam: float
+    convention: str
+    shift: float
+    jitter: dict[str, float] = field(default_factory=dict)
+    computed: tuple[tuple[int, int], ...] = ()
+    seconds: float = 0.0
+
+    @property
+    def n(self) -> int:
+        return int(self.L.shape[0])

@@ -27,28 +27,20 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import pipeline.config as config
+from pipeline.config import RunConfig, load_config
+from pipeline.stages.ingest import open_rows
 from pipeline.stages.lock import LockHeldError, RunLock
 from pipeline.stages.manifest import Manifest, StageRecord
+from pipeline.stages.outputs import IngestOutput
 from pipeline.stages.runner import RunDirConflict, RunReport, Stage, StageFailed, run_stages
+from pipeline.stages.solve import needs_gram
+from pipeline.stages.source_identity import path_identity, source_identity
+from pipeline.stages.stage import PER_CONFIG_STAGES, STAGE_NAMES, STAGE_WIRING
 from pipeline.stages.status import configurations, latest_model, run_status
 from pipeline.stages.verify import verify_gram, verify_metrics, verify_model, verify_predictions
 
 log = logging.getLogger("pipeline.stages")
-
-#: stage name -> (module, upstream stages)
-STAGE_WIRING: dict[str, tuple[str, tuple[str, ...]]] = {
-    "ingest": ("pipeline.stages.ingest", ()),
-    "select": ("pipeline.stages.select", ("ingest",)),
-    "gram": ("pipeline.stages.gram", ("ingest",)),
-    "solve": ("pipeline.stages.solve", ("ingest", "gram")),
-    "model": ("pipeline.stages.model", ("ingest", "solve")),
-    "predict": ("pipeline.stages.predict", ("ingest", "solve")),
-    "evaluate": ("pipeline.stages.evaluate", ("ingest", "predict")),
-}
-STAGE_NAMES = tuple(STAGE_WIRING)
-#: stages whose results are kept per configuration, in ``results/<key>/`` (see
-#: :mod:`pipeline.stages.results`); the others are shared by every configuration
-PER_CONFIG_STAGES = ("solve", "model", "predict", "evaluate")
 
 
 #: JSON argument -> the config section it is validated into, per stage; the keys a
@@ -83,7 +75,6 @@ def typed_params(stage: str, params: Mapping[str, Any]) -> dict[str, Any]:
     dict
         The keyword arguments of the stage's ``run``.
     """
-    import pipeline.config as config
 
     out = dict(params)
     for arg, kind in _SECTIONS.get(stage, {}).items():
@@ -110,14 +101,11 @@ def _lazy(module: str):
 
 
 def _ingest_output(outputs: Mapping[str, Any]):
-    from pipeline.stages.outputs import IngestOutput
 
     return IngestOutput.from_json(outputs["ingest"])
 
 
 def _gram_enabled(params: Mapping[str, Any], outputs: Mapping[str, Any]) -> bool:
-    from pipeline.stages.ingest import open_rows
-    from pipeline.stages.solve import needs_gram
 
     sp, ing = typed_params("solve", params["solve"]), _ingest_output(outputs)
     return needs_gram(
@@ -161,7 +149,6 @@ def _selected(params: dict[str, Any], outputs: Mapping[str, Any]) -> dict[str, A
 
 def _ingest_source(params: dict[str, Any], outputs: Mapping[str, Any]) -> dict[str, Any]:
     """The ingest arguments plus the content identity of the data it will read."""
-    from pipeline.stages.source_identity import source_identity
 
     ident = source_identity(params["data"], params.get("split"))
     return {**params, "source_identity": ident}
@@ -171,8 +158,6 @@ def _predict_input(params: dict[str, Any], outputs: Mapping[str, Any]) -> dict[s
     """The predict arguments (with the selected λ/kernel) plus the batch input's identity."""
     out = _selected(params, outputs)
     if out.get("input"):
-        from pipeline.stages.source_identity import path_identity
-
         out = {**out, "input_identity": path_identity(str(out["input"]))}
     return out
 
@@ -268,7 +253,6 @@ def run_config(
     ValueError
         ``overrides`` were given with a loaded config.
     """
-    from pipeline.config import RunConfig, load_config
 
     if isinstance(config, RunConfig):
         if overrides:

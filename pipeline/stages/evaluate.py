@@ -20,12 +20,14 @@ import numpy as np
 
 from pipeline.config import EvaluateConfig
 from pipeline.float_range import pow2_exponents
-from pipeline.parallel import in_this_process, local_scheduler
+from pipeline.kernels import make_kernel
+from pipeline.parallel import blas_threads, in_this_process, local_scheduler
 from pipeline.reference.memory import SAFETY_FRACTION, available_memory
 from pipeline.solvers.cholesky import regularisation_shift
 from pipeline.stages.ingest import open_rows
 from pipeline.stages.manifest import write_json_atomic
 from pipeline.stages.outputs import EvaluateOutput, IngestOutput, PredictOutput
+from pipeline.stages.solve import save_npy_atomic
 from pipeline.storage import read_all
 from pipeline.storage.location import join_path
 
@@ -63,8 +65,6 @@ def _sklearn_kernel(spec: dict[str, Any], n_features: int) -> tuple[Any, dict[st
     """scikit-learn's own kernel for a spec when it has one, else a precomputed kernel."""
     name, p = spec["name"], spec.get("params", {})
     if name == "rbf":
-        from pipeline.kernels import make_kernel
-
         return "rbf", {"gamma": make_kernel(spec).effective_gamma(n_features)}
     if name == "laplacian":
         return "laplacian", {"gamma": p.get("gamma") or 1.0 / n_features}
@@ -88,9 +88,6 @@ def sklearn_baseline(
 ) -> tuple[np.ndarray, float, str]:
     """Fit scikit-learn's KernelRidge with ``alpha=shift``; return predictions, fit seconds, kernel."""
     from sklearn.kernel_ridge import KernelRidge
-
-    from pipeline.kernels import make_kernel
-    from pipeline.parallel import blas_threads
 
     kname, kparams = _sklearn_kernel(kernel, X_train.shape[1])
     model = KernelRidge(alpha=shift, kernel=kname, **kparams)
@@ -128,7 +125,6 @@ def _mean_baseline(ing: IngestOutput, y_test: np.ndarray, names: list[str]) -> d
 
 def _save_heldout(stage_dir: Path, y_test: np.ndarray, y_hat: np.ndarray) -> dict[str, Any]:
     """``y_true.npy`` and ``y_pred.npy`` (float64, rows x outputs) and their CRC-32C."""
-    from pipeline.stages.solve import save_npy_atomic
 
     y_true = np.asarray(y_test, dtype=np.float64).reshape(len(y_test), -1)
     y_pred = np.asarray(y_hat, dtype=np.float64).reshape(y_true.shape)

@@ -22,7 +22,7 @@ from pipeline.storage import CorruptTileError, IncompleteArrayError, TileMarkers
 from pipeline.storage.location import is_url
 
 if TYPE_CHECKING:
-    from pipeline.stages.runner import RunReport, Stage
+    from pipeline.stages.stage import RunReport, Stage
 
 log = logging.getLogger("pipeline.stages")
 

@@ -40,7 +40,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pipeline.stages.manifest import (
     LATEST_NAME,
@@ -51,11 +51,9 @@ from pipeline.stages.manifest import (
     relativize_outputs,
     write_json_atomic,
 )
+from pipeline.stages.stage import Stage, stage_fingerprint
 from pipeline.storage import fingerprint_obj
-from pipeline.storage.location import join_path
-
-if TYPE_CHECKING:
-    from pipeline.stages.runner import Stage
+from pipeline.storage.location import Location, is_url, join_path
 
 log = logging.getLogger("pipeline.stages")
 
@@ -73,8 +71,6 @@ def plan_stage(
     fps: Mapping[str, str | None],
 ) -> Planned:
     """Whether ``stage`` runs, its resolved arguments and its fingerprint."""
-    from pipeline.stages.runner import stage_fingerprint
-
     stage_params = dict(params.get(stage.name, {}))
     if stage.enabled is not None and not stage.enabled(params, outputs):
         return False, stage_params, None
@@ -178,8 +174,6 @@ def free_scratch(run_dir: Path | str, cfg: ConfigRecord, stages: Sequence[Stage]
     the runner) are removed; a symbolic link is left alone.
     """
     import shutil
-
-    from pipeline.storage.location import Location, is_url
 
     for stage in stages:
         rec = cfg.stages.get(stage.name)

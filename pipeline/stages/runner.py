@@ -64,7 +64,6 @@ import shutil
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +84,11 @@ from pipeline.stages.results import (
     plan_stage,
     write_latest,
 )
+from pipeline.stages.stage import (  # noqa: F401 (Stage, stage_fingerprint re-exported)
+    RunReport,
+    Stage,
+    stage_fingerprint,
+)
 from pipeline.stages.usage import StageUsage
 from pipeline.storage import (
     CorruptTileError,
@@ -99,64 +103,6 @@ log = logging.getLogger("pipeline.stages")
 #: temporary files are swept there (the directory may hold the user's own files)
 RUN_DIR_FILES = frozenset({MANIFEST_NAME, LATEST_NAME})
 
-StageFunc = Callable[..., dict[str, Any]]
-#: ``enabled(params_by_stage, outputs_so_far) -> bool``
-EnabledFunc = Callable[[Mapping[str, dict[str, Any]], Mapping[str, dict[str, Any]]], bool]
-#: ``resolve(stage_params, outputs_so_far) -> stage_params``
-ResolveFunc = Callable[[dict[str, Any], Mapping[str, dict[str, Any]]], dict[str, Any]]
-
-
-@dataclass(frozen=True)
-class Stage:
-    """One named stage.
-
-    Parameters
-    ----------
-    name : str
-        Stage name; also the name of its directory under the run directory.
-    func : callable
-        ``func(stage_dir, inputs, **params) -> dict``: a pure function of its
-        arguments and of upstream outputs (``inputs[name]`` is the outputs dict
-        of upstream stage ``name``, plus its fingerprint as ``"_fingerprint"``).
-        It returns its own outputs (JSON-able).
-    after : tuple of str
-        Upstream stages whose outputs it reads and whose fingerprints it chains.
-    enabled : callable, optional
-        Whether the stage runs at all for this config (e.g. the Gram is only
-        built when the solver needs it). A disabled stage is recorded as
-        ``skipped`` and its fingerprint is ``None`` for downstream stages.
-    resolve : callable, optional
-        Completes the stage's arguments from earlier stages' outputs before it is
-        fingerprinted and run (e.g. the λ and kernel a model-selection stage
-        chose). The fingerprint hashes the resolved arguments.
-    verify : callable, optional
-        ``verify(stage_dir, outputs)``: a cheap re-read of a complete stage's
-        final outputs (through their checksums) before the stage is skipped.
-        It raises :class:`~pipeline.storage.CorruptTileError` (that tile's
-        record is removed) or any ``ValueError`` for damaged outputs; the stage
-        is then rerun instead of skipped (see :mod:`pipeline.stages.verify`).
-    """
-
-    name: str
-    func: StageFunc
-    after: tuple[str, ...] = ()
-    enabled: EnabledFunc | None = None
-    resolve: ResolveFunc | None = None
-    verify: Callable[[Path, dict[str, Any]], None] | None = None
-    #: results kept per configuration: the stage's directory is
-    #: ``{run_dir}/results/<key>/{name}``, one per distinct configuration (see
-    #: :mod:`pipeline.stages.results`), instead of ``{run_dir}/{name}``, replaced when
-    #: its fingerprint changes. Its ``enabled`` and ``resolve`` may read only the
-    #: outputs of stages that are not ``per_config``.
-    per_config: bool = False
-    #: a ``per_config`` stage whose complete result in another configuration with the
-    #: same fingerprint is copied instead of computed again (results.adopt_result)
-    reusable: bool = False
-    #: entries of a ``per_config`` stage's directory needed only to resume it (e.g. the
-    #: Cholesky factor): removed from a complete configuration when a run moves to another
-    #: one, so kept configurations cost their results' disk, not their factors'
-    scratch: tuple[str, ...] = ()
-
 
 class StageFailed(RuntimeError):
     """A stage raised; the original exception is ``__cause__``."""
@@ -168,35 +114,6 @@ class StageFailed(RuntimeError):
 
 class RunDirConflict(ValueError):
     """The run directory belongs to another data source (see ``force_new``)."""
-
-
-@dataclass
-class RunReport:
-    """What one call of :func:`run_stages` did."""
-
-    manifest: Manifest
-    ran: list[str] = field(default_factory=list)
-    skipped_done: list[str] = field(default_factory=list)
-    disabled: list[str] = field(default_factory=list)
-    invalidated: list[str] = field(default_factory=list)
-    timings: dict[str, float] = field(default_factory=dict)
-    #: one entry per corrupt tile recovered: stage, owner, store, array, tile, checksums
-    recovered: list[dict[str, Any]] = field(default_factory=list)
-    #: key of the configuration whose results this run wrote or found (``per_config`` stages)
-    configuration: str | None = None
-
-    @property
-    def outputs(self) -> dict[str, dict[str, Any]]:
-        return {n: r.outputs for n, r in self.manifest.stages.items() if r.status == "done"}
-
-
-def stage_fingerprint(
-    stage: Stage, params: Mapping[str, Any], upstream: Mapping[str, str | None]
-) -> str:
-    """Hash of a stage's name, its arguments, and its upstream stages' fingerprints."""
-    return fingerprint_obj(
-        {"stage": stage.name, "params": dict(params), "upstream": dict(upstream)}
-    )
 
 
 def _check_latest_file(run_dir: Path | str) -> None:

@@ -32,8 +32,10 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.estimator import KernelRidge
 from pipeline.kernels import make_kernel
 from pipeline.model_selection import save_search_report, search_from_config
+from pipeline.model_selection.guard import FixedPredictions
 from pipeline.model_selection.report import CV_SECTION_KEYS
 from pipeline.model_selection.scoring import target_exponent
 from pipeline.stages.ingest import open_rows
@@ -73,8 +75,6 @@ class OriginalUnits:
     def __init__(self, scoring: Any, mean: Any, scale: Any) -> None:
         from sklearn.metrics import check_scoring
 
-        from pipeline.estimator import KernelRidge
-
         self.scoring = scoring
         self.mean = np.asarray(mean, dtype=np.float64)
         self.scale = np.asarray(scale, dtype=np.float64)
@@ -88,7 +88,6 @@ class OriginalUnits:
         return y * s + m
 
     def __call__(self, estimator: Any, X: Any, y: Any) -> float:
-        from pipeline.model_selection.guard import FixedPredictions
 
         return self._scorer(FixedPredictions(self._back(estimator.predict(X))), X, self._back(y))
 

@@ -15,7 +15,9 @@ import numpy as np
 
 from pipeline.stages.lock import lock_owner
 from pipeline.stages.manifest import Manifest
+from pipeline.stages.stage import STAGE_NAMES
 from pipeline.storage import TileMarkers
+from pipeline.storage.location import Location, is_url
 
 
 def _marker_dirs(stage_dir: Path) -> list[tuple[Path, str]]:
@@ -79,8 +81,6 @@ def _stage_tiles_url(stage_url: str) -> list[dict[str, Any]]:
     """:func:`stage_tiles` for a stage directory on an object store (a URL)."""
     import zarr
 
-    from pipeline.storage.location import Location
-
     loc = Location(stage_url)
     try:
         keys = loc.fs.find(loc.root)
@@ -129,7 +129,6 @@ def run_status(run_dir: str | Path, stage_names: tuple[str, ...] | None = None) 
     FileNotFoundError
         ``run_dir`` does not exist or holds no manifest.
     """
-    from pipeline.storage.location import Location, is_url
 
     remote = is_url(run_dir)
     run_dir = str(run_dir).rstrip("/") if remote else Path(run_dir)
@@ -137,8 +136,6 @@ def run_status(run_dir: str | Path, stage_names: tuple[str, ...] | None = None) 
     if not (Location(run_dir).exists("manifest.json") if remote else manifest.path.exists()):
         raise FileNotFoundError(f"{str(run_dir)!r} is not a run directory (no manifest.json)")
     if stage_names is None:
-        from pipeline.stages import STAGE_NAMES
-
         stage_names = STAGE_NAMES
     names = list(stage_names) + [n for n in manifest.stages if n not in stage_names]
     owner = lock_owner(run_dir)
@@ -285,7 +282,6 @@ def latest_model(run_dir: str | Path) -> str:
     ValueError
         The latest configuration has no complete model stage.
     """
-    from pipeline.storage.location import Location, is_url
 
     remote = is_url(run_dir)
     run_dir = str(run_dir).rstrip("/") if remote else Path(run_dir)

@@ -20,15 +20,20 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.artifact import ArtifactError, load_artifact
 from pipeline.errors import DamagedOutput
+from pipeline.gram import open_gram
+from pipeline.predict.output import file_crc32c
+from pipeline.stages.evaluate import metrics_file_view
+from pipeline.stages.manifest import _json_default
 from pipeline.storage import read_all
+from pipeline.storage.location import join_path, read_bytes
 
 
 def verify_gram(stage_dir: Path, outputs: dict[str, Any]) -> None:
     """The Gram's array metadata still says what the stage recorded (shape, tile,
     dtype, fingerprint): a damaged ``zarr.json`` failed every later stage, and every
     rerun, with the same error (the tiles themselves are checked when read)."""
-    from pipeline.gram import open_gram
 
     if not outputs.get("store"):
         return
@@ -48,7 +53,6 @@ def verify_gram(stage_dir: Path, outputs: dict[str, Any]) -> None:
 
 def verify_model(stage_dir: Path, outputs: dict[str, Any]) -> None:
     """The model artifact loads with every array matching its checksum."""
-    from pipeline.artifact import ArtifactError, load_artifact
 
     path = outputs.get("path")
     if not path:
@@ -66,8 +70,6 @@ def verify_predictions(stage_dir: Path, outputs: dict[str, Any]) -> None:
         if not isinstance(entry, dict):
             continue
         if entry.get("path") and entry.get("crc32c") is not None:
-            from pipeline.predict.output import file_crc32c
-
             try:
                 found = file_crc32c(entry["path"])
             except OSError as e:
@@ -101,9 +103,6 @@ def verify_metrics(stage_dir: Path, outputs: dict[str, Any]) -> None:
     """``metrics.json`` holds what the evaluate stage recorded in the manifest."""
     import json
 
-    from pipeline.stages.manifest import _json_default
-    from pipeline.storage.location import join_path, read_bytes
-
     if not outputs.get("metrics"):
         return  # nothing was evaluated (no test rows): no file was written
     path = join_path(stage_dir, "metrics.json")
@@ -111,7 +110,6 @@ def verify_metrics(stage_dir: Path, outputs: dict[str, Any]) -> None:
         found = json.loads(read_bytes(path))
     except (FileNotFoundError, ValueError) as e:
         raise DamagedOutput(f"metrics {str(path)!r} cannot be read: {e}") from e
-    from pipeline.stages.evaluate import metrics_file_view
 
     want = json.loads(json.dumps(metrics_file_view(outputs), default=_json_default))
     if found != want:

@@ -36,6 +36,7 @@ from pipeline.errors import (  # noqa: F401  (re-exported: their old home)
     StoreMismatchError,
 )
 from pipeline.storage.errors import ForeignPathError, TileRewriteError
+from pipeline.storage.location import local_file_path
 from pipeline.storage.markers import TileMarkers
 from pipeline.storage.rawchunks import (
     chunk_layout,
@@ -265,9 +266,28 @@ class TiledArray:
         must have one chunk column (row blocks, e.g. ingest's ``X_train``).
         ``row_keys``: blocks are marked ``(i,)`` instead of ``(i, 0)``.
         """
-        from pipeline.storage.blocks import as_dask
+        import dask.array as da
+        from dask.base import tokenize
 
-        return as_dask(self, row_keys=row_keys)
+        z = self.zarr("r")
+        if len(self.shape) == 2 and int(z.chunks[1]) < self.shape[1]:
+            raise ValueError(
+                f"array {self.name!r} in {self.store!r} has {self.shape[1]} columns in chunks of "
+                f"{z.chunks[1]}; a verified row-block read needs one chunk column (row blocks)"
+            )
+        grid = self.grid
+        if self.shape[0] == 0:  # nothing stored, nothing to verify
+            return da.zeros(self.shape, dtype=np.dtype(self.dtype))
+        n_blocks = grid.n_row_blocks
+        rows = tuple(grid.row_slice(i).stop - grid.row_slice(i).start for i in range(n_blocks))
+        name = "krr-verified-read-" + tokenize(self, row_keys)
+        ndim = len(self.shape)
+        dsk: dict[Any, Any] = {}
+        for i in range(n_blocks):
+            key = (i,) if row_keys else (i, 0)
+            dsk[(name, i) if ndim == 1 else (name, i, 0)] = (_read_row_block, self, i, key, ndim)
+        chunks = (rows,) if ndim == 1 else (rows, (self.shape[1],))
+        return da.Array(dsk, name, chunks, dtype=np.dtype(self.dtype))
 
     def write_tile(
         self, i: int, j: int, tile: np.ndarray, *, direct: bool = False, **marker_info: Any
@@ -310,6 +330,11 @@ class TiledArray:
         self.markers.mark((i, j), **marker_info, crc32c=crc)
 
 
+def _read_row_block(arr: TiledArray, i: int, key: tuple[int, ...], ndim: int) -> np.ndarray:
+    block = arr.read_block(i, 0, key=key)
+    return block.reshape(block.shape[0], *([] if ndim == 1 else [-1]))
+
+
 def normalize_store(store: Any) -> str:
     """A store location as a string; local URLs (``file://``, ``local://``) become plain paths.
 
@@ -317,7 +342,6 @@ def normalize_store(store: Any) -> str:
     writes; its fsspec store does not create them on a local filesystem. Other
     URLs (s3://, gs://, memory://, ...) are passed through to fsspec.
     """
-    from pipeline.storage.location import local_file_path
 
     return local_file_path(str(store))  # file://, FILE://, local://, file:/
 

@@ -15,6 +15,17 @@ def is_local(fs: Any) -> bool:
     return "file" in protocol or "local" in protocol
 
 
+def local_file_path(path: str) -> str:
+    """A ``file://`` (or ``local://``) URL as the local path it names; anything else as is.
+    (``Path("file:///data/run")`` is the relative path ``file:/data/run``.)"""
+    for prefix in ("file://", "local://"):
+        if path[: len(prefix)].lower() == prefix:
+            return path[len(prefix) :]
+    if path[:6].lower() == "file:/":  # "file:/abs": fsspec reads it as /abs, so must we
+        return path[5:]
+    return path
+
+
 def atomic_write(path: str, data: bytes, *, fs: Any = None, fsync: bool = False) -> None:
     """Write ``data`` to ``path`` atomically.
 
@@ -30,8 +41,6 @@ def atomic_write(path: str, data: bytes, *, fs: Any = None, fsync: bool = False)
         if "://" in path and not path.startswith("file://"):
             fs, path = fsspec.core.url_to_fs(path)  # e.g. s3://...: one PUT below
         else:
-            from pipeline.storage.location import local_file_path  # (it imports this module)
-
             fs = fsspec.filesystem("file")
             path = local_file_path(path)
     parent = path.rsplit("/", 1)[0]

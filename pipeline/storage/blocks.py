@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import zarr
 
-from pipeline.storage.arrays import TiledArray, normalize_store
+from pipeline.storage.arrays import TiledArray, _read_row_block, normalize_store
 
 __all__ = ["as_dask", "open_stored", "read_all", "read_blocks"]
 
@@ -54,35 +54,9 @@ def open_stored(store: str, name: str) -> TiledArray:
     )
 
 
-def _read(arr: TiledArray, i: int, key: tuple[int, ...], ndim: int) -> np.ndarray:
-    block = arr.read_block(i, 0, key=key)
-    return block.reshape(block.shape[0], *([] if ndim == 1 else [-1]))
-
-
 def as_dask(arr: TiledArray, *, row_keys: bool = False) -> Any:
     """See :meth:`TiledArray.to_dask`."""
-    import dask.array as da
-    from dask.base import tokenize
-
-    z = arr.zarr("r")
-    if len(arr.shape) == 2 and int(z.chunks[1]) < arr.shape[1]:
-        raise ValueError(
-            f"array {arr.name!r} in {arr.store!r} has {arr.shape[1]} columns in chunks of "
-            f"{z.chunks[1]}; a verified row-block read needs one chunk column (row blocks)"
-        )
-    grid = arr.grid
-    if arr.shape[0] == 0:  # nothing stored, nothing to verify
-        return da.zeros(arr.shape, dtype=np.dtype(arr.dtype))
-    n_blocks = grid.n_row_blocks
-    rows = tuple(grid.row_slice(i).stop - grid.row_slice(i).start for i in range(n_blocks))
-    name = "krr-verified-read-" + tokenize(arr, row_keys)
-    ndim = len(arr.shape)
-    dsk: dict[Any, Any] = {}
-    for i in range(n_blocks):
-        key = (i,) if row_keys else (i, 0)
-        dsk[(name, i) if ndim == 1 else (name, i, 0)] = (_read, arr, i, key, ndim)
-    chunks = (rows,) if ndim == 1 else (rows, (arr.shape[1],))
-    return da.Array(dsk, name, chunks, dtype=np.dtype(arr.dtype))
+    return arr.to_dask(row_keys=row_keys)
 
 
 def read_blocks(store: str, name: str, *, row_keys: bool = False) -> Any:
@@ -99,7 +73,10 @@ def read_all(store: str, name: str, *, row_keys: bool = False) -> np.ndarray:
     """The whole stored row-blocked array in memory, every block verified (no Dask)."""
     arr = open_stored(store, name)
     n_blocks = arr.grid.n_row_blocks if arr.shape[0] else 0
-    blocks = [_read(arr, i, (i,) if row_keys else (i, 0), len(arr.shape)) for i in range(n_blocks)]
+    blocks = [
+        _read_row_block(arr, i, (i,) if row_keys else (i, 0), len(arr.shape))
+        for i in range(n_blocks)
+    ]
     if not blocks:
         return np.zeros(arr.shape, dtype=arr.dtype)
     return np.concatenate(blocks, axis=0)

@@ -26,7 +26,11 @@ import fsspec
 import fsspec.config
 
 from pipeline.errors import StoreUnreachable  # noqa: F401  (its old home)
-from pipeline.storage.atomic import atomic_write, is_local
+from pipeline.storage.atomic import (  # noqa: F401 (local_file_path re-exported)
+    atomic_write,
+    is_local,
+    local_file_path,
+)
 
 #: packages that provide the filesystems of common URL schemes
 _PACKAGES = {
@@ -49,17 +53,6 @@ def url_scheme(path: str | Path) -> str | None:
         return None
     scheme = s.split("://", 1)[0].lower()
     return None if scheme in ("file", "local") else scheme
-
-
-def local_file_path(path: str) -> str:
-    """A ``file://`` (or ``local://``) URL as the local path it names; anything else as is.
-    (``Path("file:///data/run")`` is the relative path ``file:/data/run``.)"""
-    for prefix in ("file://", "local://"):
-        if path[: len(prefix)].lower() == prefix:
-            return path[len(prefix) :]
-    if path[:6].lower() == "file:/":  # "file:/abs": fsspec reads it as /abs, so must we
-        return path[5:]
-    return path
 
 
 def is_url(path: str | Path) -> bool:

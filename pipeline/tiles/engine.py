@@ -49,6 +49,7 @@ import numpy as np
 from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
 
+from pipeline.parallel import blas_threads
 from pipeline.tiles.fused import available_cores
 from pipeline.tiles.sources import CallableSource, KernelSource, StoredSource
 from pipeline.tiles.where import lower_entries, n_rows, runs_here, tile_entries, weigh
@@ -289,8 +290,6 @@ def execute(
     graph = HighLevelGraph.from_collections(key, dsk, dependencies=list(deps))
     d = Delayed(key, graph)
     if local:
-        from pipeline.parallel import blas_threads
-
         cores = available_cores()
         with blas_threads(max(1, cores // max(1, min(n_tasks, cores)))):
             (res,) = dask.compute(d, scheduler=_local_scheduler(), optimize_graph=False)

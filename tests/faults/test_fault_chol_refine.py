@@ -1,4 +1,4 @@
-"""Refinement of a float32 factor with the fastest product (pipeline.solvers.refine, #15)."""
+"""Refinement of a float32 factor with the fastest product (pipeline.solvers.triangular, #15)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pipeline.gram import build_gram
 from pipeline.kernels import RBF
 from pipeline.solvers import tile_cholesky
 from pipeline.solvers.matvec import MatrixFreeKernelOperator, StoredKernelOperator
-from pipeline.solvers.refine import refinement_operator, solve_refined
+from pipeline.solvers.triangular import refinement_operator, solve_refined
 
 N, B, LAM = 500, 128, 1e-3
 

@@ -264,8 +264,7 @@ def test_whole_bucket_is_not_a_run_directory():
 
 def test_lease_lock_excludes_and_takes_over_dead_or_expired(s3):
     from pipeline.stages import LockHeldError, RunLock
-    from pipeline.stages.lease import LeaseLock
-    from pipeline.stages.lock import lock_owner, unlock
+    from pipeline.stages.lock import LeaseLock, lock_owner, unlock
 
     url = f"s3://{BUCKET}/leased"
     a = RunLock(url)
@@ -405,7 +404,7 @@ def test_runner_ownership_rules_hold_on_an_object_store(s3):
 def test_a_stalled_renewal_never_takes_back_a_lease_another_run_took_over(s3):
     # the renewal re-read the lease, then wrote it with a plain PUT: a run stalled between
     # the two took back the lease a newer run held, and the newer run was flagged lost
-    from pipeline.stages.lease import LeaseLock
+    from pipeline.stages.lock import LeaseLock
     from pipeline.storage.location import Location
 
     url = f"s3://{BUCKET}/stalled"

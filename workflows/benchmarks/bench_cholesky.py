@@ -295,7 +295,7 @@ def run_mode(mode: str, store: str, out: str) -> dict:
         stats: dict = {}
         if single:  # refined to float64 with the fastest product (matrix-free from X)
             from pipeline.kernels.basic import RBF
-            from pipeline.solvers.refine import solve_refined
+            from pipeline.solvers.triangular import solve_refined
 
             X = bench_x(n)
             alpha = solve_refined(f, y, X=X, kernel=RBF(gamma=1.0 / X.shape[1]), stats=stats)

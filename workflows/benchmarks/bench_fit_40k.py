@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         t2 = time.perf_counter()
         refine: dict = {}
         if a.refine == "matrix_free" or a.keep_gram == "false":
-            from pipeline.solvers.refine import solve_refined
+            from pipeline.solvers.triangular import solve_refined
 
             alpha = solve_refined(factor, y, X=X, kernel=kernel, stats=refine)
             refine.pop("refine_operator", None)

@@ -46,7 +46,7 @@ from pipeline.policy.cholesky_cost import predict_cholesky
 from pipeline.policy.constants import GRAM_ON_DEMAND_KERNEL_DTYPE
 from pipeline.solvers import release_tile_cache, tile_cholesky
 from pipeline.solvers.cholesky_inplace import GramTileRecomputer
-from pipeline.solvers.refine import solve_refined
+from pipeline.solvers.triangular import solve_refined
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gemm_baseline import gemm_peak_gflops, peak_line  # noqa: E402

@@ -53,8 +53,7 @@ from pipeline.policy import cg_cost
 from pipeline.solvers.cg import CGConvergenceWarning, conjugate_gradient
 from pipeline.solvers.cg_mixed import float32_twin, mixed_precision_cg
 from pipeline.solvers.matvec import MatrixFreeKernelOperator
-from pipeline.solvers.precond import make_preconditioner
-from pipeline.solvers.precond_adaptive import adaptive_nystrom_preconditioner
+from pipeline.solvers.precond import adaptive_nystrom_preconditioner, make_preconditioner
 
 GB = 1e9
 CUT = ["Fair", "Good", "Very Good", "Premium", "Ideal"]

@@ -59,7 +59,7 @@ def _callback_cost(X: np.ndarray, block: int, mode: str, repeats: int = 5) -> fl
     """Seconds the display's callback spends on one build's graph (start + every task)."""
     from pipeline.gram.build import tile_graph
     from pipeline.io import as_row_blocks
-    from pipeline.progress import dask_progress
+    from pipeline.progress_dask import dask_progress
     from pipeline.storage import open_tiled_array
 
     root = tempfile.mkdtemp(prefix="bench-progress-")

@@ -1,0 +1,122 @@
+"""What a stage is, and the pipeline's stages by name.
+
+:class:`Stage` (a named function with its upstream stages), its fingerprint
+(:func:`stage_fingerprint`), :class:`RunReport` (what one run of the stages did), and
+:data:`STAGE_WIRING` (each stage of ``krr run``: its module and upstream stages, in order).
+The runner (:mod:`pipeline.stages.runner`), its per-configuration results
+(:mod:`pipeline.stages.results`), its recovery (:mod:`pipeline.stages.recovery`) and a run
+directory's status (:mod:`pipeline.stages.status`) all read them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.stages.manifest import Manifest
+from pipeline.storage import fingerprint_obj
+
+#: stage name -> (module, upstream stages)
+STAGE_WIRING: dict[str, tuple[str, tuple[str, ...]]] = {
+    "ingest": ("pipeline.stages.ingest", ()),
+    "select": ("pipeline.stages.select", ("ingest",)),
+    "gram": ("pipeline.stages.gram", ("ingest",)),
+    "solve": ("pipeline.stages.solve", ("ingest", "gram")),
+    "model": ("pipeline.stages.model", ("ingest", "solve")),
+    "predict": ("pipeline.stages.predict", ("ingest", "solve")),
+    "evaluate": ("pipeline.stages.evaluate", ("ingest", "predict")),
+}
+STAGE_NAMES = tuple(STAGE_WIRING)
+#: stages whose results are kept per configuration, in ``results/<key>/`` (see
+#: :mod:`pipeline.stages.results`); the others are shared by every configuration
+PER_CONFIG_STAGES = ("solve", "model", "predict", "evaluate")
+
+
+StageFunc = Callable[..., dict[str, Any]]
+#: ``enabled(params_by_stage, outputs_so_far) -> bool``
+EnabledFunc = Callable[[Mapping[str, dict[str, Any]], Mapping[str, dict[str, Any]]], bool]
+#: ``resolve(stage_params, outputs_so_far) -> stage_params``
+ResolveFunc = Callable[[dict[str, Any], Mapping[str, dict[str, Any]]], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One named stage.
+
+    Parameters
+    ----------
+    name : str
+        Stage name; also the name of its directory under the run directory.
+    func : callable
+        ``func(stage_dir, inputs, **params) -> dict``: a pure function of its
+        arguments and of upstream outputs (``inputs[name]`` is the outputs dict
+        of upstream stage ``name``, plus its fingerprint as ``"_fingerprint"``).
+        It returns its own outputs (JSON-able).
+    after : tuple of str
+        Upstream stages whose outputs it reads and whose fingerprints it chains.
+    enabled : callable, optional
+        Whether the stage runs at all for this config (e.g. the Gram is only
+        built when the solver needs it). A disabled stage is recorded as
+        ``skipped`` and its fingerprint is ``None`` for downstream stages.
+    resolve : callable, optional
+        Completes the stage's arguments from earlier stages' outputs before it is
+        fingerprinted and run (e.g. the λ and kernel a model-selection stage
+        chose). The fingerprint hashes the resolved arguments.
+    verify : callable, optional
+        ``verify(stage_dir, outputs)``: a cheap re-read of a complete stage's
+        final outputs (through their checksums) before the stage is skipped.
+        It raises :class:`~pipeline.storage.CorruptTileError` (that tile's
+        record is removed) or any ``ValueError`` for damaged outputs; the stage
+        is then rerun instead of skipped (see :mod:`pipeline.stages.verify`).
+    """
+
+    name: str
+    func: StageFunc
+    after: tuple[str, ...] = ()
+    enabled: EnabledFunc | None = None
+    resolve: ResolveFunc | None = None
+    verify: Callable[[Path, dict[str, Any]], None] | None = None
+    #: results kept per configuration: the stage's directory is
+    #: ``{run_dir}/results/<key>/{name}``, one per distinct configuration (see
+    #: :mod:`pipeline.stages.results`), instead of ``{run_dir}/{name}``, replaced when
+    #: its fingerprint changes. Its ``enabled`` and ``resolve`` may read only the
+    #: outputs of stages that are not ``per_config``.
+    per_config: bool = False
+    #: a ``per_config`` stage whose complete result in another configuration with the
+    #: same fingerprint is copied instead of computed again (results.adopt_result)
+    reusable: bool = False
+    #: entries of a ``per_config`` stage's directory needed only to resume it (e.g. the
+    #: Cholesky factor): removed from a complete configuration when a run moves to another
+    #: one, so kept configurations cost their results' disk, not their factors'
+    scratch: tuple[str, ...] = ()
+
+
+@dataclass
+class RunReport:
+    """What one call of :func:`run_stages` did."""
+
+    manifest: Manifest
+    ran: list[str] = field(default_factory=list)
+    skipped_done: list[str] = field(default_factory=list)
+    disabled: list[str] = field(default_factory=list)
+    invalidated: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    #: one entry per corrupt tile recovered: stage, owner, store, array, tile, checksums
+    recovered: list[dict[str, Any]] = field(default_factory=list)
+    #: key of the configuration whose results this run wrote or found (``per_config`` stages)
+    configuration: str | None = None
+
+    @property
+    def outputs(self) -> dict[str, dict[str, Any]]:
+        return {n: r.outputs for n, r in self.manifest.stages.items() if r.status == "done"}
+
+
+def stage_fingerprint(
+    stage: Stage, params: Mapping[str, Any], upstream: Mapping[str, str | None]
+) -> str:
+    """Hash of a stage's name, its arguments, and its upstream stages' fingerprints."""
+    return fingerprint_obj(
+        {"stage": stage.name, "params": dict(params), "upstream": dict(upstream)}
+    )
