@@ -29,13 +29,15 @@ from typing import Any
 
 import pipeline.config as config
 from pipeline.config import RunConfig, load_config
+
+# the module, not its function: `pipeline.stages.source_identity` stays the submodule
+from pipeline.stages import source_identity as _identity
 from pipeline.stages.ingest import open_rows
 from pipeline.stages.lock import LockHeldError, RunLock
 from pipeline.stages.manifest import Manifest, StageRecord
 from pipeline.stages.outputs import IngestOutput
 from pipeline.stages.runner import RunDirConflict, RunReport, Stage, StageFailed, run_stages
 from pipeline.stages.solve import needs_gram
-from pipeline.stages.source_identity import path_identity, source_identity
 from pipeline.stages.stage import PER_CONFIG_STAGES, STAGE_NAMES, STAGE_WIRING
 from pipeline.stages.status import configurations, latest_model, run_status
 from pipeline.stages.verify import verify_gram, verify_metrics, verify_model, verify_predictions
@@ -150,7 +152,7 @@ def _selected(params: dict[str, Any], outputs: Mapping[str, Any]) -> dict[str, A
 def _ingest_source(params: dict[str, Any], outputs: Mapping[str, Any]) -> dict[str, Any]:
     """The ingest arguments plus the content identity of the data it will read."""
 
-    ident = source_identity(params["data"], params.get("split"))
+    ident = _identity.source_identity(params["data"], params.get("split"))
     return {**params, "source_identity": ident}
 
 
@@ -158,7 +160,7 @@ def _predict_input(params: dict[str, Any], outputs: Mapping[str, Any]) -> dict[s
     """The predict arguments (with the selected λ/kernel) plus the batch input's identity."""
     out = _selected(params, outputs)
     if out.get("input"):
-        out = {**out, "input_identity": path_identity(str(out["input"]))}
+        out = {**out, "input_identity": _identity.path_identity(str(out["input"]))}
     return out
 
 
