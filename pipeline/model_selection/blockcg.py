@@ -10,7 +10,9 @@ the product of *every* (fold, λ, target) column with the full K is one pass of
 the fused engine (``kmul``), and the kernel entries evaluated in that pass are
 shared by all of them. Each column runs its own preconditioned CG (own step
 sizes; converged columns leave the product), so several λ are solved together
-instead of one after the other.
+instead of one after the other. The iteration is the package's one CG loop,
+:func:`pipeline.solvers.cg.conjugate_gradient`, given a column-aware operator and
+preconditioner.
 
 The preconditioner (:class:`FoldNystromBlock`) is one Nyström factor ``F``
 (``K ≈ F Fᵀ``) of the kernel setting, restricted to each fold's training rows

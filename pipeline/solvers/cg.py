@@ -4,7 +4,18 @@ The solver sees only a ``matvec`` closure (``V -> A V`` for ``V`` of shape
 ``(n, k)``), a preconditioner with ``apply(R) -> M⁻¹ R``, a warm start and a
 per-iteration callback. Several right-hand sides are solved together by
 per-column CG sharing one product per iteration: the columns keep their own
-step sizes, and converged columns leave the product.
+step sizes (and, if asked, their own tolerance), and converged columns leave the
+product.
+
+This is the package's one CG loop. The other iterative solvers are callers:
+mixed precision (:mod:`pipeline.solvers.cg_mixed`) is an outer refinement loop
+whose inner solves are this loop on the float32 operator; checkpointed solves
+(:mod:`pipeline.solvers.cg_checkpoint`) are this loop with a saving callback; the
+CV searches run it on their fold systems, stacked
+(:mod:`pipeline.model_selection.cgpath`) or as columns each with its own fold and
+shift (``column_operator=True``, :mod:`pipeline.model_selection.blockcg`), where a
+failing column is frozen with its reason (``column_failures="freeze"``) and the
+others go on.
 
 Convergence is on the relative residual ``‖b - A x‖ / ‖b‖ <= tol``. The
 residual the recurrence updates drifts from the true one, so the true residual
@@ -192,7 +203,9 @@ def _check_args(b: np.ndarray, tol: Any, max_iter: int | None) -> int:
     if b.ndim not in (1, 2) or b.shape[0] < 1:
         raise ValueError(f"b must have shape (n,) or (n, m) with n >= 1, got {b.shape}")
     if tol_a.ndim == 1 and tol_a.shape != b.shape[1:2]:
-        raise ValueError(f"tol must be a number or one per column of b {b.shape}, got {tol_a.shape}")
+        raise ValueError(
+            f"tol must be a number or one per column of b {b.shape}, got {tol_a.shape}"
+        )
     if not np.all(np.isfinite(b)):
         raise ValueError("the right-hand side y contains NaN or infinite values; clean it first")
     return int(max_iter) if max_iter is not None else max(10 * b.shape[0], 1)
