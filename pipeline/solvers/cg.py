@@ -170,7 +170,7 @@ class CGResult:
         Final relative residual of each column (true residual where checked).
     history : ndarray, shape (n_iter + 1, m)
         Relative residual per iteration and column.
-    tol, max_iter : float, int
+    tol, max_iter : float (or ndarray (m,): one per column, as given), int
     wall_time : float
         Seconds spent in this call (not counting the time before a resume).
     """
