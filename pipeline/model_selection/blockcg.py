@@ -10,7 +10,9 @@ the product of *every* (fold, λ, target) column with the full K is one pass of
 the fused engine (``kmul``), and the kernel entries evaluated in that pass are
 shared by all of them. Each column runs its own preconditioned CG (own step
 sizes; converged columns leave the product), so several λ are solved together
-instead of one after the other.
+instead of one after the other. The iteration is the package's one CG loop,
+:func:`pipeline.solvers.cg.conjugate_gradient`, given a column-aware operator and
+preconditioner.
 
 The preconditioner (:class:`FoldNystromBlock`) is one Nyström factor ``F``
 (``K ≈ F Fᵀ``) of the kernel setting, restricted to each fold's training rows
@@ -33,8 +35,8 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.linalg
 
-from pipeline.float_range import pow2_exponents
 from pipeline.policy.constants import FACTOR_ROW_STEP, STAGNATION_WINDOW
+from pipeline.solvers.cg import conjugate_gradient
 
 __all__ = ["BlockCGResult", "FoldNystromBlock", "block_pcg"]
 
@@ -145,10 +147,6 @@ class BlockCGResult:
         return np.array([r is None for r in self.reason])
 
 
-def _dots(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.einsum("ij,ij->j", a, b)
-
-
 def block_pcg(
     kmul: Callable[[np.ndarray], np.ndarray],
     B: np.ndarray,
@@ -162,6 +160,11 @@ def block_pcg(
     stagnation_window: int = STAGNATION_WINDOW,
 ) -> BlockCGResult:
     """Per-column PCG from zero on the padded fold systems (see the module docstring).
+
+    One call of :func:`pipeline.solvers.cg.conjugate_gradient` (the package's one CG
+    loop) with a column-aware operator ``V -> M_c K V + s_c V`` and preconditioner,
+    no true-residual checks (the caller's refinement computes the float64 residual)
+    and failing columns frozen with their reason instead of raising.
 
     Parameters
     ----------
@@ -182,71 +185,32 @@ def block_pcg(
     n, c = B.shape
     tol = np.broadcast_to(np.asarray(tol, dtype=np.float64), (c,))
     Mc = masks[folds].T.astype(np.float64)  # (n, c)
-    k = pow2_exponents(np.max(np.abs(B), axis=0, initial=0.0))  # 0 for an ordinary column
-    scaled = bool(np.any(k))
-    X = np.zeros((n, c))
-    R = np.ldexp(B, k) if scaled else B.copy()
-    bn = np.linalg.norm(R, axis=0)
-    safe = np.where(bn > 0, bn, 1.0)
-    rel = np.where(bn > 0, 1.0, 0.0)
-    reason: list = [None] * c
-    active = rel > tol
-    P = np.zeros((n, c))
-    rz = np.zeros(c)
-    act = np.flatnonzero(active)
-    if act.size:
-        Z = precond.apply(R[:, act], folds[act], shifts[act], Mc[:, act])
-        P[:, act] = Z
-        rz[act] = _dots(R[:, act], Z)
-    best = rel.copy()
-    best_at = np.zeros(c, dtype=np.int64)
-    it = products = 0
 
-    def stop(cols: np.ndarray, why: str) -> None:
-        for col in cols:
-            reason[int(col)] = why
-        active[cols] = False
+    def matvec(V: np.ndarray, cols: np.ndarray) -> np.ndarray:
+        AV = np.asarray(kmul(V), dtype=np.float64)
+        AV *= Mc[:, cols]
+        AV += V * shifts[cols]
+        return AV
 
-    while active.any() and it < max_iter:
-        act = np.flatnonzero(active)
-        Pa = P[:, act]
-        AP = np.asarray(kmul(Pa), dtype=np.float64)
-        products += 1
-        AP *= Mc[:, act]
-        AP += Pa * shifts[act]
-        pAp = _dots(Pa, AP)
-        bad = ~np.isfinite(pAp) | ~(pAp > 0)
-        if bad.any():
-            stop(act[bad & ~np.isfinite(pAp)], "nonfinite")
-            stop(act[bad & np.isfinite(pAp)], "breakdown")
-            keep = ~bad
-            act, Pa, AP, pAp = act[keep], Pa[:, keep], AP[:, keep], pAp[keep]
-            if not act.size:
-                break
-        a = rz[act] / pAp
-        X[:, act] += Pa * a
-        R[:, act] -= AP * a
-        it += 1
-        rel[act] = np.linalg.norm(R[:, act], axis=0) / safe[act]
-        nonfin = act[~np.isfinite(rel[act])]
-        if nonfin.size:
-            stop(nonfin, "nonfinite")
-        active[act[rel[act] <= tol[act]]] = False
-        improved = rel < 0.99 * best
-        best[improved] = rel[improved]
-        best_at[improved] = it
-        if stagnation_window:
-            stuck = np.flatnonzero(active & (it - best_at >= stagnation_window))
-            if stuck.size:
-                stop(stuck, "stagnation")
-        go = np.flatnonzero(active)
-        if go.size:
-            Z = precond.apply(R[:, go], folds[go], shifts[go], Mc[:, go])
-            rz_new = _dots(R[:, go], Z)
-            P[:, go] = Z + P[:, go] * (rz_new / rz[go])
-            rz[go] = rz_new
-    stop(np.flatnonzero(active), "max_iter")
-    X[:, [i for i, r in enumerate(reason) if r == "nonfinite"]] = 0.0
-    if scaled:
-        X = np.ldexp(X, -k)
-    return BlockCGResult(x=X, rel=rel, reason=reason, n_iter=it, n_products=products)
+    class _Columns:
+        def apply(self, R: np.ndarray, cols: np.ndarray) -> np.ndarray:
+            return precond.apply(R, folds[cols], shifts[cols], Mc[:, cols])
+
+    res = conjugate_gradient(
+        matvec,
+        B,
+        preconditioner=_Columns(),
+        tol=tol,
+        max_iter=max_iter,
+        true_residual_every=0,
+        stagnation_window=stagnation_window,
+        confirm=False,
+        column_operator=True,
+        column_failures="freeze",
+        warn=False,
+        start_dots="active",
+    )
+    return BlockCGResult(
+        x=res.x, rel=res.rel_residual, reason=res.column_reason, n_iter=res.n_iter,
+        n_products=res.n_matvec,
+    )  # fmt: skip
