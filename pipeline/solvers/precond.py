@@ -114,6 +114,20 @@ def _gram(F: np.ndarray) -> np.ndarray:
     return G
 
 
+def _woodbury(
+    F: np.ndarray, R: np.ndarray, inner: Any, shift: Any, mask: np.ndarray | None = None
+) -> np.ndarray:
+    """``(R - F inner(Fᵀ R)) / shift`` (rows outside ``mask`` keep ``R / shift``): the
+    Woodbury apply of ``(F Fᵀ + μ I)⁻¹`` with ``inner`` applying ``(μ I + FᵀF)⁻¹`` (one
+    operator) or a fold's ``(s I + F_TᵀF_T)⁻¹`` per column (``shift`` then per column)."""
+    Y = _f_times(F, inner(_ft_times(F, R)))
+    if mask is not None:
+        Y *= mask
+    np.subtract(R, Y, out=Y)
+    Y /= shift
+    return Y
+
+
 class IdentityPreconditioner:
     """No preconditioning: ``apply(R) = R``."""
 
@@ -676,9 +690,10 @@ class Float32NystromPreconditioner:
         R = np.asarray(R, dtype=np.float64)
         one_d = R.ndim == 1
         R2 = R.reshape(R.shape[0], -1)
-        S = scipy.linalg.cho_solve(self._chol, _ft_times(self.F, R2), check_finite=False)
-        out = R2 - _f_times(self.F, S)
-        out /= self.shift
+        out = _woodbury(
+            self.F, R2, lambda T: scipy.linalg.cho_solve(self._chol, T, check_finite=False),
+            self.shift,
+        )  # fmt: skip
         return out[:, 0] if one_d else out
 
     @property
@@ -788,17 +803,16 @@ class FoldNystromBlock:
         """``M⁻¹ R`` column by column; ``mask`` (n, k) is 1 on each column's training rows."""
         if self.F is None:
             return R / shifts
-        T = _ft_times(self.F, R)
-        C = np.empty_like(T)
-        for f in np.unique(folds):
-            cols = np.flatnonzero(folds == f)
-            w, V = self.eig[int(f)]
-            C[:, cols] = V @ ((V.T @ T[:, cols]) / (w[:, None] + shifts[cols][None, :]))
-        Y = _f_times(self.F, C)
-        Y *= mask
-        np.subtract(R, Y, out=Y)
-        Y /= shifts
-        return Y
+
+        def inner(T: np.ndarray) -> np.ndarray:
+            C = np.empty_like(T)
+            for f in np.unique(folds):
+                cols = np.flatnonzero(folds == f)
+                w, V = self.eig[int(f)]
+                C[:, cols] = V @ ((V.T @ T[:, cols]) / (w[:, None] + shifts[cols][None, :]))
+            return C
+
+        return _woodbury(self.F, R, inner, shifts, mask)
 
 
 class FoldNystrom:
