@@ -34,6 +34,19 @@ The factor is stored in float32 by default (half the memory); the
 preconditioner :class:`Float32NystromPreconditioner` applies it in float64,
 block by block, so ``P⁻¹`` is an exactly symmetric positive definite linear map
 (that of the float32 factor) and CG's theory holds.
+
+This module is the one home of Nyström (issue #43). The builder:
+:func:`build_nystrom` (centres ``"uniform"`` | ``"rpcholesky"`` | ``"adaptive"``)
+gives a :class:`NystromFactor` (F, its centres, the build's record); below it
+:func:`nystrom_factor` (the fixed-rank methods), :func:`rpcholesky`,
+:func:`uniform_nystrom` and :func:`adaptive_rpcholesky`. The applies of
+``(F Fᵀ + μ I)⁻¹``: :class:`NystromPreconditioner` (fixed rank, eigen form, what
+``make_preconditioner("nystrom")`` gives), :class:`Float32NystromPreconditioner`
+(Cholesky form, F in its own dtype; ``NystromFactor.woodbury``), and per fold
+:class:`FoldNystromBlock` (every fold and shift of the block CV;
+``NystromFactor.folds``) and :class:`FoldNystrom` (one fold, the CV path that
+solves one λ at a time). The products with F one row block at a time
+(``_ft_times``, ``_f_times``, ``_gram``, ``_woodbury``) are defined here only.
 """
 
 from __future__ import annotations
@@ -728,9 +741,10 @@ def adaptive_nystrom_preconditioner(
     See :func:`adaptive_rpcholesky` for the parameters; ``pre.info`` says which
     rank was reached, the estimated ``ρ``, and whether the memory budget capped it.
     """
-    F, piv, info = adaptive_rpcholesky(
+    nf = build_nystrom(
         op,
-        op.shift,
+        centres="adaptive",
+        shift=op.shift,
         factor=factor,
         block=block,
         memory_budget=memory_budget,
@@ -738,6 +752,7 @@ def adaptive_nystrom_preconditioner(
         dtype=dtype,
         random_state=random_state,
     )
+    F, piv, info = nf.F, nf.centres, nf.info
     info["random_state"] = (
         random_state if not isinstance(random_state, np.random.Generator) else None
     )
@@ -880,6 +895,9 @@ def build_nystrom(
     shift: float | None = None,
     max_rank: int | None = None,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    factor: float = DEFAULT_FACTOR,
+    block: int = 250,
+    dtype: Any = np.float32,
     random_state: Any = 0,
 ) -> NystromFactor:
     """The one Nyström builder: ``K ≈ F Fᵀ`` from the operator ``op``
@@ -897,14 +915,23 @@ def build_nystrom(
         The rank of the fixed-rank methods (1 <= rank <= N).
     shift : float
         μ, the shift the factor must resolve K at (``"adaptive"`` only).
+    max_rank, memory_budget, factor, block, dtype
+        The adaptive build's caps, target ``ρ̂ / μ``, pivots per round and storage
+        dtype (:func:`adaptive_rpcholesky`).
     """
     if centres == "adaptive":
         if shift is None:
             raise ValueError("centres='adaptive' needs shift= (the smallest shift to resolve)")
         F, piv, info = adaptive_rpcholesky(
-            op, float(shift), max_rank=max_rank, memory_budget=memory_budget,
+            op,
+            shift,
+            factor=factor,
+            block=block,
+            memory_budget=memory_budget,
+            max_rank=max_rank,
+            dtype=dtype,
             random_state=random_state,
-        )  # fmt: skip
+        )
         return NystromFactor(F, piv, info)
     if centres not in ("rpcholesky", "uniform"):
         raise ValueError(f"unknown Nyström centres {centres!r}; use one of {CENTRES}")
