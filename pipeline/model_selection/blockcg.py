@@ -14,7 +14,7 @@ instead of one after the other. The iteration is the package's one CG loop,
 :func:`pipeline.solvers.cg.conjugate_gradient`, given a column-aware operator and
 preconditioner.
 
-The preconditioner (:class:`FoldNystromBlock`) is one Nyström factor ``F``
+The preconditioner (:class:`~pipeline.solvers.precond.FoldNystromBlock`) is one Nyström factor ``F``
 (``K ≈ F Fᵀ``) of the kernel setting, restricted to each fold's training rows
 and applied with a shift per column: ``(F_T F_Tᵀ + s I)⁻¹ = (I - F_T (s I +
 F_Tᵀ F_T)⁻¹ F_Tᵀ) / s`` (Woodbury), with ``F_Tᵀ F_T = V diag(w) Vᵀ`` (one r x r
@@ -29,105 +29,16 @@ inner products would underflow or overflow.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.linalg
 
-from pipeline.policy.constants import FACTOR_ROW_STEP, STAGNATION_WINDOW
+from pipeline.policy.constants import STAGNATION_WINDOW
 from pipeline.solvers.cg import conjugate_gradient
+from pipeline.solvers.precond import FoldNystromBlock  # its one home: the Nyström module
 
 __all__ = ["BlockCGResult", "FoldNystromBlock", "block_pcg"]
-
-_ROW_STEP = FACTOR_ROW_STEP
-
-
-def _ft_times(F: np.ndarray, R: np.ndarray) -> np.ndarray:
-    """``Fᵀ R`` in float64, F upcast one row block at a time (no n x r float64 copy)."""
-    out = np.zeros((F.shape[1], R.shape[1]))
-    for s in range(0, F.shape[0], _ROW_STEP):
-        out += np.asarray(F[s : s + _ROW_STEP], dtype=np.float64).T @ R[s : s + _ROW_STEP]
-    return out
-
-
-def _f_times(F: np.ndarray, C: np.ndarray) -> np.ndarray:
-    out = np.empty((F.shape[0], C.shape[1]))
-    for s in range(0, F.shape[0], _ROW_STEP):
-        out[s : s + _ROW_STEP] = np.asarray(F[s : s + _ROW_STEP], dtype=np.float64) @ C
-    return out
-
-
-class FoldNystromBlock:
-    """``(F_T F_Tᵀ + s I)⁻¹`` for each column's fold T and shift s, on padded columns.
-
-    Parameters
-    ----------
-    F : ndarray (n, r), float32 or float64, or None
-        Nyström factor of the full K (None or r = 0: the scaled identity ``I / s``).
-    trains : list of index arrays
-        Each fold's training rows; ``F_Tᵀ F_T`` is ``FᵀF`` minus the other rows' part.
-    """
-
-    def __init__(self, F: np.ndarray | None, trains: Sequence[np.ndarray]) -> None:
-        self.F = None if F is None or F.shape[1] == 0 else F
-        self.eig: list[tuple[np.ndarray, np.ndarray]] = []
-        if self.F is None:
-            return
-        G = np.zeros((self.F.shape[1],) * 2)
-        for s in range(0, self.F.shape[0], _ROW_STEP):
-            Fb = np.asarray(self.F[s : s + _ROW_STEP], dtype=np.float64)
-            G += Fb.T @ Fb
-        if not np.all(np.isfinite(G)):
-            raise ValueError("the Nyström factor F contains NaN or infinite values")
-        n = self.F.shape[0]
-
-        def fold_eig(tr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            out = np.ones(n, dtype=bool)
-            out[np.asarray(tr)] = False
-            Fv = np.asarray(self.F[out], dtype=np.float64)
-            w, V = scipy.linalg.eigh(G - Fv.T @ Fv, check_finite=False)
-            return np.maximum(w, 0.0), V
-
-        # one r x r eigendecomposition per fold, the folds on a thread pool with BLAS at
-        # one thread each (LAPACK releases the GIL; a 2-thread OpenBLAS eigh on a busy
-        # 2-core machine ran 15-30x slower than one thread)
-        from concurrent.futures import ThreadPoolExecutor
-
-        from pipeline.parallel import blas_threads
-        from pipeline.tiles import available_cores
-
-        workers = max(1, min(available_cores(), len(trains)))
-        with blas_threads(1), ThreadPoolExecutor(workers) as pool:
-            self.eig = list(pool.map(fold_eig, trains))
-
-    @property
-    def rank(self) -> int:
-        return 0 if self.F is None else int(self.F.shape[1])
-
-    @property
-    def nbytes(self) -> int:
-        if self.F is None:
-            return 0
-        return int(self.F.nbytes + sum(V.nbytes for _, V in self.eig))
-
-    def apply(
-        self, R: np.ndarray, folds: np.ndarray, shifts: np.ndarray, mask: np.ndarray
-    ) -> np.ndarray:
-        """``M⁻¹ R`` column by column; ``mask`` (n, k) is 1 on each column's training rows."""
-        if self.F is None:
-            return R / shifts
-        T = _ft_times(self.F, R)
-        C = np.empty_like(T)
-        for f in np.unique(folds):
-            cols = np.flatnonzero(folds == f)
-            w, V = self.eig[int(f)]
-            C[:, cols] = V @ ((V.T @ T[:, cols]) / (w[:, None] + shifts[cols][None, :]))
-        Y = _f_times(self.F, C)
-        Y *= mask
-        np.subtract(R, Y, out=Y)
-        Y /= shifts
-        return Y
 
 
 @dataclass

@@ -21,32 +21,13 @@ import warnings
 from typing import Any
 
 import numpy as np
-import scipy.linalg
 
 from pipeline.policy import constants as C
 from pipeline.solvers.cg import CGConvergenceError, CGConvergenceWarning, conjugate_gradient
+from pipeline.solvers.precond import FoldNystrom as _FoldNystrom
 from pipeline.solvers.precond import nystrom_factor
 
 __all__ = ["cg_fold_predictions"]
-
-
-class _FoldNystrom:
-    """``(F_T F_Tᵀ + s I)⁻¹`` on one fold's training rows, re-shiftable.
-
-    Woodbury with ``F_Tᵀ F_T = V diag(w) Vᵀ`` and ``U = F_T V``:
-    ``(F_T F_Tᵀ + s I)⁻¹ = (I - U diag(1 / (w + s)) Uᵀ) / s``, exact for any F (no
-    orthonormal basis needed, so an r x r eigendecomposition replaces the thin SVD
-    of the m x r factor: 0.6 s against 1.3 s at m=6400, r=1000).
-    """
-
-    def __init__(self, F_T: np.ndarray) -> None:
-        w, V = scipy.linalg.eigh(F_T.T @ F_T, check_finite=False)
-        self.U = F_T @ V
-        self.w = np.maximum(w, 0.0)
-
-    def apply(self, R: np.ndarray, shift: float) -> np.ndarray:
-        coef = 1.0 / (self.w + shift)
-        return (R - self.U @ (coef[:, None] * (self.U.T @ R))) / shift
 
 
 def _kernel_product(op: Any, V: np.ndarray) -> np.ndarray:

@@ -33,10 +33,10 @@ from typing import Any
 import numpy as np
 
 from pipeline.float_range import pow2_exponents
-from pipeline.model_selection.blockcg import FoldNystromBlock, block_pcg
+from pipeline.model_selection.blockcg import block_pcg
 from pipeline.model_selection.direct import UnconvergedSolveError
 from pipeline.policy import constants as C
-from pipeline.solvers.precond import adaptive_rpcholesky, nystrom_factor
+from pipeline.solvers.precond import FoldNystromBlock, build_nystrom
 
 __all__ = ["block_cv_predictions", "precond_rank_cap", "rank_cap"]
 
@@ -68,26 +68,27 @@ def _factor(op, preconditioner, rank, min_shift, n_folds, random_state, stats):
         return None, {}
     cap = min(precond_rank_cap(n, n_folds), rank_cap(n))
     if preconditioner == "nystrom":
-        F, _ = nystrom_factor(
-            op, min(int(rank or min(n, C.CV_DEFAULT_RANK)), cap, n), random_state=random_state
-        )
-        info = {"method": "nystrom", "rank": int(F.shape[1])}
+        r = min(int(rank or min(n, C.CV_DEFAULT_RANK)), cap, n)
+        nf = build_nystrom(op, centres="rpcholesky", rank=r, random_state=random_state)
+        info = {"method": "nystrom", "rank": nf.rank}
     elif preconditioner == "adaptive":
-        F, _, info = adaptive_rpcholesky(
+        nf = build_nystrom(
             op,
-            float(min_shift),
+            centres="adaptive",
+            shift=float(min_shift),
             max_rank=min(cap, int(rank)) if rank else cap,
             memory_budget=max(4 * n, 4 * n * cap),
             random_state=random_state,
         )
+        info = nf.info
     else:
         raise ValueError(
             f"preconditioner={preconditioner!r} is not supported by the CV search; "
             "use 'nystrom', 'adaptive' or 'none'"
         )
     stats["preconditioner_builds"] = stats.get("preconditioner_builds", 0) + 1
-    stats.setdefault("preconditioner_ranks", []).append(int(F.shape[1]))
-    return F, info
+    stats.setdefault("preconditioner_ranks", []).append(nf.rank)
+    return nf.F, info
 
 
 def block_cv_predictions(

@@ -252,7 +252,7 @@ def back_sweep(L: TiledArray, a: np.ndarray) -> np.ndarray:
     """Solve ``L.T x = a`` in place, last tile row first.
 
     The one blockwise back sweep (used by :func:`back_substitution` and by the
-    float32 factor's preconditioner, :class:`NativeFactorPreconditioner`). Row ``i``
+    float32 factor's preconditioner, :class:`FactorPreconditioner`). Row ``i``
     holds ``L_ii`` and ``L_ik`` (k < i): once ``x_i`` is known, ``a_k -= L_ikᵀ x_i``.
     Factor tiles are read once each, prefetched; the arithmetic runs in ``a``'s
     precision (float32 with a float32 factor).
@@ -298,13 +298,43 @@ def back_substitution(factor: CholeskyFactor | TiledArray, z: Any) -> np.ndarray
 
 
 class FactorPreconditioner:
-    """``(L L.T)⁻¹`` applied blockwise: a stored (e.g. float32) factor as a CG preconditioner."""
+    """``(L L.T)⁻¹`` applied blockwise in the factor's own precision: a stored factor
+    (float32 or float64) as a CG preconditioner.
+
+    A float64 factor's solve is :func:`forward_substitution` then
+    :func:`back_substitution`. A float32 factor's runs in float32 (GEMV/TRSM on
+    float32 tiles): upcasting every float32 tile to float64 (a ``b^2 * 8`` byte copy)
+    at every product, not the arithmetic, was most of a refinement step. A
+    preconditioner only needs to be approximately ``A⁻¹``, and the float32 factor is
+    only single precision anyway; CG keeps everything else (residuals, iterates,
+    products by ``K + shift I``) in float64.
+    """
 
     def __init__(self, factor: CholeskyFactor | TiledArray) -> None:
         self.L = _as_factor(factor)
 
     def apply(self, R: np.ndarray) -> np.ndarray:
-        return back_substitution(self.L, forward_substitution(self.L, R))
+        L = self.L
+        dt = np.dtype(L.dtype)
+        if dt == np.float64:
+            return back_substitution(L, forward_substitution(L, R))
+        R = np.asarray(R)
+        one_d = R.ndim == 1
+        z = np.array(R.reshape(L.shape[0], -1), dtype=dt, order="C")
+        with _sweep_blas():
+            self._sweeps(z)
+        out = z.astype(np.float64)
+        return out[:, 0] if one_d else out
+
+    def _sweeps(self, z: np.ndarray) -> None:
+        # the solvers' one forward and back sweep, in z's precision (float32 here)
+        forward_sweep(self.L, z)
+        back_sweep(self.L, z)
+
+
+#: the old name of :class:`FactorPreconditioner` (it was the native-precision
+#: subclass of a float64-only one; the float64 form had no other user)
+NativeFactorPreconditioner = FactorPreconditioner
 
 
 def refine_solution(
@@ -401,7 +431,7 @@ def cholesky_solve(
                 raise ValueError("refining against the Gram needs the CholeskyFactor (its shift)")
             y64, one_d = _as_rhs(y, L.shape[0])
             # the first solve in float32 too (no per-tile upcast), then CG in float64
-            alpha = NativeFactorPreconditioner(L).apply(y64)
+            alpha = FactorPreconditioner(L).apply(y64)
             alpha = alpha[:, 0] if one_d else alpha
             op = refinement_operator(shift, X=X, kernel=kernel, gram=gram, block_size=L.block_size)
             alpha = refine_with_operator(L, op, y, alpha, tol=refine_tol, stats=stats)
@@ -442,36 +472,6 @@ def _y_2d(y: Any) -> np.ndarray:
 
 
 # -- refinement of a low-precision factor's solution --------------------------------------
-class NativeFactorPreconditioner(FactorPreconditioner):
-    """``(L L.T)⁻¹`` in the factor's own precision (float32 GEMV/TRSM on float32 tiles).
-
-    :class:`~pipeline.solvers.triangular.FactorPreconditioner` works in float64,
-    so numpy upcasts every float32 tile (a ``b^2 * 8`` byte copy) at every product:
-    that cast, not the arithmetic, was most of a refinement step. A preconditioner
-    only needs to be approximately ``A⁻¹``, and the float32 factor is only single
-    precision anyway, so its solves run in float32; CG keeps everything else
-    (residuals, iterates, products by ``K + shift I``) in float64.
-    """
-
-    def apply(self, R: np.ndarray) -> np.ndarray:
-        L = self.L
-        dt = np.dtype(L.dtype)
-        if dt == np.float64:
-            return super().apply(R)
-        R = np.asarray(R)
-        one_d = R.ndim == 1
-        z = np.array(R.reshape(L.shape[0], -1), dtype=dt, order="C")
-        with _sweep_blas():
-            self._sweeps(z)
-        out = z.astype(np.float64)
-        return out[:, 0] if one_d else out
-
-    def _sweeps(self, z: np.ndarray) -> None:
-        # the solvers' one forward and back sweep, in z's precision (float32 here)
-        forward_sweep(self.L, z)
-        back_sweep(self.L, z)
-
-
 def refinement_operator(
     shift: float,
     *,
@@ -539,7 +539,7 @@ def refine_with_operator(
     x = np.ldexp(np.array(alpha, dtype=np.float64).reshape(y2.shape), k)
     y_norm = np.linalg.norm(y2, axis=0)
     y_norm[y_norm == 0] = 1.0
-    pre = NativeFactorPreconditioner(factor)
+    pre = FactorPreconditioner(factor)
     if np.any(k != 0):  # a float32 first solve of such a y itself gave 0 or inf: redo it
         x[:, k != 0] = pre.apply(y2[:, k != 0])
     its = steps = 0
@@ -646,7 +646,7 @@ def solve_refined(
     t0 = time.perf_counter()
     try:
         if np.dtype(L.dtype) == np.float32:  # solves in float32: no per-tile upcast
-            alpha = NativeFactorPreconditioner(L).apply(np.asarray(y, dtype=np.float64))
+            alpha = FactorPreconditioner(L).apply(np.asarray(y, dtype=np.float64))
         else:
             alpha = back_substitution(L, forward_substitution(L, y))
         stats["solve_s"] = time.perf_counter() - t0
