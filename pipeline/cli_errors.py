@@ -24,6 +24,7 @@ EXIT_LOCKED = 5
 EXIT_NO_SCHEDULER = 6
 EXIT_RUN_DIR = 7
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM
 
 EXIT_CODES = {
     EXIT_OK: "done",
@@ -38,6 +39,8 @@ EXIT_CODES = {
     EXIT_RUN_DIR: "the run directory is unusable: a file, not writable, or a damaged manifest; "
     "or its object store does not answer, refuses the credentials, or lacks the bucket",
     EXIT_INTERRUPTED: "interrupted (rerun to resume)",
+    EXIT_TERMINATED: "stopped by SIGTERM (systemd, Slurm and Kubernetes stop a job with it): "
+    "the lock is released and the stage recorded as interrupted (rerun to resume)",
 }
 
 

@@ -63,6 +63,7 @@ __all__ = [
     "StoreMismatchError",
     "StoreNotWritableError",
     "StoreUnreachable",
+    "Terminated",
     "TileRewriteError",
 ]
 
@@ -381,3 +382,20 @@ class ManifestError(ValueError):
 
 class DamagedOutput(ValueError):
     """A complete stage's output no longer verifies (see :mod:`pipeline.stages.verify`)."""
+
+
+class Terminated(KeyboardInterrupt):
+    """The process was asked to stop by a signal other than SIGINT (SIGTERM: the stop
+    signal of systemd, Slurm and Kubernetes).
+
+    A :class:`KeyboardInterrupt`, so every path that stops cleanly on Ctrl-C (the stage
+    is recorded ``interrupted``, the lock released, ``run.log`` told) does the same for
+    it. ``signum`` is the signal's number; ``krr`` exits ``128 + signum`` (143).
+    """
+
+    def __init__(self, signum: int = 15) -> None:
+        self.signum = int(signum)
+        super().__init__(f"stopped by signal {self.signum}")
+
+    def __reduce__(self):
+        return (type(self), (self.signum,))
