@@ -67,6 +67,7 @@ from pipeline.cli_errors import (
     _client,
     _load,
     _stage_error_hint,
+    check_local_run_dir,
 )
 from pipeline.cli_errors import (
     EXIT_BAD_INPUT as EXIT_BAD_INPUT,  # re-exported: every exit code is pipeline.cli.EXIT_*
@@ -303,6 +304,7 @@ def _redacted(config: dict[str, Any]) -> dict[str, Any]:
 def cmd_validate(args) -> int:
     cfg = _load(args.config, args.overrides)
     _check_before_work(cfg)
+    check_local_run_dir(cfg.resolved_run_dir())  # as `krr run` would refuse it (exit 7)
     print(f"config {args.config!r} is valid")
     print(
         f"  data: {cfg.data.source} {cfg.data.package or ''} {cfg.data.name or cfg.data.path or ''}"

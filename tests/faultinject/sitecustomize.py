@@ -61,3 +61,26 @@ if _setting_at > 0:
         return _orig_write(path, data, *a, **k)
 
     _ckpt.atomic_write = _write
+
+# ``KRR_ENOSPC_MATCH=substring`` and ``KRR_ENOSPC_AT=K``: from the K-th direct chunk write
+# whose temporary file's path contains the substring on, the write fails with ENOSPC (the
+# disk is full), as ``os.write`` reports it
+_enospc = os.environ.get("KRR_ENOSPC_MATCH")
+_enospc_at = int(os.environ.get("KRR_ENOSPC_AT", "0"))
+
+if _enospc and _enospc_at > 0:
+    import errno as _errno
+
+    from pipeline.storage import rawchunks as _raw
+
+    _orig_direct = _raw._write_direct
+    _writes = [0]
+
+    def _direct(tmp, view):
+        if _enospc in tmp:
+            _writes[0] += 1
+            if _writes[0] >= _enospc_at:
+                raise OSError(_errno.ENOSPC, os.strerror(_errno.ENOSPC))
+        return _orig_direct(tmp, view)
+
+    _raw._write_direct = _direct
