@@ -377,9 +377,11 @@ def _write_direct(tmp: str, view: memoryview) -> bool:
             os.unlink(tmp)
             return False
     finally:
-        _release_buffer(buf)
-        if fd >= 0:
-            os.close(fd)
+        try:
+            _release_buffer(buf)
+        finally:  # the file is closed whatever happens to the buffer
+            if fd >= 0:
+                os.close(fd)
     if head < n:
         with open(tmp, "r+b", buffering=0) as f:
             f.seek(head)
