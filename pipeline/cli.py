@@ -23,7 +23,7 @@ usage (including a run directory that belongs to other data); 3 bad input (a
 missing or invalid data file, model or prediction input); 4 a stage failed;
 5 the run directory is locked by a live run; 6 the scheduler does not answer;
 7 the run directory is unusable (a file, not writable, or a damaged manifest);
-130 interrupted.
+130 interrupted; 143 stopped by SIGTERM (handled like Ctrl-C).
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ import argparse
 import contextlib
 import json
 import logging
+import signal
 import sys
+import threading
 import time
 import traceback
 from typing import Any
@@ -57,6 +59,7 @@ from pipeline.cli_errors import (
     EXIT_LOCKED,
     EXIT_OK,
     EXIT_RUN_DIR,
+    EXIT_TERMINATED,
     CliError,
     _check_before_work,
     _check_store,
@@ -64,6 +67,7 @@ from pipeline.cli_errors import (
     _client,
     _load,
     _stage_error_hint,
+    check_local_run_dir,
 )
 from pipeline.cli_errors import (
     EXIT_BAD_INPUT as EXIT_BAD_INPUT,  # re-exported: every exit code is pipeline.cli.EXIT_*
@@ -300,6 +304,7 @@ def _redacted(config: dict[str, Any]) -> dict[str, Any]:
 def cmd_validate(args) -> int:
     cfg = _load(args.config, args.overrides)
     _check_before_work(cfg)
+    check_local_run_dir(cfg.resolved_run_dir())  # as `krr run` would refuse it (exit 7)
     print(f"config {args.config!r} is valid")
     print(
         f"  data: {cfg.data.source} {cfg.data.package or ''} {cfg.data.name or cfg.data.path or ''}"
@@ -318,6 +323,7 @@ def cmd_validate(args) -> int:
 
 
 def cmd_run(args) -> int:
+    from pipeline.errors import Terminated
     from pipeline.stages import (
         STAGE_NAMES,
         LockHeldError,
@@ -397,6 +403,8 @@ def cmd_run(args) -> int:
             )
         elif event == "failed":
             log.error("[%s] failed: %s", stage, info.get("error"))
+        elif event == "interrupted":
+            log.warning("[%s] interrupted (%s): recorded as interrupted", stage, info.get("error"))
 
     t0 = time.perf_counter()
     try:
@@ -462,6 +470,13 @@ def cmd_run(args) -> int:
         )
     except CliError as e:
         runlog.write(logging.ERROR, f"failed (exit {e.code}): {e}")
+        raise
+    except Terminated as e:  # SIGTERM (systemd, Slurm, Kubernetes): stopped like Ctrl-C
+        runlog.write(
+            logging.WARNING,
+            f"stopped by signal {e.signum} (SIGTERM) (exit {EXIT_TERMINATED}); the lock is "
+            "released; rerun the same command to resume",
+        )
         raise
     except BaseException as e:
         runlog.write(logging.ERROR, f"failed: {type(e).__name__}: {e}")
@@ -536,6 +551,31 @@ _COMMANDS = {
 }
 
 
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """While a command runs, SIGTERM (the stop signal of systemd, Slurm and Kubernetes)
+    raises :class:`~pipeline.errors.Terminated`, a KeyboardInterrupt, in the main thread:
+    it stops like Ctrl-C (the stage recorded ``interrupted``, the lock released, a line
+    in ``run.log``) and ``krr`` exits 143. The previous handler comes back afterwards
+    (``main`` is also called in-process, e.g. by the tests)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    from pipeline.errors import Terminated
+
+    def handler(signum, frame):
+        # a second SIGTERM while this one unwinds: the previous (default) action
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+        raise Terminated(signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: list[str] | None = None) -> int:
     """The ``krr`` command: the exit code (see :data:`EXIT_CODES`); with ``--json`` every
     failure also prints an error object on stdout."""
@@ -560,13 +600,22 @@ def main(argv: list[str] | None = None) -> int:
 
         set_progress_mode("off")
     want_json = getattr(args, "json", False)
+    from pipeline.errors import Terminated  # (here: `krr --help` imports no scikit-learn)
+
     try:
-        return _COMMANDS[args.command](args)
+        with _sigterm_as_interrupt():
+            return _COMMANDS[args.command](args)
     except CliError as e:
         print(f"krr {args.command}: error: {e}", file=sys.stderr)
         if want_json:
             json_error(e.code, str(e))
         return e.code
+    except Terminated as e:
+        msg = f"stopped by signal {e.signum} (SIGTERM); rerun the same command to resume"
+        print(f"krr {args.command}: {msg}", file=sys.stderr)
+        if want_json:
+            json_error(EXIT_TERMINATED, msg)
+        return EXIT_TERMINATED
     except KeyboardInterrupt:
         print(f"krr {args.command}: interrupted; rerun to resume", file=sys.stderr)
         if want_json:

@@ -43,6 +43,7 @@ ERROR_TYPES = {
     6: "no_scheduler",
     7: "run_dir_unusable",
     130: "interrupted",
+    143: "terminated",
 }
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +25,7 @@ EXIT_LOCKED = 5
 EXIT_NO_SCHEDULER = 6
 EXIT_RUN_DIR = 7
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM
 
 EXIT_CODES = {
     EXIT_OK: "done",
@@ -38,6 +40,8 @@ EXIT_CODES = {
     EXIT_RUN_DIR: "the run directory is unusable: a file, not writable, or a damaged manifest; "
     "or its object store does not answer, refuses the credentials, or lacks the bucket",
     EXIT_INTERRUPTED: "interrupted (rerun to resume)",
+    EXIT_TERMINATED: "stopped by SIGTERM (systemd, Slurm and Kubernetes stop a job with it): "
+    "the lock is released and the stage recorded as interrupted (rerun to resume)",
 }
 
 
@@ -90,6 +94,23 @@ def _check_paths(cfg) -> None:
     for key, p in paths:
         if p and "://" not in p and not any(c in p for c in "*?[") and not Path(p).exists():
             raise CliError(f"{key}: file {p!r} does not exist", EXIT_BAD_INPUT)
+        check_npy_input(key, p)
+
+
+def check_npy_input(key: str, path: str | None) -> None:
+    """A local ``.npy`` input that is empty or truncated before its header: bad input
+    (exit 3) naming the file, before any work (a stage failure or an EOFError before)."""
+    if not path or "://" in path or not path.endswith(".npy") or not Path(path).is_file():
+        return
+    from pipeline.errors import InputError
+    from pipeline.io.inputs import open_npy
+
+    try:
+        open_npy(path)
+    except InputError as e:
+        raise CliError(f"{key}: {e}", EXIT_BAD_INPUT) from None
+    except ValueError:  # e.g. an object dtype: the reader says why, in its own words
+        pass
 
 
 def _check_extras(cfg) -> None:
@@ -123,14 +144,47 @@ def _check_before_work(cfg) -> None:
     _check_paths(cfg)
     _check_extras(cfg)
     if cfg.predict.output:  # a user's file there is refused before any stage runs
+        from pipeline.errors import StoreNotWritableError
         from pipeline.predict.output import check_prediction_output
 
         try:
             check_prediction_output(cfg.predict.output, overwrite=True)
         except ImportError as e:  # a .parquet output without its extra
             raise CliError(f"predict.output: {e}", EXIT_BAD_CONFIG) from None
+        except StoreNotWritableError as e:  # the environment, found before any work
+            raise CliError(f"predict.output: {e}", EXIT_RUN_DIR) from None
         except ValueError as e:
             raise CliError(f"predict.output: {e}", EXIT_BAD_INPUT) from None
+
+
+def check_local_run_dir(run_dir: Path | str) -> None:
+    """What ``krr run`` refuses about an existing local run directory when it takes the
+    lock (exit 7), checked without taking it or creating anything (``krr validate``): a
+    file, not writable, a FIFO, device or symbolic link to a file in it, a damaged
+    manifest. A run directory that does not exist yet, or at a URL, passes."""
+    if not isinstance(run_dir, Path) or not run_dir.exists():
+        return
+    from pipeline.stages.lock import RunDirUnusable, check_run_dir_files
+    from pipeline.stages.manifest import Manifest, ManifestError
+
+    where = str(run_dir)
+    if not run_dir.is_dir():
+        raise CliError(
+            f"run directory {where!r} is a file, not a directory. Use another "
+            "--run-dir (or set run_dir in the config).",
+            EXIT_RUN_DIR,
+        )
+    if not os.access(run_dir, os.W_OK | os.X_OK):
+        raise CliError(
+            f"run directory {where!r} is not writable (read-only filesystem or "
+            "permissions). Make it writable, or use another --run-dir.",
+            EXIT_RUN_DIR,
+        )
+    try:
+        check_run_dir_files(run_dir)
+        Manifest.load(run_dir)
+    except (RunDirUnusable, ManifestError) as e:
+        raise CliError(str(e), EXIT_RUN_DIR) from None
 
 
 def _check_store(run_dir: Path | str, cfg) -> None:
@@ -250,10 +304,27 @@ def _probe_scheduler(address: str, timeout: float, source: str) -> None:
         pool.shutdown(wait=False)
 
 
+def disk_full_in(exc: BaseException | None) -> OSError | None:
+    """The full-disk OSError (ENOSPC, EDQUOT) in ``exc`` or its causes (a
+    :class:`~pipeline.errors.DiskFullError` first), else None."""
+    from pipeline.errors import DISK_FULL_ERRNOS, DiskFullError
+
+    found: list[OSError] = []
+    while exc is not None and len(found) < 20:
+        if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
+            if isinstance(exc, DiskFullError):  # the one that names path and bytes
+                return exc
+            found.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return found[0] if found else None
+
+
 def _classify_stage_error(e) -> int:
     from pipeline.stages.ingest import InputError
 
     cause = e.__cause__
+    if disk_full_in(cause) is not None:  # the environment: freeing space is the fix
+        return EXIT_RUN_DIR
     if isinstance(cause, ImportError):  # an optional extra (pipeline._optional) is missing
         return EXIT_BAD_CONFIG
     if isinstance(cause, InputError | FileNotFoundError):
@@ -265,6 +336,33 @@ def _classify_stage_error(e) -> int:
     return EXIT_STAGE_FAILED
 
 
+def _size(n: int | None) -> str:
+    return "? bytes" if n is None else f"{n} bytes"
+
+
+def disk_full_hint(full: OSError) -> str:
+    """What to do about a full disk: free space first (a rerun alone fails again)."""
+    from pipeline.errors import DiskFullError
+
+    if isinstance(full, DiskFullError):
+        return (
+            f"no space left: {_size(full.needed)} needed, {_size(full.free)} free on the "
+            f"filesystem of {full.path!r}; free space there, or use a run directory on a larger "
+            "one (a rerun before that cannot help); the run then resumes"
+        )
+    where = full.filename or "the run directory"
+    free = ""
+    if full.filename:
+        with contextlib.suppress(OSError):
+            free = DiskFullError.from_os_error(full, str(full.filename)).free
+            free = f" ({free} bytes free there now)"
+    return (
+        f"no space left on the filesystem of {str(where)!r}{free}: free space there, or use "
+        "a run directory on a larger one (a rerun before that cannot help); the run then "
+        "resumes"
+    )
+
+
 def _stage_error_hint(e, code: int) -> str:
     """What to do about a failed stage: a rerun resumes, but cannot fix bad data or config."""
     from pipeline.solvers.cholesky_options import NonFiniteKernelError
@@ -272,6 +370,9 @@ def _stage_error_hint(e, code: int) -> str:
 
     if code == EXIT_BAD_INPUT:
         return "fix the input data (a rerun cannot help), then rerun the same command"
+    full = disk_full_in(e.__cause__)
+    if full is not None:
+        return disk_full_hint(full)
     if code == EXIT_BAD_CONFIG and isinstance(e.__cause__, ImportError):
         return "install what the message names, then rerun the same command to resume"
     if code == EXIT_BAD_CONFIG:

@@ -12,7 +12,17 @@ import time
 from pathlib import Path
 
 from pipeline.cli_args import check_scheduler_address
-from pipeline.cli_errors import EXIT_BAD_CONFIG, EXIT_BAD_INPUT, EXIT_OK, CliError, _client
+from pipeline.cli_errors import (
+    EXIT_BAD_CONFIG,
+    EXIT_BAD_INPUT,
+    EXIT_OK,
+    EXIT_RUN_DIR,
+    CliError,
+    _client,
+    check_npy_input,
+    disk_full_hint,
+    disk_full_in,
+)
 
 log = logging.getLogger("krr")
 
@@ -23,6 +33,7 @@ def cmd_predict(args) -> int:
     import numpy as np
 
     from pipeline.artifact import ArtifactError, load_artifact
+    from pipeline.errors import DiskFullError, StoreNotWritableError
     from pipeline.predict.output import check_prediction_output, output_format, write_predictions
 
     if args.scheduler:  # a malformed address is a usage error, before any work
@@ -35,6 +46,8 @@ def cmd_predict(args) -> int:
         check_prediction_output(args.output, args.overwrite)
     except ImportError as e:  # a .parquet output without its extra
         raise CliError(str(e), EXIT_BAD_CONFIG) from None
+    except StoreNotWritableError as e:  # the environment: before any work (not after it)
+        raise CliError(str(e), EXIT_RUN_DIR) from None
     except (ValueError, FileExistsError) as e:
         raise CliError(str(e), EXIT_BAD_INPUT) from None
     if (Path(args.model) / "manifest.json").is_file():  # a run directory: its latest model
@@ -56,6 +69,7 @@ def cmd_predict(args) -> int:
     inp = args.input
     if "://" not in inp and not any(c in inp for c in "*?[") and not Path(inp).exists():
         raise CliError(f"input {inp!r} does not exist", EXIT_BAD_INPUT)
+    check_npy_input("input", inp)  # an empty .npy: bad input, before any work
     out = args.output
     ctx = contextlib.nullcontext()
     if args.scheduler:
@@ -101,5 +115,12 @@ def cmd_predict(args) -> int:
             raise CliError(str(e), EXIT_BAD_CONFIG) from None
         except (ValueError, FileNotFoundError) as e:
             raise CliError(f"cannot predict {inp!r}: {e}", EXIT_BAD_INPUT) from None
+        except OSError as e:
+            full = disk_full_in(e)
+            if full is None:
+                raise
+            hint = "" if full is e and isinstance(e, DiskFullError) else f"; {disk_full_hint(full)}"
+            raise CliError(f"cannot write the predictions to {out!r}: {e}{hint}",
+                           EXIT_RUN_DIR) from None  # fmt: skip
     print(f"predicted {n} rows in {time.perf_counter() - t0:.1f} s -> {out}")
     return EXIT_OK

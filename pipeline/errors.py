@@ -34,7 +34,9 @@ and ``RunDirConflict`` (:mod:`pipeline.stages.runner`), ``InsufficientDiskError`
 
 from __future__ import annotations
 
+import errno as _errno
 import os
+import shutil
 from collections.abc import Iterable
 from typing import Any
 
@@ -49,6 +51,7 @@ __all__ = [
     "CorruptFileError",
     "CorruptTileError",
     "DamagedOutput",
+    "DiskFullError",
     "ForeignPathError",
     "IncompleteArrayError",
     "IndefiniteKernelError",
@@ -63,6 +66,7 @@ __all__ = [
     "StoreMismatchError",
     "StoreNotWritableError",
     "StoreUnreachable",
+    "Terminated",
     "TileRewriteError",
 ]
 
@@ -308,6 +312,67 @@ class StoreNotWritableError(ValueError, PermissionError):
     """The store location cannot be created or written."""
 
 
+#: errno values of a full disk: no space left, and a disk quota exceeded
+DISK_FULL_ERRNOS = frozenset({_errno.ENOSPC, getattr(_errno, "EDQUOT", _errno.ENOSPC)})
+
+
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return "an unknown number of bytes"
+    if n < 1 << 20:
+        return f"{n} bytes"
+    return f"{n} bytes ({n / (1 << 20):.1f} MiB)"
+
+
+class DiskFullError(OSError):
+    """No space is left (ENOSPC, or a quota: EDQUOT) where a file is written.
+
+    An OSError with the original ``errno``; the message names the path, the bytes
+    the write needed and the bytes free on its filesystem, and what to do: free space
+    (a rerun before that fails the same way). ``krr`` exits 7.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        needed: int | None,
+        free: int | None,
+        code: int = _errno.ENOSPC,
+        strerror: str | None = None,
+    ) -> None:
+        self.path = str(path)
+        self.needed = None if needed is None else int(needed)
+        self.free = None if free is None else int(free)
+        self.os_message = strerror or os.strerror(code)  # the system's words, kept
+        self.message = (
+            f"{self.os_message}: no room on the filesystem of {self.path!r}: writing it needs "
+            f"{_bytes(self.needed)}, and {_bytes(self.free)} are free there. Free space on "
+            "that filesystem (or move the run directory to a larger one); until then "
+            "running again fails the same way, after that it resumes from the tiles "
+            "already stored"
+        )
+        super().__init__(code, self.message)
+
+    def __str__(self) -> str:
+        return self.message
+
+    @classmethod
+    def from_os_error(cls, exc: OSError, path: str, needed: int | None = None) -> DiskFullError:
+        """The error for ``exc`` (an ENOSPC or EDQUOT) raised writing ``path``."""
+        free = None
+        where = os.path.dirname(os.path.abspath(path))
+        while where and not os.path.isdir(where) and os.path.dirname(where) != where:
+            where = os.path.dirname(where)
+        try:
+            free = shutil.disk_usage(where).free
+        except OSError:
+            pass
+        return cls(path, needed, free, exc.errno or _errno.ENOSPC, exc.strerror)
+
+    def __reduce__(self):  # picklable across Dask workers despite the custom __init__
+        return (type(self), (self.path, self.needed, self.free, self.errno, self.os_message))
+
+
 # ---------------------------------------------------------------------------
 # solving
 
@@ -381,3 +446,20 @@ class ManifestError(ValueError):
 
 class DamagedOutput(ValueError):
     """A complete stage's output no longer verifies (see :mod:`pipeline.stages.verify`)."""
+
+
+class Terminated(KeyboardInterrupt):
+    """The process was asked to stop by a signal other than SIGINT (SIGTERM: the stop
+    signal of systemd, Slurm and Kubernetes).
+
+    A :class:`KeyboardInterrupt`, so every path that stops cleanly on Ctrl-C (the stage
+    is recorded ``interrupted``, the lock released, ``run.log`` told) does the same for
+    it. ``signum`` is the signal's number; ``krr`` exits ``128 + signum`` (143).
+    """
+
+    def __init__(self, signum: int = 15) -> None:
+        self.signum = int(signum)
+        super().__init__(f"stopped by signal {self.signum}")
+
+    def __reduce__(self):
+        return (type(self), (self.signum,))

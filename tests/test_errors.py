@@ -150,6 +150,16 @@ CONDITIONS = {
         [("pipeline.stages.verify", "DamagedOutput")],
         (ValueError,),
     ),
+    "no space left where a tile is written (issue #44)": (
+        errors.DiskFullError,
+        [("pipeline.storage.rawchunks", "DiskFullError")],
+        (OSError,),
+    ),
+    "stopped by SIGTERM (issue #44)": (
+        errors.Terminated,
+        [],
+        (KeyboardInterrupt,),
+    ),
 }
 
 #: exception classes still defined outside pipeline.errors: their modules are being merged
@@ -169,7 +179,8 @@ def _exception_classes_defined_in_sources() -> dict[str, set[str]]:
     """module -> the exception/warning classes its source defines (by the AST: a class
     whose base is an exception class of the builtins, of pipeline.errors, or of the module)."""
     known = {n for n in dir(builtins) if n.endswith(("Error", "Exception", "Warning"))}
-    known |= {"ConvergenceWarning", "Exception", "BaseException"} | set(errors.__all__)
+    known |= {"ConvergenceWarning", "Exception", "BaseException", "KeyboardInterrupt"}
+    known |= set(errors.__all__)
     found: dict[str, set[str]] = {}
     for path in sorted(ROOT.rglob("*.py")):
         tree = ast.parse(path.read_text())

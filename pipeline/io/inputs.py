@@ -31,8 +31,9 @@ import dask.array as da
 import numpy as np
 
 from pipeline._optional import require
+from pipeline.errors import InputError
 
-__all__ = ["as_row_blocks", "check_block_size", "open_table"]
+__all__ = ["as_row_blocks", "check_block_size", "open_npy", "open_table"]
 
 _PARQUET_SUFFIXES = (".parquet", ".pq", ".parq")
 _CSV_SUFFIXES = (".csv", ".csv.gz", ".csv.bz2", ".csv.xz", ".csv.zst", ".tsv", ".txt")
@@ -84,13 +85,37 @@ def _finish(X: da.Array, block_size: int, dtype: Any, what: str) -> da.Array:
     return X
 
 
+def open_npy(path: str | os.PathLike, what: str = ".npy file") -> np.ndarray:
+    """``np.load(path, mmap_mode="r")``, with an :class:`~pipeline.errors.InputError`
+    (a ValueError) naming the file when it is
+    empty (0 bytes) or ends before its header does (numpy says only ``No data left in
+    file``: an EOFError, reported as an internal error or a failed stage before)."""
+    path = os.fspath(path)
+    if os.path.isfile(path) and os.path.getsize(path) == 0:
+        raise InputError(
+            f"{what} {path!r} is empty (0 bytes), not a .npy array: write it again "
+            "(np.save(path, X)), or point to the right file"
+        )
+    try:
+        return np.load(path, mmap_mode="r")
+    except (EOFError, ValueError) as e:
+        if not isinstance(e, EOFError) and not str(e).startswith("EOF"):
+            raise  # (e.g. an object dtype: the caller says why)
+        raise InputError(
+            f"{what} {path!r} is truncated or not a .npy array ({e}): write it again "
+            "(np.save(path, X)), or point to the right file"
+        ) from None
+
+
 def _read_npy_rows(path: str, start: int, stop: int) -> np.ndarray:
     return np.array(np.load(path, mmap_mode="r")[start:stop])
 
 
 def _from_npy(path: str, block_size: int) -> da.Array:
     try:
-        mm = np.load(path, mmap_mode="r")
+        mm = open_npy(path)
+    except InputError:  # empty or truncated: its own message
+        raise
     except ValueError as e:  # e.g. Python objects in its dtype: no memory map
         raise ValueError(
             f".npy file {path!r} cannot be read as a numeric array ({e}); save X as a "

@@ -27,6 +27,7 @@ from pipeline.config import DataConfig, PreprocessConfig, SplitConfig
 from pipeline.errors import InputError, SourceChanged
 from pipeline.float_range import pow2_exponents
 from pipeline.io import as_row_blocks, fingerprint_row_blocks, validate_row_blocks
+from pipeline.io.inputs import open_npy
 from pipeline.parallel import compute, in_this_process
 from pipeline.policy import constants as C
 from pipeline.progress import progress_group
@@ -136,7 +137,7 @@ def _load_y(path: str, block_size: int) -> da.Array:
     if not p.exists() and "://" not in path:
         raise InputError(f"target file {path!r} does not exist")
     if path.endswith(".npy"):
-        y = np.load(path, mmap_mode="r")
+        y = open_npy(path, "target file")
         y = da.from_array(y, chunks=(block_size,) + y.shape[1:])
     else:
         y = da.from_zarr(path)

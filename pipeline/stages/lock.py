@@ -65,6 +65,7 @@ import json
 import logging
 import os
 import socket
+import stat
 import threading
 import time
 import uuid
@@ -194,6 +195,56 @@ def _check_dir(run_dir: Path) -> None:
         )
 
 
+def _kind(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
+
+
+def check_run_dir_files(run_dir: Path) -> None:
+    """Raise :class:`RunDirUnusable` if the run directory holds anything but directories
+    and regular files where the pipeline opens files: a FIFO (opening it blocks the run
+    for ever), a socket, a device, or a symbolic link to a file (``run.log``, the
+    manifest or a chunk would be read or written through it, wherever it leads).
+
+    A symbolic link to a directory (a stage directory moved to another disk) is allowed
+    and not entered; the runner refuses to empty it when its stage must be recomputed.
+    """
+    todo = [run_dir]
+    while todo:
+        d = todo.pop()
+        try:
+            entries = os.scandir(d)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        with entries:
+            for e in entries:
+                if e.is_dir(follow_symlinks=False):
+                    todo.append(Path(e.path))
+                    continue
+                if e.is_file(follow_symlinks=False):
+                    continue
+                try:
+                    mode = e.stat(follow_symlinks=False).st_mode
+                except FileNotFoundError:  # (a temporary file renamed meanwhile)
+                    continue
+                if stat.S_ISLNK(mode) and os.path.isdir(e.path):
+                    continue
+                raise RunDirUnusable(
+                    f"{e.path!r} in run directory {str(run_dir)!r} is {_kind(mode)}, not a "
+                    "regular file; krr-pipeline opens only regular files in a run directory "
+                    "(a FIFO or device would block or feed the run, a link would be written "
+                    "through to its target) and never removes what it did not create. Remove "
+                    "or move it, or use another --run-dir."
+                )
+
+
 class RunLock:
     """Exclusive lock on a run directory; use as a context manager.
 
@@ -228,7 +279,9 @@ class RunLock:
         LockHeldError
             A live process holds the lock, or the file names another host.
         RunDirUnusable
-            The run directory is a file, cannot be created, or is not writable.
+            The run directory is a file, cannot be created, or is not writable; or it
+            holds a FIFO, socket, device or symbolic link to a file
+            (:func:`check_run_dir_files`).
         """
         _check_dir(self.run_dir)
         fd = None
@@ -280,6 +333,11 @@ class RunLock:
             self.took_over = previous  # a run on this host that died without releasing
         self._fd = fd
         self._held = True
+        try:  # with the lock held: no run of ours is writing there now
+            check_run_dir_files(self.run_dir)
+        except BaseException:
+            self.release()
+            raise
         return self
 
     def release(self) -> None:

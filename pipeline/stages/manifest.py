@@ -47,8 +47,9 @@ MANIFEST_VERSION = 1
 #: prefix of a stage output stored relative to the run directory
 RUN_PREFIX = "@run/"
 
-Status = Literal["pending", "running", "done", "failed", "skipped"]
-STATUSES: tuple[str, ...] = ("pending", "running", "done", "failed", "skipped")
+#: ``interrupted``: stopped by Ctrl-C or SIGTERM (a rerun resumes it, as a failed stage)
+Status = Literal["pending", "running", "done", "failed", "interrupted", "skipped"]
+STATUSES: tuple[str, ...] = ("pending", "running", "done", "failed", "interrupted", "skipped")
 
 #: directory under the run directory holding one subdirectory per configuration
 RESULTS_DIR = "results"

@@ -285,7 +285,8 @@ def run_stages(
         Stop after this stage.
     on_event : callable, optional
         ``on_event(stage, event, info)`` with events ``start``, ``done``,
-        ``skip``, ``disabled``, ``invalidate``, ``failed``, ``corrupt`` (a
+        ``skip``, ``disabled``, ``invalidate``, ``failed``, ``interrupted``
+        (Ctrl-C or SIGTERM; the stage is recorded ``interrupted``), ``corrupt`` (a
         corrupt stored tile was found and will be recomputed), ``incomplete``
         (tiles without completion records were found and will be computed).
     max_recoveries : int
@@ -428,7 +429,7 @@ def _run_pass(
             _clear_dir(stage_dir)
             _note(report.invalidated, stage.name)
             emit(stage.name, "invalidate", {"old": rec.fingerprint, "new": fp})
-        resumed = rec.status in ("running", "failed") and rec.fingerprint == fp
+        resumed = rec.status in ("running", "failed", "interrupted") and rec.fingerprint == fp
         rec.status, rec.fingerprint, rec.outputs, rec.error = "running", fp, {}, None
         rec.started, rec.finished = time.time(), None
         manifest.save()
@@ -443,12 +444,14 @@ def _run_pass(
             out = stage.func(stage_dir, inputs, **stage_params)
         except BaseException as e:
             rec.resources = usage.stop()
-            rec.status = "failed"
+            # Ctrl-C or SIGTERM (pipeline.errors.Terminated): stopped, not broken
+            stopped = isinstance(e, KeyboardInterrupt)
+            rec.status = "interrupted" if stopped else "failed"
             rec.error = "".join(traceback.format_exception_only(type(e), e)).strip()
             rec.finished = time.time()
             manifest.save()
             if isinstance(e, KeyboardInterrupt | SystemExit):
-                emit(stage.name, "failed", {"error": rec.error})
+                emit(stage.name, "interrupted" if stopped else "failed", {"error": rec.error})
                 raise
             damage = find_damage(e)
             owner = None if damage is None else owner_stage(run_dir, stages, damage.store, dirs)

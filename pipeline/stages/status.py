@@ -152,7 +152,7 @@ def run_status(run_dir: str | Path, stage_names: tuple[str, ...] | None = None) 
             state = "done"
         elif status == "skipped":
             state = "skipped"
-        elif status in ("running", "failed") or any(t["done"] for t in tiles):
+        elif status in ("running", "failed", "interrupted") or any(t["done"] for t in tiles):
             state = "partial"
         else:
             state = "pending"

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.errors import DISK_FULL_ERRNOS, DiskFullError
 from pipeline.storage import buffers as tile_buffers
 from pipeline.storage.tempfiles import tmp_path_for
 
@@ -271,22 +272,26 @@ def write_chunk(
         out = np.full(layout.chunk_shape, layout.fill_value, dtype=layout.dtype)
         out[tuple(slice(0, r) for r in region)] = data
     path = layout.path(coords)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = tmp_path_for(str(path))
-    view = memoryview(out).cast("B")
-    try:
-        if not (direct and _write_direct(tmp, view)):
-            with open(tmp, "wb", buffering=0) as f:
-                written = 0
-                while written < len(view):
-                    written += f.write(view[written:])
-        os.replace(tmp, path)
-    except BaseException:
+    # the views are released on every path (an unreleased one pins ``out``)
+    with memoryview(out) as base, base.cast("B") as view:
         try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if not (direct and _write_direct(tmp, view)):
+                with open(tmp, "wb", buffering=0) as f:
+                    written = 0
+                    while written < len(view):
+                        written += f.write(view[written:])
+            os.replace(tmp, path)
+        except BaseException as exc:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
+                # the path, the bytes needed and free (measured with the partial file gone)
+                raise DiskFullError.from_os_error(exc, str(path), len(view)) from exc
+            raise
 
 
 # ---------------------------------------------------------------------------
@@ -355,12 +360,14 @@ def _write_direct(tmp: str, view: memoryview) -> bool:
     try:
         try:
             if head:
-                mv = memoryview(buf)
-                mv[:head] = view[:head]
-                written = 0
-                while written < head:
-                    written += os.write(fd, mv[written:head])
-                mv.release()
+                # released on every path: a view left behind made buf.close() below raise
+                # BufferError ("cannot close exported pointers exist"), which hid the real
+                # error (e.g. ENOSPC)
+                with memoryview(buf) as mv:
+                    mv[:head] = view[:head]
+                    written = 0
+                    while written < head:
+                        written += os.write(fd, mv[written:head])
         except OSError as exc:
             if exc.errno != errno.EINVAL:
                 raise
@@ -370,9 +377,11 @@ def _write_direct(tmp: str, view: memoryview) -> bool:
             os.unlink(tmp)
             return False
     finally:
-        _release_buffer(buf)
-        if fd >= 0:
-            os.close(fd)
+        try:
+            _release_buffer(buf)
+        finally:  # the file is closed whatever happens to the buffer
+            if fd >= 0:
+                os.close(fd)
     if head < n:
         with open(tmp, "r+b", buffering=0) as f:
             f.seek(head)

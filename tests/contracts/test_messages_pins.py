@@ -31,6 +31,9 @@ EXIT_CODE_TABLE = {
     7: "the run directory is unusable: a file, not writable, or a damaged manifest; "
     "or its object store does not answer, refuses the credentials, or lacks the bucket",
     130: "interrupted (rerun to resume)",
+    # added by issue #44 (SIGTERM, what a shell reported for it before: 128 + 15)
+    143: "stopped by SIGTERM (systemd, Slurm and Kubernetes stop a job with it): "
+    "the lock is released and the stage recorded as interrupted (rerun to resume)",
 }
 
 
@@ -39,7 +42,7 @@ def test_the_exit_code_table_is_unchanged():
     names = {
         "EXIT_OK": 0, "EXIT_INTERNAL": 1, "EXIT_BAD_CONFIG": 2, "EXIT_BAD_INPUT": 3,
         "EXIT_STAGE_FAILED": 4, "EXIT_LOCKED": 5, "EXIT_NO_SCHEDULER": 6, "EXIT_RUN_DIR": 7,
-        "EXIT_INTERRUPTED": 130,
+        "EXIT_INTERRUPTED": 130, "EXIT_TERMINATED": 143,
     }  # fmt: skip
     assert {n: getattr(cli, n) for n in names} == names
 

@@ -4,6 +4,10 @@
 just before writing the K-th completion marker whose ``"{array}/{key}"``
 contains the substring, i.e. after that tile's data is stored but before it is
 recorded as done: the worst moment for a checkpointing scheme.
+
+``KRR_KILL_SIGNAL=TERM`` (or another signal's name without ``SIG``) sends that signal
+instead, once, and lets the writer go on (a stop request from outside, e.g. systemd's
+``systemctl stop``); ``KRR_KILL_STAMP=path`` then gets the time it was sent.
 """
 
 import os
@@ -19,15 +23,22 @@ if _match and _at > 0:
     _orig = _markers.TileMarkers.mark
     _lock = threading.Lock()
     _count = [0]
+    _signal = getattr(signal, "SIG" + os.environ.get("KRR_KILL_SIGNAL", "KILL").upper())
+    _stamp = os.environ.get("KRR_KILL_STAMP")
 
     def _mark(self, tile, **info):
         label = f"{self.name}/{_markers._key(tile)}"
         if _match in label:
             with _lock:
                 _count[0] += 1
-                hit = _count[0] >= _at
+                hit = _count[0] == _at if _signal != signal.SIGKILL else _count[0] >= _at
             if hit:
-                os.kill(os.getpid(), signal.SIGKILL)
+                if _stamp:
+                    import time
+
+                    with open(_stamp, "w") as f:
+                        f.write(repr(time.time()))
+                os.kill(os.getpid(), _signal)
         return _orig(self, tile, **info)
 
     _markers.TileMarkers.mark = _mark
@@ -50,3 +61,26 @@ if _setting_at > 0:
         return _orig_write(path, data, *a, **k)
 
     _ckpt.atomic_write = _write
+
+# ``KRR_ENOSPC_MATCH=substring`` and ``KRR_ENOSPC_AT=K``: from the K-th direct chunk write
+# whose temporary file's path contains the substring on, the write fails with ENOSPC (the
+# disk is full), as ``os.write`` reports it
+_enospc = os.environ.get("KRR_ENOSPC_MATCH")
+_enospc_at = int(os.environ.get("KRR_ENOSPC_AT", "0"))
+
+if _enospc and _enospc_at > 0:
+    import errno as _errno
+
+    from pipeline.storage import rawchunks as _raw
+
+    _orig_direct = _raw._write_direct
+    _writes = [0]
+
+    def _direct(tmp, view):
+        if _enospc in tmp:
+            _writes[0] += 1
+            if _writes[0] >= _enospc_at:
+                raise OSError(_errno.ENOSPC, os.strerror(_errno.ENOSPC))
+        return _orig_direct(tmp, view)
+
+    _raw._write_direct = _direct

@@ -198,6 +198,10 @@ def test_every_exit_code_with_json(code, small, tmp_path, monkeypatch, capsys):
         run_dir.write_text("a file, not a directory")
     elif code == 130:
         monkeypatch.setitem(cli._COMMANDS, "run", _raise(KeyboardInterrupt()))
+    elif code == 143:
+        from pipeline.errors import Terminated
+
+        monkeypatch.setitem(cli._COMMANDS, "run", _raise(Terminated(15)))
     try:
         assert run_cli(*argv) == code
     finally:

@@ -1,0 +1,133 @@
+"""Special files and ordinary I/O errors at the command line (issue #44, class 8).
+
+Before: a FIFO in the run directory hung ``krr run`` for ever (``run.log`` opened for
+append blocks until a reader comes); ``run.log`` was written through a symbolic link
+to wherever it led; an empty ``.npy`` input was an internal error (exit 1,
+``EOFError: No data left in file``) or a failed ingest stage (exit 4, "rerun the same
+command to resume", which cannot help); ``krr predict`` into a directory that cannot
+take a file computed every prediction first, then failed.
+
+Now every file the pipeline opens in a run directory must be a regular file (a link to
+a directory, e.g. a stage directory moved to another disk, is allowed), or the run is
+refused with exit 7 before any work, as for ``.lock`` and ``latest.json``; an empty
+``.npy`` is bad input (exit 3) naming the file; the prediction output's directory is
+checked before any work (exit 7).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from pipeline import cli
+from pipeline.cli_errors import EXIT_BAD_INPUT, EXIT_CODES, EXIT_RUN_DIR
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs POSIX FIFOs")
+
+#: a hang is a failure, not a stuck test run
+HANG = 120
+
+
+def _run_once(krr_run, conf: Path, run_dir: Path) -> None:
+    r = krr_run.run(conf, run_dir, "--until", "ingest", timeout=HANG)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("where", ["run.log", "ingest/extra"])
+def test_a_fifo_in_the_run_dir_is_refused_not_waited_on(
+    small_data, write_config, tmp_path, krr_run, where
+):
+    conf = write_config(small_data)
+    run_dir = tmp_path / "run"
+    _run_once(krr_run, conf, run_dir)
+    fifo = run_dir / where
+    fifo.unlink(missing_ok=True)
+    os.mkfifo(fifo)
+    r = krr_run.run(conf, run_dir, timeout=HANG)  # the old code blocked here for ever
+    assert r.returncode == EXIT_RUN_DIR, r.stderr[-3000:]
+    assert str(fifo) in r.stderr and "FIFO" in r.stderr, r.stderr[-3000:]
+    assert "rerun" not in r.stderr.split("error:", 1)[1]
+    assert fifo.exists() and not (run_dir / ".lock").exists()
+    # krr validate refuses it too (it makes the checks krr run makes before work)
+    assert krr_run("validate", conf, f"run_dir={run_dir}", timeout=HANG).returncode == 7
+    fifo.unlink()
+    r = krr_run.run(conf, run_dir, timeout=HANG)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_run_log_through_a_symbolic_link_is_refused(small_data, write_config, tmp_path, capsys):
+    conf = write_config(small_data)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    elsewhere = tmp_path / "someone_elses.log"
+    elsewhere.write_text("keep me\n")
+    (run_dir / "run.log").symlink_to(elsewhere)
+    assert cli.main(["run", str(conf), "--run-dir", str(run_dir), "-q"]) == EXIT_RUN_DIR
+    err = capsys.readouterr().err
+    assert "run.log" in err and "symbolic link" in err, err
+    assert elsewhere.read_text() == "keep me\n"
+    assert not (run_dir / ".lock").exists() and not (run_dir / "manifest.json").exists()
+
+
+def test_a_linked_stage_directory_is_still_allowed(small_data, write_config, tmp_path, krr_run):
+    conf = write_config(small_data)
+    run_dir = tmp_path / "run"
+    _run_once(krr_run, conf, run_dir)
+    moved = tmp_path / "bigdisk_ingest"
+    (run_dir / "ingest").rename(moved)
+    (run_dir / "ingest").symlink_to(moved)
+    r = krr_run.run(conf, run_dir, timeout=HANG)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("key", ["data.path", "data.y_path"])
+def test_an_empty_npy_input_is_bad_input_naming_the_file(
+    small_data, write_config, tmp_path, key, capsys
+):
+    empty = tmp_path / "empty.npy"
+    empty.write_bytes(b"")
+    conf = write_config(small_data)
+    for command in (
+        ["run", str(conf), "--run-dir", str(tmp_path / "run")],
+        ["validate", str(conf)],
+    ):
+        assert cli.main([*command, f"{key}={empty}", "-q"]) == EXIT_BAD_INPUT
+        err = capsys.readouterr().err
+        assert str(empty) in err and "empty (0 bytes)" in err and key in err, err
+        assert "rerun" not in err and "internal error" not in err
+    assert not (tmp_path / "run").exists()  # refused before any work
+
+
+def test_predict_refuses_an_empty_input_and_an_unwritable_output_before_any_work(
+    small_data, write_config, tmp_path, krr_run, capsys
+):
+    conf = write_config(small_data)
+    run_dir = tmp_path / "run"
+    r = krr_run.run(conf, run_dir, timeout=HANG)
+    assert r.returncode == 0, r.stderr[-3000:]
+    empty = tmp_path / "empty.npy"
+    empty.write_bytes(b"")
+    out = tmp_path / "p.npy"
+    assert cli.main(["predict", str(run_dir), str(empty), str(out)]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert str(empty) in err and "empty (0 bytes)" in err and "internal error" not in err, err
+    # a directory that cannot take a file (root ignores permission bits, so the parent
+    # is a regular file here; the check creates a file there, as the write would)
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("a file")
+    for bad in (blocker / "p.npy", blocker / "p.zarr"):
+        code = cli.main(["predict", str(run_dir), str(small_data.x_new_path), str(bad)])
+        cap = capsys.readouterr()
+        assert code == EXIT_RUN_DIR, cap.err
+        assert str(bad) in cap.err and str(blocker) in cap.err and "cannot be written" in cap.err
+        assert "predicted" not in cap.out and "tile" not in cap.err  # no prediction computed
+    # so does the predict stage of krr run, and krr validate, before any work
+    bad = f"predict.output={blocker / 'p.npy'}"
+    inp = f"predict.input={small_data.x_new_path}"
+    for command in (["run", str(conf), "--run-dir", str(tmp_path / "r2")], ["validate", str(conf)]):
+        assert cli.main([*command, inp, bad, "-q"]) == EXIT_RUN_DIR
+        assert "cannot be written" in capsys.readouterr().err
+    assert not (tmp_path / "r2").exists()
+    assert EXIT_RUN_DIR in EXIT_CODES

@@ -1,0 +1,177 @@
+"""A full disk (ENOSPC) where the pipeline writes tiles (issue #44, class 3).
+
+Before: a full disk during a direct (``O_DIRECT``) chunk write was reported as
+``BufferError: cannot close exported pointers exist``: the aligned buffer's memoryview
+was never released when ``os.write`` failed, so closing the buffer in the cleanup
+raised and hid the ENOSPC. And ``krr run`` said "rerun the same command to resume"
+(exit 4), which fails the same way until space is freed.
+
+Now the error is :class:`~pipeline.errors.DiskFullError` (an OSError, errno ENOSPC)
+naming the path, the bytes needed and the bytes free; the buffers are released (the
+pool's buffer closes cleanly); no temporary file is left; ``krr run`` exits 7 (the
+environment) and says to free space first.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.errors import DiskFullError
+from pipeline.storage import rawchunks
+from pipeline.storage.arrays import open_tiled_array
+
+
+def _layout(tmp_path: Path, n: int = 128, block: int = 64):
+    arr = open_tiled_array(str(tmp_path / "s.zarr"), "K", (n, n), block, "float64", "fp")
+    layout = rawchunks.chunk_layout(arr.store, "K")
+    assert layout is not None
+    return layout
+
+
+@pytest.fixture
+def full_disk(monkeypatch):
+    """``os.write`` fails with ENOSPC for the chunk writer's temporary files; O_DIRECT is
+    dropped from their open (so the direct path runs on any filesystem, tmpfs too)."""
+    real_open, real_write = os.open, os.write
+    fds: set[int] = set()
+
+    def fake_open(path, flags, *a, **k):
+        if str(path).endswith(".tmp"):
+            fd = real_open(path, flags & ~getattr(os, "O_DIRECT", 0), *a, **k)
+            fds.add(fd)
+            return fd
+        return real_open(path, flags, *a, **k)
+
+    def fake_write(fd, data):
+        if fd in fds:
+            del data  # (as os.write, keep no view of the buffer in the traceback)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "open", fake_open)
+    monkeypatch.setattr(os, "write", fake_write)
+    monkeypatch.setattr(rawchunks, "_NO_DIRECT", set())
+    yield
+
+
+@pytest.mark.skipif(not hasattr(os, "O_DIRECT"), reason="the direct writer needs O_DIRECT")
+def test_enospc_in_the_direct_writer_names_path_needed_and_free(tmp_path, full_disk):
+    layout = _layout(tmp_path)
+    rawchunks.release_direct_buffers()
+    # a buffer too small for the tile waits in the pool, so the failed write's buffer is
+    # closed, not kept (the close that raised BufferError over the ENOSPC before)
+    rawchunks._release_buffer(rawchunks._aligned_buffer(4096))
+    tile = np.ones((64, 64))
+    with pytest.raises(DiskFullError) as info:
+        rawchunks.write_chunk(layout, (0, 0), tile, direct=True)
+    e = info.value
+    assert isinstance(e, OSError) and e.errno == errno.ENOSPC
+    path = str(layout.path((0, 0)))
+    assert e.path == path and e.needed == tile.nbytes
+    free = shutil.disk_usage(os.path.dirname(path)).free
+    assert e.free is not None and abs(e.free - free) < 64 << 20
+    msg = str(e)
+    assert path in msg and str(tile.nbytes) in msg and "free" in msg.lower()
+    assert "Free space" in msg and "rerun" not in msg
+    assert isinstance(e.__cause__, OSError) and e.__cause__.errno == errno.ENOSPC
+    # no temporary file left, and every pooled buffer closes (no exported pointers)
+    assert not [p for p in Path(path).parent.iterdir() if p.suffix == ".tmp"]
+    rawchunks.release_direct_buffers()
+    # the error pickles (a Dask worker process sends it back)
+    import pickle
+
+    back = pickle.loads(pickle.dumps(e))
+    assert str(back) == msg and back.errno == errno.ENOSPC
+
+
+def test_enospc_in_the_buffered_writer_is_the_same_error(tmp_path, monkeypatch):
+    layout = _layout(tmp_path)
+
+    class Full:
+        def __init__(self, *a, **k):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return False
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(rawchunks, "open", Full, raising=False)
+    with pytest.raises(DiskFullError, match="needs 32768 bytes"):
+        rawchunks.write_chunk(layout, (1, 1), np.zeros((64, 64)), direct=False)
+
+
+CONFIG = """
+name: diskfull
+data: {{source: npy, path: {x}, y_path: {y}}}
+split: {{test_fraction: 0.25, seed: 0}}
+kernel: {{name: rbf, params: {{gamma: 0.2}}}}
+lambda: 0.01
+solver: {{method: cholesky}}
+block_size: 100
+evaluate: {{baseline: none}}
+cluster: {{n_workers: 1, processes: false, memory_limit: 2GiB}}
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "O_DIRECT"), reason="the Gram stage writes directly")
+def test_krr_run_on_a_full_disk_exits_7_and_says_free_space(tmp_path, krr_run):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(400, 3))
+    np.save(tmp_path / "X.npy", X)
+    np.save(tmp_path / "y.npy", X[:, 0])
+    conf = tmp_path / "conf.yaml"
+    conf.write_text(CONFIG.format(x=tmp_path / "X.npy", y=tmp_path / "y.npy"))
+    run_dir = tmp_path / "run"
+    env = {"KRR_ENOSPC_MATCH": "gram", "KRR_ENOSPC_AT": "2"}
+    r = krr_run.run(conf, run_dir, json=True, inject=True, env=env, timeout=300)
+    assert r.returncode == 7, (r.returncode, r.stderr[-3000:])
+    err = r.stderr.split("krr run: error:", 1)[1]
+    assert "no space left" in err and "bytes" in err and "gram" in err, err
+    assert "rerun the same command to resume" not in err
+    assert "BufferError" not in r.stderr
+    obj = json.loads(r.stdout[r.stdout.index("{") :])
+    assert obj["exit_code"] == 7 and obj["error"]["type"] == "run_dir_unusable"
+    assert not (run_dir / ".lock").exists()
+    assert not [p for p in run_dir.rglob("*.tmp")]
+    # space freed: the same command resumes and finishes
+    again = krr_run.run(conf, run_dir, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+
+
+def test_a_tmpfs_that_fills_up(tmp_path):
+    """A real full filesystem, where mounting one is allowed (root in a VM); else skipped."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root and mount(8)")
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], capture_output=True
+    )
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
+    try:
+        layout = _layout(mnt, n=512, block=256)  # 512 KiB a chunk: more than the disk
+        with pytest.raises(DiskFullError) as info:
+            rawchunks.write_chunk(layout, (0, 0), np.ones((256, 256)), direct=True)
+        assert info.value.needed == 256 * 256 * 8 and info.value.free < 256 << 10
+        assert not [p for p in mnt.rglob("*.tmp")]
+        rawchunks.release_direct_buffers()
+        # no file left open on it (the old cleanup raised before closing its descriptor)
+        busy = subprocess.run(["umount", str(mnt)], capture_output=True)
+        assert busy.returncode == 0, busy.stderr.decode()
+    finally:
+        if os.path.ismount(mnt):
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
