@@ -9,11 +9,10 @@ machine rate; they ask this package. Modules:
   size that follows.
 - ``cholesky_cost``: predicted time, memory and disk of the out-of-core Cholesky.
 - ``cg_cost``: predicted iterations and time of preconditioned CG.
-- ``cost_models``: the cost models known by name (``calibrated``, ``simple``) and how
-  ``plan_fit`` calls a plugged-in one.
 - ``cg_variant``: CG's product, stored or recomputed, float64 or mixed precision, by
   predicted seconds.
-- ``calibrated``: the one cost model of ``plan_fit`` (the default, ``cost_model="calibrated"``).
+- ``calibrated``: the cost models of ``plan_fit`` (the default ``"calibrated"``, and
+  ``"simple"``) and how it calls a plugged-in one.
 - ``spectrum``: the preconditioner's residual measured on a subsample of the rows at plan time.
 - ``cv_routing``: ``KernelRidgeCV``'s routing and cost models.
 

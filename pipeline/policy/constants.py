@@ -42,7 +42,7 @@ DEFAULT_RANDOM_STATE = 0
 #: above this N an out-of-core fit uses CG: a Cholesky costs N³/3 flops (9 TFLOP at
 #: 30k, about 2.5 min at the measured 60 GFLOP/s tile Cholesky), more than the ~100
 #: kernel products of N² entries a Nyström-preconditioned CG needs. (Was
-#: stages/solve.AUTO_CHOLESKY_MAX_ROWS and solvers/choose.CHOLESKY_MAX_N.)
+#: stages/solve.AUTO_CHOLESKY_MAX_ROWS and the deleted solvers/choose.CHOLESKY_MAX_N.)
 CHOLESKY_MAX_N = 30_000
 #: leave this fraction of the free disk and memory unused when planning
 DISK_MARGIN = 0.8
