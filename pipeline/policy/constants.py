@@ -42,7 +42,7 @@ DEFAULT_RANDOM_STATE = 0
 #: above this N an out-of-core fit uses CG: a Cholesky costs N³/3 flops (9 TFLOP at
 #: 30k, about 2.5 min at the measured 60 GFLOP/s tile Cholesky), more than the ~100
 #: kernel products of N² entries a Nyström-preconditioned CG needs. (Was
-#: stages/solve.AUTO_CHOLESKY_MAX_ROWS and the deleted solvers/choose.CHOLESKY_MAX_N.)
+#: stages/solve.AUTO_CHOLESKY_MAX_ROWS and solvers/choose.CHOLESKY_MAX_N, both deleted.)
 CHOLESKY_MAX_N = 30_000
 #: leave this fraction of the free disk and memory unused when planning
 DISK_MARGIN = 0.8
@@ -281,7 +281,7 @@ ONE_BLAS_THREAD_FROM = 15_000
 LOO_PANEL_BYTES = 512 * 1024**2
 
 # ---------------------------------------------------------------------------
-# tile size of the Dask tile Cholesky by worker count (pipeline.solvers.cholesky_exec
+# tile size of the Dask tile Cholesky by worker count (pipeline.policy.placement
 # .dask_block_size; docs/SCALING.md, item 4 of issue #19)
 #: the left-looking graph's critical path is ~1.5 n^2 b flops against n^3 / 3 of work,
 #: so about n / (4.5 b) workers can be busy; the policy's tile is n / (6 P), a path of

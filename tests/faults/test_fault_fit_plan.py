@@ -165,7 +165,7 @@ def test_small_fits_skip_the_subsample_estimate(monkeypatch):
 
 
 def test_the_plan_sizes_tiles_by_the_clients_worker_count():
-    from pipeline.solvers.cholesky_exec import dask_block_size
+    from pipeline.policy.placement import dask_block_size
 
     k = make_kernel("rbf")
     ch = {"solver": "cholesky", "alpha": 1e-2}
@@ -182,7 +182,7 @@ def test_the_tile_is_sized_for_the_workers_only_where_the_tiles_run_on_them():
     ``factor_scheduler="auto"`` whatever the cluster (``fit.factor_executor``), so its
     tile is this process's default; ``"dask"`` sends it to the workers, also when they
     run on this machine, and sizes the tile for them."""
-    from pipeline.solvers.cholesky_exec import dask_block_size
+    from pipeline.policy.placement import dask_block_size
 
     k = make_kernel("rbf")
     n = 200_000
