@@ -23,13 +23,13 @@ from pipeline.kernels import Kernel, Linear, make_kernel
 from pipeline.options import solver_convention
 from pipeline.parallel import _active_client
 from pipeline.policy import constants as C
-from pipeline.policy.plan import FitPlan, Resources, gram_on_demand, plan_fit
+from pipeline.policy.plan import FitPlan, Probes, Resources, gram_on_demand, plan_fit
 from pipeline.progress import cg_progress
 from pipeline.reference import memory
 from pipeline.reference.dual import effective_alpha, predict_dual, solve_dual
 from pipeline.reference.memory import check_dense_memory, dense_dual_bytes, primal_bytes
 from pipeline.reference.primal import primal_to_dual, solve_primal
-from pipeline.solvers import cholesky_solve, tile_cholesky
+from pipeline.solvers import cholesky_solve, spectrum, tile_cholesky
 from pipeline.solvers.cg import CGConvergenceError, conjugate_gradient
 from pipeline.solvers.cg_checkpoint import resumable_cg
 from pipeline.solvers.cg_mixed_fit import mixed_cg_fit
@@ -54,6 +54,7 @@ __all__ = [
     "log_plan",
     "measure_resources",
     "plan_fit",
+    "row_probes",
     "solver_convention",
 ]
 
@@ -131,6 +132,27 @@ def measure_resources(
         workers=workers,
         workers_here=workers >= 2 and workers_on_this_host(client),
     )
+
+
+def row_probes(X: Any, kernel: Any) -> Probes:
+    """The plan's probes of the training rows ``X`` as ``kernel`` sees them
+    (:class:`~pipeline.policy.placement.Probes`): the preconditioner's residual on a
+    seeded subsample (any array, a Dask one is only indexed and read) and, for rows in
+    memory, the float32 factor's risk. Nothing is measured here: the plan calls a probe
+    only when its figure can change the plan. ``X`` None gives ``Probes()``."""
+    if X is None:
+        return Probes()
+    in_memory = isinstance(X, np.ndarray)
+    if kernel is None:
+        return Probes(x_in_memory=in_memory)
+
+    def residual(rank: int) -> float | None:
+        return spectrum.estimate_residual(X, kernel, rank)
+
+    def float32_risk(shift: float) -> float:
+        return spectrum.float32_factor_risk(X, kernel, shift)
+
+    return Probes(in_memory, residual, float32_risk if in_memory else None)
 
 
 def log_plan(plan: FitPlan, reason: str, *, origin: str, logger: logging.Logger = log) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import IndefiniteKernelError
-from pipeline.fit import execute, log_plan, measure_resources
+from pipeline.fit import execute, log_plan, measure_resources, row_probes
 from pipeline.kernels import Kernel
 from pipeline.options import ALPHA_CONVENTIONS, solver_choices
 from pipeline.policy.plan import plan_fit
@@ -215,7 +215,7 @@ def fit_out_of_core(
             )
             plan, reason = plan_fit(
                 n, d, kernel, measure_resources(root, in_memory=False), choices,
-                n_targets=1 if y.ndim == 1 else y.shape[1], X=X,
+                n_targets=1 if y.ndim == 1 else y.shape[1], probes=row_probes(X, kernel),
             )  # fmt: skip
             log_plan(plan, reason, origin="KernelRidge", logger=log)
         res = execute(plan, X, y, kernel, root=root, progress=progress, x_fingerprint=x_fingerprint)

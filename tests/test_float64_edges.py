@@ -309,13 +309,15 @@ def test_cv_routing_is_finite_for_any_positive_lambda(lam):
 @pytest.mark.parametrize("solver", ["auto", "cholesky", "cg"])
 def test_plan_fit_prices_any_positive_lambda(lam, solver):
     """Old code: ``plan_fit`` raised ZeroDivisionError for lambda 1e-300 whatever the solver."""
+    from pipeline.fit import row_probes
     from pipeline.policy.placement import Resources
     from pipeline.policy.plan import plan_fit
 
     rng = np.random.default_rng(0)
     X = rng.normal(size=(3000, 4))
     res = Resources(memory_bytes=1e12, disk_bytes=1e13, in_memory=False)
-    plan, why = plan_fit(3000, 4, RBF(gamma=0.5), res, {"solver": solver, "alpha": lam}, X=X)
+    k = RBF(gamma=0.5)
+    plan, why = plan_fit(3000, 4, k, res, {"solver": solver, "alpha": lam}, probes=row_probes(X, k))
     assert plan.solver in ("cholesky", "cg") and why
     if solver != "auto":
         assert plan.solver == solver

@@ -376,3 +376,18 @@ def test_imports_only_go_down_the_layers():
 def test_known_upward_imports_name_real_modules():
     mods = package_modules()
     assert [(s, d) for s, d in sorted(KNOWN_UPWARD) if s not in mods or d not in mods] == []
+
+
+def test_the_plan_imports_no_solver():
+    """The policy layer (plan, cost models, placement) is pure (issue #43): what it
+    measures on the training rows comes in as data (``policy.placement.Probes``, built by
+    ``fit.row_probes`` on ``solvers.spectrum``). It used to import the tile Cholesky's
+    executor (``dask_block_size``) and the preconditioner (``policy/spectrum.py``)."""
+    found = sorted(
+        (src, dst)
+        for src, dsts in import_graph().items()
+        if src == "pipeline.policy" or src.startswith("pipeline.policy.")
+        for dst in dsts
+        if dst == "pipeline.solvers" or dst.startswith("pipeline.solvers.")
+    )
+    assert found == []

@@ -18,7 +18,7 @@ from pipeline.solvers.band import band_available
 pytestmark = pytest.mark.skipif(not band_available(), reason="no dsytrd_sy2sb in SciPy's LAPACK")
 
 
-def test_cg_iteration_bound():
+def test_chebyshev_bound_of_the_cg_route():
     assert chebyshev_bound(1.0, 1e-10) == 1
     # (sqrt(100)+1)/(sqrt(100)-1) = 11/9: ceil(ln(2e10) / ln(11/9))
     assert chebyshev_bound(100.0, 1e-10) == math.ceil(math.log(2e10) / math.log(11 / 9))

@@ -13,10 +13,10 @@ machine rate; they ask this package. Modules:
   predicted seconds.
 - ``calibrated``: the cost models of ``plan_fit`` (the default ``"calibrated"``, and
   ``"simple"``) and how it calls a plugged-in one.
-- ``spectrum``: the preconditioner's residual measured on a subsample of the rows at plan time.
 - ``cv_routing``: ``KernelRidgeCV``'s routing and cost models.
 
 Everything here is a pure function of sizes, user choices and measured machine
-rates, apart from ``spectrum``, which reads a few thousand sampled rows of X (a Dask
-array is only indexed and read) and forms their kernel matrix.
+rates; nothing here imports a solver. What the plan measures on the training rows (the
+preconditioner's residual, the float32 factor's risk: :mod:`pipeline.solvers.spectrum`)
+comes in as data, ``placement.Probes``, built by :func:`pipeline.fit.row_probes`.
 """

@@ -21,7 +21,7 @@ the public estimator runs them:
   the shift (λ, or nλ) and ρ = ‖K - F Fᵀ‖₂ the residual of the rank-r preconditioner.
 
 ρ depends on the data. When the plan has the training rows, ρ is measured on a
-subsample (:func:`pipeline.policy.spectrum.estimate_residual`); without them it is
+subsample (:func:`pipeline.solvers.spectrum.estimate_residual`); without them it is
 :data:`~pipeline.policy.constants.RHO_AT_DEFAULT_RANK` at
 :data:`~pipeline.policy.constants.RHO_REFERENCE_N` rows, scaled linearly with N
 (the eigenvalues of an N x N Gram grow as N times those of the kernel's integral
@@ -218,14 +218,14 @@ class CalibratedCostModel:
         shift: float | None = None,
         tol: float | None = None,
         rho: float | None = None,
-        X: Any = None,
+        probes: Any = None,
     ) -> dict[str, Any]:
-        """Both predictions and what they rest on; ρ is measured on ``X`` when given."""
+        """Both predictions and what they rest on; ρ is measured by ``probes.residual``
+        (:class:`~pipeline.policy.placement.Probes`) when given."""
         source = "measured" if rho is not None else "assumed"
-        if rho is None and X is not None and kernel is not None:
-            from pipeline.policy.spectrum import estimate_residual
-
-            rho = estimate_residual(X, kernel, min(self.rank, int(n)))
+        residual = getattr(probes, "residual", None)
+        if rho is None and residual is not None and kernel is not None:
+            rho = residual(min(self.rank, int(n)))
             source = "subsample" if rho is not None else "assumed"
         return {
             "cholesky_seconds": self.cholesky_seconds(n, d, kernel),

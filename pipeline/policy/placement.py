@@ -1,7 +1,7 @@
 """Where a fit's tiles run, and the tile size that follows.
 
 :class:`Resources` is what the caller measured (memory, disk, the client's
-workers); :func:`gram_on_demand` is the one rule for an in-place factor that
+workers), :class:`Probes` what it may measure on the training rows; :func:`gram_on_demand` is the one rule for an in-place factor that
 computes its Gram from X in this process; :func:`tiles_on_workers` says on how many
 workers a solver's tiles run, so that :func:`pipeline.policy.plan.plan_fit` sizes
 the tile for them only when they do (:func:`default_block_size`).
@@ -9,11 +9,13 @@ the tile for them only when they do (:func:`default_block_size`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pipeline.policy import constants as C
 
 __all__ = [
+    "Probes",
     "Resources",
     "dask_block_size",
     "default_block_size",
@@ -52,6 +54,33 @@ class Resources:
     in_memory: bool = True
     workers: int = 1
     workers_here: bool = False
+
+
+@dataclass(frozen=True)
+class Probes:
+    """What the plan may measure on the training rows, passed in by the caller: the plan
+    imports no solver, and calls a probe only when its figure can change the plan.
+
+    Built from the rows by :func:`pipeline.fit.row_probes`; ``Probes()`` (the default)
+    is a plan without the rows.
+
+    Parameters
+    ----------
+    x_in_memory : bool
+        The rows are an in-memory array (not a Dask array or a store).
+    residual : callable, optional
+        ``residual(rank)``: ρ = ‖K - F Fᵀ‖₂ of the rank-``rank`` Nyström preconditioner,
+        or None when the rows are too few to measure it
+        (:func:`pipeline.solvers.spectrum.estimate_residual`).
+    float32_risk : callable, optional
+        ``float32_risk(shift)``: the float32 factor's risk
+        (:func:`pipeline.solvers.spectrum.float32_factor_risk`); given only for rows in
+        memory.
+    """
+
+    x_in_memory: bool = False
+    residual: Callable[[int], float | None] | None = None
+    float32_risk: Callable[[float], float] | None = None
 
 
 def gram_on_demand(solver: str, keep_gram: bool, x_in_memory: bool, factor_runs_here: bool) -> bool:

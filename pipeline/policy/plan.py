@@ -14,15 +14,15 @@ with its reason, then run it with :func:`pipeline.fit.execute`. The rule:
    model, :class:`pipeline.policy.calibrated.CalibratedCostModel`, predicts faster.
    It depends on λ: CG's iterations follow the preconditioner's residual ρ against
    the shift μ, and ρ is measured on a subsample of the training rows when the
-   caller passes them (``X=``; :mod:`pipeline.policy.spectrum`), as ``krr run`` and
-   ``KernelRidge`` do. A kernel not known to be PSD never gets CG.
+   caller passes them (``probes=``, :class:`~pipeline.policy.placement.Probes`, built by
+   :func:`pipeline.fit.row_probes`), as ``krr run`` and ``KernelRidge`` do. A kernel not known to be PSD never gets CG.
 4. Every CG fit (named or chosen) takes its product's variant from
    :func:`pipeline.policy.cg_variant.choose_cg_variant`: recomputed or stored tiles,
    float64 or mixed precision (``matvec`` and ``cg_precision`` the user named are
    kept), by the same cost model; ``auto`` compares CG's best variant with the Cholesky.
 
-Pure functions of sizes, user choices and measured resources, apart from that
-subsample estimate: no I/O. Other cost models plug in through the ``cost_model``
+Pure functions of sizes, user choices, measured resources and the caller's probes of
+the rows (called only when their figure can change the plan): no I/O, no solver. Other cost models plug in through the ``cost_model``
 argument of :func:`plan_fit` (any object with ``cholesky_seconds`` and
 ``cg_seconds`` methods taking ``(n, d, kernel)``; a method that also takes the
 keywords ``shift``, ``tol`` or ``rho`` is given the diagonal shift μ, CG's
@@ -56,6 +56,7 @@ from pipeline.policy.cg_cost import gram_disk_bytes
 from pipeline.policy.cg_variant import choose_cg_variant, matvec_choice, normalize_precision
 from pipeline.policy.factor_precision import choose_factor_dtype
 from pipeline.policy.placement import (
+    Probes,
     Resources,
     default_block_size,
     gram_on_demand,
@@ -67,6 +68,7 @@ __all__ = [
     "ALPHA_CONVENTION_ALIASES",
     "FitPlan",
     "MATVEC_ALIASES",
+    "Probes",
     "Resources",
     "cg_memory_bytes",
     "dual_flops",
@@ -332,7 +334,7 @@ def plan_fit(
     *,
     n_targets: int = 1,
     cost_model: Any = None,
-    X: Any = None,
+    probes: Probes | None = None,
 ) -> tuple[FitPlan, str]:
     """The plan of one fit and why, from its sizes, kernel, resources and user choices.
 
@@ -359,11 +361,12 @@ def plan_fit(
         ``shift=`` μ and ``tol=`` too when they accept them), or a name of
         :data:`~pipeline.options.COST_MODELS`; default ``choices["cost_model"]``, else
         :class:`~pipeline.policy.calibrated.CalibratedCostModel`.
-    X : array-like of shape (n, d), optional
-        The training rows as the kernel sees them. When ``solver="auto"`` goes out
-        of core with the Nyström preconditioner, the residual ρ of that
-        preconditioner is measured on a seeded subsample of them
-        (:func:`pipeline.policy.spectrum.estimate_residual`); without them the cost
+    probes : Probes, optional
+        The measurements the plan may take on the training rows as the kernel sees
+        them (:func:`pipeline.fit.row_probes`). When ``solver="auto"`` goes out of core
+        with the Nyström preconditioner, the residual ρ of that preconditioner is
+        measured on a seeded subsample of them
+        (:func:`pipeline.solvers.spectrum.estimate_residual`); without them the cost
         model assumes one. Callers that plan the same fit pass the same rows, so
         they get the same plan.
 
@@ -382,7 +385,8 @@ def plan_fit(
     rank = int(_choice(ch, "rank", C.DEFAULT_RANK))
     fs = _choice(ch, "factor_scheduler", "auto")
     keep = bool(_choice(ch, "keep_gram", True))
-    x_here = isinstance(X, np.ndarray) and kernel is not None
+    probes = Probes() if probes is None else probes
+    x_here = probes.x_in_memory and kernel is not None
 
     def block_for(solver: str) -> int:
         w = tiles_on_workers(
@@ -467,16 +471,14 @@ def plan_fit(
     shift = mu if mu > 0 else None
     rho = None
     if (
-        X is not None
+        probes.residual is not None
         and kernel is not None
         and mercer
         and base.preconditioner == "nystrom"
         and _accepts(cm.cg_seconds, "rho")
         and _rho_matters(cm, solver, n, d, kernel, mu, base.tol, matvec, precision)
     ):
-        from pipeline.policy.spectrum import estimate_residual
-
-        rho = estimate_residual(X, kernel, base.rank)  # fixed seed: same rows, same ρ
+        rho = probes.residual(base.rank)  # fixed seed: same rows, same ρ
     variant = choose_cg_variant(
         n,
         d,
@@ -512,7 +514,8 @@ def plan_fit(
     if solver == "cholesky":
         plan = replace(base, solver="cholesky", matvec="stored", block_size=block_for(solver))
         if factor_dtype == "auto":
-            dt, why = choose_factor_dtype(n, shift, X=X, kernel=kernel if mercer else None)
+            risk = probes.float32_risk if mercer and kernel is not None else None
+            dt, why = choose_factor_dtype(n, shift, risk=risk)
             plan = replace(plan, factor_dtype=dt, factor_dtype_auto=True)
             reason = f"{reason}; {why}"
         return plan, reason

@@ -74,7 +74,7 @@ def stage_plan(
     ``X`` (the stored training rows, e.g. a Dask array) lets ``auto`` measure CG's
     preconditioner on a subsample, as ``KernelRidge`` does.
     """
-    from pipeline.fit import measure_resources
+    from pipeline.fit import measure_resources, row_probes
     from pipeline.policy.plan import plan_fit
 
     solver = SolverConfig.model_validate(solver)
@@ -85,7 +85,14 @@ def stage_plan(
 
         k = kernel_from_spec(kernel)
     resources = measure_resources(store, in_memory=False, reclaim_bytes=reclaim_bytes)
-    return plan_fit(int(n_train), int(n_features), k, resources, _choices(solver, **choices), X=X)
+    return plan_fit(
+        int(n_train),
+        int(n_features),
+        k,
+        resources,
+        _choices(solver, **choices),
+        probes=row_probes(X, k),
+    )
 
 
 def needs_gram(
