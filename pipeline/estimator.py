@@ -24,7 +24,7 @@ from sklearn.base import BaseEstimator, MultiOutputMixin, RegressorMixin
 from sklearn.metrics.pairwise import pairwise_kernels
 from sklearn.utils.validation import check_is_fitted
 
-from pipeline.fit import execute, log_plan, measure_resources
+from pipeline.fit import execute, log_plan, measure_resources, row_probes
 from pipeline.kernel_estimator import KernelParamsMixin
 from pipeline.kernels import Linear, spec_round_trips
 from pipeline.model_io import estimator_state, save_model
@@ -391,7 +391,9 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
             sample_weight=sw is not None,
         )
         rows = X if isinstance(X, np.ndarray) and X.ndim == 2 else None
-        return plan_fit(n, d, kernel, resources, choices, n_targets=t, X=rows)
+        return plan_fit(
+            n, d, kernel, resources, choices, n_targets=t, probes=row_probes(rows, kernel)
+        )
 
     def _fit_out_of_core(
         self, X: Any, y: np.ndarray, sample_weight: Any, kernel: Any, plan: Any = None

@@ -2,7 +2,7 @@
 
 ``KernelRidge.fit`` (through :mod:`pipeline.out_of_core`), the solve stage of
 ``krr run``, ``KernelRidgeCV``'s refit and the tests' reference
-(:func:`pipeline.reference.auto.fit_reference`) plan with
+(:func:`fit_reference`, the in-memory ground truth) plan with
 :func:`pipeline.policy.plan.plan_fit`, log the plan with :func:`log_plan`, and run
 it with :func:`execute`. Layering: this module sits above the solvers (gram,
 tile Cholesky, CG, reference dense/primal solves) and below the estimators and
@@ -17,13 +17,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 
+from pipeline.kernels import Kernel, Linear, make_kernel
 from pipeline.options import solver_convention
 from pipeline.parallel import _active_client
 from pipeline.policy import constants as C
-from pipeline.policy.plan import FitPlan, Resources, gram_on_demand, plan_fit
+from pipeline.policy.plan import FitPlan, Probes, Resources, gram_on_demand, plan_fit
 from pipeline.progress import cg_progress
-from pipeline.solvers import cholesky_solve, tile_cholesky
+from pipeline.reference import memory
+from pipeline.reference.dual import effective_alpha, predict_dual, solve_dual
+from pipeline.reference.memory import check_dense_memory, dense_dual_bytes, primal_bytes
+from pipeline.reference.primal import primal_to_dual, solve_primal
+from pipeline.solvers import cholesky_solve, spectrum, tile_cholesky
 from pipeline.solvers.cg import CGConvergenceError, conjugate_gradient
 from pipeline.solvers.cg_checkpoint import resumable_cg
 from pipeline.solvers.cg_mixed_fit import mixed_cg_fit
@@ -33,8 +39,24 @@ from pipeline.solvers.cholesky_options import NonFiniteKernelError, NotPositiveD
 from pipeline.solvers.matvec import make_operator
 from pipeline.solvers.precond import make_preconditioner
 from pipeline.storage import fingerprint_blocks
+from pipeline.tiles.dense import (
+    check_finite_kernel,
+    check_finite_predictions,
+    kernel_matrix,
+    kernel_predict,
+)
 
-__all__ = ["FitResult", "execute", "log_plan", "measure_resources", "plan_fit", "solver_convention"]
+__all__ = [
+    "FitResult",
+    "ReferenceModel",
+    "execute",
+    "fit_reference",
+    "log_plan",
+    "measure_resources",
+    "plan_fit",
+    "row_probes",
+    "solver_convention",
+]
 
 log = logging.getLogger("pipeline.fit")
 
@@ -98,7 +120,6 @@ def measure_resources(
     the store (a finished Gram), so a plan made before and after writing them agrees.
     """
     from pipeline.parallel import _active_client, workers_on_this_host
-    from pipeline.reference import memory
 
     # the plan sizes the tile by this count only where its tiles run on the workers
     # (:func:`~pipeline.policy.plan.tiles_on_workers`)
@@ -111,6 +132,27 @@ def measure_resources(
         workers=workers,
         workers_here=workers >= 2 and workers_on_this_host(client),
     )
+
+
+def row_probes(X: Any, kernel: Any) -> Probes:
+    """The plan's probes of the training rows ``X`` as ``kernel`` sees them
+    (:class:`~pipeline.policy.placement.Probes`): the preconditioner's residual on a
+    seeded subsample (any array, a Dask one is only indexed and read) and, for rows in
+    memory, the float32 factor's risk. Nothing is measured here: the plan calls a probe
+    only when its figure can change the plan. ``X`` None gives ``Probes()``."""
+    if X is None:
+        return Probes()
+    in_memory = isinstance(X, np.ndarray)
+    if kernel is None:
+        return Probes(x_in_memory=in_memory)
+
+    def residual(rank: int) -> float | None:
+        return spectrum.estimate_residual(X, kernel, rank)
+
+    def float32_risk(shift: float) -> float:
+        return spectrum.float32_factor_risk(X, kernel, shift)
+
+    return Probes(in_memory, residual, float32_risk if in_memory else None)
 
 
 def log_plan(plan: FitPlan, reason: str, *, origin: str, logger: logging.Logger = log) -> None:
@@ -409,13 +451,8 @@ def _execute(
 def _execute_in_memory(
     plan, X, y, kernel, alpha, sample_weight, K, overwrite_k, jitter
 ) -> FitResult:
-    from pipeline.reference.dual import solve_dual
-    from pipeline.reference.primal import primal_to_dual, solve_primal
-
     raw = plan.alpha if alpha is None else alpha
     if plan.solver == "primal":
-        from pipeline.reference.dual import effective_alpha
-
         t = 1 if np.ndim(y) == 1 else y.shape[1]
         lam = effective_alpha(
             raw,
@@ -429,8 +466,6 @@ def _execute_in_memory(
         )
         dual = primal_to_dual(X, y, coef, lam, sample_weight) if np.all(lam > 0) else None
         return FitResult(dual, "primal", 1, float("nan"), plan, primal_coef=coef)
-    from pipeline.tiles.dense import check_finite_kernel, kernel_matrix
-
     overwrite = K is None if overwrite_k is None else overwrite_k
     if K is None:  # the fused evaluators (the kernel object's code for kernels they do not know)
         K = kernel_matrix(kernel, X, check=False)
@@ -448,3 +483,120 @@ def _execute_in_memory(
         return_info=True,
     )
     return FitResult(dual, "dense", 1, float("nan"), plan, info)
+
+
+# ---------------------------------------------------------------------------
+# the in-memory reference: one call, the ground truth for every other solver
+#
+# The dual forms K (n² D) and factors it (n³/3); the primal forms Φᵀ Φ (n D²) and
+# factors it (D³/3). Only the linear kernel (or explicit features) has a primal, so
+# only there is there a choice (:func:`pipeline.policy.plan.in_memory_choice`);
+# with α = 0 it is always the dual, whose least-squares fallback is scikit-learn's.
+
+
+def _dense(X: Any) -> np.ndarray:
+    return X.toarray() if sp.issparse(X) else np.asarray(X)
+
+
+@dataclass
+class ReferenceModel:
+    """A fitted exact kernel ridge model (see :func:`fit_reference`)."""
+
+    kernel: Kernel
+    X_fit: Any
+    dual_coef: np.ndarray
+    solver: str
+    coef: np.ndarray | None = None
+    info: dict = field(default_factory=dict)
+
+    def predict(self, X: Any) -> np.ndarray:
+        if self.coef is not None:
+            return np.asarray(X @ self.coef, dtype=np.float64)
+        Xf = self.X_fit
+        fused = kernel_predict(self.kernel, X, Xf, self.dual_coef)
+        if fused is not None:  # the fused evaluators, K(X, X_fit) never formed
+            return fused
+
+        def kfn(Xb: Any) -> np.ndarray:
+            return self.kernel(_dense(Xb), Xf)
+
+        pred = predict_dual(kfn, X, self.dual_coef)
+        check_finite_predictions(pred)
+        return pred
+
+
+def fit_reference(
+    X: Any,
+    y: Any,
+    kernel: str | Kernel | dict = "rbf",
+    alpha: Any = 1.0,
+    *,
+    sample_weight: Any = None,
+    alpha_convention: str = "sklearn",
+    solver: str = "auto",
+    jitter: float | str | None = None,
+    available_memory: int | None = None,
+    **kernel_params: Any,
+) -> ReferenceModel:
+    """Fit exact kernel ridge in memory; the ground truth for every other solver.
+
+    Parameters
+    ----------
+    X : ndarray or sparse matrix of shape (n, D)
+    y : ndarray of shape (n,) or (n, n_targets)
+    kernel : name, spec dict or Kernel
+        Built with :func:`pipeline.kernels.make_kernel` (``kernel_params`` forwarded).
+    alpha, sample_weight, alpha_convention, jitter
+        As in :func:`pipeline.reference.dual.solve_dual`.
+    solver : {"auto", "dense", "primal"}
+        ``primal`` needs the linear kernel.
+    available_memory : int, optional
+        Bytes the fit may use (default: measured); more raises
+        :class:`~pipeline.reference.memory.InsufficientMemoryError`.
+    """
+    k = make_kernel(kernel, **kernel_params)
+    X = X if sp.issparse(X) else np.asarray(X)
+    y = np.asarray(y, dtype=np.float64)
+    n, d = X.shape
+    t = 1 if y.ndim == 1 else y.shape[1]
+    sw = None if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
+    lam = effective_alpha(
+        alpha, n, n_targets=t, sample_weight=sw, alpha_convention=alpha_convention
+    )
+    linear = isinstance(k, Linear)
+    if solver not in ("auto", "dense", "primal"):
+        raise ValueError(f"solver={solver!r} is not valid here; choose 'auto', 'dense' or 'primal'")
+    if solver == "primal" and not linear:
+        raise ValueError(f"solver='primal' needs the linear kernel, got {k!r}; use 'dense'")
+    # the one fit plan; the reference is in memory by definition (its memory check raises)
+    plan, _ = plan_fit(
+        n,
+        d,
+        k,
+        Resources(float("inf"), 0.0, in_memory=True),
+        {"solver": solver, "alpha": lam, "alpha_convention": alpha_convention},
+        n_targets=t,
+    )
+    if plan.solver == "primal":
+        check_dense_memory(
+            primal_bytes(n, d, t), what=f"the primal solve with D={d}", available=available_memory
+        )
+        fit = execute(plan, X, y, k, alpha=alpha, sample_weight=sw)
+        return ReferenceModel(k, X, fit.dual_coef, "primal", coef=fit.primal_coef)
+    check_dense_memory(
+        dense_dual_bytes(n, d, t),
+        what=f"the dense dual solve with N={n}",
+        available=available_memory,
+    )
+    fit = execute(
+        plan,
+        X,
+        y,
+        k,
+        alpha=alpha,
+        sample_weight=sw,
+        K=kernel_matrix(k, _dense(X), check=False),  # checked by execute
+        overwrite_k=True,
+        jitter=jitter,
+    )
+    return ReferenceModel(k, _dense(X), fit.dual_coef, "dense", info=fit.info)

@@ -134,7 +134,7 @@ CG_PRECISIONS = ("auto", "float64", "mixed")
 FACTOR_DTYPES = ("float64", "float32", "auto")
 #: where factor tiles run
 FACTOR_SCHEDULERS = ("auto", "threads", "dask")
-#: how ``auto`` predicts the solvers' seconds (:mod:`pipeline.policy.cost_models`)
+#: how ``auto`` predicts the solvers' seconds (:mod:`pipeline.policy.calibrated`)
 COST_MODELS = ("calibrated", "simple")
 
 #: the names of the solver knobs, as :func:`~pipeline.policy.plan.plan_fit` reads them

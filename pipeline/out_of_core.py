@@ -22,22 +22,19 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import IndefiniteKernelError
+from pipeline.fit import execute, log_plan, measure_resources, row_probes
 from pipeline.kernels import Kernel
 from pipeline.options import ALPHA_CONVENTIONS, solver_choices
-from pipeline.policy.constants import DEFAULT_BLOCK_SIZE
+from pipeline.policy.plan import plan_fit
 
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "DEFAULT_BLOCK_SIZE",
     "OutOfCoreFit",
-    "choose_out_of_core_solver",
     "fit_out_of_core",
     "fit_store_path",
     "weighted_problem",
 ]
-#: estimator convention names -> solver convention names
-CONVENTIONS = ALPHA_CONVENTIONS
 
 
 @dataclass
@@ -126,25 +123,6 @@ def weighted_problem(
     return X_w, y_w, kernel_w, root_w
 
 
-def _disk_free(store: str) -> float:
-    from pipeline.fit import _disk_free as disk_free
-
-    return disk_free(store)
-
-
-def choose_out_of_core_solver(n: int, d: int, store: str) -> tuple[str, str]:
-    """``"cholesky"`` or ``"cg"`` by N, free disk and free memory; returns (name, reason).
-
-    The rule is :func:`pipeline.policy.plan.out_of_core_choice` (the one in
-    :func:`~pipeline.policy.plan.plan_fit`).
-    """
-    from pipeline.fit import measure_resources
-    from pipeline.policy.plan import out_of_core_choice
-
-    res = measure_resources(store, in_memory=False)
-    return out_of_core_choice(n, d, res.disk_bytes, res.memory_bytes)
-
-
 def fit_out_of_core(
     X: np.ndarray,
     y: np.ndarray,
@@ -197,11 +175,10 @@ def fit_out_of_core(
     x_fingerprint : str, optional
         X's content hash when the caller already has it (saves a pass over X).
     """
-    from pipeline.fit import execute, log_plan, measure_resources
-    from pipeline.policy.plan import plan_fit
-
-    if convention not in CONVENTIONS:
-        raise ValueError(f"convention must be one of {sorted(CONVENTIONS)}, got {convention!r}")
+    if convention not in ALPHA_CONVENTIONS:
+        raise ValueError(
+            f"convention must be one of {sorted(ALPHA_CONVENTIONS)}, got {convention!r}"
+        )
     if not np.isfinite(lam) or lam <= 0:
         raise ValueError(
             f"the out-of-core solvers need alpha > 0, got {lam!r}; use a positive alpha, "
@@ -238,15 +215,8 @@ def fit_out_of_core(
             )
             plan, reason = plan_fit(
                 n, d, kernel, measure_resources(root, in_memory=False), choices,
-                n_targets=1 if y.ndim == 1 else y.shape[1], X=X,
+                n_targets=1 if y.ndim == 1 else y.shape[1], probes=row_probes(X, kernel),
             )  # fmt: skip
             log_plan(plan, reason, origin="KernelRidge", logger=log)
         res = execute(plan, X, y, kernel, root=root, progress=progress, x_fingerprint=x_fingerprint)
         return OutOfCoreFit(res.dual_coef, res.solver, res.n_iter, res.shift, res.info)
-
-
-def _x_fingerprint(X: np.ndarray) -> str:
-    """X's content hash; X was validated by the estimator, so build_gram's pass is skipped."""
-    from pipeline.storage import fingerprint_blocks
-
-    return fingerprint_blocks([X])

@@ -10,6 +10,7 @@ import pytest
 
 from pipeline.kernels import RBF, Sigmoid
 from pipeline.policy import cg_cost
+from pipeline.policy.calibrated import CalibratedCostModel
 from pipeline.solvers.cg import (
     CGConvergenceWarning,
     CGDivergenceError,
@@ -148,6 +149,6 @@ def test_cg_cost_product_and_memory_figures():
     assert cg_cost.mixed_precision_products(10, 1e-10) == (12, 4)
     assert cg_cost.mixed_precision_products(10, 1e-10, n_over_shift=1e5) == (12, 4)
     assert cg_cost.mixed_precision_products(10, 1e-6, n_over_shift=1e7) == (17, 2)
-    assert cg_cost.predicted_cg_seconds(40_000, 9, 1.0, 1e-2, 1e-6, rank=2000) > 0
+    assert CalibratedCostModel(rank=2000).cg_seconds(40_000, 9, shift=1e-2, tol=1e-6, rho=1.0) > 0
     with pytest.raises(ValueError, match="tol"):
         cg_cost.chebyshev_iterations(1.0, 1.0, 2.0)

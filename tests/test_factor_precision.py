@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 
 from pipeline import KernelRidge
+from pipeline.fit import row_probes
 from pipeline.kernels import RBF
 from pipeline.policy import constants as C
-from pipeline.policy.factor_precision import choose_factor_dtype, float32_factor_risk
+from pipeline.policy.factor_precision import choose_factor_dtype
 from pipeline.policy.plan import Resources, plan_fit
+from pipeline.solvers.spectrum import float32_factor_risk
 
 
 def _smooth(n, seed=0):
@@ -40,12 +42,14 @@ def test_risk_falls_as_the_shift_grows_and_is_deterministic():
 
 def test_rule_needs_rows_x_in_memory_and_a_safe_shift(small_min_rows):
     X, k = _gaussian(400), RBF(gamma=1 / 12)
-    assert choose_factor_dtype(400, 1e-3, X=X, kernel=k)[0] == "float32"
-    dt, why = choose_factor_dtype(150, 1e-3, X=X[:150], kernel=k)
+    assert choose_factor_dtype(400, 1e-3, risk=row_probes(X, k).float32_risk)[0] == "float32"
+    dt, why = choose_factor_dtype(150, 1e-3, risk=row_probes(X[:150], k).float32_risk)
     assert dt == "float64" and "150 < 200" in why
-    dt, why = choose_factor_dtype(400, 1e-3, X=None, kernel=k)
+    dt, why = choose_factor_dtype(400, 1e-3, risk=row_probes(None, k).float32_risk)
     assert dt == "float64" and "X in memory" in why
-    dt, why = choose_factor_dtype(400, 1e-9, X=_smooth(400), kernel=RBF(gamma=0.5))
+    dt, why = choose_factor_dtype(
+        400, 1e-9, risk=row_probes(_smooth(400), RBF(gamma=0.5)).float32_risk
+    )
     assert dt == "float64" and "risk" in why
 
 
@@ -53,14 +57,23 @@ def test_plan_resolves_auto_only_for_the_cholesky(small_min_rows):
     X, k = _gaussian(400), RBF(gamma=1 / 12)
     res = Resources(memory_bytes=1 << 34, disk_bytes=1 << 40, in_memory=False)
     plan, reason = plan_fit(
-        400, 12, k, res, {"solver": "cholesky", "factor_dtype": "auto", "alpha": 1e-3}, X=X
+        400,
+        12,
+        k,
+        res,
+        {"solver": "cholesky", "factor_dtype": "auto", "alpha": 1e-3},
+        probes=row_probes(X, k),
     )
     assert plan.factor_dtype == "float32" and plan.factor_dtype_auto
     assert "factor float32" in reason
-    plan, _ = plan_fit(400, 12, k, res, {"solver": "cg", "factor_dtype": "auto"}, X=X)
+    plan, _ = plan_fit(
+        400, 12, k, res, {"solver": "cg", "factor_dtype": "auto"}, probes=row_probes(X, k)
+    )
     assert plan.factor_dtype == "float64" and not plan.factor_dtype_auto
     with pytest.raises(ValueError, match="factor_dtype='half'"):
-        plan_fit(400, 12, k, res, {"solver": "cholesky", "factor_dtype": "half"}, X=X)
+        plan_fit(
+            400, 12, k, res, {"solver": "cholesky", "factor_dtype": "half"}, probes=row_probes(X, k)
+        )
 
 
 @pytest.mark.parametrize("keep_gram", [True, False])

@@ -269,7 +269,8 @@ def test_cg_cost_functions_are_finite_for_any_positive_lambda(lam):
     assert 1 <= its <= cg_cost.MAX_PREDICTED_ITERATIONS
     assert 1 <= cg_cost.predicted_iterations(1e3, lam, 1e-8) <= its
     for dtype in ("float64", "float32", "mixed"):
-        t = cg_cost.predicted_cg_seconds(n, d, 1e3, lam, 1e-8, rank=100, kernel_dtype=dtype)
+        cm = CalibratedCostModel(rank=100, kernel_dtype=dtype)
+        t = cm.cg_seconds(n, d, shift=lam, tol=1e-8, rho=1e3)
         assert math.isfinite(t) and t > 0
     cm = CalibratedCostModel()
     for kw in ({}, {"matvec": "stored"}, {"precision": "mixed"}, {"rho": 10.0}):
@@ -281,7 +282,6 @@ def test_cg_cost_functions_are_finite_for_any_positive_lambda(lam):
 
 def test_cg_iterations_fall_as_lambda_grows_and_keep_their_old_values():
     from pipeline.policy import cg_cost
-    from pipeline.policy.cv_routing import cg_iteration_bound
 
     its = [cg_cost.chebyshev_iterations(1e3, lam, 1e-8) for lam in LAMBDAS]
     assert its == sorted(its, reverse=True) and its[-1] == 1
@@ -290,7 +290,7 @@ def test_cg_iterations_fall_as_lambda_grows_and_keep_their_old_values():
     for kappa in np.geomspace(1.001, 1e8 - 1, 57):  # the old formula, bit for bit
         s = math.sqrt(kappa)
         old = max(1, math.ceil(math.log(2.0 / 1e-6) / math.log((s + 1.0) / (s - 1.0))))
-        assert cg_cost.chebyshev_bound(kappa, 1e-6) == cg_iteration_bound(kappa, 1e-6) == old
+        assert cg_cost.chebyshev_bound(kappa, 1e-6) == old
     # past sqrt(kappa) = 1e4 the bound is log(2/tol) sqrt(kappa) / 2 to first order
     assert cg_cost.chebyshev_bound(1e20, 1e-6) == pytest.approx(math.log(2e6) * 1e10 / 2, 1e-9)
 
@@ -309,13 +309,15 @@ def test_cv_routing_is_finite_for_any_positive_lambda(lam):
 @pytest.mark.parametrize("solver", ["auto", "cholesky", "cg"])
 def test_plan_fit_prices_any_positive_lambda(lam, solver):
     """Old code: ``plan_fit`` raised ZeroDivisionError for lambda 1e-300 whatever the solver."""
+    from pipeline.fit import row_probes
     from pipeline.policy.placement import Resources
     from pipeline.policy.plan import plan_fit
 
     rng = np.random.default_rng(0)
     X = rng.normal(size=(3000, 4))
     res = Resources(memory_bytes=1e12, disk_bytes=1e13, in_memory=False)
-    plan, why = plan_fit(3000, 4, RBF(gamma=0.5), res, {"solver": solver, "alpha": lam}, X=X)
+    k = RBF(gamma=0.5)
+    plan, why = plan_fit(3000, 4, k, res, {"solver": solver, "alpha": lam}, probes=row_probes(X, k))
     assert plan.solver in ("cholesky", "cg") and why
     if solver != "auto":
         assert plan.solver == solver

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from pipeline import KernelRidge
+from pipeline.fit import fit_reference
 from pipeline.kernels import Polynomial
-from pipeline.reference import fit_reference, solve_primal
+from pipeline.reference import solve_primal
 
 
 def quadratic_features(X: np.ndarray, gamma: float, coef0: float) -> np.ndarray:

@@ -7,8 +7,8 @@ import re
 import pytest
 
 from pipeline.kernels import make_kernel
-from pipeline.policy.calibrated import CalibratedCostModel
-from pipeline.policy.plan import Resources, SimpleCostModel, plan_fit
+from pipeline.policy.calibrated import CalibratedCostModel, SimpleCostModel
+from pipeline.policy.plan import Resources, plan_fit
 
 RES = Resources(memory_bytes=1e13, disk_bytes=1e15, in_memory=False)
 NS = (5_000, 20_000, 40_000, 100_000)

@@ -12,15 +12,15 @@ import pytest
 import scipy.sparse as sp
 from sklearn.kernel_ridge import KernelRidge as SKKernelRidge
 
+from pipeline.fit import fit_reference
 from pipeline.kernels import RBF, Linear
+from pipeline.policy.plan import in_memory_choice
 from pipeline.reference import (
     InsufficientMemoryError,
     SingularKernelWarning,
     check_dense_memory,
-    choose_solver,
     dense_dual_bytes,
     effective_alpha,
-    fit_reference,
     predict_dual,
     primal_to_dual,
     solve_dual,
@@ -175,10 +175,10 @@ def test_primal_equals_dual_for_linear_kernel():
 
 
 def test_cost_model_choice():
-    assert choose_solver(10_000, 10, has_primal=True) == "primal"
-    assert choose_solver(50, 5_000, has_primal=True) == "dense"
-    assert choose_solver(10_000, 10, has_primal=False) == "dense"
-    assert choose_solver(10_000, 10, has_primal=True, alpha=0.0) == "dense"
+    assert in_memory_choice(10_000, 10, has_primal=True) == "primal"
+    assert in_memory_choice(50, 5_000, has_primal=True) == "dense"
+    assert in_memory_choice(10_000, 10, has_primal=False) == "dense"
+    assert in_memory_choice(10_000, 10, has_primal=True, alpha=0.0) == "dense"
     X, y = _data(n=200, d=4)
     assert fit_reference(X, y, "linear", 1.0).solver == "primal"
     assert fit_reference(X, y, "rbf", 1.0).solver == "dense"

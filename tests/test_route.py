@@ -12,16 +12,17 @@ from sklearn.model_selection import GridSearchCV, KFold
 import pipeline.model_selection.route as route
 from pipeline.kernels import RBF
 from pipeline.model_selection import KernelRidgeCV
+from pipeline.policy.cg_cost import chebyshev_bound
 from pipeline.solvers.band import band_available
 
 pytestmark = pytest.mark.skipif(not band_available(), reason="no dsytrd_sy2sb in SciPy's LAPACK")
 
 
-def test_cg_iteration_bound():
-    assert route.cg_iteration_bound(1.0, 1e-10) == 1
+def test_chebyshev_bound_of_the_cg_route():
+    assert chebyshev_bound(1.0, 1e-10) == 1
     # (sqrt(100)+1)/(sqrt(100)-1) = 11/9: ceil(ln(2e10) / ln(11/9))
-    assert route.cg_iteration_bound(100.0, 1e-10) == math.ceil(math.log(2e10) / math.log(11 / 9))
-    ks = [route.cg_iteration_bound(k, 1e-8) for k in (1.5, 10, 1e3, 1e6)]
+    assert chebyshev_bound(100.0, 1e-10) == math.ceil(math.log(2e10) / math.log(11 / 9))
+    ks = [chebyshev_bound(k, 1e-8) for k in (1.5, 10, 1e3, 1e6)]
     assert ks == sorted(ks) and ks[-1] > 10 * ks[0]
 
 

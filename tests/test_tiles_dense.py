@@ -19,9 +19,9 @@ import pytest
 import scipy.sparse as sp
 
 from pipeline import KernelRidge
+from pipeline.fit import fit_reference
 from pipeline.kernels import RBF, Laplacian, Linear, Polynomial, Sigmoid
 from pipeline.kernels.base import NonFiniteKernelError
-from pipeline.reference import fit_reference
 from pipeline.tiles.dense import kernel_matrix, kernel_predict
 
 FUSED = [

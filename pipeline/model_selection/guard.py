@@ -26,7 +26,6 @@ from pipeline.solvers.matvec import MatrixFreeKernelOperator
 from pipeline.tiles.dense import kernel_matrix
 
 __all__ = [
-    "VERIFY_TOL",
     "FixedPredictions",
     "check_budget",
     "screen_refiner",
@@ -35,9 +34,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("pipeline.model_selection")
-
-#: relative residual of the verification solves (float64 products)
-VERIFY_TOL = C.VERIFY_TOL
 
 
 class FixedPredictions(RegressorMixin, BaseEstimator):
@@ -119,7 +115,7 @@ def verify_best(
     cv: Any, X: np.ndarray, y2: np.ndarray, kern: Any, splits: list, alpha: float, stats: dict
 ) -> list[np.ndarray]:
     """Held-out predictions of the selected setting on every fold, from float64 block
-    PCG to :data:`VERIFY_TOL` (no float32, no loose inner solves); unconverged folds are
+    PCG to :data:`~pipeline.policy.constants.VERIFY_TOL` (no float32, no loose inner solves); unconverged folds are
     solved directly."""
 
     trains, tests = [tr for tr, _ in splits], [te for _, te in splits]
@@ -131,7 +127,7 @@ def verify_best(
     vstats: dict = {}
     pf = block_cv_predictions(
         op, y2, trains, tests, shifts, preconditioner=cv.preconditioner, rank=cv.rank,
-        tol=VERIFY_TOL, max_iter=cv.max_iter,
+        tol=C.VERIFY_TOL, max_iter=cv.max_iter,
         random_state=cv.random_state if cv.random_state is not None else 0,
         stats=vstats, failures=failures,
     )  # fmt: skip

@@ -28,11 +28,11 @@ from pipeline.policy.constants import (
     ROUTE_POWER_ITERATIONS,
     ROUTE_RHO_SAFETY,
 )
-from pipeline.policy.cv_routing import cg_iteration_bound, route_choice
+from pipeline.policy.cv_routing import route_choice
 from pipeline.solvers.dense_operator import DenseKernelOperator
 from pipeline.solvers.precond import rpcholesky
 
-__all__ = ["DenseKernelOperator", "Route", "cg_iteration_bound", "route_setting"]
+__all__ = ["DenseKernelOperator", "Route", "route_setting"]
 
 
 def _gemm_rate_one_thread(size: int = GEMM_PROBE_SIZE) -> float:

@@ -9,15 +9,14 @@ machine rate; they ask this package. Modules:
   size that follows.
 - ``cholesky_cost``: predicted time, memory and disk of the out-of-core Cholesky.
 - ``cg_cost``: predicted iterations and time of preconditioned CG.
-- ``cost_models``: the cost models known by name (``calibrated``, ``simple``) and how
-  ``plan_fit`` calls a plugged-in one.
 - ``cg_variant``: CG's product, stored or recomputed, float64 or mixed precision, by
   predicted seconds.
-- ``calibrated``: the one cost model of ``plan_fit`` (the default, ``cost_model="calibrated"``).
-- ``spectrum``: the preconditioner's residual measured on a subsample of the rows at plan time.
+- ``calibrated``: the cost models of ``plan_fit`` (the default ``"calibrated"``, and
+  ``"simple"``) and how it calls a plugged-in one.
 - ``cv_routing``: ``KernelRidgeCV``'s routing and cost models.
 
 Everything here is a pure function of sizes, user choices and measured machine
-rates, apart from ``spectrum``, which reads a few thousand sampled rows of X (a Dask
-array is only indexed and read) and forms their kernel matrix.
+rates; nothing here imports a solver. What the plan measures on the training rows (the
+preconditioner's residual, the float32 factor's risk: :mod:`pipeline.solvers.spectrum`)
+comes in as data, ``placement.Probes``, built by :func:`pipeline.fit.row_probes`.
 """

@@ -1,4 +1,10 @@
-"""The one cost model of :func:`pipeline.policy.plan.plan_fit` (``solver="auto"``).
+"""The cost models of :func:`pipeline.policy.plan.plan_fit` (``solver="auto"``), and how it calls them.
+
+``"calibrated"`` (the default) is :class:`CalibratedCostModel`; ``"simple"`` is
+:class:`SimpleCostModel`, the λ-blind constants kept for comparison. Any object with
+``cholesky_seconds(n, d, kernel)`` and ``cg_seconds(n, d, kernel)`` methods plugs in
+(:func:`make_cost_model`); :func:`_seconds` passes it only the keywords (``shift``,
+``tol``, ``rho``, ``matvec``, ``precision``) its methods accept.
 
 :class:`CalibratedCostModel` predicts the seconds of the two out-of-core solvers as
 the public estimator runs them:
@@ -15,7 +21,7 @@ the public estimator runs them:
   the shift (λ, or nλ) and ρ = ‖K - F Fᵀ‖₂ the residual of the rank-r preconditioner.
 
 ρ depends on the data. When the plan has the training rows, ρ is measured on a
-subsample (:func:`pipeline.policy.spectrum.estimate_residual`); without them it is
+subsample (:func:`pipeline.solvers.spectrum.estimate_residual`); without them it is
 :data:`~pipeline.policy.constants.RHO_AT_DEFAULT_RANK` at
 :data:`~pipeline.policy.constants.RHO_REFERENCE_N` rows, scaled linearly with N
 (the eigenvalues of an N x N Gram grow as N times those of the kernel's integral
@@ -27,19 +33,14 @@ subsample estimate: no I/O.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
+from pipeline.options import COST_MODELS
 from pipeline.policy import cg_cost, cholesky_cost
 from pipeline.policy import constants as C
 
-__all__ = ["RHO_AT_DEFAULT_RANK", "CalibratedCostModel"]
-
-# the calibrated figures live in pipeline.policy.constants (with where they were measured)
-RHO_AT_DEFAULT_RANK = C.RHO_AT_DEFAULT_RANK
-RHO_REFERENCE_N = C.RHO_REFERENCE_N
-DEFAULT_GEMM_GFLOPS = C.DEFAULT_GEMM_GFLOPS
-DEFAULT_DISK_READ_GBPS = C.DEFAULT_DISK_READ_GBPS
-DEFAULT_DISK_WRITE_GBPS = C.DEFAULT_DISK_WRITE_GBPS
+__all__ = ["CalibratedCostModel", "SimpleCostModel", "make_cost_model"]
 
 
 class CalibratedCostModel:
@@ -58,7 +59,7 @@ class CalibratedCostModel:
     tol : float
         CG's relative tolerance when ``cg_seconds`` is not given one.
     rho : float
-        Assumed preconditioner residual ``‖K - F Fᵀ‖₂`` at N = :data:`RHO_REFERENCE_N`,
+        Assumed preconditioner residual ``‖K - F Fᵀ‖₂`` at N = :data:`~pipeline.policy.constants.RHO_REFERENCE_N`,
         scaled linearly with N, when no measured ρ is given (see the module notes).
     factor_dtype, kernel_dtype : str
         Precision of the stored factor and of CG's products.
@@ -69,13 +70,13 @@ class CalibratedCostModel:
     def __init__(
         self,
         *,
-        gemm_gflops: float = DEFAULT_GEMM_GFLOPS,
-        disk_read_gbps: float = DEFAULT_DISK_READ_GBPS,
-        disk_write_gbps: float = DEFAULT_DISK_WRITE_GBPS,
+        gemm_gflops: float = C.DEFAULT_GEMM_GFLOPS,
+        disk_read_gbps: float = C.DEFAULT_DISK_READ_GBPS,
+        disk_write_gbps: float = C.DEFAULT_DISK_WRITE_GBPS,
         block_size: int = C.DEFAULT_BLOCK_SIZE,
         rank: int = C.DEFAULT_RANK,
         tol: float = C.DEFAULT_TOL,
-        rho: float = RHO_AT_DEFAULT_RANK,
+        rho: float = C.RHO_AT_DEFAULT_RANK,
         factor_dtype: str = "float64",
         kernel_dtype: str = "float64",
     ) -> None:
@@ -145,7 +146,7 @@ class CalibratedCostModel:
         else the assumed one scaled with N."""
         if rho is not None:
             return float(rho)
-        return self.rho * float(n) / RHO_REFERENCE_N
+        return self.rho * float(n) / C.RHO_REFERENCE_N
 
     def cg_iterations(
         self,
@@ -217,14 +218,14 @@ class CalibratedCostModel:
         shift: float | None = None,
         tol: float | None = None,
         rho: float | None = None,
-        X: Any = None,
+        probes: Any = None,
     ) -> dict[str, Any]:
-        """Both predictions and what they rest on; ρ is measured on ``X`` when given."""
+        """Both predictions and what they rest on; ρ is measured by ``probes.residual``
+        (:class:`~pipeline.policy.placement.Probes`) when given."""
         source = "measured" if rho is not None else "assumed"
-        if rho is None and X is not None and kernel is not None:
-            from pipeline.policy.spectrum import estimate_residual
-
-            rho = estimate_residual(X, kernel, min(self.rank, int(n)))
+        residual = getattr(probes, "residual", None)
+        if rho is None and residual is not None and kernel is not None:
+            rho = residual(min(self.rank, int(n)))
             source = "subsample" if rho is not None else "assumed"
         return {
             "cholesky_seconds": self.cholesky_seconds(n, d, kernel),
@@ -233,3 +234,65 @@ class CalibratedCostModel:
             "rho": self.residual(n, rho),
             "rho_source": source,
         }
+
+
+class SimpleCostModel:
+    """The old λ-blind model (``cost_model="simple"``): a Cholesky's N³/3 flops
+    (:func:`pipeline.policy.cholesky_cost.cholesky_flops`) at
+    :data:`~pipeline.policy.constants.CHOLESKY_GFLOPS`, and a Nyström-preconditioned
+    CG of :data:`~pipeline.policy.constants.CG_TYPICAL_PRODUCTS` products of N² kernel
+    entries at :data:`~pipeline.policy.constants.KERNEL_ENTRIES_PER_SECOND`. It ignores
+    λ and the data, so it picks the slower solver on much of the measured grid
+    (``bench_policy_grid.py``); the default is :class:`CalibratedCostModel`."""
+
+    name = "simple"
+
+    def cholesky_seconds(self, n: int, d: int, kernel: Any = None) -> float:
+        return cholesky_cost.cholesky_flops(n) / (C.CHOLESKY_GFLOPS * 1e9)
+
+    def cg_seconds(self, n: int, d: int, kernel: Any = None) -> float:
+        return C.CG_TYPICAL_PRODUCTS * float(n) ** 2 / C.KERNEL_ENTRIES_PER_SECOND
+
+
+# -- how plan_fit calls a cost model ----------------------------------------------
+
+
+def _accepts(fn: Any, key: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == key or p.kind is p.VAR_KEYWORD for p in params)
+
+
+def _seconds(fn: Any, n: int, d: int, kernel: Any, **kw: Any) -> float:
+    """``fn(n, d, kernel)``, with those of ``kw`` (``shift``, ``tol``) that ``fn`` accepts."""
+    extra = {k: v for k, v in kw.items() if v is not None and _accepts(fn, k)}
+    return float(fn(n, d, kernel, **extra))
+
+
+def make_cost_model(
+    name: Any,
+    *,
+    block_size: int = C.DEFAULT_BLOCK_SIZE,
+    rank: int = C.DEFAULT_RANK,
+    tol: float = C.DEFAULT_TOL,
+    factor_dtype: str = C.DEFAULT_FACTOR_DTYPE,
+) -> Any:
+    """The cost model ``name`` (``None`` or ``"calibrated"``, ``"simple"``); an object
+    with ``cholesky_seconds`` and ``cg_seconds`` is returned as is."""
+    if name == "simple":
+        return SimpleCostModel()
+    if name is None or name == "calibrated":
+        return CalibratedCostModel(
+            block_size=block_size,
+            rank=rank,
+            tol=tol,
+            factor_dtype=factor_dtype if factor_dtype in ("float64", "float32") else "float64",
+        )
+    if hasattr(name, "cholesky_seconds") and hasattr(name, "cg_seconds"):
+        return name
+    raise ValueError(
+        f"cost_model={name!r} is not valid; choose one of {COST_MODELS} or pass an object "
+        "with cholesky_seconds(n, d, kernel) and cg_seconds(n, d, kernel) methods"
+    )

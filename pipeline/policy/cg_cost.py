@@ -9,7 +9,7 @@ most ``κ = 1 + ρ/μ`` and CG needs at most the Chebyshev bound
 ``k = ⌈log(2/tol) / log((√κ+1)/(√κ-1))⌉`` iterations
 (:func:`chebyshev_iterations`). CG does better because the spectrum of the
 preconditioned matrix clusters at 1: :func:`predicted_iterations` scales the
-bound by :data:`CG_BOUND_FRACTION`, calibrated below. The bound is a total
+bound by :data:`~pipeline.policy.constants.CG_BOUND_FRACTION`, calibrated below. The bound is a total
 function of μ > 0 (:func:`chebyshev_bound`): past √κ = 1e4 its step is
 ``2 atanh(1/√κ)``, as ``(√κ+1)/(√κ-1)`` rounds to 1 near √κ = 1e16 (λ = 1e-31
 divided by zero), and it is capped at :data:`MAX_PREDICTED_ITERATIONS`.
@@ -37,7 +37,7 @@ about 0.95 s per iteration at D = 9; the grid of ``bench_policy_grid.py``), plus
 :data:`~pipeline.policy.constants.CG_PRODUCT_ROW_BLOCK_SECONDS` per row block. That is
 more than the engine's one-sided figure (``ENTRY_RATE_FLOAT64``, 0.53 G/s, each
 entry counted once), which :func:`entry_rate` still gives by default. The rate
-falls with D as ``(D₀ + 14) / (D₀ + D)``, D₀ = :data:`ENTRY_COST_D0` (the exp and
+falls with D as ``(D₀ + 14) / (D₀ + D)``, D₀ = :data:`~pipeline.policy.constants.ENTRY_COST_D0` (the exp and
 the bookkeeping cost as much as this many feature terms).
 """
 
@@ -48,19 +48,13 @@ import math
 from pipeline.policy import constants as C
 
 __all__ = [
-    "CG_BOUND_FRACTION",
-    "ENTRY_COST_D0",
-    "ENTRY_RATE_FLOAT32",
-    "ENTRY_RATE_FLOAT64",
     "MAX_PREDICTED_ITERATIONS",
-    "MIXED_INNER_OVERHEAD",
     "chebyshev_bound",
     "chebyshev_iterations",
     "entry_rate",
     "mixed_precision_products",
     "nystrom_build_seconds",
     "nystrom_memory_bytes",
-    "predicted_cg_seconds",
     "predicted_iterations",
     "product_seconds",
     "gram_disk_bytes",
@@ -69,11 +63,6 @@ __all__ = [
 ]
 
 # the calibrated figures live in pipeline.policy.constants (with where they were measured)
-CG_BOUND_FRACTION = C.CG_BOUND_FRACTION
-ENTRY_RATE_FLOAT64 = C.ENTRY_RATE_FLOAT64
-ENTRY_RATE_FLOAT32 = C.ENTRY_RATE_FLOAT32
-ENTRY_COST_D0 = C.ENTRY_COST_D0
-MIXED_INNER_OVERHEAD = C.MIXED_INNER_OVERHEAD
 _REF_D = 14
 
 #: the most iterations a bound reports: a solve no budget affords (an int64, so every
@@ -109,8 +98,9 @@ def chebyshev_iterations(rho: float, shift: float, tol: float) -> int:
 
 
 def predicted_iterations(rho: float, shift: float, tol: float) -> int:
-    """Expected PCG iterations: the Chebyshev bound times :data:`CG_BOUND_FRACTION`."""
-    return max(1, math.ceil(CG_BOUND_FRACTION * chebyshev_iterations(rho, shift, tol)))
+    """Expected PCG iterations: the Chebyshev bound times
+    :data:`~pipeline.policy.constants.CG_BOUND_FRACTION`."""
+    return max(1, math.ceil(C.CG_BOUND_FRACTION * chebyshev_iterations(rho, shift, tol)))
 
 
 def entry_rate(
@@ -120,8 +110,10 @@ def entry_rate(
     if kernel_dtype not in ("float64", "float32"):
         raise ValueError(f"kernel_dtype must be 'float64' or 'float32', got {kernel_dtype!r}")
     if base_rate is None:
-        base_rate = ENTRY_RATE_FLOAT32 if kernel_dtype == "float32" else ENTRY_RATE_FLOAT64
-    return float(base_rate) * (ENTRY_COST_D0 + _REF_D) / (ENTRY_COST_D0 + max(1, int(n_features)))
+        base_rate = C.ENTRY_RATE_FLOAT32 if kernel_dtype == "float32" else C.ENTRY_RATE_FLOAT64
+    return (
+        float(base_rate) * (C.ENTRY_COST_D0 + _REF_D) / (C.ENTRY_COST_D0 + max(1, int(n_features)))
+    )
 
 
 def product_seconds(
@@ -198,30 +190,5 @@ def mixed_precision_products(
     products' error then limits each step)."""
     outer = max(1, math.ceil(-math.log10(tol) / C.MIXED_DIGITS_PER_STEP))
     ill = n_over_shift is not None and n_over_shift > C.MIXED_MAX_N_OVER_SHIFT
-    overhead = C.MIXED_INNER_OVERHEAD_ILL if ill else MIXED_INNER_OVERHEAD
+    overhead = C.MIXED_INNER_OVERHEAD_ILL if ill else C.MIXED_INNER_OVERHEAD
     return math.ceil(overhead * iterations_float64), outer
-
-
-def predicted_cg_seconds(
-    n: int,
-    n_features: int,
-    rho: float,
-    shift: float,
-    tol: float,
-    *,
-    rank: int = 0,
-    kernel_dtype: str = "float64",
-    base_rate: float | None = None,
-) -> float:
-    """Time of a preconditioned matrix-free CG solve: build plus iterations x product
-    (plus one product for the final true residual)."""
-    its = predicted_iterations(rho, shift, tol)
-    build = nystrom_build_seconds(n, rank, n_features, base_rate=base_rate) if rank else 0.0
-    if kernel_dtype == "mixed":
-        lo, hi = mixed_precision_products(its, tol, n / shift)
-        return (
-            build
-            + lo * product_seconds(n, n_features, "float32", None)
-            + hi * product_seconds(n, n_features, "float64", base_rate)
-        )
-    return build + (its + 1) * product_seconds(n, n_features, kernel_dtype, base_rate)

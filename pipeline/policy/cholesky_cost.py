@@ -28,9 +28,6 @@ from dataclasses import dataclass
 from pipeline.policy import constants as C
 
 # the calibrated figures live in pipeline.policy.constants (with where they were measured)
-FLOAT32_SPEEDUP = C.FLOAT32_SPEEDUP
-BASE_RSS_BYTES = C.BASE_RSS_BYTES
-IO_BUDGET_BYTES = C.IO_BUDGET_BYTES
 
 
 @dataclass(frozen=True)
@@ -84,8 +81,8 @@ def cholesky_disk_bytes(
 
 
 def cholesky_flops(n: int) -> float:
-    """Flops of a Cholesky factorisation, ``n^3 / 3``."""
-    return float(n) ** 3 / 3.0
+    """Flops of a Cholesky factorisation, ``n^3 / 3`` (``n^3`` exact, then one rounding)."""
+    return int(n) ** 3 / 3.0
 
 
 def cholesky_peak_memory(
@@ -98,10 +95,10 @@ def cholesky_peak_memory(
 ) -> int:
     """Peak resident bytes: per-thread working tiles, I/O queues, tile cache, base."""
     tile = min(int(block_size), int(n)) ** 2 * 8  # updates run in the factor's dtype, POTRF f64
-    io = min(2 * IO_BUDGET_BYTES, 4 * tile)
+    io = min(2 * C.IO_BUDGET_BYTES, 4 * tile)
     # the cache holds what the updates reuse: at most one factor column panel and row
     panel = 2 * n_tiles(n, block_size) * min(int(block_size), int(n)) ** 2 * int(itemsize)
-    return int(BASE_RSS_BYTES + 3 * threads * tile + io + min(int(cache_bytes), panel))
+    return int(C.BASE_RSS_BYTES + 3 * threads * tile + io + min(int(cache_bytes), panel))
 
 
 def predict_cholesky(
@@ -146,7 +143,7 @@ def predict_cholesky(
     itemsize = 8 if dtype == "float64" else 4
     t = n_tiles(n, block_size)
     b = min(int(block_size), int(n))
-    speed = cholesky_efficiency(t) * gemm_gflops * (FLOAT32_SPEEDUP if itemsize == 4 else 1.0)
+    speed = cholesky_efficiency(t) * gemm_gflops * (C.FLOAT32_SPEEDUP if itemsize == 4 else 1.0)
     flops = cholesky_flops(n)
     # critical path: the diagonal chain, about a tile POTRF + TRSM per column at one core
     chain = t * (b**3 / 3.0) / (gemm_gflops / max(cores, 1) * C.POTRF_CHAIN_EFFICIENCY) / 1e9

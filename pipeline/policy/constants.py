@@ -42,7 +42,7 @@ DEFAULT_RANDOM_STATE = 0
 #: above this N an out-of-core fit uses CG: a Cholesky costs N³/3 flops (9 TFLOP at
 #: 30k, about 2.5 min at the measured 60 GFLOP/s tile Cholesky), more than the ~100
 #: kernel products of N² entries a Nyström-preconditioned CG needs. (Was
-#: stages/solve.AUTO_CHOLESKY_MAX_ROWS and solvers/choose.CHOLESKY_MAX_N.)
+#: stages/solve.AUTO_CHOLESKY_MAX_ROWS and solvers/choose.CHOLESKY_MAX_N, both deleted.)
 CHOLESKY_MAX_N = 30_000
 #: leave this fraction of the free disk and memory unused when planning
 DISK_MARGIN = 0.8
@@ -52,7 +52,7 @@ MEMORY_SAFETY_FRACTION = 0.85
 #: CG's operator: from this many features on, reading a stored float64 entry (8 bytes
 #: at ~1 GB/s) beats recomputing it (O(D) flops at 7 ns per entry per core, measured)
 STORED_MATVEC_MIN_FEATURES = 64
-#: rates of the simple cost model (pipeline.policy.plan.predicted_*_seconds),
+#: rates of the simple cost model (pipeline.policy.calibrated.SimpleCostModel),
 #: measured on SkylakeX / Sapphire Rapids with 2 cores: the tile Cholesky at about
 #: 60 GFLOP/s; the fused matrix-free product at 0.53-0.6 G kernel entries per second
 #: (float64, cache-blocked RBF, D=14); a Nyström-preconditioned CG needing on the
@@ -76,14 +76,14 @@ DEFAULT_DISK_WRITE_GBPS = 0.8
 
 # ---------------------------------------------------------------------------
 # the one cost model of solver="auto" (pipeline.policy.calibrated, pipeline.policy.cg_cost,
-# pipeline.policy.cholesky_cost, pipeline.policy.spectrum). Measured on the 2-core
+# pipeline.policy.cholesky_cost, pipeline.solvers.spectrum). Measured on the 2-core
 # Intel Xeon (Sapphire Rapids) project machine, 2026-11-23; the grid of
 # workflows/benchmarks/bench_policy_grid.py (its JSON) and the 40k points of
 # docs/PERFORMANCE.md ("The solver policy against measured times").
 
 #: CG iterations / Chebyshev bound of κ = 1 + ρ/μ. cg_cost's table (diamonds, N = 10k-20k,
 #: ρ by power iteration on the full Gram): 0.45-0.67; the grid with ρ from the plan-time
-#: subsample estimate (pipeline.policy.spectrum): see bench_policy_grid.json
+#: subsample estimate (pipeline.solvers.spectrum): see bench_policy_grid.json
 CG_BOUND_FRACTION = 0.6
 #: kernel entries per second of the fused engine, 2 cores, D = 14, each entry counted once
 #: (docs/PERFORMANCE.md "Kernel times vector", bench_engine.py); cg_cost.entry_rate scales
@@ -187,7 +187,7 @@ GEMV_FRACTION_OF_GEMM = 0.1
 POTRF_CHAIN_EFFICIENCY = 0.5
 #: the factor-tile cache of the out-of-core Cholesky (bytes)
 CHOLESKY_CACHE_BYTES = 1 << 30
-#: the plan-time estimate of the preconditioner's residual (pipeline.policy.spectrum):
+#: the plan-time estimate of the preconditioner's residual (pipeline.solvers.spectrum):
 #: rows of the subsample (at least SPECTRUM_RANK_FACTOR x the rank, at most
 #: SPECTRUM_MAX_ROWS) and power iterations on its residual
 SPECTRUM_SAMPLE_ROWS = 2000
@@ -281,7 +281,7 @@ ONE_BLAS_THREAD_FROM = 15_000
 LOO_PANEL_BYTES = 512 * 1024**2
 
 # ---------------------------------------------------------------------------
-# tile size of the Dask tile Cholesky by worker count (pipeline.solvers.cholesky_exec
+# tile size of the Dask tile Cholesky by worker count (pipeline.policy.placement
 # .dask_block_size; docs/SCALING.md, item 4 of issue #19)
 #: the left-looking graph's critical path is ~1.5 n^2 b flops against n^3 / 3 of work,
 #: so about n / (4.5 b) workers can be busy; the policy's tile is n / (6 P), a path of

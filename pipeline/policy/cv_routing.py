@@ -13,7 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pipeline.policy.calibrated import SimpleCostModel
 from pipeline.policy.cg_cost import chebyshev_bound
+from pipeline.policy.cholesky_cost import cholesky_flops
 from pipeline.policy.constants import (
     BAND_FLOPS_PER_M3,
     BAND_GEMM_EFFICIENCY,
@@ -30,11 +32,9 @@ from pipeline.policy.constants import (
     IN_MEMORY_MAX_N,
     KERNEL_ENTRIES_PER_SECOND,
 )
-from pipeline.policy.plan import predicted_cholesky_seconds
 
 __all__ = [
     "band_cost",
-    "cg_iteration_bound",
     "choose_cv_solver",
     "dense_cost",
     "eigen_cost",
@@ -76,7 +76,7 @@ def band_cost(splits: Sequence) -> float:
 
 def dense_cost(n_alpha: int, splits: Sequence) -> float:
     """One Cholesky per (λ, fold)."""
-    return sum(n_alpha * len(tr) ** 3 / 3.0 for tr, _ in splits)
+    return sum(n_alpha * cholesky_flops(len(tr)) for tr, _ in splits)
 
 
 def memory_need(solver: str, n: int, band_workers: int = 1, n_jobs: int | None = None) -> int:
@@ -127,13 +127,6 @@ def choose_cv_solver(
     return "cg"
 
 
-def cg_iteration_bound(kappa: float, tol: float) -> int:
-    """CG iterations to reduce the error by ``tol`` for condition number ``kappa``
-    (the Chebyshev bound ``2 ((√κ - 1)/(√κ + 1))^k <= tol``,
-    :func:`pipeline.policy.cg_cost.chebyshev_bound`: finite for any κ)."""
-    return chebyshev_bound(kappa, tol)
-
-
 def route_choice(
     rho: float,
     t_pass: float,
@@ -150,14 +143,15 @@ def route_choice(
 
     ``rho`` is ‖K - F Fᵀ‖₂ of the rank-r preconditioner, ``t_pass`` the measured seconds
     of one product with K, ``shifts[f]`` the shifts of fold f (one per λ). CG's
-    iterations are the Chebyshev bound of ``κ = 1 + ρ/s`` for each λ from scratch (warm
+    iterations are the Chebyshev bound (:func:`~pipeline.policy.cg_cost.chebyshev_bound`)
+    of ``κ = 1 + ρ/s`` for each λ from scratch (warm
     starts are not counted); the band reductions run at
     :data:`~pipeline.policy.constants.BAND_GEMM_EFFICIENCY` of the one-thread GEMM rate
     on ``n_workers`` threads. CG is chosen when predicted cheaper than ``margin`` times
     the band reductions.
     """
     its = sum(
-        max(cg_iteration_bound(1.0 + rho / s, tol) for s in fold_shifts)
+        max(chebyshev_bound(1.0 + rho / s, tol) for s in fold_shifts)
         for fold_shifts in zip(*shifts)
     )
     cg_s = its * t_pass * CG_PASS_OVERHEAD
@@ -201,7 +195,7 @@ def predicted_search_seconds(
         per = CV_BLOCK_PASSES * _block_pass_seconds(n, max(1, columns // 2)) + kernel + precond
     elif solver == "cholesky":
         # one factorisation per λ, priced as the fit plan's (simple) cost model prices it
-        per = n_alpha * predicted_cholesky_seconds(n, 1) + kernel / 2
+        per = n_alpha * SimpleCostModel().cholesky_seconds(n, 1) + kernel / 2
     elif solver == "eigen":
         per = eigen_cost(n, kind, n_alpha, splits, eigen_requested) / rate + kernel
     elif solver == "band":

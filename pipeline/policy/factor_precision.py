@@ -10,7 +10,7 @@ diamonds rows fail and 10,000 Gaussian rows refine in 8 iterations).
 
 The rule measures the *risk* ``ε₃₂ · λmax(K) / (λmin(K_m) + μ)`` on a seeded
 subsample of m rows (its largest eigenvalue scaled by N/m estimates K's, as in
-:mod:`pipeline.policy.spectrum`; its smallest is an upper bound on K's, so small
+:mod:`pipeline.solvers.spectrum`; its smallest is an upper bound on K's, so small
 eigenvalues the subsample misses make the risk look smaller). float32 is chosen
 when the risk is at most :data:`~pipeline.policy.constants.FACTOR_FLOAT32_MAX_RISK`,
 N is at least :data:`~pipeline.policy.constants.FACTOR_FLOAT32_MIN_ROWS`, and X is in
@@ -21,52 +21,37 @@ float32 factor fails: never a wrong answer, at worst the float32 attempt's time.
 
 from __future__ import annotations
 
-from typing import Any
-
-import numpy as np
+from collections.abc import Callable
 
 from pipeline.policy import constants as C
-from pipeline.policy.spectrum import subsample_rows
 
-__all__ = ["choose_factor_dtype", "float32_factor_risk"]
-
-EPS32 = float(np.finfo(np.float32).eps)
-
-
-def float32_factor_risk(
-    X: np.ndarray, kernel: Any, shift: float, *, random_state: int = C.DEFAULT_RANDOM_STATE
-) -> float:
-    """``ε₃₂ · λmax(K) / (λmin(K_m) + shift)`` from a seeded subsample of ``X``'s rows."""
-
-    n = int(X.shape[0])
-    m = int(min(n, C.FACTOR_FLOAT32_SAMPLE_ROWS))
-    ev = np.linalg.eigvalsh(
-        np.asarray(kernel(subsample_rows(X, m, np.random.default_rng(random_state))))
-    )
-    lmax = float(ev[-1]) * n / m
-    return EPS32 * lmax / (max(float(ev[0]), 0.0) + float(shift))
+__all__ = ["choose_factor_dtype"]
 
 
 def choose_factor_dtype(
-    n: int, shift: float | None, *, X: Any = None, kernel: Any = None
+    n: int, shift: float | None, *, risk: Callable[[float], float] | None = None
 ) -> tuple[str, str]:
-    """``(factor_dtype, reason)`` for ``factor_dtype="auto"``."""
+    """``(factor_dtype, reason)`` for ``factor_dtype="auto"``.
+
+    ``risk(shift)`` is the measured probe (:attr:`pipeline.policy.placement.Probes.float32_risk`,
+    :func:`pipeline.solvers.spectrum.float32_factor_risk` on the rows); None when X is not
+    in memory or the kernel is not known to be PSD."""
     if n < C.FACTOR_FLOAT32_MIN_ROWS:
         return "float64", (
             f"factor float64 (n_samples={n} < {C.FACTOR_FLOAT32_MIN_ROWS}: float32 saves little)"
         )
-    if not isinstance(X, np.ndarray) or kernel is None or shift is None or shift <= 0:
+    if risk is None or shift is None or shift <= 0:
         return "float64", (
             "factor float64 (float32 needs X in memory and a positive shift, to refine "
             "with float64 products from X)"
         )
-    risk = float32_factor_risk(X, kernel, shift)
-    if risk > C.FACTOR_FLOAT32_MAX_RISK:
+    risk_value = risk(shift)
+    if risk_value > C.FACTOR_FLOAT32_MAX_RISK:
         return "float64", (
-            f"factor float64 (float32 risk {risk:.2g} > {C.FACTOR_FLOAT32_MAX_RISK}: the "
+            f"factor float64 (float32 risk {risk_value:.2g} > {C.FACTOR_FLOAT32_MAX_RISK}: the "
             "shift is small against float32's rounding of K)"
         )
     return "float32", (
-        f"factor float32, refined to float64 from X (risk {risk:.2g} <= "
+        f"factor float32, refined to float64 from X (risk {risk_value:.2g} <= "
         f"{C.FACTOR_FLOAT32_MAX_RISK})"
     )

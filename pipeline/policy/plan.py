@@ -14,20 +14,20 @@ with its reason, then run it with :func:`pipeline.fit.execute`. The rule:
    model, :class:`pipeline.policy.calibrated.CalibratedCostModel`, predicts faster.
    It depends on λ: CG's iterations follow the preconditioner's residual ρ against
    the shift μ, and ρ is measured on a subsample of the training rows when the
-   caller passes them (``X=``; :mod:`pipeline.policy.spectrum`), as ``krr run`` and
-   ``KernelRidge`` do. A kernel not known to be PSD never gets CG.
+   caller passes them (``probes=``, :class:`~pipeline.policy.placement.Probes`, built by
+   :func:`pipeline.fit.row_probes`), as ``krr run`` and ``KernelRidge`` do. A kernel not known to be PSD never gets CG.
 4. Every CG fit (named or chosen) takes its product's variant from
    :func:`pipeline.policy.cg_variant.choose_cg_variant`: recomputed or stored tiles,
    float64 or mixed precision (``matvec`` and ``cg_precision`` the user named are
    kept), by the same cost model; ``auto`` compares CG's best variant with the Cholesky.
 
-Pure functions of sizes, user choices and measured resources, apart from that
-subsample estimate: no I/O. Other cost models plug in through the ``cost_model``
+Pure functions of sizes, user choices, measured resources and the caller's probes of
+the rows (called only when their figure can change the plan): no I/O, no solver. Other cost models plug in through the ``cost_model``
 argument of :func:`plan_fit` (any object with ``cholesky_seconds`` and
 ``cg_seconds`` methods taking ``(n, d, kernel)``; a method that also takes the
 keywords ``shift``, ``tol`` or ``rho`` is given the diagonal shift μ, CG's
 tolerance and the measured ρ), or by name: ``"calibrated"`` (the default) or
-``"simple"`` (:class:`SimpleCostModel`: λ-blind constants that cross at
+``"simple"`` (:class:`~pipeline.policy.calibrated.SimpleCostModel`: λ-blind constants that cross at
 :data:`~pipeline.policy.constants.CHOLESKY_MAX_N` rows; kept for comparison, it
 picks the slower solver on much of the measured grid).
 """
@@ -51,42 +51,37 @@ from pipeline.options import (
     normalize_matvec,
 )
 from pipeline.policy import constants as C
+from pipeline.policy.calibrated import _accepts, _seconds, make_cost_model
 from pipeline.policy.cg_cost import gram_disk_bytes
 from pipeline.policy.cg_variant import choose_cg_variant, matvec_choice, normalize_precision
-from pipeline.policy.cost_models import (
-    SimpleCostModel,
-    _accepts,
-    _seconds,
-    make_cost_model,
-    predicted_cg_seconds,
-    predicted_cholesky_seconds,
-)
 from pipeline.policy.factor_precision import choose_factor_dtype
 from pipeline.policy.placement import (
+    Probes,
     Resources,
     default_block_size,
     gram_on_demand,
     tiles_on_workers,
 )
+from pipeline.reference.memory import dense_dual_bytes
 
 __all__ = [
     "ALPHA_CONVENTION_ALIASES",
     "FitPlan",
     "MATVEC_ALIASES",
+    "Probes",
     "Resources",
-    "SimpleCostModel",
     "cg_memory_bytes",
-    "cholesky_disk_bytes",
+    "dual_flops",
+    "gram_and_factor_disk_bytes",
     "gram_disk_bytes",
     "gram_on_demand",
-    "make_cost_model",
+    "in_memory_choice",
     "matvec_choice",
     "normalize_alpha_convention",
     "normalize_matvec",
     "out_of_core_choice",
     "plan_fit",
-    "predicted_cg_seconds",
-    "predicted_cholesky_seconds",
+    "primal_flops",
 ]
 
 
@@ -175,9 +170,11 @@ class FitPlan:
 # sizes
 
 
-def cholesky_disk_bytes(n: int, itemsize: int = 8) -> int:
-    """Disk a blocked Cholesky needs: the lower-tiled Gram plus its lower factor."""
-    return 2 * (n * (n + 1) // 2) * itemsize
+def gram_and_factor_disk_bytes(n: int, itemsize: int = 8) -> int:
+    """Disk a blocked Cholesky needs: the lower-tiled Gram plus its lower factor, each
+    :func:`~pipeline.policy.cg_cost.gram_disk_bytes` (the tile-level figure is
+    :func:`pipeline.policy.cholesky_cost.cholesky_disk_bytes`)."""
+    return 2 * gram_disk_bytes(n, itemsize)
 
 
 def cg_memory_bytes(n: int, n_features: int, rank: int = C.DEFAULT_RANK, n_rhs: int = 1) -> int:
@@ -219,7 +216,7 @@ def out_of_core_choice(
         raise ValueError(f"n and n_features must be >= 1, got n={n}, n_features={n_features}")
     if disk_free < 0 or mem_free < 0:
         raise ValueError(f"free disk and memory must be >= 0, got {disk_free}, {mem_free}")
-    need_disk = cholesky_disk_bytes(n)
+    need_disk = gram_and_factor_disk_bytes(n)
     need_mem = cg_memory_bytes(n, n_features, min(rank, n))
     usable_disk = C.DISK_MARGIN * disk_free
     cg_fits_memory = need_mem <= C.DISK_MARGIN * mem_free
@@ -281,11 +278,13 @@ def out_of_core_choice(
     )
 
 
-def _dual_flops(n: int, d: int) -> float:
+def dual_flops(n: int, d: int) -> float:
+    """Approximate flops of the dense dual: forming K (n² D) plus its Cholesky (n³/3)."""
     return float(n) ** 2 * d + float(n) ** 3 / 3.0
 
 
-def _primal_flops(n: int, d: int) -> float:
+def primal_flops(n: int, d: int) -> float:
+    """Approximate flops of the primal: forming Φᵀ Φ (n D²) plus its Cholesky (D³/3)."""
     return float(n) * d * d + float(d) ** 3 / 3.0
 
 
@@ -294,7 +293,7 @@ def in_memory_choice(n: int, d: int, *, has_primal: bool, alpha: Any = 1.0) -> s
     else ``"dense"`` (the dual)."""
     if not has_primal or np.any(np.asarray(alpha, dtype=np.float64) <= 0):
         return "dense"
-    return "primal" if _primal_flops(n, d) < _dual_flops(n, d) else "dense"
+    return "primal" if primal_flops(n, d) < dual_flops(n, d) else "dense"
 
 
 def _rho_matters(
@@ -335,7 +334,7 @@ def plan_fit(
     *,
     n_targets: int = 1,
     cost_model: Any = None,
-    X: Any = None,
+    probes: Probes | None = None,
 ) -> tuple[FitPlan, str]:
     """The plan of one fit and why, from its sizes, kernel, resources and user choices.
 
@@ -360,13 +359,14 @@ def plan_fit(
     cost_model : object or str, optional
         ``cholesky_seconds(n, d, kernel)`` and ``cg_seconds(n, d, kernel)`` (given
         ``shift=`` μ and ``tol=`` too when they accept them), or a name of
-        :data:`~pipeline.policy.cost_models.COST_MODELS`; default ``choices["cost_model"]``, else
+        :data:`~pipeline.options.COST_MODELS`; default ``choices["cost_model"]``, else
         :class:`~pipeline.policy.calibrated.CalibratedCostModel`.
-    X : array-like of shape (n, d), optional
-        The training rows as the kernel sees them. When ``solver="auto"`` goes out
-        of core with the Nyström preconditioner, the residual ρ of that
-        preconditioner is measured on a seeded subsample of them
-        (:func:`pipeline.policy.spectrum.estimate_residual`); without them the cost
+    probes : Probes, optional
+        The measurements the plan may take on the training rows as the kernel sees
+        them (:func:`pipeline.fit.row_probes`). When ``solver="auto"`` goes out of core
+        with the Nyström preconditioner, the residual ρ of that preconditioner is
+        measured on a seeded subsample of them
+        (:func:`pipeline.solvers.spectrum.estimate_residual`); without them the cost
         model assumes one. Callers that plan the same fit pass the same rows, so
         they get the same plan.
 
@@ -374,8 +374,6 @@ def plan_fit(
     -------
     (plan, reason) : (FitPlan, str)
     """
-    from pipeline.reference.memory import dense_dual_bytes
-
     ch = dict(choices or {})
     solver = _choice(ch, "solver", "auto")
     if solver not in SOLVERS:
@@ -387,7 +385,8 @@ def plan_fit(
     rank = int(_choice(ch, "rank", C.DEFAULT_RANK))
     fs = _choice(ch, "factor_scheduler", "auto")
     keep = bool(_choice(ch, "keep_gram", True))
-    x_here = isinstance(X, np.ndarray) and kernel is not None
+    probes = Probes() if probes is None else probes
+    x_here = probes.x_in_memory and kernel is not None
 
     def block_for(solver: str) -> int:
         w = tiles_on_workers(
@@ -431,8 +430,8 @@ def plan_fit(
         if choice == "primal":
             return replace(base, solver="primal"), (
                 f"linear kernel with alpha > 0: the primal (n D² + D³/3 = "
-                f"{_primal_flops(n, d):.3g} flops) is cheaper than the dual "
-                f"({_dual_flops(n, d):.3g})"
+                f"{primal_flops(n, d):.3g} flops) is cheaper than the dual "
+                f"({dual_flops(n, d):.3g})"
             )
         need = dense_dual_bytes(n, d, n_targets, kernel_copies=int(ch.get("kernel_copies", 1)))
         budget = C.MEMORY_SAFETY_FRACTION * resources.memory_bytes
@@ -472,16 +471,14 @@ def plan_fit(
     shift = mu if mu > 0 else None
     rho = None
     if (
-        X is not None
+        probes.residual is not None
         and kernel is not None
         and mercer
         and base.preconditioner == "nystrom"
         and _accepts(cm.cg_seconds, "rho")
         and _rho_matters(cm, solver, n, d, kernel, mu, base.tol, matvec, precision)
     ):
-        from pipeline.policy.spectrum import estimate_residual
-
-        rho = estimate_residual(X, kernel, base.rank)  # fixed seed: same rows, same ρ
+        rho = probes.residual(base.rank)  # fixed seed: same rows, same ρ
     variant = choose_cg_variant(
         n,
         d,
@@ -517,7 +514,8 @@ def plan_fit(
     if solver == "cholesky":
         plan = replace(base, solver="cholesky", matvec="stored", block_size=block_for(solver))
         if factor_dtype == "auto":
-            dt, why = choose_factor_dtype(n, shift, X=X, kernel=kernel if mercer else None)
+            risk = probes.float32_risk if mercer and kernel is not None else None
+            dt, why = choose_factor_dtype(n, shift, risk=risk)
             plan = replace(plan, factor_dtype=dt, factor_dtype_auto=True)
             reason = f"{reason}; {why}"
         return plan, reason

@@ -2,18 +2,13 @@
 
 - :func:`solve_dual`: Cholesky solve of (K + lam I) a = y (jitter policy, OpenBLAS-safe threads).
 - :func:`solve_primal`: (Phi^T Phi + lam I) w = Phi^T y for the linear kernel / explicit features.
-- :func:`choose_solver`: the cost model n^2 D + n^3/3 against n D^2 + D^3/3.
-- :func:`fit_reference`: one call, returns a :class:`ReferenceModel` with ``predict``.
 - :func:`check_dense_memory`: refuse (``InsufficientMemoryError``) above the available memory.
+
+The choice between them (n² D + n³/3 against n D² + D³/3) is the fit plan's
+(:func:`pipeline.policy.plan.in_memory_choice`), and the one-call reference fit,
+:func:`pipeline.fit.fit_reference`, runs that plan: both sit above these solvers.
 """
 
-from pipeline.reference.auto import (
-    ReferenceModel,
-    choose_solver,
-    dual_flops,
-    fit_reference,
-    primal_flops,
-)
 from pipeline.reference.dual import (
     ALPHA_CONVENTIONS,
     POTRF_THREADED_MAX_N,
@@ -35,18 +30,13 @@ __all__ = [
     "ALPHA_CONVENTIONS",
     "POTRF_THREADED_MAX_N",
     "InsufficientMemoryError",
-    "ReferenceModel",
     "SingularKernelWarning",
     "available_memory",
     "check_dense_memory",
-    "choose_solver",
     "dense_dual_bytes",
-    "dual_flops",
     "effective_alpha",
-    "fit_reference",
     "predict_dual",
     "primal_bytes",
-    "primal_flops",
     "primal_to_dual",
     "solve_dual",
     "solve_primal",

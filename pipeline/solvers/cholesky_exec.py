@@ -80,53 +80,6 @@ def submitted_deps(i: int, j: int, todo_set: set) -> list[tuple[int, int]]:
     return out
 
 
-def dask_block_size(
-    n: int,
-    workers: int,
-    *,
-    path_factor: float | None = None,
-    min_block: int | None = None,
-    max_block: int | None = None,
-    step: int = 256,
-) -> int:
-    """Tile edge for the Dask tile Cholesky of order ``n`` on ``workers`` workers.
-
-    The left-looking graph's critical path (the diagonal and first sub-diagonal task
-    of every column, one after the other) costs about ``1.5 n^2 b`` flops and the
-    whole factor ``n^3 / 3``, so with tiles of ``b`` only about ``n / (4.5 b)``
-    workers can ever be busy. The policy takes ``b = n / (6 P)``, a path of 3/4 of
-    one worker's share of the work (``CHOL_DASK_PATH_FACTOR``): smaller tiles shorten
-    the path further but read more (each ``2 b^3`` GEMM reads up to two
-    ``8 b^2``-byte tiles) and cost Dask more tasks. In the scaling model
-    (``docs/SCALING.md``) this tile is within 3 % of the best one at N = 100k to 1M
-    on 8 to 128 workers. Rounded down to a multiple of ``step``, kept
-    within ``[min_block, max_block]`` (constants ``CHOL_DASK_MIN_BLOCK``,
-    ``CHOL_DASK_MAX_BLOCK``) and at most ``n``. One worker (or none): the plan's
-    default, :data:`~pipeline.policy.constants.DEFAULT_BLOCK_SIZE`. A pure
-    function; the block size changes the Gram's tiling and so its fingerprint,
-    never the factor's correctness.
-
-    >>> dask_block_size(1_000_000, 8), dask_block_size(1_000_000, 128)
-    (4096, 1280)
-    """
-    k = C.CHOL_DASK_PATH_FACTOR if path_factor is None else float(path_factor)
-    lo = C.CHOL_DASK_MIN_BLOCK if min_block is None else int(min_block)
-    hi = C.CHOL_DASK_MAX_BLOCK if max_block is None else int(max_block)
-    if int(n) < 1 or int(workers) < 0:
-        raise ValueError(
-            f"dask_block_size needs n >= 1 and workers >= 0, got n={n}, workers={workers}"
-        )
-    if not (k > 0 and 1 <= lo <= hi and step >= 1):
-        raise ValueError(
-            f"dask_block_size needs path_factor > 0, step >= 1 and 1 <= min_block <= "
-            f"max_block, got path_factor={k}, min_block={lo}, max_block={hi}, step={step}"
-        )
-    if int(workers) <= 1:
-        return min(int(C.DEFAULT_BLOCK_SIZE), int(n))
-    b = int(int(n) / (k * int(workers)) // step) * step
-    return int(min(max(lo, min(b, hi)), int(n)))
-
-
 def tile_blas_threads(wide: bool = True) -> int:
     """BLAS threads of every tile task: ``KRR_CHOL_BLAS_THREADS`` if set, else all
     cores (``wide``) or 1. It defines the factor's last bits (OpenBLAS rounds

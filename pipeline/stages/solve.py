@@ -25,7 +25,6 @@ from pipeline.errors import IndefiniteKernelError, SolveNotConverged
 from pipeline.fit import log_plan
 from pipeline.gram import open_gram
 from pipeline.options import solver_choices
-from pipeline.policy.constants import CHOLESKY_MAX_N
 from pipeline.stages.ingest import open_rows
 from pipeline.stages.outputs import GramOutput, IngestOutput, SolveOutput
 from pipeline.storage import CorruptFileError, bytes_checksum
@@ -33,10 +32,6 @@ from pipeline.storage.atomic import atomic_write
 from pipeline.storage.location import is_url, join_path, read_bytes
 
 log = logging.getLogger("pipeline.stages")
-
-#: ``auto`` used the out-of-core Cholesky up to this many training rows; the rule is now
-#: :func:`pipeline.policy.plan.plan_fit` (whose simple cost model crosses here)
-AUTO_CHOLESKY_MAX_ROWS = CHOLESKY_MAX_N
 
 
 def _choices(solver: SolverConfig, **extra: Any) -> dict[str, Any]:
@@ -79,7 +74,7 @@ def stage_plan(
     ``X`` (the stored training rows, e.g. a Dask array) lets ``auto`` measure CG's
     preconditioner on a subsample, as ``KernelRidge`` does.
     """
-    from pipeline.fit import measure_resources
+    from pipeline.fit import measure_resources, row_probes
     from pipeline.policy.plan import plan_fit
 
     solver = SolverConfig.model_validate(solver)
@@ -90,14 +85,14 @@ def stage_plan(
 
         k = kernel_from_spec(kernel)
     resources = measure_resources(store, in_memory=False, reclaim_bytes=reclaim_bytes)
-    return plan_fit(int(n_train), int(n_features), k, resources, _choices(solver, **choices), X=X)
-
-
-def resolve_method(
-    solver: SolverConfig | Mapping[str, Any], n_train: int, n_features: int = 1, **kw: Any
-) -> str:
-    """The solver actually used: ``cholesky`` or ``cg`` (``auto`` decided by the fit plan)."""
-    return stage_plan(solver, n_train, n_features, **kw)[0].solver
+    return plan_fit(
+        int(n_train),
+        int(n_features),
+        k,
+        resources,
+        _choices(solver, **choices),
+        probes=row_probes(X, k),
+    )
 
 
 def needs_gram(

@@ -13,8 +13,9 @@ import pytest
 
 from pipeline.gram import build_gram
 from pipeline.kernels import RBF
+from pipeline.policy.placement import dask_block_size
 from pipeline.solvers import tile_cholesky
-from pipeline.solvers.cholesky_exec import _deps, dask_block_size, submitted_deps
+from pipeline.solvers.cholesky_exec import _deps, submitted_deps
 
 
 def test_block_size_policy_values():

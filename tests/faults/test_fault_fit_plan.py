@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from pipeline import KernelRidge
+from pipeline.fit import row_probes
 from pipeline.kernels import make_kernel
 from pipeline.policy import constants as C
 from pipeline.policy.plan import FitPlan, Resources, plan_fit
@@ -148,7 +149,7 @@ def test_the_plan_line_says_who_chooses_the_rank():
 def test_small_fits_skip_the_subsample_estimate(monkeypatch):
     # when the Cholesky beats CG even at one iteration, measuring ρ (about 0.5 s) cannot
     # change the choice: a 2,000-row fit is planned without it
-    import pipeline.policy.spectrum as spectrum
+    import pipeline.solvers.spectrum as spectrum
 
     calls = []
     real = spectrum.estimate_residual
@@ -157,15 +158,15 @@ def test_small_fits_skip_the_subsample_estimate(monkeypatch):
     )
     k = make_kernel("rbf", gamma=0.1)
     X = np.random.default_rng(0).standard_normal((2_000, 8))
-    plan, reason = plan_fit(2_000, 8, k, RES, {"alpha": 1e-2}, X=X)
+    plan, reason = plan_fit(2_000, 8, k, RES, {"alpha": 1e-2}, probes=row_probes(X, k))
     assert plan.solver == "cholesky" and calls == [] and "assumed" in reason
     X = np.random.default_rng(0).standard_normal((8_000, 8))
-    plan, reason = plan_fit(8_000, 8, k, RES, {"alpha": 1e-1}, X=X)
+    plan, reason = plan_fit(8_000, 8, k, RES, {"alpha": 1e-1}, probes=row_probes(X, k))
     assert calls == [(8_000, 8)] and "measured on a subsample" in reason
 
 
 def test_the_plan_sizes_tiles_by_the_clients_worker_count():
-    from pipeline.solvers.cholesky_exec import dask_block_size
+    from pipeline.policy.placement import dask_block_size
 
     k = make_kernel("rbf")
     ch = {"solver": "cholesky", "alpha": 1e-2}
@@ -182,7 +183,7 @@ def test_the_tile_is_sized_for_the_workers_only_where_the_tiles_run_on_them():
     ``factor_scheduler="auto"`` whatever the cluster (``fit.factor_executor``), so its
     tile is this process's default; ``"dask"`` sends it to the workers, also when they
     run on this machine, and sizes the tile for them."""
-    from pipeline.solvers.cholesky_exec import dask_block_size
+    from pipeline.policy.placement import dask_block_size
 
     k = make_kernel("rbf")
     n = 200_000
@@ -195,9 +196,8 @@ def test_the_tile_is_sized_for_the_workers_only_where_the_tiles_run_on_them():
     assert sized != C.DEFAULT_BLOCK_SIZE
 
     def block(res, X=None, **ch):
-        return plan_fit(n, 2, k, res, {"solver": "cholesky", "alpha": 1e-2, **ch}, X=X)[
-            0
-        ].block_size
+        ch = {"solver": "cholesky", "alpha": 1e-2, **ch}
+        return plan_fit(n, 2, k, res, ch, probes=row_probes(X, k))[0].block_size
 
     in_place = {"keep_gram": False}
     assert block(many, X, **in_place) == C.DEFAULT_BLOCK_SIZE  # factored here, from X
@@ -209,5 +209,6 @@ def test_the_tile_is_sized_for_the_workers_only_where_the_tiles_run_on_them():
     assert block(local, X) == C.DEFAULT_BLOCK_SIZE
     assert block(local, X, factor_scheduler="dask") == sized
     # CG's tiles go to workers on other machines, as before
-    cg = plan_fit(n, 2, k, many, {"solver": "cg", "alpha": 1e-2, "keep_gram": False}, X=X)[0]
+    ch = {"solver": "cg", "alpha": 1e-2, "keep_gram": False}
+    cg = plan_fit(n, 2, k, many, ch, probes=row_probes(X, k))[0]
     assert cg.block_size == sized

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.fit import row_probes
 from pipeline.kernels import RBF
 from pipeline.policy.calibrated import CalibratedCostModel
 from pipeline.policy.plan import Resources, plan_fit
@@ -60,7 +61,8 @@ def _regrets(cases, cost_model=None):
     bad = []
     for c, X in cases:
         choices = {"alpha": c["lam"], "tol": 1e-6, "cost_model": cost_model}
-        plan, reason = plan_fit(c["n"], c["d"], RBF(gamma=0.1), RES, choices, X=X)
+        k = RBF(gamma=0.1)
+        plan, reason = plan_fit(c["n"], c["d"], k, RES, choices, probes=row_probes(X, k))
         t = {s: c[s]["seconds"] for s in ("cholesky", "cg")}
         regret = t[plan.solver] / min(t.values())
         if regret > REGRET:
@@ -88,7 +90,9 @@ def test_the_predictions_are_within_a_factor_of_the_measurements(cases):
     model = CalibratedCostModel(tol=1e-6)
     kernel = RBF(gamma=0.1)
     for c, X in cases:
-        p = model.predict(c["n"], c["d"], kernel, shift=c["lam"], tol=1e-6, X=X)
+        p = model.predict(
+            c["n"], c["d"], kernel, shift=c["lam"], tol=1e-6, probes=row_probes(X, kernel)
+        )
         assert p["rho_source"] == "subsample"
         for s in ("cholesky", "cg"):
             ratio = p[f"{s}_seconds"] / c[s]["seconds"]
@@ -105,9 +109,14 @@ def test_the_hard_40k_point():
     doc = json.loads((BENCH / "bench_policy_grid.json").read_text())
     (ref,) = doc["reference"]
     X, _ = _bench().grid_data(ref["data"], ref["n"])
-    plan, reason = plan_fit(ref["n"], ref["d"], RBF(gamma=0.1), RES, {"alpha": ref["lam"]}, X=X)
+    k = RBF(gamma=0.1)
+    plan, reason = plan_fit(
+        ref["n"], ref["d"], k, RES, {"alpha": ref["lam"]}, probes=row_probes(X, k)
+    )
     assert plan.solver == "cg" and "measured on a subsample" in reason
-    p = CalibratedCostModel().predict(ref["n"], ref["d"], RBF(gamma=0.1), shift=ref["lam"], X=X)
+    p = CalibratedCostModel().predict(
+        ref["n"], ref["d"], k, shift=ref["lam"], probes=row_probes(X, k)
+    )
     for s in ("cholesky", "cg"):
         assert 0.5 <= p[f"{s}_seconds"] / ref[s]["seconds"] <= 2.0, (s, p)
     assert 0.5 <= p["cg_iterations"] / ref["cg"]["n_iter"] <= 2.0, p
@@ -141,7 +150,8 @@ def _variant_regrets(cases, choose):
 
 def _plan_variant(c, X, cost_model=None):
     choices = {"alpha": c["lam"], "tol": 1e-6, "solver": "cg", "cost_model": cost_model}
-    plan, _ = plan_fit(c["n"], c["d"], RBF(gamma=0.1), RES, choices, X=X)
+    k = RBF(gamma=0.1)
+    plan, _ = plan_fit(c["n"], c["d"], k, RES, choices, probes=row_probes(X, k))
     return NAMES[(plan.matvec, plan.cg_precision)]
 
 
@@ -196,7 +206,7 @@ def test_the_variant_predictions_at_low_d(variant_cases):
     # docs/PERFORMANCE.md; the choice survives because every variant scales with them.)
     model = CalibratedCostModel(tol=1e-6)
     kernel = RBF(gamma=0.1)
-    from pipeline.policy.spectrum import estimate_residual
+    from pipeline.solvers.spectrum import estimate_residual
 
     for c, X in variant_cases:
         if c["d"] > 9:

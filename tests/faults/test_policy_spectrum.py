@@ -1,4 +1,4 @@
-"""The plan-time estimate of the preconditioner's residual (pipeline.policy.spectrum)."""
+"""The plan-time estimate of the preconditioner's residual (pipeline.solvers.spectrum)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import numpy as np
 
 from pipeline.kernels import RBF
 from pipeline.policy import constants as C
-from pipeline.policy.spectrum import estimate_residual, sample_size
 from pipeline.solvers.dense_operator import DenseKernelOperator
 from pipeline.solvers.precond import rpcholesky
+from pipeline.solvers.spectrum import estimate_residual, sample_size
 
 
 def _data(n, d=4, seed=0):

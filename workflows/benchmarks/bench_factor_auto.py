@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline import KernelRidge
+from pipeline.fit import row_probes
 from pipeline.kernels import RBF
 from pipeline.policy.factor_precision import choose_factor_dtype
 
@@ -132,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: 5-fold CV on {min(4000, n)} rows picks lambda = "
                   f"{cv_lambda(X, y, lams):g}", flush=True)  # fmt: skip
         for lam in lams:
-            dt, why = choose_factor_dtype(n, lam, X=X, kernel=RBF(gamma=1.0 / X.shape[1]))
+            probes = row_probes(X, RBF(gamma=1.0 / X.shape[1]))
+            dt, why = choose_factor_dtype(n, lam, risk=probes.float32_risk)
             r = {d: fit(X, y, lam, d, a.block, a.dir) for d in ("float64", "float32", "auto")}
             base = r["float64"]
             row = {"data": name, "n": n, "lambda": lam, "auto_choice": dt, "why": why}

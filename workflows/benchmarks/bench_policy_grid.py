@@ -89,29 +89,34 @@ def grid_data(name: str, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]
 
 def policy(n: int, d: int, lam: float, X: np.ndarray | None = None) -> dict:
     """The plan's choice and the cost model's predictions for one case."""
+    from pipeline.fit import row_probes
     from pipeline.kernels import RBF
     from pipeline.policy.calibrated import CalibratedCostModel
     from pipeline.policy.plan import Resources, plan_fit
 
     kernel = RBF(gamma=GAMMA)
     res = Resources(memory_bytes=RES_BYTES[0], disk_bytes=RES_BYTES[1], in_memory=False)
-    plan, reason = plan_fit(n, d, kernel, res, {"alpha": lam, "tol": TOL}, X=X)
+    plan, reason = plan_fit(
+        n, d, kernel, res, {"alpha": lam, "tol": TOL}, probes=row_probes(X, kernel)
+    )
     model = CalibratedCostModel(tol=TOL)
-    pred = model.predict(n, d, kernel, shift=lam, tol=TOL, X=X)
+    pred = model.predict(n, d, kernel, shift=lam, tol=TOL, probes=row_probes(X, kernel))
     return {"choice": plan.solver, "reason": reason, **pred}
 
 
 def policy_variant(n: int, d: int, lam: float, X: np.ndarray | None = None) -> dict:
     """The plan's ``matvec`` and ``cg_precision`` for ``solver="cg"``, and the cost
     model's seconds of each variant."""
+    from pipeline.fit import row_probes
     from pipeline.kernels import RBF
     from pipeline.policy.calibrated import CalibratedCostModel
     from pipeline.policy.plan import Resources, plan_fit
-    from pipeline.policy.spectrum import estimate_residual
+    from pipeline.solvers.spectrum import estimate_residual
 
     kernel = RBF(gamma=GAMMA)
     res = Resources(memory_bytes=RES_BYTES[0], disk_bytes=RES_BYTES[1], in_memory=False)
-    plan, reason = plan_fit(n, d, kernel, res, {"alpha": lam, "tol": TOL, "solver": "cg"}, X=X)
+    choices = {"alpha": lam, "tol": TOL, "solver": "cg"}
+    plan, reason = plan_fit(n, d, kernel, res, choices, probes=row_probes(X, kernel))
     model = CalibratedCostModel(tol=TOL)
     rho = estimate_residual(X, kernel, model.rank) if X is not None else None
     kw = {"shift": lam, "tol": TOL, "rho": rho}

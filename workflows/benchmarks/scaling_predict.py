@@ -13,7 +13,7 @@ Tile costs come from one GEMM rate (``--gemm-gflops``, 1 thread; SYRK and TRSM a
 
 * ``before``: the product before item 4: the plan's default 2048 tile, every
   dependency edge submitted (``2 j + 1`` per task);
-* ``tiles``: the tile-size policy (:func:`pipeline.solvers.cholesky_exec.dask_block_size`)
+* ``tiles``: the tile-size policy (:func:`pipeline.policy.placement.dask_block_size`)
   with every edge, to separate the two changes;
 * ``after``: the policy's tile and the 2-edge lists
   (:func:`pipeline.solvers.cholesky_exec.submitted_deps`), as the executor runs now.
@@ -60,7 +60,7 @@ def critical_path(nb: int, c) -> float:
 
 def predict_one(n: int, p: int, config: str, a, cache_model: str = "stack") -> dict:
     """One simulated factorisation; ``a``: the options (rates and Dask costs)."""
-    from pipeline.solvers.cholesky_exec import dask_block_size
+    from pipeline.policy.placement import dask_block_size
 
     host = _import("scaling_host")
     rate_costs = _import("scaling_model").rate_costs

@@ -1,4 +1,10 @@
-"""The preconditioner's effect, estimated at plan time from a subsample of the data.
+"""The plan's probes of the data: the preconditioner's residual and the float32 factor's
+risk, measured at plan time on a seeded subsample of the rows.
+
+The plan (:mod:`pipeline.policy`) imports no solver: it reads these measurements as data
+(:class:`pipeline.policy.placement.Probes`, built from the rows by
+:func:`pipeline.fit.row_probes`). The float32 risk is described in
+:mod:`pipeline.policy.factor_precision`.
 
 CG's iterations depend on ``ρ = ‖K - F Fᵀ‖₂``, the residual of its rank-r Nyström
 preconditioner, against the shift μ (``κ ≤ 1 + ρ/μ``). ρ depends on the data: at
@@ -32,7 +38,9 @@ from pipeline.policy import constants as C
 from pipeline.solvers.dense_operator import DenseKernelOperator
 from pipeline.solvers.precond import rpcholesky
 
-__all__ = ["estimate_residual", "sample_size", "subsample_rows"]
+__all__ = ["estimate_residual", "float32_factor_risk", "sample_size", "subsample_rows"]
+
+EPS32 = float(np.finfo(np.float32).eps)
 
 
 def sample_size(n: int, rank: int) -> int:
@@ -105,3 +113,17 @@ def estimate_residual(
     K -= F @ F.T
     rho = _top_eigenvalue(K, C.SPECTRUM_POWER_ITERATIONS, rng)
     return rho * n / m
+
+
+def float32_factor_risk(
+    X: np.ndarray, kernel: Any, shift: float, *, random_state: int = C.DEFAULT_RANDOM_STATE
+) -> float:
+    """``ε₃₂ · λmax(K) / (λmin(K_m) + shift)`` from a seeded subsample of ``X``'s rows."""
+
+    n = int(X.shape[0])
+    m = int(min(n, C.FACTOR_FLOAT32_SAMPLE_ROWS))
+    ev = np.linalg.eigvalsh(
+        np.asarray(kernel(subsample_rows(X, m, np.random.default_rng(random_state))))
+    )
+    lmax = float(ev[-1]) * n / m
+    return EPS32 * lmax / (max(float(ev[0]), 0.0) + float(shift))
