@@ -3,7 +3,7 @@
 The interface is that of :mod:`pipeline.solvers.matvec` (``matvec``, ``diagonal``,
 ``columns``, ``submatrix``), so :func:`pipeline.solvers.precond.rpcholesky` and CG run
 on a small dense Gram unchanged: the policy's preconditioner estimate on a subsample
-(:mod:`pipeline.policy.spectrum`) and the in-memory CV strategies use it.
+(:mod:`pipeline.solvers.spectrum`) and the in-memory CV strategies use it.
 """
 
 from __future__ import annotations
