@@ -94,7 +94,7 @@ from pipeline.storage import (
     CorruptTileError,
     fingerprint_obj,
 )
-from pipeline.storage.location import Location, is_url, join_path, read_bytes
+from pipeline.storage.location import Location, cap_store_waits, is_url, join_path, read_bytes
 from pipeline.storage.tempfiles import sweep_tmp_files
 
 log = logging.getLogger("pipeline.stages")
@@ -306,6 +306,7 @@ def run_stages(
     RunDirConflict
         Also: a non-empty stage directory the manifest does not record.
     """
+    cap_store_waits(None)  # a new run: an earlier interrupted one capped the store waits
     remote = is_url(run_dir)
     if remote:  # an object store: no directories to create, no temporary files to sweep
         run_dir = str(run_dir).rstrip("/")
@@ -442,11 +443,18 @@ def _run_pass(
         try:
             out = stage.func(stage_dir, inputs, **stage_params)
         except BaseException as e:
+            if isinstance(e, KeyboardInterrupt | SystemExit):  # the cleanup, in seconds even
+                cap_store_waits()  # on an object store that does not answer
             rec.resources = usage.stop()
             rec.status = "failed"
             rec.error = "".join(traceback.format_exception_only(type(e), e)).strip()
             rec.finished = time.time()
-            manifest.save()
+            try:
+                manifest.save()
+            except Exception as save_error:  # e.g. the store stopped answering
+                if not isinstance(e, KeyboardInterrupt | SystemExit):
+                    raise
+                log.warning("the manifest was not saved after the interrupt: %s", save_error)
             if isinstance(e, KeyboardInterrupt | SystemExit):
                 emit(stage.name, "failed", {"error": rec.error})
                 raise

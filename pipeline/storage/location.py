@@ -18,6 +18,7 @@ read the environment variables of their own.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from typing import Any
 import fsspec
 import fsspec.config
 
-from pipeline.errors import StoreUnreachable  # noqa: F401  (its old home)
+from pipeline.errors import ConfigError, StoreUnreachable  # noqa: F401  (its old home)
 from pipeline.storage.atomic import (  # noqa: F401 (local_file_path re-exported)
     atomic_write,
     is_local,
@@ -42,6 +43,52 @@ _PACKAGES = {
     "abfs": "adlfs",
     "abfss": "adlfs",
 }
+
+
+#: the pipeline's S3 filesystem: s3fs with bounded waits (pipeline.storage.s3)
+_S3_CLASS = "pipeline.storage.s3.BoundedS3FileSystem"
+
+
+def _register_bounded_s3() -> None:
+    """Make ``s3://`` and ``s3a://`` open :class:`pipeline.storage.s3.BoundedS3FileSystem`
+    in this process (imported when first used, so s3fs stays optional)."""
+    from fsspec.registry import _registry, known_implementations
+
+    for name in ("s3", "s3a"):
+        if name in _registry:  # s3fs was already used here: register the class itself
+            try:
+                from pipeline.storage.s3 import BoundedS3FileSystem
+            except ImportError:
+                return
+            fsspec.register_implementation(name, BoundedS3FileSystem, clobber=True)
+        else:
+            known_implementations[name] = {
+                "class": _S3_CLASS,
+                "err": "Install s3fs to access S3 (pip install 'krr-pipeline[s3]')",
+            }
+
+
+_register_bounded_s3()
+
+
+#: (since, seconds): every object-store operation gives up ``seconds`` after ``since``
+#: or its own start, whichever is later (cleanup after Ctrl-C or SIGTERM); None: no cap
+_WAIT_CAP: list[tuple[float, float]] = []
+
+
+def cap_store_waits(seconds: float | None = 2.0) -> None:
+    """From now on in this process, every object-store operation (those under way too)
+    gives up after ``seconds`` (``None``: lift the cap). The runner sets it when a run is
+    interrupted, so the cleanup (manifest, lease, run.log) cannot hold the process on a
+    store that does not answer; a new run lifts it."""
+    _WAIT_CAP.clear()
+    if seconds is not None:
+        _WAIT_CAP.append((time.monotonic(), float(seconds)))
+
+
+def store_wait_cap() -> tuple[float, float] | None:
+    """``(since, seconds)`` set by :func:`cap_store_waits`, or None."""
+    return _WAIT_CAP[0] if _WAIT_CAP else None
 
 
 def url_scheme(path: str | Path) -> str | None:
@@ -127,6 +174,8 @@ def filesystem_for(url: str, storage_options: Mapping[str, Any] | None = None) -
             f"{str(url)!r}: no filesystem is installed for the URL scheme {scheme!r} ({e}). "
             f"To use it: {hint}."
         ) from None
+    except ConfigError:  # e.g. a bad timeout in storage.options (pipeline.storage.s3)
+        raise
     except ValueError as e:
         raise StoreUnreachable(
             f"{str(url)!r}: unknown URL scheme {scheme!r} ({e}). Use a local path or a "
