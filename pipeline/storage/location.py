@@ -18,7 +18,6 @@ read the environment variables of their own.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from pipeline.storage.atomic import (  # noqa: F401 (local_file_path re-exported
     is_local,
     local_file_path,
 )
+from pipeline.storage.waits import cap_store_waits, store_wait_cap  # noqa: F401
 
 #: packages that provide the filesystems of common URL schemes
 _PACKAGES = {
@@ -69,26 +69,6 @@ def _register_bounded_s3() -> None:
 
 
 _register_bounded_s3()
-
-
-#: (since, seconds): every object-store operation gives up ``seconds`` after ``since``
-#: or its own start, whichever is later (cleanup after Ctrl-C or SIGTERM); None: no cap
-_WAIT_CAP: list[tuple[float, float]] = []
-
-
-def cap_store_waits(seconds: float | None = 2.0) -> None:
-    """From now on in this process, every object-store operation (those under way too)
-    gives up after ``seconds`` (``None``: lift the cap). The runner sets it when a run is
-    interrupted, so the cleanup (manifest, lease, run.log) cannot hold the process on a
-    store that does not answer; a new run lifts it."""
-    _WAIT_CAP.clear()
-    if seconds is not None:
-        _WAIT_CAP.append((time.monotonic(), float(seconds)))
-
-
-def store_wait_cap() -> tuple[float, float] | None:
-    """``(since, seconds)`` set by :func:`cap_store_waits`, or None."""
-    return _WAIT_CAP[0] if _WAIT_CAP else None
 
 
 def url_scheme(path: str | Path) -> str | None:

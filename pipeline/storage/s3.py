@@ -22,7 +22,7 @@ from typing import Any
 from s3fs import S3FileSystem
 
 from pipeline.errors import ConfigError, StoreUnreachable
-from pipeline.storage.location import store_wait_cap
+from pipeline.storage.waits import store_wait_cap
 
 #: the defaults, each a key of ``storage.options`` (seconds; ``retries``: tries per operation)
 DEFAULT_TIMEOUTS: dict[str, float] = {
