@@ -249,6 +249,33 @@ def _check_adoptable(stage_dir: Path | str, rec: Any) -> None:
     )
 
 
+def _recover_from(
+    e: BaseException,
+    run_dir: Path | str,
+    stages: Sequence[Stage],
+    manifest: Manifest,
+    report: RunReport,
+    stage: Stage,
+    dirs: Mapping[str, Path | str],
+    max_recoveries: int,
+    emit: Callable[[str, str, dict[str, Any]], None],
+) -> bool:
+    """When ``e`` comes from damaged stored data of a stage of this run (a corrupt tile,
+    an incomplete or missing array), mark that stage and everything downstream partial
+    and return True (a new pass recomputes them); else False."""
+    damage = find_damage(e)
+    owner = None if damage is None else owner_stage(run_dir, stages, damage.store, dirs)
+    if owner is None or len(report.recovered) >= max_recoveries:
+        return False
+    if isinstance(damage, CorruptTileError):
+        recover_corrupt_tile(stages, manifest, report, stage, owner, damage, max_recoveries)
+        emit(stage.name, "corrupt", dict(report.recovered[-1]))
+    else:
+        recover_incomplete(stages, manifest, report, stage, owner, damage, max_recoveries)
+        emit(stage.name, "incomplete", dict(report.recovered[-1]))
+    return True
+
+
 def run_stages(
     run_dir: str | Path,
     stages: Sequence[Stage],
@@ -370,15 +397,23 @@ def _run_pass(
     dirs: dict[str, Path | str] = {}
     planned: dict[str, Planned] | None = None
     for stage in stages:
-        if stage.per_config and planned is None:
-            # the shared stages are done: this configuration's results get their own directory
-            planned = plan_configuration(stages, params, outputs, fps)
-            report.configuration = enter_configuration(run_dir, manifest, planned, emit, stages)
-            dirs.update({n: manifest.stage_dir(n) for n in planned})
-        if planned is not None and stage.name in planned:
-            enabled, stage_params, fp = planned[stage.name]
-        else:
-            enabled, stage_params, fp = plan_stage(stage, params, outputs, fps)
+        try:  # planning reads upstream outputs (the ingest arrays): damage there is recovered
+            if stage.per_config and planned is None:
+                # the shared stages are done: this configuration's results get their own
+                # directory
+                planned = plan_configuration(stages, params, outputs, fps)
+                report.configuration = enter_configuration(run_dir, manifest, planned, emit, stages)
+                dirs.update({n: manifest.stage_dir(n) for n in planned})
+            if planned is not None and stage.name in planned:
+                enabled, stage_params, fp = planned[stage.name]
+            else:
+                enabled, stage_params, fp = plan_stage(stage, params, outputs, fps)
+        except Exception as e:
+            if _recover_from(
+                e, run_dir, stages, manifest, report, stage, dirs, max_recoveries, emit
+            ):
+                return True
+            raise
         rec = manifest.stage(stage.name)
         stage_dir = dirs.setdefault(stage.name, join_path(run_dir, stage.name))
         if not enabled:
@@ -458,19 +493,9 @@ def _run_pass(
             if isinstance(e, KeyboardInterrupt | SystemExit):
                 emit(stage.name, "failed", {"error": rec.error})
                 raise
-            damage = find_damage(e)
-            owner = None if damage is None else owner_stage(run_dir, stages, damage.store, dirs)
-            if owner is not None and len(report.recovered) < max_recoveries:
-                if isinstance(damage, CorruptTileError):
-                    recover_corrupt_tile(
-                        stages, manifest, report, stage, owner, damage, max_recoveries
-                    )
-                    emit(stage.name, "corrupt", dict(report.recovered[-1]))
-                else:
-                    recover_incomplete(
-                        stages, manifest, report, stage, owner, damage, max_recoveries
-                    )
-                    emit(stage.name, "incomplete", dict(report.recovered[-1]))
+            if _recover_from(
+                e, run_dir, stages, manifest, report, stage, dirs, max_recoveries, emit
+            ):
                 return True
             emit(stage.name, "failed", {"error": rec.error})
             raise StageFailed(stage.name, e) from e
