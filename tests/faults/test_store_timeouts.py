@@ -232,3 +232,18 @@ def test_timeout_options_are_validated():
 
     with pytest.raises(ValueError, match="read_timeout"):
         filesystem_for("s3://b/x", {"read_timeout": -1, "skip_instance_cache": True})
+
+
+def test_predict_from_a_model_on_a_paused_store_exits_7(s3, tmp_path):
+    from pipeline import KernelRidge
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(60, 3))
+    url = f"s3://{BUCKET}/models/m"
+    KernelRidge(alpha=0.1, kernel="rbf", gamma=0.5).fit(X, np.sin(X[:, 0])).save(url)
+    np.save(tmp_path / "new.npy", X[:5])
+    with paused(s3):
+        p = _krr("predict", url, str(tmp_path / "new.npy"), str(tmp_path / "out.npy"))
+        rc, err, took = _finish(p, 120)
+    _assert_no_answer(rc, err)
+    assert took < 60, took
