@@ -67,6 +67,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pipeline.errors import StoreUnreachable
 from pipeline.stages.manifest import LATEST_NAME, MANIFEST_NAME, RESULTS_DIR, Manifest
 from pipeline.stages.recovery import (
     find_damage,
@@ -247,6 +248,18 @@ def _check_adoptable(stage_dir: Path | str, rec: Any) -> None:
         f"deletes or overwrites what it did not create. Move or remove {str(stage_dir)!r}, "
         "or use another run directory."
     )
+
+
+def _store_gone(e: BaseException) -> bool:
+    """Whether ``e`` is, or was raised from, an object store that does not answer."""
+    seen: set[int] = set()
+    c: BaseException | None = e
+    while c is not None and id(c) not in seen:
+        if isinstance(c, StoreUnreachable):
+            return True
+        seen.add(id(c))
+        c = c.__cause__ or c.__context__
+    return False
 
 
 def _recover_from(
@@ -478,8 +491,8 @@ def _run_pass(
         try:
             out = stage.func(stage_dir, inputs, **stage_params)
         except BaseException as e:
-            if isinstance(e, KeyboardInterrupt | SystemExit):  # the cleanup, in seconds even
-                cap_store_waits()  # on an object store that does not answer
+            if isinstance(e, KeyboardInterrupt | SystemExit) or _store_gone(e):
+                cap_store_waits()  # the cleanup, in seconds even on a store that does not answer
             rec.resources = usage.stop()
             rec.status = "failed"
             rec.error = "".join(traceback.format_exception_only(type(e), e)).strip()
