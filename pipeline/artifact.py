@@ -46,7 +46,7 @@ from pipeline.artifact_refs import (
     ref_to_store,
     resolve_stored_ref,
 )
-from pipeline.errors import ArtifactError
+from pipeline.errors import ArtifactError, StoreUnreachable
 from pipeline.kernels import Kernel, kernel_from_spec, make_kernel, spec_round_trips
 from pipeline.predict import check_preprocessing, model_fingerprint, predict, select_features
 from pipeline.storage import fingerprint_blocks, fingerprint_obj
@@ -444,6 +444,8 @@ def _open_meta(path: str) -> tuple[zarr.Group, dict[str, Any]]:
         raise FileNotFoundError(f"no model artifact at {path!r}: the path does not exist")
     try:
         group = zarr.open_group(store=path, mode="r")
+    except StoreUnreachable:  # a store that stops answering: not a damaged artifact
+        raise
     except Exception as exc:
         raise ArtifactError(
             f"{path!r} is not a readable model artifact: its Zarr group metadata is missing or "
@@ -479,6 +481,8 @@ def _load_array(group: zarr.Group, name: str, record: dict[str, Any], path: str)
     try:
         arr = group[name]
         data = np.asarray(arr[...])
+    except StoreUnreachable:  # a store that stops answering: not a damaged artifact
+        raise
     except Exception as exc:
         raise ArtifactError(
             f"model artifact {path!r}: array {name!r} is missing or unreadable "

@@ -68,6 +68,7 @@ from pipeline.cli_errors import (
     _load,
     _stage_error_hint,
     check_local_run_dir,
+    store_unreachable,
 )
 from pipeline.cli_errors import (
     EXIT_BAD_INPUT as EXIT_BAD_INPUT,  # re-exported: every exit code is pipeline.cli.EXIT_*
@@ -622,6 +623,12 @@ def main(argv: list[str] | None = None) -> int:
             json_error(EXIT_INTERRUPTED, "interrupted; rerun to resume")
         return EXIT_INTERRUPTED
     except Exception as e:  # a bug: say so, with the traceback when asked
+        store = store_unreachable(e)
+        if store is not None:  # an object store that stopped answering is not a bug
+            print(f"krr {args.command}: error: {store}", file=sys.stderr)
+            if want_json:
+                json_error(EXIT_RUN_DIR, str(store))
+            return EXIT_RUN_DIR
         if verbose:
             traceback.print_exc()
         print(

@@ -13,6 +13,7 @@ import json
 import logging
 import re
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +149,9 @@ class run_log:
     there; its stderr has them).
     """
 
+    #: seconds the upload of an object-store run.log (in cleanup) may take
+    UPLOAD_WAIT = 5.0
+
     def __init__(self, run_dir: Path | str, level: int, header: str) -> None:
         self.run_dir, self.level, self.header = run_dir, level, header
         self.handler: logging.Handler | None = None
@@ -182,8 +186,17 @@ class run_log:
             return
         logging.getLogger().removeHandler(h)
         h.close()
-        if isinstance(h, _Lines) and h.lines:
-            self._upload("".join(line + "\n" for line in h.lines).encode())
+        if isinstance(h, _Lines) and h.lines:  # at most UPLOAD_WAIT s: cleanup, e.g. Ctrl-C
+            data = "".join(line + "\n" for line in h.lines).encode()
+            t = threading.Thread(target=self._upload, args=(data,), daemon=True)
+            t.start()
+            t.join(self.UPLOAD_WAIT)
+            if t.is_alive():
+                logging.getLogger("krr").warning(
+                    "run.log not written to %s: the object store did not answer within %g s",
+                    self.run_dir,
+                    self.UPLOAD_WAIT,
+                )
 
     def _upload(self, new: bytes) -> None:
         from pipeline.storage.location import Location

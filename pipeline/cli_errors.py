@@ -319,11 +319,27 @@ def disk_full_in(exc: BaseException | None) -> OSError | None:
     return found[0] if found else None
 
 
+def store_unreachable(e: BaseException | None):
+    """The :class:`~pipeline.errors.StoreUnreachable` ``e`` is or was raised from (its
+    cause/context chain), else None: an object store that does not answer (exit 7)."""
+    from pipeline.errors import StoreUnreachable
+
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, StoreUnreachable):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
 def _classify_stage_error(e) -> int:
     from pipeline.stages.ingest import InputError
 
     cause = e.__cause__
     if disk_full_in(cause) is not None:  # the environment: freeing space is the fix
+        return EXIT_RUN_DIR
+    if store_unreachable(cause) is not None:  # the object store stopped answering
         return EXIT_RUN_DIR
     if isinstance(cause, ImportError):  # an optional extra (pipeline._optional) is missing
         return EXIT_BAD_CONFIG

@@ -12,7 +12,10 @@ afterwards.
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import logging
+import os
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -48,6 +51,38 @@ class OutOfCoreFit:
     info: dict[str, Any] = field(default_factory=dict)
 
 
+#: the lock file in a fit's directory (``store/fit-<fingerprint>/.fit-lock``)
+FIT_LOCK_NAME = ".fit-lock"
+
+
+@contextlib.contextmanager
+def _fit_lock(store: str) -> Iterator[None]:
+    """Hold an exclusive OS lock (``flock``) on the fit directory ``store`` while inside.
+
+    Two identical fits on one store (same data, parameters, store: the same
+    ``fit-<fingerprint>`` directory), started together, raced to create its arrays
+    (check-then-create) and one failed about one time in four. Now the second waits
+    for the first, then finds its completed tiles and reuses them. Different fits
+    have different directories and never wait for each other. The kernel drops the
+    lock when its holder dies (a killed fit never blocks the next). On a filesystem
+    without locks (``ENOLCK``) the fit runs unlocked, as before. Object-store fits
+    (``s3://``) are not locked.
+    """
+    fd = os.open(os.path.join(store, FIT_LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("another process is fitting the same model in %s: waiting for it", store)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as e:
+            if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                raise
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 @contextlib.contextmanager
 def _store_dir(store: Any) -> Iterator[str]:
     if store is not None:
@@ -56,6 +91,9 @@ def _store_dir(store: Any) -> Iterator[str]:
         store = normalize_store(store)  # one spelling for Zarr and fsspec (markers)
         if "://" not in store:
             Path(store).mkdir(parents=True, exist_ok=True)
+            with _fit_lock(store):
+                yield store
+            return
         yield store
         return
     from pipeline.storage.tempfiles import make_temp_store

@@ -48,7 +48,7 @@ from dask.base import tokenize
 from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
 
-from pipeline.errors import StoreNotWritableError
+from pipeline.errors import StoreNotWritableError, StoreUnreachable
 from pipeline.io import as_row_blocks, check_block_size, validate_and_fingerprint
 from pipeline.kernels import Kernel, kernel_fingerprint, make_kernel
 from pipeline.kernels.base import NonFiniteKernelError
@@ -159,6 +159,8 @@ def _check_writable(store: str) -> None:
         probe = f"{root.rstrip('/')}/.write-probe-{uuid.uuid4().hex}"
         fs.pipe_file(probe, b"")
         fs.rm(probe)
+    except StoreUnreachable:  # an object store that does not answer is not read-only
+        raise
     except OSError as exc:
         raise StoreNotWritableError(
             f"store {store!r} is not writable ({exc}); pass a directory (or fsspec URL) "

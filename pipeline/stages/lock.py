@@ -444,6 +444,8 @@ def unlock(run_dir: str | Path) -> dict[str, Any] | None:
 # -- the lease on an object store --------------------------------------------------------
 #: seconds a lease lives without renewal
 DEFAULT_TTL = 60.0
+#: seconds a lease release (in cleanup) waits for the store before it gives up
+RELEASE_WAIT = 3.0
 
 
 def _read(loc: Location) -> dict[str, Any] | None:
@@ -586,18 +588,46 @@ class LeaseLock:
                 log.warning("could not renew the lease %s: %s", self.path, e)
 
     def release(self) -> None:
-        """Stop renewing; delete the lock object if it still holds this lease's token."""
+        """Stop renewing; delete the lock object if it still holds this lease's token.
+
+        Never raises, and waits at most :data:`RELEASE_WAIT` seconds: it runs in cleanup
+        (a ``finally``, Ctrl-C), where a store that fails or does not answer must neither
+        replace the real error nor hold the process. A lease not deleted is logged; it
+        expires by itself after its ``ttl``.
+        """
         if not self._held:
             return
+        self._held = False
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=5)
-        try:
-            rec = _read(self.loc)
-            if rec and rec.get("token") == self.token:
-                self.loc.rm(LOCK_NAME)
-        finally:
-            self._held = False
+            self._thread.join(timeout=RELEASE_WAIT)
+        done = threading.Event()
+
+        def drop() -> None:
+            try:
+                rec = _read(self.loc)
+                if rec and rec.get("token") == self.token:
+                    self.loc.rm(LOCK_NAME)
+            except Exception as e:
+                log.warning(
+                    "could not release the lease %s (%s: %s); it expires by itself within %g s",
+                    self.path,
+                    type(e).__name__,
+                    e,
+                    self.ttl,
+                )
+            finally:
+                done.set()
+
+        threading.Thread(target=drop, daemon=True, name="krr-lease-release").start()
+        if not done.wait(RELEASE_WAIT):
+            log.warning(
+                "could not release the lease %s: the object store did not answer within "
+                "%g s; it expires by itself within %g s",
+                self.path,
+                RELEASE_WAIT,
+                self.ttl,
+            )
 
     def __enter__(self) -> LeaseLock:
         return self.acquire()

@@ -67,6 +67,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pipeline.errors import StoreUnreachable
 from pipeline.stages.manifest import LATEST_NAME, MANIFEST_NAME, RESULTS_DIR, Manifest
 from pipeline.stages.recovery import (
     find_damage,
@@ -94,7 +95,7 @@ from pipeline.storage import (
     CorruptTileError,
     fingerprint_obj,
 )
-from pipeline.storage.location import Location, is_url, join_path, read_bytes
+from pipeline.storage.location import Location, cap_store_waits, is_url, join_path, read_bytes
 from pipeline.storage.tempfiles import sweep_tmp_files
 
 log = logging.getLogger("pipeline.stages")
@@ -249,6 +250,45 @@ def _check_adoptable(stage_dir: Path | str, rec: Any) -> None:
     )
 
 
+def _store_gone(e: BaseException) -> bool:
+    """Whether ``e`` is, or was raised from, an object store that does not answer."""
+    seen: set[int] = set()
+    c: BaseException | None = e
+    while c is not None and id(c) not in seen:
+        if isinstance(c, StoreUnreachable):
+            return True
+        seen.add(id(c))
+        c = c.__cause__ or c.__context__
+    return False
+
+
+def _recover_from(
+    e: BaseException,
+    run_dir: Path | str,
+    stages: Sequence[Stage],
+    manifest: Manifest,
+    report: RunReport,
+    stage: Stage,
+    dirs: Mapping[str, Path | str],
+    max_recoveries: int,
+    emit: Callable[[str, str, dict[str, Any]], None],
+) -> bool:
+    """When ``e`` comes from damaged stored data of a stage of this run (a corrupt tile,
+    an incomplete or missing array), mark that stage and everything downstream partial
+    and return True (a new pass recomputes them); else False."""
+    damage = find_damage(e)
+    owner = None if damage is None else owner_stage(run_dir, stages, damage.store, dirs)
+    if owner is None or len(report.recovered) >= max_recoveries:
+        return False
+    if isinstance(damage, CorruptTileError):
+        recover_corrupt_tile(stages, manifest, report, stage, owner, damage, max_recoveries)
+        emit(stage.name, "corrupt", dict(report.recovered[-1]))
+    else:
+        recover_incomplete(stages, manifest, report, stage, owner, damage, max_recoveries)
+        emit(stage.name, "incomplete", dict(report.recovered[-1]))
+    return True
+
+
 def run_stages(
     run_dir: str | Path,
     stages: Sequence[Stage],
@@ -307,6 +347,7 @@ def run_stages(
     RunDirConflict
         Also: a non-empty stage directory the manifest does not record.
     """
+    cap_store_waits(None)  # a new run: an earlier interrupted one capped the store waits
     remote = is_url(run_dir)
     if remote:  # an object store: no directories to create, no temporary files to sweep
         run_dir = str(run_dir).rstrip("/")
@@ -370,15 +411,23 @@ def _run_pass(
     dirs: dict[str, Path | str] = {}
     planned: dict[str, Planned] | None = None
     for stage in stages:
-        if stage.per_config and planned is None:
-            # the shared stages are done: this configuration's results get their own directory
-            planned = plan_configuration(stages, params, outputs, fps)
-            report.configuration = enter_configuration(run_dir, manifest, planned, emit, stages)
-            dirs.update({n: manifest.stage_dir(n) for n in planned})
-        if planned is not None and stage.name in planned:
-            enabled, stage_params, fp = planned[stage.name]
-        else:
-            enabled, stage_params, fp = plan_stage(stage, params, outputs, fps)
+        try:  # planning reads upstream outputs (the ingest arrays): damage there is recovered
+            if stage.per_config and planned is None:
+                # the shared stages are done: this configuration's results get their own
+                # directory
+                planned = plan_configuration(stages, params, outputs, fps)
+                report.configuration = enter_configuration(run_dir, manifest, planned, emit, stages)
+                dirs.update({n: manifest.stage_dir(n) for n in planned})
+            if planned is not None and stage.name in planned:
+                enabled, stage_params, fp = planned[stage.name]
+            else:
+                enabled, stage_params, fp = plan_stage(stage, params, outputs, fps)
+        except Exception as e:
+            if _recover_from(
+                e, run_dir, stages, manifest, report, stage, dirs, max_recoveries, emit
+            ):
+                return True
+            raise
         rec = manifest.stage(stage.name)
         stage_dir = dirs.setdefault(stage.name, join_path(run_dir, stage.name))
         if not enabled:
@@ -443,29 +492,26 @@ def _run_pass(
         try:
             out = stage.func(stage_dir, inputs, **stage_params)
         except BaseException as e:
+            if isinstance(e, KeyboardInterrupt | SystemExit) or _store_gone(e):
+                cap_store_waits()  # the cleanup, in seconds even on a store that does not answer
             rec.resources = usage.stop()
             # Ctrl-C or SIGTERM (pipeline.errors.Terminated): stopped, not broken
             stopped = isinstance(e, KeyboardInterrupt)
             rec.status = "interrupted" if stopped else "failed"
             rec.error = "".join(traceback.format_exception_only(type(e), e)).strip()
             rec.finished = time.time()
-            manifest.save()
+            try:
+                manifest.save()
+            except Exception as save_error:  # e.g. the store stopped answering
+                if not isinstance(e, KeyboardInterrupt | SystemExit):
+                    raise
+                log.warning("the manifest was not saved after the interrupt: %s", save_error)
             if isinstance(e, KeyboardInterrupt | SystemExit):
                 emit(stage.name, "interrupted" if stopped else "failed", {"error": rec.error})
                 raise
-            damage = find_damage(e)
-            owner = None if damage is None else owner_stage(run_dir, stages, damage.store, dirs)
-            if owner is not None and len(report.recovered) < max_recoveries:
-                if isinstance(damage, CorruptTileError):
-                    recover_corrupt_tile(
-                        stages, manifest, report, stage, owner, damage, max_recoveries
-                    )
-                    emit(stage.name, "corrupt", dict(report.recovered[-1]))
-                else:
-                    recover_incomplete(
-                        stages, manifest, report, stage, owner, damage, max_recoveries
-                    )
-                    emit(stage.name, "incomplete", dict(report.recovered[-1]))
+            if _recover_from(
+                e, run_dir, stages, manifest, report, stage, dirs, max_recoveries, emit
+            ):
                 return True
             emit(stage.name, "failed", {"error": rec.error})
             raise StageFailed(stage.name, e) from e

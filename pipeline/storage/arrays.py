@@ -19,6 +19,7 @@ read and written a whole chunk at a time as raw bytes, in Zarr's own layout
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,8 @@ from pipeline.storage.rawchunks import (
 )
 from pipeline.storage.tempfiles import sweep_tmp_files
 from pipeline.storage.tiles import TileGrid
+
+log = logging.getLogger("pipeline.storage")
 
 
 def bytes_checksum(data: bytes) -> int:
@@ -427,6 +430,7 @@ def open_tiled_array(
             # reopened for resume: before any work, drop what killed writers left
             sweep_tmp_files(_local_path(str(store), name))
             handle.markers.sweep_tmp()
+            unmark_lost_tiles(handle)
             return handle
         if not overwrite:
             raise StoreMismatchError(
@@ -440,8 +444,9 @@ def open_tiled_array(
                 "KernelRidge(store=...) gives each distinct fit its own subdirectory of the "
                 "store and has no such parameter."
             )
-        # stale markers first: after this point nothing in the old array counts as done
-        TileMarkers(str(store), name, fingerprint).clear()
+    # stale markers first: after this point nothing in an old array counts as done (also
+    # when the array itself was deleted and its markers were left: they describe nothing)
+    TileMarkers(str(store), name, fingerprint).clear()
     attrs = {"fingerprint": fingerprint, "block_size": int(block_size), **(attributes or {})}
     zarr.create_array(
         store=str(store),
@@ -456,6 +461,56 @@ def open_tiled_array(
         overwrite=True,
     )
     return handle
+
+
+def unmark_lost_tiles(handle: TiledArray) -> list[tuple[int, ...]]:
+    """Unmark, in one pass, every marked tile whose chunk file is missing or has the
+    wrong size; return their marker keys.
+
+    Called when an array is reopened for resume, so a damaged run directory (e.g. one
+    copied while a run wrote it: 74 tiles marked without chunk files) is repaired in
+    one run; before, each missing chunk was found by a read, one recovery at a time,
+    and a run stopped after three. Only arrays stored as raw chunk files on a local
+    disk (:func:`~pipeline.storage.rawchunks.chunk_layout`) are checked here: on an
+    object store, and through Zarr codecs, a chunk equal to the fill value may be left
+    unwritten, so there the checksum on read finds the damage.
+    """
+    layout = chunk_layout(handle.store, handle.name)
+    if layout is None:
+        return []
+    markers = handle.markers
+    ndim = len(handle.shape)
+    lost = []
+    for key in markers.done():
+        if not isinstance(key, tuple):
+            continue
+        if len(key) == ndim:
+            coords = key
+        elif ndim == 2 and len(key) == 1:  # row blocks marked (i,) (predictions)
+            coords = (key[0], 0)
+        elif ndim == 1 and len(key) == 2 and key[1] == 0:
+            coords = key[:1]
+        else:
+            continue
+        try:
+            ok = layout.path(coords).stat().st_size == layout.nbytes
+        except FileNotFoundError:
+            ok = False
+        except OSError:  # unreadable for another reason: the read reports it
+            continue
+        if not ok:
+            markers.unmark(key)
+            lost.append(key)
+    if lost:
+        log.warning(
+            "array %r in %s: %d marked tile(s) have no chunk file (or one of the wrong size), "
+            "first %s: unmarked, to be recomputed",
+            handle.name,
+            handle.store,
+            len(lost),
+            sorted(lost)[:5],
+        )
+    return lost
 
 
 def _local_path(store: str, name: str) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import zarr
 
+from pipeline.errors import IncompleteArrayError
 from pipeline.storage.arrays import TiledArray, _read_row_block, normalize_store
 
 __all__ = ["as_dask", "open_stored", "read_all", "read_blocks"]
@@ -29,15 +30,19 @@ def open_stored(store: str, name: str) -> TiledArray:
 
     Raises
     ------
+    IncompleteArrayError
+        No such array (a ValueError).
     ValueError
-        No such array, or one without the ``fingerprint``/``block_size``
+        An array without the ``fingerprint``/``block_size``
         attributes that :func:`open_tiled_array` records.
     """
     store = normalize_store(store)
     try:
         arr = zarr.open_array(store=store, path=name, mode="r")
-    except Exception as exc:
-        raise ValueError(f"no stored array {name!r} in store {store!r}: {exc}") from exc
+    except Exception as exc:  # a ValueError that recovery sees: the owner stage rebuilds it
+        raise IncompleteArrayError(
+            store, name, (), message=f"no stored array {name!r} in store {store!r}: {exc}"
+        ) from exc
     attrs = dict(arr.attrs)
     if "fingerprint" not in attrs or "block_size" not in attrs:
         raise ValueError(

@@ -25,12 +25,13 @@ from typing import Any
 import fsspec
 import fsspec.config
 
-from pipeline.errors import StoreUnreachable  # noqa: F401  (its old home)
+from pipeline.errors import ConfigError, StoreUnreachable  # noqa: F401  (its old home)
 from pipeline.storage.atomic import (  # noqa: F401 (local_file_path re-exported)
     atomic_write,
     is_local,
     local_file_path,
 )
+from pipeline.storage.waits import cap_store_waits, store_wait_cap  # noqa: F401
 
 #: packages that provide the filesystems of common URL schemes
 _PACKAGES = {
@@ -42,6 +43,32 @@ _PACKAGES = {
     "abfs": "adlfs",
     "abfss": "adlfs",
 }
+
+
+#: the pipeline's S3 filesystem: s3fs with bounded waits (pipeline.storage.s3)
+_S3_CLASS = "pipeline.storage.s3.BoundedS3FileSystem"
+
+
+def _register_bounded_s3() -> None:
+    """Make ``s3://`` and ``s3a://`` open :class:`pipeline.storage.s3.BoundedS3FileSystem`
+    in this process (imported when first used, so s3fs stays optional)."""
+    from fsspec.registry import _registry, known_implementations
+
+    for name in ("s3", "s3a"):
+        if name in _registry:  # s3fs was already used here: register the class itself
+            try:
+                from pipeline.storage.s3 import BoundedS3FileSystem
+            except ImportError:
+                return
+            fsspec.register_implementation(name, BoundedS3FileSystem, clobber=True)
+        else:
+            known_implementations[name] = {
+                "class": _S3_CLASS,
+                "err": "Install s3fs to access S3 (pip install 'krr-pipeline[s3]')",
+            }
+
+
+_register_bounded_s3()
 
 
 def url_scheme(path: str | Path) -> str | None:
@@ -127,6 +154,8 @@ def filesystem_for(url: str, storage_options: Mapping[str, Any] | None = None) -
             f"{str(url)!r}: no filesystem is installed for the URL scheme {scheme!r} ({e}). "
             f"To use it: {hint}."
         ) from None
+    except ConfigError:  # e.g. a bad timeout in storage.options (pipeline.storage.s3)
+        raise
     except ValueError as e:
         raise StoreUnreachable(
             f"{str(url)!r}: unknown URL scheme {scheme!r} ({e}). Use a local path or a "

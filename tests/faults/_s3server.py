@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -29,6 +30,10 @@ S3_ENV_KEYS = (
 )
 
 
+#: the server process of each running server's endpoint URL (to pause it with SIGSTOP)
+SERVER_PIDS: dict[str, int] = {}
+
+
 @contextlib.contextmanager
 def moto_server() -> Iterator[dict[str, str]]:
     """Start a moto S3 server; yield the environment that points s3fs at it."""
@@ -51,6 +56,7 @@ def moto_server() -> Iterator[dict[str, str]]:
                 if proc.poll() is not None:
                     raise RuntimeError("moto server exited") from None
                 time.sleep(0.05)
+        SERVER_PIDS[url] = proc.pid
         yield {
             "AWS_ENDPOINT_URL": url,
             "AWS_ACCESS_KEY_ID": "test",
@@ -58,6 +64,8 @@ def moto_server() -> Iterator[dict[str, str]]:
             "AWS_DEFAULT_REGION": "us-east-1",
         }
     finally:
+        SERVER_PIDS.pop(url, None)
+        os.kill(proc.pid, signal.SIGCONT)  # a test that paused it and failed
         proc.terminate()
         try:
             proc.wait(timeout=10)

@@ -1,0 +1,129 @@
+"""The S3 filesystem the pipeline uses: s3fs with bounded waits.
+
+s3fs (through aiobotocore) waits 60 s per socket read, retries each request several
+times inside botocore and again five times in s3fs, and sets no limit on a whole
+operation, so a store that accepts connections but never answers (a server paused
+mid-run) held ``krr run`` for many minutes. :class:`BoundedS3FileSystem` is registered
+for ``s3://`` and ``s3a://`` by :mod:`pipeline.storage.location` (in every process that
+imports the pipeline, Dask workers included). It sets a connect and a read timeout on
+every request, the number of tries, and a total per operation; an operation that gets
+no answer within them raises :class:`~pipeline.errors.StoreUnreachable` ("the object
+store does not answer"). Each can be set in ``storage.options`` (or the estimator's
+``storage_options``); see ``docs/STORAGE.md``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any
+
+from s3fs import S3FileSystem
+
+from pipeline.errors import ConfigError, StoreUnreachable
+from pipeline.storage.waits import store_wait_cap
+
+#: the defaults, each a key of ``storage.options`` (seconds; ``retries``: tries per operation)
+DEFAULT_TIMEOUTS: dict[str, float] = {
+    "connect_timeout": 10.0,
+    "read_timeout": 20.0,
+    "retries": 3,
+    "operation_timeout": 60.0,
+}
+
+
+def _no_answer_types() -> tuple[type[BaseException], ...]:
+    from botocore.exceptions import (
+        ConnectTimeoutError,
+        EndpointConnectionError,
+        ReadTimeoutError,
+    )
+
+    return (
+        ConnectTimeoutError,
+        ReadTimeoutError,
+        EndpointConnectionError,
+        asyncio.TimeoutError,
+        TimeoutError,
+    )
+
+
+class BoundedS3FileSystem(S3FileSystem):
+    """:class:`s3fs.S3FileSystem` whose every request has a connect and a read timeout
+    and whose every operation has a total (see :data:`DEFAULT_TIMEOUTS`).
+
+    Parameters (besides those of s3fs)
+    ----------------------------------
+    connect_timeout, read_timeout : float
+        Seconds to open a connection, and to wait for each read of an answer.
+    retries : int
+        Tries per operation (s3fs's own retry loop; botocore's is set to one try).
+    operation_timeout : float
+        Seconds one operation (all its tries together) may take.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        opts = {k: kwargs.pop(k, v) for k, v in DEFAULT_TIMEOUTS.items()}
+        for k, v in opts.items():
+            if isinstance(v, str):  # from the environment: FSSPEC_S3_READ_TIMEOUT=5
+                try:
+                    opts[k] = v = float(v)
+                except ValueError:
+                    pass
+            if not isinstance(v, int | float) or isinstance(v, bool) or v <= 0:
+                raise ConfigError(
+                    f"storage.options {k}={v!r}: expected a positive number "
+                    f"(default {DEFAULT_TIMEOUTS[k]:g})"
+                )
+        config = dict(kwargs.pop("config_kwargs", None) or {})
+        config.setdefault("connect_timeout", float(opts["connect_timeout"]))
+        config.setdefault("read_timeout", float(opts["read_timeout"]))
+        config.setdefault("retries", {"max_attempts": 1, "mode": "standard"})
+        super().__init__(*args, config_kwargs=config, **kwargs)
+        self.retries = max(1, int(opts["retries"]))
+        self.operation_timeout = float(opts["operation_timeout"])
+        self._endpoint_shown = (  # the environment as it was when this instance was made
+            (self.client_kwargs or {}).get("endpoint_url")
+            or self.endpoint_url
+            or os.environ.get("AWS_ENDPOINT_URL")
+            or "S3"
+        )
+
+    def _no_answer(self, method: str, e: BaseException | None) -> StoreUnreachable:
+        endpoint = self._endpoint_shown
+        why = f"{type(e).__name__}: {e}" if e is not None and str(e) else "no reply"
+        return StoreUnreachable(
+            f"{endpoint}: the object store does not answer ({method}: {why}; within "
+            f"{self.operation_timeout:g} s, storage.options operation_timeout). Check the "
+            "endpoint (AWS_ENDPOINT_URL, or storage.options client_kwargs.endpoint_url) "
+            "and the network, then rerun the same command to resume."
+        )
+
+    async def _call_s3(self, method: Any, *akwarglist: Any, **kwargs: Any) -> Any:
+        name = method if isinstance(method, str) else getattr(method, "__name__", "request")
+        start = time.monotonic()
+        task = asyncio.ensure_future(super()._call_s3(method, *akwarglist, **kwargs))
+        try:
+            while True:
+                deadline = start + self.operation_timeout
+                cap = store_wait_cap()  # cleanup after an interrupt: give up sooner
+                if cap is not None:
+                    deadline = min(deadline, max(start, cap[0]) + cap[1])
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise self._no_answer(name, None)
+                done, _ = await asyncio.wait({task}, timeout=min(left, 0.5))
+                if done:
+                    return task.result()
+        except _no_answer_types() as e:
+            raise self._no_answer(name, e) from e
+        finally:
+            if not task.done():
+                task.cancel()
+
+
+# one instance cache with s3fs's (fsspec gives each class its own): whoever resets
+# ``s3fs.S3FileSystem.clear_instance_cache()`` (e.g. after changing AWS_ENDPOINT_URL)
+# resets these too; the cache keys name the class, so instances never mix
+BoundedS3FileSystem._cache = S3FileSystem._cache

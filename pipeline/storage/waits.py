@@ -1,0 +1,29 @@
+"""A cap on every object-store wait in this process, for the cleanup after an interrupt.
+
+Its own module so that :mod:`pipeline.storage.s3` (which reads it) and
+:mod:`pipeline.storage.location` (which registers that filesystem, and re-exports
+these names) do not import each other.
+"""
+
+from __future__ import annotations
+
+import time
+
+#: (since, seconds): every object-store operation gives up ``seconds`` after ``since``
+#: or its own start, whichever is later (cleanup after Ctrl-C or SIGTERM); None: no cap
+_WAIT_CAP: list[tuple[float, float]] = []
+
+
+def cap_store_waits(seconds: float | None = 2.0) -> None:
+    """From now on in this process, every object-store operation (those under way too)
+    gives up after ``seconds`` (``None``: lift the cap). The runner sets it when a run is
+    interrupted, so the cleanup (manifest, lease, run.log) cannot hold the process on a
+    store that does not answer; a new run lifts it."""
+    _WAIT_CAP.clear()
+    if seconds is not None:
+        _WAIT_CAP.append((time.monotonic(), float(seconds)))
+
+
+def store_wait_cap() -> tuple[float, float] | None:
+    """``(since, seconds)`` set by :func:`cap_store_waits`, or None."""
+    return _WAIT_CAP[0] if _WAIT_CAP else None

@@ -1,0 +1,249 @@
+"""An object store that stops answering: bounded waits, exit 7, and a cleanup that
+neither hangs nor replaces the real error.
+
+Issue #44: an S3-compatible server paused mid-run (it accepts TCP, never replies) left
+``krr run`` silent for more than 7 minutes; Ctrl-C did not end it (the lease release
+and the run.log upload waited on the store too); ``krr status`` hung the same way; and
+a store lost mid-run was reported as "internal error", exit 1, because the lease release
+in a ``finally`` raised again. Here the loopback moto server is paused with SIGSTOP and
+the timeouts are made small (``storage.options`` / ``FSSPEC_S3``) so each case takes
+seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _s3server import SERVER_PIDS, make_bucket, moto_server, s3_env  # noqa: E402
+
+BUCKET = "krr-timeouts"
+#: small bounded waits: every store operation gives up within 3 s
+FAST = {"connect_timeout": 1, "read_timeout": 1, "retries": 2, "operation_timeout": 3}
+
+CONFIG = """
+name: timeouts
+data: {{source: npy, path: {x}, y_path: {y}}}
+kernel: {{name: rbf, params: {{gamma: 0.2}}}}
+lambda: 0.01
+solver: {{method: cholesky}}
+block_size: 32
+evaluate: {{baseline: none}}
+cluster: {{n_workers: 1, processes: false, memory_limit: 2GiB}}
+storage: {{options: {opts}}}
+"""
+
+
+@pytest.fixture(scope="module")
+def s3():
+    with moto_server() as env, s3_env(env):
+        make_bucket(BUCKET)
+        yield env
+
+
+@pytest.fixture(scope="module")
+def conf(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("timeouts")
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(300, 4))
+    np.save(d / "X.npy", X)
+    np.save(d / "y.npy", np.sin(X[:, 0]))
+    p = d / "conf.yaml"
+    p.write_text(CONFIG.format(x=d / "X.npy", y=d / "y.npy", opts=json.dumps(FAST)))
+    return p
+
+
+class paused:
+    """SIGSTOP the moto server while inside; SIGCONT on the way out."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.pid = SERVER_PIDS[env["AWS_ENDPOINT_URL"]]
+
+    def __enter__(self) -> paused:
+        os.kill(self.pid, signal.SIGSTOP)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        os.kill(self.pid, signal.SIGCONT)
+
+
+def _krr(*args: str, env: dict[str, str] | None = None, **kw) -> subprocess.Popen:
+    full = {**os.environ, "FSSPEC_S3": json.dumps(FAST), **(env or {})}
+    return subprocess.Popen(
+        [sys.executable, "-m", "pipeline.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=full,
+        **kw,
+    )
+
+
+def _finish(p: subprocess.Popen, limit: float) -> tuple[int, str, float]:
+    t0 = time.perf_counter()
+    try:
+        _, err = p.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        _, err = p.communicate()
+        pytest.fail(f"no exit within {limit} s: {err[-2000:]}")
+    return p.returncode, err, time.perf_counter() - t0
+
+
+def _assert_no_answer(rc: int, err: str) -> None:
+    assert rc == 7, err[-3000:]
+    assert "the object store does not answer" in err, err[-3000:]
+    assert "internal error" not in err, err[-3000:]
+
+
+def _objects(prefix: str) -> list[str]:
+    import s3fs
+
+    fs = s3fs.S3FileSystem(skip_instance_cache=True)
+    try:
+        return fs.find(f"{BUCKET}/{prefix}")
+    except FileNotFoundError:
+        return []
+
+
+def test_run_against_a_paused_store_fails_before_work_with_exit_7(s3, conf):
+    with paused(s3):
+        t0 = time.perf_counter()
+        rc, err, _ = _finish(_krr("run", str(conf), "--run-dir", f"s3://{BUCKET}/before"), 120)
+    _assert_no_answer(rc, err)
+    assert "[ingest]" not in err
+    assert time.perf_counter() - t0 < 60
+
+
+def test_run_paused_mid_work_exits_7_within_a_bounded_time(s3, conf):
+    url = f"s3://{BUCKET}/mid"
+    p = _krr("run", str(conf), "--run-dir", url)
+    deadline = time.time() + 120
+    while not any("/gram/" in o for o in _objects("mid")):  # the gram stage is writing
+        assert p.poll() is None, p.communicate()[1][-3000:]
+        assert time.time() < deadline, "the run never reached the gram stage"
+        time.sleep(0.05)
+    with paused(s3):
+        rc, err, took = _finish(p, 120)
+    _assert_no_answer(rc, err)
+    assert took < 60, took
+
+
+@pytest.mark.parametrize("command", ["status", "unlock", "report"])
+def test_read_commands_against_a_paused_store_exit_7(s3, conf, command):
+    url = f"s3://{BUCKET}/done"
+    if not _objects("done"):
+        rc, err, _ = _finish(_krr("run", str(conf), "--run-dir", url, "--until", "ingest"), 300)
+        assert rc == 0, err[-3000:]
+    with paused(s3):
+        rc, err, took = _finish(_krr(command, url), 120)
+    _assert_no_answer(rc, err)
+    assert took < 60, took
+
+
+def test_ctrl_c_ends_a_run_waiting_on_a_paused_store_within_seconds(s3, conf, tmp_path):
+    # long waits here: only Ctrl-C can end this run quickly
+    slow = {**FAST, "read_timeout": 600, "operation_timeout": 600}
+    slow_conf = tmp_path / "slow.yaml"
+    slow_conf.write_text(conf.read_text().replace(json.dumps(FAST), json.dumps(slow)))
+    p = _krr(
+        "run",
+        str(slow_conf),
+        "--run-dir",
+        f"s3://{BUCKET}/interrupted",
+        env={"FSSPEC_S3": json.dumps(slow)},
+    )
+    deadline = time.time() + 120
+    while not any("/ingest/" in o for o in _objects("interrupted")):
+        assert p.poll() is None, p.communicate()[1][-3000:]
+        assert time.time() < deadline, "the run never reached the ingest stage"
+        time.sleep(0.05)
+    with paused(s3):
+        time.sleep(1.0)
+        p.send_signal(signal.SIGINT)
+        rc, err, took = _finish(p, 60)
+    assert rc == 130, err[-3000:]
+    assert took < 20, took
+
+
+def test_estimator_fit_against_a_paused_store_raises_store_unreachable(s3):
+    from pipeline import KernelRidge
+    from pipeline.errors import StoreUnreachable
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(200, 3))
+    est = KernelRidge(
+        alpha=0.1, kernel="rbf", gamma=0.5, block_size=32, store=f"s3://{BUCKET}/est",
+        storage_options=FAST,
+    )  # fmt: skip
+    with paused(s3):
+        t0 = time.perf_counter()
+        with pytest.raises(StoreUnreachable, match="the object store does not answer"):
+            est.fit(X, np.sin(X[:, 0]))
+    assert time.perf_counter() - t0 < 60
+
+
+def test_a_failing_lease_release_does_not_replace_the_real_error(s3, monkeypatch):
+    import pipeline.stages.lock as lock
+
+    lease = lock.LeaseLock(f"s3://{BUCKET}/lease-release", ttl=30).acquire()
+
+    def dead(_loc):
+        raise lock.StoreUnreachable("the object store does not answer (test)")
+
+    monkeypatch.setattr(lock, "_read", dead)
+    with pytest.raises(KeyError, match="the real error"):
+        try:
+            raise KeyError("the real error")
+        finally:
+            lease.release()
+
+
+def test_lease_release_against_a_paused_store_returns_within_seconds(s3):
+    from pipeline.stages.lock import RELEASE_WAIT, LeaseLock
+    from pipeline.storage.location import set_storage_options
+
+    set_storage_options("s3", {**FAST, "operation_timeout": 600, "read_timeout": 600})
+    try:
+        lease = LeaseLock(f"s3://{BUCKET}/lease-paused", ttl=30).acquire()
+        with paused(s3):
+            t0 = time.perf_counter()
+            lease.release()
+            took = time.perf_counter() - t0
+    finally:
+        import fsspec.config
+
+        fsspec.config.conf.pop("s3", None)
+    assert took < RELEASE_WAIT * 2 + 1, took
+
+
+def test_timeout_options_are_validated():
+    pytest.importorskip("s3fs")
+    from pipeline.storage.location import filesystem_for
+
+    with pytest.raises(ValueError, match="read_timeout"):
+        filesystem_for("s3://b/x", {"read_timeout": -1, "skip_instance_cache": True})
+
+
+def test_predict_from_a_model_on_a_paused_store_exits_7(s3, tmp_path):
+    from pipeline import KernelRidge
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(60, 3))
+    url = f"s3://{BUCKET}/models/m"
+    KernelRidge(alpha=0.1, kernel="rbf", gamma=0.5).fit(X, np.sin(X[:, 0])).save(url)
+    np.save(tmp_path / "new.npy", X[:5])
+    with paused(s3):
+        p = _krr("predict", url, str(tmp_path / "new.npy"), str(tmp_path / "out.npy"))
+        rc, err, took = _finish(p, 120)
+    _assert_no_answer(rc, err)
+    assert took < 60, took
