@@ -322,7 +322,8 @@ def test_an_estimator_store_has_the_pinned_layout(tmp_path):
     # solver="cholesky": the Gram and the factor, lower tiles, in store/fit-<20 hex>/
     d, files = _fit_files(tmp_path / "chol", solver="cholesky")
     assert files == sorted(
-        ["zarr.json", "gram/zarr.json", "chol/zarr.json"]
+        # .fit-lock (added 2026-11-28, issue #44): the OS lock two identical fits share
+        [".fit-lock", "zarr.json", "gram/zarr.json", "chol/zarr.json"]
         + [f"{a}/c/{t}" for a in ("gram", "chol") for t in _TILES]
         + [f"_markers/{a}/{k}" for a in ("gram", "chol") for k in _KEYS]
     )
