@@ -346,7 +346,7 @@ def test_an_estimator_store_has_the_pinned_layout(tmp_path):
     # solver="cg" with tiles recomputed from X: one checkpoint slot and its marker
     d, files = _fit_files(tmp_path / "cg", solver="cg", preconditioner="jacobi",
                           matvec="recompute", tol=1e-10)  # fmt: skip
-    assert files == ["_cg/cg/slot0.npz", "_markers/cg-cg/state"]
+    assert files == [".fit-lock", "_cg/cg/slot0.npz", "_markers/cg-cg/state"]
     state = json.loads((d / "_markers/cg-cg/state").read_text())
     assert sorted(state) == ["crc32c", "fingerprint", "iteration", "slot", "tiling", "time"]
     assert state["tiling"] == {"block_size": 16, "matvec": "recompute"}
