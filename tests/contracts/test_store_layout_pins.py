@@ -291,6 +291,9 @@ def test_a_new_run_directory_has_the_pinned_layout(tmp_path, monkeypatch):
     for rel in RUN_ARRAYS:
         got = json.loads((run / rel / "zarr.json").read_text())
         want = json.loads((src / "run" / rel / "zarr.json").read_text())
+        for d in (got, want):  # zarr 3.1.2 writes an empty key that the newer ones omit
+            if d.get("consolidated_metadata", 0) is None:
+                del d["consolidated_metadata"]
         if rel.endswith("model/model"):  # the artifact's JSON records when it was made
             for d in (got, want):
                 d["attributes"]["krr_model"].pop("created")
