@@ -196,3 +196,25 @@ def write_config(tmp_path):
         return path
 
     return write
+
+
+def _run_results(run_dir: Path) -> dict[str, np.ndarray]:
+    """A finished run directory's results to compare bitwise: the latest configuration's
+    alpha (its model's ``dual_coef``) and every array of its prediction stores."""
+    import zarr
+
+    from pipeline.artifact import load_artifact
+    from pipeline.stages.manifest import Manifest
+
+    m = Manifest.load(run_dir)  # the latest configuration's results/<key>/{model,predict}
+    out = {"alpha": np.asarray(load_artifact(m.stage_dir("model") / "model").dual_coef)}
+    for store in sorted(m.stage_dir("predict").glob("*.zarr")):
+        for name, arr in zarr.open_group(str(store), mode="r").arrays():
+            out[f"{store.name}/{name}"] = arr[...]
+    return out
+
+
+@pytest.fixture(scope="session")
+def run_results():
+    """``run_results(run_dir)``: a finished run's alpha and predictions, by name."""
+    return _run_results

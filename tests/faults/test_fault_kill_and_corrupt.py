@@ -16,9 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import zarr
-
-from pipeline.artifact import load_artifact
 
 pytestmark = pytest.mark.slow
 
@@ -42,7 +39,7 @@ KILL_POINTS = [("X_train/", 6), ("gram/", 21), ("chol/", 21), ("predictions/", 1
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory, krr_run):
+def setup(tmp_path_factory, krr_run, run_results):
     d = tmp_path_factory.mktemp("killcorrupt")
     rng = np.random.default_rng(1)
     X = rng.normal(size=(800, 4))
@@ -54,18 +51,7 @@ def setup(tmp_path_factory, krr_run):
     ref = d / "ref"
     r = krr_run.run(conf, ref, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    return conf, _results(ref)
-
-
-def _results(run_dir: Path) -> dict[str, np.ndarray]:
-    from pipeline.stages.manifest import Manifest
-
-    m = Manifest.load(run_dir)  # the latest configuration's results/<key>/{model,predict}
-    out = {"alpha": np.asarray(load_artifact(m.stage_dir("model") / "model").dual_coef)}
-    for store in sorted(m.stage_dir("predict").glob("*.zarr")):
-        for name, arr in zarr.open_group(str(store), mode="r").arrays():
-            out[f"{store.name}/{name}"] = arr[...]
-    return out
+    return conf, run_results(ref)
 
 
 def _chunk_files(run_dir: Path) -> list[Path]:
@@ -92,7 +78,7 @@ def _flip_byte(path: Path, rnd: random.Random) -> None:
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_random_kills_with_corruption_between_runs(setup, tmp_path, seed, krr_run):
+def test_random_kills_with_corruption_between_runs(setup, tmp_path, seed, krr_run, run_results):
     conf, want = setup
     rnd = random.Random(seed)
     run_dir = tmp_path / "run"
@@ -114,14 +100,16 @@ def test_random_kills_with_corruption_between_runs(setup, tmp_path, seed, krr_ru
     # what the killed writers left half-written was swept when its store was reopened
     left = [p for p in run_dir.rglob("*") if p.suffix in (".tmp", ".partial")]
     assert left == [], (history, left)
-    got = _results(run_dir)
+    got = run_results(run_dir)
     assert got.keys() == want.keys(), history
     for key in want:
         np.testing.assert_array_equal(got[key], want[key], err_msg=f"{key}: {history}")
 
 
 @pytest.mark.parametrize("target", ["model/model/dual_coef", "predict/predictions.zarr/test"])
-def test_damaged_final_output_of_a_complete_run_is_recomputed(setup, tmp_path, target, krr_run):
+def test_damaged_final_output_of_a_complete_run_is_recomputed(
+    setup, tmp_path, target, krr_run, run_results
+):
     """A rerun of a complete run re-reads its final outputs and repairs a flipped byte."""
     conf, want = setup
     run_dir = tmp_path / "run"
@@ -131,6 +119,6 @@ def test_damaged_final_output_of_a_complete_run_is_recomputed(setup, tmp_path, t
     again = krr_run.run(conf, run_dir, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "failed verification" in again.stderr + again.stdout
-    got = _results(run_dir)
+    got = run_results(run_dir)
     for key in want:
         np.testing.assert_array_equal(got[key], want[key], err_msg=key)

@@ -22,9 +22,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import zarr
-
-from pipeline.artifact import load_artifact
 
 ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "workflows" / "scheduled" / "krr-refit.service"
@@ -59,7 +56,7 @@ def _unit_stop_semantics() -> tuple[int, float]:
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory, krr_run):
+def setup(tmp_path_factory, krr_run, run_results):
     d = tmp_path_factory.mktemp("sigterm")
     rng = np.random.default_rng(3)
     X = rng.normal(size=(500, 4))
@@ -71,23 +68,16 @@ def setup(tmp_path_factory, krr_run):
     ref = d / "ref"
     r = krr_run.run(conf, ref, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    return conf, _results(ref)
-
-
-def _results(run_dir: Path) -> dict[str, np.ndarray]:
-    from pipeline.stages.manifest import Manifest
-
-    m = Manifest.load(run_dir)
-    out = {"alpha": np.asarray(load_artifact(m.stage_dir("model") / "model").dual_coef)}
-    for store in sorted(m.stage_dir("predict").glob("*.zarr")):
-        for name, arr in zarr.open_group(str(store), mode="r").arrays():
-            out[f"{store.name}/{name}"] = arr[...]
-    return out
+    return conf, run_results(ref)
 
 
 @pytest.mark.parametrize("match", ["gram/", "chol/"])
 def test_sigterm_mid_stage_stops_cleanly_and_the_rerun_resumes_bitwise(
-    setup, tmp_path, krr_run, match
+    setup,
+    tmp_path,
+    krr_run,
+    match,
+    run_results,
 ):
     conf, want = setup
     sig, stop_timeout = _unit_stop_semantics()
@@ -111,7 +101,7 @@ def test_sigterm_mid_stage_stops_cleanly_and_the_rerun_resumes_bitwise(
     again = krr_run.run(conf, run_dir, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resuming" in again.stderr
-    got = _results(run_dir)
+    got = run_results(run_dir)
     assert got.keys() == want.keys()
     for key in want:
         np.testing.assert_array_equal(got[key], want[key], err_msg=key)
