@@ -362,6 +362,20 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         self.X_fit_ = _c_order(X)
         return self
 
+    def _solver_knobs(self) -> dict:
+        """The solver knobs that the plan and the out-of-core fit both take, read once."""
+        return {
+            "tol": self.tol,
+            "max_iter": self.max_iter,
+            "preconditioner": self.preconditioner,
+            "rank": self.rank,
+            "matvec": self.matvec,
+            "cg_precision": self.cg_precision,
+            "random_state": self._seed,
+            "factor_dtype": self.factor_dtype,
+            "keep_gram": bool(self.keep_gram),
+        }
+
     def _plan(self, n: int, d: int, t: int, kernel: Any, sw: Any, copies: int, X: Any = None):
         """The fit plan and its reason (:func:`pipeline.policy.plan.plan_fit`).
 
@@ -377,15 +391,7 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
             alpha=self.alpha,
             alpha_convention=self.alpha_convention,
             block_size=self.block_size,
-            tol=self.tol,
-            max_iter=self.max_iter,
-            preconditioner=self.preconditioner,
-            rank=self.rank,
-            matvec=self.matvec,
-            cg_precision=self.cg_precision,
-            random_state=self._seed,
-            factor_dtype=self.factor_dtype,
-            keep_gram=bool(self.keep_gram),
+            **self._solver_knobs(),
             store=self.store,
             kernel_copies=copies,
             sample_weight=sw is not None,
@@ -473,15 +479,7 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
             solver=self.solver if self.solver != "dense" else "auto",
             store=store,
             block_size=self.block_size,
-            tol=self.tol,
-            max_iter=self.max_iter,
-            preconditioner=self.preconditioner,
-            rank=self.rank,
-            matvec=self.matvec,
-            cg_precision=self.cg_precision,
-            random_state=self._seed,
-            factor_dtype=self.factor_dtype,
-            keep_gram=bool(self.keep_gram),
+            **self._solver_knobs(),
             plan=plan,
             x_fingerprint=x_solve_fp,
         )
