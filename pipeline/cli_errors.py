@@ -322,15 +322,9 @@ def disk_full_in(exc: BaseException | None) -> OSError | None:
 def store_unreachable(e: BaseException | None):
     """The :class:`~pipeline.errors.StoreUnreachable` ``e`` is or was raised from (its
     cause/context chain), else None: an object store that does not answer (exit 7)."""
-    from pipeline.errors import StoreUnreachable
+    from pipeline.errors import StoreUnreachable, caused_by
 
-    seen: set[int] = set()
-    while e is not None and id(e) not in seen:
-        if isinstance(e, StoreUnreachable):
-            return e
-        seen.add(id(e))
-        e = e.__cause__ or e.__context__
-    return None
+    return caused_by(e, StoreUnreachable)
 
 
 def _classify_stage_error(e) -> int:

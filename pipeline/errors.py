@@ -463,3 +463,15 @@ class Terminated(KeyboardInterrupt):
 
     def __reduce__(self):
         return (type(self), (self.signum,))
+
+
+def caused_by(e: BaseException | None, kind: type[BaseException]) -> BaseException | None:
+    """The first exception of type ``kind`` in ``e``'s chain (``e`` itself, then its
+    ``__cause__`` or ``__context__``, and so on), else None."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, kind):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None

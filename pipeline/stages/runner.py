@@ -67,7 +67,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import StoreUnreachable
+from pipeline.errors import StoreUnreachable, caused_by
 from pipeline.stages.manifest import LATEST_NAME, MANIFEST_NAME, RESULTS_DIR, Manifest
 from pipeline.stages.recovery import (
     find_damage,
@@ -252,14 +252,7 @@ def _check_adoptable(stage_dir: Path | str, rec: Any) -> None:
 
 def _store_gone(e: BaseException) -> bool:
     """Whether ``e`` is, or was raised from, an object store that does not answer."""
-    seen: set[int] = set()
-    c: BaseException | None = e
-    while c is not None and id(c) not in seen:
-        if isinstance(c, StoreUnreachable):
-            return True
-        seen.add(id(c))
-        c = c.__cause__ or c.__context__
-    return False
+    return caused_by(e, StoreUnreachable) is not None
 
 
 def _recover_from(
