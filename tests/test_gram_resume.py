@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from pipeline.gram import build_gram, open_gram, read_sym_tile
+from pipeline.linalg.gram import build_gram, open_gram, read_sym_tile
 from pipeline.kernels import RBF
 
 N, D, BLOCK, GAMMA = 600, 6, 60, 0.1
@@ -25,7 +25,7 @@ CHILD = textwrap.dedent(
     """
     import sys, time
     import numpy as np
-    from pipeline.gram import build_gram
+    from pipeline.linalg.gram import build_gram
     from pipeline.kernels import RBF
 
     _eval = RBF._eval

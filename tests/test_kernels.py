@@ -11,41 +11,7 @@ import scipy.sparse as sp
 from sklearn.base import clone
 from sklearn.metrics.pairwise import pairwise_kernels
 
-from pipeline.kernels import (
-    RBF,
-    SKLEARN_KERNELS,
-    AdditiveChi2,
-    Chain,
-    Chi2,
-    Constant,
-    Coordinate,
-    Cosine,
-    ElementwiseScale,
-    Exp,
-    FunctionScaled,
-    GaussianEnvelope,
-    InverseRowNorm,
-    Kernel,
-    L2Normalize,
-    Laplacian,
-    Linear,
-    LinearMap,
-    Normalized,
-    Polynomial,
-    Product,
-    RowNorm,
-    Scaled,
-    SelectFeatures,
-    Sigmoid,
-    Standardize,
-    Sum,
-    Warped,
-    kernel_from_spec,
-    make_kernel,
-    registered_names,
-    registered_warpings,
-    warping_from_spec,
-)
+from pipeline.kernels import RBF, SKLEARN_KERNELS, AdditiveChi2, Chain, Chi2, Constant, Coordinate, Cosine, ElementwiseScale, Exp, FunctionScaled, GaussianEnvelope, InverseRowNorm, Kernel, L2Normalize, Laplacian, Linear, LinearMap, Normalized, Polynomial, Product, RowNorm, Scaled, SelectFeatures, Sigmoid, Standardize, Sum, Warped, kernel_from_spec, make_kernel, registered_names, registered_warpings, warping_from_spec
 
 RNG = np.random.default_rng(20261122)
 # non-negative data so the chi² kernels apply everywhere

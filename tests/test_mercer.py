@@ -5,29 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.kernels import (
-    RBF,
-    AdditiveChi2,
-    Chi2,
-    Constant,
-    Cosine,
-    Exp,
-    FunctionScaled,
-    GaussianEnvelope,
-    Kernel,
-    Laplacian,
-    Linear,
-    MercerReport,
-    Normalized,
-    Polynomial,
-    Product,
-    RowNorm,
-    Scaled,
-    Sigmoid,
-    Standardize,
-    Warped,
-    check_mercer,
-)
+from pipeline.kernels import RBF, AdditiveChi2, Chi2, Constant, Cosine, Exp, FunctionScaled, GaussianEnvelope, Kernel, Laplacian, Linear, MercerReport, Normalized, Polynomial, Product, RowNorm, Scaled, Sigmoid, Standardize, Warped, check_mercer
 
 RNG = np.random.default_rng(7)
 X = RNG.normal(size=(150, 5))

@@ -13,8 +13,8 @@ import pytest
 from _dask_cluster import external_cluster
 
 from pipeline.kernels import RBF
-from pipeline.parallel import dask_client
-from pipeline.predict import predict
+from pipeline.engine.parallel import dask_client
+from pipeline.linalg.blockwise import predict
 from pipeline.storage import TileMarkers
 
 

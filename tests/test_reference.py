@@ -14,19 +14,11 @@ from sklearn.kernel_ridge import KernelRidge as SKKernelRidge
 
 from pipeline.fit import fit_reference
 from pipeline.kernels import RBF, Linear
-from pipeline.policy.plan import in_memory_choice
-from pipeline.reference import (
-    InsufficientMemoryError,
-    SingularKernelWarning,
-    check_dense_memory,
-    dense_dual_bytes,
-    effective_alpha,
-    predict_dual,
-    primal_to_dual,
-    solve_dual,
-    solve_primal,
-)
-from pipeline.reference import dual as dual_mod
+from pipeline.plan.fit_plan import in_memory_choice
+from pipeline.linalg.dense_memory import InsufficientMemoryError, check_dense_memory, dense_dual_bytes
+from pipeline.linalg.dense_dual import SingularKernelWarning, effective_alpha, predict_dual, solve_dual
+from pipeline.linalg.dense_primal import primal_to_dual, solve_primal
+from pipeline.linalg import dense_dual as dual_mod
 
 
 def _data(n=120, d=5, t=None, seed=0):

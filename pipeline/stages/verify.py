@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.artifact import ArtifactError, load_artifact
+from pipeline.models.artifact import ArtifactError, load_artifact
 from pipeline.errors import DamagedOutput
-from pipeline.gram import open_gram
-from pipeline.predict.output import file_crc32c
+from pipeline.linalg.gram import open_gram
+from pipeline.storage.predictions import file_crc32c
 from pipeline.stages.evaluate import metrics_file_view
 from pipeline.stages.manifest import _json_default
 from pipeline.storage import read_all

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.config import load_config
+from pipeline.stages.config import load_config
 from pipeline.stages import Manifest, Stage, default_stages, run_stages
 
 BASE = {
