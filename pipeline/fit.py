@@ -19,34 +19,33 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from pipeline.kernels import Kernel, Linear, make_kernel
-from pipeline.options import solver_convention
-from pipeline.engine.parallel import _active_client
 from pipeline import constants as C
-from pipeline.plan.fit_plan import FitPlan, Probes, Resources, gram_on_demand, plan_fit
-from pipeline.engine.progress import cg_progress
-from pipeline.linalg import dense_memory as memory
-from pipeline.linalg.dense_dual import effective_alpha, predict_dual, solve_dual
-from pipeline.linalg.dense_memory import check_dense_memory, dense_dual_bytes, primal_bytes
-from pipeline.linalg.dense_primal import primal_to_dual, solve_primal
-from pipeline.linalg.triangular import cholesky_solve
-from pipeline.linalg import spectrum
-from pipeline.linalg.cholesky import tile_cholesky
-from pipeline.linalg.cg import CGConvergenceError, conjugate_gradient
-from pipeline.linalg.cg_checkpoint import resumable_cg
-from pipeline.linalg.cg_mixed_fit import mixed_cg_fit
-from pipeline.linalg.cholesky import regularisation_shift
-from pipeline.linalg.cholesky_exec import tile_owners
-from pipeline.linalg.cholesky_options import NonFiniteKernelError, NotPositiveDefiniteError
-from pipeline.linalg.matvec import make_operator
-from pipeline.linalg.precond import make_preconditioner
-from pipeline.storage import fingerprint_blocks
 from pipeline.engine.dense import (
     check_finite_kernel,
     check_finite_predictions,
     kernel_matrix,
     kernel_predict,
 )
+from pipeline.engine.parallel import _active_client
+from pipeline.engine.progress import cg_progress
+from pipeline.kernels import Kernel, Linear, make_kernel
+from pipeline.linalg import dense_memory as memory
+from pipeline.linalg import spectrum
+from pipeline.linalg.cg import CGConvergenceError, conjugate_gradient
+from pipeline.linalg.cg_checkpoint import resumable_cg
+from pipeline.linalg.cg_mixed_fit import mixed_cg_fit
+from pipeline.linalg.cholesky import regularisation_shift, tile_cholesky
+from pipeline.linalg.cholesky_exec import tile_owners
+from pipeline.linalg.cholesky_options import NonFiniteKernelError, NotPositiveDefiniteError
+from pipeline.linalg.dense_dual import effective_alpha, predict_dual, solve_dual
+from pipeline.linalg.dense_memory import check_dense_memory, dense_dual_bytes, primal_bytes
+from pipeline.linalg.dense_primal import primal_to_dual, solve_primal
+from pipeline.linalg.matvec import make_operator
+from pipeline.linalg.precond import make_preconditioner
+from pipeline.linalg.triangular import cholesky_solve
+from pipeline.options import solver_convention
+from pipeline.plan.fit_plan import FitPlan, Probes, Resources, gram_on_demand, plan_fit
+from pipeline.storage import fingerprint_blocks
 
 __all__ = [
     "FitResult",

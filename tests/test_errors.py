@@ -127,7 +127,10 @@ CONDITIONS = {
     ),
     "a config does not load": (
         errors.ConfigError,
-        [("pipeline.stages.config_overrides", "ConfigError"), ("pipeline.stages.config", "ConfigError")],
+        [
+            ("pipeline.stages.config_overrides", "ConfigError"),
+            ("pipeline.stages.config", "ConfigError"),
+        ],
         (ValueError,),
     ),
     "the data are not valid input": (
@@ -233,8 +236,8 @@ def test_conditions_are_distinct_classes():
 def test_merged_unconverged_types_catch_each_other():
     """``except CGConvergenceError`` (refinement, CV paths) and ``except SolveNotConverged``
     (the CLI's hint) catch every form of the condition, stagnation and divergence too."""
-    from pipeline.models.selection.direct import UnconvergedSolveError
     from pipeline.linalg.cg import CGConvergenceError, CGDivergenceError, CGStagnationError
+    from pipeline.models.selection.direct import UnconvergedSolveError
 
     for exc in (UnconvergedSolveError("x"), CGStagnationError("x"), CGDivergenceError("x")):
         with pytest.raises(CGConvergenceError):
@@ -343,7 +346,12 @@ STAGE_PINS = [
     ("gram", old(_STORAGE, "TileRewriteError", "s", "gram", (0, 0)), _EXIT_4, _RERUN_HINT),
     ("gram", old("pipeline.linalg.gram", "StoreNotWritableError", "x"), _EXIT_4, _RERUN_HINT),
     ("gram", old(_STORAGE, "ForeignPathError", "p", "a file"), _EXIT_4, _RERUN_HINT),
-    ("evaluate", old("pipeline.linalg.dense_memory", "InsufficientMemoryError", "x"), 4, _RERUN_HINT),
+    (
+        "evaluate",
+        old("pipeline.linalg.dense_memory", "InsufficientMemoryError", "x"),
+        4,
+        _RERUN_HINT,
+    ),
     ("model", old("pipeline.stages.verify", "DamagedOutput", "x"), _EXIT_4, _RERUN_HINT),
     ("solve", old("pipeline.linalg.cg", "CGConvergenceError", "x"), _EXIT_4, None),
     ("solve", old("pipeline.linalg.cg", "CGStagnationError", "x"), _EXIT_4, None),

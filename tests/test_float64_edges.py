@@ -210,9 +210,9 @@ def _dense_preds(K, y, trains, tests, shifts):
 @pytest.mark.parametrize("path", ["block", "cgpath"])
 def test_cv_predictions_match_the_dense_ones_for_tiny_and_huge_targets(system, factor, path):
     """Old code: the block CV's columns had ‖b‖ = 0 (never solved: predictions 0) or inf."""
+    from pipeline.linalg.dense_operator import DenseKernelOperator
     from pipeline.models.selection.cgpath import cg_fold_predictions
     from pipeline.models.selection.cvblock import block_cv_predictions
-    from pipeline.linalg.dense_operator import DenseKernelOperator
 
     _, K, y = system
     Y = np.column_stack([y, y[::-1]]) * factor
@@ -309,8 +309,8 @@ def test_cv_routing_is_finite_for_any_positive_lambda(lam):
 @pytest.mark.parametrize("solver", ["auto", "cholesky", "cg"])
 def test_plan_fit_prices_any_positive_lambda(lam, solver):
     """Old code: ``plan_fit`` raised ZeroDivisionError for lambda 1e-300 whatever the solver."""
-    from pipeline.fit import row_probes
     from pipeline.engine.placement import Resources
+    from pipeline.fit import row_probes
     from pipeline.plan.fit_plan import plan_fit
 
     rng = np.random.default_rng(0)

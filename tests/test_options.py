@@ -63,9 +63,9 @@ def test_shift_refuses_an_unknown_convention():
 def test_the_sites_call_the_one_shift():
     """The tile Cholesky's shift, the plan's, the in-memory one, the CV's and a loaded
     model's are the one function's (each site's own checks stay in front of it)."""
-    from pipeline.models.selection import KernelRidgeCV
-    from pipeline.linalg.dense_dual import effective_alpha
     from pipeline.linalg.cholesky import regularisation_shift
+    from pipeline.linalg.dense_dual import effective_alpha
+    from pipeline.models.selection import KernelRidgeCV
 
     for lam, n in [(0.1, 3), (1 / 3, 442), (1e-3, 99_991)]:
         assert regularisation_shift(lam, n, "n") == diagonal_shift(lam, n, "n")
@@ -152,8 +152,8 @@ def test_orders_kept_for_messages_have_the_same_values():
     """Two places list a knob's values in their own order in a message (kept byte for
     byte): the values are the vocabulary's."""
     from pipeline.models import estimator
-    from pipeline.stages.config import SolverConfig
     from pipeline.models.selection import choice
+    from pipeline.stages.config import SolverConfig
 
     assert sorted(estimator.PRECONDITIONERS) == sorted(options.PRECONDITIONERS)
     assert choice.CONVENTIONS == tuple(options.ALPHA_CONVENTION_ALIASES)

@@ -325,7 +325,15 @@ def cmd_validate(args) -> int:
 
 def cmd_run(args) -> int:
     from pipeline.errors import Terminated
-    from pipeline.stages import STAGE_NAMES, LockHeldError, RunDirConflict, RunLock, StageFailed, default_stages, run_stages
+    from pipeline.stages import (
+        STAGE_NAMES,
+        LockHeldError,
+        RunDirConflict,
+        RunLock,
+        StageFailed,
+        default_stages,
+        run_stages,
+    )
     from pipeline.stages.lock import RunDirUnusable
     from pipeline.stages.manifest import Manifest, ManifestError
 

@@ -32,9 +32,13 @@ __all__ = ["cmd_predict"]
 def cmd_predict(args) -> int:
     import numpy as np
 
-    from pipeline.models.artifact import ArtifactError, load_artifact
     from pipeline.errors import DiskFullError, StoreNotWritableError
-    from pipeline.storage.predictions import check_prediction_output, output_format, write_predictions
+    from pipeline.models.artifact import ArtifactError, load_artifact
+    from pipeline.storage.predictions import (
+        check_prediction_output,
+        output_format,
+        write_predictions,
+    )
 
     if args.scheduler:  # a malformed address is a usage error, before any work
         check_scheduler_address(args.scheduler, "--scheduler")
@@ -79,8 +83,8 @@ def cmd_predict(args) -> int:
     t0 = time.perf_counter()
     with ctx:
         try:
-            from pipeline.storage.inputs import as_row_blocks
             from pipeline.linalg.predict_source import select_features
+            from pipeline.storage.inputs import as_row_blocks
 
             cols = args.columns.split(",") if args.columns else None
             X = select_features(

@@ -34,10 +34,10 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.kernels import Kernel
-from pipeline.kernels.base import NonFiniteKernelError, result_dtype
 from pipeline.engine.evaluators import is_fused
 from pipeline.engine.fused import available_cores, kernel_tile, predict_accumulate
+from pipeline.kernels import Kernel
+from pipeline.kernels.base import NonFiniteKernelError, result_dtype
 
 __all__ = ["check_finite_kernel", "check_finite_predictions", "kernel_matrix", "kernel_predict"]
 

@@ -107,8 +107,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.kernels import Kernel, make_kernel
 from pipeline.engine.evaluators import BLOCK_GEMM, BlockEvaluator, _Generic, prepare
+from pipeline.kernels import Kernel, make_kernel
 
 __all__ = [
     "available_cores",

@@ -49,8 +49,8 @@ import numpy as np
 from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
 
-from pipeline.engine.parallel import blas_threads
 from pipeline.engine.fused import available_cores
+from pipeline.engine.parallel import blas_threads
 from pipeline.engine.sources import CallableSource, KernelSource, StoredSource
 from pipeline.engine.where import lower_entries, n_rows, runs_here, tile_entries, weigh
 

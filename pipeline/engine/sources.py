@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.kernels import Kernel, make_kernel
 from pipeline.engine.evaluators import is_fused
 from pipeline.engine.fused import kernel_matvec, kernel_tile
+from pipeline.kernels import Kernel, make_kernel
 
 __all__ = ["CallableSource", "KernelSource", "StoredSource"]
 

@@ -33,6 +33,8 @@ import numpy as np
 import zarr
 from dask.highlevelgraph import HighLevelGraph
 
+from pipeline.engine import predict_accumulate, task_threads
+from pipeline.engine.passes import KernelSource, accumulate_graph, execute, pending
 from pipeline.kernels import Kernel, kernel_fingerprint, make_kernel
 from pipeline.linalg.predict_model import check_preprocessing
 from pipeline.linalg.predict_model import model_fingerprint as _model_fingerprint
@@ -40,8 +42,6 @@ from pipeline.linalg.predict_source import as_input_blocks
 from pipeline.linalg.predict_source import input_fingerprint as _input_fingerprint
 from pipeline.storage import StoreMismatchError, fingerprint_obj, open_tiled_array, read_all
 from pipeline.storage.arrays import TiledArray
-from pipeline.engine import predict_accumulate, task_threads
-from pipeline.engine.passes import KernelSource, accumulate_graph, execute, pending
 
 log = logging.getLogger(__name__)
 

@@ -54,6 +54,8 @@ from typing import Any
 import numpy as np
 
 from pipeline.constants import DIRECT_FACTOR_WRITES
+from pipeline.engine.passes import pending
+from pipeline.engine.tile_io import TileIO
 from pipeline.linalg import blas as gil_free_blas
 
 # ---------------------------------------------------------------------------
@@ -100,8 +102,6 @@ from pipeline.linalg.cholesky_tile import (  # noqa: E402, F401  (re-exported)
 )
 from pipeline.storage import IncompleteArrayError, TiledArray, fingerprint_obj, open_tiled_array
 from pipeline.storage.rawchunks import release_direct_buffers
-from pipeline.engine.passes import pending
-from pipeline.engine.tile_io import TileIO
 
 
 def _store_tile(

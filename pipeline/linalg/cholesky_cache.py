@@ -21,11 +21,11 @@ import numpy as np
 
 from pipeline import constants as C
 from pipeline.constants import TILE_BUFFER_POOL_BYTES
+from pipeline.engine.tile_io import TileIO
 from pipeline.linalg import blas as gil_free_blas
 from pipeline.storage import TiledArray
 from pipeline.storage import buffers as tile_buffers
 from pipeline.storage.rawchunks import chunk_layout, release_direct_buffers
-from pipeline.engine.tile_io import TileIO
 
 
 class _TileCache:

@@ -30,14 +30,14 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.engine.parallel import blas_threads as _blas
 from pipeline import constants as C
 from pipeline.constants import DASK_CRITICAL_PATH_FIRST
+from pipeline.engine.dag import RankOrder, run_dag, serial_order, upward_ranks
+from pipeline.engine.parallel import blas_threads as _blas
 from pipeline.engine.progress import stage_progress
+from pipeline.engine.tile_io import TileIO
 from pipeline.linalg import blas as gil_free_blas
 from pipeline.linalg.cholesky_cache import release_worker_tiles
-from pipeline.engine.dag import RankOrder, run_dag, serial_order, upward_ranks
-from pipeline.engine.tile_io import TileIO
 
 log = logging.getLogger(__name__)
 

@@ -52,6 +52,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.engine.passes import KernelSource, pending
 from pipeline.kernels import make_kernel
 from pipeline.linalg.cholesky_exec import _left_looking_order
 from pipeline.linalg.cholesky_options import CholeskyFactor
@@ -60,7 +61,6 @@ from pipeline.storage import buffers as tile_buffers
 from pipeline.storage.arrays import CorruptTileError, tile_checksum
 from pipeline.storage.location import is_url, local_file_path
 from pipeline.storage.markers import TileMarkers
-from pipeline.engine.passes import KernelSource, pending
 
 log = logging.getLogger(__name__)
 

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from pipeline import constants as C
+from pipeline.engine.tile_io import TileIO
 from pipeline.linalg import blas as gil_free_blas
 from pipeline.linalg.cholesky_cache import _read_factor_tile
 from pipeline.linalg.cholesky_exec import prefetch_gram_tile, read_gram_tile
@@ -29,7 +30,6 @@ from pipeline.linalg.cholesky_options import (
 )
 from pipeline.storage import TiledArray
 from pipeline.storage import buffers as tile_buffers
-from pipeline.engine.tile_io import TileIO
 
 
 def _check_finite_diagonal(a: np.ndarray, i: int, when: str) -> None:

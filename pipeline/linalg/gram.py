@@ -48,18 +48,18 @@ from dask.base import tokenize
 from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
 
-from pipeline.errors import StoreNotWritableError, StoreUnreachable
-from pipeline.storage.inputs import as_row_blocks, check_block_size
-from pipeline.engine.input_checks import validate_and_fingerprint
-from pipeline.kernels import Kernel, kernel_fingerprint, make_kernel
-from pipeline.kernels.base import NonFiniteKernelError
-from pipeline.engine.parallel import compute, in_this_process
 from pipeline import constants as C
-from pipeline.storage import TiledArray, fingerprint_obj, open_tiled_array
-from pipeline.storage.rawchunks import release_direct_buffers
 from pipeline.engine import task_threads
+from pipeline.engine.input_checks import validate_and_fingerprint
+from pipeline.engine.parallel import compute, in_this_process
 from pipeline.engine.passes import KernelSource, pending, store_graph
 from pipeline.engine.where import runs_here, tile_entries, weigh
+from pipeline.errors import StoreNotWritableError, StoreUnreachable
+from pipeline.kernels import Kernel, kernel_fingerprint, make_kernel
+from pipeline.kernels.base import NonFiniteKernelError
+from pipeline.storage import TiledArray, fingerprint_obj, open_tiled_array
+from pipeline.storage.inputs import as_row_blocks, check_block_size
+from pipeline.storage.rawchunks import release_direct_buffers
 
 __all__ = [
     "GramBuildStats",

@@ -26,9 +26,16 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.engine import passes as engine
+from pipeline.engine import task_threads
 from pipeline.kernels import Kernel, kernel_fingerprint, make_kernel
-from pipeline.storage import IncompleteArrayError, TiledArray, TileGrid, fingerprint_blocks, fingerprint_obj
-from pipeline.engine import passes as engine, task_threads
+from pipeline.storage import (
+    IncompleteArrayError,
+    TiledArray,
+    TileGrid,
+    fingerprint_blocks,
+    fingerprint_obj,
+)
 
 __all__ = [
     "KernelOperator",

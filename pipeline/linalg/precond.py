@@ -63,12 +63,12 @@ import numpy as np
 import scipy.linalg
 import scipy.sparse.linalg
 
-from pipeline.options import PRECONDITIONERS as OPTION_PRECONDITIONERS
-from pipeline.engine.parallel import blas_threads
 from pipeline.constants import FACTOR_ROW_STEP
-from pipeline.linalg.matvec import check_shift
-from pipeline.storage import fingerprint_blocks, fingerprint_obj
 from pipeline.engine import available_cores
+from pipeline.engine.parallel import blas_threads
+from pipeline.linalg.matvec import check_shift
+from pipeline.options import PRECONDITIONERS as OPTION_PRECONDITIONERS
+from pipeline.storage import fingerprint_blocks, fingerprint_obj
 
 __all__ = [
     "CENTRES",

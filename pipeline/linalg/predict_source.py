@@ -19,9 +19,8 @@ from typing import Any
 import dask.array as da
 import zarr
 
-from pipeline.storage.inputs import as_row_blocks
 from pipeline.engine.input_checks import fingerprint_row_blocks
-from pipeline.storage.inputs import encode_ordinal, is_zarr_path, open_table
+from pipeline.storage.inputs import as_row_blocks, encode_ordinal, is_zarr_path, open_table
 
 log = logging.getLogger(__name__)
 

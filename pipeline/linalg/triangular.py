@@ -39,15 +39,15 @@ from typing import Any
 import numpy as np
 from scipy.linalg import blas as sblas
 
-from pipeline.float_range import pow2_exponents
 from pipeline.constants import SWEEP_LANE_COLUMNS
+from pipeline.engine.dag import run_dag, serial_order, upward_ranks
+from pipeline.engine.tile_io import TileIO
+from pipeline.float_range import pow2_exponents
 from pipeline.linalg.blas import process_threads
 from pipeline.linalg.cg import CGConvergenceError, CGConvergenceWarning, conjugate_gradient
 from pipeline.linalg.cholesky import CholeskyFactor, _read_factor_tile, release_tile_cache
 from pipeline.linalg.matvec import MatrixFreeKernelOperator, StoredKernelOperator
 from pipeline.storage import TiledArray, fingerprint_blocks, fingerprint_obj, open_tiled_array
-from pipeline.engine.dag import run_dag, serial_order, upward_ranks
-from pipeline.engine.tile_io import TileIO
 
 
 def _sweep_blas():

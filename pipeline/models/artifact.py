@@ -36,6 +36,11 @@ import numpy as np
 import zarr
 
 from pipeline._version import __version__
+from pipeline.errors import ArtifactError, StoreUnreachable
+from pipeline.kernels import Kernel, kernel_from_spec, make_kernel, spec_round_trips
+from pipeline.linalg.blockwise import predict
+from pipeline.linalg.predict_model import check_preprocessing, model_fingerprint
+from pipeline.linalg.predict_source import select_features
 from pipeline.models.artifact_refs import (
     check_names,
     escape_message,
@@ -46,11 +51,6 @@ from pipeline.models.artifact_refs import (
     ref_to_store,
     resolve_stored_ref,
 )
-from pipeline.errors import ArtifactError, StoreUnreachable
-from pipeline.kernels import Kernel, kernel_from_spec, make_kernel, spec_round_trips
-from pipeline.linalg.predict_model import check_preprocessing, model_fingerprint
-from pipeline.linalg.blockwise import predict
-from pipeline.linalg.predict_source import select_features
 from pipeline.storage import fingerprint_blocks, fingerprint_obj
 
 FORMAT = "krr-pipeline.model"

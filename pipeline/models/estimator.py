@@ -24,9 +24,13 @@ from sklearn.base import BaseEstimator, MultiOutputMixin, RegressorMixin
 from sklearn.metrics.pairwise import pairwise_kernels
 from sklearn.utils.validation import check_is_fitted
 
+from pipeline.engine.dense import check_finite_predictions, kernel_matrix, kernel_predict
+from pipeline.engine.progress import with_progress
 from pipeline.fit import execute, log_plan, measure_resources, row_probes
-from pipeline.models.kernel_estimator import KernelParamsMixin
 from pipeline.kernels import Linear, spec_round_trips
+from pipeline.linalg.dense_dual import effective_alpha, predict_dual
+from pipeline.linalg.dense_memory import check_dense_memory, dense_dual_bytes, primal_bytes
+from pipeline.models.kernel_estimator import KernelParamsMixin
 from pipeline.models.model_io import estimator_state, save_model
 from pipeline.options import (
     ALPHA_CONVENTIONS,
@@ -38,10 +42,6 @@ from pipeline.options import (
     solver_choices,
 )
 from pipeline.plan.fit_plan import plan_fit
-from pipeline.engine.progress import with_progress
-from pipeline.linalg.dense_memory import check_dense_memory, dense_dual_bytes, primal_bytes
-from pipeline.linalg.dense_dual import effective_alpha, predict_dual
-from pipeline.engine.dense import check_finite_predictions, kernel_matrix, kernel_predict
 from pipeline.validation import (
     check_alpha,
     check_choice,

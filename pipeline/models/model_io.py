@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.models.artifact import ArtifactError, ModelArtifact, save_artifact
 from pipeline.kernels import Kernel, kernel_from_spec
+from pipeline.models.artifact import ArtifactError, ModelArtifact, save_artifact
 from pipeline.options import diagonal_shift, public_convention, solver_convention
 
 #: the one fitted-model value: what ``KernelRidge.save``, ``krr run``'s model stage

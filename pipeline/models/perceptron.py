@@ -24,10 +24,10 @@ from sklearn.utils import check_random_state
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from pipeline.models.kernel_estimator import KernelParamsMixin
-from pipeline.linalg.dense_memory import check_dense_memory, dense_dual_bytes
-from pipeline.linalg.dense_dual import predict_dual
 from pipeline.engine.dense import kernel_matrix, kernel_predict
+from pipeline.linalg.dense_dual import predict_dual
+from pipeline.linalg.dense_memory import check_dense_memory, dense_dual_bytes
+from pipeline.models.kernel_estimator import KernelParamsMixin
 from pipeline.validation import FLOAT_DTYPES, SPARSE_FORMATS, check_positive_int
 
 

@@ -36,9 +36,9 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+from pipeline import constants as C
 from pipeline.options import COST_MODELS
 from pipeline.plan import cg_cost, cholesky_cost
-from pipeline import constants as C
 
 __all__ = ["CalibratedCostModel", "SimpleCostModel", "make_cost_model"]
 

@@ -28,8 +28,8 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from pipeline.options import CG_PRECISIONS
 from pipeline import constants as C
+from pipeline.options import CG_PRECISIONS
 from pipeline.plan.cg_cost import gram_disk_bytes
 
 __all__ = ["CG_PRECISIONS", "choose_cg_variant", "matvec_choice", "normalize_precision"]

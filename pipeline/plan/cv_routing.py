@@ -13,9 +13,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pipeline.plan.calibrated import SimpleCostModel
-from pipeline.plan.cg_cost import chebyshev_bound
-from pipeline.plan.cholesky_cost import cholesky_flops
 from pipeline.constants import (
     BAND_FLOPS_PER_M3,
     BAND_GEMM_EFFICIENCY,
@@ -32,6 +29,9 @@ from pipeline.constants import (
     IN_MEMORY_MAX_N,
     KERNEL_ENTRIES_PER_SECOND,
 )
+from pipeline.plan.calibrated import SimpleCostModel
+from pipeline.plan.cg_cost import chebyshev_bound
+from pipeline.plan.cholesky_cost import cholesky_flops
 
 __all__ = [
     "band_cost",

@@ -40,7 +40,16 @@ from typing import Any
 
 import numpy as np
 
+from pipeline import constants as C
+from pipeline.engine.placement import (
+    Probes,
+    Resources,
+    default_block_size,
+    gram_on_demand,
+    tiles_on_workers,
+)
 from pipeline.kernels import Linear
+from pipeline.linalg.dense_memory import dense_dual_bytes
 from pipeline.options import (
     ALPHA_CONVENTION_ALIASES,
     FACTOR_DTYPES,
@@ -50,19 +59,10 @@ from pipeline.options import (
     normalize_alpha_convention,
     normalize_matvec,
 )
-from pipeline import constants as C
 from pipeline.plan.calibrated import _accepts, _seconds, make_cost_model
 from pipeline.plan.cg_cost import gram_disk_bytes
 from pipeline.plan.cg_variant import choose_cg_variant, matvec_choice, normalize_precision
 from pipeline.plan.factor_precision import choose_factor_dtype
-from pipeline.engine.placement import (
-    Probes,
-    Resources,
-    default_block_size,
-    gram_on_demand,
-    tiles_on_workers,
-)
-from pipeline.linalg.dense_memory import dense_dual_bytes
 
 __all__ = [
     "ALPHA_CONVENTION_ALIASES",

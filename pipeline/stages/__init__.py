@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import pipeline.stages.config as config
-from pipeline.stages.config import RunConfig, load_config
 
 # the module, not its function: `pipeline.stages.source_identity` stays the submodule
 from pipeline.stages import source_identity as _identity
+from pipeline.stages.config import RunConfig, load_config
 from pipeline.stages.ingest import open_rows
 from pipeline.stages.lock import LockHeldError, RunLock
 from pipeline.stages.manifest import Manifest, StageRecord

@@ -20,6 +20,19 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from pipeline import constants as C
+from pipeline.errors import IndefiniteKernelError
+from pipeline.options import (
+    ALPHA_CONVENTION_ALIASES,
+    ALPHA_CONVENTIONS,
+    CG_PRECISIONS,
+    FACTOR_DTYPES,
+    FACTOR_SCHEDULERS,
+    MATVEC_ALIASES,
+    PRECONDITIONERS,
+    RUN_SOLVERS,
+)
+from pipeline.options import solver_convention as _solver_spelling
 from pipeline.stages.config_checks import (
     bool_for_number,
     check_run_dir,
@@ -36,19 +49,6 @@ from pipeline.stages.config_overrides import (
     apply_overrides,
     parse_overrides,
 )
-from pipeline.errors import IndefiniteKernelError
-from pipeline.options import (
-    ALPHA_CONVENTION_ALIASES,
-    ALPHA_CONVENTIONS,
-    CG_PRECISIONS,
-    FACTOR_DTYPES,
-    FACTOR_SCHEDULERS,
-    MATVEC_ALIASES,
-    PRECONDITIONERS,
-    RUN_SOLVERS,
-)
-from pipeline.options import solver_convention as _solver_spelling
-from pipeline import constants as C
 
 __all__ = [
     "ClusterConfig", "ConfigError", "CvConfig", "DataConfig", "EvaluateConfig",

@@ -23,20 +23,19 @@ import dask
 import dask.array as da
 import numpy as np
 
-from pipeline.stages.config import DataConfig, PreprocessConfig, SplitConfig
+from pipeline import constants as C
+from pipeline.engine.input_checks import fingerprint_row_blocks, validate_row_blocks
+from pipeline.engine.parallel import compute, in_this_process
+from pipeline.engine.passes import pending
+from pipeline.engine.progress import progress_group
+from pipeline.engine.where import n_rows, runs_here
 from pipeline.errors import InputError, SourceChanged
 from pipeline.float_range import pow2_exponents
-from pipeline.storage.inputs import as_row_blocks
-from pipeline.engine.input_checks import fingerprint_row_blocks, validate_row_blocks
-from pipeline.storage.inputs import open_npy
-from pipeline.engine.parallel import compute, in_this_process
-from pipeline import constants as C
-from pipeline.engine.progress import progress_group
+from pipeline.stages.config import DataConfig, PreprocessConfig, SplitConfig
 from pipeline.stages.outputs import IngestOutput
 from pipeline.storage import TiledArray, fingerprint_obj, open_tiled_array, read_blocks
+from pipeline.storage.inputs import as_row_blocks, open_npy
 from pipeline.storage.location import join_path
-from pipeline.engine.passes import pending
-from pipeline.engine.where import n_rows, runs_here
 
 log = logging.getLogger("pipeline.stages")
 

@@ -11,11 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline.stages.config import PredictConfig
 from pipeline.linalg.blockwise import predict as _predict
 from pipeline.linalg.predict_source import select_features
-from pipeline.storage.predictions import write_predictions
-from pipeline.storage.predictions import check_prediction_output
+from pipeline.stages.config import PredictConfig
 from pipeline.stages.ingest import open_rows, preprocessing_params
 from pipeline.stages.outputs import (
     IngestOutput,
@@ -26,6 +24,7 @@ from pipeline.stages.outputs import (
 )
 from pipeline.stages.solve import load_alpha
 from pipeline.storage.location import join_path
+from pipeline.storage.predictions import check_prediction_output, write_predictions
 
 
 def run(

@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.models.estimator import KernelRidge
 from pipeline.kernels import make_kernel
+from pipeline.models.estimator import KernelRidge
 from pipeline.models.selection import save_search_report, search_from_config
 from pipeline.models.selection.guard import FixedPredictions
 from pipeline.models.selection.report import CV_SECTION_KEYS

@@ -20,11 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.stages.config import SolverConfig
 from pipeline.errors import IndefiniteKernelError, SolveNotConverged
 from pipeline.fit import log_plan
 from pipeline.linalg.gram import open_gram
 from pipeline.options import solver_choices
+from pipeline.stages.config import SolverConfig
 from pipeline.stages.ingest import open_rows
 from pipeline.stages.outputs import GramOutput, IngestOutput, SolveOutput
 from pipeline.storage import CorruptFileError, bytes_checksum

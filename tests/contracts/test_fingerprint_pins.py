@@ -27,7 +27,15 @@ import dask.array as da
 import numpy as np
 import pytest
 
-from pipeline.kernels import RBF, Constant, Laplacian, Linear, Polynomial, kernel_fingerprint, make_kernel
+from pipeline.kernels import (
+    RBF,
+    Constant,
+    Laplacian,
+    Linear,
+    Polynomial,
+    kernel_fingerprint,
+    make_kernel,
+)
 from pipeline.storage import fingerprint_blocks, fingerprint_obj, open_tiled_array
 
 X = np.arange(24, dtype=np.float64).reshape(8, 3) / 8.0

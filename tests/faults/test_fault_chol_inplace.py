@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 
 import pipeline.linalg.cholesky_inplace as inplace
-from pipeline.linalg.cholesky import tile_cholesky
-from pipeline.linalg.cholesky import NotPositiveDefiniteError, load_factor
+from pipeline.linalg.cholesky import NotPositiveDefiniteError, load_factor, tile_cholesky
 from pipeline.storage import IncompleteArrayError, fingerprint_obj, open_tiled_array
 
 INJECT = Path(__file__).resolve().parents[1] / "faultinject"

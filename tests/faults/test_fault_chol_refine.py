@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.linalg.gram import build_gram
 from pipeline.kernels import RBF
 from pipeline.linalg.cholesky import tile_cholesky
+from pipeline.linalg.gram import build_gram
 from pipeline.linalg.matvec import MatrixFreeKernelOperator, StoredKernelOperator
 from pipeline.linalg.triangular import refinement_operator, solve_refined
 

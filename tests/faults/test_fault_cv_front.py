@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline import KernelRidgeCV
-from pipeline.models.selection.stats import SearchStats
 from pipeline import constants as C
+from pipeline.models.selection.stats import SearchStats
 from pipeline.plan.cv_routing import choose_cv_solver, eigen_mode, memory_need
 
 

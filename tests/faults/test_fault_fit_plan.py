@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from pipeline import KernelRidge
+from pipeline import constants as C
 from pipeline.fit import row_probes
 from pipeline.kernels import make_kernel
-from pipeline import constants as C
 from pipeline.plan.fit_plan import FitPlan, Resources, plan_fit
 
 GB = 1e9

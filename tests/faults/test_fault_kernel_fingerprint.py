@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from pipeline import KernelRidge
-from pipeline.linalg.gram import gram_fingerprint
 from pipeline.kernels import RBF, Linear, kernel_from_spec
+from pipeline.linalg.gram import gram_fingerprint
 from pipeline.storage import StoreMismatchError
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pipeline.stages import default_stages, run_stages
 from pipeline.stages.config import load_config
 from pipeline.storage.predictions import file_crc32c, write_predictions
-from pipeline.stages import default_stages, run_stages
 
 BASE = {
     "data": {"source": "sklearn", "name": "diabetes"},

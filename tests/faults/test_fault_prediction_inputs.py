@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 import zarr
 
-from pipeline.stages.config import load_config
 from pipeline.stages import default_stages, run_stages
+from pipeline.stages.config import load_config
 
 CATS = ["low", "mid", "high"]
 

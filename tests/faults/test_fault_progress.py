@@ -14,8 +14,8 @@ import pytest
 
 from pipeline import KernelRidge
 from pipeline.engine import progress, progress_dask
-from pipeline.linalg.gram import build_gram
 from pipeline.kernels import RBF
+from pipeline.linalg.gram import build_gram
 from pipeline.models.selection import KernelRidgeCV
 
 STAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d ")
@@ -99,7 +99,9 @@ def test_off_and_default_estimators_show_nothing(data, tmp_path, capfd, monkeypa
     # log lines of other loggers (a krr main() run earlier in this process may have left
     # its stderr handler on the root logger) are not progress: drop them
     err = "\n".join(
-        ln for ln in err.splitlines() if " INFO pipeline." not in ln or "pipeline.engine.progress" in ln
+        ln
+        for ln in err.splitlines()
+        if " INFO pipeline." not in ln or "pipeline.engine.progress" in ln
     )
     assert "gram" not in err and "cholesky" not in err and "tiles" not in err, err
 

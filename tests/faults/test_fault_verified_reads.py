@@ -18,12 +18,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.models.artifact import ArtifactError, load_artifact
 from pipeline.kernels import RBF
 from pipeline.linalg.blockwise import predict
 from pipeline.linalg.cg_checkpoint import resumable_cg
 from pipeline.linalg.matvec import make_operator
-from pipeline.storage import CorruptTileError, MissingTileError, open_tiled_array, read_all, read_blocks
+from pipeline.models.artifact import ArtifactError, load_artifact
+from pipeline.storage import (
+    CorruptTileError,
+    MissingTileError,
+    open_tiled_array,
+    read_all,
+    read_blocks,
+)
 
 CONFIG = """
 name: verified-reads

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.plan import cholesky_cost as cc
 from pipeline.linalg.cholesky_inplace import factor_disk_bytes
+from pipeline.plan import cholesky_cost as cc
 
 RATES = dict(gemm_gflops=159.0, disk_read_gbps=1.0, disk_write_gbps=0.8)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.kernels import RBF
 from pipeline import constants as C
+from pipeline.kernels import RBF
 from pipeline.linalg.dense_operator import DenseKernelOperator
 from pipeline.linalg.precond import rpcholesky
 from pipeline.linalg.spectrum import estimate_residual, sample_size

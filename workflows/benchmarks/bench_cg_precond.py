@@ -32,8 +32,8 @@ import warnings
 
 import numpy as np
 
-from pipeline.kernels import RBF
 from pipeline.engine.parallel import blas_threads
+from pipeline.kernels import RBF
 from pipeline.linalg.cg import CGConvergenceWarning, conjugate_gradient
 from pipeline.linalg.matvec import MatrixFreeKernelOperator
 from pipeline.linalg.precond import make_preconditioner

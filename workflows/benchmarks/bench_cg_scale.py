@@ -58,8 +58,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from pipeline.diagnostics import current_rss_bytes, peak_rss_bytes
-from pipeline.kernels import RBF
 from pipeline.engine.parallel import blas_threads
+from pipeline.kernels import RBF
 from pipeline.linalg.cg import CGConvergenceWarning, conjugate_gradient
 from pipeline.linalg.matvec import make_operator
 from pipeline.linalg.precond import make_preconditioner

@@ -74,11 +74,11 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from pipeline.linalg.gram import build_gram
+from pipeline.engine import kernel_matvec, kernel_tile, predict_accumulate
 from pipeline.kernels import RBF, Kernel, Laplacian, Polynomial
 from pipeline.linalg.blockwise import predict
+from pipeline.linalg.gram import build_gram
 from pipeline.linalg.matvec import MatrixFreeKernelOperator, StoredKernelOperator
-from pipeline.engine import kernel_matvec, kernel_tile, predict_accumulate
 
 CUT = ["Fair", "Good", "Very Good", "Premium", "Ideal"]
 COLOR = ["J", "I", "H", "G", "F", "E", "D"]

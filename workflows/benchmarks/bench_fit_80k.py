@@ -39,14 +39,14 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.diagnostics import peak_rss_bytes
-from pipeline.linalg.gram import build_gram
-from pipeline.kernels import RBF
-from pipeline.plan.cholesky_cost import predict_cholesky
 from pipeline.constants import GRAM_ON_DEMAND_KERNEL_DTYPE
+from pipeline.diagnostics import peak_rss_bytes
+from pipeline.kernels import RBF
 from pipeline.linalg.cholesky import release_tile_cache, tile_cholesky
 from pipeline.linalg.cholesky_inplace import GramTileRecomputer
+from pipeline.linalg.gram import build_gram
 from pipeline.linalg.triangular import solve_refined
+from pipeline.plan.cholesky_cost import predict_cholesky
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gemm_baseline import gemm_peak_gflops, peak_line  # noqa: E402

@@ -45,9 +45,9 @@ import psutil
 import zarr
 
 from pipeline.diagnostics import peak_rss_bytes
-from pipeline.linalg.gram import build_gram
-from pipeline.kernels import RBF
 from pipeline.engine.parallel import compute
+from pipeline.kernels import RBF
+from pipeline.linalg.gram import build_gram
 from pipeline.storage import TileGrid
 
 

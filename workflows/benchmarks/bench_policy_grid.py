@@ -109,9 +109,9 @@ def policy_variant(n: int, d: int, lam: float, X: np.ndarray | None = None) -> d
     model's seconds of each variant."""
     from pipeline.fit import row_probes
     from pipeline.kernels import RBF
+    from pipeline.linalg.spectrum import estimate_residual
     from pipeline.plan.calibrated import CalibratedCostModel
     from pipeline.plan.fit_plan import Resources, plan_fit
-    from pipeline.linalg.spectrum import estimate_residual
 
     kernel = RBF(gamma=GAMMA)
     res = Resources(memory_bytes=RES_BYTES[0], disk_bytes=RES_BYTES[1], in_memory=False)

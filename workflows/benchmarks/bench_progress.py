@@ -37,9 +37,9 @@ import time
 
 import numpy as np
 
-from pipeline.linalg.gram import build_gram
-from pipeline.kernels import RBF
 from pipeline.engine.progress import set_progress_mode
+from pipeline.kernels import RBF
+from pipeline.linalg.gram import build_gram
 
 
 def _build(X: np.ndarray, block: int, mode: str) -> float:
@@ -57,10 +57,10 @@ def _build(X: np.ndarray, block: int, mode: str) -> float:
 
 def _callback_cost(X: np.ndarray, block: int, mode: str, repeats: int = 5) -> float:
     """Seconds the display's callback spends on one build's graph (start + every task)."""
-    from pipeline.linalg.gram import tile_graph
-    from pipeline.storage.inputs import as_row_blocks
     from pipeline.engine.progress_dask import dask_progress
+    from pipeline.linalg.gram import tile_graph
     from pipeline.storage import open_tiled_array
+    from pipeline.storage.inputs import as_row_blocks
 
     root = tempfile.mkdtemp(prefix="bench-progress-")
     try:

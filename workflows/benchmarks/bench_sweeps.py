@@ -37,14 +37,13 @@ import numpy as np
 import scipy.linalg
 
 import pipeline.models.selection.loo as loo_mod
-from pipeline.linalg.gram import build_gram
 from pipeline.kernels import RBF
-from pipeline.models.selection.loo import inverse_diagonal
-from pipeline.linalg.triangular import cholesky_solve
-from pipeline.linalg.cholesky import tile_cholesky
 from pipeline.linalg import triangular as tri
 from pipeline.linalg.blas import process_threads
-from pipeline.linalg.cholesky import _read_factor_tile
+from pipeline.linalg.cholesky import _read_factor_tile, tile_cholesky
+from pipeline.linalg.gram import build_gram
+from pipeline.linalg.triangular import cholesky_solve
+from pipeline.models.selection.loo import inverse_diagonal
 
 
 # -- baseline: the serial tile loops of session 9 (one BLAS thread, row by row) -------

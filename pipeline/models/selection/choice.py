@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.linalg.dense_memory import check_dense_memory
 from pipeline.models.selection.guard import check_budget
 from pipeline.options import ALPHA_CONVENTION_ALIASES
 from pipeline.plan.cv_routing import choose_cv_solver, memory_need
-from pipeline.linalg.dense_memory import check_dense_memory
 
 __all__ = [
     "CONVENTIONS",

@@ -32,11 +32,11 @@ from typing import Any
 
 import numpy as np
 
+from pipeline import constants as C
 from pipeline.float_range import pow2_exponents
+from pipeline.linalg.precond import FoldNystromBlock, build_nystrom
 from pipeline.models.selection.blockcg import block_pcg
 from pipeline.models.selection.direct import UnconvergedSolveError
-from pipeline import constants as C
-from pipeline.linalg.precond import FoldNystromBlock, build_nystrom
 
 __all__ = ["block_cv_predictions", "precond_rank_cap", "rank_cap"]
 

@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import scipy.linalg
 
-from pipeline.errors import SolveNotConverged
-from pipeline.engine.parallel import blas_threads
 from pipeline.constants import ONE_BLAS_THREAD_FROM
+from pipeline.engine.parallel import blas_threads
+from pipeline.errors import SolveNotConverged
 from pipeline.linalg.dense_memory import InsufficientMemoryError, check_dense_memory
 
 #: the old name of :class:`pipeline.errors.SolveNotConverged` (a CV solve that did not converge)

@@ -17,13 +17,13 @@ from typing import Any
 import numpy as np
 from sklearn.base import BaseEstimator, RegressorMixin
 
+from pipeline import constants as C
+from pipeline.engine.dense import kernel_matrix
+from pipeline.linalg.matvec import MatrixFreeKernelOperator
 from pipeline.models.selection.cvblock import block_cv_predictions
 from pipeline.models.selection.direct import direct_fold_predictions
 from pipeline.models.selection.strategies import OutOfCoreStore
-from pipeline import constants as C
 from pipeline.plan.cv_routing import predicted_search_seconds, suggest_smaller_grid
-from pipeline.linalg.matvec import MatrixFreeKernelOperator
-from pipeline.engine.dense import kernel_matrix
 
 __all__ = [
     "FixedPredictions",

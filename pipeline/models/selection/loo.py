@@ -25,8 +25,7 @@ from scipy.linalg import blas as sblas
 
 from pipeline.constants import LOO_PANEL_BYTES
 from pipeline.linalg.cholesky import CholeskyFactor
-from pipeline.linalg.triangular import cholesky_solve
-from pipeline.linalg.triangular import forward_sweep
+from pipeline.linalg.triangular import cholesky_solve, forward_sweep
 from pipeline.storage import TiledArray
 
 __all__ = [

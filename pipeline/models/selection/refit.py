@@ -15,8 +15,8 @@ import os
 
 import numpy as np
 
-from pipeline.models.estimator import KernelRidge
 from pipeline.fit import execute, log_plan
+from pipeline.models.estimator import KernelRidge
 from pipeline.models.selection.choice import IN_MEMORY
 from pipeline.models.selection.direct import UnconvergedSolveError
 from pipeline.models.selection.strategies import OutOfCoreStore

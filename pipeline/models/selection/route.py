@@ -21,16 +21,16 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.engine.parallel import blas_threads
 from pipeline.constants import (
     CG_MARGIN,
     GEMM_PROBE_SIZE,
     ROUTE_POWER_ITERATIONS,
     ROUTE_RHO_SAFETY,
 )
-from pipeline.plan.cv_routing import route_choice
+from pipeline.engine.parallel import blas_threads
 from pipeline.linalg.dense_operator import DenseKernelOperator
 from pipeline.linalg.precond import rpcholesky
+from pipeline.plan.cv_routing import route_choice
 
 __all__ = ["DenseKernelOperator", "Route", "route_setting"]
 

@@ -20,12 +20,12 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.engine.parallel import blas_threads
+from pipeline.engine.progress import open_progress
 from pipeline.models.selection.checkpoint import SettingCheckpoint
 from pipeline.models.selection.guard import screen_refiner
 from pipeline.models.selection.stats import SearchStats, new_stats
 from pipeline.models.selection.strategies import make_strategy
-from pipeline.engine.parallel import blas_threads
-from pipeline.engine.progress import open_progress
 
 __all__ = ["run_search", "setting_alphas"]
 

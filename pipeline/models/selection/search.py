@@ -56,6 +56,9 @@ from sklearn.base import BaseEstimator, MultiOutputMixin, RegressorMixin
 from sklearn.metrics import check_scoring
 from sklearn.utils.validation import check_is_fitted
 
+from pipeline.constants import CV_TOL
+from pipeline.engine.progress import with_progress
+from pipeline.linalg.band import band_available
 from pipeline.models.estimator import KernelRidge
 from pipeline.models.selection.choice import (
     CONVENTIONS,
@@ -80,9 +83,6 @@ from pipeline.models.selection.scoring import (
     target_exponent,
 )
 from pipeline.options import diagonal_shift
-from pipeline.constants import CV_TOL
-from pipeline.engine.progress import with_progress
-from pipeline.linalg.band import band_available
 from pipeline.validation import validate_X_y
 
 __all__ = ["CONVENTIONS", "EIGEN_MODES", "SOLVERS", "KernelRidgeCV"]

@@ -28,6 +28,17 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.constants import (
+    DEFAULT_BLOCK_SIZE,
+    ROUTE_RANK,
+    ROUTE_RANK_DIVISOR,
+    ROUTED_CG_TOL,
+)
+from pipeline.engine.dense import kernel_matrix
+from pipeline.linalg.cholesky import tile_cholesky
+from pipeline.linalg.dense_dual import solve_dual
+from pipeline.linalg.matvec import MatrixFreeKernelOperator
+from pipeline.linalg.triangular import cholesky_solve
 from pipeline.models.selection.band import band_search
 from pipeline.models.selection.cgpath import cg_fold_predictions
 from pipeline.models.selection.cvblock import block_cv_predictions
@@ -41,18 +52,7 @@ from pipeline.models.selection.eigen import (
 from pipeline.models.selection.loo import lgo_residuals, loo_residuals
 from pipeline.models.selection.route import DenseKernelOperator, route_setting
 from pipeline.models.selection.stats import new_stats
-from pipeline.constants import (
-    DEFAULT_BLOCK_SIZE,
-    ROUTE_RANK,
-    ROUTE_RANK_DIVISOR,
-    ROUTED_CG_TOL,
-)
 from pipeline.plan.cv_routing import eigen_mode
-from pipeline.linalg.dense_dual import solve_dual
-from pipeline.linalg.triangular import cholesky_solve
-from pipeline.linalg.cholesky import tile_cholesky
-from pipeline.linalg.matvec import MatrixFreeKernelOperator
-from pipeline.engine.dense import kernel_matrix
 
 __all__ = [
     "BandStrategy",
