@@ -388,3 +388,19 @@ def test_plan_fit_takes_the_trees_options_object():
     assert by_object == by_mapping == by_keys
     assert (by_object.solver, by_object.tol, by_object.preconditioner) == ("cg", 1e-8, "jacobi")
     assert options.solver_options({"tol": None, "alpha": 2.0}) == options.SolverOptions()
+
+
+def test_the_solve_stage_takes_the_configs_options_and_its_own_override():
+    """``krr run`` with ``factor_dtype: auto`` and ``keep_gram: false`` failed in the solve
+    stage (exit 4) with "solver_choices() got multiple values for keyword argument
+    'factor_dtype'": the stage passes the Gram's dtype for the in-place factor on top of
+    the hand-listed config knobs. The stage's choices are now the config's options,
+    the stage's own values overriding them."""
+    from pipeline.config import SolverConfig
+    from pipeline.stages.solve import stage_plan
+
+    solver = SolverConfig(method="cholesky", factor_dtype="auto", keep_gram=False)
+    plan, _ = stage_plan(solver, 100, 3, alpha=0.1, factor_dtype="float32")
+    assert (plan.solver, plan.factor_dtype, plan.keep_gram) == ("cholesky", "float32", False)
+    plan, _ = stage_plan(SolverConfig(method="cg", tol=1e-9, checkpoint_every=3), 100, 3)
+    assert (plan.tol, plan.checkpoint_every) == (1e-9, 3)
