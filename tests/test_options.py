@@ -307,6 +307,18 @@ def test_every_estimator_solver_param_comes_from_the_tree():
     assert {n for n, k in est.items() if k.unset} == {"max_iter", "rank"}
 
 
+def test_the_out_of_core_fit_takes_the_estimators_knobs_with_the_trees_defaults():
+    """``fit_out_of_core`` (what ``KernelRidge._solver_knobs`` feeds) spells the same knobs
+    with the same defaults."""
+    from pipeline.out_of_core import fit_out_of_core
+
+    sig = inspect.signature(fit_out_of_core).parameters
+    for name, k in options.knobs(spelt_by="estimator").items():
+        want = None if k.unset else k.default
+        if name != "solver":  # (its own: "cholesky", "cg" or "auto"; the estimator's names it)
+            assert sig[name].default == want, name
+
+
 def test_a_knob_added_to_the_tree_appears_in_the_config_and_the_estimator_checks(monkeypatch):
     """The config's fields and the estimator's checks are generated from the tree: a
     new knob there is a config field (with its choices and default) and is checked."""
