@@ -2,7 +2,7 @@
 
 Every way of asking for a fit (``KernelRidge``'s parameters, ``krr run``'s ``solver``
 section, the out-of-core fit, the CV refit) hands its choices to
-:func:`pipeline.policy.plan.plan_fit` under the names of :data:`SOLVER_KNOBS`, built by
+:func:`pipeline.plan.fit_plan.plan_fit` under the names of :data:`SOLVER_KNOBS`, built by
 :func:`solver_choices`; the allowed values of each categorical knob are the tuples below.
 
 The λ convention: ``"sklearn"`` solves ``(K + λ I) α = y`` (scikit-learn's ``alpha``); ``"n_samples"`` solves
@@ -13,12 +13,12 @@ computation of the diagonal shift.
 The option tree: :class:`SolverOptions` is the one definition of the solver knobs, each
 field with its type, default, allowed values (or bounds) and one doc line
 (:class:`Knob`, read with :func:`knobs`). The spellings derive from it:
-:class:`pipeline.config.SolverConfig`'s fields, ``KernelRidge``'s solver parameters'
-defaults and checks, :class:`pipeline.policy.plan.FitPlan`'s defaults and
-:func:`~pipeline.policy.plan.plan_fit`'s reading of the choices (:func:`solver_options`).
+:class:`pipeline.stages.config.SolverConfig`'s fields, ``KernelRidge``'s solver parameters'
+defaults and checks, :class:`pipeline.plan.fit_plan.FitPlan`'s defaults and
+:func:`~pipeline.plan.fit_plan.plan_fit`'s reading of the choices (:func:`solver_options`).
 A new knob is added here, once.
 
-This module imports only :mod:`pipeline.policy.constants` (the defaults' measured
+This module imports only :mod:`pipeline.constants` (the defaults' measured
 values) and the standard library.
 """
 
@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, get_type_hints
 
-from pipeline.policy import constants as C
+from pipeline import constants as C
 
 __all__ = [
     "ALPHA_CONVENTIONS",
@@ -126,7 +126,7 @@ def diagonal_shift(lam: Any, n: Any, convention: str) -> Any:
 # ---------------------------------------------------------------------------
 # the solver knobs and their values
 
-#: ``KernelRidge(solver=...)`` and :func:`~pipeline.policy.plan.plan_fit`'s ``solver``
+#: ``KernelRidge(solver=...)`` and :func:`~pipeline.plan.fit_plan.plan_fit`'s ``solver``
 IN_MEMORY_SOLVERS = ("auto", "dense", "primal")
 OUT_OF_CORE_SOLVERS = ("cholesky", "cg")
 SOLVERS = IN_MEMORY_SOLVERS + OUT_OF_CORE_SOLVERS
@@ -152,7 +152,7 @@ CG_PRECISIONS = ("auto", "float64", "mixed")
 FACTOR_DTYPES = ("float64", "float32", "auto")
 #: where factor tiles run
 FACTOR_SCHEDULERS = ("auto", "threads", "dask")
-#: how ``auto`` predicts the solvers' seconds (:mod:`pipeline.policy.calibrated`; in the
+#: how ``auto`` predicts the solvers' seconds (:mod:`pipeline.plan.calibrated`; in the
 #: order ``krr run``'s config messages always listed them)
 COST_MODELS = ("simple", "calibrated")
 
@@ -203,8 +203,8 @@ _NOT_ESTIMATOR = ("config", "plan")
 class SolverOptions:
     """The solver knobs of one fit, one definition each (issue #43).
 
-    ``krr run``'s ``solver`` section (:class:`pipeline.config.SolverConfig`, in this
-    order), ``KernelRidge``'s solver parameters and :func:`~pipeline.policy.plan.plan_fit`'s
+    ``krr run``'s ``solver`` section (:class:`pipeline.stages.config.SolverConfig`, in this
+    order), ``KernelRidge``'s solver parameters and :func:`~pipeline.plan.fit_plan.plan_fit`'s
     choices are derived from these fields; :func:`knobs` reads their :class:`Knob`.
     A plain record: each spelling checks its values with its own messages.
     """
@@ -213,7 +213,7 @@ class SolverOptions:
         "auto", "the solver: in memory (dense, primal), out of core (cholesky, cg), or auto",
         choices=SOLVERS, config_name="method", config_choices=RUN_SOLVERS,
     )  # fmt: skip
-    # conjugate gradients (defaults: pipeline.policy.constants)
+    # conjugate gradients (defaults: pipeline.constants)
     tol: float = _knob(
         C.DEFAULT_TOL, "CG's relative residual tolerance (1 is the residual of alpha = 0)",
         gt=0, lt=1, example="1e-6",
@@ -230,7 +230,7 @@ class SolverOptions:
     matvec: str = _knob("auto", "CG's product with K", choices=MATVECS, aliases=MATVEC_ALIASES)
     #: "mixed" computes kernel tiles in float32 inside a float64 iterative refinement (the
     #: answer still meets tol in float64); "auto": the cost model chooses
-    #: (pipeline.policy.cg_variant)
+    #: (pipeline.plan.cg_variant)
     cg_precision: str = _knob("auto", "CG's product precision", choices=CG_PRECISIONS)
     checkpoint_every: int = _knob(
         C.DEFAULT_CHECKPOINT_EVERY, "CG's checkpoint interval (iterations)", ge=1,
@@ -251,12 +251,12 @@ class SolverOptions:
     #: "float32" halves the factor's bytes and runs the tile updates at float32 speed
     #: (diagonal tiles still factored in float64); alpha is then refined to double
     #: precision by CG preconditioned with the factor; "auto" chooses float32 when a
-    #: subsample says it is safe and pays (pipeline.policy.factor_precision), redoing a
+    #: subsample says it is safe and pays (pipeline.plan.factor_precision), redoing a
     #: failed float32 factor in float64 (in place: the Gram's dtype)
     factor_dtype: str = _knob(
         C.DEFAULT_FACTOR_DTYPE, "precision of the stored Cholesky factor", choices=FACTOR_DTYPES
     )
-    #: see pipeline.solvers.tile_cholesky: "auto" runs them on threads of this process,
+    #: see pipeline.linalg.cholesky.tile_cholesky: "auto" runs them on threads of this process,
     #: unless the cluster's workers run on other machines (then on the cluster, one task
     #: per tile); "dask" always on the cluster
     factor_scheduler: str = _knob(
@@ -270,7 +270,7 @@ class SolverOptions:
         True, "check the free disk before the factorisation (InsufficientDiskError)",
         spelt_by=_NOT_ESTIMATOR,
     )  # fmt: skip
-    #: "calibrated": the one cost model (pipeline.policy.calibrated: measured rates, and
+    #: "calibrated": the one cost model (pipeline.plan.calibrated: measured rates, and
     #: CG's iterations from λ and the preconditioner's residual measured on a subsample of
     #: the rows); "simple": the old λ-blind constants, crossing at 30,000 rows
     cost_model: str = _knob(
@@ -279,7 +279,7 @@ class SolverOptions:
     )  # fmt: skip
 
     def choices(self) -> dict[str, Any]:
-        """The knobs :func:`~pipeline.policy.plan.plan_fit` reads, as its choices."""
+        """The knobs :func:`~pipeline.plan.fit_plan.plan_fit` reads, as its choices."""
         return {name: getattr(self, name) for name in knobs(spelt_by="plan")}
 
 
@@ -306,7 +306,7 @@ def solver_options(choices: Mapping[str, Any] | SolverOptions | None = None) -> 
     return SolverOptions(**given)
 
 
-#: the names of the solver knobs, as :func:`~pipeline.policy.plan.plan_fit` reads them:
+#: the names of the solver knobs, as :func:`~pipeline.plan.fit_plan.plan_fit` reads them:
 #: the tree's (:class:`SolverOptions`) and the fit's own (``kernel_copies`` and
 #: ``sample_weight`` inform the in-memory rule)
 SOLVER_KNOBS = (
@@ -334,7 +334,7 @@ def normalize_matvec(value: str) -> str:
 
 
 def solver_choices(**choices: Any) -> dict[str, Any]:
-    """The user's solver choices as :func:`~pipeline.policy.plan.plan_fit` takes them.
+    """The user's solver choices as :func:`~pipeline.plan.fit_plan.plan_fit` takes them.
 
     Every key must be one of :data:`SOLVER_KNOBS` (a misspelt key would otherwise be
     ignored and its knob silently take the plan's default); a value of None takes

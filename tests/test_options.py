@@ -72,9 +72,9 @@ def test_shift_refuses_an_unknown_convention():
 def test_the_sites_call_the_one_shift():
     """The tile Cholesky's shift, the plan's, the in-memory one, the CV's and a loaded
     model's are the one function's (each site's own checks stay in front of it)."""
-    from pipeline.model_selection import KernelRidgeCV
-    from pipeline.reference import effective_alpha
-    from pipeline.solvers import regularisation_shift
+    from pipeline.linalg.cholesky import regularisation_shift
+    from pipeline.linalg.dense_dual import effective_alpha
+    from pipeline.models.selection import KernelRidgeCV
 
     for lam, n in [(0.1, 3), (1 / 3, 442), (1e-3, 99_991)]:
         assert regularisation_shift(lam, n, "n") == diagonal_shift(lam, n, "n")
@@ -88,7 +88,7 @@ def test_the_sites_call_the_one_shift():
 
 
 def test_plan_shift_uses_the_convention():
-    from pipeline.policy.plan import Resources, plan_fit
+    from pipeline.plan.fit_plan import Resources, plan_fit
 
     inf = float("inf")
     seen = []
@@ -136,16 +136,16 @@ def test_convention_spellings():
 
 #: (module, name) -> the one definition it must be
 SAME_OBJECT = [
-    ("pipeline.policy.plan", "SOLVERS", options.SOLVERS),
-    ("pipeline.policy.plan", "FACTOR_DTYPES", options.FACTOR_DTYPES),
-    ("pipeline.policy.plan", "MATVEC_ALIASES", options.MATVEC_ALIASES),
-    ("pipeline.policy.plan", "ALPHA_CONVENTION_ALIASES", options.ALPHA_CONVENTION_ALIASES),
-    ("pipeline.policy.plan", "normalize_matvec", options.normalize_matvec),
-    ("pipeline.policy.plan", "normalize_alpha_convention", options.normalize_alpha_convention),
-    ("pipeline.policy.cg_variant", "CG_PRECISIONS", options.CG_PRECISIONS),
-    ("pipeline.solvers.precond", "PRECONDITIONERS", options.PRECONDITIONERS),
-    ("pipeline.solvers.cholesky_options", "CONVENTIONS", options.SOLVER_CONVENTIONS),
-    ("pipeline.reference", "ALPHA_CONVENTIONS", options.ALPHA_CONVENTIONS),
+    ("pipeline.plan.fit_plan", "SOLVERS", options.SOLVERS),
+    ("pipeline.plan.fit_plan", "FACTOR_DTYPES", options.FACTOR_DTYPES),
+    ("pipeline.plan.fit_plan", "MATVEC_ALIASES", options.MATVEC_ALIASES),
+    ("pipeline.plan.fit_plan", "ALPHA_CONVENTION_ALIASES", options.ALPHA_CONVENTION_ALIASES),
+    ("pipeline.plan.fit_plan", "normalize_matvec", options.normalize_matvec),
+    ("pipeline.plan.fit_plan", "normalize_alpha_convention", options.normalize_alpha_convention),
+    ("pipeline.plan.cg_variant", "CG_PRECISIONS", options.CG_PRECISIONS),
+    ("pipeline.linalg.precond", "PRECONDITIONERS", options.PRECONDITIONERS),
+    ("pipeline.linalg.cholesky_options", "CONVENTIONS", options.SOLVER_CONVENTIONS),
+    ("pipeline.linalg.dense_dual", "ALPHA_CONVENTIONS", options.ALPHA_CONVENTIONS),
     ("pipeline.fit", "solver_convention", options.solver_convention),
 ]
 
@@ -159,7 +159,7 @@ def test_the_config_and_the_estimator_list_the_values_in_one_order():
     """The config's messages and the estimator's listed the preconditioners (and CG's
     products) in two orders; now both list the tree's one tuple."""
     from pipeline import KernelRidge
-    from pipeline.config import SolverConfig
+    from pipeline.stages.config import SolverConfig
 
     X, y = np.ones((4, 1)), np.ones(4)
     for name in ("preconditioner", "matvec"):
@@ -168,13 +168,13 @@ def test_the_config_and_the_estimator_list_the_values_in_one_order():
         with pytest.raises(ValueError, match=re.escape(f"choose one of {list(values)}")):
             KernelRidge(solver="cg", **{name: "x"}).fit(X, y)
     assert options.PRECONDITIONERS == ("none", "jacobi", "nystrom", "adaptive")  # the CLI's
-    from pipeline.model_selection import choice
+    from pipeline.models.selection import choice
 
     assert choice.CONVENTIONS == tuple(options.ALPHA_CONVENTION_ALIASES)
 
 
 def test_config_literals_are_the_vocabulary():
-    from pipeline.config import RunConfig, SolverConfig
+    from pipeline.stages.config import RunConfig, SolverConfig
 
     fields = SolverConfig.model_fields
     for name, vocab in (
@@ -206,7 +206,7 @@ def test_solver_choices_refuses_a_knob_that_does_not_exist():
 
 def test_plan_fit_reads_every_knob():
     """The tree's knobs as ``opts.<name>`` (options.solver_options), the fit's own by key."""
-    from pipeline.policy import plan
+    from pipeline.plan import fit_plan as plan
 
     src = inspect.getsource(plan.plan_fit)
     tree = options.knobs(spelt_by="plan")
@@ -240,7 +240,7 @@ def test_options_imports_only_the_constants_and_the_standard_library():
         if isinstance(node, ast.ImportFrom):
             mod = node.module or ""
             names = [a.name for a in node.names]
-            assert mod in stdlib or (mod, names) == ("pipeline.policy", ["constants"]), mod
+            assert mod in stdlib or (mod, names) == ("pipeline.plan", ["constants"]), mod
         elif isinstance(node, ast.Import):
             raise AssertionError(f"options.py imports {[a.name for a in node.names]}")
 
@@ -270,7 +270,7 @@ def test_the_tree_has_a_type_default_and_doc_line_per_knob():
 def test_every_solver_config_field_comes_from_the_tree():
     """Same fields in the same order (the order of "valid keys here" and of the stage
     fingerprint's dump), same defaults, allowed values, bounds and doc."""
-    from pipeline.config import SolverConfig
+    from pipeline.stages.config import SolverConfig
 
     want = {k.config_name or n: k for n, k in options.knobs(spelt_by="config").items()}
     fields = SolverConfig.model_fields
@@ -294,7 +294,7 @@ def test_every_estimator_solver_param_comes_from_the_tree():
     the tree for the estimators fails here until ``__init__`` takes it), with the tree's
     default, or None where the estimators leave it unset (``get_params`` as before)."""
     from pipeline import KernelRidge
-    from pipeline.estimator import SOLVER_PARAMS
+    from pipeline.models.estimator import SOLVER_PARAMS
 
     params = KernelRidge().get_params()
     est = options.knobs(spelt_by="estimator")
@@ -324,7 +324,9 @@ def test_a_knob_added_to_the_tree_appears_in_the_config_and_the_estimator_checks
     new knob there is a config field (with its choices and default) and is checked."""
     from pydantic import ValidationError, create_model
 
-    from pipeline import KernelRidge, config, estimator
+    from pipeline import KernelRidge
+    from pipeline.models import estimator
+    from pipeline.stages import config
 
     @dataclasses.dataclass(frozen=True)
     class Wider(options.SolverOptions):
@@ -369,7 +371,7 @@ def test_the_estimators_checks_are_the_trees_with_the_old_messages(name, value, 
 def test_fit_plan_defaults_are_the_trees():
     """The plan's knobs that it takes as given default to the tree's; the ones it
     resolves (never "auto" in a plan) have their resolved defaults."""
-    from pipeline.policy.plan import FitPlan
+    from pipeline.plan.fit_plan import FitPlan
 
     plan = FitPlan()
     resolved = {"solver": "cholesky", "matvec": None, "cg_precision": "float64"}
@@ -385,7 +387,7 @@ def test_fit_plan_defaults_are_the_trees():
 
 def test_plan_fit_takes_the_trees_options_object():
     from pipeline.kernels import make_kernel
-    from pipeline.policy.plan import Resources, plan_fit
+    from pipeline.plan.fit_plan import Resources, plan_fit
 
     inf = float("inf")
     res = Resources(inf, inf, in_memory=False)
@@ -408,7 +410,7 @@ def test_the_solve_stage_takes_the_configs_options_and_its_own_override():
     'factor_dtype'": the stage passes the Gram's dtype for the in-place factor on top of
     the hand-listed config knobs. The stage's choices are now the config's options,
     the stage's own values overriding them."""
-    from pipeline.config import SolverConfig
+    from pipeline.stages.config import SolverConfig
     from pipeline.stages.solve import stage_plan
 
     solver = SolverConfig(method="cholesky", factor_dtype="auto", keep_gram=False)
