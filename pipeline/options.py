@@ -10,15 +10,32 @@ The λ convention: ``"sklearn"`` solves ``(K + λ I) α = y`` (scikit-learn's ``
 the solvers and model artifacts use (:func:`solver_convention`). :func:`diagonal_shift` is the one
 computation of the diagonal shift.
 
-This module imports only :mod:`pipeline.errors`, numpy and the standard library.
+The option tree: :class:`SolverOptions` is the one definition of the solver knobs, each
+field with its type, default, allowed values (or bounds) and one doc line
+(:class:`Knob`, read with :func:`knobs`). The spellings derive from it:
+:class:`pipeline.stages.config.SolverConfig`'s fields, ``KernelRidge``'s solver parameters'
+defaults and checks, :class:`pipeline.plan.fit_plan.FitPlan`'s defaults and
+:func:`~pipeline.plan.fit_plan.plan_fit`'s reading of the choices (:func:`solver_options`).
+A new knob is added here, once.
+
+This module imports only :mod:`pipeline.constants` (the defaults' measured
+values) and the standard library.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, get_type_hints
+
+from pipeline import constants as C
 
 __all__ = [
     "ALPHA_CONVENTIONS",
+    "Knob",
+    "SolverOptions",
+    "knobs",
+    "solver_options",
     "ALPHA_CONVENTION_ALIASES",
     "CG_PRECISIONS",
     "COST_MODELS",
@@ -115,8 +132,8 @@ OUT_OF_CORE_SOLVERS = ("cholesky", "cg")
 SOLVERS = IN_MEMORY_SOLVERS + OUT_OF_CORE_SOLVERS
 #: ``krr run``'s ``solver.method`` (always out of core)
 RUN_SOLVERS = ("cholesky", "cg", "auto")
-#: CG's product with K
-MATVECS = ("auto", "stored", "recompute")
+#: CG's product with K (in the order ``krr run``'s config messages always listed them)
+MATVECS = ("stored", "recompute", "auto")
 #: every accepted spelling of :data:`MATVECS` -> its name; old spellings are mapped
 MATVEC_ALIASES = {
     "auto": "auto",
@@ -126,7 +143,8 @@ MATVEC_ALIASES = {
     "matrix-free": "recompute",
     "free": "recompute",
 }
-#: CG's preconditioner (``adaptive``: RPCholesky Nyström whose rank grows)
+#: CG's preconditioner (``adaptive``: RPCholesky Nyström whose rank grows); one list for
+#: the config's and the estimator's messages (the estimator's listed "nystrom" first)
 PRECONDITIONERS = ("none", "jacobi", "nystrom", "adaptive")
 #: CG's product precision: ``mixed`` is float32 kernel entries with float64 refinement
 CG_PRECISIONS = ("auto", "float64", "mixed")
@@ -134,29 +152,169 @@ CG_PRECISIONS = ("auto", "float64", "mixed")
 FACTOR_DTYPES = ("float64", "float32", "auto")
 #: where factor tiles run
 FACTOR_SCHEDULERS = ("auto", "threads", "dask")
-#: how ``auto`` predicts the solvers' seconds (:mod:`pipeline.plan.calibrated`)
-COST_MODELS = ("calibrated", "simple")
+#: how ``auto`` predicts the solvers' seconds (:mod:`pipeline.plan.calibrated`; in the
+#: order ``krr run``'s config messages always listed them)
+COST_MODELS = ("simple", "calibrated")
 
-#: the names of the solver knobs, as :func:`~pipeline.plan.fit_plan.plan_fit` reads them
-#: (``kernel_copies`` and ``sample_weight`` inform the in-memory rule)
+# ---------------------------------------------------------------------------
+# the option tree
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One option of the tree: its type, default, allowed values or bounds and doc line,
+    and which spellings carry it.
+
+    ``unset``: the estimators spell the default None (scikit-learn's "not set"; the
+    plan then takes :attr:`default`). ``config_name``/``config_choices``: the config's
+    name and allowed values where they differ (``solver.method`` is always out of core).
+    ``example``: the value a bound's message suggests.
+    """
+
+    name: str
+    type: type
+    default: Any
+    doc: str
+    choices: tuple[str, ...] | None = None
+    aliases: Mapping[str, str] | None = None
+    gt: float | None = None
+    ge: float | None = None
+    lt: float | None = None
+    unset: bool = False
+    example: str | None = None
+    #: the spellings that carry it: "config" (SolverConfig), "estimator" (KernelRidge),
+    #: "plan" (plan_fit's choices)
+    spelt_by: frozenset[str] = frozenset({"config", "estimator", "plan"})
+    config_name: str | None = None
+    config_choices: tuple[str, ...] | None = None
+
+
+def _knob(default: Any, doc: str, **spec: Any) -> Any:
+    """A field of an option group: ``default`` and the rest of its :class:`Knob`."""
+    if "spelt_by" in spec:
+        spec["spelt_by"] = frozenset(spec["spelt_by"])
+    return field(default=default, metadata={"knob": {"default": default, "doc": doc, **spec}})
+
+
+_NOT_ESTIMATOR = ("config", "plan")
+
+
+@dataclass(frozen=True)
+class SolverOptions:
+    """The solver knobs of one fit, one definition each (issue #43).
+
+    ``krr run``'s ``solver`` section (:class:`pipeline.stages.config.SolverConfig`, in this
+    order), ``KernelRidge``'s solver parameters and :func:`~pipeline.plan.fit_plan.plan_fit`'s
+    choices are derived from these fields; :func:`knobs` reads their :class:`Knob`.
+    A plain record: each spelling checks its values with its own messages.
+    """
+
+    solver: str = _knob(
+        "auto", "the solver: in memory (dense, primal), out of core (cholesky, cg), or auto",
+        choices=SOLVERS, config_name="method", config_choices=RUN_SOLVERS,
+    )  # fmt: skip
+    # conjugate gradients (defaults: pipeline.constants)
+    tol: float = _knob(
+        C.DEFAULT_TOL, "CG's relative residual tolerance (1 is the residual of alpha = 0)",
+        gt=0, lt=1, example="1e-6",
+    )  # fmt: skip
+    max_iter: int = _knob(C.DEFAULT_MAX_ITER, "CG's iteration limit", ge=1, unset=True)
+    #: "adaptive": RPCholesky Nyström whose rank grows until it resolves K at the shift
+    preconditioner: str = _knob(
+        C.DEFAULT_PRECONDITIONER, "CG's preconditioner", choices=PRECONDITIONERS
+    )
+    rank: int = _knob(C.DEFAULT_RANK, "rank of the Nyström preconditioner", ge=1, unset=True)
+    #: ``stored`` (read the Gram), ``recompute`` (kernel tiles on the fly) or ``auto`` (by
+    #: D and free disk); the config reads the old spellings ``matrix_free``, ``matrix-free``
+    #: and ``free`` as ``recompute`` (the estimator refuses them)
+    matvec: str = _knob("auto", "CG's product with K", choices=MATVECS, aliases=MATVEC_ALIASES)
+    #: "mixed" computes kernel tiles in float32 inside a float64 iterative refinement (the
+    #: answer still meets tol in float64); "auto": the cost model chooses
+    #: (pipeline.plan.cg_variant)
+    cg_precision: str = _knob("auto", "CG's product precision", choices=CG_PRECISIONS)
+    checkpoint_every: int = _knob(
+        C.DEFAULT_CHECKPOINT_EVERY, "CG's checkpoint interval (iterations)", ge=1,
+        spelt_by=_NOT_ESTIMATOR,
+    )  # fmt: skip
+    #: by default a CG solve that stops at max_iter or breaks down fails the run (exit 4);
+    #: the estimators warn and keep it (CGConvergenceWarning)
+    allow_unconverged: bool = _knob(
+        False, "accept an unconverged CG solve (the run summary says so)",
+        spelt_by=("config",),
+    )  # fmt: skip
+    # cholesky
+    jitter: bool = _knob(
+        False,
+        "retry a factor tile that is not positive definite with diagonal jitter",
+        spelt_by=_NOT_ESTIMATOR,
+    )
+    #: "float32" halves the factor's bytes and runs the tile updates at float32 speed
+    #: (diagonal tiles still factored in float64); alpha is then refined to double
+    #: precision by CG preconditioned with the factor; "auto" chooses float32 when a
+    #: subsample says it is safe and pays (pipeline.plan.factor_precision), redoing a
+    #: failed float32 factor in float64 (in place: the Gram's dtype)
+    factor_dtype: str = _knob(
+        C.DEFAULT_FACTOR_DTYPE, "precision of the stored Cholesky factor", choices=FACTOR_DTYPES
+    )
+    #: see pipeline.linalg.cholesky.tile_cholesky: "auto" runs them on threads of this process,
+    #: unless the cluster's workers run on other machines (then on the cluster, one task
+    #: per tile); "dask" always on the cluster
+    factor_scheduler: str = _knob(
+        "auto", "where the Cholesky's factor tiles run", choices=FACTOR_SCHEDULERS,
+        spelt_by=_NOT_ESTIMATOR,
+    )  # fmt: skip
+    #: false factors in place: the factor replaces the Gram tile by tile (the Gram's disk
+    #: is needed once); a rerun with another lambda recomputes the replaced tiles from X
+    keep_gram: bool = _knob(True, "keep the Gram beside the Cholesky factor")
+    check_disk: bool = _knob(
+        True, "check the free disk before the factorisation (InsufficientDiskError)",
+        spelt_by=_NOT_ESTIMATOR,
+    )  # fmt: skip
+    #: "calibrated": the one cost model (pipeline.plan.calibrated: measured rates, and
+    #: CG's iterations from λ and the preconditioner's residual measured on a subsample of
+    #: the rows); "simple": the old λ-blind constants, crossing at 30,000 rows
+    cost_model: str = _knob(
+        "calibrated", "how solver auto predicts the two solvers' seconds", choices=COST_MODELS,
+        spelt_by=_NOT_ESTIMATOR,
+    )  # fmt: skip
+
+    def choices(self) -> dict[str, Any]:
+        """The knobs :func:`~pipeline.plan.fit_plan.plan_fit` reads, as its choices."""
+        return {name: getattr(self, name) for name in knobs(spelt_by="plan")}
+
+
+def knobs(group: type = SolverOptions, spelt_by: str | None = None) -> dict[str, Knob]:
+    """The :class:`Knob` of each field of an option group, in field order; only those
+    that ``spelt_by`` (``"config"``, ``"estimator"``, ``"plan"``) carries when given."""
+    hints = get_type_hints(group)
+    out = {}
+    for f in fields(group):
+        k = Knob(name=f.name, type=hints[f.name], **f.metadata["knob"])
+        if spelt_by is None or spelt_by in k.spelt_by:
+            out[f.name] = k
+    return out
+
+
+def solver_options(choices: Mapping[str, Any] | SolverOptions | None = None) -> SolverOptions:
+    """The solver knobs of a choices mapping as a :class:`SolverOptions`: a missing or
+    None value takes the tree's default; keys that are no solver knob are ignored
+    (``alpha``, ``store``, ...). The values are taken as given (each reader checks them)."""
+    if isinstance(choices, SolverOptions):
+        return choices
+    names = {f.name for f in fields(SolverOptions)}
+    given = {k: v for k, v in (choices or {}).items() if k in names and v is not None}
+    return SolverOptions(**given)
+
+
+#: the names of the solver knobs, as :func:`~pipeline.plan.fit_plan.plan_fit` reads them:
+#: the tree's (:class:`SolverOptions`) and the fit's own (``kernel_copies`` and
+#: ``sample_weight`` inform the in-memory rule)
 SOLVER_KNOBS = (
     "solver",
     "alpha",
     "alpha_convention",
     "block_size",
-    "tol",
-    "max_iter",
-    "preconditioner",
-    "rank",
-    "matvec",
-    "cg_precision",
-    "checkpoint_every",
-    "jitter",
-    "factor_dtype",
-    "factor_scheduler",
-    "cost_model",
-    "keep_gram",
-    "check_disk",
+    *(name for name in knobs(spelt_by="plan") if name != "solver"),
     "kernel_dtype",
     "random_state",
     "store",

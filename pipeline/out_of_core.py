@@ -27,7 +27,7 @@ import numpy as np
 from pipeline.errors import IndefiniteKernelError
 from pipeline.fit import execute, log_plan, measure_resources, row_probes
 from pipeline.kernels import Kernel
-from pipeline.options import ALPHA_CONVENTIONS, solver_choices
+from pipeline.options import ALPHA_CONVENTIONS, SolverOptions, solver_choices
 from pipeline.plan.fit_plan import plan_fit
 
 log = logging.getLogger(__name__)
@@ -53,6 +53,8 @@ class OutOfCoreFit:
 
 #: the lock file in a fit's directory (``store/fit-<fingerprint>/.fit-lock``)
 FIT_LOCK_NAME = ".fit-lock"
+#: the option tree's defaults (pipeline.options.SolverOptions) of fit_out_of_core's knobs
+_DEFAULT = SolverOptions()
 
 
 @contextlib.contextmanager
@@ -171,17 +173,17 @@ def fit_out_of_core(
     solver: str = "cholesky",
     store: Any = None,
     block_size: int | None = None,
-    tol: float = 1e-6,
+    tol: float = _DEFAULT.tol,
     max_iter: int | None = None,
-    preconditioner: str = "nystrom",
+    preconditioner: str = _DEFAULT.preconditioner,
     rank: int | None = None,
-    matvec: str = "auto",
+    matvec: str = _DEFAULT.matvec,
     random_state: int | None = None,
     progress: bool = True,
-    cg_precision: str = "auto",
-    factor_dtype: str = "float64",
+    cg_precision: str = _DEFAULT.cg_precision,
+    factor_dtype: str = _DEFAULT.factor_dtype,
     plan: Any = None,
-    keep_gram: bool = True,
+    keep_gram: bool = _DEFAULT.keep_gram,
     x_fingerprint: str | None = None,
 ) -> OutOfCoreFit:
     """Solve (K + shift·I) α = y out of core; shift = lam, or n·lam with ``convention="n_samples"``.

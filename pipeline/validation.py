@@ -11,11 +11,14 @@ and raise the messages scikit-learn's own estimator checks look for.
 from __future__ import annotations
 
 from numbers import Integral, Real
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import scipy.sparse as sp
 from sklearn.utils.validation import check_array, validate_data
+
+if TYPE_CHECKING:
+    from pipeline.options import Knob
 
 #: sparse formats accepted wherever X is accepted
 SPARSE_FORMATS = ("csr", "csc")
@@ -190,6 +193,28 @@ def check_positive_int(name: str, value: Any, *, allow_none: bool = True) -> int
         what = "a positive integer or None" if allow_none else "a positive integer"
         raise ValueError(f"{name} must be {what}, got {value!r}")
     return int(value)
+
+
+def check_option(name: str, value: Any, knob: Knob) -> None:
+    """Check an estimator's parameter against its knob of the option tree
+    (:class:`pipeline.options.Knob`): one of its allowed values, an integer >= 1 (None
+    too when the estimators spell its default None), a float inside its open bounds, or
+    True/False. The error names the value and what is valid."""
+    if knob.choices is not None:
+        check_choice(name, value, knob.choices)
+    elif knob.type is bool:
+        if not isinstance(value, bool | np.bool_):
+            raise ValueError(f"{name} must be True or False, got {value!r}")
+    elif knob.type is int and knob.ge == 1:
+        check_positive_int(name, value, allow_none=knob.unset)
+    elif knob.type is float and knob.gt is not None and knob.lt is not None:
+        if isinstance(value, bool) or not isinstance(value, Real) or not knob.gt < value < knob.lt:
+            raise ValueError(
+                f"{name} must be a float in ({knob.gt:g}, {knob.lt:g}), e.g. {knob.example}, "
+                f"got {value!r}"
+            )
+    else:  # a knob whose kind this check does not know: add it here
+        raise TypeError(f"no estimator check for the option {name!r} ({knob})")
 
 
 def check_random_seed(random_state: Any) -> int | None:

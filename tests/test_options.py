@@ -1,18 +1,27 @@
-"""``pipeline.options``: the solver knobs' vocabulary, the λ convention and the diagonal
-shift, each defined once.
+"""``pipeline.options``: the solver knobs' vocabulary and option tree, the λ convention and
+the diagonal shift, each defined once.
 
 Issue #43 ("one concept, one home"): the 14 solver knobs were spelled in three hand-built
 ``choices`` dicts (``estimator``, ``out_of_core``, ``stages.solve``; a fourth in the CV
 refit), the λ convention was translated in 7 places and the shift computed in 4 (one of
 them inside the tile Cholesky). The shift must stay the same to the last bit: it is the
 same IEEE product as before, which these tests compare against the old formulas.
+
+Issue #43 again ("one options tree from which the config models, the estimators'
+parameters and the plan derive"): the knobs were spelt four ways, ``SolverConfig``,
+``KernelRidge.__init__``, the choices dicts and ``FitPlan``, each with its own defaults,
+and the config and the estimator listed the preconditioners in two orders.
+``options.SolverOptions`` is the one tree; the tests below check that each spelling is
+derived from it.
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib
 import inspect
+import re
 from pathlib import Path
 from typing import get_args
 
@@ -138,8 +147,6 @@ SAME_OBJECT = [
     ("pipeline.linalg.cholesky_options", "CONVENTIONS", options.SOLVER_CONVENTIONS),
     ("pipeline.linalg.dense_dual", "ALPHA_CONVENTIONS", options.ALPHA_CONVENTIONS),
     ("pipeline.fit", "solver_convention", options.solver_convention),
-    ("pipeline.models.estimator", "SOLVERS", options.SOLVERS),
-    ("pipeline.models.estimator", "MATVECS", options.MATVECS),
 ]
 
 
@@ -148,18 +155,22 @@ def test_old_names_are_the_one_definition(module, name, one):
     assert getattr(importlib.import_module(module), name) is one
 
 
-def test_orders_kept_for_messages_have_the_same_values():
-    """Two places list a knob's values in their own order in a message (kept byte for
-    byte): the values are the vocabulary's."""
-    from pipeline.models import estimator
-    from pipeline.models.selection import choice
+def test_the_config_and_the_estimator_list_the_values_in_one_order():
+    """The config's messages and the estimator's listed the preconditioners (and CG's
+    products) in two orders; now both list the tree's one tuple."""
+    from pipeline import KernelRidge
     from pipeline.stages.config import SolverConfig
 
-    assert sorted(estimator.PRECONDITIONERS) == sorted(options.PRECONDITIONERS)
+    X, y = np.ones((4, 1)), np.ones(4)
+    for name in ("preconditioner", "matvec"):
+        values = getattr(options, {"matvec": "MATVECS"}.get(name, "PRECONDITIONERS"))
+        assert get_args(SolverConfig.model_fields[name].annotation) == values
+        with pytest.raises(ValueError, match=re.escape(f"choose one of {list(values)}")):
+            KernelRidge(solver="cg", **{name: "x"}).fit(X, y)
+    assert options.PRECONDITIONERS == ("none", "jacobi", "nystrom", "adaptive")  # the CLI's
+    from pipeline.models.selection import choice
+
     assert choice.CONVENTIONS == tuple(options.ALPHA_CONVENTION_ALIASES)
-    fields = SolverConfig.model_fields
-    assert sorted(get_args(fields["matvec"].annotation)) == sorted(options.MATVECS)
-    assert sorted(get_args(fields["cost_model"].annotation)) == sorted(options.COST_MODELS)
 
 
 def test_config_literals_are_the_vocabulary():
@@ -169,9 +180,11 @@ def test_config_literals_are_the_vocabulary():
     for name, vocab in (
         ("method", options.RUN_SOLVERS),
         ("preconditioner", options.PRECONDITIONERS),
+        ("matvec", options.MATVECS),
         ("cg_precision", options.CG_PRECISIONS),
         ("factor_dtype", options.FACTOR_DTYPES),
         ("factor_scheduler", options.FACTOR_SCHEDULERS),
+        ("cost_model", options.COST_MODELS),
     ):
         assert get_args(fields[name].annotation) == vocab, name
     conv = RunConfig.model_fields["lam_convention"].annotation
@@ -192,10 +205,14 @@ def test_solver_choices_refuses_a_knob_that_does_not_exist():
 
 
 def test_plan_fit_reads_every_knob():
+    """The tree's knobs as ``opts.<name>`` (options.solver_options), the fit's own by key."""
     from pipeline.plan import fit_plan as plan
 
     src = inspect.getsource(plan.plan_fit)
-    unread = [k for k in options.SOLVER_KNOBS if f'"{k}"' not in src]
+    tree = options.knobs(spelt_by="plan")
+    unread = [
+        k for k in options.SOLVER_KNOBS if (f"opts.{k}" if k in tree else f'"{k}"') not in src
+    ]
     # KernelRidge passes sample_weight (its docstring says the in-memory rule reads it);
     # plan_fit has not read it since sample weights went out of core (b6a175f)
     assert unread == ["sample_weight"], f"plan_fit does not read {unread}"
@@ -215,11 +232,189 @@ def test_no_hand_built_choices_dict_is_left():
     assert not offenders
 
 
-def test_options_imports_only_errors_and_the_standard_library():
+def test_options_imports_only_the_constants_and_the_standard_library():
+    """The tree's defaults are the measured constants; nothing else of the package."""
     tree = ast.parse((ROOT / "options.py").read_text())
+    stdlib = ("__future__", "typing", "dataclasses", "collections.abc")
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             mod = node.module or ""
-            assert mod in ("__future__", "typing") or mod == "pipeline.errors", mod
+            names = [a.name for a in node.names]
+            assert mod in stdlib or (mod, names) == ("pipeline", ["constants"]), mod
         elif isinstance(node, ast.Import):
-            assert all(a.name in ("numpy",) for a in node.names)
+            raise AssertionError(f"options.py imports {[a.name for a in node.names]}")
+
+
+# ---------------------------------------------------------------------------
+# the option tree: every spelling of the solver knobs derives from SolverOptions
+
+
+def _tree():
+    return options.knobs()
+
+
+def test_the_tree_has_a_type_default_and_doc_line_per_knob():
+    assert list(_tree()) == [f.name for f in dataclasses.fields(options.SolverOptions)]
+    default = options.SolverOptions()
+    for name, k in _tree().items():
+        assert k.type in (str, int, float, bool), name
+        assert getattr(default, name) == k.default, name
+        assert k.doc and "\n" not in k.doc, name
+        if k.choices is not None:
+            assert k.default in k.choices and k.type is str, name
+        assert k.spelt_by <= {"config", "estimator", "plan"} and k.spelt_by, name
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        default.tol = 0.1
+
+
+def test_every_solver_config_field_comes_from_the_tree():
+    """Same fields in the same order (the order of "valid keys here" and of the stage
+    fingerprint's dump), same defaults, allowed values, bounds and doc."""
+    from pipeline.stages.config import SolverConfig
+
+    want = {k.config_name or n: k for n, k in options.knobs(spelt_by="config").items()}
+    fields = SolverConfig.model_fields
+    assert list(fields) == list(want)
+    for name, k in want.items():
+        f = fields[name]
+        assert f.default == k.default and type(f.default) is type(k.default), name
+        choices = k.config_choices or k.choices
+        assert (get_args(f.annotation) if choices else f.annotation) == (choices or k.type), name
+        bounds = {
+            type(m).__name__.lower(): getattr(m, type(m).__name__.lower()) for m in f.metadata
+        }
+        want_bounds = {b: getattr(k, b) for b in ("gt", "ge", "lt") if getattr(k, b) is not None}
+        assert bounds == want_bounds, name
+        assert f.description == k.doc, name
+    assert SolverConfig().options() == options.SolverOptions()
+
+
+def test_every_estimator_solver_param_comes_from_the_tree():
+    """KernelRidge's solver parameters are the tree's "estimator" knobs (a knob added to
+    the tree for the estimators fails here until ``__init__`` takes it), with the tree's
+    default, or None where the estimators leave it unset (``get_params`` as before)."""
+    from pipeline import KernelRidge
+    from pipeline.models.estimator import SOLVER_PARAMS
+
+    params = KernelRidge().get_params()
+    est = options.knobs(spelt_by="estimator")
+    assert SOLVER_PARAMS == est
+    assert set(est) <= set(params)
+    assert set(_tree()) & set(params) == set(est)  # no knob of the tree taken unannounced
+    for name, k in est.items():
+        assert params[name] == (None if k.unset else k.default), name
+        assert type(params[name]) is (type(None) if k.unset else k.type), name
+    assert {n for n, k in est.items() if k.unset} == {"max_iter", "rank"}
+
+
+def test_the_out_of_core_fit_takes_the_estimators_knobs_with_the_trees_defaults():
+    """``fit_out_of_core`` (what ``KernelRidge._solver_knobs`` feeds) spells the same knobs
+    with the same defaults."""
+    from pipeline.out_of_core import fit_out_of_core
+
+    sig = inspect.signature(fit_out_of_core).parameters
+    for name, k in options.knobs(spelt_by="estimator").items():
+        want = None if k.unset else k.default
+        if name != "solver":  # (its own: "cholesky", "cg" or "auto"; the estimator's names it)
+            assert sig[name].default == want, name
+
+
+def test_a_knob_added_to_the_tree_appears_in_the_config_and_the_estimator_checks(monkeypatch):
+    """The config's fields and the estimator's checks are generated from the tree: a
+    new knob there is a config field (with its choices and default) and is checked."""
+    from pydantic import ValidationError, create_model
+
+    from pipeline import KernelRidge
+    from pipeline.models import estimator
+    from pipeline.stages import config
+
+    @dataclasses.dataclass(frozen=True)
+    class Wider(options.SolverOptions):
+        sweep: str = options._knob("up", "a new knob", choices=("up", "down"))
+
+    fields = config.solver_config_fields(Wider)
+    assert list(fields) == [*config.SolverConfig.model_fields, "sweep"]
+    Model = create_model("Wider", __base__=config._Model, **fields)
+    assert Model().sweep == "up" and Model(sweep="down").sweep == "down"
+    with pytest.raises(ValidationError, match="'up' or 'down'"):
+        Model(sweep="sideways")
+
+    monkeypatch.setattr(estimator, "SOLVER_PARAMS", options.knobs(Wider, spelt_by="estimator"))
+    est = KernelRidge()
+    est.sweep = "sideways"
+    with pytest.raises(ValueError, match=r"sweep='sideways' is not valid; choose one of \['up'"):
+        est.fit(np.ones((4, 1)), np.ones(4))
+    est.sweep, est._seed = "down", 0  # and the plan's choices take it
+    assert est._solver_knobs()["sweep"] == "down"
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("tol", 1.0, r"tol must be a float in \(0, 1\), e.g. 1e-6, got 1.0"),
+        ("tol", True, r"tol must be a float in \(0, 1\), e.g. 1e-6, got True"),
+        ("max_iter", 0, r"max_iter must be a positive integer or None, got 0"),
+        ("rank", 2.5, r"rank must be a positive integer or None, got 2.5"),
+        ("keep_gram", 1, r"keep_gram must be True or False, got 1"),
+        ("solver", "lu", r"solver='lu' is not valid; choose one of \['auto', 'dense'"),
+        ("cg_precision", "x", r"cg_precision='x' is not valid; choose one of \['auto', 'float64'"),
+        ("factor_dtype", "x", r"factor_dtype='x' is not valid; choose one of \['float64', 'float"),
+    ],
+)
+def test_the_estimators_checks_are_the_trees_with_the_old_messages(name, value, message):
+    from pipeline import KernelRidge
+
+    with pytest.raises(ValueError, match=f"^{message}"):
+        KernelRidge(**{name: value}).fit(np.ones((4, 1)), np.ones(4))
+
+
+def test_fit_plan_defaults_are_the_trees():
+    """The plan's knobs that it takes as given default to the tree's; the ones it
+    resolves (never "auto" in a plan) have their resolved defaults."""
+    from pipeline.plan.fit_plan import FitPlan
+
+    plan = FitPlan()
+    resolved = {"solver": "cholesky", "matvec": None, "cg_precision": "float64"}
+    for name, k in options.knobs(spelt_by="plan").items():
+        if name in resolved:
+            assert getattr(plan, name) == resolved[name], name
+        elif hasattr(plan, name):
+            assert getattr(plan, name) == k.default, name
+    assert {f.name for f in dataclasses.fields(FitPlan)} >= set(_tree()) - {
+        "allow_unconverged", "cost_model",
+    }  # fmt: skip
+
+
+def test_plan_fit_takes_the_trees_options_object():
+    from pipeline.kernels import make_kernel
+    from pipeline.plan.fit_plan import Resources, plan_fit
+
+    inf = float("inf")
+    res = Resources(inf, inf, in_memory=False)
+    opts = options.SolverOptions(solver="cg", tol=1e-8, preconditioner="jacobi", matvec="recompute")
+    k = make_kernel("rbf")
+    by_object, _ = plan_fit(300, 3, k, res, opts)
+    by_mapping, _ = plan_fit(300, 3, k, res, opts.choices())
+    by_keys, _ = plan_fit(
+        300, 3, k, res, options.solver_choices(solver="cg", tol=1e-8, preconditioner="jacobi",
+                                               matvec="recompute", rank=None)
+    )  # fmt: skip
+    assert by_object == by_mapping == by_keys
+    assert (by_object.solver, by_object.tol, by_object.preconditioner) == ("cg", 1e-8, "jacobi")
+    assert options.solver_options({"tol": None, "alpha": 2.0}) == options.SolverOptions()
+
+
+def test_the_solve_stage_takes_the_configs_options_and_its_own_override():
+    """``krr run`` with ``factor_dtype: auto`` and ``keep_gram: false`` failed in the solve
+    stage (exit 4) with "solver_choices() got multiple values for keyword argument
+    'factor_dtype'": the stage passes the Gram's dtype for the in-place factor on top of
+    the hand-listed config knobs. The stage's choices are now the config's options,
+    the stage's own values overriding them."""
+    from pipeline.stages.config import SolverConfig
+    from pipeline.stages.solve import stage_plan
+
+    solver = SolverConfig(method="cholesky", factor_dtype="auto", keep_gram=False)
+    plan, _ = stage_plan(solver, 100, 3, alpha=0.1, factor_dtype="float32")
+    assert (plan.solver, plan.factor_dtype, plan.keep_gram) == ("cholesky", "float32", False)
+    plan, _ = stage_plan(SolverConfig(method="cg", tol=1e-9, checkpoint_every=3), 100, 3)
+    assert (plan.tol, plan.checkpoint_every) == (1e-9, 3)

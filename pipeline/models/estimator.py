@@ -14,7 +14,6 @@ without changing the public signature.
 from __future__ import annotations
 
 import logging
-import numbers
 from dataclasses import replace
 from typing import Any
 
@@ -34,17 +33,16 @@ from pipeline.models.kernel_estimator import KernelParamsMixin
 from pipeline.models.model_io import estimator_state, save_model
 from pipeline.options import (
     ALPHA_CONVENTIONS,
-    CG_PRECISIONS,
-    FACTOR_DTYPES,
-    MATVECS,
     OUT_OF_CORE_SOLVERS,
-    SOLVERS,
+    SolverOptions,
+    knobs,
     solver_choices,
 )
 from pipeline.plan.fit_plan import plan_fit
 from pipeline.validation import (
     check_alpha,
     check_choice,
+    check_option,
     check_positive_int,
     check_random_seed,
     check_sample_weight,
@@ -54,8 +52,10 @@ from pipeline.validation import (
 
 log = logging.getLogger(__name__)
 
-#: pipeline.options.PRECONDITIONERS, in the order KernelRidge's message always listed them
-PRECONDITIONERS = ("nystrom", "jacobi", "none", "adaptive")
+#: the solver knobs of the option tree that KernelRidge takes (pipeline.options.SolverOptions):
+#: their defaults and checks are the tree's (None for a knob the estimators leave unset)
+SOLVER_PARAMS = knobs(spelt_by="estimator")
+_DEFAULT = SolverOptions()
 _dense = lambda X: X.toarray() if sp.issparse(X) else X  # noqa: E731
 
 
@@ -192,20 +192,20 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         degree: float = 3,
         coef0: float = 1,
         kernel_params: dict | None = None,
-        solver: str = "auto",
+        solver: str = _DEFAULT.solver,
         alpha_convention: str = "sklearn",
         block_size: int | None = None,
         store: Any = None,
-        tol: float = 1e-6,
+        tol: float = _DEFAULT.tol,
         max_iter: int | None = None,
-        preconditioner: str = "nystrom",
+        preconditioner: str = _DEFAULT.preconditioner,
         rank: int | None = None,
-        matvec: str = "auto",
-        cg_precision: str = "auto",
+        matvec: str = _DEFAULT.matvec,
+        cg_precision: str = _DEFAULT.cg_precision,
         random_state: Any = None,
-        factor_dtype: str = "float64",
+        factor_dtype: str = _DEFAULT.factor_dtype,
         storage_options: dict | None = None,
-        keep_gram: bool = True,
+        keep_gram: bool = _DEFAULT.keep_gram,
         progress: bool | str = False,
     ) -> None:
         self.alpha = alpha
@@ -232,23 +232,10 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
 
     # -- tags and parameters -------------------------------------------------
     def _check_params(self) -> None:
-        check_choice("solver", self.solver, SOLVERS)
+        for name, knob in SOLVER_PARAMS.items():  # the option tree's checks
+            check_option(name, getattr(self, name), knob)
         check_choice("alpha_convention", self.alpha_convention, ALPHA_CONVENTIONS)
-        check_choice("preconditioner", self.preconditioner, PRECONDITIONERS)
-        check_choice("matvec", self.matvec, MATVECS)
-        check_choice("cg_precision", self.cg_precision, CG_PRECISIONS)
-        check_choice("factor_dtype", self.factor_dtype, FACTOR_DTYPES)
-        if not isinstance(self.keep_gram, bool | np.bool_):
-            raise ValueError(f"keep_gram must be True or False, got {self.keep_gram!r}")
         check_positive_int("block_size", self.block_size)
-        check_positive_int("max_iter", self.max_iter)
-        check_positive_int("rank", self.rank)
-        if (
-            isinstance(self.tol, bool)
-            or not isinstance(self.tol, numbers.Real)
-            or not (0 < self.tol < 1)
-        ):  # a relative residual: at tol >= 1, alpha = 0 already "converged"
-            raise ValueError(f"tol must be a float in (0, 1), e.g. 1e-6, got {self.tol!r}")
         if self.kernel_params is not None and not isinstance(self.kernel_params, dict):
             raise TypeError(f"kernel_params must be a dict or None, got {self.kernel_params!r}")
         if self._precomputed and self.solver == "primal":
@@ -358,18 +345,10 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         return self
 
     def _solver_knobs(self) -> dict:
-        """The solver knobs that the plan and the out-of-core fit both take, read once."""
-        return {
-            "tol": self.tol,
-            "max_iter": self.max_iter,
-            "preconditioner": self.preconditioner,
-            "rank": self.rank,
-            "matvec": self.matvec,
-            "cg_precision": self.cg_precision,
-            "random_state": self._seed,
-            "factor_dtype": self.factor_dtype,
-            "keep_gram": bool(self.keep_gram),
-        }
+        """The solver knobs that the plan and the out-of-core fit both take, read once:
+        the option tree's (:data:`SOLVER_PARAMS`, less ``solver``) and the drawn seed."""
+        knobs = {name: getattr(self, name) for name in SOLVER_PARAMS if name != "solver"}
+        return {**knobs, "keep_gram": bool(self.keep_gram), "random_state": self._seed}
 
     def _plan(self, n: int, d: int, t: int, kernel: Any, sw: Any, copies: int, X: Any = None):
         """The fit plan and its reason (:func:`pipeline.plan.fit_plan.plan_fit`).

@@ -55,9 +55,11 @@ from pipeline.options import (
     FACTOR_DTYPES,
     MATVEC_ALIASES,
     SOLVERS,
+    SolverOptions,
     diagonal_shift,
     normalize_alpha_convention,
     normalize_matvec,
+    solver_options,
 )
 from pipeline.plan.calibrated import _accepts, _seconds, make_cost_model
 from pipeline.plan.cg_cost import gram_disk_bytes
@@ -85,37 +87,43 @@ __all__ = [
 ]
 
 
+#: the option tree's defaults (pipeline.options.SolverOptions): FitPlan's knobs that the
+#: plan takes as given default to them
+_DEFAULT = SolverOptions()
+
+
 @dataclass(frozen=True)
 class FitPlan:
     """Everything that decides how one kernel ridge fit runs; one default each.
 
-    ``solver`` is never ``"auto"`` and ``matvec`` never ``"auto"`` for CG.
+    ``solver`` is never ``"auto"`` and ``matvec`` never ``"auto"`` for CG. The knobs
+    the plan takes as given default to the option tree's (:class:`SolverOptions`).
     """
 
     solver: str = "cholesky"
     alpha: float = 1.0
     alpha_convention: str = C.DEFAULT_ALPHA_CONVENTION
     block_size: int = C.DEFAULT_BLOCK_SIZE
-    factor_dtype: str = C.DEFAULT_FACTOR_DTYPE
+    factor_dtype: str = _DEFAULT.factor_dtype
     kernel_dtype: str = C.DEFAULT_KERNEL_DTYPE
     #: CG: "float64" products, or "mixed" (float32 kernel products refined to the
     #: float64 answer; pipeline.linalg.cg_mixed_fit)
     cg_precision: str = "float64"
-    preconditioner: str = C.DEFAULT_PRECONDITIONER
-    rank: int = C.DEFAULT_RANK
-    tol: float = C.DEFAULT_TOL
-    max_iter: int = C.DEFAULT_MAX_ITER
+    preconditioner: str = _DEFAULT.preconditioner
+    rank: int = _DEFAULT.rank
+    tol: float = _DEFAULT.tol
+    max_iter: int = _DEFAULT.max_iter
     matvec: str | None = None
     store: str | None = None
     random_state: int = C.DEFAULT_RANDOM_STATE
-    checkpoint_every: int = C.DEFAULT_CHECKPOINT_EVERY
-    jitter: bool = False
-    factor_scheduler: str = "auto"
+    checkpoint_every: int = _DEFAULT.checkpoint_every
+    jitter: bool = _DEFAULT.jitter
+    factor_scheduler: str = _DEFAULT.factor_scheduler
     #: Cholesky: False factors in place (the factor replaces the Gram tile by tile;
     #: replaced tiles are recomputed from X for another λ)
-    keep_gram: bool = True
+    keep_gram: bool = _DEFAULT.keep_gram
     #: Cholesky: check the free disk before any work (InsufficientDiskError)
-    check_disk: bool = True
+    check_disk: bool = _DEFAULT.check_disk
     #: Cholesky: factor_dtype was chosen by factor_dtype="auto"; a float32 factor that
     #: fails (not positive definite, refinement short) is then redone in float64
     factor_dtype_auto: bool = False
@@ -330,7 +338,7 @@ def plan_fit(
     d: int,
     kernel: Any,
     resources: Resources,
-    choices: Mapping[str, Any] | None = None,
+    choices: Mapping[str, Any] | SolverOptions | None = None,
     *,
     n_targets: int = 1,
     cost_model: Any = None,
@@ -345,16 +353,18 @@ def plan_fit(
     kernel : Kernel or None
         The kernel object (None for callables and ``"precomputed"``: in memory only).
     resources : Resources
-    choices : mapping, optional
-        User choices; a missing or None value takes the plan's default. Keys:
-        ``solver`` ("auto", "dense", "primal", "cholesky", "cg"), ``alpha``,
-        ``alpha_convention``, ``block_size``, ``tol``, ``max_iter``,
-        ``preconditioner``, ``rank``, ``matvec`` ("auto", "stored", "recompute"),
-        ``factor_dtype``, ``kernel_dtype``, ``store``, ``random_state``,
-        ``checkpoint_every``, ``jitter``, ``factor_scheduler``, ``keep_gram``,
-        ``check_disk``, ``cost_model``; and, for the
-        in-memory rule, ``kernel_copies`` (K copies of the dense solve) and
-        ``sample_weight`` (True when weights are given).
+    choices : mapping or SolverOptions, optional
+        User choices (:func:`pipeline.options.solver_choices`); a missing or None value
+        takes the default. Keys: the solver knobs of the option tree
+        (:class:`pipeline.options.SolverOptions`: ``solver``, ``tol``, ``max_iter``,
+        ``preconditioner``, ``rank``, ``matvec``, ``cg_precision``, ``checkpoint_every``,
+        ``jitter``, ``factor_dtype``, ``factor_scheduler``, ``keep_gram``, ``check_disk``,
+        ``cost_model``), read through :func:`pipeline.options.solver_options`, and the
+        fit's own: ``alpha``, ``alpha_convention``, ``block_size``, ``kernel_dtype``,
+        ``store``, ``random_state``; and, for the in-memory rule, ``kernel_copies`` (K
+        copies of the dense solve) and ``sample_weight`` (True when weights are given).
+        A :class:`~pipeline.options.SolverOptions` alone gives the knobs, the fit's own
+        values taking their defaults.
     n_targets : int
     cost_model : object or str, optional
         ``cholesky_seconds(n, d, kernel)`` and ``cg_seconds(n, d, kernel)`` (given
@@ -374,17 +384,18 @@ def plan_fit(
     -------
     (plan, reason) : (FitPlan, str)
     """
-    ch = dict(choices or {})
-    solver = _choice(ch, "solver", "auto")
+    opts = solver_options(choices)  # the tree's knobs, None taking their defaults
+    ch = {} if isinstance(choices, SolverOptions) else dict(choices or {})
+    solver = opts.solver
     if solver not in SOLVERS:
         raise ValueError(f"solver={solver!r} is not valid; choose one of {SOLVERS}")
     alpha = _choice(ch, "alpha", 1.0)
     alphas = np.atleast_1d(np.asarray(alpha, dtype=np.float64))
     one_alpha = np.unique(alphas).size == 1
-    matvec = normalize_matvec(_choice(ch, "matvec", "auto"))
-    rank = int(_choice(ch, "rank", C.DEFAULT_RANK))
-    fs = _choice(ch, "factor_scheduler", "auto")
-    keep = bool(_choice(ch, "keep_gram", True))
+    matvec = normalize_matvec(opts.matvec)
+    rank = int(opts.rank)
+    fs = opts.factor_scheduler
+    keep = bool(opts.keep_gram)
     probes = Probes() if probes is None else probes
     x_here = probes.x_in_memory and kernel is not None
 
@@ -396,7 +407,7 @@ def plan_fit(
 
     bs = block_for(solver)
     store = ch.get("store")
-    factor_dtype = _choice(ch, "factor_dtype", C.DEFAULT_FACTOR_DTYPE)
+    factor_dtype = opts.factor_dtype
     if factor_dtype not in FACTOR_DTYPES:
         raise ValueError(
             f"factor_dtype={factor_dtype!r} is not valid; choose one of {FACTOR_DTYPES}"
@@ -410,17 +421,17 @@ def plan_fit(
         block_size=bs,
         factor_dtype="float64" if factor_dtype == "auto" else factor_dtype,
         kernel_dtype=_choice(ch, "kernel_dtype", C.DEFAULT_KERNEL_DTYPE),
-        preconditioner=_choice(ch, "preconditioner", C.DEFAULT_PRECONDITIONER),
+        preconditioner=opts.preconditioner,
         rank=min(rank, max(1, n)),
-        tol=float(_choice(ch, "tol", C.DEFAULT_TOL)),
-        max_iter=int(_choice(ch, "max_iter", C.DEFAULT_MAX_ITER)),
+        tol=float(opts.tol),
+        max_iter=int(opts.max_iter),
         store=None if store is None else str(store),
         random_state=int(_choice(ch, "random_state", C.DEFAULT_RANDOM_STATE)),
-        checkpoint_every=int(_choice(ch, "checkpoint_every", C.DEFAULT_CHECKPOINT_EVERY)),
-        jitter=bool(ch.get("jitter") or False),
+        checkpoint_every=int(opts.checkpoint_every),
+        jitter=bool(opts.jitter),
         factor_scheduler=fs,
         keep_gram=keep,
-        check_disk=bool(_choice(ch, "check_disk", True)),
+        check_disk=bool(opts.check_disk),
     )
     mercer = bool(getattr(kernel, "is_mercer", True))
     reason = f"requested solver={solver!r}"
@@ -459,9 +470,9 @@ def plan_fit(
         solver = "auto"
     if solver in ("dense", "primal"):
         return replace(base, solver=solver), reason
-    precision = normalize_precision(ch.get("cg_precision"))
+    precision = normalize_precision(opts.cg_precision)
     cm = make_cost_model(
-        cost_model if cost_model is not None else ch.get("cost_model"),
+        cost_model if cost_model is not None else opts.cost_model,
         block_size=bs,
         rank=base.rank,
         tol=base.tol,

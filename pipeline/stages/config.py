@@ -18,19 +18,25 @@ from typing import Any, Literal
 
 import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from pipeline import constants as C
 from pipeline.errors import IndefiniteKernelError
 from pipeline.options import (
     ALPHA_CONVENTION_ALIASES,
     ALPHA_CONVENTIONS,
-    CG_PRECISIONS,
-    FACTOR_DTYPES,
-    FACTOR_SCHEDULERS,
     MATVEC_ALIASES,
-    PRECONDITIONERS,
-    RUN_SOLVERS,
+    Knob,
+    SolverOptions,
+    knobs,
 )
 from pipeline.options import solver_convention as _solver_spelling
 from pipeline.stages.config_checks import (
@@ -168,55 +174,40 @@ class KernelConfig(_Model):
         return self.build().to_spec()
 
 
-class SolverConfig(_Model):
-    method: Literal[RUN_SOLVERS] = "auto"
-    # conjugate gradients (defaults: pipeline.constants, shared with KernelRidge)
-    tol: float = Field(default=C.DEFAULT_TOL, gt=0, lt=1)  # a relative residual; 1 is y = 0
-    max_iter: int = Field(default=C.DEFAULT_MAX_ITER, ge=1)
-    #: "adaptive": RPCholesky Nyström whose rank grows until it resolves K at the shift
-    preconditioner: Literal[PRECONDITIONERS] = C.DEFAULT_PRECONDITIONER
-    rank: int = Field(default=C.DEFAULT_RANK, ge=1)
-    #: CG's product with K: ``stored`` (read the Gram), ``recompute`` (kernel tiles on the
-    #: fly) or ``auto`` (by D and free disk); the old spellings ``matrix_free``,
-    #: ``matrix-free`` and ``free`` are read as ``recompute``
-    #: (pipeline.options.MATVECS, in the order the config's messages always listed them)
-    matvec: Literal["stored", "recompute", "auto"] = "auto"
-    #: CG's product precision: "mixed" computes kernel tiles in float32 inside a float64
-    #: iterative refinement (the answer still meets tol in float64); "auto": the cost model
-    #: chooses (pipeline.plan.cg_variant)
-    cg_precision: Literal[CG_PRECISIONS] = "auto"
-    checkpoint_every: int = Field(default=C.DEFAULT_CHECKPOINT_EVERY, ge=1)
-    #: accept a CG solve that stops at max_iter or breaks down (the run summary says so);
-    #: by default such a solve fails the run (exit 4)
-    allow_unconverged: bool = False
-    # cholesky
-    jitter: bool = False
-    #: precision of the stored factor: "float32" halves its bytes and runs the tile
-    #: updates at float32 speed (diagonal tiles still factored in float64); alpha is then
-    #: refined to double precision by CG preconditioned with the factor; "auto" chooses
-    #: float32 when a subsample says it is safe and pays (pipeline.plan.factor_precision),
-    #: redoing a failed float32 factor in float64 (in place: the Gram's dtype)
-    factor_dtype: Literal[FACTOR_DTYPES] = "float64"
-    #: how factor tiles are scheduled (see pipeline.linalg.cholesky.tile_cholesky): "auto" runs
-    #: them on threads of this process, unless the cluster's workers run on other
-    #: machines (then on the cluster, one task per tile); "dask" always on the cluster
-    factor_scheduler: Literal[FACTOR_SCHEDULERS] = "auto"
-    #: false factors in place: the factor replaces the Gram tile by tile (the Gram's disk
-    #: is needed once); a rerun with another lambda recomputes the replaced tiles from X
-    keep_gram: bool = True
-    #: check the free disk before the factorisation (InsufficientDiskError before any work)
-    check_disk: bool = True
-    #: how ``method: auto`` predicts the two solvers' seconds: "calibrated" (the one cost
-    #: model, pipeline.plan.calibrated: measured rates, and CG's iterations from λ and
-    #: the preconditioner's residual measured on a subsample of the rows) or "simple"
-    #: (the old λ-blind constants, crossing at 30,000 rows)
-    #: (pipeline.options.COST_MODELS, in the order the config's messages always listed them)
-    cost_model: Literal["simple", "calibrated"] = "calibrated"
+def _config_field(k: Knob) -> tuple[Any, Any]:
+    """A :class:`~pipeline.options.Knob` as a config field: its allowed values as a
+    ``Literal`` (the config's own when they differ), its bounds, its default and doc."""
+    choices = k.config_choices or k.choices
+    annotation = k.type if choices is None else Literal[choices]
+    return annotation, Field(default=k.default, gt=k.gt, ge=k.ge, lt=k.lt, description=k.doc)
+
+
+def solver_config_fields(tree: type = SolverOptions) -> dict[str, tuple[Any, Any]]:
+    """The ``solver`` section's fields, derived from the option tree (in its order)."""
+    return {
+        k.config_name or name: _config_field(k)
+        for name, k in knobs(tree, spelt_by="config").items()
+    }
+
+
+class SolverConfig(create_model("_SolverFields", __base__=_Model, **solver_config_fields())):
+    """``krr run``'s ``solver`` section: the fields of :class:`pipeline.options.SolverOptions`
+    that the config carries (``solver`` is spelt ``method``; their defaults, allowed values,
+    bounds and docs are the tree's). ``matvec`` also takes its old spellings."""
 
     @field_validator("matvec", mode="before")
     @classmethod
     def _matvec_spelling(cls, v: Any) -> Any:
         return MATVEC_ALIASES.get(v, v) if isinstance(v, str) else v
+
+    def options(self) -> SolverOptions:
+        """This section as the tree's :class:`~pipeline.options.SolverOptions`."""
+        return SolverOptions(
+            **{
+                name: getattr(self, k.config_name or name)
+                for name, k in knobs(spelt_by="config").items()
+            }
+        )
 
 
 class PredictConfig(_Model):

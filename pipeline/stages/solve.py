@@ -36,24 +36,9 @@ log = logging.getLogger("pipeline.stages")
 
 def _choices(solver: SolverConfig, **extra: Any) -> dict[str, Any]:
     """The config's solver section in :func:`~pipeline.plan.fit_plan.plan_fit`'s vocabulary
-    (its defaults are the config's, which are :mod:`pipeline.constants`)."""
-    return solver_choices(
-        solver=solver.method,
-        tol=solver.tol,
-        max_iter=solver.max_iter,
-        preconditioner=solver.preconditioner,
-        rank=solver.rank,
-        matvec=solver.matvec,
-        cg_precision=solver.cg_precision,
-        checkpoint_every=solver.checkpoint_every,
-        jitter=solver.jitter,
-        factor_dtype=solver.factor_dtype,
-        factor_scheduler=solver.factor_scheduler,
-        cost_model=solver.cost_model,
-        keep_gram=solver.keep_gram,
-        check_disk=solver.check_disk,
-        **extra,
-    )
+    (the option tree's knobs, :class:`pipeline.options.SolverOptions`); ``extra`` adds the
+    fit's own choices and overrides a knob (in place, the factor takes the Gram's dtype)."""
+    return solver_choices(**{**solver.options().choices(), **extra})
 
 
 def stage_plan(
