@@ -230,6 +230,32 @@ def test_cg_warm_start_and_shared_preconditioner_save_iterations():
             np.testing.assert_allclose(pc[f][li], ref, atol=1e-7)
 
 
+@pytest.mark.parametrize("preconditioner", ["nystrom", "adaptive"])
+def test_cg_path_builds_its_factor_with_the_one_nystrom_builder(monkeypatch, preconditioner):
+    # issue #43: the CV path had its own calls of the fixed-rank and adaptive builds;
+    # it now asks pipeline.solvers.precond.build_nystrom, like every other Nystrom user
+    import pipeline.model_selection.cgpath as cgpath
+    from pipeline.solvers import precond
+
+    calls = []
+
+    def spy(op, **kw):
+        calls.append(kw["centres"])
+        return precond.build_nystrom(op, **kw)
+
+    monkeypatch.setattr(cgpath, "build_nystrom", spy, raising=True)
+    rng = np.random.default_rng(2)
+    X = rng.standard_normal((90, 3))
+    y = np.cos(X[:, :1])
+    idx = np.arange(90)
+    tests = np.array_split(idx, 3)
+    trains = [np.setdiff1d(idx, t) for t in tests]
+    shifts = np.full((2, 3), 1e-2)
+    cg_fold_predictions(DenseKernelOperator(RBF(gamma=0.5)(X), 0.0), y, trains, tests, shifts,
+                        preconditioner=preconditioner, rank=12, tol=1e-10)  # fmt: skip
+    assert calls == [{"nystrom": "rpcholesky", "adaptive": "adaptive"}[preconditioner]]
+
+
 @pytest.mark.parametrize(
     "kwargs,match",
     [

@@ -25,7 +25,7 @@ import numpy as np
 from pipeline.policy import constants as C
 from pipeline.solvers.cg import CGConvergenceError, CGConvergenceWarning, conjugate_gradient
 from pipeline.solvers.precond import FoldNystrom as _FoldNystrom
-from pipeline.solvers.precond import nystrom_factor
+from pipeline.solvers.precond import build_nystrom
 
 __all__ = ["cg_fold_predictions"]
 
@@ -65,8 +65,8 @@ def cg_fold_predictions(
         the row mean, each row warm-started from the previous one.
     preconditioner : {"nystrom", "adaptive", "none"}
         ``"adaptive"``: one RPCholesky factor whose rank grows until it resolves K
-        at the smallest shift of the grid (:func:`~pipeline.solvers.precond.adaptive_rpcholesky`),
-        shared by every fold and λ as the Nyström factor is.
+        at the smallest shift of the grid (:func:`~pipeline.solvers.precond.build_nystrom`
+        with ``centres="adaptive"``), shared by every fold and λ as the Nyström factor is.
     rank : int, optional
         Nyström rank (default ``min(n, 200)``); with ``"adaptive"``, a cap on the rank.
     warm_start : bool
@@ -91,20 +91,19 @@ def cg_fold_predictions(
     if preconditioner == "nystrom":
         if factor is None:
             r = int(rank or min(n, C.CV_DEFAULT_RANK))
-            F, _ = nystrom_factor(op, min(r, n), random_state=random_state)
+            F = build_nystrom(op, centres="rpcholesky", rank=min(r, n), random_state=random_state).F
         else:
             F = factor
         stats["preconditioner_builds"] = stats.get("preconditioner_builds", 0) + 1
         pre_folds = [_FoldNystrom(F[tr]) for tr in trains]
     elif preconditioner == "adaptive":
-        from pipeline.solvers.precond import adaptive_rpcholesky
-
-        F, _, _ = adaptive_rpcholesky(
+        F = build_nystrom(
             op,
-            float(np.min(shifts)),
+            centres="adaptive",
+            shift=float(np.min(shifts)),
             max_rank=None if rank is None else min(int(rank), n),
             random_state=random_state,
-        )
+        ).F
         F = np.asarray(F, dtype=np.float64)
         stats["preconditioner_builds"] = stats.get("preconditioner_builds", 0) + 1
         pre_folds = [_FoldNystrom(F[tr]) for tr in trains]
