@@ -3,7 +3,9 @@ applies of ``(F Fᵀ + μ I)⁻¹``, for one operator and per fold, against dens
 
 Issue #43 gathered four builders and three Woodbury applies (the fixed-rank and
 adaptive preconditioners, the block CV's fold preconditioner, the CV path's per-fold
-one) into :mod:`pipeline.solvers.precond`; issue #45's FALKON solver builds on it.
+one) into :mod:`pipeline.solvers.precond`, then made the two fold forms one
+(``FoldNystromBlock``) and the two pivoted Cholesky routines one; issue #45's FALKON
+solver builds on it.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from pipeline.kernels import RBF
 from pipeline.solvers.dense_operator import DenseKernelOperator
 from pipeline.solvers.precond import (
     CENTRES,
-    FoldNystrom,
     FoldNystromBlock,
     NystromFactor,
     adaptive_rpcholesky,
@@ -71,7 +72,6 @@ def test_woodbury_and_folds_apply_the_dense_inverse(op, centres):
         Ft = F[tr]
         want_t = np.linalg.solve(Ft @ Ft.T + s * np.eye(len(tr)), R[tr])
         assert _rel(got[tr], want_t) < 1e-9
-        assert _rel(FoldNystrom(Ft).apply(R[tr], s), want_t) < 1e-9
 
 
 def test_builder_refuses_bad_requests_before_any_work(op):

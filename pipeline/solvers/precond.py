@@ -44,9 +44,8 @@ pivoted Cholesky, ``_pivoted_cholesky``, the adaptive one with its stopping rule
 ``(F Fᵀ + μ I)⁻¹``: :class:`NystromPreconditioner` (fixed rank, eigen form, what
 ``make_preconditioner("nystrom")`` gives), :class:`Float32NystromPreconditioner`
 (Cholesky form, F in its own dtype; ``NystromFactor.woodbury``), and per fold
-:class:`FoldNystromBlock` (every fold and shift of the block CV;
-``NystromFactor.folds``) and :class:`FoldNystrom` (one fold, the CV path that
-solves one λ at a time). The products with F one row block at a time
+:class:`FoldNystromBlock` (every fold and shift, ``NystromFactor.folds``: the block CV
+and the CV path that solves one λ at a time, the one fold form). The products with F one row block at a time
 (``_ft_times``, ``_f_times``, ``_gram``, ``_woodbury``) are defined here only.
 """
 
@@ -76,7 +75,6 @@ __all__ = [
     "DEFAULT_FACTOR",
     "DEFAULT_MEMORY_BUDGET",
     "Float32NystromPreconditioner",
-    "FoldNystrom",
     "FoldNystromBlock",
     "IdentityPreconditioner",
     "JacobiPreconditioner",
@@ -815,8 +813,10 @@ def adaptive_nystrom_preconditioner(
 class FoldNystromBlock:
     """``(F_T F_Tᵀ + s I)⁻¹`` for each column's fold T and shift s, on padded columns.
 
-    The preconditioner of the block PCG over every (λ, fold) system
-    (:func:`pipeline.model_selection.blockcg.block_pcg`): one factor F of the full
+    The one fold form (issue #43): the preconditioner of the block PCG over every
+    (λ, fold) system (:func:`pipeline.model_selection.blockcg.block_pcg`) and, on the
+    stacked fold vectors padded to n rows, of the CV path that solves one λ at a time
+    (:func:`pipeline.model_selection.cgpath.cg_fold_predictions`). One factor F of the full
     K, restricted to each fold by Woodbury, ``(F_T F_Tᵀ + s I)⁻¹ = (I - F_T (s I +
     F_Tᵀ F_T)⁻¹ F_Tᵀ) / s``, with ``F_Tᵀ F_T = V diag(w) Vᵀ`` (one r x r
     eigendecomposition per fold, shared by every λ: only ``1/(w + s)`` changes).
@@ -877,29 +877,6 @@ class FoldNystromBlock:
             return C
 
         return _woodbury(self.F, R, inner, shifts, mask)
-
-
-class FoldNystrom:
-    """``(F_T F_Tᵀ + s I)⁻¹`` on one fold's training rows, re-shiftable, from ``F_T`` (m x r).
-
-    The single-fold form of :class:`FoldNystromBlock` (the CV path that solves one λ
-    at a time, :func:`pipeline.model_selection.cgpath.cg_fold_predictions`): Woodbury
-    with ``F_Tᵀ F_T = V diag(w) Vᵀ`` and ``U = F_T V`` kept (m x r per fold),
-    ``(F_T F_Tᵀ + s I)⁻¹ = (I - U diag(1 / (w + s)) Uᵀ) / s``, exact for any F (no
-    orthonormal basis needed, so an r x r eigendecomposition replaces the thin SVD
-    of the m x r factor: 0.6 s against 1.3 s at m=6400, r=1000). Its products are
-    associated as ``U (c Uᵀ R)`` where the block form computes ``F_T V (c Vᵀ F_Tᵀ R)``:
-    the same map, other rounding, kept so that the routed CV's scores keep their bits.
-    """
-
-    def __init__(self, F_T: np.ndarray) -> None:
-        w, V = scipy.linalg.eigh(F_T.T @ F_T, check_finite=False)
-        self.U = F_T @ V
-        self.w = np.maximum(w, 0.0)
-
-    def apply(self, R: np.ndarray, shift: float) -> np.ndarray:
-        coef = 1.0 / (self.w + shift)
-        return (R - self.U @ (coef[:, None] * (self.U.T @ R))) / shift
 
 
 # -- the one builder -----------------------------------------------------------------------
