@@ -9,22 +9,22 @@ import numpy as np
 import pytest
 
 from pipeline.kernels import RBF, Sigmoid
-from pipeline.policy import cg_cost
-from pipeline.policy.calibrated import CalibratedCostModel
-from pipeline.solvers.cg import (
+from pipeline.linalg.cg import (
     CGConvergenceWarning,
     CGDivergenceError,
     CGIndefiniteKernelError,
     CGStagnationError,
     conjugate_gradient,
 )
-from pipeline.solvers.cg_mixed import float32_twin, mixed_precision_cg
-from pipeline.solvers.matvec import MatrixFreeKernelOperator
-from pipeline.solvers.precond import (
+from pipeline.linalg.cg_mixed import float32_twin, mixed_precision_cg
+from pipeline.linalg.matvec import MatrixFreeKernelOperator
+from pipeline.linalg.precond import (
     NystromPreconditioner,
     adaptive_nystrom_preconditioner,
     rpcholesky,
 )
+from pipeline.plan import cg_cost
+from pipeline.plan.calibrated import CalibratedCostModel
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +121,7 @@ def test_cg_cost_iterations_against_measured(gamma, shift, rank):
     X = rng.normal(size=(n, 4))
     K = RBF(gamma=gamma)(X)
     y = np.sin(X[:, 0]) + 0.1 * rng.normal(size=n)
-    from pipeline.model_selection.route import DenseKernelOperator
+    from pipeline.models.selection.route import DenseKernelOperator
 
     op = DenseKernelOperator(K, shift)
     F, _ = rpcholesky(op, rank)
@@ -161,7 +161,7 @@ def test_refinement_loop_asks_what_the_target_needs_and_skips_frozen_columns():
     # a fake step that divides each residual by 2^10: the loop asks every live column
     # above its target for max(margin * target / rel, floor), capped at 0.5, and never
     # touches a frozen column or one already at its target
-    from pipeline.solvers.cg_mixed import iterative_refinement
+    from pipeline.linalg.cg_mixed import iterative_refinement
 
     rel = np.array([1.0, 2.0**-10, 2.0**-40, 1.0])
     target = np.full(4, 2.0**-30)
@@ -188,13 +188,13 @@ def test_refinement_loop_asks_what_the_target_needs_and_skips_frozen_columns():
 
 
 def test_mixed_cg_and_the_block_cv_refine_with_the_one_loop(monkeypatch, hard):
-    """Issue #43: the block CV (pipeline.model_selection.cvblock) had its own outer
+    """Issue #43: the block CV (pipeline.models.selection.cvblock) had its own outer
     mixed-precision refinement loop beside mixed_precision_cg's; both now run
-    pipeline.solvers.cg_mixed.iterative_refinement (bits unchanged), and both still
+    pipeline.linalg.cg_mixed.iterative_refinement (bits unchanged), and both still
     reach the float64 target against dense solves."""
-    import pipeline.model_selection.cvblock as cvblock
-    import pipeline.solvers.cg_mixed as cg_mixed
-    from pipeline.model_selection.cvblock import block_cv_predictions
+    import pipeline.linalg.cg_mixed as cg_mixed
+    import pipeline.models.selection.cvblock as cvblock
+    from pipeline.models.selection.cvblock import block_cv_predictions
 
     real = cg_mixed.iterative_refinement
     used = []
