@@ -39,7 +39,7 @@ from pipeline.linalg.cg import (
     conjugate_gradient,
 )
 
-__all__ = ["MixedCGResult", "float32_twin", "mixed_precision_cg"]
+__all__ = ["MixedCGResult", "float32_twin", "iterative_refinement", "mixed_precision_cg"]
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,48 @@ class _FloorStop:
         else:
             self.since += 1
         return self.since >= self.patience
+
+
+def iterative_refinement(
+    rel: np.ndarray,
+    target: np.ndarray,
+    step: Callable[[int, np.ndarray, np.ndarray], bool],
+    *,
+    max_steps: int,
+    inner_floor: float,
+    margin: float = 1.0,
+    live: Callable[[], np.ndarray] | None = None,
+) -> int:
+    """The one outer loop of iterative refinement (issue #43): while a column's float64
+    relative residual ``rel`` is above its ``target``, solve its correction equation to
+    a modest tolerance and recompute the residual with float64 products.
+
+    The loop owns the control: which columns still need work (``rel > target`` and
+    ``live()``), the inner tolerance each needs, ``max(margin · target / rel,
+    inner_floor)`` capped at 0.5 (asking no more than the outer target needs, no less
+    than the floor of the inner products), and the step count. ``step(k, cols, inner)``
+    does step k for the columns ``cols`` with the inner tolerances ``inner``: the inner
+    solve (``x += d``), the float64 residual, ``rel[cols]`` updated in place and any
+    failure recorded (or raised); it returns False to end the refinement.
+    :func:`mixed_precision_cg` (one right-hand side, the whole solve's inner budget) and
+    the block CV's refinement (:func:`pipeline.models.selection.cvblock.block_cv_predictions`,
+    every (λ, fold, target) column, failing columns frozen) are its two calls.
+
+    Returns the number of steps taken.
+    """
+    k = 0
+    while k < max_steps:
+        todo = rel > target
+        if live is not None:
+            todo &= live()
+        cols = np.flatnonzero(todo)
+        if not cols.size:
+            break
+        k += 1
+        inner = np.maximum(margin * target[cols] / np.maximum(rel[cols], 1e-300), inner_floor)
+        if not step(k, cols, np.minimum(inner, 0.5)):
+            break
+    return k
 
 
 def float32_twin(op: Any) -> Any:
@@ -193,21 +235,20 @@ def mixed_precision_cg(
         x = np.ldexp(x, e) if e else x
         r = b - np.asarray(matvec_high(x), dtype=np.float64).reshape(b.shape)
         n_high += 1
-    rel = float(np.linalg.norm(r)) / b_norm
-    history = [rel]
-    outer = [(0, rel)]
-    k = 0
-    while rel > tol and k < max_outer and n_inner < max_inner:
-        k += 1
-        # ask the inner solve for no more than the outer target needs
-        itol = max(inner_tol, 0.5 * tol / rel)
+    rel = np.array([float(np.linalg.norm(r)) / b_norm])  # the refinement loop's state
+    history = [float(rel[0])]
+    outer = [(0, float(rel[0]))]
+
+    def step(k: int, _cols: np.ndarray, itol: np.ndarray) -> bool:
+        nonlocal x, r, n_inner, n_low, n_high
+        old = float(rel[0])
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", CGConvergenceWarning)
             res = conjugate_gradient(
                 matvec_low,
                 r,
                 preconditioner=preconditioner,
-                tol=min(itol, 0.5),
+                tol=float(itol[0]),  # max(inner_tol, 0.5 tol / rel), at most 0.5
                 max_iter=max_inner - n_inner,  # what the budget has left
                 true_residual_every=0,
                 stagnation_window=stagnation_window,
@@ -215,7 +256,7 @@ def mixed_precision_cg(
             )
         n_inner += res.n_iter
         n_low += res.n_matvec
-        history.extend((rel * res.history[1:, 0]).tolist())
+        history.extend((old * res.history[1:, 0]).tolist())
         accepted, x = x, x + res.x
         r = b - np.asarray(matvec_high(x), dtype=np.float64).reshape(b.shape)
         n_high += 1
@@ -229,26 +270,37 @@ def mixed_precision_cg(
         outer.append((n_inner, new))
         log.info("mixed CG: outer %d, %d inner iterations, rel. residual %.3e", k, n_inner, new)
         if n_inner >= max_inner:  # the budget ran out, not the precision: an unconverged
-            if new <= rel:  # result (max_iter reached) with the better iterate, never
-                rel = new  # "stagnation" (and no float64 fallback past max_iter)
+            if new <= old:  # result (max_iter reached) with the better iterate, never
+                rel[0] = new  # "stagnation" (and no float64 fallback past max_iter)
             else:
                 x = accepted
             if on_outer is not None:
-                on_outer(k, unscaled(x), rel)
-            break
-        if new > 0.5 * rel:
+                on_outer(k, unscaled(x), float(rel[0]))
+            return False
+        if new > 0.5 * old:
             err = CGStagnationError(
                 f"mixed-precision CG stagnated at outer step {k}: the float64 relative residual "
-                f"went from {rel:.3e} to {new:.3e} (target {tol:.1e}). The float32 products are "
+                f"went from {old:.3e} to {new:.3e} (target {tol:.1e}). The float32 products are "
                 "too inexact for this conditioning: use float64 products (kernel_dtype="
                 "'float64'), solver='cholesky', a larger lambda or a higher preconditioner rank."
             )
             err.x = unscaled(accepted)  # the last accepted iterate
             err.n_matvec_low, err.n_matvec_high, err.n_inner = n_low, n_high, n_inner
             raise err
-        rel = new
+        rel[0] = new
         if on_outer is not None:
-            on_outer(k, unscaled(x), rel)
+            on_outer(k, unscaled(x), new)
+        return True
+
+    k = iterative_refinement(
+        rel,
+        np.array([tol], dtype=np.float64),
+        step,
+        max_steps=max_outer if max_inner > 0 else 0,
+        inner_floor=inner_tol,
+        margin=0.5,
+    )
+    rel = float(rel[0])
     return MixedCGResult(
         x=unscaled(x),
         converged=rel <= tol,

@@ -39,13 +39,13 @@ This module is the one home of Nyström (issue #43). The builder:
 :func:`build_nystrom` (centres ``"uniform"`` | ``"rpcholesky"`` | ``"adaptive"``)
 gives a :class:`NystromFactor` (F, its centres, the build's record); below it
 :func:`nystrom_factor` (the fixed-rank methods), :func:`rpcholesky`,
-:func:`uniform_nystrom` and :func:`adaptive_rpcholesky`. The applies of
+:func:`uniform_nystrom` and :func:`adaptive_rpcholesky` (the first and last calls of the one
+pivoted Cholesky, ``_pivoted_cholesky``, the adaptive one with its stopping rule). The applies of
 ``(F Fᵀ + μ I)⁻¹``: :class:`NystromPreconditioner` (fixed rank, eigen form, what
 ``make_preconditioner("nystrom")`` gives), :class:`Float32NystromPreconditioner`
 (Cholesky form, F in its own dtype; ``NystromFactor.woodbury``), and per fold
-:class:`FoldNystromBlock` (every fold and shift of the block CV;
-``NystromFactor.folds``) and :class:`FoldNystrom` (one fold, the CV path that
-solves one λ at a time). The products with F one row block at a time
+:class:`FoldNystromBlock` (every fold and shift, ``NystromFactor.folds``: the block CV
+and the CV path that solves one λ at a time, the one fold form). The products with F one row block at a time
 (``_ft_times``, ``_f_times``, ``_gram``, ``_woodbury``) are defined here only.
 """
 
@@ -75,7 +75,6 @@ __all__ = [
     "DEFAULT_FACTOR",
     "DEFAULT_MEMORY_BUDGET",
     "Float32NystromPreconditioner",
-    "FoldNystrom",
     "FoldNystromBlock",
     "IdentityPreconditioner",
     "JacobiPreconditioner",
@@ -311,6 +310,90 @@ def _rejection_cholesky(H: np.ndarray, d: np.ndarray, u: np.ndarray, lmax: int) 
     return accepted
 
 
+class _NoStop:
+    """No stopping rule besides the rank: the fixed-rank :func:`rpcholesky`."""
+
+    def done(self) -> bool:
+        return False
+
+    def grew(self, F: np.ndarray, k0: int, k1: int) -> None:
+        pass
+
+    def exhausted(self) -> None:
+        pass
+
+
+def _pivoted_cholesky(
+    op: Any,
+    cap: int,
+    rng: np.random.Generator,
+    *,
+    block: int,
+    dtype: Any = np.float64,
+    max_rounds: int | None = None,
+    max_stalls: int | None = None,
+    stop: Any = None,
+) -> tuple[np.ndarray, np.ndarray, dict]:
+    """The one randomly pivoted Cholesky (accelerated, blockwise; Epperly, Tropp & Webber):
+    ``K ≈ F Fᵀ`` with at most ``cap`` pivots, F stored in ``dtype``.
+
+    Each round draws ``block`` candidates with probability proportional to the residual
+    diagonal, accepts some by rejection sampling, and adds their columns (one ``columns``
+    call). It ends at ``cap`` pivots, when the residual trace vanishes (``1e-14`` of the
+    initial one), after ``max_rounds`` rounds or ``max_stalls`` consecutive rounds that
+    accepted no pivot, or when ``stop.done()`` says so (checked before each round;
+    ``stop.grew(F, k0, k1)`` is told of the new columns ``k0:k1`` as stored, and
+    ``stop.exhausted()`` of a vanished trace): the adaptive stopping rule of
+    :func:`adaptive_rpcholesky`. Returns ``(F[:, :k], pivots, {"rounds", "trace",
+    "trace0"})``.
+    """
+    stop = stop if stop is not None else _NoStop()
+    n = int(op.n)
+    d = np.array(op.diagonal(), dtype=np.float64)
+    trace0 = float(d.sum())
+    F = np.zeros((n, cap), dtype=dtype)  # untouched pages cost no memory
+    pivots: list[int] = []
+    k = 0
+    rounds = stalls = 0
+    while k < cap and (max_rounds is None or rounds < max_rounds):
+        if stop.done():
+            break
+        total = d.sum()
+        if not (total > trace0 * 1e-14):
+            stop.exhausted()
+            break
+        rounds += 1
+        cand = rng.choice(n, size=block, replace=True, p=d / total)
+        Fc = np.asarray(F[cand, :k], dtype=np.float64)
+        H = op.submatrix(cand) - Fc @ Fc.T
+        accepted = _rejection_cholesky(H, d[cand], rng.random(cand.size), cap - k)
+        if not accepted:
+            stalls += 1
+            if max_stalls is not None and stalls > max_stalls:
+                break
+            continue
+        stalls = 0
+        T = np.unique(cand[accepted])  # duplicates have zero Schur diagonal after the first
+        G = np.asarray(op.columns(T), dtype=np.float64)  # a new array: updated in place
+        if k:
+            FT = np.asarray(F[T, :k], dtype=np.float64)
+            for s in range(0, n, _ROW_STEP):
+                G[s : s + _ROW_STEP] -= np.asarray(F[s : s + _ROW_STEP, :k], np.float64) @ FT.T
+        L = _safe_cholesky(G[T])
+        Fn = scipy.linalg.solve_triangular(L, G.T, lower=True, check_finite=False).T
+        del G
+        F[:, k : k + T.size] = Fn
+        d -= np.einsum("ij,ij->i", Fn, Fn)
+        del Fn
+        np.maximum(d, 0.0, out=d)
+        d[T] = 0.0
+        pivots.extend(int(t) for t in T)
+        stop.grew(F, k, k + T.size)
+        k += T.size
+    record = {"rounds": rounds, "trace": float(d.sum()), "trace0": trace0}
+    return F[:, :k], np.asarray(pivots, dtype=np.int64), record
+
+
 def rpcholesky(
     op: Any,
     rank: int,
@@ -320,6 +403,9 @@ def rpcholesky(
     max_rounds: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Randomly pivoted Cholesky (accelerated, blockwise): ``K ≈ F Fᵀ``, F of shape (n, r).
+
+    The fixed-rank call of the one pivoted Cholesky (:func:`_pivoted_cholesky`;
+    :func:`adaptive_rpcholesky` is its adaptive-stopping call).
 
     Parameters
     ----------
@@ -344,36 +430,15 @@ def rpcholesky(
     rng = np.random.default_rng(random_state)
     b = int(block) if block is not None else min(1000, max(1, -(-rank // 2)))
     max_rounds = max_rounds if max_rounds is not None else 20 + 4 * (-(-rank // b))
-    d = np.array(op.diagonal(), dtype=np.float64)
-    trace0 = float(d.sum())
-    F = np.zeros((n, rank))
-    pivots: list[int] = []
-    k = 0
-    rounds = 0
-    while k < rank and rounds < max_rounds:
-        rounds += 1
-        total = d.sum()
-        if not (total > trace0 * 1e-14):
-            break
-        cand = rng.choice(n, size=b, replace=True, p=d / total)
-        H = op.submatrix(cand) - F[cand, :k] @ F[cand, :k].T
-        accepted = _rejection_cholesky(H, d[cand], rng.random(b), rank - k)
-        if not accepted:
-            continue
-        T = np.unique(cand[accepted])  # duplicates have zero Schur diagonal after the first
-        G = op.columns(T) - F[:, :k] @ F[T, :k].T
-        L = _safe_cholesky(G[T])
-        Fn = scipy.linalg.solve_triangular(L, G.T, lower=True).T
-        F[:, k : k + T.size] = Fn
-        d -= np.einsum("ij,ij->i", Fn, Fn)
-        np.maximum(d, 0.0, out=d)
-        d[T] = 0.0
-        pivots.extend(int(t) for t in T)
-        k += T.size
+    F, pivots, rec = _pivoted_cholesky(op, rank, rng, block=b, max_rounds=max_rounds)
     log.info(
-        "RPCholesky: rank %d in %d rounds, residual trace %.3e of %.3e", k, rounds, d.sum(), trace0
+        "RPCholesky: rank %d in %d rounds, residual trace %.3e of %.3e",
+        F.shape[1],
+        rec["rounds"],
+        rec["trace"],
+        rec["trace0"],
     )
-    return F[:, :k], np.asarray(pivots, dtype=np.int64)
+    return F, pivots
 
 
 def _safe_cholesky(S: np.ndarray) -> np.ndarray:
@@ -562,57 +627,12 @@ def adaptive_rpcholesky(
     cap = min(n, budget_rank, int(max_rank) if max_rank is not None else n)
     rng = np.random.default_rng(random_state)
     t0 = time.perf_counter()
-    target = factor * mu
-    d = np.array(op.diagonal(), dtype=np.float64)
-    trace0 = float(d.sum())
-    S = np.sort(rng.choice(n, size=min(int(sample), n), replace=False))
-    E_SS = np.array(op.submatrix(S), dtype=np.float64)  # K_SS - F_S F_Sᵀ, kept up to date
-    F = np.zeros((n, cap), dtype=dtype)  # untouched pages cost no memory
-    pivots: list[int] = []
-    k = 0
-    rounds = stalls = 0
-    b = int(block)
-    history: list[tuple[int, float]] = []
-    rho, v_top = _subsample_rho(op, E_SS, None)
-    while k < cap:
-        if rho <= target:
-            break
-        total = d.sum()
-        if not (total > trace0 * 1e-14):
-            rho = 0.0
-            break
-        rounds += 1
-        cand = rng.choice(n, size=b, replace=True, p=d / total)
-        Fc = np.asarray(F[cand, :k], dtype=np.float64)
-        H = op.submatrix(cand) - Fc @ Fc.T
-        accepted = _rejection_cholesky(H, d[cand], rng.random(cand.size), cap - k)
-        if not accepted:
-            stalls += 1
-            if stalls > 20:
-                break
-            continue
-        stalls = 0
-        T = np.unique(cand[accepted])
-        G = op.columns(T)
-        if k:
-            FT = np.asarray(F[T, :k], dtype=np.float64)
-            for s in range(0, n, _ROW_STEP):
-                G[s : s + _ROW_STEP] -= np.asarray(F[s : s + _ROW_STEP, :k], np.float64) @ FT.T
-        L = _safe_cholesky(G[T])
-        Fn = scipy.linalg.solve_triangular(L, G.T, lower=True, check_finite=False).T
-        del G
-        F[:, k : k + T.size] = Fn
-        FnS = np.asarray(F[S, k : k + T.size], dtype=np.float64)  # as stored
-        E_SS -= FnS @ FnS.T
-        d -= np.einsum("ij,ij->i", Fn, Fn)
-        del Fn
-        np.maximum(d, 0.0, out=d)
-        d[T] = 0.0
-        pivots.extend(int(t) for t in T)
-        k += T.size
-        rho, v_top = _subsample_rho(op, E_SS, v_top)
-        history.append((k, rho))
-        log.debug("adaptive RPCholesky: rank %d, estimated rho/shift %.3g", k, rho / mu)
+    sample_rows = rng.choice(n, size=min(int(sample), n), replace=False)
+    stop = _ResidualStop(op, sample_rows, factor * mu, mu)
+    F, pivots, rec = _pivoted_cholesky(
+        op, cap, rng, block=int(block), dtype=dtype, max_stalls=20, stop=stop
+    )
+    k, rho, target, rounds, history = F.shape[1], stop.rho, stop.target, rec["rounds"], stop.history
     capped = rho > target and k >= cap
     info = {
         "method": "rpcholesky-adaptive",
@@ -659,7 +679,34 @@ def adaptive_rpcholesky(
             rho / mu,
             factor,
         )
-    return F[:, :k], np.asarray(pivots, dtype=np.int64), info
+    return F, pivots, info
+
+
+class _ResidualStop:
+    """The adaptive stopping rule: stop once the subsample estimate ``ρ̂`` of
+    ``‖K - F Fᵀ‖₂`` is at most ``target`` (see :func:`adaptive_rpcholesky`); keeps the
+    residual ``K_SS - F_S F_Sᵀ`` on the fixed random subsample S up to date."""
+
+    def __init__(self, op: Any, sample: np.ndarray, target: float, shift: float) -> None:
+        self.op, self.S, self.target, self.shift = op, np.sort(sample), target, shift
+        self.E_SS = np.array(op.submatrix(self.S), dtype=np.float64)
+        self.rho, self.v_top = _subsample_rho(op, self.E_SS, None)
+        self.history: list[tuple[int, float]] = []
+
+    def done(self) -> bool:
+        return self.rho <= self.target
+
+    def grew(self, F: np.ndarray, k0: int, k1: int) -> None:
+        FnS = np.asarray(F[self.S, k0:k1], dtype=np.float64)  # as stored
+        self.E_SS -= FnS @ FnS.T
+        self.rho, self.v_top = _subsample_rho(self.op, self.E_SS, self.v_top)
+        self.history.append((k1, self.rho))
+        log.debug(
+            "adaptive RPCholesky: rank %d, estimated rho/shift %.3g", k1, self.rho / self.shift
+        )
+
+    def exhausted(self) -> None:
+        self.rho = 0.0
 
 
 class Float32NystromPreconditioner:
@@ -766,8 +813,10 @@ def adaptive_nystrom_preconditioner(
 class FoldNystromBlock:
     """``(F_T F_Tᵀ + s I)⁻¹`` for each column's fold T and shift s, on padded columns.
 
-    The preconditioner of the block PCG over every (λ, fold) system
-    (:func:`pipeline.models.selection.blockcg.block_pcg`): one factor F of the full
+    The one fold form (issue #43): the preconditioner of the block PCG over every
+    (λ, fold) system (:func:`pipeline.models.selection.blockcg.block_pcg`) and, on the
+    stacked fold vectors padded to n rows, of the CV path that solves one λ at a time
+    (:func:`pipeline.models.selection.cgpath.cg_fold_predictions`). One factor F of the full
     K, restricted to each fold by Woodbury, ``(F_T F_Tᵀ + s I)⁻¹ = (I - F_T (s I +
     F_Tᵀ F_T)⁻¹ F_Tᵀ) / s``, with ``F_Tᵀ F_T = V diag(w) Vᵀ`` (one r x r
     eigendecomposition per fold, shared by every λ: only ``1/(w + s)`` changes).
@@ -828,29 +877,6 @@ class FoldNystromBlock:
             return C
 
         return _woodbury(self.F, R, inner, shifts, mask)
-
-
-class FoldNystrom:
-    """``(F_T F_Tᵀ + s I)⁻¹`` on one fold's training rows, re-shiftable, from ``F_T`` (m x r).
-
-    The single-fold form of :class:`FoldNystromBlock` (the CV path that solves one λ
-    at a time, :func:`pipeline.models.selection.cgpath.cg_fold_predictions`): Woodbury
-    with ``F_Tᵀ F_T = V diag(w) Vᵀ`` and ``U = F_T V`` kept (m x r per fold),
-    ``(F_T F_Tᵀ + s I)⁻¹ = (I - U diag(1 / (w + s)) Uᵀ) / s``, exact for any F (no
-    orthonormal basis needed, so an r x r eigendecomposition replaces the thin SVD
-    of the m x r factor: 0.6 s against 1.3 s at m=6400, r=1000). Its products are
-    associated as ``U (c Uᵀ R)`` where the block form computes ``F_T V (c Vᵀ F_Tᵀ R)``:
-    the same map, other rounding, kept so that the routed CV's scores keep their bits.
-    """
-
-    def __init__(self, F_T: np.ndarray) -> None:
-        w, V = scipy.linalg.eigh(F_T.T @ F_T, check_finite=False)
-        self.U = F_T @ V
-        self.w = np.maximum(w, 0.0)
-
-    def apply(self, R: np.ndarray, shift: float) -> np.ndarray:
-        coef = 1.0 / (self.w + shift)
-        return (R - self.U @ (coef[:, None] * (self.U.T @ R))) / shift
 
 
 # -- the one builder -----------------------------------------------------------------------

@@ -152,3 +152,77 @@ def test_cg_cost_product_and_memory_figures():
     assert CalibratedCostModel(rank=2000).cg_seconds(40_000, 9, shift=1e-2, tol=1e-6, rho=1.0) > 0
     with pytest.raises(ValueError, match="tol"):
         cg_cost.chebyshev_iterations(1.0, 1.0, 2.0)
+
+
+# -- the one refinement loop (issue #43) ----------------------------------------------
+
+
+def test_refinement_loop_asks_what_the_target_needs_and_skips_frozen_columns():
+    # a fake step that divides each residual by 2^10: the loop asks every live column
+    # above its target for max(margin * target / rel, floor), capped at 0.5, and never
+    # touches a frozen column or one already at its target
+    from pipeline.linalg.cg_mixed import iterative_refinement
+
+    rel = np.array([1.0, 2.0**-10, 2.0**-40, 1.0])
+    target = np.full(4, 2.0**-30)
+    live = np.array([True, True, True, False])
+    asked = []
+
+    def step(k, cols, inner):
+        asked.append((k, cols.tolist(), inner.tolist()))
+        rel[cols] /= 2.0**10
+        return True
+
+    n = iterative_refinement(rel, target, step, max_steps=10, inner_floor=1e-4,
+                             margin=0.5, live=lambda: live)  # fmt: skip
+    assert n == 3
+    assert [a[1] for a in asked] == [[0, 1], [0, 1], [0]]
+    np.testing.assert_allclose(asked[0][2], [1e-4, 1e-4])  # the floor
+    assert asked[2][2] == [2.0**-11]  # what the target needs: 0.5 * 2^-30 / 2^-20
+    assert rel[3] == 1.0 and rel[2] == 2.0**-40
+    # a step returning False ends it; max_steps bounds it
+    assert iterative_refinement(np.ones(2), np.zeros(2), lambda k, c, i: False,
+                                max_steps=5, inner_floor=0.0) == 1  # fmt: skip
+    assert iterative_refinement(np.ones(1), np.zeros(1), lambda k, c, i: True,
+                                max_steps=4, inner_floor=0.0) == 4  # fmt: skip
+
+
+def test_mixed_cg_and_the_block_cv_refine_with_the_one_loop(monkeypatch, hard):
+    """Issue #43: the block CV (pipeline.models.selection.cvblock) had its own outer
+    mixed-precision refinement loop beside mixed_precision_cg's; both now run
+    pipeline.linalg.cg_mixed.iterative_refinement (bits unchanged), and both still
+    reach the float64 target against dense solves."""
+    import pipeline.linalg.cg_mixed as cg_mixed
+    import pipeline.models.selection.cvblock as cvblock
+    from pipeline.models.selection.cvblock import block_cv_predictions
+
+    real = cg_mixed.iterative_refinement
+    used = []
+
+    def spy(*a, **k):
+        used.append(k["inner_floor"])
+        return real(*a, **k)
+
+    monkeypatch.setattr(cg_mixed, "iterative_refinement", spy)
+    monkeypatch.setattr(cvblock, "iterative_refinement", spy)
+    op, y, pre = hard
+    m = mixed_precision_cg(op.matvec, float32_twin(op).matvec, y, preconditioner=pre, tol=1e-10)
+    assert m.converged and _true_rel(op, m.x, y) <= 1e-10
+    assert used == [1e-3]  # mixed_precision_cg's inner_tol
+    rng = np.random.default_rng(3)
+    n = 240
+    X = rng.standard_normal((n, 3))
+    Y = np.column_stack([np.sin(X[:, 0]), X[:, 1]]) + 0.1 * rng.standard_normal((n, 2))
+    op64 = MatrixFreeKernelOperator(X, RBF(gamma=0.5), 1.0, block_size=64)
+    K = RBF(gamma=0.5)(X)
+    tests = [np.sort(t) for t in np.array_split(rng.permutation(n), 3)]
+    trains = [np.setdiff1d(np.arange(n), t) for t in tests]
+    shifts = np.array([[a * len(tr) for tr in trains] for a in (1e-1, 1e-3)])
+    preds = block_cv_predictions(op64, Y, trains, tests, shifts, op32=float32_twin(op64),
+                                 tol=1e-11)  # fmt: skip
+    assert used[1:] == [cvblock.INNER_TOL]  # the block CV, float32 inner products
+    for f, (tr, te) in enumerate(zip(trains, tests)):
+        for li in range(2):
+            a = np.linalg.solve(K[np.ix_(tr, tr)] + shifts[li, f] * np.eye(len(tr)), Y[tr])
+            want = K[np.ix_(te, tr)] @ a
+            assert np.linalg.norm(preds[f][li] - want) / np.linalg.norm(want) < 1e-9

@@ -3,7 +3,9 @@ applies of ``(F Fᵀ + μ I)⁻¹``, for one operator and per fold, against dens
 
 Issue #43 gathered four builders and three Woodbury applies (the fixed-rank and
 adaptive preconditioners, the block CV's fold preconditioner, the CV path's per-fold
-one) into :mod:`pipeline.linalg.precond`; issue #45's FALKON solver builds on it.
+one) into :mod:`pipeline.linalg.precond`, then made the two fold forms one
+(``FoldNystromBlock``) and the two pivoted Cholesky routines one; issue #45's FALKON
+solver builds on it.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from pipeline.kernels import RBF
 from pipeline.linalg.dense_operator import DenseKernelOperator
 from pipeline.linalg.precond import (
     CENTRES,
-    FoldNystrom,
     FoldNystromBlock,
     NystromFactor,
     adaptive_rpcholesky,
@@ -71,7 +72,6 @@ def test_woodbury_and_folds_apply_the_dense_inverse(op, centres):
         Ft = F[tr]
         want_t = np.linalg.solve(Ft @ Ft.T + s * np.eye(len(tr)), R[tr])
         assert _rel(got[tr], want_t) < 1e-9
-        assert _rel(FoldNystrom(Ft).apply(R[tr], s), want_t) < 1e-9
 
 
 def test_builder_refuses_bad_requests_before_any_work(op):
@@ -81,3 +81,22 @@ def test_builder_refuses_bad_requests_before_any_work(op):
         build_nystrom(op, centres="adaptive")
     with pytest.raises(ValueError, match="needs rank="):
         build_nystrom(op, centres="uniform")
+
+
+def test_adaptive_rpcholesky_is_the_fixed_rank_routine_with_a_stopping_rule(op):
+    # one pivoted Cholesky (issue #43): the adaptive build draws its residual subsample
+    # first, then runs the same rounds as the fixed-rank one from the same generator
+    # state; held to the same rank (a target it cannot reach, float64 storage) the two
+    # give the same factor and pivots, bit for bit
+    F_a, piv_a, info = adaptive_rpcholesky(
+        op, 1e-12, max_rank=48, block=16, sample=100, dtype=np.float64, random_state=7
+    )
+    assert info["capped"] and info["rank"] == 48
+    rng = np.random.default_rng(7)
+    rng.choice(op.n, size=100, replace=False)  # the subsample S of the rho estimate
+    F_r, piv_r = rpcholesky(op, 48, block=16, random_state=rng)
+    np.testing.assert_array_equal(piv_a, piv_r)
+    np.testing.assert_array_equal(F_a, F_r)
+    # and the factor is a Nystrom factor of K: F F^T matches K on its pivots
+    K = op.K
+    np.testing.assert_allclose(F_r[piv_r] @ F_r[piv_r].T, K[np.ix_(piv_r, piv_r)], atol=1e-10)

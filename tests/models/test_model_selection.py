@@ -230,6 +230,84 @@ def test_cg_warm_start_and_shared_preconditioner_save_iterations():
             np.testing.assert_allclose(pc[f][li], ref, atol=1e-7)
 
 
+@pytest.mark.parametrize("preconditioner", ["nystrom", "adaptive"])
+def test_cg_path_builds_its_factor_with_the_one_nystrom_builder(monkeypatch, preconditioner):
+    # issue #43: the CV path had its own calls of the fixed-rank and adaptive builds;
+    # it now asks pipeline.linalg.precond.build_nystrom, like every other Nystrom user
+    import pipeline.models.selection.cgpath as cgpath
+    from pipeline.linalg import precond
+
+    calls = []
+
+    def spy(op, **kw):
+        calls.append(kw["centres"])
+        return precond.build_nystrom(op, **kw)
+
+    monkeypatch.setattr(cgpath, "build_nystrom", spy, raising=True)
+    rng = np.random.default_rng(2)
+    X = rng.standard_normal((90, 3))
+    y = np.cos(X[:, :1])
+    idx = np.arange(90)
+    tests = np.array_split(idx, 3)
+    trains = [np.setdiff1d(idx, t) for t in tests]
+    shifts = np.full((2, 3), 1e-2)
+    cg_fold_predictions(DenseKernelOperator(RBF(gamma=0.5)(X), 0.0), y, trains, tests, shifts,
+                        preconditioner=preconditioner, rank=12, tol=1e-10)  # fmt: skip
+    assert calls == [{"nystrom": "rpcholesky", "adaptive": "adaptive"}[preconditioner]]
+
+
+@pytest.mark.parametrize("preconditioner", ["nystrom", "adaptive", "none"])
+def test_cg_path_uses_the_one_fold_form_and_matches_dense_solves(monkeypatch, preconditioner):
+    """Issue #43 item 4: the CV path preconditions every fold with the block CV's fold
+    form (FoldNystromBlock on the stacked vectors padded to n rows) instead of a
+    per-fold form of its own; its held-out predictions equal the dense solves of each
+    fold to 1e-10 relative, whatever the operator's tiling."""
+    from pipeline.linalg.matvec import MatrixFreeKernelOperator
+    from pipeline.linalg.precond import FoldNystromBlock
+
+    applied = []
+    real_apply = FoldNystromBlock.apply
+
+    def spy(self, R, folds, shifts, mask):
+        applied.append(R.shape[1])
+        return real_apply(self, R, folds, shifts, mask)
+
+    monkeypatch.setattr(FoldNystromBlock, "apply", spy)
+    rng = np.random.default_rng(6)
+    n = 150
+    X = rng.standard_normal((n, 3))
+    y = np.column_stack([np.sin(X[:, 0]), X[:, 1] ** 2]) + 0.1 * rng.standard_normal((n, 2))
+    kern = RBF(gamma=0.4)
+    K = kern(X)
+    idx = np.arange(n)
+    tests = [np.sort(t) for t in np.array_split(rng.permutation(n), 4)]
+    trains = [np.setdiff1d(idx, t) for t in tests]
+    shifts = np.array([[a * len(tr) for tr in trains] for a in (1e-1, 1e-2, 1e-3)])
+    want = [
+        [
+            K[np.ix_(te, tr)] @ np.linalg.solve(K[np.ix_(tr, tr)] + s * np.eye(len(tr)), y[tr])
+            for te, tr, s in zip(tests, trains, row)
+        ]
+        for row in shifts
+    ]
+    # (the path removes each operator's own shift from its products)
+    ops = [DenseKernelOperator(K, 0.0)] + [
+        MatrixFreeKernelOperator(X, kern, 1.0, block_size=b) for b in (16, 41, 150)
+    ]
+    for op in ops:
+        got = cg_fold_predictions(op, y, trains, tests, shifts, preconditioner=preconditioner,
+                                  rank=25, tol=1e-13)  # fmt: skip
+        for f in range(4):
+            for li in range(3):
+                err = np.linalg.norm(got[f][li] - want[li][f]) / np.linalg.norm(want[li][f])
+                assert err < 1e-10, (type(op).__name__, f, li, err)
+    # each apply: the 4 folds x the targets still running, padded to one column each
+    if preconditioner == "none":
+        assert not applied
+    else:
+        assert applied and set(applied) <= {4, 8}
+
+
 @pytest.mark.parametrize(
     "kwargs,match",
     [

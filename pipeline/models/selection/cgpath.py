@@ -6,9 +6,15 @@ vectors are zero-padded to length n, stacked as the columns of one block, and
 multiplied in one pass over the tiles. The folds are stacked into one long
 vector, so CG runs on the block-diagonal system of all folds at once.
 
-- one Nyström factor ``F`` (``K ≈ F Fᵀ``, randomly pivoted Cholesky) per kernel
-  setting; each fold's preconditioner is ``(F_T F_Tᵀ + s I)⁻¹`` from the thin SVD
-  of ``F_T`` (once per fold), and only its diagonal coefficients change with λ;
+- one Nyström factor ``F`` (``K ≈ F Fᵀ``, randomly pivoted Cholesky, by
+  :func:`~pipeline.linalg.precond.build_nystrom`) per kernel setting; each fold's
+  preconditioner is ``(F_T F_Tᵀ + s I)⁻¹`` in the one fold form,
+  :class:`~pipeline.linalg.precond.FoldNystromBlock` (one r x r eigendecomposition
+  per fold, applied to the stacked vectors padded to n rows), and only its diagonal
+  coefficients change with λ. (Before issue #43 item 4 the path had a form of its own,
+  ``FoldNystrom``, with ``U = F_T V`` kept per fold: the same map, other rounding; the
+  held-out predictions moved within the CG tolerance, and the ``band`` solver's CV
+  checkpoints their recipe version, :data:`pipeline.models.selection.checkpoint.PREDICTIONS_RECIPE`);
 - λ values are solved from the largest (best conditioned) to the smallest,
   each warm-started from the previous solution;
 - held-out predictions ``K_VT x_T`` for every fold and λ come from one more
@@ -24,8 +30,7 @@ import numpy as np
 
 from pipeline import constants as C
 from pipeline.linalg.cg import CGConvergenceError, CGConvergenceWarning, conjugate_gradient
-from pipeline.linalg.precond import FoldNystrom as _FoldNystrom
-from pipeline.linalg.precond import nystrom_factor
+from pipeline.linalg.precond import FoldNystromBlock, build_nystrom
 
 __all__ = ["cg_fold_predictions"]
 
@@ -65,8 +70,8 @@ def cg_fold_predictions(
         the row mean, each row warm-started from the previous one.
     preconditioner : {"nystrom", "adaptive", "none"}
         ``"adaptive"``: one RPCholesky factor whose rank grows until it resolves K
-        at the smallest shift of the grid (:func:`~pipeline.linalg.precond.adaptive_rpcholesky`),
-        shared by every fold and λ as the Nyström factor is.
+        at the smallest shift of the grid (:func:`~pipeline.linalg.precond.build_nystrom`
+        with ``centres="adaptive"``), shared by every fold and λ as the Nyström factor is.
     rank : int, optional
         Nyström rank (default ``min(n, 200)``); with ``"adaptive"``, a cap on the rank.
     warm_start : bool
@@ -87,27 +92,24 @@ def cg_fold_predictions(
     offs = np.concatenate([[0], np.cumsum([len(tr) for tr in trains])])
     m = int(offs[-1])
 
-    pre_folds: list[_FoldNystrom] | None = None
+    pre: FoldNystromBlock | None = None
     if preconditioner == "nystrom":
         if factor is None:
             r = int(rank or min(n, C.CV_DEFAULT_RANK))
-            F, _ = nystrom_factor(op, min(r, n), random_state=random_state)
+            F = build_nystrom(op, centres="rpcholesky", rank=min(r, n), random_state=random_state).F
         else:
             F = factor
         stats["preconditioner_builds"] = stats.get("preconditioner_builds", 0) + 1
-        pre_folds = [_FoldNystrom(F[tr]) for tr in trains]
+        pre = FoldNystromBlock(F, trains)
     elif preconditioner == "adaptive":
-        from pipeline.linalg.precond import adaptive_rpcholesky
-
-        F, _, _ = adaptive_rpcholesky(
+        pre = build_nystrom(
             op,
-            float(np.min(shifts)),
+            centres="adaptive",
+            shift=float(np.min(shifts)),
             max_rank=None if rank is None else min(int(rank), n),
             random_state=random_state,
-        )
-        F = np.asarray(F, dtype=np.float64)
+        ).folds(trains)
         stats["preconditioner_builds"] = stats.get("preconditioner_builds", 0) + 1
-        pre_folds = [_FoldNystrom(F[tr]) for tr in trains]
     elif preconditioner not in ("none", None):
         raise ValueError(
             f"preconditioner={preconditioner!r} is not supported by the CV search; "
@@ -135,19 +137,27 @@ def cg_fold_predictions(
 
         return mv
 
+    masks: dict[int, np.ndarray] = {}  # k -> (n, nf * k): 1 on each column's fold rows
+
     class _Stacked:
+        """The fold preconditioner on the stacked vectors: padded to one column per
+        (fold, column), the block form applied with each fold's shift, gathered back."""
+
         def __init__(self, srow: np.ndarray) -> None:
             self.srow = srow
 
         def apply(self, R: np.ndarray) -> np.ndarray:
             R = R.reshape(R.shape[0], -1)
+            if pre is None:
+                return R.copy(order="K")  # (the layout CG gave)
+            k = R.shape[1]
+            if k not in masks:
+                masks[k] = scatter(np.ones((m, k)))
+            folds = np.repeat(np.arange(nf), k)
+            Z = pre.apply(scatter(R), folds, np.repeat(self.srow, k).astype(float), masks[k])
             out = np.empty_like(R)
-            for f in range(nf):
-                seg = slice(offs[f], offs[f + 1])
-                if pre_folds is None:
-                    out[seg] = R[seg]
-                else:
-                    out[seg] = pre_folds[f].apply(R[seg], float(self.srow[f]))
+            for f, tr in enumerate(trains):
+                out[offs[f] : offs[f + 1]] = Z[tr, f * k : (f + 1) * k]
             return out
 
     b = np.concatenate([y[tr] for tr in trains], axis=0)  # (m, t)

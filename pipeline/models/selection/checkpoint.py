@@ -26,9 +26,16 @@ from pipeline.storage import fingerprint_blocks, fingerprint_obj
 from pipeline.storage.atomic import atomic_write
 from pipeline.storage.location import join_path, read_bytes
 
-__all__ = ["SettingCheckpoint"]
+__all__ = ["PREDICTIONS_RECIPE", "SettingCheckpoint"]
 
 log = logging.getLogger("pipeline.models.selection")
+
+#: the version of a solver's held-out predictions where their arithmetic moved, entered
+#: in its settings' fingerprints (``recipe``): a setting stored by the older arithmetic is
+#: recomputed, never mixed with new ones. ``band`` 2 (2026-11-28, issue #43 item 4): its
+#: routed CG preconditions each fold with the one fold form (``FoldNystromBlock``), whose
+#: rounding differs from the per-fold form it had; predictions agree to the CG tolerance.
+PREDICTIONS_RECIPE: dict[str, int] = {"band": 2}
 
 
 class SettingCheckpoint:
@@ -64,6 +71,8 @@ class SettingCheckpoint:
         opts = ("lambda_convention", "tol", "max_iter", "preconditioner", "rank",
                 "kernel_dtype", "eigen_mode", "block_size", "random_state")  # fmt: skip
         base = {"solver": solver, "kind": kind, **{k: repr(getattr(cv, k, None)) for k in opts}}
+        if solver in PREDICTIONS_RECIPE:
+            base["recipe"] = PREDICTIONS_RECIPE[solver]
         if getattr(cv, "screen_tol", None) is not None:
             # screening keeps rough solves for the lambdas the scorer does not pick for
             # refining: the stored predictions then depend on these too

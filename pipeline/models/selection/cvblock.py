@@ -13,7 +13,8 @@ The out-of-core strategy of :class:`~pipeline.models.selection.KernelRidgeCV`
 3. mixed precision: the inner solves use float32 kernel values (``kernel_dtype``),
    and the residual is recomputed with float64 products after each inner solve
    (iterative refinement: ``x += A32⁻¹ (b - A64 x)`` to the inner tolerance)
-   until the float64 relative residual is ``<= tol``. Held-out predictions
+   until the float64 relative residual is ``<= tol``: the solvers' one refinement
+   loop, :func:`pipeline.linalg.cg_mixed.iterative_refinement`. Held-out predictions
    ``K_VT x_T`` are the test rows of the last float64 product: no extra pass;
 4. a column that does not reach ``tol`` (NaN, breakdown, stagnation, iteration
    cap) is reported in ``failures`` and never scored (the strategy redoes it
@@ -34,6 +35,7 @@ import numpy as np
 
 from pipeline import constants as C
 from pipeline.float_range import pow2_exponents
+from pipeline.linalg.cg_mixed import iterative_refinement
 from pipeline.linalg.precond import FoldNystromBlock, build_nystrom
 from pipeline.models.selection.blockcg import block_pcg
 from pipeline.models.selection.direct import UnconvergedSolveError
@@ -185,13 +187,13 @@ def block_cv_predictions(
     count = {"passes32": 0, "passes64": 0, "iters": 0}
 
     def refine_to(target: np.ndarray) -> None:
-        """Iterative refinement until every live column's float64 residual <= target."""
-        for _step in range(MAX_REFINEMENTS):
-            todo = np.flatnonzero((rel > target) & np.array([r is None for r in reason]))
-            if not todo.size:
-                return
-            floor = INNER_TOL if op32 is not None else 0.0
-            inner = np.maximum(target[todo] / np.maximum(rel[todo], 1e-300), floor)
+        """Iterative refinement until every live column's float64 residual <= target:
+        the solvers' one refinement loop
+        (:func:`pipeline.linalg.cg_mixed.iterative_refinement`) with this step."""
+
+        def step(_k: int, todo: np.ndarray, inner: np.ndarray) -> bool:
+            """One refinement step of the live columns ``todo``: block PCG on the correction
+            equations (float32 products when ``op32``), then the float64 residuals."""
             res = block_pcg(
                 lambda V: kmul(inner_op, V),
                 R[:, todo],
@@ -199,7 +201,7 @@ def block_cv_predictions(
                 fold_of[todo],
                 masks,
                 pre,
-                tol=np.minimum(inner, 0.5),
+                tol=inner,
                 max_iter=cap,
             )
             count["iters"] += res.n_iter
@@ -210,7 +212,7 @@ def block_cv_predictions(
             ok = np.array([reason[j] is None for j in todo])
             todo = todo[ok]
             if not todo.size:
-                return
+                return False
             X[:, todo] += res.x[:, ok]
             # float64 residual (and the held-out predictions) of every updated column
             KX[:, todo] = kmul(op64, X[:, todo])
@@ -224,6 +226,16 @@ def block_cv_predictions(
             for k, j in enumerate(todo):
                 if res.reason[ok.nonzero()[0][k]] == "max_iter" and rel[j] > target[j]:
                     reason[j] = "max_iter"
+            return True
+
+        iterative_refinement(
+            rel,
+            target,
+            step,
+            max_steps=MAX_REFINEMENTS,
+            inner_floor=INNER_TOL if op32 is not None else 0.0,
+            live=lambda: np.array([r is None for r in reason]),
+        )
 
     def predictions() -> list[list[Any]]:
         out: list[list[Any]] = [[None] * L for _ in range(nf)]
