@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from pipeline.errors import CliError  # noqa: F401 (its old home)
+
 EXIT_OK = 0
 EXIT_INTERNAL = 1
 EXIT_BAD_CONFIG = 2
@@ -43,14 +45,6 @@ EXIT_CODES = {
     EXIT_TERMINATED: "stopped by SIGTERM (systemd, Slurm and Kubernetes stop a job with it): "
     "the lock is released and the stage recorded as interrupted (rerun to resume)",
 }
-
-
-class CliError(Exception):
-    """An error reported as one message and an exit code."""
-
-    def __init__(self, message: str, code: int) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 # tcp://host:port (the scheme may be left out: distributed then uses tcp); IPv6 in [ ]
