@@ -335,9 +335,19 @@ def _classify_stage_error(e) -> int:
         return EXIT_BAD_INPUT
     if e.stage in ("ingest", "predict") and isinstance(cause, ValueError):
         return EXIT_BAD_INPUT  # the training rows, or predict.input's rows and columns
-    if e.stage == "select" and type(cause) is ValueError:  # the cv section against the
-        return EXIT_BAD_CONFIG  # data (e.g. more folds than rows): a rerun cannot help
-    return EXIT_STAGE_FAILED
+    if e.stage == "select" and (type(cause) is ValueError or _cv_shift_not_pd(cause)):
+        return EXIT_BAD_CONFIG  # the cv section against the data (e.g. more folds than
+    return EXIT_STAGE_FAILED  # rows, an alpha too small for the kernel): a rerun cannot help
+
+
+def _cv_shift_not_pd(cause: BaseException | None) -> bool:
+    """A CV solver that serves every alpha from one reduction (band, eigen) found
+    ``K + shift I`` not positive definite: a plain ValueError before it was a
+    :class:`~pipeline.errors.NotPositiveDefiniteError`, and keeps its exit code (2).
+    (A tile Cholesky's, which names a tile, is a failed stage: 4.)"""
+    from pipeline.errors import NotPositiveDefiniteError
+
+    return isinstance(cause, NotPositiveDefiniteError) and cause.tile is None
 
 
 def _size(n: int | None) -> str:

@@ -343,6 +343,32 @@ def old(module: str, name: str, *args):
     return make
 
 
+def raised(what: str):
+    """A maker of the error a CV solver raises for ``K + 0.5 I`` not positive definite:
+    ``"band"`` (band Cholesky) or ``"eigen"`` (smallest eigenvalue); the real call, so the
+    pin also runs on the code before issue #43 (a plain ValueError there)."""
+
+    def make():
+        K = -np.eye(5)
+        try:
+            if what == "band":
+                from pipeline.solvers.band import band_reduce
+
+                band_reduce(K).solve(np.ones(5), [0.5])
+            else:
+                from pipeline.model_selection.eigen import eigendecompose
+
+                eigendecompose(K, np.ones((5, 1))).dual_coef(0.5)
+        except ValueError as e:
+            return e
+        raise AssertionError(f"{what}: no error")
+
+    make.__name__ = f"{what}-not-positive-definite"
+    return make
+
+
+_CV_HINT = "change the cv section as said above (a rerun cannot help), then rerun"
+_NOT_PD = ((0, 0), 3, 2, 1e-3, "sklearn", 1e-3)
 _SOLVE, _INGEST, _STORAGE = "pipeline.stages.solve", "pipeline.stages.ingest", "pipeline.storage"
 _EXIT_2, _EXIT_3, _EXIT_4 = cli.EXIT_BAD_CONFIG, cli.EXIT_BAD_INPUT, cli.EXIT_STAGE_FAILED
 
@@ -383,6 +409,14 @@ STAGE_PINS = [
     ("select", old("builtins", "ValueError", "x"), _EXIT_2, None),
     ("select", old(_SOLVE, "IndefiniteKernelError", "x"), _EXIT_4, _CONFIG_HINT),
     ("select", old("pipeline.model_selection.direct", "UnconvergedSolveError", "x"), 4, None),
+    ("select", raised("band"), _EXIT_2, _CV_HINT),
+    ("select", raised("eigen"), _EXIT_2, _CV_HINT),
+    (
+        "select",
+        old("pipeline.solvers.cholesky_options", "NotPositiveDefiniteError", *_NOT_PD),
+        _EXIT_4,
+        _RERUN_HINT,
+    ),
     ("gram", old(_STORAGE, "CorruptTileError", "s", "gram", (0, 0), 1, 2), _EXIT_4, _RERUN_HINT),
     ("gram", old(_STORAGE, "MissingTileError", "s", "gram", (0, 0), "none"), 4, _RERUN_HINT),
     ("gram", old(_STORAGE, "IncompleteArrayError", "s", "gram", [(0, 0)]), 4, _RERUN_HINT),
