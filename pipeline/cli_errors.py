@@ -301,16 +301,13 @@ def _probe_scheduler(address: str, timeout: float, source: str) -> None:
 def disk_full_in(exc: BaseException | None) -> OSError | None:
     """The full-disk OSError (ENOSPC, EDQUOT) in ``exc`` or its causes (a
     :class:`~pipeline.errors.DiskFullError` first), else None."""
-    from pipeline.errors import DISK_FULL_ERRNOS, DiskFullError
+    from pipeline.errors import DISK_FULL_ERRNOS, DiskFullError, caused_by
 
-    found: list[OSError] = []
-    while exc is not None and len(found) < 20:
-        if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
-            if isinstance(exc, DiskFullError):  # the one that names path and bytes
-                return exc
-            found.append(exc)
-        exc = exc.__cause__ or exc.__context__
-    return found[0] if found else None
+    def full(e: OSError) -> bool:
+        return e.errno in DISK_FULL_ERRNOS
+
+    # the DiskFullError first: it names the path and the bytes
+    return caused_by(exc, DiskFullError, full) or caused_by(exc, OSError, full)
 
 
 def store_unreachable(e: BaseException | None):
