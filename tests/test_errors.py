@@ -308,9 +308,10 @@ def test_config_refuses_cg_with_an_indefinite_kernel_as_the_one_type():
 
 
 def test_out_of_core_refuses_cg_with_an_indefinite_kernel_as_the_one_type(tmp_path):
-    """out_of_core.py raised a plain ValueError for this condition."""
+    """The out-of-core fit (then pipeline/out_of_core.py) raised a plain ValueError for
+    this condition."""
+    from pipeline.fit import fit_out_of_core
     from pipeline.kernels import make_kernel
-    from pipeline.out_of_core import fit_out_of_core
 
     X, y = np.zeros((8, 2)), np.zeros(8)
     with pytest.raises(IndefiniteKernelError, match="solver='cg' needs a positive semi-def"):

@@ -64,7 +64,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         ),
     ),
     ("policy: cost models and plans", ("pipeline.policy",)),
-    ("fit", ("pipeline.fit", "pipeline.out_of_core")),
+    ("fit", ("pipeline.fit",)),
     (
         "models: estimators, model selection, artifacts",
         (
