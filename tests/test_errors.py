@@ -536,6 +536,9 @@ def test_pickled_errors_keep_their_class():
         errors.MissingTileError("s", "gram", (1, 0), "no record"),
         errors.CorruptFileError("/x/alpha.npy", 1, 2),
         SolveNotConverged("x"),
+        errors.NotPositiveDefiniteError((1, 1), 3, 66, 1e-3, "sklearn", 1e-3, (1e-10,)),
+        errors.NotPositiveDefiniteError.of_shift(0.5, "K + 0.5 I is not positive definite"),
+        errors.InsufficientDiskError("/tmp", 10, 1, "the factor"),
     ):
         back = pickle.loads(pickle.dumps(exc))
         assert type(back) is type(exc) and str(back) == str(exc)
