@@ -332,9 +332,11 @@ def _classify_stage_error(e) -> int:
         return EXIT_BAD_INPUT
     if e.stage in ("ingest", "predict") and isinstance(cause, ValueError):
         return EXIT_BAD_INPUT  # the training rows, or predict.input's rows and columns
+    # the cv section against the data (e.g. more folds than rows, an alpha too small for
+    # the kernel): a rerun cannot help
     if e.stage == "select" and (type(cause) is ValueError or _cv_shift_not_pd(cause)):
-        return EXIT_BAD_CONFIG  # the cv section against the data (e.g. more folds than
-    return EXIT_STAGE_FAILED  # rows, an alpha too small for the kernel): a rerun cannot help
+        return EXIT_BAD_CONFIG
+    return EXIT_STAGE_FAILED
 
 
 def _cv_shift_not_pd(cause: BaseException | None) -> bool:
