@@ -2,7 +2,7 @@
 
 Every condition the pipeline reports with its own type has exactly one class here;
 the modules that raised it before keep the old name importable as the same object
-(``from pipeline.solvers.cg import CGConvergenceError`` is
+(``from pipeline.linalg.cg import CGConvergenceError`` is
 :class:`SolveNotConverged`), so ``except`` clauses, pickles of instances and
 public names keep working. Where two or more types (or a plain ``ValueError``)
 reported one condition, they are one class now, subclassing every base the
@@ -31,7 +31,7 @@ This module imports nothing from :mod:`pipeline` (it is the bottom layer, beside
 (:class:`CliError`, :class:`UsageError`) live here and ``krr --help`` loads no numpy,
 so :class:`CGConvergenceWarning`, a scikit-learn ``ConvergenceWarning``, is made on
 first use. Every message is the one its class's old home built, byte for byte; the old
-homes (``pipeline.cli_errors.CliError``, ``pipeline.stages.lock.LockHeldError``, ...)
+homes (``pipeline.cli.errors.CliError``, ``pipeline.stages.lock.LockHeldError``, ...)
 import the class back under the old name.
 """
 
@@ -426,7 +426,7 @@ class IndefiniteKernelError(ValueError):
     """CG was asked for with a kernel that is not known to be positive semi-definite.
 
     The one type of this condition, wherever it is found: a CG operator's kernel
-    (:func:`pipeline.solvers.cg.check_operator_kernel`, formerly
+    (:func:`pipeline.linalg.cg.check_operator_kernel`, formerly
     ``CGIndefiniteKernelError``), the solve stage's kernel
     (:func:`pipeline.stages.solve.check_cg_kernel`), a config with
     ``solver.method: cg`` and the out-of-core fit with ``solver='cg'`` (both a

@@ -30,7 +30,7 @@ CONDITIONS = {
     "cg with an indefinite kernel": (
         IndefiniteKernelError,
         [
-            ("pipeline.solvers.cg", "CGIndefiniteKernelError"),
+            ("pipeline.linalg.cg", "CGIndefiniteKernelError"),
             ("pipeline.stages.solve", "IndefiniteKernelError"),
         ],
         (ValueError,),
@@ -38,17 +38,17 @@ CONDITIONS = {
     "a solve did not converge": (
         SolveNotConverged,
         [
-            ("pipeline.solvers.cg", "CGConvergenceError"),
+            ("pipeline.linalg.cg", "CGConvergenceError"),
             ("pipeline.stages.solve", "SolveNotConverged"),
-            ("pipeline.model_selection.direct", "UnconvergedSolveError"),
+            ("pipeline.models.selection.direct", "UnconvergedSolveError"),
         ],
         (RuntimeError,),
     ),
-    "cg stagnated": (errors.CGStagnationError, [("pipeline.solvers.cg", "CGStagnationError")], ()),
-    "cg diverged": (errors.CGDivergenceError, [("pipeline.solvers.cg", "CGDivergenceError")], ()),
+    "cg stagnated": (errors.CGStagnationError, [("pipeline.linalg.cg", "CGStagnationError")], ()),
+    "cg diverged": (errors.CGDivergenceError, [("pipeline.linalg.cg", "CGDivergenceError")], ()),
     "cg stopped at max_iter (warning)": (
         errors.CGConvergenceWarning,
-        [("pipeline.solvers.cg", "CGConvergenceWarning")],
+        [("pipeline.linalg.cg", "CGConvergenceWarning")],
         (UserWarning,),
     ),
     "tiles of a stored array are not there to be read": (
@@ -98,24 +98,24 @@ CONDITIONS = {
     "a store cannot be written": (
         errors.StoreNotWritableError,
         [
-            ("pipeline.gram", "StoreNotWritableError"),
-            ("pipeline.gram.build", "StoreNotWritableError"),
+            ("pipeline.linalg.gram", "StoreNotWritableError"),
+            ("pipeline.linalg.gram", "StoreNotWritableError"),
         ],
         (ValueError, PermissionError),
     ),
     "too little memory in memory": (
         errors.InsufficientMemoryError,
-        [("pipeline.reference.memory", "InsufficientMemoryError")],
+        [("pipeline.linalg.dense_memory", "InsufficientMemoryError")],
         (MemoryError,),
     ),
     "K + lam I singular (warning)": (
         errors.SingularKernelWarning,
-        [("pipeline.reference.dual", "SingularKernelWarning")],
+        [("pipeline.linalg.dense_dual", "SingularKernelWarning")],
         (UserWarning,),
     ),
     "an artifact cannot be loaded": (
         errors.ArtifactError,
-        [("pipeline.artifact", "ArtifactError")],
+        [("pipeline.models.artifact", "ArtifactError")],
         (ValueError,),
     ),
     "an optional package is missing": (
@@ -125,7 +125,10 @@ CONDITIONS = {
     ),
     "a config does not load": (
         errors.ConfigError,
-        [("pipeline.config_overrides", "ConfigError"), ("pipeline.config", "ConfigError")],
+        [
+            ("pipeline.stages.config_overrides", "ConfigError"),
+            ("pipeline.stages.config", "ConfigError"),
+        ],
         (ValueError,),
     ),
     "the data are not valid input": (
@@ -161,8 +164,8 @@ CONDITIONS = {
     "K + shift I not positive definite": (
         errors.NotPositiveDefiniteError,
         [
-            ("pipeline.solvers.cholesky_options", "NotPositiveDefiniteError"),
-            ("pipeline.solvers", "NotPositiveDefiniteError"),
+            ("pipeline.linalg.cholesky_options", "NotPositiveDefiniteError"),
+            ("pipeline.linalg", "NotPositiveDefiniteError"),
         ],
         (ValueError,),
     ),
@@ -170,18 +173,18 @@ CONDITIONS = {
         errors.NonFiniteKernelError,
         [
             ("pipeline.kernels.base", "NonFiniteKernelError"),
-            ("pipeline.solvers.cholesky_options", "NonFiniteKernelError"),
+            ("pipeline.linalg.cholesky_options", "NonFiniteKernelError"),
         ],
         (ValueError,),
     ),
     "too little disk for a factorisation": (
         errors.InsufficientDiskError,
-        [("pipeline.solvers.cholesky_inplace", "InsufficientDiskError")],
+        [("pipeline.linalg.cholesky_inplace", "InsufficientDiskError")],
         (OSError,),
     ),
     "a Gram tile replaced by an in-place factor": (
         errors.GramReplacedError,
-        [("pipeline.solvers.cholesky_inplace", "GramReplacedError")],
+        [("pipeline.linalg.cholesky_inplace", "GramReplacedError")],
         (ValueError,),
     ),
     "a stage failed": (
@@ -206,12 +209,12 @@ CONDITIONS = {
     ),
     "a command-line error with its exit code": (
         errors.CliError,
-        [("pipeline.cli_errors", "CliError"), ("pipeline.cli", "CliError")],
+        [("pipeline.cli.errors", "CliError"), ("pipeline.cli", "CliError")],
         (Exception,),
     ),
     "a command line argparse refuses": (
         errors.UsageError,
-        [("pipeline.cli_args", "UsageError")],
+        [("pipeline.cli.args", "UsageError")],
         (Exception,),
     ),
 }
@@ -279,8 +282,8 @@ def test_conditions_are_distinct_classes():
 def test_merged_unconverged_types_catch_each_other():
     """``except CGConvergenceError`` (refinement, CV paths) and ``except SolveNotConverged``
     (the CLI's hint) catch every form of the condition, stagnation and divergence too."""
-    from pipeline.model_selection.direct import UnconvergedSolveError
-    from pipeline.solvers.cg import CGConvergenceError, CGDivergenceError, CGStagnationError
+    from pipeline.linalg.cg import CGConvergenceError, CGDivergenceError, CGStagnationError
+    from pipeline.models.selection.direct import UnconvergedSolveError
 
     for exc in (UnconvergedSolveError("x"), CGStagnationError("x"), CGDivergenceError("x")):
         with pytest.raises(CGConvergenceError):
@@ -292,7 +295,7 @@ def test_config_refuses_cg_with_an_indefinite_kernel_as_the_one_type():
     """config.py raised a plain ValueError for this condition (pydantic keeps the error)."""
     from pydantic import ValidationError
 
-    from pipeline.config import RunConfig
+    from pipeline.stages.config import RunConfig
 
     with pytest.raises(ValidationError) as info:
         RunConfig.model_validate(
@@ -353,11 +356,11 @@ def raised(what: str):
         K = -np.eye(5)
         try:
             if what == "band":
-                from pipeline.solvers.band import band_reduce
+                from pipeline.linalg.band import band_reduce
 
                 band_reduce(K).solve(np.ones(5), [0.5])
             else:
-                from pipeline.model_selection.eigen import eigendecompose
+                from pipeline.models.selection.eigen import eigendecompose
 
                 eigendecompose(K, np.ones((5, 1))).dual_coef(0.5)
         except ValueError as e:
@@ -381,7 +384,7 @@ STAGE_PINS = [
     (
         "solve",
         old(
-            "pipeline.solvers.cholesky_options",
+            "pipeline.linalg.cholesky_options",
             "NotPositiveDefiniteError",
             (0, 0),
             3,
@@ -395,26 +398,26 @@ STAGE_PINS = [
     ),  # fmt: skip
     (
         "solve",
-        old("pipeline.solvers.cholesky_inplace", "InsufficientDiskError", "/tmp", 10, 1, "it"),
+        old("pipeline.linalg.cholesky_inplace", "InsufficientDiskError", "/tmp", 10, 1, "it"),
         _EXIT_4,
         _RERUN_HINT,
     ),
-    ("solve", old("pipeline.solvers.cholesky_inplace", "GramReplacedError", "x"), 4, _RERUN_HINT),
+    ("solve", old("pipeline.linalg.cholesky_inplace", "GramReplacedError", "x"), 4, _RERUN_HINT),
     ("ingest", old(_INGEST, "InputError", "x"), _EXIT_3, None),
     ("gram", old(_INGEST, "InputError", "x"), _EXIT_3, None),
     ("ingest", old(_INGEST, "SourceChanged", "x"), _EXIT_4, _RERUN_HINT),
     ("ingest", old(_STORAGE, "StoreMismatchError", "x"), _EXIT_3, None),
     ("ingest", old("builtins", "FileNotFoundError", "x"), _EXIT_3, None),
-    ("predict", old("pipeline.artifact", "ArtifactError", "x"), _EXIT_3, None),
+    ("predict", old("pipeline.models.artifact", "ArtifactError", "x"), _EXIT_3, None),
     ("solve", old("pipeline._optional", "MissingExtraError", "x", "s3"), _EXIT_2, None),
     ("select", old("builtins", "ValueError", "x"), _EXIT_2, None),
     ("select", old(_SOLVE, "IndefiniteKernelError", "x"), _EXIT_4, _CONFIG_HINT),
-    ("select", old("pipeline.model_selection.direct", "UnconvergedSolveError", "x"), 4, None),
+    ("select", old("pipeline.models.selection.direct", "UnconvergedSolveError", "x"), 4, None),
     ("select", raised("band"), _EXIT_2, _CV_HINT),
     ("select", raised("eigen"), _EXIT_2, _CV_HINT),
     (
         "select",
-        old("pipeline.solvers.cholesky_options", "NotPositiveDefiniteError", *_NOT_PD),
+        old("pipeline.linalg.cholesky_options", "NotPositiveDefiniteError", *_NOT_PD),
         _EXIT_4,
         _RERUN_HINT,
     ),
@@ -422,13 +425,18 @@ STAGE_PINS = [
     ("gram", old(_STORAGE, "MissingTileError", "s", "gram", (0, 0), "none"), 4, _RERUN_HINT),
     ("gram", old(_STORAGE, "IncompleteArrayError", "s", "gram", [(0, 0)]), 4, _RERUN_HINT),
     ("gram", old(_STORAGE, "TileRewriteError", "s", "gram", (0, 0)), _EXIT_4, _RERUN_HINT),
-    ("gram", old("pipeline.gram", "StoreNotWritableError", "x"), _EXIT_4, _RERUN_HINT),
+    ("gram", old("pipeline.linalg.gram", "StoreNotWritableError", "x"), _EXIT_4, _RERUN_HINT),
     ("gram", old(_STORAGE, "ForeignPathError", "p", "a file"), _EXIT_4, _RERUN_HINT),
-    ("evaluate", old("pipeline.reference.memory", "InsufficientMemoryError", "x"), 4, _RERUN_HINT),
+    (
+        "evaluate",
+        old("pipeline.linalg.dense_memory", "InsufficientMemoryError", "x"),
+        4,
+        _RERUN_HINT,
+    ),
     ("model", old("pipeline.stages.verify", "DamagedOutput", "x"), _EXIT_4, _RERUN_HINT),
-    ("solve", old("pipeline.solvers.cg", "CGConvergenceError", "x"), _EXIT_4, None),
-    ("solve", old("pipeline.solvers.cg", "CGStagnationError", "x"), _EXIT_4, None),
-    ("solve", old("pipeline.solvers.cg", "CGIndefiniteKernelError", "x"), _EXIT_4, None),
+    ("solve", old("pipeline.linalg.cg", "CGConvergenceError", "x"), _EXIT_4, None),
+    ("solve", old("pipeline.linalg.cg", "CGStagnationError", "x"), _EXIT_4, None),
+    ("solve", old("pipeline.linalg.cg", "CGIndefiniteKernelError", "x"), _EXIT_4, None),
 ]
 
 
@@ -472,7 +480,7 @@ def test_every_form_of_unconverged_gets_the_same_exit_and_hint(
     monkeypatch, small, tmp_path, capsys, name
 ):
     """One condition, one hint: a rerun cannot help a deterministic solve that stopped short."""
-    from pipeline.solvers import cg
+    from pipeline.linalg import cg
     from pipeline.stages import StageFailed
 
     def fail(*a, **k):
@@ -513,8 +521,8 @@ def test_run_level_errors_exit_codes_are_pinned(monkeypatch, small, tmp_path):
 
 
 def test_unreachable_store_exit_code_is_pinned(monkeypatch, small):
-    from pipeline import cli_errors
-    from pipeline.config import load_config
+    from pipeline.cli import errors as cli_errors
+    from pipeline.stages.config import load_config
     from pipeline.storage import location
 
     def unreachable(self, create_bucket=False):

@@ -121,7 +121,7 @@ def test_the_out_of_core_fit_logs_under_its_old_name(diabetes, caplog):
 
 
 def test_auto_goes_out_of_core_when_ram_is_short(diabetes, monkeypatch, caplog):
-    import pipeline.reference.memory as memory
+    import pipeline.linalg.dense_memory as memory
 
     X, y = diabetes
     monkeypatch.setattr(memory, "available_memory", lambda: 10_000)

@@ -1,4 +1,4 @@
-"""pipeline.gram: tiled Gram matrices equal the dense kernel; fingerprints; bad input."""
+"""pipeline.linalg.gram: tiled Gram matrices equal the dense kernel; fingerprints; bad input."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 import zarr
 
-from pipeline.gram import (
+from pipeline.engine.input_checks import fingerprint_row_blocks
+from pipeline.kernels import RBF, Laplacian, Linear, Polynomial
+from pipeline.linalg.gram import (
     StoreNotWritableError,
     build_gram,
     gram_fingerprint,
@@ -17,9 +19,8 @@ from pipeline.gram import (
     read_sym_tile,
     tile_graph,
 )
-from pipeline.io import as_row_blocks, fingerprint_row_blocks
-from pipeline.kernels import RBF, Laplacian, Linear, Polynomial
 from pipeline.storage import StoreMismatchError, TiledArray
+from pipeline.storage.inputs import as_row_blocks
 
 
 @pytest.fixture
@@ -176,8 +177,8 @@ def test_one_writability_check_for_stores_and_prediction_outputs(tmp_path, X, mo
     """The Gram builder's store check and the prediction output's were two functions
     (``gram.build._check_writable``, ``predict.output.check_output_writable``); both call
     :func:`pipeline.storage.location.check_writable` now, each message unchanged."""
-    from pipeline.predict.output import check_prediction_output
     from pipeline.storage import location
+    from pipeline.storage.predictions import check_prediction_output
 
     (tmp_path / "file").write_text("x")
     under = str(tmp_path / "file" / "store")
@@ -197,7 +198,7 @@ def test_one_writability_check_for_stores_and_prediction_outputs(tmp_path, X, mo
     location.check_writable(str(tmp_path / "new"))
     assert (tmp_path / "new").is_dir() and not list((tmp_path / "new").iterdir())
 
-    import pipeline.gram.build as build
+    import pipeline.linalg.gram as build
 
     assert build.check_writable is location.check_writable  # build_gram's check
     calls = []
@@ -261,8 +262,8 @@ def test_zarr_layout(tmp_path, X):
 
 @pytest.mark.slow
 def test_distributed_local_cluster(tmp_path, X, monkeypatch):
-    from pipeline.parallel import dask_client
-    from pipeline.policy import constants as C
+    from pipeline import constants as C
+    from pipeline.engine.parallel import dask_client
 
     monkeypatch.setattr(C, "SMALL_PASS_ENTRIES", 0)  # the workers' path, not a small build here
     k = RBF(gamma=0.2)
@@ -283,7 +284,7 @@ def test_in_process_cluster_does_not_pause_on_the_whole_process_memory(caplog):
     had grown past 0.8 GiB): the limit is not applied to them, and the log says so."""
     import logging
 
-    from pipeline.parallel import dask_client
+    from pipeline.engine.parallel import dask_client
 
     with (
         caplog.at_level(logging.INFO, logger="pipeline"),

@@ -183,7 +183,7 @@ def test_the_full_disk_in_a_failures_chain_is_found_and_a_looping_chain_ends():
     after 20 full-disk errors, so a chain that loops without one never ended."""
     import threading
 
-    from pipeline.cli_errors import disk_full_in
+    from pipeline.cli.errors import disk_full_in
 
     plain = OSError(errno.ENOSPC, "No space left on device")
     named = DiskFullError("/x/K/c/0/0", 1 << 20, 10)
