@@ -14,22 +14,25 @@ condition                         class (old names, now aliases)
 CG asked for with an indefinite   :class:`IndefiniteKernelError`
 kernel                            (``solvers.cg.CGIndefiniteKernelError``,
                                   ``stages.solve.IndefiniteKernelError``; the checks
-                                  in ``config`` and ``out_of_core`` raised ValueError)
+                                  in ``config`` and the out-of-core fit raised
+                                  ValueError)
 a solve did not converge          :class:`SolveNotConverged`
                                   (``solvers.cg.CGConvergenceError``,
                                   ``model_selection.direct.UnconvergedSolveError``)
+tiles of a stored array are not   :class:`IncompleteArrayError`
+there to be read                  (``MissingTileError``, its block form)
+K + shift I is not positive       :class:`NotPositiveDefiniteError` (the band
+definite                          reduction's and the eigendecomposition's CV checks
+                                  raised ValueError)
 ================================  ===================================================
 
 This module imports nothing from :mod:`pipeline` (it is the bottom layer, beside
-:mod:`pipeline.options`); the messages are built where they were before, byte for byte.
-
-Still defined in their modules (moved here after the merges of those modules):
-``CliError`` (:mod:`pipeline.cli.errors`), ``UsageError`` (:mod:`pipeline.cli.args`),
-``LockHeldError`` and ``RunDirUnusable`` (:mod:`pipeline.stages.lock`), ``StageFailed``
-and ``RunDirConflict`` (:mod:`pipeline.stages.runner`), ``InsufficientDiskError`` and
-``GramReplacedError`` (:mod:`pipeline.linalg.cholesky_inplace`),
-``NotPositiveDefiniteError`` (:mod:`pipeline.linalg.cholesky_options`) and
-``NonFiniteKernelError`` (:mod:`pipeline.kernels.base`).
+:mod:`pipeline.options`), nor anything heavy: the command line's errors
+(:class:`CliError`, :class:`UsageError`) live here and ``krr --help`` loads no numpy,
+so :class:`CGConvergenceWarning`, a scikit-learn ``ConvergenceWarning``, is made on
+first use. Every message is the one its class's old home built, byte for byte; the old
+homes (``pipeline.cli.errors.CliError``, ``pipeline.stages.lock.LockHeldError``, ...)
+import the class back under the old name.
 """
 
 from __future__ import annotations
@@ -37,37 +40,50 @@ from __future__ import annotations
 import errno as _errno
 import os
 import shutil
-from collections.abc import Iterable
-from typing import Any
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
-from sklearn.exceptions import ConvergenceWarning
+if TYPE_CHECKING:
+    import argparse
+    from pathlib import Path
 
 __all__ = [
     "ArtifactError",
-    "CGConvergenceWarning",
+    "CGConvergenceWarning",  # noqa: F822 (made on first use: see __getattr__)
     "CGDivergenceError",
     "CGStagnationError",
+    "CliError",
     "ConfigError",
     "CorruptFileError",
     "CorruptTileError",
     "DamagedOutput",
     "DiskFullError",
     "ForeignPathError",
+    "GramReplacedError",
     "IncompleteArrayError",
     "IndefiniteKernelError",
     "InputError",
+    "InsufficientDiskError",
     "InsufficientMemoryError",
+    "LockHeldError",
     "ManifestError",
     "MissingExtraError",
-    "MissingTileError",
+    "NonFiniteKernelError",
+    "NotPositiveDefiniteError",
+    "RunDirConflict",
+    "RunDirUnusable",
     "SingularKernelWarning",
     "SolveNotConverged",
     "SourceChanged",
+    "StageFailed",
     "StoreMismatchError",
     "StoreNotWritableError",
     "StoreUnreachable",
     "Terminated",
     "TileRewriteError",
+    "UsageError",
 ]
 
 
@@ -112,47 +128,6 @@ class ForeignPathError(ValueError):
 
     def __reduce__(self):
         return (type(self), (self.path, self.what))
-
-
-class IncompleteArrayError(ValueError):
-    """A stored array that should be complete lacks completion records for some tiles.
-
-    Attributes
-    ----------
-    store, name : str
-        The store root and the array name.
-    missing : tuple of tuple of int
-        The tiles without a completion record (under the array's fingerprint).
-    n_tiles : int or None
-        How many tiles the array should have.
-    """
-
-    def __init__(
-        self,
-        store: str,
-        name: str,
-        missing: Iterable[Any],
-        n_tiles: int | None = None,
-        message: str | None = None,
-    ) -> None:
-        self.store = str(store)
-        self.name = name
-        self.missing = tuple(tuple(int(t) for t in m) for m in sorted(missing))
-        self.n_tiles = None if n_tiles is None else int(n_tiles)
-        self.message = message
-        of = "" if self.n_tiles is None else f" of {self.n_tiles}"
-        super().__init__(
-            message
-            or (
-                f"array {name!r} in store {self.store!r} is incomplete: {len(self.missing)}{of} "
-                f"tiles have no completion record (first: {list(self.missing[:5])}); rerun the "
-                "step that builds it (`krr run` does this by itself when the store belongs to "
-                "one of its stages)"
-            )
-        )
-
-    def __reduce__(self):  # picklable across Dask workers despite the custom __init__
-        return (type(self), (self.store, self.name, self.missing, self.n_tiles, self.message))
 
 
 class TileRewriteError(RuntimeError):
@@ -237,33 +212,103 @@ class CorruptTileError(ValueError):
         return (type(self), args)
 
 
-class MissingTileError(CorruptTileError):
-    """A block that must be stored cannot be verified: it has no completion record,
-    one without a checksum, or a chunk that cannot be decoded (``reason`` says which).
+class IncompleteArrayError(CorruptTileError):
+    """Tiles a stored array must hold are not there to be read: they have no completion
+    record, one without a checksum, or a chunk that cannot be decoded.
 
-    A subclass of :class:`CorruptTileError`, so whatever recovers from a corrupt
-    tile (``krr run`` unmarks it and reruns the stage that owns the store)
-    recovers from this too: the block is recomputed instead of read as zeros.
+    One condition, found two ways (two classes before; ``MissingTileError`` is this
+    class, its old name):
+
+    - the array form, ``IncompleteArrayError(store, name, missing, n_tiles=None,
+      message=None)``: a consumer found tiles it needs without completion records
+      (the Gram in ``tile_cholesky``, the stored-Gram CG operator, ``load_factor``, a
+      missing array in ``open_stored``). ``krr run`` reruns the stage that owns the
+      store, which computes them.
+    - the block form, ``MissingTileError(store, name, tile, reason)``: a verified read
+      (:meth:`~pipeline.storage.TiledArray.read_block`) of one block; ``reason`` says
+      which of the three it is. ``krr run`` removes the block's record (if any) and
+      reruns the stage that owns the store, as for a corrupt tile: the block is
+      recomputed instead of read as zeros.
+
+    A :class:`CorruptTileError` (as ``MissingTileError`` was) and so a ValueError (as
+    ``IncompleteArrayError`` was): no ``except`` stops catching it.
+
+    Attributes
+    ----------
+    store, name : str
+        The store root and the array name.
+    missing : tuple of tuple of int
+        The tiles without a (verifiable) completion record: the one block of the
+        block form.
+    n_tiles : int or None
+        How many tiles the array should have (array form), else None.
+    tile : tuple of int or None
+        The block (block form); None for the array form.
+    reason : str or None
+        Why the block cannot be verified (block form); None for the array form.
+    message : str or None
+        The array form's own message, when its raiser gave one.
     """
 
-    def __init__(self, store: str, name: str, tile: tuple[int, ...], reason: str) -> None:
-        super().__init__(store, name, tile, 0, 0)
+    def __init__(
+        self,
+        store: str,
+        name: str,
+        missing: Iterable[Any],
+        n_tiles: int | str | None = None,
+        message: str | None = None,
+        *,
+        reason: str | None = None,
+    ) -> None:
+        if isinstance(n_tiles, str):  # the block form: (store, name, tile, reason)
+            reason, n_tiles = n_tiles, None
+        self.name = name
         self.reason = reason
-        ValueError.__init__(
-            self,
-            f"block {self.tile} of array {name!r} in store {store!r} cannot be verified: "
-            f"{reason}. Recompute it (remove its marker, if any, and rerun the step that wrote "
-            "the array); `krr run` does this by itself when the store belongs to one of its "
-            "stages.",
+        self.expected = self.found = None
+        self.n_tiles = None if n_tiles is None else int(n_tiles)
+        self.message = message
+        if reason is not None:
+            self.store = store
+            self.tile = tuple(int(t) for t in missing)
+            self.missing = (self.tile,)
+            self.expected = self.found = 0
+            ValueError.__init__(
+                self,
+                f"block {self.tile} of array {name!r} in store {store!r} cannot be verified: "
+                f"{reason}. Recompute it (remove its marker, if any, and rerun the step that "
+                "wrote the array); `krr run` does this by itself when the store belongs to "
+                "one of its stages.",
+            )
+            return
+        self.store = str(store)
+        self.tile = None
+        self.missing = tuple(tuple(int(t) for t in m) for m in sorted(missing))
+        ValueError.__init__(self, message or self._incomplete())
+
+    def _incomplete(self) -> str:
+        of = "" if self.n_tiles is None else f" of {self.n_tiles}"
+        return (
+            f"array {self.name!r} in store {self.store!r} is incomplete: {len(self.missing)}{of} "
+            f"tiles have no completion record (first: {list(self.missing[:5])}); rerun the "
+            "step that builds it (`krr run` does this by itself when the store belongs to "
+            "one of its stages)"
         )
 
     @property
     def problem(self) -> str:
-        """One phrase: why the block cannot be verified."""
-        return self.reason
+        """One phrase: why the block cannot be verified, or how many tiles lack a record."""
+        if self.reason is not None:
+            return self.reason
+        return f"{len(self.missing)} tiles have no completion record"
 
-    def __reduce__(self):
-        return (type(self), (self.store, self.name, self.tile, self.reason))
+    def __reduce__(self):  # picklable across Dask workers despite the custom __init__
+        if self.reason is not None:
+            return (type(self), (self.store, self.name, self.tile, self.reason))
+        return (type(self), (self.store, self.name, self.missing, self.n_tiles, self.message))
+
+
+#: the block form's old name (``MissingTileError(store, name, tile, reason)``): the same class
+MissingTileError = IncompleteArrayError
 
 
 class CorruptFileError(CorruptTileError):
@@ -410,18 +455,132 @@ class CGDivergenceError(SolveNotConverged):
     abandoned at once, so a diverged solve is never scored."""
 
 
-class CGConvergenceWarning(ConvergenceWarning):
-    """CG stopped at ``max_iter`` before reaching ``tol`` (a scikit-learn
-    ``ConvergenceWarning``, so ``warnings.simplefilter("error", ConvergenceWarning)``
-    catches it)."""
-
-
 class SingularKernelWarning(UserWarning):
     """K + lam I was not positive definite; a jittered or least-squares solution was used."""
 
 
 class InsufficientMemoryError(MemoryError):
     """The in-memory path would need more memory than this machine has available."""
+
+
+class NonFiniteKernelError(ValueError):
+    """The kernel's values are inf or NaN where they are stored (they overflow float64,
+    or a float32 Gram): no factor can be computed, whatever lambda or jitter. The
+    message names the block and the fix."""
+
+
+class NotPositiveDefiniteError(ValueError):
+    """``K + shift * I`` is not positive definite: a diagonal tile of it (after the
+    left-looking update) failed its POTRF, or a solver that serves many shifts from
+    one reduction found it for one shift.
+
+    The one type of this condition: the tile Cholesky raises it with the tile, the
+    pivot and the regularisation (the message is built from them); the band
+    reduction's band Cholesky and the eigendecomposition's smallest eigenvalue (CV)
+    raise it through :meth:`of_shift` with their own message (both a plain
+    ``ValueError`` before, so ``except ValueError`` still catches it).
+
+    Attributes
+    ----------
+    tile : tuple of int or None
+        The diagonal tile ``(j, j)`` whose POTRF failed (None from :meth:`of_shift`).
+    pivot : int or None
+        LAPACK's ``info``: the 1-based leading minor of the tile that failed.
+    row : int or None
+        The 0-based global row of that pivot.
+    lam, convention, shift : float, str, float
+        The regularisation in use (only ``shift`` from :meth:`of_shift`).
+    factor_dtype : str
+        The factor's dtype. A float32 factor's updates round at about 6e-8 of
+        K's scale, so a shift below that can fail where float64 succeeds (the
+        message says so first): on 10,000 diamonds rows (RBF, gamma = 1/9)
+        lambda = 1e-5 and 1e-6 failed in float32 and factored in float64.
+    """
+
+    def __init__(
+        self,
+        tile: tuple[int, int] | None,
+        pivot: int | None,
+        row: int | None,
+        lam: float | None,
+        convention: str | None,
+        shift: float,
+        jitter_tried: tuple[float, ...] = (),
+        factor_dtype: str = "float64",
+        message: str | None = None,
+    ) -> None:
+        self.tile, self.pivot, self.row = tile, pivot, row
+        self.lam, self.convention, self.shift = lam, convention, shift
+        self.jitter_tried = jitter_tried
+        self.factor_dtype = factor_dtype
+        self.message = message
+        if message is not None:
+            super().__init__(message)
+            return
+        single = (
+            " The factor is float32: its updates round at about 6e-8 of K's scale, and "
+            "this shift is too small for that, although K + shift*I may well be positive "
+            "definite in float64. Use factor_dtype='float64' (with keep_gram=False, also "
+            "dtype float64 in krr run), or a larger lambda."
+            if factor_dtype == "float32"
+            else ""
+        )
+        tried = (
+            f" Jitter was tried up to {max(jitter_tried):.3g} on that tile's diagonal "
+            f"({len(jitter_tried)} tries)."
+            if jitter_tried
+            else ""
+        )
+        super().__init__(
+            f"K + shift*I is not positive definite: POTRF of diagonal tile {tile} failed at "
+            f"pivot {pivot} of the tile (global row {row}), with lambda={lam!r} "
+            f"(convention={convention!r}, shift added to the diagonal={shift!r}).{single}{tried} "
+            "Options: use a larger alpha/lambda (a PSD kernel with lambda <= 0 is singular); "
+            "pass jitter=<relative jitter, e.g. 1e-10> to retry the tile with a recorded "
+            "diagonal jitter; or use solver='cg', which needs no factorisation."
+        )
+
+    @classmethod
+    def of_shift(cls, shift: float, message: str) -> NotPositiveDefiniteError:
+        """The whole ``K + shift * I`` found not positive definite (no tile): ``message``
+        says how it was found and what to do."""
+        return cls(None, None, None, None, None, shift, message=message)
+
+    def __reduce__(self):  # picklable across Dask workers
+        return (
+            type(self),
+            (
+                self.tile,
+                self.pivot,
+                self.row,
+                self.lam,
+                self.convention,
+                self.shift,
+                self.jitter_tried,
+                self.factor_dtype,
+                self.message,
+            ),
+        )
+
+
+class InsufficientDiskError(OSError):
+    """Too little free disk for the factorisation; raised before any work."""
+
+    def __init__(self, path: str, needed: int, free: int, what: str) -> None:
+        self.path, self.needed, self.free, self.what = path, int(needed), int(free), what
+        super().__init__(
+            f"not enough disk space under {path!r} for {what}: it needs {needed:,} bytes "
+            f"({needed / 1e9:.2f} GB) and {free:,} bytes ({free / 1e9:.2f} GB) are free. "
+            "Free some space, point the store at a larger disk, or factor in place with "
+            "keep_gram=False (the factor then replaces the Gram tile by tile)."
+        )
+
+    def __reduce__(self):
+        return (type(self), (self.path, self.needed, self.free, self.what))
+
+
+class GramReplacedError(ValueError):
+    """A Gram tile was replaced by an in-place factor and cannot be recomputed here."""
 
 
 # ---------------------------------------------------------------------------
@@ -448,6 +607,68 @@ class DamagedOutput(ValueError):
     """A complete stage's output no longer verifies (see :mod:`pipeline.stages.verify`)."""
 
 
+class StageFailed(RuntimeError):
+    """A stage raised; the original exception is ``__cause__``."""
+
+    def __init__(self, stage: str, cause: BaseException) -> None:
+        self.stage = stage
+        super().__init__(f"stage {stage!r} failed: {type(cause).__name__}: {cause}")
+
+
+class RunDirConflict(ValueError):
+    """The run directory belongs to another data source (see ``force_new``)."""
+
+
+class LockHeldError(RuntimeError):
+    """Another live process holds the run directory's lock."""
+
+    def __init__(self, run_dir: Path, owner: dict[str, Any], remote: bool = False) -> None:
+        self.run_dir = run_dir
+        self.owner = owner
+        self.remote = remote
+        started = owner.get("started")
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if started else "?"
+        if remote:
+            hint = (
+                "This host cannot tell whether that run is alive. Wait for it to finish, "
+                "stop it, or use another --run-dir; if it is dead (e.g. its host went down), "
+                f"`krr unlock {run_dir}` removes the lock."
+            )
+        else:
+            hint = (
+                "Wait for it to finish, stop it, or use another --run-dir "
+                f"(`krr unlock {run_dir}` removes a lock left by a dead run)."
+            )
+        super().__init__(
+            f"run directory {str(run_dir)!r} is locked by pid {owner.get('pid')} on "
+            f"{owner.get('host')} (running since {when}). {hint}"
+        )
+
+
+class RunDirUnusable(OSError):
+    """The run directory cannot be used: it is a file, read-only, or not creatable."""
+
+
+# ---------------------------------------------------------------------------
+# the command line
+
+
+class CliError(Exception):
+    """An error reported as one message and an exit code."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class UsageError(Exception):
+    """A command line argparse refuses (exit 2); carries the (sub)parser for its usage line."""
+
+    def __init__(self, message: str, parser: argparse.ArgumentParser) -> None:
+        super().__init__(message)
+        self.parser = parser
+
+
 class Terminated(KeyboardInterrupt):
     """The process was asked to stop by a signal other than SIGINT (SIGTERM: the stop
     signal of systemd, Slurm and Kubernetes).
@@ -465,13 +686,52 @@ class Terminated(KeyboardInterrupt):
         return (type(self), (self.signum,))
 
 
-def caused_by(e: BaseException | None, kind: type[BaseException]) -> BaseException | None:
+def caused_by(
+    e: BaseException | None,
+    kind: type[BaseException],
+    where: Callable[[Any], bool] | None = None,
+) -> BaseException | None:
     """The first exception of type ``kind`` in ``e``'s chain (``e`` itself, then its
-    ``__cause__`` or ``__context__``, and so on), else None."""
+    ``__cause__`` or ``__context__``, and so on), else None. With ``where``, the first
+    such one for which ``where(exception)`` is true. A chain that loops is walked once."""
     seen: set[int] = set()
     while e is not None and id(e) not in seen:
-        if isinstance(e, kind):
+        if isinstance(e, kind) and (where is None or where(e)):
             return e
         seen.add(id(e))
         e = e.__cause__ or e.__context__
     return None
+
+
+# ---------------------------------------------------------------------------
+# the one class made on first use: CGConvergenceWarning subclasses scikit-learn's
+# ConvergenceWarning, and importing sklearn loads numpy and SciPy, which this module
+# must not (``krr --help`` and the command line's errors import it)
+
+_LAZY_LOCK = threading.Lock()
+
+
+def _make_cg_convergence_warning() -> type[Warning]:
+    from sklearn.exceptions import ConvergenceWarning
+
+    class CGConvergenceWarning(ConvergenceWarning):
+        """CG stopped at ``max_iter`` before reaching ``tol`` (a scikit-learn
+        ``ConvergenceWarning``, so ``warnings.simplefilter("error", ConvergenceWarning)``
+        catches it)."""
+
+    CGConvergenceWarning.__qualname__ = "CGConvergenceWarning"  # pickles as errors.<name>
+    return CGConvergenceWarning
+
+
+def __getattr__(name: str) -> Any:
+    if name == "CGConvergenceWarning":
+        with _LAZY_LOCK:  # one class, whichever thread asks first
+            cls = globals().get(name)
+            if cls is None:
+                cls = globals()[name] = _make_cg_convergence_warning()
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

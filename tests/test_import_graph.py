@@ -56,7 +56,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("engine: tiles, executors, placement, BLAS width, progress", ("pipeline.engine",)),
     ("linalg: Gram, Cholesky, triangular, PCG, Nystrom, dense, predict", ("pipeline.linalg",)),
     ("plan: cost models, FitPlan, CV routing", ("pipeline.plan",)),
-    ("fit", ("pipeline.fit", "pipeline.out_of_core")),
+    ("fit", ("pipeline.fit",)),
     ("models: estimators, model selection, artifacts", ("pipeline.models",)),
     ("run: config and stages", ("pipeline.stages",)),
     (

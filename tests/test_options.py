@@ -310,7 +310,7 @@ def test_every_estimator_solver_param_comes_from_the_tree():
 def test_the_out_of_core_fit_takes_the_estimators_knobs_with_the_trees_defaults():
     """``fit_out_of_core`` (what ``KernelRidge._solver_knobs`` feeds) spells the same knobs
     with the same defaults."""
-    from pipeline.out_of_core import fit_out_of_core
+    from pipeline.fit import fit_out_of_core
 
     sig = inspect.signature(fit_out_of_core).parameters
     for name, k in options.knobs(spelt_by="estimator").items():

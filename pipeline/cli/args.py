@@ -21,6 +21,7 @@ from pipeline.cli.errors import (  # noqa: F401 (check_scheduler_address re-expo
     EXIT_CODES,
     check_scheduler_address,
 )
+from pipeline.errors import UsageError
 
 __all__ = [
     "ERROR_TYPES",
@@ -46,14 +47,6 @@ ERROR_TYPES = {
     130: "interrupted",
     143: "terminated",
 }
-
-
-class UsageError(Exception):
-    """A command line argparse refuses (exit 2); carries the (sub)parser for its usage line."""
-
-    def __init__(self, message: str, parser: argparse.ArgumentParser) -> None:
-        super().__init__(message)
-        self.parser = parser
 
 
 class KrrArgumentParser(argparse.ArgumentParser):

@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from pipeline.errors import CliError  # noqa: F401 (its old home)
+
 EXIT_OK = 0
 EXIT_INTERNAL = 1
 EXIT_BAD_CONFIG = 2
@@ -43,14 +45,6 @@ EXIT_CODES = {
     EXIT_TERMINATED: "stopped by SIGTERM (systemd, Slurm and Kubernetes stop a job with it): "
     "the lock is released and the stage recorded as interrupted (rerun to resume)",
 }
-
-
-class CliError(Exception):
-    """An error reported as one message and an exit code."""
-
-    def __init__(self, message: str, code: int) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 # tcp://host:port (the scheme may be left out: distributed then uses tcp); IPv6 in [ ]
@@ -307,16 +301,13 @@ def _probe_scheduler(address: str, timeout: float, source: str) -> None:
 def disk_full_in(exc: BaseException | None) -> OSError | None:
     """The full-disk OSError (ENOSPC, EDQUOT) in ``exc`` or its causes (a
     :class:`~pipeline.errors.DiskFullError` first), else None."""
-    from pipeline.errors import DISK_FULL_ERRNOS, DiskFullError
+    from pipeline.errors import DISK_FULL_ERRNOS, DiskFullError, caused_by
 
-    found: list[OSError] = []
-    while exc is not None and len(found) < 20:
-        if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
-            if isinstance(exc, DiskFullError):  # the one that names path and bytes
-                return exc
-            found.append(exc)
-        exc = exc.__cause__ or exc.__context__
-    return found[0] if found else None
+    def full(e: OSError) -> bool:
+        return e.errno in DISK_FULL_ERRNOS
+
+    # the DiskFullError first: it names the path and the bytes
+    return caused_by(exc, DiskFullError, full) or caused_by(exc, OSError, full)
 
 
 def store_unreachable(e: BaseException | None):
@@ -341,9 +332,21 @@ def _classify_stage_error(e) -> int:
         return EXIT_BAD_INPUT
     if e.stage in ("ingest", "predict") and isinstance(cause, ValueError):
         return EXIT_BAD_INPUT  # the training rows, or predict.input's rows and columns
-    if e.stage == "select" and type(cause) is ValueError:  # the cv section against the
-        return EXIT_BAD_CONFIG  # data (e.g. more folds than rows): a rerun cannot help
+    # the cv section against the data (e.g. more folds than rows, an alpha too small for
+    # the kernel): a rerun cannot help
+    if e.stage == "select" and (type(cause) is ValueError or _cv_shift_not_pd(cause)):
+        return EXIT_BAD_CONFIG
     return EXIT_STAGE_FAILED
+
+
+def _cv_shift_not_pd(cause: BaseException | None) -> bool:
+    """A CV solver that serves every alpha from one reduction (band, eigen) found
+    ``K + shift I`` not positive definite: a plain ValueError before it was a
+    :class:`~pipeline.errors.NotPositiveDefiniteError`, and keeps its exit code (2).
+    (A tile Cholesky's, which names a tile, is a failed stage: 4.)"""
+    from pipeline.errors import NotPositiveDefiniteError
+
+    return isinstance(cause, NotPositiveDefiniteError) and cause.tile is None
 
 
 def _size(n: int | None) -> str:

@@ -20,6 +20,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from pipeline.errors import NonFiniteKernelError  # noqa: F401 (its old home)
+
 _REGISTRY: dict[str, type[Kernel]] = {}
 #: readers of the nested specs that are not kernels, by kind: :mod:`pipeline.kernels.warping`
 #: adds ``"warping"`` (its ``warping_from_spec``) when it loads; it imports this module
@@ -89,12 +91,6 @@ def check_real(
             rng = f"a finite number {'>=' if low_inclusive else '>'} {low:g}"
         none = " or None" if allow_none else ""
         raise ValueError(f"{who}: {name} must be {rng}{none}, got {value!r}")
-
-
-class NonFiniteKernelError(ValueError):
-    """The kernel's values are inf or NaN where they are stored (they overflow float64,
-    or a float32 Gram): no factor can be computed, whatever lambda or jitter. The
-    message names the block and the fix."""
 
 
 def _param_state(obj: Any) -> list[tuple[Any, dict[str, Any]]]:

@@ -26,6 +26,8 @@ from functools import cache
 import numpy as np
 from scipy.linalg import lapack
 
+from pipeline.errors import NotPositiveDefiniteError
+
 __all__ = ["BandReduction", "band_available", "band_reduce", "default_bandwidth"]
 
 #: bandwidth of the reduction: fastest measured for m = 2,000..8,000 on 2 cores
@@ -140,8 +142,8 @@ class BandReduction:
 
         Raises
         ------
-        ValueError
-            If ``K + s I`` is not positive definite for some shift (naming it).
+        NotPositiveDefiniteError
+            If ``K + s I`` is not positive definite for some shift (naming it; a ValueError).
         """
         Y2 = np.asarray(Y, dtype=np.float64).reshape(self.m, -1)
         t = Y2.shape[1]
@@ -152,9 +154,10 @@ class BandReduction:
             ab[0] += float(s)
             c, info = lapack.dpbtrf(ab, lower=1, overwrite_ab=1)
             if info != 0:
-                raise ValueError(
+                raise NotPositiveDefiniteError.of_shift(
+                    float(s),
                     f"K + {float(s):g} I is not positive definite (band Cholesky failed at "
-                    f"row {info}); use a larger alpha or a positive semi-definite kernel"
+                    f"row {info}); use a larger alpha or a positive semi-definite kernel",
                 )
             x, info = lapack.dpbtrs(c, Z0, lower=1)
             Z[:, i * t : (i + 1) * t] = x

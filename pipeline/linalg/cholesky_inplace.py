@@ -53,6 +53,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.engine.passes import KernelSource, pending
+from pipeline.errors import GramReplacedError, InsufficientDiskError
 from pipeline.kernels import make_kernel
 from pipeline.linalg.cholesky_exec import _left_looking_order
 from pipeline.linalg.cholesky_options import CholeskyFactor
@@ -65,26 +66,6 @@ from pipeline.storage.markers import TileMarkers
 log = logging.getLogger(__name__)
 
 INTENT_SUFFIX = "~inplace"
-
-
-class InsufficientDiskError(OSError):
-    """Too little free disk for the factorisation; raised before any work."""
-
-    def __init__(self, path: str, needed: int, free: int, what: str) -> None:
-        self.path, self.needed, self.free, self.what = path, int(needed), int(free), what
-        super().__init__(
-            f"not enough disk space under {path!r} for {what}: it needs {needed:,} bytes "
-            f"({needed / 1e9:.2f} GB) and {free:,} bytes ({free / 1e9:.2f} GB) are free. "
-            "Free some space, point the store at a larger disk, or factor in place with "
-            "keep_gram=False (the factor then replaces the Gram tile by tile)."
-        )
-
-    def __reduce__(self):
-        return (type(self), (self.path, self.needed, self.free, self.what))
-
-
-class GramReplacedError(ValueError):
-    """A Gram tile was replaced by an in-place factor and cannot be recomputed here."""
 
 
 def factor_disk_bytes(

@@ -9,85 +9,14 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.kernels.base import NonFiniteKernelError  # noqa: F401 (re-exported)
+from pipeline.errors import (  # noqa: F401 (their old home)
+    NonFiniteKernelError,
+    NotPositiveDefiniteError,
+)
 from pipeline.options import SOLVER_CONVENTIONS, diagonal_shift
 from pipeline.storage import TiledArray
 
 CONVENTIONS = SOLVER_CONVENTIONS
-
-
-class NotPositiveDefiniteError(ValueError):
-    """A diagonal tile of ``K + shift * I`` (after the left-looking update) is not PD.
-
-    Attributes
-    ----------
-    tile : tuple of int
-        The diagonal tile ``(j, j)`` whose POTRF failed.
-    pivot : int
-        LAPACK's ``info``: the 1-based leading minor of the tile that failed.
-    row : int
-        The 0-based global row of that pivot.
-    lam, convention, shift : float, str, float
-        The regularisation in use.
-    factor_dtype : str
-        The factor's dtype. A float32 factor's updates round at about 6e-8 of
-        K's scale, so a shift below that can fail where float64 succeeds (the
-        message says so first): on 10,000 diamonds rows (RBF, gamma = 1/9)
-        lambda = 1e-5 and 1e-6 failed in float32 and factored in float64.
-    """
-
-    def __init__(
-        self,
-        tile: tuple[int, int],
-        pivot: int,
-        row: int,
-        lam: float,
-        convention: str,
-        shift: float,
-        jitter_tried: tuple[float, ...] = (),
-        factor_dtype: str = "float64",
-    ) -> None:
-        self.tile, self.pivot, self.row = tile, pivot, row
-        self.lam, self.convention, self.shift = lam, convention, shift
-        self.jitter_tried = jitter_tried
-        self.factor_dtype = factor_dtype
-        single = (
-            " The factor is float32: its updates round at about 6e-8 of K's scale, and "
-            "this shift is too small for that, although K + shift*I may well be positive "
-            "definite in float64. Use factor_dtype='float64' (with keep_gram=False, also "
-            "dtype float64 in krr run), or a larger lambda."
-            if factor_dtype == "float32"
-            else ""
-        )
-        tried = (
-            f" Jitter was tried up to {max(jitter_tried):.3g} on that tile's diagonal "
-            f"({len(jitter_tried)} tries)."
-            if jitter_tried
-            else ""
-        )
-        super().__init__(
-            f"K + shift*I is not positive definite: POTRF of diagonal tile {tile} failed at "
-            f"pivot {pivot} of the tile (global row {row}), with lambda={lam!r} "
-            f"(convention={convention!r}, shift added to the diagonal={shift!r}).{single}{tried} "
-            "Options: use a larger alpha/lambda (a PSD kernel with lambda <= 0 is singular); "
-            "pass jitter=<relative jitter, e.g. 1e-10> to retry the tile with a recorded "
-            "diagonal jitter; or use solver='cg', which needs no factorisation."
-        )
-
-    def __reduce__(self):  # picklable across Dask workers
-        return (
-            type(self),
-            (
-                self.tile,
-                self.pivot,
-                self.row,
-                self.lam,
-                self.convention,
-                self.shift,
-                self.jitter_tried,
-                self.factor_dtype,
-            ),
-        )
 
 
 @dataclass(frozen=True)

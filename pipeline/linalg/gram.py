@@ -54,11 +54,12 @@ from pipeline.engine.input_checks import validate_and_fingerprint
 from pipeline.engine.parallel import compute, in_this_process
 from pipeline.engine.passes import KernelSource, pending, store_graph
 from pipeline.engine.where import runs_here, tile_entries, weigh
-from pipeline.errors import StoreNotWritableError, StoreUnreachable
+from pipeline.errors import StoreNotWritableError
 from pipeline.kernels import Kernel, kernel_fingerprint, make_kernel
 from pipeline.kernels.base import NonFiniteKernelError
 from pipeline.storage import TiledArray, fingerprint_obj, open_tiled_array
 from pipeline.storage.inputs import as_row_blocks, check_block_size
+from pipeline.storage.location import check_writable
 from pipeline.storage.rawchunks import release_direct_buffers
 
 __all__ = [
@@ -149,24 +150,6 @@ def open_gram(store: str | os.PathLike, name: str = "gram") -> TiledArray:
 def read_sym_tile(gram: TiledArray, i: int, j: int) -> np.ndarray:
     """Tile ``(i, j)`` of the symmetric matrix stored as lower tiles (``K_ij = K_ji.T``)."""
     return gram.read_tile(i, j) if j <= i else gram.read_tile(j, i).T
-
-
-def _check_writable(store: str) -> None:
-    import fsspec
-
-    try:
-        fs, root = fsspec.core.url_to_fs(store)
-        fs.makedirs(root, exist_ok=True)
-        probe = f"{root.rstrip('/')}/.write-probe-{uuid.uuid4().hex}"
-        fs.pipe_file(probe, b"")
-        fs.rm(probe)
-    except StoreUnreachable:  # an object store that does not answer is not read-only
-        raise
-    except OSError as exc:
-        raise StoreNotWritableError(
-            f"store {store!r} is not writable ({exc}); pass a directory (or fsspec URL) "
-            "you can write to"
-        ) from exc
 
 
 _DISK_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EFBIG}
@@ -350,7 +333,7 @@ def build_gram(
         raise ValueError(f"kernel_dtype must be 'float64' or 'float32', got {kernel_dtype!r}")
     kd = DEFAULT_KERNEL_DTYPE if kernel_dtype is None else str(kernel_dtype)
     fp = gram_fingerprint(x_fingerprint, k, block_size, dt, z_fingerprint, kd)
-    _check_writable(store)
+    check_writable(store)
     attrs = {
         "kernel": k.to_spec(),
         "x_fingerprint": x_fingerprint,

@@ -382,13 +382,13 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
 
         The Gram matrix lives in tiles in a subdirectory of ``store`` named by the
         fingerprint of this fit (:func:`fit_store_path`), or in a temporary directory
-        when ``store`` is None; see :mod:`pipeline.out_of_core`. Sample weights
+        when ``store`` is None; see :func:`pipeline.fit.fit_out_of_core`. Sample weights
         scale the rows and columns of K by sqrt(w), as scikit-learn does
-        (:func:`pipeline.out_of_core.weighted_problem`). Rejected before any work:
+        (:func:`pipeline.fit.weighted_problem`). Rejected before any work:
         kernels that are not :class:`~pipeline.kernels.Kernel` objects, per-target
         alphas that differ, and alpha <= 0.
         """
-        from pipeline.out_of_core import fit_out_of_core, fit_store_path, weighted_problem
+        from pipeline.fit import fit_out_of_core, fit_store_path, weighted_problem
 
         if kernel is None:
             raise ValueError(

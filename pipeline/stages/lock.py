@@ -74,42 +74,13 @@ from typing import Any
 
 import psutil
 
+from pipeline.errors import LockHeldError, RunDirUnusable
 from pipeline.storage.location import Location, StoreUnreachable, is_url
 from pipeline.storage.tempfiles import process_namespace
 
 log = logging.getLogger("pipeline.stages")
 
 LOCK_NAME = ".lock"
-
-
-class LockHeldError(RuntimeError):
-    """Another live process holds the run directory's lock."""
-
-    def __init__(self, run_dir: Path, owner: dict[str, Any], remote: bool = False) -> None:
-        self.run_dir = run_dir
-        self.owner = owner
-        self.remote = remote
-        started = owner.get("started")
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if started else "?"
-        if remote:
-            hint = (
-                "This host cannot tell whether that run is alive. Wait for it to finish, "
-                "stop it, or use another --run-dir; if it is dead (e.g. its host went down), "
-                f"`krr unlock {run_dir}` removes the lock."
-            )
-        else:
-            hint = (
-                "Wait for it to finish, stop it, or use another --run-dir "
-                f"(`krr unlock {run_dir}` removes a lock left by a dead run)."
-            )
-        super().__init__(
-            f"run directory {str(run_dir)!r} is locked by pid {owner.get('pid')} on "
-            f"{owner.get('host')} (running since {when}). {hint}"
-        )
-
-
-class RunDirUnusable(OSError):
-    """The run directory cannot be used: it is a file, read-only, or not creatable."""
 
 
 def _proc_start(pid: int) -> float | None:

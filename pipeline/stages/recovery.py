@@ -17,8 +17,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline.errors import CorruptTileError, IncompleteArrayError, caused_by
 from pipeline.stages.manifest import Manifest
-from pipeline.storage import CorruptTileError, IncompleteArrayError, TileMarkers
+from pipeline.storage import TileMarkers
 from pipeline.storage.location import is_url
 
 if TYPE_CHECKING:
@@ -27,17 +28,17 @@ if TYPE_CHECKING:
 log = logging.getLogger("pipeline.stages")
 
 
-def find_damage(exc: BaseException) -> CorruptTileError | IncompleteArrayError | None:
-    """The CorruptTileError or IncompleteArrayError ``exc`` is or was raised from
-    (its cause/context chain)."""
-    seen: set[int] = set()
-    e: BaseException | None = exc
-    while e is not None and id(e) not in seen:
-        if isinstance(e, CorruptTileError | IncompleteArrayError):
-            return e
-        seen.add(id(e))
-        e = e.__cause__ or e.__context__
-    return None
+def find_damage(exc: BaseException) -> CorruptTileError | None:
+    """The CorruptTileError (an IncompleteArrayError is one) ``exc`` is or was raised
+    from (its cause/context chain)."""
+    return caused_by(exc, CorruptTileError)
+
+
+def names_tiles_without_records(err: CorruptTileError) -> bool:
+    """Whether ``err`` is an :class:`IncompleteArrayError` of the array form: tiles
+    without completion records, which the owner stage computes (nothing to unmark).
+    Every other form names one tile whose record is removed before it is recomputed."""
+    return isinstance(err, IncompleteArrayError) and err.tile is None
 
 
 def owner_stage(
@@ -97,7 +98,8 @@ def outputs_damaged(
     try:
         stage.verify(stage_dir, rec.outputs)
     except CorruptTileError as e:
-        TileMarkers(e.store, e.name, "").unmark(e.tile)
+        if not names_tiles_without_records(e):
+            TileMarkers(e.store, e.name, "").unmark(e.tile)
         problem = str(e)
     except ValueError as e:
         problem = str(e)

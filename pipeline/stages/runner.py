@@ -67,10 +67,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import StoreUnreachable, caused_by
+from pipeline.errors import RunDirConflict, StageFailed, StoreUnreachable, caused_by
 from pipeline.stages.manifest import LATEST_NAME, MANIFEST_NAME, RESULTS_DIR, Manifest
 from pipeline.stages.recovery import (
     find_damage,
+    names_tiles_without_records,
     outputs_damaged,
     owner_stage,
     recover_corrupt_tile,
@@ -91,7 +92,7 @@ from pipeline.stages.stage import (  # noqa: F401 (Stage, stage_fingerprint re-e
     stage_fingerprint,
 )
 from pipeline.stages.usage import StageUsage
-from pipeline.storage import CorruptTileError, fingerprint_obj
+from pipeline.storage import fingerprint_obj
 from pipeline.storage.location import Location, cap_store_waits, is_url, join_path, read_bytes
 from pipeline.storage.tempfiles import sweep_tmp_files
 
@@ -100,18 +101,6 @@ log = logging.getLogger("pipeline.stages")
 #: the files the runner writes atomically at a run directory's top level: only their
 #: temporary files are swept there (the directory may hold the user's own files)
 RUN_DIR_FILES = frozenset({MANIFEST_NAME, LATEST_NAME})
-
-
-class StageFailed(RuntimeError):
-    """A stage raised; the original exception is ``__cause__``."""
-
-    def __init__(self, stage: str, cause: BaseException) -> None:
-        self.stage = stage
-        super().__init__(f"stage {stage!r} failed: {type(cause).__name__}: {cause}")
-
-
-class RunDirConflict(ValueError):
-    """The run directory belongs to another data source (see ``force_new``)."""
 
 
 def _check_latest_file(run_dir: Path | str) -> None:
@@ -270,12 +259,12 @@ def _recover_from(
     owner = None if damage is None else owner_stage(run_dir, stages, damage.store, dirs)
     if owner is None or len(report.recovered) >= max_recoveries:
         return False
-    if isinstance(damage, CorruptTileError):
-        recover_corrupt_tile(stages, manifest, report, stage, owner, damage, max_recoveries)
-        emit(stage.name, "corrupt", dict(report.recovered[-1]))
-    else:
+    if names_tiles_without_records(damage):
         recover_incomplete(stages, manifest, report, stage, owner, damage, max_recoveries)
         emit(stage.name, "incomplete", dict(report.recovered[-1]))
+    else:
+        recover_corrupt_tile(stages, manifest, report, stage, owner, damage, max_recoveries)
+        emit(stage.name, "corrupt", dict(report.recovered[-1]))
     return True
 
 

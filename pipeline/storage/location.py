@@ -18,6 +18,7 @@ read the environment variables of their own.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -25,12 +26,17 @@ from typing import Any
 import fsspec
 import fsspec.config
 
-from pipeline.errors import ConfigError, StoreUnreachable  # noqa: F401  (its old home)
+from pipeline.errors import (  # noqa: F401  (ConfigError, StoreUnreachable: their old home)
+    ConfigError,
+    StoreNotWritableError,
+    StoreUnreachable,
+)
 from pipeline.storage.atomic import (  # noqa: F401 (local_file_path re-exported)
     atomic_write,
     is_local,
     local_file_path,
 )
+from pipeline.storage.tempfiles import tmp_path_for
 from pipeline.storage.waits import cap_store_waits, store_wait_cap  # noqa: F401
 
 #: packages that provide the filesystems of common URL schemes
@@ -309,3 +315,62 @@ class Location:
             raise StoreUnreachable(
                 f"{self.url!r}: cannot create bucket {bucket!r} ({type(e).__name__}: {e})."
             ) from None
+
+
+def check_writable(path: str | os.PathLike, *, output: bool = False, file: bool = False) -> None:
+    """Refuse, before any work, a place the pipeline is about to write that cannot be
+    written: :class:`~pipeline.errors.StoreNotWritableError` (a ValueError and a
+    PermissionError; ``krr`` exits 7 before a run, 4 in a stage) naming it and why.
+
+    The one writability check of the pipeline: an empty temporary file (named by
+    :func:`~pipeline.storage.tempfiles.tmp_path_for`, so a killed check's is swept) is
+    created and removed where the writes would go, so a read-only filesystem is found
+    even by root.
+
+    - A store (the default; the Gram builder's): ``path`` is its root, a local directory
+      or an fsspec URL, created if missing, as its writer would. An object store that
+      does not answer raises :class:`~pipeline.errors.StoreUnreachable` (it is not a
+      read-only store).
+    - A prediction output (``output=True``): a local path (a URL is not checked here),
+      and nothing is created: the nearest directory of it that exists (its parent for a
+      ``file``, the store itself for ``.zarr``; the missing ones are created by the
+      write) must be a directory that takes a new file.
+    """
+
+    def probe(fs: Any, directory: str) -> None:
+        name = tmp_path_for(f"{directory.rstrip('/')}/.krr-write-check")
+        fs.pipe_file(name, b"")
+        fs.rm(name)
+
+    path = os.fspath(path)
+    if not output:
+        try:
+            fs, root = fsspec.core.url_to_fs(path)
+            fs.makedirs(root, exist_ok=True)
+            probe(fs, root)
+        except StoreUnreachable:  # an object store that does not answer is not read-only
+            raise
+        except OSError as exc:
+            raise StoreNotWritableError(
+                f"store {path!r} is not writable ({exc}); pass a directory (or fsspec URL) "
+                "you can write to"
+            ) from exc
+        return
+    if "://" in path:
+        return
+    target = os.path.abspath(path)
+    where = os.path.dirname(target) if file else target
+    while not os.path.lexists(where) and os.path.dirname(where) != where:
+        where = os.path.dirname(where)
+    fix = "Make it writable, or choose another output path"
+    if not os.path.isdir(where):
+        raise StoreNotWritableError(
+            f"prediction output {path!r} cannot be written: {where!r} is not a directory. {fix}."
+        )
+    try:
+        probe(fsspec.filesystem("file"), where)
+    except OSError as e:
+        raise StoreNotWritableError(
+            f"prediction output {path!r} cannot be written: directory {where!r} does not "
+            f"take a new file ({e.strerror or e}). {fix}."
+        ) from None

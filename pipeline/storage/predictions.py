@@ -117,46 +117,6 @@ def check_output_file(path: str | os.PathLike, overwrite: bool) -> int | None:
     return found  # the CRC-32C of the pipeline's file there, read once
 
 
-def check_output_writable(path: str | os.PathLike, fmt: str | None = None) -> None:
-    """Refuse, before any work, a local output path that cannot be written: the nearest
-    directory of it that exists (its parent for a file, the store for ``.zarr``; the
-    missing ones are created) is not a directory or does not take a new file. Checked by
-    creating and removing a temporary file there, so a read-only filesystem is found
-    even by root. An object-store URL is not checked here.
-
-    Raises
-    ------
-    StoreNotWritableError
-        Naming the path, the directory and why (``krr`` exits 7).
-    """
-    from pipeline.errors import StoreNotWritableError
-    from pipeline.storage.tempfiles import tmp_path_for
-
-    path = os.fspath(path)
-    if "://" in path:
-        return
-    fmt = fmt or output_format(path)
-    target = os.path.abspath(path)
-    where = target if fmt == "zarr" else os.path.dirname(target)
-    while not os.path.lexists(where) and os.path.dirname(where) != where:
-        where = os.path.dirname(where)
-    fix = "Make it writable, or choose another output path"
-    if not os.path.isdir(where):
-        raise StoreNotWritableError(
-            f"prediction output {path!r} cannot be written: {where!r} is not a directory. {fix}."
-        )
-    probe = tmp_path_for(os.path.join(where, ".krr-write-check"))
-    try:
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except OSError as e:
-        raise StoreNotWritableError(
-            f"prediction output {path!r} cannot be written: directory {where!r} does not "
-            f"take a new file ({e.strerror or e}). {fix}."
-        ) from None
-    os.close(fd)
-    os.unlink(probe)
-
-
 def check_zarr_output_root(store: str | os.PathLike) -> None:
     """Refuse a ``.zarr`` output that is a file, or a non-empty directory that is not
     a Zarr store: the predictions' array, markers and ``zarr.json`` would be written
@@ -186,13 +146,17 @@ def check_zarr_output_root(store: str | os.PathLike) -> None:
 
 def check_prediction_output(path: str | os.PathLike, overwrite: bool) -> str:
     """Check an output path before any work (:func:`check_output_file` for a file
-    format, :func:`check_zarr_output_root` for ``.zarr``); returns its format."""
+    format, :func:`check_zarr_output_root` for ``.zarr``, then that it can be written:
+    :func:`pipeline.storage.location.check_writable`, whose StoreNotWritableError makes
+    ``krr`` exit 7); returns its format."""
+    from pipeline.storage.location import check_writable
+
     fmt = output_format(path)
     if fmt == "zarr":
         check_zarr_output_root(path)
     else:
         check_output_file(path, overwrite)
-    check_output_writable(path, fmt)
+    check_writable(path, output=True, file=fmt != "zarr")
     if fmt == "parquet":  # a missing extra is said before any work, not after it
         from pipeline._optional import require
 

@@ -175,3 +175,29 @@ def test_a_tmpfs_that_fills_up(tmp_path):
     finally:
         if os.path.ismount(mnt):
             subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_the_full_disk_in_a_failures_chain_is_found_and_a_looping_chain_ends():
+    """``disk_full_in`` (the exit 7 and the free-space hint of ``krr run``) walks the
+    cause chain with :func:`pipeline.errors.caused_by`. Its own walk before stopped only
+    after 20 full-disk errors, so a chain that loops without one never ended."""
+    import threading
+
+    from pipeline.cli.errors import disk_full_in
+
+    plain = OSError(errno.ENOSPC, "No space left on device")
+    named = DiskFullError("/x/K/c/0/0", 1 << 20, 10)
+    middle = ValueError("while writing")
+    top = RuntimeError("stage 'gram' failed")
+    top.__cause__, plain.__cause__, middle.__cause__ = plain, middle, named
+    assert disk_full_in(top) is named  # the one that names the path and the bytes, first
+    middle.__cause__ = OSError(errno.EACCES, "Permission denied")
+    assert disk_full_in(top) is plain
+    assert disk_full_in(RuntimeError("x")) is None and disk_full_in(None) is None
+    a, b = ValueError("a"), OSError(errno.EACCES, "denied")  # each the other's context
+    a.__context__, b.__context__ = b, a
+    found: list = []
+    walk = threading.Thread(target=lambda: found.append(disk_full_in(a)), daemon=True)
+    walk.start()
+    walk.join(10)
+    assert found == [None], "the walk of a looping chain did not end"

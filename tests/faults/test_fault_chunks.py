@@ -157,7 +157,7 @@ def test_krr_run_recovers_a_deleted_gram_marker(krr, tmp_path, krr_run):
 KILLED = """
 import os, signal, sys
 import numpy as np
-from pipeline.out_of_core import _store_dir
+from pipeline.fit import _store_dir
 from pipeline.storage import open_tiled_array
 
 a = open_tiled_array(sys.argv[1], "a", (200, 200), 100, "f8", "fp")

@@ -8,6 +8,7 @@ from scipy import linalg
 from sklearn.kernel_ridge import KernelRidge as SkKernelRidge
 from sklearn.model_selection import GridSearchCV, KFold, ShuffleSplit
 
+from pipeline.errors import NotPositiveDefiniteError
 from pipeline.kernels import RBF, Laplacian
 from pipeline.linalg.band import band_available, band_reduce
 from pipeline.models.selection import KernelRidgeCV
@@ -56,9 +57,15 @@ def test_band_reduction_is_an_orthogonal_similarity():
 
 
 def test_not_positive_definite_shift_is_named():
+    """The project's one type for the condition (a plain ValueError before issue #43)."""
     K = -np.eye(5)
-    with pytest.raises(ValueError, match=r"K \+ 0.5 I is not positive definite"):
+    with pytest.raises(NotPositiveDefiniteError, match=r"K \+ 0.5 I is not positive definite") as e:
         band_reduce(K).solve(np.ones(5), [2.0, 0.5])
+    assert isinstance(e.value, ValueError) and e.value.shift == 0.5 and e.value.tile is None
+    assert str(e.value) == (
+        "K + 0.5 I is not positive definite (band Cholesky failed at row 1); use a larger "
+        "alpha or a positive semi-definite kernel"
+    )
 
 
 def test_overwrite_reduces_in_place_and_default_keeps_the_input():
@@ -153,5 +160,5 @@ def test_band_not_positive_definite_kernel_names_the_shift():
     rng = np.random.default_rng(6)
     X = rng.standard_normal((40, 2))
     y = X[:, 0]
-    with pytest.raises(ValueError, match="not positive definite"):
+    with pytest.raises(NotPositiveDefiniteError, match="not positive definite"):
         KernelRidgeCV([1e-6], kernel="sigmoid", cv=2, solver="band").fit(X, y)

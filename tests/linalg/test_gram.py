@@ -173,6 +173,44 @@ def test_store_under_a_file_is_not_writable(tmp_path, X):
         build_gram(X, RBF(), tmp_path / "file" / "store", 64, progress=False)
 
 
+def test_one_writability_check_for_stores_and_prediction_outputs(tmp_path, X, monkeypatch):
+    """The Gram builder's store check and the prediction output's were two functions
+    (``gram.build._check_writable``, ``predict.output.check_output_writable``); both call
+    :func:`pipeline.storage.location.check_writable` now, each message unchanged."""
+    from pipeline.storage import location
+    from pipeline.storage.predictions import check_prediction_output
+
+    (tmp_path / "file").write_text("x")
+    under = str(tmp_path / "file" / "store")
+    with pytest.raises(StoreNotWritableError) as e:
+        location.check_writable(under)
+    assert str(e.value).startswith(f"store {under!r} is not writable (")
+    assert str(e.value).endswith("); pass a directory (or fsspec URL) you can write to")
+    out = str(tmp_path / "file" / "p.npy")
+    with pytest.raises(StoreNotWritableError) as e:
+        location.check_writable(out, output=True, file=True)
+    assert str(e.value) == (
+        f"prediction output {out!r} cannot be written: {str(tmp_path / 'file')!r} is not a "
+        "directory. Make it writable, or choose another output path."
+    )
+    location.check_writable(str(tmp_path / "new" / "p.zarr"), output=True)
+    assert not (tmp_path / "new").exists()  # a prediction output's check creates nothing
+    location.check_writable(str(tmp_path / "new"))
+    assert (tmp_path / "new").is_dir() and not list((tmp_path / "new").iterdir())
+
+    import pipeline.linalg.gram as build
+
+    assert build.check_writable is location.check_writable  # build_gram's check
+    calls = []
+    real = location.check_writable
+    monkeypatch.setattr(
+        location, "check_writable", lambda *a, **k: calls.append(k) or real(*a, **k)
+    )
+    check_prediction_output(tmp_path / "p.zarr", overwrite=False)
+    check_prediction_output(tmp_path / "p.npy", overwrite=False)
+    assert calls == [{"output": True, "file": False}, {"output": True, "file": True}]
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
 def test_store_not_writable(tmp_path, X):
     ro = tmp_path / "ro"

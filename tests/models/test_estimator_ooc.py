@@ -109,6 +109,17 @@ def test_cg_matches_cholesky_at_5000(tmp_path):
     assert _rel(stored.dual_coef_, chol.dual_coef_) < 1e-6
 
 
+def test_the_out_of_core_fit_logs_under_its_old_name(diabetes, caplog):
+    """``fit_out_of_core`` moved from ``pipeline/out_of_core.py`` into ``pipeline.fit``
+    (issue #43); its lines keep the logger name ``pipeline.out_of_core``, which ``run.log``
+    and ``krr`` off a terminal print (``%(name)s``) and a user's logging config may name."""
+    X, y = diabetes
+    with caplog.at_level(logging.INFO, logger="pipeline.out_of_core"):
+        KernelRidge(alpha=1.0, kernel="rbf", solver="cholesky", block_size=128).fit(X, y)
+    plans = [r for r in caplog.records if "fit plan (KernelRidge)" in r.getMessage()]
+    assert plans and {r.name for r in plans} == {"pipeline.out_of_core"}
+
+
 def test_auto_goes_out_of_core_when_ram_is_short(diabetes, monkeypatch, caplog):
     import pipeline.linalg.dense_memory as memory
 

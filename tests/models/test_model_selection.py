@@ -386,3 +386,27 @@ def test_without_the_band_lapack_routine_auto_falls_back(data, monkeypatch):
     assert m.solver_ in ("eigen", "dense") and m.search_stats_["band_reductions"] == 0
     with pytest.raises(RuntimeError, match="dsytrd_sy2sb"):
         KernelRidgeCV([0.1, 1.0], cv=3, solver="band").fit(X, y)
+
+
+@pytest.mark.parametrize("mode", ["loo", "kfold"])
+def test_eigen_not_positive_definite_shift_is_the_one_type(mode):
+    """The eigendecomposition's check raised a plain ValueError before issue #43; it is
+    the project's NotPositiveDefiniteError now (still a ValueError), its message unchanged."""
+    from sklearn.model_selection import LeaveOneOut
+
+    from pipeline.errors import NotPositiveDefiniteError
+    from pipeline.models.selection.eigen import eigendecompose
+
+    K = -np.eye(4)
+    with pytest.raises(NotPositiveDefiniteError) as e:
+        eigendecompose(K, np.ones((4, 1))).dual_coef(0.5)
+    assert isinstance(e.value, ValueError) and e.value.shift == 0.5 and e.value.tile is None
+    assert str(e.value) == (
+        "K + 0.5 I is not positive definite (smallest eigenvalue of K is -1); use a larger "
+        "alpha or a positive definite kernel"
+    )
+    rng = np.random.default_rng(6)
+    X = rng.standard_normal((40, 2))
+    cv = LeaveOneOut() if mode == "loo" else 2
+    with pytest.raises(NotPositiveDefiniteError, match="not positive definite"):
+        KernelRidgeCV([1e-6], kernel="sigmoid", cv=cv, solver="eigen").fit(X, X[:, 0])

@@ -24,6 +24,8 @@ import numpy as np
 from scipy import linalg
 from scipy.linalg import blas
 
+from pipeline.errors import NotPositiveDefiniteError
+
 __all__ = [
     "KernelEigen",
     "eigendecompose",
@@ -46,11 +48,14 @@ class KernelEigen:
         return int(self.w.shape[0])
 
     def check_shift(self, shift: float) -> None:
+        """Raise :class:`~pipeline.errors.NotPositiveDefiniteError` (a ValueError) unless
+        ``K + shift I`` is positive definite (its smallest eigenvalue above 0)."""
         lo = float(self.w[0] + shift)
         if not lo > 0:
-            raise ValueError(
+            raise NotPositiveDefiniteError.of_shift(
+                shift,
                 f"K + {shift:g} I is not positive definite (smallest eigenvalue of K is "
-                f"{self.w[0]:.3g}); use a larger alpha or a positive definite kernel"
+                f"{self.w[0]:.3g}); use a larger alpha or a positive definite kernel",
             )
 
     def dual_coef(self, shift: float, rows: np.ndarray | None = None) -> np.ndarray:
