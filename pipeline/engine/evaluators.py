@@ -53,10 +53,9 @@ __all__ = ["F32_LIMIT", "BlockEvaluator", "prepare"]
 #: with a 16x margin for the rounding inside the GEMM that produces it
 F32_LIMIT = float(np.finfo(np.float32).max) / 16
 
-#: sub-block shape (rows, columns) by evaluator family, measured on 2 cores
-#: (Sapphire Rapids, 2 MB L2 per core; see the module docstring of
-#: pipeline.engine.fused): GEMM-based kernels 256 x 512 (1 MB of float64), the
-#: feature-wise Laplacian 128 x 512 (its two scratch blocks stay in L2)
+#: sub-block shape (rows, columns) by evaluator family, the fastest measured: GEMM-based
+#: kernels 256 x 512 (1 MB of float64), the feature-wise Laplacian 128 x 512 (its two
+#: scratch blocks stay in L2) (measured: docs/PERFORMANCE.md#kernel-times-vector)
 BLOCK_GEMM = (256, 512)
 BLOCK_FEATUREWISE = (128, 512)
 
@@ -167,9 +166,9 @@ class _GemmExp(BlockEvaluator):
 
     ``A`` and ``B`` are kept feature-major (``(d + 2, n)``, C-contiguous):
     every preparation step is then a ufunc over rows of ``n`` elements
-    (row-major ``(n, d)`` ones run ``n`` inner loops of ``d`` elements, and at
-    D = 64 the preparation cost up to 0.4 ns per entry of a 2,048-square
-    tile, a fifth of a float32 product), and each sub-block's GEMM reads
+    (row-major ``(n, d)`` ones run ``n`` inner loops of ``d`` elements, a large
+    share of a float32 product at D = 64; measured:
+    docs/PERFORMANCE.md#kernel-times-vector), and each sub-block's GEMM reads
     contiguous panels (as fast as the NN form, measured).
     """
 

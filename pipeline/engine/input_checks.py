@@ -71,7 +71,7 @@ def iter_row_blocks(X: da.Array, batch: int | None = None) -> Iterator[tuple[int
     fit in :data:`~pipeline.constants.ROW_BATCH_BYTES` (at least one).
     Each computation costs time in proportion to ``X``'s whole graph, so a
     batch of a fixed two blocks made the passes over a source quadratic in its
-    blocks (session 23: 179 s to ingest 6.4 million rows, 196 to 1,563 blocks).
+    blocks (measured: docs/PERFORMANCE.md#the-main-job-and-the-ingest).
     """
     check_meta(X)
     sizes = [int(c) for c in X.chunks[0]]

@@ -316,9 +316,9 @@ def dask_client(
                 )
             )
             client = stack.enter_context(Client(cluster))
-        # No warm-up of the workers' imports here: session 22 ran one on a worker thread
-        # beside the first tasks, and two threads importing dask.array at once can leave
-        # it half-initialised ("No dispatch for numpy.ndarray", a failed stage; session 23)
+        # No warm-up of the workers' imports here: one on a worker thread beside the first
+        # tasks lets two threads import dask.array at once, which can leave it
+        # half-initialised ("No dispatch for numpy.ndarray", a failed stage)
         log.info(
             "started local cluster: %d workers x %d threads, %s each (dashboard %s)%s",
             n,

@@ -1,9 +1,9 @@
 """Where a small tile pass runs: here, rather than on a cluster on this machine.
 
 A pass sent to a distributed client costs a scheduler round trip and two
-serialisations, about 27-29 ms on the embedded LocalCluster whatever its size
-(measured below), while a kernel product over 1,000 rows takes 4-5 ms in this
-process. So a pass of at most
+serialisations, about 27-29 ms on the embedded LocalCluster whatever its size,
+while a kernel product over 1,000 rows takes 4-5 ms in this process (measured:
+docs/PERFORMANCE.md#model-selection). So a pass of at most
 :data:`~pipeline.constants.SMALL_PASS_ENTRIES` kernel entries runs on
 Dask's threaded scheduler here when the client's workers all run on this
 machine (their stores are this machine's too), with one BLAS thread per task as
@@ -23,7 +23,7 @@ from pipeline import constants as C
 
 __all__ = ["lower_entries", "n_features", "n_rows", "runs_here", "tile_entries", "weigh"]
 
-#: the D at which SMALL_PASS_ENTRIES was measured (RBF, session 21)
+#: the D at which SMALL_PASS_ENTRIES was measured (RBF)
 SMALL_PASS_FEATURES = 8
 
 

@@ -366,8 +366,8 @@ def first_touch_between_calls(
     """A ``first_touch`` for tile reads beside wide BLAS calls
     (:func:`pipeline.storage.buffers.take`), or None where it would not help.
 
-    Faulting in a new read buffer is most of a tile read's CPU (on the AMD EPYC VM
-    about 2 s per GB, ten times the copy). Done by a reader thread while an all-core
+    Faulting in a new read buffer is most of a tile read's CPU (about ten times the
+    copy; measured: docs/PERFORMANCE.md#known-traps). Done by a reader thread while an all-core
     BLAS call runs, it preempts one of the call's threads and the others spin on it,
     so the call loses the fault time on every core. The hook instead waits for the
     lock that wide calls hold (so none runs), then faults the pages in on

@@ -99,7 +99,7 @@ def iterative_refinement(
     margin: float = 1.0,
     live: Callable[[], np.ndarray] | None = None,
 ) -> int:
-    """The one outer loop of iterative refinement (issue #43): while a column's float64
+    """The one outer loop of iterative refinement: while a column's float64
     relative residual ``rel`` is above its ``target``, solve its correction equation to
     a modest tolerance and recompute the residual with float64 products.
 

@@ -35,7 +35,7 @@ preconditioner :class:`Float32NystromPreconditioner` applies it in float64,
 block by block, so ``P⁻¹`` is an exactly symmetric positive definite linear map
 (that of the float32 factor) and CG's theory holds.
 
-This module is the one home of Nyström (issue #43). The builder:
+This module is the one home of Nyström. The builder:
 :func:`build_nystrom` (centres ``"uniform"`` | ``"rpcholesky"`` | ``"adaptive"``)
 gives a :class:`NystromFactor` (F, its centres, the build's record); below it
 :func:`nystrom_factor` (the fixed-rank methods), :func:`rpcholesky`,
@@ -527,7 +527,7 @@ def make_preconditioner(
 
 # -- adaptive rank ----------------------------------------------------------------------
 #: stop growing when the estimated ‖K - F Fᵀ‖ is at most this multiple of the shift
-#: (κ ≤ 1 + factor; measured on diamonds N=10k, μ=1e-2: ρ/μ = 7 gives 10 iterations)
+#: (κ ≤ 1 + factor; measured: docs/PERFORMANCE.md#the-solver-policy-against-measured-times)
 DEFAULT_FACTOR = 5.0
 #: bytes the factor F may use (float32: 1 GiB is rank 6,700 at N = 40,000)
 DEFAULT_MEMORY_BUDGET = 1 << 30
@@ -813,7 +813,7 @@ def adaptive_nystrom_preconditioner(
 class FoldNystromBlock:
     """``(F_T F_Tᵀ + s I)⁻¹`` for each column's fold T and shift s, on padded columns.
 
-    The one fold form (issue #43): the preconditioner of the block PCG over every
+    The one fold form: the preconditioner of the block PCG over every
     (λ, fold) system (:func:`pipeline.models.selection.blockcg.block_pcg`) and, on the
     stacked fold vectors padded to n rows, of the CV path that solves one λ at a time
     (:func:`pipeline.models.selection.cgpath.cg_fold_predictions`). One factor F of the full

@@ -20,9 +20,10 @@ plan has the training rows it measures ρ on a few of them:
    it by ``N / m``: the eigenvalues of an N x N Gram grow as N times those of the
    kernel's integral operator, so the r-th of K_N is about N/m times the r-th of K_m.
 
-Measured against the iterations of the real solves (``bench_policy_grid.py``,
-``docs/PERFORMANCE.md``): the iterations are :data:`~pipeline.constants.CG_BOUND_FRACTION`
-of the Chebyshev bound of this ρ within about ±30 %, on both data sets. The
+Measured against the iterations of the real solves (``bench_policy_grid.py``;
+docs/PERFORMANCE.md#the-solver-policy-against-measured-times): the iterations are
+:data:`~pipeline.constants.CG_BOUND_FRACTION` of the Chebyshev bound of this ρ within
+about ±30 %, on both data sets. The
 estimate costs one m x m kernel matrix, an m x r factor and a few m x m products:
 about 0.1-0.3 s at m = 2,000 on 2 cores. Deterministic: the same rows give the
 same ρ, so ``krr run`` and ``KernelRidge`` plan the same fit alike.

@@ -513,7 +513,7 @@ def refine_with_operator(
     ``0.1 * tol * ‖y‖ / ‖r‖`` (between 1e-8 and 1e-2), then adds ``d``. One CG run
     from ``alpha`` loses this accuracy: its recursive residual drifts from the
     true one at about ``κ ε`` of its starting residual, so at κ ≈ 1e6 it stalled at
-    1.2e-11 and then diverged (seen on AMD EPYC). Restarting from the true
+    1.2e-11 and then diverged (measured). Restarting from the true
     residual keeps that drift relative to a residual already small, so the floor
     is the product's own rounding.
 

@@ -1,7 +1,7 @@
 """Cost model of preconditioned CG: iterations, time per product, build time, memory.
 
 Pure functions of N, D, λ (the shift μ), the preconditioner's residual
-``ρ = ‖K - F Fᵀ‖₂`` and measured machine rates; no I/O. The plan (issue #16)
+``ρ = ‖K - F Fᵀ‖₂`` and measured machine rates; no I/O. The plan
 compares these figures with :mod:`pipeline.plan.cholesky_cost`.
 
 Iterations. With ``P = F Fᵀ + μ I`` the preconditioned condition number is at
@@ -9,31 +9,17 @@ most ``κ = 1 + ρ/μ`` and CG needs at most the Chebyshev bound
 ``k = ⌈log(2/tol) / log((√κ+1)/(√κ-1))⌉`` iterations
 (:func:`chebyshev_iterations`). CG does better because the spectrum of the
 preconditioned matrix clusters at 1: :func:`predicted_iterations` scales the
-bound by :data:`~pipeline.constants.CG_BOUND_FRACTION`, calibrated below. The bound is a total
+bound by :data:`~pipeline.constants.CG_BOUND_FRACTION` (measured:
+docs/PERFORMANCE.md#the-solver-policy-against-measured-times). The bound is a total
 function of μ > 0 (:func:`chebyshev_bound`): past √κ = 1e4 its step is
 ``2 atanh(1/√κ)``, as ``(√κ+1)/(√κ-1)`` rounds to 1 near √κ = 1e16 (λ = 1e-31
 divided by zero), and it is capped at :data:`MAX_PREDICTED_ITERATIONS`.
 
-Calibration (measured under load, 2 cores, 2026-11-23, relative residual 1e-6):
-
-============================  =====  ======  ===========  =====  ========
-problem                       N      μ       ρ/μ          bound  measured
-============================  =====  ======  ===========  =====  ========
-diamonds RBF γ=0.1, r=500     10k    1e-2    76           64     30
-diamonds RBF γ=0.1, r=1000    10k    1e-2    7.1          20     10
-diamonds RBF γ=0.1, adaptive  10k    1e-2    1.18         9      6
-diamonds RBF γ=0.1, r=2000    10k    1e-2    0.39         6      4
-diamonds RBF γ=0.1, adaptive  20k    1e-2    1.57         10     6
-diamonds RBF γ=0.1, adaptive  10k    1e-3    1.62         11     5
-============================  =====  ======  ===========  =====  ========
-
-(ρ by power iteration; measured / bound = 0.45-0.67.)
-
 Products. A matrix-free product multiplies by all N² entries of K; the fused
 engine evaluates each lower-triangle entry once and uses it twice, so its time is
 ``N² / rate`` with ``rate`` = :data:`~pipeline.constants.CG_PRODUCT_ENTRY_RATE`
-N² entries per second at D = 14, measured through whole CG solves (diamonds 40k:
-about 0.95 s per iteration at D = 9; the grid of ``bench_policy_grid.py``), plus
+N² entries per second at D = 14, fitted to whole CG solves (measured:
+docs/PERFORMANCE.md#the-solver-policy-against-measured-times), plus
 :data:`~pipeline.constants.CG_PRODUCT_ROW_BLOCK_SECONDS` per row block. That is
 more than the engine's one-sided figure (``ENTRY_RATE_FLOAT64``, 0.53 G/s, each
 entry counted once), which :func:`entry_rate` still gives by default. The rate
@@ -62,7 +48,7 @@ __all__ = [
     "stored_product_seconds",
 ]
 
-# the calibrated figures live in pipeline.constants (with where they were measured)
+# the calibrated figures live in pipeline.constants (measured: docs/PERFORMANCE.md)
 _REF_D = 14
 
 #: the most iterations a bound reports: a solve no budget affords (an int64, so every

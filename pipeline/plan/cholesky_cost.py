@@ -1,4 +1,4 @@
-"""Predicted time, memory and disk of the out-of-core tile Cholesky (issue #15).
+"""Predicted time, memory and disk of the out-of-core tile Cholesky.
 
 Pure functions of ``n``, the block size ``b`` and measured machine rates (a GEMM
 GFLOP/s probe, disk bandwidth); no I/O. ``T = ceil(n / b)`` tiles per side.
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from pipeline import constants as C
 
-# the calibrated figures live in pipeline.constants (with where they were measured)
+# the calibrated figures live in pipeline.constants (measured: docs/PERFORMANCE.md)
 
 
 @dataclass(frozen=True)

@@ -75,7 +75,7 @@ def _check_ours(out: Path) -> None:
     if out.is_file():
         with open(out, "rb") as f:
             head = f.read(4096)
-        # session 25's pages name their generator; earlier ones start with this title
+        # newer pages name their generator; older ones start with this title
         if f'content="{GENERATOR}"'.encode() in head or b"<title>krr report" in head:
             return
     raise ForeignPathError(
