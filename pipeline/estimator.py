@@ -27,7 +27,7 @@ from sklearn.utils.validation import check_is_fitted
 from pipeline.fit import execute, log_plan, measure_resources, row_probes
 from pipeline.kernel_estimator import KernelParamsMixin
 from pipeline.kernels import Linear, spec_round_trips
-from pipeline.model_io import estimator_state, save_model
+from pipeline.model_io import estimator_state, fitted_model, save_model
 from pipeline.options import (
     ALPHA_CONVENTIONS,
     CG_PRECISIONS,
@@ -530,6 +530,23 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
             "sample_weight": None if sw is None else fingerprint_blocks([sw]),
         }
 
+    # -- the fitted model -----------------------------------------------------------
+    @property
+    def model_(self) -> Any:
+        """The fitted model as the one fitted-model type, :class:`pipeline.artifact.Model`
+        (what :meth:`save` writes, :func:`load` reads and ``krr predict`` predicts with):
+        a view of ``X_fit_``, ``dual_coef_``, ``kernel_``, alpha and its convention, the
+        scaler and the feature names, made on access (nothing is copied).
+
+        Raises
+        ------
+        sklearn.exceptions.NotFittedError
+            Before ``fit``.
+        ValueError
+            A callable or ``"precomputed"`` kernel (no kernel spec: no portable model).
+        """
+        return fitted_model(self)
+
     # -- persistence -------------------------------------------------------------
     def save(self, path: Any, *, overwrite: bool = False) -> Any:
         """Write the fitted model as a portable artifact (Zarr group + JSON, no pickle).
@@ -563,18 +580,13 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         if self._precomputed:
             return np.asarray(X @ self.dual_coef_, dtype=np.float64)
         if getattr(self, "solver_", None) in OUT_OF_CORE_SOLVERS or pre:
-            from pipeline.predict import predict as predict_blockwise
-
+            # blockwise, by the fitted model (pipeline.artifact.Model.predict), as krr predict
             bs = int(self.block_size or 2048)
-            return predict_blockwise(
+            return fitted_model(self, portable=False).predict(
                 _dense(X),
-                self.X_fit_,
-                self.dual_coef_,
-                self.kernel_,
                 block_size=bs,
                 train_block_size=bs,
                 progress=True,  # as self.progress says (with_progress)
-                preprocessing=pre,
             )
         if sp.issparse(X):
             X = X.tocsr()

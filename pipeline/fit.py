@@ -63,7 +63,10 @@ log = logging.getLogger("pipeline.fit")
 
 @dataclass
 class FitResult:
-    """What :func:`execute` produced.
+    """What :func:`execute` produced: the one fit-result type (also what
+    :func:`pipeline.out_of_core.fit_out_of_core` returns, as ``OutOfCoreFit``).
+    The solvers' own results (``CGResult``, ``MixedCGResult``, ``BlockCGResult``)
+    are what one solve returned; this is what one fit returned.
 
     Attributes
     ----------

@@ -18,14 +18,14 @@ import logging
 import os
 import shutil
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from pipeline.errors import IndefiniteKernelError
-from pipeline.fit import execute, log_plan, measure_resources, row_probes
+from pipeline.fit import FitResult, execute, log_plan, measure_resources, row_probes
 from pipeline.kernels import Kernel
 from pipeline.options import ALPHA_CONVENTIONS, solver_choices
 from pipeline.policy.plan import plan_fit
@@ -40,15 +40,9 @@ __all__ = [
 ]
 
 
-@dataclass
-class OutOfCoreFit:
-    """What an out-of-core fit produced."""
-
-    dual_coef: np.ndarray
-    solver: str
-    n_iter: int
-    shift: float
-    info: dict[str, Any] = field(default_factory=dict)
+#: what an out-of-core fit produced: the one fit-result type, :class:`pipeline.fit.FitResult`
+#: (its ``factor`` and ``cg`` are None here: they point into a store that may be gone)
+OutOfCoreFit = FitResult
 
 
 #: the lock file in a fit's directory (``store/fit-<fingerprint>/.fit-lock``)
@@ -183,7 +177,7 @@ def fit_out_of_core(
     plan: Any = None,
     keep_gram: bool = True,
     x_fingerprint: str | None = None,
-) -> OutOfCoreFit:
+) -> FitResult:
     """Solve (K + shift·I) α = y out of core; shift = lam, or n·lam with ``convention="n_samples"``.
 
     Parameters
@@ -257,4 +251,5 @@ def fit_out_of_core(
             )  # fmt: skip
             log_plan(plan, reason, origin="KernelRidge", logger=log)
         res = execute(plan, X, y, kernel, root=root, progress=progress, x_fingerprint=x_fingerprint)
-        return OutOfCoreFit(res.dual_coef, res.solver, res.n_iter, res.shift, res.info)
+        # the factor's and CG's objects read the store, a temporary one removed on return
+        return replace(res, factor=None, cg=None)
