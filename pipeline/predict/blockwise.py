@@ -40,6 +40,7 @@ from pipeline.predict.source import as_input_blocks
 from pipeline.predict.source import input_fingerprint as _input_fingerprint
 from pipeline.storage import StoreMismatchError, fingerprint_obj, open_tiled_array, read_all
 from pipeline.storage.arrays import TiledArray
+from pipeline.storage.fingerprint import same_work
 from pipeline.tiles import predict_accumulate, task_threads
 from pipeline.tiles.engine import KernelSource, accumulate_graph, execute, pending
 
@@ -468,12 +469,13 @@ def _open_output(
             "Write to another output path, or replace them: overwrite=True "
             "(krr predict: --overwrite)."
         )
-        if old.get("model_fingerprint") not in (None, meta["model_fingerprint"]):
+        old_model, old_input = old.get("model_fingerprint"), old.get("input_fingerprint")
+        if old_model is not None and not same_work(old_model, meta["model_fingerprint"]):
             raise StoreMismatchError(
                 f"output store {where} holds predictions of another model (model fingerprint "
                 f"{old['model_fingerprint']}, this model is {meta['model_fingerprint']}). {fix}"
             ) from exc
-        if old.get("input_fingerprint") not in (None, meta["input_fingerprint"]):
+        if old_input is not None and not same_work(old_input, meta["input_fingerprint"]):
             raise StoreMismatchError(
                 f"output store {where} holds predictions for another input (input fingerprint "
                 f"{old['input_fingerprint']}, this input is {meta['input_fingerprint']}). {fix}"
