@@ -71,7 +71,9 @@ class Model:
     Attributes
     ----------
     X_train : ndarray of shape (N, D)
-        Training points as the kernel sees them (after preprocessing).
+        Training points as the kernel sees them (after preprocessing). In memory
+        once saved or loaded; ``krr run``'s predict stage holds its stored rows as a
+        Dask array, read block by block.
     dual_coef : ndarray of shape (N,) or (N, n_outputs)
         α.
     kernel : Kernel
