@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 import zarr
 
-from pipeline.artifact import (
+from pipeline.kernels import RBF, Laplacian, Linear
+from pipeline.models.artifact import (
     FORMAT_VERSION,
     ArtifactError,
     ModelArtifact,
     load_artifact,
     save_artifact,
 )
-from pipeline.kernels import RBF, Laplacian, Linear
 from pipeline.storage import StoreMismatchError
 
 
@@ -111,7 +111,7 @@ def test_no_pickle_anywhere(model, tmp_path, monkeypatch):
 PORTABLE = textwrap.dedent(
     """
     import sys, numpy as np
-    from pipeline.artifact import load_artifact
+    from pipeline.models.artifact import load_artifact
     m = load_artifact(sys.argv[1])
     np.save(sys.argv[3], m.predict(np.load(sys.argv[2]), block_size=64, progress=False))
     """
@@ -388,13 +388,13 @@ def test_a_primal_float32_model_predicts_as_fitted_through_its_artifact(tmp_path
 def test_the_estimator_the_artifact_and_load_hold_one_model_type(tmp_path):
     """Issue #43 ("Two fit-result types and four model types"): the estimator's fitted
     state, the saved artifact and what loading gives were separate types; now
-    ``KernelRidge.model_`` is a :class:`pipeline.artifact.Model`, ``save`` writes exactly
+    ``KernelRidge.model_`` is a :class:`pipeline.models.artifact.Model`, ``save`` writes exactly
     it, and ``ModelArtifact``/``FittedModel`` are names of that one class."""
     from sklearn.kernel_ridge import KernelRidge as SK
 
     from pipeline import KernelRidge, load
-    from pipeline.artifact import Model
-    from pipeline.model_io import FittedModel
+    from pipeline.models.artifact import Model
+    from pipeline.models.model_io import FittedModel
 
     assert ModelArtifact is Model and FittedModel is Model
     rng = np.random.default_rng(5)
@@ -425,8 +425,8 @@ def test_an_unsaved_model_names_its_prediction_store_by_its_content(model, tmp_p
     """A :class:`Model` not saved yet has no recorded fingerprint (""): its batch
     prediction used "" as the model's name, so another unsaved model's predictions in
     the same store were resumed as its own; the store is now named by the content."""
-    from pipeline.artifact import Model
     from pipeline.kernels import make_kernel
+    from pipeline.models.artifact import Model
 
     fields = {k: v for k, v in model.items() if k != "kernel"}
     a = Model(kernel=make_kernel(model["kernel"]), **fields)

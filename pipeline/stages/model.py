@@ -1,7 +1,7 @@
 """Model stage: the fitted-model artifact, for ``krr predict MODEL INPUT OUTPUT``.
 
 Writes ``{stage_dir}/model``, the one fitted-model type
-(:class:`pipeline.artifact.Model`, saved with :meth:`~pipeline.artifact.Model.save`):
+(:class:`pipeline.models.artifact.Model`, saved with :meth:`~pipeline.models.artifact.Model.save`):
 the training rows (as the kernel sees them), α, the kernel spec, λ and its
 convention, the scaler, and the fingerprint chain. No pickle.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline.artifact import Model
 from pipeline.kernels import make_kernel
+from pipeline.models.artifact import Model
 from pipeline.stages.ingest import open_rows, preprocessing_params
 from pipeline.stages.outputs import IngestOutput, ModelOutput, SolveOutput
 from pipeline.stages.solve import load_alpha

@@ -1,7 +1,7 @@
 """Predict stage: ŷ for the test rows (and an optional extra batch input).
 
 Predicts with the run's fitted model, the one fitted-model type
-(:class:`pipeline.artifact.Model`, its training rows read block by block from the
+(:class:`pipeline.models.artifact.Model`, its training rows read block by block from the
 ingest store), into a Zarr output, so predictions are written by row blocks with
 completion records and a killed prediction resumes. The test rows are stored raw
 by the ingest stage, so prediction applies the training scaler exactly as it does
@@ -13,11 +13,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline.artifact import Model
-from pipeline.config import PredictConfig
 from pipeline.kernels import make_kernel
-from pipeline.predict import select_features, write_predictions
-from pipeline.predict.output import check_prediction_output
+from pipeline.linalg.predict_source import select_features
+from pipeline.models.artifact import Model
+from pipeline.stages.config import PredictConfig
 from pipeline.stages.ingest import open_rows, preprocessing_params
 from pipeline.stages.outputs import (
     IngestOutput,
@@ -28,6 +27,7 @@ from pipeline.stages.outputs import (
 )
 from pipeline.stages.solve import load_alpha
 from pipeline.storage.location import join_path
+from pipeline.storage.predictions import check_prediction_output, write_predictions
 
 
 def run(
