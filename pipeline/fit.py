@@ -25,7 +25,7 @@ import logging
 import os
 import shutil
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +82,10 @@ log = logging.getLogger("pipeline.fit")
 
 @dataclass
 class FitResult:
-    """What :func:`execute` produced.
+    """What :func:`execute` produced: the one fit-result type (also what
+    :func:`fit_out_of_core` returns, as ``OutOfCoreFit``). The solvers' own results
+    (``CGResult``, ``MixedCGResult``, ``BlockCGResult``) are what one solve returned;
+    this is what one fit returned.
 
     Attributes
     ----------
@@ -635,15 +638,9 @@ def fit_reference(
 ooc_log = logging.getLogger("pipeline.out_of_core")
 
 
-@dataclass
-class OutOfCoreFit:
-    """What an out-of-core fit produced."""
-
-    dual_coef: np.ndarray
-    solver: str
-    n_iter: int
-    shift: float
-    info: dict[str, Any] = field(default_factory=dict)
+#: what an out-of-core fit produced: the one fit-result type, :class:`FitResult` (its
+#: ``factor`` and ``cg`` are None there: they point into a store that may be gone)
+OutOfCoreFit = FitResult
 
 
 #: the lock file in a fit's directory (``store/fit-<fingerprint>/.fit-lock``)
@@ -780,7 +777,7 @@ def fit_out_of_core(
     plan: Any = None,
     keep_gram: bool = _DEFAULT.keep_gram,
     x_fingerprint: str | None = None,
-) -> OutOfCoreFit:
+) -> FitResult:
     """Solve (K + shift·I) α = y out of core; shift = lam, or n·lam with ``convention="n_samples"``.
 
     Parameters
@@ -854,4 +851,5 @@ def fit_out_of_core(
             )  # fmt: skip
             log_plan(plan, reason, origin="KernelRidge", logger=ooc_log)
         res = execute(plan, X, y, kernel, root=root, progress=progress, x_fingerprint=x_fingerprint)
-        return OutOfCoreFit(res.dual_coef, res.solver, res.n_iter, res.shift, res.info)
+        # the factor's and CG's objects read the store, a temporary one removed on return
+        return replace(res, factor=None, cg=None)

@@ -42,6 +42,7 @@ from pipeline.linalg.predict_source import as_input_blocks
 from pipeline.linalg.predict_source import input_fingerprint as _input_fingerprint
 from pipeline.storage import StoreMismatchError, fingerprint_obj, open_tiled_array, read_all
 from pipeline.storage.arrays import TiledArray
+from pipeline.storage.fingerprint import same_work
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +175,12 @@ def _count(*n: int) -> int:
 
 # -- graph --------------------------------------------------------------------
 @dataclass(frozen=True)
-class _Model:
+class _TrainBlocks:
+    """A fitted model's arrays as the prediction graph reads them: X_train and α in
+    ``train_block_size`` row blocks, the kernel object, the checked scaler. Not a
+    model type: the one fitted-model type is :class:`pipeline.models.artifact.Model`, whose
+    ``predict`` calls :func:`predict` with its fields."""
+
     X_train: da.Array
     dual_coef: da.Array  # 2-D (N, n_outputs)
     kernel: Kernel
@@ -188,7 +194,7 @@ def _check_model(
     kernel: Any,
     preprocessing: Mapping[str, Any] | None,
     train_block_size: int,
-) -> _Model:
+) -> _TrainBlocks:
     kernel = make_kernel(kernel)
     if not isinstance(X_train, da.Array):
         X_train = np.asarray(X_train)
@@ -215,7 +221,7 @@ def _check_model(
     Xt = _as_train_blocks(X_train, bt)
     A = _as_train_blocks(A, bt)
     pre = check_preprocessing(preprocessing, X_train.shape[1], None if squeeze else A.shape[1])
-    return _Model(Xt, A, kernel, squeeze, pre)
+    return _TrainBlocks(Xt, A, kernel, squeeze, pre)
 
 
 def _as_train_blocks(x: Any, bt: int) -> da.Array:
@@ -234,7 +240,7 @@ def _check_args(block_size: int, nan_policy: str) -> int:
     return b
 
 
-def _dtypes(X: da.Array, m: _Model) -> tuple[np.dtype, np.dtype]:
+def _dtypes(X: da.Array, m: _TrainBlocks) -> tuple[np.dtype, np.dtype]:
     f32 = X.dtype == np.float32 and m.X_train.dtype == np.float32 and not m.pre
     kdt = np.dtype(np.float32 if f32 else np.float64)
     return kdt, np.result_type(kdt, m.dual_coef.dtype, np.float32)
@@ -242,7 +248,7 @@ def _dtypes(X: da.Array, m: _Model) -> tuple[np.dtype, np.dtype]:
 
 def _graph(
     X: da.Array,
-    m: _Model,
+    m: _TrainBlocks,
     *,
     nan_policy: str,
     rows: list[int],
@@ -383,7 +389,7 @@ def predict_blockwise(
     return arr[:, 0] if m.squeeze else arr
 
 
-def _check_input(X_new: Any, b: int, m: _Model) -> da.Array:
+def _check_input(X_new: Any, b: int, m: _TrainBlocks) -> da.Array:
     X = as_input_blocks(X_new, b)
     d = m.X_train.shape[1]
     if X.shape[1] != d:
@@ -463,12 +469,13 @@ def _open_output(
             "Write to another output path, or replace them: overwrite=True "
             "(krr predict: --overwrite)."
         )
-        if old.get("model_fingerprint") not in (None, meta["model_fingerprint"]):
+        old_model, old_input = old.get("model_fingerprint"), old.get("input_fingerprint")
+        if old_model is not None and not same_work(old_model, meta["model_fingerprint"]):
             raise StoreMismatchError(
                 f"output store {where} holds predictions of another model (model fingerprint "
                 f"{old['model_fingerprint']}, this model is {meta['model_fingerprint']}). {fix}"
             ) from exc
-        if old.get("input_fingerprint") not in (None, meta["input_fingerprint"]):
+        if old_input is not None and not same_work(old_input, meta["input_fingerprint"]):
             raise StoreMismatchError(
                 f"output store {where} holds predictions for another input (input fingerprint "
                 f"{old['input_fingerprint']}, this input is {meta['input_fingerprint']}). {fix}"
@@ -594,7 +601,7 @@ def predict(
     )
 
 
-def _model_fp(X_train: Any, dual_coef: Any, m: _Model) -> str:
+def _model_fp(X_train: Any, dual_coef: Any, m: _TrainBlocks) -> str:
     Xt = X_train.compute() if isinstance(X_train, da.Array) else np.asarray(X_train)
     a = dual_coef.compute() if isinstance(dual_coef, da.Array) else np.asarray(dual_coef)
     return _model_fingerprint(Xt, a, m.kernel, m.pre)

@@ -30,6 +30,7 @@ from pipeline.linalg.precond import IdentityPreconditioner
 from pipeline.storage import TileMarkers, fingerprint_blocks, fingerprint_obj
 from pipeline.storage.arrays import bytes_checksum
 from pipeline.storage.atomic import atomic_write, is_local
+from pipeline.storage.fingerprint import same_work
 from pipeline.storage.tempfiles import sweep_tmp_files
 
 __all__ = ["CGCheckpoint", "cg_fingerprint", "resumable_cg"]
@@ -169,7 +170,10 @@ class CGCheckpoint:
                 return None
             with np.load(io.BytesIO(data)) as z:
                 meta = json.loads(bytes(z["meta"]).decode())
-                if meta["fingerprint"] != self.fingerprint or meta["iteration"] != rec["iteration"]:
+                if (
+                    not same_work(meta["fingerprint"], self.fingerprint)
+                    or meta["iteration"] != rec["iteration"]
+                ):
                     log.warning("checkpoint slot %s does not match its marker; ignoring it", path)
                     return None
                 history = list(z["history"])
@@ -256,7 +260,12 @@ def resumable_cg(
             theirs = CGCheckpoint(other, fingerprint, name=name, every=every)
             # the same products bit for bit: their tiling too (a matrix-free product's
             # rounding follows its tiles; a state from another tiling gave another alpha)
-            same = (theirs.markers.record(_KEY) or {}).get("tiling") == tiling
+            # (the tiling is not in the checkpoint's fingerprint, whose recipe is pinned:
+            # the adopted work is named by both)
+            recorded = (theirs.markers.record(_KEY) or {}).get("tiling")
+            same = same_work(
+                fingerprint_obj([fingerprint, recorded]), fingerprint_obj([fingerprint, tiling])
+            )
             found = theirs.load() if same else None
         except (OSError, ValueError):  # unreadable: not a state to resume
             continue

@@ -61,13 +61,21 @@ _CHUNK_BYTES = 64 * 2**20
 
 
 @dataclass
-class ModelArtifact:
-    """A fitted kernel ridge model, as saved and loaded.
+class Model:
+    """A fitted kernel ridge model: the one fitted-model type, which is the saved artifact.
+
+    What :func:`save_artifact` writes and :func:`load_artifact` reads, what
+    ``KernelRidge.model_`` gives, ``KernelRidge.save`` writes and :func:`pipeline.load`
+    reads, what ``krr run``'s model stage writes and what ``krr predict`` predicts
+    with (:meth:`predict`). ``ModelArtifact`` and
+    :data:`pipeline.models.model_io.FittedModel` are other names of this class.
 
     Attributes
     ----------
     X_train : ndarray of shape (N, D)
-        Training points as the kernel sees them (after preprocessing).
+        Training points as the kernel sees them (after preprocessing). In memory
+        once saved or loaded; ``krr run``'s predict stage holds its stored rows as a
+        Dask array, read block by block.
     dual_coef : ndarray of shape (N,) or (N, n_outputs)
         α.
     kernel : Kernel
@@ -140,7 +148,8 @@ class ModelArtifact:
             columns=kwargs.pop("columns", None),
             ordinal=(self.extra or {}).get("ordinal"),  # a krr run model's data.ordinal
         )
-        kwargs.setdefault("model_fingerprint", self.model_fingerprint)
+        # a model not saved yet has no fingerprint: the prediction store then hashes it
+        kwargs.setdefault("model_fingerprint", self.model_fingerprint or None)
         X_train = self.X_train
         if (self.extra or {}).get("primal_coef_") is not None and X_train.dtype != np.float64:
             # a primal fit on float32 rows: its alpha is large and cancels, so the kernel is
@@ -155,7 +164,7 @@ class ModelArtifact:
             **kwargs,
         )
 
-    def save(self, path_or_url: str, *, overwrite: bool = False) -> ModelArtifact:
+    def save(self, path_or_url: str, *, overwrite: bool = False) -> Model:
         """Write this model to ``path_or_url`` (see :func:`save_artifact`)."""
         return save_artifact(
             path_or_url,
@@ -172,6 +181,10 @@ class ModelArtifact:
             target_names=self.target_names,
             overwrite=overwrite,
         )
+
+
+#: the name this class had before it was the one fitted-model type (public, kept)
+ModelArtifact = Model
 
 
 # -- helpers ----------------------------------------------------------------------
@@ -244,7 +257,7 @@ def save_artifact(
     overwrite: bool = False,
     feature_names: Any = None,
     target_names: Any = None,
-) -> ModelArtifact:
+) -> Model:
     """Write a fitted model as a Zarr group with JSON metadata.
 
     Parameters
@@ -287,7 +300,7 @@ def save_artifact(
 
     Returns
     -------
-    ModelArtifact
+    Model
         The model as saved (``path`` set).
     """
     path = normalise_path(path_or_url)
@@ -403,7 +416,7 @@ def save_artifact(
     meta["meta_checksum"] = fingerprint_obj(meta)
     meta["complete"] = True  # written last: an interrupted save is detected on load
     group.attrs[META_KEY] = _json_checked(meta, "artifact metadata")
-    return ModelArtifact(
+    return Model(
         X_train=np.asarray(X_loaded),
         dual_coef=dual_coef,
         kernel=kernel_from_spec(kernel.to_spec()),
@@ -506,7 +519,7 @@ def _load_array(group: zarr.Group, name: str, record: dict[str, Any], path: str)
 
 def load_artifact(
     path_or_url: str | os.PathLike, *, verify: bool = True, x_train: Any = None
-) -> ModelArtifact:
+) -> Model:
     """Load a model saved by :func:`save_artifact`.
 
     Parameters
@@ -526,7 +539,7 @@ def load_artifact(
 
     Returns
     -------
-    ModelArtifact
+    Model
 
     Raises
     ------
@@ -580,7 +593,7 @@ def load_artifact(
     n_out = None if dual_coef.ndim == 1 else dual_coef.shape[1]
     pre = check_preprocessing(meta.get("preprocessing"), X_train.shape[1], n_out)
     lam = meta["regularization"]
-    return ModelArtifact(
+    return Model(
         X_train=X_train,
         dual_coef=dual_coef,
         kernel=kernel,

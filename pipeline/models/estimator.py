@@ -30,7 +30,7 @@ from pipeline.kernels import Linear, spec_round_trips
 from pipeline.linalg.dense_dual import effective_alpha, predict_dual
 from pipeline.linalg.dense_memory import check_dense_memory, dense_dual_bytes, primal_bytes
 from pipeline.models.kernel_estimator import KernelParamsMixin
-from pipeline.models.model_io import estimator_state, save_model
+from pipeline.models.model_io import estimator_state, fitted_model, save_model
 from pipeline.options import (
     ALPHA_CONVENTIONS,
     OUT_OF_CORE_SOLVERS,
@@ -504,6 +504,23 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
             "sample_weight": None if sw is None else fingerprint_blocks([sw]),
         }
 
+    # -- the fitted model -----------------------------------------------------------
+    @property
+    def model_(self) -> Any:
+        """The fitted model as the one fitted-model type, :class:`pipeline.models.artifact.Model`
+        (what :meth:`save` writes, :func:`load` reads and ``krr predict`` predicts with):
+        a view of ``X_fit_``, ``dual_coef_``, ``kernel_``, alpha and its convention, the
+        scaler and the feature names, made on access (nothing is copied).
+
+        Raises
+        ------
+        sklearn.exceptions.NotFittedError
+            Before ``fit``.
+        ValueError
+            A callable or ``"precomputed"`` kernel (no kernel spec: no portable model).
+        """
+        return fitted_model(self)
+
     # -- persistence -------------------------------------------------------------
     def save(self, path: Any, *, overwrite: bool = False) -> Any:
         """Write the fitted model as a portable artifact (Zarr group + JSON, no pickle).
@@ -537,18 +554,13 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         if self._precomputed:
             return np.asarray(X @ self.dual_coef_, dtype=np.float64)
         if getattr(self, "solver_", None) in OUT_OF_CORE_SOLVERS or pre:
-            from pipeline.linalg.blockwise import predict as predict_blockwise
-
+            # blockwise, by the fitted model (pipeline.models.artifact.Model.predict), as krr predict
             bs = int(self.block_size or 2048)
-            return predict_blockwise(
+            return fitted_model(self, portable=False).predict(
                 _dense(X),
-                self.X_fit_,
-                self.dual_coef_,
-                self.kernel_,
                 block_size=bs,
                 train_block_size=bs,
                 progress=True,  # as self.progress says (with_progress)
-                preprocessing=pre,
             )
         if sp.issparse(X):
             X = X.tocsr()

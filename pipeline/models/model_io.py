@@ -17,13 +17,14 @@ from typing import Any
 import numpy as np
 
 from pipeline.kernels import Kernel, kernel_from_spec
-from pipeline.models.artifact import ArtifactError, ModelArtifact, save_artifact
+from pipeline.models.artifact import ArtifactError, Model
 from pipeline.options import diagonal_shift, public_convention, solver_convention
 
-#: the one fitted-model value: what ``KernelRidge.save``, ``krr run``'s model stage
-#: and :func:`pipeline.load` write and read (kernel spec, X_train or its reference,
-#: dual coefficients, preprocessing, feature names, fingerprints; Zarr + JSON)
-FittedModel = ModelArtifact
+#: the one fitted-model type (:class:`pipeline.models.artifact.Model`): what ``KernelRidge.save``,
+#: ``krr run``'s model stage and :func:`pipeline.load` write and read (kernel spec,
+#: X_train or its reference, dual coefficients, preprocessing, feature names,
+#: fingerprints; Zarr + JSON). ``ModelArtifact`` is another name of it.
+FittedModel = Model
 
 
 def _json_params(est: Any) -> dict[str, Any]:
@@ -47,12 +48,25 @@ def _json_params(est: Any) -> dict[str, Any]:
     return params
 
 
-def save_model(est: Any, path: Any, *, overwrite: bool = False) -> ModelArtifact:
-    """Save a fitted :class:`pipeline.KernelRidge` to ``path`` (directory or fsspec URL)."""
+def fitted_model(est: Any, *, portable: bool = True) -> Model:
+    """The :class:`~pipeline.models.artifact.Model` a fitted :class:`pipeline.KernelRidge` holds
+    (``KernelRidge.model_``): its training rows, ``dual_coef_``, kernel, λ and its
+    convention, scaler, feature names, and its parameters and fitted attributes as
+    ``extra``. Not saved yet: ``path`` is None and ``model_fingerprint`` empty.
+
+    ``portable=False`` leaves the parameters out of ``extra`` (what ``predict`` needs
+    only: a kernel object without a JSON spec predicts, it cannot be saved).
+
+    Raises
+    ------
+    ValueError
+        A kernel without a spec (a callable, ``"precomputed"``): such a fit is no
+        :class:`~pipeline.models.artifact.Model` (it predicts in memory only, and cannot be saved).
+    """
     from sklearn.utils.validation import check_is_fitted
 
     check_is_fitted(est, "dual_coef_")
-    params = _json_params(est)
+    params = _json_params(est) if portable else None
     if est.kernel_ is None:
         raise ValueError(f"a model with kernel={est.kernel!r} cannot be saved (no kernel spec)")
     X = est.X_fit_
@@ -62,7 +76,7 @@ def save_model(est: Any, path: Any, *, overwrite: bool = False) -> ModelArtifact
     shift = np.asarray(est.effective_alpha_, dtype=np.float64)
     alphas = np.atleast_1d(np.asarray(est.alpha, dtype=np.float64))
     lam = float(alphas[0]) if np.unique(alphas).size == 1 else alphas.tolist()
-    extra = {
+    extra: dict[str, Any] = {
         "estimator": "pipeline.KernelRidge",
         "params": params,
         "solver_": est.solver_,
@@ -72,20 +86,26 @@ def save_model(est: Any, path: Any, *, overwrite: bool = False) -> ModelArtifact
     primal = getattr(est, "primal_coef_", None)
     if primal is not None:  # predict(X) = X @ primal_coef_ (JSON floats round-trip exactly)
         extra["primal_coef_"] = np.asarray(primal, dtype=np.float64).tolist()
+    if not portable:
+        del extra["params"]
     # a model loaded from krr run keeps its scaler (its X_train is the standardised rows)
     pre = getattr(est, "preprocessing_", None) or None
-    return save_artifact(
-        str(path),
+    return Model(
+        X_train=np.asarray(X),
         dual_coef=est.dual_coef_,
         kernel=est.kernel_,
         regularization=lam,
         regularization_convention=conv,
-        X_train=np.asarray(X),
-        preprocessing=None if pre is None else {k: np.asarray(v).tolist() for k, v in pre.items()},
+        preprocessing={} if pre is None else {k: np.asarray(v) for k, v in pre.items()},
         extra=extra,
-        overwrite=overwrite,
         feature_names=_feature_names(est),
     )
+
+
+def save_model(est: Any, path: Any, *, overwrite: bool = False) -> Model:
+    """Save a fitted :class:`pipeline.KernelRidge` to ``path`` (directory or fsspec URL):
+    its :func:`fitted_model`, written by :meth:`pipeline.models.artifact.Model.save`."""
+    return fitted_model(est).save(str(path), overwrite=overwrite)
 
 
 def _feature_names(est: Any) -> list[str] | None:
@@ -94,7 +114,7 @@ def _feature_names(est: Any) -> list[str] | None:
     return None if names is None else [str(n) for n in names]
 
 
-def estimator_state(art: ModelArtifact, path: Any = None) -> tuple[dict[str, Any], dict[str, Any]]:
+def estimator_state(art: Model, path: Any = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(params, fitted_attributes)`` of the :class:`pipeline.KernelRidge` an artifact holds.
 
     Reads models saved by ``KernelRidge.save`` (their parameters ride along) and

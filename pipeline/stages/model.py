@@ -1,7 +1,8 @@
 """Model stage: the fitted-model artifact, for ``krr predict MODEL INPUT OUTPUT``.
 
-Writes ``{stage_dir}/model`` with :func:`pipeline.models.artifact.save_artifact`: the
-training rows (as the kernel sees them), α, the kernel spec, λ and its
+Writes ``{stage_dir}/model``, the one fitted-model type
+(:class:`pipeline.models.artifact.Model`, saved with :meth:`~pipeline.models.artifact.Model.save`):
+the training rows (as the kernel sees them), α, the kernel spec, λ and its
 convention, the scaler, and the fingerprint chain. No pickle.
 """
 
@@ -10,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline.models.artifact import save_artifact
+from pipeline.kernels import make_kernel
+from pipeline.models.artifact import Model
 from pipeline.stages.ingest import open_rows, preprocessing_params
 from pipeline.stages.outputs import IngestOutput, ModelOutput, SolveOutput
 from pipeline.stages.solve import load_alpha
@@ -32,13 +34,12 @@ def run(
     if alpha.ndim == 2 and alpha.shape[1] == 1:
         alpha = alpha[:, 0]  # one target: the model predicts 1-D, like scikit-learn
     path = str(join_path(stage_dir, "model"))
-    art = save_artifact(
-        path,
+    model = Model(
+        X_train=open_rows(ing, "X_train").compute(),
         dual_coef=alpha,
-        kernel=kernel,
+        kernel=make_kernel(kernel),
         regularization=lam,
         regularization_convention=lam_convention,
-        X_train=open_rows(ing, "X_train").compute(),
         preprocessing=preprocessing_params(ing),
         feature_names=ing.feature_names,
         target_names=ing.target_names,
@@ -55,6 +56,6 @@ def run(
             # categories read as codes: krr predict applies them to a table's raw values
             **({"ordinal": ing.ordinal} if ing.ordinal else {}),
         },
-        overwrite=True,
     )
+    art = model.save(path, overwrite=True)
     return ModelOutput(path=path, model_fingerprint=art.model_fingerprint)

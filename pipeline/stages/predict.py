@@ -1,9 +1,11 @@
 """Predict stage: ŷ for the test rows (and an optional extra batch input).
 
-Calls :func:`pipeline.linalg.blockwise.predict` with a Zarr output, so predictions are
-written by row blocks with completion records and a killed prediction
-resumes. The test rows are stored raw by the ingest stage, so prediction
-applies the training scaler exactly as it does for new data.
+Predicts with the run's fitted model, the one fitted-model type
+(:class:`pipeline.models.artifact.Model`, its training rows read block by block from the
+ingest store), into a Zarr output, so predictions are written by row blocks with
+completion records and a killed prediction resumes. The test rows are stored raw
+by the ingest stage, so prediction applies the training scaler exactly as it does
+for new data.
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline.linalg.blockwise import predict as _predict
+from pipeline.kernels import make_kernel
 from pipeline.linalg.predict_source import select_features
+from pipeline.models.artifact import Model
 from pipeline.stages.config import PredictConfig
 from pipeline.stages.ingest import open_rows, preprocessing_params
 from pipeline.stages.outputs import (
@@ -45,16 +48,25 @@ def run(
     del input_identity
     ing = IngestOutput.from_json(inputs["ingest"])
     X_train = open_rows(ing, "X_train")
-    alpha = load_alpha(SolveOutput.from_json(inputs["solve"]))
-    pre = preprocessing_params(ing)
-    common = dict(
-        block_size=block_size, train_block_size=block_size, preprocessing=pre, overwrite=True
+    sol = SolveOutput.from_json(inputs["solve"])
+    # the model the model stage saves, but with the stored rows read lazily and alpha as
+    # solved ((n, 1) for one target: the predictions' shape and fingerprint stay as they were)
+    model = Model(
+        X_train=X_train,
+        dual_coef=load_alpha(sol),
+        kernel=make_kernel(kernel),
+        regularization=sol.lam,
+        regularization_convention=sol.lam_convention,
+        preprocessing=preprocessing_params(ing),
+        feature_names=ing.feature_names,
+        target_names=ing.target_names,
     )
+    common = dict(block_size=block_size, train_block_size=block_size, overwrite=True)
     test = batch = None
     X_test = open_rows(ing, "X_test")
     if X_test is not None:
         store = str(join_path(stage_dir, "predictions.zarr"))
-        res = _predict(X_test, X_train, alpha, kernel, out=store, out_name="test", **common)
+        res = model.predict(X_test, out=store, out_name="test", **common)
         test = PredictedRows(res.store, res.name, list(res.shape), res.n_blocks, res.fingerprint)
     if predict.input:
         src = select_features(
@@ -69,12 +81,12 @@ def run(
         fmt = check_prediction_output(store, overwrite=True)  # before predicting
         if fmt != "zarr":  # .npy / .csv / .parquet: computed in memory, written in one piece
             common.pop("overwrite")
-            y = _predict(src, X_train, alpha, kernel, progress=False, **common)
+            y = model.predict(src, progress=False, **common)
             # a run replaces the predictions it wrote, never a file of the user's
             crc = write_predictions(store, y, fmt, ing.target_names, overwrite=True)
             batch = PredictedFile(path=store, format=fmt, shape=list(y.shape), crc32c=crc)
         else:
-            res = _predict(src, X_train, alpha, kernel, out=store, out_name="predictions", **common)
+            res = model.predict(src, out=store, out_name="predictions", **common)
             batch = PredictedRows(
                 res.store, res.name, list(res.shape), res.n_blocks, res.fingerprint
             )

@@ -53,6 +53,7 @@ from pipeline.stages.manifest import (
 )
 from pipeline.stages.stage import Stage, stage_fingerprint
 from pipeline.storage import fingerprint_obj
+from pipeline.storage.fingerprint import same_work
 from pipeline.storage.location import Location, is_url, join_path
 
 log = logging.getLogger("pipeline.stages")
@@ -268,7 +269,12 @@ def adopt_result(
         return None
     for key, cfg in manifest.results.items():
         rec = cfg.stages.get(stage.name)
-        if key == manifest.latest or rec is None or rec.status != "done" or rec.fingerprint != fp:
+        if (
+            key == manifest.latest
+            or rec is None
+            or rec.status != "done"
+            or not same_work(rec.fingerprint, fp)
+        ):
             continue
         src = Path(run_dir, *[p for p in (cfg.dir, stage.name) if p])
         if not src.is_dir() or Path(stage_dir).exists():

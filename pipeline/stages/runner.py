@@ -93,6 +93,7 @@ from pipeline.stages.stage import (  # noqa: F401 (Stage, stage_fingerprint re-e
 )
 from pipeline.stages.usage import StageUsage
 from pipeline.storage import fingerprint_obj
+from pipeline.storage.fingerprint import same_work
 from pipeline.storage.location import Location, cap_store_waits, is_url, join_path, read_bytes
 from pipeline.storage.tempfiles import sweep_tmp_files
 
@@ -339,14 +340,19 @@ def run_stages(
     emit = on_event or (lambda s, e, i: None)
     manifest = Manifest.load(run_dir)
     ident = fingerprint_obj(identity) if identity is not None else None
-    if manifest.identity is not None and ident is not None and manifest.identity != ident:
+    # the run directory is reused only for the same data (the one rule: same_work)
+    if (
+        manifest.identity is not None
+        and ident is not None
+        and not same_work(manifest.identity, ident)
+    ):
         if not force_new:
             raise RunDirConflict(
                 f"run directory {str(run_dir)!r} holds a run on other data (identity "
                 f"{manifest.identity}, this config has {ident}). Use another --run-dir, or "
                 "pass --force-new to discard its contents and start over."
             )
-    if force_new and manifest.identity is not None and manifest.identity != ident:
+    if force_new and manifest.identity is not None and not same_work(manifest.identity, ident):
         _discard_run(run_dir, manifest, keep=(".lock", "run.log"))
         manifest = Manifest(run_dir=run_dir)
     if not remote:
@@ -422,12 +428,12 @@ def _run_pass(
         fps[stage.name] = fp
         if (
             rec.status == "done"
-            and rec.fingerprint == fp
+            and same_work(rec.fingerprint, fp)
             and outputs_damaged(stage, stage_dir, rec, emit)
         ):
             rec.status = "failed"  # rerun it below, resuming from its intact records
             manifest.save()
-        if rec.status == "done" and rec.fingerprint == fp:
+        if rec.status == "done" and same_work(rec.fingerprint, fp):
             outputs[stage.name] = rec.outputs
             _note(report.skipped_done, stage.name)
             emit(stage.name, "skip", {"fingerprint": fp})
@@ -452,12 +458,14 @@ def _run_pass(
             rec.started = None  # (nothing made: the record says so again)
             manifest.save()
         _check_adoptable(stage_dir, rec)  # from here on, stage_dir is ours
-        if rec.fingerprint is not None and rec.fingerprint != fp:
+        if rec.fingerprint is not None and not same_work(rec.fingerprint, fp):
             # another config computed what is there: never resume from it
             _clear_dir(stage_dir)
             _note(report.invalidated, stage.name)
             emit(stage.name, "invalidate", {"old": rec.fingerprint, "new": fp})
-        resumed = rec.status in ("running", "failed", "interrupted") and rec.fingerprint == fp
+        resumed = rec.status in ("running", "failed", "interrupted") and same_work(
+            rec.fingerprint, fp
+        )
         rec.status, rec.fingerprint, rec.outputs, rec.error = "running", fp, {}, None
         rec.started, rec.finished = time.time(), None
         manifest.save()

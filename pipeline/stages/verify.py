@@ -26,6 +26,7 @@ from pipeline.models.artifact import ArtifactError, load_artifact
 from pipeline.stages.evaluate import metrics_file_view
 from pipeline.stages.manifest import _json_default
 from pipeline.storage import read_all
+from pipeline.storage.fingerprint import same_work
 from pipeline.storage.location import join_path, read_bytes
 from pipeline.storage.predictions import file_crc32c
 
@@ -90,7 +91,7 @@ def verify_predictions(stage_dir: Path, outputs: dict[str, Any]) -> None:
                 fp = found.attrs.get("fingerprint")
             except Exception as e:  # missing or unreadable: recomputed like a damaged one
                 raise DamagedOutput(f"predictions {entry['store']!r}: {e}") from e
-            if fp != entry["fingerprint"]:
+            if not same_work(fp, entry["fingerprint"]):
                 raise DamagedOutput(
                     f"predictions {entry['store']!r} (array {entry['name']!r}) now hold another "
                     f"model's or input's predictions (fingerprint {fp}, this stage wrote "

@@ -19,7 +19,7 @@ from pipeline.storage.arrays import (
 )
 from pipeline.storage.blocks import open_stored, read_all, read_blocks
 from pipeline.storage.errors import ForeignPathError, IncompleteArrayError, TileRewriteError
-from pipeline.storage.fingerprint import fingerprint_blocks, fingerprint_obj
+from pipeline.storage.fingerprint import fingerprint_blocks, fingerprint_obj, same_work
 from pipeline.storage.markers import TileMarkers
 from pipeline.storage.tiles import TileGrid
 
@@ -38,6 +38,7 @@ __all__ = [
     "bytes_checksum",
     "fingerprint_blocks",
     "fingerprint_obj",
+    "same_work",
     "normalize_store",
     "open_stored",
     "open_tiled_array",

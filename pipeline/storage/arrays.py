@@ -37,6 +37,7 @@ from pipeline.errors import (  # noqa: F401  (re-exported: their old home)
     StoreMismatchError,
 )
 from pipeline.storage.errors import ForeignPathError, TileRewriteError
+from pipeline.storage.fingerprint import same_work
 from pipeline.storage.location import local_file_path
 from pipeline.storage.markers import TileMarkers
 from pipeline.storage.rawchunks import (
@@ -420,7 +421,7 @@ def open_tiled_array(
     if existing is not None:
         old_fp = existing.attrs.get("fingerprint")
         same = (
-            old_fp == fingerprint
+            same_work(old_fp, fingerprint)
             and tuple(existing.shape) == shape
             and tuple(existing.chunks) == chunks
             and np.dtype(existing.dtype) == dtype

@@ -1,7 +1,15 @@
-"""Content fingerprints: stable hashes of inputs and configs.
+"""Content fingerprints: stable hashes of inputs and configs, and the one reuse rule.
 
 A fingerprint names *what* a stored result was computed from. Results whose
-fingerprint differs from the one requested are never reused.
+fingerprint differs from the one requested are never reused: every mechanism that
+reuses work decides "same work?" with :func:`same_work`, and nothing else (the
+stored arrays: Gram, Cholesky factor, prediction and ingest stores, in
+:func:`pipeline.storage.open_tiled_array`; their tile and block markers; CG
+checkpoints; the CV search's per-setting checkpoints; ``krr run``'s stages, which
+skip, resume, adopt another configuration's result or invalidate by it; the check
+that a finished stage's prediction store still holds its own predictions). What
+the work depends on goes into the fingerprint (an ingest's source identity, a
+fit's parameters, a model's content), never into a rule of its own.
 """
 
 from __future__ import annotations
@@ -25,6 +33,18 @@ def _canonical(obj: Any) -> Any:
         # 1 and 1.0 describe the same parameter value
         return int(obj)
     return obj
+
+
+def same_work(recorded: Any, wanted: Any) -> bool:
+    """The one reuse rule: whether a result recorded under fingerprint ``recorded`` is
+    the work that fingerprint ``wanted`` names, so that it may be reused (skipped,
+    resumed, adopted) instead of computed again.
+
+    Both must be fingerprints (non-empty strings) and equal: a result that records no
+    fingerprint (None, an older writer's) and a request that names none are never the
+    same work. Everything else a result depends on belongs in its fingerprint.
+    """
+    return isinstance(wanted, str) and wanted != "" and recorded == wanted
 
 
 def fingerprint_obj(obj: Any) -> str:

@@ -20,6 +20,7 @@ from typing import Any
 import fsspec
 
 from pipeline.storage.atomic import atomic_write, is_local
+from pipeline.storage.fingerprint import same_work
 from pipeline.storage.tempfiles import sweep_tmp_files
 
 
@@ -78,7 +79,7 @@ class TileMarkers:
             rec = json.loads(self.fs.cat_file(self._path(tile)))
         except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
             return None
-        return rec if rec.get("fingerprint") == self.fingerprint else None
+        return rec if same_work(rec.get("fingerprint"), self.fingerprint) else None
 
     def is_done(self, tile: Any) -> bool:
         return self.record(tile) is not None

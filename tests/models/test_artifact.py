@@ -382,3 +382,76 @@ def test_a_primal_float32_model_predicts_as_fitted_through_its_artifact(tmp_path
     m.save(str(tmp_path / "p"))
     got = load_artifact(tmp_path / "p").predict(Xn, progress=False)
     np.testing.assert_allclose(got, m.predict(Xn), atol=1e-3 * np.ptp(y))
+
+
+# -- one fitted-model type (issue #43) ----------------------------------------------------
+def test_the_estimator_the_artifact_and_load_hold_one_model_type(tmp_path):
+    """Issue #43 ("Two fit-result types and four model types"): the estimator's fitted
+    state, the saved artifact and what loading gives were separate types; now
+    ``KernelRidge.model_`` is a :class:`pipeline.models.artifact.Model`, ``save`` writes exactly
+    it, and ``ModelArtifact``/``FittedModel`` are names of that one class."""
+    from sklearn.kernel_ridge import KernelRidge as SK
+
+    from pipeline import KernelRidge, load
+    from pipeline.models.artifact import Model
+    from pipeline.models.model_io import FittedModel
+
+    assert ModelArtifact is Model and FittedModel is Model
+    rng = np.random.default_rng(5)
+    X, y = rng.standard_normal((120, 3)), rng.standard_normal((120, 2))
+    Xt = rng.standard_normal((31, 3))
+    est = KernelRidge(alpha=0.3, kernel="rbf", gamma=0.7, solver="dense").fit(X, y)
+    m = est.model_
+    assert type(m) is Model and m.path is None and m.model_fingerprint == ""
+    np.testing.assert_array_equal(m.X_train, X)
+    np.testing.assert_array_equal(m.dual_coef, est.dual_coef_)
+    assert (m.regularization, m.regularization_convention) == (0.3, "sklearn")
+    # the dense reference
+    want = SK(alpha=0.3, kernel="rbf", gamma=0.7).fit(X, y).predict(Xt)
+    np.testing.assert_allclose(m.predict(Xt, progress=False), want, atol=1e-10)
+    saved = m.save(str(tmp_path / "a"))
+    est.save(str(tmp_path / "b"))
+    a, b = (json.loads((tmp_path / n / "zarr.json").read_text()) for n in "ab")
+    a, b = (d["attributes"]["krr_model"] for d in (a, b))
+    for d in (a, b):
+        del d["created"], d["meta_checksum"]
+    assert a == b  # est.save writes its model_, nothing else
+    loaded = load_artifact(tmp_path / "b")
+    assert type(loaded) is Model and loaded.model_fingerprint == saved.model_fingerprint
+    np.testing.assert_array_equal(load(str(tmp_path / "b")).model_.X_train, X)
+
+
+def test_an_unsaved_model_names_its_prediction_store_by_its_content(model, tmp_path, X_new):
+    """A :class:`Model` not saved yet has no recorded fingerprint (""): its batch
+    prediction used "" as the model's name, so another unsaved model's predictions in
+    the same store were resumed as its own; the store is now named by the content."""
+    from pipeline.kernels import make_kernel
+    from pipeline.models.artifact import Model
+
+    fields = {k: v for k, v in model.items() if k != "kernel"}
+    a = Model(kernel=make_kernel(model["kernel"]), **fields)
+    b = Model(
+        kernel=make_kernel(model["kernel"]), **{**fields, "dual_coef": fields["dual_coef"] + 1}
+    )
+    out = str(tmp_path / "pred")
+    assert a.predict(X_new, out=out, block_size=50, progress=False).n_computed == 4
+    with pytest.raises(StoreMismatchError, match="another model"):
+        b.predict(X_new, out=out, block_size=50, progress=False)
+
+
+def test_an_out_of_core_fit_returns_the_one_fit_result_type():
+    """Issue #43: ``fit_out_of_core`` returned its own ``OutOfCoreFit``, a second
+    fit-result type beside :class:`pipeline.fit.FitResult`; it is that type now."""
+    from pipeline.fit import OutOfCoreFit, fit_out_of_core
+
+    from pipeline.fit import FitResult
+    from pipeline.kernels import RBF
+
+    rng = np.random.default_rng(2)
+    X, y = rng.standard_normal((64, 2)), rng.standard_normal(64)
+    res = fit_out_of_core(X, y, RBF(gamma=0.5), 0.1, solver="cholesky", block_size=32,
+                          progress=False)  # fmt: skip
+    assert OutOfCoreFit is FitResult and type(res) is FitResult
+    assert res.factor is None and res.cg is None and res.plan.solver == "cholesky"
+    K = RBF(gamma=0.5)(X, X)
+    np.testing.assert_allclose(res.dual_coef, np.linalg.solve(K + 0.1 * np.eye(64), y), rtol=1e-8)

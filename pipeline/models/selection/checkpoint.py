@@ -24,6 +24,7 @@ import numpy as np
 from pipeline.kernels import kernel_fingerprint
 from pipeline.storage import fingerprint_blocks, fingerprint_obj
 from pipeline.storage.atomic import atomic_write
+from pipeline.storage.fingerprint import same_work
 from pipeline.storage.location import join_path, read_bytes
 
 __all__ = ["PREDICTIONS_RECIPE", "SettingCheckpoint"]
@@ -100,7 +101,7 @@ class SettingCheckpoint:
             marker = json.loads(read_bytes(marker_path))
         except (FileNotFoundError, OSError, ValueError):
             return None
-        if marker.get("fingerprint") != self.fingerprint(kern, setting, alphas):
+        if not same_work(marker.get("fingerprint"), self.fingerprint(kern, setting, alphas)):
             log.info("setting %d: checkpoint from another search; recomputing", si)
             return None
         try:
