@@ -8,6 +8,7 @@ import warnings
 import numpy as np
 import pytest
 
+from pipeline import constants
 from pipeline.kernels import RBF, Sigmoid
 from pipeline.linalg.cg import (
     CGConvergenceWarning,
@@ -220,7 +221,7 @@ def test_mixed_cg_and_the_block_cv_refine_with_the_one_loop(monkeypatch, hard):
     shifts = np.array([[a * len(tr) for tr in trains] for a in (1e-1, 1e-3)])
     preds = block_cv_predictions(op64, Y, trains, tests, shifts, op32=float32_twin(op64),
                                  tol=1e-11)  # fmt: skip
-    assert used[1:] == [cvblock.INNER_TOL]  # the block CV, float32 inner products
+    assert used[1:] == [constants.CV_INNER_TOL]  # the block CV, float32 inner products
     for f, (tr, te) in enumerate(zip(trains, tests)):
         for li in range(2):
             a = np.linalg.solve(K[np.ix_(tr, tr)] + shifts[li, f] * np.eye(len(tr)), Y[tr])

@@ -442,9 +442,7 @@ def test_an_unsaved_model_names_its_prediction_store_by_its_content(model, tmp_p
 def test_an_out_of_core_fit_returns_the_one_fit_result_type():
     """Issue #43: ``fit_out_of_core`` returned its own ``OutOfCoreFit``, a second
     fit-result type beside :class:`pipeline.fit.FitResult`; it is that type now."""
-    from pipeline.fit import OutOfCoreFit, fit_out_of_core
-
-    from pipeline.fit import FitResult
+    from pipeline.fit import FitResult, OutOfCoreFit, fit_out_of_core
     from pipeline.kernels import RBF
 
     rng = np.random.default_rng(2)

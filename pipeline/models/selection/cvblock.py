@@ -44,15 +44,8 @@ __all__ = ["block_cv_predictions", "precond_rank_cap", "rank_cap"]
 
 log = logging.getLogger("pipeline.models.selection")
 
-# the calibrated figures live in pipeline.constants (see there)
-INNER_TOL = C.CV_INNER_TOL
-MAX_REFINEMENTS = C.CV_MAX_REFINEMENTS
-RANK_FLOOR = C.CV_RANK_FLOOR
-RANK_SCALE = C.CV_RANK_SCALE
-PRECOND_BUDGET = C.CV_PRECOND_BUDGET
 
-
-def precond_rank_cap(n: int, n_folds: int, budget: int = PRECOND_BUDGET) -> int:
+def precond_rank_cap(n: int, n_folds: int, budget: int = C.CV_PRECOND_BUDGET) -> int:
     """Largest rank r with ``4 n r + 8 n_folds r² <= budget``."""
     a, b = 8.0 * n_folds, 4.0 * n
     r = (-b + np.sqrt(b * b + 4 * a * budget)) / (2 * a)
@@ -61,7 +54,7 @@ def precond_rank_cap(n: int, n_folds: int, budget: int = PRECOND_BUDGET) -> int:
 
 def rank_cap(n: int) -> int:
     """The adaptive preconditioner's rank cap for n rows (before the memory cap)."""
-    return int(min(n, max(RANK_FLOOR, RANK_SCALE * n ** (2.0 / 3.0))))
+    return int(min(n, max(C.CV_RANK_FLOOR, C.CV_RANK_SCALE * n ** (2.0 / 3.0))))
 
 
 def _factor(op, preconditioner, rank, min_shift, n_folds, random_state, stats):
@@ -232,8 +225,8 @@ def block_cv_predictions(
             rel,
             target,
             step,
-            max_steps=MAX_REFINEMENTS,
-            inner_floor=INNER_TOL if op32 is not None else 0.0,
+            max_steps=C.CV_MAX_REFINEMENTS,
+            inner_floor=C.CV_INNER_TOL if op32 is not None else 0.0,
             live=lambda: np.array([r is None for r in reason]),
         )
 
