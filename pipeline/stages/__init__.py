@@ -21,9 +21,11 @@ configurations with their metrics, :func:`latest_model` names the latest model.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -206,6 +208,17 @@ def default_stages() -> list[Stage]:
     ]
 
 
+def _took_over(run_dir: str | Path, lock: RunLock):
+    """The session of :func:`run_config` when its caller brings none: one warning when
+    the lock of a killed run was taken over."""
+    if lock.took_over:
+        log.warning(
+            "took over the lock of the killed run (pid %s, no longer alive); resuming",
+            lock.took_over.get("pid"),
+        )
+    return contextlib.nullcontext()
+
+
 def run_config(
     config: Any,
     run_dir: str | Path | None = None,
@@ -214,8 +227,9 @@ def run_config(
     force_new: bool = False,
     until: str | None = None,
     on_event: Callable[[str, str, dict[str, Any]], None] | None = None,
+    session: Callable[[Any, RunLock], AbstractContextManager[Any]] | None = None,
 ) -> RunReport:
-    """Run a config's stages in its run directory, as ``krr run`` does; ``pipeline.run``.
+    """Run a config's stages in its run directory; ``pipeline.run`` and ``krr run``.
 
     The run directory's lock is held while the stages run (a lock left by a killed
     run on this host is taken over, with a warning); complete stages are skipped
@@ -239,6 +253,12 @@ def run_config(
         Stop after this stage.
     on_event : callable, optional
         ``on_event(stage, event, info)``, see :func:`run_stages`.
+    session : callable, optional
+        ``session(run_dir, lock)``: a context manager entered once the lock is held,
+        around the stages, and exited before the lock is released (``krr run`` opens
+        its ``run.log`` and its Dask client there, and maps errors to exit codes). If
+        what it gives on entry is callable, it is called with the report before the
+        session exits. It says itself that a killed run's lock was taken over.
 
     Returns
     -------
@@ -269,22 +289,24 @@ def run_config(
     recorded = cfg.model_dump(mode="json", by_alias=True)
     if isinstance(recorded.get("storage"), dict) and recorded["storage"].get("options"):
         recorded["storage"] = {**recorded["storage"], "options": "<not recorded>"}  # credentials
-    with RunLock(run_dir) as lock:
-        if lock.took_over:
-            log.warning(
-                "took over the lock of the killed run (pid %s, no longer alive); resuming",
-                lock.took_over.get("pid"),
+    lock = RunLock(run_dir).acquire()
+    try:
+        with (session or _took_over)(run_dir, lock) as finish:
+            report = run_stages(
+                run_dir,
+                default_stages(),
+                cfg.stage_params(),
+                identity=cfg.identity(),
+                config=recorded,
+                force_new=force_new,
+                until=until,
+                on_event=on_event,
             )
-        return run_stages(
-            run_dir,
-            default_stages(),
-            cfg.stage_params(),
-            identity=cfg.identity(),
-            config=recorded,
-            force_new=force_new,
-            until=until,
-            on_event=on_event,
-        )
+            if callable(finish):
+                finish(report)
+        return report
+    finally:
+        lock.release()
 
 
 __all__ = [
