@@ -494,7 +494,8 @@ def cmd_run(args) -> int:
     unconverged = _unconverged_note(outputs.get("solve"))
     if unconverged:
         result["unconverged_solve"] = unconverged
-    remaining = stages_after(args.until, cfg.stage_params(), outputs)
+    # (the recorded nodes too: whether the gram stage is needed is the fit plan's call)
+    remaining = stages_after(args.until, cfg.stage_params(), {**outputs, **report.nodes})
     if args.until:
         result["stopped_after"] = args.until
         result["remaining"] = remaining

@@ -34,13 +34,12 @@ from pipeline.config import RunConfig, load_config
 
 # the module, not its function: `pipeline.stages.source_identity` stays the submodule
 from pipeline.stages import source_identity as _identity
-from pipeline.stages.ingest import open_rows
 from pipeline.stages.lock import LockHeldError, RunLock
 from pipeline.stages.manifest import Manifest, StageRecord
 from pipeline.stages.outputs import IngestOutput
 from pipeline.stages.runner import RunDirConflict, RunReport, Stage, StageFailed, run_stages
-from pipeline.stages.solve import needs_gram
-from pipeline.stages.stage import PER_CONFIG_STAGES, STAGE_NAMES, STAGE_WIRING
+from pipeline.stages.solve import plan_record, recorded_plan
+from pipeline.stages.stage import PER_CONFIG_STAGES, STAGE_NAMES, STAGE_WIRING, Node
 from pipeline.stages.status import configurations, latest_model, run_status
 from pipeline.stages.verify import verify_gram, verify_metrics, verify_model, verify_predictions
 
@@ -109,20 +108,33 @@ def _ingest_output(outputs: Mapping[str, Any]):
     return IngestOutput.from_json(outputs["ingest"])
 
 
-def _gram_enabled(params: Mapping[str, Any], outputs: Mapping[str, Any]) -> bool:
+def _plan_inputs(params: Mapping[str, Any], outputs: Mapping[str, Any]) -> dict[str, Any]:
+    """What the fit plan is computed from: the solve stage's arguments (with the λ and
+    kernel the select stage chose) and the ingested rows' shape and content hash.
+    Not the free disk and memory: they are measured once, when the plan is computed."""
+    ing = _ingest_output(outputs)
+    return {
+        "solve": _selected(dict(params["solve"]), outputs),
+        "n_train": ing.n_train,
+        "n_features": ing.n_features,
+        "x_fingerprint": ing.x_fingerprint,
+    }
 
-    sp, ing = typed_params("solve", params["solve"]), _ingest_output(outputs)
-    return needs_gram(
-        sp["solver"],
-        ing.n_train,
-        ing.n_features,
-        kernel=sp.get("kernel"),
-        store=ing.store,
-        X=open_rows(ing, "X_train"),
-        alpha=sp.get("lam"),
-        alpha_convention=sp.get("lam_convention"),
-        block_size=sp.get("block_size"),
-    )
+
+def _plan(params: Mapping[str, Any], outputs: Mapping[str, Any]) -> dict[str, Any]:
+    """The fit plan of the solve stage's arguments (:func:`pipeline.stages.solve.plan_record`)."""
+    solve = typed_params("solve", _selected(dict(params["solve"]), outputs))
+    return plan_record(_ingest_output(outputs), **solve)
+
+
+#: the fit plan, computed once per configuration before the gram stage and recorded in
+#: ``RUN_DIR/plan.json``; the gram stage (whether it runs) and the solve stage read it
+PLAN = Node("plan", inputs=_plan_inputs, func=_plan)
+
+
+def _gram_enabled(params: Mapping[str, Any], outputs: Mapping[str, Any]) -> bool:
+    """Whether the recorded fit plan reads a stored Gram."""
+    return recorded_plan(outputs[PLAN.name])[0].needs_gram
 
 
 def _has_test_or_batch(params: Mapping[str, Any], outputs: Mapping[str, Any]) -> bool:
@@ -185,6 +197,8 @@ _ENABLED = {
 }
 #: stages whose kernel and λ come from the select stage when it runs
 _RESOLVE = {name: _selected for name in ("gram", "solve", "model", "predict", "evaluate")}
+#: the stages that read the fit plan: the gram stage runs only when it reads a stored Gram
+_READS = {"gram": (PLAN,), "solve": (PLAN,)}
 #: the data's content identity is part of the fingerprint: a changed file reruns from ingest
 _RESOLVE["ingest"] = _ingest_source
 _RESOLVE["predict"] = _predict_input
@@ -203,6 +217,7 @@ def default_stages() -> list[Stage]:
             per_config=name in PER_CONFIG_STAGES,
             scratch=_SCRATCH.get(name, ()),
             reusable=name == "solve",  # alpha: copied from an equal configuration's solve
+            reads=_READS.get(name, ()),
         )
         for name, (module, after) in STAGE_WIRING.items()
     ]
