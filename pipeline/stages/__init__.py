@@ -37,7 +37,14 @@ from pipeline.stages import source_identity as _identity
 from pipeline.stages.lock import LockHeldError, RunLock
 from pipeline.stages.manifest import Manifest, StageRecord
 from pipeline.stages.outputs import IngestOutput
-from pipeline.stages.runner import RunDirConflict, RunReport, Stage, StageFailed, run_stages
+from pipeline.stages.runner import (
+    RunDirConflict,
+    RunReport,
+    Stage,
+    StageFailed,
+    recorded_node_output,
+    run_stages,
+)
 from pipeline.stages.solve import plan_record, recorded_plan
 from pipeline.stages.stage import PER_CONFIG_STAGES, STAGE_NAMES, STAGE_WIRING, Node
 from pipeline.stages.status import configurations, latest_model, run_status
@@ -130,6 +137,26 @@ def _plan(params: Mapping[str, Any], outputs: Mapping[str, Any]) -> dict[str, An
 #: the fit plan, computed once per configuration before the gram stage and recorded in
 #: ``RUN_DIR/plan.json``; the gram stage (whether it runs) and the solve stage read it
 PLAN = Node("plan", inputs=_plan_inputs, func=_plan)
+
+
+def recorded_fit_plan(
+    run_dir: str | Path, manifest: Manifest | None = None
+) -> dict[str, Any] | None:
+    """The fit plan recorded for the run directory's latest configuration, as the ``plan``
+    node wrote it (``{"plan": FitPlan.to_dict(), "reason": str}``): what its solve stage
+    runs or ran, also before that stage has finished. None when none is recorded (no
+    configuration yet, or a run directory from before plans were recorded). Nothing is
+    computed or measured."""
+    manifest = Manifest.load(run_dir) if manifest is None else manifest
+    cfg = manifest.results.get(manifest.latest) if manifest.latest is not None else None
+    solve = (cfg.params or {}).get("solve") if cfg is not None else None
+    outputs = {n: r.outputs for n, r in manifest.stages.items() if r.status == "done"}
+    if not solve or "ingest" not in outputs:
+        return None
+    try:
+        return recorded_node_output(run_dir, PLAN, {"solve": solve}, outputs)
+    except (KeyError, TypeError, ValueError):  # a manifest of another version
+        return None
 
 
 def _gram_enabled(params: Mapping[str, Any], outputs: Mapping[str, Any]) -> bool:
@@ -338,6 +365,7 @@ __all__ = [
     "configurations",
     "default_stages",
     "latest_model",
+    "recorded_fit_plan",
     "run_config",
     "run_stages",
     "run_status",

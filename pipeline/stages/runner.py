@@ -196,6 +196,24 @@ def _check_node_files(run_dir: Path | str, nodes: Sequence[Node]) -> None:
             )
 
 
+def _node_key(node: Node, inputs: Mapping[str, Any]) -> str:
+    """A node's record key: the fingerprint of its name and inputs."""
+    return fingerprint_obj({"node": node.name, "inputs": dict(inputs)})
+
+
+def recorded_node_output(
+    run_dir: Path | str,
+    node: Node,
+    params: Mapping[str, Mapping[str, Any]],
+    outputs: Mapping[str, dict[str, Any]],
+) -> dict[str, Any] | None:
+    """What :func:`node_output` reads back for these arguments, computing nothing:
+    None when ``{run_dir}/{node}.json`` records no output for the node's inputs."""
+    records = _node_records(run_dir, node) or {}
+    rec = records.get(_node_key(node, node.inputs(params, outputs)))
+    return rec["output"] if isinstance(rec, dict) and isinstance(rec.get("output"), dict) else None
+
+
 def node_output(
     run_dir: Path | str,
     node: Node,
@@ -213,7 +231,7 @@ def node_output(
     import json
 
     inputs = node.inputs(params, outputs)
-    fp = fingerprint_obj({"node": node.name, "inputs": inputs})
+    fp = _node_key(node, inputs)
     records = _node_records(run_dir, node)
     if records is None:  # (refused when the run started: replaced since)
         _check_node_files(run_dir, [node])

@@ -144,10 +144,16 @@ def plan_record(
 
 
 def recorded_plan(record: Mapping[str, Any]):
-    """``(FitPlan, reason)`` from what :func:`plan_record` returned (or its JSON)."""
+    """``(FitPlan, reason)`` from what :func:`plan_record` returned (or its JSON). A key
+    :class:`~pipeline.policy.plan.FitPlan` no longer has is ignored, and one it gained
+    takes its default (a plan recorded by another version still resumes its run)."""
+    from dataclasses import fields
+
     from pipeline.policy.plan import FitPlan
 
-    return FitPlan(**record["plan"]), str(record["reason"])
+    known = {f.name for f in fields(FitPlan)}
+    plan = FitPlan(**{k: v for k, v in record["plan"].items() if k in known})
+    return plan, str(record["reason"])
 
 
 def save_npy_atomic(path: Path, arr: np.ndarray) -> int:
