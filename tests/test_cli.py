@@ -110,7 +110,7 @@ def test_krr_run_goes_through_the_runner_of_pipeline_run(small, tmp_path, monkey
     its session (run.log, Dask client, exit codes); it re-implemented the runner before
     (issue #43). A resume of a partial solve reads the fit plan back: plan_fit runs once
     in the two runs (twice per run before: the gram stage's check and the solve)."""
-    import pipeline.policy.plan as plan_mod
+    import pipeline.plan.fit_plan as plan_mod
     import pipeline.stages as stages
 
     runs, plans = [], []

@@ -166,7 +166,7 @@ def test_until_and_unknown_params(tmp_path):
 
 def test_real_pipeline_lambda_keeps_gram_kernel_does_not(tmp_path):
     """The wired stages on shipped data, threaded scheduler (no cluster)."""
-    from pipeline.config import load_config
+    from pipeline.stages.config import load_config
 
     base = {
         "data": {"source": "sklearn", "name": "diabetes"},
@@ -305,8 +305,8 @@ def counted_plans(monkeypatch):
     """Every call of plan_fit, with the free disk the plan saw (a fixture: 1 TB, or
     what the test sets in ``disk``) and 16 GB of free memory."""
     import pipeline.fit as fit_mod
-    import pipeline.policy.plan as plan_mod
-    import pipeline.reference.memory as memory
+    import pipeline.linalg.dense_memory as memory
+    import pipeline.plan.fit_plan as plan_mod
 
     calls, disk = [], {"free": 1e12}
     real = plan_mod.plan_fit

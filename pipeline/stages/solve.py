@@ -1,10 +1,10 @@
 """Solve stage: the dual coefficients α of (K + shift·I) α = y.
 
-``cholesky`` factors the stored Gram tile by tile (:func:`pipeline.solvers.tile_cholesky`,
+``cholesky`` factors the stored Gram tile by tile (:func:`pipeline.linalg.cholesky.tile_cholesky`,
 checkpointed per factor tile) and substitutes blockwise. ``cg`` runs
-preconditioned conjugate gradients (:func:`pipeline.solvers.cg_checkpoint.resumable_cg`,
+preconditioned conjugate gradients (:func:`pipeline.linalg.cg_checkpoint.resumable_cg`,
 checkpointed every ``checkpoint_every`` iterations) on the stored Gram or
-matrix-free from X. ``auto`` is decided by :func:`pipeline.policy.plan.plan_fit`
+matrix-free from X. ``auto`` is decided by :func:`pipeline.plan.fit_plan.plan_fit`
 (the same rule as ``KernelRidge(solver="auto", store=...)``).
 
 The plan is computed once per configuration, by :func:`plan_record`, before the gram
@@ -27,11 +27,11 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.config import SolverConfig
 from pipeline.errors import IndefiniteKernelError, SolveNotConverged
 from pipeline.fit import log_plan
-from pipeline.gram import open_gram
+from pipeline.linalg.gram import open_gram
 from pipeline.options import solver_choices
+from pipeline.stages.config import SolverConfig
 from pipeline.stages.ingest import open_rows
 from pipeline.stages.outputs import GramOutput, IngestOutput, SolveOutput
 from pipeline.storage import CorruptFileError, bytes_checksum
@@ -42,8 +42,8 @@ log = logging.getLogger("pipeline.stages")
 
 
 def _choices(solver: SolverConfig, **extra: Any) -> dict[str, Any]:
-    """The config's solver section in :func:`~pipeline.policy.plan.plan_fit`'s vocabulary
-    (its defaults are the config's, which are :mod:`pipeline.policy.constants`)."""
+    """The config's solver section in :func:`~pipeline.plan.fit_plan.plan_fit`'s vocabulary
+    (its defaults are the config's, which are :mod:`pipeline.constants`)."""
     return solver_choices(
         solver=solver.method,
         tol=solver.tol,
@@ -73,7 +73,7 @@ def stage_plan(
     X: Any = None,
     **choices: Any,
 ):
-    """The fit plan of ``krr run`` and its reason (:func:`pipeline.policy.plan.plan_fit`).
+    """The fit plan of ``krr run`` and its reason (:func:`pipeline.plan.fit_plan.plan_fit`).
 
     ``krr run`` always solves out of core (its stages are checkpointed), so
     in-memory solvers are not planned; resources are measured where ``store`` lives.
@@ -81,7 +81,7 @@ def stage_plan(
     preconditioner on a subsample, as ``KernelRidge`` does.
     """
     from pipeline.fit import measure_resources, row_probes
-    from pipeline.policy.plan import plan_fit
+    from pipeline.plan.fit_plan import plan_fit
 
     solver = SolverConfig.model_validate(solver)
 
@@ -145,11 +145,11 @@ def plan_record(
 
 def recorded_plan(record: Mapping[str, Any]):
     """``(FitPlan, reason)`` from what :func:`plan_record` returned (or its JSON). A key
-    :class:`~pipeline.policy.plan.FitPlan` no longer has is ignored, and one it gained
+    :class:`~pipeline.plan.fit_plan.FitPlan` no longer has is ignored, and one it gained
     takes its default (a plan recorded by another version still resumes its run)."""
     from dataclasses import fields
 
-    from pipeline.policy.plan import FitPlan
+    from pipeline.plan.fit_plan import FitPlan
 
     known = {f.name for f in fields(FitPlan)}
     plan = FitPlan(**{k: v for k, v in record["plan"].items() if k in known})
@@ -207,7 +207,7 @@ def _solve_cholesky(stage_dir, inputs, y, plan, kernel=None, X_mem=None) -> tupl
     if not plan.keep_gram:
         # in place: the factor replaces the gram stage's tiles; a tile an earlier lambda
         # replaced is rebuilt from the stored X_train (tile_cholesky logs why)
-        from pipeline.solvers.cholesky_inplace import GramTileRecomputer
+        from pipeline.linalg.cholesky_inplace import GramTileRecomputer
 
         recompute = GramTileRecomputer.for_gram(gram, X, kernel)
     # refined with matrix-free products from X_train (in place there is no Gram left
@@ -221,7 +221,7 @@ def _solve_cholesky(stage_dir, inputs, y, plan, kernel=None, X_mem=None) -> tupl
         factor_store=str(join_path(stage_dir, "factor.zarr")),
         factor_name="chol",
         recompute_tile=recompute,
-        progress=True,  # shown as pipeline.progress's mode says (off with krr -q)
+        progress=True,  # shown as pipeline.engine.progress's mode says (off with krr -q)
     )
     factor = res.factor
     refine = {k: v for k, v in res.info.items() if k not in ("factor_tiles_computed", "jitter")}

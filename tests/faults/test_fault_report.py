@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.config import load_config
 from pipeline.stages import Manifest, Stage, default_stages, run_stages
+from pipeline.stages.config import load_config
 
 BASE = {
     "data": {"source": "sklearn", "name": "diabetes"},
@@ -261,7 +261,7 @@ def test_partial_run_omits_what_has_not_run(tmp_path):
 def test_an_unfinished_solve_reports_the_recorded_plan_it_runs(tmp_path, monkeypatch):
     """The fit plan is recorded before the solve (RUN_DIR/plan.json, issue #43): a solve
     that failed still shows it, read back, nothing planned again (it had no plan before)."""
-    import pipeline.policy.plan as plan_mod
+    import pipeline.plan.fit_plan as plan_mod
     from pipeline.report.gather import gather
     from pipeline.stages import StageFailed
 
