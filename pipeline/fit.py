@@ -133,13 +133,12 @@ def _disk_free(store: Any) -> float:
         return float("inf")
 
 
-def measure_resources(
-    store: Any = None, *, in_memory: bool = True, reclaim_bytes: int = 0
-) -> Resources:
+def measure_resources(store: Any = None, *, in_memory: bool = True) -> Resources:
     """Measure free memory and the free disk where ``store`` lives.
 
-    ``reclaim_bytes`` counts bytes this fit's own earlier outputs already hold in
-    the store (a finished Gram), so a plan made before and after writing them agrees.
+    Measured once per fit, before it writes anything: ``krr run`` records its plan
+    (``RUN_DIR/plan.json``) and reads it back rather than measuring again after the
+    Gram took its share of the disk.
     """
     from pipeline.engine.parallel import _active_client, workers_on_this_host
 
@@ -149,7 +148,7 @@ def measure_resources(
     workers = max(1, len(tile_owners(client)))
     return Resources(
         memory_bytes=float(memory.available_memory()),
-        disk_bytes=_disk_free(store) + float(reclaim_bytes),
+        disk_bytes=_disk_free(store),
         in_memory=in_memory,
         workers=workers,
         workers_here=workers >= 2 and workers_on_this_host(client),

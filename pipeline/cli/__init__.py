@@ -287,18 +287,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # ---------------------------------------------------------------------------
-# helpers
-
-
-def _redacted(config: dict[str, Any]) -> dict[str, Any]:
-    """The config as recorded in the manifest: ``storage.options`` (credentials) left out."""
-    storage = config.get("storage")
-    if isinstance(storage, dict) and storage.get("options"):
-        config = {**config, "storage": {**storage, "options": "<not recorded>"}}
-    return config
-
-
-# ---------------------------------------------------------------------------
 # commands
 
 
@@ -325,15 +313,7 @@ def cmd_validate(args) -> int:
 
 def cmd_run(args) -> int:
     from pipeline.errors import Terminated
-    from pipeline.stages import (
-        STAGE_NAMES,
-        LockHeldError,
-        RunDirConflict,
-        RunLock,
-        StageFailed,
-        default_stages,
-        run_stages,
-    )
+    from pipeline.stages import STAGE_NAMES, LockHeldError, RunDirConflict, StageFailed, run_config
     from pipeline.stages.lock import RunDirUnusable
     from pipeline.stages.manifest import Manifest, ManifestError
 
@@ -407,84 +387,89 @@ def cmd_run(args) -> int:
         elif event == "interrupted":
             log.warning("[%s] interrupted (%s): recorded as interrupted", stage, info.get("error"))
 
+    @contextlib.contextmanager
+    def session(run_dir, lock):
+        """What ``krr run`` adds around the runner's stages, once the lock is held: its
+        run.log, its Dask client, and its exit codes for the runner's errors."""
+        level = logging.DEBUG if _verbosity() >= 2 else logging.INFO
+        runlog = run_log(run_dir, level, run_log_header(args))
+
+        def finish(report) -> None:
+            if getattr(lock, "lost", False):  # an object-store lease another run took over
+                raise CliError(
+                    f"another run took over the lock of {str(run_dir)!r} while this one ran "
+                    "(its lease was not renewed in time): its results may mix with the other "
+                    "run's; wait for that run, then rerun the same command to verify and resume",
+                    EXIT_LOCKED,
+                )
+            done = f"stopped after stage {args.until} (--until)" if args.until else "run complete"
+            runlog.write(
+                logging.INFO,
+                f"{done}: ran {', '.join(report.ran) or '-'}; already complete: "
+                f"{', '.join(report.skipped_done) or '-'}",
+            )
+
+        try:
+            runlog.__enter__()
+            if lock.took_over:
+                log.warning(
+                    "took over a stale lock of pid %s (that run was killed); resuming",
+                    lock.took_over.get("pid"),
+                )
+            log.info("run dir: %s", run_dir)
+            try:  # a damaged manifest is reported before a cluster is started
+                Manifest.load(run_dir)
+            except ManifestError as e:
+                raise CliError(str(e), EXIT_RUN_DIR) from None
+            with stack:
+                if cfg.cluster.address:  # an external scheduler: checked before any work
+                    ensure_client()
+                try:
+                    yield finish
+                except RunDirConflict as e:
+                    raise CliError(str(e), EXIT_BAD_CONFIG) from None
+                except ManifestError as e:
+                    raise CliError(str(e), EXIT_RUN_DIR) from None
+                except StageFailed as e:
+                    code = _classify_stage_error(e)
+                    if getattr(args, "verbose", False):
+                        traceback.print_exception(e.__cause__, file=sys.stderr)
+                    raise CliError(f"{e}\n{_stage_error_hint(e, code)}", code) from None
+                except OSError as e:  # outside every stage: the manifest or the run directory
+                    raise CliError(
+                        f"run directory {str(run_dir)!r} is unusable: {type(e).__name__}: {e}",
+                        EXIT_RUN_DIR,
+                    ) from None
+        except CliError as e:
+            runlog.write(logging.ERROR, f"failed (exit {e.code}): {e}")
+            raise
+        except Terminated as e:  # SIGTERM (systemd, Slurm, Kubernetes): stopped like Ctrl-C
+            runlog.write(
+                logging.WARNING,
+                f"stopped by signal {e.signum} (SIGTERM) (exit {EXIT_TERMINATED}); the lock is "
+                "released; rerun the same command to resume",
+            )
+            raise
+        except BaseException as e:
+            runlog.write(logging.ERROR, f"failed: {type(e).__name__}: {e}")
+            raise
+        finally:
+            runlog.__exit__()
+
     t0 = time.perf_counter()
-    try:
-        lock = RunLock(run_dir).acquire()
+    try:  # the runner of pipeline.run: the lock, the stages
+        report = run_config(
+            cfg,
+            run_dir,
+            force_new=args.force_new,
+            until=args.until,
+            on_event=on_event,
+            session=session,
+        )
     except LockHeldError as e:
         raise CliError(str(e), EXIT_LOCKED) from None
     except RunDirUnusable as e:
         raise CliError(str(e), EXIT_RUN_DIR) from None
-    level = logging.DEBUG if _verbosity() >= 2 else logging.INFO
-    runlog = run_log(run_dir, level, run_log_header(args))
-    try:
-        runlog.__enter__()
-        if lock.took_over:
-            log.warning(
-                "took over a stale lock of pid %s (that run was killed); resuming",
-                lock.took_over.get("pid"),
-            )
-        log.info("run dir: %s", run_dir)
-        try:  # a damaged manifest is reported before a cluster is started
-            Manifest.load(run_dir)
-        except ManifestError as e:
-            raise CliError(str(e), EXIT_RUN_DIR) from None
-        with stack:
-            if cfg.cluster.address:  # an external scheduler: checked before any work
-                ensure_client()
-            try:
-                report = run_stages(
-                    run_dir,
-                    default_stages(),
-                    cfg.stage_params(),
-                    identity=cfg.identity(),
-                    config=_redacted(cfg.model_dump(mode="json", by_alias=True)),
-                    force_new=args.force_new,
-                    until=args.until,
-                    on_event=on_event,
-                )
-            except RunDirConflict as e:
-                raise CliError(str(e), EXIT_BAD_CONFIG) from None
-            except ManifestError as e:
-                raise CliError(str(e), EXIT_RUN_DIR) from None
-            except StageFailed as e:
-                code = _classify_stage_error(e)
-                if getattr(args, "verbose", False):
-                    traceback.print_exception(e.__cause__, file=sys.stderr)
-                raise CliError(f"{e}\n{_stage_error_hint(e, code)}", code) from None
-            except OSError as e:  # outside every stage: the manifest or the run directory
-                raise CliError(
-                    f"run directory {str(run_dir)!r} is unusable: {type(e).__name__}: {e}",
-                    EXIT_RUN_DIR,
-                ) from None
-        if getattr(lock, "lost", False):  # an object-store lease another run took over
-            raise CliError(
-                f"another run took over the lock of {str(run_dir)!r} while this one ran (its "
-                "lease was not renewed in time): its results may mix with the other run's; "
-                "wait for that run, then rerun the same command to verify and resume",
-                EXIT_LOCKED,
-            )
-        done = f"stopped after stage {args.until} (--until)" if args.until else "run complete"
-        runlog.write(
-            logging.INFO,
-            f"{done}: ran {', '.join(report.ran) or '-'}; already complete: "
-            f"{', '.join(report.skipped_done) or '-'}",
-        )
-    except CliError as e:
-        runlog.write(logging.ERROR, f"failed (exit {e.code}): {e}")
-        raise
-    except Terminated as e:  # SIGTERM (systemd, Slurm, Kubernetes): stopped like Ctrl-C
-        runlog.write(
-            logging.WARNING,
-            f"stopped by signal {e.signum} (SIGTERM) (exit {EXIT_TERMINATED}); the lock is "
-            "released; rerun the same command to resume",
-        )
-        raise
-    except BaseException as e:
-        runlog.write(logging.ERROR, f"failed: {type(e).__name__}: {e}")
-        raise
-    finally:
-        runlog.__exit__()
-        lock.release()
     wall = time.perf_counter() - t0
     outputs = report.outputs
     result = {
@@ -503,7 +488,8 @@ def cmd_run(args) -> int:
     unconverged = _unconverged_note(outputs.get("solve"))
     if unconverged:
         result["unconverged_solve"] = unconverged
-    remaining = stages_after(args.until, cfg.stage_params(), outputs)
+    # (the recorded nodes too: whether the gram stage is needed is the fit plan's call)
+    remaining = stages_after(args.until, cfg.stage_params(), {**outputs, **report.nodes})
     if args.until:
         result["stopped_after"] = args.until
         result["remaining"] = remaining

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.stages import recorded_fit_plan
 from pipeline.stages.ingest import open_rows
 from pipeline.stages.outputs import SolveOutput
 from pipeline.stages.solve import load_npy_verified
@@ -115,6 +116,10 @@ def _solve(data: RunData, manifest: Any) -> None:
     if sol is None:
         data.notes["plan"] = _why_absent(manifest, "solve", "fit plan")
         data.notes["cg"] = _why_absent(manifest, "solve", "CG convergence curve")
+        recorded = recorded_fit_plan(data.run_dir, manifest)
+        if recorded is not None:  # the plan the unfinished solve runs (RUN_DIR/plan.json)
+            data.plan, data.plan_reason = recorded["plan"], recorded["reason"]
+            data.method = recorded["plan"].get("solver")
         return
     s = SolveOutput.from_json(sol)
     data.method, data.plan, data.plan_reason = s.method, s.plan or None, s.plan_reason or None

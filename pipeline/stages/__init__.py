@@ -21,9 +21,11 @@ configurations with their metrics, :func:`latest_model` names the latest model.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -32,13 +34,19 @@ import pipeline.stages.config as config
 # the module, not its function: `pipeline.stages.source_identity` stays the submodule
 from pipeline.stages import source_identity as _identity
 from pipeline.stages.config import RunConfig, load_config
-from pipeline.stages.ingest import open_rows
 from pipeline.stages.lock import LockHeldError, RunLock
 from pipeline.stages.manifest import Manifest, StageRecord
 from pipeline.stages.outputs import IngestOutput
-from pipeline.stages.runner import RunDirConflict, RunReport, Stage, StageFailed, run_stages
-from pipeline.stages.solve import needs_gram
-from pipeline.stages.stage import PER_CONFIG_STAGES, STAGE_NAMES, STAGE_WIRING
+from pipeline.stages.runner import (
+    RunDirConflict,
+    RunReport,
+    Stage,
+    StageFailed,
+    recorded_node_output,
+    run_stages,
+)
+from pipeline.stages.solve import plan_record, recorded_plan
+from pipeline.stages.stage import PER_CONFIG_STAGES, STAGE_NAMES, STAGE_WIRING, Node
 from pipeline.stages.status import configurations, latest_model, run_status
 from pipeline.stages.verify import verify_gram, verify_metrics, verify_model, verify_predictions
 
@@ -107,20 +115,53 @@ def _ingest_output(outputs: Mapping[str, Any]):
     return IngestOutput.from_json(outputs["ingest"])
 
 
-def _gram_enabled(params: Mapping[str, Any], outputs: Mapping[str, Any]) -> bool:
+def _plan_inputs(params: Mapping[str, Any], outputs: Mapping[str, Any]) -> dict[str, Any]:
+    """What the fit plan is computed from: the solve stage's arguments (with the λ and
+    kernel the select stage chose) and the ingested rows' shape and content hash.
+    Not the free disk and memory: they are measured once, when the plan is computed."""
+    ing = _ingest_output(outputs)
+    return {
+        "solve": _selected(dict(params["solve"]), outputs),
+        "n_train": ing.n_train,
+        "n_features": ing.n_features,
+        "x_fingerprint": ing.x_fingerprint,
+    }
 
-    sp, ing = typed_params("solve", params["solve"]), _ingest_output(outputs)
-    return needs_gram(
-        sp["solver"],
-        ing.n_train,
-        ing.n_features,
-        kernel=sp.get("kernel"),
-        store=ing.store,
-        X=open_rows(ing, "X_train"),
-        alpha=sp.get("lam"),
-        alpha_convention=sp.get("lam_convention"),
-        block_size=sp.get("block_size"),
-    )
+
+def _plan(params: Mapping[str, Any], outputs: Mapping[str, Any]) -> dict[str, Any]:
+    """The fit plan of the solve stage's arguments (:func:`pipeline.stages.solve.plan_record`)."""
+    solve = typed_params("solve", _selected(dict(params["solve"]), outputs))
+    return plan_record(_ingest_output(outputs), **solve)
+
+
+#: the fit plan, computed once per configuration before the gram stage and recorded in
+#: ``RUN_DIR/plan.json``; the gram stage (whether it runs) and the solve stage read it
+PLAN = Node("plan", inputs=_plan_inputs, func=_plan)
+
+
+def recorded_fit_plan(
+    run_dir: str | Path, manifest: Manifest | None = None
+) -> dict[str, Any] | None:
+    """The fit plan recorded for the run directory's latest configuration, as the ``plan``
+    node wrote it (``{"plan": FitPlan.to_dict(), "reason": str}``): what its solve stage
+    runs or ran, also before that stage has finished. None when none is recorded (no
+    configuration yet, or a run directory from before plans were recorded). Nothing is
+    computed or measured."""
+    manifest = Manifest.load(run_dir) if manifest is None else manifest
+    cfg = manifest.results.get(manifest.latest) if manifest.latest is not None else None
+    solve = (cfg.params or {}).get("solve") if cfg is not None else None
+    outputs = {n: r.outputs for n, r in manifest.stages.items() if r.status == "done"}
+    if not solve or "ingest" not in outputs:
+        return None
+    try:
+        return recorded_node_output(run_dir, PLAN, {"solve": solve}, outputs)
+    except (KeyError, TypeError, ValueError):  # a manifest of another version
+        return None
+
+
+def _gram_enabled(params: Mapping[str, Any], outputs: Mapping[str, Any]) -> bool:
+    """Whether the recorded fit plan reads a stored Gram."""
+    return recorded_plan(outputs[PLAN.name])[0].needs_gram
 
 
 def _has_test_or_batch(params: Mapping[str, Any], outputs: Mapping[str, Any]) -> bool:
@@ -183,6 +224,8 @@ _ENABLED = {
 }
 #: stages whose kernel and λ come from the select stage when it runs
 _RESOLVE = {name: _selected for name in ("gram", "solve", "model", "predict", "evaluate")}
+#: the stages that read the fit plan: the gram stage runs only when it reads a stored Gram
+_READS = {"gram": (PLAN,), "solve": (PLAN,)}
 #: the data's content identity is part of the fingerprint: a changed file reruns from ingest
 _RESOLVE["ingest"] = _ingest_source
 _RESOLVE["predict"] = _predict_input
@@ -201,9 +244,21 @@ def default_stages() -> list[Stage]:
             per_config=name in PER_CONFIG_STAGES,
             scratch=_SCRATCH.get(name, ()),
             reusable=name == "solve",  # alpha: copied from an equal configuration's solve
+            reads=_READS.get(name, ()),
         )
         for name, (module, after) in STAGE_WIRING.items()
     ]
+
+
+def _took_over(run_dir: str | Path, lock: RunLock):
+    """The session of :func:`run_config` when its caller brings none: one warning when
+    the lock of a killed run was taken over."""
+    if lock.took_over:
+        log.warning(
+            "took over the lock of the killed run (pid %s, no longer alive); resuming",
+            lock.took_over.get("pid"),
+        )
+    return contextlib.nullcontext()
 
 
 def run_config(
@@ -214,8 +269,9 @@ def run_config(
     force_new: bool = False,
     until: str | None = None,
     on_event: Callable[[str, str, dict[str, Any]], None] | None = None,
+    session: Callable[[Any, RunLock], AbstractContextManager[Any]] | None = None,
 ) -> RunReport:
-    """Run a config's stages in its run directory, as ``krr run`` does; ``pipeline.run``.
+    """Run a config's stages in its run directory; ``pipeline.run`` and ``krr run``.
 
     The run directory's lock is held while the stages run (a lock left by a killed
     run on this host is taken over, with a warning); complete stages are skipped
@@ -239,6 +295,12 @@ def run_config(
         Stop after this stage.
     on_event : callable, optional
         ``on_event(stage, event, info)``, see :func:`run_stages`.
+    session : callable, optional
+        ``session(run_dir, lock)``: a context manager entered once the lock is held,
+        around the stages, and exited before the lock is released (``krr run`` opens
+        its ``run.log`` and its Dask client there, and maps errors to exit codes). If
+        what it gives on entry is callable, it is called with the report before the
+        session exits. It says itself that a killed run's lock was taken over.
 
     Returns
     -------
@@ -269,22 +331,24 @@ def run_config(
     recorded = cfg.model_dump(mode="json", by_alias=True)
     if isinstance(recorded.get("storage"), dict) and recorded["storage"].get("options"):
         recorded["storage"] = {**recorded["storage"], "options": "<not recorded>"}  # credentials
-    with RunLock(run_dir) as lock:
-        if lock.took_over:
-            log.warning(
-                "took over the lock of the killed run (pid %s, no longer alive); resuming",
-                lock.took_over.get("pid"),
+    lock = RunLock(run_dir).acquire()
+    try:
+        with (session or _took_over)(run_dir, lock) as finish:
+            report = run_stages(
+                run_dir,
+                default_stages(),
+                cfg.stage_params(),
+                identity=cfg.identity(),
+                config=recorded,
+                force_new=force_new,
+                until=until,
+                on_event=on_event,
             )
-        return run_stages(
-            run_dir,
-            default_stages(),
-            cfg.stage_params(),
-            identity=cfg.identity(),
-            config=recorded,
-            force_new=force_new,
-            until=until,
-            on_event=on_event,
-        )
+            if callable(finish):
+                finish(report)
+        return report
+    finally:
+        lock.release()
 
 
 __all__ = [
@@ -301,6 +365,7 @@ __all__ = [
     "configurations",
     "default_stages",
     "latest_model",
+    "recorded_fit_plan",
     "run_config",
     "run_stages",
     "run_status",

@@ -39,7 +39,11 @@ The runner never deletes what it did not create. In a run directory it owns
   writes only inside its own directory, so everything in it is the
   pipeline's. Do not put your own files in a stage directory;
 * ``latest.json``, the pointer to the latest configuration, and the
-  ``results`` directories it created, once they are empty.
+  ``results`` directories it created, once they are empty;
+* ``{node}.json`` of each node the stages read (:class:`~pipeline.stages.stage.Node`;
+  in the default pipeline ``plan.json``, the fit plan of each configuration), a
+  JSON record this package writes atomically; a file of that name that is not
+  such a record is refused before any work, as a foreign ``latest.json`` is.
 
 A stage directory that already exists, is not empty, and that the manifest
 does not record as started is not adopted: the run stops with
@@ -68,7 +72,13 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import RunDirConflict, StageFailed, StoreUnreachable, caused_by
-from pipeline.stages.manifest import LATEST_NAME, MANIFEST_NAME, RESULTS_DIR, Manifest
+from pipeline.stages.manifest import (
+    LATEST_NAME,
+    MANIFEST_NAME,
+    RESULTS_DIR,
+    Manifest,
+    write_json_atomic,
+)
 from pipeline.stages.recovery import (
     find_damage,
     names_tiles_without_records,
@@ -87,6 +97,7 @@ from pipeline.stages.results import (
     write_latest,
 )
 from pipeline.stages.stage import (  # noqa: F401 (Stage, stage_fingerprint re-exported)
+    Node,
     RunReport,
     Stage,
     stage_fingerprint,
@@ -122,6 +133,104 @@ def _check_latest_file(run_dir: Path | str) -> None:
             "configuration); krr-pipeline never overwrites what it did not create. Move or "
             "rename it, or use another run directory."
         )
+
+
+def _nodes(stages: Sequence[Stage]) -> list[Node]:
+    """The nodes the stages read, each once, in the order they are first read."""
+    found: dict[str, Node] = {}
+    for stage in stages:
+        for node in stage.reads:
+            if found.setdefault(node.name, node) is not node:
+                raise ValueError(f"two different nodes are named {node.name!r}")
+    return list(found.values())
+
+
+def _node_file(node: Node) -> str:
+    return f"{node.name}.json"
+
+
+def _node_records(run_dir: Path | str, node: Node) -> dict[str, Any] | None:
+    """The records of ``{run_dir}/{node}.json`` (fingerprint of the inputs -> record);
+    {} when there is no such file; None when the file is not the record this package
+    writes there."""
+    import json
+
+    try:
+        doc = json.loads(read_bytes(join_path(run_dir, _node_file(node))))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError):
+        return None
+    if not (
+        isinstance(doc, dict)
+        and doc.get("node") == node.name
+        and isinstance(doc.get("records"), dict)
+    ):
+        return None
+    return doc["records"]
+
+
+def _check_node_files(run_dir: Path | str, nodes: Sequence[Node]) -> None:
+    """Refuse, before any work, a ``{node}.json`` that is not this package's record
+    (a user's file of that name would be replaced)."""
+    for node in nodes:
+        if _node_records(run_dir, node) is None:
+            where = str(join_path(run_dir, _node_file(node)))
+            raise RunDirConflict(
+                f"{where!r} exists and is not the record krr-pipeline writes there (its "
+                f"{node.name!r} node); krr-pipeline never overwrites what it did not create. "
+                "Move or rename it, or use another run directory."
+            )
+
+
+def _node_key(node: Node, inputs: Mapping[str, Any]) -> str:
+    """A node's record key: the fingerprint of its name and inputs."""
+    return fingerprint_obj({"node": node.name, "inputs": dict(inputs)})
+
+
+def recorded_node_output(
+    run_dir: Path | str,
+    node: Node,
+    params: Mapping[str, Mapping[str, Any]],
+    outputs: Mapping[str, dict[str, Any]],
+) -> dict[str, Any] | None:
+    """What :func:`node_output` reads back for these arguments, computing nothing:
+    None when ``{run_dir}/{node}.json`` records no output for the node's inputs."""
+    records = _node_records(run_dir, node) or {}
+    rec = records.get(_node_key(node, node.inputs(params, outputs)))
+    return rec["output"] if isinstance(rec, dict) and isinstance(rec.get("output"), dict) else None
+
+
+def node_output(
+    run_dir: Path | str,
+    node: Node,
+    params: Mapping[str, Mapping[str, Any]],
+    outputs: Mapping[str, dict[str, Any]],
+) -> dict[str, Any]:
+    """The output of ``node`` for these arguments and upstream outputs: read back from
+    ``{run_dir}/{node}.json`` when it records one under the fingerprint of the node's
+    inputs, else computed once and recorded there (atomically, beside the records of
+    other inputs, e.g. other configurations' plans).
+
+    The output returned is the recorded JSON (what a later run reads back), so a run
+    that computes it and one that reads it see the same values.
+    """
+    import json
+
+    inputs = node.inputs(params, outputs)
+    fp = _node_key(node, inputs)
+    records = _node_records(run_dir, node)
+    if records is None:  # (refused when the run started: replaced since)
+        _check_node_files(run_dir, [node])
+    rec = records.get(fp)
+    if isinstance(rec, dict) and isinstance(rec.get("output"), dict):
+        log.debug("node %r: read back from %s", node.name, _node_file(node))
+        return rec["output"]
+    out = json.loads(json.dumps(dict(node.func(params, outputs))))
+    records[fp] = {"inputs": inputs, "output": out, "created": time.time()}
+    write_json_atomic(join_path(run_dir, _node_file(node)), {"node": node.name, "records": records})
+    log.debug("node %r: computed and recorded in %s", node.name, _node_file(node))
+    return out
 
 
 def _clear_dir(path: Path | str, keep: Sequence[str] = ()) -> None:
@@ -166,10 +275,17 @@ def _warn_kept(where: Any, others: Sequence[str]) -> None:
         )
 
 
-def _discard_run(run_dir: Path | str, manifest: Manifest, keep: Sequence[str] = (".lock",)) -> None:
+def _discard_run(
+    run_dir: Path | str,
+    manifest: Manifest,
+    keep: Sequence[str] = (".lock",),
+    nodes: Sequence[Node] = (),
+) -> None:
     """Remove what the runner owns in ``run_dir`` (see the module docstring), nothing else."""
+    # the nodes' records (the runner's own format: a file of that name that is not is kept)
+    ours = [_node_file(n) for n in nodes if _node_records(run_dir, n)]
     if is_url(run_dir):
-        _discard_run_url(Location(run_dir), manifest, keep)
+        _discard_run_url(Location(run_dir), manifest, keep, ours)
         return
     owned = _owned_stage_dirs(run_dir, manifest)
     results = run_dir / RESULTS_DIR
@@ -187,7 +303,9 @@ def _discard_run(run_dir: Path | str, manifest: Manifest, keep: Sequence[str] = 
     (run_dir / MANIFEST_NAME).unlink(missing_ok=True)
     if manifest.latest is not None:
         (run_dir / LATEST_NAME).unlink(missing_ok=True)
-    names = {d.name for d in owned if d.parent == run_dir} | {MANIFEST_NAME, *keep}
+    for name in ours:
+        (run_dir / name).unlink(missing_ok=True)
+    names = {d.name for d in owned if d.parent == run_dir} | {MANIFEST_NAME, *keep, *ours}
     if manifest.latest is not None:
         names.add(LATEST_NAME)
     others = sorted(p.name for p in run_dir.iterdir() if p.name not in names)
@@ -199,13 +317,17 @@ def _rmdir_if_empty(d: Path) -> None:
         d.rmdir()
 
 
-def _discard_run_url(loc: Location, manifest: Manifest, keep: Sequence[str]) -> None:
+def _discard_run_url(
+    loc: Location, manifest: Manifest, keep: Sequence[str], ours: Sequence[str] = ()
+) -> None:
     """:func:`_discard_run` on an object store: the owned prefixes and the manifest."""
     owned = manifest.owned_dirs()
     for rel in owned:
         loc.rm(*rel.split("/"), recursive=True)
     loc.rm(MANIFEST_NAME)
-    names = {*(r for r in owned if "/" not in r), MANIFEST_NAME, *keep}
+    for name in ours:
+        loc.rm(name)
+    names = {*(r for r in owned if "/" not in r), MANIFEST_NAME, *keep, *ours}
     if manifest.latest is not None:
         loc.rm(LATEST_NAME)
         names.add(LATEST_NAME)
@@ -352,14 +474,16 @@ def run_stages(
                 f"{manifest.identity}, this config has {ident}). Use another --run-dir, or "
                 "pass --force-new to discard its contents and start over."
             )
+    nodes = _nodes(stages)
     if force_new and manifest.identity is not None and not same_work(manifest.identity, ident):
-        _discard_run(run_dir, manifest, keep=(".lock", "run.log"))
+        _discard_run(run_dir, manifest, keep=(".lock", "run.log"), nodes=nodes)
         manifest = Manifest(run_dir=run_dir)
     if not remote:
         sweep_tmp_files(
-            run_dir, recursive=False, targets=RUN_DIR_FILES
+            run_dir, recursive=False, targets=RUN_DIR_FILES | {_node_file(n) for n in nodes}
         )  # e.g. a manifest write a kill interrupted
     _check_latest_file(run_dir)
+    _check_node_files(run_dir, nodes)
     manifest.identity = ident
     if config is not None:
         manifest.config = dict(config)
@@ -370,6 +494,9 @@ def run_stages(
     unknown = sorted(set(params) - set(names))
     if unknown:
         raise ValueError(f"params given for unknown stages {unknown}; stages are {names}")
+    clash = sorted({n.name for n in nodes} & set(names))
+    if clash:
+        raise ValueError(f"nodes {clash} are named like stages; stages are {names}")
     while True:  # one pass, plus one more per corrupt tile recovered
         if not _run_pass(run_dir, stages, params, manifest, report, until, emit, max_recoveries):
             return report
@@ -395,18 +522,29 @@ def _run_pass(
     outputs: dict[str, dict[str, Any]] = {}
     dirs: dict[str, Path | str] = {}
     planned: dict[str, Planned] | None = None
+
+    def read_nodes(readers: Sequence[Stage]) -> dict[str, dict[str, Any]]:
+        """The stages' outputs so far, with the output of each node ``readers`` read
+        (evaluated once a pass, from its record when it has one)."""
+        for node in (n for s in readers for n in s.reads):
+            if node.name not in report.nodes:
+                report.nodes[node.name] = node_output(run_dir, node, params, outputs)
+        return {**outputs, **report.nodes}
+
+    report.nodes.clear()  # a new pass: read again (a recovery may have rerun their inputs)
     for stage in stages:
         try:  # planning reads upstream outputs (the ingest arrays): damage there is recovered
             if stage.per_config and planned is None:
                 # the shared stages are done: this configuration's results get their own
                 # directory
-                planned = plan_configuration(stages, params, outputs, fps)
+                seen = read_nodes([s for s in stages if s.per_config])
+                planned = plan_configuration(stages, params, seen, fps)
                 report.configuration = enter_configuration(run_dir, manifest, planned, emit, stages)
                 dirs.update({n: manifest.stage_dir(n) for n in planned})
             if planned is not None and stage.name in planned:
                 enabled, stage_params, fp = planned[stage.name]
             else:
-                enabled, stage_params, fp = plan_stage(stage, params, outputs, fps)
+                enabled, stage_params, fp = plan_stage(stage, params, read_nodes([stage]), fps)
         except Exception as e:
             if _recover_from(
                 e, run_dir, stages, manifest, report, stage, dirs, max_recoveries, emit
@@ -474,6 +612,7 @@ def _run_pass(
             stage_dir.mkdir(parents=True, exist_ok=True)
         # upstream outputs, each with its stage fingerprint under "_fingerprint"
         inputs = {u: {**outputs[u], "_fingerprint": fps[u]} for u in stage.after if u in outputs}
+        inputs.update({n.name: report.nodes[n.name] for n in stage.reads})  # (not fingerprinted)
         t0 = time.perf_counter()
         usage = StageUsage.start()  # wall time and peak memory, kept in the manifest
         try:

@@ -7,6 +7,13 @@ checkpointed every ``checkpoint_every`` iterations) on the stored Gram or
 matrix-free from X. ``auto`` is decided by :func:`pipeline.plan.fit_plan.plan_fit`
 (the same rule as ``KernelRidge(solver="auto", store=...)``).
 
+The plan is computed once per configuration, by :func:`plan_record`, before the gram
+stage (which runs only when the plan reads a stored Gram), and recorded in
+``RUN_DIR/plan.json`` (the ``plan`` node, :class:`pipeline.stages.stage.Node`): the
+gram stage and this stage read that record, and a resume reads it back while its
+inputs are the same, so the free disk and memory are measured once, before the Gram
+takes its share of the disk.
+
 α (``n_train x n_outputs``) is small and is written to ``{stage_dir}/alpha.npy``.
 """
 
@@ -48,7 +55,6 @@ def stage_plan(
     *,
     kernel: Any = None,
     store: Any = None,
-    reclaim_bytes: int = 0,
     X: Any = None,
     **choices: Any,
 ):
@@ -69,7 +75,7 @@ def stage_plan(
         from pipeline.kernels import kernel_from_spec
 
         k = kernel_from_spec(kernel)
-    resources = measure_resources(store, in_memory=False, reclaim_bytes=reclaim_bytes)
+    resources = measure_resources(store, in_memory=False)
     return plan_fit(
         int(n_train),
         int(n_features),
@@ -80,11 +86,59 @@ def stage_plan(
     )
 
 
-def needs_gram(
-    solver: SolverConfig | Mapping[str, Any], n_train: int, n_features: int = 1, **kw: Any
-) -> bool:
-    """Whether the solve reads a stored Gram (so the gram stage must run)."""
-    return stage_plan(solver, n_train, n_features, **kw)[0].needs_gram
+def plan_record(
+    ingest: IngestOutput | Mapping[str, Any],
+    *,
+    kernel: dict[str, Any],
+    lam: float,
+    lam_convention: str,
+    block_size: int,
+    dtype: str,
+    solver: SolverConfig | Mapping[str, Any],
+) -> dict[str, Any]:
+    """The fit plan of this stage's arguments on the ingested rows, as the ``plan``
+    node records it: ``{"plan": FitPlan.to_dict(), "reason": str}`` (read it with
+    :func:`recorded_plan`).
+
+    ``solver`` is the config's solver section; ``dtype`` is the Gram's storage: an
+    in-place factor (``keep_gram: false``) takes it when ``factor_dtype`` is ``auto``.
+    """
+    ing = IngestOutput.from_json(ingest)
+    solver = SolverConfig.model_validate(solver)
+    X_train = open_rows(ing, "X_train")
+    in_place = {}
+    if solver.factor_dtype == "auto":
+        # the rule judges float32 on the rows in memory (the refinement reads them);
+        # in place the factor takes the gram stage's dtype, chosen before this stage
+        X_train = np.asarray(X_train.compute())
+        if not solver.keep_gram:
+            in_place = {"factor_dtype": dtype}
+    plan, reason = stage_plan(
+        solver,
+        ing.n_train,
+        ing.n_features,
+        kernel=kernel,
+        store=ing.store,
+        X=X_train,
+        alpha=lam,
+        alpha_convention=lam_convention,
+        block_size=block_size,
+        **in_place,
+    )  # ``dtype`` is the Gram's storage only: every product of the solve is float64
+    return {"plan": plan.to_dict(), "reason": reason}
+
+
+def recorded_plan(record: Mapping[str, Any]):
+    """``(FitPlan, reason)`` from what :func:`plan_record` returned (or its JSON). A key
+    :class:`~pipeline.plan.fit_plan.FitPlan` no longer has is ignored, and one it gained
+    takes its default (a plan recorded by another version still resumes its run)."""
+    from dataclasses import fields
+
+    from pipeline.plan.fit_plan import FitPlan
+
+    known = {f.name for f in fields(FitPlan)}
+    plan = FitPlan(**{k: v for k, v in record["plan"].items() if k in known})
+    return plan, str(record["reason"])
 
 
 def save_npy_atomic(path: Path, arr: np.ndarray) -> int:
@@ -264,45 +318,28 @@ def run(
 ) -> SolveOutput:
     """Solve for α with the configured solver; write ``alpha.npy``.
 
-    The solver and its options come from :func:`stage_plan` (the one fit plan);
-    ``solver`` is the config's frozen solver section; ``dtype`` is part of the
-    fingerprint through the Gram; the solve itself is float64.
+    The solver and its options are the fit plan the runner recorded for these
+    arguments (``inputs["plan"]``, the ``plan`` node: :func:`plan_record`, computed
+    once before the gram stage); called without one, this computes it. ``solver`` is
+    the config's frozen solver section; ``dtype`` is part of the fingerprint through
+    the Gram; the solve itself is float64.
     """
     ing = IngestOutput.from_json(inputs["ingest"])
     y = np.asarray(open_rows(ing, "y_train").compute(), dtype=np.float64)
-    g = inputs.get("gram")
-    reclaim = 0
-    if g:  # the Gram this plan asked for is already on disk: count it as free
-        from pipeline.plan.fit_plan import gram_disk_bytes
-
-        gram_dtype = GramOutput.from_json(g).dtype
-        reclaim = gram_disk_bytes(ing.n_train, np.dtype(gram_dtype).itemsize)
-    X_train = open_rows(ing, "X_train")
-    in_place = {}
-    if solver.factor_dtype == "auto":
-        # the rule judges float32 on the rows in memory (the refinement reads them);
-        # in place the factor takes the gram stage's dtype, chosen before this stage
-        X_train = _rows_in_memory(inputs)
-        if not solver.keep_gram:
-            in_place = {"factor_dtype": dtype}
-    plan, reason = stage_plan(
-        solver,
-        ing.n_train,
-        ing.n_features,
+    record = inputs.get("plan") or plan_record(
+        ing,
         kernel=kernel,
-        store=ing.store,
-        reclaim_bytes=reclaim,
-        X=X_train,
-        alpha=lam,
-        alpha_convention=lam_convention,
+        lam=lam,
+        lam_convention=lam_convention,
         block_size=block_size,
-        **in_place,
-    )  # ``dtype`` is the Gram's storage only: every product of the solve is float64
+        dtype=dtype,
+        solver=solver,
+    )
+    plan, reason = recorded_plan(record)
     method = plan.solver
     log_plan(plan, reason, origin="krr run", logger=log)
     if method == "cholesky":
-        X_mem = X_train if isinstance(X_train, np.ndarray) else None
-        alpha, info = _solve_cholesky(stage_dir, inputs, y, plan, kernel, X_mem)
+        alpha, info = _solve_cholesky(stage_dir, inputs, y, plan, kernel)
     else:
         alpha, info = _solve_cg(stage_dir, inputs, y, kernel=kernel, plan=plan, solver=solver)
     alpha = np.asarray(alpha, dtype=np.float64).reshape(y.shape)

@@ -39,6 +39,31 @@ StageFunc = Callable[..., dict[str, Any]]
 EnabledFunc = Callable[[Mapping[str, dict[str, Any]], Mapping[str, dict[str, Any]]], bool]
 #: ``resolve(stage_params, outputs_so_far) -> stage_params``
 ResolveFunc = Callable[[dict[str, Any], Mapping[str, dict[str, Any]]], dict[str, Any]]
+#: ``f(params_by_stage, outputs_so_far) -> dict`` (JSON-able): a node's inputs or output
+NodeFunc = Callable[[Mapping[str, Mapping[str, Any]], Mapping[str, dict[str, Any]]], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Node:
+    """A decision the stages read, computed once and recorded (a kedro-like node).
+
+    The runner evaluates it when it first reaches a stage that names it in ``reads``:
+    ``inputs(params, outputs)`` gives what it is computed from (JSON-able), and
+    ``func(params, outputs)`` computes its output (JSON-able) from the stages'
+    arguments and the outputs of the stages before. The output is recorded in
+    ``{run_dir}/{name}.json`` under the fingerprint of its inputs; a later run (a
+    resume, another pass after a recovery) reads it back while that fingerprint
+    matches, instead of computing it again (see :func:`pipeline.stages.runner.node_output`).
+    A node has no directory and no manifest record, and it does not enter any stage's
+    fingerprint: it says *how* a stage computes, not *what*.
+
+    The fit plan is one (``solver: auto`` measures free memory and disk: planned
+    before the Gram is written and again after it, it could disagree with itself).
+    """
+
+    name: str
+    inputs: NodeFunc
+    func: NodeFunc
 
 
 @dataclass(frozen=True)
@@ -91,6 +116,9 @@ class Stage:
     #: Cholesky factor): removed from a complete configuration when a run moves to another
     #: one, so kept configurations cost their results' disk, not their factors'
     scratch: tuple[str, ...] = ()
+    #: nodes whose output the stage reads: under their names in ``outputs`` (its ``enabled``
+    #: and ``resolve``) and in ``inputs`` (its function); not part of its fingerprint
+    reads: tuple[Node, ...] = ()
 
 
 @dataclass
@@ -107,6 +135,8 @@ class RunReport:
     recovered: list[dict[str, Any]] = field(default_factory=list)
     #: key of the configuration whose results this run wrote or found (``per_config`` stages)
     configuration: str | None = None
+    #: the output of each node the stages read (:class:`Node`), recorded or read back
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def outputs(self) -> dict[str, dict[str, Any]]:

@@ -105,6 +105,41 @@ def test_lock_held_is_refused(small, tmp_path, capsys):
     assert "is locked by pid" in capsys.readouterr().err
 
 
+def test_krr_run_goes_through_the_runner_of_pipeline_run(small, tmp_path, monkeypatch, capsys):
+    """``krr run`` calls :func:`pipeline.stages.run_config` (``pipeline.run``), adding only
+    its session (run.log, Dask client, exit codes); it re-implemented the runner before
+    (issue #43). A resume of a partial solve reads the fit plan back: plan_fit runs once
+    in the two runs (twice per run before: the gram stage's check and the solve)."""
+    import pipeline.plan.fit_plan as plan_mod
+    import pipeline.stages as stages
+
+    runs, plans = [], []
+    real_run, real_plan = stages.run_config, plan_mod.plan_fit
+
+    def run_config(config, run_dir=None, **kw):
+        runs.append((run_dir, kw.get("session") is not None))
+        return real_run(config, run_dir, **kw)
+
+    monkeypatch.setattr(stages, "run_config", run_config)
+    monkeypatch.setattr(plan_mod, "plan_fit", lambda *a, **k: plans.append(1) or real_plan(*a, **k))
+    run_dir = tmp_path / "r"
+    assert run_cli("run", small, "--run-dir", run_dir, "--until", "gram", "--json") == 0
+    assert json.loads(capsys.readouterr().out)["remaining"] == [
+        "solve",
+        "model",
+        "predict",
+        "evaluate",
+    ]
+    assert runs == [(run_dir, True)] and len(plans) == 1
+    assert run_cli("run", small, "--run-dir", run_dir, "--json") == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["ran"] == ["solve", "model", "predict", "evaluate"] and res["solver"] == "cholesky"
+    assert len(runs) == 2 and len(plans) == 1
+    log_text = (run_dir / "run.log").read_text()
+    assert "stopped after stage gram (--until): ran ingest, gram;" in log_text
+    assert "run complete: ran solve, model, predict, evaluate;" in log_text
+
+
 def test_unreachable_scheduler_fails_fast(small, tmp_path, capsys):
     t0 = time.perf_counter()
     code = run_cli(

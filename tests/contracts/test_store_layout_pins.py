@@ -41,11 +41,15 @@ from make_fixtures import RUN_CONFIG, RUN_OVERRIDES, artifact_data  # noqa: E402
 STAGES = ["ingest", "gram", "solve", "model", "predict", "evaluate"]
 KEY = "57334a041263"  # results/<key>: the configuration key of RUN_CONFIG
 
-#: every file of RUN_CONFIG's run directory (lock file aside), relative to it
+#: every file of RUN_CONFIG's run directory (lock file aside), relative to it.
+#: plan.json (added 2026-11-28, issue #43): the fit plan, a recorded node computed once
+#: per configuration (pipeline.stages.runner.node_output); the committed run predates it
+#: and records it when it is first resumed
 RUN_FILES = sorted(
     [
         "latest.json",
         "manifest.json",
+        "plan.json",
         *[f"gram/gram.zarr/{p}" for p in ["zarr.json", "gram/zarr.json"]],
         *[f"gram/gram.zarr/gram/c/{t}" for t in ["0/0", "1/0", "1/1", "2/0", "2/1", "2/2"]],
         *[f"gram/gram.zarr/_markers/gram/{t}" for t in ["0.0", "1.0", "1.1", "2.0", "2.1", "2.2"]],
@@ -182,6 +186,11 @@ MANIFEST_KEYS = ["config", "created", "identity", "latest", "results", "stages",
 STAGE_RECORD_KEYS = ["error", "fingerprint", "finished", "outputs", "resources", "started",
                      "status"]  # fmt: skip
 RESULT_RECORD_KEYS = ["created", "dir", "fingerprint", "params", "stages", "updated"]
+#: plan.json: {"node": "plan", "records": {fingerprint of the inputs: record}}
+NODE_FILE_KEYS = ["node", "records"]
+NODE_RECORD_KEYS = ["created", "inputs", "output"]
+PLAN_INPUT_KEYS = ["n_features", "n_train", "solve", "x_fingerprint"]
+PLAN_OUTPUT_KEYS = ["plan", "reason"]
 #: the keys of each stage's outputs in the manifest (what downstream stages and resume read)
 STAGE_OUTPUT_KEYS = {
     "ingest": ["X_test", "X_train", "block_size", "feature_names", "n_features", "n_outputs",
@@ -284,6 +293,13 @@ def test_a_new_run_directory_has_the_pinned_layout(tmp_path, monkeypatch):
     assert {n: sorted(man["stages"][n]["outputs"]) for n in STAGES} == STAGE_OUTPUT_KEYS
     assert list(man["results"]) == [KEY] and man["latest"] == KEY
     assert sorted(man["results"][KEY]) == RESULT_RECORD_KEYS
+    plan = json.loads((run / "plan.json").read_text())
+    assert sorted(plan) == NODE_FILE_KEYS and plan["node"] == "plan"
+    (rec,) = plan["records"].values()
+    assert sorted(rec) == NODE_RECORD_KEYS
+    assert sorted(rec["inputs"]) == PLAN_INPUT_KEYS and sorted(rec["output"]) == PLAN_OUTPUT_KEYS
+    # the solve stage ran the recorded plan
+    assert man["stages"]["solve"]["outputs"]["plan"] == rec["output"]["plan"]
     # paths inside the run directory are recorded relative to it
     assert man["stages"]["gram"]["outputs"]["store"] == "@run/gram/gram.zarr"
     assert man["stages"]["solve"]["outputs"]["alpha"] == f"@run/results/{KEY}/solve/alpha.npy"
@@ -430,8 +446,9 @@ def test_the_committed_model_loads_and_predicts_as_it_did():
 
 
 def _digests(root: Path) -> dict[str, str]:
-    """Content hash of every file but the run's own records (manifest, latest, log, lock)."""
-    skip = {"manifest.json", "latest.json", "run.log"}
+    """Content hash of every file but the run's own records (manifest, latest, fit plan,
+    log, lock)."""
+    skip = {"manifest.json", "latest.json", "plan.json", "run.log"}
     return {
         rel: hashlib.sha256((root / rel).read_bytes()).hexdigest()
         for rel in _files(root)
@@ -452,6 +469,9 @@ def test_the_committed_run_directory_resumes_with_nothing_recomputed(tmp_path, m
     rep = pipeline.run(RUN_CONFIG, "run")
     assert rep.ran == [] and rep.invalidated == [] and rep.skipped_done == STAGES
     assert _digests(work / "run") == before  # no array, marker or file was written again
+    # the committed run predates plan.json: its first resume recorded its fit plan, once
+    (rec,) = json.loads((work / "run" / "plan.json").read_text())["records"].values()
+    assert rec["output"]["plan"]["solver"] == "cholesky"
     # its latest model predicts the batch it stored then
     model = pipeline.load(pipeline.latest_model("run"))
     assert Path(pipeline.latest_model("run")) == work / "run" / "results" / KEY / "model" / "model"
