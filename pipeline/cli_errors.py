@@ -94,7 +94,21 @@ def _check_paths(cfg) -> None:
     for key, p in paths:
         if p and "://" not in p and not any(c in p for c in "*?[") and not Path(p).exists():
             raise CliError(f"{key}: file {p!r} does not exist", EXIT_BAD_INPUT)
-        check_npy_input(key, p)
+        check_input_file(key, p)
+
+
+def check_input_file(key: str, path: str | None) -> None:
+    """A local input that is a FIFO, socket or device (reading a FIFO waited for ever),
+    or an empty or truncated ``.npy``: bad input (exit 3) naming the file, before any work."""
+    if path:
+        from pipeline.errors import InputError
+        from pipeline.io.inputs import check_regular_input
+
+        try:
+            check_regular_input(path)
+        except InputError as e:
+            raise CliError(f"{key}: {e}", EXIT_BAD_INPUT) from None
+    check_npy_input(key, path)
 
 
 def check_npy_input(key: str, path: str | None) -> None:

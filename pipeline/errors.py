@@ -37,6 +37,7 @@ from __future__ import annotations
 import errno as _errno
 import os
 import shutil
+import stat
 from collections.abc import Iterable
 from typing import Any
 
@@ -310,6 +311,21 @@ class StoreUnreachable(OSError):
 
 class StoreNotWritableError(ValueError, PermissionError):
     """The store location cannot be created or written."""
+
+
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular file is, for messages ("a FIFO (named pipe)"),
+    from its ``st_mode``: the one wording of the refusals of special files (run
+    directory, ``krr status``, input paths)."""
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
 
 
 #: errno values of a full disk: no space left, and a disk quota exceeded

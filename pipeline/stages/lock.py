@@ -74,6 +74,7 @@ from typing import Any
 
 import psutil
 
+from pipeline.errors import file_kind
 from pipeline.storage.location import Location, StoreUnreachable, is_url
 from pipeline.storage.tempfiles import process_namespace
 
@@ -195,18 +196,6 @@ def _check_dir(run_dir: Path) -> None:
         )
 
 
-def _kind(mode: int) -> str:
-    if stat.S_ISLNK(mode):
-        return "a symbolic link"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO (named pipe)"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    return "not a regular file"
-
-
 def check_run_dir_files(run_dir: Path) -> None:
     """Raise :class:`RunDirUnusable` if the run directory holds anything but directories
     and regular files where the pipeline opens files: a FIFO (opening it blocks the run
@@ -237,7 +226,7 @@ def check_run_dir_files(run_dir: Path) -> None:
                 if stat.S_ISLNK(mode) and os.path.isdir(e.path):
                     continue
                 raise RunDirUnusable(
-                    f"{e.path!r} in run directory {str(run_dir)!r} is {_kind(mode)}, not a "
+                    f"{e.path!r} in run directory {str(run_dir)!r} is {file_kind(mode)}, not a "
                     "regular file; krr-pipeline opens only regular files in a run directory "
                     "(a FIFO or device would block or feed the run, a link would be written "
                     "through to its target) and never removes what it did not create. Remove "
