@@ -36,7 +36,7 @@ from pipeline.errors import (  # noqa: F401  (re-exported: their old home)
     MissingTileError,
     StoreMismatchError,
 )
-from pipeline.storage.errors import ForeignPathError, TileRewriteError
+from pipeline.storage.errors import ForeignPathError, TileRewriteError, disk_full_at
 from pipeline.storage.location import local_file_path
 from pipeline.storage.markers import TileMarkers
 from pipeline.storage.rawchunks import (
@@ -257,8 +257,13 @@ class TiledArray:
             region = self._region(arr, i, j)
             shape = tuple(s.stop - s.start for s in region)
             data = np.ascontiguousarray(np.broadcast_to(np.asarray(tile, dtype=self.dtype), shape))
-            arr[region] = data
+            with disk_full_at(self._array_path(), data.nbytes):
+                arr[region] = data
         return tile_checksum(data)
+
+    def _array_path(self) -> str:
+        """Where the array's chunks go, for messages (a full disk names it)."""
+        return f"{str(self.store).rstrip('/')}/{self.name}"
 
     def to_dask(self, *, row_keys: bool = False) -> Any:
         """The stored row-blocked array as a Dask array whose tasks verify every block.
@@ -329,7 +334,8 @@ class TiledArray:
         if layout is not None:
             write_chunk(layout, self._coords(i, j), data, direct=direct)
         else:
-            arr[region] = data
+            with disk_full_at(self._array_path(), data.nbytes):
+                arr[region] = data
         self.markers.mark((i, j), **marker_info, crc32c=crc)
 
 
