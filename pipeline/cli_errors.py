@@ -201,10 +201,11 @@ def check_local_run_dir(run_dir: Path | str) -> None:
         raise CliError(str(e), EXIT_RUN_DIR) from None
 
 
-def _check_store(run_dir: Path | str, cfg) -> None:
+def _check_store(run_dir: Path | str, cfg, *, dry_run: bool = False) -> None:
     """An object-store run directory: register ``storage.options``, then check that the
     store answers and the bucket exists (created only with ``storage.create_bucket``),
-    before any work starts (exit 7)."""
+    before any work starts (exit 7). ``dry_run`` (``krr validate``): the same bounded
+    check, creating nothing (a bucket ``storage.create_bucket`` would create passes)."""
     from pipeline.storage.location import (
         Location,
         StoreUnreachable,
@@ -217,7 +218,7 @@ def _check_store(run_dir: Path | str, cfg) -> None:
         return
     try:
         set_storage_options(scheme, cfg.storage.options)
-        Location(run_dir).check_usable(create_bucket=cfg.storage.create_bucket)
+        Location(run_dir).check_usable(create_bucket=cfg.storage.create_bucket, dry_run=dry_run)
     except StoreUnreachable as e:
         raise CliError(str(e), EXIT_RUN_DIR) from None
 

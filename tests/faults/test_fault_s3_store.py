@@ -228,6 +228,36 @@ def test_unreachable_endpoint_fails_before_work_starts(s3, data, tmp_path, krr_r
     assert time.perf_counter() - t0 < 60
 
 
+def test_validate_contacts_the_store_as_run_does(s3, data, tmp_path, krr_run):
+    """``krr validate`` said "valid" for a config whose ``s3://`` run directory `krr run`
+    refuses at once (issue #44: validate makes every check run makes before work). Now
+    it makes the same bounded check: the same exit code (7) and message as ``krr run``
+    for a store that does not answer and for a missing bucket, and creates nothing (a
+    bucket ``storage.create_bucket`` would create passes)."""
+    conf = str(_config(data, tmp_path))
+    down = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_MAX_ATTEMPTS": "1"}
+    for run_dir, env, want in (
+        (f"s3://{BUCKET}/x", down, "does not answer"),
+        ("s3://no-such-bucket-validate/x", None, "bucket 'no-such-bucket-validate' does not"),
+    ):
+        t0 = time.perf_counter()
+        v = krr_run("validate", conf, f"run_dir={run_dir}", cwd=tmp_path, env=env)
+        assert time.perf_counter() - t0 < 60
+        r = krr_run("run", conf, "--run-dir", run_dir, cwd=tmp_path, env=env)
+        assert v.returncode == r.returncode == 7, (v.stdout, v.stderr)
+        assert want in v.stderr and "valid" not in v.stdout
+        msg = v.stderr.split("error:", 1)[1].strip()
+        assert msg == r.stderr.split("error:", 1)[1].strip()
+    v = krr_run(
+        "validate", conf, "run_dir=s3://no-such-bucket-validate/x", "storage.create_bucket=true",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert v.returncode == 0 and "is valid" in v.stdout, v.stderr
+    assert not _fs().exists("no-such-bucket-validate")
+    v = krr_run("validate", conf, f"run_dir=s3://{BUCKET}/x", cwd=tmp_path)
+    assert v.returncode == 0 and "is valid" in v.stdout, v.stderr
+
+
 @pytest.mark.slow
 def test_storage_options_from_config_reach_the_store(s3, data, tmp_path, krr_run):
     # the endpoint only in the config's storage.options, not in the environment
