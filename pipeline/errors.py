@@ -25,7 +25,8 @@ This module imports nothing from :mod:`pipeline` (it is the bottom layer, beside
 
 Still defined in their modules (moved here after the merges of those modules):
 ``CliError`` (:mod:`pipeline.cli_errors`), ``UsageError`` (:mod:`pipeline.cli_args`),
-``LockHeldError`` and ``RunDirUnusable`` (:mod:`pipeline.stages.lock`), ``StageFailed``
+``LockHeldError`` (:mod:`pipeline.storage.lease`, also importable from
+:mod:`pipeline.stages.lock`) and ``RunDirUnusable`` (:mod:`pipeline.stages.lock`), ``StageFailed``
 and ``RunDirConflict`` (:mod:`pipeline.stages.runner`), ``InsufficientDiskError`` and
 ``GramReplacedError`` (:mod:`pipeline.solvers.cholesky_inplace`),
 ``NotPositiveDefiniteError`` (:mod:`pipeline.solvers.cholesky_options`) and
