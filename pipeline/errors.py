@@ -25,8 +25,7 @@ This module imports nothing from :mod:`pipeline` (it is the bottom layer, beside
 
 Still defined in their modules (moved here after the merges of those modules):
 ``CliError`` (:mod:`pipeline.cli_errors`), ``UsageError`` (:mod:`pipeline.cli_args`),
-``LockHeldError`` (:mod:`pipeline.storage.lease`, also importable from
-:mod:`pipeline.stages.lock`) and ``RunDirUnusable`` (:mod:`pipeline.stages.lock`), ``StageFailed``
+``RunDirUnusable`` (:mod:`pipeline.stages.lock`), ``StageFailed``
 and ``RunDirConflict`` (:mod:`pipeline.stages.runner`), ``InsufficientDiskError`` and
 ``GramReplacedError`` (:mod:`pipeline.solvers.cholesky_inplace`),
 ``NotPositiveDefiniteError`` (:mod:`pipeline.solvers.cholesky_options`) and
@@ -39,6 +38,7 @@ import errno as _errno
 import os
 import shutil
 import stat
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -59,6 +59,7 @@ __all__ = [
     "IndefiniteKernelError",
     "InputError",
     "InsufficientMemoryError",
+    "LockHeldError",
     "ManifestError",
     "MissingExtraError",
     "MissingTileError",
@@ -303,6 +304,32 @@ class CorruptFileError(CorruptTileError):
 
     def __reduce__(self):
         return (type(self), (self.path, self.expected, self.found))
+
+
+class LockHeldError(RuntimeError):
+    """Another live process holds the run directory's lock."""
+
+    def __init__(self, run_dir: Any, owner: dict[str, Any], remote: bool = False) -> None:
+        self.run_dir = run_dir
+        self.owner = owner
+        self.remote = remote
+        started = owner.get("started")
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if started else "?"
+        if remote:
+            hint = (
+                "This host cannot tell whether that run is alive. Wait for it to finish, "
+                "stop it, or use another --run-dir; if it is dead (e.g. its host went down), "
+                f"`krr unlock {run_dir}` removes the lock."
+            )
+        else:
+            hint = (
+                "Wait for it to finish, stop it, or use another --run-dir "
+                f"(`krr unlock {run_dir}` removes a lock left by a dead run)."
+            )
+        super().__init__(
+            f"run directory {str(run_dir)!r} is locked by pid {owner.get('pid')} on "
+            f"{owner.get('host')} (running since {when}). {hint}"
+        )
 
 
 class StoreUnreachable(OSError):

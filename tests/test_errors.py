@@ -92,6 +92,11 @@ CONDITIONS = {
         [("pipeline.storage", "TileRewriteError"), ("pipeline.storage.errors", "TileRewriteError")],
         (RuntimeError,),
     ),
+    "another live process holds the lock (moved from stages.lock, issue #44)": (
+        errors.LockHeldError,
+        [("pipeline.stages.lock", "LockHeldError"), ("pipeline.storage.lease", "LockHeldError")],
+        (RuntimeError,),
+    ),
     "an object store cannot be used": (
         errors.StoreUnreachable,
         [("pipeline.storage.location", "StoreUnreachable")],
@@ -167,7 +172,7 @@ CONDITIONS = {
 PENDING = {
     "pipeline.cli_errors": {"CliError"},
     "pipeline.cli_args": {"UsageError"},
-    "pipeline.stages.lock": {"LockHeldError", "RunDirUnusable"},
+    "pipeline.stages.lock": {"RunDirUnusable"},
     "pipeline.stages.runner": {"StageFailed", "RunDirConflict"},
     "pipeline.solvers.cholesky_inplace": {"InsufficientDiskError", "GramReplacedError"},
     "pipeline.solvers.cholesky_options": {"NotPositiveDefiniteError"},
@@ -436,7 +441,7 @@ def test_unreachable_store_exit_code_is_pinned(monkeypatch, small):
     from pipeline.config import load_config
     from pipeline.storage import location
 
-    def unreachable(self, create_bucket=False):
+    def unreachable(self, create_bucket=False, **kw):
         raise location.StoreUnreachable("no such bucket")
 
     monkeypatch.setattr(location.Location, "check_usable", unreachable)

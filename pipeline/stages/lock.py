@@ -71,13 +71,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import file_kind
+from pipeline.errors import LockHeldError, file_kind
 from pipeline.storage.lease import (  # noqa: F401  (the lease's names, re-exported: their old home)
     DEFAULT_TTL,
     LOCK_NAME,
     RELEASE_WAIT,
     LeaseLock,
-    LockHeldError,
     _dead,
     _etag,
     _proc_start,

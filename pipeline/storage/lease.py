@@ -18,11 +18,11 @@ import socket
 import threading
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import psutil
 
+from pipeline.errors import LockHeldError
 from pipeline.storage.location import Location, StoreUnreachable
 from pipeline.storage.tempfiles import process_namespace
 
@@ -30,32 +30,6 @@ log = logging.getLogger("pipeline.stages")
 
 #: the lock object of a run directory
 LOCK_NAME = ".lock"
-
-
-class LockHeldError(RuntimeError):
-    """Another live process holds the run directory's lock."""
-
-    def __init__(self, run_dir: Path, owner: dict[str, Any], remote: bool = False) -> None:
-        self.run_dir = run_dir
-        self.owner = owner
-        self.remote = remote
-        started = owner.get("started")
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if started else "?"
-        if remote:
-            hint = (
-                "This host cannot tell whether that run is alive. Wait for it to finish, "
-                "stop it, or use another --run-dir; if it is dead (e.g. its host went down), "
-                f"`krr unlock {run_dir}` removes the lock."
-            )
-        else:
-            hint = (
-                "Wait for it to finish, stop it, or use another --run-dir "
-                f"(`krr unlock {run_dir}` removes a lock left by a dead run)."
-            )
-        super().__init__(
-            f"run directory {str(run_dir)!r} is locked by pid {owner.get('pid')} on "
-            f"{owner.get('host')} (running since {when}). {hint}"
-        )
 
 
 def _proc_start(pid: int) -> float | None:
