@@ -203,7 +203,7 @@ def _run_results(run_dir: Path) -> dict[str, np.ndarray]:
     alpha (its model's ``dual_coef``) and every array of its prediction stores."""
     import zarr
 
-    from pipeline.artifact import load_artifact
+    from pipeline.models.artifact import load_artifact
     from pipeline.stages.manifest import Manifest
 
     m = Manifest.load(run_dir)  # the latest configuration's results/<key>/{model,predict}

@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from pipeline import cli
-from pipeline.cli_errors import EXIT_BAD_INPUT, EXIT_CODES, EXIT_RUN_DIR
+from pipeline.cli.errors import EXIT_BAD_INPUT, EXIT_CODES, EXIT_RUN_DIR
 from pipeline.errors import InputError
-from pipeline.io import as_row_blocks
+from pipeline.storage.inputs import as_row_blocks
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs POSIX FIFOs")
 

@@ -256,7 +256,7 @@ def test_enospc_in_a_zarr_chunk_write_names_the_array_and_bytes(tmp_path, monkey
 
 
 def test_enospc_writing_predictions_names_the_file_and_bytes(tmp_path, monkeypatch):
-    from pipeline.predict.output import write_predictions
+    from pipeline.storage.predictions import write_predictions
 
     def full(f, y, *a, **k):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

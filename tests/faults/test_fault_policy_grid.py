@@ -20,8 +20,8 @@ import pytest
 
 from pipeline.fit import row_probes
 from pipeline.kernels import RBF
-from pipeline.policy.calibrated import CalibratedCostModel
-from pipeline.policy.plan import Resources, plan_fit
+from pipeline.plan.calibrated import CalibratedCostModel
+from pipeline.plan.fit_plan import Resources, plan_fit
 
 BENCH = Path(__file__).resolve().parents[2] / "workflows" / "benchmarks"
 RES = Resources(memory_bytes=1e13, disk_bytes=1e15, in_memory=False)
@@ -184,7 +184,7 @@ def test_the_model_ranks_the_variants_without_the_noise_margin(variant_cases, mo
     # D = 64 it does not yet: the iteration model overestimates those solves about 10x
     # (a flat residual spectrum, docs/PERFORMANCE.md), which favours the stored Gram's
     # cheaper products (synthetic64, N = 4,000, λ = 1e-3: stored 2.79 s, float64 1.73 s)
-    from pipeline.policy import constants as C
+    from pipeline import constants as C
 
     monkeypatch.setattr(C, "CG_VARIANT_MIN_SAVING", 0.0)
     monkeypatch.setattr(C, "CG_VARIANT_MIN_SECONDS", 0.0)
@@ -206,7 +206,7 @@ def test_the_variant_predictions_at_low_d(variant_cases):
     # docs/PERFORMANCE.md; the choice survives because every variant scales with them.)
     model = CalibratedCostModel(tol=1e-6)
     kernel = RBF(gamma=0.1)
-    from pipeline.solvers.spectrum import estimate_residual
+    from pipeline.linalg.spectrum import estimate_residual
 
     for c, X in variant_cases:
         if c["d"] > 9:
