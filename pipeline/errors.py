@@ -40,6 +40,7 @@ from __future__ import annotations
 import errno as _errno
 import os
 import shutil
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -47,7 +48,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import argparse
-    from pathlib import Path
 
 __all__ = [
     "ArtifactError",
@@ -348,6 +348,32 @@ class CorruptFileError(CorruptTileError):
         return (type(self), (self.path, self.expected, self.found))
 
 
+class LockHeldError(RuntimeError):
+    """Another live process holds the run directory's lock."""
+
+    def __init__(self, run_dir: Any, owner: dict[str, Any], remote: bool = False) -> None:
+        self.run_dir = run_dir
+        self.owner = owner
+        self.remote = remote
+        started = owner.get("started")
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if started else "?"
+        if remote:
+            hint = (
+                "This host cannot tell whether that run is alive. Wait for it to finish, "
+                "stop it, or use another --run-dir; if it is dead (e.g. its host went down), "
+                f"`krr unlock {run_dir}` removes the lock."
+            )
+        else:
+            hint = (
+                "Wait for it to finish, stop it, or use another --run-dir "
+                f"(`krr unlock {run_dir}` removes a lock left by a dead run)."
+            )
+        super().__init__(
+            f"run directory {str(run_dir)!r} is locked by pid {owner.get('pid')} on "
+            f"{owner.get('host')} (running since {when}). {hint}"
+        )
+
+
 class StoreUnreachable(OSError):
     """An object store cannot be used: no filesystem for its scheme, the endpoint
     does not answer, the credentials are refused, or the bucket does not exist."""
@@ -355,6 +381,21 @@ class StoreUnreachable(OSError):
 
 class StoreNotWritableError(ValueError, PermissionError):
     """The store location cannot be created or written."""
+
+
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular file is, for messages ("a FIFO (named pipe)"),
+    from its ``st_mode``: the one wording of the refusals of special files (run
+    directory, ``krr status``, input paths)."""
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
 
 
 #: errno values of a full disk: no space left, and a disk quota exceeded
@@ -617,32 +658,6 @@ class StageFailed(RuntimeError):
 
 class RunDirConflict(ValueError):
     """The run directory belongs to another data source (see ``force_new``)."""
-
-
-class LockHeldError(RuntimeError):
-    """Another live process holds the run directory's lock."""
-
-    def __init__(self, run_dir: Path, owner: dict[str, Any], remote: bool = False) -> None:
-        self.run_dir = run_dir
-        self.owner = owner
-        self.remote = remote
-        started = owner.get("started")
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if started else "?"
-        if remote:
-            hint = (
-                "This host cannot tell whether that run is alive. Wait for it to finish, "
-                "stop it, or use another --run-dir; if it is dead (e.g. its host went down), "
-                f"`krr unlock {run_dir}` removes the lock."
-            )
-        else:
-            hint = (
-                "Wait for it to finish, stop it, or use another --run-dir "
-                f"(`krr unlock {run_dir}` removes a lock left by a dead run)."
-            )
-        super().__init__(
-            f"run directory {str(run_dir)!r} is locked by pid {owner.get('pid')} on "
-            f"{owner.get('host')} (running since {when}). {hint}"
-        )
 
 
 class RunDirUnusable(OSError):

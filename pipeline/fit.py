@@ -24,6 +24,7 @@ import fcntl
 import logging
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -41,7 +42,7 @@ from pipeline.engine.dense import (
 )
 from pipeline.engine.parallel import _active_client
 from pipeline.engine.progress import cg_progress
-from pipeline.errors import IndefiniteKernelError
+from pipeline.errors import IndefiniteKernelError, LockHeldError
 from pipeline.kernels import Kernel, Linear, make_kernel
 from pipeline.linalg import dense_memory as memory
 from pipeline.linalg import spectrum
@@ -60,6 +61,7 @@ from pipeline.linalg.triangular import cholesky_solve
 from pipeline.options import ALPHA_CONVENTIONS, SolverOptions, solver_choices, solver_convention
 from pipeline.plan.fit_plan import FitPlan, Probes, Resources, gram_on_demand, plan_fit
 from pipeline.storage import fingerprint_blocks
+from pipeline.storage.lease import LeaseLock
 
 __all__ = [
     "FitResult",
@@ -659,7 +661,7 @@ def _fit_lock(store: str) -> Iterator[None]:
     have different directories and never wait for each other. The kernel drops the
     lock when its holder dies (a killed fit never blocks the next). On a filesystem
     without locks (``ENOLCK``) the fit runs unlocked, as before. Object-store fits
-    (``s3://``) are not locked.
+    (``s3://``) hold a lease instead (:func:`_fit_lease`).
     """
     fd = os.open(os.path.join(store, FIT_LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -676,6 +678,41 @@ def _fit_lock(store: str) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
+#: seconds between two looks at a fit directory's lease held by another fit
+FIT_LEASE_POLL = 1.0
+
+
+@contextlib.contextmanager
+def _fit_lease(store: str) -> Iterator[None]:
+    """Hold the lease ``store/.fit-lock`` on an object-store fit directory while inside:
+    :func:`_fit_lock`'s exclusion where no ``flock`` exists, with the run lock's lease
+    protocol (:class:`pipeline.storage.lease.LeaseLock`: a conditional PUT, renewed while
+    the fit lives, expiring when its holder dies). Two identical fits on one ``s3://``
+    store used to run unlocked, racing to create the same arrays. A held lease is
+    waited for (polled every :data:`FIT_LEASE_POLL` s; a killed holder's lease is taken
+    over at once on its host, else when it expires), then the fit finds the first one's
+    completed tiles. A store that does not answer raises
+    :class:`~pipeline.errors.StoreUnreachable`, as every store wait does.
+    """
+    lease = LeaseLock(store, name=FIT_LOCK_NAME)
+    waiting = False
+    while True:
+        try:
+            lease.acquire()
+            break
+        except LockHeldError:
+            if not waiting:
+                ooc_log.info(
+                    "another process is fitting the same model in %s: waiting for it", store
+                )
+                waiting = True
+            time.sleep(FIT_LEASE_POLL)
+    try:
+        yield
+    finally:
+        lease.release()
+
+
 @contextlib.contextmanager
 def _store_dir(store: Any) -> Iterator[str]:
     if store is not None:
@@ -687,7 +724,8 @@ def _store_dir(store: Any) -> Iterator[str]:
             with _fit_lock(store):
                 yield store
             return
-        yield store
+        with _fit_lease(store):
+            yield store
         return
     from pipeline.storage.tempfiles import make_temp_store
 

@@ -199,7 +199,11 @@ CONDITIONS = {
     ),
     "a run directory is locked": (
         errors.LockHeldError,
-        [("pipeline.stages.lock", "LockHeldError"), ("pipeline.stages", "LockHeldError")],
+        [
+            ("pipeline.stages.lock", "LockHeldError"),
+            ("pipeline.stages", "LockHeldError"),
+            ("pipeline.storage.lease", "LockHeldError"),
+        ],
         (RuntimeError,),
     ),
     "a run directory cannot be used": (
@@ -525,7 +529,7 @@ def test_unreachable_store_exit_code_is_pinned(monkeypatch, small):
     from pipeline.stages.config import load_config
     from pipeline.storage import location
 
-    def unreachable(self, create_bucket=False):
+    def unreachable(self, create_bucket=False, **kw):
         raise location.StoreUnreachable("no such bucket")
 
     monkeypatch.setattr(location.Location, "check_usable", unreachable)

@@ -595,6 +595,36 @@ def test_cv_target_exponent_is_zero_for_ordinary_y():
     assert target_exponent(np.array([edge]), "neg_mean_squared_error") == (k, -2 * k)
 
 
+@pytest.mark.parametrize("scales", [(1e-200, 1.0), (1.0, 1e200), (1e-160, 1.0), (1e-120, 1e120)])
+@pytest.mark.parametrize("scoring", [None, "r2", "explained_variance"])
+def test_cv_r2_of_multi_output_y_with_columns_far_apart_is_sklearns(cv_data, scales, scoring):
+    """R² of a multi-output y is scikit-learn's ``multioutput="uniform_average"``: the mean
+    of the columns' R², each unchanged when its column is scaled. One power of two for
+    all columns (that of the largest) left a column many orders of magnitude smaller
+    with squares that underflow: columns at 1e-200 and 1 scored 0.685 where
+    ``r2_score`` gives 0.658 (every candidate; the best λ could change with it). Now
+    each column gets its own exponent and the scores equal those of the columns at 1."""
+    from sklearn.kernel_ridge import KernelRidge as SkKernelRidge
+    from sklearn.metrics import explained_variance_score, r2_score
+    from sklearn.model_selection import KFold
+
+    X, y = cv_data
+    Y1 = np.c_[y, np.cos(X[:, 1]) / 2]  # both columns of order 1
+    search = _cv("dense", scoring).set_params(param_grid=None, gamma=1.0, cv=KFold(4))
+    got = search.fit(X, Y1 * np.array(scales)).cv_results_["mean_test_score"]
+    metric = explained_variance_score if scoring == "explained_variance" else r2_score
+    want = []
+    for a in search.alphas:
+        folds = []
+        for tr, te in KFold(4).split(X):
+            sk = SkKernelRidge(alpha=a, kernel="rbf", gamma=1.0).fit(X[tr], Y1[tr])
+            folds.append(metric(Y1[te], sk.predict(X[te]), multioutput="uniform_average"))
+        want.append(np.mean(folds))
+    np.testing.assert_allclose(got, want, rtol=1e-9)
+    ref = search.fit(X, Y1).cv_results_["mean_test_score"]  # the columns at 1: R² unchanged
+    np.testing.assert_allclose(got, ref, rtol=1e-12)
+
+
 @pytest.mark.parametrize("standardize_y", [True, False])
 @pytest.mark.parametrize("factor", [1e-200, 1e200])
 @pytest.mark.parametrize(("scoring", "degree"), [("r2", 0), ("neg_root_mean_squared_error", 1)])

@@ -294,6 +294,9 @@ def cmd_validate(args) -> int:
     cfg = _load(args.config, args.overrides)
     _check_before_work(cfg)
     check_local_run_dir(cfg.resolved_run_dir())  # as `krr run` would refuse it (exit 7)
+    # an object store that does not answer, refuses the credentials or lacks the bucket:
+    # the same bounded check and message as `krr run` (exit 7), creating nothing
+    _check_store(cfg.resolved_run_dir(), cfg, dry_run=True)
     print(f"config {args.config!r} is valid")
     print(
         f"  data: {cfg.data.source} {cfg.data.package or ''} {cfg.data.name or cfg.data.path or ''}"

@@ -88,7 +88,21 @@ def _check_paths(cfg) -> None:
     for key, p in paths:
         if p and "://" not in p and not any(c in p for c in "*?[") and not Path(p).exists():
             raise CliError(f"{key}: file {p!r} does not exist", EXIT_BAD_INPUT)
-        check_npy_input(key, p)
+        check_input_file(key, p)
+
+
+def check_input_file(key: str, path: str | None) -> None:
+    """A local input that is a FIFO, socket or device (reading a FIFO waited for ever),
+    or an empty or truncated ``.npy``: bad input (exit 3) naming the file, before any work."""
+    if path:
+        from pipeline.errors import InputError
+        from pipeline.storage.inputs import check_regular_input
+
+        try:
+            check_regular_input(path)
+        except InputError as e:
+            raise CliError(f"{key}: {e}", EXIT_BAD_INPUT) from None
+    check_npy_input(key, path)
 
 
 def check_npy_input(key: str, path: str | None) -> None:
@@ -181,10 +195,11 @@ def check_local_run_dir(run_dir: Path | str) -> None:
         raise CliError(str(e), EXIT_RUN_DIR) from None
 
 
-def _check_store(run_dir: Path | str, cfg) -> None:
+def _check_store(run_dir: Path | str, cfg, *, dry_run: bool = False) -> None:
     """An object-store run directory: register ``storage.options``, then check that the
     store answers and the bucket exists (created only with ``storage.create_bucket``),
-    before any work starts (exit 7)."""
+    before any work starts (exit 7). ``dry_run`` (``krr validate``): the same bounded
+    check, creating nothing (a bucket ``storage.create_bucket`` would create passes)."""
     from pipeline.storage.location import (
         Location,
         StoreUnreachable,
@@ -197,7 +212,7 @@ def _check_store(run_dir: Path | str, cfg) -> None:
         return
     try:
         set_storage_options(scheme, cfg.storage.options)
-        Location(run_dir).check_usable(create_bucket=cfg.storage.create_bucket)
+        Location(run_dir).check_usable(create_bucket=cfg.storage.create_bucket, dry_run=dry_run)
     except StoreUnreachable as e:
         raise CliError(str(e), EXIT_RUN_DIR) from None
 

@@ -19,7 +19,7 @@ from pipeline.cli.errors import (
     EXIT_RUN_DIR,
     CliError,
     _client,
-    check_npy_input,
+    check_input_file,
     disk_full_hint,
     disk_full_in,
 )
@@ -73,7 +73,7 @@ def cmd_predict(args) -> int:
     inp = args.input
     if "://" not in inp and not any(c in inp for c in "*?[") and not Path(inp).exists():
         raise CliError(f"input {inp!r} does not exist", EXIT_BAD_INPUT)
-    check_npy_input("input", inp)  # an empty .npy: bad input, before any work
+    check_input_file("input", inp)  # a FIFO, an empty .npy: bad input, before any work
     out = args.output
     ctx = contextlib.nullcontext()
     if args.scheduler:

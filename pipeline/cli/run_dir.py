@@ -25,12 +25,13 @@ def _run_dir_arg(run_dir: str) -> Path | str:
 
 
 def cmd_status(args) -> int:
+    from pipeline.stages.lock import RunDirUnusable
     from pipeline.stages.manifest import ManifestError
     from pipeline.stages.status import run_status
 
     try:
         st = run_status(args.run_dir)
-    except ManifestError as e:
+    except (ManifestError, RunDirUnusable) as e:
         raise CliError(str(e), EXIT_RUN_DIR) from None
     except FileNotFoundError as e:
         raise CliError(str(e), EXIT_BAD_INPUT) from None
@@ -99,11 +100,12 @@ def cmd_unlock(args) -> int:
 def cmd_report(args) -> int:
     """Write the HTML report of a run directory (:func:`pipeline.report.write_report`)."""
     from pipeline.report import write_report
+    from pipeline.stages.lock import RunDirUnusable
     from pipeline.stages.manifest import ManifestError
 
     try:
         path = write_report(_run_dir_arg(args.run_dir), args.output)
-    except ManifestError as e:
+    except (ManifestError, RunDirUnusable) as e:
         raise CliError(str(e), EXIT_RUN_DIR) from None
     except ImportError as e:  # matplotlib: a missing extra is a config error (exit 2)
         raise CliError(str(e), EXIT_BAD_CONFIG) from None

@@ -242,9 +242,14 @@ def gather(run_dir: str | Path) -> RunData:
         ``run_dir`` holds no ``manifest.json`` (it is not a run directory).
     pipeline.stages.manifest.ManifestError
         The manifest exists but cannot be read.
+    pipeline.stages.lock.RunDirUnusable
+        The run directory holds a FIFO, socket, device or symbolic link to a file.
     """
+    from pipeline.stages.lock import check_run_dir_files
     from pipeline.stages.manifest import MANIFEST_NAME, Manifest
 
+    if not is_url(run_dir):  # a FIFO there would hold the report for ever: refused
+        check_run_dir_files(Path(run_dir))
     if not is_url(run_dir) and not (Path(run_dir) / MANIFEST_NAME).is_file():
         raise FileNotFoundError(
             f"{str(run_dir)!r} is not a run directory (it has no {MANIFEST_NAME}); pass the "

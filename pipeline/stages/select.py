@@ -79,7 +79,8 @@ class OriginalUnits:
         self.mean = np.asarray(mean, dtype=np.float64)
         self.scale = np.asarray(scale, dtype=np.float64)
         self._scorer = check_scoring(KernelRidge(), scoring="r2" if scoring is None else scoring)
-        self._k, self.score_back = target_exponent(np.abs(self.mean) + np.abs(self.scale), scoring)
+        size = (np.abs(self.mean) + np.abs(self.scale)).reshape(1, -1)  # a row: per column
+        self._k, self.score_back = target_exponent(size, scoring)
 
     def _back(self, y: Any) -> np.ndarray:
         y = np.asarray(y, dtype=np.float64)

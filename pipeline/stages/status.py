@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.stages.lock import lock_owner
+from pipeline.stages.lock import check_run_dir_files, lock_owner
 from pipeline.stages.manifest import Manifest
 from pipeline.stages.stage import STAGE_NAMES
 from pipeline.storage import TileMarkers
@@ -128,10 +128,16 @@ def run_status(run_dir: str | Path, stage_names: tuple[str, ...] | None = None) 
     ------
     FileNotFoundError
         ``run_dir`` does not exist or holds no manifest.
+    pipeline.stages.lock.RunDirUnusable
+        A file it would read (the manifest, the lock, a marker) is a FIFO, socket,
+        device or symbolic link to a file: refused at once, as ``krr run`` refuses it
+        (reading a FIFO waited for a writer for ever).
     """
 
     remote = is_url(run_dir)
     run_dir = str(run_dir).rstrip("/") if remote else Path(run_dir)
+    if not remote:
+        check_run_dir_files(run_dir)
     manifest = Manifest.load(run_dir)
     if not (Location(run_dir).exists("manifest.json") if remote else manifest.path.exists()):
         raise FileNotFoundError(f"{str(run_dir)!r} is not a run directory (no manifest.json)")

@@ -36,7 +36,7 @@ from pipeline.errors import (  # noqa: F401  (re-exported: their old home)
     MissingTileError,
     StoreMismatchError,
 )
-from pipeline.storage.errors import ForeignPathError, TileRewriteError
+from pipeline.storage.errors import ForeignPathError, TileRewriteError, disk_full_at
 from pipeline.storage.fingerprint import same_work
 from pipeline.storage.location import local_file_path
 from pipeline.storage.markers import TileMarkers
@@ -258,8 +258,13 @@ class TiledArray:
             region = self._region(arr, i, j)
             shape = tuple(s.stop - s.start for s in region)
             data = np.ascontiguousarray(np.broadcast_to(np.asarray(tile, dtype=self.dtype), shape))
-            arr[region] = data
+            with disk_full_at(self._array_path(), data.nbytes):
+                arr[region] = data
         return tile_checksum(data)
+
+    def _array_path(self) -> str:
+        """Where the array's chunks go, for messages (a full disk names it)."""
+        return f"{str(self.store).rstrip('/')}/{self.name}"
 
     def to_dask(self, *, row_keys: bool = False) -> Any:
         """The stored row-blocked array as a Dask array whose tasks verify every block.
@@ -330,7 +335,8 @@ class TiledArray:
         if layout is not None:
             write_chunk(layout, self._coords(i, j), data, direct=direct)
         else:
-            arr[region] = data
+            with disk_full_at(self._array_path(), data.nbytes):
+                arr[region] = data
         self.markers.mark((i, j), **marker_info, crc32c=crc)
 
 
@@ -464,6 +470,20 @@ def open_tiled_array(
     return handle
 
 
+def _marker_coords(key: Any, ndim: int) -> tuple[int, ...] | None:
+    """The chunk coordinates a marker key names (row blocks of predictions are marked
+    ``(i,)``), or None for a key that names no chunk."""
+    if not isinstance(key, tuple):
+        return None
+    if len(key) == ndim:
+        return key
+    if ndim == 2 and len(key) == 1:  # row blocks marked (i,) (predictions)
+        return (key[0], 0)
+    if ndim == 1 and len(key) == 2 and key[1] == 0:
+        return key[:1]
+    return None
+
+
 def unmark_lost_tiles(handle: TiledArray) -> list[tuple[int, ...]]:
     """Unmark, in one pass, every marked tile whose chunk file is missing or has the
     wrong size; return their marker keys.
@@ -471,27 +491,22 @@ def unmark_lost_tiles(handle: TiledArray) -> list[tuple[int, ...]]:
     Called when an array is reopened for resume, so a damaged run directory (e.g. one
     copied while a run wrote it: 74 tiles marked without chunk files) is repaired in
     one run; before, each missing chunk was found by a read, one recovery at a time,
-    and a run stopped after three. Only arrays stored as raw chunk files on a local
-    disk (:func:`~pipeline.storage.rawchunks.chunk_layout`) are checked here: on an
-    object store, and through Zarr codecs, a chunk equal to the fill value may be left
-    unwritten, so there the checksum on read finds the damage.
+    and a run stopped after three. Arrays stored as raw chunk files on a local disk
+    (:func:`~pipeline.storage.rawchunks.chunk_layout`) are checked by size; arrays on
+    an object store by :func:`_unmark_lost_objects` (one listing of the chunks);
+    other local Zarr arrays (codecs) by the checksum on read.
     """
     layout = chunk_layout(handle.store, handle.name)
     if layout is None:
+        if "://" in str(handle.store):
+            return _unmark_lost_objects(handle)
         return []
     markers = handle.markers
     ndim = len(handle.shape)
     lost = []
     for key in markers.done():
-        if not isinstance(key, tuple):
-            continue
-        if len(key) == ndim:
-            coords = key
-        elif ndim == 2 and len(key) == 1:  # row blocks marked (i,) (predictions)
-            coords = (key[0], 0)
-        elif ndim == 1 and len(key) == 2 and key[1] == 0:
-            coords = key[:1]
-        else:
+        coords = _marker_coords(key, ndim)
+        if coords is None:
             continue
         try:
             ok = layout.path(coords).stat().st_size == layout.nbytes
@@ -506,6 +521,61 @@ def unmark_lost_tiles(handle: TiledArray) -> list[tuple[int, ...]]:
         log.warning(
             "array %r in %s: %d marked tile(s) have no chunk file (or one of the wrong size), "
             "first %s: unmarked, to be recomputed",
+            handle.name,
+            handle.store,
+            len(lost),
+            sorted(lost)[:5],
+        )
+    return lost
+
+
+def _unmark_lost_objects(handle: TiledArray) -> list[tuple[int, ...]]:
+    """:func:`unmark_lost_tiles` for an array on an object store: unmark every marked
+    tile whose chunk object is missing, in one pass.
+
+    Two listings (the chunk objects, the markers) and one read per marker whose chunk
+    is missing. A missing chunk is lost unless the tile its marker records is all fill
+    value (Zarr leaves such a chunk unwritten): its recorded CRC-32C says which. Before,
+    each lost object was found by a read, one recovery at a time (at most three a run),
+    so an object-store run directory recovered one tile per read, over many runs.
+    """
+    from pipeline.storage.markers import _parse_key
+
+    markers = handle.markers
+    fs, root = fsspec.core.url_to_fs(str(handle.store))
+    base = f"{root.rstrip('/')}/{handle.name}"
+    fs.invalidate_cache()
+    try:
+        present = {str(k)[len(base) + 1 :] for k in fs.find(base)}
+        names = markers.fs.ls(markers.root, detail=False)
+    except FileNotFoundError:
+        return []
+    arr = handle.zarr("r")
+    ndim = len(handle.shape)
+    fill = arr.metadata.fill_value
+    lost = []
+    for p in names:
+        name = str(p).rstrip("/").rsplit("/", 1)[-1]
+        key = _parse_key(name)
+        coords = _marker_coords(key, ndim)
+        if name.endswith(".tmp") or coords is None:
+            continue
+        if arr.metadata.encode_chunk_key(coords) in present:
+            continue
+        rec = markers.record(key)
+        if rec is None:  # another fingerprint's marker: counts for nothing already
+            continue
+        region = handle._region(arr, *coords, *([0] if ndim == 1 else []))
+        shape = tuple(r.stop - r.start for r in region)
+        blank = np.full(shape, fill, dtype=handle.dtype)
+        if rec.get("crc32c") is not None and int(rec["crc32c"]) == tile_checksum(blank):
+            continue  # an all-fill tile: Zarr wrote no chunk for it
+        markers.unmark(key)
+        lost.append(key)
+    if lost:
+        log.warning(
+            "array %r in %s: %d marked tile(s) have no chunk object, first %s: unmarked, "
+            "to be recomputed",
             handle.name,
             handle.store,
             len(lost),

@@ -7,6 +7,7 @@ from typing import Any
 
 import fsspec
 
+from pipeline.storage.errors import disk_full_at
 from pipeline.storage.tempfiles import tmp_path_for
 
 
@@ -44,21 +45,24 @@ def atomic_write(path: str, data: bytes, *, fs: Any = None, fsync: bool = False)
             fs = fsspec.filesystem("file")
             path = local_file_path(path)
     parent = path.rsplit("/", 1)[0]
-    fs.makedirs(parent, exist_ok=True)
     if not is_local(fs):
+        fs.makedirs(parent, exist_ok=True)
         fs.pipe_file(path, data)
         return
     tmp = tmp_path_for(path)  # {path}.{pid}-{hex}.tmp: see pipeline.storage.tempfiles
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            if fsync:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    # a full disk names the path and the bytes (free measured with the partial file gone)
+    with disk_full_at(path, len(data)):
+        try:
+            fs.makedirs(parent, exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(data)
+                if fsync:
+                    f.flush()
+                    os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
     if fsync:
         try:  # make the rename itself durable
             fd = os.open(parent or ".", os.O_RDONLY)

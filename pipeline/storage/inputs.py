@@ -23,6 +23,7 @@ are refused with a ``ValueError`` naming them. Finiteness is checked by
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -31,7 +32,7 @@ import dask.array as da
 import numpy as np
 
 from pipeline._optional import require
-from pipeline.errors import InputError
+from pipeline.errors import InputError, file_kind
 
 __all__ = ["as_row_blocks", "check_block_size", "open_npy", "open_table"]
 
@@ -85,12 +86,34 @@ def _finish(X: da.Array, block_size: int, dtype: Any, what: str) -> da.Array:
     return X
 
 
+def check_regular_input(path: str | os.PathLike, what: str = "input") -> None:
+    """An :class:`~pipeline.errors.InputError` naming ``path`` when it is a local FIFO,
+    socket or device (through a link too): reading a FIFO waits for a writer for ever,
+    so it is refused before any work. Regular files, directories (Parquet, Zarr),
+    paths that do not exist, globs and URLs pass (their own checks follow)."""
+    path = os.fspath(path)
+    if "://" in path:
+        return
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return
+    raise InputError(
+        f"{what} {path!r} is {file_kind(mode)}, not a regular file; krr-pipeline reads "
+        "inputs only from regular files and directories (a FIFO or device would block or "
+        "feed the run). Write the data to a file (e.g. np.save(path, X)) and point to it."
+    )
+
+
 def open_npy(path: str | os.PathLike, what: str = ".npy file") -> np.ndarray:
     """``np.load(path, mmap_mode="r")``, with an :class:`~pipeline.errors.InputError`
     (a ValueError) naming the file when it is
     empty (0 bytes) or ends before its header does (numpy says only ``No data left in
     file``: an EOFError, reported as an internal error or a failed stage before)."""
     path = os.fspath(path)
+    check_regular_input(path, what)
     if os.path.isfile(path) and os.path.getsize(path) == 0:
         raise InputError(
             f"{what} {path!r} is empty (0 bytes), not a .npy array: write it again "
@@ -222,6 +245,7 @@ def is_zarr_path(path: str) -> bool:
 
 
 def _from_path(path: str, block_size: int, columns: Sequence[str] | None) -> da.Array:
+    check_regular_input(path)
     low = path.lower().rstrip("/")
     if low.endswith(".npy"):
         if columns is not None:

@@ -268,11 +268,13 @@ class Location:
             pass
         self.fs.invalidate_cache()
 
-    def check_usable(self, create_bucket: bool = False) -> None:
+    def check_usable(self, create_bucket: bool = False, *, dry_run: bool = False) -> None:
         """Fail early and clearly when the store cannot be used.
 
         Lists the root (one request). For a bucket store (S3 and the like) a
-        bucket that does not exist is created only with ``create_bucket``.
+        bucket that does not exist is created only with ``create_bucket``;
+        ``dry_run`` (``krr validate``) creates nothing: a missing bucket that
+        ``create_bucket`` would create passes.
 
         Raises
         ------
@@ -302,7 +304,7 @@ class Location:
                 "Check the endpoint (AWS_ENDPOINT_URL, or storage.options "
                 "client_kwargs.endpoint_url) and the network."
             ) from None
-        if exists:
+        if exists or (create_bucket and dry_run):
             return
         if not create_bucket:
             raise StoreUnreachable(

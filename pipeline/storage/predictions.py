@@ -196,43 +196,49 @@ def write_predictions(
     old = check_output_file(path, overwrite)  # the file replaced (ours), or None
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)  # as a .zarr output's
     y = np.asarray(y)
+    from pipeline.storage.errors import disk_full_at
     from pipeline.storage.tempfiles import tmp_path_for
 
     tmp, rec_tmp = tmp_path_for(path), tmp_path_for(owner_record_path(path))
-    try:
-        if fmt == "npy":
-            with open(tmp, "xb") as f:
-                np.save(f, y)
-        elif fmt in ("csv", "parquet"):
-            import pandas as pd
-
-            # (M,) -> (M, 1); not reshape(M, -1), which fails for 0 rows
-            y2 = y[:, None] if y.ndim == 1 else y.reshape(y.shape[0], int(np.prod(y.shape[1:])))
-            df = pd.DataFrame(y2, columns=output_columns(target_names, y2.shape[1]))
-            if fmt == "csv":
-                with open(tmp, "x", newline="") as f:
-                    df.to_csv(f, index=False, float_format="%.17g")
-            else:
-                from pipeline._optional import require
-
-                require("pyarrow", "a .parquet output")
+    needed = y.nbytes + 128 if fmt == "npy" else None  # (a table's size is not known)
+    # a full disk names the path and the bytes (free measured with the partial file gone)
+    with disk_full_at(path, needed):
+        try:
+            if fmt == "npy":
                 with open(tmp, "xb") as f:
-                    df.to_parquet(f, index=False)
-        else:
-            raise ValueError(f"write_predictions writes npy, csv or parquet, got format {fmt!r}")
-        crc = file_crc32c(tmp)
-        # the file replaced (ours: checked above) stays known as ours until the rename
-        record = {"written_by": "krr-pipeline", "crc32c": crc, "shape": list(y.shape)}
-        record["replaces_crc32c"] = old
-        with open(rec_tmp, "x") as f:
-            json.dump(record, f)
-        os.replace(rec_tmp, owner_record_path(path))
-        os.replace(tmp, path)
-        return crc
-    finally:
-        for t in (tmp, rec_tmp):
-            if os.path.exists(t):
-                os.unlink(t)
+                    np.save(f, y)
+            elif fmt in ("csv", "parquet"):
+                import pandas as pd
+
+                # (M,) -> (M, 1); not reshape(M, -1), which fails for 0 rows
+                y2 = y[:, None] if y.ndim == 1 else y.reshape(y.shape[0], int(np.prod(y.shape[1:])))
+                df = pd.DataFrame(y2, columns=output_columns(target_names, y2.shape[1]))
+                if fmt == "csv":
+                    with open(tmp, "x", newline="") as f:
+                        df.to_csv(f, index=False, float_format="%.17g")
+                else:
+                    from pipeline._optional import require
+
+                    require("pyarrow", "a .parquet output")
+                    with open(tmp, "xb") as f:
+                        df.to_parquet(f, index=False)
+            else:
+                raise ValueError(
+                    f"write_predictions writes npy, csv or parquet, got format {fmt!r}"
+                )
+            crc = file_crc32c(tmp)
+            # the file replaced (ours: checked above) stays known as ours until the rename
+            record = {"written_by": "krr-pipeline", "crc32c": crc, "shape": list(y.shape)}
+            record["replaces_crc32c"] = old
+            with open(rec_tmp, "x") as f:
+                json.dump(record, f)
+            os.replace(rec_tmp, owner_record_path(path))
+            os.replace(tmp, path)
+            return crc
+        finally:
+            for t in (tmp, rec_tmp):
+                if os.path.exists(t):
+                    os.unlink(t)
 
 
 def file_crc32c(path: str | os.PathLike) -> int:

@@ -27,8 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.errors import DISK_FULL_ERRNOS, DiskFullError
+from pipeline.errors import DiskFullError  # noqa: F401  (re-exported: its old home)
 from pipeline.storage import buffers as tile_buffers
+from pipeline.storage.errors import disk_full_at
 from pipeline.storage.tempfiles import tmp_path_for
 
 __all__ = [
@@ -275,23 +276,23 @@ def write_chunk(
     tmp = tmp_path_for(str(path))
     # the views are released on every path (an unreleased one pins ``out``)
     with memoryview(out) as base, base.cast("B") as view:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            if not (direct and _write_direct(tmp, view)):
-                with open(tmp, "wb", buffering=0) as f:
-                    written = 0
-                    while written < len(view):
-                        written += f.write(view[written:])
-            os.replace(tmp, path)
-        except BaseException as exc:
+        # a full disk: the path, the bytes needed and free (measured with the partial
+        # file gone: the unlink below runs first)
+        with disk_full_at(str(path), len(view)):
             try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
-                # the path, the bytes needed and free (measured with the partial file gone)
-                raise DiskFullError.from_os_error(exc, str(path), len(view)) from exc
-            raise
+                path.parent.mkdir(parents=True, exist_ok=True)
+                if not (direct and _write_direct(tmp, view)):
+                    with open(tmp, "wb", buffering=0) as f:
+                        written = 0
+                        while written < len(view):
+                            written += f.write(view[written:])
+                os.replace(tmp, path)
+            except BaseException:
+                try:
+                    os.unlink(tmp)
+                except FileNotFoundError:
+                    pass
+                raise
 
 
 # ---------------------------------------------------------------------------

@@ -23,6 +23,8 @@ import pytest
 
 from pipeline import cli
 from pipeline.cli.errors import EXIT_BAD_INPUT, EXIT_CODES, EXIT_RUN_DIR
+from pipeline.errors import InputError
+from pipeline.storage.inputs import as_row_blocks
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs POSIX FIFOs")
 
@@ -131,3 +133,56 @@ def test_predict_refuses_an_empty_input_and_an_unwritable_output_before_any_work
         assert "cannot be written" in capsys.readouterr().err
     assert not (tmp_path / "r2").exists()
     assert EXIT_RUN_DIR in EXIT_CODES
+
+
+@pytest.mark.parametrize("what", ["manifest.json", ".lock"])
+@pytest.mark.parametrize("command", ["status", "report"])
+def test_status_and_report_refuse_a_fifo_they_would_read(
+    small_data, write_config, tmp_path, krr_run, what, command
+):
+    """``krr status`` read ``manifest.json`` (and the ``.lock``) of a run directory
+    without checking what it is: a FIFO there held it for ever (a reader of a FIFO waits
+    for a writer). Now both refuse it at once, with exit 7, as ``krr run`` does."""
+    conf = write_config(small_data)
+    run_dir = tmp_path / "run"
+    _run_once(krr_run, conf, run_dir)
+    fifo = run_dir / what
+    fifo.unlink(missing_ok=True)
+    os.mkfifo(fifo)
+    extra = ["-o", str(tmp_path / "r.html")] if command == "report" else []
+    r = krr_run(command, run_dir, *extra, timeout=60)  # the old status blocked here
+    assert r.returncode == EXIT_RUN_DIR, r.stderr[-3000:]
+    assert str(fifo) in r.stderr and "FIFO" in r.stderr and "not a regular file" in r.stderr
+    assert "rerun" not in r.stderr
+    assert fifo.exists()  # never removed: not ours
+
+
+@pytest.mark.parametrize("key", ["data.path", "data.y_path", "predict.input"])
+def test_a_fifo_input_is_bad_input_before_any_work(
+    small_data, write_config, tmp_path, krr_run, key
+):
+    """A data path that is a FIFO (``data.path: /dev/stdin``, a named pipe) passed the
+    checks before work (it exists) and the ingest then waited on it for ever. Now
+    ``krr run``, ``krr validate`` and ``krr predict`` refuse it at once, naming the key,
+    the path and what it is (exit 3), and the Python readers raise InputError."""
+    conf = write_config(small_data)
+    fifo = tmp_path / "X.npy"
+    os.mkfifo(fifo)
+    run_dir = tmp_path / "run"
+    extra = [f"predict.output={tmp_path / 'p.npy'}"] if key == "predict.input" else []
+    for command in (
+        ["run", conf, f"{key}={fifo}", *extra, "--run-dir", run_dir],
+        ["validate", conf, f"{key}={fifo}", *extra],
+    ):
+        r = krr_run(*command, timeout=HANG)  # the old run blocked in the ingest
+        assert r.returncode == EXIT_BAD_INPUT, r.stderr[-3000:]
+        assert key in r.stderr and str(fifo) in r.stderr and "FIFO" in r.stderr, r.stderr
+        assert "rerun" not in r.stderr
+    assert not run_dir.exists()  # refused before any work
+    if key == "predict.input":
+        krr_run.run(conf, run_dir, timeout=HANG, check=True)
+        r = krr_run("predict", run_dir, fifo, tmp_path / "p.npy", timeout=HANG)
+        assert r.returncode == EXIT_BAD_INPUT, r.stderr[-3000:]
+        assert str(fifo) in r.stderr and "FIFO" in r.stderr
+        with pytest.raises(InputError, match="FIFO"):
+            as_row_blocks(str(fifo), 64)

@@ -201,3 +201,96 @@ def test_the_full_disk_in_a_failures_chain_is_found_and_a_looping_chain_ends():
     walk.start()
     walk.join(10)
     assert found == [None], "the walk of a looping chain did not end"
+
+
+class _FullFile:
+    """A file object whose every write fails as a full disk does (ENOSPC)."""
+
+    def __init__(self, *a, **k):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+    def write(self, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def _assert_names_path_and_bytes(e: DiskFullError, path: str, needed: int | None) -> None:
+    assert isinstance(e, OSError) and e.errno == errno.ENOSPC
+    assert e.path == path and e.needed == needed
+    assert e.free is not None  # measured on the filesystem of the path
+    msg = str(e)
+    assert path in msg and "free" in msg and "Free space" in msg and "rerun" not in msg
+    if needed is not None:
+        assert f"needs {needed} bytes" in msg
+    assert isinstance(e.__cause__, OSError) and e.__cause__.errno == errno.ENOSPC
+    assert not [p for p in Path(path).parent.rglob("*.tmp")]  # no temporary file left
+
+
+def test_enospc_writing_a_marker_the_manifest_or_a_npy_result_names_path_and_bytes(
+    tmp_path, monkeypatch
+):
+    """Before, only the raw chunk writer named the path and the bytes: a full disk met
+    writing a completion marker, the manifest or a ``.npy`` result (all through
+    ``atomic_write``) gave the bare ``[Errno 28] No space left on device``."""
+    from pipeline.stages.manifest import Manifest
+    from pipeline.stages.solve import save_npy_atomic
+    from pipeline.storage import TileMarkers, atomic
+
+    markers = TileMarkers(str(tmp_path / "s.zarr"), "K", "fp")
+    (tmp_path / "run").mkdir()
+    manifest = Manifest(run_dir=tmp_path / "run")
+    monkeypatch.setattr(atomic, "open", _FullFile, raising=False)
+
+    with pytest.raises(DiskFullError) as info:
+        markers.mark((0, 1), crc32c=7)
+    _assert_names_path_and_bytes(info.value, markers._path((0, 1)), info.value.needed)
+    assert info.value.needed > 0
+    with pytest.raises(DiskFullError) as info:
+        manifest.save()
+    _assert_names_path_and_bytes(info.value, str(manifest.path), info.value.needed)
+    arr = np.arange(100.0)
+    with pytest.raises(DiskFullError) as info:
+        save_npy_atomic(tmp_path / "alpha.npy", arr)
+    _assert_names_path_and_bytes(info.value, str(tmp_path / "alpha.npy"), arr.nbytes + 128)
+
+
+def test_enospc_in_a_zarr_chunk_write_names_the_array_and_bytes(tmp_path, monkeypatch):
+    """Arrays the raw chunk writer does not handle (compressed ones, or when its layout
+    is not recognised) are written by Zarr; its ENOSPC now names the array and bytes."""
+    from zarr.storage import _local
+
+    from pipeline.storage import arrays
+
+    arr = open_tiled_array(str(tmp_path / "s.zarr"), "K", (128, 128), 64, "float64", "fp")
+    monkeypatch.setattr(arrays, "chunk_layout", lambda *a, **k: None)
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(_local, "_put", full)
+    tile = np.ones((64, 64))
+    for write in (arr.write_tile, arr.store_tile):
+        with pytest.raises(DiskFullError) as info:
+            write(1, 0, tile)
+        _assert_names_path_and_bytes(info.value, f"{tmp_path / 's.zarr'}/K", tile.nbytes)
+    assert arr.markers.record((1, 0)) is None  # never marked
+
+
+def test_enospc_writing_predictions_names_the_file_and_bytes(tmp_path, monkeypatch):
+    from pipeline.storage.predictions import write_predictions
+
+    def full(f, y, *a, **k):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(np, "save", full)
+    y = np.zeros(1000)
+    out = tmp_path / "p.npy"
+    with pytest.raises(DiskFullError) as info:
+        write_predictions(out, y, "npy")
+    _assert_names_path_and_bytes(info.value, str(out), y.nbytes + 128)
+    assert not out.exists()

@@ -197,6 +197,30 @@ def test_corrupted_object_is_detected_and_recomputed(s3, data, tmp_path, local_r
     _assert_same(_results(url), local_reference)
 
 
+def test_many_lost_chunk_objects_recover_in_one_run(s3, data, tmp_path, local_reference, krr_run):
+    """Issue #44: on an object store a lost chunk was found only by a read, one recovery
+    at a time (at most three a run, then exit 4 "rerun to resume"), so a run directory
+    missing many chunk objects (a partial copy of a bucket) took many runs. Now a
+    resumed array lists its chunk objects and unmarks every lost tile in one pass, as
+    on a local disk: one `krr run` recovers them all."""
+    conf = _config(data, tmp_path)
+    url = f"s3://{BUCKET}/lost"
+    first = krr_run("run", str(conf), "--run-dir", url, "--until", "gram", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    fs = _fs()
+    chunks = sorted(fs.find(f"{BUCKET}/lost/gram/gram.zarr/gram/c"))
+    assert len(chunks) >= 10
+    for key in chunks[::2]:  # more lost tiles than the three recoveries a run allows
+        fs.rm(key)
+    r = krr_run("run", str(conf), "--run-dir", url, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    # the first read finds one; the gram stage, resumed, unmarks all the others at once
+    assert r.stderr.count("[recovery ") == 1, r.stderr[-3000:]
+    n = len(chunks[::2]) - 1
+    assert f"{n} marked tile(s) have no chunk object" in r.stderr, r.stderr[-3000:]
+    _assert_same(_results(url), local_reference)
+
+
 @pytest.mark.slow
 def test_missing_bucket_is_refused_unless_config_creates_it(s3, data, tmp_path, krr_run):
     url = "s3://no-such-bucket-xyz/run"
@@ -226,6 +250,36 @@ def test_unreachable_endpoint_fails_before_work_starts(s3, data, tmp_path, krr_r
     assert "does not answer" in r.stderr and "AWS_ENDPOINT_URL" in r.stderr
     assert "[ingest]" not in r.stderr
     assert time.perf_counter() - t0 < 60
+
+
+def test_validate_contacts_the_store_as_run_does(s3, data, tmp_path, krr_run):
+    """``krr validate`` said "valid" for a config whose ``s3://`` run directory `krr run`
+    refuses at once (issue #44: validate makes every check run makes before work). Now
+    it makes the same bounded check: the same exit code (7) and message as ``krr run``
+    for a store that does not answer and for a missing bucket, and creates nothing (a
+    bucket ``storage.create_bucket`` would create passes)."""
+    conf = str(_config(data, tmp_path))
+    down = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_MAX_ATTEMPTS": "1"}
+    for run_dir, env, want in (
+        (f"s3://{BUCKET}/x", down, "does not answer"),
+        ("s3://no-such-bucket-validate/x", None, "bucket 'no-such-bucket-validate' does not"),
+    ):
+        t0 = time.perf_counter()
+        v = krr_run("validate", conf, f"run_dir={run_dir}", cwd=tmp_path, env=env)
+        assert time.perf_counter() - t0 < 60
+        r = krr_run("run", conf, "--run-dir", run_dir, cwd=tmp_path, env=env)
+        assert v.returncode == r.returncode == 7, (v.stdout, v.stderr)
+        assert want in v.stderr and "valid" not in v.stdout
+        msg = v.stderr.split("error:", 1)[1].strip()
+        assert msg == r.stderr.split("error:", 1)[1].strip()
+    v = krr_run(
+        "validate", conf, "run_dir=s3://no-such-bucket-validate/x", "storage.create_bucket=true",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert v.returncode == 0 and "is valid" in v.stdout, v.stderr
+    assert not _fs().exists("no-such-bucket-validate")
+    v = krr_run("validate", conf, f"run_dir=s3://{BUCKET}/x", cwd=tmp_path)
+    assert v.returncode == 0 and "is valid" in v.stdout, v.stderr
 
 
 @pytest.mark.slow

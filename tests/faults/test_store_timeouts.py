@@ -197,10 +197,12 @@ def test_a_failing_lease_release_does_not_replace_the_real_error(s3, monkeypatch
 
     lease = lock.LeaseLock(f"s3://{BUCKET}/lease-release", ttl=30).acquire()
 
-    def dead(_loc):
+    import pipeline.storage.lease as lease_module
+
+    def dead(_loc, *_name):
         raise lock.StoreUnreachable("the object store does not answer (test)")
 
-    monkeypatch.setattr(lock, "_read", dead)
+    monkeypatch.setattr(lease_module, "_read", dead)  # (the lease's home)
     with pytest.raises(KeyError, match="the real error"):
         try:
             raise KeyError("the real error")

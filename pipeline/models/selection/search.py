@@ -292,7 +292,7 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         k, back = target_exponent(y, self.scoring)
         splits, kind = make_splits(self.cv, X, y, self.random_state, groups)
         y_user = y
-        if k:
+        if np.any(k):  # (one exponent per column for R² of a multi-output y)
             y = np.ldexp(y, k)
         y2 = y.reshape(n, -1)
         scorer = check_scoring(
