@@ -146,6 +146,8 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
     tol, max_iter, preconditioner, rank : CG options
         Relative tolerance, iteration cap, "nystrom" (the default), "adaptive"
         (RPCholesky, its rank grown until it resolves K) or "none", Nyström rank.
+        The search knobs' defaults and checks are those of
+        :class:`pipeline.options.CvOptions`.
     n_jobs : int, default=None
         In-memory solvers only. "band": (setting, fold) reductions run
         concurrently (default: one per core, as memory allows); "eigen" and
@@ -167,8 +169,8 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         ``solver="cg"``: solve every (λ, fold) system to the float64 relative
         residual ``screen_tol`` (e.g. 1e-3) first, then only the ``screen_top`` best
         λ of each kernel setting on to ``tol``; the other λ keep their screening
-        scores (measured error on diamonds: below 1e-4 in R²; the chosen setting is
-        verified from float64 solves to 1e-10 either way).
+        scores (their error: docs/PERFORMANCE.md#model-selection; the chosen setting
+        is verified from float64 solves to 1e-10 either way).
     checkpoint : str or path, default=None
         A directory where each finished kernel setting's held-out predictions are
         recorded (atomic, checksummed, fingerprinted:
