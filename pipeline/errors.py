@@ -534,8 +534,7 @@ class NotPositiveDefiniteError(ValueError):
     factor_dtype : str
         The factor's dtype. A float32 factor's updates round at about 6e-8 of
         K's scale, so a shift below that can fail where float64 succeeds (the
-        message says so first): on 10,000 diamonds rows (RBF, gamma = 1/9)
-        lambda = 1e-5 and 1e-6 failed in float32 and factored in float64.
+        message says so first; docs/PERFORMANCE.md#known-traps).
     """
 
     def __init__(

@@ -307,8 +307,8 @@ def _execute(
 
     if np.dtype(getattr(X, "dtype", np.float64)) == np.float32:
         # float32 rows are the user's values, not a precision for the solve: the Gram is
-        # evaluated in float64 from them, as CG's products are (it was float32, so a
-        # small lambda failed or solved a rounded K); their fingerprint is the float64 one
+        # evaluated in float64 from them, as CG's products are (a float32 Gram fails a
+        # small lambda or solves a rounded K); their fingerprint is the float64 one
         X, x_fingerprint = X.astype(np.float64), None
     n = int(y.shape[0])
     conv = solver_convention(plan.alpha_convention)

@@ -16,7 +16,9 @@ field with its type, default, allowed values (or bounds) and one doc line
 :class:`pipeline.stages.config.SolverConfig`'s fields, ``KernelRidge``'s solver parameters'
 defaults and checks, :class:`pipeline.plan.fit_plan.FitPlan`'s defaults and
 :func:`~pipeline.plan.fit_plan.plan_fit`'s reading of the choices (:func:`solver_options`).
-A new knob is added here, once.
+:class:`CvOptions` is the same for the cross-validated search: ``KernelRidgeCV``'s
+search knobs (defaults and checks) and :class:`pipeline.stages.config.CvConfig`'s
+fields derive from it. A new knob is added here, once.
 
 This module imports only :mod:`pipeline.constants` (the defaults' measured
 values) and the standard library.
@@ -26,12 +28,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, get_type_hints
+from typing import Any, get_args, get_type_hints
 
 from pipeline import constants as C
 
 __all__ = [
     "ALPHA_CONVENTIONS",
+    "CV_EIGEN_MODES",
+    "CV_KERNEL_DTYPES",
+    "CV_PRECONDITIONERS",
+    "CV_SOLVERS",
+    "CvOptions",
     "Knob",
     "SolverOptions",
     "knobs",
@@ -156,6 +163,16 @@ FACTOR_SCHEDULERS = ("auto", "threads", "dask")
 #: order ``krr run``'s config messages always listed them)
 COST_MODELS = ("simple", "calibrated")
 
+#: ``KernelRidgeCV(solver=...)`` and the config's ``cv.solver``: in memory (band, eigen,
+#: dense), out of core (cholesky, cg), or auto
+CV_SOLVERS = ("auto", "band", "eigen", "dense", "cholesky", "cg")
+#: the eigen strategy: one eigendecomposition of the full K ("lgo") or one per fold
+CV_EIGEN_MODES = ("auto", "lgo", "fold")
+#: the CV search's CG preconditioners (no "jacobi": one Nyström factor serves every fold)
+CV_PRECONDITIONERS = ("nystrom", "adaptive", "none")
+#: the kernel values of the CV search's inner CG solves ("auto": float32)
+CV_KERNEL_DTYPES = ("auto", "float32", "float64")
+
 # ---------------------------------------------------------------------------
 # the option tree
 
@@ -166,7 +183,8 @@ class Knob:
     and which spellings carry it.
 
     ``unset``: the estimators spell the default None (scikit-learn's "not set"; the
-    plan then takes :attr:`default`). ``config_name``/``config_choices``: the config's
+    plan then takes :attr:`default`), or the default is None in every spelling (the
+    search chooses); :attr:`type` is then the type of a value that is set. ``config_name``/``config_choices``: the config's
     name and allowed values where they differ (``solver.method`` is always out of core).
     ``example``: the value a bound's message suggests.
     """
@@ -201,7 +219,7 @@ _NOT_ESTIMATOR = ("config", "plan")
 
 @dataclass(frozen=True)
 class SolverOptions:
-    """The solver knobs of one fit, one definition each (issue #43).
+    """The solver knobs of one fit, one definition each.
 
     ``krr run``'s ``solver`` section (:class:`pipeline.stages.config.SolverConfig`, in this
     order), ``KernelRidge``'s solver parameters and :func:`~pipeline.plan.fit_plan.plan_fit`'s
@@ -283,13 +301,78 @@ class SolverOptions:
         return {name: getattr(self, name) for name in knobs(spelt_by="plan")}
 
 
+_CV = ("config", "estimator")
+
+
+@dataclass(frozen=True)
+class CvOptions:
+    """The search knobs of a cross-validated search, one definition each.
+
+    ``KernelRidgeCV``'s parameters of these names (their defaults and the checks of
+    :func:`pipeline.models.selection.choice.check_params`) and ``krr run``'s ``cv``
+    section (:class:`pipeline.stages.config.CvConfig`, in this order; the section's
+    grid, splits, scorer and seed are its own) are derived from these fields. A default
+    of None is "not set" in every spelling (the search chooses). A plain record, as
+    :class:`SolverOptions`.
+    """
+
+    solver: str = _knob(
+        "auto", "the search's solver: in memory (band, eigen, dense), out of core "
+        "(cholesky, cg), or auto", choices=CV_SOLVERS, spelt_by=_CV,
+    )  # fmt: skip
+    eigen_mode: str = _knob(
+        "auto", "solver eigen: one eigendecomposition of K (lgo) or one per fold",
+        choices=CV_EIGEN_MODES, spelt_by=_CV,
+    )  # fmt: skip
+    # conjugate gradients (solver cg); a search's solves are tighter than one fit's
+    tol: float = _knob(
+        C.CV_TOL, "CG's relative residual tolerance (1 is the residual of alpha = 0)",
+        gt=0, lt=1, example="1e-6", spelt_by=_CV,
+    )  # fmt: skip
+    #: None: pipeline.constants.DEFAULT_MAX_ITER
+    max_iter: int | None = _knob(None, "CG's iteration limit", ge=1, unset=True, spelt_by=_CV)
+    preconditioner: str = _knob(
+        "nystrom", "CG's preconditioner, one Nyström factor of K for every fold",
+        choices=CV_PRECONDITIONERS, spelt_by=_CV,
+    )  # fmt: skip
+    #: None: pipeline.constants.CV_DEFAULT_RANK (nystrom), the memory cap (adaptive)
+    rank: int | None = _knob(
+        None, "rank of the Nyström preconditioner (a cap for adaptive)", ge=1, unset=True,
+        spelt_by=_CV,
+    )  # fmt: skip
+    #: the estimator also takes scikit-learn's -1 (below 1: one at a time)
+    n_jobs: int | None = _knob(
+        None, "kernel settings (band: reductions) searched concurrently, in memory", ge=1,
+        unset=True, spelt_by=_CV,
+    )  # fmt: skip
+    max_search_seconds: float | None = _knob(
+        None, "refuse (before any work) a grid predicted to take longer than this many seconds",
+        gt=0, unset=True, spelt_by=_CV,
+    )  # fmt: skip
+    kernel_dtype: str = _knob(
+        "auto", "solver cg: kernel values of the inner solves (residuals are float64 either way)",
+        choices=CV_KERNEL_DTYPES, spelt_by=_CV,
+    )  # fmt: skip
+    screen_tol: float | None = _knob(
+        None, "solver cg: screen every system to this residual, then only the best λ to tol",
+        gt=0, lt=1, unset=True, example="1e-3", spelt_by=_CV,
+    )  # fmt: skip
+    screen_top: int = _knob(
+        3, "solver cg: the λ of each kernel setting solved on to tol after screening", ge=1,
+        spelt_by=_CV,
+    )  # fmt: skip
+
+
 def knobs(group: type = SolverOptions, spelt_by: str | None = None) -> dict[str, Knob]:
-    """The :class:`Knob` of each field of an option group, in field order; only those
-    that ``spelt_by`` (``"config"``, ``"estimator"``, ``"plan"``) carries when given."""
+    """The :class:`Knob` of each field of an option group (:class:`SolverOptions`,
+    :class:`CvOptions`), in field order; only those that ``spelt_by`` (``"config"``,
+    ``"estimator"``, ``"plan"``) carries when given."""
     hints = get_type_hints(group)
     out = {}
     for f in fields(group):
-        k = Knob(name=f.name, type=hints[f.name], **f.metadata["knob"])
+        kind = hints[f.name]  # ``int | None``: the type of a value that is set
+        kind = next((t for t in get_args(kind) if t is not type(None)), kind)
+        k = Knob(name=f.name, type=kind, **f.metadata["knob"])
         if spelt_by is None or spelt_by in k.spelt_by:
             out[f.name] = k
     return out

@@ -199,7 +199,10 @@ def check_option(name: str, value: Any, knob: Knob) -> None:
     """Check an estimator's parameter against its knob of the option tree
     (:class:`pipeline.options.Knob`): one of its allowed values, an integer >= 1 (None
     too when the estimators spell its default None), a float inside its open bounds, or
-    True/False. The error names the value and what is valid."""
+    True/False; None where the knob is unset by default. The error names the value and
+    what is valid."""
+    if value is None and knob.unset:
+        return
     if knob.choices is not None:
         check_choice(name, value, knob.choices)
     elif knob.type is bool:

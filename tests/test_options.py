@@ -418,3 +418,157 @@ def test_the_solve_stage_takes_the_configs_options_and_its_own_override():
     assert (plan.solver, plan.factor_dtype, plan.keep_gram) == ("cholesky", "float32", False)
     plan, _ = stage_plan(SolverConfig(method="cg", tol=1e-9, checkpoint_every=3), 100, 3)
     assert (plan.tol, plan.checkpoint_every) == (1e-9, 3)
+
+
+# ---------------------------------------------------------------------------
+# the CV option group: KernelRidgeCV's search knobs and the config's cv section
+# derive from CvOptions (they were spelt twice, with the preconditioners in two orders
+# and kernel_dtype, screen_tol, screen_top, max_iter and rank unchecked by the estimator)
+
+#: the cv section's keys in their historical order ("valid keys here", the stage's dump)
+CV_SECTION_ORDER = [
+    "alphas", "param_grid", "folds", "shuffle", "scoring", "solver", "eigen_mode",
+    "random_state", "tol", "max_iter", "preconditioner", "rank", "n_jobs",
+    "max_search_seconds", "kernel_dtype", "screen_tol", "screen_top",
+]  # fmt: skip
+
+
+def test_the_cv_tree_has_a_type_default_and_doc_line_per_knob():
+    from pipeline.constants import CV_TOL
+
+    tree = options.knobs(options.CvOptions)
+    assert list(tree) == [f.name for f in dataclasses.fields(options.CvOptions)]
+    default = options.CvOptions()
+    for name, k in tree.items():
+        assert k.type in (str, int, float), name
+        assert getattr(default, name) == k.default, name
+        assert k.doc and "\n" not in k.doc, name
+        if k.choices is not None:
+            assert k.default in k.choices and k.type is str, name
+        assert k.unset == (k.default is None), name
+        assert k.spelt_by == {"config", "estimator"}, name
+    assert default.tol == CV_TOL and default.screen_top == 3
+    assert (options.CV_PRECONDITIONERS, options.CV_SOLVERS[:3]) == (
+        ("nystrom", "adaptive", "none"), ("auto", "band", "eigen"),
+    )  # fmt: skip
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        default.tol = 0.1
+    assert options.knobs() == options.knobs(options.SolverOptions)  # the default group
+
+
+def test_every_cv_config_field_comes_from_the_tree():
+    """The cv section: its own fields and the tree's, in the historical order, with the
+    tree's defaults, allowed values, bounds and docs; null where the default is None."""
+    from pipeline.stages.config import CvConfig
+
+    fields = CvConfig.model_fields
+    assert list(fields) == CV_SECTION_ORDER
+    for name, k in options.knobs(options.CvOptions, spelt_by="config").items():
+        f = fields[name]
+        assert f.default == k.default and type(f.default) is type(k.default), name
+        ann = f.annotation
+        if k.default is None:
+            assert type(None) in get_args(ann), name
+            ann = next(a for a in get_args(ann) if a is not type(None))
+        assert (get_args(ann) if k.choices else ann) == (k.choices or k.type), name
+        bounds = {
+            type(m).__name__.lower(): getattr(m, type(m).__name__.lower()) for m in f.metadata
+        }
+        want_bounds = {b: getattr(k, b) for b in ("gt", "ge", "lt") if getattr(k, b) is not None}
+        assert bounds == want_bounds, name
+        assert f.description == k.doc, name
+    dump = CvConfig(alphas=[1.0]).model_dump()
+    assert {n: dump[n] for n in options.knobs(options.CvOptions)} == dataclasses.asdict(
+        options.CvOptions()
+    )
+    assert dump["random_state"] == 0 and CvConfig(alphas=[1.0], max_iter=None).max_iter is None
+
+
+def test_every_search_param_comes_from_the_tree():
+    """KernelRidgeCV's search knobs are the tree's "estimator" knobs, with its defaults
+    (``get_params`` as before)."""
+    from pipeline import KernelRidgeCV
+    from pipeline.models.selection.choice import CV_PARAMS, EIGEN_MODES, SOLVERS
+
+    params = KernelRidgeCV().get_params()
+    est = options.knobs(options.CvOptions, spelt_by="estimator")
+    assert CV_PARAMS == est and set(est) <= set(params)
+    for name, k in est.items():
+        assert params[name] == k.default and type(params[name]) is type(k.default), name
+    assert (SOLVERS, EIGEN_MODES) == (options.CV_SOLVERS, options.CV_EIGEN_MODES)
+
+
+def test_a_knob_added_to_the_cv_tree_appears_in_the_config_and_the_search_checks(monkeypatch):
+    from pydantic import ValidationError, create_model
+
+    from pipeline import KernelRidgeCV
+    from pipeline.models.selection import choice
+    from pipeline.stages import config
+
+    @dataclasses.dataclass(frozen=True)
+    class Wider(options.CvOptions):
+        sweep: str = options._knob("up", "a new knob", choices=("up", "down"),
+                                   spelt_by=("config", "estimator"))  # fmt: skip
+
+    fields = config.cv_config_fields(Wider)
+    assert list(fields) == [*CV_SECTION_ORDER, "sweep"]
+    Model = create_model("Wider", __base__=config._Model, **fields)
+    assert Model(alphas=[1.0]).sweep == "up"
+    with pytest.raises(ValidationError, match="'up' or 'down'"):
+        Model(alphas=[1.0], sweep="sideways")
+
+    monkeypatch.setattr(choice, "CV_PARAMS", options.knobs(Wider, spelt_by="estimator"))
+    est = KernelRidgeCV()
+    est.sweep = "sideways"
+    with pytest.raises(ValueError, match=r"^sweep='sideways' is not valid; choose one of \('up'"):
+        est.fit(np.ones((4, 1)), np.ones(4))
+
+
+def _no_search(monkeypatch):
+    """Any search work fails the test: the refusals come first."""
+    import pipeline.models.selection.search as search
+
+    def boom(*a, **k):
+        raise AssertionError("the search started before its options were checked")
+
+    monkeypatch.setattr(search, "choose_search", boom)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        # the search's checks before the tree (the messages are pinned)
+        ("solver", "lu", r"solver='lu' is not valid; choose one of \('auto', 'band', 'eigen'"),
+        ("eigen_mode", "x", r"eigen_mode='x' is not valid; choose one of \('auto', 'lgo', 'fold'\)$"),
+        ("tol", 1.0, r"tol must be a float in \(0, 1\), e.g. 1e-6, got 1.0$"),
+        ("tol", True, r"tol must be a float in \(0, 1\), e.g. 1e-6, got True$"),
+        # the tree's knobs that the search did not check before any work
+        ("preconditioner", "jacobi",
+         r"preconditioner='jacobi' is not supported by the CV search; use 'nystrom', "
+         r"'adaptive' or 'none'$"),
+        ("kernel_dtype", "float16", r"kernel_dtype='float16' is not valid; choose one of "
+                                    r"\('auto', 'float32', 'float64'\)$"),
+        ("max_iter", 0, r"max_iter must be a positive integer or None, got 0$"),
+        ("rank", 2.5, r"rank must be a positive integer or None, got 2.5$"),
+        ("screen_tol", 2.0, r"screen_tol must be a float in \(0, 1\), e.g. 1e-3, got 2.0$"),
+        ("screen_top", 0, r"screen_top must be a positive integer, got 0$"),
+        ("screen_top", None, r"screen_top must be a positive integer, got None$"),
+    ],
+)  # fmt: skip
+def test_the_searchs_checks_are_the_trees_before_any_work(monkeypatch, name, value, message):
+    from pipeline import KernelRidgeCV
+
+    _no_search(monkeypatch)
+    with pytest.raises(ValueError, match=f"^{message}"):
+        KernelRidgeCV([1.0], **{"solver": "cg", name: value}).fit(np.ones((6, 1)), np.arange(6.0))
+
+
+def test_the_search_takes_none_where_the_tree_leaves_a_knob_unset(monkeypatch):
+    from pipeline import KernelRidgeCV
+
+    X = np.random.default_rng(0).normal(size=(30, 2))
+    m = KernelRidgeCV(
+        [0.1], cv=3, solver="eigen", max_iter=None, rank=None, screen_tol=None, n_jobs=-1,
+        max_search_seconds=None, tol=np.float32(1e-4),
+    ).fit(X, X[:, 0])  # fmt: skip
+    assert m.solver_ == "eigen"

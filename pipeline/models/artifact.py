@@ -153,7 +153,7 @@ class Model:
         X_train = self.X_train
         if (self.extra or {}).get("primal_coef_") is not None and X_train.dtype != np.float64:
             # a primal fit on float32 rows: its alpha is large and cancels, so the kernel is
-            # evaluated in float64 (in float32 the predictions were off by more than y's range)
+            # evaluated in float64 (docs/PERFORMANCE.md#known-traps)
             X_train = np.asarray(X_train, dtype=np.float64)
         return predict(
             X_new,

@@ -419,8 +419,8 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
                 )
             set_storage_options(scheme, self.storage_options)
         X = _dense(X)
-        # K was evaluated in float64 from float32 rows (fit.execute): so must predict be (in
-        # float32 its rounding times alpha was 0.4 % of the scale at lambda=1e-6)
+        # K was evaluated in float64 from float32 rows (fit.execute): so must predict be
+        # (float32 rounding at a small lambda: docs/PERFORMANCE.md#known-traps)
         X_fit = _c_order(X.astype(np.float64) if X.dtype == np.float32 else X)
         from pipeline.storage import fingerprint_blocks
 
@@ -493,7 +493,7 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         params["random_state"] = self._seed
         return {
             "estimator": "KernelRidge",
-            # the fused evaluation of the Gram's tiles (issue #43): a store of an earlier
+            # the fused evaluation of the Gram's tiles: a store of an earlier
             # evaluation (other Gram bits, another Gram fingerprint) is another fit's
             # directory, recomputed here rather than refused or mixed
             "tiles": "fused",

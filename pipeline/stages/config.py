@@ -34,6 +34,7 @@ from pipeline.options import (
     ALPHA_CONVENTION_ALIASES,
     ALPHA_CONVENTIONS,
     MATVEC_ALIASES,
+    CvOptions,
     Knob,
     SolverOptions,
     knobs,
@@ -179,6 +180,8 @@ def _config_field(k: Knob) -> tuple[Any, Any]:
     ``Literal`` (the config's own when they differ), its bounds, its default and doc."""
     choices = k.config_choices or k.choices
     annotation = k.type if choices is None else Literal[choices]
+    if k.default is None:  # not set: the config takes null too
+        annotation = annotation | None
     return annotation, Field(default=k.default, gt=k.gt, ge=k.ge, lt=k.lt, description=k.doc)
 
 
@@ -248,41 +251,65 @@ class EvaluateConfig(_Model):
     baseline_max_rows: int = Field(default=12000, ge=1)
 
 
-class CvConfig(_Model):
+#: the ``cv`` section's own fields (the grid, the splits, the scorer), before the tree's
+_CV_SEARCH_FIELDS: dict[str, tuple[Any, Any]] = {
+    "alphas": (
+        list[float],
+        Field(description="ridge penalties to search (all > 0), or {logspace: [lo, hi, num]}"),
+    ),
+    "param_grid": (
+        dict[str, list[Any]] | list[dict[str, list[Any]]] | None,
+        Field(
+            default=None,
+            description="kernel parameters to search, e.g. {gamma: [0.01, 0.1]} (or a list of "
+            "such grids)",
+        ),
+    ),
+    "folds": (
+        int | float | Literal["loo"],
+        Field(
+            default=5,
+            description="K-fold (int >= 2), a held-out fraction (float in (0, 1)), or loo",
+        ),
+    ),
+    "shuffle": (
+        bool,
+        Field(default=False, description="shuffle rows before K-fold (seeded by random_state)"),
+    ),
+    "scoring": (
+        str | None,
+        Field(
+            default=None,
+            description="a scikit-learn scorer name (e.g. neg_mean_squared_error); null: R²",
+        ),
+    ),
+}
+#: the section's seed (of a shuffle, a held-out split and the Nyström pivots); 0 where
+#: ``KernelRidgeCV``'s is None, so that a run is repeatable
+_CV_SEED: dict[str, tuple[Any, Any]] = {"random_state": (int | None, 0)}
+
+
+def cv_config_fields(tree: type = CvOptions) -> dict[str, tuple[Any, Any]]:
+    """The ``cv`` section's fields: its own (the grid, the splits, the scorer, the seed)
+    and the option tree's search knobs, in the section's order (the order of "valid keys
+    here" and of the stage fingerprint's dump: the seed after ``eigen_mode``)."""
+    out = dict(_CV_SEARCH_FIELDS)
+    for name, k in knobs(tree, spelt_by="config").items():
+        out[k.config_name or name] = _config_field(k)
+        if name == "eigen_mode":
+            out.update(_CV_SEED)
+    return out
+
+
+class CvConfig(create_model("_CvFields", __base__=_Model, **cv_config_fields())):
     """Model selection before the final solve: λ and kernel parameters by cross-validation.
 
     The selected λ and kernel parameters replace ``lambda`` and ``kernel.params``
     in the gram, solve, model, predict and evaluate stages (see
-    :class:`pipeline.KernelRidgeCV` for the options).
+    :class:`pipeline.KernelRidgeCV` for the options). The search knobs (``solver``,
+    ``tol``, ``screen_tol``...) are the fields of :class:`pipeline.options.CvOptions`:
+    their defaults, allowed values, bounds and docs are the tree's.
     """
-
-    #: ridge penalties to search (all > 0), or ``{logspace: [lo, hi, num]}``
-    alphas: list[float]
-    #: kernel parameters to search, e.g. ``{gamma: [0.01, 0.1]}`` (or a list of such grids)
-    param_grid: dict[str, list[Any]] | list[dict[str, list[Any]]] | None = None
-    #: K-fold (int >= 2), a held-out fraction (float in (0, 1)), or ``loo``
-    folds: int | float | Literal["loo"] = 5
-    #: shuffle rows before K-fold (seeded by ``random_state``)
-    shuffle: bool = False
-    #: a scikit-learn scorer name (e.g. ``neg_mean_squared_error``); null: R²
-    scoring: str | None = None
-    solver: Literal["auto", "band", "eigen", "dense", "cholesky", "cg"] = "auto"
-    eigen_mode: Literal["auto", "lgo", "fold"] = "auto"
-    random_state: int | None = 0
-    # conjugate gradients (solver cg)
-    tol: float = Field(default=C.CV_TOL, gt=0, lt=1)
-    max_iter: int | None = Field(default=None, ge=1)
-    preconditioner: Literal["nystrom", "adaptive", "none"] = "nystrom"
-    rank: int | None = Field(default=None, ge=1)
-    #: kernel settings searched concurrently (in-memory solvers)
-    n_jobs: int | None = Field(default=None, ge=1)
-    #: refuse (before any work) a grid predicted to take longer than this many seconds
-    max_search_seconds: float | None = Field(default=None, gt=0)
-    #: solver cg: kernel values of the inner solves (residuals are float64 either way)
-    kernel_dtype: Literal["auto", "float32", "float64"] = "auto"
-    #: solver cg: screen every system to this residual, then only the best λ to tol
-    screen_tol: float | None = Field(default=None, gt=0, lt=1)
-    screen_top: int = Field(default=3, ge=1)
 
     @field_validator("alphas", mode="before")
     @classmethod

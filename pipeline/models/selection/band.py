@@ -11,9 +11,9 @@ only complements of the test set.
 
 :func:`band_search` runs the reductions of every (kernel setting, split) as
 tasks on a thread pool, BLAS at one thread each: the ``ctypes`` LAPACK call
-releases the GIL, and two single-threaded reductions ran 20-25% faster on 2
-cores than one after another with 2 BLAS threads. Each kernel matrix is made
-by the first task that needs it and dropped after the last.
+releases the GIL, and concurrent single-threaded reductions beat back-to-back
+multi-threaded ones (docs/PERFORMANCE.md#model-selection). Each kernel matrix is
+made by the first task that needs it and dropped after the last.
 """
 
 from __future__ import annotations

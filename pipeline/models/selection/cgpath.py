@@ -11,10 +11,9 @@ vector, so CG runs on the block-diagonal system of all folds at once.
   preconditioner is ``(F_T F_Tᵀ + s I)⁻¹`` in the one fold form,
   :class:`~pipeline.linalg.precond.FoldNystromBlock` (one r x r eigendecomposition
   per fold, applied to the stacked vectors padded to n rows), and only its diagonal
-  coefficients change with λ. (Before issue #43 item 4 the path had a form of its own,
-  ``FoldNystrom``, with ``U = F_T V`` kept per fold: the same map, other rounding; the
-  held-out predictions moved within the CG tolerance, and the ``band`` solver's CV
-  checkpoints their recipe version, :data:`pipeline.models.selection.checkpoint.PREDICTIONS_RECIPE`);
+  coefficients change with λ (the one fold form of every CG search; the ``band``
+  solver's checkpoints carry its recipe version,
+  :data:`pipeline.models.selection.checkpoint.PREDICTIONS_RECIPE`);
 - λ values are solved from the largest (best conditioned) to the smallest,
   each warm-started from the previous solution;
 - held-out predictions ``K_VT x_T`` for every fold and λ come from one more

@@ -33,9 +33,9 @@ log = logging.getLogger("pipeline.models.selection")
 
 #: the version of a solver's held-out predictions where their arithmetic moved, entered
 #: in its settings' fingerprints (``recipe``): a setting stored by the older arithmetic is
-#: recomputed, never mixed with new ones. ``band`` 2 (2026-11-28, issue #43 item 4): its
-#: routed CG preconditions each fold with the one fold form (``FoldNystromBlock``), whose
-#: rounding differs from the per-fold form it had; predictions agree to the CG tolerance.
+#: recomputed, never mixed with new ones. ``band`` 2: its routed CG preconditions each
+#: fold with the one fold form (``FoldNystromBlock``), whose rounding differs from the
+#: per-fold form of version 1; predictions agree to the CG tolerance.
 PREDICTIONS_RECIPE: dict[str, int] = {"band": 2}
 
 

@@ -1,7 +1,8 @@
 """Which strategy a :class:`~pipeline.models.selection.KernelRidgeCV` search runs, and
 the checks made before any work.
 
-- :func:`check_params`: the search's options, by name;
+- :func:`check_params`: the search's options, by name (the search knobs as the option
+  tree defines them, :class:`pipeline.options.CvOptions`);
 - :func:`band_workers`: concurrent band reductions, as cores and memory allow;
 - :func:`choose_solver`: the solver asked for, checked against the data and the
   memory, or ``solver="auto"``'s choice
@@ -17,7 +18,6 @@ memory, whether the band LAPACK routine exists) and raises the errors.
 
 from __future__ import annotations
 
-import numbers
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,11 +27,20 @@ import numpy as np
 
 from pipeline.linalg.dense_memory import check_dense_memory
 from pipeline.models.selection.guard import check_budget
-from pipeline.options import ALPHA_CONVENTION_ALIASES
+from pipeline.options import (
+    ALPHA_CONVENTION_ALIASES,
+    CV_EIGEN_MODES,
+    CV_SOLVERS,
+    CvOptions,
+    Knob,
+    knobs,
+)
 from pipeline.plan.cv_routing import choose_cv_solver, memory_need
+from pipeline.validation import check_option
 
 __all__ = [
     "CONVENTIONS",
+    "CV_PARAMS",
     "EIGEN_MODES",
     "IN_MEMORY",
     "SOLVERS",
@@ -42,27 +51,46 @@ __all__ = [
     "choose_solver",
 ]
 
-SOLVERS = ("auto", "band", "eigen", "dense", "cholesky", "cg")
+SOLVERS = CV_SOLVERS
 CONVENTIONS = tuple(ALPHA_CONVENTION_ALIASES)  # ("sklearn", "n_samples", "n")
-EIGEN_MODES = ("auto", "lgo", "fold")
+EIGEN_MODES = CV_EIGEN_MODES
+#: the search knobs of the option tree (pipeline.options.CvOptions) that KernelRidgeCV
+#: takes: their defaults and checks are the tree's
+CV_PARAMS = knobs(CvOptions, spelt_by="estimator")
+#: knobs checked where they are read, with their own messages: the time budget by
+#: guard.check_budget; n_jobs also takes scikit-learn's -1 (below 1: one at a time)
+_CHECKED_WHERE_READ = ("n_jobs", "max_search_seconds")
 #: the solvers that hold the kernel matrix in memory (their refit is a KernelRidge fit)
 IN_MEMORY = ("band", "eigen", "dense")
 
 
+def check_knob(name: str, value: Any, knob: Knob) -> None:
+    """Check a search knob against the option tree (:class:`pipeline.options.CvOptions`):
+    an allowed value (the search's messages list them as a tuple), else as the
+    estimators check (:func:`pipeline.validation.check_option`: a relative residual in
+    (0, 1), at tol >= 1 every CG solve stops at alpha = 0; a positive integer...)."""
+    if knob.choices is None:
+        check_option(name, value, knob)
+    elif value not in knob.choices:
+        if name == "preconditioner":  # the CV solvers' own message (cvblock, cgpath)
+            raise ValueError(
+                f"preconditioner={value!r} is not supported by the CV search; "
+                "use 'nystrom', 'adaptive' or 'none'"
+            )
+        raise ValueError(f"{name}={value!r} is not valid; choose one of {knob.choices}")
+
+
 def check_params(cv: Any) -> None:
-    """ValueError naming the first invalid option of the search ``cv``."""
-    for name, value, allowed in (
-        ("solver", cv.solver, SOLVERS),
-        ("lambda_convention", cv.lambda_convention, CONVENTIONS),
-        ("eigen_mode", cv.eigen_mode, EIGEN_MODES),
-    ):
-        if value not in allowed:
-            raise ValueError(f"{name}={value!r} is not valid; choose one of {allowed}")
-    tol = getattr(cv, "tol", None)
-    if tol is not None and (isinstance(tol, bool) or not isinstance(tol, numbers.Real)
-                            or not 0 < tol < 1):  # fmt: skip
-        # a relative residual: at tol >= 1 every CG solve stops at alpha = 0
-        raise ValueError(f"tol must be a float in (0, 1), e.g. 1e-6, got {tol!r}")
+    """ValueError naming the first invalid option of the search ``cv``: the solver, the
+    λ convention, then the other search knobs in the tree's order."""
+    check_knob("solver", cv.solver, CV_PARAMS["solver"])
+    if cv.lambda_convention not in CONVENTIONS:
+        raise ValueError(
+            f"lambda_convention={cv.lambda_convention!r} is not valid; choose one of {CONVENTIONS}"
+        )
+    for name, knob in CV_PARAMS.items():
+        if name not in ("solver", *_CHECKED_WHERE_READ):
+            check_knob(name, getattr(cv, name), knob)
     scoring = getattr(cv, "scoring", None)
     if isinstance(scoring, list | tuple | set | dict):
         raise ValueError(

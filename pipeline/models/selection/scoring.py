@@ -63,8 +63,8 @@ def target_exponent(y: np.ndarray, scoring: Any) -> tuple[Any, int]:
     that magnitude into ``[0.5, 1)``. Every solve is linear in y and exact under a power
     of two, so the held-out predictions on ``2**k y`` are ``2**k`` times those on y, and
     a scorer of known degree (:data:`SCORE_DEGREE`) converts back exactly:
-    ``back = -degree k``. On y itself the scorer's squares underflow or overflow (issue
-    #44: every R² 1.0 at 1e-200, NaN at 1e200). Another scorer (a callable, an unlisted
+    ``back = -degree k``. On y itself the scorer's squares underflow or overflow (every
+    R² 1.0 at 1e-200, NaN at 1e200). Another scorer (a callable, an unlisted
     name) on such a y is refused before any work. A scorer object with a
     ``score_back`` attribute scores in ``2**-score_back`` times y's units itself
     (:class:`pipeline.stages.select.OriginalUnits`): that is added to ``back``.

@@ -56,7 +56,6 @@ from sklearn.base import BaseEstimator, MultiOutputMixin, RegressorMixin
 from sklearn.metrics import check_scoring
 from sklearn.utils.validation import check_is_fitted
 
-from pipeline.constants import CV_TOL
 from pipeline.engine.progress import with_progress
 from pipeline.linalg.band import band_available
 from pipeline.models.estimator import KernelRidge
@@ -82,12 +81,16 @@ from pipeline.models.selection.scoring import (
     score_candidates,
     target_exponent,
 )
-from pipeline.options import diagonal_shift
+from pipeline.options import CvOptions, diagonal_shift
 from pipeline.validation import validate_X_y
 
 __all__ = ["CONVENTIONS", "EIGEN_MODES", "SOLVERS", "KernelRidgeCV"]
 
 log = logging.getLogger("pipeline.models.selection")
+
+#: the option tree's defaults of the search knobs (pipeline.options.CvOptions; checked by
+#: choice.check_params)
+_DEFAULT = CvOptions()
 
 
 class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
@@ -143,6 +146,8 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
     tol, max_iter, preconditioner, rank : CG options
         Relative tolerance, iteration cap, "nystrom" (the default), "adaptive"
         (RPCholesky, its rank grown until it resolves K) or "none", Nyström rank.
+        The search knobs' defaults and checks are those of
+        :class:`pipeline.options.CvOptions`.
     n_jobs : int, default=None
         In-memory solvers only. "band": (setting, fold) reductions run
         concurrently (default: one per core, as memory allows); "eigen" and
@@ -164,8 +169,8 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         ``solver="cg"``: solve every (λ, fold) system to the float64 relative
         residual ``screen_tol`` (e.g. 1e-3) first, then only the ``screen_top`` best
         λ of each kernel setting on to ``tol``; the other λ keep their screening
-        scores (measured error on diamonds: below 1e-4 in R²; the chosen setting is
-        verified from float64 solves to 1e-10 either way).
+        scores (their error: docs/PERFORMANCE.md#model-selection; the chosen setting
+        is verified from float64 solves to 1e-10 either way).
     checkpoint : str or path, default=None
         A directory where each finished kernel setting's held-out predictions are
         recorded (atomic, checksummed, fingerprinted:
@@ -201,26 +206,26 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         cv: Any = 5,
         scoring: Any = None,
         lambda_convention: str = "sklearn",
-        solver: str = "auto",
+        solver: str = _DEFAULT.solver,
         gamma: float | None = None,
         degree: float = 3,
         coef0: float = 1,
         block_size: int | None = None,
         store: Any = None,
-        eigen_mode: str = "auto",
+        eigen_mode: str = _DEFAULT.eigen_mode,
         refit: bool = True,
-        tol: float = CV_TOL,
-        max_iter: int | None = None,
-        preconditioner: str = "nystrom",
-        rank: int | None = None,
-        n_jobs: int | None = None,
+        tol: float = _DEFAULT.tol,
+        max_iter: int | None = _DEFAULT.max_iter,
+        preconditioner: str = _DEFAULT.preconditioner,
+        rank: int | None = _DEFAULT.rank,
+        n_jobs: int | None = _DEFAULT.n_jobs,
         random_state: Any = None,
         progress: bool | str = False,
-        kernel_dtype: str = "auto",
-        max_search_seconds: float | None = None,
+        kernel_dtype: str = _DEFAULT.kernel_dtype,
+        max_search_seconds: float | None = _DEFAULT.max_search_seconds,
         checkpoint: Any = None,
-        screen_tol: float | None = None,
-        screen_top: int = 3,
+        screen_tol: float | None = _DEFAULT.screen_tol,
+        screen_top: int = _DEFAULT.screen_top,
     ) -> None:
         self.alphas = alphas
         self.kernel = kernel
