@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.engine.parallel import blas_threads, in_this_process, local_scheduler
+from pipeline.engine.parallel import blas_threads
+from pipeline.engine.where import in_this_process, local_scheduler
 from pipeline.float_range import pow2_exponents
 from pipeline.kernels import make_kernel
 from pipeline.linalg.cholesky import regularisation_shift
