@@ -2,7 +2,7 @@
 
 A computation sent to a distributed client costs a round trip (0.3-0.5 s each on
 the embedded LocalCluster), so the ingest stage of a small source and the
-evaluate stage's reads run here (:func:`pipeline.engine.parallel.in_this_process`),
+evaluate stage's reads run here (:func:`pipeline.engine.where.in_this_process`),
 with the same stored rows and fingerprints; a large source, or a client whose
 workers run on other machines, keeps the cluster.
 """

@@ -4,7 +4,7 @@ Runs the main job on the embedded LocalCluster twice per repeat, each in a fresh
 process and a fresh run directory:
 
 - ``ours``: as shipped; small steps beside a cluster on this machine run in this
-  process (``pipeline.engine.parallel.in_this_process``: a small source's ingest, the
+  process (``pipeline.engine.where.in_this_process``: a small source's ingest, the
   row-block validation, small Gram builds and tile passes);
 - ``cluster`` (the baseline, as before session 22): every step on the cluster's
   workers (``pipeline.engine.where.beside_local_workers`` answers False).
