@@ -40,8 +40,8 @@ from pipeline.engine.dense import (
     kernel_matrix,
     kernel_predict,
 )
-from pipeline.engine.parallel import _active_client
 from pipeline.engine.progress import cg_progress
+from pipeline.engine.where import cluster_workers, factor_executor, gram_on_demand
 from pipeline.errors import IndefiniteKernelError, LockHeldError
 from pipeline.kernels import Kernel, Linear, make_kernel
 from pipeline.linalg import dense_memory as memory
@@ -50,7 +50,6 @@ from pipeline.linalg.cg import CGConvergenceError, conjugate_gradient
 from pipeline.linalg.cg_checkpoint import resumable_cg
 from pipeline.linalg.cg_mixed_fit import mixed_cg_fit
 from pipeline.linalg.cholesky import regularisation_shift, tile_cholesky
-from pipeline.linalg.cholesky_exec import tile_owners
 from pipeline.linalg.cholesky_options import NonFiniteKernelError, NotPositiveDefiniteError
 from pipeline.linalg.dense_dual import effective_alpha, predict_dual, solve_dual
 from pipeline.linalg.dense_memory import check_dense_memory, dense_dual_bytes, primal_bytes
@@ -59,7 +58,7 @@ from pipeline.linalg.matvec import make_operator
 from pipeline.linalg.precond import make_preconditioner
 from pipeline.linalg.triangular import cholesky_solve
 from pipeline.options import ALPHA_CONVENTIONS, SolverOptions, solver_choices, solver_convention
-from pipeline.plan.fit_plan import FitPlan, Probes, Resources, gram_on_demand, plan_fit
+from pipeline.plan.fit_plan import FitPlan, Probes, Resources, plan_fit
 from pipeline.storage import fingerprint_blocks
 from pipeline.storage.lease import LeaseLock
 
@@ -142,18 +141,15 @@ def measure_resources(store: Any = None, *, in_memory: bool = True) -> Resources
     (``RUN_DIR/plan.json``) and reads it back rather than measuring again after the
     Gram took its share of the disk.
     """
-    from pipeline.engine.parallel import _active_client, workers_on_this_host
-
     # the plan sizes the tile by this count only where its tiles run on the workers
     # (:func:`~pipeline.plan.fit_plan.tiles_on_workers`)
-    client = _active_client()
-    workers = max(1, len(tile_owners(client)))
+    workers, workers_here = cluster_workers()
     return Resources(
         memory_bytes=float(memory.available_memory()),
         disk_bytes=_disk_free(store),
         in_memory=in_memory,
         workers=workers,
-        workers_here=workers >= 2 and workers_on_this_host(client),
+        workers_here=workers_here,
     )
 
 
@@ -183,31 +179,6 @@ def log_plan(plan: FitPlan, reason: str, *, origin: str, logger: logging.Logger 
     logger.info(
         "fit plan (%s): %s; chose %r because %s", origin, plan.describe(), plan.solver, reason
     )
-
-
-def factor_executor(plan: FitPlan, in_place_from_x: bool) -> str | None:
-    """The tile Cholesky's executor for ``plan``, decided once per fit: "threads" or
-    "dask" (None when the plan does not factor). ``factor_scheduler="auto"`` runs an
-    in-place factor whose Gram tiles come from X in this process's memory
-    (``in_place_from_x``) on threads here, as ``krr run``'s gram stage assumes when it
-    stores no Gram (:func:`~pipeline.plan.fit_plan.gram_on_demand`, the one rule: only
-    ``"dask"`` sends it to the workers); otherwise "auto" asks the cluster once
-    (:func:`~pipeline.linalg.cholesky_exec.auto_scheduler`)."""
-    if plan.solver != "cholesky":
-        return None
-    if plan.factor_scheduler != "auto":
-        return plan.factor_scheduler
-    from pipeline.linalg.cholesky_exec import auto_scheduler
-
-    if in_place_from_x:
-        if _active_client() is not None:
-            log.info(
-                "factor: the threads executor in this process, which holds X: the Gram "
-                "is not stored, each tile is computed from X as the factor needs it "
-                "(factor_scheduler='dask' stores the Gram and factors on the workers)"
-            )
-        return "threads"
-    return auto_scheduler(say=True)
 
 
 def _x_fingerprint(X: Any) -> str | None:
@@ -334,7 +305,8 @@ def _execute(
     # in place with X in memory, the Gram is not stored first: the factor computes each
     # Gram tile from X as it needs it (no Gram stage, no Gram bytes written or read)
     # (only where the factor runs in this process: remote workers would each need X)
-    executor = factor_executor(plan, gram_on_demand(plan.solver, plan.keep_gram, mf, True))
+    from_x = gram_on_demand(plan.solver, plan.keep_gram, mf, True)
+    executor = factor_executor(plan.solver, plan.factor_scheduler, from_x)
     on_demand = gram_on_demand(plan.solver, plan.keep_gram, mf, executor == "threads")
     if plan.needs_gram and gram is None:
         from pipeline.linalg.gram import build_gram

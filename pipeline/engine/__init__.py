@@ -5,6 +5,8 @@
 - :func:`predict_accumulate`: the same for prediction (rectangular);
 - :func:`kernel_tile`: write a tile (Gram build);
 - :func:`task_threads`: inner threads for a fused call inside a Dask task;
+- :mod:`pipeline.engine.where`: every where-does-it-run decision (this process or
+  the client, which worker, how many threads and BLAS threads, small steps here);
 - :mod:`pipeline.engine.dense`: the in-memory kernel matrix (fit) and prediction
   of the estimators on the same evaluators (the kernel object only for kernels
   they do not know), refusing a kernel that overflows;
@@ -19,13 +21,8 @@ See :mod:`pipeline.engine.fused` for the design, precision and measured speed.
 """
 
 from pipeline.engine.evaluators import is_fused
-from pipeline.engine.fused import (
-    available_cores,
-    kernel_matvec,
-    kernel_tile,
-    predict_accumulate,
-    task_threads,
-)
+from pipeline.engine.fused import kernel_matvec, kernel_tile, predict_accumulate
+from pipeline.engine.where import available_cores, task_threads
 
 __all__ = [
     "available_cores",

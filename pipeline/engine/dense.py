@@ -35,7 +35,8 @@ from typing import Any
 import numpy as np
 
 from pipeline.engine.evaluators import is_fused
-from pipeline.engine.fused import available_cores, kernel_tile, predict_accumulate
+from pipeline.engine.fused import kernel_tile, predict_accumulate
+from pipeline.engine.where import available_cores
 from pipeline.kernels import Kernel
 from pipeline.kernels.base import NonFiniteKernelError, result_dtype
 

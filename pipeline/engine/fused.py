@@ -18,7 +18,7 @@ for any thread count and any scheduling**: the decomposition depends on the
 shapes and ``block_shape`` only.
 
 Inside Dask tasks, use one inner thread when the scheduler already runs a
-task per core (:func:`task_threads` decides: ``cores // concurrent tasks``),
+task per core (:func:`pipeline.engine.where.task_threads` decides: ``cores // concurrent tasks``),
 so two Dask tasks with two inner threads each never oversubscribe two cores.
 
 Precision
@@ -71,14 +71,13 @@ from typing import Any
 import numpy as np
 
 from pipeline.engine.evaluators import BLOCK_GEMM, BlockEvaluator, _Generic, prepare
+from pipeline.engine.where import available_cores
 from pipeline.kernels import Kernel, make_kernel
 
 __all__ = [
-    "available_cores",
     "kernel_matvec",
     "kernel_tile",
     "predict_accumulate",
-    "task_threads",
 ]
 
 KERNEL_DTYPES = ("float64", "float32")
@@ -89,42 +88,7 @@ _pools_lock = threading.Lock()
 _controller: Any = None
 
 
-# -- threads --------------------------------------------------------------------
-def available_cores() -> int:
-    """CPU cores this process may run on."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - not Linux
-        return max(1, os.cpu_count() or 1)
-
-
-def task_threads(n_tasks: int, *, concurrency: int | None = None) -> int:
-    """Inner threads for each of ``n_tasks`` Dask tasks that run fused calls.
-
-    ``cores // min(n_tasks, concurrency)``, at least 1: one inner thread when
-    the scheduler already keeps every core busy with its own tasks, more when
-    there are fewer tasks than cores (e.g. a single tile). ``concurrency``
-    defaults to the threaded scheduler's worker count (dask's ``num_workers``
-    setting, else the core count; 1 under the synchronous scheduler); under a
-    distributed client it is taken as the core count too (its workers
-    already fill the machine), giving 1 as soon as there are enough tasks.
-    """
-    cores = available_cores()
-    if concurrency is None:
-        concurrency = cores
-        try:
-            import dask
-
-            if dask.config.get("scheduler", None) in ("sync", "synchronous", "single-threaded"):
-                concurrency = 1
-            else:
-                concurrency = int(dask.config.get("num_workers", None) or cores)
-        except ImportError:  # pragma: no cover - dask is a dependency
-            pass
-    busy = max(1, min(int(n_tasks), int(concurrency)))
-    return max(1, cores // busy)
-
-
+# -- threads (how many: pipeline.engine.where) ----------------------------------------
 def _pool(n: int) -> ThreadPoolExecutor:
     # keyed by pid too: a forked child inherits the dict but not the threads
     key = (os.getpid(), n)
@@ -361,7 +325,7 @@ def kernel_matvec(
         than one sub-block are float64 either way.
     n_threads : int or None
         Threads over row strips (None: every core; inside a Dask task pass
-        :func:`task_threads`). The result does not depend on it, bit for bit.
+        :func:`~pipeline.engine.where.task_threads`). The result does not depend on it, bit for bit.
     block_shape : (int, int), optional
         Sub-block (rows, columns); default: measured best for the kernel.
 

@@ -28,7 +28,7 @@ import dask
 import dask.array as da
 import numpy as np
 
-from pipeline.engine.parallel import beside_local_workers, in_this_process, local_scheduler
+from pipeline.engine.where import beside_local_workers, in_this_process, local_scheduler
 from pipeline.storage import fingerprint_blocks
 
 __all__ = [

@@ -3,16 +3,16 @@
 Every layer that builds a Dask graph calls :func:`compute` to run it, so the
 scheduler (threads, a LocalCluster, or an external ``tcp://`` scheduler) is
 chosen once, by whoever opened :func:`dask_client` (cli, workflows, user code).
+Whether a computation goes to that client or stays in this process is decided in
+:mod:`pipeline.engine.where` (:func:`~pipeline.engine.where.in_this_process`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import logging
 import os
 import sys
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,147 +22,9 @@ from threadpoolctl import threadpool_limits
 
 from pipeline.engine.progress import resolved_mode
 from pipeline.engine.progress_dask import dask_progress
+from pipeline.engine.where import active_client, local_scheduler
 
 log = logging.getLogger(__name__)
-
-#: set inside :func:`in_this_process`: computations ignore the active client
-_HERE: contextvars.ContextVar[bool] = contextvars.ContextVar("krr_in_this_process", default=False)
-
-
-@contextlib.contextmanager
-def in_this_process(enabled: bool = True) -> Iterator[None]:
-    """Inside the block, this thread's computations run in this process, as if no
-    distributed client were active: :func:`compute` on Dask's threaded scheduler (one
-    BLAS thread per task, as on a worker), unless the user's Dask config names a local
-    scheduler of its own. A plain ``dask.compute`` inside the block passes
-    ``**local_scheduler()`` to do the same. For steps so small that a cluster round
-    trip costs more than the work (``enabled=False``: a no-op, so callers can pass
-    their rule).
-
-    Only a context variable is set, never Dask's global config: another thread's
-    computations, and a user's own ``dask.compute`` in another thread, keep the
-    client, and a block that ends on one thread does not end another's."""
-    if not enabled:
-        yield
-        return
-    token = _HERE.set(True)
-    try:
-        yield
-    finally:
-        _HERE.reset(token)
-
-
-def local_scheduler() -> dict[str, Any]:
-    """``dask.compute`` keywords that keep a computation in this process inside
-    :func:`in_this_process`: ``{"scheduler": "threads"}`` when Dask's config holds a
-    client's scheduler (or none); ``{}`` outside the block, or when the user's config
-    names a local scheduler (synchronous, threads, processes), which stays."""
-    if not _HERE.get():
-        return {}
-    # a Client sets "dask.distributed" as the default scheduler
-    if dask.config.get("scheduler", None) in (None, "dask.distributed", "distributed"):
-        return {"scheduler": "threads"}
-    return {}
-
-
-def _active_client() -> Any | None:
-    if _HERE.get():
-        return None
-    # no client can exist before distributed is imported; importing it only to ask
-    # costs 0.2-0.4 s in a process's first fit (bench_no_slowdown.py caught it)
-    if "distributed" not in sys.modules:
-        return None
-    try:
-        from distributed import default_client
-
-        return default_client()
-    except (ImportError, ValueError):
-        return None
-
-
-def workers_on_this_host(client: Any) -> bool:
-    """Whether every worker of ``client`` runs on this machine: in this process
-    (``inproc://``), or at one of this machine's addresses (the embedded LocalCluster, or
-    a scheduler and workers started here). False for no workers, or when the scheduler
-    does not answer."""
-    try:
-        workers = client.scheduler_info()["workers"]
-    except Exception:
-        return False
-    if not workers:
-        return False
-    local = _this_host_addresses()
-    for addr, info in workers.items():
-        if str(addr).startswith("inproc://"):
-            continue
-        host = info.get("host") if isinstance(info, dict) else None
-        if host is None:
-            from urllib.parse import urlsplit
-
-            host = urlsplit(str(addr)).hostname
-        if host not in local:
-            return False
-    return True
-
-
-def _this_host_addresses() -> set[str]:
-    """This machine's names and the addresses of its network interfaces."""
-    import socket
-
-    names = {"127.0.0.1", "::1", "localhost"}
-    try:
-        hostname = socket.gethostname()
-        names.add(hostname)
-        names.update(socket.gethostbyname_ex(hostname)[2])
-    except OSError:
-        pass
-    try:
-        import psutil  # a dependency of distributed, which a client needs
-
-        for addrs in psutil.net_if_addrs().values():
-            names.update(
-                a.address.split("%")[0]
-                for a in addrs
-                if a.family in (socket.AF_INET, socket.AF_INET6)
-            )
-    except Exception:
-        pass
-    return names
-
-
-#: (client, scheduler address) -> (workers all on this machine, when asked)
-_LOCAL: dict[tuple[int, str], tuple[bool, float]] = {}
-_LOCAL_TTL_S = 10.0  # ask the scheduler again after this long (a worker may join)
-
-
-def _workers_here(client: Any) -> bool:
-    key = (id(client), str(getattr(getattr(client, "scheduler", None), "address", "")))
-    now = time.monotonic()
-    hit = _LOCAL.get(key)
-    if hit is not None and now - hit[1] < _LOCAL_TTL_S:
-        return hit[0]
-    here = bool(workers_on_this_host(client))
-    _LOCAL[key] = (here, now)
-    return here
-
-
-def _holds_futures(graph: Any) -> bool:
-    try:
-        from distributed import Future
-    except ImportError:  # pragma: no cover - distributed is a dependency
-        return False
-    return any(isinstance(v, Future) for v in dict(graph).values())
-
-
-def beside_local_workers(graph: Any = None) -> bool:
-    """Whether a distributed client is active, its workers all run on this machine
-    (asked at most every 10 s) and Dask ``graph`` (None: none to check) holds no
-    futures: a computation of the graph may then run in this process
-    (:func:`in_this_process`) on the same files, without a round trip."""
-    client = _active_client()
-    if client is None or not _workers_here(client):
-        return False
-    return graph is None or not _holds_futures(graph)
 
 
 @contextlib.contextmanager
@@ -209,7 +71,7 @@ def compute(
     units were done before (a resumed build).
     """
 
-    client = _active_client()
+    client = active_client()
     with dask_progress(
         desc or "dask",
         unit,

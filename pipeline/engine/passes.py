@@ -49,10 +49,19 @@ import numpy as np
 from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
 
-from pipeline.engine.fused import available_cores
 from pipeline.engine.parallel import blas_threads
 from pipeline.engine.sources import CallableSource, KernelSource, StoredSource
-from pipeline.engine.where import lower_entries, n_rows, runs_here, tile_entries, weigh
+from pipeline.engine.where import (
+    available_cores,
+    in_this_process,
+    local_scheduler_function,
+    lower_entries,
+    n_rows,
+    runs_here,
+    task_threads,
+    tile_entries,
+    weigh,
+)
 
 __all__ = [
     "FAN_IN",
@@ -253,19 +262,6 @@ def tile_pass(
     return out, keys, fkey, list(deps)
 
 
-def _local_scheduler() -> Any:
-    """The scheduler function for ``local=True``: the configured synchronous one, else
-    threads. A function, not its name: for a name, dask imports distributed to look
-    for a client (0.2-0.4 s on a first small fit)."""
-    import dask.local
-    import dask.threaded
-
-    s = dask.config.get("scheduler", None)
-    if s in ("sync", "synchronous", "single-threaded"):
-        return dask.local.get_sync
-    return dask.threaded.get
-
-
 def execute(
     dsk: dict[Any, Any],
     key: Any,
@@ -290,11 +286,10 @@ def execute(
     graph = HighLevelGraph.from_collections(key, dsk, dependencies=list(deps))
     d = Delayed(key, graph)
     if local:
-        cores = available_cores()
-        with blas_threads(max(1, cores // max(1, min(n_tasks, cores)))):
-            (res,) = dask.compute(d, scheduler=_local_scheduler(), optimize_graph=False)
+        with blas_threads(task_threads(n_tasks, concurrency=available_cores())):
+            (res,) = dask.compute(d, scheduler=local_scheduler_function(), optimize_graph=False)
         return res
-    from pipeline.engine.parallel import compute, in_this_process
+    from pipeline.engine.parallel import compute
 
     with in_this_process(runs_here(entries, graph)):
         (res,) = compute(d, progress=progress, desc=desc, unit="tile", optimize_graph=False)

@@ -1,10 +1,12 @@
 """Where a fit's tiles run, and the tile size that follows.
 
 :class:`Resources` is what the caller measured (memory, disk, the client's
-workers), :class:`Probes` what it may measure on the training rows; :func:`gram_on_demand` is the one rule for an in-place factor that
-computes its Gram from X in this process; :func:`tiles_on_workers` says on how many
-workers a solver's tiles run, so that :func:`pipeline.plan.fit_plan.plan_fit` sizes
-the tile for them only when they do (:func:`default_block_size`).
+workers), :class:`Probes` what it may measure on the training rows;
+:func:`tiles_on_workers` says on how many workers a solver's tiles run, by the rules of
+:mod:`pipeline.engine.where` (:func:`~pipeline.engine.where.factor_threads_here`,
+:func:`~pipeline.engine.where.gram_on_demand`) on the measured resources, so that
+:func:`pipeline.plan.fit_plan.plan_fit` sizes the tile for them only when they do
+(:func:`default_block_size`).
 """
 
 from __future__ import annotations
@@ -13,13 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pipeline import constants as C
+from pipeline.engine.where import factor_threads_here, gram_on_demand
 
 __all__ = [
     "Probes",
     "Resources",
     "dask_block_size",
     "default_block_size",
-    "gram_on_demand",
     "tiles_on_workers",
 ]
 
@@ -45,7 +47,7 @@ class Resources:
         critical path, docs/SCALING.md).
     workers_here : bool
         Whether those workers all run on this machine; then ``factor_scheduler="auto"``
-        factors on threads in this process (:func:`~pipeline.linalg.cholesky_exec.auto_scheduler`)
+        factors on threads in this process (:func:`~pipeline.engine.where.auto_scheduler`)
         and CG's products too are not sized for them.
     """
 
@@ -83,20 +85,6 @@ class Probes:
     float32_risk: Callable[[float], float] | None = None
 
 
-def gram_on_demand(solver: str, keep_gram: bool, x_in_memory: bool, factor_runs_here: bool) -> bool:
-    """Whether the Gram is not stored first (``build_gram(defer=True)``): an in-place
-    Cholesky (``keep_gram=False``) whose factor runs in this process, with X in memory,
-    computes each Gram tile from X when it needs it (``GRAM_ON_DEMAND_IN_PLACE``). The
-    one rule ``fit.execute`` and ``krr run``'s gram stage both apply."""
-    return bool(
-        C.GRAM_ON_DEMAND_IN_PLACE
-        and solver == "cholesky"
-        and not keep_gram
-        and x_in_memory
-        and factor_runs_here
-    )
-
-
 def tiles_on_workers(
     solver: str,
     resources: Resources,
@@ -109,20 +97,16 @@ def tiles_on_workers(
     the tile. A Cholesky factor runs on the client's workers under
     ``factor_scheduler="dask"``, never under ``"threads"``; under ``"auto"`` only when
     they run on other machines and the factor is not an in-place one that computes
-    its Gram from X here (:func:`gram_on_demand`, the rule
-    :func:`pipeline.fit.factor_executor` applies). Other solvers' tiles go to the
+    its Gram from X here (:func:`~pipeline.engine.where.factor_threads_here`, the rule
+    :func:`pipeline.engine.where.factor_executor` applies). Other solvers' tiles go to the
     workers when they run on other machines."""
     w = int(resources.workers)
     if w < 2:
         return 1
-    here = resources.workers_here and C.FACTOR_THREADS_ON_THIS_HOST
     if solver == "cholesky":
-        if factor_scheduler == "dask":
-            return w
-        if factor_scheduler != "auto" or here:
-            return 1
-        return 1 if gram_on_demand(solver, keep_gram, x_in_memory, True) else w
-    return 1 if here else w
+        from_x = gram_on_demand(solver, keep_gram, x_in_memory, True)
+        return 1 if factor_threads_here(factor_scheduler, resources.workers_here, from_x) else w
+    return 1 if resources.workers_here and C.FACTOR_THREADS_ON_THIS_HOST else w
 
 
 def default_block_size(n: int, workers: int) -> int:

@@ -26,7 +26,7 @@ Two executors run the same tile function:
   reads and writes overlap the others' BLAS.
 
 In both, every BLAS/LAPACK call of a tile task runs with one fixed thread count
-(:func:`pipeline.linalg.cholesky_exec.tile_blas_threads`; by default all cores,
+(:func:`pipeline.engine.where.tile_blas_threads`; by default all cores,
 one call at a time per process, or per host for distributed worker processes),
 because OpenBLAS rounds differently with another thread count: the factor is
 then the same bit for bit whatever the executor and its number of threads.
@@ -46,7 +46,6 @@ per-process LRU cache with a byte budget keeps recently used ones in memory.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -56,6 +55,7 @@ import numpy as np
 from pipeline.constants import DIRECT_FACTOR_WRITES
 from pipeline.engine.passes import pending
 from pipeline.engine.tile_io import TileIO
+from pipeline.engine.where import auto_scheduler, factor_threads, tile_blas_threads
 from pipeline.linalg import blas as gil_free_blas
 
 # ---------------------------------------------------------------------------
@@ -181,9 +181,7 @@ from pipeline.linalg.cholesky_exec import (  # noqa: E402, F401  (re-exported)
     _left_looking_order,
     _run_dask,
     _run_threads,
-    auto_scheduler,
     read_gram_tile,
-    tile_blas_threads,
 )
 
 # ---------------------------------------------------------------------------
@@ -253,7 +251,7 @@ def tile_cholesky(
         ``wide``).
         "auto" (default): "dask" when a distributed client is active and its
         workers run on other machines, else "threads"
-        (:func:`~pipeline.linalg.cholesky_exec.auto_scheduler`: on one machine the
+        (:func:`~pipeline.engine.where.auto_scheduler`: on one machine the
         threads executor in this process is the faster).
     n_threads : int, optional
         Threads of the "threads" scheduler (default: all cores).
@@ -413,7 +411,7 @@ def run_factor_tasks(
                 source, L, todo, shift, lam, convention, policy, progress, width, task=_tile_task
             )
         else:
-            nthreads = n_threads or os.cpu_count() or 1
+            nthreads = factor_threads(n_threads)
             records = _run_threads(
                 source, L, todo, shift, lam, convention, policy, nthreads,
                 blas_threads=width, progress=progress, task=_tile_task,

@@ -13,7 +13,7 @@ the one that imports it), in left-looking dependency order:
   background threads (the engine's TileIO).
 
 Both give every BLAS/LAPACK call of a tile task the same fixed thread count
-(:func:`tile_blas_threads`: all cores by default, "wide", the calls then run one
+(:func:`pipeline.engine.where.tile_blas_threads`: all cores by default, "wide", the calls then run one
 at a time per process while the other tile threads do their reads, copies and
 checksums; 1 with ``wide=False``), so the factor is the same bit for bit whatever
 the executor, its thread count or the order the tasks ran in.
@@ -36,6 +36,14 @@ from pipeline.engine.dag import RankOrder, run_dag, serial_order, upward_ranks
 from pipeline.engine.parallel import blas_threads as _blas
 from pipeline.engine.progress import stage_progress
 from pipeline.engine.tile_io import TileIO
+from pipeline.engine.where import (
+    active_client,
+    available_cores,
+    owner_annotation,
+    scheduler_in_this_process,
+    tile_blas_threads,
+    tile_owners,
+)
 from pipeline.linalg import blas as gil_free_blas
 from pipeline.linalg.cholesky_cache import release_worker_tiles
 
@@ -80,94 +88,12 @@ def submitted_deps(i: int, j: int, todo_set: set) -> list[tuple[int, int]]:
     return out
 
 
-def tile_blas_threads(wide: bool = True) -> int:
-    """BLAS threads of every tile task: ``KRR_CHOL_BLAS_THREADS`` if set, else all
-    cores (``wide``) or 1. It defines the factor's last bits (OpenBLAS rounds
-    differently with another thread count), so both executors use it."""
-    env = os.environ.get("KRR_CHOL_BLAS_THREADS")
-    if env:
-        try:
-            n = int(env)
-        except ValueError:
-            n = 0
-        if n < 1:
-            raise ValueError(f"KRR_CHOL_BLAS_THREADS must be an integer >= 1, got {env!r}")
-        return n
-    if not wide:
-        return 1
-    try:  # the cores this process may run on (a CPU affinity mask, e.g. taskset)
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
-
-
-def auto_scheduler(say: bool = False) -> str:
-    """The executor of ``scheduler="auto"``: "threads" (in this process) without a
-    distributed client, or with one whose workers all run on this machine
-    (:data:`~pipeline.constants.FACTOR_THREADS_ON_THIS_HOST`); "dask" (one task
-    per tile on the client's workers) when they run elsewhere. ``say``: log the choice
-    when a client is passed over."""
-    from pipeline.engine.parallel import _active_client, workers_on_this_host
-
-    client = _active_client()
-    if client is None:
-        return "threads"
-    if C.FACTOR_THREADS_ON_THIS_HOST and workers_on_this_host(client):
-        if say:
-            log.info(
-                "factor: the threads executor in this process (the cluster's workers run "
-                "on this machine, where it is the faster; factor_scheduler='dask' runs the "
-                "tiles on them)"
-            )
-        return "threads"
-    return "dask"
-
-
-def tile_owners(client: Any) -> list[str]:
-    """The workers of a distributed ``client`` that tile rows are dealt to (sorted
-    addresses; empty without a client or with one worker)."""
-    if client is None:
-        return []
-    try:
-        workers = sorted(client.scheduler_info()["workers"])
-    except Exception:  # no scheduler info (e.g. a closing client): no preference
-        return []
-    return workers if len(workers) > 1 else []
-
-
-def owner_annotation(
-    owners: list[str], i: int, priority: float | None = None
-) -> contextlib.AbstractContextManager:
-    """Prefer worker ``owners[i % len(owners)]`` for the tasks of tile row ``i``, and
-    give them ``priority`` (a distributed scheduler runs higher priorities first).
-
-    Dask places a task on a worker that holds its dependencies' results; the tile
-    tasks depend on each other only through tiny records, so every tile task
-    followed the first one onto one worker (measured: 78 of 78 tasks on one of 2
-    or 3 workers at n=6000, b=500) and the others idled. Rows dealt round-robin
-    (1-D block-cyclic, as in ScaLAPACK) spread each column's tasks over all the
-    workers, and a worker reuses its own rows' factor tiles from its tile cache.
-    ``allow_other_workers``: a lost or busy worker's tasks still run elsewhere.
-    Results do not depend on the placement (every task has a fixed BLAS width).
-    """
-    notes: dict[str, Any] = {}
-    if owners:
-        notes.update(workers=[owners[i % len(owners)]], allow_other_workers=True)
-    if priority is not None:
-        notes["priority"] = int(priority)
-    if not notes:
-        return contextlib.nullcontext()
-    import dask
-
-    return dask.annotate(**notes)
-
-
 def _run_dask(
     gram, L, todo, shift, lam, convention, jitter, progress, blas_threads=None, *, task
 ) -> list[dict]:
     from dask import delayed
 
-    from pipeline.engine.parallel import _active_client, compute
+    from pipeline.engine.parallel import compute  # looked up per call (tests spy on it)
 
     if not todo:
         return []
@@ -176,7 +102,7 @@ def _run_dask(
     prefix = f"chol-tile-{L.fingerprint[:10]}-{uuid.uuid4().hex[:8]}"
     nodes: dict[tuple[int, int], Any] = {}
     todo_set = set(todo)
-    client = _active_client()
+    client = active_client()
     # worker processes of a distributed client share the host's cores: their wide
     # BLAS calls queue on a host-wide lock (the threaded scheduler's on the process's)
     host_lock = client is not None and (blas_threads or 1) > 1
@@ -188,13 +114,13 @@ def _run_dask(
     # tasks in this process (no client, a threaded or synchronous scheduler): the threads
     # executor's read-ahead and write-behind, shared by the tasks; elsewhere (a cluster,
     # the processes scheduler) each task reads and writes its own tiles
-    shared = client is None and _scheduler_in_this_process()
+    shared = client is None and scheduler_in_this_process()
     io = _tile_io(gram, L, todo, tile_rank, blas_threads or 1) if shared else None
     kw = {}
     if not host_lock and (blas_threads or 1) > 1 and client is None:
         # threaded scheduler, wide BLAS calls one at a time: a thread more than cores,
         # so one task's synchronous read or write overlaps the others' BLAS calls
-        kw["num_workers"] = (os.cpu_count() or 1) + 1
+        kw["num_workers"] = available_cores() + 1
     if client is None and DASK_CRITICAL_PATH_FIRST:
         kw["callbacks"] = [
             RankOrder({f"{prefix}-{i}-{j}": r for (i, j), r in tile_rank.items()})._callback
@@ -319,7 +245,7 @@ def _run_threads(
 ) -> list[dict]:
     """Run tile tasks on ``n_threads`` threads, critical path first.
 
-    ``blas_threads`` (default :func:`tile_blas_threads` of ``wide``, or
+    ``blas_threads`` (default :func:`~pipeline.engine.where.tile_blas_threads` of ``wide``, or
     ``blas_cores`` when ``wide`` and given): every BLAS call of every task uses
     exactly that many threads. Above one, the calls run one at a time
     (:func:`pipeline.linalg.blas.serialized`); the tile threads then overlap their
@@ -368,19 +294,6 @@ def _run_threads(
             on_done=lambda _t, _rec: shown.update(),
             name="chol",
         )
-
-
-def _scheduler_in_this_process() -> bool:
-    """Whether Dask's configured scheduler (no client) runs tasks in this process: the
-    threaded one (the default) or the synchronous one, not the processes scheduler."""
-    import dask
-    import dask.local
-    import dask.threaded
-
-    s = dask.config.get("scheduler", None)
-    if s is None or s is dask.threaded.get or s is dask.local.get_sync:
-        return True
-    return s in ("threads", "threading", "sync", "synchronous", "single-threaded")
 
 
 def read_gram_tile(gram: Any, i: int, j: int, first_touch: Any = None) -> np.ndarray:

@@ -53,6 +53,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.engine.passes import KernelSource, pending
+from pipeline.engine.where import factor_threads
 from pipeline.errors import GramReplacedError, InsufficientDiskError
 from pipeline.kernels import make_kernel
 from pipeline.linalg.cholesky_exec import _left_looking_order
@@ -383,7 +384,7 @@ def factor_in_place(
     no_gram = [t for t in todo if t not in done_g]
     unwritten = _unwritten_chunks(gram, no_gram)
     if check_disk and todo:
-        nthreads = 1 if scheduler == "dask" else (n_threads or os.cpu_count() or 1)
+        nthreads = factor_threads(n_threads, scheduler)
         check_disk_space(
             gram.store,
             factor_disk_bytes(n, gram.block_size, dtype, keep_gram=False, writers=nthreads)

@@ -51,9 +51,9 @@ from dask.highlevelgraph import HighLevelGraph
 from pipeline import constants as C
 from pipeline.engine import task_threads
 from pipeline.engine.input_checks import validate_and_fingerprint
-from pipeline.engine.parallel import compute, in_this_process
+from pipeline.engine.parallel import compute
 from pipeline.engine.passes import KernelSource, pending, store_graph
-from pipeline.engine.where import runs_here, tile_entries, weigh
+from pipeline.engine.where import in_this_process, runs_here, tile_entries, weigh
 from pipeline.errors import StoreNotWritableError
 from pipeline.kernels import Kernel, kernel_fingerprint, make_kernel
 from pipeline.kernels.base import NonFiniteKernelError

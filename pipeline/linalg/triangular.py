@@ -28,7 +28,6 @@ kernel are given, else the stored Gram.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import warnings
@@ -40,6 +39,7 @@ import numpy as np
 from scipy.linalg import blas as sblas
 
 from pipeline.constants import SWEEP_LANE_COLUMNS
+from pipeline.engine import where
 from pipeline.engine.dag import run_dag, serial_order, upward_ranks
 from pipeline.engine.tile_io import TileIO
 from pipeline.float_range import pow2_exponents
@@ -59,11 +59,6 @@ def _sweep_blas():
 #: BLAS threads of each forward/back sweep task (tile-times-panel products: memory-bound
 #: for one right-hand side; for wide panels the lanes run in parallel instead)
 SWEEP_BLAS_THREADS = 1
-
-
-def _sweep_threads() -> int:
-    """Tile threads of a sweep: one per core (each task's BLAS on one thread)."""
-    return max(1, os.cpu_count() or 1)
 
 
 Key = tuple[int, int, int]  # (lane, tile row, tile column)
@@ -141,7 +136,7 @@ def _run_sweep(
             deps,
             lambda t: step(t, tiles.get(t[1:])),
             rank=rank,
-            n_threads=_sweep_threads(),
+            n_threads=where.sweep_threads(),
             name=name,
         )
     return len(uses)

@@ -41,13 +41,8 @@ from typing import Any
 import numpy as np
 
 from pipeline import constants as C
-from pipeline.engine.placement import (
-    Probes,
-    Resources,
-    default_block_size,
-    gram_on_demand,
-    tiles_on_workers,
-)
+from pipeline.engine.placement import Probes, Resources, default_block_size, tiles_on_workers
+from pipeline.engine.where import gram_on_demand
 from pipeline.kernels import Linear
 from pipeline.linalg.dense_memory import dense_dual_bytes
 from pipeline.options import (

@@ -518,10 +518,11 @@ class RunConfig(_Model):
         """Whether the gram stage only creates the Gram's array, for an in-place factor
         (``method: cholesky``, ``keep_gram: false``) that computes each Gram tile from X
         when it needs it (:data:`~pipeline.constants.GRAM_ON_DEMAND_IN_PLACE`)."""
-        from pipeline.plan.fit_plan import gram_on_demand
+        from pipeline.engine.where import factor_threads_here, gram_on_demand
 
         s = self.solver  # the solve stage reads X_train into memory for an in-place factor
-        return gram_on_demand(s.method, s.keep_gram, True, s.factor_scheduler != "dask")
+        here = factor_threads_here(s.factor_scheduler, False, in_place_from_x=True)
+        return gram_on_demand(s.method, s.keep_gram, True, here)
 
     def stage_params(self) -> dict[str, dict[str, Any]]:
         """The explicit arguments of each stage (JSON-able); their hash is the stage's identity.

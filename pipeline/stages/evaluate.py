@@ -18,10 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.engine.parallel import blas_threads, in_this_process, local_scheduler
+from pipeline.engine.where import in_this_process, local_scheduler
 from pipeline.float_range import pow2_exponents
 from pipeline.kernels import make_kernel
 from pipeline.linalg.cholesky import regularisation_shift
+from pipeline.linalg.dense_dual import potrf_threads
 from pipeline.linalg.dense_memory import SAFETY_FRACTION, available_memory
 from pipeline.stages.config import EvaluateConfig
 from pipeline.stages.ingest import open_rows
@@ -92,7 +93,7 @@ def sklearn_baseline(
     kname, kparams = _sklearn_kernel(kernel, X_train.shape[1])
     model = KernelRidge(alpha=shift, kernel=kname, **kparams)
     # one BLAS thread: OpenBLAS' 2-thread potrf crashes at n >= ~15.5k (docs/PERFORMANCE.md)
-    with blas_threads(1 if X_train.shape[0] >= 12_000 else None):
+    with potrf_threads(X_train.shape[0]):
         t0 = time.perf_counter()
         if kname == "precomputed":
             k = make_kernel(kernel)

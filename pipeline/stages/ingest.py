@@ -25,10 +25,10 @@ import numpy as np
 
 from pipeline import constants as C
 from pipeline.engine.input_checks import fingerprint_row_blocks, validate_row_blocks
-from pipeline.engine.parallel import compute, in_this_process
+from pipeline.engine.parallel import compute
 from pipeline.engine.passes import pending
 from pipeline.engine.progress import progress_group
-from pipeline.engine.where import n_rows, runs_here
+from pipeline.engine.where import in_this_process, n_rows, runs_here
 from pipeline.errors import InputError, SourceChanged
 from pipeline.float_range import pow2_exponents
 from pipeline.stages.config import DataConfig, PreprocessConfig, SplitConfig

@@ -11,7 +11,7 @@ import pytest
 from _tiles import rbf_matrix, write_gram
 
 import pipeline.constants as policy_constants
-import pipeline.engine.parallel as par
+import pipeline.engine.where as where
 import pipeline.linalg.cholesky as chol
 from pipeline.linalg.cholesky import release_tile_cache, tile_cholesky
 
@@ -22,7 +22,7 @@ pytest.importorskip("distributed")
 # (a sandbox may use TEST-NET-1 for itself)
 _ELSEWHERE = next(
     a for a in ("192.0.2.77", "198.51.100.77", "203.0.113.77")
-    if a not in par._this_host_addresses()
+    if a not in where._this_host_addresses()
 )  # fmt: skip
 
 
@@ -56,7 +56,7 @@ class _FakeClient:
     ],
 )
 def test_workers_on_this_host(workers, want):
-    assert par.workers_on_this_host(_FakeClient(workers)) is want
+    assert where.workers_on_this_host(_FakeClient(workers)) is want
 
 
 def _spy_executors(monkeypatch):
@@ -94,7 +94,7 @@ def test_auto_runs_threads_here_and_the_workers_elsewhere(tmp_path, monkeypatch,
         with caplog.at_level(logging.INFO, logger="pipeline.linalg.cholesky_exec"):
             got["here"] = tile_cholesky(g, 1e-3, store=str(tmp_path / "a"), progress=False)
         assert any("threads executor in this process" in r.getMessage() for r in caplog.records)
-        monkeypatch.setattr(par, "workers_on_this_host", lambda client: False)
+        monkeypatch.setattr(where, "workers_on_this_host", lambda client: False)
         got["elsewhere"] = tile_cholesky(g, 1e-3, store=str(tmp_path / "b"), progress=False)
         monkeypatch.undo()  # (the spies too)
         ran2 = _spy_executors(monkeypatch)

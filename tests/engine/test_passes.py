@@ -259,7 +259,6 @@ def test_small_passes_run_here_beside_a_client_on_this_machine(tmp_path, monkeyp
     pytest.importorskip("distributed")
     from distributed import Client, LocalCluster
 
-    import pipeline.engine.parallel as par
     from pipeline import constants as C
     from pipeline.engine import where
 
@@ -288,8 +287,8 @@ def test_small_passes_run_here_beside_a_client_on_this_machine(tmp_path, monkeyp
         got_big = _passes(h)
         assert len(sent) == 3  # the smallest is one entry over the budget: on the workers
         monkeypatch.setattr(C, "SMALL_PASS_ENTRIES", 10**9)
-        par._LOCAL.clear()
-        monkeypatch.setattr(par, "workers_on_this_host", lambda c: False)
+        where._LOCAL.clear()
+        monkeypatch.setattr(where, "workers_on_this_host", lambda c: False)
         _passes(h)
         assert len(sent) == 6  # workers on other machines: always on them
     for x, y, z in zip(ref, got, got_big, strict=True):

@@ -2,7 +2,7 @@
 
 A computation sent to a distributed client costs a round trip (0.3-0.5 s each on
 the embedded LocalCluster), so the ingest stage of a small source and the
-evaluate stage's reads run here (:func:`pipeline.engine.parallel.in_this_process`),
+evaluate stage's reads run here (:func:`pipeline.engine.where.in_this_process`),
 with the same stored rows and fingerprints; a large source, or a client whose
 workers run on other machines, keeps the cluster.
 """
@@ -33,9 +33,9 @@ def client():
                      memory_limit=0) as cluster,
         Client(cluster) as c,
     ):  # fmt: skip
-        par._LOCAL.clear()
+        where._LOCAL.clear()
         yield c
-    par._LOCAL.clear()
+    where._LOCAL.clear()
 
 
 def _spy(client, monkeypatch) -> list[str]:
@@ -79,8 +79,8 @@ def test_a_small_ingest_runs_here_beside_a_client_on_this_machine(tmp_path, clie
     assert "compute" in sent and "get" not in sent  # validation reads its blocks here anyway
     n_sent = len(sent)
     monkeypatch.setattr(C, "SMALL_INGEST_VALUES", 10**9)
-    par._LOCAL.clear()
-    monkeypatch.setattr(par, "workers_on_this_host", lambda c: False)
+    where._LOCAL.clear()
+    monkeypatch.setattr(where, "workers_on_this_host", lambda c: False)
     _ingest(tmp_path, "elsewhere")
     assert "get" in sent[n_sent:]  # workers on other machines: always on them
     a, b = here.to_json(), there.to_json()
@@ -94,21 +94,21 @@ def test_a_small_ingest_runs_here_beside_a_client_on_this_machine(tmp_path, clie
 def test_in_this_process_sets_the_client_aside_and_keeps_a_users_scheduler(client, monkeypatch):
     sent = _spy(client, monkeypatch)
     x = da.arange(12, chunks=4)
-    with par.in_this_process():
-        assert par._active_client() is None
+    with where.in_this_process():
+        assert where.active_client() is None
         assert par.compute(x.sum(), progress=False)[0] == 66
-        assert x.sum().compute(**par.local_scheduler()) == 66
+        assert x.sum().compute(**where.local_scheduler()) == 66
         assert dask.config.get("scheduler") == "dask.distributed"  # the global stays
     assert sent == []
-    assert par._active_client() is client  # only inside the block
-    assert par.local_scheduler() == {}
+    assert where.active_client() is client  # only inside the block
+    assert where.local_scheduler() == {}
     assert x.sum().compute() == 66 and sent == ["get"]
-    with par.in_this_process(enabled=False):
-        assert par._active_client() is client
-        assert par.local_scheduler() == {}
-    with dask.config.set(scheduler="sync"), par.in_this_process():
+    with where.in_this_process(enabled=False):
+        assert where.active_client() is client
+        assert where.local_scheduler() == {}
+    with dask.config.set(scheduler="sync"), where.in_this_process():
         assert dask.config.get("scheduler") == "sync"  # the user's own choice stays
-        assert par.local_scheduler() == {}
+        assert where.local_scheduler() == {}
 
 
 def test_a_block_on_one_thread_neither_reaches_nor_ends_another_threads(client, monkeypatch):
@@ -124,18 +124,18 @@ def test_a_block_on_one_thread_neither_reaches_nor_ends_another_threads(client, 
     seen: dict[str, object] = {}
 
     def long_block():
-        with par.in_this_process():
+        with where.in_this_process():
             inside.set()
             left.wait(30)  # the other thread's block has ended
             seen["long"] = par.compute(x.sum(), progress=False)[0]
-            seen["long_plain"] = x.sum().compute(**par.local_scheduler())
+            seen["long_plain"] = x.sum().compute(**where.local_scheduler())
         done.set()
 
     t = threading.Thread(target=long_block, daemon=True)
     t.start()
     try:
         assert inside.wait(30)
-        with par.in_this_process():
+        with where.in_this_process():
             assert par.compute(x.sum(), progress=False)[0] == 66
         assert sent == []
         # outside any block, beside a thread inside one: the client runs it

@@ -131,11 +131,11 @@ def test_estimator_without_block_size_uses_policy_on_a_client(
     from sklearn.kernel_ridge import KernelRidge as SkKRR
 
     import pipeline
-    import pipeline.engine.parallel as par
+    import pipeline.engine.where as where
     import pipeline.linalg.gram as gram_mod
 
     if not here:  # as a cluster on other machines looks
-        monkeypatch.setattr(par, "workers_on_this_host", lambda client: False)
+        monkeypatch.setattr(where, "workers_on_this_host", lambda client: False)
 
     seen = []
     real_build = gram_mod.build_gram

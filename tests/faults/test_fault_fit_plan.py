@@ -180,7 +180,7 @@ def test_the_plan_sizes_tiles_by_the_clients_worker_count():
 
 def test_the_tile_is_sized_for_the_workers_only_where_the_tiles_run_on_them():
     """An in-place factor that computes its Gram from X runs here under
-    ``factor_scheduler="auto"`` whatever the cluster (``fit.factor_executor``), so its
+    ``factor_scheduler="auto"`` whatever the cluster (``engine.where.factor_executor``), so its
     tile is this process's default; ``"dask"`` sends it to the workers, also when they
     run on this machine, and sizes the tile for them."""
     from pipeline.engine.placement import dask_block_size

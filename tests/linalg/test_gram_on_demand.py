@@ -306,10 +306,10 @@ def test_a_recompute_tile_with_kwargs_that_ignores_out_still_gives_the_grams_dty
 
 
 def test_one_rule_for_the_estimator_and_krr_run(monkeypatch):
-    """``policy.plan.gram_on_demand`` decides for both the fit and krr run's gram stage:
+    """``engine.where.gram_on_demand`` decides for both the fit and krr run's gram stage:
     only an in-place Cholesky on threads here defers the Gram; other runs keep their
     gram stage's identity (no ``on_demand`` key)."""
-    from pipeline.plan.fit_plan import gram_on_demand
+    from pipeline.engine.where import gram_on_demand
     from pipeline.stages.config import load_config
 
     assert gram_on_demand("cholesky", False, True, True)
@@ -343,13 +343,12 @@ def test_auto_factors_in_place_from_x_here_whatever_the_cluster(tmp_path, monkey
     pytest.importorskip("distributed")
     from distributed import Client, LocalCluster
 
-    import pipeline.engine.parallel as par
+    import pipeline.engine.where as where
     import pipeline.linalg.cholesky as chol
-    import pipeline.linalg.cholesky_exec as chol_exec
 
     X, y = _data(n=220)
     ran, asked = [], []
-    real = {"threads": chol._run_threads, "dask": chol._run_dask, "auto": chol_exec.auto_scheduler}
+    real = {"threads": chol._run_threads, "dask": chol._run_dask, "auto": where.auto_scheduler}
     monkeypatch.setattr(
         chol, "_run_threads", lambda *a, **k: ran.append("threads") or real["threads"](*a, **k)
     )
@@ -357,9 +356,9 @@ def test_auto_factors_in_place_from_x_here_whatever_the_cluster(tmp_path, monkey
         chol, "_run_dask", lambda *a, **k: ran.append("dask") or real["dask"](*a, **k)
     )
     monkeypatch.setattr(
-        chol_exec, "auto_scheduler", lambda *a, **k: asked.append(1) or real["auto"](*a, **k)
+        where, "auto_scheduler", lambda *a, **k: asked.append(1) or real["auto"](*a, **k)
     )
-    monkeypatch.setattr(chol, "auto_scheduler", chol_exec.auto_scheduler)
+    monkeypatch.setattr(chol, "auto_scheduler", where.auto_scheduler)
     monkeypatch.setenv("KRR_CHOL_BLAS_THREADS", "1")
     writes = []
     real_write = build_gram.__globals__["_write"]
@@ -370,7 +369,7 @@ def test_auto_factors_in_place_from_x_here_whatever_the_cluster(tmp_path, monkey
                      dashboard_address=":0", memory_limit=0) as cluster,
         Client(cluster),
     ):  # fmt: skip
-        monkeypatch.setattr(par, "workers_on_this_host", lambda client: False)
+        monkeypatch.setattr(where, "workers_on_this_host", lambda client: False)
         with caplog.at_level(logging.INFO, logger="pipeline.fit"):
             m = _model(tmp_path / "a", 50).fit(X, y)
         assert ran == ["threads"] and writes == []  # here, from X: no Gram stored

@@ -7,6 +7,7 @@ import pytest
 import scipy.linalg
 from _tiles import rbf_matrix, rel, write_gram
 
+from pipeline.engine import where
 from pipeline.linalg.cholesky import tile_cholesky
 from pipeline.linalg.triangular import back_substitution, cholesky_solve, forward_substitution
 
@@ -133,10 +134,10 @@ def test_sweeps_on_the_dag_executor_are_bitwise_stable(tmp_path, monkeypatch, th
     f = tile_cholesky(write_gram(tmp_path, rbf_matrix(n, seed=3), b), 1e-2)
     r0 = f.L.grid.row_slice(start).start
     z0 = np.random.default_rng(4).standard_normal((n - r0, 3))
-    monkeypatch.setattr(triangular, "_sweep_threads", lambda: 1)
+    monkeypatch.setattr(where, "sweep_threads", lambda: 1)
     z1 = triangular.forward_sweep(f.L, z0.copy(), start)
     a1 = triangular.back_sweep(f.L, np.vstack([np.zeros((r0, 3)), z1]))
-    monkeypatch.setattr(triangular, "_sweep_threads", lambda: threads)
+    monkeypatch.setattr(where, "sweep_threads", lambda: threads)
     zt = triangular.forward_sweep(f.L, z0.copy(), start)
     at = triangular.back_sweep(f.L, np.vstack([np.zeros((r0, 3)), zt]))
     np.testing.assert_array_equal(zt, z1)
@@ -157,7 +158,7 @@ def test_sweeps_run_tiles_in_parallel(tmp_path, monkeypatch):
     from pipeline.linalg import triangular
 
     f = tile_cholesky(write_gram(tmp_path, rbf_matrix(240, seed=5), 30), 1e-2)
-    monkeypatch.setattr(triangular, "_sweep_threads", lambda: 2)
+    monkeypatch.setattr(where, "sweep_threads", lambda: 2)
     real_run_dag = triangular.run_dag
     state = {"now": 0, "most": 0, "tasks": 0}
     lock = threading.Lock()
@@ -219,7 +220,7 @@ def test_sweep_lanes_share_tile_reads_and_skip_zero_rows(tmp_path, monkeypatch, 
     a = triangular.back_sweep(f.L, z.copy())
     assert rel(a, scipy.linalg.solve_triangular(Ld.T, z, lower=False)) < 1e-10
     assert sorted(reads) == sorted(set(reads)) and len(reads) == len(list(f.L.grid.lower_tiles()))
-    monkeypatch.setattr(triangular, "_sweep_threads", lambda: 1)
+    monkeypatch.setattr(where, "sweep_threads", lambda: 1)
     np.testing.assert_array_equal(triangular.forward_sweep(f.L, E.copy(), 0, first), z)
 
 

@@ -116,8 +116,8 @@ def _floor(gram) -> dict:
     """
     from gemm_baseline import best_seconds as best  # this script's directory
 
+    from pipeline.engine.where import tile_blas_threads
     from pipeline.linalg import blas
-    from pipeline.linalg.cholesky_exec import tile_blas_threads
 
     g = gram.grid
     sizes = g.row_chunks()

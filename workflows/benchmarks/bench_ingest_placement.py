@@ -14,7 +14,7 @@ with the ingest
   row-block validation still reads here, as shipped). The shipped rule runs
   ``here`` up to the threshold and ``workers`` above it;
 - ``cluster`` (the baseline, as before session 22): every step on the workers
-  (``pipeline.engine.parallel.beside_local_workers`` answers False).
+  (``pipeline.engine.where.beside_local_workers`` answers False).
 
 It prints the ingest stage's seconds from the run's manifest for each, and whether
 the shipped rule picks the faster of ``here`` and ``workers``; all must store the
@@ -49,10 +49,10 @@ block_size: {block}
 
 _CHILD = """
 import sys
-import pipeline.engine.parallel as par
+import pipeline.engine.where as where
 import pipeline.constants as C
 if sys.argv[1] == "cluster":
-    par.beside_local_workers = lambda graph=None: False
+    where.beside_local_workers = lambda graph=None: False
 elif sys.argv[1] == "here":
     C.SMALL_INGEST_VALUES = 10**15
 elif sys.argv[1] == "workers":

@@ -4,10 +4,10 @@ Runs the main job on the embedded LocalCluster twice per repeat, each in a fresh
 process and a fresh run directory:
 
 - ``ours``: as shipped; small steps beside a cluster on this machine run in this
-  process (``pipeline.engine.parallel.in_this_process``: a small source's ingest, the
+  process (``pipeline.engine.where.in_this_process``: a small source's ingest, the
   row-block validation, small Gram builds and tile passes);
 - ``cluster`` (the baseline, as before session 22): every step on the cluster's
-  workers (``pipeline.engine.parallel.beside_local_workers`` answers False).
+  workers (``pipeline.engine.where.beside_local_workers`` answers False).
 
 It prints each stage's seconds from the run's manifest, the whole run's wall time
 and the held-out R², and checks that both modes stored the same training rows
@@ -35,9 +35,9 @@ STAGES = ("ingest", "gram", "solve", "model", "predict", "evaluate")
 
 _CHILD = """
 import sys
-import pipeline.engine.parallel as par
+import pipeline.engine.where as where
 if sys.argv[1] == "cluster":
-    par.beside_local_workers = lambda graph=None: False
+    where.beside_local_workers = lambda graph=None: False
 from pipeline.cli import main
 if __name__ == "__main__":
     sys.exit(main(["run", sys.argv[2], "--run-dir", sys.argv[3], "--json", "-q"]))

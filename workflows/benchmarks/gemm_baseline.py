@@ -32,8 +32,8 @@ def best_seconds(fn, setup=lambda: None, repeats: int = 3) -> float:
 
 def gemm_peak_gflops(block: int = 4000, repeats: int = 3, dtype=np.float64) -> float:
     """Best GFLOP/s of ``block``³ tile GEMMs (2·b³ flops each) on all cores."""
+    from pipeline.engine.where import tile_blas_threads
     from pipeline.linalg import blas
-    from pipeline.linalg.cholesky_exec import tile_blas_threads
 
     rng = np.random.default_rng(0)
     a = rng.standard_normal((block, block)).astype(dtype)

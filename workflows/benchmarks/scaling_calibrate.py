@@ -197,12 +197,8 @@ def edge_cost(client, nb: int = 40, repeat: int = 3) -> dict:
     difference in wall time over the difference in edges (medians of ``repeat``)."""
     from dask import delayed
 
-    from pipeline.linalg.cholesky_exec import (
-        _deps,
-        owner_annotation,
-        submitted_deps,
-        tile_owners,
-    )
+    from pipeline.engine.where import owner_annotation, tile_owners
+    from pipeline.linalg.cholesky_exec import _deps, submitted_deps
 
     owners = tile_owners(client)
     order = [(i, j) for j in range(nb) for i in range(j, nb)]

@@ -7,7 +7,7 @@ task as in the validation), with its own network link (``--bandwidth`` bytes/s f
 tile reads and writes), the default 1 GiB tile cache, Dask's per-task costs
 (``--serial`` scheduler seconds per task, ``--edge`` per dependency edge, a
 ``--latency`` round trip and ``--remote-dep`` per other worker a task gathers records
-from) and row-cyclic placement (:func:`pipeline.linalg.cholesky_exec.tile_owners`).
+from) and row-cyclic placement (:func:`pipeline.engine.where.tile_owners`).
 Tile costs come from one GEMM rate (``--gemm-gflops``, 1 thread; SYRK and TRSM at
 90 %, POTRF at 50 %). Configurations (``CONFIGS``):
 

@@ -91,9 +91,9 @@ def real_runs(n: int, b: int, worker_counts=(1, 2, 3), repeat: int = 1, lam: flo
 
     from distributed import Client, LocalCluster
 
+    from pipeline.engine.where import tile_blas_threads
     from pipeline.kernels import RBF
     from pipeline.linalg.cholesky import tile_cholesky
-    from pipeline.linalg.cholesky_exec import tile_blas_threads
     from pipeline.linalg.gram import build_gram
 
     cal_mod, inrun = _import("scaling_calibrate"), _import("scaling_inrun")

@@ -18,13 +18,13 @@ memory, whether the band LAPACK routine exists) and raises the errors.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from pipeline.engine.where import available_cores
 from pipeline.linalg.dense_memory import check_dense_memory
 from pipeline.models.selection.guard import check_budget
 from pipeline.options import (
@@ -111,11 +111,7 @@ def band_workers(n_jobs: int | None, n: int, n_tasks: int) -> int:
 
     if n_jobs:
         return max(1, int(n_jobs))
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        cores = os.cpu_count() or 1
-    workers = max(1, min(cores, n_tasks))
+    workers = max(1, min(available_cores(), n_tasks))
     budget = available_memory() * SAFETY_FRACTION
     while workers > 1 and memory_need("band", n, workers) > budget:
         workers -= 1
