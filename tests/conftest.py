@@ -14,6 +14,7 @@ import logging
 import os
 import subprocess
 import sys
+import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,10 +139,9 @@ class KrrInProcess(KrrRunner):
 
     Saves the 2-3 s start of a child process per command (the imports, a new Dask
     cluster's first tasks). Returns a CompletedProcess like :class:`KrrRunner`: the
-    exit code ``main`` returned, and what it printed on stdout and stderr (its log
-    lines included: they go to whatever ``sys.stderr`` is). Python warnings are not in
-    ``stderr`` here (pytest records them); a test about a warning's text uses
-    ``pytest.warns`` or :class:`KrrRunner`. ``cwd`` and ``env`` hold for the call only.
+    exit code ``main`` returned, and what it printed on stdout and stderr: its log lines
+    (they go to whatever ``sys.stderr`` is) and, at the end, each Python warning once
+    (also passed on to pytest). ``cwd`` and ``env`` hold for the call only.
     """
 
     def __call__(
@@ -167,7 +167,12 @@ class KrrInProcess(KrrRunner):
             stack.enter_context(_cli_state_restored())
             stack.enter_context(contextlib.redirect_stdout(out))
             stack.enter_context(contextlib.redirect_stderr(err))
+            caught = stack.enter_context(warnings.catch_warnings(record=True))
+            warnings.simplefilter("default")  # each warning once, as in a new process
             code = cli.main(argv)
+        for w in caught:  # on stderr as a process prints them, and to pytest as warned
+            err.write(warnings.formatwarning(w.message, w.category, w.filename, w.lineno))
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         res = subprocess.CompletedProcess(["krr", *argv], code, out.getvalue(), err.getvalue())
         if check:
             assert res.returncode == 0, res.stderr[-3000:]
