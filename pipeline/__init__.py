@@ -1,7 +1,7 @@
 """krr-pipeline: exact kernel ridge regression, out of core, checkpointed, on Dask.
 
 The public names are loaded on first use (PEP 562), so importing a submodule
-(``pipeline.artifact``, ``pipeline.policy``, ``pipeline.cli``) does not import every
+(``pipeline.models.artifact``, ``pipeline.plan``, ``pipeline.cli``) does not import every
 estimator, nor numpy and Dask.
 
 Besides the estimators, the package root holds what a user needs to drive a batch
@@ -26,17 +26,17 @@ _blas_env.apply()  # before anything here imports SciPy (its OpenBLAS reads it o
 
 #: public name -> (module, name there)
 _PUBLIC = {
-    "KernelPerceptron": ("pipeline.perceptron", "KernelPerceptron"),
-    "KernelRidge": ("pipeline.estimator", "KernelRidge"),
-    "KernelRidgeCV": ("pipeline.model_selection", "KernelRidgeCV"),
-    "load": ("pipeline.estimator", "load"),
-    "load_config": ("pipeline.config", "load_config"),
+    "KernelPerceptron": ("pipeline.models.perceptron", "KernelPerceptron"),
+    "KernelRidge": ("pipeline.models.estimator", "KernelRidge"),
+    "KernelRidgeCV": ("pipeline.models.selection", "KernelRidgeCV"),
+    "load": ("pipeline.models.estimator", "load"),
+    "load_config": ("pipeline.stages.config", "load_config"),
     "run": ("pipeline.stages", "run_config"),
     "run_status": ("pipeline.stages", "run_status"),
     "latest_model": ("pipeline.stages", "latest_model"),
     "write_report": ("pipeline.report", "write_report"),
     "read_run": ("pipeline.report.gather", "gather"),
-    "plot_cv_results": ("pipeline.model_selection", "plot_cv_results"),
+    "plot_cv_results": ("pipeline.models.selection", "plot_cv_results"),
 }
 
 __all__ = [

@@ -6,7 +6,7 @@ all-core tile calls the tile threads fault in read buffers, copy and checksum
 tiles; a spinning BLAS thread takes a core from them. OpenBLAS reads the variable
 once, when it loads (SciPy's copy: at the first import of ``scipy.linalg``), so the
 package root sets it, unless the user did, before anything imports SciPy
-(:data:`~pipeline.policy.constants.OPENBLAS_THREAD_TIMEOUT`; 0 leaves it alone).
+(:data:`~pipeline.constants.OPENBLAS_THREAD_TIMEOUT`; 0 leaves it alone).
 Results do not depend on it: only how long idle BLAS threads spin.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import sys
 
-from pipeline.policy.constants import OPENBLAS_THREAD_TIMEOUT
+from pipeline.constants import OPENBLAS_THREAD_TIMEOUT
 
 __all__ = ["apply", "state"]
 

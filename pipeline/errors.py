@@ -2,7 +2,7 @@
 
 Every condition the pipeline reports with its own type has exactly one class here;
 the modules that raised it before keep the old name importable as the same object
-(``from pipeline.solvers.cg import CGConvergenceError`` is
+(``from pipeline.linalg.cg import CGConvergenceError`` is
 :class:`SolveNotConverged`), so ``except`` clauses, pickles of instances and
 public names keep working. Where two or more types (or a plain ``ValueError``)
 reported one condition, they are one class now, subclassing every base the
@@ -24,11 +24,11 @@ This module imports nothing from :mod:`pipeline` (it is the bottom layer, beside
 :mod:`pipeline.options`); the messages are built where they were before, byte for byte.
 
 Still defined in their modules (moved here after the merges of those modules):
-``CliError`` (:mod:`pipeline.cli_errors`), ``UsageError`` (:mod:`pipeline.cli_args`),
+``CliError`` (:mod:`pipeline.cli.errors`), ``UsageError`` (:mod:`pipeline.cli.args`),
 ``LockHeldError`` and ``RunDirUnusable`` (:mod:`pipeline.stages.lock`), ``StageFailed``
 and ``RunDirConflict`` (:mod:`pipeline.stages.runner`), ``InsufficientDiskError`` and
-``GramReplacedError`` (:mod:`pipeline.solvers.cholesky_inplace`),
-``NotPositiveDefiniteError`` (:mod:`pipeline.solvers.cholesky_options`) and
+``GramReplacedError`` (:mod:`pipeline.linalg.cholesky_inplace`),
+``NotPositiveDefiniteError`` (:mod:`pipeline.linalg.cholesky_options`) and
 ``NonFiniteKernelError`` (:mod:`pipeline.kernels.base`).
 """
 
@@ -381,7 +381,7 @@ class IndefiniteKernelError(ValueError):
     """CG was asked for with a kernel that is not known to be positive semi-definite.
 
     The one type of this condition, wherever it is found: a CG operator's kernel
-    (:func:`pipeline.solvers.cg.check_operator_kernel`, formerly
+    (:func:`pipeline.linalg.cg.check_operator_kernel`, formerly
     ``CGIndefiniteKernelError``), the solve stage's kernel
     (:func:`pipeline.stages.solve.check_cg_kernel`), a config with
     ``solver.method: cg`` and the out-of-core fit with ``solver='cg'`` (both a

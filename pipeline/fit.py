@@ -1,9 +1,9 @@
-"""Run one :class:`~pipeline.policy.plan.FitPlan`: the one place a kernel ridge fit is wired.
+"""Run one :class:`~pipeline.plan.fit_plan.FitPlan`: the one place a kernel ridge fit is wired.
 
 ``KernelRidge.fit`` (through :mod:`pipeline.out_of_core`), the solve stage of
 ``krr run``, ``KernelRidgeCV``'s refit and the tests' reference
 (:func:`fit_reference`, the in-memory ground truth) plan with
-:func:`pipeline.policy.plan.plan_fit`, log the plan with :func:`log_plan`, and run
+:func:`pipeline.plan.fit_plan.plan_fit`, log the plan with :func:`log_plan`, and run
 it with :func:`execute`. Layering: this module sits above the solvers (gram,
 tile Cholesky, CG, reference dense/primal solves) and below the estimators and
 stages.
@@ -19,32 +19,33 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from pipeline.kernels import Kernel, Linear, make_kernel
-from pipeline.options import solver_convention
-from pipeline.parallel import _active_client
-from pipeline.policy import constants as C
-from pipeline.policy.plan import FitPlan, Probes, Resources, gram_on_demand, plan_fit
-from pipeline.progress import cg_progress
-from pipeline.reference import memory
-from pipeline.reference.dual import effective_alpha, predict_dual, solve_dual
-from pipeline.reference.memory import check_dense_memory, dense_dual_bytes, primal_bytes
-from pipeline.reference.primal import primal_to_dual, solve_primal
-from pipeline.solvers import cholesky_solve, spectrum, tile_cholesky
-from pipeline.solvers.cg import CGConvergenceError, conjugate_gradient
-from pipeline.solvers.cg_checkpoint import resumable_cg
-from pipeline.solvers.cg_mixed_fit import mixed_cg_fit
-from pipeline.solvers.cholesky import regularisation_shift
-from pipeline.solvers.cholesky_exec import tile_owners
-from pipeline.solvers.cholesky_options import NonFiniteKernelError, NotPositiveDefiniteError
-from pipeline.solvers.matvec import make_operator
-from pipeline.solvers.precond import make_preconditioner
-from pipeline.storage import fingerprint_blocks
-from pipeline.tiles.dense import (
+from pipeline import constants as C
+from pipeline.engine.dense import (
     check_finite_kernel,
     check_finite_predictions,
     kernel_matrix,
     kernel_predict,
 )
+from pipeline.engine.parallel import _active_client
+from pipeline.engine.progress import cg_progress
+from pipeline.kernels import Kernel, Linear, make_kernel
+from pipeline.linalg import dense_memory as memory
+from pipeline.linalg import spectrum
+from pipeline.linalg.cg import CGConvergenceError, conjugate_gradient
+from pipeline.linalg.cg_checkpoint import resumable_cg
+from pipeline.linalg.cg_mixed_fit import mixed_cg_fit
+from pipeline.linalg.cholesky import regularisation_shift, tile_cholesky
+from pipeline.linalg.cholesky_exec import tile_owners
+from pipeline.linalg.cholesky_options import NonFiniteKernelError, NotPositiveDefiniteError
+from pipeline.linalg.dense_dual import effective_alpha, predict_dual, solve_dual
+from pipeline.linalg.dense_memory import check_dense_memory, dense_dual_bytes, primal_bytes
+from pipeline.linalg.dense_primal import primal_to_dual, solve_primal
+from pipeline.linalg.matvec import make_operator
+from pipeline.linalg.precond import make_preconditioner
+from pipeline.linalg.triangular import cholesky_solve
+from pipeline.options import solver_convention
+from pipeline.plan.fit_plan import FitPlan, Probes, Resources, gram_on_demand, plan_fit
+from pipeline.storage import fingerprint_blocks
 
 __all__ = [
     "FitResult",
@@ -119,10 +120,10 @@ def measure_resources(
     ``reclaim_bytes`` counts bytes this fit's own earlier outputs already hold in
     the store (a finished Gram), so a plan made before and after writing them agrees.
     """
-    from pipeline.parallel import _active_client, workers_on_this_host
+    from pipeline.engine.parallel import _active_client, workers_on_this_host
 
     # the plan sizes the tile by this count only where its tiles run on the workers
-    # (:func:`~pipeline.policy.plan.tiles_on_workers`)
+    # (:func:`~pipeline.plan.fit_plan.tiles_on_workers`)
     client = _active_client()
     workers = max(1, len(tile_owners(client)))
     return Resources(
@@ -136,7 +137,7 @@ def measure_resources(
 
 def row_probes(X: Any, kernel: Any) -> Probes:
     """The plan's probes of the training rows ``X`` as ``kernel`` sees them
-    (:class:`~pipeline.policy.placement.Probes`): the preconditioner's residual on a
+    (:class:`~pipeline.engine.placement.Probes`): the preconditioner's residual on a
     seeded subsample (any array, a Dask one is only indexed and read) and, for rows in
     memory, the float32 factor's risk. Nothing is measured here: the plan calls a probe
     only when its figure can change the plan. ``X`` None gives ``Probes()``."""
@@ -167,14 +168,14 @@ def factor_executor(plan: FitPlan, in_place_from_x: bool) -> str | None:
     "dask" (None when the plan does not factor). ``factor_scheduler="auto"`` runs an
     in-place factor whose Gram tiles come from X in this process's memory
     (``in_place_from_x``) on threads here, as ``krr run``'s gram stage assumes when it
-    stores no Gram (:func:`~pipeline.policy.plan.gram_on_demand`, the one rule: only
+    stores no Gram (:func:`~pipeline.plan.fit_plan.gram_on_demand`, the one rule: only
     ``"dask"`` sends it to the workers); otherwise "auto" asks the cluster once
-    (:func:`~pipeline.solvers.cholesky_exec.auto_scheduler`)."""
+    (:func:`~pipeline.linalg.cholesky_exec.auto_scheduler`)."""
     if plan.solver != "cholesky":
         return None
     if plan.factor_scheduler != "auto":
         return plan.factor_scheduler
-    from pipeline.solvers.cholesky_exec import auto_scheduler
+    from pipeline.linalg.cholesky_exec import auto_scheduler
 
     if in_place_from_x:
         if _active_client() is not None:
@@ -276,7 +277,7 @@ def _execute(
         overwrite it (default: only when computed here), and the dense solve's jitter.
     recompute_tile : callable (i, j) -> ndarray, optional
         With ``plan.keep_gram`` False: rebuilds a Gram tile that an earlier in-place
-        factor replaced (default: a :class:`~pipeline.solvers.cholesky_inplace.GramTileRecomputer`
+        factor replaced (default: a :class:`~pipeline.linalg.cholesky_inplace.GramTileRecomputer`
         of ``X`` and ``kernel`` when ``X`` is an in-memory array).
     """
     if plan.solver in ("dense", "primal"):
@@ -314,7 +315,7 @@ def _execute(
     executor = factor_executor(plan, gram_on_demand(plan.solver, plan.keep_gram, mf, True))
     on_demand = gram_on_demand(plan.solver, plan.keep_gram, mf, executor == "threads")
     if plan.needs_gram and gram is None:
-        from pipeline.gram import build_gram
+        from pipeline.linalg.gram import build_gram
 
         if root is None:
             raise ValueError(f"solver={plan.solver!r} needs a store for the Gram; pass root=")
@@ -339,7 +340,7 @@ def _execute(
                     f"{plan.factor_dtype!r}; use keep_gram=True for a {plan.factor_dtype} factor"
                 )
             if recompute_tile is None and isinstance(X, np.ndarray) and kernel is not None:
-                from pipeline.solvers.cholesky_inplace import GramTileRecomputer
+                from pipeline.linalg.cholesky_inplace import GramTileRecomputer
 
                 # the evaluation the Gram's array records: the bits a stored tile has
                 recompute_tile = GramTileRecomputer.for_gram(gram, X, kernel)
@@ -361,7 +362,7 @@ def _execute(
         refine: dict = {}
         # in place, the Gram's array holds the factor now: nothing to refine against
         # a float32 factor is refined with matrix-free products when X is in memory
-        # (no rereads of the stored Gram; pipeline.solvers.triangular.refinement_operator)
+        # (no rereads of the stored Gram; pipeline.linalg.triangular.refinement_operator)
         coef = cholesky_solve(
             factor,
             y,
@@ -403,7 +404,7 @@ def _execute(
     )
     ckpt = cg_dir or root
 
-    # the iteration and the relative residual, live (pipeline.progress decides how)
+    # the iteration and the relative residual, live (pipeline.engine.progress decides how)
     with cg_progress(enabled=progress, tol=plan.tol, max_iter=plan.max_iter) as shown:
         if single_gram:
             # CG on the stored float32 Gram inside a float64 refinement whose residuals
@@ -490,7 +491,7 @@ def _execute_in_memory(
 #
 # The dual forms K (n² D) and factors it (n³/3); the primal forms Φᵀ Φ (n D²) and
 # factors it (D³/3). Only the linear kernel (or explicit features) has a primal, so
-# only there is there a choice (:func:`pipeline.policy.plan.in_memory_choice`);
+# only there is there a choice (:func:`pipeline.plan.fit_plan.in_memory_choice`);
 # with α = 0 it is always the dual, whose least-squares fallback is scikit-learn's.
 
 
@@ -547,12 +548,12 @@ def fit_reference(
     kernel : name, spec dict or Kernel
         Built with :func:`pipeline.kernels.make_kernel` (``kernel_params`` forwarded).
     alpha, sample_weight, alpha_convention, jitter
-        As in :func:`pipeline.reference.dual.solve_dual`.
+        As in :func:`pipeline.linalg.dense_dual.solve_dual`.
     solver : {"auto", "dense", "primal"}
         ``primal`` needs the linear kernel.
     available_memory : int, optional
         Bytes the fit may use (default: measured); more raises
-        :class:`~pipeline.reference.memory.InsufficientMemoryError`.
+        :class:`~pipeline.linalg.dense_memory.InsufficientMemoryError`.
     """
     k = make_kernel(kernel, **kernel_params)
     X = X if sp.issparse(X) else np.asarray(X)

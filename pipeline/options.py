@@ -2,7 +2,7 @@
 
 Every way of asking for a fit (``KernelRidge``'s parameters, ``krr run``'s ``solver``
 section, the out-of-core fit, the CV refit) hands its choices to
-:func:`pipeline.policy.plan.plan_fit` under the names of :data:`SOLVER_KNOBS`, built by
+:func:`pipeline.plan.fit_plan.plan_fit` under the names of :data:`SOLVER_KNOBS`, built by
 :func:`solver_choices`; the allowed values of each categorical knob are the tuples below.
 
 The λ convention: ``"sklearn"`` solves ``(K + λ I) α = y`` (scikit-learn's ``alpha``); ``"n_samples"`` solves
@@ -109,7 +109,7 @@ def diagonal_shift(lam: Any, n: Any, convention: str) -> Any:
 # ---------------------------------------------------------------------------
 # the solver knobs and their values
 
-#: ``KernelRidge(solver=...)`` and :func:`~pipeline.policy.plan.plan_fit`'s ``solver``
+#: ``KernelRidge(solver=...)`` and :func:`~pipeline.plan.fit_plan.plan_fit`'s ``solver``
 IN_MEMORY_SOLVERS = ("auto", "dense", "primal")
 OUT_OF_CORE_SOLVERS = ("cholesky", "cg")
 SOLVERS = IN_MEMORY_SOLVERS + OUT_OF_CORE_SOLVERS
@@ -134,10 +134,10 @@ CG_PRECISIONS = ("auto", "float64", "mixed")
 FACTOR_DTYPES = ("float64", "float32", "auto")
 #: where factor tiles run
 FACTOR_SCHEDULERS = ("auto", "threads", "dask")
-#: how ``auto`` predicts the solvers' seconds (:mod:`pipeline.policy.calibrated`)
+#: how ``auto`` predicts the solvers' seconds (:mod:`pipeline.plan.calibrated`)
 COST_MODELS = ("calibrated", "simple")
 
-#: the names of the solver knobs, as :func:`~pipeline.policy.plan.plan_fit` reads them
+#: the names of the solver knobs, as :func:`~pipeline.plan.fit_plan.plan_fit` reads them
 #: (``kernel_copies`` and ``sample_weight`` inform the in-memory rule)
 SOLVER_KNOBS = (
     "solver",
@@ -176,7 +176,7 @@ def normalize_matvec(value: str) -> str:
 
 
 def solver_choices(**choices: Any) -> dict[str, Any]:
-    """The user's solver choices as :func:`~pipeline.policy.plan.plan_fit` takes them.
+    """The user's solver choices as :func:`~pipeline.plan.fit_plan.plan_fit` takes them.
 
     Every key must be one of :data:`SOLVER_KNOBS` (a misspelt key would otherwise be
     ignored and its knob silently take the plan's default); a value of None takes

@@ -28,7 +28,7 @@ from pipeline.errors import IndefiniteKernelError
 from pipeline.fit import execute, log_plan, measure_resources, row_probes
 from pipeline.kernels import Kernel
 from pipeline.options import ALPHA_CONVENTIONS, solver_choices
-from pipeline.policy.plan import plan_fit
+from pipeline.plan.fit_plan import plan_fit
 
 log = logging.getLogger(__name__)
 
@@ -203,13 +203,13 @@ def fit_out_of_core(
         CG's products: float64, or float32 inside a float64 refinement.
     factor_dtype : {"float64", "float32"}
         Cholesky only: precision of the stored factor; with float32, alpha is
-        refined against the stored Gram (:func:`pipeline.solvers.cholesky_solve`).
+        refined against the stored Gram (:func:`pipeline.linalg.triangular.cholesky_solve`).
     keep_gram : bool
         Cholesky only: False factors in place (the factor replaces the Gram's tiles).
     plan : FitPlan, optional
         A plan already made (by the estimator's ``solver="auto"``); the options
         above are then taken from it. Otherwise one is made here with
-        :func:`pipeline.policy.plan.plan_fit` and logged.
+        :func:`pipeline.plan.fit_plan.plan_fit` and logged.
     x_fingerprint : str, optional
         X's content hash when the caller already has it (saves a pass over X).
     """

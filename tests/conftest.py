@@ -115,7 +115,8 @@ def _cli_state_restored() -> Iterator[None]:
     """Put back what ``pipeline.cli.main`` sets for its process: the root logger's
     handlers and the levels of the loggers it configures, the ``-v`` count, the progress
     mode (``-q``) and the SIGTERM handler (``main`` restores that one itself)."""
-    from pipeline import cli_output, progress
+    from pipeline.cli import output as cli_output
+    from pipeline.engine import progress
 
     names = ("", "krr", "pipeline", "distributed")
     levels = {n: logging.getLogger(n).level for n in names}
@@ -285,7 +286,7 @@ def _run_results(run_dir: Path) -> dict[str, np.ndarray]:
     alpha (its model's ``dual_coef``) and every array of its prediction stores."""
     import zarr
 
-    from pipeline.artifact import load_artifact
+    from pipeline.models.artifact import load_artifact
     from pipeline.stages.manifest import Manifest
 
     m = Manifest.load(run_dir)  # the latest configuration's results/<key>/{model,predict}

@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 import zarr
 
-from pipeline.artifact import (
+from pipeline.kernels import RBF, Laplacian, Linear
+from pipeline.models.artifact import (
     FORMAT_VERSION,
     ArtifactError,
     ModelArtifact,
     load_artifact,
     save_artifact,
 )
-from pipeline.kernels import RBF, Laplacian, Linear
 from pipeline.storage import StoreMismatchError
 
 
@@ -111,7 +111,7 @@ def test_no_pickle_anywhere(model, tmp_path, monkeypatch):
 PORTABLE = textwrap.dedent(
     """
     import sys, numpy as np
-    from pipeline.artifact import load_artifact
+    from pipeline.models.artifact import load_artifact
     m = load_artifact(sys.argv[1])
     np.save(sys.argv[3], m.predict(np.load(sys.argv[2]), block_size=64, progress=False))
     """

@@ -9,9 +9,9 @@ from sklearn.kernel_ridge import KernelRidge as SkKernelRidge
 from sklearn.model_selection import GridSearchCV, KFold, ShuffleSplit
 
 from pipeline.kernels import RBF, Laplacian
-from pipeline.model_selection import KernelRidgeCV
-from pipeline.model_selection.band import band_fold_predictions, take_block
-from pipeline.solvers.band import band_available, band_reduce
+from pipeline.linalg.band import band_available, band_reduce
+from pipeline.models.selection import KernelRidgeCV
+from pipeline.models.selection.band import band_fold_predictions, take_block
 
 pytestmark = pytest.mark.skipif(not band_available(), reason="no dsytrd_sy2sb in SciPy's LAPACK")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import pipeline.policy.constants as policy_constants
+import pipeline.constants as policy_constants
 from pipeline import _blas_env
 
 ROOT = Path(__file__).resolve().parents[1]

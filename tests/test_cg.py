@@ -9,13 +9,13 @@ import pytest
 import scipy.linalg
 
 from pipeline.kernels import RBF
-from pipeline.policy.plan import matvec_choice, out_of_core_choice
-from pipeline.solvers.cg import (
+from pipeline.linalg.cg import (
     CGConvergenceError,
     CGConvergenceWarning,
     conjugate_gradient,
 )
-from pipeline.solvers.matvec import MatrixFreeKernelOperator
+from pipeline.linalg.matvec import MatrixFreeKernelOperator
+from pipeline.plan.fit_plan import matvec_choice, out_of_core_choice
 
 
 @pytest.fixture(scope="module")
@@ -256,7 +256,7 @@ def test_confirm_false_stops_on_the_recursive_residual_one_product_sooner(krr):
 
 def _refine_dense(monkeypatch, A, y, matvec, tol):
     """refine_with_operator on a dense system, the factor a float32-rounded Cholesky."""
-    from pipeline.solvers import triangular as R
+    from pipeline.linalg import triangular as R
 
     L = np.linalg.cholesky(A).astype(np.float32).astype(np.float64)
 
@@ -286,7 +286,7 @@ def test_refinement_accepts_a_stall_at_float64_rounding_floor(krr, monkeypatch):
 
 
 def test_refinement_stalled_above_the_rounding_floor_is_an_error(krr, monkeypatch):
-    from pipeline.solvers.cg import CGConvergenceError
+    from pipeline.linalg.cg import CGConvergenceError
 
     X, y, kernel, _, _ = krr
     A = kernel(X) + 1e-3 * np.eye(len(y))

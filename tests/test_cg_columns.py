@@ -1,9 +1,9 @@
 """The one CG loop's per-column rules: a tolerance per column, a column-aware operator and
 preconditioner (each column its own system), and failing columns frozen instead of raising.
 
-These are what :func:`pipeline.model_selection.blockcg.block_pcg` needs; it used to run a
+These are what :func:`pipeline.models.selection.blockcg.block_pcg` needs; it used to run a
 second copy of the CG iteration and is now one call of
-:func:`pipeline.solvers.cg.conjugate_gradient`.
+:func:`pipeline.linalg.cg.conjugate_gradient`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import scipy.linalg
 
 from pipeline.errors import CGDivergenceError, CGStagnationError
 from pipeline.kernels import RBF
-from pipeline.model_selection.blockcg import FoldNystromBlock, block_pcg
-from pipeline.solvers.cg import conjugate_gradient
+from pipeline.linalg.cg import conjugate_gradient
+from pipeline.models.selection.blockcg import FoldNystromBlock, block_pcg
 
 
 @pytest.fixture(scope="module")

@@ -9,22 +9,22 @@ import numpy as np
 import pytest
 
 from pipeline.kernels import RBF, Sigmoid
-from pipeline.policy import cg_cost
-from pipeline.policy.calibrated import CalibratedCostModel
-from pipeline.solvers.cg import (
+from pipeline.linalg.cg import (
     CGConvergenceWarning,
     CGDivergenceError,
     CGIndefiniteKernelError,
     CGStagnationError,
     conjugate_gradient,
 )
-from pipeline.solvers.cg_mixed import float32_twin, mixed_precision_cg
-from pipeline.solvers.matvec import MatrixFreeKernelOperator
-from pipeline.solvers.precond import (
+from pipeline.linalg.cg_mixed import float32_twin, mixed_precision_cg
+from pipeline.linalg.matvec import MatrixFreeKernelOperator
+from pipeline.linalg.precond import (
     NystromPreconditioner,
     adaptive_nystrom_preconditioner,
     rpcholesky,
 )
+from pipeline.plan import cg_cost
+from pipeline.plan.calibrated import CalibratedCostModel
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +121,7 @@ def test_cg_cost_iterations_against_measured(gamma, shift, rank):
     X = rng.normal(size=(n, 4))
     K = RBF(gamma=gamma)(X)
     y = np.sin(X[:, 0]) + 0.1 * rng.normal(size=n)
-    from pipeline.model_selection.route import DenseKernelOperator
+    from pipeline.models.selection.route import DenseKernelOperator
 
     op = DenseKernelOperator(K, shift)
     F, _ = rpcholesky(op, rank)

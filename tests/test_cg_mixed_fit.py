@@ -11,11 +11,11 @@ import pytest
 
 import pipeline
 from pipeline.kernels import RBF
-from pipeline.policy.cg_variant import choose_cg_variant
-from pipeline.policy.plan import Resources, plan_fit
-from pipeline.solvers.cg_mixed_fit import mixed_cg_fit
-from pipeline.solvers.matvec import MatrixFreeKernelOperator
-from pipeline.solvers.precond import make_preconditioner
+from pipeline.linalg.cg_mixed_fit import mixed_cg_fit
+from pipeline.linalg.matvec import MatrixFreeKernelOperator
+from pipeline.linalg.precond import make_preconditioner
+from pipeline.plan.cg_variant import choose_cg_variant
+from pipeline.plan.fit_plan import Resources, plan_fit
 
 
 def _data(n=1500, d=6, seed=0):
@@ -67,7 +67,7 @@ def test_a_killed_mixed_solve_resumes_from_its_last_refinement_step(tmp_path, ca
 
     with pytest.raises(Killed):
         mixed_cg_fit(op, y, preconditioner=pre, tol=1e-10, store=str(tmp_path / "b"), callback=kill)
-    with caplog.at_level(logging.INFO, logger="pipeline.solvers.cg_mixed_fit"):
+    with caplog.at_level(logging.INFO, logger="pipeline.linalg.cg_mixed_fit"):
         again = mixed_cg_fit(op, y, preconditioner=pre, tol=1e-10, store=str(tmp_path / "b"))
     assert "resuming mixed-precision CG 'cg' from outer step 2" in caplog.text
     assert again.start_iter == 2 and again.converged
@@ -78,10 +78,10 @@ def test_a_killed_mixed_solve_resumes_from_its_last_refinement_step(tmp_path, ca
 def test_a_float64_checkpoint_is_not_resumed_as_a_mixed_one(tmp_path, caplog):
     X, y = _data(800)
     op = _op(X, 1e-1)
-    from pipeline.solvers.cg_checkpoint import resumable_cg
+    from pipeline.linalg.cg_checkpoint import resumable_cg
 
     resumable_cg(op, y, str(tmp_path), tol=1e-8, every=1)
-    with caplog.at_level(logging.INFO, logger="pipeline.solvers.cg_mixed_fit"):
+    with caplog.at_level(logging.INFO, logger="pipeline.linalg.cg_mixed_fit"):
         res = mixed_cg_fit(op, y, tol=1e-8, store=str(tmp_path))
     assert "resuming" not in caplog.text and res.start_iter == 0 and res.converged
 
@@ -92,7 +92,7 @@ def test_stalled_float32_products_hand_over_to_float64(caplog):
     X, y = _data(600, d=3)
     op = _op(X, 1e-5, bs=256)
     pre = make_preconditioner("nystrom", op, rank=300, random_state=0)
-    with caplog.at_level(logging.WARNING, logger="pipeline.solvers.cg_mixed_fit"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.linalg.cg_mixed_fit"):
         res = mixed_cg_fit(op, y, preconditioner=pre, tol=1e-8, max_iter=5000)
     assert "Going on with float64 products" in caplog.text
     assert res.converged
@@ -168,8 +168,8 @@ def test_the_cheapest_variant_wins_by_a_material_margin():
 
 
 def test_a_mixed_solve_short_of_tol_warns_as_float64_cg_does(monkeypatch):
-    import pipeline.solvers.cg_mixed_fit as mf
-    from pipeline.solvers.cg import CGConvergenceWarning
+    import pipeline.linalg.cg_mixed_fit as mf
+    from pipeline.linalg.cg import CGConvergenceWarning
 
     X, y = _data(600)
     op = _op(X, 1e-2)

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from pipeline.kernels import RBF
-from pipeline.solvers.cg import CGConvergenceWarning, conjugate_gradient
-from pipeline.solvers.cg_checkpoint import CGCheckpoint, cg_fingerprint, resumable_cg
-from pipeline.solvers.matvec import MatrixFreeKernelOperator
-from pipeline.solvers.precond import IdentityPreconditioner
+from pipeline.linalg.cg import CGConvergenceWarning, conjugate_gradient
+from pipeline.linalg.cg_checkpoint import CGCheckpoint, cg_fingerprint, resumable_cg
+from pipeline.linalg.matvec import MatrixFreeKernelOperator
+from pipeline.linalg.precond import IdentityPreconditioner
 
 TOL = 1e-8
 EVERY = 5
@@ -50,7 +50,7 @@ CHILD = textwrap.dedent(
     import sys, time
     sys.path.insert(0, {tests!r})
     from test_cg_resume import make_problem, TOL, EVERY
-    from pipeline.solvers.cg_checkpoint import resumable_cg
+    from pipeline.linalg.cg_checkpoint import resumable_cg
 
     op, y = make_problem()
 

@@ -1,4 +1,4 @@
-"""Tile Cholesky of K + shift*I from the stored Gram's lower tiles (pipeline.solvers.cholesky)."""
+"""Tile Cholesky of K + shift*I from the stored Gram's lower tiles (pipeline.linalg.cholesky)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import scipy.linalg
 
 from pipeline.kernels import RBF
-from pipeline.solvers import (
+from pipeline.linalg.cholesky import (
     JitterPolicy,
     NotPositiveDefiniteError,
     factor_fingerprint,

@@ -9,7 +9,8 @@ import pytest
 import scipy.linalg
 from test_cholesky import rbf_matrix, rel, write_gram
 
-from pipeline.solvers import cholesky_solve, tile_cholesky
+from pipeline.linalg.cholesky import tile_cholesky
+from pipeline.linalg.triangular import cholesky_solve
 
 
 @pytest.mark.parametrize("n, block_size", [(203, 64), (150, 150), (301, 37)])
@@ -83,8 +84,8 @@ def test_estimator_float32_factor_matches_sklearn(tmp_path):
 def test_refinement_that_stops_short_raises_instead_of_returning_alpha(tmp_path):
     """No exit 0 with a wrong number: a float32 factor's refinement that cannot reach
     its tolerance within max_iter is an error, not a warning and a quiet alpha."""
-    from pipeline.solvers.cg import CGConvergenceError
-    from pipeline.solvers.triangular import refine_solution
+    from pipeline.linalg.cg import CGConvergenceError
+    from pipeline.linalg.triangular import refine_solution
 
     n = 240
     K = rbf_matrix(n, d=2, gamma=0.05, seed=4)

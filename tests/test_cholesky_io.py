@@ -1,7 +1,7 @@
 """Both executors of the tile Cholesky read the Gram ahead and write the factor behind.
 
 The threads executor and the Dask executor on the threaded scheduler share one
-TileIO (:func:`pipeline.solvers.cholesky_exec._tile_io`): Gram tiles are read on its
+TileIO (:func:`pipeline.linalg.cholesky_exec._tile_io`): Gram tiles are read on its
 ``tile-read`` threads in the order the tasks will probably run (the one-thread list
 schedule, critical path first), and factor tiles are written on its ``tile-write``
 thread. The factor's bits do not depend on it.
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from test_triangular import rbf_matrix, write_gram
 
-from pipeline.solvers import release_tile_cache, tile_cholesky
+from pipeline.linalg.cholesky import release_tile_cache, tile_cholesky
 from pipeline.storage import TiledArray
 
 
@@ -90,7 +90,7 @@ def test_processes_scheduler_reads_its_own_tiles(tmp_path):
 
 
 def test_dask_executor_ends_its_io_threads_when_the_graph_build_fails(tmp_path, monkeypatch):
-    import pipeline.solvers.cholesky_exec as exec_mod
+    import pipeline.linalg.cholesky_exec as exec_mod
 
     g = _gram(tmp_path)
 

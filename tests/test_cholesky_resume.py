@@ -12,8 +12,8 @@ import time
 import numpy as np
 import pytest
 
-import pipeline.solvers.cholesky as chol
-from pipeline.solvers import tile_cholesky
+import pipeline.linalg.cholesky as chol
+from pipeline.linalg.cholesky import tile_cholesky
 from pipeline.storage import fingerprint_obj, open_tiled_array
 
 N, B, LAM = 480, 60, 1e-3  # 8 x 8 tiles: 36 factor tiles
@@ -33,7 +33,7 @@ def write_gram(store):
 CHILD = textwrap.dedent(
     """
     import sys, time, zarr, numpy as np
-    import pipeline.solvers.cholesky as chol
+    import pipeline.linalg.cholesky as chol
     from pipeline.storage import TiledArray
     store, scheduler = sys.argv[1], sys.argv[2]
     a = zarr.open_array(store=store, path="gram", mode="r")
@@ -108,11 +108,11 @@ def test_an_in_place_factor_killed_between_chunk_and_marker_leaves_no_stale_mark
     # lambda 1 factored in place; lambda 2 killed after it replaced a chunk but before its
     # marker: the tile kept lambda 1's marker over lambda 2's bytes, and every later
     # lambda 1 run raised CorruptTileError (session 25)
-    from pipeline.gram import build_gram
     from pipeline.kernels import make_kernel
-    from pipeline.solvers import cholesky_solve, load_factor
-    from pipeline.solvers.cholesky import release_tile_cache
-    from pipeline.solvers.cholesky_inplace import GramTileRecomputer
+    from pipeline.linalg.cholesky import load_factor, release_tile_cache
+    from pipeline.linalg.cholesky_inplace import GramTileRecomputer
+    from pipeline.linalg.gram import build_gram
+    from pipeline.linalg.triangular import cholesky_solve
     from pipeline.storage.markers import TileMarkers
 
     rng = np.random.default_rng(0)

@@ -103,7 +103,7 @@ def test_a_tolerance_of_one_or_more_is_refused_by_the_config_and_the_estimator(v
     # tol >= 1 passed: CG stopped at x = 0 and krr run exited 0 with an all-zero model,
     # or ".inf" failed as an internal error after the ingest (session 26)
     from pipeline import KernelRidge
-    from pipeline.config import ConfigError, load_config
+    from pipeline.stages.config import ConfigError, load_config
 
     with pytest.raises(ConfigError, match="solver.tol"):
         load_config({"data": {"source": "sklearn", "name": "diabetes"}}, [f"solver.tol={value}"])
@@ -130,14 +130,14 @@ def test_a_tolerance_of_one_or_more_is_refused_by_the_config_and_the_estimator(v
 def test_settings_refused_together_fail_validation_not_a_stage(overrides, match):
     # each passed `krr validate`, then failed in a stage after the ingest: exit 1
     # ("internal error") or exit 4 ("rerun the same command to resume") (session 26)
-    from pipeline.config import ConfigError, load_config
+    from pipeline.stages.config import ConfigError, load_config
 
     with pytest.raises(ConfigError, match=match):
         load_config({"data": {"source": "sklearn", "name": "diabetes"}}, overrides)
 
 
 def test_a_config_file_that_is_not_yaml_text_is_a_config_error(tmp_path):
-    from pipeline.config import ConfigError, load_config
+    from pipeline.stages.config import ConfigError, load_config
 
     np.save(tmp_path / "X.npy", np.arange(5.0))  # e.g. `krr run X.npy` (exit 1 before)
     with pytest.raises(ConfigError, match="not valid YAML text"):
@@ -220,7 +220,7 @@ def test_krr_predict_nan_policy_option(finished, tmp_path, capsys):
 
 
 def test_a_key_given_twice_in_a_config_file_is_refused(tmp_path):
-    from pipeline.config import ConfigError, load_config
+    from pipeline.stages.config import ConfigError, load_config
 
     p = tmp_path / "c.yaml"
     p.write_text("data: {source: sklearn, name: diabetes}\nlambda: 0.1\nlambda: 5\n")
@@ -230,7 +230,7 @@ def test_a_key_given_twice_in_a_config_file_is_refused(tmp_path):
 
 @pytest.mark.parametrize("limit", ["auto", "0", "0.5", "4GiB"])
 def test_memory_limits_the_local_cluster_takes_are_valid(limit):
-    from pipeline.config import load_config
+    from pipeline.stages.config import load_config
 
     load_config({"data": {"source": "sklearn", "name": "diabetes"}},
                 [f"cluster.memory_limit={limit}"])  # fmt: skip

@@ -7,7 +7,13 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from pipeline.config import ConfigError, RunConfig, apply_overrides, load_config, parse_overrides
+from pipeline.stages.config import (
+    ConfigError,
+    RunConfig,
+    apply_overrides,
+    load_config,
+    parse_overrides,
+)
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 

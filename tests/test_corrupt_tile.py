@@ -16,12 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.gram import build_gram, read_sym_tile
+from pipeline.engine import kernel_tile
 from pipeline.kernels import RBF
-from pipeline.solvers import tile_cholesky
-from pipeline.solvers.matvec import make_operator
+from pipeline.linalg.cholesky import tile_cholesky
+from pipeline.linalg.gram import build_gram, read_sym_tile
+from pipeline.linalg.matvec import make_operator
 from pipeline.storage import CorruptTileError, TileMarkers, tile_checksum
-from pipeline.tiles import kernel_tile
 
 BLOCK = 100
 
@@ -82,7 +82,7 @@ def test_corrupt_chunk_detected_on_read(gram):
         read_sym_tile(g, 1, 2)
     # unverified reads see the damaged bytes; other tiles are unaffected
     assert not np.array_equal(g.read_tile(2, 1, verify=False), clean)
-    # (the fused evaluation's tile: its bits, pipeline.tiles.kernel_tile)
+    # (the fused evaluation's tile: its bits, pipeline.engine.kernel_tile)
     tile = kernel_tile(RBF(gamma=0.3), X[200:300], X[:100], np.empty((100, 100)), n_threads=1)
     np.testing.assert_array_equal(g.read_tile(2, 0), tile)
     # the chunk restored: verified again
@@ -104,7 +104,7 @@ def test_corrupt_factor_tile_detected(gram, tmp_path):
     _, g = gram
     store = tmp_path / "f.zarr"
     factor = tile_cholesky(g, 0.1, store=str(store), scheduler="threads", n_threads=1)
-    from pipeline.solvers.cholesky import release_tile_cache
+    from pipeline.linalg.cholesky import release_tile_cache
 
     release_tile_cache()  # the in-process cache would serve the good copy
     _corrupt(_chunk_file(store, factor.L.name, 1, 1))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.model_selection import KernelRidgeCV
+from pipeline.models.selection import KernelRidgeCV
 
 
 def _data(n: int, seed: int = 0):
@@ -57,8 +57,8 @@ def test_leave_one_out_with_a_checkpoint_saves_and_resumes(tmp_path, solver):
 def test_the_select_stage_scores_in_the_data_units_of_y(tmp_path):
     # with standardize_y the stored y_train is standardised, and neg_mean_squared_error
     # was reported in its units: var(y) (about 5,900 for diabetes) times too small
-    from pipeline.config import load_config
     from pipeline.stages import default_stages, run_stages
+    from pipeline.stages.config import load_config
     from pipeline.stages.ingest import open_rows
 
     run = {

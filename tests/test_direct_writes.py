@@ -11,7 +11,7 @@ import pytest
 import zarr
 from test_cholesky import rbf_matrix, write_gram
 
-from pipeline.solvers import tile_cholesky
+from pipeline.linalg.cholesky import tile_cholesky
 from pipeline.storage import open_tiled_array
 from pipeline.storage import rawchunks as rc
 
@@ -77,7 +77,7 @@ def test_a_filesystem_that_refuses_o_direct_gets_the_ordinary_write(tmp_path, mo
 
 @pytest.mark.parametrize("scheduler", ["threads", "dask"])
 def test_the_factor_is_written_directly_and_unchanged(tmp_path, monkeypatch, scheduler):
-    import pipeline.solvers.cholesky as chol
+    import pipeline.linalg.cholesky as chol
 
     K = rbf_matrix(300, seed=2)  # 300 x 300 in 128-blocks: aligned heads, tails, edges
     monkeypatch.setattr(chol, "DIRECT_FACTOR_WRITES", False)
@@ -99,8 +99,8 @@ def test_no_aligned_buffer_outlives_the_factorisation(tmp_path):
 def test_the_gram_stage_writes_past_the_page_cache_and_the_same_bytes(tmp_path, monkeypatch, past):
     """build_gram writes every tile with O_DIRECT (GRAM_WRITES_PAST_PAGE_CACHE), the
     bytes those through the page cache, and keeps no aligned buffer afterwards."""
-    from pipeline.gram import build_gram
-    from pipeline.policy import constants as C
+    from pipeline import constants as C
+    from pipeline.linalg.gram import build_gram
 
     X = np.random.default_rng(5).standard_normal((230, 6))  # 100-blocks: ragged edge tiles
     ref = build_gram(X, "rbf", str(tmp_path / "ref"), 100, progress=False)

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from test_triangular import rbf_matrix, write_gram
 
-import pipeline.policy.constants as policy_constants
-from pipeline.solvers import release_tile_cache, tile_cholesky
+import pipeline.constants as policy_constants
+from pipeline.linalg.cholesky import release_tile_cache, tile_cholesky
 from pipeline.storage import TiledArray, rawchunks
 from pipeline.storage.rawchunks import chunk_layout, read_chunk
 

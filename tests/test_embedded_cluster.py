@@ -11,8 +11,8 @@ from __future__ import annotations
 import dask
 import pytest
 
-from pipeline.parallel import dask_client, embedded_cluster_config
-from pipeline.policy.constants import EMBEDDED_CLUSTER_DASK_CONFIG
+from pipeline.constants import EMBEDDED_CLUSTER_DASK_CONFIG
+from pipeline.engine.parallel import dask_client, embedded_cluster_config
 
 TICK = "distributed.admin.tick.interval"
 PROFILE = "distributed.worker.profile.enabled"

@@ -30,7 +30,7 @@ CONDITIONS = {
     "cg with an indefinite kernel": (
         IndefiniteKernelError,
         [
-            ("pipeline.solvers.cg", "CGIndefiniteKernelError"),
+            ("pipeline.linalg.cg", "CGIndefiniteKernelError"),
             ("pipeline.stages.solve", "IndefiniteKernelError"),
         ],
         (ValueError,),
@@ -38,17 +38,17 @@ CONDITIONS = {
     "a solve did not converge": (
         SolveNotConverged,
         [
-            ("pipeline.solvers.cg", "CGConvergenceError"),
+            ("pipeline.linalg.cg", "CGConvergenceError"),
             ("pipeline.stages.solve", "SolveNotConverged"),
-            ("pipeline.model_selection.direct", "UnconvergedSolveError"),
+            ("pipeline.models.selection.direct", "UnconvergedSolveError"),
         ],
         (RuntimeError,),
     ),
-    "cg stagnated": (errors.CGStagnationError, [("pipeline.solvers.cg", "CGStagnationError")], ()),
-    "cg diverged": (errors.CGDivergenceError, [("pipeline.solvers.cg", "CGDivergenceError")], ()),
+    "cg stagnated": (errors.CGStagnationError, [("pipeline.linalg.cg", "CGStagnationError")], ()),
+    "cg diverged": (errors.CGDivergenceError, [("pipeline.linalg.cg", "CGDivergenceError")], ()),
     "cg stopped at max_iter (warning)": (
         errors.CGConvergenceWarning,
-        [("pipeline.solvers.cg", "CGConvergenceWarning")],
+        [("pipeline.linalg.cg", "CGConvergenceWarning")],
         (UserWarning,),
     ),
     "an array lacks completion records": (
@@ -100,24 +100,24 @@ CONDITIONS = {
     "a store cannot be written": (
         errors.StoreNotWritableError,
         [
-            ("pipeline.gram", "StoreNotWritableError"),
-            ("pipeline.gram.build", "StoreNotWritableError"),
+            ("pipeline.linalg.gram", "StoreNotWritableError"),
+            ("pipeline.linalg.gram", "StoreNotWritableError"),
         ],
         (ValueError, PermissionError),
     ),
     "too little memory in memory": (
         errors.InsufficientMemoryError,
-        [("pipeline.reference.memory", "InsufficientMemoryError")],
+        [("pipeline.linalg.dense_memory", "InsufficientMemoryError")],
         (MemoryError,),
     ),
     "K + lam I singular (warning)": (
         errors.SingularKernelWarning,
-        [("pipeline.reference.dual", "SingularKernelWarning")],
+        [("pipeline.linalg.dense_dual", "SingularKernelWarning")],
         (UserWarning,),
     ),
     "an artifact cannot be loaded": (
         errors.ArtifactError,
-        [("pipeline.artifact", "ArtifactError")],
+        [("pipeline.models.artifact", "ArtifactError")],
         (ValueError,),
     ),
     "an optional package is missing": (
@@ -127,7 +127,10 @@ CONDITIONS = {
     ),
     "a config does not load": (
         errors.ConfigError,
-        [("pipeline.config_overrides", "ConfigError"), ("pipeline.config", "ConfigError")],
+        [
+            ("pipeline.stages.config_overrides", "ConfigError"),
+            ("pipeline.stages.config", "ConfigError"),
+        ],
         (ValueError,),
     ),
     "the data are not valid input": (
@@ -165,12 +168,12 @@ CONDITIONS = {
 #: exception classes still defined outside pipeline.errors: their modules are being merged
 #: (issue #43's cycle breaking); they move here after that merge
 PENDING = {
-    "pipeline.cli_errors": {"CliError"},
-    "pipeline.cli_args": {"UsageError"},
+    "pipeline.cli.errors": {"CliError"},
+    "pipeline.cli.args": {"UsageError"},
     "pipeline.stages.lock": {"LockHeldError", "RunDirUnusable"},
     "pipeline.stages.runner": {"StageFailed", "RunDirConflict"},
-    "pipeline.solvers.cholesky_inplace": {"InsufficientDiskError", "GramReplacedError"},
-    "pipeline.solvers.cholesky_options": {"NotPositiveDefiniteError"},
+    "pipeline.linalg.cholesky_inplace": {"InsufficientDiskError", "GramReplacedError"},
+    "pipeline.linalg.cholesky_options": {"NotPositiveDefiniteError"},
     "pipeline.kernels.base": {"NonFiniteKernelError"},
 }
 
@@ -233,8 +236,8 @@ def test_conditions_are_distinct_classes():
 def test_merged_unconverged_types_catch_each_other():
     """``except CGConvergenceError`` (refinement, CV paths) and ``except SolveNotConverged``
     (the CLI's hint) catch every form of the condition, stagnation and divergence too."""
-    from pipeline.model_selection.direct import UnconvergedSolveError
-    from pipeline.solvers.cg import CGConvergenceError, CGDivergenceError, CGStagnationError
+    from pipeline.linalg.cg import CGConvergenceError, CGDivergenceError, CGStagnationError
+    from pipeline.models.selection.direct import UnconvergedSolveError
 
     for exc in (UnconvergedSolveError("x"), CGStagnationError("x"), CGDivergenceError("x")):
         with pytest.raises(CGConvergenceError):
@@ -246,7 +249,7 @@ def test_config_refuses_cg_with_an_indefinite_kernel_as_the_one_type():
     """config.py raised a plain ValueError for this condition (pydantic keeps the error)."""
     from pydantic import ValidationError
 
-    from pipeline.config import RunConfig
+    from pipeline.stages.config import RunConfig
 
     with pytest.raises(ValidationError) as info:
         RunConfig.model_validate(
@@ -308,7 +311,7 @@ STAGE_PINS = [
     (
         "solve",
         old(
-            "pipeline.solvers.cholesky_options",
+            "pipeline.linalg.cholesky_options",
             "NotPositiveDefiniteError",
             (0, 0),
             3,
@@ -322,32 +325,37 @@ STAGE_PINS = [
     ),  # fmt: skip
     (
         "solve",
-        old("pipeline.solvers.cholesky_inplace", "InsufficientDiskError", "/tmp", 10, 1, "it"),
+        old("pipeline.linalg.cholesky_inplace", "InsufficientDiskError", "/tmp", 10, 1, "it"),
         _EXIT_4,
         _RERUN_HINT,
     ),
-    ("solve", old("pipeline.solvers.cholesky_inplace", "GramReplacedError", "x"), 4, _RERUN_HINT),
+    ("solve", old("pipeline.linalg.cholesky_inplace", "GramReplacedError", "x"), 4, _RERUN_HINT),
     ("ingest", old(_INGEST, "InputError", "x"), _EXIT_3, None),
     ("gram", old(_INGEST, "InputError", "x"), _EXIT_3, None),
     ("ingest", old(_INGEST, "SourceChanged", "x"), _EXIT_4, _RERUN_HINT),
     ("ingest", old(_STORAGE, "StoreMismatchError", "x"), _EXIT_3, None),
     ("ingest", old("builtins", "FileNotFoundError", "x"), _EXIT_3, None),
-    ("predict", old("pipeline.artifact", "ArtifactError", "x"), _EXIT_3, None),
+    ("predict", old("pipeline.models.artifact", "ArtifactError", "x"), _EXIT_3, None),
     ("solve", old("pipeline._optional", "MissingExtraError", "x", "s3"), _EXIT_2, None),
     ("select", old("builtins", "ValueError", "x"), _EXIT_2, None),
     ("select", old(_SOLVE, "IndefiniteKernelError", "x"), _EXIT_4, _CONFIG_HINT),
-    ("select", old("pipeline.model_selection.direct", "UnconvergedSolveError", "x"), 4, None),
+    ("select", old("pipeline.models.selection.direct", "UnconvergedSolveError", "x"), 4, None),
     ("gram", old(_STORAGE, "CorruptTileError", "s", "gram", (0, 0), 1, 2), _EXIT_4, _RERUN_HINT),
     ("gram", old(_STORAGE, "MissingTileError", "s", "gram", (0, 0), "none"), 4, _RERUN_HINT),
     ("gram", old(_STORAGE, "IncompleteArrayError", "s", "gram", [(0, 0)]), 4, _RERUN_HINT),
     ("gram", old(_STORAGE, "TileRewriteError", "s", "gram", (0, 0)), _EXIT_4, _RERUN_HINT),
-    ("gram", old("pipeline.gram", "StoreNotWritableError", "x"), _EXIT_4, _RERUN_HINT),
+    ("gram", old("pipeline.linalg.gram", "StoreNotWritableError", "x"), _EXIT_4, _RERUN_HINT),
     ("gram", old(_STORAGE, "ForeignPathError", "p", "a file"), _EXIT_4, _RERUN_HINT),
-    ("evaluate", old("pipeline.reference.memory", "InsufficientMemoryError", "x"), 4, _RERUN_HINT),
+    (
+        "evaluate",
+        old("pipeline.linalg.dense_memory", "InsufficientMemoryError", "x"),
+        4,
+        _RERUN_HINT,
+    ),
     ("model", old("pipeline.stages.verify", "DamagedOutput", "x"), _EXIT_4, _RERUN_HINT),
-    ("solve", old("pipeline.solvers.cg", "CGConvergenceError", "x"), _EXIT_4, None),
-    ("solve", old("pipeline.solvers.cg", "CGStagnationError", "x"), _EXIT_4, None),
-    ("solve", old("pipeline.solvers.cg", "CGIndefiniteKernelError", "x"), _EXIT_4, None),
+    ("solve", old("pipeline.linalg.cg", "CGConvergenceError", "x"), _EXIT_4, None),
+    ("solve", old("pipeline.linalg.cg", "CGStagnationError", "x"), _EXIT_4, None),
+    ("solve", old("pipeline.linalg.cg", "CGIndefiniteKernelError", "x"), _EXIT_4, None),
 ]
 
 
@@ -391,7 +399,7 @@ def test_every_form_of_unconverged_gets_the_same_exit_and_hint(
     monkeypatch, small, tmp_path, capsys, name
 ):
     """One condition, one hint: a rerun cannot help a deterministic solve that stopped short."""
-    from pipeline.solvers import cg
+    from pipeline.linalg import cg
     from pipeline.stages import StageFailed
 
     def fail(*a, **k):
@@ -432,8 +440,8 @@ def test_run_level_errors_exit_codes_are_pinned(monkeypatch, small, tmp_path):
 
 
 def test_unreachable_store_exit_code_is_pinned(monkeypatch, small):
-    from pipeline import cli_errors
-    from pipeline.config import load_config
+    from pipeline.cli import errors as cli_errors
+    from pipeline.stages.config import load_config
     from pipeline.storage import location
 
     def unreachable(self, create_bucket=False):

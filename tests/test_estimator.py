@@ -15,8 +15,8 @@ from sklearn.model_selection import GridSearchCV, KFold
 
 from pipeline import KernelRidge
 from pipeline.kernels import RBF, SKLEARN_KERNELS, Linear, Polynomial, make_kernel
-from pipeline.reference import InsufficientMemoryError
-from pipeline.reference import memory as memory_mod
+from pipeline.linalg import dense_memory as memory_mod
+from pipeline.linalg.dense_memory import InsufficientMemoryError
 
 RTOL = 1e-8
 

@@ -110,7 +110,7 @@ def test_cg_matches_cholesky_at_5000(tmp_path):
 
 
 def test_auto_goes_out_of_core_when_ram_is_short(diabetes, monkeypatch, caplog):
-    import pipeline.reference.memory as memory
+    import pipeline.linalg.dense_memory as memory
 
     X, y = diabetes
     monkeypatch.setattr(memory, "available_memory", lambda: 10_000)

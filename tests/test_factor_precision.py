@@ -1,4 +1,4 @@
-"""factor_dtype="auto": the rule (pipeline.policy.factor_precision) and its float64 fallback."""
+"""factor_dtype="auto": the rule (pipeline.plan.factor_precision) and its float64 fallback."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from pipeline import KernelRidge
+from pipeline import constants as C
 from pipeline.fit import row_probes
 from pipeline.kernels import RBF
-from pipeline.policy import constants as C
-from pipeline.policy.factor_precision import choose_factor_dtype
-from pipeline.policy.plan import Resources, plan_fit
-from pipeline.solvers.spectrum import float32_factor_risk
+from pipeline.linalg.spectrum import float32_factor_risk
+from pipeline.plan.factor_precision import choose_factor_dtype
+from pipeline.plan.fit_plan import Resources, plan_fit
 
 
 def _smooth(n, seed=0):

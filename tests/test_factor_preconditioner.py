@@ -1,5 +1,5 @@
 """The one preconditioner of a stored Cholesky factor
-(:class:`pipeline.solvers.triangular.FactorPreconditioner`): ``(L Lᵀ)⁻¹`` in the
+(:class:`pipeline.linalg.triangular.FactorPreconditioner`): ``(L Lᵀ)⁻¹`` in the
 factor's own precision. Issue #43 merged the float64 one and its float32 subclass
 (``NativeFactorPreconditioner``, kept as an alias)."""
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from test_cholesky import rbf_matrix, rel, write_gram
 
-from pipeline.solvers import tile_cholesky
-from pipeline.solvers.triangular import (
+from pipeline.linalg.cholesky import tile_cholesky
+from pipeline.linalg.triangular import (
     FactorPreconditioner,
     NativeFactorPreconditioner,
     back_substitution,

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from test_triangular import rbf_matrix, write_gram
 
-import pipeline.parallel as par
-import pipeline.policy.constants as policy_constants
-import pipeline.solvers.cholesky as chol
-from pipeline.solvers import release_tile_cache, tile_cholesky
+import pipeline.constants as policy_constants
+import pipeline.engine.parallel as par
+import pipeline.linalg.cholesky as chol
+from pipeline.linalg.cholesky import release_tile_cache, tile_cholesky
 
 pytest.importorskip("distributed")
 
@@ -91,7 +91,7 @@ def test_auto_runs_threads_here_and_the_workers_elsewhere(tmp_path, monkeypatch,
                      dashboard_address=":0", memory_limit=0) as cluster,
         Client(cluster),
     ):  # fmt: skip
-        with caplog.at_level(logging.INFO, logger="pipeline.solvers.cholesky_exec"):
+        with caplog.at_level(logging.INFO, logger="pipeline.linalg.cholesky_exec"):
             got["here"] = tile_cholesky(g, 1e-3, store=str(tmp_path / "a"), progress=False)
         assert any("threads executor in this process" in r.getMessage() for r in caplog.records)
         monkeypatch.setattr(par, "workers_on_this_host", lambda client: False)

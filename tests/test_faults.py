@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import zarr
 
-from pipeline.artifact import load_artifact
+from pipeline.models.artifact import load_artifact
 
 pytestmark = pytest.mark.slow
 

@@ -21,7 +21,7 @@ import scipy.linalg
 
 from pipeline.float_range import SAFE_EXPONENT, pow2_exponents
 from pipeline.kernels import RBF
-from pipeline.solvers.cg import CGConvergenceWarning, conjugate_gradient
+from pipeline.linalg.cg import CGConvergenceWarning, conjugate_gradient
 
 LAMBDAS = [1e-300, 1e-31, 1e-12, 1.0, 1e300]
 
@@ -111,7 +111,7 @@ def test_cg_warm_start_and_callback_state_of_a_scaled_solve(system):
 
 
 def test_cg_checkpoint_resume_of_a_tiny_target_is_the_uninterrupted_solve(system, tmp_path):
-    from pipeline.solvers.cg_checkpoint import resumable_cg
+    from pipeline.linalg.cg_checkpoint import resumable_cg
 
     _, K, y = system
     A = K + 0.1 * np.eye(len(y))
@@ -158,8 +158,8 @@ def test_cg_resumes_a_state_saved_unscaled(system):
 @pytest.mark.parametrize("factor", [1e-200, 1e200])
 def test_mixed_precision_cg_matches_the_cholesky_for_tiny_and_huge_targets(system, factor):
     """Old code: 1e-200 returned alpha = 0 as converged; 1e200 diverged (inf norm)."""
-    from pipeline.solvers.cg_mixed_fit import mixed_cg_fit
-    from pipeline.solvers.matvec import MatrixFreeKernelOperator
+    from pipeline.linalg.cg_mixed_fit import mixed_cg_fit
+    from pipeline.linalg.matvec import MatrixFreeKernelOperator
 
     X, K, y = system
     op = MatrixFreeKernelOperator(X, RBF(gamma=0.5), 1.0, block_size=64)
@@ -171,8 +171,8 @@ def test_mixed_precision_cg_matches_the_cholesky_for_tiny_and_huge_targets(syste
 
 def test_mixed_precision_cg_checkpoints_the_unscaled_iterate(system, tmp_path):
     """The outer iterate it checkpoints (and resumes as x0) is alpha's, not 2**k alpha's."""
-    from pipeline.solvers.cg_mixed import float32_twin, mixed_precision_cg
-    from pipeline.solvers.matvec import MatrixFreeKernelOperator
+    from pipeline.linalg.cg_mixed import float32_twin, mixed_precision_cg
+    from pipeline.linalg.matvec import MatrixFreeKernelOperator
 
     X, K, y = system
     op = MatrixFreeKernelOperator(X, RBF(gamma=0.5), 1.0, block_size=64)
@@ -210,9 +210,9 @@ def _dense_preds(K, y, trains, tests, shifts):
 @pytest.mark.parametrize("path", ["block", "cgpath"])
 def test_cv_predictions_match_the_dense_ones_for_tiny_and_huge_targets(system, factor, path):
     """Old code: the block CV's columns had ‖b‖ = 0 (never solved: predictions 0) or inf."""
-    from pipeline.model_selection.cgpath import cg_fold_predictions
-    from pipeline.model_selection.cvblock import block_cv_predictions
-    from pipeline.solvers.dense_operator import DenseKernelOperator
+    from pipeline.linalg.dense_operator import DenseKernelOperator
+    from pipeline.models.selection.cgpath import cg_fold_predictions
+    from pipeline.models.selection.cvblock import block_cv_predictions
 
     _, K, y = system
     Y = np.column_stack([y, y[::-1]]) * factor
@@ -228,7 +228,7 @@ def test_cv_predictions_match_the_dense_ones_for_tiny_and_huge_targets(system, f
 
 
 def test_block_pcg_on_a_power_of_two_multiple_is_the_same_solve(system):
-    from pipeline.model_selection.blockcg import FoldNystromBlock, block_pcg
+    from pipeline.models.selection.blockcg import FoldNystromBlock, block_pcg
 
     _, K, y = system
     n = len(y)
@@ -261,8 +261,8 @@ def test_block_pcg_on_a_power_of_two_multiple_is_the_same_solve(system):
 @pytest.mark.parametrize("lam", LAMBDAS)
 def test_cg_cost_functions_are_finite_for_any_positive_lambda(lam):
     """Old code: ZeroDivisionError at lambda 1e-31 and 1e-300."""
-    from pipeline.policy import cg_cost
-    from pipeline.policy.calibrated import CalibratedCostModel
+    from pipeline.plan import cg_cost
+    from pipeline.plan.calibrated import CalibratedCostModel
 
     n, d = 50_000, 8
     its = cg_cost.chebyshev_iterations(1e3, lam, 1e-8)
@@ -281,7 +281,7 @@ def test_cg_cost_functions_are_finite_for_any_positive_lambda(lam):
 
 
 def test_cg_iterations_fall_as_lambda_grows_and_keep_their_old_values():
-    from pipeline.policy import cg_cost
+    from pipeline.plan import cg_cost
 
     its = [cg_cost.chebyshev_iterations(1e3, lam, 1e-8) for lam in LAMBDAS]
     assert its == sorted(its, reverse=True) and its[-1] == 1
@@ -297,7 +297,7 @@ def test_cg_iterations_fall_as_lambda_grows_and_keep_their_old_values():
 
 @pytest.mark.parametrize("lam", LAMBDAS)
 def test_cv_routing_is_finite_for_any_positive_lambda(lam):
-    from pipeline.policy.cv_routing import route_choice
+    from pipeline.plan.cv_routing import route_choice
 
     solver, its, cg_s, band_s = route_choice(
         10.0, 0.01, [[lam] * 3], [100] * 3, gemm_rate_one_thread=1e10, n_workers=2, tol=1e-8
@@ -309,9 +309,9 @@ def test_cv_routing_is_finite_for_any_positive_lambda(lam):
 @pytest.mark.parametrize("solver", ["auto", "cholesky", "cg"])
 def test_plan_fit_prices_any_positive_lambda(lam, solver):
     """Old code: ``plan_fit`` raised ZeroDivisionError for lambda 1e-300 whatever the solver."""
+    from pipeline.engine.placement import Resources
     from pipeline.fit import row_probes
-    from pipeline.policy.placement import Resources
-    from pipeline.policy.plan import plan_fit
+    from pipeline.plan.fit_plan import plan_fit
 
     rng = np.random.default_rng(0)
     X = rng.normal(size=(3000, 4))
@@ -463,10 +463,10 @@ def cv_data():
 
 
 def _cv(solver: str, scoring=None):
-    from pipeline.model_selection import KernelRidgeCV
+    from pipeline.models.selection import KernelRidgeCV
 
     if solver == "band":
-        from pipeline.solvers.band import band_available
+        from pipeline.linalg.band import band_available
 
         if not band_available():
             pytest.skip("LAPACK band reduction not available")
@@ -530,7 +530,7 @@ def test_cv_scores_of_power_of_two_multiples_of_y_are_scaled_exactly(cv_data, so
     """The search on 2**j y is the search on y: same ranks, scores times 2**(degree j)
     bit for bit (the mean squared error underflows to -0.0 or overflows to -inf in y's
     units, but the ranks are taken before the conversion)."""
-    from pipeline.model_selection.scoring import SCORE_DEGREE
+    from pipeline.models.selection.scoring import SCORE_DEGREE
 
     X, y = cv_data
     ref = _cv(solver, scoring).fit(X, y)
@@ -586,7 +586,7 @@ def test_cv_refuses_a_scorer_it_cannot_convert_on_a_far_y(cv_data, factor, scori
 
 def test_cv_target_exponent_is_zero_for_ordinary_y():
     """k = 0 keeps every bit of today's search (and its checkpoint fingerprints)."""
-    from pipeline.model_selection.scoring import target_exponent
+    from pipeline.models.selection.scoring import target_exponent
 
     edge = 2.0**SAFE_EXPONENT
     for amax in [1e-30, 1.0, 1e30, edge / 2]:

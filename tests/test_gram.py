@@ -1,4 +1,4 @@
-"""pipeline.gram: tiled Gram matrices equal the dense kernel; fingerprints; bad input."""
+"""pipeline.linalg.gram: tiled Gram matrices equal the dense kernel; fingerprints; bad input."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 import zarr
 
-from pipeline.gram import (
+from pipeline.engine.input_checks import fingerprint_row_blocks
+from pipeline.kernels import RBF, Laplacian, Linear, Polynomial
+from pipeline.linalg.gram import (
     StoreNotWritableError,
     build_gram,
     gram_fingerprint,
@@ -17,9 +19,8 @@ from pipeline.gram import (
     read_sym_tile,
     tile_graph,
 )
-from pipeline.io import as_row_blocks, fingerprint_row_blocks
-from pipeline.kernels import RBF, Laplacian, Linear, Polynomial
 from pipeline.storage import StoreMismatchError, TiledArray
+from pipeline.storage.inputs import as_row_blocks
 
 
 @pytest.fixture
@@ -223,8 +224,8 @@ def test_zarr_layout(tmp_path, X):
 
 @pytest.mark.slow
 def test_distributed_local_cluster(tmp_path, X, monkeypatch):
-    from pipeline.parallel import dask_client
-    from pipeline.policy import constants as C
+    from pipeline import constants as C
+    from pipeline.engine.parallel import dask_client
 
     monkeypatch.setattr(C, "SMALL_PASS_ENTRIES", 0)  # the workers' path, not a small build here
     k = RBF(gamma=0.2)
@@ -245,7 +246,7 @@ def test_in_process_cluster_does_not_pause_on_the_whole_process_memory(caplog):
     had grown past 0.8 GiB): the limit is not applied to them, and the log says so."""
     import logging
 
-    from pipeline.parallel import dask_client
+    from pipeline.engine.parallel import dask_client
 
     with (
         caplog.at_level(logging.INFO, logger="pipeline"),

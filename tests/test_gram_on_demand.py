@@ -21,12 +21,12 @@ import pytest
 from sklearn.kernel_ridge import KernelRidge as SkKernelRidge
 
 from pipeline import KernelRidge
-from pipeline.gram import build_gram
+from pipeline import constants as C
 from pipeline.kernels import RBF
-from pipeline.policy import constants as C
-from pipeline.solvers import cholesky_inplace as inplace
-from pipeline.solvers import tile_cholesky
-from pipeline.solvers.cholesky_inplace import GramTileRecomputer, InsufficientDiskError
+from pipeline.linalg import cholesky_inplace as inplace
+from pipeline.linalg.cholesky import tile_cholesky
+from pipeline.linalg.cholesky_inplace import GramTileRecomputer, InsufficientDiskError
+from pipeline.linalg.gram import build_gram
 
 
 def _data(n=230, d=4, seed=0):
@@ -209,7 +209,7 @@ def test_tiles_computed_on_demand_use_one_numpy_blas_thread(tmp_path):
     """numpy's own BLAS (not the tile calls' SciPy BLAS) runs one thread while the
     threads executor factors, so a Gram tile evaluated in a read-ahead thread does not
     preempt the tile calls' BLAS threads; the count is restored afterwards."""
-    from pipeline.solvers import blas
+    from pipeline.linalg import blas
 
     own = blas._numpy_own_blas()
     if not own:
@@ -266,7 +266,7 @@ def test_any_recompute_tile_that_takes_out_gets_a_reused_buffer(tmp_path, monkey
     """The reader offers a pooled buffer to every ``recompute_tile`` with an ``out``
     parameter (not only to GramTileRecomputer); a plain ``(i, j)`` one is called as
     before. Both give the same factor, bit for bit."""
-    from pipeline.solvers.cholesky_inplace import _takes_out
+    from pipeline.linalg.cholesky_inplace import _takes_out
     from pipeline.storage import buffers as tile_buffers
 
     X, ref, inner = _reference_and_recomputer(tmp_path)
@@ -309,8 +309,8 @@ def test_one_rule_for_the_estimator_and_krr_run(monkeypatch):
     """``policy.plan.gram_on_demand`` decides for both the fit and krr run's gram stage:
     only an in-place Cholesky on threads here defers the Gram; other runs keep their
     gram stage's identity (no ``on_demand`` key)."""
-    from pipeline.config import load_config
-    from pipeline.policy.plan import gram_on_demand
+    from pipeline.plan.fit_plan import gram_on_demand
+    from pipeline.stages.config import load_config
 
     assert gram_on_demand("cholesky", False, True, True)
     assert not gram_on_demand("cholesky", True, True, True)  # the Gram is kept
@@ -343,9 +343,9 @@ def test_auto_factors_in_place_from_x_here_whatever_the_cluster(tmp_path, monkey
     pytest.importorskip("distributed")
     from distributed import Client, LocalCluster
 
-    import pipeline.parallel as par
-    import pipeline.solvers.cholesky as chol
-    import pipeline.solvers.cholesky_exec as chol_exec
+    import pipeline.engine.parallel as par
+    import pipeline.linalg.cholesky as chol
+    import pipeline.linalg.cholesky_exec as chol_exec
 
     X, y = _data(n=220)
     ran, asked = [], []

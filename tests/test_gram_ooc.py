@@ -24,8 +24,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from pipeline.gram import open_gram
 from pipeline.kernels import RBF
+from pipeline.linalg.gram import open_gram
 
 N, D, BLOCK = 20_000, 8, 1000
 BUDGET = 100 * 2**20  # bytes above the interpreter's baseline
@@ -35,7 +35,7 @@ CHILD = textwrap.dedent(
     import json, os, resource, sys
     import numpy as np, psutil
     from pipeline.diagnostics import peak_rss_bytes
-    from pipeline.gram import build_gram
+    from pipeline.linalg.gram import build_gram
     from pipeline.kernels import RBF
 
     n, d, block, store = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]

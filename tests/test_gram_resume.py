@@ -12,8 +12,8 @@ import time
 import numpy as np
 import pytest
 
-from pipeline.gram import build_gram, open_gram, read_sym_tile
 from pipeline.kernels import RBF
+from pipeline.linalg.gram import build_gram, open_gram, read_sym_tile
 
 N, D, BLOCK, GAMMA = 600, 6, 60, 0.1
 N_TILES = 55  # 10 row blocks -> 10 * 11 / 2 lower tiles
@@ -25,7 +25,7 @@ CHILD = textwrap.dedent(
     """
     import sys, time
     import numpy as np
-    from pipeline.gram import build_gram
+    from pipeline.linalg.gram import build_gram
     from pipeline.kernels import RBF
 
     _eval = RBF._eval

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from test_triangular import rbf_matrix, write_gram
 
-import pipeline.policy.constants as policy_constants
-from pipeline.solvers import release_tile_cache, tile_cholesky
-from pipeline.solvers.cholesky_cache import DEFAULT_CACHE_BYTES, set_tile_cache_budget
+import pipeline.constants as policy_constants
+from pipeline.linalg.cholesky import release_tile_cache, tile_cholesky
+from pipeline.linalg.cholesky_cache import DEFAULT_CACHE_BYTES, set_tile_cache_budget
 from pipeline.storage import CorruptTileError, TiledArray
 from pipeline.storage.rawchunks import chunk_layout, map_chunk
 

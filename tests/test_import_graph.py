@@ -44,45 +44,50 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "pipeline.validation",
             "pipeline.diagnostics",
             # the tuning constants every layer reads (block sizes, budgets, thresholds)
-            "pipeline.policy.constants",
+            "pipeline.constants",
         ),
     ),
     (
         "runtime: BLAS environment, Dask plumbing, progress display",
-        ("pipeline._blas_env", "pipeline.parallel", "pipeline.progress", "pipeline.progress_dask"),
+        (
+            "pipeline._blas_env",
+            "pipeline.engine.parallel",
+            "pipeline.engine.progress",
+            "pipeline.engine.progress_dask",
+        ),
     ),
     ("kernels and storage", ("pipeline.kernels", "pipeline.storage")),
-    ("tile engine", ("pipeline.tiles",)),
+    ("tile engine", ("pipeline.engine",)),
     (
         "linear algebra: inputs, Gram, solvers, prediction, dense reference",
         (
-            "pipeline.io",
-            "pipeline.gram",
-            "pipeline.solvers",
-            "pipeline.predict",
-            "pipeline.reference",
+            "pipeline.storage.inputs",
+            "pipeline.linalg.gram",
+            "pipeline.linalg",
+            "pipeline.linalg.blockwise",
+            "pipeline.linalg.dense_dual",
         ),
     ),
-    ("policy: cost models and plans", ("pipeline.policy",)),
+    ("policy: cost models and plans", ("pipeline.plan",)),
     ("fit", ("pipeline.fit", "pipeline.out_of_core")),
     (
         "models: estimators, model selection, artifacts",
         (
-            "pipeline.estimator",
-            "pipeline.kernel_estimator",
-            "pipeline.perceptron",
-            "pipeline.model_io",
-            "pipeline.model_selection",
-            "pipeline.artifact",
-            "pipeline.artifact_refs",
+            "pipeline.models.estimator",
+            "pipeline.models.kernel_estimator",
+            "pipeline.models.perceptron",
+            "pipeline.models.model_io",
+            "pipeline.models.selection",
+            "pipeline.models.artifact",
+            "pipeline.models.artifact_refs",
         ),
     ),
     (
         "run: config and stages",
         (
-            "pipeline.config",
-            "pipeline.config_checks",
-            "pipeline.config_overrides",
+            "pipeline.stages.config",
+            "pipeline.stages.config_checks",
+            "pipeline.stages.config_overrides",
             "pipeline.stages",
         ),
     ),
@@ -90,11 +95,11 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "front: command line, report, the package's face",
         (
             "pipeline.cli",
-            "pipeline.cli_args",
-            "pipeline.cli_errors",
-            "pipeline.cli_output",
-            "pipeline.cli_predict",
-            "pipeline.cli_run_dir",
+            "pipeline.cli.args",
+            "pipeline.cli.errors",
+            "pipeline.cli.output",
+            "pipeline.cli.predict",
+            "pipeline.cli.run_dir",
             "pipeline.report",
             "pipeline",
         ),
@@ -109,7 +114,7 @@ MAY_BE_ABSENT: set[str] = set()
 #: test, and so does an entry that no longer occurs (remove it), so it can only shrink.
 KNOWN_UPWARD: dict[tuple[str, str], str] = {}
 #: (emptied in issue #43: the reference's one-call fit moved to ``pipeline.fit``, its
-#: dense-or-primal choice to ``pipeline.policy.plan``, and ``solvers/choose.py``'s
+#: dense-or-primal choice to ``pipeline.plan.fit_plan``, and ``solvers/choose.py``'s
 #: wrappers of the plan's rules were deleted)
 
 
@@ -335,8 +340,8 @@ def test_the_layer_check_finds_an_upward_import():
 
 def test_the_graph_sees_real_imports():
     g = import_graph()
-    assert "pipeline.storage" in g["pipeline.solvers.cholesky"]  # module level
-    assert "pipeline.config" in g["pipeline.cli_errors"]  # function level
+    assert "pipeline.storage" in g["pipeline.linalg.cholesky"]  # module level
+    assert "pipeline.stages.config" in g["pipeline.cli.errors"]  # function level
 
 
 # -- the package --------------------------------------------------------------------------
@@ -386,8 +391,8 @@ def test_the_plan_imports_no_solver():
     found = sorted(
         (src, dst)
         for src, dsts in import_graph().items()
-        if src == "pipeline.policy" or src.startswith("pipeline.policy.")
+        if src == "pipeline.plan" or src.startswith("pipeline.plan.")
         for dst in dsts
-        if dst == "pipeline.solvers" or dst.startswith("pipeline.solvers.")
+        if dst == "pipeline.linalg" or dst.startswith("pipeline.solvers.")
     )
     assert found == []

@@ -1,4 +1,4 @@
-"""pipeline.io: sources -> row-blocked Dask arrays; streaming validation and fingerprints."""
+"""pipeline.storage.inputs: sources -> row-blocked Dask arrays; streaming validation and fingerprints."""
 
 from __future__ import annotations
 
@@ -11,14 +11,13 @@ import pandas as pd
 import pytest
 import zarr
 
-from pipeline.io import (
-    as_row_blocks,
-    check_block_size,
+from pipeline.engine.input_checks import (
     fingerprint_row_blocks,
     iter_row_blocks,
     validate_and_fingerprint,
     validate_row_blocks,
 )
+from pipeline.storage.inputs import as_row_blocks, check_block_size
 
 
 @pytest.fixture
@@ -162,8 +161,8 @@ def test_validation_streams_one_block_at_a_time():
 def test_default_batches_hold_at_most_row_batch_bytes(monkeypatch):
     """Blocks are computed in batches of consecutive blocks up to ROW_BATCH_BYTES (one
     block alone when it is larger), one batch in memory at a time, in order."""
-    import pipeline.io.validate as V
-    import pipeline.policy.constants as C
+    import pipeline.constants as C
+    import pipeline.engine.input_checks as V
 
     held: list[int] = []  # blocks loaded and not yet yielded
     peak = [0]
@@ -197,7 +196,7 @@ def test_default_batches_hold_at_most_row_batch_bytes(monkeypatch):
 def test_a_pass_over_many_blocks_makes_few_computations(monkeypatch):
     """Each computation costs time in proportion to the whole graph: 300 small blocks
     are read in one computation, not 150 (the ingest of 6.4 million rows took 179 s)."""
-    import pipeline.io.validate as V
+    import pipeline.engine.input_checks as V
 
     calls = []
     real = V.dask.compute

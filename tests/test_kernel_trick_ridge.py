@@ -11,7 +11,7 @@ import pytest
 from pipeline import KernelRidge
 from pipeline.fit import fit_reference
 from pipeline.kernels import Polynomial
-from pipeline.reference import solve_primal
+from pipeline.linalg.dense_primal import solve_primal
 
 
 def quadratic_features(X: np.ndarray, gamma: float, coef0: float) -> np.ndarray:

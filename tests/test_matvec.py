@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pipeline.kernels import RBF, Laplacian
-from pipeline.solvers.matvec import (
+from pipeline.linalg.matvec import (
     MatrixFreeKernelOperator,
     StoredKernelOperator,
     make_operator,
@@ -163,8 +163,8 @@ def test_bad_inputs(problem):
 
 @pytest.mark.slow
 def test_matvec_under_a_distributed_client(tmp_path, problem, monkeypatch):
-    from pipeline.parallel import dask_client
-    from pipeline.policy import constants as C
+    from pipeline import constants as C
+    from pipeline.engine.parallel import dask_client
 
     monkeypatch.setattr(C, "SMALL_PASS_ENTRIES", 0)  # on the workers, not here
     X, kernel, K = problem

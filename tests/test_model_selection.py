@@ -10,7 +10,7 @@ from sklearn.model_selection import GridSearchCV, KFold, LeaveOneOut, TimeSeries
 
 from pipeline import KernelRidge
 from pipeline.kernels import RBF
-from pipeline.model_selection import (
+from pipeline.models.selection import (
     KernelRidgeCV,
     inverse_diagonal,
     lgo_residuals,
@@ -19,8 +19,8 @@ from pipeline.model_selection import (
     save_search_report,
     search_from_config,
 )
-from pipeline.model_selection.cgpath import cg_fold_predictions
-from pipeline.model_selection.route import DenseKernelOperator
+from pipeline.models.selection.cgpath import cg_fold_predictions
+from pipeline.models.selection.route import DenseKernelOperator
 
 ALPHAS = [1e-3, 1e-2, 1e-1, 1.0]
 GAMMAS = [0.05, 0.3, 1.5]
@@ -122,8 +122,8 @@ def _brute_loo(K, y, lam):
 
 
 def test_loo_from_tiled_factor_and_inverse_diagonal(tmp_path):
-    from pipeline.gram import build_gram
-    from pipeline.solvers import tile_cholesky
+    from pipeline.linalg.cholesky import tile_cholesky
+    from pipeline.linalg.gram import build_gram
 
     rng = np.random.default_rng(1)
     X = rng.standard_normal((50, 2))
@@ -284,7 +284,7 @@ def test_plots_and_report_from_config_section(data, tmp_path):
 
 
 def test_auto_leaves_memory_when_the_kernel_does_not_fit(monkeypatch):
-    import pipeline.reference.memory as memory
+    import pipeline.linalg.dense_memory as memory
     from pipeline import KernelRidgeCV
 
     rng = np.random.default_rng(0)
@@ -300,7 +300,7 @@ def test_auto_leaves_memory_when_the_kernel_does_not_fit(monkeypatch):
 def test_without_the_band_lapack_routine_auto_falls_back(data, monkeypatch):
     """A SciPy whose LAPACK lacks dsytrd_sy2sb (e.g. another BLAS vendor): auto uses the
     eigen or dense path, and an explicit solver='band' says why it cannot run."""
-    import pipeline.model_selection.search as search
+    import pipeline.models.selection.search as search
 
     X, y = data
     monkeypatch.setattr(search, "band_available", lambda: False)

@@ -1,9 +1,9 @@
-"""The one Nyström builder (:func:`pipeline.solvers.precond.build_nystrom`) and its
+"""The one Nyström builder (:func:`pipeline.linalg.precond.build_nystrom`) and its
 applies of ``(F Fᵀ + μ I)⁻¹``, for one operator and per fold, against dense inverses.
 
 Issue #43 gathered four builders and three Woodbury applies (the fixed-rank and
 adaptive preconditioners, the block CV's fold preconditioner, the CV path's per-fold
-one) into :mod:`pipeline.solvers.precond`; issue #45's FALKON solver builds on it.
+one) into :mod:`pipeline.linalg.precond`; issue #45's FALKON solver builds on it.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from pipeline.kernels import RBF
-from pipeline.solvers.dense_operator import DenseKernelOperator
-from pipeline.solvers.precond import (
+from pipeline.linalg.dense_operator import DenseKernelOperator
+from pipeline.linalg.precond import (
     CENTRES,
     FoldNystrom,
     FoldNystromBlock,

@@ -63,9 +63,9 @@ def test_shift_refuses_an_unknown_convention():
 def test_the_sites_call_the_one_shift():
     """The tile Cholesky's shift, the plan's, the in-memory one, the CV's and a loaded
     model's are the one function's (each site's own checks stay in front of it)."""
-    from pipeline.model_selection import KernelRidgeCV
-    from pipeline.reference import effective_alpha
-    from pipeline.solvers import regularisation_shift
+    from pipeline.linalg.cholesky import regularisation_shift
+    from pipeline.linalg.dense_dual import effective_alpha
+    from pipeline.models.selection import KernelRidgeCV
 
     for lam, n in [(0.1, 3), (1 / 3, 442), (1e-3, 99_991)]:
         assert regularisation_shift(lam, n, "n") == diagonal_shift(lam, n, "n")
@@ -79,7 +79,7 @@ def test_the_sites_call_the_one_shift():
 
 
 def test_plan_shift_uses_the_convention():
-    from pipeline.policy.plan import Resources, plan_fit
+    from pipeline.plan.fit_plan import Resources, plan_fit
 
     inf = float("inf")
     seen = []
@@ -127,19 +127,19 @@ def test_convention_spellings():
 
 #: (module, name) -> the one definition it must be
 SAME_OBJECT = [
-    ("pipeline.policy.plan", "SOLVERS", options.SOLVERS),
-    ("pipeline.policy.plan", "FACTOR_DTYPES", options.FACTOR_DTYPES),
-    ("pipeline.policy.plan", "MATVEC_ALIASES", options.MATVEC_ALIASES),
-    ("pipeline.policy.plan", "ALPHA_CONVENTION_ALIASES", options.ALPHA_CONVENTION_ALIASES),
-    ("pipeline.policy.plan", "normalize_matvec", options.normalize_matvec),
-    ("pipeline.policy.plan", "normalize_alpha_convention", options.normalize_alpha_convention),
-    ("pipeline.policy.cg_variant", "CG_PRECISIONS", options.CG_PRECISIONS),
-    ("pipeline.solvers.precond", "PRECONDITIONERS", options.PRECONDITIONERS),
-    ("pipeline.solvers.cholesky_options", "CONVENTIONS", options.SOLVER_CONVENTIONS),
-    ("pipeline.reference", "ALPHA_CONVENTIONS", options.ALPHA_CONVENTIONS),
+    ("pipeline.plan.fit_plan", "SOLVERS", options.SOLVERS),
+    ("pipeline.plan.fit_plan", "FACTOR_DTYPES", options.FACTOR_DTYPES),
+    ("pipeline.plan.fit_plan", "MATVEC_ALIASES", options.MATVEC_ALIASES),
+    ("pipeline.plan.fit_plan", "ALPHA_CONVENTION_ALIASES", options.ALPHA_CONVENTION_ALIASES),
+    ("pipeline.plan.fit_plan", "normalize_matvec", options.normalize_matvec),
+    ("pipeline.plan.fit_plan", "normalize_alpha_convention", options.normalize_alpha_convention),
+    ("pipeline.plan.cg_variant", "CG_PRECISIONS", options.CG_PRECISIONS),
+    ("pipeline.linalg.precond", "PRECONDITIONERS", options.PRECONDITIONERS),
+    ("pipeline.linalg.cholesky_options", "CONVENTIONS", options.SOLVER_CONVENTIONS),
+    ("pipeline.linalg.dense_dual", "ALPHA_CONVENTIONS", options.ALPHA_CONVENTIONS),
     ("pipeline.fit", "solver_convention", options.solver_convention),
-    ("pipeline.estimator", "SOLVERS", options.SOLVERS),
-    ("pipeline.estimator", "MATVECS", options.MATVECS),
+    ("pipeline.models.estimator", "SOLVERS", options.SOLVERS),
+    ("pipeline.models.estimator", "MATVECS", options.MATVECS),
 ]
 
 
@@ -156,9 +156,9 @@ def test_old_names_are_the_one_definition(module, name, one):
 def test_orders_kept_for_messages_have_the_same_values():
     """Two places list a knob's values in their own order in a message (kept byte for
     byte): the values are the vocabulary's."""
-    from pipeline import estimator
-    from pipeline.config import SolverConfig
-    from pipeline.model_selection import choice
+    from pipeline.models import estimator
+    from pipeline.models.selection import choice
+    from pipeline.stages.config import SolverConfig
 
     assert sorted(estimator.PRECONDITIONERS) == sorted(options.PRECONDITIONERS)
     assert choice.CONVENTIONS == tuple(options.ALPHA_CONVENTION_ALIASES)
@@ -168,7 +168,7 @@ def test_orders_kept_for_messages_have_the_same_values():
 
 
 def test_config_literals_are_the_vocabulary():
-    from pipeline.config import RunConfig, SolverConfig
+    from pipeline.stages.config import RunConfig, SolverConfig
 
     fields = SolverConfig.model_fields
     for name, vocab in (
@@ -197,7 +197,7 @@ def test_solver_choices_refuses_a_knob_that_does_not_exist():
 
 
 def test_plan_fit_reads_every_knob():
-    from pipeline.policy import plan
+    from pipeline.plan import fit_plan as plan
 
     src = inspect.getsource(plan.plan_fit)
     unread = [k for k in options.SOLVER_KNOBS if f'"{k}"' not in src]

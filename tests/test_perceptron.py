@@ -99,8 +99,8 @@ def test_bad_input():
 
 
 def test_refuses_a_kernel_that_does_not_fit_in_memory(monkeypatch):
-    import pipeline.reference.memory as memory
-    from pipeline.reference import InsufficientMemoryError
+    import pipeline.linalg.dense_memory as memory
+    from pipeline.linalg.dense_memory import InsufficientMemoryError
 
     rng = np.random.default_rng(0)
     X = rng.normal(size=(60, 2))

@@ -7,8 +7,8 @@ import re
 import pytest
 
 from pipeline.kernels import make_kernel
-from pipeline.policy.calibrated import CalibratedCostModel, SimpleCostModel
-from pipeline.policy.plan import Resources, plan_fit
+from pipeline.plan.calibrated import CalibratedCostModel, SimpleCostModel
+from pipeline.plan.fit_plan import Resources, plan_fit
 
 RES = Resources(memory_bytes=1e13, disk_bytes=1e15, in_memory=False)
 NS = (5_000, 20_000, 40_000, 100_000)
@@ -115,7 +115,7 @@ def test_an_unknown_cost_model_names_the_choices():
 def test_config_key_validates():
     from pydantic import ValidationError
 
-    from pipeline.config import SolverConfig
+    from pipeline.stages.config import SolverConfig
 
     assert SolverConfig(cost_model="calibrated").cost_model == "calibrated"
     with pytest.raises(ValidationError, match="calibrated"):

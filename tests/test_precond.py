@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from pipeline.kernels import RBF, Linear
-from pipeline.solvers.cg import conjugate_gradient
-from pipeline.solvers.matvec import MatrixFreeKernelOperator, StoredKernelOperator
-from pipeline.solvers.precond import (
+from pipeline.linalg.cg import conjugate_gradient
+from pipeline.linalg.matvec import MatrixFreeKernelOperator, StoredKernelOperator
+from pipeline.linalg.precond import (
     IdentityPreconditioner,
     JacobiPreconditioner,
     NystromPreconditioner,

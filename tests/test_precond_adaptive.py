@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 
 from pipeline.kernels import RBF
-from pipeline.model_selection.route import DenseKernelOperator
-from pipeline.solvers.cg import conjugate_gradient
-from pipeline.solvers.precond import (
+from pipeline.linalg.cg import conjugate_gradient
+from pipeline.linalg.precond import (
     Float32NystromPreconditioner,
     adaptive_nystrom_preconditioner,
     adaptive_rpcholesky,
     make_preconditioner,
     residual_norm,
 )
+from pipeline.models.selection.route import DenseKernelOperator
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,7 @@ def test_memory_budget_caps_the_rank_with_a_log_line(problem, caplog):
     n = K.shape[0]
     op = DenseKernelOperator(K, 1e-6)
     budget = n * 4 * 60  # room for rank 60 in float32
-    with caplog.at_level(logging.WARNING, logger="pipeline.solvers.precond"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.linalg.precond"):
         pre = adaptive_nystrom_preconditioner(op, memory_budget=budget, block=50)
     assert pre.info["capped"] and pre.info["cap"] == 60
     assert pre.rank <= 60 and pre.nbytes <= budget

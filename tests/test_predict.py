@@ -16,7 +16,7 @@ import zarr
 from dask.callbacks import Callback
 
 from pipeline.kernels import RBF, Laplacian, Linear, Polynomial
-from pipeline.predict import BatchPrediction, predict, predict_blockwise
+from pipeline.linalg.blockwise import BatchPrediction, predict, predict_blockwise
 from pipeline.storage import StoreMismatchError
 
 TOL = {"rtol": 1e-10, "atol": 1e-10}
@@ -237,7 +237,7 @@ MEMORY_SCRIPT = textwrap.dedent(
     import numpy as np, zarr
     from pipeline.diagnostics import peak_rss_bytes
     from pipeline.kernels import RBF
-    from pipeline.predict import predict
+    from pipeline.linalg.blockwise import predict
 
     store, M, N, D = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     rng = np.random.default_rng(0)

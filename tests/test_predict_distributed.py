@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from _dask_cluster import external_cluster
 
+from pipeline.engine.parallel import dask_client
 from pipeline.kernels import RBF
-from pipeline.parallel import dask_client
-from pipeline.predict import predict
+from pipeline.linalg.blockwise import predict
 from pipeline.storage import TileMarkers
 
 

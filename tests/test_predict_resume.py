@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from pipeline.kernels import RBF
-from pipeline.predict import predict
+from pipeline.linalg.blockwise import predict
 
 M, N, D, BLOCK, TRAIN_BLOCK = 1000, 200, 4, 50, 100
 N_BLOCKS = M // BLOCK
@@ -27,7 +27,7 @@ CHILD = textwrap.dedent(
     import sys, time
     import numpy as np
     from pipeline.kernels import RBF
-    from pipeline.predict import predict
+    from pipeline.linalg.blockwise import predict
 
     _eval = RBF._eval
 

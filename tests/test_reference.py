@@ -14,19 +14,20 @@ from sklearn.kernel_ridge import KernelRidge as SKKernelRidge
 
 from pipeline.fit import fit_reference
 from pipeline.kernels import RBF, Linear
-from pipeline.policy.plan import in_memory_choice
-from pipeline.reference import (
-    InsufficientMemoryError,
+from pipeline.linalg import dense_dual as dual_mod
+from pipeline.linalg.dense_dual import (
     SingularKernelWarning,
-    check_dense_memory,
-    dense_dual_bytes,
     effective_alpha,
     predict_dual,
-    primal_to_dual,
     solve_dual,
-    solve_primal,
 )
-from pipeline.reference import dual as dual_mod
+from pipeline.linalg.dense_memory import (
+    InsufficientMemoryError,
+    check_dense_memory,
+    dense_dual_bytes,
+)
+from pipeline.linalg.dense_primal import primal_to_dual, solve_primal
+from pipeline.plan.fit_plan import in_memory_choice
 
 
 def _data(n=120, d=5, t=None, seed=0):

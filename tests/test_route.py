@@ -9,11 +9,11 @@ import pytest
 from sklearn.kernel_ridge import KernelRidge as SkKernelRidge
 from sklearn.model_selection import GridSearchCV, KFold
 
-import pipeline.model_selection.route as route
+import pipeline.models.selection.route as route
 from pipeline.kernels import RBF
-from pipeline.model_selection import KernelRidgeCV
-from pipeline.policy.cg_cost import chebyshev_bound
-from pipeline.solvers.band import band_available
+from pipeline.linalg.band import band_available
+from pipeline.models.selection import KernelRidgeCV
+from pipeline.plan.cg_cost import chebyshev_bound
 
 pytestmark = pytest.mark.skipif(not band_available(), reason="no dsytrd_sy2sb in SciPy's LAPACK")
 

@@ -165,7 +165,7 @@ def test_until_and_unknown_params(tmp_path):
 
 def test_real_pipeline_lambda_keeps_gram_kernel_does_not(tmp_path):
     """The wired stages on shipped data, threaded scheduler (no cluster)."""
-    from pipeline.config import load_config
+    from pipeline.stages.config import load_config
 
     base = {
         "data": {"source": "sklearn", "name": "diabetes"},

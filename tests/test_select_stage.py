@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from pipeline.config import ConfigError, load_config
 from pipeline.stages import default_stages, run_stages
+from pipeline.stages.config import ConfigError, load_config
 from pipeline.stages.ingest import open_rows
 from pipeline.stages.status import run_status
 
@@ -114,7 +114,7 @@ def test_select_feeds_lambda_and_kernel_downstream(tmp_path):
     from sklearn.kernel_ridge import KernelRidge as SkKR
     from sklearn.model_selection import GridSearchCV, KFold
 
-    from pipeline.artifact import load_artifact
+    from pipeline.models.artifact import load_artifact
 
     run = tmp_path / "run"
     cv = {**CV, "alphas": [0.03, 0.3, 3.0], "param_grid": {"gamma": [0.01, 0.1, 1.0]}}

@@ -5,7 +5,7 @@ the other workers of the host can map it (HOST_SHARED_FACTOR_TILES). It used to 
 its private copy in its tile cache too, so every Gram tile it read next went into new
 memory (about 2 s of CPU per GB of page faults on the VMs measured). Now its cache
 maps the file's pages, and the private copy's memory takes the next read
-(SHARE_WRITTEN_TILES, :func:`pipeline.solvers.cholesky_cache.share_written_tile`).
+(SHARE_WRITTEN_TILES, :func:`pipeline.linalg.cholesky_cache.share_written_tile`).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 from test_triangular import rbf_matrix, write_gram
 
-import pipeline.policy.constants as policy_constants
-from pipeline.solvers import release_tile_cache, tile_cholesky
-from pipeline.solvers.cholesky_cache import (
+import pipeline.constants as policy_constants
+from pipeline.linalg.cholesky import release_tile_cache, tile_cholesky
+from pipeline.linalg.cholesky_cache import (
     _CACHE,
     DEFAULT_CACHE_BYTES,
     _cache_key,
@@ -153,7 +153,7 @@ def test_solve_after_a_client_factor_maps_the_tiles_written_through_the_page_cac
     """The solve runs in the client's process, whose tile cache is empty: it maps the
     tiles the workers wrote through the page cache (their markers say so) instead of
     reading them into new memory, and gets the same alpha bit for bit."""
-    from pipeline.solvers import cholesky_solve
+    from pipeline.linalg.triangular import cholesky_solve
     from pipeline.storage import TiledArray
 
     monkeypatch.setenv("KRR_CHOL_BLAS_THREADS", "1")

@@ -10,7 +10,7 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from pipeline import KernelPerceptron, KernelRidge
 from pipeline.kernels import RBF
-from pipeline.model_selection import KernelRidgeCV
+from pipeline.models.selection import KernelRidgeCV
 
 #: checks scikit-learn's own KernelRidge(kernel="precomputed") fails: they feed a sparse
 #: matrix as a precomputed kernel and expect success (ours passes them)

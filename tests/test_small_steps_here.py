@@ -2,7 +2,7 @@
 
 A computation sent to a distributed client costs a round trip (0.3-0.5 s each on
 the embedded LocalCluster), so the ingest stage of a small source and the
-evaluate stage's reads run here (:func:`pipeline.parallel.in_this_process`),
+evaluate stage's reads run here (:func:`pipeline.engine.parallel.in_this_process`),
 with the same stored rows and fingerprints; a large source, or a client whose
 workers run on other machines, keeps the cluster.
 """
@@ -14,11 +14,11 @@ import dask.array as da
 import numpy as np
 import pytest
 
-import pipeline.parallel as par
-from pipeline.policy import constants as C
+import pipeline.engine.parallel as par
+from pipeline import constants as C
+from pipeline.engine import where
 from pipeline.stages import ingest, typed_params
 from pipeline.stages.ingest import open_rows
-from pipeline.tiles import where
 
 N, D, BLOCK = 300, 4, 50
 
@@ -39,7 +39,7 @@ def client():
 
 
 def _spy(client, monkeypatch) -> list[str]:
-    """Every computation the client is asked to run: ``compute`` (pipeline.parallel)
+    """Every computation the client is asked to run: ``compute`` (pipeline.engine.parallel)
     and ``get`` (a plain ``dask.compute`` under the client)."""
     sent: list[str] = []
     for name in ("compute", "get"):
@@ -161,7 +161,7 @@ def test_evaluate_reads_the_stored_rows_here(tmp_path, client, monkeypatch):
 def test_a_small_gram_builds_here_and_a_costly_one_on_the_workers(tmp_path, client, monkeypatch):
     """build_gram beside a client on this machine: a build of at most SMALL_PASS_ENTRIES
     entries (weighed by D) runs here, with the bits the workers give."""
-    from pipeline.gram import build_gram
+    from pipeline.linalg.gram import build_gram
     from pipeline.storage import read_all
 
     X = np.random.default_rng(1).normal(size=(120, 8))

@@ -39,7 +39,8 @@ def test_factor_with_a_small_cache_recycles_and_keeps_its_bits(tmp_path, monkeyp
     holds go to the next reads. The factor is the same bit for bit as without reuse."""
     from test_triangular import rbf_matrix, write_gram
 
-    from pipeline.solvers import cholesky_cache, tile_cholesky
+    from pipeline.linalg import cholesky_cache
+    from pipeline.linalg.cholesky import tile_cholesky
 
     n, b = 300, 50
     g = write_gram(tmp_path / "g", rbf_matrix(n, seed=11), b)
@@ -79,8 +80,9 @@ def test_evicted_tiles_that_a_task_still_read_are_recycled_once_it_is_done(tmp_p
     reads land in new memory, and the factor keeps its bits."""
     from test_triangular import rbf_matrix, write_gram
 
-    import pipeline.policy.constants as policy_constants
-    from pipeline.solvers import cholesky_cache, tile_cholesky
+    import pipeline.constants as policy_constants
+    from pipeline.linalg import cholesky_cache
+    from pipeline.linalg.cholesky import tile_cholesky
 
     n, b = 600, 50  # 12 x 12 tiles, a cache of 4 tiles and a pool of 3
     g = write_gram(tmp_path / "g", rbf_matrix(n, seed=12), b)

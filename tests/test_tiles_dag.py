@@ -1,4 +1,4 @@
-"""The engine's in-process DAG executor (pipeline.tiles.dag)."""
+"""The engine's in-process DAG executor (pipeline.engine.dag)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from pipeline.tiles.dag import RankOrder, run_dag, serial_order, upward_ranks
+from pipeline.engine.dag import RankOrder, run_dag, serial_order, upward_ranks
 
 
 def _diamond():

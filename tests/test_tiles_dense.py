@@ -1,5 +1,5 @@
 """In-memory kernel matrices and predictions through the fused evaluators
-(:mod:`pipeline.tiles.dense`), and the in-memory paths' refusal of a kernel that
+(:mod:`pipeline.engine.dense`), and the in-memory paths' refusal of a kernel that
 overflows.
 
 Issue #43 (one tile evaluation path): the in-memory ``KernelRidge.predict`` and
@@ -19,10 +19,10 @@ import pytest
 import scipy.sparse as sp
 
 from pipeline import KernelRidge
+from pipeline.engine.dense import kernel_matrix, kernel_predict
 from pipeline.fit import fit_reference
 from pipeline.kernels import RBF, Laplacian, Linear, Polynomial, Sigmoid
 from pipeline.kernels.base import NonFiniteKernelError
-from pipeline.tiles.dense import kernel_matrix, kernel_predict
 
 FUSED = [
     RBF(gamma=0.3),
@@ -122,7 +122,7 @@ def test_estimator_predictions_move_only_at_1e12(kernel):
     (``|K| |a|``; 1.4e-12 of the prediction itself at this size, 3e-17 of the
     scale), and at 1e-12 of the prediction on centred data.
     """
-    from pipeline.reference import solve_dual
+    from pipeline.linalg.dense_dual import solve_dual
 
     dot = kernel in ("linear", "poly")
     for shift in (0.0, -2.0) if dot else (0.0,):
@@ -229,8 +229,8 @@ def test_in_memory_predict_refuses_an_overflowing_kernel(kernel):
 # -- kernel columns (the Nystrom preconditioner's K[rows][:, cols]) -----------------------
 @pytest.mark.parametrize("kernel", FUSED + OTHERS, ids=repr)
 def test_kernel_columns_take_the_fused_evaluators(kernel):
-    from pipeline.tiles import kernel_tile
-    from pipeline.tiles.engine import KernelSource
+    from pipeline.engine import kernel_tile
+    from pipeline.engine.passes import KernelSource
 
     X, Y, rng = _data(70, 50, 4)
     ri, cj = rng.permutation(70)[:9], rng.permutation(50)[:13]

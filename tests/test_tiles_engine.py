@@ -1,4 +1,4 @@
-"""pipeline.tiles.engine: tile set x source x consumer against dense references,
+"""pipeline.engine.passes: tile set x source x consumer against dense references,
 resume from markers, and bitwise-identical results on every scheduler."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import dask
 import numpy as np
 import pytest
 
+from pipeline.engine import passes as engine
+from pipeline.engine.passes import CallableSource, KernelSource, StoredSource
 from pipeline.kernels import RBF, Laplacian, Polynomial
 from pipeline.storage import open_tiled_array
-from pipeline.tiles import engine
-from pipeline.tiles.engine import CallableSource, KernelSource, StoredSource
 
 RNG = np.random.default_rng(7)
 X = RNG.standard_normal((203, 4))
@@ -199,7 +199,7 @@ def test_bitwise_identical_on_distributed(tmp_path, monkeypatch):
     pytest.importorskip("distributed")
     from distributed import Client, LocalCluster
 
-    from pipeline.policy import constants as C
+    from pipeline import constants as C
 
     monkeypatch.setattr(C, "SMALL_PASS_ENTRIES", 0)  # every pass on the workers
     kernel = RBF(gamma=0.3)
@@ -221,10 +221,11 @@ def test_build_gram_is_fused_by_default_under_its_own_fingerprint(tmp_path):
     """Issue #43: every Gram tile goes through the fused evaluators (before, the
     default was the kernel object's whole-tile code). Its bits differ, so its
     fingerprint does: a store of the old evaluation is never resumed with new tiles."""
-    from pipeline.gram import build_gram, gram_fingerprint
-    from pipeline.io import as_row_blocks, fingerprint_row_blocks
+    from pipeline.engine import kernel_tile
+    from pipeline.engine.input_checks import fingerprint_row_blocks
+    from pipeline.linalg.gram import build_gram, gram_fingerprint
     from pipeline.storage import fingerprint_obj
-    from pipeline.tiles import kernel_tile
+    from pipeline.storage.inputs import as_row_blocks
 
     kernel = RBF(gamma=0.3)
     fx = fingerprint_row_blocks(as_row_blocks(X, 64))
@@ -258,9 +259,9 @@ def test_small_passes_run_here_beside_a_client_on_this_machine(tmp_path, monkeyp
     pytest.importorskip("distributed")
     from distributed import Client, LocalCluster
 
-    import pipeline.parallel as par
-    from pipeline.policy import constants as C
-    from pipeline.tiles import where
+    import pipeline.engine.parallel as par
+    from pipeline import constants as C
+    from pipeline.engine import where
 
     kernel = RBF(gamma=0.3)
     h = stored(tmp_path, kernel(X), 20, lower=True)

@@ -1,4 +1,4 @@
-"""The fused tile engine (pipeline.tiles) against the dense kernel(X, Y) @ V."""
+"""The fused tile engine (pipeline.engine) against the dense kernel(X, Y) @ V."""
 
 from __future__ import annotations
 
@@ -7,10 +7,7 @@ import logging
 import numpy as np
 import pytest
 
-from pipeline.kernels import RBF, Laplacian, Linear, Polynomial, Warped
-from pipeline.kernels.warping import Standardize
-from pipeline.solvers.matvec import MatrixFreeKernelOperator
-from pipeline.tiles import (
+from pipeline.engine import (
     evaluators,
     is_fused,
     kernel_matvec,
@@ -18,6 +15,9 @@ from pipeline.tiles import (
     predict_accumulate,
     task_threads,
 )
+from pipeline.kernels import RBF, Laplacian, Linear, Polynomial, Warped
+from pipeline.kernels.warping import Standardize
+from pipeline.linalg.matvec import MatrixFreeKernelOperator
 
 FUSED = [
     RBF(gamma=0.3),
@@ -30,7 +30,7 @@ FUSED = [
 ]
 #: normwise relative error max|ours - ref| / max|ref|
 TOL64 = 1e-12
-#: float32 kernel values: ~1e-7 measured (module docstring of pipeline.tiles.fused)
+#: float32 kernel values: ~1e-7 measured (module docstring of pipeline.engine.fused)
 TOL32 = 2e-6
 #: small sub-blocks, so that small tests still cross many (ragged) block edges
 SMALL = (16, 40)
@@ -118,7 +118,7 @@ def test_generic_fallback_matches_and_logs_once(data, caplog):
     ):
         assert not is_fused(kernel)
         evaluators._logged.discard(type(kernel))  # whatever ran before in this process
-        with caplog.at_level(logging.INFO, logger="pipeline.tiles.evaluators"):
+        with caplog.at_level(logging.INFO, logger="pipeline.engine.evaluators"):
             caplog.clear()
             for _ in range(3):
                 out, out_t = np.zeros((203, 3)), np.zeros((131, 3))
@@ -230,7 +230,7 @@ def test_argument_errors(data):
 
 
 def test_task_threads():
-    from pipeline.tiles import available_cores
+    from pipeline.engine import available_cores
 
     cores = available_cores()
     # as many tasks as cores running at once: one inner thread each
@@ -250,7 +250,7 @@ def test_task_threads():
 def test_symmetrize_in_slabs_is_the_triangle_copy(n):
     """The slab mirror of diagonal sub-blocks makes the same copies as one fancy-indexed
     copy of the strict lower triangle: the same bits, the lower triangle untouched."""
-    from pipeline.tiles.evaluators import _symmetrize
+    from pipeline.engine.evaluators import _symmetrize
 
     E = np.random.default_rng(n).standard_normal((n, n))
     ref = E.copy()
@@ -265,8 +265,8 @@ def test_symmetrize_in_slabs_is_the_triangle_copy(n):
 def test_float32_products_use_twice_the_rows_of_float64():
     """Product sub-blocks: float32 GEMM-family evaluators take 512 x 512 (the bytes of
     float64's 256 x 512); an explicit block_shape is kept as given."""
-    from pipeline.tiles.evaluators import BLOCK_GEMM, prepare
-    from pipeline.tiles.fused import _product_block_shape
+    from pipeline.engine.evaluators import BLOCK_GEMM, prepare
+    from pipeline.engine.fused import _product_block_shape
 
     X = np.random.default_rng(0).standard_normal((40, 3))
     ev32 = prepare(RBF(gamma=0.5), X, None, np.float32)

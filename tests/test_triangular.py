@@ -1,4 +1,4 @@
-"""Blockwise forward/back substitution with the stored factor (pipeline.solvers.triangular)."""
+"""Blockwise forward/back substitution with the stored factor (pipeline.linalg.triangular)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,8 @@ import pytest
 import scipy.linalg
 
 from pipeline.kernels import RBF
-from pipeline.solvers import (
-    back_substitution,
-    cholesky_solve,
-    forward_substitution,
-    tile_cholesky,
-)
+from pipeline.linalg.cholesky import tile_cholesky
+from pipeline.linalg.triangular import back_substitution, cholesky_solve, forward_substitution
 from pipeline.storage import fingerprint_obj, open_tiled_array
 
 
@@ -107,7 +103,7 @@ def test_bad_y(tmp_path, y, match):
 
 
 def test_solve_releases_the_factor_tile_cache(tmp_path):
-    import pipeline.solvers.cholesky as chol
+    import pipeline.linalg.cholesky as chol
 
     f = tile_cholesky(write_gram(tmp_path, rbf_matrix(100), 30), 1e-2)
     keys = [k for k in chol._CACHE._d if k[:3] == (f.L.store, f.L.name, f.L.fingerprint)]
@@ -119,7 +115,7 @@ def test_solve_releases_the_factor_tile_cache(tmp_path):
 
 
 def test_tile_cache_budget_is_respected():
-    from pipeline.solvers.cholesky import _TileCache
+    from pipeline.linalg.cholesky import _TileCache
 
     c = _TileCache(budget=3 * 800)
     for k in range(5):
@@ -149,7 +145,7 @@ def _serial_forward(L, z, start=0):
 def test_sweeps_on_the_dag_executor_are_bitwise_stable(tmp_path, monkeypatch, threads, n, b, start):
     """The forward and back sweeps run as tile DAGs on the engine's executor: the same
     bits whatever the thread count, the serial tile loop's values."""
-    from pipeline.solvers import triangular
+    from pipeline.linalg import triangular
 
     f = tile_cholesky(write_gram(tmp_path, rbf_matrix(n, seed=3), b), 1e-2)
     r0 = f.L.grid.row_slice(start).start
@@ -175,7 +171,7 @@ def test_sweeps_run_tiles_in_parallel(tmp_path, monkeypatch):
     import threading
     import time
 
-    from pipeline.solvers import triangular
+    from pipeline.linalg import triangular
 
     f = tile_cholesky(write_gram(tmp_path, rbf_matrix(240, seed=5), 30), 1e-2)
     monkeypatch.setattr(triangular, "_sweep_threads", lambda: 2)
@@ -212,7 +208,7 @@ def test_sweep_lanes_share_tile_reads_and_skip_zero_rows(tmp_path, monkeypatch, 
     """Wide right-hand sides are cut into lanes (independent DAGs run in parallel): each
     factor tile is still read once per sweep, a lane whose columns are zero above some
     tile row starts there, and the values are those of the dense triangular solve."""
-    from pipeline.solvers import triangular
+    from pipeline.linalg import triangular
 
     n, b = 233, 40
     f = tile_cholesky(write_gram(tmp_path, rbf_matrix(n, seed=7), b), 1e-2)
@@ -247,8 +243,8 @@ def test_sweep_lanes_share_tile_reads_and_skip_zero_rows(tmp_path, monkeypatch, 
 def test_loo_panels_count_the_tiles_they_read(tmp_path):
     """inverse_diagonal's panels report the factor tiles their sweeps read: each panel
     reads the lower tiles from its first tile row on, once (lanes share them)."""
-    from pipeline.model_selection.loo import inverse_diagonal
-    from pipeline.solvers import triangular
+    from pipeline.linalg import triangular
+    from pipeline.models.selection.loo import inverse_diagonal
 
     n, b = 300, 30
     K = rbf_matrix(n, seed=9)

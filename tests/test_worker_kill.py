@@ -23,8 +23,9 @@ import pytest
 import zarr
 from _dask_cluster import external_cluster, stop
 
-from pipeline.gram import build_gram
-from pipeline.solvers import cholesky_solve, tile_cholesky
+from pipeline.linalg.cholesky import tile_cholesky
+from pipeline.linalg.gram import build_gram
+from pipeline.linalg.triangular import cholesky_solve
 from pipeline.stages.manifest import resolve_outputs
 
 pytestmark = pytest.mark.slow

@@ -12,13 +12,14 @@ import numpy as np
 import pytest
 from test_triangular import rbf_matrix, write_gram
 
-import pipeline.policy.constants as policy_constants
-from pipeline.solvers import cholesky_solve, release_tile_cache, tile_cholesky
+import pipeline.constants as policy_constants
+from pipeline.linalg.cholesky import release_tile_cache, tile_cholesky
+from pipeline.linalg.triangular import cholesky_solve
 
 
 def _held() -> tuple[int, int]:
     """(cached factor-tile bytes, kept buffer bytes) of this worker."""
-    from pipeline.solvers.cholesky_cache import _CACHE
+    from pipeline.linalg.cholesky_cache import _CACHE
     from pipeline.storage import buffers
 
     return _CACHE.nbytes, buffers.waiting_bytes()

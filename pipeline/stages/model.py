@@ -1,6 +1,6 @@
 """Model stage: the fitted-model artifact, for ``krr predict MODEL INPUT OUTPUT``.
 
-Writes ``{stage_dir}/model`` with :func:`pipeline.artifact.save_artifact`: the
+Writes ``{stage_dir}/model`` with :func:`pipeline.models.artifact.save_artifact`: the
 training rows (as the kernel sees them), α, the kernel spec, λ and its
 convention, the scaler, and the fingerprint chain. No pickle.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline.artifact import save_artifact
+from pipeline.models.artifact import save_artifact
 from pipeline.stages.ingest import open_rows, preprocessing_params
 from pipeline.stages.outputs import IngestOutput, ModelOutput, SolveOutput
 from pipeline.stages.solve import load_alpha

@@ -1,6 +1,6 @@
 """Predict stage: ŷ for the test rows (and an optional extra batch input).
 
-Calls :func:`pipeline.predict.predict` with a Zarr output, so predictions are
+Calls :func:`pipeline.linalg.blockwise.predict` with a Zarr output, so predictions are
 written by row blocks with completion records and a killed prediction
 resumes. The test rows are stored raw by the ingest stage, so prediction
 applies the training scaler exactly as it does for new data.
@@ -11,10 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import PredictConfig
-from pipeline.predict import predict as _predict
-from pipeline.predict import select_features, write_predictions
-from pipeline.predict.output import check_prediction_output
+from pipeline.linalg.blockwise import predict as _predict
+from pipeline.linalg.predict_source import select_features
+from pipeline.stages.config import PredictConfig
 from pipeline.stages.ingest import open_rows, preprocessing_params
 from pipeline.stages.outputs import (
     IngestOutput,
@@ -25,6 +24,7 @@ from pipeline.stages.outputs import (
 )
 from pipeline.stages.solve import load_alpha
 from pipeline.storage.location import join_path
+from pipeline.storage.predictions import check_prediction_output, write_predictions
 
 
 def run(

@@ -91,10 +91,7 @@ from pipeline.stages.stage import (  # noqa: F401 (Stage, stage_fingerprint re-e
     stage_fingerprint,
 )
 from pipeline.stages.usage import StageUsage
-from pipeline.storage import (
-    CorruptTileError,
-    fingerprint_obj,
-)
+from pipeline.storage import CorruptTileError, fingerprint_obj
 from pipeline.storage.location import Location, cap_store_waits, is_url, join_path, read_bytes
 from pipeline.storage.tempfiles import sweep_tmp_files
 

@@ -2,7 +2,7 @@
 
 Runs only when the config has a ``cv`` section. It fits a
 :class:`pipeline.KernelRidgeCV` (built by
-:func:`pipeline.model_selection.search_from_config`) on the ingested training
+:func:`pipeline.models.selection.search_from_config`) on the ingested training
 rows, without its refit (the solve stage does the final fit), and writes the
 search report into its directory: ``cv_results.csv``, ``cv_search.json``,
 ``cv_score_vs_alpha.png`` and, with one kernel parameter, ``cv_heatmap.png``.
@@ -32,12 +32,12 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.estimator import KernelRidge
 from pipeline.kernels import make_kernel
-from pipeline.model_selection import save_search_report, search_from_config
-from pipeline.model_selection.guard import FixedPredictions
-from pipeline.model_selection.report import CV_SECTION_KEYS
-from pipeline.model_selection.scoring import target_exponent
+from pipeline.models.estimator import KernelRidge
+from pipeline.models.selection import save_search_report, search_from_config
+from pipeline.models.selection.guard import FixedPredictions
+from pipeline.models.selection.report import CV_SECTION_KEYS
+from pipeline.models.selection.scoring import target_exponent
 from pipeline.stages.ingest import open_rows
 from pipeline.storage.location import is_url, join_path, upload_file
 
@@ -68,7 +68,7 @@ class OriginalUnits:
     mapped back to ``2**k`` times its units, where the scorer's squares neither
     underflow nor overflow, and ``score_back`` tells the search to multiply the
     scores by ``2**score_back`` after ranking them
-    (:func:`pipeline.model_selection.scoring.target_exponent`; issue #44: at 1e-200 every
+    (:func:`pipeline.models.selection.scoring.target_exponent`; issue #44: at 1e-200 every
     R² was 1.0). Ordinary y: ``k = score_back = 0``, the same bits as before.
     """
 
@@ -127,7 +127,7 @@ def run(
         block_size=min(block_size, X.shape[0]),
         store=str(join_path(stage_dir, "cv.zarr")),
         refit=False,
-        progress=True,  # one step per kernel setting, as pipeline.progress's mode says
+        progress=True,  # one step per kernel setting, as pipeline.engine.progress's mode says
         checkpoint=str(join_path(stage_dir, "settings")),
         **options,
     )

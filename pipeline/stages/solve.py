@@ -1,10 +1,10 @@
 """Solve stage: the dual coefficients α of (K + shift·I) α = y.
 
-``cholesky`` factors the stored Gram tile by tile (:func:`pipeline.solvers.tile_cholesky`,
+``cholesky`` factors the stored Gram tile by tile (:func:`pipeline.linalg.cholesky.tile_cholesky`,
 checkpointed per factor tile) and substitutes blockwise. ``cg`` runs
-preconditioned conjugate gradients (:func:`pipeline.solvers.cg_checkpoint.resumable_cg`,
+preconditioned conjugate gradients (:func:`pipeline.linalg.cg_checkpoint.resumable_cg`,
 checkpointed every ``checkpoint_every`` iterations) on the stored Gram or
-matrix-free from X. ``auto`` is decided by :func:`pipeline.policy.plan.plan_fit`
+matrix-free from X. ``auto`` is decided by :func:`pipeline.plan.fit_plan.plan_fit`
 (the same rule as ``KernelRidge(solver="auto", store=...)``).
 
 α (``n_train x n_outputs``) is small and is written to ``{stage_dir}/alpha.npy``.
@@ -20,11 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.config import SolverConfig
 from pipeline.errors import IndefiniteKernelError, SolveNotConverged
 from pipeline.fit import log_plan
-from pipeline.gram import open_gram
+from pipeline.linalg.gram import open_gram
 from pipeline.options import solver_choices
+from pipeline.stages.config import SolverConfig
 from pipeline.stages.ingest import open_rows
 from pipeline.stages.outputs import GramOutput, IngestOutput, SolveOutput
 from pipeline.storage import CorruptFileError, bytes_checksum
@@ -35,8 +35,8 @@ log = logging.getLogger("pipeline.stages")
 
 
 def _choices(solver: SolverConfig, **extra: Any) -> dict[str, Any]:
-    """The config's solver section in :func:`~pipeline.policy.plan.plan_fit`'s vocabulary
-    (its defaults are the config's, which are :mod:`pipeline.policy.constants`)."""
+    """The config's solver section in :func:`~pipeline.plan.fit_plan.plan_fit`'s vocabulary
+    (its defaults are the config's, which are :mod:`pipeline.constants`)."""
     return solver_choices(
         solver=solver.method,
         tol=solver.tol,
@@ -67,7 +67,7 @@ def stage_plan(
     X: Any = None,
     **choices: Any,
 ):
-    """The fit plan of ``krr run`` and its reason (:func:`pipeline.policy.plan.plan_fit`).
+    """The fit plan of ``krr run`` and its reason (:func:`pipeline.plan.fit_plan.plan_fit`).
 
     ``krr run`` always solves out of core (its stages are checkpointed), so
     in-memory solvers are not planned; resources are measured where ``store`` lives.
@@ -75,7 +75,7 @@ def stage_plan(
     preconditioner on a subsample, as ``KernelRidge`` does.
     """
     from pipeline.fit import measure_resources, row_probes
-    from pipeline.policy.plan import plan_fit
+    from pipeline.plan.fit_plan import plan_fit
 
     solver = SolverConfig.model_validate(solver)
 
@@ -153,7 +153,7 @@ def _solve_cholesky(stage_dir, inputs, y, plan, kernel=None, X_mem=None) -> tupl
     if not plan.keep_gram:
         # in place: the factor replaces the gram stage's tiles; a tile an earlier lambda
         # replaced is rebuilt from the stored X_train (tile_cholesky logs why)
-        from pipeline.solvers.cholesky_inplace import GramTileRecomputer
+        from pipeline.linalg.cholesky_inplace import GramTileRecomputer
 
         recompute = GramTileRecomputer.for_gram(gram, X, kernel)
     # refined with matrix-free products from X_train (in place there is no Gram left
@@ -167,7 +167,7 @@ def _solve_cholesky(stage_dir, inputs, y, plan, kernel=None, X_mem=None) -> tupl
         factor_store=str(join_path(stage_dir, "factor.zarr")),
         factor_name="chol",
         recompute_tile=recompute,
-        progress=True,  # shown as pipeline.progress's mode says (off with krr -q)
+        progress=True,  # shown as pipeline.engine.progress's mode says (off with krr -q)
     )
     factor = res.factor
     refine = {k: v for k, v in res.info.items() if k not in ("factor_tiles_computed", "jitter")}
@@ -288,7 +288,7 @@ def run(
     g = inputs.get("gram")
     reclaim = 0
     if g:  # the Gram this plan asked for is already on disk: count it as free
-        from pipeline.policy.plan import gram_disk_bytes
+        from pipeline.plan.fit_plan import gram_disk_bytes
 
         gram_dtype = GramOutput.from_json(g).dtype
         reclaim = gram_disk_bytes(ing.n_train, np.dtype(gram_dtype).itemsize)

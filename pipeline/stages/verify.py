@@ -20,14 +20,14 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.artifact import ArtifactError, load_artifact
 from pipeline.errors import DamagedOutput
-from pipeline.gram import open_gram
-from pipeline.predict.output import file_crc32c
+from pipeline.linalg.gram import open_gram
+from pipeline.models.artifact import ArtifactError, load_artifact
 from pipeline.stages.evaluate import metrics_file_view
 from pipeline.stages.manifest import _json_default
 from pipeline.storage import read_all
 from pipeline.storage.location import join_path, read_bytes
+from pipeline.storage.predictions import file_crc32c
 
 
 def verify_gram(stage_dir: Path, outputs: dict[str, Any]) -> None:

@@ -5,7 +5,7 @@ EPYC VM: about 2 ms of CPU per MB to fault in and zero, against 0.1 ms per MB to
 copy). glibc hands every freed block above 32 MB straight back to the system, so a
 tile read after another was freed lands in fresh pages again. :func:`take` gives a
 read a buffer that an owner returned with :func:`give` (the factor-tile cache of
-:mod:`pipeline.solvers.cholesky_cache` returns the tiles it evicts and no one else
+:mod:`pipeline.linalg.cholesky_cache` returns the tiles it evicts and no one else
 holds), else a new one. At most ``max_bytes`` wait here; :func:`release` frees them.
 
 A new buffer's first touch is the expensive part of a read (here about 2 s of CPU

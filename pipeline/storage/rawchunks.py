@@ -148,7 +148,7 @@ def read_chunk(
     (``POSIX_FADV_DONTNEED``), for a chunk its reader will not read again soon. The
     kernel frees them at once, so the next new read buffer is likely to land in those
     pages, which the VM's host already backs, rather than in free memory that the
-    host must fault in again (:data:`~pipeline.policy.constants.DROP_READ_PAGE_CACHE`).
+    host must fault in again (:data:`~pipeline.constants.DROP_READ_PAGE_CACHE`).
     Where the call is missing or fails, the read is the same.
     """
     # reused memory if any waits

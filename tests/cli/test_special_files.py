@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import cli
-from pipeline.cli_errors import EXIT_BAD_INPUT, EXIT_CODES, EXIT_RUN_DIR
+from pipeline.cli.errors import EXIT_BAD_INPUT, EXIT_CODES, EXIT_RUN_DIR
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs POSIX FIFOs")
 

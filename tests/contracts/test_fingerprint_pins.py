@@ -175,10 +175,10 @@ def test_fingerprint_blocks_recipe():
 
 
 def test_row_block_fingerprints_of_dask_arrays():
-    # pipeline.io.fingerprint_row_blocks / validate_and_fingerprint and
-    # pipeline.predict.input_fingerprint: fingerprint_blocks of the row blocks, any chunking
-    from pipeline.io import fingerprint_row_blocks, validate_and_fingerprint
-    from pipeline.predict import input_fingerprint
+    # pipeline.engine.input_checks.fingerprint_row_blocks / validate_and_fingerprint and
+    # pipeline.linalg.predict_source.input_fingerprint: fingerprint_blocks of the row blocks, any chunking
+    from pipeline.engine.input_checks import fingerprint_row_blocks, validate_and_fingerprint
+    from pipeline.linalg.predict_source import input_fingerprint
 
     a = da.from_array(X, chunks=(3, 3))
     b = da.from_array(X, chunks=(5, 3))
@@ -247,7 +247,7 @@ def test_kernel_identity_names_the_classes_modules():
 
 
 def test_gram_fingerprint_recipe():
-    from pipeline.gram import gram_fingerprint
+    from pipeline.linalg.gram import gram_fingerprint
 
     fx = fingerprint_blocks([X])
     # K(X, X) as the gram stage and KernelRidge store it: since 2026-11-28 (#43 item 3) the
@@ -269,8 +269,8 @@ def _gram_handle(tmp_path, fp: str = FP, dtype=np.float64):
 
 
 def test_factor_fingerprints(tmp_path):
-    from pipeline.solvers import JitterPolicy, factor_fingerprint
-    from pipeline.solvers.cholesky_inplace import in_place_fingerprint
+    from pipeline.linalg.cholesky import JitterPolicy, factor_fingerprint
+    from pipeline.linalg.cholesky_inplace import in_place_fingerprint
 
     g = _gram_handle(tmp_path)
     # the tile Cholesky of K + 0.1 I (sklearn convention), no jitter, float64 tiles
@@ -283,7 +283,7 @@ def test_factor_fingerprints(tmp_path):
 
 
 def test_operator_fingerprints(tmp_path):
-    from pipeline.solvers.matvec import MatrixFreeKernelOperator, StoredKernelOperator
+    from pipeline.linalg.matvec import MatrixFreeKernelOperator, StoredKernelOperator
 
     g = _gram_handle(tmp_path)
     # matvec: stored (K read from the stored Gram) + 0.1 I
@@ -297,7 +297,7 @@ def test_operator_fingerprints(tmp_path):
 
 
 def test_preconditioner_fingerprints():
-    from pipeline.solvers.precond import (
+    from pipeline.linalg.precond import (
         IdentityPreconditioner,
         JacobiPreconditioner,
         nystrom_fingerprint,
@@ -317,7 +317,7 @@ def test_preconditioner_fingerprints():
 
 
 def test_cg_fingerprint_recipe():
-    from pipeline.solvers.cg_checkpoint import cg_fingerprint
+    from pipeline.linalg.cg_checkpoint import cg_fingerprint
 
     # operator, preconditioner, y's content as a column, tol
     _pin("cg", cg_fingerprint(FP, "f" * 32, Y, 1e-8))
@@ -330,7 +330,7 @@ def test_cg_fingerprint_recipe():
 
 
 def test_model_fingerprint_recipe():
-    from pipeline.predict import model_fingerprint
+    from pipeline.linalg.predict_model import model_fingerprint
 
     dual = Y / 2.0
     _pin("model", model_fingerprint(X, dual, KERNEL))
@@ -342,7 +342,7 @@ def test_batch_prediction_fingerprint(tmp_path):
     # a prediction array's fingerprint: kind, model and input fingerprints, nan_policy, dtype
     import zarr
 
-    from pipeline.predict import predict
+    from pipeline.linalg.blockwise import predict
 
     res = predict(
         X[:5], X, Y / 2.0, KERNEL, out=str(tmp_path / "p.zarr"), block_size=BLOCK,
@@ -407,7 +407,7 @@ def test_configuration_key_recipe():
 def test_cv_setting_checkpoint_fingerprint(tmp_path):
     # a KernelRidgeCV checkpoint's setting: the search's options, X, y, the folds, the
     # kernel, the setting's parameters and its lambdas
-    from pipeline.model_selection.checkpoint import SettingCheckpoint
+    from pipeline.models.selection.checkpoint import SettingCheckpoint
 
     splits = [(np.arange(4), np.arange(4, 8)), (np.arange(4, 8), np.arange(4))]
     base = {"solver": "cg", "kind": "kfold", "tol": repr(1e-6)}

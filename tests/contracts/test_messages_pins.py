@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from pipeline import cli
-from pipeline.cli_errors import EXIT_CODES
+from pipeline.cli.errors import EXIT_CODES
 
-#: recorded from pipeline/cli_errors.py of 2026-11-28 (commit f280298)
+#: recorded from pipeline/cli/errors.py of 2026-11-28 (commit f280298)
 EXIT_CODE_TABLE = {
     0: "done",
     1: "internal error (a bug: please report it with the traceback from -v)",

@@ -413,7 +413,7 @@ def test_a_saved_model_has_the_pinned_layout(tmp_path):
 
 
 def test_the_committed_model_loads_and_predicts_as_it_did():
-    from pipeline.artifact import load_artifact
+    from pipeline.models.artifact import load_artifact
 
     X_new = np.load(ARTIFACT_FIXTURE / "X_new.npy")
     want = np.load(ARTIFACT_FIXTURE / "expected.npy")

@@ -48,7 +48,7 @@ if _match and _at > 0:
 _setting_at = int(os.environ.get("KRR_KILL_SETTING_AT", "0"))
 
 if _setting_at > 0:
-    from pipeline.model_selection import checkpoint as _ckpt
+    from pipeline.models.selection import checkpoint as _ckpt
 
     _orig_write = _ckpt.atomic_write
     _settings = [0]

@@ -23,7 +23,7 @@ def test_cv_cg_with_the_adaptive_preconditioner_matches_nystrom():
 
 
 def test_cv_cg_rejects_an_unknown_preconditioner_naming_adaptive():
-    from pipeline.model_selection.cgpath import cg_fold_predictions
+    from pipeline.models.selection.cgpath import cg_fold_predictions
 
     with pytest.raises(ValueError, match="adaptive"):
         cg_fold_predictions(
@@ -33,6 +33,6 @@ def test_cv_cg_rejects_an_unknown_preconditioner_naming_adaptive():
 
 
 def test_cv_config_accepts_adaptive():
-    from pipeline.config import CvConfig
+    from pipeline.stages.config import CvConfig
 
     assert CvConfig(alphas=[0.1], preconditioner="adaptive").preconditioner == "adaptive"

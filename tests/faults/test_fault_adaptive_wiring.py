@@ -48,7 +48,7 @@ def test_adaptive_preconditioner_through_the_estimator(hard_problem):
 def test_config_accepts_adaptive_and_names_the_choices():
     from pydantic import ValidationError
 
-    from pipeline.config import SolverConfig
+    from pipeline.stages.config import SolverConfig
 
     assert SolverConfig(preconditioner="adaptive").preconditioner == "adaptive"
     with pytest.raises(ValidationError) as exc:

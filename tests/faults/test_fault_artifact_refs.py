@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import zarr
 
-from pipeline.artifact import META_KEY, ArtifactError, load_artifact, save_artifact
 from pipeline.kernels import RBF
+from pipeline.models.artifact import META_KEY, ArtifactError, load_artifact, save_artifact
 from pipeline.storage import fingerprint_obj
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.config import load_config
 from pipeline.stages import default_stages
+from pipeline.stages.config import load_config
 from pipeline.stages.runner import run_stages
 from pipeline.stages.solve import load_alpha
 

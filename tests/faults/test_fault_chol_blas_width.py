@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.solvers import tile_cholesky
+from pipeline.linalg.cholesky import tile_cholesky
 from pipeline.storage import fingerprint_obj, open_tiled_array
 
 N, B, LAM = 1200, 400, 1e-3
@@ -81,7 +81,7 @@ def test_bad_width_is_a_clear_error(gram, tmp_path, monkeypatch):
 def test_distributed_workers_give_the_same_bits(gram, tmp_path, monkeypatch):
     """Worker processes (which start with one BLAS thread) still run each call at the
     fixed width, queued on the host-wide lock: the same factor as the threads executor."""
-    from pipeline.parallel import dask_client
+    from pipeline.engine.parallel import dask_client
 
     monkeypatch.setenv("KRR_CHOL_BLAS_THREADS", "2")
     ref = _dense(tile_cholesky(gram, LAM, store=str(tmp_path), name="t", progress=False))
@@ -95,8 +95,8 @@ def test_distributed_workers_give_the_same_bits(gram, tmp_path, monkeypatch):
 def test_gil_free_potrf_matches_scipy_bit_for_bit():
     from scipy.linalg import lapack
 
-    from pipeline.solvers import blas
-    from pipeline.solvers.cholesky import _potrf_lower
+    from pipeline.linalg import blas
+    from pipeline.linalg.cholesky import _potrf_lower
 
     rng = np.random.default_rng(2)
     X = rng.standard_normal((300, 300))
@@ -115,7 +115,7 @@ def test_niced_io_threads_same_bits(gram, tmp_path, monkeypatch):
     import os
     import threading
 
-    from pipeline.solvers import cholesky_exec
+    from pipeline.linalg import cholesky_exec
 
     ref = _dense(tile_cholesky(gram, LAM, store=str(tmp_path), name="a", progress=False))
     calls = []

@@ -14,9 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import pipeline.solvers.cholesky_inplace as inplace
-from pipeline.solvers import tile_cholesky
-from pipeline.solvers.cholesky import NotPositiveDefiniteError, load_factor
+import pipeline.linalg.cholesky_inplace as inplace
+from pipeline.linalg.cholesky import NotPositiveDefiniteError, load_factor, tile_cholesky
 from pipeline.storage import IncompleteArrayError, fingerprint_obj, open_tiled_array
 
 INJECT = Path(__file__).resolve().parents[1] / "faultinject"
@@ -146,7 +145,7 @@ def test_crash_between_chunk_and_marker_is_adopted(tmp_path, monkeypatch):
 CHILD = textwrap.dedent(
     """
     import sys, zarr, numpy as np
-    from pipeline.solvers import tile_cholesky
+    from pipeline.linalg.cholesky import tile_cholesky
     from pipeline.storage import TiledArray
     a = zarr.open_array(store=sys.argv[1], path="gram", mode="r")
     g = TiledArray(sys.argv[1], "gram", tuple(a.shape), int(a.attrs["block_size"]),

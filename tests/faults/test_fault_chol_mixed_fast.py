@@ -12,8 +12,10 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.kernels.basic import RBF
-from pipeline.solvers import blas, cholesky_solve, tile_cholesky
-from pipeline.solvers import triangular as tri
+from pipeline.linalg import blas
+from pipeline.linalg import triangular as tri
+from pipeline.linalg.cholesky import tile_cholesky
+from pipeline.linalg.triangular import cholesky_solve
 from pipeline.storage import fingerprint_obj, open_tiled_array
 
 N, B, LAM = 600, 150, 1e-3  # κ ≈ 1.5e5: 1e-11 is within float64 reach (1e-4: 1.4e-11 on AMD EPYC)

@@ -7,9 +7,9 @@ Without it, Dask put every tile task on the worker holding its dependencies'
 import numpy as np
 import pytest
 
-from pipeline.gram import build_gram
 from pipeline.kernels import RBF
-from pipeline.solvers import tile_cholesky
+from pipeline.linalg.cholesky import tile_cholesky
+from pipeline.linalg.gram import build_gram
 
 
 def test_tile_tasks_spread_over_workers_bitwise(tmp_path, monkeypatch):
@@ -44,7 +44,7 @@ def test_tile_tasks_go_critical_path_first(tmp_path, monkeypatch):
 
     from distributed import Client, LocalCluster
 
-    import pipeline.parallel as parallel
+    import pipeline.engine.parallel as parallel
 
     seen: dict[tuple[int, int], int] = {}
     real = parallel.compute

@@ -1,15 +1,15 @@
-"""Refinement of a float32 factor with the fastest product (pipeline.solvers.triangular, #15)."""
+"""Refinement of a float32 factor with the fastest product (pipeline.linalg.triangular, #15)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from pipeline.gram import build_gram
 from pipeline.kernels import RBF
-from pipeline.solvers import tile_cholesky
-from pipeline.solvers.matvec import MatrixFreeKernelOperator, StoredKernelOperator
-from pipeline.solvers.triangular import refinement_operator, solve_refined
+from pipeline.linalg.cholesky import tile_cholesky
+from pipeline.linalg.gram import build_gram
+from pipeline.linalg.matvec import MatrixFreeKernelOperator, StoredKernelOperator
+from pipeline.linalg.triangular import refinement_operator, solve_refined
 
 N, B, LAM = 500, 128, 1e-3
 
@@ -70,7 +70,7 @@ def test_float32_gram_in_place_refined_matrix_free(problem, tmp_path):
 def test_in_place_new_lambda_with_the_gram_recomputer(problem, tmp_path):
     """keep_gram=False, then another lambda: the Gram tiles are recomputed from X by
     GramTileRecomputer (what the Gram build computes) and the factor is right."""
-    from pipeline.solvers.cholesky_inplace import GramTileRecomputer
+    from pipeline.linalg.cholesky_inplace import GramTileRecomputer
 
     X, y, kernel, _, _ = problem
     g = build_gram(X, kernel, str(tmp_path), B, progress=False)

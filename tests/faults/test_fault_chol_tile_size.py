@@ -11,11 +11,11 @@ import itertools
 import numpy as np
 import pytest
 
-from pipeline.gram import build_gram
+from pipeline.engine.placement import dask_block_size
 from pipeline.kernels import RBF
-from pipeline.policy.placement import dask_block_size
-from pipeline.solvers import tile_cholesky
-from pipeline.solvers.cholesky_exec import _deps, submitted_deps
+from pipeline.linalg.cholesky import tile_cholesky
+from pipeline.linalg.cholesky_exec import _deps, submitted_deps
+from pipeline.linalg.gram import build_gram
 
 
 def test_block_size_policy_values():
@@ -131,8 +131,8 @@ def test_estimator_without_block_size_uses_policy_on_a_client(
     from sklearn.kernel_ridge import KernelRidge as SkKRR
 
     import pipeline
-    import pipeline.gram as gram_mod
-    import pipeline.parallel as par
+    import pipeline.engine.parallel as par
+    import pipeline.linalg.gram as gram_mod
 
     if not here:  # as a cluster on other machines looks
         monkeypatch.setattr(par, "workers_on_this_host", lambda client: False)
@@ -166,7 +166,7 @@ def test_dask_executor_submits_two_edges_per_task(tmp_path, monkeypatch):
     """The graph the Dask executor hands to compute() has the reduced lists."""
     from dask.core import get_dependencies
 
-    import pipeline.parallel as par
+    import pipeline.engine.parallel as par
 
     seen = {}
     real_compute = par.compute

@@ -12,7 +12,8 @@ import threading
 
 import numpy as np
 
-from pipeline.solvers import blas, tile_cholesky
+from pipeline.linalg import blas
+from pipeline.linalg.cholesky import tile_cholesky
 from pipeline.storage import fingerprint_obj, open_tiled_array
 
 N, B, LAM = 800, 200, 1e-3

@@ -23,12 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.storage import (
-    CorruptTileError,
-    TileRewriteError,
-    open_tiled_array,
-    rawchunks,
-)
+from pipeline.storage import CorruptTileError, TileRewriteError, open_tiled_array, rawchunks
 from pipeline.storage import tempfiles as tf
 
 BLOCK = 100

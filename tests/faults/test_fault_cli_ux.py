@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from pipeline import cli
-from pipeline.cli_errors import EXIT_CODES
+from pipeline.cli.errors import EXIT_CODES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -68,7 +68,7 @@ def test_help_loads_no_heavy_module():
         "        except SystemExit as e:\n"
         "            assert e.code == 0, e.code\n"
         "heavy = ['numpy', 'dask', 'distributed', 'zarr', 'sklearn', 'pandas', 'scipy',\n"
-        "         'pydantic', 'yaml', 'pipeline.stages', 'pipeline.config']\n"
+        "         'pydantic', 'yaml', 'pipeline.stages', 'pipeline.stages.config']\n"
         "print(sorted(m for m in heavy if m in sys.modules))\n"
     )
     env = {
@@ -149,7 +149,7 @@ def test_unanswered_address_advice_names_its_source(small, tmp_path, capsys):
 
 
 def test_well_formed_addresses_are_accepted():
-    from pipeline.cli_args import check_scheduler_address
+    from pipeline.cli.args import check_scheduler_address
 
     for a in ("tcp://127.0.0.1:8786", "tls://sched.example:8786", "10.0.0.5:8786", "tcp://[::1]:1"):
         assert check_scheduler_address(a) == a
@@ -236,7 +236,7 @@ def test_usage_errors_print_a_json_error_object(capsys):
 
 def test_exit_codes_documented_in_docs_cli():
     doc = (ROOT / "docs" / "CLI.md").read_text()
-    from pipeline.cli_args import ERROR_TYPES
+    from pipeline.cli.args import ERROR_TYPES
 
     for code in EXIT_CODES:
         assert f"\n| {code} |" in doc, f"exit code {code} is not in docs/CLI.md"
@@ -286,7 +286,7 @@ def test_until_runlog_quiet_and_no_cluster_when_complete(small, tmp_path, monkey
 
 
 def test_config_paths_are_relative_to_the_config_file(tmp_path, monkeypatch, capsys):
-    from pipeline.config import load_config
+    from pipeline.stages.config import load_config
 
     d = tmp_path / "project" / "conf"
     d.mkdir(parents=True)
@@ -315,7 +315,7 @@ def test_config_paths_are_relative_to_the_config_file(tmp_path, monkeypatch, cap
 
 
 def test_shipped_configs_still_resolve():
-    from pipeline.config import load_config
+    from pipeline.stages.config import load_config
 
     cfg = load_config(ROOT / "conf" / "files.yaml")
     assert cfg.data.path == str(ROOT / "conf" / ".." / "data" / "X.npy")
@@ -338,7 +338,7 @@ def test_missing_extra_is_named(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "dask.dataframe", None)
     with pytest.raises(MissingExtraError, match=r"pip install 'krr-pipeline\[parquet\]'"):
         require("dask.dataframe", "a table")
-    from pipeline.io.inputs import as_row_blocks
+    from pipeline.storage.inputs import as_row_blocks
 
     with pytest.raises(ImportError, match=r"krr-pipeline\[parquet\]"):
         as_row_blocks("data.csv", 10)

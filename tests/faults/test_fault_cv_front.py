@@ -1,14 +1,14 @@
 """KernelRidgeCV as a front over strategies (issue #16, item 5): typed search
-statistics, and its routing and cost model as pure functions in pipeline.policy."""
+statistics, and its routing and cost model as pure functions in pipeline.plan."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from pipeline import KernelRidgeCV
-from pipeline.model_selection.stats import SearchStats
-from pipeline.policy import constants as C
-from pipeline.policy.cv_routing import choose_cv_solver, eigen_mode, memory_need
+from pipeline import constants as C
+from pipeline.models.selection.stats import SearchStats
+from pipeline.plan.cv_routing import choose_cv_solver, eigen_mode, memory_need
 
 
 def _splits(n: int, k: int = 5):

@@ -57,7 +57,7 @@ def test_group_splitters_and_none_in_a_grid(tmp_path):
     np.testing.assert_allclose(m.cv_results_["mean_test_score"],
                                ref.cv_results_["mean_test_score"], rtol=1e-9)  # fmt: skip
     pytest.importorskip("matplotlib")
-    from pipeline.model_selection.report import save_search_report
+    from pipeline.models.selection.report import save_search_report
 
     m = KernelRidgeCV(alphas=[0.1, 1.0], param_grid={"gamma": [None, 0.5]}).fit(X, y)
     out = save_search_report(m, tmp_path)  # sorting None beside floats raised TypeError

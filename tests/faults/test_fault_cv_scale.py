@@ -8,7 +8,7 @@ import pytest
 
 from pipeline import KernelRidgeCV
 from pipeline.kernels import RBF
-from pipeline.model_selection.blockcg import FoldNystromBlock, block_pcg
+from pipeline.models.selection.blockcg import FoldNystromBlock, block_pcg
 
 
 def _data(n=240, d=3, seed=0):
@@ -52,8 +52,8 @@ def test_unconverged_cg_settings_are_redone_exactly_and_recorded():
 
 
 def test_an_unconverged_solve_that_cannot_be_redone_fails_loudly(monkeypatch):
-    import pipeline.reference.memory as memory
-    from pipeline.model_selection.direct import UnconvergedSolveError
+    import pipeline.linalg.dense_memory as memory
+    from pipeline.models.selection.direct import UnconvergedSolveError
 
     X, y = _data(n=120)
     monkeypatch.setattr(memory, "available_memory", lambda: 10_000)
@@ -89,9 +89,9 @@ def test_block_pcg_reports_nan_products_and_keeps_good_columns():
 
 
 def test_routed_cg_path_records_and_redoes_unconverged_lambdas():
-    from pipeline.model_selection.cgpath import cg_fold_predictions
-    from pipeline.model_selection.direct import UnconvergedSolveError
-    from pipeline.model_selection.route import DenseKernelOperator
+    from pipeline.models.selection.cgpath import cg_fold_predictions
+    from pipeline.models.selection.direct import UnconvergedSolveError
+    from pipeline.models.selection.route import DenseKernelOperator
 
     X, y = _data(n=120)
     K = RBF(gamma=1.0)(X)
@@ -179,7 +179,7 @@ def test_screening_solves_only_the_best_lambdas_tightly(dense_ref):
 
 
 def test_an_unconverged_refit_is_not_returned():
-    from pipeline.model_selection.direct import UnconvergedSolveError
+    from pipeline.models.selection.direct import UnconvergedSolveError
 
     X, y = _data(n=120)
     with pytest.raises(UnconvergedSolveError, match="the refit of"):

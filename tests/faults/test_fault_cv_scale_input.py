@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from pipeline import KernelRidgeCV
-from pipeline.policy.cv_routing import choose_cv_solver, predicted_search_seconds
+from pipeline.plan.cv_routing import choose_cv_solver, predicted_search_seconds
 
 
 def _xy(n=60):
@@ -18,7 +18,7 @@ def _xy(n=60):
 
 def _no_work(monkeypatch):
     """Any kernel evaluation fails the test: the refusals come first."""
-    import pipeline.model_selection.strategies as strategies
+    import pipeline.models.selection.strategies as strategies
 
     def boom(*a, **k):
         raise AssertionError("work started before the input was checked")
@@ -30,7 +30,7 @@ def _no_work(monkeypatch):
 def test_a_grid_over_the_time_budget_is_refused_with_prediction_and_smaller_grid(monkeypatch):
     X, y = _xy()
     _no_work(monkeypatch)
-    import pipeline.model_selection.search as search
+    import pipeline.models.selection.search as search
 
     # 35,000 rows, 10 lambdas x 3 gammas: predicted far above 60 s
     big = 35_000
@@ -81,7 +81,7 @@ def test_more_folds_than_rows_is_refused(monkeypatch):
 
 
 def test_cv_config_takes_the_budget():
-    from pipeline.config import ConfigError, load_config
+    from pipeline.stages.config import ConfigError, load_config
 
     base = {"data": {"source": "sklearn", "name": "diabetes"}}
     c = load_config({**base, "cv": {"alphas": [1.0], "max_search_seconds": 600}})

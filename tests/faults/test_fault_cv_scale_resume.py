@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.config import load_config
 from pipeline.stages import StageFailed, default_stages, run_stages
+from pipeline.stages.config import load_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _diabetes_run import CV, RUN  # noqa: E402
@@ -27,7 +27,7 @@ class Killed(Exception):
 
 
 def test_a_killed_search_restarts_from_its_finished_settings(tmp_path, monkeypatch):
-    from pipeline.model_selection import checkpoint
+    from pipeline.models.selection import checkpoint
 
     save = checkpoint.SettingCheckpoint.save
     calls = {"n": 0}

@@ -135,11 +135,11 @@ def test_stages_policy_and_cli_pages(built):
     assert 'id="pipeline.stages.run_stages"' in stages
     policy = _text(built / "policy.html")
     for name in ("FitPlan", "plan_fit"):
-        assert f'id="pipeline.policy.plan.{name}"' in policy
+        assert f'id="pipeline.plan.fit_plan.{name}"' in policy
     import argparse
 
     from pipeline.cli import build_parser
-    from pipeline.cli_errors import EXIT_CODES
+    from pipeline.cli.errors import EXIT_CODES
 
     page = _text(built / "cli.html")
     cli = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", page))

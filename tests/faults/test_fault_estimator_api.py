@@ -63,7 +63,7 @@ def test_input_errors_name_the_source_and_the_fix(tmp_path):
     import pandas as pd
     import zarr
 
-    from pipeline.io import as_row_blocks
+    from pipeline.storage.inputs import as_row_blocks
 
     pd.DataFrame({"price": [1.0, 2.0], "carat": [3.0, 4.0]}).to_csv(tmp_path / "t.csv",
                                                                     index=False)  # fmt: skip

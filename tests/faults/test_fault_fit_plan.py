@@ -1,8 +1,8 @@
 """One fit plan (issue #16, item 1): one FitPlan, one auto rule, one execute().
 
 ``krr run`` and ``KernelRidge(solver="auto")`` plan the same fit with
-:func:`pipeline.policy.plan.plan_fit` and log the same plan and reason; every
-default lives once in :mod:`pipeline.policy.constants`.
+:func:`pipeline.plan.fit_plan.plan_fit` and log the same plan and reason; every
+default lives once in :mod:`pipeline.constants`.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from pipeline import KernelRidge
+from pipeline import constants as C
 from pipeline.fit import row_probes
 from pipeline.kernels import make_kernel
-from pipeline.policy import constants as C
-from pipeline.policy.plan import FitPlan, Resources, plan_fit
+from pipeline.plan.fit_plan import FitPlan, Resources, plan_fit
 
 GB = 1e9
 RES = Resources(memory_bytes=16 * GB, disk_bytes=100 * GB, in_memory=False)
@@ -103,7 +103,7 @@ def _plan_lines(text: str) -> list[str]:
 
 def test_krr_run_and_estimator_log_the_same_plan(tmp_path, monkeypatch, caplog):
     import pipeline.fit as fit_mod
-    import pipeline.reference.memory as memory
+    import pipeline.linalg.dense_memory as memory
     from pipeline import cli
     from pipeline.stages.ingest import open_rows
     from pipeline.stages.manifest import Manifest
@@ -149,7 +149,7 @@ def test_the_plan_line_says_who_chooses_the_rank():
 def test_small_fits_skip_the_subsample_estimate(monkeypatch):
     # when the Cholesky beats CG even at one iteration, measuring ρ (about 0.5 s) cannot
     # change the choice: a 2,000-row fit is planned without it
-    import pipeline.solvers.spectrum as spectrum
+    import pipeline.linalg.spectrum as spectrum
 
     calls = []
     real = spectrum.estimate_residual
@@ -166,7 +166,7 @@ def test_small_fits_skip_the_subsample_estimate(monkeypatch):
 
 
 def test_the_plan_sizes_tiles_by_the_clients_worker_count():
-    from pipeline.policy.placement import dask_block_size
+    from pipeline.engine.placement import dask_block_size
 
     k = make_kernel("rbf")
     ch = {"solver": "cholesky", "alpha": 1e-2}
@@ -183,7 +183,7 @@ def test_the_tile_is_sized_for_the_workers_only_where_the_tiles_run_on_them():
     ``factor_scheduler="auto"`` whatever the cluster (``fit.factor_executor``), so its
     tile is this process's default; ``"dask"`` sends it to the workers, also when they
     run on this machine, and sizes the tile for them."""
-    from pipeline.policy.placement import dask_block_size
+    from pipeline.engine.placement import dask_block_size
 
     k = make_kernel("rbf")
     n = 200_000

@@ -15,7 +15,7 @@ import pytest
 import zarr
 
 import pipeline
-from pipeline.artifact import META_KEY, ArtifactError, load_artifact
+from pipeline.models.artifact import META_KEY, ArtifactError, load_artifact
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = """
@@ -74,8 +74,8 @@ def test_version_from_metadata_and_no_import_of_the_package_root():
     ]
     assert offenders == []
     code = (
-        "import sys, pipeline.artifact, pipeline.model_io; "
-        "print(sorted(m for m in ('pipeline.estimator', 'pipeline.model_selection') "
+        "import sys, pipeline.models.artifact, pipeline.models.model_io; "
+        "print(sorted(m for m in ('pipeline.models.estimator', 'pipeline.models.selection') "
         "if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -12,7 +12,7 @@ import pytest
 
 from pipeline.fit import execute
 from pipeline.kernels import make_kernel
-from pipeline.policy.plan import FitPlan
+from pipeline.plan.fit_plan import FitPlan
 
 
 def test_float32_in_place_without_x_in_memory_is_refused_before_any_work(tmp_path):
@@ -44,7 +44,7 @@ def test_cg_on_a_float32_gram_needs_x_in_memory(tmp_path):
     """CG with the stored matvec on a float32 Gram is refined with float64 products
     from X; without X in memory it is refused before the solve (the Gram, the caller's,
     stays as it is)."""
-    from pipeline.gram import build_gram
+    from pipeline.linalg.gram import build_gram
 
     rng = np.random.default_rng(2)
     X = rng.normal(size=(120, 3))

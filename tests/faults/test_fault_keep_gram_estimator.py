@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from pipeline import KernelRidge
-from pipeline.policy.plan import Resources, plan_fit
+from pipeline.plan.fit_plan import Resources, plan_fit
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,7 @@ def test_plan_carries_keep_gram_and_check_disk():
 
 
 def test_config_keys():
-    from pipeline.config import SolverConfig
+    from pipeline.stages.config import SolverConfig
 
     s = SolverConfig(keep_gram=False, check_disk=False)
     assert s.keep_gram is False and s.check_disk is False
@@ -69,7 +69,7 @@ def test_float32_in_place_stores_a_float32_gram_and_refines_to_float64(data, tmp
     (the in-place factor's own dtype; it used to raise a dtype mismatch) and the fit
     refines alpha to the float64 answer with matrix-free products from X, for two
     alphas and for a Dask X."""
-    from pipeline.gram.build import open_gram
+    from pipeline.linalg.gram import open_gram
 
     X, y = data
     for alpha in (1e-2, 1e-1):

@@ -9,11 +9,11 @@ from pipeline.kernels import RBF, Linear, Scaled, Sum, Warped
 
 
 def test_a_float32_gram_that_overflows_is_refused(tmp_path):
-    from pipeline.gram.build import build_gram
+    from pipeline.linalg.gram import build_gram
 
     X = np.random.default_rng(13).standard_normal((60, 3)) * 1e20  # K ~ 1e40: float64 only
     for kd in (None, "float64"):
-        from pipeline.solvers.cholesky_options import NonFiniteKernelError
+        from pipeline.linalg.cholesky_options import NonFiniteKernelError
 
         with pytest.raises(NonFiniteKernelError, match="overflows float32 storage"):
             build_gram(X, Linear(), str(tmp_path / f"g{kd}"), 25, dtype="float32",
@@ -21,7 +21,7 @@ def test_a_float32_gram_that_overflows_is_refused(tmp_path):
 
 
 def test_float64_evaluation_of_float32_rows_is_float64_for_composites():
-    from pipeline.tiles import kernel_tile
+    from pipeline.engine import kernel_tile
 
     X = np.random.default_rng(0).standard_normal((50, 4)).astype(np.float32)
     ref = RBF(gamma=0.5)(X.astype(np.float64))

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from pipeline import KernelRidge
-from pipeline.gram import gram_fingerprint
 from pipeline.kernels import RBF, Linear, kernel_from_spec
+from pipeline.linalg.gram import gram_fingerprint
 from pipeline.storage import StoreMismatchError
 
 
@@ -43,7 +43,7 @@ def test_fingerprint_names_each_node_class():
 
 
 def test_subclass_does_not_reuse_the_rbf_gram(data, tmp_path):
-    from pipeline.gram import build_gram
+    from pipeline.linalg.gram import build_gram
 
     X, y = data
     kw = dict(alpha=0.1, solver="cholesky", block_size=64, store=tmp_path / "s")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from pipeline import KernelRidge
-from pipeline.config import load_config
+from pipeline.stages.config import load_config
 
 
 def test_tilde_paths_in_a_config_are_the_home_directorys(tmp_path, monkeypatch):

@@ -20,9 +20,9 @@ import pytest
 import zarr
 
 from pipeline import cli
-from pipeline.artifact import save_artifact
-from pipeline.config import ConfigError, load_config
-from pipeline.predict import predict
+from pipeline.linalg.blockwise import predict
+from pipeline.models.artifact import save_artifact
+from pipeline.stages.config import ConfigError, load_config
 from pipeline.stages.runner import RunDirConflict, Stage, run_stages
 from pipeline.storage import ForeignPathError, open_tiled_array
 

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.engine.placement import Probes
 from pipeline.fit import row_probes
 from pipeline.kernels import RBF
-from pipeline.policy.calibrated import CalibratedCostModel
-from pipeline.policy.placement import Probes
-from pipeline.policy.plan import Resources, plan_fit
+from pipeline.plan.calibrated import CalibratedCostModel
+from pipeline.plan.fit_plan import Resources, plan_fit
 
 BENCH = Path(__file__).resolve().parents[2] / "workflows" / "benchmarks"
 RES = Resources(memory_bytes=1e13, disk_bytes=1e15, in_memory=False)
@@ -200,7 +200,7 @@ def test_the_model_ranks_the_variants_without_the_noise_margin(variant_cases, mo
     # D = 64 it does not yet: the iteration model overestimates those solves about 10x
     # (a flat residual spectrum, docs/PERFORMANCE.md), which favours the stored Gram's
     # cheaper products (synthetic64, N = 4,000, λ = 1e-3: stored 2.79 s, float64 1.73 s)
-    from pipeline.policy import constants as C
+    from pipeline import constants as C
 
     monkeypatch.setattr(C, "CG_VARIANT_MIN_SAVING", 0.0)
     monkeypatch.setattr(C, "CG_VARIANT_MIN_SECONDS", 0.0)

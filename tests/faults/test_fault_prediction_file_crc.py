@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.config import load_config
-from pipeline.predict.output import file_crc32c, write_predictions
 from pipeline.stages import default_stages, run_stages
+from pipeline.stages.config import load_config
+from pipeline.storage.predictions import file_crc32c, write_predictions
 
 BASE = {
     "data": {"source": "sklearn", "name": "diabetes"},
@@ -99,7 +99,7 @@ def test_a_write_killed_between_its_renames_is_replaced_and_zero_rows_write(
     # name f"{path}.tmp-{pid}" truncated and removed a file of that name (session 26)
     import os
 
-    import pipeline.predict.output as output
+    import pipeline.storage.predictions as output
 
     pytest.importorskip("pyarrow") if ext == "parquet" else None
     out = tmp_path / f"y.{ext}"

@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 import zarr
 
-from pipeline.config import load_config
 from pipeline.stages import default_stages, run_stages
+from pipeline.stages.config import load_config
 
 CATS = ["low", "mid", "high"]
 
@@ -35,7 +35,7 @@ def _tables(tmp_path, n=240):
 
 def test_ordinal_codes_apply_to_csv_training_rows_and_to_raw_prediction_rows(tmp_path):
     from pipeline import load
-    from pipeline.artifact import load_artifact
+    from pipeline.models.artifact import load_artifact
     from pipeline.stages.status import latest_model
 
     codes = _tables(tmp_path)
@@ -67,7 +67,7 @@ def test_ordinal_codes_apply_to_csv_training_rows_and_to_raw_prediction_rows(tmp
 
 
 def test_a_header_only_csv_predicts_no_rows(tmp_path):
-    from pipeline.io import as_row_blocks
+    from pipeline.storage.inputs import as_row_blocks
 
     (tmp_path / "h.csv").write_text("a,b,c\n")
     assert as_row_blocks(str(tmp_path / "h.csv"), 10).shape == (0, 3)
@@ -77,8 +77,8 @@ def test_a_header_only_csv_predicts_no_rows(tmp_path):
 
 
 def test_a_zarr_prediction_store_says_when_it_is_complete(tmp_path, monkeypatch):
-    import pipeline.predict.blockwise as bw
-    from pipeline.predict import predict
+    import pipeline.linalg.blockwise as bw
+    from pipeline.linalg.blockwise import predict
 
     rng = np.random.default_rng(1)
     Xt, a, Xn = rng.normal(size=(50, 3)), rng.normal(size=50), rng.normal(size=(40, 3))
@@ -107,7 +107,7 @@ def test_a_zarr_prediction_store_says_when_it_is_complete(tmp_path, monkeypatch)
 def test_ordinal_categories_that_a_csv_reader_parses_as_numbers(tmp_path):
     # "1", "2", "3" were read as integers and matched no category: "values ['1', '2',
     # '3'] outside its categories ['1', '2', '3']" (session 26)
-    from pipeline.io.inputs import encode_ordinal
+    from pipeline.storage.inputs import encode_ordinal
 
     df = pd.DataFrame({"g": [1, 3, 2], "h": [1.0, None, 2.0], "b": [True, False, True]})
     out = encode_ordinal(df, {"g": ["1", "2", "3"], "b": ["False", "True"]}, "t")

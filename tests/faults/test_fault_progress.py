@@ -12,10 +12,11 @@ import re
 import numpy as np
 import pytest
 
-from pipeline import KernelRidge, progress, progress_dask
-from pipeline.gram import build_gram
+from pipeline import KernelRidge
+from pipeline.engine import progress, progress_dask
 from pipeline.kernels import RBF
-from pipeline.model_selection import KernelRidgeCV
+from pipeline.linalg.gram import build_gram
+from pipeline.models.selection import KernelRidgeCV
 
 STAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d ")
 
@@ -98,7 +99,9 @@ def test_off_and_default_estimators_show_nothing(data, tmp_path, capfd, monkeypa
     # log lines of other loggers (a krr main() run earlier in this process may have left
     # its stderr handler on the root logger) are not progress: drop them
     err = "\n".join(
-        ln for ln in err.splitlines() if " INFO pipeline." not in ln or "pipeline.progress" in ln
+        ln
+        for ln in err.splitlines()
+        if " INFO pipeline." not in ln or "pipeline.engine.progress" in ln
     )
     assert "gram" not in err and "cholesky" not in err and "tiles" not in err, err
 
@@ -164,7 +167,7 @@ def test_threaded_scheduler_uses_tqdm_dask_callback(data, tmp_path, capfd, monke
 def test_distributed_client_uses_the_scheduler_feed(data, tmp_path, capfd, caplog, monkeypatch):
     from distributed import Client, LocalCluster
 
-    from pipeline.policy import constants as C
+    from pipeline import constants as C
 
     X, _ = data
     seen = _trackers(monkeypatch)
@@ -257,7 +260,7 @@ def test_jupyter_kernel_shows_a_widget(tmp_path):
 
     code = (
         "import numpy as np\n"
-        "from pipeline.gram import build_gram\n"
+        "from pipeline.linalg.gram import build_gram\n"
         "from pipeline.kernels import RBF\n"
         "X = np.random.default_rng(0).standard_normal((200, 3))\n"
         f"g = build_gram(X, RBF(gamma=0.2), {str(tmp_path / 's')!r}, 64)\n"

@@ -82,7 +82,7 @@ def test_the_scanner_finds_internal_imports():
     assert _internal_imports("%matplotlib inline\nfrom pipeline.report.gather import gather") == [
         "report"
     ]
-    assert _internal_imports("python -c 'import pipeline.config'\n") == ["config"]
+    assert _internal_imports("python -c 'import pipeline.stages.config'\n") == ["config"]
     assert _internal_imports("import pipeline\nfrom pipeline.cli import main\n") == []
 
 

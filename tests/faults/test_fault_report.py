@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.config import load_config
 from pipeline.stages import Manifest, Stage, default_stages, run_stages
+from pipeline.stages.config import load_config
 
 BASE = {
     "data": {"source": "sklearn", "name": "diabetes"},

@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 
 from pipeline import cli
-from pipeline.artifact import load_artifact
-from pipeline.config import load_config
+from pipeline.models.artifact import load_artifact
 from pipeline.stages import default_stages, run_stages
+from pipeline.stages.config import load_config
 from pipeline.stages.evaluate import metrics_file_view
 from pipeline.stages.manifest import Manifest, ManifestError
 from pipeline.stages.status import latest_model, run_status

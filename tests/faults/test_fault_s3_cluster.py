@@ -55,7 +55,7 @@ def _put_zarr(url: str, a: np.ndarray) -> None:
 def _results(run_dir: str) -> dict[str, np.ndarray]:
     import zarr
 
-    from pipeline.artifact import load_artifact
+    from pipeline.models.artifact import load_artifact
     from pipeline.stages.manifest import Manifest
     from pipeline.storage.location import Location
 

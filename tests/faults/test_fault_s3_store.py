@@ -73,7 +73,7 @@ def _results(run_dir: str) -> dict[str, np.ndarray]:
     """α from the model artifact and every prediction array (local path or URL)."""
     import zarr
 
-    from pipeline.artifact import load_artifact
+    from pipeline.models.artifact import load_artifact
     from pipeline.stages.manifest import Manifest
     from pipeline.storage.location import Location
 
@@ -255,7 +255,7 @@ def test_scheme_without_filesystem_names_the_package(tmp_path):
 
 
 def test_whole_bucket_is_not_a_run_directory():
-    from pipeline.config import check_run_dir
+    from pipeline.stages.config import check_run_dir
 
     with pytest.raises(ValueError, match="whole bucket"):
         check_run_dir("s3://bucket")

@@ -15,7 +15,7 @@ import pytest
 from sklearn.kernel_ridge import KernelRidge as SkKernelRidge
 
 from pipeline import KernelRidge
-from pipeline.policy.plan import Resources, plan_fit
+from pipeline.plan.fit_plan import Resources, plan_fit
 
 N = 203  # ragged last tile for every block size below but 203
 

@@ -23,8 +23,8 @@ from __future__ import annotations
 import numpy as np
 import zarr
 
-from pipeline.config import load_config
 from pipeline.stages import Manifest, default_stages, run_stages
+from pipeline.stages.config import load_config
 from pipeline.stages.runner import stage_fingerprint
 
 CONFIG = {
@@ -102,8 +102,8 @@ def test_run_fingerprints_unchanged(tmp_path, monkeypatch):
 def test_every_stage_output_is_typed_and_keeps_its_json(tmp_path, monkeypatch):
     import inspect
 
-    from pipeline.config import DataConfig, EvaluateConfig, PredictConfig, SolverConfig
     from pipeline.stages import evaluate, ingest, predict, solve
+    from pipeline.stages.config import DataConfig, EvaluateConfig, PredictConfig, SolverConfig
     from pipeline.stages.outputs import (
         EvaluateOutput,
         GramOutput,
@@ -150,8 +150,8 @@ def test_every_stage_output_is_typed_and_keeps_its_json(tmp_path, monkeypatch):
 
 
 def test_typed_params_validate_the_fingerprinted_json():
-    from pipeline.config import EvaluateConfig, PredictConfig, SolverConfig
     from pipeline.stages import typed_params
+    from pipeline.stages.config import EvaluateConfig, PredictConfig, SolverConfig
 
     params = load_config(CONFIG).stage_params()
     solve = typed_params("solve", params["solve"])

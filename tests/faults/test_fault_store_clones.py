@@ -16,8 +16,8 @@ from sklearn.kernel_ridge import KernelRidge as SkKernelRidge
 from sklearn.model_selection import GridSearchCV, KFold, cross_val_score
 
 from pipeline import KernelRidge
-from pipeline.gram import build_gram
 from pipeline.kernels import RBF
+from pipeline.linalg.gram import build_gram
 from pipeline.storage import StoreMismatchError
 
 

@@ -44,7 +44,7 @@ def test_krr_run_turns_refused_credentials_into_exit_7(monkeypatch):
     from types import SimpleNamespace
 
     import pipeline.storage.location as location
-    from pipeline import cli_errors
+    from pipeline.cli import errors as cli_errors
 
     monkeypatch.setattr(location, "filesystem_for", lambda url, opts=None: (_Refusing(), "b/run"))
     cfg = SimpleNamespace(storage=SimpleNamespace(options=None, create_bucket=False))

@@ -15,7 +15,7 @@ import pytest
 import zarr
 
 from pipeline import KernelRidge, cli
-from pipeline.artifact import load_artifact, save_artifact
+from pipeline.models.artifact import load_artifact, save_artifact
 
 FEATURES = ["carat", "depth", "table"]
 
@@ -193,7 +193,7 @@ def test_unknown_output_extension_is_refused_before_any_work(tmp_path, capsys, n
 def test_config_predict_output_extension_is_checked():
     from pydantic import ValidationError
 
-    from pipeline.config import PredictConfig
+    from pipeline.stages.config import PredictConfig
 
     with pytest.raises(ValidationError, match="'.txt'"):
         PredictConfig(output="preds.txt")

@@ -18,11 +18,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.artifact import ArtifactError, load_artifact
 from pipeline.kernels import RBF
-from pipeline.predict import predict
-from pipeline.solvers.cg_checkpoint import resumable_cg
-from pipeline.solvers.matvec import make_operator
+from pipeline.linalg.blockwise import predict
+from pipeline.linalg.cg_checkpoint import resumable_cg
+from pipeline.linalg.matvec import make_operator
+from pipeline.models.artifact import ArtifactError, load_artifact
 from pipeline.storage import (
     CorruptTileError,
     MissingTileError,
@@ -238,7 +238,7 @@ def test_missing_prediction_marker_is_named(tmp_path):
         res.to_numpy()
 
 
-@pytest.mark.filterwarnings("ignore::pipeline.solvers.cg.CGConvergenceWarning")
+@pytest.mark.filterwarnings("ignore::pipeline.linalg.cg.CGConvergenceWarning")
 def test_corrupt_cg_checkpoint_is_not_resumed(tmp_path, caplog):
     rng = np.random.default_rng(2)
     X = rng.normal(size=(120, 3))
@@ -251,7 +251,7 @@ def test_corrupt_cg_checkpoint_is_not_resumed(tmp_path, caplog):
     slots = sorted((tmp_path / "cg" / "_cg" / "cg").glob("slot*.npz"))
     latest = max(slots, key=lambda p: p.stat().st_mtime_ns)
     _flip(latest, offset=len(latest.read_bytes()) // 2)  # inside the saved vectors
-    with caplog.at_level(logging.WARNING, logger="pipeline.solvers.cg_checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.linalg.cg_checkpoint"):
         res = resumable_cg(op, y, store, max_iter=60, **kw)
     assert res.start_iter == 0, "resumed from a corrupt checkpoint"
     assert "is corrupt" in caplog.text and latest.name in caplog.text

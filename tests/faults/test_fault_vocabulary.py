@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import KernelRidge
-from pipeline.config import KEY_ALIASES, ConfigError, RunConfig, load_config
+from pipeline.stages.config import KEY_ALIASES, ConfigError, RunConfig, load_config
 
 BASE = {"data": {"source": "sklearn", "name": "diabetes"}}
 KEY_TABLE = Path(__file__).resolve().parents[2] / "docs" / "CONFIG.md"

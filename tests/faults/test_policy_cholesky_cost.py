@@ -1,11 +1,11 @@
-"""The out-of-core Cholesky's cost model (pipeline.policy.cholesky_cost): pure functions."""
+"""The out-of-core Cholesky's cost model (pipeline.plan.cholesky_cost): pure functions."""
 
 from __future__ import annotations
 
 import pytest
 
-from pipeline.policy import cholesky_cost as cc
-from pipeline.solvers.cholesky_inplace import factor_disk_bytes
+from pipeline.linalg.cholesky_inplace import factor_disk_bytes
+from pipeline.plan import cholesky_cost as cc
 
 RATES = dict(gemm_gflops=159.0, disk_read_gbps=1.0, disk_write_gbps=0.8)
 

@@ -1,14 +1,14 @@
-"""The plan-time estimate of the preconditioner's residual (pipeline.solvers.spectrum)."""
+"""The plan-time estimate of the preconditioner's residual (pipeline.linalg.spectrum)."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from pipeline import constants as C
 from pipeline.kernels import RBF
-from pipeline.policy import constants as C
-from pipeline.solvers.dense_operator import DenseKernelOperator
-from pipeline.solvers.precond import rpcholesky
-from pipeline.solvers.spectrum import estimate_residual, sample_size
+from pipeline.linalg.dense_operator import DenseKernelOperator
+from pipeline.linalg.precond import rpcholesky
+from pipeline.linalg.spectrum import estimate_residual, sample_size
 
 
 def _data(n, d=4, seed=0):

@@ -42,7 +42,7 @@ def conf(tmp_path_factory) -> Path:
 
 
 def _alpha(run_dir: Path) -> np.ndarray:
-    from pipeline.artifact import load_artifact
+    from pipeline.models.artifact import load_artifact
     from pipeline.stages.manifest import Manifest
 
     m = Manifest.load(run_dir)

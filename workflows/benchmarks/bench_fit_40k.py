@@ -33,12 +33,13 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.constants import GRAM_ON_DEMAND_KERNEL_DTYPE
 from pipeline.diagnostics import peak_rss_bytes
-from pipeline.gram import build_gram
 from pipeline.kernels import RBF
-from pipeline.policy.constants import GRAM_ON_DEMAND_KERNEL_DTYPE
-from pipeline.solvers import cholesky_solve, release_tile_cache, tile_cholesky
-from pipeline.solvers.cholesky_inplace import GramTileRecomputer
+from pipeline.linalg.cholesky import release_tile_cache, tile_cholesky
+from pipeline.linalg.cholesky_inplace import GramTileRecomputer
+from pipeline.linalg.gram import build_gram
+from pipeline.linalg.triangular import cholesky_solve
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gemm_baseline import gemm_peak_gflops, peak_line  # noqa: E402
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     stack = contextlib.ExitStack()
     client = None
     if a.scheduler == "client":  # started before the clock, as krr run starts it
-        from pipeline.parallel import dask_client
+        from pipeline.engine.parallel import dask_client
 
         client = stack.enter_context(dask_client())
         client.run(start_private)
@@ -180,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         t2 = time.perf_counter()
         refine: dict = {}
         if a.refine == "matrix_free" or a.keep_gram == "false":
-            from pipeline.solvers.triangular import solve_refined
+            from pipeline.linalg.triangular import solve_refined
 
             alpha = solve_refined(factor, y, X=X, kernel=kernel, stats=refine)
             refine.pop("refine_operator", None)

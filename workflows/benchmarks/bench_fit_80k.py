@@ -19,7 +19,7 @@ residual ``‖(K + λI) α - y‖ / ‖y‖`` computed blockwise from kernel row
 Targets: <= 30 minutes in all, peak RSS <= 3 GB, relative residual <= 1e-11.
 Prints the time of each stage, GFLOP/s of the factorisation, the peak RSS after
 each stage, the disk the store used, and the cost model's prediction
-(:mod:`pipeline.policy.cholesky_cost`) next to the measured factor time.
+(:mod:`pipeline.plan.cholesky_cost`) next to the measured factor time.
 
 It imports internals (the Gram, the solvers, the Cholesky cost model and the
 diagnostics) because it times each phase of the fit on its own and checks the cost
@@ -39,14 +39,14 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.constants import GRAM_ON_DEMAND_KERNEL_DTYPE
 from pipeline.diagnostics import peak_rss_bytes
-from pipeline.gram import build_gram
 from pipeline.kernels import RBF
-from pipeline.policy.cholesky_cost import predict_cholesky
-from pipeline.policy.constants import GRAM_ON_DEMAND_KERNEL_DTYPE
-from pipeline.solvers import release_tile_cache, tile_cholesky
-from pipeline.solvers.cholesky_inplace import GramTileRecomputer
-from pipeline.solvers.triangular import solve_refined
+from pipeline.linalg.cholesky import release_tile_cache, tile_cholesky
+from pipeline.linalg.cholesky_inplace import GramTileRecomputer
+from pipeline.linalg.gram import build_gram
+from pipeline.linalg.triangular import solve_refined
+from pipeline.plan.cholesky_cost import predict_cholesky
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gemm_baseline import gemm_peak_gflops, peak_line  # noqa: E402
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dir", default=None, help="scratch directory for the store")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
-    import pipeline.policy.constants as policy_constants
+    import pipeline.constants as policy_constants
 
     policy_constants.RECYCLE_HELD_EVICTIONS = a.recycle_held == "on"
     n = a.n or (8_000 if a.quick else 80_000)

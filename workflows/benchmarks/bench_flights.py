@@ -174,7 +174,7 @@ def stage_subsample(d: dict, args: argparse.Namespace) -> dict:
 def stage_full(d: dict, args: argparse.Namespace) -> dict:
     import pipeline
     from pipeline.kernels import RBF
-    from pipeline.solvers.matvec import MatrixFreeKernelOperator
+    from pipeline.linalg.matvec import MatrixFreeKernelOperator
 
     if args.all_rows:  # every complete row, the held-out 10 % included (no test RMSE)
         d = {**d, "X": np.vstack([d["X"], d["X_test"]]),

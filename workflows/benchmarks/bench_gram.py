@@ -12,7 +12,7 @@ In one process and on the same tiles (lower triangle of K(X, X), RBF) it times
 * ``write-only``: the same bytes (the Gram's own tiles, computed untimed and held
   in RAM for this phase only) region-written into a Zarr v3 array with the same
   chunks, no compression, same parallelism;
-* ``build``: :func:`pipeline.gram.build_gram` into a fresh store (this includes
+* ``build``: :func:`pipeline.linalg.gram.build_gram` into a fresh store (this includes
   the streaming validation and fingerprint pass over X, and the markers).
 
 Each phase starts after the previous store was deleted and ``os.sync()`` ran, so
@@ -45,9 +45,9 @@ import psutil
 import zarr
 
 from pipeline.diagnostics import peak_rss_bytes
-from pipeline.gram import build_gram
+from pipeline.engine.parallel import compute
 from pipeline.kernels import RBF
-from pipeline.parallel import compute
+from pipeline.linalg.gram import build_gram
 from pipeline.storage import TileGrid
 
 

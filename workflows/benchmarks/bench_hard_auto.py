@@ -41,7 +41,7 @@ def _fit(kind: str, n: int, lam: float, gamma: float, q) -> None:
 
     import pipeline
     from pipeline.kernels import RBF
-    from pipeline.solvers.matvec import MatrixFreeKernelOperator
+    from pipeline.linalg.matvec import MatrixFreeKernelOperator
 
     logging.basicConfig(level=logging.INFO, format="    %(name)s: %(message)s")
     logging.getLogger("distributed").setLevel(logging.WARNING)

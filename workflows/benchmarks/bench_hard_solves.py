@@ -49,11 +49,11 @@ import warnings
 import numpy as np
 
 from pipeline.kernels import RBF
-from pipeline.policy import cg_cost
-from pipeline.solvers.cg import CGConvergenceWarning, conjugate_gradient
-from pipeline.solvers.cg_mixed import float32_twin, mixed_precision_cg
-from pipeline.solvers.matvec import MatrixFreeKernelOperator
-from pipeline.solvers.precond import adaptive_nystrom_preconditioner, make_preconditioner
+from pipeline.linalg.cg import CGConvergenceWarning, conjugate_gradient
+from pipeline.linalg.cg_mixed import float32_twin, mixed_precision_cg
+from pipeline.linalg.matvec import MatrixFreeKernelOperator
+from pipeline.linalg.precond import adaptive_nystrom_preconditioner, make_preconditioner
+from pipeline.plan import cg_cost
 
 GB = 1e9
 CUT = ["Fair", "Good", "Very Good", "Premium", "Ideal"]

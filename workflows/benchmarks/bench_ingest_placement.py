@@ -1,7 +1,7 @@
 """Benchmark: where the ingest stage runs, by the source's size (``SMALL_INGEST_VALUES``).
 
 ``krr run`` ingests a source of at most
-:data:`~pipeline.policy.constants.SMALL_INGEST_VALUES` values (rows x (features +
+:data:`~pipeline.constants.SMALL_INGEST_VALUES` values (rows x (features +
 targets)) in this process when the embedded cluster's workers run on this machine,
 and larger ones on the workers (session 22, measured on the main job's 0.1 million
 values only). This benchmark checks that threshold at several sizes: for each, it
@@ -14,7 +14,7 @@ with the ingest
   row-block validation still reads here, as shipped). The shipped rule runs
   ``here`` up to the threshold and ``workers`` above it;
 - ``cluster`` (the baseline, as before session 22): every step on the workers
-  (``pipeline.parallel.beside_local_workers`` answers False).
+  (``pipeline.engine.parallel.beside_local_workers`` answers False).
 
 It prints the ingest stage's seconds from the run's manifest for each, and whether
 the shipped rule picks the faster of ``here`` and ``workers``; all must store the
@@ -22,7 +22,7 @@ same rows (the ingest fingerprint).
 
     python workflows/benchmarks/bench_ingest_placement.py --quick
 
-It imports internals (``pipeline.parallel``, ``pipeline.policy.constants``,
+It imports internals (``pipeline.engine.parallel``, ``pipeline.constants``,
 ``pipeline.cli``) because it patches the placement rule itself in the child process
 that runs ``krr run``.
 """
@@ -49,8 +49,8 @@ block_size: {block}
 
 _CHILD = """
 import sys
-import pipeline.parallel as par
-import pipeline.policy.constants as C
+import pipeline.engine.parallel as par
+import pipeline.constants as C
 if sys.argv[1] == "cluster":
     par.beside_local_workers = lambda graph=None: False
 elif sys.argv[1] == "here":
@@ -94,7 +94,7 @@ def run_once(mode: str, conf: Path, workdir: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from pipeline.policy.constants import SMALL_INGEST_VALUES
+    from pipeline.constants import SMALL_INGEST_VALUES
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--millions", default="0.5,2,8,24", help="source sizes, in millions of values")

@@ -4,10 +4,10 @@ Runs the main job on the embedded LocalCluster twice per repeat, each in a fresh
 process and a fresh run directory:
 
 - ``ours``: as shipped; small steps beside a cluster on this machine run in this
-  process (``pipeline.parallel.in_this_process``: a small source's ingest, the
+  process (``pipeline.engine.parallel.in_this_process``: a small source's ingest, the
   row-block validation, small Gram builds and tile passes);
 - ``cluster`` (the baseline, as before session 22): every step on the cluster's
-  workers (``pipeline.parallel.beside_local_workers`` answers False).
+  workers (``pipeline.engine.parallel.beside_local_workers`` answers False).
 
 It prints each stage's seconds from the run's manifest, the whole run's wall time
 and the held-out R², and checks that both modes stored the same training rows
@@ -15,7 +15,7 @@ and the held-out R², and checks that both modes stored the same training rows
 
     python workflows/benchmarks/bench_main_job.py --repeats 2
 
-It imports internals (``pipeline.parallel``, ``pipeline.cli``) because the baseline
+It imports internals (``pipeline.engine.parallel``, ``pipeline.cli``) because the baseline
 patches the placement rule itself (``beside_local_workers``) in the child process that
 runs ``krr run``.
 """
@@ -35,7 +35,7 @@ STAGES = ("ingest", "gram", "solve", "model", "predict", "evaluate")
 
 _CHILD = """
 import sys
-import pipeline.parallel as par
+import pipeline.engine.parallel as par
 if sys.argv[1] == "cluster":
     par.beside_local_workers = lambda graph=None: False
 from pipeline.cli import main

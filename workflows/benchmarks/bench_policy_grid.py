@@ -24,7 +24,7 @@ difficulty at γ = 0.1, resemble the 8-feature set's while each kernel entry cos
 feature terms). Both are rebuilt
 from their seeds by :func:`grid_data`, so the replay needs no stored rows.
 
-It imports internals (``pipeline.policy``: the cost model and ``plan_fit``) because it
+It imports internals (``pipeline.plan``: the cost model and ``plan_fit``) because it
 prints the policy's predictions and its choice next to the measured times, which the
 public estimator does not expose; the fits themselves go through ``pipeline.KernelRidge``.
 """
@@ -91,8 +91,8 @@ def policy(n: int, d: int, lam: float, X: np.ndarray | None = None) -> dict:
     """The plan's choice and the cost model's predictions for one case."""
     from pipeline.fit import row_probes
     from pipeline.kernels import RBF
-    from pipeline.policy.calibrated import CalibratedCostModel
-    from pipeline.policy.plan import Resources, plan_fit
+    from pipeline.plan.calibrated import CalibratedCostModel
+    from pipeline.plan.fit_plan import Resources, plan_fit
 
     kernel = RBF(gamma=GAMMA)
     res = Resources(memory_bytes=RES_BYTES[0], disk_bytes=RES_BYTES[1], in_memory=False)
@@ -109,9 +109,9 @@ def policy_variant(n: int, d: int, lam: float, X: np.ndarray | None = None) -> d
     model's seconds of each variant."""
     from pipeline.fit import row_probes
     from pipeline.kernels import RBF
-    from pipeline.policy.calibrated import CalibratedCostModel
-    from pipeline.policy.plan import Resources, plan_fit
-    from pipeline.solvers.spectrum import estimate_residual
+    from pipeline.linalg.spectrum import estimate_residual
+    from pipeline.plan.calibrated import CalibratedCostModel
+    from pipeline.plan.fit_plan import Resources, plan_fit
 
     kernel = RBF(gamma=GAMMA)
     res = Resources(memory_bytes=RES_BYTES[0], disk_bytes=RES_BYTES[1], in_memory=False)

@@ -3,7 +3,7 @@
 Full size (the issue's target): N = 50,000 training points, M = 1,000,000 new
 points, D = 16, RBF kernel. In one run it measures
 
-1. the pipeline: ``pipeline.predict.predict`` from a Zarr input to a Zarr
+1. the pipeline: ``pipeline.linalg.blockwise.predict`` from a Zarr input to a Zarr
    output with completion markers (threaded scheduler, ``--threads`` threads,
    BLAS at one thread per task), including the input-fingerprint pass;
 2. the bare loop: the same kernel tiles and GEMVs (``tile_product``, same
@@ -18,7 +18,7 @@ the bare loop and scikit-learn, which hold more in memory).
 
 Run ``python workflows/benchmarks/bench_predict.py --quick`` for small sizes.
 
-It imports internals (``pipeline.predict``, the kernels and the diagnostics) because it
+It imports internals (``pipeline.linalg.blockwise``, the kernels and the diagnostics) because it
 times the blockwise prediction engine itself, from a Zarr input to a Zarr output,
 without an estimator around it.
 """
@@ -41,7 +41,7 @@ from threadpoolctl import threadpool_limits
 
 from pipeline.diagnostics import peak_rss_bytes
 from pipeline.kernels import RBF
-from pipeline.predict import CACHE_BLOCK, predict, tile_product
+from pipeline.linalg.blockwise import CACHE_BLOCK, predict, tile_product
 
 
 def _rss_peak() -> int:

@@ -4,13 +4,13 @@ Target (2 cores): ``K(X_new, X_train) @ alpha`` for M = 1,000,000 new rows and
 N = 50,000 training rows at >= 0.5 G kernel entries/s in float64, with a peak
 resident set size <= 1 GB.
 
-It imports internals (``pipeline.predict.predict``, ``pipeline.kernels.RBF`` and
+It imports internals (``pipeline.linalg.blockwise.predict``, ``pipeline.kernels.RBF`` and
 ``pipeline.diagnostics.peak_rss_bytes``) because it times the blockwise prediction
 engine itself on a synthetic alpha, without a fit in front of it.
 
 In one run it measures
 
-1. the public path: :func:`pipeline.predict.predict` from a Zarr input of
+1. the public path: :func:`pipeline.linalg.blockwise.predict` from a Zarr input of
    M x D rows (synthetic standard normal, D = 16 by default, written here in
    65,536-row chunks) to a Zarr output with completion markers, on the
    threaded scheduler with ``--threads`` workers; RBF(gamma = 1/D), alpha
@@ -65,7 +65,7 @@ from threadpoolctl import threadpool_limits
 
 from pipeline.diagnostics import current_rss_bytes, peak_rss_bytes
 from pipeline.kernels import RBF
-from pipeline.predict import predict
+from pipeline.linalg.blockwise import predict
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from memory_sampler import PeakSampler  # noqa: E402
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"\n{'method':<46} {'G ent':>8} {'wall s':>8} {'CPU s':>8} {'G ent/s':>8} "
               f"{'G/CPU-s':>8} {'full M*N s':>10}  {'vs plain':>7}  {'CPU-s':>7}")  # fmt: skip
-        row("pipeline.predict (Zarr -> Zarr, markers)", ent, wall, cpu)
+        row("pipeline.linalg.blockwise (Zarr -> Zarr, markers)", ent, wall, cpu)
         row(f"plain numpy tile loop, {S:,} rows (extrap.)", S * N, w_plain, c_plain)
         row(f"sklearn pairwise_kernels, {S_sk:,} rows (extrap.)", S_sk * N, w_sk, c_sk)
         gib = 2**30

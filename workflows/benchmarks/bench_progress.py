@@ -5,7 +5,7 @@ Usage::
     python workflows/benchmarks/bench_progress.py            # N=8,192, block 256: 528 tiles
     python workflows/benchmarks/bench_progress.py --quick    # N=4,096, block 256: 136 tiles
 
-The same :func:`pipeline.gram.build_gram` (threaded scheduler, fused float64
+The same :func:`pipeline.linalg.gram.build_gram` (threaded scheduler, fused float64
 tiles, uncompressed Zarr, markers) into a fresh store, with the progress mode
 ``off`` (the baseline), ``lines`` (timestamped lines through the Dask callback)
 and ``bars`` (a ``tqdm`` bar through ``tqdm.dask.TqdmCallback``, drawn into
@@ -37,9 +37,9 @@ import time
 
 import numpy as np
 
-from pipeline.gram import build_gram
+from pipeline.engine.progress import set_progress_mode
 from pipeline.kernels import RBF
-from pipeline.progress import set_progress_mode
+from pipeline.linalg.gram import build_gram
 
 
 def _build(X: np.ndarray, block: int, mode: str) -> float:
@@ -57,10 +57,10 @@ def _build(X: np.ndarray, block: int, mode: str) -> float:
 
 def _callback_cost(X: np.ndarray, block: int, mode: str, repeats: int = 5) -> float:
     """Seconds the display's callback spends on one build's graph (start + every task)."""
-    from pipeline.gram.build import tile_graph
-    from pipeline.io import as_row_blocks
-    from pipeline.progress_dask import dask_progress
+    from pipeline.engine.progress_dask import dask_progress
+    from pipeline.linalg.gram import tile_graph
     from pipeline.storage import open_tiled_array
+    from pipeline.storage.inputs import as_row_blocks
 
     root = tempfile.mkdtemp(prefix="bench-progress-")
     try:

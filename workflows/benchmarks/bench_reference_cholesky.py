@@ -6,7 +6,7 @@ LAPACK potrf with BLAS held to one thread (the other OpenBLAS-safe option), same
 
 The faster one should be the default above ``dual.BLOCKED_MIN_N``.
 
-It imports internals (``pipeline.reference``) because it times the in-memory reference
+It imports internals (``pipeline.linalg.dense_dual``) because it times the in-memory reference
 solver, which is a test oracle and not public API.
 """
 
@@ -18,7 +18,7 @@ import time
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from pipeline.reference import dual
+from pipeline.linalg import dense_dual as dual
 
 
 def _spd(n: int, seed: int = 0) -> np.ndarray:

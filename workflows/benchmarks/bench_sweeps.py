@@ -6,7 +6,7 @@ then times, on the same factor:
 - the solve ``alpha = (K + lam I)^-1 y`` (forward and back sweeps), 1 and 64
   right-hand sides;
 - the exact leave-one-out diagonal ``diag((K + lam I)^-1)``
-  (:func:`pipeline.model_selection.loo.inverse_diagonal`: ``L^-1`` panel by panel,
+  (:func:`pipeline.models.selection.loo.inverse_diagonal`: ``L^-1`` panel by panel,
   about ``n^3/3`` flops);
 
 three ways:
@@ -36,14 +36,14 @@ import time
 import numpy as np
 import scipy.linalg
 
-import pipeline.model_selection.loo as loo_mod
-from pipeline.gram import build_gram
+import pipeline.models.selection.loo as loo_mod
 from pipeline.kernels import RBF
-from pipeline.model_selection.loo import inverse_diagonal
-from pipeline.solvers import cholesky_solve, tile_cholesky
-from pipeline.solvers import triangular as tri
-from pipeline.solvers.blas import process_threads
-from pipeline.solvers.cholesky import _read_factor_tile
+from pipeline.linalg import triangular as tri
+from pipeline.linalg.blas import process_threads
+from pipeline.linalg.cholesky import _read_factor_tile, tile_cholesky
+from pipeline.linalg.gram import build_gram
+from pipeline.linalg.triangular import cholesky_solve
+from pipeline.models.selection.loo import inverse_diagonal
 
 
 # -- baseline: the serial tile loops of session 9 (one BLAS thread, row by row) -------

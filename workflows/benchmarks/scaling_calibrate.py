@@ -1,7 +1,7 @@
 """Per-tile costs measured inside a Dask worker process, the way the tile tasks run them.
 
 :func:`calibrate` runs on a worker (``client.submit``) of the cluster the real runs use:
-BLAS tile operations through :mod:`pipeline.solvers.blas` at the tasks' fixed BLAS
+BLAS tile operations through :mod:`pipeline.linalg.blas` at the tasks' fixed BLAS
 width (with the host lock, as the Dask executor sets it), a Gram tile read, a factor
 tile write with its marker, the wide-GEMM slowdown with 1, 2, ... busy cores beside
 it, and the Python cost of a whole tile task beyond those (``task_fixed``, from real
@@ -59,8 +59,8 @@ def _gemm_loop(b: int) -> subprocess.Popen:
 
 def calibrate(gram, width: int, host_lock: bool, max_busy: int = 2, repeat: int = 15) -> dict:
     """Costs of one tile task's parts at BLAS width ``width`` (seconds, medians)."""
-    from pipeline.solvers import blas
-    from pipeline.solvers import cholesky as chol
+    from pipeline.linalg import blas
+    from pipeline.linalg import cholesky as chol
     from pipeline.storage import open_tiled_array
 
     b = gram.block_size
@@ -197,7 +197,7 @@ def edge_cost(client, nb: int = 40, repeat: int = 3) -> dict:
     difference in wall time over the difference in edges (medians of ``repeat``)."""
     from dask import delayed
 
-    from pipeline.solvers.cholesky_exec import (
+    from pipeline.linalg.cholesky_exec import (
         _deps,
         owner_annotation,
         submitted_deps,

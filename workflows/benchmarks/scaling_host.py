@@ -9,7 +9,7 @@ workers of a host share its cores:
   calls (``blas_threads`` cores each), the tile write (one core); factor tiles a
   worker already holds (its LRU tile cache) are not read again;
 * BLAS calls wider than one thread hold the host-wide lock (``host_lock``, as
-  :func:`pipeline.solvers.blas._host_lock`): one wide call at a time per host;
+  :func:`pipeline.linalg.blas._host_lock`): one wide call at a time per host;
 * one-core phases share the host's cores in proportion (processor sharing);
 * a wide BLAS call whose threads are oversubscribed (the other workers' one-core
   phases need cores too) runs ``wide_penalty[k]`` times slower with ``k`` other
@@ -57,7 +57,7 @@ class Hardware:
         "stack" (misses from the LRU stack distances of the left-looking access
         pattern, O(1) per task; only where phases merge, see :func:`_task_seconds_stack`).
     reduced_edges : the executor submits the 2-edge transitive reduction of the
-        dependencies (:func:`pipeline.solvers.cholesky_exec.submitted_deps`); False:
+        dependencies (:func:`pipeline.linalg.cholesky_exec.submitted_deps`); False:
         all ``2 j + 1`` (``j`` on the diagonal), as before.
     placement : "free" (an idle worker takes the most critical ready task),
         "cyclic" (tile row i runs on worker i mod P, as the Dask executor deals them)

@@ -2,8 +2,8 @@
 
 :func:`install` (run on every worker with ``client.run``) wraps the calls a tile task
 makes, in that worker process only: the four BLAS tile kernels of
-:mod:`pipeline.solvers.blas`, ``TiledArray.read_tile`` / ``write_tile`` and the tile
-task itself (:func:`pipeline.solvers.cholesky._tile_task`). Each call appends
+:mod:`pipeline.linalg.blas`, ``TiledArray.read_tile`` / ``write_tile`` and the tile
+task itself (:func:`pipeline.linalg.cholesky._tile_task`). Each call appends
 ``(kind, start, end)`` (``time.perf_counter``, one clock for all the processes of a
 host) to a list in the worker; :func:`collect` returns and clears it. The wrappers
 cost about a microsecond per call and change no result.
@@ -44,8 +44,8 @@ def _timed(kind, fn, tag=None):
 
 def install() -> bool:
     """Wrap the tile task's calls in this process (idempotent)."""
-    from pipeline.solvers import blas
-    from pipeline.solvers import cholesky as chol
+    from pipeline.linalg import blas
+    from pipeline.linalg import cholesky as chol
     from pipeline.storage.arrays import TiledArray
 
     if _ORIG:

@@ -1,6 +1,6 @@
 """A scaling model of the tile Cholesky: replay its task graph on P simulated workers.
 
-The graph is the one :func:`pipeline.solvers.tile_cholesky` submits with
+The graph is the one :func:`pipeline.linalg.cholesky.tile_cholesky` submits with
 ``scheduler="dask"``: one task per lower tile ``(i, j)`` of L, in left-looking
 order, depending on ``(i, k)`` and ``(j, k)`` for ``k < j`` (and ``(j, j)``).
 Task ``(i, j)`` reads ``2 j + 1`` tiles (``j`` for a diagonal tile) from the store,
@@ -29,7 +29,7 @@ sharing a host's cores, BLAS width, host lock, Dask's per-task costs), with cost
 measured by ``scaling_calibrate.py`` inside a worker in the same run.
 
 It imports internals (the tile Cholesky's graph, the Gram and the kernels) because it
-replays the task graph that ``pipeline.solvers.tile_cholesky`` submits, which only the
+replays the task graph that ``pipeline.linalg.cholesky.tile_cholesky`` submits, which only the
 solver module describes.
 """
 

@@ -7,16 +7,16 @@ task as in the validation), with its own network link (``--bandwidth`` bytes/s f
 tile reads and writes), the default 1 GiB tile cache, Dask's per-task costs
 (``--serial`` scheduler seconds per task, ``--edge`` per dependency edge, a
 ``--latency`` round trip and ``--remote-dep`` per other worker a task gathers records
-from) and row-cyclic placement (:func:`pipeline.solvers.cholesky_exec.tile_owners`).
+from) and row-cyclic placement (:func:`pipeline.linalg.cholesky_exec.tile_owners`).
 Tile costs come from one GEMM rate (``--gemm-gflops``, 1 thread; SYRK and TRSM at
 90 %, POTRF at 50 %). Configurations (``CONFIGS``):
 
 * ``before``: the product before item 4: the plan's default 2048 tile, every
   dependency edge submitted (``2 j + 1`` per task);
-* ``tiles``: the tile-size policy (:func:`pipeline.policy.placement.dask_block_size`)
+* ``tiles``: the tile-size policy (:func:`pipeline.engine.placement.dask_block_size`)
   with every edge, to separate the two changes;
 * ``after``: the policy's tile and the 2-edge lists
-  (:func:`pipeline.solvers.cholesky_exec.submitted_deps`), as the executor runs now.
+  (:func:`pipeline.linalg.cholesky_exec.submitted_deps`), as the executor runs now.
 
 Usage::
 
@@ -60,7 +60,7 @@ def critical_path(nb: int, c) -> float:
 
 def predict_one(n: int, p: int, config: str, a, cache_model: str = "stack") -> dict:
     """One simulated factorisation; ``a``: the options (rates and Dask costs)."""
-    from pipeline.policy.placement import dask_block_size
+    from pipeline.engine.placement import dask_block_size
 
     host = _import("scaling_host")
     rate_costs = _import("scaling_model").rate_costs

@@ -72,7 +72,7 @@ def _warm_worker() -> None:
     import scipy.linalg.cython_blas  # noqa: F401
     import zarr  # noqa: F401
 
-    from pipeline.solvers import blas, cholesky  # noqa: F401
+    from pipeline.linalg import blas, cholesky  # noqa: F401
 
     blas._blas_controllers()
 
@@ -91,10 +91,10 @@ def real_runs(n: int, b: int, worker_counts=(1, 2, 3), repeat: int = 1, lam: flo
 
     from distributed import Client, LocalCluster
 
-    from pipeline.gram import build_gram
     from pipeline.kernels import RBF
-    from pipeline.solvers import tile_cholesky
-    from pipeline.solvers.cholesky_exec import tile_blas_threads
+    from pipeline.linalg.cholesky import tile_cholesky
+    from pipeline.linalg.cholesky_exec import tile_blas_threads
+    from pipeline.linalg.gram import build_gram
 
     cal_mod, inrun = _import("scaling_calibrate"), _import("scaling_inrun")
     rng = np.random.default_rng(0)
@@ -218,7 +218,7 @@ def model_rows(n, b, real, cal, runs, overhead=None, background=None, cores=None
     inr = TileCosts(b, *(ir[k] * alone for k in ops))
     nb = math.ceil(n / b)
     sched = cal["serial"] if overhead is None else overhead
-    from pipeline.solvers.cholesky_cache import DEFAULT_CACHE_BYTES
+    from pipeline.linalg.cholesky_cache import DEFAULT_CACHE_BYTES
 
     cache = max(1, DEFAULT_CACHE_BYTES // (8 * b * b))
     pen = cal["wide_penalty"]

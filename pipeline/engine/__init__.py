@@ -1,0 +1,37 @@
+"""The tile engine: fused, cache-blocked kernel evaluation (numpy and BLAS only).
+
+- :func:`kernel_matvec`: ``out += K(Xi, Xj) @ V`` (and ``K(Xi, Xj)ᵀ @ Vi`` for
+  a symmetric pair of tiles), never forming the tile;
+- :func:`predict_accumulate`: the same for prediction (rectangular);
+- :func:`kernel_tile`: write a tile (Gram build);
+- :func:`task_threads`: inner threads for a fused call inside a Dask task;
+- :mod:`pipeline.engine.dense`: the in-memory kernel matrix (fit) and prediction
+  of the estimators on the same evaluators (the kernel object only for kernels
+  they do not know), refusing a kernel that overflows;
+- :mod:`pipeline.engine.passes`: the tile engine every kernel pass is specified
+  on (tile set x source x consumer, fixed-order reduction, resume);
+- :mod:`pipeline.engine.dag`: its in-process executor for passes whose tiles depend
+  on one another (the tile Cholesky), critical path first;
+- :mod:`pipeline.engine.tile_io`: read-ahead and ordered write-behind of tiles
+  (the Cholesky and the forward/back sweeps).
+
+See :mod:`pipeline.engine.fused` for the design, precision and measured speed.
+"""
+
+from pipeline.engine.evaluators import is_fused
+from pipeline.engine.fused import (
+    available_cores,
+    kernel_matvec,
+    kernel_tile,
+    predict_accumulate,
+    task_threads,
+)
+
+__all__ = [
+    "available_cores",
+    "is_fused",
+    "kernel_matvec",
+    "kernel_tile",
+    "predict_accumulate",
+    "task_threads",
+]

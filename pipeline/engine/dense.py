@@ -1,0 +1,161 @@
+"""In-memory kernel matrices and predictions through the fused evaluators.
+
+The in-memory fit (the dense Gram ``K(X, X)``) and the in-memory prediction
+(``K(X_new, X_fit) @ dual_coef``) take the same cache-blocked path as the
+out-of-core passes (:mod:`pipeline.engine.fused`): 256 x 512 sub-blocks, one
+GEMM and one ``np.exp`` each, ``out=`` everywhere, the prediction's GEMV done
+while the sub-block is in cache (the kernel matrix of a prediction is never
+formed). Kernels the evaluators do not know (compositions, warpings, the
+extra kernels, user subclasses) fall back to the kernel object's own
+evaluation, exactly as before (:func:`pipeline.engine.evaluators.is_fused`).
+
+Precision. Kernel values are evaluated in float64 whatever the input dtype:
+float32 rows are the user's values, not a precision (as the out-of-core fit
+and ``KernelRidge``'s out-of-core prediction do). :func:`kernel_matrix`
+returns the dtype the kernel object would (float32 iff every input is), each
+value rounded once from float64, as the kernel object rounds its float64
+exponent. The values equal the kernel object's to ~1e-15 relative (the
+exponent comes from one augmented GEMM over rows centred by the first
+block's mean, the kernel object's from ``|x|² + |y|² - 2 x·y`` centred the
+same way), so predictions move at the 1e-13 relative level; a model whose
+rows are both float32 predicted with the float32-rounded kernel before and
+with the float64 one now, a move at float32's rounding (~1e-8).
+
+Non-finite values. A kernel whose values overflow float64 (a high polynomial
+degree on large features) is refused with
+:class:`~pipeline.kernels.base.NonFiniteKernelError` (a ValueError), as the
+out-of-core Cholesky and CG refuse it: never a NaN model, never NaN
+predictions from finite inputs (:func:`check_finite_kernel`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from pipeline.engine.evaluators import is_fused
+from pipeline.engine.fused import available_cores, kernel_tile, predict_accumulate
+from pipeline.kernels import Kernel
+from pipeline.kernels.base import NonFiniteKernelError, result_dtype
+
+__all__ = ["check_finite_kernel", "check_finite_predictions", "kernel_matrix", "kernel_predict"]
+
+#: rows of X_new per fused prediction call: the per-call preparation of those
+#: rows (feature-major, (D + 2) x rows float64) stays in the reused per-thread
+#: buffers (64 MiB) and the strips of one call keep both threads busy
+PREDICT_CHUNK_ROWS = 1 << 16
+
+
+def _is_sparse(X: Any) -> bool:
+    return hasattr(X, "toarray") and hasattr(X, "nnz")
+
+
+def _fusable(kernel: Any, *arrays: Any) -> bool:
+    """Whether the fused evaluators take ``kernel`` on these inputs (dense, 2-D, real)."""
+    if not isinstance(kernel, Kernel) or not is_fused(kernel):
+        return False
+    for a in arrays:
+        if a is None:
+            continue
+        if _is_sparse(a):
+            return True  # densified per block below
+        arr = np.asarray(a)
+        if arr.ndim != 2 or arr.dtype.kind not in "fiub":
+            return False
+    return True
+
+
+def check_finite_kernel(K: np.ndarray, what: str = "the kernel matrix K(X, X)") -> None:
+    """Raise :class:`~pipeline.kernels.base.NonFiniteKernelError` if ``K`` holds inf or NaN.
+
+    The message names the first non-finite entry and the fix, in the words of the
+    out-of-core Cholesky's check (:mod:`pipeline.linalg.cholesky_tile`).
+    """
+    K = np.asarray(K)
+    if K.dtype.kind not in "fc" or np.isfinite(K).all():
+        return
+    bad = np.argwhere(~np.isfinite(K))[0]
+    where = ", ".join(str(int(i)) for i in bad)
+    raise NonFiniteKernelError(
+        f"{what} holds a non-finite value (inf or NaN): entry ({where}) is "
+        f"{K[tuple(bad)]}. The kernel's values overflow {K.dtype} (e.g. a high "
+        "polynomial degree on large features): standardise X, or lower the degree or gamma"
+    )
+
+
+def kernel_matrix(
+    kernel: Any, X: Any, Y: Any = None, *, n_threads: int | None = None, check: bool = True
+) -> np.ndarray:
+    """``kernel(X, Y)`` (``Y=None``: ``kernel(X)``, exactly symmetric), fused when possible.
+
+    Same shape and dtype as the kernel object's result (float32 iff every input
+    is float32); values evaluated in float64 by the fused evaluators for the
+    kernels they know, by the kernel object otherwise. ``check``: refuse
+    non-finite values (:func:`check_finite_kernel`).
+    """
+    if not _fusable(kernel, X, Y):
+        K = np.asarray(kernel(X, Y))
+    else:
+        dt = result_dtype(X, Y)
+        Xd = X.toarray() if _is_sparse(X) else np.asarray(X)
+        Yd = None if Y is None else (Y.toarray() if _is_sparse(Y) else np.asarray(Y))
+        if Yd is not None and Yd.shape[1] != Xd.shape[1]:
+            raise ValueError(
+                f"X has {Xd.shape[1]} features but Y has {Yd.shape[1]}; they must match"
+            )
+        K = np.empty((Xd.shape[0], Xd.shape[0] if Yd is None else Yd.shape[0]), dtype=dt)
+        kernel_tile(kernel, Xd, Yd, K, kernel_dtype="float64", n_threads=n_threads)
+    if check:
+        check_finite_kernel(K, "the kernel matrix K(X, X)" if Y is None else "the kernel K(X, Y)")
+    return K
+
+
+def kernel_predict(
+    kernel: Any,
+    X: Any,
+    X_fit: Any,
+    dual_coef: Any,
+    *,
+    n_threads: int | None = None,
+    chunk_rows: int = PREDICT_CHUNK_ROWS,
+) -> np.ndarray | None:
+    """``K(X, X_fit) @ dual_coef`` (float64) by the fused evaluators, never forming K.
+
+    Returns None when the evaluators do not know ``kernel`` (the caller keeps
+    its own evaluation: the kernel object's generic path). ``X`` may be a
+    scipy sparse matrix (densified ``chunk_rows`` rows at a time). Non-finite
+    predictions from finite inputs mean the kernel overflowed: refused with
+    :class:`~pipeline.kernels.base.NonFiniteKernelError`.
+    """
+    if not _fusable(kernel, X, X_fit):
+        return None
+    coef = np.asarray(dual_coef, dtype=np.float64)
+    A = coef[:, None] if coef.ndim == 1 else coef
+    Xf = X_fit.toarray() if _is_sparse(X_fit) else np.asarray(X_fit)
+    n = X.shape[0]
+    out = np.zeros((n, A.shape[1]))
+    nt = available_cores() if n_threads is None else int(n_threads)
+    step = max(1, int(chunk_rows))
+    for s in range(0, n, step):
+        xb = X[s : s + step]
+        xb = xb.toarray() if _is_sparse(xb) else np.asarray(xb)
+        predict_accumulate(kernel, xb, Xf, A, out[s : s + step], kernel_dtype="float64",
+                           n_threads=nt)  # fmt: skip
+    check_finite_predictions(out)
+    return out[:, 0] if coef.ndim == 1 else out
+
+
+def check_finite_predictions(pred: np.ndarray) -> None:
+    """Refuse predictions that are inf or NaN (finite inputs and coefficients: the
+    kernel values or their sums overflowed float64)."""
+    pred = np.asarray(pred)
+    if pred.dtype.kind not in "fc" or np.isfinite(pred).all():
+        return
+    bad = np.argwhere(~np.isfinite(pred))[0]
+    raise NonFiniteKernelError(
+        f"the kernel K(X, X_fit) holds a non-finite value (inf or NaN): the prediction of "
+        f"row {int(bad[0])} is {pred[tuple(bad)]}. The kernel's values overflow "
+        "float64 (e.g. a high polynomial degree on large features): standardise X, or "
+        "lower the degree or gamma"
+    )

@@ -1,0 +1,324 @@
+"""Exact dual solve of kernel ridge regression by Cholesky (the in-memory ground truth).
+
+Solves ``(K + lam I) a = y`` (or with sample weights, scikit-learn's
+``(S K S + lam I) b = S y``, ``a = S b`` with ``S = diag(sqrt(w))``), where
+``lam`` follows the chosen penalty convention:
+
+- ``alpha_convention="sklearn"`` (default): ``lam = alpha``, as
+  ``sklearn.kernel_ridge.KernelRidge``.
+- ``alpha_convention="n_samples"``: ``lam = n * alpha`` with ``n`` the number of
+  samples (the sum of the weights when ``sample_weight`` is given), the
+  mean-loss objective ``(1/n) sum (y - f)^2 + alpha ||f||^2`` of the lecture
+  notes, ``(K + n alpha I) a = y``.
+
+Jitter policy
+-------------
+For ``lam > 0`` and a PSD kernel, ``K + lam I`` is positive definite and no
+jitter is ever added: the result is the exact solution. Only when the Cholesky
+factorisation fails (``lam = 0`` with a singular K, or an indefinite kernel
+such as sigmoid) does a policy apply, chosen by ``jitter``:
+
+- ``None`` (default, scikit-learn's behaviour): warn
+  ``SingularKernelWarning("Singular matrix in solving dual problem. Using
+  least-squares solution instead.")`` and return the least-squares solution
+  of ``(K + lam I) a = y``.
+- ``"auto"``: retry the Cholesky with ``lam + eps * mean(diag K)`` for eps in
+  1e-12, 1e-10, 1e-8, 1e-6 (the first that succeeds, with a warning naming it),
+  then fall back to least squares as above.
+- a float ``j >= 0``: always factor ``K + (lam + j) I``; least squares if that
+  still fails.
+
+Threads (the OpenBLAS trap)
+---------------------------
+scipy 1.17's bundled OpenBLAS 0.3.30 segfaults in a multi-threaded float64
+``potrf`` at n >= about 15,500. Any ``potrf`` of order
+``>= POTRF_THREADED_MAX_N`` (12,000) therefore runs with BLAS bounded to one
+thread (threadpoolctl); smaller ones keep all threads, and the triangular
+solves always do. A right-looking blocked Cholesky (``potrf`` only on
+``POTRF_TILE`` diagonal tiles, multi-threaded ``trsm``/``gemm`` updates) is
+also implemented and tested; it is used from ``n >= BLOCKED_MIN_N`` when that
+is set. It is off by default because on this project's 2-core machine under
+load it ran 3-6x slower than the one-thread ``potrf`` (oversubscribed BLAS
+threads); ``workflows/benchmarks/bench_reference_cholesky.py`` compares the two.
+
+Memory: the factor overwrites the working matrix in place (lower triangle);
+the upper triangle and a saved diagonal let us restore K for another penalty or
+the least-squares fallback without a second N x N copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from typing import Any
+
+import numpy as np
+from scipy import linalg
+from scipy.linalg import lapack
+from threadpoolctl import threadpool_limits
+
+from pipeline.errors import SingularKernelWarning
+from pipeline.options import ALPHA_CONVENTIONS, diagonal_shift
+from pipeline.validation import check_alpha
+
+#: largest n for which potrf may use more than one BLAS thread (OpenBLAS segfault)
+POTRF_THREADED_MAX_N = 12_000
+#: from this order on, factor in tiles (potrf never sees more than one tile); None: never
+BLOCKED_MIN_N: int | None = None
+#: tile order of the blocked factorisation
+POTRF_TILE = 2_048
+_AUTO_JITTER = (1e-12, 1e-10, 1e-8, 1e-6)
+_SINGULAR_MSG = "Singular matrix in solving dual problem. Using least-squares solution instead."
+#: rows per block when predicting, so K(X_test, X_fit) stays below ~256 MiB
+PREDICT_BLOCK_BYTES = 256 * 1024**2
+
+
+def effective_alpha(
+    alpha: Any,
+    n_samples: int,
+    *,
+    n_targets: int = 1,
+    sample_weight: np.ndarray | None = None,
+    alpha_convention: str = "sklearn",
+) -> np.ndarray:
+    """The diagonal shift lam actually added to K, one value or one per target.
+
+    ``"sklearn"``: lam = alpha. ``"n_samples"``: lam = n * alpha with
+    n = ``n_samples``, or ``sum(sample_weight)`` when weights are given (so
+    integer weights act exactly like repeated rows).
+    """
+    a = check_alpha(alpha, n_targets)
+    if alpha_convention not in ALPHA_CONVENTIONS:
+        raise ValueError(
+            f"alpha_convention={alpha_convention!r} is not valid; choose 'sklearn' (K + alpha I) "
+            "or 'n_samples' (K + n alpha I)"
+        )
+    if alpha_convention == "sklearn":  # (no pass over the weights)
+        return diagonal_shift(a, n_samples, alpha_convention)
+    n = float(n_samples) if sample_weight is None else float(np.sum(sample_weight))
+    return diagonal_shift(a, n, alpha_convention)
+
+
+@contextlib.contextmanager
+def potrf_threads(n: int):
+    """Bound BLAS to one thread for a Cholesky of order ``n >= POTRF_THREADED_MAX_N``."""
+    if n >= POTRF_THREADED_MAX_N:
+        with threadpool_limits(limits=1, user_api="blas"):
+            yield
+    else:
+        yield
+
+
+def _potrf_dense(A: np.ndarray) -> int:
+    """LAPACK lower Cholesky of the F-ordered float64 ``A`` in place; returns info."""
+    with potrf_threads(A.shape[0]):
+        c, info = lapack.dpotrf(A, lower=1, clean=0, overwrite_a=1)
+    if not np.shares_memory(c, A):  # f2py copied (non-contiguous input): write back
+        A[...] = c
+    return int(info)
+
+
+def _potrf_blocked(A: np.ndarray, tile: int | None = None) -> int:
+    """Right-looking blocked lower Cholesky in place; returns LAPACK-style info.
+
+    Only the lower triangle (diagonal included) is read and written; the strict
+    upper triangle is left untouched, as with LAPACK, so K can be restored.
+    """
+    n = A.shape[0]
+    tile = tile or POTRF_TILE
+    starts = list(range(0, n, tile))
+    sl = [slice(s, min(s + tile, n)) for s in starts]
+    for k, sk in enumerate(sl):
+        Lkk = np.asfortranarray(A[sk, sk])
+        info = _potrf_dense(Lkk)
+        if info:
+            return starts[k] + info
+        A[sk, sk] = Lkk  # its strict upper part is the untouched original
+        for si in sl[k + 1 :]:
+            # A_ik <- A_ik L_kk^{-T}
+            A[si, sk] = linalg.solve_triangular(Lkk, A[si, sk].T, lower=True, check_finite=False).T
+        for j in range(k + 1, len(sl)):
+            sj = sl[j]
+            Ljk = A[sj, sk]
+            A[sj, sj] -= np.tril(Ljk @ Ljk.T)
+            for si in sl[j + 1 :]:
+                A[si, sj] -= A[si, sk] @ Ljk.T
+    return 0
+
+
+def _potrf_inplace(A: np.ndarray) -> int:
+    """Lower Cholesky of the F-ordered float64 ``A`` in place (blocked when large)."""
+    if BLOCKED_MIN_N is not None and A.shape[0] >= BLOCKED_MIN_N:
+        return _potrf_blocked(A)
+    return _potrf_dense(A)
+
+
+def _restore_lower(A: np.ndarray, diag: np.ndarray, block: int = 1024) -> None:
+    """Rebuild the lower triangle of symmetric ``A`` from its untouched upper one."""
+    n = A.shape[0]
+    for b in range(0, n, block):
+        e = min(b + block, n)
+        # rows below the diagonal block: A[e:, b:e] = A[b:e, e:].T
+        A[e:, b:e] = A[b:e, e:].T
+        sq = A[b:e, b:e]
+        low = np.tril_indices(e - b, -1)
+        sq[low] = sq.T[low]
+    A[np.diag_indices(n)] = diag
+
+
+def _solve_one_alpha(
+    A: np.ndarray,
+    d0: np.ndarray,
+    Y: np.ndarray,
+    lam: float,
+    jitter: Any,
+    restore_after: bool,
+) -> tuple[np.ndarray, dict[str, Any]]:
+    n = A.shape[0]
+    scale = float(np.mean(np.abs(d0))) if n else 1.0
+    scale = scale if scale > 0 else 1.0
+    if jitter is None:
+        tries = [0.0]
+    elif isinstance(jitter, str) and jitter == "auto":
+        tries = [0.0] + [eps * scale for eps in _AUTO_JITTER]
+    else:
+        tries = [float(jitter)]
+    for j in tries:
+        A[np.diag_indices(n)] = d0 + (lam + j)
+        info = _potrf_inplace(A)
+        if info == 0:
+            X = lapack.dpotrs(A, Y, lower=1)[0]
+            if j > 0 and jitter == "auto":
+                warnings.warn(
+                    f"K + {lam:g} I is not positive definite; added jitter {j:.3g} "
+                    f"(= {j / scale:.0e} x mean diagonal) to the diagonal",
+                    SingularKernelWarning,
+                    stacklevel=4,
+                )
+            if restore_after:
+                _restore_lower(A, d0)
+            return X, {"method": "cholesky", "jitter": j}
+        _restore_lower(A, d0)
+    warnings.warn(_SINGULAR_MSG, SingularKernelWarning, stacklevel=4)
+    A[np.diag_indices(n)] = d0 + lam
+    X = linalg.lstsq(A, Y, check_finite=False)[0]
+    A[np.diag_indices(n)] = d0
+    return X, {"method": "lstsq", "jitter": None}
+
+
+def solve_dual(
+    K: np.ndarray,
+    y: np.ndarray,
+    alpha: Any = 1.0,
+    *,
+    sample_weight: np.ndarray | None = None,
+    alpha_convention: str = "sklearn",
+    jitter: float | str | None = None,
+    overwrite_k: bool = False,
+    return_info: bool = False,
+) -> np.ndarray | tuple[np.ndarray, dict[str, Any]]:
+    """Dual coefficients of kernel ridge regression by an exact Cholesky solve.
+
+    Parameters
+    ----------
+    K : ndarray of shape (n, n)
+        Symmetric kernel matrix K(X, X). Solved in float64 whatever its dtype.
+    y : ndarray of shape (n,) or (n, n_targets)
+    alpha : float or array of shape (n_targets,)
+        Ridge penalty (>= 0), one value or one per target.
+    sample_weight : ndarray of shape (n,), optional
+        Non-negative weights, applied exactly as scikit-learn does (rows and
+        columns of K scaled by sqrt(w)).
+    alpha_convention : {"sklearn", "n_samples"}
+        Penalty ``K + alpha I`` or ``K + n alpha I`` (see module docstring).
+    jitter : None, "auto" or float
+        Policy when ``K + lam I`` is not positive definite (module docstring).
+    overwrite_k : bool
+        Allow using ``K``'s memory as workspace (float64, contiguous input
+        only); saves an N x N copy. K's contents are undefined afterwards.
+    return_info : bool
+        Also return ``{"method": "cholesky"|"lstsq", "jitter": ...}`` per penalty.
+
+    Returns
+    -------
+    dual_coef : ndarray shaped like ``y``
+    """
+    K = np.asarray(K)
+    if K.ndim != 2 or K.shape[0] != K.shape[1]:
+        raise ValueError(f"K must be a square (n, n) kernel matrix, got shape {K.shape}")
+    y = np.asarray(y, dtype=np.float64)
+    ravel = y.ndim == 1
+    Y = y.reshape(-1, 1) if ravel else y
+    if Y.ndim != 2 or Y.shape[0] != K.shape[0]:
+        raise ValueError(
+            f"y has {Y.shape[0]} rows but K is {K.shape[0]} x {K.shape[0]}; they must match"
+        )
+    n, t = Y.shape
+    lam = effective_alpha(
+        alpha, n, n_targets=t, sample_weight=sample_weight, alpha_convention=alpha_convention
+    )
+    if jitter is not None and not (isinstance(jitter, str) and jitter == "auto"):
+        if not np.isfinite(float(jitter)) or float(jitter) < 0:
+            raise ValueError(f"jitter must be None, 'auto' or a float >= 0, got {jitter!r}")
+
+    # float64, Fortran-ordered working matrix (K is symmetric, so K.T is K)
+    if overwrite_k and K.dtype == np.float64 and K.flags.c_contiguous and K.flags.writeable:
+        A = K.T
+    elif overwrite_k and K.dtype == np.float64 and K.flags.f_contiguous and K.flags.writeable:
+        A = K
+    else:
+        A = np.array(K, dtype=np.float64, order="F")
+
+    sw = None
+    if sample_weight is not None:
+        sw = np.sqrt(np.asarray(sample_weight, dtype=np.float64))
+        A *= sw[:, None]
+        A *= sw[None, :]
+        Y = Y * sw[:, None]
+    d0 = np.diag(A).copy()
+
+    if lam.size == 1:
+        groups = [(float(lam[0]), np.arange(t))]
+    else:
+        uniq = np.unique(lam)
+        groups = [(float(u), np.flatnonzero(lam == u)) for u in uniq]
+    out = np.empty((n, t), dtype=np.float64)
+    infos = []
+    for gi, (lam_g, cols) in enumerate(groups):
+        last = gi == len(groups) - 1
+        Xg, info = _solve_one_alpha(
+            A, d0, np.asfortranarray(Y[:, cols]), lam_g, jitter, restore_after=not last
+        )
+        out[:, cols] = Xg
+        infos.append({"alpha": lam_g, **info})
+    if sw is not None:
+        out *= sw[:, None]
+    result = out.ravel() if ravel else out
+    return (result, {"solves": infos}) if return_info else result
+
+
+def predict_block_rows(n_fit: int, n_targets: int = 1) -> int:
+    """Rows per prediction block so a K(X_block, X_fit) block stays near 256 MiB."""
+    return max(1, PREDICT_BLOCK_BYTES // (8 * max(n_fit, 1)))
+
+
+def predict_dual(
+    kernel_fn: Any, X: Any, dual_coef: np.ndarray, *, block_rows: int | None = None
+) -> np.ndarray:
+    """``K(X, X_fit) @ dual_coef`` in row blocks, on the tile engine.
+
+    ``kernel_fn(X_block)`` must return K(X_block, X_fit); X is indexable by row slices
+    (ndarray or CSR matrix). The row blocks are the tasks of a local engine
+    pass (:func:`pipeline.engine.passes.accumulate` with a
+    :class:`~pipeline.engine.passes.CallableSource`), run in this process.
+    """
+    from pipeline.engine.passes import CallableSource, accumulate
+
+    n = X.shape[0]
+    n_fit = dual_coef.shape[0]
+    rows = block_rows or predict_block_rows(n_fit)
+    if n == 0:
+        return np.empty((0,) + dual_coef.shape[1:], dtype=np.float64)
+    chunks = [min(rows, n - s) for s in range(0, n, rows)]
+    out = accumulate(CallableSource(kernel_fn), X, dual_coef, row_chunks=chunks, local=True)
+    return np.asarray(out, dtype=np.float64)

@@ -1,0 +1,612 @@
+"""``pipeline.KernelRidge``: a drop-in for ``sklearn.kernel_ridge.KernelRidge``.
+
+On the in-memory path (``solver="auto"``, ``"dense"`` or ``"primal"``) it
+accepts what scikit-learn's KernelRidge accepts (kernel names, callables,
+``"precomputed"``, sparse CSR/CSC X, multi-output y, ``sample_weight``,
+per-target alpha, alpha = 0 with the least-squares fallback and its warning)
+and returns the same predictions, plus kernel objects from
+:mod:`pipeline.kernels`, the ``K + n alpha I`` penalty convention, a primal
+solve for the linear kernel and a memory guard. The out-of-core solvers
+(``"cholesky"``, ``"cg"``) plug in through :meth:`KernelRidge._fit_out_of_core`
+without changing the public signature.
+"""
+
+from __future__ import annotations
+
+import logging
+import numbers
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+from sklearn.base import BaseEstimator, MultiOutputMixin, RegressorMixin
+from sklearn.metrics.pairwise import pairwise_kernels
+from sklearn.utils.validation import check_is_fitted
+
+from pipeline.engine.dense import check_finite_predictions, kernel_matrix, kernel_predict
+from pipeline.engine.progress import with_progress
+from pipeline.fit import execute, log_plan, measure_resources, row_probes
+from pipeline.kernels import Linear, spec_round_trips
+from pipeline.linalg.dense_dual import effective_alpha, predict_dual
+from pipeline.linalg.dense_memory import check_dense_memory, dense_dual_bytes, primal_bytes
+from pipeline.models.kernel_estimator import KernelParamsMixin
+from pipeline.models.model_io import estimator_state, save_model
+from pipeline.options import (
+    ALPHA_CONVENTIONS,
+    CG_PRECISIONS,
+    FACTOR_DTYPES,
+    MATVECS,
+    OUT_OF_CORE_SOLVERS,
+    SOLVERS,
+    solver_choices,
+)
+from pipeline.plan.fit_plan import plan_fit
+from pipeline.validation import (
+    check_alpha,
+    check_choice,
+    check_positive_int,
+    check_random_seed,
+    check_sample_weight,
+    validate_X_predict,
+    validate_X_y,
+)
+
+log = logging.getLogger(__name__)
+
+#: pipeline.options.PRECONDITIONERS, in the order KernelRidge's message always listed them
+PRECONDITIONERS = ("nystrom", "jacobi", "none", "adaptive")
+_dense = lambda X: X.toarray() if sp.issparse(X) else X  # noqa: E731
+
+
+class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstimator):
+    """Exact kernel ridge regression, scikit-learn compatible.
+
+    Solves ``(K + lam I) dual_coef = y`` and predicts ``K(X, X_fit) dual_coef``.
+
+    Parameters
+    ----------
+    alpha : float or array-like of shape (n_targets,), default=1.0
+        Ridge penalty (>= 0), one value or one per target. 0 follows
+        scikit-learn: Cholesky if K is positive definite, else a least-squares
+        solution with the warning "Singular matrix in solving dual problem".
+    kernel : str, Kernel, dict or callable, default="linear"
+        A scikit-learn kernel name (``"linear"``, ``"poly"``/``"polynomial"``,
+        ``"rbf"``, ``"laplacian"``, ``"sigmoid"``, ``"cosine"``, ``"chi2"``,
+        ``"additive_chi2"``) or any name registered in :mod:`pipeline.kernels`;
+        a :class:`pipeline.kernels.Kernel` object or its spec dict;
+        ``"precomputed"`` (X is the kernel matrix); or a callable on two rows
+        (evaluated through scikit-learn's ``pairwise_kernels``, as scikit-learn does).
+    gamma, degree, coef0 : as in scikit-learn
+        Forwarded to named kernels that take them; for a spec dict, they fill
+        only the parameters the spec leaves out (its own values win); ignored
+        otherwise.
+    kernel_params : dict, default=None
+        Keyword arguments for a callable kernel, or ``set_params`` values for a
+        Kernel object (applied to a copy).
+    solver : {"auto", "dense", "primal", "cholesky", "cg"}, default="auto"
+        ``"dense"``: exact in-memory dual by Cholesky. ``"primal"``: exact
+        in-memory primal ridge (linear kernel only). ``"cholesky"`` and ``"cg"``:
+        the out-of-core solvers on a tiled Gram matrix in ``store``. ``"auto"``:
+        the fit plan of :func:`pipeline.plan.fit_plan.plan_fit`, logged with its
+        reason: without ``store``, the cheaper of primal and dual by the cost model
+        n^2 D + n^3/3 vs n D^2 + D^3/3 while the dense dual fits in memory, else
+        out of core; with ``store``, out of core by the same rule as ``krr run``.
+    alpha_convention : {"sklearn", "n_samples"}, default="sklearn"
+        ``"sklearn"`` solves with ``K + alpha I``; ``"n_samples"`` with
+        ``K + n alpha I`` (n = number of samples, or the sum of
+        ``sample_weight``): the mean-loss objective
+        ``(1/n) sum (y - f(x))^2 + alpha ||f||^2``.
+    block_size : int, default=None
+        Tile size of the out-of-core Gram matrix (None: chosen automatically).
+    store : str or path, default=None
+        Directory or fsspec URL of the out-of-core Zarr store. Each distinct fit
+        writes into its own subdirectory ``store/fit-<fingerprint>``, named by the
+        parameters that change the result, the kernel and the content of X, y and
+        ``sample_weight`` (``fit_info_["store"]`` names it): clones (GridSearchCV,
+        ``cross_val_score``) share one ``store`` without clashing, and fitting the
+        same model on the same data again (e.g. after a kill) resumes from its
+        completed tiles. Nothing else in ``store`` is read, replaced or deleted.
+    storage_options : dict, default=None
+        fsspec options for a ``store`` URL (e.g. ``{"client_kwargs": {"endpoint_url":
+        ...}, "key": ..., "secret": ...}`` for ``s3://``), registered for this process
+        (see ``docs/STORAGE.md``); None: the standard ``AWS_*`` environment variables.
+        Never saved with the model.
+    tol : float in (0, 1), default=1e-6
+        Relative residual tolerance of ``solver="cg"``.
+    max_iter : int, default=None
+        Iteration limit of ``solver="cg"`` (None: 1000). A solve that stops there
+        unconverged warns (``CGConvergenceWarning``, a scikit-learn
+        ``ConvergenceWarning``) and keeps its α, as scikit-learn's iterative
+        solvers do; ``fit_info_["converged"]`` says so (``krr run`` fails instead).
+    preconditioner : {"nystrom", "jacobi", "none", "adaptive"}, default="nystrom"
+        Preconditioner of ``solver="cg"``.
+    rank : int, default=None
+        Rank of the Nyström preconditioner (None: chosen automatically).
+    matvec : {"auto", "stored", "recompute"}, default="auto"
+        How ``solver="cg"`` multiplies by K: from the stored tiles or by
+        recomputing kernel tiles on the fly.
+    cg_precision : {"auto", "float64", "mixed"}, default="auto"
+        Precision of ``solver="cg"``'s products. "mixed" recomputes kernel tiles in
+        float32 inside an iterative refinement whose residuals are float64, so the
+        answer still meets ``tol`` in float64 (if the float32 products stall, float64
+        products take over). "auto": the fit plan's cost model chooses it and
+        ``matvec``, and logs why.
+    random_state : int, RandomState or None, default=None
+        Seed of the Nyström landmarks (out-of-core solvers); None: seed 0.
+    factor_dtype : {"float64", "float32", "auto"}, default="float64"
+        Precision of the stored factor of ``solver="cholesky"``. "float32"
+        halves its bytes and runs the tile updates at float32 speed (diagonal
+        tiles are still factored in float64); ``dual_coef_`` is then refined to
+        double precision by CG preconditioned with that factor, with matrix-free
+        products from X (against the stored float64 Gram when X is not a numpy
+        array). "auto": float32 from 10,000 rows when X is a numpy array and a
+        subsample says the shift is safe for float32
+        (:mod:`pipeline.plan.factor_precision`), else float64; an auto-chosen
+        float32 factor that fails is redone in float64.
+    keep_gram : bool, default=True
+        ``solver="cholesky"``: False factors in place, the factor replacing the
+        stored Gram tile by tile: the Gram's disk once instead of twice (each
+        alpha is its own fit, in its own subdirectory of ``store``: no Gram is
+        shared). With ``factor_dtype="float32"`` the Gram is then float32 (a
+        quarter of the disk of a kept float64 Gram and factor), and ``dual_coef_``
+        is refined to double precision with matrix-free products from X (a numpy
+        array). With X in memory the factor computes each Gram tile from X when
+        it needs it (no Gram stage; ``GRAM_ON_DEMAND_IN_PLACE``).
+    progress : bool or {"auto", "bars", "lines", "off"}, default=False
+        Show the progress of ``fit`` and ``predict`` (Gram tiles, Cholesky
+        tiles, CG iteration and relative residual, predicted tiles) on stderr.
+        False: silent, as scikit-learn estimators are. True: ``"auto"``, widgets
+        in Jupyter, bars on a terminal, timestamped lines otherwise. See
+        :mod:`pipeline.engine.progress`.
+
+    Attributes
+    ----------
+    dual_coef_ : ndarray of shape (n_samples,) or (n_samples, n_targets)
+    X_fit_ : ndarray or sparse matrix of shape (n_samples, n_features)
+        Training data (the training kernel matrix if ``kernel="precomputed"``).
+    n_features_in_ : int
+    feature_names_in_ : ndarray of str
+        Only when X has string feature names.
+    kernel_ : Kernel or None
+        The kernel object used (None for callables and ``"precomputed"``).
+    solver_ : str
+        The solver actually used (``"dense"`` or ``"primal"`` in memory).
+    fit_info_ : dict
+        Out of core only: solver details, and ``"store"``, the fit's subdirectory
+        of ``store`` (None with a temporary store).
+    effective_alpha_ : ndarray
+        The diagonal shift added to K, per target group (alpha or n * alpha).
+    n_iter_ : int
+        1 for the direct solvers (one factorisation); CG iterations for ``solver="cg"``.
+    primal_coef_ : ndarray of shape (n_features,) or (n_features, n_targets)
+        Only when ``solver_ == "primal"``: weights with ``predict(X) = X @ primal_coef_``.
+    """
+
+    def __init__(
+        self,
+        alpha: Any = 1.0,
+        *,
+        kernel: Any = "linear",
+        gamma: float | None = None,
+        degree: float = 3,
+        coef0: float = 1,
+        kernel_params: dict | None = None,
+        solver: str = "auto",
+        alpha_convention: str = "sklearn",
+        block_size: int | None = None,
+        store: Any = None,
+        tol: float = 1e-6,
+        max_iter: int | None = None,
+        preconditioner: str = "nystrom",
+        rank: int | None = None,
+        matvec: str = "auto",
+        cg_precision: str = "auto",
+        random_state: Any = None,
+        factor_dtype: str = "float64",
+        storage_options: dict | None = None,
+        keep_gram: bool = True,
+        progress: bool | str = False,
+    ) -> None:
+        self.alpha = alpha
+        self.kernel = kernel
+        self.gamma = gamma
+        self.degree = degree
+        self.coef0 = coef0
+        self.kernel_params = kernel_params
+        self.solver = solver
+        self.alpha_convention = alpha_convention
+        self.block_size = block_size
+        self.store = store
+        self.tol = tol
+        self.max_iter = max_iter
+        self.preconditioner = preconditioner
+        self.rank = rank
+        self.matvec = matvec
+        self.cg_precision = cg_precision
+        self.random_state = random_state
+        self.factor_dtype = factor_dtype
+        self.storage_options = storage_options
+        self.keep_gram = keep_gram
+        self.progress = progress
+
+    # -- tags and parameters -------------------------------------------------
+    def _check_params(self) -> None:
+        check_choice("solver", self.solver, SOLVERS)
+        check_choice("alpha_convention", self.alpha_convention, ALPHA_CONVENTIONS)
+        check_choice("preconditioner", self.preconditioner, PRECONDITIONERS)
+        check_choice("matvec", self.matvec, MATVECS)
+        check_choice("cg_precision", self.cg_precision, CG_PRECISIONS)
+        check_choice("factor_dtype", self.factor_dtype, FACTOR_DTYPES)
+        if not isinstance(self.keep_gram, bool | np.bool_):
+            raise ValueError(f"keep_gram must be True or False, got {self.keep_gram!r}")
+        check_positive_int("block_size", self.block_size)
+        check_positive_int("max_iter", self.max_iter)
+        check_positive_int("rank", self.rank)
+        if (
+            isinstance(self.tol, bool)
+            or not isinstance(self.tol, numbers.Real)
+            or not (0 < self.tol < 1)
+        ):  # a relative residual: at tol >= 1, alpha = 0 already "converged"
+            raise ValueError(f"tol must be a float in (0, 1), e.g. 1e-6, got {self.tol!r}")
+        if self.kernel_params is not None and not isinstance(self.kernel_params, dict):
+            raise TypeError(f"kernel_params must be a dict or None, got {self.kernel_params!r}")
+        if self._precomputed and self.solver == "primal":
+            raise ValueError(
+                "solver='primal' needs the features, not kernel='precomputed'; use solver='dense'"
+            )
+
+    def _kernel_matrix(self, X: Any, Y: Any = None) -> np.ndarray:
+        if self._precomputed:  # a sparse K too (np.asarray made it a 0-d object array)
+            return _dense(X)
+        k = self.kernel_ if hasattr(self, "kernel_") else self._resolve_kernel()
+        if k is None:  # a callable on two rows: exactly scikit-learn's evaluation
+            return pairwise_kernels(
+                X, Y, metric=self.kernel, filter_params=True, **(self.kernel_params or {})
+            )
+        # the fused, cache-blocked evaluators (the kernel object's own code for kernels
+        # they do not know); a kernel that overflows is refused, never a NaN model
+        return kernel_matrix(k, X, Y)
+
+    # -- fit -------------------------------------------------------------------
+    @with_progress
+    def fit(self, X: Any, y: Any, sample_weight: Any = None) -> KernelRidge:
+        """Fit kernel ridge regression.
+
+        Parameters
+        ----------
+        X : {array-like, sparse matrix} of shape (n_samples, n_features)
+            Training data, or the (n_samples, n_samples) kernel matrix if
+            ``kernel="precomputed"``.
+        y : array-like of shape (n_samples,) or (n_samples, n_targets)
+        sample_weight : float or array-like of shape (n_samples,), default=None
+            Per-sample weights, on every solver, with scikit-learn's semantics:
+            ``(W^1/2 K W^1/2 + alpha I) beta = W^1/2 y`` and ``dual_coef_ = W^1/2 beta``
+            (rows with weight 0 drop out). Negative, non-finite or all-zero
+            weights raise ValueError before any work.
+
+        Returns
+        -------
+        self
+        """
+        # every check runs before any kernel evaluation
+        self._check_params()
+        self._seed = check_random_seed(self.random_state)  # drawn once per fit
+        kernel = self._resolve_kernel()
+        X, y = validate_X_y(self, X, y, precomputed=self._precomputed)
+        n, d = X.shape
+        t = 1 if y.ndim == 1 else y.shape[1]
+        sw = check_sample_weight(sample_weight, n)
+        check_alpha(self.alpha, t)
+        lam = effective_alpha(
+            self.alpha, n, n_targets=t, sample_weight=sw, alpha_convention=self.alpha_convention
+        )
+        # an earlier fit's or a loaded krr run model's state (its scaler) must not outlive it,
+        # nor a half of it a refused fit: unfitted (NotFittedError), not wrong numbers
+        for stale in ("dual_coef_", "X_fit_", "primal_coef_", "preprocessing_", "fit_info_"):
+            if hasattr(self, stale):
+                delattr(self, stale)
+        solver = self.solver
+        if solver in OUT_OF_CORE_SOLVERS:
+            return self._fit_out_of_core(X, y, sw, kernel)
+        has_primal = isinstance(kernel, Linear)
+        if solver == "primal" and not has_primal:
+            raise ValueError(
+                f"solver='primal' needs kernel='linear', got kernel={self.kernel!r}; "
+                "use solver='dense' or 'auto'"
+            )
+        if solver == "primal" and np.any(lam <= 0):
+            raise ValueError(
+                f"solver='primal' needs alpha > 0, got alpha={self.alpha!r}; "
+                "use solver='dense' for scikit-learn's alpha=0 behaviour"
+            )
+        copies = 2 if (self._precomputed or X.dtype == np.float32) else 1
+        plan, reason = self._plan(n, d, t, kernel, sw, copies, X=X)
+        if solver == "auto":
+            log_plan(plan, reason, origin="KernelRidge", logger=log)
+            if plan.out_of_core:
+                return self._fit_out_of_core(X, y, sw, kernel, plan=plan)
+            solver = plan.solver
+        self.kernel_ = kernel
+        self.effective_alpha_ = lam
+        if solver == "primal":
+            check_dense_memory(primal_bytes(n, d, t), what=f"the in-memory primal solve with D={d}")
+            fit = execute(
+                replace(plan, solver="primal"), X, y, kernel, alpha=self.alpha, sample_weight=sw
+            )
+            self.primal_coef_ = fit.primal_coef
+            self.dual_coef_ = fit.dual_coef
+        else:
+            check_dense_memory(
+                dense_dual_bytes(n, d, t, kernel_copies=copies),
+                what=f"the in-memory dense solve with n_samples={n}",
+            )
+            fit = execute(
+                replace(plan, solver="dense"),
+                X,
+                y,
+                kernel,
+                alpha=self.alpha,
+                sample_weight=sw,
+                K=self._kernel_matrix(X),
+                overwrite_k=not self._precomputed,
+            )
+            self.dual_coef_ = fit.dual_coef
+        self.solver_ = solver
+        self.n_iter_ = 1
+        self.X_fit_ = _c_order(X)
+        return self
+
+    def _solver_knobs(self) -> dict:
+        """The solver knobs that the plan and the out-of-core fit both take, read once."""
+        return {
+            "tol": self.tol,
+            "max_iter": self.max_iter,
+            "preconditioner": self.preconditioner,
+            "rank": self.rank,
+            "matvec": self.matvec,
+            "cg_precision": self.cg_precision,
+            "random_state": self._seed,
+            "factor_dtype": self.factor_dtype,
+            "keep_gram": bool(self.keep_gram),
+        }
+
+    def _plan(self, n: int, d: int, t: int, kernel: Any, sw: Any, copies: int, X: Any = None):
+        """The fit plan and its reason (:func:`pipeline.plan.fit_plan.plan_fit`).
+
+        In-memory solvers are planned unless ``store`` is given and the fit can go
+        out of core (a Kernel object, one alpha). ``X`` (dense rows) lets the plan
+        measure CG's preconditioner on a subsample, as ``krr run`` does.
+        """
+        one_alpha = np.unique(np.atleast_1d(np.asarray(self.alpha, dtype=np.float64))).size == 1
+        ooc_able = kernel is not None and one_alpha and spec_round_trips(kernel)  # (no callables)
+        resources = measure_resources(self.store, in_memory=self.store is None or not ooc_able)
+        choices = solver_choices(
+            solver=self.solver,
+            alpha=self.alpha,
+            alpha_convention=self.alpha_convention,
+            block_size=self.block_size,
+            **self._solver_knobs(),
+            store=self.store,
+            kernel_copies=copies,
+            sample_weight=sw is not None,
+        )
+        rows = X if isinstance(X, np.ndarray) and X.ndim == 2 else None
+        return plan_fit(
+            n, d, kernel, resources, choices, n_targets=t, probes=row_probes(rows, kernel)
+        )
+
+    def _fit_out_of_core(
+        self, X: Any, y: np.ndarray, sample_weight: Any, kernel: Any, plan: Any = None
+    ):
+        """Fit with an out-of-core solver (``solver="cholesky"``, ``"cg"``, or "auto" past RAM).
+
+        The Gram matrix lives in tiles in a subdirectory of ``store`` named by the
+        fingerprint of this fit (:func:`fit_store_path`), or in a temporary directory
+        when ``store`` is None; see :mod:`pipeline.out_of_core`. Sample weights
+        scale the rows and columns of K by sqrt(w), as scikit-learn does
+        (:func:`pipeline.out_of_core.weighted_problem`). Rejected before any work:
+        kernels that are not :class:`~pipeline.kernels.Kernel` objects, per-target
+        alphas that differ, and alpha <= 0.
+        """
+        from pipeline.out_of_core import fit_out_of_core, fit_store_path, weighted_problem
+
+        if kernel is None:
+            raise ValueError(
+                f"solver={self.solver!r} needs a named kernel, a Kernel object or a spec, "
+                f"got kernel={self.kernel!r}; callables and 'precomputed' are in-memory only "
+                "(use solver='dense')"
+            )
+        alphas = np.atleast_1d(np.asarray(self.alpha, dtype=np.float64))
+        if np.unique(alphas).size != 1:
+            raise ValueError(
+                f"solver={self.solver!r} takes one alpha for every target, got {self.alpha!r}"
+            )
+        lam = float(alphas[0])
+        convention = self.alpha_convention
+        if not np.isfinite(lam) or lam <= 0:
+            raise ValueError(
+                f"the out-of-core solvers need alpha > 0, got {lam!r}; use a positive alpha, "
+                "or solver='dense' for scikit-learn's alpha=0 least-squares behaviour"
+            )
+        if self.storage_options:
+            from pipeline.storage.location import set_storage_options, url_scheme
+
+            scheme = url_scheme(str(self.store)) if self.store is not None else None
+            if scheme is None:
+                raise ValueError(
+                    f"storage_options need store to be a URL such as s3://bucket/prefix, got "
+                    f"store={self.store!r}; drop storage_options or pass such a store"
+                )
+            set_storage_options(scheme, self.storage_options)
+        X = _dense(X)
+        # K was evaluated in float64 from float32 rows (fit.execute): so must predict be (in
+        # float32 its rounding times alpha was 0.4 % of the scale at lambda=1e-6)
+        X_fit = _c_order(X.astype(np.float64) if X.dtype == np.float32 else X)
+        from pipeline.storage import fingerprint_blocks
+
+        x_fp = fingerprint_blocks([X])
+        if sample_weight is not None:
+            # (W^1/2 K W^1/2 + lam I) beta = W^1/2 y, alpha = W^1/2 beta (scikit-learn's form)
+            lam = float(
+                effective_alpha(lam, X.shape[0], sample_weight=sample_weight,
+                                alpha_convention=convention)[0]
+            )  # fmt: skip
+            convention = "sklearn"
+            X, y_solve, kernel_solve, root_w = weighted_problem(X, y, kernel, sample_weight)
+            if plan is not None:
+                plan = replace(plan, alpha=lam, alpha_convention=convention)
+            x_solve_fp = fingerprint_blocks([X])
+        else:
+            y_solve, kernel_solve, root_w, x_solve_fp = y, kernel, None, x_fp
+        store = None
+        if self.store is not None:
+            store = fit_store_path(
+                self.store,
+                self._fit_identity(kernel, x_fp, y, sample_weight),
+            )
+        fit = fit_out_of_core(
+            X,
+            y_solve,
+            kernel_solve,
+            lam,
+            convention=convention,
+            solver=self.solver if self.solver != "dense" else "auto",
+            store=store,
+            block_size=self.block_size,
+            **self._solver_knobs(),
+            plan=plan,
+            x_fingerprint=x_solve_fp,
+        )
+        dual = fit.dual_coef.reshape(y.shape)
+        if root_w is not None:
+            dual = dual * (root_w if y.ndim == 1 else root_w[:, None])
+        self.kernel_ = kernel
+        self.dual_coef_ = dual
+        self.X_fit_ = X_fit
+        self.solver_ = fit.solver
+        self.n_iter_ = fit.n_iter
+        self.effective_alpha_ = np.full(1 if y.ndim == 1 else y.shape[1], fit.shift)
+        self.fit_info_ = {**fit.info, "store": None if store is None else str(store)}
+        return self
+
+    def _fit_identity(self, kernel: Any, x_fp: str, y: np.ndarray, sw: Any) -> dict:
+        """Everything that makes one out-of-core fit differ from another (JSON-able).
+
+        The parameters that change the result, the kernel's identity (spec and
+        classes) and the content of X, y and the sample weights; never ``store``
+        or ``storage_options`` (credentials).
+        """
+        from pipeline.kernels import kernel_fingerprint
+        from pipeline.storage import fingerprint_blocks
+
+        params = {
+            k: v
+            for k, v in self.get_params(deep=False).items()
+            if k not in ("store", "storage_options", "kernel", "gamma", "degree", "coef0",
+                         "kernel_params", "progress", "verbose")
+        }  # fmt: skip
+        params["alpha"] = np.atleast_1d(np.asarray(self.alpha, dtype=np.float64)).tolist()
+        if params.get("cg_precision") == "auto":
+            # the default names no choice (stores of earlier fits keep their names); the
+            # mixed solve's checkpoints carry their own fingerprint
+            params.pop("cg_precision")
+        params["random_state"] = self._seed
+        return {
+            "estimator": "KernelRidge",
+            # the fused evaluation of the Gram's tiles (issue #43): a store of an earlier
+            # evaluation (other Gram bits, another Gram fingerprint) is another fit's
+            # directory, recomputed here rather than refused or mixed
+            "tiles": "fused",
+            "params": params,
+            "kernel": kernel_fingerprint(kernel),
+            "X": x_fp,
+            "y": fingerprint_blocks([np.asarray(y, dtype=np.float64)]),
+            "sample_weight": None if sw is None else fingerprint_blocks([sw]),
+        }
+
+    # -- persistence -------------------------------------------------------------
+    def save(self, path: Any, *, overwrite: bool = False) -> Any:
+        """Write the fitted model as a portable artifact (Zarr group + JSON, no pickle).
+
+        Load it anywhere with :func:`pipeline.load`. Needs a kernel with a spec
+        (names, Kernel objects); callables and ``"precomputed"`` cannot be saved.
+        """
+        return save_model(self, path, overwrite=overwrite)
+
+    # -- predict -----------------------------------------------------------------
+    @with_progress
+    def predict(self, X: Any) -> np.ndarray:
+        """Predict ``K(X, X_fit) @ dual_coef_``.
+
+        Parameters
+        ----------
+        X : {array-like, sparse matrix} of shape (n_samples, n_features)
+            Samples, or K(X, X_fit) of shape (n_samples, n_samples_fit) if
+            ``kernel="precomputed"``.
+
+        Returns
+        -------
+        ndarray of shape (n_samples,) or (n_samples, n_targets)
+        """
+        check_is_fitted(self, "dual_coef_")
+        # a model written by krr run holds its scaler: applied to X and to the predictions
+        pre = getattr(self, "preprocessing_", None) or None
+        X = validate_X_predict(self, X, precomputed=self._precomputed)
+        if getattr(self, "primal_coef_", None) is not None:
+            return np.asarray(X @ self.primal_coef_, dtype=np.float64)
+        if self._precomputed:
+            return np.asarray(X @ self.dual_coef_, dtype=np.float64)
+        if getattr(self, "solver_", None) in OUT_OF_CORE_SOLVERS or pre:
+            from pipeline.linalg.blockwise import predict as predict_blockwise
+
+            bs = int(self.block_size or 2048)
+            return predict_blockwise(
+                _dense(X),
+                self.X_fit_,
+                self.dual_coef_,
+                self.kernel_,
+                block_size=bs,
+                train_block_size=bs,
+                progress=True,  # as self.progress says (with_progress)
+                preprocessing=pre,
+            )
+        if sp.issparse(X):
+            X = X.tocsr()
+        X_fit = self.X_fit_ if self.kernel_ is None else _dense(self.X_fit_)
+        fused = kernel_predict(self.kernel_, X, X_fit, self.dual_coef_)
+        if fused is not None:  # the fused evaluators: K(X, X_fit) is never formed
+            return fused
+        pred = predict_dual(lambda Xb: self._kernel_matrix(Xb, X_fit), X, self.dual_coef_)
+        check_finite_predictions(pred)
+        return pred
+
+
+def load(path: Any) -> KernelRidge:
+    """Load a saved model as a fitted :class:`KernelRidge`.
+
+    Reads what ``KernelRidge.save`` writes and what ``krr run`` writes to
+    ``RUN_DIR/results/<key>/model/model`` (one format, :mod:`pipeline.models.artifact`); the latter
+    predicts on raw inputs, its scaler applied.
+
+    Raises
+    ------
+    FileNotFoundError
+        Nothing at ``path``.
+    pipeline.models.artifact.ArtifactError
+        Not an artifact, an unknown (newer) format version, a broken checksum, or
+        a model of another estimator.
+    """
+    from pipeline.models.artifact import load_artifact
+
+    art = load_artifact(str(path))
+    params, attrs = estimator_state(art, path)
+    est = KernelRidge(**params)
+    for name, value in attrs.items():
+        setattr(est, name, value)
+    return est
+
+
+def _c_order(X: Any) -> Any:
+    """Dense ``X_fit_`` in C order, as a saved model reloads it (the same bits after)."""
+    return np.ascontiguousarray(X) if isinstance(X, np.ndarray) else X

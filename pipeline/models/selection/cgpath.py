@@ -1,0 +1,217 @@
+"""K-fold CV on the CG path: one operator, one preconditioner factor, warm starts over λ.
+
+For a kernel setting, every fold's system ``(K_TT + s I) x = y_T`` is solved
+with products by the *full* K (stored tiles or recomputed from X): the folds'
+vectors are zero-padded to length n, stacked as the columns of one block, and
+multiplied in one pass over the tiles. The folds are stacked into one long
+vector, so CG runs on the block-diagonal system of all folds at once.
+
+- one Nyström factor ``F`` (``K ≈ F Fᵀ``, randomly pivoted Cholesky) per kernel
+  setting; each fold's preconditioner is ``(F_T F_Tᵀ + s I)⁻¹`` from the thin SVD
+  of ``F_T`` (once per fold), and only its diagonal coefficients change with λ;
+- λ values are solved from the largest (best conditioned) to the smallest,
+  each warm-started from the previous solution;
+- held-out predictions ``K_VT x_T`` for every fold and λ come from one more
+  product at the end.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+
+from pipeline import constants as C
+from pipeline.linalg.cg import CGConvergenceError, CGConvergenceWarning, conjugate_gradient
+from pipeline.linalg.precond import FoldNystrom as _FoldNystrom
+from pipeline.linalg.precond import nystrom_factor
+
+__all__ = ["cg_fold_predictions"]
+
+
+def _kernel_product(op: Any, V: np.ndarray) -> np.ndarray:
+    """``K V`` from an operator computing ``(K + shift I) V``."""
+    return op.matvec(V) - op.shift * V
+
+
+def cg_fold_predictions(
+    op: Any,
+    y: np.ndarray,
+    trains: list[np.ndarray],
+    tests: list[np.ndarray],
+    shifts: np.ndarray,
+    *,
+    preconditioner: str = "nystrom",
+    rank: int | None = None,
+    tol: float = C.CV_TOL,
+    max_iter: int | None = None,
+    random_state: Any = 0,
+    warm_start: bool = True,
+    factor: np.ndarray | None = None,
+    stats: dict | None = None,
+    failures: list | None = None,
+) -> list[list[np.ndarray]]:
+    """Held-out predictions ``preds[f][l]`` for each fold f and shift row ``shifts[l]``.
+
+    Parameters
+    ----------
+    op : KernelOperator
+        Products with the full K (``pipeline.linalg.matvec.make_operator``).
+    y : ndarray (n, t)
+    trains, tests : lists of index arrays, one per fold
+    shifts : ndarray (n_lambda, n_folds)
+        Diagonal shift of every (λ, fold) system; solved in decreasing order of
+        the row mean, each row warm-started from the previous one.
+    preconditioner : {"nystrom", "adaptive", "none"}
+        ``"adaptive"``: one RPCholesky factor whose rank grows until it resolves K
+        at the smallest shift of the grid (:func:`~pipeline.linalg.precond.adaptive_rpcholesky`),
+        shared by every fold and λ as the Nyström factor is.
+    rank : int, optional
+        Nyström rank (default ``min(n, 200)``); with ``"adaptive"``, a cap on the rank.
+    warm_start : bool
+        Start each λ from the previous λ's solution (else from zero).
+    factor : ndarray (n, r), optional
+        A Nyström factor ``F`` (``K ≈ F Fᵀ``) already computed for this kernel: used
+        instead of building one (``preconditioner="nystrom"``).
+    failures : list, optional
+        A λ whose solve does not reach ``tol`` (NaN, divergence, stagnation,
+        ``max_iter``) is never scored: it is appended here as a dict (``lambda_index``,
+        ``reason``, ``rel_residual``) and its predictions are None, for the caller to
+        redo exactly (:mod:`pipeline.models.selection.direct`). Without the list such
+        a solve raises :class:`~pipeline.models.selection.direct.UnconvergedSolveError`.
+    """
+    stats = stats if stats is not None else {}
+    n, t = y.shape
+    nf = len(trains)
+    offs = np.concatenate([[0], np.cumsum([len(tr) for tr in trains])])
+    m = int(offs[-1])
+
+    pre_folds: list[_FoldNystrom] | None = None
+    if preconditioner == "nystrom":
+        if factor is None:
+            r = int(rank or min(n, C.CV_DEFAULT_RANK))
+            F, _ = nystrom_factor(op, min(r, n), random_state=random_state)
+        else:
+            F = factor
+        stats["preconditioner_builds"] = stats.get("preconditioner_builds", 0) + 1
+        pre_folds = [_FoldNystrom(F[tr]) for tr in trains]
+    elif preconditioner == "adaptive":
+        from pipeline.linalg.precond import adaptive_rpcholesky
+
+        F, _, _ = adaptive_rpcholesky(
+            op,
+            float(np.min(shifts)),
+            max_rank=None if rank is None else min(int(rank), n),
+            random_state=random_state,
+        )
+        F = np.asarray(F, dtype=np.float64)
+        stats["preconditioner_builds"] = stats.get("preconditioner_builds", 0) + 1
+        pre_folds = [_FoldNystrom(F[tr]) for tr in trains]
+    elif preconditioner not in ("none", None):
+        raise ValueError(
+            f"preconditioner={preconditioner!r} is not supported by the CV search; "
+            "use 'nystrom', 'adaptive' or 'none'"
+        )
+
+    def scatter(v: np.ndarray) -> np.ndarray:
+        """(m, k) stacked fold vectors -> (n, nf * k) zero-padded columns."""
+        k = v.shape[1]
+        P = np.zeros((n, nf * k))
+        for f, tr in enumerate(trains):
+            P[tr, f * k : (f + 1) * k] = v[offs[f] : offs[f + 1]]
+        return P
+
+    def make_matvec(srow: np.ndarray):
+        def mv(v: np.ndarray) -> np.ndarray:
+            k = v.shape[1]
+            KP = _kernel_product(op, scatter(v))
+            out = np.empty_like(v)
+            for f, tr in enumerate(trains):
+                out[offs[f] : offs[f + 1]] = (
+                    KP[tr, f * k : (f + 1) * k] + srow[f] * v[offs[f] : offs[f + 1]]
+                )
+            return out
+
+        return mv
+
+    class _Stacked:
+        def __init__(self, srow: np.ndarray) -> None:
+            self.srow = srow
+
+        def apply(self, R: np.ndarray) -> np.ndarray:
+            R = R.reshape(R.shape[0], -1)
+            out = np.empty_like(R)
+            for f in range(nf):
+                seg = slice(offs[f], offs[f + 1])
+                if pre_folds is None:
+                    out[seg] = R[seg]
+                else:
+                    out[seg] = pre_folds[f].apply(R[seg], float(self.srow[f]))
+            return out
+
+    b = np.concatenate([y[tr] for tr in trains], axis=0)  # (m, t)
+    order = np.argsort(-shifts.mean(axis=1), kind="stable")
+    sols: dict[int, np.ndarray] = {}
+    x0 = None
+    failed: dict[int, dict] = {}
+    for li in order:
+        srow = shifts[li]
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", CGConvergenceWarning)
+                res = conjugate_gradient(
+                    make_matvec(srow),
+                    b,
+                    x0=x0,
+                    preconditioner=_Stacked(srow),
+                    tol=tol,
+                    max_iter=max_iter,
+                )
+        except CGConvergenceError as exc:  # divergence (NaN/inf) or stagnation
+            failed[int(li)] = {
+                "lambda_index": int(li),
+                "reason": type(exc).__name__,
+                "message": str(exc)[:300],
+            }
+            stats["cg_not_converged"] = stats.get("cg_not_converged", 0) + 1
+            continue
+        stats["cg_iterations"] = stats.get("cg_iterations", 0) + int(res.n_iter)
+        stats["cg_matvecs"] = stats.get("cg_matvecs", 0) + int(res.n_matvec)
+        stats["cg_solves"] = stats.get("cg_solves", 0) + 1
+        if not res.converged or not np.all(np.isfinite(res.x)):
+            stats["cg_not_converged"] = stats.get("cg_not_converged", 0) + 1
+            failed[int(li)] = {
+                "lambda_index": int(li),
+                "reason": "max_iter" if res.n_iter >= res.max_iter else "breakdown",
+                "rel_residual": float(np.max(res.rel_residual)),
+                "n_iter": int(res.n_iter),
+            }
+            continue
+        sols[int(li)] = res.x.reshape(m, t)
+        x0 = sols[int(li)] if warm_start else None
+    if failed and failures is None:
+        from pipeline.models.selection.direct import UnconvergedSolveError
+
+        raise UnconvergedSolveError(
+            f"CG did not reach tol={tol:.1e} for the shifts {[shifts[i].tolist() for i in failed]}"
+            f" ({sorted({f['reason'] for f in failed.values()})}); a diverged solve is never "
+            "scored: use an exact solver, a larger lambda or a stronger preconditioner"
+        )
+    if failures is not None:
+        failures.extend(failed[li] for li in sorted(failed))
+    # one product for every (λ, fold): columns ordered (λ, fold, target)
+    L = shifts.shape[0]
+    good = [li for li in range(L) if li in sols]
+    preds: list[list[Any]] = [[None] * L for _ in tests]
+    if not good:
+        return preds
+    Xall = np.concatenate([sols[li] for li in good], axis=1)  # (m, G * t)
+    KP = _kernel_product(op, scatter(Xall))  # (n, nf * G * t)
+    stats["cg_matvecs"] = stats.get("cg_matvecs", 0) + 1
+    k = len(good) * t
+    for f, te in enumerate(tests):
+        block = KP[te, f * k : (f + 1) * k]
+        for gi, li in enumerate(good):
+            preds[f][li] = block[:, gi * t : (gi + 1) * t]
+    return preds

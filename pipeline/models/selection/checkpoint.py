@@ -1,0 +1,135 @@
+"""Per-setting checkpoints of a :class:`~pipeline.models.selection.KernelRidgeCV` search.
+
+A killed search restarts from its finished kernel settings: each finished
+setting's held-out predictions (every λ and fold) are written to
+``{directory}/setting_{i:03d}.npz`` (atomic: temporary file, then rename), and
+THEN a marker ``setting_{i:03d}.json`` records the fingerprint of everything that
+determines them (the data's content, the folds, the kernel and its setting, the
+λ grid, the solver and its options) and the CRC-32C of the ``.npz`` bytes. On
+restart a setting is reused only when its marker's fingerprint matches and the
+file's checksum verifies; otherwise (another grid, a damaged file) it is
+recomputed, with a log line saying why.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from typing import Any
+
+import google_crc32c
+import numpy as np
+
+from pipeline.kernels import kernel_fingerprint
+from pipeline.storage import fingerprint_blocks, fingerprint_obj
+from pipeline.storage.atomic import atomic_write
+from pipeline.storage.location import join_path, read_bytes
+
+__all__ = ["SettingCheckpoint"]
+
+log = logging.getLogger("pipeline.models.selection")
+
+
+class SettingCheckpoint:
+    """Finished settings of one search in ``directory`` (a local path or URL).
+
+    Parameters
+    ----------
+    directory : str or path
+    base : dict
+        What every setting's result depends on besides its own parameters (the
+        search's options); combined with the data, folds and kernel per setting.
+    X, y : ndarray
+    splits : list of (train, test)
+    """
+
+    def __init__(self, directory: Any, base: dict, X: np.ndarray, y: np.ndarray, splits) -> None:
+        self.directory = directory
+        self.base = {
+            **base,
+            "X": fingerprint_blocks([np.ascontiguousarray(X)]),
+            "y": fingerprint_blocks([np.ascontiguousarray(y)]),
+            "splits": fingerprint_blocks(
+                [np.concatenate([np.asarray(tr), [-1], np.asarray(te), [-2]]) for tr, te in splits]
+            ),
+        }
+        # leave-one-out keeps one pooled prediction array per lambda, not one per split
+        self.n_folds = 1 if base.get("kind") == "loo" else len(splits)
+        self.resumed: list[int] = []
+
+    @classmethod
+    def for_search(cls, cv: Any, solver: str, kind: str, X, y, splits) -> SettingCheckpoint:
+        """The checkpoint of search ``cv`` (a KernelRidgeCV) in ``cv.checkpoint``."""
+        opts = ("lambda_convention", "tol", "max_iter", "preconditioner", "rank",
+                "kernel_dtype", "eigen_mode", "block_size", "random_state")  # fmt: skip
+        base = {"solver": solver, "kind": kind, **{k: repr(getattr(cv, k, None)) for k in opts}}
+        if getattr(cv, "screen_tol", None) is not None:
+            # screening keeps rough solves for the lambdas the scorer does not pick for
+            # refining: the stored predictions then depend on these too
+            base["screen"] = [repr(cv.screen_tol), repr(cv.screen_top), repr(cv.scoring)]
+        return cls(cv.checkpoint, base, X, y, splits)
+
+    def _paths(self, si: int) -> tuple[Any, Any]:
+        stem = f"setting_{si:03d}"
+        return join_path(self.directory, stem + ".npz"), join_path(self.directory, stem + ".json")
+
+    def fingerprint(self, kern: Any, setting: dict, alphas: list[float]) -> str:
+        return fingerprint_obj(
+            {
+                **self.base,
+                "kernel": kernel_fingerprint(kern),
+                "setting": {k: repr(v) for k, v in setting.items()},
+                "alphas": [float(a) for a in alphas],
+            }
+        )
+
+    def load(self, si: int, kern: Any, setting: dict, alphas: list[float]) -> dict | None:
+        """``{alpha: [pred per fold]}`` of a finished setting, or None to compute it."""
+        data_path, marker_path = self._paths(si)
+        try:
+            marker = json.loads(read_bytes(marker_path))
+        except (FileNotFoundError, OSError, ValueError):
+            return None
+        if marker.get("fingerprint") != self.fingerprint(kern, setting, alphas):
+            log.info("setting %d: checkpoint from another search; recomputing", si)
+            return None
+        try:
+            raw = read_bytes(data_path)
+        except (FileNotFoundError, OSError):
+            log.warning("setting %d: checkpoint data missing; recomputing", si)
+            return None
+        if google_crc32c.value(raw) != marker.get("crc32c"):
+            log.warning("setting %d: checkpoint data fails its checksum; recomputing", si)
+            return None
+        with np.load(io.BytesIO(raw)) as z:
+            out = {
+                float(a): [z[f"p_{li}_{f}"] for f in range(self.n_folds)]
+                for li, a in enumerate(alphas)
+            }
+        self.resumed.append(si)
+        return out
+
+    def save(self, si: int, kern: Any, setting: dict, alphas: list[float], preds: dict,
+             seconds: float) -> None:  # fmt: skip
+        """Record a finished setting: the data file, then its marker."""
+        buf = io.BytesIO()
+        np.savez(
+            buf,
+            **{
+                f"p_{li}_{f}": np.asarray(preds[a][f])
+                for li, a in enumerate(alphas)
+                for f in range(self.n_folds)
+            },
+        )
+        raw = buf.getvalue()
+        data_path, marker_path = self._paths(si)
+        atomic_write(str(data_path), raw)
+        marker = {
+            "fingerprint": self.fingerprint(kern, setting, alphas),
+            "crc32c": google_crc32c.value(raw),
+            "setting": {k: repr(v) for k, v in setting.items()},
+            "alphas": [float(a) for a in alphas],
+            "seconds": round(float(seconds), 4),
+        }
+        atomic_write(str(marker_path), json.dumps(marker).encode())

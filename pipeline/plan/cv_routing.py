@@ -1,0 +1,229 @@
+"""Routing of ``KernelRidgeCV(solver="auto")`` and its cost model: pure functions.
+
+Costs are in units of n³ flops of potrf-speed work (see
+:data:`~pipeline.constants.EIG_FLOPS_PER_N3` and
+:data:`~pipeline.constants.BAND_FLOPS_PER_M3` for their calibration).
+``splits`` is a list of ``(train_idx, test_idx)`` pairs; only their lengths matter.
+Whether a candidate fits in memory is asked through ``fits(bytes) -> bool``,
+so this module does no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pipeline.constants import (
+    BAND_FLOPS_PER_M3,
+    BAND_GEMM_EFFICIENCY,
+    BAND_REDUCTION_FLOPS_PER_M3,
+    CG_MARGIN,
+    CG_PASS_OVERHEAD,
+    CHOLESKY_GFLOPS,
+    CV_BLOCK_COLUMN_SECONDS,
+    CV_BLOCK_PASSES,
+    CV_EIGH_FLOPS_PER_R3,
+    CV_RANK_FLOOR,
+    CV_RANK_SCALE,
+    EIG_FLOPS_PER_N3,
+    IN_MEMORY_MAX_N,
+    KERNEL_ENTRIES_PER_SECOND,
+)
+from pipeline.plan.calibrated import SimpleCostModel
+from pipeline.plan.cg_cost import chebyshev_bound
+from pipeline.plan.cholesky_cost import cholesky_flops
+
+__all__ = [
+    "band_cost",
+    "choose_cv_solver",
+    "dense_cost",
+    "eigen_cost",
+    "eigen_mode",
+    "memory_need",
+    "predicted_search_seconds",
+    "route_choice",
+    "suggest_smaller_grid",
+]
+
+
+def eigen_mode(n: int, kind: str, n_alpha: int, splits: Sequence, requested: str = "auto") -> str:
+    """``"loo"``, ``"lgo"`` (one eigendecomposition of K) or ``"fold"`` (one per fold)."""
+    if kind == "loo":
+        return "loo"
+    if kind != "complement":
+        return "fold"
+    if requested != "auto":
+        return requested
+    lgo = EIG_FLOPS_PER_N3 * n**3 + sum(n_alpha * len(te) ** 2 * n for _, te in splits)
+    fold = sum(EIG_FLOPS_PER_N3 * len(tr) ** 3 for tr, _ in splits)
+    return "lgo" if lgo <= fold else "fold"
+
+
+def eigen_cost(n: int, kind: str, n_alpha: int, splits: Sequence, requested: str = "auto") -> float:
+    """Cost of the eigen strategy in the chosen :func:`eigen_mode`."""
+    mode = eigen_mode(n, kind, n_alpha, splits, requested)
+    if mode in ("loo", "lgo"):
+        return EIG_FLOPS_PER_N3 * n**3 + sum(
+            n_alpha * len(te) ** 2 * n for _, te in splits if mode == "lgo"
+        )
+    return sum(EIG_FLOPS_PER_N3 * len(tr) ** 3 for tr, _ in splits)
+
+
+def band_cost(splits: Sequence) -> float:
+    """One band reduction per training set."""
+    return sum(BAND_FLOPS_PER_M3 * len(tr) ** 3 for tr, _ in splits)
+
+
+def dense_cost(n_alpha: int, splits: Sequence) -> float:
+    """One Cholesky per (λ, fold)."""
+    return sum(n_alpha * cholesky_flops(len(tr)) for tr, _ in splits)
+
+
+def memory_need(solver: str, n: int, band_workers: int = 1, n_jobs: int | None = None) -> int:
+    """Peak bytes of an in-memory strategy.
+
+    ``band``: two kernel matrices plus one training-set copy per concurrent
+    reduction. Others: K plus an eigenvector matrix or a fold copy, ~3 N² floats,
+    once per kernel setting searched concurrently (``n_jobs`` threads).
+    """
+    if solver == "band":
+        return (2 + band_workers) * n * n * 8
+    return 3 * n * n * 8 * max(1, int(n_jobs or 1))
+
+
+def choose_cv_solver(
+    n: int,
+    kind: str,
+    n_alpha: int,
+    splits: Sequence,
+    *,
+    fits: Callable[[int], bool],
+    band_ok: bool,
+    has_store: bool,
+    band_workers: int = 1,
+    n_jobs: int | None = None,
+    eigen_requested: str = "auto",
+    in_memory_max_n: int = IN_MEMORY_MAX_N,
+) -> str:
+    """``solver="auto"`` of the search: the cheapest in-memory strategy that fits, up to
+    ``in_memory_max_n`` rows; else, with a store, ``"cholesky"`` for leave-one-out or
+    when one factorisation per λ is predicted cheaper than the block CG
+    (:func:`predicted_search_seconds`); else ``"cg"``."""
+    costs: dict[str, Any] = {"eigen": eigen_cost(n, kind, n_alpha, splits, eigen_requested)}
+    if kind != "loo":  # one system per left-out row: leave-one-out is eigen's (or the factor's)
+        costs["dense"] = dense_cost(n_alpha, splits)
+    if kind != "loo" and band_ok:
+        costs["band"] = band_cost(splits)
+    if n <= in_memory_max_n:
+        for name in sorted(costs, key=costs.get):
+            if fits(memory_need(name, n, band_workers, n_jobs)):
+                return name
+    if has_store and kind == "loo":
+        return "cholesky"  # exact LOO from the factor; CG cannot give diag((K + λI)⁻¹)
+    if has_store and kind == "complement":  # the factor's LGO panels need complements
+        per = predicted_search_seconds("cholesky", n, n_alpha, 1, splits)
+        if per < predicted_search_seconds("cg", n, n_alpha, 1, splits):
+            return "cholesky"
+    return "cg"
+
+
+def route_choice(
+    rho: float,
+    t_pass: float,
+    shifts: Sequence[Sequence[float]],
+    train_sizes: Sequence[int],
+    *,
+    gemm_rate_one_thread: float,
+    n_workers: int,
+    tol: float,
+    margin: float = CG_MARGIN,
+) -> tuple[str, int, float, float]:
+    """In memory, CG or band reductions for one kernel setting:
+    ``(solver, predicted CG iterations, CG seconds, band seconds)``.
+
+    ``rho`` is ‖K - F Fᵀ‖₂ of the rank-r preconditioner, ``t_pass`` the measured seconds
+    of one product with K, ``shifts[f]`` the shifts of fold f (one per λ). CG's
+    iterations are the Chebyshev bound (:func:`~pipeline.plan.cg_cost.chebyshev_bound`)
+    of ``κ = 1 + ρ/s`` for each λ from scratch (warm
+    starts are not counted); the band reductions run at
+    :data:`~pipeline.constants.BAND_GEMM_EFFICIENCY` of the one-thread GEMM rate
+    on ``n_workers`` threads. CG is chosen when predicted cheaper than ``margin`` times
+    the band reductions.
+    """
+    its = sum(
+        max(chebyshev_bound(1.0 + rho / s, tol) for s in fold_shifts)
+        for fold_shifts in zip(*shifts)
+    )
+    cg_s = its * t_pass * CG_PASS_OVERHEAD
+    rate = gemm_rate_one_thread * BAND_GEMM_EFFICIENCY
+    band_s = sum(BAND_REDUCTION_FLOPS_PER_M3 * m**3 for m in train_sizes) / (
+        rate * max(1, n_workers)
+    )
+    return ("cg" if cg_s < margin * band_s else "band"), its, cg_s, band_s
+
+
+def _block_pass_seconds(n: int, columns: int) -> float:
+    entries = n * (n + 1) / 2.0
+    return entries * (1.0 / KERNEL_ENTRIES_PER_SECOND + columns * CV_BLOCK_COLUMN_SECONDS)
+
+
+def predicted_search_seconds(
+    solver: str,
+    n: int,
+    n_alpha: int,
+    n_settings: int,
+    splits: Sequence,
+    *,
+    n_targets: int = 1,
+    eigen_requested: str = "auto",
+    kind: str = "complement",
+) -> float:
+    """Predicted seconds of a whole search (every kernel setting) with ``solver``.
+
+    ``cholesky``: one tile Cholesky of the full Gram per λ (plus the Gram build);
+    ``cg``: :data:`CV_BLOCK_PASSES` block passes over the lower kernel tiles per
+    setting, every (λ, fold, target) column in each pass; the in-memory solvers:
+    their flop counts (:func:`eigen_cost`, :func:`band_cost`, :func:`dense_cost`)
+    at :data:`CHOLESKY_GFLOPS` plus the kernel matrix.
+    """
+    rate = CHOLESKY_GFLOPS * 1e9
+    kernel = n * n / KERNEL_ENTRIES_PER_SECOND
+    if solver == "cg":
+        columns = n_alpha * len(splits) * n_targets
+        r = min(n, max(float(CV_RANK_FLOOR), CV_RANK_SCALE * n ** (2.0 / 3.0)))  # cvblock.rank_cap
+        precond = (2 * n * r * r + len(splits) * CV_EIGH_FLOPS_PER_R3 * r**3) / rate
+        per = CV_BLOCK_PASSES * _block_pass_seconds(n, max(1, columns // 2)) + kernel + precond
+    elif solver == "cholesky":
+        # one factorisation per λ, priced as the fit plan's (simple) cost model prices it
+        per = n_alpha * SimpleCostModel().cholesky_seconds(n, 1) + kernel / 2
+    elif solver == "eigen":
+        per = eigen_cost(n, kind, n_alpha, splits, eigen_requested) / rate + kernel
+    elif solver == "band":
+        per = band_cost(splits) / rate + kernel
+    else:
+        per = dense_cost(n_alpha, splits) / rate + kernel
+    return float(per * n_settings)
+
+
+def suggest_smaller_grid(
+    solver: str,
+    n: int,
+    n_alpha: int,
+    n_settings: int,
+    splits: Sequence,
+    budget: float,
+    **kw: Any,
+) -> str:
+    """A grid (λ count x kernel settings, else fewer rows) predicted to fit ``budget`` s."""
+    for settings in range(n_settings, 0, -1):
+        for alphas in range(n_alpha, 0, -1):
+            if predicted_search_seconds(solver, n, alphas, settings, splits, **kw) <= budget:
+                return f"{alphas} lambda(s) x {settings} kernel setting(s)"
+    rows = n
+    while rows > 100:
+        rows = int(rows * 0.8)
+        scale = rows / n
+        sub = [(range(int(len(tr) * scale)), range(int(len(te) * scale))) for tr, te in splits]
+        if predicted_search_seconds(solver, rows, 1, 1, sub, **kw) <= budget:
+            return f"1 lambda x 1 kernel setting on a subsample of about {rows} rows"
+    return "a much smaller problem (no grid on these rows fits the budget)"

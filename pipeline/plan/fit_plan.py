@@ -1,0 +1,524 @@
+"""One fit plan: :class:`FitPlan` and the one ``solver="auto"`` rule, :func:`plan_fit`.
+
+``KernelRidge.fit``, the solve stage of ``krr run``, ``KernelRidgeCV``'s refit
+and the tests' reference all call :func:`plan_fit` and log the plan it returns
+with its reason, then run it with :func:`pipeline.fit.execute`. The rule:
+
+1. A solver the user named is used as asked (``matvec="auto"`` still resolved).
+2. ``auto`` with in-memory solving allowed (an estimator without ``store``): the
+   primal for the linear kernel when it is cheaper (``n D² + D³/3`` against
+   ``n² D + n³/3``) and α > 0; else the dense dual when it fits in memory
+   (or must: callables, ``"precomputed"``, per-target α).
+3. Otherwise out of core: CG when the Gram and factor do not fit on disk, the
+   Cholesky when CG's vectors do not fit in memory, else whichever the one cost
+   model, :class:`pipeline.plan.calibrated.CalibratedCostModel`, predicts faster.
+   It depends on λ: CG's iterations follow the preconditioner's residual ρ against
+   the shift μ, and ρ is measured on a subsample of the training rows when the
+   caller passes them (``probes=``, :class:`~pipeline.engine.placement.Probes`, built by
+   :func:`pipeline.fit.row_probes`), as ``krr run`` and ``KernelRidge`` do. A kernel not known to be PSD never gets CG.
+4. Every CG fit (named or chosen) takes its product's variant from
+   :func:`pipeline.plan.cg_variant.choose_cg_variant`: recomputed or stored tiles,
+   float64 or mixed precision (``matvec`` and ``cg_precision`` the user named are
+   kept), by the same cost model; ``auto`` compares CG's best variant with the Cholesky.
+
+Pure functions of sizes, user choices, measured resources and the caller's probes of
+the rows (called only when their figure can change the plan): no I/O, no solver. Other cost models plug in through the ``cost_model``
+argument of :func:`plan_fit` (any object with ``cholesky_seconds`` and
+``cg_seconds`` methods taking ``(n, d, kernel)``; a method that also takes the
+keywords ``shift``, ``tol`` or ``rho`` is given the diagonal shift μ, CG's
+tolerance and the measured ρ), or by name: ``"calibrated"`` (the default) or
+``"simple"`` (:class:`~pipeline.plan.calibrated.SimpleCostModel`: λ-blind constants that cross at
+:data:`~pipeline.constants.CHOLESKY_MAX_N` rows; kept for comparison, it
+picks the slower solver on much of the measured grid).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from pipeline import constants as C
+from pipeline.engine.placement import (
+    Probes,
+    Resources,
+    default_block_size,
+    gram_on_demand,
+    tiles_on_workers,
+)
+from pipeline.kernels import Linear
+from pipeline.linalg.dense_memory import dense_dual_bytes
+from pipeline.options import (
+    ALPHA_CONVENTION_ALIASES,
+    FACTOR_DTYPES,
+    MATVEC_ALIASES,
+    SOLVERS,
+    diagonal_shift,
+    normalize_alpha_convention,
+    normalize_matvec,
+)
+from pipeline.plan.calibrated import _accepts, _seconds, make_cost_model
+from pipeline.plan.cg_cost import gram_disk_bytes
+from pipeline.plan.cg_variant import choose_cg_variant, matvec_choice, normalize_precision
+from pipeline.plan.factor_precision import choose_factor_dtype
+
+__all__ = [
+    "ALPHA_CONVENTION_ALIASES",
+    "FitPlan",
+    "MATVEC_ALIASES",
+    "Probes",
+    "Resources",
+    "cg_memory_bytes",
+    "dual_flops",
+    "gram_and_factor_disk_bytes",
+    "gram_disk_bytes",
+    "gram_on_demand",
+    "in_memory_choice",
+    "matvec_choice",
+    "normalize_alpha_convention",
+    "normalize_matvec",
+    "out_of_core_choice",
+    "plan_fit",
+    "primal_flops",
+]
+
+
+@dataclass(frozen=True)
+class FitPlan:
+    """Everything that decides how one kernel ridge fit runs; one default each.
+
+    ``solver`` is never ``"auto"`` and ``matvec`` never ``"auto"`` for CG.
+    """
+
+    solver: str = "cholesky"
+    alpha: float = 1.0
+    alpha_convention: str = C.DEFAULT_ALPHA_CONVENTION
+    block_size: int = C.DEFAULT_BLOCK_SIZE
+    factor_dtype: str = C.DEFAULT_FACTOR_DTYPE
+    kernel_dtype: str = C.DEFAULT_KERNEL_DTYPE
+    #: CG: "float64" products, or "mixed" (float32 kernel products refined to the
+    #: float64 answer; pipeline.linalg.cg_mixed_fit)
+    cg_precision: str = "float64"
+    preconditioner: str = C.DEFAULT_PRECONDITIONER
+    rank: int = C.DEFAULT_RANK
+    tol: float = C.DEFAULT_TOL
+    max_iter: int = C.DEFAULT_MAX_ITER
+    matvec: str | None = None
+    store: str | None = None
+    random_state: int = C.DEFAULT_RANDOM_STATE
+    checkpoint_every: int = C.DEFAULT_CHECKPOINT_EVERY
+    jitter: bool = False
+    factor_scheduler: str = "auto"
+    #: Cholesky: False factors in place (the factor replaces the Gram tile by tile;
+    #: replaced tiles are recomputed from X for another λ)
+    keep_gram: bool = True
+    #: Cholesky: check the free disk before any work (InsufficientDiskError)
+    check_disk: bool = True
+    #: Cholesky: factor_dtype was chosen by factor_dtype="auto"; a float32 factor that
+    #: fails (not positive definite, refinement short) is then redone in float64
+    factor_dtype_auto: bool = False
+    extra: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def out_of_core(self) -> bool:
+        return self.solver in ("cholesky", "cg")
+
+    @property
+    def needs_gram(self) -> bool:
+        """Whether the fit reads a stored Gram (Cholesky, or CG with the stored matvec)."""
+        return self.solver == "cholesky" or (self.solver == "cg" and self.matvec == "stored")
+
+    @property
+    def gram_dtype(self) -> str:
+        """dtype of the Gram the fit builds: the factor's when the Cholesky factors in
+        place (a float32 factor replaces a float32 Gram, half the disk, and alpha is
+        refined to float64 with matrix-free products from X), else float64."""
+        if self.solver == "cholesky" and not self.keep_gram:
+            return np.dtype(self.factor_dtype).name
+        return "float64"
+
+    def describe(self) -> str:
+        """One line for the log: the choices that matter for this solver."""
+        parts = [f"solver={self.solver}", f"alpha={self.alpha:g} ({self.alpha_convention})"]
+        if self.out_of_core:
+            parts.append(f"block_size={self.block_size}")
+        if self.solver == "cholesky":
+            parts.append(f"factor_dtype={self.factor_dtype}")
+            if not self.keep_gram:
+                parts.append("keep_gram=False")
+        if self.solver == "cg":
+            parts += [
+                f"matvec={self.matvec}",
+                *(["cg_precision=mixed"] if self.cg_precision == "mixed" else []),
+                f"preconditioner={self.preconditioner}",
+                # "adaptive" grows its own rank (up to its memory budget); "nystrom" uses rank
+                f"rank={'chosen by adaptive' if self.preconditioner == 'adaptive' else self.rank}",
+                f"tol={self.tol:g}",
+                f"max_iter={self.max_iter}",
+            ]
+        return ", ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.pop("extra")
+        return out
+
+
+# ---------------------------------------------------------------------------
+# sizes
+
+
+def gram_and_factor_disk_bytes(n: int, itemsize: int = 8) -> int:
+    """Disk a blocked Cholesky needs: the lower-tiled Gram plus its lower factor, each
+    :func:`~pipeline.plan.cg_cost.gram_disk_bytes` (the tile-level figure is
+    :func:`pipeline.plan.cholesky_cost.cholesky_disk_bytes`)."""
+    return 2 * gram_disk_bytes(n, itemsize)
+
+
+def cg_memory_bytes(n: int, n_features: int, rank: int = C.DEFAULT_RANK, n_rhs: int = 1) -> int:
+    """Memory CG needs beyond a few tiles: X, the Nyström factor, six work vectors per RHS."""
+    return 8 * n * (n_features + 2 * rank + 6 * n_rhs)
+
+
+def _gb(x: float) -> str:
+    return f"{x / 1e9:.1f} GB"
+
+
+# ---------------------------------------------------------------------------
+# the rules
+
+
+def out_of_core_choice(
+    n: int,
+    n_features: int,
+    disk_free: float,
+    mem_free: float,
+    *,
+    rank: int = C.DEFAULT_RANK,
+    cholesky_max_n: int | None = None,
+    kernel: Any = None,
+    cost_model: Any = None,
+    shift: float | None = None,
+    tol: float | None = None,
+    rho: float | None = None,
+    cg_options: Mapping[str, Any] | None = None,
+) -> tuple[str, str]:
+    """``"cholesky"`` or ``"cg"`` for an N x N kernel system, with the reason.
+
+    ``cholesky_max_n`` replaces the cost model by a row threshold. ``shift`` (μ),
+    ``tol`` and ``rho`` (the preconditioner's measured residual) reach cost models
+    whose methods accept them; so do ``cg_options`` (CG's ``matvec`` and
+    ``precision``, :func:`pipeline.plan.cg_variant.choose_cg_variant`).
+    """
+    if n < 1 or n_features < 1:
+        raise ValueError(f"n and n_features must be >= 1, got n={n}, n_features={n_features}")
+    if disk_free < 0 or mem_free < 0:
+        raise ValueError(f"free disk and memory must be >= 0, got {disk_free}, {mem_free}")
+    need_disk = gram_and_factor_disk_bytes(n)
+    need_mem = cg_memory_bytes(n, n_features, min(rank, n))
+    usable_disk = C.DISK_MARGIN * disk_free
+    cg_fits_memory = need_mem <= C.DISK_MARGIN * mem_free
+    if need_disk > usable_disk:
+        if not cg_fits_memory:
+            return (
+                "cg",
+                f"N={n}: neither fits: the Cholesky needs {_gb(need_disk)} of disk "
+                f"({_gb(usable_disk)} usable) and CG with rank {min(rank, n)} about "
+                f"{_gb(need_mem)} of memory ({_gb(mem_free)} free); CG is the only option, "
+                "lower the Nyström rank",
+            )
+        return (
+            "cg",
+            f"N={n}: the Gram and Cholesky factor need {_gb(need_disk)} of disk but only "
+            f"{_gb(usable_disk)} of {_gb(disk_free)} free is usable; matrix-free CG needs "
+            f"no store and about {_gb(need_mem)} of memory",
+        )
+    if not cg_fits_memory:
+        return (
+            "cholesky",
+            f"N={n}: CG would need about {_gb(need_mem)} of memory but {_gb(mem_free)} is "
+            f"free, while the out-of-core Cholesky's {_gb(need_disk)} fit on disk",
+        )
+    if cholesky_max_n is not None:
+        if n > cholesky_max_n:
+            return (
+                "cg",
+                f"N={n} > {cholesky_max_n}: a Cholesky costs N³/3 = {n**3 / 3e12:.1f} TFLOP, "
+                "more than ~100 CG products of N² kernel entries",
+            )
+        return (
+            "cholesky",
+            f"N={n} <= {cholesky_max_n} and the Gram plus factor ({_gb(need_disk)}) fit in "
+            f"{_gb(usable_disk)} of usable disk: the exact blocked Cholesky is cheaper here",
+        )
+    cm = make_cost_model(cost_model)
+    kw = {"shift": shift, "tol": tol, "rho": rho}
+    t_chol = _seconds(cm.cholesky_seconds, n, n_features, kernel, **kw)
+    t_cg = _seconds(cm.cg_seconds, n, n_features, kernel, **kw, **dict(cg_options or {}))
+    cg_why = f"{getattr(cm, 'name', 'cost')} model"
+    if hasattr(cm, "cg_iterations") and _accepts(cm.cg_iterations, "rho"):
+        its = cm.cg_iterations(n, shift, tol, rho=rho)
+        rho_n = cm.residual(n, rho)
+        cg_why += f": about {its} iterations at ρ/μ = {rho_n / (shift or 1.0):.3g}, ρ " + (
+            "measured on a subsample of the rows" if rho is not None else "assumed"
+        )
+    if t_chol > t_cg:
+        return (
+            "cg",
+            f"N={n}: a Cholesky (N³/3 = {n**3 / 3e12:.1f} TFLOP) is predicted at "
+            f"{t_chol:.3g} s, CG at {t_cg:.3g} s ({cg_why})",
+        )
+    return (
+        "cholesky",
+        f"N={n}: the exact blocked Cholesky (predicted {t_chol:.3g} s) is cheaper than CG "
+        f"({t_cg:.3g} s, {cg_why}), and the Gram plus factor "
+        f"({_gb(need_disk)}) fit in {_gb(usable_disk)} of usable disk",
+    )
+
+
+def dual_flops(n: int, d: int) -> float:
+    """Approximate flops of the dense dual: forming K (n² D) plus its Cholesky (n³/3)."""
+    return float(n) ** 2 * d + float(n) ** 3 / 3.0
+
+
+def primal_flops(n: int, d: int) -> float:
+    """Approximate flops of the primal: forming Φᵀ Φ (n D²) plus its Cholesky (D³/3)."""
+    return float(n) * d * d + float(d) ** 3 / 3.0
+
+
+def in_memory_choice(n: int, d: int, *, has_primal: bool, alpha: Any = 1.0) -> str:
+    """``"primal"`` when the kernel has an explicit primal, α > 0 and it is cheaper,
+    else ``"dense"`` (the dual)."""
+    if not has_primal or np.any(np.asarray(alpha, dtype=np.float64) <= 0):
+        return "dense"
+    return "primal" if primal_flops(n, d) < dual_flops(n, d) else "dense"
+
+
+def _rho_matters(
+    cm: Any, solver: str, n: int, d: int, kernel: Any, mu: float, tol: float, matvec, precision
+) -> bool:
+    """Whether measuring ρ on a subsample (about 0.5 s) can change the plan: with
+    ``solver="auto"`` unless the Cholesky wins even against a one-iteration CG; with
+    ``solver="cg"`` when the product's variant is open and the solve is predicted to
+    take :data:`~pipeline.constants.SPECTRUM_WORTH_SECONDS` or more."""
+    if solver == "auto":
+        return not _cholesky_beats_any_cg(cm, n, d, kernel, mu, tol)
+    if solver != "cg" or (matvec != "auto" and precision != "auto"):
+        return False
+    kw = {"shift": mu if mu > 0 else None, "tol": tol}
+    return _seconds(cm.cg_seconds, n, d, kernel, **kw) >= C.SPECTRUM_WORTH_SECONDS
+
+
+def _cholesky_beats_any_cg(cm: Any, n: int, d: int, kernel: Any, mu: float, tol: float) -> bool:
+    """Whether the Cholesky is predicted faster than CG even with a perfect preconditioner
+    (ρ = 0: one iteration). Then measuring ρ on a subsample (about 0.5 s) cannot change
+    the choice, and small fits skip it."""
+    kw = {"shift": mu if mu > 0 else None, "tol": tol}
+    t_chol = _seconds(cm.cholesky_seconds, n, d, kernel, **kw)
+    return t_chol <= _seconds(cm.cg_seconds, n, d, kernel, rho=0.0, **kw)
+
+
+def _choice(choices: Mapping[str, Any], key: str, default: Any) -> Any:
+    v = choices.get(key)
+    return default if v is None else v
+
+
+def plan_fit(
+    n: int,
+    d: int,
+    kernel: Any,
+    resources: Resources,
+    choices: Mapping[str, Any] | None = None,
+    *,
+    n_targets: int = 1,
+    cost_model: Any = None,
+    probes: Probes | None = None,
+) -> tuple[FitPlan, str]:
+    """The plan of one fit and why, from its sizes, kernel, resources and user choices.
+
+    Parameters
+    ----------
+    n, d : int
+        Training rows and features.
+    kernel : Kernel or None
+        The kernel object (None for callables and ``"precomputed"``: in memory only).
+    resources : Resources
+    choices : mapping, optional
+        User choices; a missing or None value takes the plan's default. Keys:
+        ``solver`` ("auto", "dense", "primal", "cholesky", "cg"), ``alpha``,
+        ``alpha_convention``, ``block_size``, ``tol``, ``max_iter``,
+        ``preconditioner``, ``rank``, ``matvec`` ("auto", "stored", "recompute"),
+        ``factor_dtype``, ``kernel_dtype``, ``store``, ``random_state``,
+        ``checkpoint_every``, ``jitter``, ``factor_scheduler``, ``keep_gram``,
+        ``check_disk``, ``cost_model``; and, for the
+        in-memory rule, ``kernel_copies`` (K copies of the dense solve) and
+        ``sample_weight`` (True when weights are given).
+    n_targets : int
+    cost_model : object or str, optional
+        ``cholesky_seconds(n, d, kernel)`` and ``cg_seconds(n, d, kernel)`` (given
+        ``shift=`` μ and ``tol=`` too when they accept them), or a name of
+        :data:`~pipeline.options.COST_MODELS`; default ``choices["cost_model"]``, else
+        :class:`~pipeline.plan.calibrated.CalibratedCostModel`.
+    probes : Probes, optional
+        The measurements the plan may take on the training rows as the kernel sees
+        them (:func:`pipeline.fit.row_probes`). When ``solver="auto"`` goes out of core
+        with the Nyström preconditioner, the residual ρ of that preconditioner is
+        measured on a seeded subsample of them
+        (:func:`pipeline.linalg.spectrum.estimate_residual`); without them the cost
+        model assumes one. Callers that plan the same fit pass the same rows, so
+        they get the same plan.
+
+    Returns
+    -------
+    (plan, reason) : (FitPlan, str)
+    """
+    ch = dict(choices or {})
+    solver = _choice(ch, "solver", "auto")
+    if solver not in SOLVERS:
+        raise ValueError(f"solver={solver!r} is not valid; choose one of {SOLVERS}")
+    alpha = _choice(ch, "alpha", 1.0)
+    alphas = np.atleast_1d(np.asarray(alpha, dtype=np.float64))
+    one_alpha = np.unique(alphas).size == 1
+    matvec = normalize_matvec(_choice(ch, "matvec", "auto"))
+    rank = int(_choice(ch, "rank", C.DEFAULT_RANK))
+    fs = _choice(ch, "factor_scheduler", "auto")
+    keep = bool(_choice(ch, "keep_gram", True))
+    probes = Probes() if probes is None else probes
+    x_here = probes.x_in_memory and kernel is not None
+
+    def block_for(solver: str) -> int:
+        w = tiles_on_workers(
+            solver, resources, factor_scheduler=fs, keep_gram=keep, x_in_memory=x_here
+        )
+        return int(_choice(ch, "block_size", default_block_size(n, w)))
+
+    bs = block_for(solver)
+    store = ch.get("store")
+    factor_dtype = _choice(ch, "factor_dtype", C.DEFAULT_FACTOR_DTYPE)
+    if factor_dtype not in FACTOR_DTYPES:
+        raise ValueError(
+            f"factor_dtype={factor_dtype!r} is not valid; choose one of {FACTOR_DTYPES}"
+        )
+    base = FitPlan(
+        solver="dense",
+        alpha=float(alphas[0]) if one_alpha else float("nan"),
+        alpha_convention=normalize_alpha_convention(
+            _choice(ch, "alpha_convention", C.DEFAULT_ALPHA_CONVENTION)
+        ),
+        block_size=bs,
+        factor_dtype="float64" if factor_dtype == "auto" else factor_dtype,
+        kernel_dtype=_choice(ch, "kernel_dtype", C.DEFAULT_KERNEL_DTYPE),
+        preconditioner=_choice(ch, "preconditioner", C.DEFAULT_PRECONDITIONER),
+        rank=min(rank, max(1, n)),
+        tol=float(_choice(ch, "tol", C.DEFAULT_TOL)),
+        max_iter=int(_choice(ch, "max_iter", C.DEFAULT_MAX_ITER)),
+        store=None if store is None else str(store),
+        random_state=int(_choice(ch, "random_state", C.DEFAULT_RANDOM_STATE)),
+        checkpoint_every=int(_choice(ch, "checkpoint_every", C.DEFAULT_CHECKPOINT_EVERY)),
+        jitter=bool(ch.get("jitter") or False),
+        factor_scheduler=fs,
+        keep_gram=keep,
+        check_disk=bool(_choice(ch, "check_disk", True)),
+    )
+    mercer = bool(getattr(kernel, "is_mercer", True))
+    reason = f"requested solver={solver!r}"
+    if solver == "auto" and resources.in_memory:
+        has_primal = isinstance(kernel, Linear)
+        choice = in_memory_choice(n, d, has_primal=has_primal, alpha=alphas)
+        if choice == "primal":
+            return replace(base, solver="primal"), (
+                f"linear kernel with alpha > 0: the primal (n D² + D³/3 = "
+                f"{primal_flops(n, d):.3g} flops) is cheaper than the dual "
+                f"({dual_flops(n, d):.3g})"
+            )
+        need = dense_dual_bytes(n, d, n_targets, kernel_copies=int(ch.get("kernel_copies", 1)))
+        budget = C.MEMORY_SAFETY_FRACTION * resources.memory_bytes
+        if need <= budget:
+            return base, (
+                f"the in-memory dual for n_samples={n} needs {_gb(need)} and "
+                f"{_gb(budget)} is usable"
+            )
+        only_dense = (
+            "a callable or precomputed kernel"
+            if kernel is None
+            else "per-target alphas"
+            if not one_alpha
+            else None
+        )
+        if only_dense:
+            return base, (
+                f"the in-memory dual for n_samples={n} needs {_gb(need)} of {_gb(budget)} "
+                f"usable, but {only_dense} can only be solved in memory"
+            )
+        reason = (
+            f"the in-memory dual for n_samples={n} does not fit in memory ({_gb(need)} "
+            f"needed, {_gb(budget)} usable); using the out-of-core solvers"
+        )
+        solver = "auto"
+    if solver in ("dense", "primal"):
+        return replace(base, solver=solver), reason
+    precision = normalize_precision(ch.get("cg_precision"))
+    cm = make_cost_model(
+        cost_model if cost_model is not None else ch.get("cost_model"),
+        block_size=bs,
+        rank=base.rank,
+        tol=base.tol,
+        factor_dtype=base.factor_dtype,
+    )
+    mu = diagonal_shift(float(np.min(alphas)), n, base.alpha_convention)
+    shift = mu if mu > 0 else None
+    rho = None
+    if (
+        probes.residual is not None
+        and kernel is not None
+        and mercer
+        and base.preconditioner == "nystrom"
+        and _accepts(cm.cg_seconds, "rho")
+        and _rho_matters(cm, solver, n, d, kernel, mu, base.tol, matvec, precision)
+    ):
+        rho = probes.residual(base.rank)  # fixed seed: same rows, same ρ
+    variant = choose_cg_variant(
+        n,
+        d,
+        kernel,
+        resources.disk_bytes,
+        matvec=matvec,
+        precision=precision,
+        cost_model=cm,
+        shift=shift,
+        tol=base.tol,
+        rho=rho,
+        n_targets=n_targets,
+        kernel_dtype=base.kernel_dtype,
+    )
+    if solver == "auto":
+        name, why = out_of_core_choice(
+            n,
+            d,
+            resources.disk_bytes,
+            resources.memory_bytes,
+            rank=rank,
+            kernel=kernel,
+            cost_model=cm,
+            shift=shift,
+            tol=base.tol,
+            rho=rho,
+            cg_options={"matvec": variant[0], "precision": variant[1]},
+        )
+        if name == "cg" and not mercer:
+            name, why = "cholesky", f"{why}; but the kernel is not known to be PSD"
+        reason = why if reason.startswith("requested") else f"{reason}: {why}"
+        solver = name
+    if solver == "cholesky":
+        plan = replace(base, solver="cholesky", matvec="stored", block_size=block_for(solver))
+        if factor_dtype == "auto":
+            risk = probes.float32_risk if mercer and kernel is not None else None
+            dt, why = choose_factor_dtype(n, shift, risk=risk)
+            plan = replace(plan, factor_dtype=dt, factor_dtype_auto=True)
+            reason = f"{reason}; {why}"
+        return plan, reason
+    matvec, precision, why = variant
+    plan = replace(base, solver="cg", matvec=matvec, cg_precision=precision)
+    return replace(plan, block_size=block_for("cg")), f"{reason}; {why}"
