@@ -37,7 +37,7 @@ def test_tile_tasks_spread_over_workers_bitwise(tmp_path, monkeypatch):
 
 def test_tile_tasks_go_critical_path_first(tmp_path, monkeypatch):
     """On a client the tile tasks carry their upward ranks as priorities (the threaded
-    scheduler gets the same order from a callback, tests/test_tiles_dag.py); the
+    scheduler gets the same order from a callback, tests/engine/test_dag.py); the
     diagonal tiles, on the critical path, outrank the rows below them."""
     pytest.importorskip("distributed")
     import re

@@ -34,7 +34,7 @@ def test_in_place_matches_and_refits_with_a_new_alpha(data, tmp_path):
     kept = _fit(X, y, tmp_path / "kept", 1e-2, True)
     inplace = _fit(X, y, tmp_path / "inplace", 1e-2, False)
     # in place, the Gram's tiles are computed on demand by the tile engine's fused
-    # evaluation: the same alpha to rounding, not bit for bit (tests/test_gram_on_demand.py)
+    # evaluation: the same alpha to rounding, not bit for bit (tests/linalg/test_gram_on_demand.py)
     np.testing.assert_allclose(inplace.dual_coef_, kept.dual_coef_, rtol=1e-9, atol=1e-10)
     assert inplace.fit_info_.get("keep_gram") is False
     again = _fit(X, y, tmp_path / "inplace", 1e-1, False)

@@ -15,7 +15,7 @@ import zarr
 from pipeline import cli
 from pipeline.stages.lock import RunLock
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[2] / "conf"
 
 SMALL = """
 name: small
@@ -218,7 +218,7 @@ def test_scheduled_refit_workflow_is_idempotent(tmp_path):
     np.save(tmp_path / "X.npy", X[:300])
     np.save(tmp_path / "y.npy", y[:300])
     np.save(tmp_path / "score.npy", X[300:])
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = {
         **__import__("os").environ,
         "KRR": str(Path(sys.executable).with_name("krr")),

