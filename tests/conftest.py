@@ -1,16 +1,21 @@
-"""Fixtures every test directory shares: the ``krr`` command line in a subprocess, a small
-config written to disk, and small data sets.
+"""Fixtures every test directory shares: the ``krr`` command line in a subprocess or in
+this process, a small config written to disk, and small data sets.
 
-Stage tests run in process (``pipeline.run``, ``pipeline.cli.main``); ``krr_run`` is for
-what needs a process of its own: a kill (``tests/faultinject``) or an exit code.
+Stage tests run in process (``pipeline.run``, ``pipeline.cli.main``, ``krr_main``);
+``krr_run`` is for what needs a process of its own: a kill (``tests/faultinject``), a
+hang that a timeout must end, or a fresh interpreter.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
+import warnings
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,6 +108,84 @@ def krr_run() -> KrrRunner:
     """Run the ``krr`` command line in a subprocess: ``krr_run("status", run_dir)``,
     ``krr_run.run(conf, run_dir, "lambda=0.1", json=True, kill=("gram", 3))``."""
     return KrrRunner()
+
+
+@contextlib.contextmanager
+def _cli_state_restored() -> Iterator[None]:
+    """Put back what ``pipeline.cli.main`` sets for its process: the root logger's
+    handlers and the levels of the loggers it configures, the ``-v`` count, the progress
+    mode (``-q``) and the SIGTERM handler (``main`` restores that one itself)."""
+    from pipeline.cli import output as cli_output
+    from pipeline.engine import progress
+
+    names = ("", "krr", "pipeline", "distributed")
+    levels = {n: logging.getLogger(n).level for n in names}
+    handlers = list(logging.getLogger().handlers)
+    mode, verbosity = progress._mode, cli_output._VERBOSITY
+    try:
+        yield
+    finally:
+        root = logging.getLogger()
+        for h in list(root.handlers):
+            if h not in handlers:
+                root.removeHandler(h)
+        for n, level in levels.items():
+            logging.getLogger(n).setLevel(level)
+        progress._mode, cli_output._VERBOSITY = mode, verbosity
+
+
+class KrrInProcess(KrrRunner):
+    """``krr ARGS...`` as ``pipeline.cli.main(ARGS)`` in this process, for a test that
+    only checks what a command did or printed, or its exit code (no kill, no hang).
+
+    Saves the 2-3 s start of a child process per command (the imports, a new Dask
+    cluster's first tasks). Returns a CompletedProcess like :class:`KrrRunner`: the
+    exit code ``main`` returned, and what it printed on stdout and stderr: its log lines
+    (they go to whatever ``sys.stderr`` is) and, at the end, each Python warning once
+    (also passed on to pytest). ``cwd`` and ``env`` hold for the call only.
+    """
+
+    def __call__(
+        self,
+        *args: Any,
+        cwd: str | os.PathLike | None = None,
+        env: Mapping[str, str | None] | None = None,
+        check: bool = False,
+    ) -> subprocess.CompletedProcess:
+        from pipeline import cli
+
+        argv = [str(a) for a in args]
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.ExitStack() as stack:
+            mp = stack.enter_context(pytest.MonkeyPatch.context())
+            if cwd is not None:
+                mp.chdir(cwd)
+            for k, v in (env or {}).items():
+                if v is None:
+                    mp.delenv(k, raising=False)
+                else:
+                    mp.setenv(k, v)
+            stack.enter_context(_cli_state_restored())
+            stack.enter_context(contextlib.redirect_stdout(out))
+            stack.enter_context(contextlib.redirect_stderr(err))
+            caught = stack.enter_context(warnings.catch_warnings(record=True))
+            warnings.simplefilter("default")  # each warning once, as in a new process
+            code = cli.main(argv)
+        for w in caught:  # on stderr as a process prints them, and to pytest as warned
+            err.write(warnings.formatwarning(w.message, w.category, w.filename, w.lineno))
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        res = subprocess.CompletedProcess(["krr", *argv], code, out.getvalue(), err.getvalue())
+        if check:
+            assert res.returncode == 0, res.stderr[-3000:]
+        return res
+
+
+@pytest.fixture(scope="session")
+def krr_main() -> KrrInProcess:
+    """Run the ``krr`` command line in this process (``pipeline.cli.main``), with the
+    calls of :func:`krr_run` less ``kill``/``inject``/``timeout``: ``krr_main.run(conf,
+    run_dir, json=True)``."""
+    return KrrInProcess()
 
 
 @dataclass(frozen=True)

@@ -150,7 +150,12 @@ SAME_OBJECT = [
 ]
 
 
-@pytest.mark.parametrize(("module", "name", "one"), SAME_OBJECT, ids=lambda v: str(v)[:40])
+@pytest.mark.parametrize(
+    ("module", "name", "one"),
+    SAME_OBJECT,
+    # a function by its name, not its address: the same ids in every process (pytest-xdist)
+    ids=lambda v: v.__name__ if callable(v) else str(v)[:40],
+)
 def test_old_names_are_the_one_definition(module, name, one):
     assert getattr(importlib.import_module(module), name) is one
 

@@ -32,18 +32,18 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs POSIX F
 HANG = 120
 
 
-def _run_once(krr_run, conf: Path, run_dir: Path) -> None:
-    r = krr_run.run(conf, run_dir, "--until", "ingest", timeout=HANG)
+def _run_once(krr_main, conf: Path, run_dir: Path) -> None:
+    r = krr_main.run(conf, run_dir, "--until", "ingest")
     assert r.returncode == 0, r.stderr[-3000:]
 
 
 @pytest.mark.parametrize("where", ["run.log", "ingest/extra"])
 def test_a_fifo_in_the_run_dir_is_refused_not_waited_on(
-    small_data, write_config, tmp_path, krr_run, where
+    small_data, write_config, tmp_path, krr_run, krr_main, where
 ):
     conf = write_config(small_data)
     run_dir = tmp_path / "run"
-    _run_once(krr_run, conf, run_dir)
+    _run_once(krr_main, conf, run_dir)
     fifo = run_dir / where
     fifo.unlink(missing_ok=True)
     os.mkfifo(fifo)
@@ -55,7 +55,7 @@ def test_a_fifo_in_the_run_dir_is_refused_not_waited_on(
     # krr validate refuses it too (it makes the checks krr run makes before work)
     assert krr_run("validate", conf, f"run_dir={run_dir}", timeout=HANG).returncode == 7
     fifo.unlink()
-    r = krr_run.run(conf, run_dir, timeout=HANG)
+    r = krr_main.run(conf, run_dir)
     assert r.returncode == 0, r.stderr[-3000:]
 
 
@@ -73,14 +73,14 @@ def test_run_log_through_a_symbolic_link_is_refused(small_data, write_config, tm
     assert not (run_dir / ".lock").exists() and not (run_dir / "manifest.json").exists()
 
 
-def test_a_linked_stage_directory_is_still_allowed(small_data, write_config, tmp_path, krr_run):
+def test_a_linked_stage_directory_is_still_allowed(small_data, write_config, tmp_path, krr_main):
     conf = write_config(small_data)
     run_dir = tmp_path / "run"
-    _run_once(krr_run, conf, run_dir)
+    _run_once(krr_main, conf, run_dir)
     moved = tmp_path / "bigdisk_ingest"
     (run_dir / "ingest").rename(moved)
     (run_dir / "ingest").symlink_to(moved)
-    r = krr_run.run(conf, run_dir, timeout=HANG)
+    r = krr_main.run(conf, run_dir)
     assert r.returncode == 0, r.stderr[-3000:]
 
 
@@ -103,11 +103,11 @@ def test_an_empty_npy_input_is_bad_input_naming_the_file(
 
 
 def test_predict_refuses_an_empty_input_and_an_unwritable_output_before_any_work(
-    small_data, write_config, tmp_path, krr_run, capsys
+    small_data, write_config, tmp_path, krr_main, capsys
 ):
     conf = write_config(small_data)
     run_dir = tmp_path / "run"
-    r = krr_run.run(conf, run_dir, timeout=HANG)
+    r = krr_main.run(conf, run_dir)
     assert r.returncode == 0, r.stderr[-3000:]
     empty = tmp_path / "empty.npy"
     empty.write_bytes(b"")

@@ -75,7 +75,9 @@ def test_bad_arguments_are_named():
 def test_blas_calls_release_the_gil():
     """While a BLAS call runs, a Python thread ticks about as fast as while we sleep.
 
-    SciPy's f2py ``dgemm`` on the same operands lets it tick about 8x less often.
+    SciPy's f2py ``dgemm`` on the same operands lets it tick about 8x less often. The
+    best of three measurements counts: another process busy on the same cores (a second
+    pytest-xdist worker) can slow the ticking during one call, never a held GIL's ~8x.
     """
     rng = np.random.default_rng(4)
     a = rng.standard_normal((1500, 1500))
@@ -95,14 +97,20 @@ def test_blas_calls_release_the_gil():
 
     th = threading.Thread(target=spin)
     th.start()
+    tries = []
     try:
         time.sleep(0.02)
-        idle = rate(lambda: time.sleep(0.1))
-        busy = min(rate(lambda: gemm_nt_sub(c, a, a)) for _ in range(2))
+        for _ in range(3):
+            idle = rate(lambda: time.sleep(0.1))
+            busy = min(rate(lambda: gemm_nt_sub(c, a, a)) for _ in range(2))
+            tries.append((busy, idle))
+            if busy > 0.4 * idle:
+                break
     finally:
         done.set()
         th.join()
-    assert busy > 0.4 * idle, (busy, idle)
+    busy, idle = max(tries, key=lambda t: t[0] / t[1])
+    assert busy > 0.4 * idle, tries
 
 
 # ------------------------------------------------------------------ TileIO

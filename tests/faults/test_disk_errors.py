@@ -127,7 +127,7 @@ cluster: {{n_workers: 1, processes: false, memory_limit: 2GiB}}
 
 
 @pytest.mark.skipif(not hasattr(os, "O_DIRECT"), reason="the Gram stage writes directly")
-def test_krr_run_on_a_full_disk_exits_7_and_says_free_space(tmp_path, krr_run):
+def test_krr_run_on_a_full_disk_exits_7_and_says_free_space(tmp_path, krr_run, krr_main):
     rng = np.random.default_rng(0)
     X = rng.normal(size=(400, 3))
     np.save(tmp_path / "X.npy", X)
@@ -147,7 +147,7 @@ def test_krr_run_on_a_full_disk_exits_7_and_says_free_space(tmp_path, krr_run):
     assert not (run_dir / ".lock").exists()
     assert not [p for p in run_dir.rglob("*.tmp")]
     # space freed: the same command resumes and finishes
-    again = krr_run.run(conf, run_dir, timeout=300)
+    again = krr_main.run(conf, run_dir)
     assert again.returncode == 0, again.stderr[-3000:]
 
 

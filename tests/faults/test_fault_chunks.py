@@ -94,7 +94,7 @@ cluster: {{n_workers: 1, processes: false, memory_limit: 2GiB}}
 
 
 @pytest.fixture(scope="module")
-def krr(tmp_path_factory, krr_run):
+def krr(tmp_path_factory, krr_main):
     """The config, and the α of a clean run with lambda=0.02."""
     d = tmp_path_factory.mktemp("chunks")
     rng = np.random.default_rng(1)
@@ -103,7 +103,7 @@ def krr(tmp_path_factory, krr_run):
     np.save(d / "y.npy", np.sin(X[:, 0]) + 0.1 * rng.normal(size=600))
     conf = d / "conf.yaml"
     conf.write_text(CONFIG.format(x=d / "X.npy", y=d / "y.npy"))
-    ref = krr_run.run(conf, d / "clean", "lambda=0.02", json=True)
+    ref = krr_main.run(conf, d / "clean", "lambda=0.02", json=True)
     assert ref.returncode == 0, ref.stderr[-3000:]
     return conf, np.load(_solve_dir(d / "clean") / "alpha.npy")
 
@@ -115,13 +115,13 @@ def _solve_dir(run_dir: Path) -> Path:
     return Manifest.load(run_dir).stage_dir("solve")
 
 
-def _damage_and_rerun(krr, krr_run, run: Path, damage) -> subprocess.CompletedProcess:
+def _damage_and_rerun(krr, krr_main, run: Path, damage) -> subprocess.CompletedProcess:
     conf, want = krr
-    first = krr_run.run(conf, run, json=True)
+    first = krr_main.run(conf, run, json=True)
     assert first.returncode == 0, first.stderr[-3000:]
     damage(run / "gram" / "gram.zarr")
     # a new lambda keeps the Gram, so the solve reads the damaged Gram
-    second = krr_run.run(conf, run, "lambda=0.02", json=True)
+    second = krr_main.run(conf, run, "lambda=0.02", json=True)
     assert second.returncode == 0, second.stderr[-3000:]
     report = json.loads(second.stdout)
     assert "gram" in report["ran"] and "solve" in report["ran"]
@@ -130,22 +130,22 @@ def _damage_and_rerun(krr, krr_run, run: Path, damage) -> subprocess.CompletedPr
 
 
 @pytest.mark.slow
-def test_krr_run_recovers_a_truncated_gram_chunk(krr, tmp_path, krr_run):
+def test_krr_run_recovers_a_truncated_gram_chunk(krr, tmp_path, krr_main):
     def truncate(store: Path) -> None:
         chunk = _chunk(store, "gram", 3, 1)
         chunk.write_bytes(chunk.read_bytes()[:1000])
 
-    r = _damage_and_rerun(krr, krr_run, tmp_path / "run", truncate)
+    r = _damage_and_rerun(krr, krr_main, tmp_path / "run", truncate)
     assert "corrupt tile (3, 1) of array 'gram'" in r.stderr and "holds 1000 bytes" in r.stderr
     assert "rerunning from stage 'gram'" in r.stderr
 
 
 @pytest.mark.slow
-def test_krr_run_recovers_a_deleted_gram_marker(krr, tmp_path, krr_run):
+def test_krr_run_recovers_a_deleted_gram_marker(krr, tmp_path, krr_main):
     def unmark(store: Path) -> None:
         (store / "_markers" / "gram" / "4.2").unlink()
 
-    r = _damage_and_rerun(krr, krr_run, tmp_path / "run", unmark)
+    r = _damage_and_rerun(krr, krr_main, tmp_path / "run", unmark)
     assert "array 'gram'" in r.stderr and "incomplete" in r.stderr, r.stderr[-3000:]
     assert "[4, 2]" in r.stderr and "rerunning from stage 'gram'" in r.stderr
     assert (tmp_path / "run" / "gram" / "gram.zarr" / "_markers" / "gram" / "4.2").is_file()

@@ -142,7 +142,7 @@ cluster: {{n_workers: 1, processes: false, memory_limit: 2GiB}}
 
 
 @pytest.mark.slow
-def test_krr_run_recomputes_corrupt_gram_tile(tmp_path, krr_run):
+def test_krr_run_recomputes_corrupt_gram_tile(tmp_path, krr_main):
     rng = np.random.default_rng(1)
     X = rng.normal(size=(600, 5))
     y = np.sin(X[:, 0]) + 0.1 * rng.normal(size=600)
@@ -152,7 +152,7 @@ def test_krr_run_recomputes_corrupt_gram_tile(tmp_path, krr_run):
     conf.write_text(CONFIG.format(x=tmp_path / "X.npy", y=tmp_path / "y.npy"))
     run, clean = tmp_path / "run", tmp_path / "clean"
 
-    first = krr_run.run(conf, run, json=True)
+    first = krr_main.run(conf, run, json=True)
     assert first.returncode == 0, first.stderr[-3000:]
     store = run / "gram" / "gram.zarr"
     markers = store / "_markers" / "gram"
@@ -162,7 +162,7 @@ def test_krr_run_recomputes_corrupt_gram_tile(tmp_path, krr_run):
     good = _corrupt(chunk)
 
     # a new lambda keeps the Gram, so the solve reads the damaged tile
-    second = krr_run.run(conf, run, "lambda=0.02", json=True)
+    second = krr_main.run(conf, run, "lambda=0.02", json=True)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "corrupt tile (3, 1) of array 'gram'" in second.stderr, second.stderr[-3000:]
     assert "rerunning from stage 'gram'" in second.stderr
@@ -175,7 +175,7 @@ def test_krr_run_recomputes_corrupt_gram_tile(tmp_path, krr_run):
     assert changed == ["3.1"]  # only the damaged tile was recomputed
     assert chunk.read_bytes() == good
 
-    ref = krr_run.run(conf, clean, "lambda=0.02", json=True)
+    ref = krr_main.run(conf, clean, "lambda=0.02", json=True)
     assert ref.returncode == 0, ref.stderr[-3000:]
     assert "corrupt" not in ref.stderr
     from pipeline.stages.manifest import Manifest

@@ -21,10 +21,10 @@ CONFIG = {**RUN, "cv": CV}
 
 
 @pytest.mark.slow
-def test_sigkilled_search_resumes_and_selects_the_same(tmp_path, krr_run):
+def test_sigkilled_search_resumes_and_selects_the_same(tmp_path, krr_run, krr_main):
     conf = tmp_path / "conf.yaml"
     conf.write_text(yaml.safe_dump(CONFIG))
-    clean = krr_run.run(conf, tmp_path / "clean", json=True, timeout=600)
+    clean = krr_main.run(conf, tmp_path / "clean", json=True)
     assert clean.returncode == 0, clean.stderr[-3000:]
 
     run = tmp_path / "run"
@@ -35,7 +35,7 @@ def test_sigkilled_search_resumes_and_selects_the_same(tmp_path, krr_run):
     done = sorted(p.name for p in (run / "select" / "settings").glob("setting_*.json"))
     assert done == ["setting_000.json", "setting_001.json"]  # the 3rd has data, no marker
 
-    resumed = krr_run.run(conf, run, json=True, timeout=600)
+    resumed = krr_main.run(conf, run, json=True)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     want = json.loads((tmp_path / "clean" / "select" / "cv_search.json").read_text())
     got = json.loads((run / "select" / "cv_search.json").read_text())

@@ -56,13 +56,13 @@ def _reference_predict(X: np.ndarray, y: np.ndarray, Xq: np.ndarray) -> np.ndarr
     return KernelRidge(alpha=0.1, kernel="rbf", gamma=0.3).fit(X, y).predict(Xq)
 
 
-def test_changed_file_after_finished_run_reruns_ingest(tmp_path, krr_run):
+def test_changed_file_after_finished_run_reruns_ingest(tmp_path, krr_main):
     x, y = _data(tmp_path / "data", seed=0)
     conf, run = _conf(tmp_path, x, y), tmp_path / "run"
-    first = krr_run("run", conf, "--run-dir", run)
+    first = krr_main("run", conf, "--run-dir", run)
     assert first.returncode == 0, first.stderr[-3000:]
     x_new, _ = _data(tmp_path / "data", seed=1)  # same shape, other rows
-    second = krr_run("run", conf, "--run-dir", run)
+    second = krr_main("run", conf, "--run-dir", run)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "ran: ingest, gram, solve, model" in second.stdout, second.stdout
     Xn, yn = np.load(x_new), np.load(y)
@@ -74,7 +74,7 @@ def test_changed_file_after_finished_run_reruns_ingest(tmp_path, krr_run):
     np.testing.assert_allclose(model.predict(Xq), _reference_predict(Xn, yn, Xq), atol=1e-8)
 
 
-def test_changed_file_between_killed_ingest_and_resume_is_not_mixed(tmp_path, krr_run):
+def test_changed_file_between_killed_ingest_and_resume_is_not_mixed(tmp_path, krr_run, krr_main):
     x, y = _data(tmp_path / "data", seed=0)
     conf, run = _conf(tmp_path, x, y), tmp_path / "run"
     killed = krr_run("run", conf, "--run-dir", run, kill=("X_train/", 3))
@@ -82,24 +82,24 @@ def test_changed_file_between_killed_ingest_and_resume_is_not_mixed(tmp_path, kr
     # blocks 0 and 1 of the old file are stored and recorded
     assert len(list((run / "ingest" / "data.zarr" / "_markers" / "X_train").iterdir())) >= 2
     _data(tmp_path / "data", seed=1)
-    resumed = krr_run("run", conf, "--run-dir", run)
+    resumed = krr_main("run", conf, "--run-dir", run)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     stored = zarr.open_array(str(run / "ingest" / "data.zarr"), path="X_train", mode="r")[...]
     np.testing.assert_array_equal(stored, np.load(x))
 
 
-def test_moved_run_dir_resumed_by_relative_path_from_another_cwd(tmp_path, krr_run):
+def test_moved_run_dir_resumed_by_relative_path_from_another_cwd(tmp_path, krr_main):
     # two projects, each with a run directory called "run" (relative --run-dir)
     a, b = tmp_path / "a", tmp_path / "b"
     xa, ya = _data(a / "data", seed=0)
     xb, yb = _data(b / "data", seed=1)
     conf_a, conf_b = _conf(a, xa, ya), _conf(b, xb, yb)
     for cwd, conf in ((a, conf_a), (b, conf_b)):
-        r = krr_run("run", conf, "--run-dir", "run", "--until", "ingest", cwd=cwd)
+        r = krr_main("run", conf, "--run-dir", "run", "--until", "ingest", cwd=cwd)
         assert r.returncode == 0, r.stderr[-3000:]
     # a's run directory is moved, then resumed from b's directory by a relative path
     shutil.move(str(a / "run"), str(tmp_path / "moved"))
-    r = krr_run("run", conf_a, "--run-dir", "../moved", cwd=b)
+    r = krr_main("run", conf_a, "--run-dir", "../moved", cwd=b)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "already complete: ingest" in r.stdout, r.stdout
     from pipeline.stages.status import latest_model

@@ -44,9 +44,9 @@ def _conf(tmp: Path, kernel: str = RBF, solver: str = CG_MAX_ITER, nan: bool = F
     return p
 
 
-def test_cg_at_max_iter_fails_unless_allowed(tmp_path, krr_run):
+def test_cg_at_max_iter_fails_unless_allowed(tmp_path, krr_main):
     conf, run = _conf(tmp_path), tmp_path / "run"
-    r = krr_run("run", conf, "--run-dir", run)
+    r = krr_main("run", conf, "--run-dir", run)
     assert r.returncode == 4, (r.returncode, r.stderr[-3000:])
     assert "CG did not converge" in r.stderr and "allow_unconverged" in r.stderr
     m = json.loads((run / "manifest.json").read_text())
@@ -55,15 +55,15 @@ def test_cg_at_max_iter_fails_unless_allowed(tmp_path, krr_run):
     assert not list(run.rglob("alpha.npy"))  # in no configuration's results/<key>/solve
     assert m["stages"].get("model", {}).get("status", "pending") == "pending"
 
-    ok = krr_run("run", conf, "solver.allow_unconverged=true", "--run-dir", run)
+    ok = krr_main("run", conf, "solver.allow_unconverged=true", "--run-dir", run)
     assert ok.returncode == 0, ok.stderr[-3000:]
     lines = [ln for ln in ok.stdout.splitlines() if "UNCONVERGED SOLVE ACCEPTED" in ln]
     assert len(lines) == 1 and "CG stopped after 2 iterations" in lines[0], ok.stdout
 
 
-def test_explicit_cg_refuses_an_indefinite_kernel_before_solving(tmp_path, krr_run):
+def test_explicit_cg_refuses_an_indefinite_kernel_before_solving(tmp_path, krr_main):
     conf, run = _conf(tmp_path, kernel="{name: sigmoid, params: {gamma: 0.5}}"), tmp_path / "run"
-    r = krr_run("run", conf, "solver.max_iter=1000", "--run-dir", run)
+    r = krr_main("run", conf, "solver.max_iter=1000", "--run-dir", run)
     assert r.returncode == 2, (r.returncode, r.stderr[-3000:])
     assert "positive semi-definite" in r.stderr and "is_mercer" in r.stderr
     assert not list(run.rglob("solve"))
@@ -79,28 +79,28 @@ def test_explicit_cg_estimator_refuses_an_indefinite_kernel(tmp_path):
     assert not any(tmp_path.iterdir())  # refused before any tile was written
 
 
-def test_nan_input_says_fix_the_input(tmp_path, krr_run):
+def test_nan_input_says_fix_the_input(tmp_path, krr_main):
     conf = _conf(tmp_path, solver="{method: cholesky}", nan=True)
-    r = krr_run("run", conf, "--run-dir", tmp_path / "run")
+    r = krr_main("run", conf, "--run-dir", tmp_path / "run")
     assert r.returncode == 3, (r.returncode, r.stderr[-3000:])
     assert "fix the input" in r.stderr
     assert "rerun the same command to resume" not in r.stderr
 
 
-def test_damaged_manifest_and_file_run_dir_are_reported_as_such(tmp_path, krr_run):
+def test_damaged_manifest_and_file_run_dir_are_reported_as_such(tmp_path, krr_main):
     conf = _conf(tmp_path, solver="{method: cholesky}")
     run = tmp_path / "run"
     run.mkdir()
     (run / "manifest.json").write_text('{"version": 1, "stages": {')  # torn by hand
-    r = krr_run("run", conf, "--run-dir", run)
+    r = krr_main("run", conf, "--run-dir", run)
     assert r.returncode == 7, (r.returncode, r.stderr[-3000:])
     assert "not valid JSON" in r.stderr and "internal error" not in r.stderr
-    s = krr_run("status", run)
+    s = krr_main("status", run)
     assert s.returncode == 7 and "not valid JSON" in s.stderr
 
     afile = tmp_path / "afile"
     afile.write_text("not a directory")
-    r = krr_run("run", conf, "--run-dir", afile)
+    r = krr_main("run", conf, "--run-dir", afile)
     assert r.returncode == 7, (r.returncode, r.stderr[-3000:])
     assert "is a file" in r.stderr and "internal error" not in r.stderr
     assert afile.read_text() == "not a directory"

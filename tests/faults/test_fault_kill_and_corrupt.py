@@ -39,7 +39,7 @@ KILL_POINTS = [("X_train/", 6), ("gram/", 21), ("chol/", 21), ("predictions/", 1
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory, krr_run, run_results):
+def setup(tmp_path_factory, krr_main, run_results):
     d = tmp_path_factory.mktemp("killcorrupt")
     rng = np.random.default_rng(1)
     X = rng.normal(size=(800, 4))
@@ -49,7 +49,7 @@ def setup(tmp_path_factory, krr_run, run_results):
     conf = d / "conf.yaml"
     conf.write_text(CONFIG.format(x=d / "X.npy", y=d / "y.npy", xn=d / "Xn.npy"))
     ref = d / "ref"
-    r = krr_run.run(conf, ref, timeout=600)
+    r = krr_main.run(conf, ref)
     assert r.returncode == 0, r.stderr[-3000:]
     return conf, run_results(ref)
 
@@ -78,7 +78,9 @@ def _flip_byte(path: Path, rnd: random.Random) -> None:
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_random_kills_with_corruption_between_runs(setup, tmp_path, seed, krr_run, run_results):
+def test_random_kills_with_corruption_between_runs(
+    setup, tmp_path, seed, krr_run, krr_main, run_results
+):
     conf, want = setup
     rnd = random.Random(seed)
     run_dir = tmp_path / "run"
@@ -95,7 +97,7 @@ def test_random_kills_with_corruption_between_runs(setup, tmp_path, seed, krr_ru
             victim = rnd.choice(chunks)
             _flip_byte(victim, rnd)
             history.append(("flipped", str(victim.relative_to(run_dir))))
-    final = krr_run.run(conf, run_dir, timeout=600)
+    final = krr_main.run(conf, run_dir)
     assert final.returncode == 0, (history, final.stderr[-3000:])
     # what the killed writers left half-written was swept when its store was reopened
     left = [p for p in run_dir.rglob("*") if p.suffix in (".tmp", ".partial")]
@@ -108,15 +110,15 @@ def test_random_kills_with_corruption_between_runs(setup, tmp_path, seed, krr_ru
 
 @pytest.mark.parametrize("target", ["model/model/dual_coef", "predict/predictions.zarr/test"])
 def test_damaged_final_output_of_a_complete_run_is_recomputed(
-    setup, tmp_path, target, krr_run, run_results
+    setup, tmp_path, target, krr_main, run_results
 ):
     """A rerun of a complete run re-reads its final outputs and repairs a flipped byte."""
     conf, want = setup
     run_dir = tmp_path / "run"
-    assert krr_run.run(conf, run_dir, timeout=600).returncode == 0
+    assert krr_main.run(conf, run_dir).returncode == 0
     victim = next(p for p in _chunk_files(run_dir) if target in str(p.relative_to(run_dir)))
     _flip_byte(victim, random.Random(0))
-    again = krr_run.run(conf, run_dir, timeout=600)
+    again = krr_main.run(conf, run_dir)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "failed verification" in again.stderr + again.stdout
     got = run_results(run_dir)

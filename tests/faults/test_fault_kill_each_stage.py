@@ -75,11 +75,11 @@ def _results(run_dir: Path) -> dict[str, np.ndarray]:
 
 
 @pytest.fixture(scope="module")
-def reference(data, tmp_path_factory, krr_run):
+def reference(data, tmp_path_factory, krr_main):
     refs = {}
     for solver in (CHOLESKY, CG):
         d = tmp_path_factory.mktemp("ref")
-        r = krr_run.run(_config(data, d, solver), d / "run", timeout=600)
+        r = krr_main.run(_config(data, d, solver), d / "run")
         assert r.returncode == 0, r.stderr[-3000:]
         refs[solver] = _results(d / "run")
     return refs
@@ -97,16 +97,16 @@ def reference(data, tmp_path_factory, krr_run):
     ids=["ingest", "gram", "factor", "cg", "predict"],
 )
 def test_sigkill_then_rerun_is_bitwise_identical(
-    data, reference, tmp_path, solver, match, at, krr_run
+    data, reference, tmp_path, solver, match, at, krr_run, krr_main
 ):
     conf = _config(data, tmp_path, solver)
     run_dir = tmp_path / "run"
     killed = krr_run.run(conf, run_dir, kill=(match, at), timeout=600)
     # the injected kill really happened, inside the stage we aimed at
     assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr[-3000:])
-    status = krr_run("status", run_dir)
+    status = krr_main("status", run_dir)
     assert "partial" in status.stdout, status.stdout
-    resumed = krr_run.run(conf, run_dir, timeout=600)
+    resumed = krr_main.run(conf, run_dir)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     got, want = _results(run_dir), reference[solver]
     assert got.keys() == want.keys()

@@ -49,12 +49,12 @@ def _user_dir(out: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_krr_predict_keeps_a_user_file_in_the_output(model_and_input, tmp_path, krr_run):
+def test_krr_predict_keeps_a_user_file_in_the_output(model_and_input, tmp_path, krr_main):
     art, _, xn = model_and_input
     out = tmp_path / "out.zarr"
     thesis = _user_dir(out)
     for extra in ([], ["--overwrite"]):
-        r = krr_run("predict", art, xn, out, *extra, timeout=120)
+        r = krr_main("predict", art, xn, out, *extra)
         assert r.returncode == cli.EXIT_BAD_INPUT, (r.returncode, r.stderr[-2000:])
         # refused at the store's root, which holds the user's directory (session 25)
         assert str(out) in r.stderr and "did not create" in r.stderr

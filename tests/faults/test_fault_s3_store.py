@@ -96,9 +96,9 @@ def _assert_same(got, want):
 
 
 @pytest.fixture(scope="module")
-def local_reference(data, tmp_path_factory, krr_run):
+def local_reference(data, tmp_path_factory, krr_main):
     d = tmp_path_factory.mktemp("s3ref")
-    r = krr_run("run", str(_config(data, d)), "--run-dir", str(d / "run"), cwd=d)
+    r = krr_main("run", str(_config(data, d)), "--run-dir", str(d / "run"), cwd=d)
     assert r.returncode == 0, r.stderr[-3000:]
     return _results(str(d / "run"))
 
@@ -132,13 +132,13 @@ def test_estimator_fit_on_s3_equals_local_fit_bitwise_and_saves_to_s3(s3, tmp_pa
 
 @pytest.mark.slow
 def test_krr_run_on_s3_writes_nothing_locally_and_equals_local_run(
-    s3, data, tmp_path, local_reference, krr_run
+    s3, data, tmp_path, local_reference, krr_main
 ):
     conf = _config(data, tmp_path)
     work = tmp_path / "cwd"
     work.mkdir()
     url = f"s3://{BUCKET}/cli"
-    r = krr_run("run", str(conf), "--run-dir", url, "--json", cwd=work)
+    r = krr_main("run", str(conf), "--run-dir", url, "--json", cwd=work)
     assert r.returncode == 0, r.stderr[-3000:]
     assert list(work.iterdir()) == [], "krr run wrote to the local disk"
     out = json.loads(r.stdout)
@@ -153,17 +153,17 @@ def test_krr_run_on_s3_writes_nothing_locally_and_equals_local_run(
     assert manifest["stages"]["model"]["outputs"]["path"] == f"@run/results/{key}/model/model"
     _assert_same(_results(url), local_reference)
     # a second run finds every stage complete
-    again = krr_run("run", str(conf), "--run-dir", url, "--json", cwd=work)
+    again = krr_main("run", str(conf), "--run-dir", url, "--json", cwd=work)
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads(again.stdout)["ran"] == []
-    st = krr_run("status", url, cwd=work)
+    st = krr_main("status", url, cwd=work)
     assert st.returncode == 0 and "done" in st.stdout, st.stdout + st.stderr
     assert list(work.iterdir()) == []
 
 
 @pytest.mark.slow
 def test_kill_mid_factor_on_s3_then_resume_is_bitwise_identical(
-    s3, data, tmp_path, local_reference, krr_run
+    s3, data, tmp_path, local_reference, krr_run, krr_main
 ):
     conf = _config(data, tmp_path)
     url = f"s3://{BUCKET}/killed"
@@ -171,7 +171,7 @@ def test_kill_mid_factor_on_s3_then_resume_is_bitwise_identical(
     assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr[-3000:])
     # the dead run's lease is still there; the rerun on this host takes it over
     assert _fs().exists(f"{BUCKET}/killed/.lock")
-    resumed = krr_run("run", str(conf), "--run-dir", url, cwd=tmp_path)
+    resumed = krr_main("run", str(conf), "--run-dir", url, cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "took over" in resumed.stderr
     assert "[solve] resuming" in resumed.stderr
@@ -179,10 +179,10 @@ def test_kill_mid_factor_on_s3_then_resume_is_bitwise_identical(
 
 
 @pytest.mark.slow
-def test_corrupted_object_is_detected_and_recomputed(s3, data, tmp_path, local_reference, krr_run):
+def test_corrupted_object_is_detected_and_recomputed(s3, data, tmp_path, local_reference, krr_main):
     conf = _config(data, tmp_path)
     url = f"s3://{BUCKET}/corrupt"
-    first = krr_run("run", str(conf), "lambda=0.02", "--run-dir", url, cwd=tmp_path)
+    first = krr_main("run", str(conf), "lambda=0.02", "--run-dir", url, cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     fs = _fs()
     key = f"{BUCKET}/corrupt/gram/gram.zarr/gram/c/1/0"
@@ -190,7 +190,7 @@ def test_corrupted_object_is_detected_and_recomputed(s3, data, tmp_path, local_r
     raw[100] ^= 0xFF  # one flipped byte in a stored Gram tile
     fs.pipe_file(key, bytes(raw))
     # λ back to the reference: the solve stage reruns and reads the corrupt tile
-    r = krr_run("run", str(conf), "--run-dir", url, "--json", cwd=tmp_path)
+    r = krr_main("run", str(conf), "--run-dir", url, "--json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "corrupt tile (1, 0)" in r.stderr, r.stderr[-3000:]
     assert "gram" in json.loads(r.stdout)["ran"]
@@ -222,15 +222,15 @@ def test_many_lost_chunk_objects_recover_in_one_run(s3, data, tmp_path, local_re
 
 
 @pytest.mark.slow
-def test_missing_bucket_is_refused_unless_config_creates_it(s3, data, tmp_path, krr_run):
+def test_missing_bucket_is_refused_unless_config_creates_it(s3, data, tmp_path, krr_main):
     url = "s3://no-such-bucket-xyz/run"
-    r = krr_run("run", str(_config(data, tmp_path)), "--run-dir", url, cwd=tmp_path)
+    r = krr_main("run", str(_config(data, tmp_path)), "--run-dir", url, cwd=tmp_path)
     assert r.returncode == 7, r.stderr
     assert "bucket 'no-such-bucket-xyz' does not exist" in r.stderr
     assert "storage.create_bucket: true" in r.stderr
     assert not _fs().exists("no-such-bucket-xyz")
     conf = _config(data, tmp_path, extra="storage: {create_bucket: true}")
-    r = krr_run("run", str(conf), "--run-dir", url, "--until", "ingest", cwd=tmp_path)
+    r = krr_main("run", str(conf), "--run-dir", url, "--until", "ingest", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert _fs().exists("no-such-bucket-xyz/run/manifest.json")
 
@@ -363,12 +363,12 @@ def test_lease_lock_excludes_and_takes_over_dead_or_expired(s3):
 
 
 @pytest.mark.slow
-def test_select_stage_report_goes_to_the_object_store(s3, data, tmp_path, krr_run):
+def test_select_stage_report_goes_to_the_object_store(s3, data, tmp_path, krr_main):
     conf = _config(data, tmp_path, extra="cv: {alphas: [0.01, 0.1], folds: 3}")
     work = tmp_path / "cwd"
     work.mkdir()
     url = f"s3://{BUCKET}/select"
-    r = krr_run("run", str(conf), "--run-dir", url, "--until", "select", "--json", cwd=work)
+    r = krr_main("run", str(conf), "--run-dir", url, "--until", "select", "--json", cwd=work)
     assert r.returncode == 0, r.stderr[-3000:]
     assert list(work.iterdir()) == [], "the select report was written to the local disk"
     keys = _fs().find(f"{BUCKET}/select/select")

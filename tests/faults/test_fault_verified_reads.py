@@ -70,7 +70,7 @@ def _dir(run_dir: Path, stage: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory, krr_run):
+def data(tmp_path_factory, krr_main):
     """Source files, a config, and a clean run at lambda=0.02 to compare with."""
     d = tmp_path_factory.mktemp("verified")
     rng = np.random.default_rng(3)
@@ -81,7 +81,7 @@ def data(tmp_path_factory, krr_run):
     conf = d / "conf.yaml"
     conf.write_text(CONFIG.format(x=d / "X.npy", y=d / "y.npy"))
     clean = d / "clean"
-    _ok(krr_run.run(conf, clean, "lambda=0.02", json=True))
+    _ok(krr_main.run(conf, clean, "lambda=0.02", json=True))
     return d, conf, clean
 
 
@@ -121,15 +121,15 @@ def test_read_blocks_verifies_every_block(tmp_path):
 
 
 @pytest.mark.slow
-def test_flipped_byte_in_X_train_is_rewritten_from_source(data, tmp_path, krr_run):
+def test_flipped_byte_in_X_train_is_rewritten_from_source(data, tmp_path, krr_main):
     _, conf, clean = data
     run = tmp_path / "run"
-    _ok(krr_run.run(conf, run, json=True))
+    _ok(krr_main.run(conf, run, json=True))
     chunk = _ingest_chunk(run, "X_train", 1)
     good = chunk.read_bytes()
     _flip(chunk)
     # the Gram is kept; predict reads X_train
-    res = _ok(krr_run.run(conf, run, "lambda=0.02", json=True))
+    res = _ok(krr_main.run(conf, run, "lambda=0.02", json=True))
     assert "tile (1, 0) of array 'X_train'" in res.stderr, res.stderr[-3000:]
     assert "rerunning from stage 'ingest'" in res.stderr
     assert chunk.read_bytes() == good  # rewritten from the source file
@@ -145,13 +145,13 @@ def test_flipped_byte_in_X_train_is_rewritten_from_source(data, tmp_path, krr_ru
 
 
 @pytest.mark.slow
-def test_flipped_byte_in_y_train_is_rewritten_from_source(data, tmp_path, krr_run):
+def test_flipped_byte_in_y_train_is_rewritten_from_source(data, tmp_path, krr_main):
     _, conf, clean = data
     run = tmp_path / "run"
-    _ok(krr_run.run(conf, run, json=True))
+    _ok(krr_main.run(conf, run, json=True))
     chunk = _ingest_chunk(run, "y_train", 2)
     _flip(chunk, offset=8)
-    res = _ok(krr_run.run(conf, run, "lambda=0.02", json=True))  # the solve reads y_train
+    res = _ok(krr_main.run(conf, run, "lambda=0.02", json=True))  # the solve reads y_train
     assert "tile (2, 0) of array 'y_train'" in res.stderr, res.stderr[-3000:]
     assert _metrics(run) == _metrics(clean)
     np.testing.assert_array_equal(
@@ -160,12 +160,12 @@ def test_flipped_byte_in_y_train_is_rewritten_from_source(data, tmp_path, krr_ru
 
 
 @pytest.mark.slow
-def test_flipped_byte_in_alpha_is_recomputed(data, tmp_path, krr_run):
+def test_flipped_byte_in_alpha_is_recomputed(data, tmp_path, krr_main):
     _, conf, clean = data
     run = tmp_path / "run"
-    _ok(krr_run.run(conf, run, "lambda=0.02", "--until", "solve", json=True))
+    _ok(krr_main.run(conf, run, "lambda=0.02", "--until", "solve", json=True))
     _flip(_dir(run, "solve") / "alpha.npy", offset=200)
-    res = _ok(krr_run.run(conf, run, "lambda=0.02", json=True))  # predict and model read alpha
+    res = _ok(krr_main.run(conf, run, "lambda=0.02", json=True))  # predict and model read alpha
     assert "alpha.npy" in res.stderr and "rerunning from stage 'solve'" in res.stderr, res.stderr
     assert _metrics(run) == _metrics(clean)
     np.testing.assert_array_equal(
@@ -174,13 +174,13 @@ def test_flipped_byte_in_alpha_is_recomputed(data, tmp_path, krr_run):
 
 
 @pytest.mark.slow
-def test_deleted_prediction_chunk_is_recomputed_by_the_run(data, tmp_path, krr_run):
+def test_deleted_prediction_chunk_is_recomputed_by_the_run(data, tmp_path, krr_main):
     _, conf, clean = data
     run = tmp_path / "run"
-    _ok(krr_run.run(conf, run, "lambda=0.02", "--until", "predict", json=True))
+    _ok(krr_main.run(conf, run, "lambda=0.02", "--until", "predict", json=True))
     chunk = _dir(run, "predict") / "predictions.zarr" / "test" / "c" / "0" / "0"
     chunk.unlink()  # would read as zeros
-    res = _ok(krr_run.run(conf, run, "lambda=0.02", json=True))  # evaluate reads the predictions
+    res = _ok(krr_main.run(conf, run, "lambda=0.02", json=True))  # evaluate reads the predictions
     assert "tile (0,) of array 'test'" in res.stderr, res.stderr[-3000:]
     assert chunk.is_file()
     assert _metrics(run) == _metrics(clean)
@@ -260,17 +260,17 @@ def test_corrupt_cg_checkpoint_is_not_resumed(tmp_path, caplog):
 
 
 @pytest.mark.slow
-def test_corrupt_X_train_without_its_source_fails_loudly(data, tmp_path, krr_run):
+def test_corrupt_X_train_without_its_source_fails_loudly(data, tmp_path, krr_main):
     _, _, clean = data
     conf = _own_conf(data, tmp_path)
     run = tmp_path / "run"
-    _ok(krr_run.run(conf, run, json=True))
+    _ok(krr_main.run(conf, run, json=True))
     _flip(_ingest_chunk(run, "X_train", 0))
     # the source is broken: the damaged block cannot be rewritten from it
     src = tmp_path / "X.npy"
     good = src.read_bytes()
     src.write_bytes(good[:200])
-    res = krr_run.run(conf, run, "lambda=0.02", json=True)
+    res = krr_main.run(conf, run, "lambda=0.02", json=True)
     assert res.returncode in (3, 4), (res.returncode, res.stderr[-3000:])  # bad input / stage
     # the damaged block is named when a reader meets it; where the source's content is
     # fingerprinted up front, the broken source is found first and ingest reruns from it
@@ -281,7 +281,7 @@ def test_corrupt_X_train_without_its_source_fails_loudly(data, tmp_path, krr_run
     assert stages["ingest"]["status"] == "failed"
     # the source restored, the run resumes and rewrites the block
     src.write_bytes(good)
-    _ok(krr_run.run(conf, run, "lambda=0.02", json=True))
+    _ok(krr_main.run(conf, run, "lambda=0.02", json=True))
     assert _metrics(run) == _metrics(clean)
 
 

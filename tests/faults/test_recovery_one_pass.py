@@ -50,16 +50,16 @@ def _alpha(run_dir: Path) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def reference(conf, tmp_path_factory, krr_run) -> np.ndarray:
+def reference(conf, tmp_path_factory, krr_main) -> np.ndarray:
     d = tmp_path_factory.mktemp("one_pass_ref")
-    r = krr_run("run", str(conf), "--run-dir", str(d / "run"), cwd=d)
+    r = krr_main("run", str(conf), "--run-dir", str(d / "run"), cwd=d)
     assert r.returncode == 0, r.stderr[-3000:]
     return _alpha(d / "run")
 
 
-def test_many_marked_tiles_without_chunks_recover_in_one_run(conf, reference, tmp_path, krr_run):
+def test_many_marked_tiles_without_chunks_recover_in_one_run(conf, reference, tmp_path, krr_main):
     run = tmp_path / "run"
-    r = krr_run("run", str(conf), "--run-dir", str(run), "--until", "gram", cwd=tmp_path)
+    r = krr_main("run", str(conf), "--run-dir", str(run), "--until", "gram", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     chunks = sorted(p for p in (run / "gram" / "gram.zarr" / "gram").rglob("*") if p.is_file())
     chunks = [p for p in chunks if p.name != "zarr.json"]
@@ -67,22 +67,22 @@ def test_many_marked_tiles_without_chunks_recover_in_one_run(conf, reference, tm
     for p in chunks[::2]:  # half the marked tiles lose their chunk file (a torn backup)
         p.unlink()
     chunks[1].write_bytes(chunks[1].read_bytes()[:-8])  # and one is truncated
-    r = krr_run("run", str(conf), "--run-dir", str(run), cwd=tmp_path)
+    r = krr_main("run", str(conf), "--run-dir", str(run), cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "have no chunk file" in r.stderr
     np.testing.assert_allclose(_alpha(run), reference, rtol=1e-10, atol=1e-12)
 
 
-def test_a_deleted_ingest_array_is_rebuilt_in_one_run(conf, reference, tmp_path, krr_run):
+def test_a_deleted_ingest_array_is_rebuilt_in_one_run(conf, reference, tmp_path, krr_main):
     run = tmp_path / "run"
-    r = krr_run("run", str(conf), "--run-dir", str(run), cwd=tmp_path)
+    r = krr_main("run", str(conf), "--run-dir", str(run), cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     shutil.rmtree(run / "ingest" / "data.zarr" / "X_train")
-    r = krr_run("run", str(conf), "--run-dir", str(run), cwd=tmp_path)
+    r = krr_main("run", str(conf), "--run-dir", str(run), cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "internal error" not in r.stderr
     np.testing.assert_allclose(_alpha(run), reference, rtol=1e-10, atol=1e-12)
     # and the run is whole again: a further run has nothing to do
-    r = krr_run("run", str(conf), "--run-dir", str(run), "--json", cwd=tmp_path)
+    r = krr_main("run", str(conf), "--run-dir", str(run), "--json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert '"ran": []' in r.stdout

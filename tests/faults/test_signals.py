@@ -56,7 +56,7 @@ def _unit_stop_semantics() -> tuple[int, float]:
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory, krr_run, run_results):
+def setup(tmp_path_factory, krr_main, run_results):
     d = tmp_path_factory.mktemp("sigterm")
     rng = np.random.default_rng(3)
     X = rng.normal(size=(500, 4))
@@ -66,7 +66,7 @@ def setup(tmp_path_factory, krr_run, run_results):
     conf = d / "conf.yaml"
     conf.write_text(CONFIG.format(x=d / "X.npy", y=d / "y.npy", xn=d / "Xn.npy"))
     ref = d / "ref"
-    r = krr_run.run(conf, ref, timeout=600)
+    r = krr_main.run(conf, ref)
     assert r.returncode == 0, r.stderr[-3000:]
     return conf, run_results(ref)
 
@@ -76,6 +76,7 @@ def test_sigterm_mid_stage_stops_cleanly_and_the_rerun_resumes_bitwise(
     setup,
     tmp_path,
     krr_run,
+    krr_main,
     match,
     run_results,
 ):
@@ -98,7 +99,7 @@ def test_sigterm_mid_stage_stops_cleanly_and_the_rerun_resumes_bitwise(
     assert "running" not in states.values(), states
     assert "interrupted" in states.values(), states
     assert not (run_dir / ".lock").exists()
-    again = krr_run.run(conf, run_dir, timeout=600)
+    again = krr_main.run(conf, run_dir)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resuming" in again.stderr
     got = run_results(run_dir)
