@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from pipeline import constants as C
+import pipeline.constants as C
 from pipeline.engine.dense import (
     check_finite_kernel,
     check_finite_predictions,

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, get_args, get_type_hints
 
-from pipeline import constants as C
+import pipeline.constants as C
 
 __all__ = [
     "ALPHA_CONVENTIONS",

@@ -134,6 +134,16 @@ def _cli_state_restored() -> Iterator[None]:
         progress._mode, cli_output._VERBOSITY = mode, verbosity
 
 
+@pytest.fixture(autouse=True)
+def _cli_state_kept():
+    """Every test leaves the logging and progress state as it found it: a test that calls
+    ``pipeline.cli.main`` itself (not through :func:`krr_main`) sets the ``pipeline``
+    logger to INFO with a stderr handler, and under pytest-xdist the tests that follow on
+    that worker (the progress displays' lines) would inherit it."""
+    with _cli_state_restored():
+        yield
+
+
 class KrrInProcess(KrrRunner):
     """``krr ARGS...`` as ``pipeline.cli.main(ARGS)`` in this process, for a test that
     only checks what a command did or printed, or its exit code (no kill, no hang).

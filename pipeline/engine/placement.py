@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pipeline import constants as C
+import pipeline.constants as C
 from pipeline.engine.where import factor_threads_here, gram_on_demand
 
 __all__ = [

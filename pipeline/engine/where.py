@@ -52,7 +52,7 @@ import dask
 import dask.local
 import dask.threaded
 
-from pipeline import constants as C
+import pipeline.constants as C
 
 __all__ = [
     "active_client",

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline import constants as C
+import pipeline.constants as C
 from pipeline.constants import TILE_BUFFER_POOL_BYTES
 from pipeline.engine.tile_io import TileIO
 from pipeline.linalg import blas as gil_free_blas

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline import constants as C
+import pipeline.constants as C
 from pipeline.constants import DASK_CRITICAL_PATH_FIRST
 from pipeline.engine.dag import RankOrder, run_dag, serial_order, upward_ranks
 from pipeline.engine.parallel import blas_threads as _blas

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline import constants as C
+import pipeline.constants as C
 from pipeline.engine.tile_io import TileIO
 from pipeline.linalg import blas as gil_free_blas
 from pipeline.linalg.cholesky_cache import _read_factor_tile

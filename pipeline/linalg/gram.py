@@ -48,7 +48,7 @@ from dask.base import tokenize
 from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
 
-from pipeline import constants as C
+import pipeline.constants as C
 from pipeline.engine import task_threads
 from pipeline.engine.input_checks import validate_and_fingerprint
 from pipeline.engine.parallel import compute

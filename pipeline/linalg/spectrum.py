@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline import constants as C
+import pipeline.constants as C
 from pipeline.linalg.dense_operator import DenseKernelOperator
 from pipeline.linalg.precond import rpcholesky
 

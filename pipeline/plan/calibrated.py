@@ -36,7 +36,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from pipeline import constants as C
+import pipeline.constants as C
 from pipeline.options import COST_MODELS
 from pipeline.plan import cg_cost, cholesky_cost
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 
-from pipeline import constants as C
+import pipeline.constants as C
 
 __all__ = [
     "MAX_PREDICTED_ITERATIONS",

@@ -28,7 +28,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from pipeline import constants as C
+import pipeline.constants as C
 from pipeline.options import CG_PRECISIONS
 from pipeline.plan.cg_cost import gram_disk_bytes
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline import constants as C
+import pipeline.constants as C
 
 # the calibrated figures live in pipeline.constants (measured: docs/PERFORMANCE.md)
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from pipeline import constants as C
+import pipeline.constants as C
 
 __all__ = ["choose_factor_dtype"]
 

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline import constants as C
+import pipeline.constants as C
 from pipeline.engine.placement import Probes, Resources, default_block_size, tiles_on_workers
 from pipeline.engine.where import gram_on_demand
 from pipeline.kernels import Linear

@@ -28,7 +28,7 @@ from pydantic import (
     model_validator,
 )
 
-from pipeline import constants as C
+import pipeline.constants as C
 from pipeline.errors import IndefiniteKernelError
 from pipeline.options import (
     ALPHA_CONVENTION_ALIASES,

@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from pipeline import constants as C
+import pipeline.constants as C
 from pipeline.linalg.gram import build_gram
 from pipeline.stages.ingest import open_rows
 from pipeline.stages.outputs import GramOutput, IngestOutput

@@ -23,7 +23,7 @@ import dask
 import dask.array as da
 import numpy as np
 
-from pipeline import constants as C
+import pipeline.constants as C
 from pipeline.engine.input_checks import fingerprint_row_blocks, validate_row_blocks
 from pipeline.engine.parallel import compute
 from pipeline.engine.passes import pending

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline import constants as C
+import pipeline.constants as C
 from pipeline.linalg.cg import CGConvergenceError, CGConvergenceWarning, conjugate_gradient
 from pipeline.linalg.precond import FoldNystromBlock, build_nystrom
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline import constants as C
+import pipeline.constants as C
 from pipeline.float_range import pow2_exponents
 from pipeline.linalg.cg_mixed import iterative_refinement
 from pipeline.linalg.precond import FoldNystromBlock, build_nystrom

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from sklearn.base import BaseEstimator, RegressorMixin
 
-from pipeline import constants as C
+import pipeline.constants as C
 from pipeline.engine.dense import kernel_matrix
 from pipeline.linalg.matvec import MatrixFreeKernelOperator
 from pipeline.models.selection.cvblock import block_cv_predictions
