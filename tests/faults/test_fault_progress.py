@@ -23,9 +23,20 @@ STAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d ")
 
 @pytest.fixture(autouse=True)
 def _default_mode(monkeypatch):
+    """No progress mode set, and logging as a program that configured none has it (the
+    root at WARNING, the package's loggers unset): whatever an earlier test in this
+    process left configured, the displays below are what a plain script sees."""
     monkeypatch.delenv(progress.ENV_VAR, raising=False)
     progress.set_progress_mode(None)
+    names = [n for n in list(logging.root.manager.loggerDict) if n.split(".")[0] == "pipeline"]
+    loggers = [logging.getLogger(n) for n in names]
+    saved = [(lg, lg.level) for lg in [logging.getLogger(), *loggers]]
+    logging.getLogger().setLevel(logging.WARNING)
+    for lg in loggers:
+        lg.setLevel(logging.NOTSET)
     yield
+    for lg, level in saved:
+        lg.setLevel(level)
     progress.set_progress_mode(None)
 
 
