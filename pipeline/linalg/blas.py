@@ -24,6 +24,14 @@ from typing import Any
 
 import numpy as np
 
+# SciPy's BLAS and LAPACK load with this module, never inside a tile: threadpoolctl
+# limits only the libraries loaded when a limit is entered (engine.parallel.blas_threads),
+# so an OpenBLAS first loaded by a tile task would run at full width beside the other
+# tile threads (oversubscribed: the quick tile Cholesky took 1.3x as long when
+# pipeline.errors stopped importing scikit-learn, which had loaded SciPy early).
+import scipy.linalg.cython_blas  # noqa: F401
+import scipy.linalg.cython_lapack  # noqa: F401
+
 __all__ = [
     "blas_lock",
     "first_touch_between_calls",
