@@ -6,7 +6,8 @@ resume.
   artifact), the Zarr metadata that matters (shape, chunks, dtype, codecs, fill value,
   the attribute keys), the keys of markers, manifest records, latest.json and the
   artifact's JSON: literal tables below, recorded from that code.
-- ``data/run_fixture/run`` and ``data/artifact_fixture/model`` were written by that code
+- ``run_fixture/run`` and ``artifact_fixture/model`` (packed in ``data/fixtures.tar.gz``,
+  unpacked by the ``fixtures`` fixture) were written by that code
   (``data/make_fixtures.py``): a copy of the run directory is resumed with nothing
   recomputed, by ``krr run`` and by :func:`pipeline.run`, and the artifact loads and
   predicts what it predicted then. A fresh run writes every ``zarr.json`` of the
@@ -32,11 +33,9 @@ import pipeline
 from pipeline import cli
 
 DATA = Path(__file__).resolve().parent / "data"
-RUN_FIXTURE = DATA / "run_fixture"
-ARTIFACT_FIXTURE = DATA / "artifact_fixture"
 
 sys.path.insert(0, str(DATA))
-from make_fixtures import RUN_CONFIG, RUN_OVERRIDES, artifact_data  # noqa: E402
+from make_fixtures import ARCHIVE, RUN_CONFIG, RUN_OVERRIDES, artifact_data, unpack  # noqa: E402
 
 STAGES = ["ingest", "gram", "solve", "model", "predict", "evaluate"]
 KEY = "57334a041263"  # results/<key>: the configuration key of RUN_CONFIG
@@ -263,14 +262,21 @@ def _markers(root: Path) -> dict[str, list[str]]:
     return out
 
 
-def _copy_run_fixture(tmp_path: Path) -> Path:
+@pytest.fixture(scope="module")
+def fixtures(tmp_path_factory) -> Path:
+    """The committed fixtures (``data/fixtures.tar.gz``), unpacked once for this module:
+    ``run_fixture/`` and ``artifact_fixture/`` (tests copy before they change anything)."""
+    return unpack(DATA / ARCHIVE, tmp_path_factory.mktemp("fixtures"))
+
+
+def _copy_run_fixture(tmp_path: Path, fixtures: Path) -> Path:
     dest = tmp_path / "copy"
-    shutil.copytree(RUN_FIXTURE, dest)
+    shutil.copytree(fixtures / "run_fixture", dest)
     return dest
 
 
-def test_a_new_run_directory_has_the_pinned_layout(tmp_path, monkeypatch):
-    src = _copy_run_fixture(tmp_path)
+def test_a_new_run_directory_has_the_pinned_layout(tmp_path, monkeypatch, fixtures):
+    src = _copy_run_fixture(tmp_path, fixtures)
     work = tmp_path / "fresh"
     work.mkdir()
     for name in ("X.npy", "y.npy", "Xn.npy"):
@@ -403,7 +409,7 @@ def _artifact_meta(path: Path) -> dict:
     return json.loads((path / "zarr.json").read_text())["attributes"]["krr_model"]
 
 
-def test_a_saved_model_has_the_pinned_layout(tmp_path):
+def test_a_saved_model_has_the_pinned_layout(tmp_path, fixtures):
     X, y, _ = artifact_data()
     est = pipeline.KernelRidge(alpha=0.1, kernel="rbf", gamma=0.5, solver="cholesky").fit(X, y)
     est.save(str(tmp_path / "model"))
@@ -423,24 +429,24 @@ def test_a_saved_model_has_the_pinned_layout(tmp_path):
         "dual_coef": ([40], [40], "float64", ["bytes"], 0.0, []),
     }
     # the same arrays, checksums and model fingerprint as the committed artifact
-    want = _artifact_meta(ARTIFACT_FIXTURE / "model")
+    want = _artifact_meta(fixtures / "artifact_fixture" / "model")
     for key in ("arrays", "fingerprints", "kernel", "regularization", "n_train", "preprocessing"):
         assert meta[key] == want[key], key
 
 
-def test_the_committed_model_loads_and_predicts_as_it_did():
+def test_the_committed_model_loads_and_predicts_as_it_did(fixtures):
     from pipeline.models.artifact import load_artifact
 
-    X_new = np.load(ARTIFACT_FIXTURE / "X_new.npy")
-    want = np.load(ARTIFACT_FIXTURE / "expected.npy")
-    art = load_artifact(str(ARTIFACT_FIXTURE / "model"))
+    X_new = np.load(fixtures / "artifact_fixture" / "X_new.npy")
+    want = np.load(fixtures / "artifact_fixture" / "expected.npy")
+    art = load_artifact(str(fixtures / "artifact_fixture" / "model"))
     np.testing.assert_allclose(art.predict(X_new, progress=False), want, rtol=1e-12, atol=1e-14)
-    est = pipeline.load(ARTIFACT_FIXTURE / "model")
+    est = pipeline.load(fixtures / "artifact_fixture" / "model")
     np.testing.assert_allclose(est.predict(X_new), want, rtol=1e-12, atol=1e-14)
     # its checksum is the recipe's: fingerprint_obj of the metadata less these two keys
     from pipeline.storage import fingerprint_obj
 
-    meta = _artifact_meta(ARTIFACT_FIXTURE / "model")
+    meta = _artifact_meta(fixtures / "artifact_fixture" / "model")
     body = {k: v for k, v in meta.items() if k not in ("meta_checksum", "complete")}
     assert fingerprint_obj(body) == meta["meta_checksum"] == "231d685938527b41ae08c8995d052c8e"
 
@@ -456,8 +462,10 @@ def _digests(root: Path) -> dict[str, str]:
     }
 
 
-def test_the_committed_run_directory_resumes_with_nothing_recomputed(tmp_path, monkeypatch, capsys):
-    work = _copy_run_fixture(tmp_path)
+def test_the_committed_run_directory_resumes_with_nothing_recomputed(
+    tmp_path, monkeypatch, capsys, fixtures
+):
+    work = _copy_run_fixture(tmp_path, fixtures)
     before = _digests(work / "run")
     monkeypatch.chdir(work)
     # krr run, as typed in run_fixture/ (the data paths are overrides: relative)
@@ -482,6 +490,6 @@ def test_the_committed_run_directory_resumes_with_nothing_recomputed(tmp_path, m
 
 
 @pytest.mark.parametrize("what", ["run", "artifact"])
-def test_the_committed_fixtures_stay_small(what):
-    root = RUN_FIXTURE if what == "run" else ARTIFACT_FIXTURE
+def test_the_committed_fixtures_stay_small(what, fixtures):
+    root = fixtures / f"{what}_fixture"
     assert sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) < 150_000

@@ -5,7 +5,8 @@ test still loads and resumes them.
 
     cd tests/contracts/data && PYTHONPATH=../../.. python make_fixtures.py
 
-writes
+writes, packed into ``fixtures.tar.gz`` (:func:`pack`: the stores stay out of the
+repository's tree of files; the tests unpack a copy)
 
 - ``run_fixture/``: ``X.npy`` (48 x 3), ``y.npy``, ``Xn.npy`` (10 x 3), ``conf.yaml`` and
   ``run/``, the run directory of :data:`RUN_CONFIG` (paths relative to ``run_fixture``:
@@ -18,9 +19,11 @@ writes
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import sys
+import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -91,5 +94,44 @@ def main(dest: Path) -> None:
     np.save(art_fx / "expected.npy", est.predict(X_new))
 
 
+#: the archive of both fixtures, beside this file
+ARCHIVE = "fixtures.tar.gz"
+FIXTURES = ("artifact_fixture", "run_fixture")
+
+
+def pack(src: Path, archive: Path) -> None:
+    """``src/run_fixture`` and ``src/artifact_fixture`` as one gzipped tar, byte for byte
+    reproducible (sorted names, no times, owners or modes beyond 0o644/0o755)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for top in FIXTURES:
+            for path in sorted([src / top, *(src / top).rglob("*")]):
+                info = tarfile.TarInfo(path.relative_to(src).as_posix())
+                info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+                if path.is_dir():
+                    info.type, info.mode = tarfile.DIRTYPE, 0o755
+                    tar.addfile(info)
+                else:
+                    data = path.read_bytes()
+                    info.size, info.mode = len(data), 0o644
+                    tar.addfile(info, io.BytesIO(data))
+    import gzip
+
+    archive.write_bytes(gzip.compress(buf.getvalue(), mtime=0))
+
+
+def unpack(archive: Path, dest: Path) -> Path:
+    """The fixtures of ``archive`` under ``dest`` (returned)."""
+    with tarfile.open(archive, "r:gz") as tar:
+        if hasattr(tarfile, "data_filter"):  # Python >= 3.11.4
+            tar.extractall(dest, filter="data")
+        else:
+            tar.extractall(dest)
+    return dest
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parent)
+    here = Path(__file__).resolve().parent
+    work = Path(sys.argv[1]) if len(sys.argv) > 1 else here / "_build"
+    main(work)
+    pack(work, here / ARCHIVE)
