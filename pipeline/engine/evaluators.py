@@ -53,9 +53,8 @@ __all__ = ["F32_LIMIT", "BlockEvaluator", "prepare"]
 #: with a 16x margin for the rounding inside the GEMM that produces it
 F32_LIMIT = float(np.finfo(np.float32).max) / 16
 
-#: sub-block shape (rows, columns) by evaluator family, the fastest measured: GEMM-based
-#: kernels 256 x 512 (1 MB of float64), the feature-wise Laplacian 128 x 512 (its two
-#: scratch blocks stay in L2) (measured: docs/PERFORMANCE.md#kernel-times-vector)
+#: sub-block shape (rows, columns) by evaluator family (docs/PERFORMANCE.md#kernel-times-vector):
+#: GEMM-based kernels 256 x 512 (1 MB of float64), the Laplacian 128 x 512 (two scratch blocks in L2)
 BLOCK_GEMM = (256, 512)
 BLOCK_FEATUREWISE = (128, 512)
 
@@ -84,10 +83,8 @@ def _upper(r: int) -> tuple[np.ndarray, np.ndarray]:
 def _symmetrize(E: np.ndarray, slab: int = 64) -> None:
     """Copy the strict lower triangle of the square block ``E`` onto its upper one.
 
-    In slabs of ``slab`` rows: the rectangle right of a slab's diagonal square is a
-    transposed copy of the one below it, and only the small square goes through an
-    index array (one fancy-indexed copy of the whole triangle cost 8 % of a float32
-    matvec at 512-row sub-blocks; these are the same copies, so the same bits).
+    In slabs of ``slab`` rows: only each slab's diagonal square goes through an index
+    array (a fancy-indexed copy of the whole triangle is slow); the same bits.
     """
     n = E.shape[0]
     for r0 in range(0, n, slab):
@@ -140,7 +137,7 @@ class BlockEvaluator:
     dtype : numpy.dtype
         dtype of the kernel values (the scratch ``E``).
     block_shape : tuple of int
-        The sub-block shape measured best for this evaluator family.
+        The sub-block shape of this evaluator family.
     needs_scratch : bool
         Whether ``fill`` uses the second scratch ``T``.
     """
@@ -155,8 +152,7 @@ class BlockEvaluator:
 
 
 def _transpose_into(dst: np.ndarray, src: np.ndarray, rows: int = 64) -> None:
-    """``dst[...] = src.T`` in slabs of ``rows`` rows of ``src`` (each slab stays
-    in L1; measured 1.3-1.7x faster than one strided copy at D = 64)."""
+    """``dst[...] = src.T`` in slabs of ``rows`` rows of ``src`` (each slab stays in L1)."""
     for r0 in range(0, src.shape[0], rows):
         dst[:, r0 : r0 + rows] = src[r0 : r0 + rows].T
 
@@ -164,12 +160,9 @@ def _transpose_into(dst: np.ndarray, src: np.ndarray, rows: int = 64) -> None:
 class _GemmExp(BlockEvaluator):
     """exp(A_rᵀ · B_c): the RBF exponent from one augmented GEMM.
 
-    ``A`` and ``B`` are kept feature-major (``(d + 2, n)``, C-contiguous):
-    every preparation step is then a ufunc over rows of ``n`` elements
-    (row-major ``(n, d)`` ones run ``n`` inner loops of ``d`` elements, a large
-    share of a float32 product at D = 64; measured:
-    docs/PERFORMANCE.md#kernel-times-vector), and each sub-block's GEMM reads
-    contiguous panels (as fast as the NN form, measured).
+    ``A`` and ``B`` are kept feature-major (``(d + 2, n)``, C-contiguous): every
+    preparation step is then a ufunc over rows of ``n`` elements, and each
+    sub-block's GEMM reads contiguous panels.
     """
 
     def __init__(
@@ -389,12 +382,10 @@ def prepare(
 ) -> BlockEvaluator:
     """The block evaluator of ``K(Xi, Xj)`` (``Xj=None``: ``K(Xi, Xi)``) in dtype ``kd``.
 
-    ``buffers(name, size, dtype)``, if given, supplies flat arrays the
-    evaluator may use for its per-call data instead of fresh allocations
-    (:mod:`pipeline.engine.fused` passes per-thread buffers reused across
-    calls: a fresh megabyte-sized array is page-faulted in on every call,
-    which measured half of the RBF preparation's cost at D = 64). The
-    evaluator is then valid only until the next call that reuses them.
+    ``buffers(name, size, dtype)``, if given, supplies flat arrays for the per-call
+    data instead of fresh allocations (per-thread buffers reused across calls: no
+    page faults). The evaluator is then valid only until the next call that reuses
+    them.
 
     Raises
     ------

@@ -17,46 +17,27 @@ calling thread adds them in strip order, so the result is **bitwise identical
 for any thread count and any scheduling**: the decomposition depends on the
 shapes and ``block_shape`` only.
 
-Inside Dask tasks, use one inner thread when the scheduler already runs a
-task per core (:func:`pipeline.engine.where.task_threads` decides: ``cores // concurrent tasks``),
-so two Dask tasks with two inner threads each never oversubscribe two cores.
+Inside Dask tasks, :func:`pipeline.engine.where.task_threads` gives the inner
+thread count (``cores // concurrent tasks``), so tasks never oversubscribe the cores.
 
 Precision
 ---------
-``kernel_dtype="float64"`` (default) evaluates everything in float64; the
-results equal the dense ``kernel(Xi, Xj) @ V`` to ~1e-15 relative (tested at
-1e-12). ``kernel_dtype="float32"`` computes the distances, the exponential
-and the tile in float32 (2x faster GEMM, 3x faster ``exp``). ``V`` is cast
-to float32 once; each sub-block's product is a float32 GEMV (GEMM for several
-columns) added into float64 accumulators: sums over at most one sub-block (512
-columns, or 512 rows for the transposed product) are float32 inside BLAS, every
-longer sum is float64 (cheaper than casting each sub-block to float64; a split
-``V = V_hi + V_lo`` bought no accuracy, since the kernel entries' own float32
-rounding dominates). The relative error of ``K v`` is about 1e-7 (measured:
-docs/PERFORMANCE.md#kernel-times-vector; ``bench_engine.py --data diamonds,others``
-prints it) and grows with the exponent's terms, about 1e-7 times
-``gamma·(|x|² + |y|²)``: the cross term ``2·gamma·x·y`` is a float32 GEMM.
-Enough for prediction and for a preconditioner, not for CG to 1e-10: keep
-float64 for the solve. A
-kernel whose values (or whose data) can exceed float32's range is refused
-with a ValueError, never turned into ``inf``.
+``kernel_dtype="float64"`` (default) evaluates everything in float64 (equal to the
+dense ``kernel(Xi, Xj) @ V`` to ~1e-15 relative). ``kernel_dtype="float32"``
+computes distances, exponential and tile in float32; ``V`` is cast to float32 once
+and each sub-block's float32 product is added into float64 accumulators, so only
+sums within one sub-block (512 columns or rows) are float32. The relative error of
+``K v`` is about 1e-7 times ``gamma·(|x|² + |y|²)``: enough for prediction and a
+preconditioner, not for CG to 1e-10. A kernel whose values (or data) can exceed
+float32's range is refused with a ValueError, never turned into ``inf``.
 
-Whole tiles (the Gram build): a rectangular tile is evaluated in full-width
-strips of about one sub-block's entries (64 rows of a 2,048-column tile),
-straight into the caller's C-contiguous ``out`` of the evaluation dtype: the
-strip is contiguous there, so the GEMM writes it and ``np.exp`` runs on it in
-place while it is still in cache, with no scratch and no copy (less CPU per
-entry than scratch plus a copy). A diagonal tile is evaluated in scratch
-sub-blocks, each copied into its lower position and, transposed, into its upper
-one (a strided mirror of ``out`` itself cost more). Writing the tile to memory
-is then a large share of the cost: a fresh tile's pages must be faulted in.
+Whole tiles (the Gram build): a rectangular tile is evaluated in full-width strips
+of about one sub-block's entries straight into the caller's C-contiguous ``out``
+(no scratch, no copy); a diagonal tile in scratch sub-blocks, each copied into its
+lower position and, transposed, its upper one.
 
-Speed and limits (measured: docs/PERFORMANCE.md#kernel-times-vector and
-#prediction-and-the-tile-engine). At large D the exponent's GEMM
-(2·(D + 2) flops per entry) is the floor, so the gain over a plain whole-tile
-loop is capped by BLAS, not by the evaluation; the per-call preparation
-(centring, norms, the augmented feature-major copies: O((ni + nj)·D)) is the
-largest remaining overhead in float32.
+Measured speed, and why at large D the exponent's GEMM is the floor:
+docs/PERFORMANCE.md#kernel-times-vector.
 """
 
 from __future__ import annotations
@@ -222,11 +203,8 @@ def _block_shape(block_shape: Any, ev: BlockEvaluator) -> tuple[int, int]:
 
 def _product_block_shape(block_shape: Any, ev: BlockEvaluator) -> tuple[int, int]:
     """The products' sub-block: as :func:`_block_shape`, but a float32 GEMM-family
-    evaluator takes twice the rows (the same bytes as float64's 256 x 512).
-
-    Fewer numpy calls per entry, so the two threads wait less on each other for the
-    GIL between BLAS calls (measured: docs/PERFORMANCE.md#kernel-times-vector).
-    """
+    evaluator takes twice the rows (the same bytes as float64's 256 x 512: fewer
+    numpy calls per entry, less waiting for the GIL)."""
     if block_shape is None and ev.dtype == np.float32 and ev.block_shape == BLOCK_GEMM:
         return 2 * BLOCK_GEMM[0], BLOCK_GEMM[1]
     return _block_shape(block_shape, ev)
@@ -264,9 +242,8 @@ def _strip_products(
         E = E_flat[:n_el].reshape(r, c1 - c0)
         T = None if T_flat is None else T_flat[:n_el].reshape(E.shape)
         ev.fill(E, r0, r1, c0, c1, diag, T)
-        # np.dot, not np.matmul: matmul's GEMV holds the GIL (numpy#11821; 2 threads
-        # ran 0.8x one thread, np.dot 1.5x) and np.dot calls the same BLAS routine
-        # (the same bits, tested against matmul for every fused kernel and dtype)
+        # np.dot, not np.matmul: matmul's GEMV holds the GIL (numpy#11821); np.dot
+        # calls the same BLAS routine (the same bits, tested against matmul)
         if m == 1:  # GEMVs
             np.dot(E, V[c0:c1, 0], out=tmp[:, 0])
         else:
@@ -327,7 +304,7 @@ def kernel_matvec(
         Threads over row strips (None: every core; inside a Dask task pass
         :func:`~pipeline.engine.where.task_threads`). The result does not depend on it, bit for bit.
     block_shape : (int, int), optional
-        Sub-block (rows, columns); default: measured best for the kernel.
+        Sub-block (rows, columns); default: the kernel family's best.
 
     Raises
     ------
@@ -408,10 +385,8 @@ def _strip_tile(
     size: int,
 ) -> None:
     r = r1 - r0
-    # scratch, then one copy: evaluating 256 x 512 sub-blocks straight into
-    # ``out`` measured 1.6x slower in float64 (a 2,048-column tile's rows are
-    # 16 KiB apart, a power of two that makes the sub-block's rows collide in
-    # the cache); used for diagonal tiles and for an ``out`` the strips of
+    # scratch, then one copy (sub-blocks written straight into ``out`` collide in the
+    # cache at power-of-two row strides); for diagonal tiles and for an ``out`` that
     # :func:`_strip_tile_direct` cannot write (another dtype, not contiguous)
     E_flat = _scratch("E", size, ev.dtype)
     T_flat = _scratch("T", size, ev.dtype) if ev.needs_scratch else None
@@ -438,12 +413,9 @@ def _strip_tile_direct(
     C: int,
     size: int,
 ) -> None:
-    """Rows ``r0:r1`` of a rectangular tile, evaluated straight into ``out``
-    (same dtype, C-contiguous): one full-width strip is contiguous in ``out``,
-    so the GEMM writes it and ``np.exp`` runs on it in place while it is in
-    cache, with no scratch and no copy (measured 10-25% faster than scratch
-    plus copy; a diagonal tile keeps :func:`_strip_tile`, whose mirror image
-    is copied from the scratch still in cache)."""
+    """Rows ``r0:r1`` of a rectangular tile, evaluated straight into ``out`` (same
+    dtype, C-contiguous): the strip is contiguous there, so the GEMM writes it and
+    ``np.exp`` runs on it in place while it is in cache."""
     T = None
     if ev.needs_scratch:
         T = _scratch("T", (r1 - r0) * cend, ev.dtype).reshape(r1 - r0, cend)

@@ -37,13 +37,6 @@ def blas_threads(n: int | None) -> Iterator[None]:
         yield
 
 
-def _in_notebook() -> bool:
-    """True inside a Jupyter kernel, where progress is wanted although stderr is no TTY."""
-    from pipeline.engine.progress import _in_notebook as in_notebook
-
-    return in_notebook()
-
-
 def show_progress(progress: bool = True) -> bool:
     """Whether a progress display would be drawn (asked for, and a mode other than off)."""
 

@@ -1,8 +1,7 @@
 """Overlap tile I/O with tile compute: read-ahead of input tiles, write-behind of results.
 
 A tile thread that reads or writes its own tiles leaves its core idle while it
-waits on the disk (here 0.3-3 GB/s, so a 32 MB tile costs 10-100 ms against
-about 0.3 s of BLAS). :class:`TileIO` moves both sides to background threads:
+waits on the disk. :class:`TileIO` moves both sides to background threads:
 
 - ``read(key)`` returns a tile that a small pool read ahead, following the
   order the caller announced; at most ``depth`` tiles are read ahead, so the

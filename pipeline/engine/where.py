@@ -1,6 +1,6 @@
 """Where work runs: every where-does-it-run decision of the package, in one module.
 
-The layers above call these rules and restate none (issue #43):
+The layers above call these rules and restate none:
 
 - **This process or the client** (:func:`in_this_process`, :func:`local_scheduler`,
   :func:`active_client`, :func:`scheduler_kind`): whether a computation goes to the
@@ -22,19 +22,13 @@ plan's measured :class:`~pipeline.engine.placement.Resources` and the tile size.
 
 Small steps
 -----------
-A pass sent to a distributed client costs a scheduler round trip and two
-serialisations, about 27-29 ms on the embedded LocalCluster whatever its size,
-while a kernel product over 1,000 rows takes 4-5 ms in this process (measured:
-docs/PERFORMANCE.md#model-selection). So a pass of at most
-:data:`~pipeline.constants.SMALL_PASS_ENTRIES` kernel entries runs on
-Dask's threaded scheduler here when the client's workers all run on this
-machine (their stores are this machine's too), with one BLAS thread per task as
-the workers use, so its bits are those the workers would give. Entries are
-weighed by their cost at the pass's D (:func:`weigh`: ``D + ENTRY_COST_D0``
-against D = 8's, the measurement's), so a costly kernel's pass of the same size
-stays on the workers. A pass whose
-graph holds futures (data that lives on the workers) always goes to them, and
-so does every pass of a client on other machines.
+A pass sent to a distributed client costs a scheduler round trip, more than a small
+pass's work (docs/PERFORMANCE.md#model-selection). So a pass of at most
+:data:`~pipeline.constants.SMALL_PASS_ENTRIES` kernel entries (weighed by
+:func:`weigh` at the pass's D) runs on Dask's threaded scheduler here when the
+client's workers all run on this machine, one BLAS thread per task as on the
+workers, so its bits are those the workers would give. A pass whose graph holds
+futures, and every pass of a client on other machines, goes to the workers.
 """
 
 from __future__ import annotations
@@ -100,13 +94,11 @@ def in_this_process(enabled: bool = True) -> Iterator[None]:
     distributed client were active: :func:`pipeline.engine.parallel.compute` on Dask's
     threaded scheduler (one BLAS thread per task, as on a worker), unless the user's
     Dask config names a local scheduler of its own. A plain ``dask.compute`` inside the
-    block passes ``**local_scheduler()`` to do the same. For steps so small that a
-    cluster round trip costs more than the work (``enabled=False``: a no-op, so callers
-    can pass their rule).
+    block passes ``**local_scheduler()`` to do the same. ``enabled=False``: a no-op,
+    so callers can pass their rule.
 
-    Only a context variable is set, never Dask's global config: another thread's
-    computations, and a user's own ``dask.compute`` in another thread, keep the
-    client, and a block that ends on one thread does not end another's."""
+    Only a context variable is set, never Dask's global config: other threads keep
+    the client."""
     if not enabled:
         yield
         return
@@ -172,8 +164,7 @@ def local_scheduler_function() -> Any:
     """The scheduler function of a pass over in-memory data run here
     (:func:`pipeline.engine.passes.execute` ``local=True``): the configured synchronous
     one, else threads (a processes scheduler would only pickle the data). A function,
-    not its name: for a name, dask imports distributed to look for a client (0.2-0.4 s
-    on a first small fit)."""
+    not its name: for a name, dask imports distributed to look for a client."""
     if scheduler_kind() == "sync":
         return dask.local.get_sync
     return dask.threaded.get
@@ -184,8 +175,7 @@ def active_client() -> Any | None:
     :func:`in_this_process`."""
     if _HERE.get():
         return None
-    # no client can exist before distributed is imported; importing it only to ask
-    # costs 0.2-0.4 s in a process's first fit (bench_no_slowdown.py caught it)
+    # no client can exist before distributed is imported (importing it to ask is slow)
     if "distributed" not in sys.modules:
         return None
     try:
@@ -309,12 +299,9 @@ def owner_annotation(
     """Prefer worker ``owners[i % len(owners)]`` for the tasks of tile row ``i``, and
     give them ``priority`` (a distributed scheduler runs higher priorities first).
 
-    Dask places a task on a worker that holds its dependencies' results; the tile
-    tasks depend on each other only through tiny records, so every tile task
-    followed the first one onto one worker (measured: 78 of 78 tasks on one of 2
-    or 3 workers at n=6000, b=500) and the others idled. Rows dealt round-robin
-    (1-D block-cyclic, as in ScaLAPACK) spread each column's tasks over all the
-    workers, and a worker reuses its own rows' factor tiles from its tile cache.
+    Without it Dask follows the tiny dependency records and puts every tile task on
+    one worker. Rows dealt round-robin (1-D block-cyclic, as in ScaLAPACK) spread each
+    column's tasks over the workers, which reuse their own rows' factor tiles.
     ``allow_other_workers``: a lost or busy worker's tasks still run elsewhere.
     Results do not depend on the placement (every task has a fixed BLAS width).
     """
@@ -476,15 +463,11 @@ def available_cores() -> int:
 
 
 def task_threads(n_tasks: int, *, concurrency: int | None = None) -> int:
-    """Inner threads for each of ``n_tasks`` Dask tasks that run fused calls.
+    """Inner threads for each of ``n_tasks`` Dask tasks that run fused calls:
+    ``cores // min(n_tasks, concurrency)``, at least 1.
 
-    ``cores // min(n_tasks, concurrency)``, at least 1: one inner thread when
-    the scheduler already keeps every core busy with its own tasks, more when
-    there are fewer tasks than cores (e.g. a single tile). ``concurrency``
-    defaults to the threaded scheduler's worker count (dask's ``num_workers``
-    setting, else the core count; 1 under the synchronous scheduler); under a
-    distributed client it is taken as the core count too (its workers
-    already fill the machine), giving 1 as soon as there are enough tasks.
+    ``concurrency`` defaults to dask's ``num_workers`` setting, else the core count
+    (also under a distributed client); 1 under the synchronous scheduler.
     """
     cores = available_cores()
     if concurrency is None:

@@ -152,7 +152,7 @@ class RBF(Kernel):
 
 
 #: elements per row block in the feature-wise loops (two float64 temporaries
-#: of this size stay in L2 cache; 2-3x faster than whole-tile passes)
+#: of this size stay in L2 cache)
 _BLOCK_ELEMS = 1 << 15
 
 

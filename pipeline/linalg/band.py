@@ -30,8 +30,7 @@ from pipeline.errors import NotPositiveDefiniteError
 
 __all__ = ["BandReduction", "band_available", "band_reduce", "default_bandwidth"]
 
-#: bandwidth of the reduction: fastest measured for m = 2,000..8,000 on 2 cores
-#: (kd 96..256 within 15% of each other; past 512 the panel QR dominates)
+#: bandwidth of the reduction (docs/PERFORMANCE.md#model-selection)
 DEFAULT_KD = 192
 
 _P = ctypes.c_void_p

@@ -1,8 +1,7 @@
 """GIL-free BLAS-3 tile kernels: SciPy's own BLAS, called through ``ctypes``.
 
 ``scipy.linalg.blas`` (f2py) holds the GIL for the whole ``gemm``/``syrk``/``trsm``
-call, so tile threads calling it run one at a time (measured: two threads ran at
-the speed of one). SciPy also exports the same BLAS routines as C function
+call, so tile threads calling it run one at a time. SciPy also exports the same BLAS routines as C function
 pointers (``scipy.linalg.cython_blas.__pyx_capi__``); a ``ctypes`` foreign call
 releases the GIL for its duration, so these wrappers let tile threads overlap.
 They run in place, with the SciPy-bundled BLAS (its threads follow threadpoolctl).
@@ -374,13 +373,11 @@ def first_touch_between_calls(
     """A ``first_touch`` for tile reads beside wide BLAS calls
     (:func:`pipeline.storage.buffers.take`), or None where it would not help.
 
-    Faulting in a new read buffer is most of a tile read's CPU (about ten times the
-    copy; measured: docs/PERFORMANCE.md#known-traps). Done by a reader thread while an all-core
-    BLAS call runs, it preempts one of the call's threads and the others spin on it,
-    so the call loses the fault time on every core. The hook instead waits for the
-    lock that wide calls hold (so none runs), then faults the pages in on
-    ``n_threads`` threads: on every core, in a fraction of the time. The read that
-    follows (a copy) runs outside the lock. Results do not depend on it.
+    Faulting in a new read buffer is most of a tile read's CPU
+    (docs/PERFORMANCE.md#known-traps); done by a reader thread beside an all-core BLAS
+    call, it stalls that call on every core. The hook waits for the lock that wide
+    calls hold, then faults the pages in on ``n_threads`` threads; the read (a copy)
+    runs outside the lock. Results do not depend on it.
 
     ``n_threads``: the wide calls' width (default: the calling thread's
     :func:`fixed_width`). None for one-thread calls (they run beside each other, not
@@ -411,7 +408,7 @@ def process_threads(n_threads: int) -> Iterator[None]:
 
     For memory-bound sweeps (GEMV-like products, TRSM with a few right-hand sides):
     one BLAS thread streams a tile about as fast as two, and never waits on a
-    descheduled partner thread (measured under load: 5-8x faster at 1 thread).
+    descheduled partner thread.
     """
     ctl = _blas_controllers()
     before = [c.get() for c in ctl]

@@ -36,8 +36,6 @@ class _TileCache:
         self.nbytes = 0
         self._d: collections.OrderedDict[Any, np.ndarray] = collections.OrderedDict()
         self._lock = threading.Lock()
-        self.hits = 0
-        self.misses = 0
         # evicted tiles a task still held: their buffers go to the next reads once freed
         self._held: list[np.ndarray] = []
 
@@ -46,9 +44,6 @@ class _TileCache:
             arr = self._d.get(key)
             if arr is not None:
                 self._d.move_to_end(key)
-                self.hits += 1
-            else:
-                self.misses += 1
             return arr
 
     def put(self, key: Any, arr: np.ndarray) -> None:
@@ -171,8 +166,7 @@ def _in_page_cache(L: TiledArray, i: int, j: int) -> bool:
     """Whether factor tile ``(i, j)`` was written through the page cache (by a task in a
     worker process: its marker says ``page_cache``). A reader in another process, such
     as the solve after a factorisation on a client, then maps it rather than copying
-    it into new memory (measured at N = 15,000: the solve took 1.4-1.5 s copying the
-    tiles into new memory, 0.3 s mapping them)."""
+    it into new memory."""
     if chunk_layout(L.store, L.name) is None:  # nothing to map (an object store, or not
         return False  # raw chunks): the storage layer decides; spare the marker a read
     return bool((L.markers.record((i, j)) or {}).get("page_cache"))

@@ -37,9 +37,8 @@ thread (threadpoolctl); smaller ones keep all threads, and the triangular
 solves always do. A right-looking blocked Cholesky (``potrf`` only on
 ``POTRF_TILE`` diagonal tiles, multi-threaded ``trsm``/``gemm`` updates) is
 also implemented and tested; it is used from ``n >= BLOCKED_MIN_N`` when that
-is set. It is off by default because on this project's 2-core machine under
-load it ran 3-6x slower than the one-thread ``potrf`` (oversubscribed BLAS
-threads); ``workflows/benchmarks/bench_reference_cholesky.py`` compares the two.
+is set. It is off by default: on 2 cores it was slower than the one-thread
+``potrf`` (docs/PERFORMANCE.md; ``workflows/benchmarks/bench_reference_cholesky.py``).
 
 Memory: the factor overwrites the working matrix in place (lower triangle);
 the upper triangle and a saved diagonal let us restore K for another penalty or

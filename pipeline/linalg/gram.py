@@ -258,7 +258,7 @@ def build_gram(
     overwrite : bool
         Replace an array computed under another fingerprint instead of raising.
     compressors : optional
-        Zarr compressors; None (uncompressed) is the measured fastest here.
+        Zarr compressors; None (uncompressed) is the fastest (docs/PERFORMANCE.md).
     progress : bool
         Show the progress (tiles done, rate, ETA) as the mode of
         :mod:`pipeline.engine.progress` says (a bar on a terminal, lines otherwise).
@@ -269,13 +269,10 @@ def build_gram(
         :func:`pipeline.engine.input_checks.validate_and_fingerprint`; given, the validation
         pass over X (or Z) is skipped.
     kernel_dtype : {"float64", "float32"}, optional
-        The dtype the fused, cache-blocked evaluators (:mod:`pipeline.engine`,
-        3-5x faster than the kernel object's whole-tile code) evaluate the
-        tiles in, before the cast to ``dtype``; part of the fingerprint.
-        Default (None): float64, whatever X's dtype. Kernels the evaluators do
-        not know are evaluated by the kernel object, per sub-block. A store
-        written before issue #43 (the kernel object's whole-tile evaluation,
-        other bits) has another fingerprint: it is not resumed.
+        The dtype the fused evaluators (:mod:`pipeline.engine`) evaluate the tiles
+        in, before the cast to ``dtype``; part of the fingerprint. Default (None):
+        float64, whatever X's dtype. Kernels the evaluators do not know are
+        evaluated by the kernel object, per sub-block.
     defer : bool
         Create the array (its fingerprint and metadata) but compute no tile: for a
         factorisation in place (``keep_gram=False``) that computes each Gram tile

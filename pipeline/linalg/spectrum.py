@@ -7,10 +7,8 @@ The plan (:mod:`pipeline.plan`) imports no solver: it reads these measurements a
 :mod:`pipeline.plan.factor_precision`.
 
 CG's iterations depend on ``ρ = ‖K - F Fᵀ‖₂``, the residual of its rank-r Nyström
-preconditioner, against the shift μ (``κ ≤ 1 + ρ/μ``). ρ depends on the data: at
-N = 2,000, rank 500, λ = 1e-3 the default CG needs 29 iterations on diamonds and
-103 on Gaussian data in 8 dimensions. No constant can stand for both, so when the
-plan has the training rows it measures ρ on a few of them:
+preconditioner, against the shift μ (``κ ≤ 1 + ρ/μ``). ρ depends on the data, so
+when the plan has the training rows it measures ρ on a few of them:
 
 1. draw ``m`` rows uniformly (:func:`sample_size`: at least 4 r, so the rank-r
    factor leaves a residual to measure), with a fixed seed;
@@ -20,13 +18,11 @@ plan has the training rows it measures ρ on a few of them:
    it by ``N / m``: the eigenvalues of an N x N Gram grow as N times those of the
    kernel's integral operator, so the r-th of K_N is about N/m times the r-th of K_m.
 
-Measured against the iterations of the real solves (``bench_policy_grid.py``;
-docs/PERFORMANCE.md#the-solver-policy-against-measured-times): the iterations are
-:data:`~pipeline.constants.CG_BOUND_FRACTION` of the Chebyshev bound of this ρ within
-about ±30 %, on both data sets. The
-estimate costs one m x m kernel matrix, an m x r factor and a few m x m products:
-about 0.1-0.3 s at m = 2,000 on 2 cores. Deterministic: the same rows give the
-same ρ, so ``krr run`` and ``KernelRidge`` plan the same fit alike.
+The real solves' iterations are :data:`~pipeline.constants.CG_BOUND_FRACTION` of the
+Chebyshev bound of this ρ (docs/PERFORMANCE.md#the-solver-policy-against-measured-times).
+The estimate costs one m x m kernel matrix, an m x r factor and a few m x m products.
+Deterministic: the same rows give the same ρ, so ``krr run`` and ``KernelRidge`` plan
+the same fit alike.
 """
 
 from __future__ import annotations

@@ -1,29 +1,17 @@
-"""Blockwise forward and back substitution with a stored tile factor ``L``.
+"""Blockwise forward and back substitution with a stored tile factor ``L``, and the
+refinement of a low-precision factor's solution.
 
 ``cholesky_solve`` solves ``(K + shift*I) alpha = y`` as ``L z = y`` then
-``L.T alpha = z``, reading each factor tile of the lower triangle once per
-pass (prefetched by the engine's TileIO). Each pass is a tile DAG on the
-engine's in-process executor (:func:`pipeline.engine.dag.run_dag`, one task per
-factor tile, each row's updates chained in a fixed order): the same bits on any
-number of threads, and the LOO panels' wide right-hand sides use every core. ``y`` may hold one or
-many right-hand sides (multi-output regression); ``alpha`` is ``N x outputs``,
-small enough to return as numpy, and can also be written to Zarr.
+``L.T alpha = z``. Each pass is a tile DAG on the engine's executor
+(:func:`pipeline.engine.dag.run_dag`) that reads each factor tile once, prefetched,
+and chains each row's updates in a fixed order: the same bits on any number of
+threads. ``y`` may hold several right-hand sides; ``alpha`` is ``N x outputs``.
 
-Refinement of a low-precision factor's solution with the fastest product available.
-
-A float32 factor (:func:`pipeline.linalg.cholesky.tile_cholesky` with ``dtype=float32``)
-solves ``(K + shift I) alpha = y`` to about single precision. Refinement (CG in
-float64, preconditioned by the factor, started from its solution; see
-:func:`refine_solution`) reaches double precision in
+A float32 factor solves to about single precision; refinement (float64 CG
+preconditioned by the factor, :func:`refine_with_operator`) reaches double precision in
 a few steps, each one product by ``K + shift I`` and one pass over the factor.
-
-The product decides the cost. Rereading the stored float64 Gram costs
-``4 N^2`` bytes of disk per step (N = 15,000: 0.9 GB, about 1 s at 1 GB/s, plus
-the reads' overheads); the matrix-free operator recomputes the kernel from X with
-the fused cache-blocked engine (:mod:`pipeline.engine`, about 1e9 kernel entries
-per second on 2 cores, so ``N^2 / 2 / 1e9`` s: 0.11 s at N = 15,000) and reads no
-disk at all. :func:`refinement_operator` picks matrix-free whenever X and the
-kernel are given, else the stored Gram.
+:func:`refinement_operator` takes the matrix-free product from X (no disk) when X and
+the kernel are given, else the stored Gram (``4 N^2`` bytes read per step).
 """
 
 from __future__ import annotations
@@ -115,13 +103,10 @@ def _run_sweep(
     name: str,
 ) -> int:
     """Run ``step(key, factor tile (i, k))`` for every ``(lane, i, k)`` on the engine's
-    DAG executor; returns the number of factor tiles read.
+    DAG executor, longest path first; returns the number of factor tiles read.
 
-    Tasks are ready when their dependencies ran; the ready task with the longest path
-    to the end goes first (:func:`pipeline.engine.dag.run_dag`). Factor tiles come
-    through the engine's TileIO, read ahead in the one-thread order, each read once
-    and shared by the lanes. Each lane's row updates are chained in a fixed order, so
-    the result is the same bit for bit whatever the thread count.
+    Factor tiles are read ahead through TileIO in the one-thread order, once each,
+    and shared by the lanes.
     """
     rank = upward_ranks(keys, deps, lambda t: 2.0 if t[1] != t[2] else 1.0)
     order = list(dict.fromkeys(t[1:] for t in serial_order(keys, deps, rank)))
@@ -180,23 +165,15 @@ def forward_sweep(
 ) -> np.ndarray:
     """Solve ``L x = z`` in place, from tile row ``start_block`` on.
 
-    The one blockwise forward sweep (used by :func:`forward_substitution` and by
-    the LOO panels, :func:`pipeline.models.selection.loo.forward_panel`): ``z``
-    (C order, 2-D) holds the rows from ``start_block``'s first row on, the
-    right-hand side being zero above them; factor tiles ``(i, k)`` with
-    ``start_block <= k <= i`` are read once each, prefetched. ``first_row``
-    (optional, one per column of ``z``, counted from ``z``'s first row): the first
-    row of each column that may be nonzero; a lane of columns then starts at its
-    own first tile row (the LOO panels' identity columns: about a third of the
-    flops of a sweep from the top). ``stats["factor_tile_reads"]``, if given, counts
-    the factor tiles read.
+    ``z`` (C order, 2-D) holds the rows from ``start_block``'s first row on (the
+    right-hand side is zero above them). ``first_row`` (optional, one per column of
+    ``z``): the first row of each column that may be nonzero, so that a lane starts at
+    its own first tile row (the LOO panels' identity columns).
+    ``stats["factor_tile_reads"]``, if given, counts the factor tiles read.
 
-    A tile DAG on the engine's executor, per lane of ``SWEEP_LANE_COLUMNS``
-    columns: task ``(lane, i, k)``, ``k < i``, subtracts ``L_ik x_k`` from row
-    block ``i`` once ``x_k`` is solved and ``(lane, i, k - 1)`` ran (the row's
-    updates in increasing ``k``, as a serial sweep); task ``(lane, i, i)`` then
-    solves ``L_ii x_i = z_i``. Rows below the critical path, and the lanes, run
-    in parallel.
+    Per lane of ``SWEEP_LANE_COLUMNS`` columns, task ``(lane, i, k)``, ``k < i``,
+    subtracts ``L_ik x_k`` after ``(lane, i, k - 1)`` (increasing ``k``, as a serial
+    sweep); task ``(lane, i, i)`` then solves ``L_ii x_i = z_i``.
     """
     g = L.grid
     T = g.n_row_blocks
@@ -244,19 +221,12 @@ def forward_substitution(factor: CholeskyFactor | TiledArray, y: Any) -> np.ndar
 
 
 def back_sweep(L: TiledArray, a: np.ndarray) -> np.ndarray:
-    """Solve ``L.T x = a`` in place, last tile row first.
+    """Solve ``L.T x = a`` in place, last tile row first, in ``a``'s precision.
 
-    The one blockwise back sweep (used by :func:`back_substitution` and by the
-    float32 factor's preconditioner, :class:`FactorPreconditioner`). Row ``i``
-    holds ``L_ii`` and ``L_ik`` (k < i): once ``x_i`` is known, ``a_k -= L_ikᵀ x_i``.
-    Factor tiles are read once each, prefetched; the arithmetic runs in ``a``'s
-    precision (float32 with a float32 factor).
-
-    A tile DAG on the engine's executor, per lane of columns (as
-    :func:`forward_sweep`): task ``(lane, i, i)`` solves ``L_iiᵀ x_i = a_i`` once
-    ``(lane, i + 1, i)`` ran; task ``(lane, i, k)``, ``k < i``, subtracts
-    ``L_ikᵀ x_i`` from ``a_k`` once ``x_i`` is solved and ``(lane, i + 1, k)`` ran
-    (each block's updates in decreasing ``i``, as a serial sweep).
+    Per lane of columns (as :func:`forward_sweep`), task ``(lane, i, i)`` solves
+    ``L_iiᵀ x_i = a_i`` after ``(lane, i + 1, i)``; task ``(lane, i, k)``, ``k < i``,
+    subtracts ``L_ikᵀ x_i`` from ``a_k`` after ``(lane, i + 1, k)`` (decreasing ``i``,
+    as a serial sweep).
     """
     g = L.grid
     T = g.n_row_blocks
@@ -296,13 +266,8 @@ class FactorPreconditioner:
     """``(L L.T)⁻¹`` applied blockwise in the factor's own precision: a stored factor
     (float32 or float64) as a CG preconditioner.
 
-    A float64 factor's solve is :func:`forward_substitution` then
-    :func:`back_substitution`. A float32 factor's runs in float32 (GEMV/TRSM on
-    float32 tiles): upcasting every float32 tile to float64 (a ``b^2 * 8`` byte copy)
-    at every product, not the arithmetic, was most of a refinement step. A
-    preconditioner only needs to be approximately ``A⁻¹``, and the float32 factor is
-    only single precision anyway; CG keeps everything else (residuals, iterates,
-    products by ``K + shift I``) in float64.
+    A float32 factor's sweeps run in float32 (upcasting each tile would cost more than
+    the arithmetic); CG keeps residuals, iterates and products in float64.
     """
 
     def __init__(self, factor: CholeskyFactor | TiledArray) -> None:
@@ -345,14 +310,10 @@ def refine_solution(
 ) -> np.ndarray:
     """Refine ``alpha`` against the stored float64 Gram: ``(K + shift I) alpha = y``.
 
-    Conjugate gradients in float64 (products by the Gram's tiles), preconditioned
-    by the low-precision factor and started from its solution. This is iterative
-    refinement with a Krylov accelerator: where plain refinement converges (the
-    factor's error times the condition number below 1) it converges at least as
-    fast, and it keeps converging where plain refinement stalls or diverges
-    (measured: lambda=1e-5 on an RBF Gram with condition 2e7, plain refinement
-    shrank the residual 2x per step, CG 6x). Each iteration costs one pass over
-    the Gram and one over the factor.
+    Float64 CG preconditioned by the low-precision factor, started from its solution:
+    it converges at least as fast as plain iterative refinement, and keeps converging
+    where that stalls. Each iteration costs one pass over the Gram and one over the
+    factor.
     """
     op = StoredKernelOperator(gram, shift)
     return refine_with_operator(factor, op, y, alpha, tol=tol, max_iter=max_iter, stats=stats)
@@ -383,9 +344,7 @@ def cholesky_solve(
         array in ``store`` (default: the factor's store), with a fingerprint
         chained to the factor's and ``y``'s content.
     release_cache : bool
-        Drop this factor's tiles from the process's tile cache afterwards (the
-        factorisation leaves up to its budget, 1 GiB by default, in memory so
-        that the solve right after it reads no tile twice from disk).
+        Drop this factor's tiles from the process's tile cache afterwards.
     gram : TiledArray, optional
         The stored Gram the factor was made from. With a float32 factor (or a
         float32 Gram), alpha is refined to ``refine_tol``: against this Gram, or
@@ -398,10 +357,8 @@ def cholesky_solve(
     stats : dict, optional
         Filled with the refinement's steps and final relative residual.
     X, kernel : optional
-        The training inputs (in memory) and kernel. With a float32 factor, the
-        refinement's products are then matrix-free (the fused kernel engine,
-        no disk; :func:`refinement_operator`) instead of
-        rereading the stored Gram at every step.
+        The training inputs (in memory) and kernel: the refinement's products are
+        then matrix-free (:func:`refinement_operator`), not rereads of the Gram.
 
     Returns
     -------
@@ -505,12 +462,10 @@ def refine_with_operator(
 
     Each step computes the true float64 residual ``r = y - op(alpha)`` and solves
     ``op d = r`` by CG preconditioned by ``factor`` to a relative
-    ``0.1 * tol * ‖y‖ / ‖r‖`` (between 1e-8 and 1e-2), then adds ``d``. One CG run
-    from ``alpha`` loses this accuracy: its recursive residual drifts from the
-    true one at about ``κ ε`` of its starting residual, so at κ ≈ 1e6 it stalled at
-    1.2e-11 and then diverged (measured). Restarting from the true
-    residual keeps that drift relative to a residual already small, so the floor
-    is the product's own rounding.
+    ``0.1 * tol * ‖y‖ / ‖r‖`` (between 1e-8 and 1e-2), then adds ``d``. Restarting
+    from the true residual keeps CG's recursive-residual drift (about ``κ ε`` of its
+    starting residual) relative to a residual already small, so the floor is the
+    product's own rounding.
 
     A residual that stalls above ``tol`` but at or below float64's rounding
     floor for the product (``ε ‖(K + shift I)|alpha|‖ / ‖y‖``, see
@@ -527,8 +482,8 @@ def refine_with_operator(
     """
     stats = stats if stats is not None else {}
     y2 = np.asarray(y, dtype=np.float64).reshape(np.shape(y)[0], -1)
-    # a column far from 1 is refined as 2**k y (exact; k = 0 keeps ordinary y's bits):
-    # at y ~ 1e-200 ‖y‖ underflowed to 0 and refinement stopped at once (issue #44)
+    # a column far from 1 is refined as 2**k y (exact; k = 0 keeps ordinary y's bits),
+    # so that ‖y‖ cannot underflow
     k = pow2_exponents(np.max(np.abs(y2), axis=0, initial=0.0))
     y2 = np.ldexp(y2, k)
     x = np.ldexp(np.array(alpha, dtype=np.float64).reshape(y2.shape), k)
@@ -590,9 +545,7 @@ def _at_rounding_floor(
     non-negative kernels such as RBF and Laplacian, and a lower bound
     otherwise, so the test errs towards refusing). Where the true residual has
     stopped falling at or below that, no float64 computation can tell the
-    iterate from the exact solution: at lambda = 1e-4 on 8,000 diamonds rows
-    the float64 Cholesky's own residual was 4.7e-11, this floor 2.6e-10 and the
-    refinement's stall 2.6e-11. Costs one product, only when stalled.
+    iterate from the exact solution. Costs one product, only when stalled.
     """
     eps = float(np.finfo(np.float64).eps)
     abs_prod = np.asarray(op.matvec(np.abs(x)), dtype=np.float64).reshape(x.shape)

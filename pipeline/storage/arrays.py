@@ -8,9 +8,7 @@ region writes, each followed by a marker (see :mod:`pipeline.storage.markers`).
 Each marker written by :meth:`TiledArray.write_tile` carries the CRC-32C of the
 tile's stored bytes (key ``crc32c``); :meth:`TiledArray.read_tile` checks it and
 raises :class:`CorruptTileError` on a mismatch, so a damaged chunk file is
-detected instead of silently used. CRC-32C (``google_crc32c``, hardware
-accelerated) runs at about 12 GB/s here: 10 ms for a 4096² float64 tile, against
-about 130 ms to read that tile from Zarr.
+detected instead of silently used.
 
 Uncompressed arrays on a local disk (the default for Gram and factor arrays) are
 read and written a whole chunk at a time as raw bytes, in Zarr's own layout
@@ -303,20 +301,14 @@ class TiledArray:
     ) -> None:
         """Region-write one tile, then mark it complete (data first, marker last).
 
-        ``direct``: no reader needs the tile from the page cache soon (the writer
-        keeps it in memory, or its one reader reads it once), so a raw local chunk is
-        written past the page cache (:func:`~pipeline.storage.rawchunks.write_chunk`).
+        ``direct``: a raw local chunk is written past the page cache (no reader needs
+        it from there soon). The marker records the CRC-32C of the bytes written as
+        ``crc32c``; the chunk is replaced atomically (an object store's put is whole
+        or absent).
 
-        The marker records the CRC-32C of the bytes written (the tile cast to
-        the stored dtype, C order) as ``crc32c``. On a local disk the chunk is
-        replaced atomically (temporary file, then ``os.replace``); through Zarr,
-        its local store does the same and an object store's put is whole or absent.
-
-        A tile already marked complete under this fingerprint is final and never
-        rewritten in place: writing the same bytes again (a task re-executed,
-        e.g. after a worker was lost) does nothing; other bytes raise
-        :class:`TileRewriteError`. To recompute a tile, unmark it first
-        (:meth:`TileMarkers.unmark`), as the runner's recovery does.
+        A tile marked complete under this fingerprint is final: the same bytes again
+        (a re-executed task) do nothing, other bytes raise :class:`TileRewriteError`;
+        to recompute a tile, unmark it first (:meth:`TileMarkers.unmark`).
         """
         layout = chunk_layout(self.store, self.name)
         if layout is not None:
@@ -346,12 +338,9 @@ def _read_row_block(arr: TiledArray, i: int, key: tuple[int, ...], ndim: int) ->
 
 
 def normalize_store(store: Any) -> str:
-    """A store location as a string; local URLs (``file://``, ``local://``) become plain paths.
-
-    Zarr opens plain paths with its LocalStore, which creates directories as it
-    writes; its fsspec store does not create them on a local filesystem. Other
-    URLs (s3://, gs://, memory://, ...) are passed through to fsspec.
-    """
+    """A store location as a string; local URLs (``file://``, ``local://``) become plain
+    paths (Zarr's LocalStore creates directories as it writes; its fsspec store does
+    not). Other URLs go to fsspec."""
 
     return local_file_path(str(store))  # file://, FILE://, local://, file:/
 
@@ -397,16 +386,15 @@ def open_tiled_array(
         layout, delete it (and its markers) instead of raising. Anything else
         at that path is never touched (see Raises).
     compressors : optional
-        Zarr v3 compressors; None (uncompressed) is the measured fastest here.
+        Zarr v3 compressors; None (uncompressed) is the fastest (docs/PERFORMANCE.md).
     attributes : dict, optional
         Extra JSON metadata stored with the array.
     fill_value : scalar
         What a chunk not written yet reads as, to a plain Zarr reader (NaN for
         predictions, so that rows not computed yet never read as plausible zeros).
 
-    Reopening an array for resume first removes the temporary files that
-    killed writers left in it and in its markers
-    (:mod:`pipeline.storage.tempfiles`), before any work on it starts.
+    Reopening an array for resume first removes the temporary files that killed
+    writers left (:mod:`pipeline.storage.tempfiles`) and unmarks lost tiles.
 
     Raises
     ------
@@ -488,13 +476,10 @@ def unmark_lost_tiles(handle: TiledArray) -> list[tuple[int, ...]]:
     """Unmark, in one pass, every marked tile whose chunk file is missing or has the
     wrong size; return their marker keys.
 
-    Called when an array is reopened for resume, so a damaged run directory (e.g. one
-    copied while a run wrote it: 74 tiles marked without chunk files) is repaired in
-    one run; before, each missing chunk was found by a read, one recovery at a time,
-    and a run stopped after three. Arrays stored as raw chunk files on a local disk
-    (:func:`~pipeline.storage.rawchunks.chunk_layout`) are checked by size; arrays on
-    an object store by :func:`_unmark_lost_objects` (one listing of the chunks);
-    other local Zarr arrays (codecs) by the checksum on read.
+    Called when an array is reopened for resume, so a damaged run directory is
+    repaired in one run. Raw chunk files on a local disk are checked by size; arrays
+    on an object store by :func:`_unmark_lost_objects`; other local Zarr arrays
+    (codecs) by the checksum on read.
     """
     layout = chunk_layout(handle.store, handle.name)
     if layout is None:
@@ -535,9 +520,7 @@ def _unmark_lost_objects(handle: TiledArray) -> list[tuple[int, ...]]:
 
     Two listings (the chunk objects, the markers) and one read per marker whose chunk
     is missing. A missing chunk is lost unless the tile its marker records is all fill
-    value (Zarr leaves such a chunk unwritten): its recorded CRC-32C says which. Before,
-    each lost object was found by a read, one recovery at a time (at most three a run),
-    so an object-store run directory recovered one tile per read, over many runs.
+    value (Zarr leaves such a chunk unwritten): its recorded CRC-32C says which.
     """
     from pipeline.storage.markers import _parse_key
 

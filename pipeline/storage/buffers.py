@@ -1,15 +1,13 @@
 """Reused tile buffers: reads fill memory this process already touched.
 
-On a virtual machine a fresh page costs far more than a copy (measured on an AMD
-EPYC VM: about 2 ms of CPU per MB to fault in and zero, against 0.1 ms per MB to
-copy). glibc hands every freed block above 32 MB straight back to the system, so a
+On a virtual machine a fresh page costs far more than a copy
+(docs/PERFORMANCE.md#known-traps). glibc hands every freed block above 32 MB straight back to the system, so a
 tile read after another was freed lands in fresh pages again. :func:`take` gives a
 read a buffer that an owner returned with :func:`give` (the factor-tile cache of
 :mod:`pipeline.linalg.cholesky_cache` returns the tiles it evicts and no one else
 holds), else a new one. At most ``max_bytes`` wait here; :func:`release` frees them.
 
-A new buffer's first touch is the expensive part of a read (here about 2 s of CPU
-per GB, against 0.1 s for the copy itself), and it spreads over cores:
+A new buffer's first touch is the expensive part of a read, and it spreads over cores:
 :func:`touch` faults a buffer's pages in on several threads, and ``take``'s
 ``first_touch`` lets a caller decide when and how (e.g. between two all-core BLAS
 calls, on every core, rather than preempting one of their threads).

@@ -68,9 +68,8 @@ class TileMarkers:
         data = json.dumps(record).encode()
         path = self._path(tile)
         # No fsync: the rename is atomic for a killed process (the page cache
-        # survives it), and on ext4 an fsync per marker forces a journal commit
-        # that flushes every dirty tile, which serialised compute and I/O and
-        # made a 40k Gram build 2.7x slower than computing and writing separately.
+        # survives it), and on ext4 an fsync per marker flushes every dirty tile,
+        # serialising compute and I/O (docs/PERFORMANCE.md#disk-and-zarr).
         atomic_write(path, data, fs=self.fs, fsync=False)
 
     def record(self, tile: Any) -> dict[str, Any] | None:

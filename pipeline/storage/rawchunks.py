@@ -3,10 +3,8 @@
 For an uncompressed Zarr v3 array whose only codec is ``bytes`` (little endian)
 on a local store, a chunk file holds exactly the chunk's C-order bytes (edge
 chunks padded to the full chunk shape with the fill value). Reading and writing
-such a chunk is one ``readinto``/``write`` of a numpy buffer. Through
-``zarr.Array.__getitem__``/``__setitem__`` the same 32 MB chunk cost 40-95 ms of
-CPU here (its event-loop hop, buffer wrappers and copies) against about 13 ms
-raw, and tile threads share two cores with that CPU.
+such a chunk is one ``readinto``/``write`` of a numpy buffer, several times cheaper
+in CPU than Zarr's async pipeline (docs/PERFORMANCE.md#disk-and-zarr).
 
 :func:`chunk_layout` says whether an array qualifies (and caches the answer per
 ``zarr.json`` version); anything else (compressed arrays, big-endian data,
@@ -296,8 +294,7 @@ def write_chunk(
 
 
 # ---------------------------------------------------------------------------
-# O_DIRECT writes: no page cache, so no fresh pages to fill (on this VM a new 50 MB file
-# cost 110 ms of CPU written through the page cache and 4-7 ms written directly)
+# O_DIRECT writes: no page cache, so no fresh pages to fill (docs/PERFORMANCE.md#known-traps)
 
 _ALIGN = 4096  # O_DIRECT needs the buffer, offset and length aligned to the device block
 #: aligned buffers (mmap), reused so that their pages stay warm: at most _POOL_KEEP per
