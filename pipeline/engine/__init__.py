@@ -17,7 +17,7 @@
 - :mod:`pipeline.engine.tile_io`: read-ahead and ordered write-behind of tiles
   (the Cholesky and the forward/back sweeps).
 
-See :mod:`pipeline.engine.fused` for the design, precision and measured speed.
+See :mod:`pipeline.engine.fused` for the design and precision.
 """
 
 from pipeline.engine.evaluators import is_fused

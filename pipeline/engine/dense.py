@@ -1,31 +1,19 @@
 """In-memory kernel matrices and predictions through the fused evaluators.
 
-The in-memory fit (the dense Gram ``K(X, X)``) and the in-memory prediction
-(``K(X_new, X_fit) @ dual_coef``) take the same cache-blocked path as the
-out-of-core passes (:mod:`pipeline.engine.fused`): 256 x 512 sub-blocks, one
-GEMM and one ``np.exp`` each, ``out=`` everywhere, the prediction's GEMV done
-while the sub-block is in cache (the kernel matrix of a prediction is never
-formed). Kernels the evaluators do not know (compositions, warpings, the
-extra kernels, user subclasses) fall back to the kernel object's own
-evaluation, exactly as before (:func:`pipeline.engine.evaluators.is_fused`).
+The in-memory fit (the dense Gram ``K(X, X)``) and prediction
+(``K(X_new, X_fit) @ dual_coef``, the kernel matrix never formed) take the
+cache-blocked path of the out-of-core passes (:mod:`pipeline.engine.fused`).
+Kernels the evaluators do not know fall back to the kernel object's own evaluation
+(:func:`pipeline.engine.evaluators.is_fused`).
 
-Precision. Kernel values are evaluated in float64 whatever the input dtype:
-float32 rows are the user's values, not a precision (as the out-of-core fit
-and ``KernelRidge``'s out-of-core prediction do). :func:`kernel_matrix`
-returns the dtype the kernel object would (float32 iff every input is), each
-value rounded once from float64, as the kernel object rounds its float64
-exponent. The values equal the kernel object's to ~1e-15 relative (the
-exponent comes from one augmented GEMM over rows centred by the first
-block's mean, the kernel object's from ``|x|² + |y|² - 2 x·y`` centred the
-same way), so predictions move at the 1e-13 relative level; a model whose
-rows are both float32 predicted with the float32-rounded kernel before and
-with the float64 one now, a move at float32's rounding (~1e-8).
+Precision: kernel values are evaluated in float64 whatever the input dtype (float32
+rows are the user's values, not a precision). :func:`kernel_matrix` returns the
+dtype the kernel object would (float32 iff every input is), each value rounded once
+from float64; the values equal the kernel object's to ~1e-15 relative.
 
-Non-finite values. A kernel whose values overflow float64 (a high polynomial
-degree on large features) is refused with
-:class:`~pipeline.kernels.base.NonFiniteKernelError` (a ValueError), as the
-out-of-core Cholesky and CG refuse it: never a NaN model, never NaN
-predictions from finite inputs (:func:`check_finite_kernel`).
+A kernel whose values overflow float64 is refused with
+:class:`~pipeline.kernels.base.NonFiniteKernelError` (a ValueError), as out of core:
+never NaN predictions from finite inputs (:func:`check_finite_kernel`).
 """
 
 from __future__ import annotations

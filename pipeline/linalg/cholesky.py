@@ -20,27 +20,17 @@ Two executors run the same tile function:
   on each other through tiny results (a dict per tile), never tile payloads. It
   runs on the active distributed client or the threaded scheduler
   (:func:`pipeline.engine.parallel.compute`).
-- ``scheduler="threads"``: the same tasks on a few threads of this process,
-  always running the ready task with the longest remaining path first (the
-  diagonal chain is the critical path of a left-looking Cholesky). One thread's
-  reads and writes overlap the others' BLAS.
+- ``scheduler="threads"``: the same tasks on a few threads of this process, the
+  ready task with the longest remaining path first (the diagonal chain).
 
 In both, every BLAS/LAPACK call of a tile task runs with one fixed thread count
-(:func:`pipeline.engine.where.tile_blas_threads`; by default all cores,
-one call at a time per process, or per host for distributed worker processes),
-because OpenBLAS rounds differently with another thread count: the factor is
-then the same bit for bit whatever the executor and its number of threads.
+(:func:`pipeline.engine.where.tile_blas_threads`), because OpenBLAS rounds
+differently with another: the factor is the same bit for bit whatever the executor.
 
-Disk (``T = ceil(n / b)`` tiles per side, block ``b``, ``s`` bytes per factor
-entry: 8 for float64, 4 for float32). ``keep_gram=True`` (default) writes the
-factor to its own array: ``T (T + 1) / 2 * b^2 * s`` bytes beyond the Gram's
-``T (T + 1) / 2 * b^2 * 8``. ``keep_gram=False`` factors in place (each factor
-tile atomically replaces its Gram tile; :mod:`pipeline.linalg.cholesky_inplace`):
-only ``(w + 1) * b^2 * 8`` bytes of temporary chunk files for ``w`` writers.
-Free space is checked before any work (``check_disk``).
-
-Finished factor tiles are immutable (their key includes the fingerprint), so a
-per-process LRU cache with a byte budget keeps recently used ones in memory.
+``keep_gram=True`` (default) writes the factor to its own array;
+``keep_gram=False`` factors in place (:mod:`pipeline.linalg.cholesky_inplace`,
+which also gives the disk each needs, checked before any work). Finished factor
+tiles are immutable, so a per-process LRU cache keeps recently used ones in memory.
 ``potrf`` is only ever called on one diagonal tile.
 """
 
@@ -262,7 +252,7 @@ def tile_cholesky(
         Verify that every lower Gram tile has its completion marker.
     dtype : {float64, float32}
         Storage and update precision of ``L``. float32 halves the factor's bytes
-        and runs the GEMM/SYRK/TRSM updates at float32 speed (about 2x here);
+        and runs the GEMM/SYRK/TRSM updates at float32 speed;
         diagonal tiles are still factored in float64. Such a factor solves to
         about single precision: pass the Gram to :func:`cholesky_solve`
         (``gram=``), which refines ``alpha`` to double precision.

@@ -13,10 +13,8 @@ the one that imports it), in left-looking dependency order:
   background threads (the engine's TileIO).
 
 Both give every BLAS/LAPACK call of a tile task the same fixed thread count
-(:func:`pipeline.engine.where.tile_blas_threads`: all cores by default, "wide", the calls then run one
-at a time per process while the other tile threads do their reads, copies and
-checksums; 1 with ``wide=False``), so the factor is the same bit for bit whatever
-the executor, its thread count or the order the tasks ran in.
+(:func:`pipeline.engine.where.tile_blas_threads`), so the factor is the same bit for
+bit whatever the executor, its thread count or the order the tasks ran in.
 """
 
 from __future__ import annotations

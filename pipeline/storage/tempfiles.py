@@ -14,12 +14,10 @@ starts. A temporary file is stale when
   every thread of this process writes under its id), or, for a name without a
   process id, it was last modified before this process started.
 
-The process id, not the file's age, decides for our own files: a run started a
-few milliseconds after a kill (a retry loop) must sweep what the killed writer
-left, and neither file times nor process start times are that fine. A writer on
-another host of a shared filesystem is not seen as live here; deleting its
-temporary file only fails that write's rename, and the task that made it
-belongs to a killed run (stores are swept before their own run's tasks start).
+The process id, not the file's age, decides for our own files (a retry a few
+milliseconds after a kill must sweep what the killed writer left). A writer on
+another host of a shared filesystem is not seen as live here; deleting its file only
+fails that write's rename, in a killed run.
 
 Temporary stores (the Gram and factor of an estimator fitted out of core
 without an explicit ``store``) live under one directory, :func:`temp_root`:
