@@ -439,7 +439,7 @@ class GramTileRecomputer:
     Recomputes Gram tile ``(i, j)`` from X as the Gram build computes it, cast to
     the Gram's dtype: ``kernel(X_i)`` on the diagonal and ``kernel(X_i, X_j)`` off
     it, or, with ``kernel_dtype``, the tile engine's fused evaluators in that dtype
-    (:class:`pipeline.engine.KernelSource`, about twice as fast; ``build_gram``'s
+    (:class:`pipeline.engine.KernelSource`; ``build_gram``'s
     ``kernel_dtype``). :meth:`for_gram` reads which from the Gram's array, so a
     recomputed tile has the bits a stored one would have. Picklable; with the Dask
     executor X travels with each task that needs it, so prefer the threads executor

@@ -103,11 +103,9 @@ def gram_fingerprint(
     """Fingerprint of K(X, X) (or K(X, Z)) as stored: X hash, kernel (spec and classes), block,
     dtype, and the evaluation dtype of the fused engine that computed the tiles.
 
-    ``kernel_dtype`` None is :func:`build_gram`'s default, ``"float64"``. Every Gram
-    is evaluated by the fused engine since issue #43 (one tile evaluation path): a
-    store written before, by the kernel object's own evaluation (other bits), had no
-    ``kernel_dtype`` in its fingerprint, so it is recomputed (``krr run``) or refused
-    (``StoreMismatchError``), never mixed with tiles of the new evaluation.
+    ``kernel_dtype`` None is :func:`build_gram`'s default, ``"float64"``. A store
+    written by the kernel object's own evaluation (other bits) has no ``kernel_dtype``
+    in its fingerprint, so it is recomputed or refused, never mixed with fused tiles.
     """
     if kernel_dtype is None:
         kernel_dtype = DEFAULT_KERNEL_DTYPE

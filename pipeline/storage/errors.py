@@ -28,10 +28,9 @@ def disk_full_at(path: str, needed: int | None) -> Iterator[None]:
     into a :class:`~pipeline.errors.DiskFullError` that names ``path``, the ``needed``
     bytes and the bytes free on its filesystem (the system's error is its cause).
 
-    Every local write site uses it: raw chunks, Zarr chunks, markers, the manifest,
-    ``.npy`` results and prediction files (before, all but the raw chunk writer let the
-    bare ``[Errno 28] No space left on device`` through, without path or sizes). A
-    DiskFullError raised inside (by a nested writer) passes unchanged.
+    Every local write site uses it (raw chunks, Zarr chunks, markers, the manifest,
+    ``.npy`` results and prediction files). A DiskFullError raised inside (by a nested
+    writer) passes unchanged.
     """
     try:
         yield
