@@ -1,21 +1,15 @@
 """Blockwise kernel-row prediction: ŷ = K(X_new, X_train) · α, never forming K.
 
-The work is a grid of tiles: new-row block ``i`` (``block_size`` rows, the
-output's row block) by training block ``j`` (``train_block_size`` rows of
-``X_train``). Task ``(i, j)`` evaluates its kernel tile with the kernel object
-and multiplies it by α's block ``j``; it returns only the ``block_rows x
-n_outputs`` partial product, so at most one tile per running task exists at a
-time (the tile itself is evaluated in cache-sized pieces). The partial products
-of a row block are summed in a fixed order (a tree with fan-in 16), which makes
-the result bit-identical whatever scheduler runs the graph. All of this is a
-specification on the tile engine (:mod:`pipeline.engine.passes`): rectangular
-tile set, kernel source, accumulate-into-a-prediction-block consumer.
+A specification on the tile engine (:mod:`pipeline.engine.passes`): task ``(i, j)``
+evaluates the kernel tile of new-row block ``i`` (``block_size`` rows) by training
+block ``j`` (``train_block_size`` rows) in cache-sized pieces and returns only its
+``block_rows x n_outputs`` partial product; a row block's parts are summed in a fixed
+order, so the result is bit-identical on any scheduler.
 
-With ``out=`` the predictions go to a Zarr array, one row block per task,
-each followed by a completion marker (:mod:`pipeline.storage`). A rerun skips
-every marked row block, so a killed batch prediction resumes where it stopped.
-The store's fingerprint combines the model's and the input's, and a store
-written for another model or input is refused.
+With ``out=`` the predictions go to a Zarr array, each row block followed by a
+completion marker, so a killed batch prediction resumes where it stopped. The
+store's fingerprint combines the model's and the input's; a store written for
+another model or input is refused.
 """
 
 from __future__ import annotations

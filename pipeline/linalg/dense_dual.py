@@ -1,48 +1,33 @@
 """Exact dual solve of kernel ridge regression by Cholesky (the in-memory ground truth).
 
-Solves ``(K + lam I) a = y`` (or with sample weights, scikit-learn's
-``(S K S + lam I) b = S y``, ``a = S b`` with ``S = diag(sqrt(w))``), where
-``lam`` follows the chosen penalty convention:
-
-- ``alpha_convention="sklearn"`` (default): ``lam = alpha``, as
-  ``sklearn.kernel_ridge.KernelRidge``.
-- ``alpha_convention="n_samples"``: ``lam = n * alpha`` with ``n`` the number of
-  samples (the sum of the weights when ``sample_weight`` is given), the
-  mean-loss objective ``(1/n) sum (y - f)^2 + alpha ||f||^2`` of the lecture
-  notes, ``(K + n alpha I) a = y``.
+Solves ``(K + lam I) a = y`` (with sample weights scikit-learn's
+``(S K S + lam I) b = S y``, ``a = S b``, ``S = diag(sqrt(w))``), where
+``alpha_convention="sklearn"`` (default) gives ``lam = alpha`` and ``"n_samples"``
+gives ``lam = n * alpha`` (``n`` the sum of the weights when given: the mean-loss
+objective ``(1/n) sum (y - f)^2 + alpha ||f||^2``).
 
 Jitter policy
 -------------
-For ``lam > 0`` and a PSD kernel, ``K + lam I`` is positive definite and no
-jitter is ever added: the result is the exact solution. Only when the Cholesky
-factorisation fails (``lam = 0`` with a singular K, or an indefinite kernel
-such as sigmoid) does a policy apply, chosen by ``jitter``:
+For ``lam > 0`` and a PSD kernel no jitter is ever added: the result is exact. Only
+when the Cholesky fails (``lam = 0`` with a singular K, an indefinite kernel) does
+``jitter`` apply:
 
-- ``None`` (default, scikit-learn's behaviour): warn
-  ``SingularKernelWarning("Singular matrix in solving dual problem. Using
-  least-squares solution instead.")`` and return the least-squares solution
-  of ``(K + lam I) a = y``.
-- ``"auto"``: retry the Cholesky with ``lam + eps * mean(diag K)`` for eps in
-  1e-12, 1e-10, 1e-8, 1e-6 (the first that succeeds, with a warning naming it),
-  then fall back to least squares as above.
-- a float ``j >= 0``: always factor ``K + (lam + j) I``; least squares if that
-  still fails.
+- ``None`` (default, scikit-learn's behaviour): warn ``SingularKernelWarning("Singular
+  matrix in solving dual problem. Using least-squares solution instead.")`` and
+  return the least-squares solution;
+- ``"auto"``: retry with ``lam + eps * mean(diag K)`` for eps in 1e-12, 1e-10, 1e-8,
+  1e-6 (the first that succeeds, with a warning naming it), then least squares;
+- a float ``j >= 0``: always factor ``K + (lam + j) I``; least squares if that fails.
 
-Threads (the OpenBLAS trap)
----------------------------
-scipy 1.17's bundled OpenBLAS 0.3.30 segfaults in a multi-threaded float64
-``potrf`` at n >= about 15,500. Any ``potrf`` of order
-``>= POTRF_THREADED_MAX_N`` (12,000) therefore runs with BLAS bounded to one
-thread (threadpoolctl); smaller ones keep all threads, and the triangular
-solves always do. A right-looking blocked Cholesky (``potrf`` only on
-``POTRF_TILE`` diagonal tiles, multi-threaded ``trsm``/``gemm`` updates) is
-also implemented and tested; it is used from ``n >= BLOCKED_MIN_N`` when that
-is set. It is off by default: on 2 cores it was slower than the one-thread
-``potrf`` (docs/PERFORMANCE.md; ``workflows/benchmarks/bench_reference_cholesky.py``).
+Threads: scipy 1.17's bundled OpenBLAS segfaults in a multi-threaded float64
+``potrf`` at n >= about 15,500, so a ``potrf`` of order ``>= POTRF_THREADED_MAX_N``
+runs with one BLAS thread. A right-looking blocked Cholesky (``potrf`` on
+``POTRF_TILE`` diagonal tiles only) is used from ``n >= BLOCKED_MIN_N`` when that is
+set; it is off by default, being slower on 2 cores (docs/PERFORMANCE.md).
 
-Memory: the factor overwrites the working matrix in place (lower triangle);
-the upper triangle and a saved diagonal let us restore K for another penalty or
-the least-squares fallback without a second N x N copy.
+Memory: the factor overwrites the working matrix's lower triangle; the upper
+triangle and a saved diagonal restore K for another penalty or the least-squares
+fallback without a second N x N copy.
 """
 
 from __future__ import annotations

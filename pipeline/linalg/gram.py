@@ -20,17 +20,13 @@ Public API
 
 How the graph looks
 -------------------
-X arrives as a Dask array of row blocks (:func:`pipeline.storage.inputs.as_row_blocks`);
-each row block is one key of X's own graph, computed once and shared by every
-tile task that needs it (X is never embedded per tile). Tile ``(i, j)`` is one
-task that takes blocks ``i`` and ``j``, evaluates ``kernel`` on them, region
-writes its Zarr chunk and then its marker (:meth:`TiledArray.write_tile`), and
-returns a tiny status tuple, never the tile: the scheduler holds only X blocks
-and the tiles being computed (one per thread). Tiles already marked done are not
-in the graph at all. The graph runs through :func:`pipeline.engine.parallel.compute`:
-on the active distributed client if there is one, else on Dask's threaded
-scheduler with BLAS held to one thread, so each thread overlaps its kernel
-evaluation with the other thread's Zarr write.
+Each row block of X (:func:`pipeline.storage.inputs.as_row_blocks`) is one key,
+computed once and shared by the tile tasks. Tile ``(i, j)`` is one task that
+evaluates the kernel on blocks ``i`` and ``j``, writes its chunk and then its marker
+(:meth:`TiledArray.write_tile`), and returns a tiny status tuple, never the tile.
+Tiles already marked are not in the graph. It runs through
+:func:`pipeline.engine.parallel.compute` (the active client, else threads with BLAS
+at one thread).
 """
 
 from __future__ import annotations
