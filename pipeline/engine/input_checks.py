@@ -1,23 +1,10 @@
 """Streaming validation and content fingerprints of row-blocked inputs.
 
-Public API
-----------
-``check_meta(X, name="X")``
-    Cheap checks that need no data: 2-D, numeric dtype, known chunk sizes.
-``iter_row_blocks(X, batch=None)``
-    Yield ``(block_index, row_offset, ndarray)`` in order, computing a batch of
-    blocks at a time (``batch`` blocks, or up to ``ROW_BATCH_BYTES``), so at
-    most one batch is in memory.
-``validate_row_blocks(X, name="X") -> None``
-    Stream over the blocks; raise ``ValueError`` naming the first non-finite
-    value's row block, global row and column.
-``fingerprint_row_blocks(X) -> str``
-    Content hash (``pipeline.storage.fingerprint_blocks``): depends on values,
-    dtype and shape, not on the block split.
-``validate_and_fingerprint(X, name="X") -> str``
-    Both in one pass over the data (what the Gram builder uses).
-
-X is never loaded whole: memory is one batch of row blocks.
+:func:`check_meta` (no data), :func:`iter_row_blocks` (one batch of blocks in memory
+at a time), :func:`validate_row_blocks` (raises naming the first non-finite value's
+row block, row and column), :func:`fingerprint_row_blocks` (depends on values, dtype
+and shape, not on the block split) and :func:`validate_and_fingerprint` (both in one
+pass, for the Gram builder). X is never loaded whole.
 """
 
 from __future__ import annotations

@@ -1,25 +1,12 @@
 """Out-of-core Gram matrices: one Dask task per tile, written straight into Zarr.
 
-Public API
-----------
-``build_gram(X, kernel, store, block_size, dtype="float64", Z=None, ...) -> TiledArray``
-    Build K(X, X) (array ``"gram"``, lower tiles ``j <= i`` only; consumers use
-    ``K_ij = K_ji.T`` for ``j > i``) or, with ``Z``, the rectangular K(X, Z)
-    (array ``"cross"``, every tile). Checkpointed per tile: rerunning after a
-    crash (even SIGKILL) computes only the tiles without a completion marker.
-    With ``return_stats=True`` it also returns :class:`GramBuildStats`.
-``gram_fingerprint(x_fingerprint, kernel, block_size, dtype, z_fingerprint=None) -> str``
-    The fingerprint a Gram array is stored under (λ is not part of it: one
-    Gram serves every λ).
-``open_gram(store, name="gram") -> TiledArray``
-    Reopen a stored Gram (or cross-kernel) array from its metadata, for readers.
-``read_sym_tile(gram, i, j) -> ndarray``
-    Tile ``(i, j)`` of the full symmetric matrix from its lower-tile storage.
-``StoreNotWritableError``
-    The store path cannot be written (subclass of ValueError and PermissionError).
+:func:`build_gram` builds K(X, X) (array ``"gram"``, lower tiles ``j <= i`` only;
+``K_ij = K_ji.T`` above) or, with ``Z``, the rectangular K(X, Z) (array ``"cross"``),
+checkpointed per tile: a rerun after a crash computes only the unmarked tiles. Its
+fingerprint (:func:`gram_fingerprint`) leaves λ out: one Gram serves every λ.
+:func:`open_gram` reopens a stored Gram for readers; :func:`read_sym_tile` gives any
+tile of the symmetric matrix.
 
-How the graph looks
--------------------
 Each row block of X (:func:`pipeline.storage.inputs.as_row_blocks`) is one key,
 computed once and shared by the tile tasks. Tile ``(i, j)`` is one task that
 evaluates the kernel on blocks ``i`` and ``j``, writes its chunk and then its marker

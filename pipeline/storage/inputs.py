@@ -1,23 +1,11 @@
 """Inputs as Dask arrays of row blocks.
 
-Public API
-----------
-``as_row_blocks(source, block_size, columns=None, dtype=None) -> dask.array.Array``
-    Turn a numpy array, a ``.npy`` path, a Zarr path / ``zarr.Array``, Parquet or
-    CSV columns (read through ``dask.dataframe``), a pandas / Dask DataFrame, or a
-    Dask array into a 2-D Dask array whose chunks are ``block_size`` rows by all
-    columns (the last row block may be ragged). Nothing is loaded here: the
-    result is lazy, and file-backed sources are read block by block inside the
-    tasks that need them (a ``.npy`` file is memory-mapped per block, never
-    embedded in the graph).
-
-``check_block_size(block_size) -> int``
-    Validate a tile edge (an int >= 1) and return it as ``int``.
-
-Dtypes: float32 and float64 inputs keep their dtype; other numeric inputs
-(ints, bools) become float64 unless ``dtype`` is given. Non-numeric columns
-are refused with a ``ValueError`` naming them. Finiteness is checked by
-:mod:`pipeline.engine.input_checks`, which streams over the blocks.
+:func:`as_row_blocks` turns a numpy array, a ``.npy``, Zarr, Parquet or CSV path, a
+``zarr.Array``, a pandas or Dask DataFrame, or a Dask array into a lazy 2-D Dask
+array of ``block_size``-row chunks (a ``.npy`` is memory-mapped per block, never
+embedded in the graph). float32 and float64 inputs keep their dtype; other numeric
+inputs become float64 unless ``dtype`` is given; non-numeric columns are refused
+naming them. Finiteness is checked by :mod:`pipeline.engine.input_checks`.
 """
 
 from __future__ import annotations
