@@ -22,9 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-from _s3server import SERVER_PIDS, make_bucket, moto_server, s3_env  # noqa: E402
+from _s3server import SERVER_PIDS, make_bucket, moto_server, s3_env
 
 BUCKET = "krr-timeouts"
 #: small bounded waits: every store operation gives up within 3 s

@@ -17,9 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-from _s3server import make_bucket, moto_server, s3_env  # noqa: E402
+from _s3server import make_bucket, moto_server, s3_env
 
 BUCKET = "krr-test"
 
