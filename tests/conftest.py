@@ -1,5 +1,6 @@
 """Fixtures every test directory shares: the ``krr`` command line in a subprocess or in
-this process, a small config written to disk, and small data sets.
+this process, a small config written to disk, small data sets, and the fault tests' run
+(its data and config, a damaged byte, a tile's chunk file).
 
 Stage tests run in process (``pipeline.run``, ``pipeline.cli.main``, ``krr_main``);
 ``krr_run`` is for what needs a process of its own: a kill (``tests/faultinject``), a
@@ -311,3 +312,113 @@ def _run_results(run_dir: Path) -> dict[str, np.ndarray]:
 def run_results():
     """``run_results(run_dir)``: a finished run's alpha and predictions, by name."""
     return _run_results
+
+
+#: the ``krr run`` config of the fault tests (kills, corruption, signals, a full disk, a
+#: stalled store): a Cholesky solve of an RBF Gram in tiles of 100 on one in-process
+#: worker; a test names the run and adds or drops sections (:meth:`FaultRun.config`)
+FAULT_CONFIG: dict[str, Any] = {
+    "split": {"test_fraction": 0.25, "seed": 0},
+    "preprocess": {"standardize": True, "standardize_y": True},
+    "kernel": {"name": "rbf", "params": {"gamma": 0.2}},
+    "lambda": 0.01,
+    "solver": {"method": "cholesky"},
+    "block_size": 100,
+    "evaluate": {"baseline": "none"},
+    "cluster": {"n_workers": 1, "processes": False, "memory_limit": "2GiB"},
+}
+
+
+class FaultRun:
+    """The data and config files a fault test runs ``krr run`` on (the preamble each
+    fault test used to write out itself)."""
+
+    @staticmethod
+    def data(
+        dest: Path, n: int, d: int, seed: int, target=np.sin, n_new: int | None = None
+    ) -> tuple[Path, Path, Path | None]:
+        """Write ``X.npy`` (n, d standard normal), ``y.npy`` (``target(X[:, 0])`` plus 0.1
+        noise) and, with ``n_new``, ``Xn.npy`` into ``dest``, drawn in that order from
+        ``default_rng(seed)``; return their paths."""
+        rng = np.random.default_rng(seed)
+        X = rng.normal(size=(n, d))
+        np.save(dest / "X.npy", X)
+        np.save(dest / "y.npy", target(X[:, 0]) + 0.1 * rng.normal(size=n))
+        if n_new is None:
+            return dest / "X.npy", dest / "y.npy", None
+        np.save(dest / "Xn.npy", rng.normal(size=(n_new, d)))
+        return dest / "X.npy", dest / "y.npy", dest / "Xn.npy"
+
+    @staticmethod
+    def config(
+        dest: Path, name: str, x: Path, y: Path, xn: Path | None = None, **sections: Any
+    ) -> Path:
+        """Write ``dest/conf.yaml``: :data:`FAULT_CONFIG` named ``name`` on the ``.npy``
+        files ``x`` and ``y`` (and ``predict.input`` ``xn``), its sections replaced by
+        ``sections`` (``lambda`` is ``lam``; a section set to None is left out)."""
+        if "lam" in sections:
+            sections["lambda"] = sections.pop("lam")
+        conf: dict[str, Any] = {
+            "name": name,
+            "data": {"source": "npy", "path": str(x), "y_path": str(y)},
+        }
+        for key, value in {**FAULT_CONFIG, **sections}.items():
+            if value is not None:
+                conf[key] = value
+        if xn is not None:
+            conf["predict"] = {"input": str(xn)}
+        path = dest / "conf.yaml"
+        path.write_text(yaml.safe_dump(conf, sort_keys=False))
+        return path
+
+    def __call__(
+        self,
+        dest: Path,
+        name: str,
+        n: int,
+        d: int,
+        seed: int,
+        target=np.sin,
+        n_new: int | None = None,
+        **sections: Any,
+    ) -> Path:
+        """:meth:`data` then :meth:`config` in ``dest``; return the config's path."""
+        x, y, xn = self.data(dest, n, d, seed, target, n_new)
+        return self.config(dest, name, x, y, xn, **sections)
+
+
+@pytest.fixture(scope="session")
+def fault_run() -> FaultRun:
+    """``fault_run(dest, "name", n, d, seed, target=np.sin, n_new=None, **sections)``:
+    the data and config of a fault test's run; ``fault_run.config(...)`` writes the
+    config alone (see :class:`FaultRun`)."""
+    return FaultRun()
+
+
+def flip_byte(path: Path, offset: int = 40) -> None:
+    """Invert one byte of ``path`` in place (the same size): the byte at ``offset``, or
+    the last one in a shorter file."""
+    assert path.is_file(), path
+    data = bytearray(path.read_bytes())
+    data[min(offset, len(data) - 1)] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.fixture(scope="session")
+def flip() -> Any:
+    """``flip(path, offset=40)``: damage a stored file by inverting one byte in place."""
+    return flip_byte
+
+
+def chunk_path(store: str | os.PathLike, name: str, i: int, j: int = 0) -> Path:
+    """The Zarr v3 chunk file of tile ``(i, j)`` of array ``name`` in ``store`` (the
+    default chunk key encoding, ``c/i/j``); it must exist."""
+    path = Path(store) / name / "c" / str(i) / str(j)
+    assert path.is_file(), sorted(str(p.relative_to(store)) for p in Path(store).rglob("c/*/*"))
+    return path
+
+
+@pytest.fixture(scope="session")
+def chunk_file() -> Any:
+    """``chunk_file(store, name, i, j=0)``: the path of a stored tile's chunk file."""
+    return chunk_path

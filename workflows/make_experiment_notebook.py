@@ -14,7 +14,7 @@ root ``pipeline`` (``pipeline.KernelRidgeCV``, ``pipeline.load_config``,
 ``pipeline.run``, ``pipeline.run_status``, ``pipeline.read_run``,
 ``pipeline.write_report``, ``pipeline.load``) and the ``krr`` command
 (``pipeline.cli``) in a subprocess; it imports no submodule of ``pipeline`` and
-holds no algorithm code (``tests/faults/test_fault_public_api.py`` checks this).
+holds no algorithm code (``tests/test_public_api.py`` checks this).
 """
 
 from __future__ import annotations

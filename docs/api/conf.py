@@ -4,7 +4,7 @@ Build it from the repository root with::
 
     python -m sphinx -W --keep-going -b html docs/api docs/_build/html
 
-``tests/faults/test_fault_docs_build.py`` runs the same build (warnings are errors), so a
+``tests/docs/test_docs_build.py`` runs the same build (warnings are errors), so a
 docstring that Sphinx or numpydoc cannot read fails the tests.
 """
 

@@ -11,7 +11,7 @@ redesign of issue #43 moved any module).
 
 If a pin fails: the change moved an on-disk identity. Either undo it, or, when the
 change is deliberate, say so in the changelog, bump what needs bumping, and record the
-new digest here with the reason (as ``tests/faults/test_fault_stage_fingerprints.py``
+new digest here with the reason (as ``tests/contracts/test_stage_fingerprint_pins.py``
 does for the stage fingerprints, which it pins; they are not repeated here).
 
 Inputs: ``X`` is 8 x 3 with entries k/8 (exact in binary), ``y`` is (k - 4)/4, the

@@ -26,20 +26,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "workflows" / "scheduled" / "krr-refit.service"
 
-CONFIG = """
-name: sigterm
-data: {{source: npy, path: {x}, y_path: {y}}}
-split: {{test_fraction: 0.25, seed: 0}}
-preprocess: {{standardize: true, standardize_y: true}}
-kernel: {{name: rbf, params: {{gamma: 0.2}}}}
-lambda: 0.01
-solver: {{method: cholesky}}
-block_size: 100
-predict: {{input: {xn}}}
-evaluate: {{baseline: none}}
-cluster: {{n_workers: 1, processes: false, memory_limit: 2GiB}}
-"""
-
 
 def _unit_stop_semantics() -> tuple[int, float]:
     """The shipped unit's stop signal and stop timeout (systemd's defaults where unset)."""
@@ -56,15 +42,9 @@ def _unit_stop_semantics() -> tuple[int, float]:
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory, krr_main, run_results):
+def setup(tmp_path_factory, krr_main, run_results, fault_run):
     d = tmp_path_factory.mktemp("sigterm")
-    rng = np.random.default_rng(3)
-    X = rng.normal(size=(500, 4))
-    np.save(d / "X.npy", X)
-    np.save(d / "y.npy", np.cos(X[:, 0]) + 0.1 * rng.normal(size=500))
-    np.save(d / "Xn.npy", rng.normal(size=(300, 4)))
-    conf = d / "conf.yaml"
-    conf.write_text(CONFIG.format(x=d / "X.npy", y=d / "y.npy", xn=d / "Xn.npy"))
+    conf = fault_run(d, "sigterm", n=500, d=4, seed=3, target=np.cos, n_new=300)
     ref = d / "ref"
     r = krr_main.run(conf, ref)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -46,7 +46,7 @@ def test_choices_are_monotone_in_n_lambda_and_d(grid):
 def test_choices_are_sensible(grid):
     # small N with a small λ: the Cholesky. (With an easy λ, 4,000-5,000 rows is a tie:
     # measured 0.83 s Cholesky against 0.69 s CG at N = 4,000, λ = 0.1, D = 8 in
-    # bench_policy_grid.json, so no choice is pinned there; test_fault_policy_grid.py
+    # bench_policy_grid.json, so no choice is pinned there; test_policy_grid.py
     # checks the choices against those measurements.)
     assert all(grid[5_000, d, 1e-3][0] == "cholesky" for d in DS)
     # large N with an easy λ: CG

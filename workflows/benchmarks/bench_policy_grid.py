@@ -6,7 +6,7 @@ timed), and prints the measured seconds next to the seconds the policy's cost mo
 predicts, the policy's choice (``solver="auto"`` out of core, as ``krr run`` and
 ``KernelRidge(store=...)`` plan it) and the regret of that choice: the time of the
 chosen solver over the time of the faster one. The figures go to
-``bench_policy_grid.json`` next to this file; ``tests/faults/test_fault_policy_grid.py``
+``bench_policy_grid.json`` next to this file; ``tests/plan/test_policy_grid.py``
 replays the policy on them::
 
     python workflows/benchmarks/bench_policy_grid.py              # the grid, a few minutes

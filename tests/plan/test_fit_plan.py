@@ -44,7 +44,7 @@ def test_one_default_each_from_the_constants():
 
 def test_auto_rule_crosses_at_the_row_threshold_and_takes_a_cost_model():
     # the old simple model (still selectable) crosses at CHOLESKY_MAX_N rows whatever λ;
-    # the default, calibrated one depends on λ (tests/faults/test_fault_policy_grid.py
+    # the default, calibrated one depends on λ (tests/plan/test_policy_grid.py
     # checks it against measured times)
     n = C.CHOLESKY_MAX_N
     assert plan_fit(n, 10, None, RES, cost_model="simple")[0].solver == "cholesky"

@@ -125,12 +125,8 @@ def test_store_mismatch_message_gives_advice_that_exists(data, tmp_path):
 
 @pytest.mark.slow
 def test_grid_search_with_an_s3_store(data):
-    import sys
-    from pathlib import Path
-
     pytest.importorskip("moto")
     s3fs = pytest.importorskip("s3fs")
-    sys.path.insert(0, str(Path(__file__).parent))
     from _s3server import make_bucket, moto_server, s3_env
 
     X, y = data

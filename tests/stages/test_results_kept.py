@@ -50,12 +50,6 @@ def _mtimes(d: Path) -> dict[str, int]:
     return {str(p.relative_to(d)): p.stat().st_mtime_ns for p in sorted(d.rglob("*"))}
 
 
-def _flip(path: Path, offset: int = 40) -> None:
-    data = bytearray(path.read_bytes())
-    data[min(offset, len(data) - 1)] ^= 0xFF
-    path.write_bytes(bytes(data))
-
-
 @pytest.fixture(scope="module")
 def kept(tmp_path_factory):
     """λ = 0.5, then λ = 1e-3, in one run directory (not modified by the tests: copy it)."""
@@ -159,13 +153,13 @@ def test_status_lists_configurations_with_metrics(kept, capsys):
     assert [c["configuration"] for c in js["configurations"]] == list(by)
 
 
-def test_corrupt_model_of_an_old_configuration_is_detected_on_reuse(kept, tmp_path, caplog):
+def test_corrupt_model_of_an_old_configuration_is_detected_on_reuse(kept, tmp_path, caplog, flip):
     run = _copy(kept, tmp_path)
     a = kept[1].configuration
     want = np.asarray(load_artifact(run / "results" / a / "model" / "model").dual_coef)
     chunk = next(p for p in (run / "results" / a / "model" / "model" / "dual_coef").rglob("*")
                  if p.is_file() and p.parent.name != "dual_coef")  # fmt: skip
-    _flip(chunk)
+    flip(chunk)
     with caplog.at_level(logging.WARNING, logger="pipeline.stages"):
         again = _go(run)
     assert "failed verification" in caplog.text
@@ -184,12 +178,12 @@ def test_corrupt_metrics_of_an_old_configuration_are_recomputed(kept, tmp_path):
     assert json.loads(path.read_text())["metrics"] == kept[1].outputs["evaluate"]["metrics"]
 
 
-def test_damaged_alpha_of_a_configuration_is_recovered_by_its_solve(kept, tmp_path):
+def test_damaged_alpha_of_a_configuration_is_recovered_by_its_solve(kept, tmp_path, flip):
     run = _copy(kept, tmp_path)
     b = kept[2].configuration
     alpha = run / "results" / b / "solve" / "alpha.npy"
     good = alpha.read_bytes()
-    _flip(alpha, offset=200)
+    flip(alpha, offset=200)
     m = Manifest.load(run)
     m.stages["model"].status = "failed"  # so the model stage reads alpha again
     m.save()

@@ -29,12 +29,6 @@ from pipeline.storage import tempfiles as tf
 BLOCK = 100
 
 
-def _chunk(store, name: str, i: int, j: int) -> Path:
-    path = Path(store) / name / "c" / str(i) / str(j)
-    assert path.is_file(), path
-    return path
-
-
 def _tmp_files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.name.endswith((".tmp", ".partial")))
 
@@ -57,7 +51,7 @@ def test_chunk_write_is_atomic(tmp_path, monkeypatch):
     assert _tmp_files(tmp_path) == []  # the failed write cleaned up after itself
 
 
-def test_marked_tile_never_rewritten_and_torn_chunk_is_corrupt(tmp_path):
+def test_marked_tile_never_rewritten_and_torn_chunk_is_corrupt(tmp_path, chunk_file):
     a = open_tiled_array(str(tmp_path / "s"), "a", (200, 200), BLOCK, "f8", "fp")
     tile = np.arange(BLOCK * BLOCK, dtype="f8").reshape(BLOCK, BLOCK)
     a.write_tile(1, 1, tile)
@@ -67,7 +61,7 @@ def test_marked_tile_never_rewritten_and_torn_chunk_is_corrupt(tmp_path):
     with pytest.raises(TileRewriteError, match=r"tile \(1, 1\).*unmark"):
         a.write_tile(1, 1, tile + 1)
     np.testing.assert_array_equal(a.read_tile(1, 1), tile)
-    chunk = _chunk(a.store, "a", 1, 1)
+    chunk = chunk_file(a.store, "a", 1, 1)
     for size in (100, chunk.stat().st_size + 8):  # truncated, then oversized
         chunk.write_bytes(b"\0" * size)
         with pytest.raises(CorruptTileError, match=f"holds {size} bytes") as e:
@@ -79,30 +73,12 @@ def test_marked_tile_never_rewritten_and_torn_chunk_is_corrupt(tmp_path):
 # ---------------------------------------------------------------------------
 # `krr run` recovers a truncated chunk and a deleted marker
 
-CONFIG = """
-name: chunks
-data: {{source: npy, path: {x}, y_path: {y}}}
-split: {{test_fraction: 0.25, seed: 0}}
-preprocess: {{standardize: true, standardize_y: true}}
-kernel: {{name: rbf, params: {{gamma: 0.2}}}}
-lambda: 0.01
-solver: {{method: cholesky}}
-block_size: 100
-evaluate: {{baseline: none}}
-cluster: {{n_workers: 1, processes: false, memory_limit: 2GiB}}
-"""
-
 
 @pytest.fixture(scope="module")
-def krr(tmp_path_factory, krr_main):
+def krr(tmp_path_factory, krr_main, fault_run):
     """The config, and the α of a clean run with lambda=0.02."""
     d = tmp_path_factory.mktemp("chunks")
-    rng = np.random.default_rng(1)
-    X = rng.normal(size=(600, 5))
-    np.save(d / "X.npy", X)
-    np.save(d / "y.npy", np.sin(X[:, 0]) + 0.1 * rng.normal(size=600))
-    conf = d / "conf.yaml"
-    conf.write_text(CONFIG.format(x=d / "X.npy", y=d / "y.npy"))
+    conf = fault_run(d, "chunks", n=600, d=5, seed=1)
     ref = krr_main.run(conf, d / "clean", "lambda=0.02", json=True)
     assert ref.returncode == 0, ref.stderr[-3000:]
     return conf, np.load(_solve_dir(d / "clean") / "alpha.npy")
@@ -130,9 +106,9 @@ def _damage_and_rerun(krr, krr_main, run: Path, damage) -> subprocess.CompletedP
 
 
 @pytest.mark.slow
-def test_krr_run_recovers_a_truncated_gram_chunk(krr, tmp_path, krr_main):
+def test_krr_run_recovers_a_truncated_gram_chunk(krr, tmp_path, krr_main, chunk_file):
     def truncate(store: Path) -> None:
-        chunk = _chunk(store, "gram", 3, 1)
+        chunk = chunk_file(store, "gram", 3, 1)
         chunk.write_bytes(chunk.read_bytes()[:1000])
 
     r = _damage_and_rerun(krr, krr_main, tmp_path / "run", truncate)

@@ -31,27 +31,6 @@ from pipeline.storage import (
     read_blocks,
 )
 
-CONFIG = """
-name: verified-reads
-data: {{source: npy, path: {x}, y_path: {y}}}
-split: {{test_fraction: 0.25, seed: 0}}
-preprocess: {{standardize: true, standardize_y: true}}
-kernel: {{name: rbf, params: {{gamma: 0.2}}}}
-lambda: 0.01
-solver: {{method: cholesky}}
-block_size: 100
-evaluate: {{baseline: none}}
-cluster: {{n_workers: 1, processes: false, memory_limit: 2GiB}}
-"""
-
-
-def _flip(path: Path, offset: int = 40) -> None:
-    """Invert one byte in place (same size)."""
-    assert path.is_file(), path
-    data = bytearray(path.read_bytes())
-    data[offset % len(data)] ^= 0xFF
-    path.write_bytes(bytes(data))
-
 
 def _ok(res: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
     assert res.returncode == 0, res.stderr[-3000:]
@@ -70,36 +49,24 @@ def _dir(run_dir: Path, stage: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory, krr_main):
+def data(tmp_path_factory, krr_main, fault_run):
     """Source files, a config, and a clean run at lambda=0.02 to compare with."""
     d = tmp_path_factory.mktemp("verified")
-    rng = np.random.default_rng(3)
-    X = rng.normal(size=(400, 4))
-    y = np.sin(X[:, 0]) + 0.1 * rng.normal(size=400)
-    np.save(d / "X.npy", X)
-    np.save(d / "y.npy", y)
-    conf = d / "conf.yaml"
-    conf.write_text(CONFIG.format(x=d / "X.npy", y=d / "y.npy"))
+    conf = fault_run(d, "verified-reads", n=400, d=4, seed=3)
     clean = d / "clean"
     _ok(krr_main.run(conf, clean, "lambda=0.02", json=True))
     return d, conf, clean
 
 
-def _own_conf(data, tmp_path) -> Path:
+def _own_conf(data, tmp_path, fault_run) -> Path:
     """A private copy of the source files and config (a test may delete them)."""
     d, _, _ = data
     for f in ("X.npy", "y.npy"):
         (tmp_path / f).write_bytes((d / f).read_bytes())
-    conf = tmp_path / "conf.yaml"
-    conf.write_text(CONFIG.format(x=tmp_path / "X.npy", y=tmp_path / "y.npy"))
-    return conf
+    return fault_run.config(tmp_path, "verified-reads", tmp_path / "X.npy", tmp_path / "y.npy")
 
 
-def _ingest_chunk(run: Path, name: str, i: int) -> Path:
-    return run / "ingest" / "data.zarr" / name / "c" / str(i) / "0"
-
-
-def test_read_blocks_verifies_every_block(tmp_path):
+def test_read_blocks_verifies_every_block(tmp_path, flip):
     X = np.random.default_rng(4).normal(size=(250, 3))
     arr = open_tiled_array(str(tmp_path), "X", X.shape, 100, np.float64, "fp", chunk_cols=3)
     for i in range(3):
@@ -107,7 +74,7 @@ def test_read_blocks_verifies_every_block(tmp_path):
     lazy = read_blocks(str(tmp_path), "X")
     assert lazy.chunks == ((100, 100, 50), (3,))
     np.testing.assert_array_equal(lazy.compute(), X)
-    _flip(tmp_path / "X" / "c" / "2" / "0", offset=16)
+    flip(tmp_path / "X" / "c" / "2" / "0", offset=16)
     with pytest.raises(CorruptTileError, match=r"tile \(2, 0\) of array 'X'"):
         read_blocks(str(tmp_path), "X").compute()
     np.testing.assert_array_equal(lazy[:200].compute(), X[:200])  # the others still pass
@@ -121,13 +88,15 @@ def test_read_blocks_verifies_every_block(tmp_path):
 
 
 @pytest.mark.slow
-def test_flipped_byte_in_X_train_is_rewritten_from_source(data, tmp_path, krr_main):
+def test_flipped_byte_in_X_train_is_rewritten_from_source(
+    data, tmp_path, krr_main, flip, chunk_file
+):
     _, conf, clean = data
     run = tmp_path / "run"
     _ok(krr_main.run(conf, run, json=True))
-    chunk = _ingest_chunk(run, "X_train", 1)
+    chunk = chunk_file(run / "ingest" / "data.zarr", "X_train", 1)
     good = chunk.read_bytes()
-    _flip(chunk)
+    flip(chunk)
     # the Gram is kept; predict reads X_train
     res = _ok(krr_main.run(conf, run, "lambda=0.02", json=True))
     assert "tile (1, 0) of array 'X_train'" in res.stderr, res.stderr[-3000:]
@@ -139,18 +108,20 @@ def test_flipped_byte_in_X_train_is_rewritten_from_source(data, tmp_path, krr_ma
     art = load_artifact(model)
     clean_model = load_artifact(_dir(clean, "model") / "model")
     np.testing.assert_array_equal(art.X_train, clean_model.X_train)
-    _flip(model / "X_train" / "c" / "0" / "0")
+    flip(model / "X_train" / "c" / "0" / "0")
     with pytest.raises(ArtifactError, match="array 'X_train' fails its checksum"):
         load_artifact(model)
 
 
 @pytest.mark.slow
-def test_flipped_byte_in_y_train_is_rewritten_from_source(data, tmp_path, krr_main):
+def test_flipped_byte_in_y_train_is_rewritten_from_source(
+    data, tmp_path, krr_main, flip, chunk_file
+):
     _, conf, clean = data
     run = tmp_path / "run"
     _ok(krr_main.run(conf, run, json=True))
-    chunk = _ingest_chunk(run, "y_train", 2)
-    _flip(chunk, offset=8)
+    chunk = chunk_file(run / "ingest" / "data.zarr", "y_train", 2)
+    flip(chunk, offset=8)
     res = _ok(krr_main.run(conf, run, "lambda=0.02", json=True))  # the solve reads y_train
     assert "tile (2, 0) of array 'y_train'" in res.stderr, res.stderr[-3000:]
     assert _metrics(run) == _metrics(clean)
@@ -160,11 +131,11 @@ def test_flipped_byte_in_y_train_is_rewritten_from_source(data, tmp_path, krr_ma
 
 
 @pytest.mark.slow
-def test_flipped_byte_in_alpha_is_recomputed(data, tmp_path, krr_main):
+def test_flipped_byte_in_alpha_is_recomputed(data, tmp_path, krr_main, flip):
     _, conf, clean = data
     run = tmp_path / "run"
     _ok(krr_main.run(conf, run, "lambda=0.02", "--until", "solve", json=True))
-    _flip(_dir(run, "solve") / "alpha.npy", offset=200)
+    flip(_dir(run, "solve") / "alpha.npy", offset=200)
     res = _ok(krr_main.run(conf, run, "lambda=0.02", json=True))  # predict and model read alpha
     assert "alpha.npy" in res.stderr and "rerunning from stage 'solve'" in res.stderr, res.stderr
     assert _metrics(run) == _metrics(clean)
@@ -186,7 +157,7 @@ def test_deleted_prediction_chunk_is_recomputed_by_the_run(data, tmp_path, krr_m
     assert _metrics(run) == _metrics(clean)
 
 
-def test_prediction_blocks_are_verified_on_read(tmp_path):
+def test_prediction_blocks_are_verified_on_read(tmp_path, flip):
     rng = np.random.default_rng(0)
     X, Xt, a = rng.normal(size=(250, 3)), rng.normal(size=(120, 3)), rng.normal(size=120)
     k = RBF(gamma=0.4)
@@ -197,7 +168,7 @@ def test_prediction_blocks_are_verified_on_read(tmp_path):
     np.testing.assert_allclose(want, k(X, Xt) @ a, rtol=1e-12, atol=1e-12)
     rec = json.loads((out / "_markers" / "predictions" / "1").read_text())
     assert "crc32c" in rec
-    _flip(out / "predictions" / "c" / "1")
+    flip(out / "predictions" / "c" / "1")
     with pytest.raises(CorruptTileError, match=r"tile \(1,\) of array 'predictions'"):
         res.to_numpy()
     (out / "predictions" / "c" / "1").unlink()  # a deleted chunk: zeros, not the data
@@ -239,7 +210,7 @@ def test_missing_prediction_marker_is_named(tmp_path):
 
 
 @pytest.mark.filterwarnings("ignore::pipeline.linalg.cg.CGConvergenceWarning")
-def test_corrupt_cg_checkpoint_is_not_resumed(tmp_path, caplog):
+def test_corrupt_cg_checkpoint_is_not_resumed(tmp_path, caplog, flip):
     rng = np.random.default_rng(2)
     X = rng.normal(size=(120, 3))
     y = rng.normal(size=(120, 1))
@@ -250,7 +221,7 @@ def test_corrupt_cg_checkpoint_is_not_resumed(tmp_path, caplog):
     assert first.n_iter == 6 and not first.converged
     slots = sorted((tmp_path / "cg" / "_cg" / "cg").glob("slot*.npz"))
     latest = max(slots, key=lambda p: p.stat().st_mtime_ns)
-    _flip(latest, offset=len(latest.read_bytes()) // 2)  # inside the saved vectors
+    flip(latest, offset=len(latest.read_bytes()) // 2)  # inside the saved vectors
     with caplog.at_level(logging.WARNING, logger="pipeline.linalg.cg_checkpoint"):
         res = resumable_cg(op, y, store, max_iter=60, **kw)
     assert res.start_iter == 0, "resumed from a corrupt checkpoint"
@@ -260,12 +231,14 @@ def test_corrupt_cg_checkpoint_is_not_resumed(tmp_path, caplog):
 
 
 @pytest.mark.slow
-def test_corrupt_X_train_without_its_source_fails_loudly(data, tmp_path, krr_main):
+def test_corrupt_X_train_without_its_source_fails_loudly(
+    data, tmp_path, krr_main, flip, chunk_file, fault_run
+):
     _, _, clean = data
-    conf = _own_conf(data, tmp_path)
+    conf = _own_conf(data, tmp_path, fault_run)
     run = tmp_path / "run"
     _ok(krr_main.run(conf, run, json=True))
-    _flip(_ingest_chunk(run, "X_train", 0))
+    flip(chunk_file(run / "ingest" / "data.zarr", "X_train", 0))
     # the source is broken: the damaged block cannot be rewritten from it
     src = tmp_path / "X.npy"
     good = src.read_bytes()

@@ -22,25 +22,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-from _s3server import SERVER_PIDS, make_bucket, moto_server, s3_env  # noqa: E402
+from _s3server import SERVER_PIDS, make_bucket, moto_server, s3_env
 
 BUCKET = "krr-timeouts"
 #: small bounded waits: every store operation gives up within 3 s
 FAST = {"connect_timeout": 1, "read_timeout": 1, "retries": 2, "operation_timeout": 3}
-
-CONFIG = """
-name: timeouts
-data: {{source: npy, path: {x}, y_path: {y}}}
-kernel: {{name: rbf, params: {{gamma: 0.2}}}}
-lambda: 0.01
-solver: {{method: cholesky}}
-block_size: 32
-evaluate: {{baseline: none}}
-cluster: {{n_workers: 1, processes: false, memory_limit: 2GiB}}
-storage: {{options: {opts}}}
-"""
 
 
 @pytest.fixture(scope="module")
@@ -51,15 +37,15 @@ def s3():
 
 
 @pytest.fixture(scope="module")
-def conf(tmp_path_factory) -> Path:
+def conf(tmp_path_factory, fault_run) -> Path:
     d = tmp_path_factory.mktemp("timeouts")
     rng = np.random.default_rng(0)
     X = rng.normal(size=(300, 4))
     np.save(d / "X.npy", X)
     np.save(d / "y.npy", np.sin(X[:, 0]))
-    p = d / "conf.yaml"
-    p.write_text(CONFIG.format(x=d / "X.npy", y=d / "y.npy", opts=json.dumps(FAST)))
-    return p
+    # no split, no preprocessing, tiles of 32, the bounded waits
+    return fault_run.config(d, "timeouts", d / "X.npy", d / "y.npy", split=None,
+                            preprocess=None, block_size=32, storage={"options": FAST})  # fmt: skip
 
 
 class paused:

@@ -17,9 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-from _s3server import make_bucket, moto_server, s3_env  # noqa: E402
+from _s3server import make_bucket, moto_server, s3_env
 
 BUCKET = "krr-test"
 
@@ -197,7 +195,7 @@ def test_corrupted_object_is_detected_and_recomputed(s3, data, tmp_path, local_r
     _assert_same(_results(url), local_reference)
 
 
-def test_many_lost_chunk_objects_recover_in_one_run(s3, data, tmp_path, local_reference, krr_run):
+def test_many_lost_chunk_objects_recover_in_one_run(s3, data, tmp_path, local_reference, krr_main):
     """Issue #44: on an object store a lost chunk was found only by a read, one recovery
     at a time (at most three a run, then exit 4 "rerun to resume"), so a run directory
     missing many chunk objects (a partial copy of a bucket) took many runs. Now a
@@ -205,14 +203,14 @@ def test_many_lost_chunk_objects_recover_in_one_run(s3, data, tmp_path, local_re
     on a local disk: one `krr run` recovers them all."""
     conf = _config(data, tmp_path)
     url = f"s3://{BUCKET}/lost"
-    first = krr_run("run", str(conf), "--run-dir", url, "--until", "gram", cwd=tmp_path)
+    first = krr_main("run", str(conf), "--run-dir", url, "--until", "gram", cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     fs = _fs()
     chunks = sorted(fs.find(f"{BUCKET}/lost/gram/gram.zarr/gram/c"))
     assert len(chunks) >= 10
     for key in chunks[::2]:  # more lost tiles than the three recoveries a run allows
         fs.rm(key)
-    r = krr_run("run", str(conf), "--run-dir", url, cwd=tmp_path)
+    r = krr_main("run", str(conf), "--run-dir", url, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     # the first read finds one; the gram stage, resumed, unmarks all the others at once
     assert r.stderr.count("[recovery ") == 1, r.stderr[-3000:]

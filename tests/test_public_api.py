@@ -20,7 +20,7 @@ import pytest
 
 import pipeline
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 WORKFLOWS = ROOT / "workflows"
 BENCHMARKS = WORKFLOWS / "benchmarks"
 #: ``import pipeline.X`` / ``from pipeline.X import`` anywhere in a text (``python -c '...'``)

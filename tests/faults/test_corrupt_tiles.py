@@ -26,13 +26,6 @@ from pipeline.storage import CorruptTileError, TileMarkers, tile_checksum
 BLOCK = 100
 
 
-def _chunk_file(store: Path, name: str, i: int, j: int) -> Path:
-    """The Zarr v3 chunk file of tile (i, j) (default chunk key encoding: c/i/j)."""
-    path = Path(store) / name / "c" / str(i) / str(j)
-    assert path.is_file(), sorted(p.relative_to(store) for p in Path(store).rglob("c/*/*"))
-    return path
-
-
 def _corrupt(path: Path, offset: int = 808, n: int = 16) -> bytes:
     """Overwrite ``n`` bytes in place (same file size); return the original bytes."""
     original = path.read_bytes()
@@ -63,10 +56,10 @@ def test_write_tile_records_checksum_of_stored_bytes(gram):
     assert tile_checksum(t2) != tile_checksum(t)
 
 
-def test_corrupt_chunk_detected_on_read(gram):
+def test_corrupt_chunk_detected_on_read(gram, chunk_file):
     X, g = gram
     clean = g.read_tile(2, 1)
-    original = _corrupt(_chunk_file(Path(g.store), g.name, 2, 1))
+    original = _corrupt(chunk_file(Path(g.store), g.name, 2, 1))
     with pytest.raises(CorruptTileError, match=r"tile \(2, 1\) of array 'gram'") as e:
         g.read_tile(2, 1)
     err = e.value
@@ -86,13 +79,13 @@ def test_corrupt_chunk_detected_on_read(gram):
     tile = kernel_tile(RBF(gamma=0.3), X[200:300], X[:100], np.empty((100, 100)), n_threads=1)
     np.testing.assert_array_equal(g.read_tile(2, 0), tile)
     # the chunk restored: verified again
-    _chunk_file(Path(g.store), g.name, 2, 1).write_bytes(original)
+    chunk_file(Path(g.store), g.name, 2, 1).write_bytes(original)
     np.testing.assert_array_equal(g.read_tile(2, 1), clean)
 
 
-def test_solvers_refuse_a_corrupt_gram_tile(gram, tmp_path):
+def test_solvers_refuse_a_corrupt_gram_tile(gram, chunk_file, tmp_path):
     _, g = gram
-    _corrupt(_chunk_file(Path(g.store), g.name, 3, 2))
+    _corrupt(chunk_file(Path(g.store), g.name, 3, 2))
     with pytest.raises(CorruptTileError, match=r"tile \(3, 2\)"):
         tile_cholesky(g, 0.1, store=str(tmp_path / "f.zarr"), scheduler="threads", n_threads=1)
     op = make_operator("stored", 0.1, gram=g, block_size=BLOCK)
@@ -100,22 +93,22 @@ def test_solvers_refuse_a_corrupt_gram_tile(gram, tmp_path):
         op.matvec(np.ones((g.shape[0], 1)))
 
 
-def test_corrupt_factor_tile_detected(gram, tmp_path):
+def test_corrupt_factor_tile_detected(gram, chunk_file, tmp_path):
     _, g = gram
     store = tmp_path / "f.zarr"
     factor = tile_cholesky(g, 0.1, store=str(store), scheduler="threads", n_threads=1)
     from pipeline.linalg.cholesky import release_tile_cache
 
     release_tile_cache()  # the in-process cache would serve the good copy
-    _corrupt(_chunk_file(store, factor.L.name, 1, 1))
+    _corrupt(chunk_file(store, factor.L.name, 1, 1))
     with pytest.raises(CorruptTileError, match=r"tile \(1, 1\) of array 'chol'"):
         factor.L.read_tile(1, 1)
 
 
-def test_unmark_then_rebuild_recomputes_only_that_tile(gram):
+def test_unmark_then_rebuild_recomputes_only_that_tile(gram, chunk_file):
     X, g = gram
     clean = g.read_tile(2, 1)
-    _corrupt(_chunk_file(Path(g.store), g.name, 2, 1))
+    _corrupt(chunk_file(Path(g.store), g.name, 2, 1))
     m = TileMarkers(g.store, g.name, "any fingerprint: unmark ignores it")
     assert m.unmark((2, 1)) is True
     assert m.unmark((2, 1)) is False
@@ -127,29 +120,10 @@ def test_unmark_then_rebuild_recomputes_only_that_tile(gram):
 # ---------------------------------------------------------------------------
 # the whole pipeline: `krr run` meets the corrupt tile and recovers
 
-CONFIG = """
-name: corrupt
-data: {{source: npy, path: {x}, y_path: {y}}}
-split: {{test_fraction: 0.25, seed: 0}}
-preprocess: {{standardize: true, standardize_y: true}}
-kernel: {{name: rbf, params: {{gamma: 0.2}}}}
-lambda: 0.01
-solver: {{method: cholesky}}
-block_size: 100
-evaluate: {{baseline: none}}
-cluster: {{n_workers: 1, processes: false, memory_limit: 2GiB}}
-"""
-
 
 @pytest.mark.slow
-def test_krr_run_recomputes_corrupt_gram_tile(tmp_path, krr_main):
-    rng = np.random.default_rng(1)
-    X = rng.normal(size=(600, 5))
-    y = np.sin(X[:, 0]) + 0.1 * rng.normal(size=600)
-    np.save(tmp_path / "X.npy", X)
-    np.save(tmp_path / "y.npy", y)
-    conf = tmp_path / "conf.yaml"
-    conf.write_text(CONFIG.format(x=tmp_path / "X.npy", y=tmp_path / "y.npy"))
+def test_krr_run_recomputes_corrupt_gram_tile(tmp_path, krr_main, fault_run, chunk_file):
+    conf = fault_run(tmp_path, "corrupt", n=600, d=5, seed=1)
     run, clean = tmp_path / "run", tmp_path / "clean"
 
     first = krr_main.run(conf, run, json=True)
@@ -158,7 +132,7 @@ def test_krr_run_recomputes_corrupt_gram_tile(tmp_path, krr_main):
     markers = store / "_markers" / "gram"
     before = {p.name: json.loads(p.read_text()) for p in markers.iterdir()}
     assert len(before) == 15  # 450 training rows: 5 row blocks, 15 lower tiles
-    chunk = _chunk_file(store, "gram", 3, 1)
+    chunk = chunk_file(store, "gram", 3, 1)
     good = _corrupt(chunk)
 
     # a new lambda keeps the Gram, so the solve reads the damaged tile

@@ -113,27 +113,14 @@ def test_enospc_in_the_buffered_writer_is_the_same_error(tmp_path, monkeypatch):
         rawchunks.write_chunk(layout, (1, 1), np.zeros((64, 64)), direct=False)
 
 
-CONFIG = """
-name: diskfull
-data: {{source: npy, path: {x}, y_path: {y}}}
-split: {{test_fraction: 0.25, seed: 0}}
-kernel: {{name: rbf, params: {{gamma: 0.2}}}}
-lambda: 0.01
-solver: {{method: cholesky}}
-block_size: 100
-evaluate: {{baseline: none}}
-cluster: {{n_workers: 1, processes: false, memory_limit: 2GiB}}
-"""
-
-
 @pytest.mark.skipif(not hasattr(os, "O_DIRECT"), reason="the Gram stage writes directly")
-def test_krr_run_on_a_full_disk_exits_7_and_says_free_space(tmp_path, krr_run, krr_main):
+def test_krr_run_on_a_full_disk_exits_7_and_says_free_space(tmp_path, krr_run, krr_main, fault_run):
     rng = np.random.default_rng(0)
     X = rng.normal(size=(400, 3))
     np.save(tmp_path / "X.npy", X)
     np.save(tmp_path / "y.npy", X[:, 0])
-    conf = tmp_path / "conf.yaml"
-    conf.write_text(CONFIG.format(x=tmp_path / "X.npy", y=tmp_path / "y.npy"))
+    conf = fault_run.config(tmp_path, "diskfull", tmp_path / "X.npy", tmp_path / "y.npy",
+                            preprocess=None)  # fmt: skip
     run_dir = tmp_path / "run"
     env = {"KRR_ENOSPC_MATCH": "gram", "KRR_ENOSPC_AT": "2"}
     r = krr_run.run(conf, run_dir, json=True, inject=True, env=env, timeout=300)

@@ -17,28 +17,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-CONFIG = """
-name: one-pass
-data: {{source: npy, path: {x}, y_path: {y}}}
-kernel: {{name: rbf, params: {{gamma: 0.2}}}}
-lambda: 0.01
-solver: {{method: cholesky}}
-block_size: 32
-evaluate: {{baseline: none}}
-cluster: {{n_workers: 1, processes: false, memory_limit: 2GiB}}
-"""
-
 
 @pytest.fixture(scope="module")
-def conf(tmp_path_factory) -> Path:
+def conf(tmp_path_factory, fault_run) -> Path:
     d = tmp_path_factory.mktemp("one_pass")
-    rng = np.random.default_rng(0)
-    X = rng.normal(size=(300, 4))
-    np.save(d / "X.npy", X)
-    np.save(d / "y.npy", np.sin(X[:, 0]) + 0.1 * rng.normal(size=300))
-    p = d / "conf.yaml"
-    p.write_text(CONFIG.format(x=d / "X.npy", y=d / "y.npy"))
-    return p
+    # no split, no preprocessing, tiles of 32
+    return fault_run(d, "one-pass", n=300, d=4, seed=0, split=None, preprocess=None, block_size=32)
 
 
 def _alpha(run_dir: Path) -> np.ndarray:

@@ -379,7 +379,6 @@ def test_dask_ml_is_not_a_runtime_dependency():
 def test_run_log_on_an_object_store(tmp_path, capsys):
     pytest.importorskip("s3fs")
     pytest.importorskip("moto")
-    sys.path.insert(0, str(Path(__file__).parent))
     from _s3server import make_bucket, moto_server, s3_env
 
     rng = np.random.default_rng(0)

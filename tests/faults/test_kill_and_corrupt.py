@@ -20,34 +20,14 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
-CONFIG = """
-name: killcorrupt
-data: {{source: npy, path: {x}, y_path: {y}}}
-split: {{test_fraction: 0.25, seed: 0}}
-preprocess: {{standardize: true, standardize_y: true}}
-kernel: {{name: rbf, params: {{gamma: 0.2}}}}
-lambda: 0.01
-solver: {{method: cholesky}}
-block_size: 100
-predict: {{input: {xn}}}
-evaluate: {{baseline: none}}
-cluster: {{n_workers: 1, processes: false, memory_limit: 2GiB}}
-"""
-
 #: (marker-name substring, how many such markers the run writes at least)
 KILL_POINTS = [("X_train/", 6), ("gram/", 21), ("chol/", 21), ("predictions/", 10)]
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory, krr_main, run_results):
+def setup(tmp_path_factory, krr_main, run_results, fault_run):
     d = tmp_path_factory.mktemp("killcorrupt")
-    rng = np.random.default_rng(1)
-    X = rng.normal(size=(800, 4))
-    np.save(d / "X.npy", X)
-    np.save(d / "y.npy", np.cos(X[:, 0]) + 0.1 * rng.normal(size=800))
-    np.save(d / "Xn.npy", rng.normal(size=(700, 4)))
-    conf = d / "conf.yaml"
-    conf.write_text(CONFIG.format(x=d / "X.npy", y=d / "y.npy", xn=d / "Xn.npy"))
+    conf = fault_run(d, "killcorrupt", n=800, d=4, seed=1, target=np.cos, n_new=700)
     ref = d / "ref"
     r = krr_main.run(conf, ref)
     assert r.returncode == 0, r.stderr[-3000:]
