@@ -57,7 +57,7 @@ from pipeline.linalg.dense_primal import primal_to_dual, solve_primal
 from pipeline.linalg.matvec import make_operator
 from pipeline.linalg.precond import make_preconditioner
 from pipeline.linalg.triangular import cholesky_solve
-from pipeline.options import ALPHA_CONVENTIONS, SolverOptions, solver_choices, solver_convention
+from pipeline.options import ALPHA_CONVENTIONS, solver_choices, solver_convention
 from pipeline.plan.fit_plan import FitPlan, Probes, Resources, plan_fit
 from pipeline.storage import fingerprint_blocks
 from pipeline.storage.lease import LeaseLock
@@ -619,8 +619,6 @@ OutOfCoreFit = FitResult
 
 #: the lock file in a fit's directory (``store/fit-<fingerprint>/.fit-lock``)
 FIT_LOCK_NAME = ".fit-lock"
-#: the option tree's defaults (pipeline.options.SolverOptions) of fit_out_of_core's knobs
-_DEFAULT = SolverOptions()
 
 
 @contextlib.contextmanager
@@ -775,18 +773,10 @@ def fit_out_of_core(
     solver: str = "cholesky",
     store: Any = None,
     block_size: int | None = None,
-    tol: float = _DEFAULT.tol,
-    max_iter: int | None = None,
-    preconditioner: str = _DEFAULT.preconditioner,
-    rank: int | None = None,
-    matvec: str = _DEFAULT.matvec,
-    random_state: int | None = None,
     progress: bool = True,
-    cg_precision: str = _DEFAULT.cg_precision,
-    factor_dtype: str = _DEFAULT.factor_dtype,
     plan: Any = None,
-    keep_gram: bool = _DEFAULT.keep_gram,
     x_fingerprint: str | None = None,
+    **knobs: Any,
 ) -> FitResult:
     """Solve (K + shift·I) α = y out of core; shift = lam, or n·lam with ``convention="n_samples"``.
 
@@ -801,21 +791,18 @@ def fit_out_of_core(
     solver : {"cholesky", "cg", "auto"}
     store : path or fsspec URL, optional
         Where the Gram, factor and CG checkpoints live; reusing it resumes.
-    matvec : {"auto", "stored", "recompute"}
-        CG's operator: stream the stored Gram or recompute kernel tiles.
-    cg_precision : {"auto", "float64", "mixed"}
-        CG's products: float64, or float32 inside a float64 refinement.
-    factor_dtype : {"float64", "float32"}
-        Cholesky only: precision of the stored factor; with float32, alpha is
-        refined against the stored Gram (:func:`pipeline.linalg.triangular.cholesky_solve`).
-    keep_gram : bool
-        Cholesky only: False factors in place (the factor replaces the Gram's tiles).
     plan : FitPlan, optional
         A plan already made (by the estimator's ``solver="auto"``); the options
         above are then taken from it. Otherwise one is made here with
         :func:`pipeline.plan.fit_plan.plan_fit` and logged.
     x_fingerprint : str, optional
         X's content hash when the caller already has it (saves a pass over X).
+    **knobs
+        The other solver knobs of the option tree (:class:`pipeline.options.SolverOptions`:
+        ``tol``, ``max_iter``, ``preconditioner``, ``rank``, ``matvec``,
+        ``cg_precision``, ``factor_dtype``, ``keep_gram``, ``random_state``, ...; a
+        missing or None value takes the tree's default), as ``KernelRidge`` passes
+        them; checked by :func:`pipeline.options.solver_choices` before any work.
     """
     if convention not in ALPHA_CONVENTIONS:
         raise ValueError(
@@ -837,24 +824,16 @@ def fit_out_of_core(
             "indefinite K + alpha*I. Use solver='cholesky' (it names the shift that fails), "
             "solver='dense', or a Mercer kernel such as 'rbf'."
         )
+    choices = solver_choices(
+        solver=solver,
+        alpha=lam,
+        alpha_convention=convention,
+        block_size=block_size,
+        store=store,
+        **knobs,
+    )  # (checked here, before the store directory is made)
     with _store_dir(store) as root:
         if plan is None:
-            choices = solver_choices(
-                solver=solver,
-                alpha=lam,
-                alpha_convention=convention,
-                block_size=block_size,
-                tol=tol,
-                max_iter=max_iter,
-                preconditioner=preconditioner,
-                rank=rank,
-                matvec=matvec,
-                cg_precision=cg_precision,
-                random_state=random_state,
-                factor_dtype=factor_dtype,
-                keep_gram=keep_gram,
-                store=store,
-            )
             plan, reason = plan_fit(
                 n, d, kernel, measure_resources(root, in_memory=False), choices,
                 n_targets=1 if y.ndim == 1 else y.shape[1], probes=row_probes(X, kernel),

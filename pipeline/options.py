@@ -458,18 +458,24 @@ def normalize_matvec(value: str) -> str:
 
 
 def solver_choices(**choices: Any) -> dict[str, Any]:
-    """The user's solver choices as :func:`~pipeline.plan.fit_plan.plan_fit` takes them.
+    """The user's solver choices as :func:`~pipeline.plan.fit_plan.plan_fit` takes them:
+    the one builder of every caller's choices (``KernelRidge``, its out-of-core fit,
+    ``KernelRidgeCV``'s refit, ``krr run``'s solve stage, the in-memory reference).
 
     Every key must be one of :data:`SOLVER_KNOBS` (a misspelt key would otherwise be
     ignored and its knob silently take the plan's default); a value of None takes
-    the plan's default.
+    the plan's default. The tree's knobs are checked as the plan reads them
+    (:func:`solver_options`), before any work; the mapping is returned as given.
 
     Raises
     ------
     TypeError
         A key that is not a solver knob.
+    ValueError
+        ``solver``, ``matvec`` or ``factor_dtype`` is not an allowed value.
     """
     unknown = sorted(set(choices) - set(SOLVER_KNOBS))
     if unknown:
         raise TypeError(f"not solver knobs: {unknown}; the knobs are {list(SOLVER_KNOBS)}")
+    solver_options(choices)  # the values, as the plan will read them
     return dict(choices)

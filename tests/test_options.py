@@ -363,16 +363,28 @@ def test_every_estimator_solver_param_comes_from_the_tree():
     assert {n for n, k in est.items() if k.unset} == {"max_iter", "rank"}
 
 
-def test_the_out_of_core_fit_takes_the_estimators_knobs_with_the_trees_defaults():
-    """``fit_out_of_core`` (what ``KernelRidge._solver_knobs`` feeds) spells the same knobs
-    with the same defaults."""
+def test_the_out_of_core_fit_takes_the_trees_knobs_as_they_are(tmp_path):
+    """``fit_out_of_core`` (what ``KernelRidge._solver_knobs`` feeds) restated eight knobs
+    with the tree's defaults; it takes them as they are now, for ``solver_choices``
+    (checked before any work), and the plan it runs holds them."""
     from pipeline.fit import fit_out_of_core
+    from pipeline.kernels import make_kernel
 
     sig = inspect.signature(fit_out_of_core).parameters
-    for name, k in options.knobs(spelt_by="estimator").items():
-        want = None if k.unset else k.default
-        if name != "solver":  # (its own: "cholesky", "cg" or "auto"; the estimator's names it)
-            assert sig[name].default == want, name
+    assert set(sig) & set(_tree()) == {"solver"}  # its own: "cholesky", "cg" or "auto"
+    assert sig["knobs"].kind is inspect.Parameter.VAR_KEYWORD
+    X = np.random.default_rng(0).normal(size=(40, 2))
+    y, k = X[:, 0], make_kernel("rbf")
+    knobs = {"tol": 1e-9, "preconditioner": "jacobi", "random_state": 3, "checkpoint_every": 2}
+    res = fit_out_of_core(X, y, k, 0.1, solver="cg", progress=False, **knobs)
+    assert {n: getattr(res.plan.options, n) for n in knobs} == knobs
+    assert res.plan.solver == "cg" and res.info["converged"]
+    with pytest.raises(TypeError, match=r"not solver knobs: \['precondtioner'\]"):
+        fit_out_of_core(X, y, k, 0.1, solver="cg", precondtioner="jacobi")
+    store = tmp_path / "store"
+    with pytest.raises(ValueError, match="matvec='sideways' is not valid"):
+        fit_out_of_core(X, y, k, 0.1, solver="cg", store=str(store), matvec="sideways")
+    assert not store.exists()  # refused before the store directory was made
 
 
 def test_a_knob_added_to_the_tree_appears_in_the_config_and_the_estimator_checks(monkeypatch):
