@@ -1,7 +1,7 @@
 """The solver options' vocabulary, the λ convention and the diagonal shift, defined once.
 
 Every way of asking for a fit (``KernelRidge``'s parameters, ``krr run``'s ``solver``
-section, the out-of-core fit, the CV refit) hands its choices to
+section, the out-of-core fit, the CV refit, the in-memory reference) hands its choices to
 :func:`pipeline.plan.fit_plan.plan_fit` under the names of :data:`SOLVER_KNOBS`, built by
 :func:`solver_choices`; the allowed values of each categorical knob are the tuples below.
 
@@ -14,8 +14,9 @@ The option tree: :class:`SolverOptions` is the one definition of the solver knob
 field with its type, default, allowed values (or bounds) and one doc line
 (:class:`Knob`, read with :func:`knobs`). The spellings derive from it:
 :class:`pipeline.stages.config.SolverConfig`'s fields, ``KernelRidge``'s solver parameters'
-defaults and checks, :class:`pipeline.plan.fit_plan.FitPlan`'s defaults and
-:func:`~pipeline.plan.fit_plan.plan_fit`'s reading of the choices (:func:`solver_options`).
+defaults and checks, and :func:`~pipeline.plan.fit_plan.plan_fit`'s reading of the choices
+(:func:`solver_options`: checked and typed), which the plan holds as it is
+(``FitPlan.options``; the plan's own fields are what it decided).
 :class:`CvOptions` is the same for the cross-validated search: ``KernelRidgeCV``'s
 search knobs (defaults and checks) and :class:`pipeline.stages.config.CvConfig`'s
 fields derive from it. A new knob is added here, once.

@@ -384,9 +384,10 @@ def plan_fit(
         ``jitter``, ``factor_dtype``, ``factor_scheduler``, ``keep_gram``, ``check_disk``,
         ``cost_model``, ``random_state``), read and checked by
         :func:`pipeline.options.solver_options` and held as the plan's
-        :attr:`~FitPlan.options`, and the fit's own: ``alpha``, ``alpha_convention``, ``block_size``, ``kernel_dtype``,
-        ``store``; and, for the in-memory rule, ``kernel_copies`` (K
-        copies of the dense solve) and ``sample_weight`` (True when weights are given).
+        :attr:`~FitPlan.options`, and the fit's own: ``alpha``, ``alpha_convention``,
+        ``block_size``, ``kernel_dtype``, ``store``; and, for the in-memory rule,
+        ``kernel_copies`` (K copies of the dense solve) and ``sample_weight`` (True when
+        weights are given).
         A :class:`~pipeline.options.SolverOptions` alone gives the knobs, the fit's own
         values taking their defaults.
     n_targets : int
