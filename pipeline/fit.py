@@ -57,7 +57,7 @@ from pipeline.linalg.dense_primal import primal_to_dual, solve_primal
 from pipeline.linalg.matvec import make_operator
 from pipeline.linalg.precond import make_preconditioner
 from pipeline.linalg.triangular import cholesky_solve
-from pipeline.options import ALPHA_CONVENTIONS, SolverOptions, solver_choices, solver_convention
+from pipeline.options import ALPHA_CONVENTIONS, solver_choices, solver_convention
 from pipeline.plan.fit_plan import FitPlan, Probes, Resources, plan_fit
 from pipeline.storage import fingerprint_blocks
 from pipeline.storage.lease import LeaseLock
@@ -214,7 +214,7 @@ def execute(plan: FitPlan, X: Any, y: np.ndarray, kernel: Any, **options: Any) -
             "float64 instead",
             err,
         )
-        if not plan.keep_gram:  # its tiles hold the failed float32 factor now
+        if not plan.options.keep_gram:  # its tiles hold the failed float32 factor now
             options = {**options, "gram": None, "recompute_tile": None, "_rebuild_gram": True}
         res = _execute(replace(plan, factor_dtype="float64"), X, y, kernel, **options)
         res.info["factor_dtype_fallback"] = f"{type(err).__name__}: {err}"
@@ -269,7 +269,7 @@ def _execute(
         precomputed kernel matrix (``kernel(X)`` when None), whether the solve may
         overwrite it (default: only when computed here), and the dense solve's jitter.
     recompute_tile : callable (i, j) -> ndarray, optional
-        With ``plan.keep_gram`` False: rebuilds a Gram tile that an earlier in-place
+        With ``plan.options.keep_gram`` False: rebuilds a Gram tile that an earlier in-place
         factor replaced (default: a :class:`~pipeline.linalg.cholesky_inplace.GramTileRecomputer`
         of ``X`` and ``kernel`` when ``X`` is an in-memory array).
     """
@@ -292,7 +292,7 @@ def _execute(
     if (
         plan.solver == "cholesky"
         and np.dtype(plan.factor_dtype) == np.float32
-        and not plan.keep_gram
+        and not plan.options.keep_gram
         and not mf
     ):
         raise ValueError(
@@ -305,9 +305,9 @@ def _execute(
     # in place with X in memory, the Gram is not stored first: the factor computes each
     # Gram tile from X as it needs it (no Gram stage, no Gram bytes written or read)
     # (only where the factor runs in this process: remote workers would each need X)
-    from_x = gram_on_demand(plan.solver, plan.keep_gram, mf, True)
-    executor = factor_executor(plan.solver, plan.factor_scheduler, from_x)
-    on_demand = gram_on_demand(plan.solver, plan.keep_gram, mf, executor == "threads")
+    from_x = gram_on_demand(plan.solver, plan.options.keep_gram, mf, True)
+    executor = factor_executor(plan.solver, plan.options.factor_scheduler, from_x)
+    on_demand = gram_on_demand(plan.solver, plan.options.keep_gram, mf, executor == "threads")
     if plan.needs_gram and gram is None:
         from pipeline.linalg.gram import build_gram
 
@@ -326,7 +326,7 @@ def _execute(
             defer=on_demand,
         )
     if plan.solver == "cholesky":
-        if not plan.keep_gram:
+        if not plan.options.keep_gram:
             if np.dtype(plan.factor_dtype) != np.dtype(gram.dtype):
                 raise ValueError(
                     f"keep_gram=False stores the factor in the Gram's own array, so "
@@ -342,12 +342,12 @@ def _execute(
             gram,
             plan.alpha,
             convention=conv,
-            store=(factor_store or root) if plan.keep_gram else None,
+            store=(factor_store or root) if plan.options.keep_gram else None,
             name=factor_name,
-            keep_gram=plan.keep_gram,
-            recompute_tile=recompute_tile if not plan.keep_gram else None,
-            check_disk=plan.check_disk,
-            jitter=True if plan.jitter else None,
+            keep_gram=plan.options.keep_gram,
+            recompute_tile=recompute_tile if not plan.options.keep_gram else None,
+            check_disk=plan.options.check_disk,
+            jitter=True if plan.options.jitter else None,
             scheduler=executor,
             overwrite=True,
             progress=progress,
@@ -360,13 +360,13 @@ def _execute(
         coef = cholesky_solve(
             factor,
             y,
-            gram=gram if plan.keep_gram else None,
+            gram=gram if plan.options.keep_gram else None,
             stats=refine,
             X=X if mf else None,
             kernel=kernel if mf else None,
         )
         info = {"factor_tiles_computed": len(factor.computed), "jitter": factor.jitter, **refine}
-        if not plan.keep_gram:
+        if not plan.options.keep_gram:
             info["keep_gram"] = False
         return FitResult(np.asarray(coef), "cholesky", 1, float(shift), plan, info, factor=factor)
     if plan.solver != "cg":
@@ -393,31 +393,32 @@ def _execute(
         op = make_operator(
             "matrix-free", shift, X=X, kernel=kernel, block_size=bs, kernel_dtype=plan.kernel_dtype
         )
+    o = plan.options  # the knobs as asked: CG's tolerance, limit, preconditioner, seed
     pre = make_preconditioner(
-        plan.preconditioner, op, rank=min(plan.rank, n), random_state=plan.random_state
+        o.preconditioner, op, rank=min(plan.rank, n), random_state=o.random_state
     )
     ckpt = cg_dir or root
 
     # the iteration and the relative residual, live (pipeline.engine.progress decides how)
-    with cg_progress(enabled=progress, tol=plan.tol, max_iter=plan.max_iter) as shown:
+    with cg_progress(enabled=progress, tol=o.tol, max_iter=o.max_iter) as shown:
         if single_gram:
             # CG on the stored float32 Gram inside a float64 refinement whose residuals
             # are matrix-free products from X: the float64 answer, not the rounded Gram's
             high = make_operator("matrix-free", shift, X=X, kernel=kernel, block_size=bs)
             res = mixed_cg_fit(
-                high, y, preconditioner=pre, tol=plan.tol, max_iter=plan.max_iter,
+                high, y, preconditioner=pre, tol=o.tol, max_iter=o.max_iter,
                 store=ckpt, callback=shown, low=op,
             )  # fmt: skip
         elif plan.cg_precision == "mixed":
             # float32 kernel products inside, float64 residuals outside; checkpointed per
             # refinement step, and float64 products take over if float32 stagnates
             res = mixed_cg_fit(
-                op, y, preconditioner=pre, tol=plan.tol, max_iter=plan.max_iter,
+                op, y, preconditioner=pre, tol=o.tol, max_iter=o.max_iter,
                 store=ckpt, callback=shown,
             )  # fmt: skip
         elif ckpt is None:
             res = conjugate_gradient(
-                op.matvec, y, preconditioner=pre, tol=plan.tol, max_iter=plan.max_iter,
+                op.matvec, y, preconditioner=pre, tol=o.tol, max_iter=o.max_iter,
                 callback=shown,
             )  # fmt: skip
         else:
@@ -426,9 +427,9 @@ def _execute(
                 y,
                 ckpt,
                 preconditioner=pre,
-                every=plan.checkpoint_every,
-                tol=plan.tol,
-                max_iter=plan.max_iter,
+                every=o.checkpoint_every,
+                tol=o.tol,
+                max_iter=o.max_iter,
                 callback=shown,
                 adopt_from=cg_adopt,
                 tiling={"block_size": bs, "matvec": plan.matvec},
@@ -569,7 +570,7 @@ def fit_reference(
         d,
         k,
         Resources(float("inf"), 0.0, in_memory=True),
-        {"solver": solver, "alpha": lam, "alpha_convention": alpha_convention},
+        solver_choices(solver=solver, alpha=lam, alpha_convention=alpha_convention),
         n_targets=t,
     )
     if plan.solver == "primal":
@@ -618,8 +619,6 @@ OutOfCoreFit = FitResult
 
 #: the lock file in a fit's directory (``store/fit-<fingerprint>/.fit-lock``)
 FIT_LOCK_NAME = ".fit-lock"
-#: the option tree's defaults (pipeline.options.SolverOptions) of fit_out_of_core's knobs
-_DEFAULT = SolverOptions()
 
 
 @contextlib.contextmanager
@@ -774,18 +773,10 @@ def fit_out_of_core(
     solver: str = "cholesky",
     store: Any = None,
     block_size: int | None = None,
-    tol: float = _DEFAULT.tol,
-    max_iter: int | None = None,
-    preconditioner: str = _DEFAULT.preconditioner,
-    rank: int | None = None,
-    matvec: str = _DEFAULT.matvec,
-    random_state: int | None = None,
     progress: bool = True,
-    cg_precision: str = _DEFAULT.cg_precision,
-    factor_dtype: str = _DEFAULT.factor_dtype,
     plan: Any = None,
-    keep_gram: bool = _DEFAULT.keep_gram,
     x_fingerprint: str | None = None,
+    **knobs: Any,
 ) -> FitResult:
     """Solve (K + shift·I) α = y out of core; shift = lam, or n·lam with ``convention="n_samples"``.
 
@@ -800,21 +791,18 @@ def fit_out_of_core(
     solver : {"cholesky", "cg", "auto"}
     store : path or fsspec URL, optional
         Where the Gram, factor and CG checkpoints live; reusing it resumes.
-    matvec : {"auto", "stored", "recompute"}
-        CG's operator: stream the stored Gram or recompute kernel tiles.
-    cg_precision : {"auto", "float64", "mixed"}
-        CG's products: float64, or float32 inside a float64 refinement.
-    factor_dtype : {"float64", "float32"}
-        Cholesky only: precision of the stored factor; with float32, alpha is
-        refined against the stored Gram (:func:`pipeline.linalg.triangular.cholesky_solve`).
-    keep_gram : bool
-        Cholesky only: False factors in place (the factor replaces the Gram's tiles).
     plan : FitPlan, optional
         A plan already made (by the estimator's ``solver="auto"``); the options
         above are then taken from it. Otherwise one is made here with
         :func:`pipeline.plan.fit_plan.plan_fit` and logged.
     x_fingerprint : str, optional
         X's content hash when the caller already has it (saves a pass over X).
+    **knobs
+        The other solver knobs of the option tree (:class:`pipeline.options.SolverOptions`:
+        ``tol``, ``max_iter``, ``preconditioner``, ``rank``, ``matvec``,
+        ``cg_precision``, ``factor_dtype``, ``keep_gram``, ``random_state``, ...; a
+        missing or None value takes the tree's default), as ``KernelRidge`` passes
+        them; checked by :func:`pipeline.options.solver_choices` before any work.
     """
     if convention not in ALPHA_CONVENTIONS:
         raise ValueError(
@@ -836,24 +824,16 @@ def fit_out_of_core(
             "indefinite K + alpha*I. Use solver='cholesky' (it names the shift that fails), "
             "solver='dense', or a Mercer kernel such as 'rbf'."
         )
+    choices = solver_choices(
+        solver=solver,
+        alpha=lam,
+        alpha_convention=convention,
+        block_size=block_size,
+        store=store,
+        **knobs,
+    )  # (checked here, before the store directory is made)
     with _store_dir(store) as root:
         if plan is None:
-            choices = solver_choices(
-                solver=solver,
-                alpha=lam,
-                alpha_convention=convention,
-                block_size=block_size,
-                tol=tol,
-                max_iter=max_iter,
-                preconditioner=preconditioner,
-                rank=rank,
-                matvec=matvec,
-                cg_precision=cg_precision,
-                random_state=random_state,
-                factor_dtype=factor_dtype,
-                keep_gram=keep_gram,
-                store=store,
-            )
             plan, reason = plan_fit(
                 n, d, kernel, measure_resources(root, in_memory=False), choices,
                 n_targets=1 if y.ndim == 1 else y.shape[1], probes=row_probes(X, kernel),

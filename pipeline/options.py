@@ -1,7 +1,7 @@
 """The solver options' vocabulary, the λ convention and the diagonal shift, defined once.
 
 Every way of asking for a fit (``KernelRidge``'s parameters, ``krr run``'s ``solver``
-section, the out-of-core fit, the CV refit) hands its choices to
+section, the out-of-core fit, the CV refit, the in-memory reference) hands its choices to
 :func:`pipeline.plan.fit_plan.plan_fit` under the names of :data:`SOLVER_KNOBS`, built by
 :func:`solver_choices`; the allowed values of each categorical knob are the tuples below.
 
@@ -14,8 +14,9 @@ The option tree: :class:`SolverOptions` is the one definition of the solver knob
 field with its type, default, allowed values (or bounds) and one doc line
 (:class:`Knob`, read with :func:`knobs`). The spellings derive from it:
 :class:`pipeline.stages.config.SolverConfig`'s fields, ``KernelRidge``'s solver parameters'
-defaults and checks, :class:`pipeline.plan.fit_plan.FitPlan`'s defaults and
-:func:`~pipeline.plan.fit_plan.plan_fit`'s reading of the choices (:func:`solver_options`).
+defaults and checks, and :func:`~pipeline.plan.fit_plan.plan_fit`'s reading of the choices
+(:func:`solver_options`: checked and typed), which the plan holds as it is
+(``FitPlan.options``; the plan's own fields are what it decided).
 :class:`CvOptions` is the same for the cross-validated search: ``KernelRidgeCV``'s
 search knobs (defaults and checks) and :class:`pipeline.stages.config.CvConfig`'s
 fields derive from it. A new knob is added here, once.
@@ -27,7 +28,7 @@ values) and the standard library.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, get_args, get_type_hints
 
 import pipeline.constants as C
@@ -242,6 +243,13 @@ class SolverOptions:
         C.DEFAULT_PRECONDITIONER, "CG's preconditioner", choices=PRECONDITIONERS
     )
     rank: int = _knob(C.DEFAULT_RANK, "rank of the Nyström preconditioner", ge=1, unset=True)
+    #: the estimators take scikit-learn's ``random_state`` (an int, a ``RandomState`` or
+    #: None: :func:`pipeline.validation.check_random_seed`) and pass the seed it gives;
+    #: ``krr run`` always seeds 0
+    random_state: int = _knob(
+        C.DEFAULT_RANDOM_STATE, "seed of the Nyström preconditioner's landmarks",
+        spelt_by=("plan",),
+    )  # fmt: skip
     #: ``stored`` (read the Gram), ``recompute`` (kernel tiles on the fly) or ``auto`` (by
     #: D and free disk); the config reads the old spellings ``matrix_free``, ``matrix-free``
     #: and ``free`` as ``recompute`` (the estimator refuses them)
@@ -379,14 +387,48 @@ def knobs(group: type = SolverOptions, spelt_by: str | None = None) -> dict[str,
 
 
 def solver_options(choices: Mapping[str, Any] | SolverOptions | None = None) -> SolverOptions:
-    """The solver knobs of a choices mapping as a :class:`SolverOptions`: a missing or
-    None value takes the tree's default; keys that are no solver knob are ignored
-    (``alpha``, ``store``, ...). The values are taken as given (each reader checks them)."""
+    """The solver knobs of a choices mapping (:func:`solver_choices`) or of a
+    :class:`SolverOptions`, as the tree, checked: the one reading of the user's solver
+    choices (:func:`~pipeline.plan.fit_plan.plan_fit` holds what it returns as
+    :attr:`FitPlan.options <pipeline.plan.fit_plan.FitPlan>`).
+
+    A missing or None value takes the tree's default; keys that are no knob of the tree
+    are ignored (the fit's own: ``alpha``, ``store``, ...). ``solver``, ``matvec`` and
+    ``factor_dtype`` must be allowed values (ValueError naming the value and the valid
+    ones), and ``matvec`` takes its one spelling (:func:`normalize_matvec`); the numbers
+    and flags take their types (``tol`` a float, ``max_iter``, ``rank``,
+    ``checkpoint_every`` and ``random_state`` ints, the flags bools: NumPy scalars become
+    Python ones). ``cg_precision`` is checked where a CG fit is planned
+    (:func:`pipeline.plan.cg_variant.normalize_precision`); the other knobs are taken as
+    given (their readers check them).
+
+    Raises
+    ------
+    ValueError
+        ``solver``, ``matvec`` or ``factor_dtype`` is not an allowed value.
+    """
     if isinstance(choices, SolverOptions):
-        return choices
+        choices = {f.name: getattr(choices, f.name) for f in fields(SolverOptions)}
     names = {f.name for f in fields(SolverOptions)}
     given = {k: v for k, v in (choices or {}).items() if k in names and v is not None}
-    return SolverOptions(**given)
+    opts = SolverOptions(**given)
+    if opts.solver not in SOLVERS:
+        raise ValueError(f"solver={opts.solver!r} is not valid; choose one of {SOLVERS}")
+    matvec = normalize_matvec(opts.matvec)
+    if opts.factor_dtype not in FACTOR_DTYPES:
+        raise ValueError(
+            f"factor_dtype={opts.factor_dtype!r} is not valid; choose one of {FACTOR_DTYPES}"
+        )
+    typed = {
+        **{name: int(getattr(opts, name)) for name in _INT_KNOBS},
+        **{name: bool(getattr(opts, name)) for name in _BOOL_KNOBS},
+    }
+    return replace(opts, matvec=matvec, tol=float(opts.tol), **typed)
+
+
+#: the knobs of :class:`SolverOptions` that :func:`solver_options` makes ints and bools
+_INT_KNOBS = ("max_iter", "rank", "checkpoint_every", "random_state")
+_BOOL_KNOBS = ("allow_unconverged", "jitter", "keep_gram", "check_disk")
 
 
 #: the names of the solver knobs, as :func:`~pipeline.plan.fit_plan.plan_fit` reads them:
@@ -397,7 +439,7 @@ SOLVER_KNOBS = (
     "alpha",
     "alpha_convention",
     "block_size",
-    *(name for name in knobs(spelt_by="plan") if name != "solver"),
+    *(name for name in knobs(spelt_by="plan") if name not in ("solver", "random_state")),
     "kernel_dtype",
     "random_state",
     "store",
@@ -417,18 +459,24 @@ def normalize_matvec(value: str) -> str:
 
 
 def solver_choices(**choices: Any) -> dict[str, Any]:
-    """The user's solver choices as :func:`~pipeline.plan.fit_plan.plan_fit` takes them.
+    """The user's solver choices as :func:`~pipeline.plan.fit_plan.plan_fit` takes them:
+    the one builder of every caller's choices (``KernelRidge``, its out-of-core fit,
+    ``KernelRidgeCV``'s refit, ``krr run``'s solve stage, the in-memory reference).
 
     Every key must be one of :data:`SOLVER_KNOBS` (a misspelt key would otherwise be
     ignored and its knob silently take the plan's default); a value of None takes
-    the plan's default.
+    the plan's default. The tree's knobs are checked as the plan reads them
+    (:func:`solver_options`), before any work; the mapping is returned as given.
 
     Raises
     ------
     TypeError
         A key that is not a solver knob.
+    ValueError
+        ``solver``, ``matvec`` or ``factor_dtype`` is not an allowed value.
     """
     unknown = sorted(set(choices) - set(SOLVER_KNOBS))
     if unknown:
         raise TypeError(f"not solver knobs: {unknown}; the knobs are {list(SOLVER_KNOBS)}")
+    solver_options(choices)  # the values, as the plan will read them
     return dict(choices)

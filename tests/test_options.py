@@ -210,17 +210,64 @@ def test_solver_choices_refuses_a_knob_that_does_not_exist():
 
 
 def test_plan_fit_reads_every_knob():
-    """The tree's knobs as ``opts.<name>`` (options.solver_options), the fit's own by key."""
+    """The tree's knobs reach the plan as its options (options.solver_options), the
+    fit's own by key."""
     from pipeline.plan import fit_plan as plan
 
     src = inspect.getsource(plan.plan_fit)
+    assert "opts = solver_options(choices)" in src and "options=opts" in src
     tree = options.knobs(spelt_by="plan")
-    unread = [
-        k for k in options.SOLVER_KNOBS if (f"opts.{k}" if k in tree else f'"{k}"') not in src
-    ]
+    unread = [k for k in options.SOLVER_KNOBS if k not in tree and f'"{k}"' not in src]
     # KernelRidge passes sample_weight (its docstring says the in-memory rule reads it);
     # plan_fit has not read it since sample weights went out of core (b6a175f)
     assert unread == ["sample_weight"], f"plan_fit does not read {unread}"
+    assert set(tree) <= set(options.SOLVER_KNOBS)
+
+
+def test_the_plan_holds_the_options_it_was_given():
+    """``plan.options`` is the one reading of the choices (checked and typed), whatever
+    the plan decided; the decisions are the plan's own fields."""
+    from pipeline.kernels import make_kernel
+    from pipeline.plan.fit_plan import Resources, plan_fit
+
+    inf = float("inf")
+    res = Resources(inf, inf, in_memory=False)
+    choices = options.solver_choices(
+        solver="auto", alpha=0.1, tol=np.float32(1e-5), max_iter=np.int64(7), rank=None,
+        matvec="matrix_free", factor_dtype="auto", keep_gram=np.True_, random_state=5,
+        checkpoint_every=3, cost_model="simple",
+    )  # fmt: skip
+    plan, _ = plan_fit(50_000, 3, make_kernel("rbf"), res, choices)
+    o = plan.options
+    assert o == options.solver_options(choices)
+    assert (o.solver, o.matvec, o.factor_dtype) == ("auto", "recompute", "auto")  # as asked
+    assert plan.solver in ("cholesky", "cg") and plan.factor_dtype in ("float64", "float32")
+    assert (o.tol, o.max_iter, o.random_state) == (float(np.float32(1e-5)), 7, 5)
+    assert o.rank == options.SolverOptions().rank  # None: the tree's default
+    assert [type(v) for v in (o.tol, o.max_iter, o.keep_gram)] == [float, int, bool]
+    assert (o.cost_model, o.checkpoint_every) == ("simple", 3)
+    for bad, message in (
+        ({"solver": "lu"}, "solver='lu' is not valid"),
+        ({"matvec": "sideways"}, "matvec='sideways' is not valid"),
+        ({"factor_dtype": "half"}, "factor_dtype='half' is not valid"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            options.solver_options(bad)
+        with pytest.raises(ValueError, match=message):
+            plan_fit(100, 3, None, res, bad)
+
+
+def test_random_state_is_a_knob_of_the_tree():
+    """The seed had its own default in FitPlan and in plan_fit; now the tree's."""
+    from pipeline.constants import DEFAULT_RANDOM_STATE
+    from pipeline.plan.fit_plan import FitPlan, Resources, plan_fit
+
+    k = options.knobs()["random_state"]
+    assert k.default == DEFAULT_RANDOM_STATE and k.spelt_by == {"plan"}
+    assert FitPlan().options.random_state == DEFAULT_RANDOM_STATE
+    res = Resources(float("inf"), float("inf"), in_memory=False)
+    plan, _ = plan_fit(100, 3, None, res, options.solver_choices(solver="cg", random_state=9))
+    assert plan.options.random_state == 9 and plan.to_dict()["random_state"] == 9
 
 
 def test_no_hand_built_choices_dict_is_left():
@@ -306,23 +353,38 @@ def test_every_estimator_solver_param_comes_from_the_tree():
     est = options.knobs(spelt_by="estimator")
     assert SOLVER_PARAMS == est
     assert set(est) <= set(params)
-    assert set(_tree()) & set(params) == set(est)  # no knob of the tree taken unannounced
+    # no knob of the tree taken unannounced; random_state is scikit-learn's (an int, a
+    # RandomState or None), whose seed (validation.check_random_seed) is the tree's knob
+    assert set(_tree()) & set(params) == set(est) | {"random_state"}
+    assert "random_state" not in est and params["random_state"] is None
     for name, k in est.items():
         assert params[name] == (None if k.unset else k.default), name
         assert type(params[name]) is (type(None) if k.unset else k.type), name
     assert {n for n, k in est.items() if k.unset} == {"max_iter", "rank"}
 
 
-def test_the_out_of_core_fit_takes_the_estimators_knobs_with_the_trees_defaults():
-    """``fit_out_of_core`` (what ``KernelRidge._solver_knobs`` feeds) spells the same knobs
-    with the same defaults."""
+def test_the_out_of_core_fit_takes_the_trees_knobs_as_they_are(tmp_path):
+    """``fit_out_of_core`` (what ``KernelRidge._solver_knobs`` feeds) restated eight knobs
+    with the tree's defaults; it takes them as they are now, for ``solver_choices``
+    (checked before any work), and the plan it runs holds them."""
     from pipeline.fit import fit_out_of_core
+    from pipeline.kernels import make_kernel
 
     sig = inspect.signature(fit_out_of_core).parameters
-    for name, k in options.knobs(spelt_by="estimator").items():
-        want = None if k.unset else k.default
-        if name != "solver":  # (its own: "cholesky", "cg" or "auto"; the estimator's names it)
-            assert sig[name].default == want, name
+    assert set(sig) & set(_tree()) == {"solver"}  # its own: "cholesky", "cg" or "auto"
+    assert sig["knobs"].kind is inspect.Parameter.VAR_KEYWORD
+    X = np.random.default_rng(0).normal(size=(40, 2))
+    y, k = X[:, 0], make_kernel("rbf")
+    knobs = {"tol": 1e-9, "preconditioner": "jacobi", "random_state": 3, "checkpoint_every": 2}
+    res = fit_out_of_core(X, y, k, 0.1, solver="cg", progress=False, **knobs)
+    assert {n: getattr(res.plan.options, n) for n in knobs} == knobs
+    assert res.plan.solver == "cg" and res.info["converged"]
+    with pytest.raises(TypeError, match=r"not solver knobs: \['precondtioner'\]"):
+        fit_out_of_core(X, y, k, 0.1, solver="cg", precondtioner="jacobi")
+    store = tmp_path / "store"
+    with pytest.raises(ValueError, match="matvec='sideways' is not valid"):
+        fit_out_of_core(X, y, k, 0.1, solver="cg", store=str(store), matvec="sideways")
+    assert not store.exists()  # refused before the store directory was made
 
 
 def test_a_knob_added_to_the_tree_appears_in_the_config_and_the_estimator_checks(monkeypatch):
@@ -375,20 +437,19 @@ def test_the_estimators_checks_are_the_trees_with_the_old_messages(name, value, 
 
 
 def test_fit_plan_defaults_are_the_trees():
-    """The plan's knobs that it takes as given default to the tree's; the ones it
-    resolves (never "auto" in a plan) have their resolved defaults."""
+    """The plan's options default to the tree; the knobs it decides (never "auto" in a
+    plan) have their decided defaults, the rest of the tree's knobs are no plan fields."""
     from pipeline.plan.fit_plan import FitPlan
 
     plan = FitPlan()
-    resolved = {"solver": "cholesky", "matvec": None, "cg_precision": "float64"}
-    for name, k in options.knobs(spelt_by="plan").items():
-        if name in resolved:
-            assert getattr(plan, name) == resolved[name], name
-        elif hasattr(plan, name):
-            assert getattr(plan, name) == k.default, name
-    assert {f.name for f in dataclasses.fields(FitPlan)} >= set(_tree()) - {
-        "allow_unconverged", "cost_model",
-    }  # fmt: skip
+    assert plan.options == options.SolverOptions()
+    decided = {"solver": "cholesky", "matvec": None, "cg_precision": "float64",
+               "factor_dtype": options.SolverOptions().factor_dtype,
+               "rank": options.SolverOptions().rank}  # fmt: skip
+    own = {f.name for f in dataclasses.fields(FitPlan)}
+    assert own & set(_tree()) == set(decided)
+    for name, want in decided.items():
+        assert getattr(plan, name) == want, name
 
 
 def test_plan_fit_takes_the_trees_options_object():
@@ -406,7 +467,9 @@ def test_plan_fit_takes_the_trees_options_object():
                                                matvec="recompute", rank=None)
     )  # fmt: skip
     assert by_object == by_mapping == by_keys
-    assert (by_object.solver, by_object.tol, by_object.preconditioner) == ("cg", 1e-8, "jacobi")
+    assert (by_object.solver, by_object.options.tol, by_object.options.preconditioner) == (
+        "cg", 1e-8, "jacobi",
+    )  # fmt: skip
     assert options.solver_options({"tol": None, "alpha": 2.0}) == options.SolverOptions()
 
 
@@ -421,9 +484,10 @@ def test_the_solve_stage_takes_the_configs_options_and_its_own_override():
 
     solver = SolverConfig(method="cholesky", factor_dtype="auto", keep_gram=False)
     plan, _ = stage_plan(solver, 100, 3, alpha=0.1, factor_dtype="float32")
-    assert (plan.solver, plan.factor_dtype, plan.keep_gram) == ("cholesky", "float32", False)
+    assert (plan.solver, plan.factor_dtype) == ("cholesky", "float32")
+    assert plan.options.keep_gram is False
     plan, _ = stage_plan(SolverConfig(method="cg", tol=1e-9, checkpoint_every=3), 100, 3)
-    assert (plan.tol, plan.checkpoint_every) == (1e-9, 3)
+    assert (plan.options.tol, plan.options.checkpoint_every) == (1e-9, 3)
 
 
 # ---------------------------------------------------------------------------

@@ -35,7 +35,7 @@ picks the slower solver on much of the measured grid).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -63,9 +63,11 @@ from pipeline.plan.factor_precision import choose_factor_dtype
 
 __all__ = [
     "ALPHA_CONVENTION_ALIASES",
+    "FACTOR_DTYPES",
     "FitPlan",
     "MATVEC_ALIASES",
     "Probes",
+    "RECORD_KEYS",
     "Resources",
     "cg_memory_bytes",
     "dual_flops",
@@ -79,49 +81,58 @@ __all__ = [
     "out_of_core_choice",
     "plan_fit",
     "primal_flops",
+    "SOLVERS",
 ]
 
 
-#: the option tree's defaults (pipeline.options.SolverOptions): FitPlan's knobs that the
-#: plan takes as given default to them
+#: the option tree's defaults (pipeline.options.SolverOptions): the knobs a FitPlan
+#: decides default to them
 _DEFAULT = SolverOptions()
+
+#: the keys of a plan's record (:meth:`FitPlan.to_dict`: ``plan.json``, the solve
+#: stage's outputs), in their recorded order: the plan's own fields and the knobs of its
+#: options that the fit runs with (never ``allow_unconverged`` nor ``cost_model``)
+RECORD_KEYS = (
+    "solver", "alpha", "alpha_convention", "block_size", "factor_dtype", "kernel_dtype",
+    "cg_precision", "preconditioner", "rank", "tol", "max_iter", "matvec", "store",
+    "random_state", "checkpoint_every", "jitter", "factor_scheduler", "keep_gram",
+    "check_disk", "factor_dtype_auto",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
 class FitPlan:
     """Everything that decides how one kernel ridge fit runs; one default each.
 
-    ``solver`` is never ``"auto"`` and ``matvec`` never ``"auto"`` for CG. The knobs
-    the plan takes as given default to the option tree's (:class:`SolverOptions`).
+    :attr:`options` holds the solver knobs as they were asked
+    (:class:`~pipeline.options.SolverOptions`, read by
+    :func:`~pipeline.options.solver_options`: ``plan.options.tol``,
+    ``plan.options.keep_gram``...); the plan's own fields are what it decided and the fit's
+    own values. Of the knobs the plan decides, the decision is the plan's field and the
+    ask stays in :attr:`options`: ``solver`` (never ``"auto"``), ``matvec`` (never
+    ``"auto"`` for CG; ``"stored"`` for the Cholesky, None in memory),
+    ``cg_precision``, ``factor_dtype`` (never ``"auto"``) and ``rank`` (at most n).
     """
 
+    #: the solver knobs as asked (checked and typed; None took the tree's default)
+    options: SolverOptions = field(default_factory=SolverOptions)
+    # what the plan decided
     solver: str = "cholesky"
-    alpha: float = 1.0
-    alpha_convention: str = C.DEFAULT_ALPHA_CONVENTION
     block_size: int = C.DEFAULT_BLOCK_SIZE
     factor_dtype: str = _DEFAULT.factor_dtype
-    kernel_dtype: str = C.DEFAULT_KERNEL_DTYPE
-    #: CG: "float64" products, or "mixed" (float32 kernel products refined to the
-    #: float64 answer; pipeline.linalg.cg_mixed_fit)
-    cg_precision: str = "float64"
-    preconditioner: str = _DEFAULT.preconditioner
-    rank: int = _DEFAULT.rank
-    tol: float = _DEFAULT.tol
-    max_iter: int = _DEFAULT.max_iter
-    matvec: str | None = None
-    store: str | None = None
-    random_state: int = C.DEFAULT_RANDOM_STATE
-    checkpoint_every: int = _DEFAULT.checkpoint_every
-    jitter: bool = _DEFAULT.jitter
-    factor_scheduler: str = _DEFAULT.factor_scheduler
-    #: Cholesky: False factors in place (the factor replaces the Gram tile by tile;
-    #: replaced tiles are recomputed from X for another λ)
-    keep_gram: bool = _DEFAULT.keep_gram
-    #: Cholesky: check the free disk before any work (InsufficientDiskError)
-    check_disk: bool = _DEFAULT.check_disk
     #: Cholesky: factor_dtype was chosen by factor_dtype="auto"; a float32 factor that
     #: fails (not positive definite, refinement short) is then redone in float64
     factor_dtype_auto: bool = False
+    #: CG: "float64" products, or "mixed" (float32 kernel products refined to the
+    #: float64 answer; pipeline.linalg.cg_mixed_fit)
+    cg_precision: str = "float64"
+    rank: int = _DEFAULT.rank
+    matvec: str | None = None
+    # the fit's own values (no knobs of the option tree)
+    alpha: float = 1.0
+    alpha_convention: str = C.DEFAULT_ALPHA_CONVENTION
+    kernel_dtype: str = C.DEFAULT_KERNEL_DTYPE
+    store: str | None = None
     extra: dict = field(default_factory=dict, compare=False)
 
     @property
@@ -138,35 +149,52 @@ class FitPlan:
         """dtype of the Gram the fit builds: the factor's when the Cholesky factors in
         place (a float32 factor replaces a float32 Gram, half the disk, and alpha is
         refined to float64 with matrix-free products from X), else float64."""
-        if self.solver == "cholesky" and not self.keep_gram:
+        if self.solver == "cholesky" and not self.options.keep_gram:
             return np.dtype(self.factor_dtype).name
         return "float64"
 
     def describe(self) -> str:
         """One line for the log: the choices that matter for this solver."""
+        o = self.options
         parts = [f"solver={self.solver}", f"alpha={self.alpha:g} ({self.alpha_convention})"]
         if self.out_of_core:
             parts.append(f"block_size={self.block_size}")
         if self.solver == "cholesky":
             parts.append(f"factor_dtype={self.factor_dtype}")
-            if not self.keep_gram:
+            if not o.keep_gram:
                 parts.append("keep_gram=False")
         if self.solver == "cg":
             parts += [
                 f"matvec={self.matvec}",
                 *(["cg_precision=mixed"] if self.cg_precision == "mixed" else []),
-                f"preconditioner={self.preconditioner}",
+                f"preconditioner={o.preconditioner}",
                 # "adaptive" grows its own rank (up to its memory budget); "nystrom" uses rank
-                f"rank={'chosen by adaptive' if self.preconditioner == 'adaptive' else self.rank}",
-                f"tol={self.tol:g}",
-                f"max_iter={self.max_iter}",
+                f"rank={'chosen by adaptive' if o.preconditioner == 'adaptive' else self.rank}",
+                f"tol={o.tol:g}",
+                f"max_iter={o.max_iter}",
             ]
         return ", ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out.pop("extra")
-        return out
+        """The plan's record (JSON-able; :data:`RECORD_KEYS`, in that order): each key
+        the plan's own field where it has one (a decision), else its options' knob."""
+        own = {f.name for f in fields(self)}
+        return {k: getattr(self if k in own else self.options, k) for k in RECORD_KEYS}
+
+    @classmethod
+    def from_dict(cls, record: Mapping[str, Any]) -> FitPlan:
+        """The plan of a record written by :meth:`to_dict` (or a mapping of its keys).
+
+        A key the plan no longer records is ignored, and one it gained takes its
+        default (a plan recorded by another version still resumes its run). The record
+        keeps the decisions, not the asks: the options' knobs that the plan decides
+        (``solver``, ``matvec``, ...) and the ones it does not record take the tree's
+        defaults, so ``from_dict(p.to_dict()).to_dict() == p.to_dict()``.
+        """
+        own = {f.name for f in fields(cls)} - {"options", "extra"}
+        knobs = {f.name for f in fields(SolverOptions)} - own
+        opts = {k: v for k, v in record.items() if k in knobs}
+        return cls(options=SolverOptions(**opts), **{k: v for k, v in record.items() if k in own})
 
 
 # ---------------------------------------------------------------------------
@@ -354,10 +382,12 @@ def plan_fit(
         (:class:`pipeline.options.SolverOptions`: ``solver``, ``tol``, ``max_iter``,
         ``preconditioner``, ``rank``, ``matvec``, ``cg_precision``, ``checkpoint_every``,
         ``jitter``, ``factor_dtype``, ``factor_scheduler``, ``keep_gram``, ``check_disk``,
-        ``cost_model``), read through :func:`pipeline.options.solver_options`, and the
-        fit's own: ``alpha``, ``alpha_convention``, ``block_size``, ``kernel_dtype``,
-        ``store``, ``random_state``; and, for the in-memory rule, ``kernel_copies`` (K
-        copies of the dense solve) and ``sample_weight`` (True when weights are given).
+        ``cost_model``, ``random_state``), read and checked by
+        :func:`pipeline.options.solver_options` and held as the plan's
+        :attr:`~FitPlan.options`, and the fit's own: ``alpha``, ``alpha_convention``,
+        ``block_size``, ``kernel_dtype``, ``store``; and, for the in-memory rule,
+        ``kernel_copies`` (K copies of the dense solve) and ``sample_weight`` (True when
+        weights are given).
         A :class:`~pipeline.options.SolverOptions` alone gives the knobs, the fit's own
         values taking their defaults.
     n_targets : int
@@ -379,35 +409,32 @@ def plan_fit(
     -------
     (plan, reason) : (FitPlan, str)
     """
-    opts = solver_options(choices)  # the tree's knobs, None taking their defaults
+    opts = solver_options(choices)  # the tree's knobs, checked; None taking their defaults
     ch = {} if isinstance(choices, SolverOptions) else dict(choices or {})
     solver = opts.solver
-    if solver not in SOLVERS:
-        raise ValueError(f"solver={solver!r} is not valid; choose one of {SOLVERS}")
     alpha = _choice(ch, "alpha", 1.0)
     alphas = np.atleast_1d(np.asarray(alpha, dtype=np.float64))
     one_alpha = np.unique(alphas).size == 1
-    matvec = normalize_matvec(opts.matvec)
-    rank = int(opts.rank)
-    fs = opts.factor_scheduler
-    keep = bool(opts.keep_gram)
+    matvec = opts.matvec
+    rank = opts.rank
     probes = Probes() if probes is None else probes
     x_here = probes.x_in_memory and kernel is not None
 
     def block_for(solver: str) -> int:
         w = tiles_on_workers(
-            solver, resources, factor_scheduler=fs, keep_gram=keep, x_in_memory=x_here
+            solver,
+            resources,
+            factor_scheduler=opts.factor_scheduler,
+            keep_gram=opts.keep_gram,
+            x_in_memory=x_here,
         )
         return int(_choice(ch, "block_size", default_block_size(n, w)))
 
     bs = block_for(solver)
     store = ch.get("store")
     factor_dtype = opts.factor_dtype
-    if factor_dtype not in FACTOR_DTYPES:
-        raise ValueError(
-            f"factor_dtype={factor_dtype!r} is not valid; choose one of {FACTOR_DTYPES}"
-        )
     base = FitPlan(
+        options=opts,
         solver="dense",
         alpha=float(alphas[0]) if one_alpha else float("nan"),
         alpha_convention=normalize_alpha_convention(
@@ -416,17 +443,8 @@ def plan_fit(
         block_size=bs,
         factor_dtype="float64" if factor_dtype == "auto" else factor_dtype,
         kernel_dtype=_choice(ch, "kernel_dtype", C.DEFAULT_KERNEL_DTYPE),
-        preconditioner=opts.preconditioner,
         rank=min(rank, max(1, n)),
-        tol=float(opts.tol),
-        max_iter=int(opts.max_iter),
         store=None if store is None else str(store),
-        random_state=int(_choice(ch, "random_state", C.DEFAULT_RANDOM_STATE)),
-        checkpoint_every=int(opts.checkpoint_every),
-        jitter=bool(opts.jitter),
-        factor_scheduler=fs,
-        keep_gram=keep,
-        check_disk=bool(opts.check_disk),
     )
     mercer = bool(getattr(kernel, "is_mercer", True))
     reason = f"requested solver={solver!r}"
@@ -466,11 +484,12 @@ def plan_fit(
     if solver in ("dense", "primal"):
         return replace(base, solver=solver), reason
     precision = normalize_precision(opts.cg_precision)
+    tol = opts.tol
     cm = make_cost_model(
         cost_model if cost_model is not None else opts.cost_model,
         block_size=bs,
         rank=base.rank,
-        tol=base.tol,
+        tol=tol,
         factor_dtype=base.factor_dtype,
     )
     mu = diagonal_shift(float(np.min(alphas)), n, base.alpha_convention)
@@ -480,9 +499,9 @@ def plan_fit(
         probes.residual is not None
         and kernel is not None
         and mercer
-        and base.preconditioner == "nystrom"
+        and opts.preconditioner == "nystrom"
         and _accepts(cm.cg_seconds, "rho")
-        and _rho_matters(cm, solver, n, d, kernel, mu, base.tol, matvec, precision)
+        and _rho_matters(cm, solver, n, d, kernel, mu, tol, matvec, precision)
     ):
         rho = probes.residual(base.rank)  # fixed seed: same rows, same ρ
     variant = choose_cg_variant(
@@ -494,7 +513,7 @@ def plan_fit(
         precision=precision,
         cost_model=cm,
         shift=shift,
-        tol=base.tol,
+        tol=tol,
         rho=rho,
         n_targets=n_targets,
         kernel_dtype=base.kernel_dtype,
@@ -509,7 +528,7 @@ def plan_fit(
             kernel=kernel,
             cost_model=cm,
             shift=shift,
-            tol=base.tol,
+            tol=tol,
             rho=rho,
             cg_options={"matvec": variant[0], "precision": variant[1]},
         )

@@ -131,14 +131,11 @@ def plan_record(
 def recorded_plan(record: Mapping[str, Any]):
     """``(FitPlan, reason)`` from what :func:`plan_record` returned (or its JSON). A key
     :class:`~pipeline.plan.fit_plan.FitPlan` no longer has is ignored, and one it gained
-    takes its default (a plan recorded by another version still resumes its run)."""
-    from dataclasses import fields
-
+    takes its default (a plan recorded by another version still resumes its run):
+    :meth:`FitPlan.from_dict <pipeline.plan.fit_plan.FitPlan.from_dict>`."""
     from pipeline.plan.fit_plan import FitPlan
 
-    known = {f.name for f in fields(FitPlan)}
-    plan = FitPlan(**{k: v for k, v in record["plan"].items() if k in known})
-    return plan, str(record["reason"])
+    return FitPlan.from_dict(record["plan"]), str(record["reason"])
 
 
 def save_npy_atomic(path: Path, arr: np.ndarray) -> int:
@@ -187,9 +184,9 @@ def _solve_cholesky(stage_dir, inputs, y, plan, kernel=None, X_mem=None) -> tupl
     # a float32 factor, or a factor of a float32 Gram, solves a single-precision
     # system: its alpha is refined to float64 from X_train (never returned as it is)
     single = np.float32 in (np.dtype(plan.factor_dtype), np.dtype(gram.dtype))
-    if not plan.keep_gram or single:  # X_train, unless the plan already read it
+    if not plan.options.keep_gram or single:  # X_train, unless the plan already read it
         X = X_mem if X_mem is not None else _rows_in_memory(inputs)
-    if not plan.keep_gram:
+    if not plan.options.keep_gram:
         # in place: the factor replaces the gram stage's tiles; a tile an earlier lambda
         # replaced is rebuilt from the stored X_train (tile_cholesky logs why)
         from pipeline.linalg.cholesky_inplace import GramTileRecomputer

@@ -50,10 +50,10 @@ def test_keep_gram_is_validated():
 def test_plan_carries_keep_gram_and_check_disk():
     res = Resources(memory_bytes=1e12, disk_bytes=1e15, in_memory=False)
     plan, _ = plan_fit(1000, 4, None, res, {"solver": "cholesky", "keep_gram": False})
-    assert plan.keep_gram is False and plan.check_disk is True
+    assert plan.options.keep_gram is False and plan.options.check_disk is True
     assert "keep_gram=False" in plan.describe()
     plan, _ = plan_fit(1000, 4, None, res, {"solver": "cholesky", "check_disk": False})
-    assert plan.keep_gram is True and plan.check_disk is False
+    assert plan.options.keep_gram is True and plan.options.check_disk is False
 
 
 def test_config_keys():

@@ -24,6 +24,7 @@ import pytest
 from pipeline import KernelRidge
 from pipeline.fit import execute
 from pipeline.kernels import make_kernel
+from pipeline.options import SolverOptions
 from pipeline.plan.fit_plan import FitPlan
 
 
@@ -32,8 +33,9 @@ def test_float32_in_place_without_x_in_memory_is_refused_before_any_work(tmp_pat
     X = rng.normal(size=(120, 3))
     y = rng.normal(size=120)
     plan = FitPlan(
-        solver="cholesky", alpha=0.1, block_size=50, factor_dtype="float32", keep_gram=False
-    )
+        solver="cholesky", alpha=0.1, block_size=50, factor_dtype="float32",
+        options=SolverOptions(keep_gram=False),
+    )  # fmt: skip
     root = tmp_path / "store"
     for x_arg, kernel in [(da.from_array(X, chunks=50), make_kernel("rbf")), (X, None)]:
         with pytest.raises(ValueError, match=r"float32.*keep_gram=False needs X in memory"):
@@ -63,7 +65,9 @@ def test_cg_on_a_float32_gram_needs_x_in_memory(tmp_path):
     y = rng.normal(size=120)
     k = make_kernel("rbf")
     gram = build_gram(X, k, str(tmp_path / "g"), 50, dtype="float32", progress=False)
-    plan = FitPlan(solver="cg", alpha=1e-3, block_size=50, matvec="stored", tol=1e-10)
+    plan = FitPlan(
+        solver="cg", alpha=1e-3, block_size=50, matvec="stored", options=SolverOptions(tol=1e-10)
+    )
     with pytest.raises(ValueError, match="float32 Gram converges to the solution for the"):
         execute(plan, da.from_array(X, chunks=50), y, k, gram=gram)
     res = execute(plan, X, y, k, gram=gram)

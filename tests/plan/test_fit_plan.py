@@ -25,7 +25,7 @@ RES = Resources(memory_bytes=16 * GB, disk_bytes=100 * GB, in_memory=False)
 
 def test_one_default_each_from_the_constants():
     p = FitPlan()
-    assert (p.block_size, p.rank, p.tol, p.max_iter) == (
+    assert (p.block_size, p.rank, p.options.tol, p.options.max_iter) == (
         C.DEFAULT_BLOCK_SIZE,
         C.DEFAULT_RANK,
         C.DEFAULT_TOL,
@@ -34,7 +34,7 @@ def test_one_default_each_from_the_constants():
     plan, reason = plan_fit(300, 5, None, RES, {"solver": "cg", "matvec": "matrix_free"})
     # old spellings map to the one vocabulary; the rank is capped at n; defaults filled in
     assert plan.solver == "cg" and plan.matvec == "recompute" and plan.rank == 300
-    assert plan.tol == C.DEFAULT_TOL and plan.max_iter == C.DEFAULT_MAX_ITER
+    assert plan.options.tol == C.DEFAULT_TOL and plan.options.max_iter == C.DEFAULT_MAX_ITER
     assert "requested" in reason
     plan, _ = plan_fit(300, 5, None, RES, {"solver": "cg", "alpha_convention": "n"})
     assert plan.alpha_convention == "n_samples"
