@@ -71,10 +71,12 @@ _IN_MEMORY_KWARGS = frozenset({"block_size", "train_block_size", "progress"})
 class Model:
     """A fitted kernel ridge model: the one fitted-model type, which is the saved artifact.
 
-    What :func:`save_artifact` writes and :func:`load_artifact` reads, what
-    ``KernelRidge.model_`` gives, ``KernelRidge.save`` writes and :func:`pipeline.load`
-    reads, what ``krr run``'s model stage writes and what ``krr predict`` predicts
-    with (:meth:`predict`). ``ModelArtifact`` and
+    What :func:`save_artifact` writes and :func:`load_artifact` reads, what every fit
+    makes (``KernelRidge.model_``, ``KernelPerceptron.model_``, ``KernelRidgeCV``'s
+    refit; :meth:`from_fit` of an in-memory fit's result) and its estimator predicts
+    by, what ``KernelRidge.save`` writes and :func:`pipeline.load` reads, what
+    ``krr run``'s model stage writes and what ``krr predict`` predicts with
+    (:meth:`predict`). ``ModelArtifact`` and
     :data:`pipeline.models.model_io.FittedModel` are other names of this class.
 
     Attributes
