@@ -34,12 +34,7 @@ import numpy as np
 import scipy.sparse as sp
 
 import pipeline.constants as C
-from pipeline.engine.dense import (
-    check_finite_kernel,
-    check_finite_predictions,
-    kernel_matrix,
-    kernel_predict,
-)
+from pipeline.engine.dense import check_finite_kernel, kernel_matrix
 from pipeline.engine.progress import cg_progress
 from pipeline.engine.where import cluster_workers, factor_executor, gram_on_demand
 from pipeline.errors import IndefiniteKernelError, LockHeldError
@@ -51,7 +46,7 @@ from pipeline.linalg.cg_checkpoint import resumable_cg
 from pipeline.linalg.cg_mixed_fit import mixed_cg_fit
 from pipeline.linalg.cholesky import regularisation_shift, tile_cholesky
 from pipeline.linalg.cholesky_options import NonFiniteKernelError, NotPositiveDefiniteError
-from pipeline.linalg.dense_dual import effective_alpha, predict_dual, solve_dual
+from pipeline.linalg.dense_dual import effective_alpha, solve_dual
 from pipeline.linalg.dense_memory import check_dense_memory, dense_dual_bytes, primal_bytes
 from pipeline.linalg.dense_primal import primal_to_dual, solve_primal
 from pipeline.linalg.matvec import make_operator
@@ -65,7 +60,6 @@ from pipeline.storage.lease import LeaseLock
 __all__ = [
     "FitResult",
     "OutOfCoreFit",
-    "ReferenceModel",
     "execute",
     "fit_out_of_core",
     "fit_reference",
@@ -494,33 +488,6 @@ def _dense(X: Any) -> np.ndarray:
     return X.toarray() if sp.issparse(X) else np.asarray(X)
 
 
-@dataclass
-class ReferenceModel:
-    """A fitted exact kernel ridge model (see :func:`fit_reference`)."""
-
-    kernel: Kernel
-    X_fit: Any
-    dual_coef: np.ndarray
-    solver: str
-    coef: np.ndarray | None = None
-    info: dict = field(default_factory=dict)
-
-    def predict(self, X: Any) -> np.ndarray:
-        if self.coef is not None:
-            return np.asarray(X @ self.coef, dtype=np.float64)
-        Xf = self.X_fit
-        fused = kernel_predict(self.kernel, X, Xf, self.dual_coef)
-        if fused is not None:  # the fused evaluators, K(X, X_fit) never formed
-            return fused
-
-        def kfn(Xb: Any) -> np.ndarray:
-            return self.kernel(_dense(Xb), Xf)
-
-        pred = predict_dual(kfn, X, self.dual_coef)
-        check_finite_predictions(pred)
-        return pred
-
-
 def fit_reference(
     X: Any,
     y: Any,
@@ -533,8 +500,12 @@ def fit_reference(
     jitter: float | str | None = None,
     available_memory: int | None = None,
     **kernel_params: Any,
-) -> ReferenceModel:
+) -> FitResult:
     """Fit exact kernel ridge in memory; the ground truth for every other solver.
+
+    Returns the fit's result, coefficients and solver details (no predict: the one
+    fitted-model type, :class:`pipeline.models.artifact.Model`, is built from it by
+    :meth:`~pipeline.models.artifact.Model.from_fit`, a layer above).
 
     Parameters
     ----------
@@ -549,6 +520,12 @@ def fit_reference(
     available_memory : int, optional
         Bytes the fit may use (default: measured); more raises
         :class:`~pipeline.linalg.dense_memory.InsufficientMemoryError`.
+
+    Returns
+    -------
+    FitResult
+        ``solver`` "dense" or "primal"; ``dual_coef`` (None for a primal fit with
+        alpha <= 0), and ``primal_coef`` for a primal fit.
     """
     k = make_kernel(kernel, **kernel_params)
     X = X if sp.issparse(X) else np.asarray(X)
@@ -577,14 +554,13 @@ def fit_reference(
         check_dense_memory(
             primal_bytes(n, d, t), what=f"the primal solve with D={d}", available=available_memory
         )
-        fit = execute(plan, X, y, k, alpha=alpha, sample_weight=sw)
-        return ReferenceModel(k, X, fit.dual_coef, "primal", coef=fit.primal_coef)
+        return execute(plan, X, y, k, alpha=alpha, sample_weight=sw)
     check_dense_memory(
         dense_dual_bytes(n, d, t),
         what=f"the dense dual solve with N={n}",
         available=available_memory,
     )
-    fit = execute(
+    return execute(
         plan,
         X,
         y,
@@ -595,7 +571,6 @@ def fit_reference(
         overwrite_k=True,
         jitter=jitter,
     )
-    return ReferenceModel(k, _dense(X), fit.dual_coef, "dense", info=fit.info)
 
 
 # ---------------------------------------------------------------------------

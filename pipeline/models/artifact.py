@@ -33,13 +33,14 @@ from typing import Any
 
 import fsspec
 import numpy as np
+import scipy.sparse as sp
 import zarr
 
 from pipeline._version import __version__
 from pipeline.errors import ArtifactError, StoreUnreachable
 from pipeline.kernels import Kernel, kernel_from_spec, make_kernel, spec_round_trips
 from pipeline.linalg.blockwise import predict
-from pipeline.linalg.predict_model import check_preprocessing, model_fingerprint
+from pipeline.linalg.predict_model import check_preprocessing, model_fingerprint, predict_in_memory
 from pipeline.linalg.predict_source import select_features
 from pipeline.models.artifact_refs import (
     check_names,
@@ -51,6 +52,7 @@ from pipeline.models.artifact_refs import (
     ref_to_store,
     resolve_stored_ref,
 )
+from pipeline.options import solver_convention
 from pipeline.storage import fingerprint_blocks, fingerprint_obj
 
 FORMAT = "krr-pipeline.model"
@@ -58,16 +60,23 @@ FORMAT_VERSION = 1
 SUPPORTED_VERSIONS = (1,)
 META_KEY = "krr_model"
 _CHUNK_BYTES = 64 * 2**20
+#: the fits whose models predict in memory as their estimator does (``extra["solver_"]``):
+#: KernelRidge's in-memory solvers and the kernel perceptron
+IN_MEMORY_FITS = ("dense", "primal", "perceptron")
+#: the options of :meth:`Model.predict` that the in-memory path takes (and ignores)
+_IN_MEMORY_KWARGS = frozenset({"block_size", "train_block_size", "progress"})
 
 
 @dataclass
 class Model:
     """A fitted kernel ridge model: the one fitted-model type, which is the saved artifact.
 
-    What :func:`save_artifact` writes and :func:`load_artifact` reads, what
-    ``KernelRidge.model_`` gives, ``KernelRidge.save`` writes and :func:`pipeline.load`
-    reads, what ``krr run``'s model stage writes and what ``krr predict`` predicts
-    with (:meth:`predict`). ``ModelArtifact`` and
+    What :func:`save_artifact` writes and :func:`load_artifact` reads, what every fit
+    makes (``KernelRidge.model_``, ``KernelPerceptron.model_``, ``KernelRidgeCV``'s
+    refit; :meth:`from_fit` of an in-memory fit's result) and its estimator predicts
+    by, what ``KernelRidge.save`` writes and :func:`pipeline.load` reads, what
+    ``krr run``'s model stage writes and what ``krr predict`` predicts with
+    (:meth:`predict`). ``ModelArtifact`` and
     :data:`pipeline.models.model_io.FittedModel` are other names of this class.
 
     Attributes
@@ -131,15 +140,59 @@ class Model:
         """None for a 1-D ``dual_coef`` (single target), else its column count."""
         return None if self.dual_coef.ndim == 1 else int(self.dual_coef.shape[1])
 
+    @property
+    def primal_coef(self) -> np.ndarray | None:
+        """The primal weights of a primal fit (``extra["primal_coef_"]``), else None."""
+        primal = (self.extra or {}).get("primal_coef_")
+        return None if primal is None else np.asarray(primal, dtype=np.float64)
+
+    @property
+    def fitted_in_memory(self) -> bool:
+        """Whether an estimator fitted this model in memory (``extra["solver_"]`` one of
+        :data:`IN_MEMORY_FITS`): its in-memory predictions are those of the fit."""
+        return (self.extra or {}).get("solver_") in IN_MEMORY_FITS
+
+    def _predicts_in_memory(self, X_new: Any, kwargs: Mapping[str, Any]) -> bool:
+        """The in-memory path takes a model fitted in memory, finite rows in memory of
+        the right width and no option of the blockwise path but its block sizes and
+        progress; everything else (an error included) is the blockwise path's."""
+        if not self.fitted_in_memory or set(kwargs) - _IN_MEMORY_KWARGS:
+            return False
+        if "x_mean" in self.preprocessing or "x_scale" in self.preprocessing:
+            return False
+        sparse = sp.issparse(X_new)
+        if not (sparse or isinstance(X_new, np.ndarray)) or X_new.ndim != 2:
+            return False
+        if X_new.shape[1] != self.n_features or X_new.dtype.kind not in "fiu":
+            return False
+        return bool(np.isfinite(X_new.data if sparse else X_new).all())
+
     def predict(self, X_new: Any, **kwargs: Any) -> Any:
-        """Predict with :func:`pipeline.linalg.blockwise.predict` (numpy, or a batch into ``out=``).
+        """Predict ``K(X_new, X_train) @ dual_coef`` (with the preprocessing applied).
+
+        A model an estimator fitted in memory (:attr:`fitted_in_memory`: a dense,
+        primal or perceptron fit) predicts rows in memory (numpy or sparse, finite)
+        as its estimator does, by :func:`pipeline.linalg.predict_model.predict_in_memory`
+        (``X_new @ primal_coef`` for a primal fit; ``block_size``, ``train_block_size``
+        and ``progress`` are then ignored). Everything else goes blockwise, by
+        :func:`pipeline.linalg.blockwise.predict` (numpy, or a batch into ``out=``).
 
         A table ``X_new`` (CSV or Parquet path, DataFrame) is read by column
         name, in the order of :attr:`feature_names` (see
         :func:`pipeline.linalg.predict_source.select_features`); ``columns=[...]`` selects
         columns explicitly.
         """
-
+        if self._predicts_in_memory(X_new, kwargs):
+            return predict_in_memory(
+                X_new,
+                self.X_train,
+                self.dual_coef,
+                self.kernel,
+                primal_coef=self.primal_coef,
+                preprocessing=self.preprocessing,
+            )
+        if sp.issparse(X_new):
+            X_new = X_new.toarray()
         X_new = select_features(
             X_new,
             int(kwargs.get("block_size", 4096)),
@@ -162,6 +215,50 @@ class Model:
             self.kernel,
             preprocessing=self.preprocessing,
             **kwargs,
+        )
+
+    @classmethod
+    def from_fit(
+        cls,
+        fit: Any,
+        X_train: Any,
+        kernel: Kernel | str | dict,
+        alpha: Any,
+        *,
+        alpha_convention: str = "sklearn",
+        extra: Mapping[str, Any] | None = None,
+        **fields: Any,
+    ) -> Model:
+        """The model of an in-memory fit's result (:class:`pipeline.fit.FitResult`, e.g.
+        :func:`pipeline.fit.fit_reference`'s): the fit returns coefficients, the model
+        that predicts with them is built here, from the training rows and kernel the
+        fit was given and its ``alpha`` (one or per target) in ``alpha_convention``
+        (``"sklearn"`` or ``"n_samples"``). ``extra`` and ``fields`` (any other
+        :class:`Model` field) are added. Not saved: ``path`` None.
+
+        Raises
+        ------
+        ValueError
+            A fit without dual coefficients (a primal fit with alpha <= 0).
+        """
+        if fit.dual_coef is None:
+            raise ValueError(
+                f"a {fit.solver} fit without dual coefficients (alpha <= 0) cannot be a Model; "
+                "fit with alpha > 0 or solver='dense'"
+            )
+        X = X_train.toarray() if sp.issparse(X_train) else np.asarray(X_train)
+        alphas = np.atleast_1d(np.asarray(alpha, dtype=np.float64))
+        info: dict[str, Any] = {"solver_": fit.solver, "n_iter_": int(fit.n_iter)}
+        if fit.primal_coef is not None:  # predict(X) = X @ primal_coef_
+            info["primal_coef_"] = np.asarray(fit.primal_coef, dtype=np.float64).tolist()
+        return cls(
+            X_train=X,
+            dual_coef=np.asarray(fit.dual_coef),
+            kernel=make_kernel(kernel),
+            regularization=float(alphas[0]) if np.unique(alphas).size == 1 else alphas,
+            regularization_convention=solver_convention(alpha_convention),
+            extra={**info, **dict(extra or {})},
+            **fields,
         )
 
     def save(self, path_or_url: str, *, overwrite: bool = False) -> Model:

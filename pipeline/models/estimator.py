@@ -23,12 +23,13 @@ from sklearn.base import BaseEstimator, MultiOutputMixin, RegressorMixin
 from sklearn.metrics.pairwise import pairwise_kernels
 from sklearn.utils.validation import check_is_fitted
 
-from pipeline.engine.dense import check_finite_predictions, kernel_matrix, kernel_predict
+from pipeline.engine.dense import kernel_matrix
 from pipeline.engine.progress import with_progress
 from pipeline.fit import execute, log_plan, measure_resources, row_probes
 from pipeline.kernels import Linear, spec_round_trips
-from pipeline.linalg.dense_dual import effective_alpha, predict_dual
+from pipeline.linalg.dense_dual import effective_alpha
 from pipeline.linalg.dense_memory import check_dense_memory, dense_dual_bytes, primal_bytes
+from pipeline.linalg.predict_model import predict_in_memory
 from pipeline.models.kernel_estimator import KernelParamsMixin
 from pipeline.models.model_io import estimator_state, fitted_model, save_model
 from pipeline.options import (
@@ -290,7 +291,14 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         )
         # an earlier fit's or a loaded krr run model's state (its scaler) must not outlive it,
         # nor a half of it a refused fit: unfitted (NotFittedError), not wrong numbers
-        for stale in ("dual_coef_", "X_fit_", "primal_coef_", "preprocessing_", "fit_info_"):
+        for stale in (
+            "dual_coef_",
+            "X_fit_",
+            "primal_coef_",
+            "preprocessing_",
+            "fit_info_",
+            "_model",
+        ):
             if hasattr(self, stale):
                 delattr(self, stale)
         solver = self.solver
@@ -342,6 +350,7 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         self.solver_ = solver
         self.n_iter_ = 1
         self.X_fit_ = _c_order(X)
+        self._set_model()
         return self
 
     def _solver_knobs(self) -> dict:
@@ -467,6 +476,7 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         self.n_iter_ = fit.n_iter
         self.effective_alpha_ = np.full(1 if y.ndim == 1 else y.shape[1], fit.shift)
         self.fit_info_ = {**fit.info, "store": None if store is None else str(store)}
+        self._set_model()
         return self
 
     def _fit_identity(self, kernel: Any, x_fp: str, y: np.ndarray, sw: Any) -> dict:
@@ -505,12 +515,19 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         }
 
     # -- the fitted model -----------------------------------------------------------
+    def _set_model(self) -> None:
+        """Build the fitted model from the fitted attributes, once, at the end of a fit
+        (:func:`pipeline.models.model_io.fitted_model`; None for a callable or
+        ``"precomputed"`` kernel, which no model holds). Whatever sets the fitted
+        attributes (``fit``, ``KernelRidgeCV``'s refit) calls it last."""
+        self._model = None if self.kernel_ is None else fitted_model(self)
+
     @property
     def model_(self) -> Any:
-        """The fitted model as the one fitted-model type, :class:`pipeline.models.artifact.Model`
-        (what :meth:`save` writes, :func:`load` reads and ``krr predict`` predicts with):
-        a view of ``X_fit_``, ``dual_coef_``, ``kernel_``, alpha and its convention, the
-        scaler and the feature names, made on access (nothing is copied).
+        """The fitted model, the one fitted-model type :class:`pipeline.models.artifact.Model`
+        (what :meth:`save` writes, :func:`load` reads and ``krr predict`` predicts with),
+        made by ``fit`` (by :func:`load`: the loaded model). :meth:`predict` predicts
+        with it.
 
         Raises
         ------
@@ -519,7 +536,11 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         ValueError
             A callable or ``"precomputed"`` kernel (no kernel spec: no portable model).
         """
-        return fitted_model(self)
+        check_is_fitted(self, "dual_coef_")
+        model = getattr(self, "_model", None)
+        if model is None:
+            return fitted_model(self)  # raises: no model holds this kernel
+        return model
 
     # -- persistence -------------------------------------------------------------
     def save(self, path: Any, *, overwrite: bool = False) -> Any:
@@ -546,31 +567,26 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         ndarray of shape (n_samples,) or (n_samples, n_targets)
         """
         check_is_fitted(self, "dual_coef_")
-        # a model written by krr run holds its scaler: applied to X and to the predictions
-        pre = getattr(self, "preprocessing_", None) or None
         X = validate_X_predict(self, X, precomputed=self._precomputed)
-        if getattr(self, "primal_coef_", None) is not None:
-            return np.asarray(X @ self.primal_coef_, dtype=np.float64)
-        if self._precomputed:
-            return np.asarray(X @ self.dual_coef_, dtype=np.float64)
-        if getattr(self, "solver_", None) in OUT_OF_CORE_SOLVERS or pre:
-            # blockwise, by the fitted model (pipeline.models.artifact.Model.predict), as krr predict
+        model = getattr(self, "_model", None)
+        if model is not None:
+            # by the fitted model (pipeline.models.artifact.Model.predict): in memory after an
+            # in-memory fit, blockwise (as krr predict) after an out-of-core one or with a
+            # krr run model's scaler
             bs = int(self.block_size or 2048)
-            return fitted_model(self, portable=False).predict(
-                _dense(X),
+            return model.predict(
+                X,
                 block_size=bs,
                 train_block_size=bs,
                 progress=True,  # as self.progress says (with_progress)
             )
-        if sp.issparse(X):
-            X = X.tocsr()
-        X_fit = self.X_fit_ if self.kernel_ is None else _dense(self.X_fit_)
-        fused = kernel_predict(self.kernel_, X, X_fit, self.dual_coef_)
-        if fused is not None:  # the fused evaluators: K(X, X_fit) is never formed
-            return fused
-        pred = predict_dual(lambda Xb: self._kernel_matrix(Xb, X_fit), X, self.dual_coef_)
-        check_finite_predictions(pred)
-        return pred
+        # no model holds a callable or "precomputed" kernel
+        if self._precomputed:
+            return np.asarray(X @ self.dual_coef_, dtype=np.float64)
+        X_fit = self.X_fit_
+        return predict_in_memory(
+            X, X_fit, self.dual_coef_, None, kernel_fn=lambda Xb: self._kernel_matrix(Xb, X_fit)
+        )
 
 
 def load(path: Any) -> KernelRidge:
@@ -595,6 +611,7 @@ def load(path: Any) -> KernelRidge:
     est = KernelRidge(**params)
     for name, value in attrs.items():
         setattr(est, name, value)
+    est._model = art  # the loaded model itself: its path and fingerprint kept
     return est
 
 

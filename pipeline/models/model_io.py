@@ -43,19 +43,22 @@ def _json_params(est: Any) -> dict[str, Any]:
         params["store"] = str(params["store"])
     if not isinstance(params.get("random_state"), int | type(None)):
         params["random_state"] = None
-    alpha = params["alpha"]
-    params["alpha"] = np.asarray(alpha).tolist() if not np.isscalar(alpha) else float(alpha)
+    if "alpha" in params:  # (KernelPerceptron has none)
+        alpha = params["alpha"]
+        params["alpha"] = np.asarray(alpha).tolist() if not np.isscalar(alpha) else float(alpha)
     return params
 
 
-def fitted_model(est: Any, *, portable: bool = True) -> Model:
-    """The :class:`~pipeline.models.artifact.Model` a fitted :class:`pipeline.KernelRidge` holds
-    (``KernelRidge.model_``): its training rows, ``dual_coef_``, kernel, λ and its
-    convention, scaler, feature names, and its parameters and fitted attributes as
-    ``extra``. Not saved yet: ``path`` is None and ``model_fingerprint`` empty.
+def fitted_model(est: Any) -> Model:
+    """The :class:`~pipeline.models.artifact.Model` of a fitted :class:`pipeline.KernelRidge`,
+    built once at the end of its fit (``KernelRidge.model_``): its training rows,
+    ``dual_coef_``, kernel, λ and its convention, scaler, feature names, and its
+    parameters and fitted attributes as ``extra``. Not saved yet: ``path`` is None and
+    ``model_fingerprint`` empty.
 
-    ``portable=False`` leaves the parameters out of ``extra`` (what ``predict`` needs
-    only: a kernel object without a JSON spec predicts, it cannot be saved).
+    A kernel object without a JSON spec (a parameter that is a function) gives a model
+    without ``extra["params"]``: it predicts, and saving it raises the kernel's
+    ``TypeError`` (as saving the estimator did).
 
     Raises
     ------
@@ -66,9 +69,13 @@ def fitted_model(est: Any, *, portable: bool = True) -> Model:
     from sklearn.utils.validation import check_is_fitted
 
     check_is_fitted(est, "dual_coef_")
-    params = _json_params(est) if portable else None
     if est.kernel_ is None:
+        _json_params(est)  # names the kernel that has no spec
         raise ValueError(f"a model with kernel={est.kernel!r} cannot be saved (no kernel spec)")
+    try:
+        params = _json_params(est)
+    except TypeError:  # a Kernel whose spec cannot be written: saving it raises this again
+        params = None
     X = est.X_fit_
     if hasattr(X, "toarray"):
         X = X.toarray()
@@ -86,7 +93,7 @@ def fitted_model(est: Any, *, portable: bool = True) -> Model:
     primal = getattr(est, "primal_coef_", None)
     if primal is not None:  # predict(X) = X @ primal_coef_ (JSON floats round-trip exactly)
         extra["primal_coef_"] = np.asarray(primal, dtype=np.float64).tolist()
-    if not portable:
+    if params is None:
         del extra["params"]
     # a model loaded from krr run keeps its scaler (its X_train is the standardised rows)
     pre = getattr(est, "preprocessing_", None) or None
@@ -102,10 +109,49 @@ def fitted_model(est: Any, *, portable: bool = True) -> Model:
     )
 
 
+def perceptron_model(est: Any) -> Model | None:
+    """The :class:`~pipeline.models.artifact.Model` of a fitted :class:`pipeline.KernelPerceptron`
+    (``KernelPerceptron.model_``), built once at the end of its fit: its training rows,
+    ``dual_coef_`` (a_i y_i), kernel and, as the output offset ``y_mean``, ``intercept_``
+    (theta0), so that :meth:`~pipeline.models.artifact.Model.predict` is its
+    ``decision_function``. No ridge: ``regularization`` is 0. Its parameters and
+    fitted attributes ride along in ``extra`` (``"solver_": "perceptron"``: it predicts
+    in memory, as the perceptron did). A kernel without a spec gives no model (None).
+    """
+    if est.kernel_ is None:
+        return None
+    try:
+        params = _json_params(est)
+    except TypeError:  # a Kernel whose spec cannot be written: saving it raises this again
+        params = None
+    X = est.X_fit_
+    if hasattr(X, "toarray"):
+        X = X.toarray()
+    extra: dict[str, Any] = {
+        "estimator": "pipeline.KernelPerceptron",
+        "solver_": "perceptron",
+        "n_iter_": int(est.n_iter_),
+        "converged_": bool(est.converged_),
+        "classes_": np.asarray(est.classes_).tolist(),
+    }
+    if params is not None:
+        extra["params"] = params
+    return Model(
+        X_train=np.asarray(X),
+        dual_coef=est.dual_coef_,
+        kernel=est.kernel_,
+        regularization=0.0,
+        regularization_convention="sklearn",
+        preprocessing={"y_mean": np.asarray(est.intercept_, dtype=np.float64)},
+        extra=extra,
+        feature_names=_feature_names(est),
+    )
+
+
 def save_model(est: Any, path: Any, *, overwrite: bool = False) -> Model:
     """Save a fitted :class:`pipeline.KernelRidge` to ``path`` (directory or fsspec URL):
-    its :func:`fitted_model`, written by :meth:`pipeline.models.artifact.Model.save`."""
-    return fitted_model(est).save(str(path), overwrite=overwrite)
+    its model (``KernelRidge.model_``), written by :meth:`pipeline.models.artifact.Model.save`."""
+    return est.model_.save(str(path), overwrite=overwrite)
 
 
 def _feature_names(est: Any) -> list[str] | None:

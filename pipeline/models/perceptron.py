@@ -24,10 +24,12 @@ from sklearn.utils import check_random_state
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from pipeline.engine.dense import kernel_matrix, kernel_predict
-from pipeline.linalg.dense_dual import predict_dual
+from pipeline.engine.dense import kernel_matrix
 from pipeline.linalg.dense_memory import check_dense_memory, dense_dual_bytes
+from pipeline.linalg.predict_model import predict_in_memory
+from pipeline.models.artifact import Model
 from pipeline.models.kernel_estimator import KernelParamsMixin
+from pipeline.models.model_io import perceptron_model
 from pipeline.validation import FLOAT_DTYPES, SPARSE_FORMATS, check_positive_int
 
 
@@ -193,6 +195,7 @@ class KernelPerceptron(KernelParamsMixin, ClassifierMixin, BaseEstimator):
         self.n_iter_ = max(epochs)
         self.converged_ = all(conv)
         self.X_fit_ = X
+        self._model = perceptron_model(self)  # None for a kernel no model holds
         if not self.converged_:
             warnings.warn(
                 f"KernelPerceptron made mistakes in the last of max_epochs={self.max_epochs} "
@@ -213,13 +216,38 @@ class KernelPerceptron(KernelParamsMixin, ClassifierMixin, BaseEstimator):
         X = validate_data(self, X, accept_sparse=SPARSE_FORMATS, dtype=FLOAT_DTYPES, reset=False)
         if self._precomputed:
             return self._kernel_matrix(X, self.X_fit_) @ self.dual_coef_ + self.intercept_
-        # the fused evaluators never form K(X, X_fit); else kernel rows in blocks
-        scores = kernel_predict(self.kernel_, X, self.X_fit_, self.dual_coef_)
-        if scores is None:
-            scores = predict_dual(
-                lambda Xb: self._kernel_matrix(Xb, self.X_fit_), X, self.dual_coef_
-            )
+        model = getattr(self, "_model", None)
+        if model is not None:  # by the fitted model, in memory (intercept_ is its y_mean)
+            return model.predict(X)
+        # a callable kernel (no model holds it): kernel rows in blocks
+        scores = predict_in_memory(
+            X, self.X_fit_, self.dual_coef_, None,
+            kernel_fn=lambda Xb: self._kernel_matrix(Xb, self.X_fit_),
+        )  # fmt: skip
         return scores + self.intercept_
+
+    @property
+    def model_(self) -> Model:
+        """The fitted model, the one fitted-model type :class:`pipeline.models.artifact.Model`
+        (made by ``fit``): the training rows, ``dual_coef_``, the kernel and ``intercept_``
+        as its output offset, so that ``model_.predict(X)`` is :meth:`decision_function`.
+        It can be saved (:meth:`~pipeline.models.artifact.Model.save`); :func:`pipeline.load`
+        loads KernelRidge models only, :func:`pipeline.models.artifact.load_artifact` this one.
+
+        Raises
+        ------
+        sklearn.exceptions.NotFittedError
+            Before ``fit``.
+        ValueError
+            A callable or ``"precomputed"`` kernel (no kernel spec: no model).
+        """
+        check_is_fitted(self, "dual_coef_")
+        model = getattr(self, "_model", None)
+        if model is None:
+            raise ValueError(
+                f"a model with kernel={self.kernel!r} cannot be saved (no kernel spec)"
+            )
+        return model
 
     def predict(self, X: Any) -> np.ndarray:
         """Class labels: the sign of the decision function (argmax one-vs-rest)."""

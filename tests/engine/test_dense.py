@@ -23,6 +23,7 @@ from pipeline.engine.dense import kernel_matrix, kernel_predict
 from pipeline.fit import fit_reference
 from pipeline.kernels import RBF, Laplacian, Linear, Polynomial, Sigmoid
 from pipeline.kernels.base import NonFiniteKernelError
+from pipeline.models.artifact import Model
 
 FUSED = [
     RBF(gamma=0.3),
@@ -170,7 +171,7 @@ def test_estimator_takes_the_fused_path_for_known_kernels(monkeypatch):
     monkeypatch.setattr(RBF, "_eval", boom)
     model = KernelRidge(alpha=0.5, kernel="rbf", solver="dense").fit(X, y)
     np.testing.assert_array_equal(model.predict(Xn), expected)
-    ref_model = fit_reference(X, y, "rbf", 0.5, solver="dense")
+    ref_model = Model.from_fit(fit_reference(X, y, "rbf", 0.5, solver="dense"), X, "rbf", 0.5)
     assert _rel(ref_model.predict(Xn), expected) < 1e-12
 
 

@@ -12,6 +12,7 @@ from pipeline import KernelRidge
 from pipeline.fit import fit_reference
 from pipeline.kernels import Polynomial
 from pipeline.linalg.dense_primal import solve_primal
+from pipeline.models.artifact import Model
 
 
 def quadratic_features(X: np.ndarray, gamma: float, coef0: float) -> np.ndarray:
@@ -70,4 +71,5 @@ def test_kernel_ridge_equals_primal_ridge_on_explicit_features(data, alpha_conve
     assert lin.solver_ == "primal"
     np.testing.assert_allclose(lin.predict(Phit), krr.predict(Xt), rtol=1e-8, atol=1e-10)
     ref = fit_reference(Phi, y, "linear", alpha, alpha_convention=alpha_convention, solver="dense")
+    ref = Model.from_fit(ref, Phi, "linear", alpha, alpha_convention=alpha_convention)
     np.testing.assert_allclose(ref.predict(Phit), krr.predict(Xt), rtol=1e-8, atol=1e-10)

@@ -27,6 +27,7 @@ from pipeline.linalg.dense_memory import (
     dense_dual_bytes,
 )
 from pipeline.linalg.dense_primal import primal_to_dual, solve_primal
+from pipeline.models.artifact import Model
 from pipeline.plan.fit_plan import in_memory_choice
 
 
@@ -79,6 +80,7 @@ def test_n_samples_convention():
     yr = np.concatenate([y, y[:10], y[:10]])
     m_w = fit_reference(X, y, RBF(gamma=0.5), 0.01, sample_weight=w, alpha_convention="n_samples")
     m_r = fit_reference(Xr, yr, RBF(gamma=0.5), 0.01, alpha_convention="n_samples")
+    m_w, m_r = (Model.from_fit(m, Xm, RBF(gamma=0.5), 0.01) for m, Xm in ((m_w, X), (m_r, Xr)))
     Xt, _ = _data(n=30, seed=5)
     np.testing.assert_allclose(m_w.predict(Xt), m_r.predict(Xt), rtol=1e-8, atol=1e-10)
     np.testing.assert_allclose(
@@ -183,8 +185,10 @@ def test_cost_model_choice():
     X, y = _data(n=200, d=4)
     assert fit_reference(X, y, "linear", 1.0).solver == "primal"
     assert fit_reference(X, y, "rbf", 1.0).solver == "dense"
-    p1 = fit_reference(X, y, Linear(), 1.0, solver="primal").predict(X)
-    p2 = fit_reference(X, y, Linear(), 1.0, solver="dense").predict(X)
+    p1, p2 = (
+        Model.from_fit(fit_reference(X, y, Linear(), 1.0, solver=s), X, Linear(), 1.0).predict(X)
+        for s in ("primal", "dense")
+    )
     np.testing.assert_allclose(p1, p2, rtol=1e-10)
 
 

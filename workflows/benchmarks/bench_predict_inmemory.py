@@ -88,6 +88,7 @@ def main() -> None:
     model.X_fit_ = Xt
     a = np.resize(model.dual_coef_, args.n_train) * (n_fit / args.n_train)
     model.dual_coef_ = a
+    model._set_model()  # predict uses model_, made at fit: make it again from these attributes
     X = rng.standard_normal((args.n_pred, d))
     entries = float(args.n_pred) * args.n_train
     best = {"ours": np.inf, "baseline": np.inf}

@@ -97,4 +97,5 @@ def refit_best(self, X, y, base, stats, settings) -> KernelRidge:
         "refit_by": "KernelRidgeCV",
         "store": None if self.store is None else os.fspath(self.store),
     }
+    est._set_model()  # its model_, as KernelRidge.fit makes it
     return est
