@@ -10,6 +10,8 @@ the functions that use it.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -280,9 +282,6 @@ def _probe_scheduler(address: str, timeout: float, source: str) -> None:
     CliError (exit 6) unless a Dask scheduler answers. ``distributed.Client`` waits
     forever on a port that accepts and never answers (an HTTP server), and reads
     other bytes as a frame length (a MemoryError of exabytes)."""
-    import asyncio
-    import concurrent.futures
-
     from distributed.core import rpc
     from distributed.security import Security
 
