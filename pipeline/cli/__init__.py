@@ -39,6 +39,7 @@ import time
 import traceback
 from typing import Any
 
+import pipeline.stages as stages
 from pipeline._version import __version__
 from pipeline.cli.args import (
     KrrArgumentParser,
@@ -89,6 +90,17 @@ from pipeline.cli.output import (
 )
 from pipeline.cli.predict import cmd_predict
 from pipeline.cli.run_dir import _run_dir_arg, cmd_report, cmd_status, cmd_unlock
+from pipeline.engine.progress import set_progress_mode
+from pipeline.errors import (
+    LockHeldError,
+    ManifestError,
+    RunDirConflict,
+    RunDirUnusable,
+    StageFailed,
+    Terminated,
+)
+from pipeline.stages.config import check_run_dir
+from pipeline.stages.manifest import Manifest
 
 log = logging.getLogger("krr")
 
@@ -315,25 +327,19 @@ def cmd_validate(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from pipeline.errors import Terminated
-    from pipeline.stages import STAGE_NAMES, LockHeldError, RunDirConflict, StageFailed, run_config
-    from pipeline.stages.lock import RunDirUnusable
-    from pipeline.stages.manifest import Manifest, ManifestError
-
     cfg = _load(args.config, args.overrides)
     if args.scheduler:
         check_scheduler_address(args.scheduler, "--scheduler")
         cfg = cfg.model_copy(
             update={"cluster": cfg.cluster.model_copy(update={"address": args.scheduler})}
         )
-    if args.until and args.until not in STAGE_NAMES:
+    if args.until and args.until not in stages.STAGE_NAMES:
         raise CliError(
-            f"--until {args.until!r}: not a stage; stages are {list(STAGE_NAMES)}", EXIT_BAD_CONFIG
+            f"--until {args.until!r}: not a stage; stages are {list(stages.STAGE_NAMES)}",
+            EXIT_BAD_CONFIG,
         )
     run_dir = _run_dir_arg(args.run_dir) if args.run_dir else cfg.resolved_run_dir()
     if args.run_dir:
-        from pipeline.stages.config import check_run_dir
-
         try:
             check_run_dir(str(run_dir), "--run-dir")
         except ValueError as e:
@@ -461,7 +467,7 @@ def cmd_run(args) -> int:
 
     t0 = time.perf_counter()
     try:  # the runner of pipeline.run: the lock, the stages
-        report = run_config(
+        report = stages.run_config(
             cfg,
             run_dir,
             force_new=args.force_new,
@@ -552,8 +558,6 @@ def _sigterm_as_interrupt():
         yield
         return
 
-    from pipeline.errors import Terminated
-
     def handler(signum, frame):
         # a second SIGTERM while this one unwinds: the previous (default) action
         signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
@@ -586,12 +590,8 @@ def main(argv: list[str] | None = None) -> int:
     verbose = getattr(args, "verbose", 0)
     _setup_logging(verbose, quiet=getattr(args, "quiet", False))
     if getattr(args, "quiet", False):  # -q: no bars or progress lines either
-        from pipeline.engine.progress import set_progress_mode
-
         set_progress_mode("off")
     want_json = getattr(args, "json", False)
-    from pipeline.errors import Terminated  # (here: `krr --help` imports no scikit-learn)
-
     try:
         with _sigterm_as_interrupt():
             return _COMMANDS[args.command](args)

@@ -2,7 +2,6 @@
 anywhere on the line, scheduler addresses, the ``--json`` error object and ``run.log``.
 
 Kept apart from :mod:`pipeline.cli` (the parser and the commands) so each stays short.
-Only the standard library is imported here: ``krr --help`` loads no pipeline module.
 """
 
 from __future__ import annotations
@@ -17,11 +16,13 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pipeline.stages as stages
 from pipeline.cli.errors import (  # noqa: F401 (check_scheduler_address re-exported)
     EXIT_CODES,
     check_scheduler_address,
 )
 from pipeline.errors import UsageError
+from pipeline.storage.location import Location
 
 __all__ = [
     "ERROR_TYPES",
@@ -192,8 +193,6 @@ class run_log:
                 )
 
     def _upload(self, new: bytes) -> None:
-        from pipeline.storage.location import Location
-
         try:
             loc = Location(str(self.run_dir))
             old = loc.read_bytes("run.log") if loc.exists("run.log") else b""
@@ -223,16 +222,14 @@ def stages_after(
     the stages that ran tell; a stage that cannot be told yet is listed)."""
     if not until:
         return []
-    from pipeline.stages import STAGE_NAMES, default_stages
-
-    names = list(STAGE_NAMES)
+    names = list(stages.STAGE_NAMES)
     if until not in names:
         return []
     later = names[names.index(until) + 1 :]
     if params is None or outputs is None:
         return later
     out = []
-    for stage in default_stages():
+    for stage in stages.default_stages():
         if stage.name not in later:
             continue
         try:

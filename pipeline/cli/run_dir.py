@@ -15,20 +15,19 @@ from pipeline.cli.errors import (
     EXIT_RUN_DIR,
     CliError,
 )
+from pipeline.errors import LockHeldError, ManifestError, RunDirUnusable
+from pipeline.report import write_report
+from pipeline.stages.lock import unlock
+from pipeline.stages.status import format_configurations, run_status
+from pipeline.storage.location import is_url, local_file_path
 
 
 def _run_dir_arg(run_dir: str) -> Path | str:
     """``--run-dir`` as a local Path, or as the URL string of an object store."""
-    from pipeline.storage.location import is_url, local_file_path
-
     return run_dir.rstrip("/") if is_url(run_dir) else Path(local_file_path(run_dir))
 
 
 def cmd_status(args) -> int:
-    from pipeline.stages.lock import RunDirUnusable
-    from pipeline.stages.manifest import ManifestError
-    from pipeline.stages.status import run_status
-
     try:
         st = run_status(args.run_dir)
     except (ManifestError, RunDirUnusable) as e:
@@ -56,8 +55,6 @@ def cmd_status(args) -> int:
         if s.get("error"):
             line += f"  error: {s['error'].splitlines()[-1]}"
         print(line)
-    from pipeline.stages.status import format_configurations
-
     for line in format_configurations(st):
         print(line)
     print("complete" if st["complete"] else "incomplete: `krr run` with the same config resumes it")
@@ -66,8 +63,6 @@ def cmd_status(args) -> int:
 
 def cmd_unlock(args) -> int:
     """Remove a lock left by a dead run; refuse while a live run holds it."""
-    from pipeline.stages.lock import LockHeldError, RunDirUnusable, unlock
-
     run_dir = _run_dir_arg(args.run_dir)
     if isinstance(run_dir, Path) and not run_dir.is_dir():
         what = "is a file, not a run directory" if run_dir.exists() else "does not exist"
@@ -99,10 +94,6 @@ def cmd_unlock(args) -> int:
 
 def cmd_report(args) -> int:
     """Write the HTML report of a run directory (:func:`pipeline.report.write_report`)."""
-    from pipeline.report import write_report
-    from pipeline.stages.lock import RunDirUnusable
-    from pipeline.stages.manifest import ManifestError
-
     try:
         path = write_report(_run_dir_arg(args.run_dir), args.output)
     except (ManifestError, RunDirUnusable) as e:

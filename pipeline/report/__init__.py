@@ -14,8 +14,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+# the module, not its function: tests replace figures.require_matplotlib
+from pipeline.report import figures
 from pipeline.report.gather import gather
-from pipeline.report.html import render_html
+from pipeline.report.html import GENERATOR, render_html
+from pipeline.storage.atomic import atomic_write
 from pipeline.storage.errors import ForeignPathError
 from pipeline.storage.location import is_url, join_path
 
@@ -48,10 +51,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path | s
     ImportError
         matplotlib is missing: ``pip install 'krr-pipeline[plots]'``.
     """
-    from pipeline.report.figures import require_matplotlib
-    from pipeline.storage.atomic import atomic_write
-
-    require_matplotlib()  # before reading anything: say what to install first
+    figures.require_matplotlib()  # before reading anything: say what to install first
     data = gather(run_dir)
     page = render_html(data).encode("utf-8")
     if out is None:
@@ -68,8 +68,6 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path | s
 
 def _check_ours(out: Path) -> None:
     """Refuse to replace a file that is not a report this package wrote (a user's page)."""
-    from pipeline.report.html import GENERATOR
-
     if not out.exists():
         return
     if out.is_file():

@@ -22,6 +22,8 @@ import numpy as np
 
 from pipeline.stages import recorded_fit_plan
 from pipeline.stages.ingest import open_rows
+from pipeline.stages.lock import check_run_dir_files
+from pipeline.stages.manifest import MANIFEST_NAME, Manifest
 from pipeline.stages.outputs import SolveOutput
 from pipeline.stages.solve import load_npy_verified
 from pipeline.storage import read_all
@@ -245,9 +247,6 @@ def gather(run_dir: str | Path) -> RunData:
     pipeline.stages.lock.RunDirUnusable
         The run directory holds a FIFO, socket, device or symbolic link to a file.
     """
-    from pipeline.stages.lock import check_run_dir_files
-    from pipeline.stages.manifest import MANIFEST_NAME, Manifest
-
     if not is_url(run_dir):  # a FIFO there would hold the report for ever: refused
         check_run_dir_files(Path(run_dir))
     if not is_url(run_dir) and not (Path(run_dir) / MANIFEST_NAME).is_file():
