@@ -1,7 +1,7 @@
 """``K + shift·I`` for an in-memory K, with the kernel-operator interface.
 
 The interface is that of :mod:`pipeline.linalg.matvec` (``matvec``, ``diagonal``,
-``columns``, ``submatrix``), so :func:`pipeline.linalg.precond.rpcholesky` and CG run
+``columns``, ``submatrix``), so :func:`pipeline.linalg.precond.build_nystrom` and CG run
 on a small dense Gram unchanged: the policy's preconditioner estimate on a subsample
 (:mod:`pipeline.linalg.spectrum`) and the in-memory CV strategies use it.
 """

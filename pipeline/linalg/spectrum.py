@@ -13,7 +13,7 @@ when the plan has the training rows it measures ρ on a few of them:
 1. draw ``m`` rows uniformly (:func:`sample_size`: at least 4 r, so the rank-r
    factor leaves a residual to measure), with a fixed seed;
 2. form their m x m kernel matrix and its rank-r RPCholesky factor (the
-   preconditioner's own algorithm, :func:`pipeline.linalg.precond.rpcholesky`);
+   preconditioner's own algorithm, :func:`pipeline.linalg.precond.build_nystrom`);
 3. take the top eigenvalue of the residual by a few power iterations, and scale
    it by ``N / m``: the eigenvalues of an N x N Gram grow as N times those of the
    kernel's integral operator, so the r-th of K_N is about N/m times the r-th of K_m.
@@ -33,7 +33,7 @@ import numpy as np
 
 import pipeline.constants as C
 from pipeline.linalg.dense_operator import DenseKernelOperator
-from pipeline.linalg.precond import rpcholesky
+from pipeline.linalg.precond import build_nystrom
 
 __all__ = ["estimate_residual", "float32_factor_risk", "sample_size", "subsample_rows"]
 
@@ -106,7 +106,9 @@ def estimate_residual(
     rng = np.random.default_rng(random_state)
     Xs = subsample_rows(X, m, rng)  # the same draws: rng goes on to the power iterations
     K = np.asarray(kernel(Xs), dtype=np.float64)
-    F, _ = rpcholesky(DenseKernelOperator(K), rank, random_state=random_state)
+    F = build_nystrom(
+        DenseKernelOperator(K), centres="rpcholesky", rank=rank, random_state=random_state
+    ).F
     K -= F @ F.T
     rho = _top_eigenvalue(K, C.SPECTRUM_POWER_ITERATIONS, rng)
     return rho * n / m

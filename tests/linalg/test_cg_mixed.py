@@ -21,8 +21,7 @@ from pipeline.linalg.cg_mixed import float32_twin, mixed_precision_cg
 from pipeline.linalg.matvec import MatrixFreeKernelOperator
 from pipeline.linalg.precond import (
     NystromPreconditioner,
-    adaptive_nystrom_preconditioner,
-    rpcholesky,
+    build_nystrom,
 )
 from pipeline.plan import cg_cost
 from pipeline.plan.calibrated import CalibratedCostModel
@@ -36,7 +35,7 @@ def hard():
     X = rng.normal(size=(n, 5))
     y = np.sin(X.sum(1)) + 0.1 * rng.normal(size=n)
     op = MatrixFreeKernelOperator(X, RBF(gamma=0.1), 1e-3, block_size=512)
-    pre = adaptive_nystrom_preconditioner(op, factor=50)
+    pre = build_nystrom(op, centres="adaptive", shift=op.shift, factor=50).woodbury(op.shift)
     return op, y, pre
 
 
@@ -125,7 +124,7 @@ def test_cg_cost_iterations_against_measured(gamma, shift, rank):
     from pipeline.models.selection.route import DenseKernelOperator
 
     op = DenseKernelOperator(K, shift)
-    F, _ = rpcholesky(op, rank)
+    F = build_nystrom(op, centres="rpcholesky", rank=rank).F
     rho = float(np.linalg.eigvalsh(K - F @ F.T)[-1])
     pre = NystromPreconditioner(F, shift)
     res = conjugate_gradient(op.matvec, y, preconditioner=pre, tol=1e-6, max_iter=5000)

@@ -5,7 +5,9 @@ Issue #43 gathered four builders and three Woodbury applies (the fixed-rank and
 adaptive preconditioners, the block CV's fold preconditioner, the CV path's per-fold
 one) into :mod:`pipeline.linalg.precond`, then made the two fold forms one
 (``FoldNystromBlock``) and the two pivoted Cholesky routines one; issue #45's FALKON
-solver builds on it.
+solver builds on it. Issue #43 item 2 left one builder (``build_nystrom``, the fixed-rank
+and adaptive RPCholesky and the uniform centres private behind it) and one apply for one
+operator (``NystromPreconditioner``, the Cholesky-form Woodbury; the eigen form retired).
 """
 
 from __future__ import annotations
@@ -14,15 +16,15 @@ import numpy as np
 import pytest
 
 from pipeline.kernels import RBF
+from pipeline.linalg import precond
 from pipeline.linalg.dense_operator import DenseKernelOperator
 from pipeline.linalg.precond import (
     CENTRES,
     FoldNystromBlock,
     NystromFactor,
-    adaptive_rpcholesky,
+    NystromPreconditioner,
     build_nystrom,
-    rpcholesky,
-    uniform_nystrom,
+    make_preconditioner,
 )
 
 
@@ -37,18 +39,24 @@ def _rel(a, b):
 
 
 @pytest.mark.parametrize("centres", CENTRES)
-def test_builder_gives_the_factor_of_the_named_method(op, centres):
+def test_builder_gives_a_nystrom_factor_of_the_named_method(op, centres):
     nf = build_nystrom(op, centres=centres, rank=40, shift=1e-2, random_state=5)
     assert isinstance(nf, NystromFactor) and nf.rank == nf.F.shape[1] == nf.centres.size
-    if centres == "uniform":
-        F, piv = uniform_nystrom(op, 40, random_state=5)
-    elif centres == "rpcholesky":
-        F, piv = rpcholesky(op, 40, random_state=5)
-    else:
-        F, piv, _ = adaptive_rpcholesky(op, 1e-2, random_state=5)
-        assert nf.info["method"] == "rpcholesky-adaptive"
-    np.testing.assert_array_equal(nf.F, F)
-    np.testing.assert_array_equal(nf.centres, piv)
+    assert nf.info["method"] == {"adaptive": "rpcholesky-adaptive"}.get(centres, centres)
+    assert nf.info["random_state"] == 5
+    # float64 for the fixed rank, float32 (half the memory) for the adaptive build
+    assert nf.F.dtype == (np.float32 if centres == "adaptive" else np.float64)
+    if centres != "adaptive":
+        assert nf.rank == 40 and nf.info["requested_rank"] == 40
+    # a Nystrom factor reproduces K on its centres' columns (to the storage precision)
+    F = np.asarray(nf.F, dtype=np.float64)
+    piv = nf.centres
+    tol = 1e-5 if centres == "adaptive" else 1e-9
+    np.testing.assert_allclose(F @ F[piv].T, op.K[:, piv], atol=tol)
+    # the same seed gives the same factor, bit for bit
+    again = build_nystrom(op, centres=centres, rank=40, shift=1e-2, random_state=5)
+    np.testing.assert_array_equal(again.F, nf.F)
+    np.testing.assert_array_equal(again.centres, nf.centres)
 
 
 @pytest.mark.parametrize("centres", ["uniform", "rpcholesky"])
@@ -88,15 +96,74 @@ def test_adaptive_rpcholesky_is_the_fixed_rank_routine_with_a_stopping_rule(op):
     # first, then runs the same rounds as the fixed-rank one from the same generator
     # state; held to the same rank (a target it cannot reach, float64 storage) the two
     # give the same factor and pivots, bit for bit
-    F_a, piv_a, info = adaptive_rpcholesky(
-        op, 1e-12, max_rank=48, block=16, sample=100, dtype=np.float64, random_state=7
-    )
+    ada = build_nystrom(
+        op, centres="adaptive", shift=1e-12, max_rank=48, block=16, sample=100,
+        dtype=np.float64, random_state=7,
+    )  # fmt: skip
+    F_a, piv_a, info = ada.F, ada.centres, ada.info
     assert info["capped"] and info["rank"] == 48
     rng = np.random.default_rng(7)
     rng.choice(op.n, size=100, replace=False)  # the subsample S of the rho estimate
-    F_r, piv_r = rpcholesky(op, 48, block=16, random_state=rng)
+    fixed = build_nystrom(op, centres="rpcholesky", rank=48, block=16, random_state=rng)
+    F_r, piv_r = fixed.F, fixed.centres
+    assert fixed.info["random_state"] is None  # a Generator is not a seed to record
     np.testing.assert_array_equal(piv_a, piv_r)
     np.testing.assert_array_equal(F_a, F_r)
     # and the factor is a Nystrom factor of K: F F^T matches K on its pivots
     K = op.K
     np.testing.assert_allclose(F_r[piv_r] @ F_r[piv_r].T, K[np.ix_(piv_r, piv_r)], atol=1e-10)
+
+
+def test_one_builder_one_apply_one_fold_form():
+    # issue #43 item 2: the module offers one way to build a factor and one apply per
+    # use; the retired entry points and forms are gone, not aliased
+    for gone in (
+        "Float32NystromPreconditioner",
+        "adaptive_nystrom_preconditioner",
+        "adaptive_rpcholesky",
+        "nystrom_factor",
+        "rpcholesky",
+        "uniform_nystrom",
+    ):
+        assert not hasattr(precond, gone), gone
+    assert {n for n in precond.__all__ if "ystrom" in n} == {
+        "FoldNystromBlock",
+        "NystromFactor",
+        "NystromPreconditioner",
+        "build_nystrom",
+        "nystrom_fingerprint",
+    }
+
+
+@pytest.mark.parametrize("name", ["nystrom", "adaptive"])
+def test_make_preconditioner_is_the_builder_and_the_one_apply(op, name, monkeypatch):
+    calls = []
+    real = precond.build_nystrom
+
+    def spy(o, **kw):
+        calls.append(kw["centres"])
+        return real(o, **kw)
+
+    monkeypatch.setattr(precond, "build_nystrom", spy)
+    pre = make_preconditioner(name, op, rank=30)
+    assert calls == [{"nystrom": "rpcholesky", "adaptive": "adaptive"}[name]]
+    assert type(pre) is NystromPreconditioner
+    # it applies the dense (F Fᵀ + μ I)⁻¹ of its stored factor
+    F = np.asarray(pre.F, dtype=np.float64)
+    R = np.random.default_rng(1).standard_normal((op.n, 2))
+    want = np.linalg.solve(F @ F.T + op.shift * np.eye(op.n), R)
+    assert _rel(pre.apply(R), want) < 1e-9
+
+
+def test_the_fingerprint_names_the_apply_form(op):
+    # the deliberate bump of issue #43 item 2: a CG checkpoint keyed on an eigen-form
+    # preconditioner is never resumed with the Cholesky form
+    pre = make_preconditioner("nystrom", op, rank=20)
+    fp = precond.nystrom_fingerprint(pre.shift, pre.rank, pre.summary, pre.info)
+    assert pre.fingerprint == fp
+    assert precond.NYSTROM_FORM == "woodbury-cholesky"
+    # the pivots, the adaptive history and the timing are not part of it
+    info = {**pre.info, "pivots": [1, 2], "history": [(1, 2.0)], "seconds": 9.0}
+    assert precond.nystrom_fingerprint(pre.shift, pre.rank, pre.summary, info) == fp
+    other = {**pre.info, "random_state": 1}
+    assert precond.nystrom_fingerprint(pre.shift, pre.rank, pre.summary, other) != fp

@@ -12,11 +12,15 @@ from pipeline.linalg.precond import (
     IdentityPreconditioner,
     JacobiPreconditioner,
     NystromPreconditioner,
+    build_nystrom,
     make_preconditioner,
-    rpcholesky,
-    uniform_nystrom,
 )
 from pipeline.storage import open_tiled_array
+
+
+def _factor(op, rank, centres="rpcholesky", **kw):
+    nf = build_nystrom(op, centres=centres, rank=rank, **kw)
+    return nf.F, nf.centres
 
 
 @pytest.fixture(scope="module")
@@ -94,18 +98,18 @@ def test_woodbury_apply_matches_the_dense_inverse():
 def test_rpcholesky_interpolates_its_pivot_columns(rbf_problem):
     X, _, kernel, op, _ = rbf_problem
     K = kernel(X)
-    F, piv = rpcholesky(op, 60, random_state=3)
+    F, piv = _factor(op, 60, random_state=3)
     assert F.shape == (700, 60) and len(np.unique(piv)) == 60
     # a Nyström approximation reproduces K exactly on its pivot columns
     np.testing.assert_allclose(F @ F[piv].T, K[:, piv], atol=1e-8)
     # the residual K - F Fᵀ is PSD-ish: its diagonal is non-negative and shrinks with the rank
     res60 = np.diag(K) - np.einsum("ij,ij->i", F, F)
     assert res60.min() > -1e-10
-    F2, _ = rpcholesky(op, 200, random_state=3)
+    F2, _ = _factor(op, 200, random_state=3)
     res200 = np.diag(K) - np.einsum("ij,ij->i", F2, F2)
     assert res200.sum() < 0.2 * res60.sum()
     # RPCholesky's trace error is no worse than uniform sampling's (same rank)
-    Fu, _ = uniform_nystrom(op, 60, random_state=3)
+    Fu, _ = _factor(op, 60, "uniform", random_state=3)
     assert res60.sum() <= np.trace(K) - np.sum(Fu * Fu)
 
 
@@ -117,8 +121,8 @@ def test_rpcholesky_is_the_same_on_a_stored_gram(tmp_path, rbf_problem):
     for i, j in g.grid.lower_tiles():
         g.write_tile(i, j, K[g.grid.row_slice(i), g.grid.col_slice(j)])
     stored = StoredKernelOperator(g, op.shift)
-    F1, p1 = rpcholesky(op, 40, random_state=7)
-    F2, p2 = rpcholesky(stored, 40, random_state=7)
+    F1, p1 = _factor(op, 40, random_state=7)
+    F2, p2 = _factor(stored, 40, random_state=7)
     np.testing.assert_array_equal(p1, p2)
     np.testing.assert_allclose(F1, F2, atol=1e-10)
 
@@ -128,7 +132,7 @@ def test_full_rank_factor_is_exact():
     X = rng.normal(size=(40, 2))
     op = MatrixFreeKernelOperator(X, RBF(gamma=1.0), 1e-3)
     K = RBF(gamma=1.0)(X)
-    F, _ = rpcholesky(op, 40)
+    F, _ = _factor(op, 40)
     assert np.abs(F @ F.T - K).max() < 1e-6
 
 

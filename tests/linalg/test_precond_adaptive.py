@@ -10,13 +10,21 @@ import pytest
 from pipeline.kernels import RBF
 from pipeline.linalg.cg import conjugate_gradient
 from pipeline.linalg.precond import (
-    Float32NystromPreconditioner,
-    adaptive_nystrom_preconditioner,
-    adaptive_rpcholesky,
+    NystromPreconditioner,
+    build_nystrom,
     make_preconditioner,
     residual_norm,
 )
 from pipeline.models.selection.route import DenseKernelOperator
+
+
+def _adaptive(op, shift, **kw):
+    nf = build_nystrom(op, centres="adaptive", shift=shift, **kw)
+    return nf.F, nf.centres, nf.info
+
+
+def _adaptive_pre(op, **kw):
+    return build_nystrom(op, centres="adaptive", shift=op.shift, **kw).woodbury(op.shift)
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +41,7 @@ def test_rank_grows_until_the_criterion_and_stops_there(problem):
     K, _ = problem
     mu = 1e-3
     op = DenseKernelOperator(K, mu)
-    F, piv, info = adaptive_rpcholesky(op, mu, factor=5.0, block=100, sample=800)
+    F, piv, info = _adaptive(op, mu, factor=5.0, block=100, sample=800)
     assert not info["capped"]
     assert info["rho_estimate"] <= 5.0 * mu
     hist = info["history"]
@@ -50,7 +58,7 @@ def test_the_estimate_from_a_subsample_is_conservative_enough(problem):
     K, _ = problem
     mu = 1e-3
     op = DenseKernelOperator(K, mu)
-    F, _, info = adaptive_rpcholesky(op, mu, factor=5.0, block=100, sample=250)
+    F, _, info = _adaptive(op, mu, factor=5.0, block=100, sample=250)
     true = float(np.linalg.eigvalsh(K - F.astype(float) @ F.astype(float).T)[-1])
     assert true <= 3 * 5.0 * mu  # within a factor 3 of the target
 
@@ -61,12 +69,12 @@ def test_memory_budget_caps_the_rank_with_a_log_line(problem, caplog):
     op = DenseKernelOperator(K, 1e-6)
     budget = n * 4 * 60  # room for rank 60 in float32
     with caplog.at_level(logging.WARNING, logger="pipeline.linalg.precond"):
-        pre = adaptive_nystrom_preconditioner(op, memory_budget=budget, block=50)
+        pre = _adaptive_pre(op, memory_budget=budget, block=50)
     assert pre.info["capped"] and pre.info["cap"] == 60
     assert pre.rank <= 60 and pre.nbytes <= budget
     assert any("capped at rank" in r.getMessage() for r in caplog.records)
     with pytest.raises(ValueError, match="memory_budget"):
-        adaptive_rpcholesky(op, 1e-6, memory_budget=10)
+        _adaptive(op, 1e-6, memory_budget=10)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -74,7 +82,7 @@ def test_applied_preconditioner_is_spd_and_matches_dense(problem, dtype):
     K, _ = problem
     mu = 1e-2
     op = DenseKernelOperator(K, mu)
-    pre = adaptive_nystrom_preconditioner(op, factor=2.0, dtype=dtype, block=100)
+    pre = _adaptive_pre(op, factor=2.0, dtype=dtype, block=100)
     F = np.asarray(pre.F, dtype=np.float64)
     Pinv = np.linalg.inv(F @ F.T + mu * np.eye(K.shape[0]))
     E = np.eye(K.shape[0])[:, :200]
@@ -92,8 +100,8 @@ def test_adaptive_beats_the_fixed_rank_default_at_small_shift(problem):
     mu = 1e-3
     op = DenseKernelOperator(K, mu)
     fixed = make_preconditioner("nystrom", op, rank=50)
-    ada = adaptive_nystrom_preconditioner(op, factor=5.0, block=100)
-    assert isinstance(ada, Float32NystromPreconditioner)
+    ada = _adaptive_pre(op, factor=5.0, block=100)
+    assert isinstance(ada, NystromPreconditioner) and isinstance(fixed, NystromPreconditioner)
     it_fixed = conjugate_gradient(op.matvec, y, preconditioner=fixed, tol=1e-8, max_iter=3000)
     it_ada = conjugate_gradient(op.matvec, y, preconditioner=ada, tol=1e-8, max_iter=3000)
     assert it_ada.converged and it_fixed.converged
@@ -104,5 +112,5 @@ def test_adaptive_beats_the_fixed_rank_default_at_small_shift(problem):
 def test_make_preconditioner_knows_adaptive(problem):
     K, _ = problem
     pre = make_preconditioner("adaptive", DenseKernelOperator(K, 1e-2))
-    assert isinstance(pre, Float32NystromPreconditioner)
+    assert isinstance(pre, NystromPreconditioner) and pre.F.dtype == np.float32
     assert pre.info["rho_estimate"] <= 5.0 * 1e-2

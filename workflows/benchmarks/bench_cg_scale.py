@@ -306,8 +306,9 @@ def main(argv: list[str] | None = None) -> int:
     t_pre = time.perf_counter() - t0
     rss_pre = peak_rss_bytes()
     _say(
-        f"  built in {t_pre:.2f} s, rank {pre.rank}, top eigenvalue {pre.eigvals[0]:.4g}, "
-        f"r-th {pre.eigvals[-1]:.4g} (shift {shift:.4g}); peak RSS {rss_pre / GB:.2f} GB"
+        f"  built in {t_pre:.2f} s, rank {pre.rank}, diag(C)^2 - shift from "
+        f"{pre.summary[0]:.4g} to {pre.summary[-1]:.4g} (C the Cholesky factor of "
+        f"shift I + F^T F; shift {shift:.4g}); peak RSS {rss_pre / GB:.2f} GB"
     )
 
     # 3. CG --------------------------------------------------------------------

@@ -52,7 +52,7 @@ from pipeline.kernels import RBF
 from pipeline.linalg.cg import CGConvergenceWarning, conjugate_gradient
 from pipeline.linalg.cg_mixed import float32_twin, mixed_precision_cg
 from pipeline.linalg.matvec import MatrixFreeKernelOperator
-from pipeline.linalg.precond import adaptive_nystrom_preconditioner, make_preconditioner
+from pipeline.linalg.precond import build_nystrom, make_preconditioner
 from pipeline.plan import cg_cost
 
 GB = 1e9
@@ -169,7 +169,9 @@ def one_lambda(X, y, lam, args) -> dict:
 
     # 2. adaptive
     t0 = time.perf_counter()
-    ada = adaptive_nystrom_preconditioner(op, factor=args.factor, memory_budget=args.budget)
+    ada = build_nystrom(
+        op, centres="adaptive", shift=op.shift, factor=args.factor, memory_budget=args.budget
+    ).woodbury(op.shift)
     tb = time.perf_counter() - t0
     res, ts = pcg(op, y, ada, args.tol, args.max_iter)
     info = ada.info

@@ -29,7 +29,7 @@ import numpy as np
 
 import pipeline.constants as C
 from pipeline.linalg.cg import CGConvergenceError, CGConvergenceWarning, conjugate_gradient
-from pipeline.linalg.precond import FoldNystromBlock, build_nystrom
+from pipeline.linalg.precond import FoldNystromBlock, NystromFactor, build_nystrom
 
 __all__ = ["cg_fold_predictions"]
 
@@ -52,7 +52,7 @@ def cg_fold_predictions(
     max_iter: int | None = None,
     random_state: Any = 0,
     warm_start: bool = True,
-    factor: np.ndarray | None = None,
+    factor: NystromFactor | None = None,
     stats: dict | None = None,
     failures: list | None = None,
 ) -> list[list[np.ndarray]]:
@@ -75,8 +75,9 @@ def cg_fold_predictions(
         Nyström rank (default ``min(n, 200)``); with ``"adaptive"``, a cap on the rank.
     warm_start : bool
         Start each λ from the previous λ's solution (else from zero).
-    factor : ndarray (n, r), optional
-        A Nyström factor ``F`` (``K ≈ F Fᵀ``) already computed for this kernel: used
+    factor : NystromFactor, optional
+        A Nyström factor (``K ≈ F Fᵀ``) already built for this kernel (the routing's,
+        :class:`~pipeline.models.selection.route.Route`): used
         instead of building one (``preconditioner="nystrom"``).
     failures : list, optional
         A λ whose solve does not reach ``tol`` (NaN, divergence, stagnation,
@@ -93,13 +94,14 @@ def cg_fold_predictions(
 
     pre: FoldNystromBlock | None = None
     if preconditioner == "nystrom":
-        if factor is None:
+        built = factor
+        if built is None:
             r = int(rank or min(n, C.CV_DEFAULT_RANK))
-            F = build_nystrom(op, centres="rpcholesky", rank=min(r, n), random_state=random_state).F
-        else:
-            F = factor
+            built = build_nystrom(
+                op, centres="rpcholesky", rank=min(r, n), random_state=random_state
+            )
         stats["preconditioner_builds"] = stats.get("preconditioner_builds", 0) + 1
-        pre = FoldNystromBlock(F, trains)
+        pre = built.folds(trains)
     elif preconditioner == "adaptive":
         pre = build_nystrom(
             op,

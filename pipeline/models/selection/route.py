@@ -29,7 +29,7 @@ from pipeline.constants import (
 )
 from pipeline.engine.parallel import blas_threads
 from pipeline.linalg.dense_operator import DenseKernelOperator
-from pipeline.linalg.precond import rpcholesky
+from pipeline.linalg.precond import NystromFactor, build_nystrom
 from pipeline.plan.cv_routing import route_choice
 
 __all__ = ["DenseKernelOperator", "Route", "route_setting"]
@@ -56,7 +56,8 @@ class Route:
     predicted_cg_iterations: int
     predicted_cg_seconds: float
     predicted_band_seconds: float
-    factor: np.ndarray | None
+    #: the Nyström factor of K measured here, CG's preconditioner when CG is chosen
+    factor: NystromFactor | None
 
 
 def route_setting(
@@ -83,7 +84,11 @@ def route_setting(
     """
     n = K.shape[0]
     n_folds = len(train_sizes)
-    F, _ = rpcholesky(DenseKernelOperator(K), min(int(rank), n), random_state=random_state)
+    nf = build_nystrom(
+        DenseKernelOperator(K), centres="rpcholesky", rank=min(int(rank), n),
+        random_state=random_state,
+    )  # fmt: skip
+    F = nf.F
     # block power iteration on K - F Fᵀ, as many columns as folds: it also times the
     # product CG repeats at every iteration
     V = np.random.default_rng(random_state).standard_normal((n, n_folds))
@@ -104,4 +109,4 @@ def route_setting(
         rho, t_pass, shifts, train_sizes, gemm_rate_one_thread=_gemm_rate_one_thread(),
         n_workers=n_workers, tol=tol, margin=CG_MARGIN,
     )  # fmt: skip
-    return Route(solver, rho, its, cg_s, band_s, F if solver == "cg" else None)
+    return Route(solver, rho, its, cg_s, band_s, nf if solver == "cg" else None)
