@@ -50,7 +50,7 @@ from pipeline.stages.manifest import (
 )
 from pipeline.storage import CorruptFileError, bytes_checksum
 from pipeline.storage.atomic import atomic_write
-from pipeline.storage.location import is_url, join_path, read_bytes
+from pipeline.storage.location import Location, is_url, join_path, read_bytes
 
 __all__ = [
     "DATASETS",
@@ -220,6 +220,14 @@ class Catalog:
         if ds.kind != "zarr":
             raise ValueError(f"dataset {name!r} is {ds.kind}, not a Zarr store")
         return str(self.path(name)), ds.array
+
+    def exists(self, name: str) -> bool:
+        """Whether dataset ``name`` exists where :meth:`path` puts it."""
+        where = self.path(name)
+        if is_url(where):
+            base, _, leaf = str(where).rpartition("/")
+            return Location(base).exists(leaf)
+        return Path(where).exists()
 
     def node_file(self, node: str) -> str:
         """The name of node ``node``'s record file at the run directory's top level."""
