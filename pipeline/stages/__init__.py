@@ -33,6 +33,7 @@ import pipeline.stages.config as config
 
 # the module, not its function: `pipeline.stages.source_identity` stays the submodule
 from pipeline.stages import source_identity as _identity
+from pipeline.stages.catalog import DATASETS, Catalog
 from pipeline.stages.config import RunConfig, load_config
 from pipeline.stages.lock import LockHeldError, RunLock
 from pipeline.stages.manifest import Manifest, StageRecord
@@ -214,7 +215,7 @@ _VERIFY = {
 }
 
 #: what a complete solve needs only to resume: freed when a run moves to another config
-_SCRATCH = {"solve": ("factor.zarr", "cg")}
+_SCRATCH = {"solve": tuple(DATASETS[name].path for name in ("factor", "cg"))}
 
 _ENABLED = {
     "select": _has_cv,
@@ -353,6 +354,7 @@ def run_config(
 
 __all__ = [
     "PER_CONFIG_STAGES",
+    "Catalog",
     "STAGE_NAMES",
     "LockHeldError",
     "Manifest",

@@ -24,13 +24,11 @@ from pipeline.kernels import make_kernel
 from pipeline.linalg.cholesky import regularisation_shift
 from pipeline.linalg.dense_dual import potrf_threads
 from pipeline.linalg.dense_memory import SAFETY_FRACTION, available_memory
+from pipeline.stages.catalog import Catalog, stage_catalog
 from pipeline.stages.config import EvaluateConfig
 from pipeline.stages.ingest import open_rows
-from pipeline.stages.manifest import write_json_atomic
 from pipeline.stages.outputs import EvaluateOutput, IngestOutput, PredictOutput
-from pipeline.stages.solve import save_npy_atomic
 from pipeline.storage import read_all
-from pipeline.storage.location import join_path
 
 
 def regression_metrics(
@@ -124,16 +122,15 @@ def _mean_baseline(ing: IngestOutput, y_test: np.ndarray, names: list[str]) -> d
     return {"name": "mean of y_train", "metrics": regression_metrics(y_test, pred, names)}
 
 
-def _save_heldout(stage_dir: Path, y_test: np.ndarray, y_hat: np.ndarray) -> dict[str, Any]:
+def _save_heldout(catalog: Catalog, y_test: np.ndarray, y_hat: np.ndarray) -> dict[str, Any]:
     """``y_true.npy`` and ``y_pred.npy`` (float64, rows x outputs) and their CRC-32C."""
 
     y_true = np.asarray(y_test, dtype=np.float64).reshape(len(y_test), -1)
     y_pred = np.asarray(y_hat, dtype=np.float64).reshape(y_true.shape)
     out: dict[str, Any] = {}
     for key, arr in (("y_true", y_true), ("y_pred", y_pred)):
-        path = join_path(stage_dir, f"{key}.npy")
-        out[f"{key}_crc32c"] = save_npy_atomic(path, arr)
-        out[key] = str(path)
+        out[f"{key}_crc32c"] = catalog.save(key, arr)
+        out[key] = str(catalog.path(key))
     return out
 
 
@@ -150,6 +147,7 @@ def run(
 
     ``evaluate`` is the config's frozen evaluate section (metrics and baseline).
     """
+    catalog = stage_catalog("evaluate", stage_dir)
     ing = IngestOutput.from_json(inputs["ingest"])
     t = PredictOutput.from_json(inputs["predict"]).test
     if t is None:
@@ -165,7 +163,7 @@ def run(
         "metrics": regression_metrics(y_test, y_hat, names),
     }
     out["mean_baseline"] = _mean_baseline(ing, y_test, names)
-    out["heldout"] = _save_heldout(stage_dir, y_test, y_hat)
+    out["heldout"] = _save_heldout(catalog, y_test, y_hat)
     n = ing.n_train
     want = baseline == "sklearn" or (baseline == "auto" and n <= baseline_max_rows)
     # scikit-learn holds ~3 copies of the n x n kernel: never start it past the memory
@@ -206,7 +204,7 @@ def run(
     # metrics.json holds the metrics only: the held-out arrays are referenced (with
     # their checksums) by the stage outputs in the manifest, whose paths are run-relative
     result = EvaluateOutput.from_json(out)
-    write_json_atomic(join_path(stage_dir, "metrics.json"), metrics_file_view(result))
+    catalog.save("metrics", metrics_file_view(result))
     return result
 
 

@@ -17,10 +17,11 @@ from typing import Any
 
 import pipeline.constants as C
 from pipeline.linalg.gram import build_gram
+from pipeline.stages.catalog import stage_catalog
 from pipeline.stages.ingest import open_rows
 from pipeline.stages.outputs import GramOutput, IngestOutput
 from pipeline.storage import ForeignPathError
-from pipeline.storage.location import is_url, join_path
+from pipeline.storage.location import is_url
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ def run(
     in-place factor of the solve stage computes each tile from X when it needs it.
     """
     ing = IngestOutput.from_json(inputs["ingest"])
-    store = str(join_path(stage_dir, "gram.zarr"))
+    store, name = stage_catalog("gram", stage_dir).store("gram")
     build = functools.partial(
         build_gram,
         open_rows(ing, "X_train"),
@@ -48,7 +49,7 @@ def run(
         store,
         block_size,
         dtype,
-        name="gram",
+        name=name,
         overwrite=True,
         x_fingerprint=ing.x_fingerprint,
         kernel_dtype=C.GRAM_ON_DEMAND_KERNEL_DTYPE if on_demand else None,

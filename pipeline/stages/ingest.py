@@ -31,12 +31,12 @@ from pipeline.engine.progress import progress_group
 from pipeline.engine.where import in_this_process, n_rows, runs_here
 from pipeline.errors import InputError, SourceChanged
 from pipeline.float_range import pow2_exponents
+from pipeline.stages.catalog import stage_catalog
 from pipeline.stages.config import DataConfig, PreprocessConfig, SplitConfig
 from pipeline.stages.outputs import IngestOutput
 from pipeline.storage import TiledArray, fingerprint_obj, open_tiled_array, read_blocks
 from pipeline.storage.fingerprint import same_work
 from pipeline.storage.inputs import as_row_blocks, open_npy
-from pipeline.storage.location import join_path
 
 log = logging.getLogger("pipeline.stages")
 
@@ -322,7 +322,7 @@ def run(
         original units, so predicting them exercises the same path as new data.
     """
     del inputs
-    store = str(join_path(stage_dir, "data.zarr"))
+    store, _ = stage_catalog("ingest", stage_dir).store("rows")
     try:
         X, y, feats, target = load_source(data, block_size)
     except FileNotFoundError as e:

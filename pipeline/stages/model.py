@@ -13,10 +13,10 @@ from typing import Any
 
 from pipeline.kernels import make_kernel
 from pipeline.models.artifact import Model
+from pipeline.stages.catalog import stage_catalog
 from pipeline.stages.ingest import open_rows, preprocessing_params
 from pipeline.stages.outputs import IngestOutput, ModelOutput, SolveOutput
 from pipeline.stages.solve import load_alpha
-from pipeline.storage.location import join_path
 
 
 def run(
@@ -33,7 +33,7 @@ def run(
     alpha = load_alpha(sol)
     if alpha.ndim == 2 and alpha.shape[1] == 1:
         alpha = alpha[:, 0]  # one target: the model predicts 1-D, like scikit-learn
-    path = str(join_path(stage_dir, "model"))
+    path = str(stage_catalog("model", stage_dir).path("model"))
     model = Model(
         X_train=open_rows(ing, "X_train").compute(),
         dual_coef=alpha,

@@ -16,6 +16,7 @@ from typing import Any
 from pipeline.kernels import make_kernel
 from pipeline.linalg.predict_source import select_features
 from pipeline.models.artifact import Model
+from pipeline.stages.catalog import stage_catalog
 from pipeline.stages.config import PredictConfig
 from pipeline.stages.ingest import open_rows, preprocessing_params
 from pipeline.stages.outputs import (
@@ -26,7 +27,6 @@ from pipeline.stages.outputs import (
     SolveOutput,
 )
 from pipeline.stages.solve import load_alpha
-from pipeline.storage.location import join_path
 from pipeline.storage.predictions import check_prediction_output, write_predictions
 
 
@@ -46,6 +46,7 @@ def run(
     fingerprint: a changed input is predicted again.
     """
     del input_identity
+    catalog = stage_catalog("predict", stage_dir)
     ing = IngestOutput.from_json(inputs["ingest"])
     X_train = open_rows(ing, "X_train")
     sol = SolveOutput.from_json(inputs["solve"])
@@ -65,8 +66,8 @@ def run(
     test = batch = None
     X_test = open_rows(ing, "X_test")
     if X_test is not None:
-        store = str(join_path(stage_dir, "predictions.zarr"))
-        res = model.predict(X_test, out=store, out_name="test", **common)
+        store, name = catalog.store("predictions")
+        res = model.predict(X_test, out=store, out_name=name, **common)
         test = PredictedRows(res.store, res.name, list(res.shape), res.n_blocks, res.fingerprint)
     if predict.input:
         src = select_features(
@@ -77,7 +78,8 @@ def run(
             columns=predict.columns,
             ordinal=ing.ordinal,
         )
-        store = predict.output or str(join_path(stage_dir, "batch.zarr"))
+        store, name = catalog.store("batch")
+        store = predict.output or store
         fmt = check_prediction_output(store, overwrite=True)  # before predicting
         if fmt != "zarr":  # .npy / .csv / .parquet: computed in memory, written in one piece
             common.pop("overwrite")
@@ -86,7 +88,7 @@ def run(
             crc = write_predictions(store, y, fmt, ing.target_names, overwrite=True)
             batch = PredictedFile(path=store, format=fmt, shape=list(y.shape), crc32c=crc)
         else:
-            res = model.predict(src, out=store, out_name="predictions", **common)
+            res = model.predict(src, out=store, out_name=name, **common)
             batch = PredictedRows(
                 res.store, res.name, list(res.shape), res.n_blocks, res.fingerprint
             )

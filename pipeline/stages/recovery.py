@@ -13,11 +13,12 @@ stage whose final outputs fail its ``verify`` check is rerun the same way.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.errors import CorruptTileError, IncompleteArrayError, caused_by
+from pipeline.stages.catalog import Catalog
 from pipeline.stages.manifest import Manifest
 from pipeline.storage import TileMarkers
 from pipeline.storage.location import is_url
@@ -41,20 +42,13 @@ def names_tiles_without_records(err: CorruptTileError) -> bool:
     return isinstance(err, IncompleteArrayError) and err.tile is None
 
 
-def owner_stage(
-    run_dir: Path | str,
-    stages: Sequence[Stage],
-    store: str,
-    dirs: Mapping[str, Path | str] | None = None,
-) -> Stage | None:
+def owner_stage(catalog: Catalog, stages: Sequence[Stage], store: str) -> Stage | None:
     """The stage whose directory holds ``store`` (a local path, or a URL under a URL
-    run directory), or None. ``dirs`` maps stage names to their directories where they
-    are not ``{run_dir}/{name}`` (a configuration's ``results/<key>/{name}``)."""
-    dirs = dirs or {}
-    if is_url(run_dir):
-        root = str(run_dir).rstrip("/")
+    run directory), or None. Each stage's directory is the one ``catalog`` places it in
+    (``{run_dir}/{name}``, or a configuration's ``results/<key>/{name}``)."""
+    if is_url(catalog.run_dir):
         for s in stages:
-            d = str(dirs.get(s.name) or f"{root}/{s.name}").rstrip("/")
+            d = str(catalog.stage_dir(s.name)).rstrip("/")
             if store.rstrip("/") == d or store.startswith(d + "/"):
                 return s
         return None
@@ -63,7 +57,7 @@ def owner_stage(
         return None
     p = Path(path).resolve()
     for s in stages:
-        d = Path(dirs.get(s.name) or (run_dir / s.name)).resolve()
+        d = Path(catalog.stage_dir(s.name)).resolve()
         if p == d or p.is_relative_to(d):
             return s
     return None

@@ -42,19 +42,17 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pipeline.stages.catalog import Catalog
 from pipeline.stages.manifest import (
-    LATEST_NAME,
-    RESULTS_DIR,
     RUN_PREFIX,
     ConfigRecord,
     Manifest,
     relativize_outputs,
-    write_json_atomic,
 )
 from pipeline.stages.stage import Stage, stage_fingerprint
 from pipeline.storage import fingerprint_obj
 from pipeline.storage.fingerprint import same_work
-from pipeline.storage.location import Location, is_url, join_path
+from pipeline.storage.location import Location, is_url
 
 log = logging.getLogger("pipeline.stages")
 
@@ -144,7 +142,7 @@ def enter_configuration(
     if cfg is None:
         cfg = ConfigRecord(
             fingerprint=full,
-            dir=f"{RESULTS_DIR}/{key}",
+            dir=Catalog(run_dir).config_dir(key),
             params={n: p for n, (on, p, _) in planned.items() if on},
         )
         manifest.results[key] = cfg
@@ -176,20 +174,21 @@ def free_scratch(run_dir: Path | str, cfg: ConfigRecord, stages: Sequence[Stage]
     """
     import shutil
 
+    catalog = Catalog(run_dir)
     for stage in stages:
         rec = cfg.stages.get(stage.name)
         if not stage.scratch or rec is None or rec.status != "done" or rec.started is None:
             continue
-        rel = [*(cfg.dir.split("/") if cfg.dir else []), stage.name]
+        stage_dir = catalog.config_stage_dir(cfg.dir, stage.name)
         freed = []
         for entry in stage.scratch:
             if is_url(run_dir):
-                loc = Location(str(run_dir))
-                if loc.exists(*rel, entry):
-                    loc.rm(*rel, entry, recursive=True)
+                loc = Location(str(stage_dir))
+                if loc.exists(entry):
+                    loc.rm(entry, recursive=True)
                     freed.append(entry)
                 continue
-            p = Path(run_dir).joinpath(*rel, entry)
+            p = Path(stage_dir, entry)
             if p.is_symlink() or not p.exists():
                 continue
             if p.is_dir():
@@ -221,8 +220,8 @@ def write_latest(run_dir: Path | str, manifest: Manifest) -> None:
     cfg = manifest.results[manifest.latest]
     model = cfg.stages.get("model")
     evaluate = cfg.stages.get("evaluate")
-    write_json_atomic(
-        join_path(run_dir, LATEST_NAME),
+    Catalog(run_dir).save(
+        "latest",
         {
             "configuration": manifest.latest,
             "fingerprint": cfg.fingerprint,
@@ -276,7 +275,7 @@ def adopt_result(
             or not same_work(rec.fingerprint, fp)
         ):
             continue
-        src = Path(run_dir, *[p for p in (cfg.dir, stage.name) if p])
+        src = Path(Catalog(run_dir).config_stage_dir(cfg.dir, stage.name))
         if not src.is_dir() or Path(stage_dir).exists():
             continue
         ignore = shutil.ignore_patterns(*stage.scratch) if stage.scratch else None

@@ -72,12 +72,12 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import RunDirConflict, StageFailed, StoreUnreachable, caused_by
+from pipeline.stages.catalog import Catalog, use_catalog
 from pipeline.stages.manifest import (
     LATEST_NAME,
     MANIFEST_NAME,
     RESULTS_DIR,
     Manifest,
-    write_json_atomic,
 )
 from pipeline.stages.recovery import (
     find_damage,
@@ -105,7 +105,7 @@ from pipeline.stages.stage import (  # noqa: F401 (Stage, stage_fingerprint re-e
 from pipeline.stages.usage import StageUsage
 from pipeline.storage import fingerprint_obj
 from pipeline.storage.fingerprint import same_work
-from pipeline.storage.location import Location, cap_store_waits, is_url, join_path, read_bytes
+from pipeline.storage.location import Location, cap_store_waits, is_url
 from pipeline.storage.tempfiles import sweep_tmp_files
 
 log = logging.getLogger("pipeline.stages")
@@ -115,19 +115,17 @@ log = logging.getLogger("pipeline.stages")
 RUN_DIR_FILES = frozenset({MANIFEST_NAME, LATEST_NAME})
 
 
-def _check_latest_file(run_dir: Path | str) -> None:
+def _check_latest_file(catalog: Catalog) -> None:
     """Refuse, before any work, a ``latest.json`` that is not this package's pointer
     (a user's file of that name would be replaced when the run ends)."""
-    import json
-
     try:
-        rec = json.loads(read_bytes(join_path(run_dir, LATEST_NAME)))
+        rec = catalog.load("latest")
     except FileNotFoundError:
         return
     except (OSError, ValueError):
         rec = None
     if not (isinstance(rec, dict) and {"configuration", "dir"} <= rec.keys()):
-        where = str(join_path(run_dir, LATEST_NAME))
+        where = str(catalog.path("latest"))
         raise RunDirConflict(
             f"{where!r} exists and is not the pointer krr-pipeline writes there (the latest "
             "configuration); krr-pipeline never overwrites what it did not create. Move or "
@@ -145,37 +143,16 @@ def _nodes(stages: Sequence[Stage]) -> list[Node]:
     return list(found.values())
 
 
-def _node_file(node: Node) -> str:
-    return f"{node.name}.json"
+def _catalog(run_dir: Path | str | Catalog) -> Catalog:
+    return run_dir if isinstance(run_dir, Catalog) else Catalog(run_dir)
 
 
-def _node_records(run_dir: Path | str, node: Node) -> dict[str, Any] | None:
-    """The records of ``{run_dir}/{node}.json`` (fingerprint of the inputs -> record);
-    {} when there is no such file; None when the file is not the record this package
-    writes there."""
-    import json
-
-    try:
-        doc = json.loads(read_bytes(join_path(run_dir, _node_file(node))))
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError):
-        return None
-    if not (
-        isinstance(doc, dict)
-        and doc.get("node") == node.name
-        and isinstance(doc.get("records"), dict)
-    ):
-        return None
-    return doc["records"]
-
-
-def _check_node_files(run_dir: Path | str, nodes: Sequence[Node]) -> None:
+def _check_node_files(catalog: Catalog, nodes: Sequence[Node]) -> None:
     """Refuse, before any work, a ``{node}.json`` that is not this package's record
     (a user's file of that name would be replaced)."""
     for node in nodes:
-        if _node_records(run_dir, node) is None:
-            where = str(join_path(run_dir, _node_file(node)))
+        if catalog.node_records(node.name) is None:
+            where = str(catalog.node_path(node.name))
             raise RunDirConflict(
                 f"{where!r} exists and is not the record krr-pipeline writes there (its "
                 f"{node.name!r} node); krr-pipeline never overwrites what it did not create. "
@@ -189,20 +166,21 @@ def _node_key(node: Node, inputs: Mapping[str, Any]) -> str:
 
 
 def recorded_node_output(
-    run_dir: Path | str,
+    run_dir: Path | str | Catalog,
     node: Node,
     params: Mapping[str, Mapping[str, Any]],
     outputs: Mapping[str, dict[str, Any]],
 ) -> dict[str, Any] | None:
     """What :func:`node_output` reads back for these arguments, computing nothing:
-    None when ``{run_dir}/{node}.json`` records no output for the node's inputs."""
-    records = _node_records(run_dir, node) or {}
+    None when ``{run_dir}/{node}.json`` records no output for the node's inputs.
+    ``run_dir``: the run directory, or its :class:`~pipeline.stages.catalog.Catalog`."""
+    records = _catalog(run_dir).node_records(node.name) or {}
     rec = records.get(_node_key(node, node.inputs(params, outputs)))
     return rec["output"] if isinstance(rec, dict) and isinstance(rec.get("output"), dict) else None
 
 
 def node_output(
-    run_dir: Path | str,
+    run_dir: Path | str | Catalog,
     node: Node,
     params: Mapping[str, Mapping[str, Any]],
     outputs: Mapping[str, dict[str, Any]],
@@ -213,23 +191,25 @@ def node_output(
     other inputs, e.g. other configurations' plans).
 
     The output returned is the recorded JSON (what a later run reads back), so a run
-    that computes it and one that reads it see the same values.
+    that computes it and one that reads it see the same values. ``run_dir``: the run
+    directory, or its :class:`~pipeline.stages.catalog.Catalog`.
     """
     import json
 
+    catalog = _catalog(run_dir)
     inputs = node.inputs(params, outputs)
     fp = _node_key(node, inputs)
-    records = _node_records(run_dir, node)
+    records = catalog.node_records(node.name)
     if records is None:  # (refused when the run started: replaced since)
-        _check_node_files(run_dir, [node])
+        _check_node_files(catalog, [node])
     rec = records.get(fp)
     if isinstance(rec, dict) and isinstance(rec.get("output"), dict):
-        log.debug("node %r: read back from %s", node.name, _node_file(node))
+        log.debug("node %r: read back from %s", node.name, catalog.node_file(node.name))
         return rec["output"]
     out = json.loads(json.dumps(dict(node.func(params, outputs))))
     records[fp] = {"inputs": inputs, "output": out, "created": time.time()}
-    write_json_atomic(join_path(run_dir, _node_file(node)), {"node": node.name, "records": records})
-    log.debug("node %r: computed and recorded in %s", node.name, _node_file(node))
+    catalog.save_node_records(node.name, records)
+    log.debug("node %r: computed and recorded in %s", node.name, catalog.node_file(node.name))
     return out
 
 
@@ -283,7 +263,9 @@ def _discard_run(
 ) -> None:
     """Remove what the runner owns in ``run_dir`` (see the module docstring), nothing else."""
     # the nodes' records (the runner's own format: a file of that name that is not is kept)
-    ours = [_node_file(n) for n in nodes if _node_records(run_dir, n)]
+    catalog = Catalog(run_dir)
+    recorded = [n.name for n in nodes if catalog.node_records(n.name)]
+    ours = [catalog.node_file(n) for n in recorded]
     if is_url(run_dir):
         _discard_run_url(Location(run_dir), manifest, keep, ours)
         return
@@ -300,11 +282,11 @@ def _discard_run(
     if manifest.results:
         _rmdir_if_empty(results)
     sweep_tmp_files(run_dir, recursive=False, targets=RUN_DIR_FILES)
-    (run_dir / MANIFEST_NAME).unlink(missing_ok=True)
+    Path(catalog.path("manifest")).unlink(missing_ok=True)
     if manifest.latest is not None:
-        (run_dir / LATEST_NAME).unlink(missing_ok=True)
-    for name in ours:
-        (run_dir / name).unlink(missing_ok=True)
+        Path(catalog.path("latest")).unlink(missing_ok=True)
+    for name in recorded:
+        Path(catalog.node_path(name)).unlink(missing_ok=True)
     names = {d.name for d in owned if d.parent == run_dir} | {MANIFEST_NAME, *keep, *ours}
     if manifest.latest is not None:
         names.add(LATEST_NAME)
@@ -366,12 +348,11 @@ def _store_gone(e: BaseException) -> bool:
 
 def _recover_from(
     e: BaseException,
-    run_dir: Path | str,
+    catalog: Catalog,
     stages: Sequence[Stage],
     manifest: Manifest,
     report: RunReport,
     stage: Stage,
-    dirs: Mapping[str, Path | str],
     max_recoveries: int,
     emit: Callable[[str, str, dict[str, Any]], None],
 ) -> bool:
@@ -379,7 +360,7 @@ def _recover_from(
     an incomplete or missing array), mark that stage and everything downstream partial
     and return True (a new pass recomputes them); else False."""
     damage = find_damage(e)
-    owner = None if damage is None else owner_stage(run_dir, stages, damage.store, dirs)
+    owner = None if damage is None else owner_stage(catalog, stages, damage.store)
     if owner is None or len(report.recovered) >= max_recoveries:
         return False
     if names_tiles_without_records(damage):
@@ -460,7 +441,8 @@ def run_stages(
         # absolute and the manifest stores them relative to the run directory ("@run/...")
         run_dir = run_dir.absolute()
     emit = on_event or (lambda s, e, i: None)
-    manifest = Manifest.load(run_dir)
+    catalog = Catalog(run_dir)
+    manifest = catalog.load("manifest")
     ident = fingerprint_obj(identity) if identity is not None else None
     # the run directory is reused only for the same data (the one rule: same_work)
     if (
@@ -480,10 +462,12 @@ def run_stages(
         manifest = Manifest(run_dir=run_dir)
     if not remote:
         sweep_tmp_files(
-            run_dir, recursive=False, targets=RUN_DIR_FILES | {_node_file(n) for n in nodes}
+            run_dir,
+            recursive=False,
+            targets=RUN_DIR_FILES | {catalog.node_file(n.name) for n in nodes},
         )  # e.g. a manifest write a kill interrupted
-    _check_latest_file(run_dir)
-    _check_node_files(run_dir, nodes)
+    _check_latest_file(catalog)
+    _check_node_files(catalog, nodes)
     manifest.identity = ident
     if config is not None:
         manifest.config = dict(config)
@@ -520,7 +504,9 @@ def _run_pass(
     """Run the stages once; True when a corrupt tile was recovered and a new pass is due."""
     fps: dict[str, str | None] = {}
     outputs: dict[str, dict[str, Any]] = {}
-    dirs: dict[str, Path | str] = {}
+    # where each stage's data lives: the shared stages at {run_dir}/{stage}, this
+    # configuration's in its directory once it is entered
+    catalog = Catalog(run_dir)
     planned: dict[str, Planned] | None = None
 
     def read_nodes(readers: Sequence[Stage]) -> dict[str, dict[str, Any]]:
@@ -528,7 +514,7 @@ def _run_pass(
         (evaluated once a pass, from its record when it has one)."""
         for node in (n for s in readers for n in s.reads):
             if node.name not in report.nodes:
-                report.nodes[node.name] = node_output(run_dir, node, params, outputs)
+                report.nodes[node.name] = node_output(catalog, node, params, outputs)
         return {**outputs, **report.nodes}
 
     report.nodes.clear()  # a new pass: read again (a recovery may have rerun their inputs)
@@ -540,19 +526,18 @@ def _run_pass(
                 seen = read_nodes([s for s in stages if s.per_config])
                 planned = plan_configuration(stages, params, seen, fps)
                 report.configuration = enter_configuration(run_dir, manifest, planned, emit, stages)
-                dirs.update({n: manifest.stage_dir(n) for n in planned})
+                cfg_dir = manifest.results[report.configuration].dir
+                catalog.set_stage_dirs({n: catalog.config_stage_dir(cfg_dir, n) for n in planned})
             if planned is not None and stage.name in planned:
                 enabled, stage_params, fp = planned[stage.name]
             else:
                 enabled, stage_params, fp = plan_stage(stage, params, read_nodes([stage]), fps)
         except Exception as e:
-            if _recover_from(
-                e, run_dir, stages, manifest, report, stage, dirs, max_recoveries, emit
-            ):
+            if _recover_from(e, catalog, stages, manifest, report, stage, max_recoveries, emit):
                 return True
             raise
         rec = manifest.stage(stage.name)
-        stage_dir = dirs.setdefault(stage.name, join_path(run_dir, stage.name))
+        stage_dir = catalog.stage_dir(stage.name)
         if not enabled:
             fps[stage.name] = None
             if rec.status != "skipped":
@@ -616,7 +601,8 @@ def _run_pass(
         t0 = time.perf_counter()
         usage = StageUsage.start()  # wall time and peak memory, kept in the manifest
         try:
-            out = stage.func(stage_dir, inputs, **stage_params)
+            with use_catalog(catalog):  # the stage's datasets: stage_catalog(name, stage_dir)
+                out = stage.func(stage_dir, inputs, **stage_params)
         except BaseException as e:
             if isinstance(e, KeyboardInterrupt | SystemExit) or _store_gone(e):
                 cap_store_waits()  # the cleanup, in seconds even on a store that does not answer
@@ -635,9 +621,7 @@ def _run_pass(
             if isinstance(e, KeyboardInterrupt | SystemExit):
                 emit(stage.name, "interrupted" if stopped else "failed", {"error": rec.error})
                 raise
-            if _recover_from(
-                e, run_dir, stages, manifest, report, stage, dirs, max_recoveries, emit
-            ):
+            if _recover_from(e, catalog, stages, manifest, report, stage, max_recoveries, emit):
                 return True
             emit(stage.name, "failed", {"error": rec.error})
             raise StageFailed(stage.name, e) from e

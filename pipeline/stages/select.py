@@ -38,6 +38,7 @@ from pipeline.models.selection import save_search_report, search_from_config
 from pipeline.models.selection.guard import FixedPredictions
 from pipeline.models.selection.report import CV_SECTION_KEYS
 from pipeline.models.selection.scoring import target_exponent
+from pipeline.stages.catalog import stage_catalog
 from pipeline.stages.ingest import open_rows
 from pipeline.storage.location import is_url, join_path, upload_file
 
@@ -110,6 +111,7 @@ def run(
 ) -> dict[str, Any]:
     """Search the ``cv`` grid on the training rows; return the selected kernel and λ."""
     keys = CV_SECTION_KEYS
+    catalog = stage_catalog("select", stage_dir)
 
     ing = inputs["ingest"]
     X = np.asarray(open_rows(ing, "X_train").compute(), dtype=np.float64)
@@ -126,10 +128,10 @@ def run(
         kernel=kernel,
         lam_convention=lam_convention,
         block_size=min(block_size, X.shape[0]),
-        store=str(join_path(stage_dir, "cv.zarr")),
+        store=catalog.store("cv")[0],
         refit=False,
         progress=True,  # one step per kernel setting, as pipeline.engine.progress's mode says
-        checkpoint=str(join_path(stage_dir, "settings")),
+        checkpoint=str(catalog.path("cv_settings")),
         **options,
     )
     search.fit(X, y)

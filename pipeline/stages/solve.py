@@ -19,7 +19,6 @@ takes its share of the disk.
 
 from __future__ import annotations
 
-import io
 import logging
 from collections.abc import Mapping
 from pathlib import Path
@@ -31,12 +30,15 @@ from pipeline.errors import IndefiniteKernelError, SolveNotConverged
 from pipeline.fit import log_plan
 from pipeline.linalg.gram import open_gram
 from pipeline.options import solver_choices
+from pipeline.stages.catalog import (  # noqa: F401 (save_npy_atomic re-exported)
+    Catalog,
+    load_npy_verified,
+    save_npy_atomic,
+    stage_catalog,
+)
 from pipeline.stages.config import SolverConfig
 from pipeline.stages.ingest import open_rows
 from pipeline.stages.outputs import GramOutput, IngestOutput, SolveOutput
-from pipeline.storage import CorruptFileError, bytes_checksum
-from pipeline.storage.atomic import atomic_write
-from pipeline.storage.location import is_url, join_path, read_bytes
 
 log = logging.getLogger("pipeline.stages")
 
@@ -138,36 +140,6 @@ def recorded_plan(record: Mapping[str, Any]):
     return FitPlan.from_dict(record["plan"]), str(record["reason"])
 
 
-def save_npy_atomic(path: Path, arr: np.ndarray) -> int:
-    """Write ``arr`` as ``.npy`` atomically; return the CRC-32C of the file's bytes."""
-    buf = io.BytesIO()
-    np.save(buf, arr)
-    data = buf.getvalue()
-    atomic_write(str(path), data, fsync=True)
-    return bytes_checksum(data)
-
-
-def load_npy_verified(path: str, crc32c: int | None) -> np.ndarray:
-    """Load an ``.npy`` written by :func:`save_npy_atomic`, checking its CRC-32C.
-
-    Raises
-    ------
-    CorruptFileError
-        The file is missing, or its bytes do not match ``crc32c`` (or no
-        checksum was recorded). It is a :class:`~pipeline.storage.CorruptTileError`,
-        so ``krr run`` reruns the stage whose directory holds the file.
-    """
-    expected = -1 if crc32c is None else int(crc32c)
-    try:
-        data = read_bytes(path)
-    except FileNotFoundError as exc:
-        raise CorruptFileError(str(path), expected, -1) from exc
-    found = bytes_checksum(data)
-    if found != expected:
-        raise CorruptFileError(str(path), expected, found)
-    return np.load(io.BytesIO(data))
-
-
 def _open_gram(inputs: dict[str, dict[str, Any]]):
     g = inputs.get("gram")
     if not g:
@@ -194,14 +166,15 @@ def _solve_cholesky(stage_dir, inputs, y, plan, kernel=None, X_mem=None) -> tupl
         recompute = GramTileRecomputer.for_gram(gram, X, kernel)
     # refined with matrix-free products from X_train (in place there is no Gram left
     # to refine against; a kept float32 Gram is not the float64 K; and X is faster)
+    factor_store, factor_name = stage_catalog("solve", stage_dir).store("factor")
     res = execute(
         plan,
         X if single else None,
         y,
         kernel if single else None,
         gram=gram,
-        factor_store=str(join_path(stage_dir, "factor.zarr")),
-        factor_name="chol",
+        factor_store=factor_store,
+        factor_name=factor_name,
         recompute_tile=recompute,
         progress=True,  # shown as pipeline.engine.progress's mode says (off with krr -q)
     )
@@ -247,28 +220,11 @@ def check_cg_kernel(kernel: dict[str, Any]) -> None:
         )
 
 
-def _other_cg_dirs(stage_dir: Any) -> tuple[str, ...]:
-    """The CG checkpoint directories of this run directory's other configurations
-    (``results/*/solve/cg``, and an older layout's ``solve/cg``), newest first. A
-    solve whose configuration differs only in what does not change its iterates
-    (``max_iter``, ``allow_unconverged``, ``checkpoint_every``...) resumes from
-    theirs, as the unconverged-solve message advises (it started from 0 before).
-    Local run directories only."""
-    from pipeline.stages.manifest import RESULTS_DIR
-
-    results = Path(stage_dir).resolve().parent.parent
-    if is_url(stage_dir) or results.name != RESULTS_DIR:  # (never another run directory)
-        return ()
-    own = Path(stage_dir).resolve() / "cg"
-    found = [p for p in [*results.glob("*/solve/cg"), results.parent / "solve" / "cg"]
-             if p.is_dir() and p != own]  # fmt: skip
-    return tuple(str(p) for p in sorted(found, key=lambda p: p.stat().st_mtime, reverse=True))
-
-
 def _solve_cg(stage_dir, inputs, y, *, kernel, plan, solver):
     from pipeline.fit import execute
 
     check_cg_kernel(kernel)
+    catalog = stage_catalog("solve", stage_dir)
     if plan.matvec == "stored":
         gram, X = _open_gram(inputs), None
         if np.dtype(gram.dtype) == np.float32:  # float64 residuals from X_train (fit.execute)
@@ -276,11 +232,13 @@ def _solve_cg(stage_dir, inputs, y, *, kernel, plan, solver):
     else:
         gram, X = None, open_rows(IngestOutput.from_json(inputs["ingest"]), "X_train")
     fit = execute(
-        plan, X, y, kernel, gram=gram, cg_dir=str(join_path(stage_dir, "cg")), progress=True,
-        cg_adopt=_other_cg_dirs(stage_dir),
+        plan, X, y, kernel, gram=gram, cg_dir=str(catalog.path("cg")), progress=True,
+        # an unconverged solve resumed with another max_iter (a new configuration) resumes
+        # from another configuration's checkpoint with the same iterates
+        cg_adopt=catalog.in_other_configurations("cg"),
     )  # fmt: skip
     res, shift = fit.cg, fit.shift
-    history_crc = save_npy_atomic(join_path(stage_dir, "cg_history.npy"), np.asarray(res.history))
+    history_crc = catalog.save("cg_history", np.asarray(res.history))
     if not res.converged and not solver.allow_unconverged:
         worst = float(np.max(res.rel_residual))
         raise SolveNotConverged(
@@ -296,7 +254,7 @@ def _solve_cg(stage_dir, inputs, y, *, kernel, plan, solver):
         "resumed_from": int(res.start_iter),
         "converged": bool(res.converged),
         "rel_residual": np.asarray(res.rel_residual).tolist(),
-        "history": str(join_path(stage_dir, "cg_history.npy")),
+        "history": str(catalog.path("cg_history")),
         "history_crc32c": history_crc,
     }
     return res.x, info
@@ -340,11 +298,11 @@ def run(
     else:
         alpha, info = _solve_cg(stage_dir, inputs, y, kernel=kernel, plan=plan, solver=solver)
     alpha = np.asarray(alpha, dtype=np.float64).reshape(y.shape)
-    path = join_path(stage_dir, "alpha.npy")
-    crc = save_npy_atomic(path, alpha)
+    catalog = stage_catalog("solve", stage_dir)
+    crc = catalog.save("alpha", alpha)
     return SolveOutput(
         method=method,
-        alpha=str(path),
+        alpha=str(catalog.path("alpha")),
         alpha_crc32c=crc,
         lam=lam,
         lam_convention=lam_convention,
@@ -364,5 +322,9 @@ def load_alpha(outputs: SolveOutput | Mapping[str, Any]) -> np.ndarray:
         run`` then reruns the solve stage.
     """
     if isinstance(outputs, SolveOutput):
-        return load_npy_verified(outputs.alpha, outputs.alpha_crc32c)
-    return load_npy_verified(outputs["alpha"], outputs.get("alpha_crc32c"))
+        path, crc = outputs.alpha, outputs.alpha_crc32c
+    else:
+        path, crc = outputs["alpha"], outputs.get("alpha_crc32c")
+    # read where the solve stage recorded it (a configuration adopted from an older
+    # layout, or copied from another one, keeps its recorded paths)
+    return Catalog().load("alpha", path=path, crc32c=crc)

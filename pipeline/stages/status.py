@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.stages.catalog import Catalog
 from pipeline.stages.lock import check_run_dir_files, lock_owner
 from pipeline.stages.manifest import Manifest
 from pipeline.stages.stage import STAGE_NAMES
@@ -139,7 +140,7 @@ def run_status(run_dir: str | Path, stage_names: tuple[str, ...] | None = None) 
     if not remote:
         check_run_dir_files(run_dir)
     manifest = Manifest.load(run_dir)
-    if not (Location(run_dir).exists("manifest.json") if remote else manifest.path.exists()):
+    if not Catalog(run_dir).exists("manifest"):
         raise FileNotFoundError(f"{str(run_dir)!r} is not a run directory (no manifest.json)")
     if stage_names is None:
         stage_names = STAGE_NAMES
@@ -292,7 +293,7 @@ def latest_model(run_dir: str | Path) -> str:
     remote = is_url(run_dir)
     run_dir = str(run_dir).rstrip("/") if remote else Path(run_dir)
     manifest = Manifest.load(run_dir)
-    if not (Location(run_dir).exists("manifest.json") if remote else manifest.path.exists()):
+    if not Catalog(run_dir).exists("manifest"):
         raise FileNotFoundError(f"{str(run_dir)!r} is not a run directory (no manifest.json)")
     rec = manifest.stages.get("model")
     if rec is None or rec.status != "done" or not rec.outputs.get("path"):

@@ -23,11 +23,11 @@ import numpy as np
 from pipeline.errors import DamagedOutput
 from pipeline.linalg.gram import open_gram
 from pipeline.models.artifact import ArtifactError, load_artifact
+from pipeline.stages.catalog import stage_catalog
 from pipeline.stages.evaluate import metrics_file_view
 from pipeline.stages.manifest import _json_default
 from pipeline.storage import read_all
 from pipeline.storage.fingerprint import same_work
-from pipeline.storage.location import join_path, read_bytes
 from pipeline.storage.predictions import file_crc32c
 
 
@@ -106,9 +106,10 @@ def verify_metrics(stage_dir: Path, outputs: dict[str, Any]) -> None:
 
     if not outputs.get("metrics"):
         return  # nothing was evaluated (no test rows): no file was written
-    path = join_path(stage_dir, "metrics.json")
+    catalog = stage_catalog("evaluate", stage_dir)
+    path = catalog.path("metrics")
     try:
-        found = json.loads(read_bytes(path))
+        found = catalog.load("metrics")
     except (FileNotFoundError, ValueError) as e:
         raise DamagedOutput(f"metrics {str(path)!r} cannot be read: {e}") from e
 
