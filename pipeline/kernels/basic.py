@@ -116,7 +116,8 @@ def check_length_scale(owner: Kernel, value: Any, *, allow_none: bool = False) -
     if value is None and allow_none:
         return
     if np.ndim(value) == 0:
-        check_real(owner, "length_scale", value, low=0, low_inclusive=False, allow_none=allow_none)
+        v = value.item() if isinstance(value, np.ndarray) else value
+        check_real(owner, "length_scale", v, low=0, low_inclusive=False, allow_none=allow_none)
         return
     who = type(owner).__name__
     try:
