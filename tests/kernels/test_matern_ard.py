@@ -285,3 +285,26 @@ def test_config_kernel_and_cv_grid():
         load_config(
             {**BASE, "kernel": {"name": "matern"}, "cv": {**cv, "param_grid": {"nu": [3.0]}}}
         )
+
+
+def test_evaluate_baseline_of_an_ard_rbf_is_precomputed():
+    from pipeline.stages.evaluate import _sklearn_kernel
+
+    assert _sklearn_kernel(RBF(length_scale=LS).to_spec(), 3) == ("precomputed", {})
+    assert _sklearn_kernel(RBF(length_scale=2.0).to_spec(), 3) == ("rbf", {"gamma": 0.125})
+    assert _sklearn_kernel(Matern().to_spec(), 3) == ("precomputed", {})
+
+
+def test_krr_run_with_a_wrong_width_is_a_config_error(tmp_path, capsys):
+    from pipeline import cli
+
+    bad = {"name": "matern", "params": {"nu": 2.5, "length_scale": [1.0, 2.0, 3.0]}}
+    conf = {**BASE, "kernel": bad, "lambda": 0.5, "evaluate": {"baseline": "none"}}
+    grid = {"alphas": [0.1, 1.0], "folds": 3, "param_grid": {"length_scale": [1.0, [1.0] * 3]}}
+    for i, c in enumerate([conf, {**conf, "kernel": {"name": "matern"}, "cv": grid}]):
+        path = tmp_path / f"c{i}.yaml"
+        path.write_text(yaml.safe_dump(c))
+        code = cli.main(["run", str(path), "--run-dir", str(tmp_path / f"run{i}"), "-q"])
+        err = capsys.readouterr().err
+        assert code == cli.EXIT_BAD_CONFIG, err[-800:]
+        assert "length_scale has 3 entries but X has 10 features" in err
