@@ -153,3 +153,14 @@ def test_float32_refuses_what_overflows_and_checks_the_width(data):
         evaluators.prepare(Matern(length_scale=[1.0, 2.0]), X, Y, np.float64)
     with pytest.raises(ValueError, match="length_scale has 2 entries but X has 5 features"):
         kernel_tile(RBF(length_scale=[1.0, 2.0]), X, Y, np.empty((203, 131)))
+
+
+def test_duplicate_rows_in_an_off_diagonal_tile():
+    """r of two equal rows comes from |x|² + |y|² - 2x·y: its rounding, square-rooted, is
+    what the kinked nu = 1/2 kernel shows (docs/PERFORMANCE.md); the smooth ones do not."""
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(100, 5)) * 3 + 10
+    for nu, tol in ((0.5, 1e-6), (1.5, 1e-12), (2.5, 1e-12)):
+        out = np.empty((100, 50))
+        kernel_tile(Matern(nu=nu), X, X[:50].copy(), out)
+        assert np.max(np.abs(np.diag(out[:50]) - 1.0)) <= tol
