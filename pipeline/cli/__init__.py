@@ -92,6 +92,7 @@ from pipeline.cli.predict import cmd_predict
 from pipeline.cli.run_dir import _run_dir_arg, cmd_report, cmd_status, cmd_unlock
 from pipeline.engine.progress import set_progress_mode
 from pipeline.errors import (
+    ConfigError,
     LockHeldError,
     ManifestError,
     RunDirConflict,
@@ -439,6 +440,8 @@ def cmd_run(args) -> int:
                     raise CliError(str(e), EXIT_BAD_CONFIG) from None
                 except ManifestError as e:
                     raise CliError(str(e), EXIT_RUN_DIR) from None
+                except ConfigError as e:  # the config against the data (e.g. the kernel's width)
+                    raise CliError(str(e), EXIT_BAD_CONFIG) from None
                 except StageFailed as e:
                     code = _classify_stage_error(e)
                     if getattr(args, "verbose", False):

@@ -15,6 +15,14 @@ never fused by mistake):
   ``-γ|x - y|²`` directly, then ``np.exp`` in place. Rows are centred by
   ``Xi``'s mean first (as :func:`pipeline.kernels.basic._sq_dists` does), so
   data far from the origin keeps its small differences.
+  ARD (a ``length_scale`` per feature) scales the centred rows by
+  ``1/length_scale`` once per call, then the same GEMM.
+- :class:`~pipeline.kernels.Matern` (ν = 1/2, 3/2, 5/2, scalar or ARD length
+  scale): the same augmented GEMM gives ``(√(2ν)·r)²``; then clip at 0, ``np.sqrt``
+  and the closed form (:func:`pipeline.kernels.basic.matern_from_scaled_dists`:
+  one ``np.exp`` and, for ν > 1/2, a few multiply-adds into a second scratch block).
+  In float32 the distance near 0 is the square root of a float32 cancellation
+  (about 3e-4·|x|/ℓ absolute), coarser than the RBF's, which needs no root.
 - :class:`~pipeline.kernels.Laplacian`: ``Σ_f |x_f - y_f| = Σx + Σy - 2·Σ_f
   min(x_f, y_f)``, so each feature costs two passes (min, add) instead of
   three; rows centred as above.
@@ -43,7 +51,12 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.kernels import RBF, Kernel, Laplacian, Linear, Polynomial
+from pipeline.kernels import RBF, Kernel, Laplacian, Linear, Matern, Polynomial
+from pipeline.kernels.basic import (
+    MATERN_NUS,
+    inverse_length_scales,
+    matern_from_scaled_dists,
+)
 
 log = logging.getLogger(__name__)
 
@@ -157,23 +170,42 @@ def _transpose_into(dst: np.ndarray, src: np.ndarray, rows: int = 64) -> None:
         dst[:, r0 : r0 + rows] = src[r0 : r0 + rows].T
 
 
+def _gemm_exp_params(kernel: RBF | Matern, d: int) -> tuple[float, np.ndarray | None]:
+    """``(a, w)``: the augmented GEMM gives ``-a·|x' - y'|²`` for rows ``x' = x·w``
+    (``w`` per feature, None for none). RBF: ``a = γ`` (ARD: ``w = 1/ℓ``, ``a = 1/2``);
+    Matérn: ``a = -2ν/ℓ²`` (ARD: ``w = 1/ℓ``, ``a = -2ν``), so the GEMM gives
+    ``(√(2ν)·r)²`` directly."""
+    if isinstance(kernel, Matern):
+        c = MATERN_NUS[float(kernel.nu)]
+        if kernel.ard:
+            return -(c**2), inverse_length_scales(kernel, kernel.length_scale, d)
+        return -((c / float(kernel.length_scale)) ** 2), None
+    if kernel.ard:
+        return 0.5, inverse_length_scales(kernel, kernel.length_scale, d)
+    return kernel.effective_gamma(d), None
+
+
 class _GemmExp(BlockEvaluator):
-    """exp(A_rᵀ · B_c): the RBF exponent from one augmented GEMM.
+    """exp(A_rᵀ · B_c): the RBF exponent from one augmented GEMM (Matérn: the scaled
+    squared distance from the same GEMM, then its closed form).
 
     ``A`` and ``B`` are kept feature-major (``(d + 2, n)``, C-contiguous): every
     preparation step is then a ufunc over rows of ``n`` elements, and each
-    sub-block's GEMM reads contiguous panels.
+    sub-block's GEMM reads contiguous panels. An ARD kernel's rows are scaled by
+    ``1/length_scale`` once here (one pass over the rows), after the centring.
     """
 
     def __init__(
         self,
-        kernel: RBF,
+        kernel: RBF | Matern,
         Xi: np.ndarray,
         Xj: np.ndarray | None,
         kd: np.dtype,
         buffers: Callable[[str, int, np.dtype], np.ndarray] | None = None,
     ):
         self.dtype = kd
+        self.nu = float(kernel.nu) if isinstance(kernel, Matern) else None
+        self.needs_scratch = self.nu is not None and self.nu != 0.5
 
         def alloc(name: str, shape: tuple[int, int], dtype: Any) -> np.ndarray:
             if buffers is None:
@@ -182,13 +214,15 @@ class _GemmExp(BlockEvaluator):
 
         X64 = Xi.astype(np.float64, copy=False)
         n, d = X64.shape
-        g = kernel.effective_gamma(d)
-        # A = [2γ·x; -γ|x|²; 1], B = [y; 1; -γ|y|²], x and y centred by Xi's mean
+        g, w = _gemm_exp_params(kernel, d)
+        # A = [2g·x; -g|x|²; 1], B = [y; 1; -g|y|²], x and y centred by Xi's mean
         A = alloc("A64", (d + 2, n), np.float64)
         xc = A[:d]
         _transpose_into(xc, X64)
         shift = xc.mean(axis=1) if n else np.zeros(d)
         np.subtract(xc, shift[:, None], out=xc)
+        if w is not None:
+            np.multiply(xc, w[:, None], out=xc)
         nx = np.einsum("ij,ij->j", xc, xc)
         if Xj is None:
             B = alloc("B64", (d + 2, n), np.float64)
@@ -200,9 +234,11 @@ class _GemmExp(BlockEvaluator):
             yc = B[:d]
             _transpose_into(yc, Y64)
             np.subtract(yc, shift[:, None], out=yc)
+            if w is not None:
+                np.multiply(yc, w[:, None], out=yc)
             ny = np.einsum("ij,ij->j", yc, yc)
         if kd == np.float32:
-            bound = g * (math.sqrt(_max(nx)) + math.sqrt(_max(ny))) ** 2
+            bound = abs(g) * (math.sqrt(_max(nx)) + math.sqrt(_max(ny))) ** 2
             if not bound <= F32_LIMIT:
                 _refuse_f32(kernel, bound)
         np.multiply(xc, 2.0 * g, out=xc)
@@ -226,7 +262,13 @@ class _GemmExp(BlockEvaluator):
         if diag:
             _symmetrize(E)
             np.fill_diagonal(E, 0.0)
-        np.exp(E, out=E)
+        if self.nu is None:
+            np.exp(E, out=E)
+            return
+        # Matérn: E = (√(2ν)·r)², up to rounding that can make it slightly negative
+        np.maximum(E, 0.0, out=E)
+        np.sqrt(E, out=E)
+        matern_from_scaled_dists(E, self.nu, T)
 
 
 class _L1Exp(BlockEvaluator):
@@ -365,7 +407,13 @@ class _Generic(BlockEvaluator):
             _symmetrize(E)
 
 
-_FUSED = {RBF: _GemmExp, Laplacian: _L1Exp, Linear: _GemmPoly, Polynomial: _GemmPoly}
+_FUSED = {
+    RBF: _GemmExp,
+    Matern: _GemmExp,
+    Laplacian: _L1Exp,
+    Linear: _GemmPoly,
+    Polynomial: _GemmPoly,
+}
 
 
 def is_fused(kernel: Kernel) -> bool:

@@ -279,8 +279,8 @@ def kernel_matvec(
     Parameters
     ----------
     kernel : Kernel, str or spec dict
-        Any kernel; RBF, Laplacian, linear and polynomial are fused, others go
-        through the generic per-block path (one log message per class).
+        Any kernel; RBF and Matérn (also ARD), Laplacian, linear and polynomial are
+        fused, others go through the generic per-block path (one log message per class).
     Xi : array-like of shape (ni, d)
         Rows of the tile.
     Xj : array-like of shape (nj, d) or None

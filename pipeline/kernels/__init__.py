@@ -8,7 +8,7 @@ from pipeline.kernels.base import (
     registered_names,
     spec_round_trips,
 )
-from pipeline.kernels.basic import RBF, Constant, Laplacian, Linear, Polynomial
+from pipeline.kernels.basic import RBF, Constant, Laplacian, Linear, Matern, Polynomial
 from pipeline.kernels.compose import (
     Exp,
     FunctionScaled,
@@ -56,6 +56,7 @@ __all__ = [
     "Laplacian",
     "Linear",
     "LinearMap",
+    "Matern",
     "MercerReport",
     "Normalized",
     "Polynomial",

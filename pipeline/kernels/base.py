@@ -233,6 +233,20 @@ class Kernel(Parametrized):
         dt = result_dtype(X)
         return np.asarray(self._diag(as_2d(X, dt)), dtype=dt)
 
+    def check_n_features(self, n_features: int) -> None:
+        """Raise ValueError if a per-feature parameter does not fit ``n_features`` columns.
+
+        An ARD length-scale vector (:class:`~pipeline.kernels.RBF`,
+        :class:`~pipeline.kernels.Matern`) must have one entry per feature. Nested
+        kernels are checked too. The estimators and the fit plan call this before
+        any kernel evaluation, so a wrong width fails before any work.
+        """
+        for n in self._param_names():
+            v = getattr(self, n)
+            for part in v if isinstance(v, list | tuple) else (v,):
+                if isinstance(part, Kernel):
+                    part.check_n_features(n_features)
+
     def _eval(self, X: np.ndarray, Y: np.ndarray, symmetric: bool) -> np.ndarray:
         raise NotImplementedError
 

@@ -8,6 +8,10 @@ float64 whatever the input dtype.
 
 from __future__ import annotations
 
+import math
+import numbers
+from typing import Any
+
 import numpy as np
 
 from pipeline.kernels.base import Kernel, check_real, register
@@ -106,17 +110,77 @@ class Polynomial(Kernel):
         return (_gamma(self.gamma, X.shape[1]) * _row_sq_norms(X) + self.coef0) ** self.degree
 
 
+def check_length_scale(owner: Kernel, value: Any, *, allow_none: bool = False) -> None:
+    """Raise ValueError unless ``value`` is a positive finite number or a non-empty 1-D
+    array of them (one length scale per feature: ARD)."""
+    if value is None and allow_none:
+        return
+    if np.ndim(value) == 0:
+        v = value.item() if isinstance(value, np.ndarray) else value
+        check_real(owner, "length_scale", v, low=0, low_inclusive=False, allow_none=allow_none)
+        return
+    who = type(owner).__name__
+    try:
+        a = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        a = None
+    ok = (
+        a is not None
+        and a.ndim == 1
+        and a.size > 0
+        and not any(isinstance(v, bool) for v in np.asarray(value, dtype=object).ravel())
+    )
+    if not ok:
+        raise ValueError(
+            f"{who}: length_scale must be a positive number or a non-empty 1-D list of them "
+            f"(one per feature), got {value!r}"
+        )
+    bad = a[~(np.isfinite(a) & (a > 0))]
+    if bad.size:
+        raise ValueError(
+            f"{who}: every length_scale must be a positive finite number, got {bad[0]!r} in "
+            f"length_scale={a.tolist()!r}"
+        )
+
+
+def is_ard(length_scale: Any) -> bool:
+    """Whether ``length_scale`` is a vector (one length scale per feature)."""
+    return length_scale is not None and np.ndim(length_scale) > 0
+
+
+def check_ard_width(owner: Kernel, length_scale: Any, n_features: int) -> None:
+    """Raise ValueError unless an ARD ``length_scale`` has one entry per feature."""
+    if not is_ard(length_scale):
+        return
+    width = int(np.size(length_scale))
+    if width != int(n_features):
+        raise ValueError(
+            f"{type(owner).__name__}: length_scale has {width} entries but X has "
+            f"{int(n_features)} features; give one length scale per feature ({int(n_features)} "
+            "values) or a single number for all of them"
+        )
+
+
+def inverse_length_scales(owner: Kernel, length_scale: Any, n_features: int) -> np.ndarray:
+    """``1 / length_scale`` per feature (float64, shape (n_features,)) for an ARD kernel."""
+    check_ard_width(owner, length_scale, n_features)
+    return 1.0 / np.asarray(length_scale, dtype=np.float64)
+
+
 @register
 class RBF(Kernel):
     """Gaussian kernel k(x, y) = exp(-gamma·||x - y||²).
 
     Give either ``gamma`` or ``length_scale`` (gamma = 1 / (2·length_scale²));
-    with neither, gamma = 1/n_features as in scikit-learn.
+    with neither, gamma = 1/n_features as in scikit-learn. ``length_scale`` may
+    be a 1-D array with one entry per feature (ARD, as
+    :class:`sklearn.gaussian_process.kernels.RBF`):
+    k(x, y) = exp(-||(x - y) / length_scale||² / 2).
     """
 
     name = "rbf"
 
-    def __init__(self, gamma: float | None = None, length_scale: float | None = None) -> None:
+    def __init__(self, gamma: float | None = None, length_scale: Any = None) -> None:
         self.gamma = gamma
         self.length_scale = length_scale
         self._check_params()
@@ -127,12 +191,26 @@ class RBF(Kernel):
                 f"RBF: give gamma ({self.gamma!r}) or length_scale ({self.length_scale!r}), not both"
             )
         check_real(self, "gamma", self.gamma, low=0, allow_none=True)
-        check_real(
-            self, "length_scale", self.length_scale, low=0, low_inclusive=False, allow_none=True
-        )
+        check_length_scale(self, self.length_scale, allow_none=True)
+
+    @property
+    def ard(self) -> bool:
+        """Whether ``length_scale`` is a per-feature vector (no single gamma then)."""
+        return is_ard(self.length_scale)
+
+    def check_n_features(self, n_features: int) -> None:
+        check_ard_width(self, self.length_scale, n_features)
 
     def effective_gamma(self, n_features: int) -> float:
-        """The gamma actually used for data with ``n_features`` columns."""
+        """The gamma actually used for data with ``n_features`` columns.
+
+        Raises ValueError for an ARD kernel (one length scale per feature: no single gamma).
+        """
+        if self.ard:
+            raise ValueError(
+                f"RBF(length_scale={self.length_scale!r}) has one length scale per feature "
+                "(ARD), so no single gamma; use inverse_length_scales"
+            )
         if self.gamma is not None:
             return float(self.gamma)
         if self.length_scale is not None:
@@ -140,14 +218,110 @@ class RBF(Kernel):
         return 1.0 / n_features
 
     def _eval(self, X, Y, symmetric):
-        D = _sq_dists(X, Y, symmetric)
-        D *= -self.effective_gamma(X.shape[1])
+        if self.ard:
+            w = inverse_length_scales(self, self.length_scale, X.shape[1])
+            D = _sq_dists(_f64(X) * w, None if symmetric else _f64(Y) * w, symmetric)
+            D *= -0.5
+        else:
+            D = _sq_dists(X, Y, symmetric)
+            D *= -self.effective_gamma(X.shape[1])
         if X.dtype == np.float32:
             # the exponent is accumulated in float64; exp itself is faster in float32
             return np.exp(D.astype(np.float32))
         return np.exp(D, out=D)
 
     def _diag(self, X):
+        self.check_n_features(X.shape[1])
+        return np.ones(X.shape[0])
+
+
+#: the Matérn smoothness values with a closed form, and their sqrt(2 nu)
+MATERN_NUS = {0.5: 1.0, 1.5: math.sqrt(3.0), 2.5: math.sqrt(5.0)}
+
+
+def matern_from_scaled_dists(T: np.ndarray, nu: float, S: np.ndarray | None = None) -> np.ndarray:
+    """The Matérn kernel in place from ``T = sqrt(2 nu)·r`` (r the scaled distance).
+
+    nu = 0.5: exp(-t); 1.5: (1 + t)·exp(-t); 2.5: (1 + t·(1 + t/3))·exp(-t).
+    ``S`` is scratch of ``T``'s shape (overwritten; nu = 1.5 and 2.5 use it): no
+    other temporaries, so the fused evaluators call this on cache-sized blocks.
+    """
+    if nu == 0.5:
+        np.negative(T, out=T)
+        return np.exp(T, out=T)
+    if S is None:
+        S = np.empty_like(T)
+    if nu == 2.5:
+        np.multiply(T, 1.0 / 3.0, out=S)
+        S += 1.0
+        S *= T
+        S += 1.0  # S = 1 + t + t²/3
+        np.negative(T, out=T)
+        np.exp(T, out=T)
+        T *= S
+        return T
+    np.negative(T, out=S)
+    np.exp(S, out=S)  # S = exp(-t)
+    T += 1.0
+    T *= S
+    return T
+
+
+@register
+class Matern(Kernel):
+    """Matérn kernel with smoothness ``nu`` in {0.5, 1.5, 2.5}, as
+    :class:`sklearn.gaussian_process.kernels.Matern`.
+
+    With r = ||(x - y) / length_scale||: nu = 0.5 gives exp(-r) (the exponential
+    kernel), 1.5 gives (1 + √3 r)·exp(-√3 r), 2.5 gives (1 + √5 r + 5r²/3)·exp(-√5 r).
+    ``length_scale`` is a positive number or a 1-D array with one entry per
+    feature (ARD). Other ``nu`` have no closed form here: nu -> inf is
+    :class:`RBF`.
+    """
+
+    name = "matern"
+
+    def __init__(self, nu: float = 1.5, length_scale: Any = 1.0) -> None:
+        self.nu = nu
+        self.length_scale = length_scale
+        self._check_params()
+
+    def _check_params(self) -> None:
+        nu = self.nu
+        ok = isinstance(nu, numbers.Real) and not isinstance(nu, bool) and nu in MATERN_NUS
+        if not ok:
+            raise ValueError(
+                f"Matern: nu must be 0.5, 1.5 or 2.5 (the smoothness values with a closed "
+                f"form), got nu={nu!r}; use one of them, or kernel='rbf' for nu = inf"
+            )
+        check_length_scale(self, self.length_scale)
+
+    @property
+    def ard(self) -> bool:
+        """Whether ``length_scale`` is a per-feature vector."""
+        return is_ard(self.length_scale)
+
+    def check_n_features(self, n_features: int) -> None:
+        check_ard_width(self, self.length_scale, n_features)
+
+    def scaled_rows(self, X: np.ndarray) -> tuple[np.ndarray, float]:
+        """``(X', c)``: the rows in float64 with per-feature scaling applied (ARD), and the
+        factor ``c`` with ``sqrt(2 nu)·r = c·||x' - y'||``."""
+        c = MATERN_NUS[float(self.nu)]
+        if self.ard:
+            return _f64(X) * inverse_length_scales(self, self.length_scale, X.shape[1]), c
+        return _f64(X), c / float(self.length_scale)
+
+    def _eval(self, X, Y, symmetric):
+        Xs, c = self.scaled_rows(X)
+        Ys = None if symmetric else self.scaled_rows(Y)[0]
+        T = _sq_dists(Xs, Ys, symmetric)
+        np.sqrt(T, out=T)
+        T *= c
+        return matern_from_scaled_dists(T, float(self.nu))
+
+    def _diag(self, X):
+        self.check_n_features(X.shape[1])
         return np.ones(X.shape[0])
 
 

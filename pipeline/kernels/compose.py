@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from pipeline.kernels.base import Kernel, check_real, register
+from pipeline.kernels.warping import Warping
 
 
 def _check_kernel(owner: Kernel, name: str, value: Any) -> None:
@@ -174,6 +175,15 @@ class Warped(Kernel):
                 f"{type(self).__name__}: f gave {FX.shape[1]} and {FY.shape[1]} columns"
             )
         return self.kernel._eval(FX, FY, symmetric)
+
+    def check_n_features(self, n_features: int) -> None:
+        """The inner kernel sees the warped features: their number is known for a
+        registered warping (applied to one zero row), not for an arbitrary callable."""
+        if not isinstance(self.f, Warping):
+            return
+        with np.errstate(all="ignore"):
+            width = _warp(self.f, np.zeros((1, int(n_features))), self).shape[1]
+        self.kernel.check_n_features(width)
 
     def _diag(self, X):
         return self.kernel._diag(_warp(self.f, X, self))

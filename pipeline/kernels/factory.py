@@ -98,7 +98,11 @@ def resolve_estimator_kernel(
 ) -> Kernel | None:
     """The Kernel an estimator's scikit-learn style parameters describe.
 
-    Names go through :func:`make_kernel` with ``gamma``, ``degree`` and ``coef0``.
+    Names go through :func:`make_kernel` with ``gamma``, ``degree`` and ``coef0``, and
+    ``kernel_params`` (the parameters the names do not cover, e.g.
+    ``kernel="matern", kernel_params={"nu": 2.5, "length_scale": [1.0, 2.0]}``; they win
+    over the forwarded three; scikit-learn ignores ``kernel_params`` for names, where
+    its kernels take nothing else).
     A spec dict describes its kernel as its Kernel object does: its own
     parameters win, and ``gamma``, ``degree`` and ``coef0`` only fill those it
     leaves out (the estimators' defaults ``degree=3, coef0=1`` are never None, so
@@ -116,11 +120,13 @@ def resolve_estimator_kernel(
             return copy.deepcopy(kernel).set_params(**kernel_params)
         return kernel
     forwarded = {"gamma": gamma, "degree": degree, "coef0": coef0}
+    extra = dict(kernel_params or {})
     if isinstance(kernel, dict):
         own = kernel.get("params") or {}
-        return make_kernel(kernel, **{p: v for p, v in forwarded.items() if p not in own})
+        fill = {p: v for p, v in forwarded.items() if p not in own and p not in extra}
+        return make_kernel(kernel, **fill, **extra)
     if isinstance(kernel, str):
-        return make_kernel(kernel, **forwarded)
+        return make_kernel(kernel, **{**forwarded, **extra})
     if callable(kernel):
         return None
     raise TypeError(

@@ -83,8 +83,10 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         only the parameters the spec leaves out (its own values win); ignored
         otherwise.
     kernel_params : dict, default=None
-        Keyword arguments for a callable kernel, or ``set_params`` values for a
-        Kernel object (applied to a copy).
+        Keyword arguments for a callable kernel, ``set_params`` values for a
+        Kernel object (applied to a copy), or the parameters of a named kernel
+        or spec beyond gamma, degree and coef0 (e.g. ``kernel="matern",
+        kernel_params={"nu": 2.5, "length_scale": [1.0, 2.0]}``).
     solver : {"auto", "dense", "primal", "cholesky", "cg"}, default="auto"
         ``"dense"``: exact in-memory dual by Cholesky. ``"primal"``: exact
         in-memory primal ridge (linear kernel only). ``"cholesky"`` and ``"cg"``:

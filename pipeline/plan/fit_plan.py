@@ -409,6 +409,9 @@ def plan_fit(
     -------
     (plan, reason) : (FitPlan, str)
     """
+    check_width = getattr(kernel, "check_n_features", None)
+    if check_width is not None:  # an ARD length-scale vector of the wrong width: before any work
+        check_width(int(d))
     opts = solver_options(choices)  # the tree's knobs, checked; None taking their defaults
     ch = {} if isinstance(choices, SolverOptions) else dict(choices or {})
     solver = opts.solver

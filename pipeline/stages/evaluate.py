@@ -63,7 +63,7 @@ def regression_metrics(
 def _sklearn_kernel(spec: dict[str, Any], n_features: int) -> tuple[Any, dict[str, Any]]:
     """scikit-learn's own kernel for a spec when it has one, else a precomputed kernel."""
     name, p = spec["name"], spec.get("params", {})
-    if name == "rbf":
+    if name == "rbf" and not isinstance(p.get("length_scale"), list):  # ARD: precomputed
         return "rbf", {"gamma": make_kernel(spec).effective_gamma(n_features)}
     if name == "laplacian":
         return "laplacian", {"gamma": p.get("gamma") or 1.0 / n_features}

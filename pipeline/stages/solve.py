@@ -26,8 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.errors import IndefiniteKernelError, SolveNotConverged
+from pipeline.errors import ConfigError, IndefiniteKernelError, SolveNotConverged
 from pipeline.fit import log_plan
+from pipeline.kernels import make_kernel
 from pipeline.linalg.gram import open_gram
 from pipeline.options import solver_choices
 from pipeline.stages.catalog import (  # noqa: F401 (save_npy_atomic re-exported)
@@ -106,6 +107,10 @@ def plan_record(
     in-place factor (``keep_gram: false``) takes it when ``factor_dtype`` is ``auto``.
     """
     ing = IngestOutput.from_json(ingest)
+    try:  # the kernel against the data's width (an ARD length-scale vector), before any work
+        make_kernel(kernel).check_n_features(ing.n_features)
+    except ValueError as e:
+        raise ConfigError(f"kernel: {e}") from None
     solver = SolverConfig.model_validate(solver)
     X_train = open_rows(ing, "X_train")
     in_place = {}

@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 from sklearn.base import clone
+from sklearn.gaussian_process.kernels import RBF as GPRBF
+from sklearn.gaussian_process.kernels import Matern as GPMatern
 from sklearn.metrics.pairwise import pairwise_kernels
 
 from pipeline.kernels import (
@@ -33,6 +35,7 @@ from pipeline.kernels import (
     Laplacian,
     Linear,
     LinearMap,
+    Matern,
     Normalized,
     Polynomial,
     Product,
@@ -102,6 +105,10 @@ def ref(k: Kernel, A, B):
         return pk("linear", A, B)
     if isinstance(k, Polynomial):
         return pk("poly", A, B, degree=k.degree, gamma=k.gamma, coef0=k.coef0)
+    if isinstance(k, RBF) and np.ndim(k.length_scale) == 1:  # ARD
+        return GPRBF(length_scale=np.asarray(k.length_scale))(A, B)
+    if isinstance(k, Matern):
+        return GPMatern(nu=k.nu, length_scale=np.asarray(k.length_scale))(A, B)
     if isinstance(k, RBF):
         g = k.gamma if k.length_scale is None else 1 / (2 * k.length_scale**2)
         return pk("rbf", A, B, gamma=g)
@@ -146,6 +153,12 @@ def all_kernels():
         "rbf_gamma": RBF(gamma=0.7),
         "rbf_length_scale": RBF(length_scale=0.8),
         "laplacian": Laplacian(gamma=0.4),
+        "rbf_ard": RBF(length_scale=[0.5, 1.0, 2.0, 0.25]),
+        "matern05": Matern(nu=0.5, length_scale=0.7),
+        "matern15": Matern(),
+        "matern25_ard": Matern(nu=2.5, length_scale=np.array([0.5, 1.0, 2.0, 0.25])),
+        "matern_algebra": 0.5 * Matern(nu=0.5) * RBF(0.3)
+        + Warped(Matern(nu=1.5, length_scale=[0.3, 2.0]), SelectFeatures([3, 0])),
         "constant": Constant(2.5),
         "sigmoid": Sigmoid(gamma=0.3, coef0=-0.2),
         "cosine": Cosine(),

@@ -28,6 +28,7 @@ __all__ = [
     "Candidate",
     "build_candidates",
     "check_alphas",
+    "check_settings_width",
     "make_splits",
     "resolve_kernel",
 ]
@@ -121,9 +122,33 @@ def _grid_dicts(param_grid: Any) -> list[dict[str, Sequence[Any]]]:
                 )
             if len(values) == 0:
                 raise ValueError(f"param_grid[{key!r}] is an empty list; give at least one value")
-            d[key] = list(values)
+            # numpy values as plain lists and numbers: an ARD length-scale vector then
+            # compares (candidates, settings) and serialises like any other value
+            d[key] = [_plain(v) for v in values]
         out.append(d)
     return out
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    if isinstance(v, np.generic):
+        return v.item()
+    return v
+
+
+def check_settings_width(
+    base_kernel: Kernel, settings: list[dict[str, Any]], n_features: int
+) -> None:
+    """Every kernel setting of the grid fits data with ``n_features`` columns (an ARD
+    length-scale vector has one entry per feature): checked before any kernel evaluation."""
+    for setting in settings or [{}]:
+        kernel = copy.deepcopy(base_kernel).set_params(**setting) if setting else base_kernel
+        try:
+            kernel.check_n_features(n_features)
+        except ValueError as exc:
+            where = f" (param_grid setting {setting!r})" if setting else ""
+            raise ValueError(f"{exc}{where}") from None
 
 
 def build_candidates(

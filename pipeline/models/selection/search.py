@@ -69,6 +69,7 @@ from pipeline.models.selection.choice import (
 from pipeline.models.selection.grid import (
     build_candidates,
     check_alphas,
+    check_settings_width,
     make_splits,
     resolve_kernel,
 )
@@ -285,6 +286,7 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         base = resolve_kernel(self.kernel, self.gamma, self.degree, self.coef0)
         candidates, settings = build_candidates(alphas, self.param_grid, base)
         X, y = validate_X_y(self, X, y)
+        check_settings_width(base, settings, X.shape[1])
         if sp.issparse(X):
             X = X.toarray()
         n = X.shape[0]
