@@ -15,6 +15,7 @@ import dask
 import dask.array as da
 import numpy as np
 
+import pipeline.constants as C
 from pipeline.engine.where import beside_local_workers, in_this_process, local_scheduler
 from pipeline.storage import fingerprint_blocks
 
@@ -80,11 +81,9 @@ def _batches(rows: list[int], row_bytes: int, batch: int | None) -> Iterator[ran
         for start in range(0, len(rows), step):
             yield range(start, min(start + step, len(rows)))
         return
-    from pipeline.constants import ROW_BATCH_BYTES
-
     start = held = 0
     for i, r in enumerate(rows):
-        if i > start and held + r * row_bytes > ROW_BATCH_BYTES:
+        if i > start and held + r * row_bytes > C.ROW_BATCH_BYTES:
             yield range(start, i)
             start, held = i, 0
         held += r * row_bytes

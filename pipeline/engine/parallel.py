@@ -20,6 +20,7 @@ import dask
 import dask.threaded
 from threadpoolctl import threadpool_limits
 
+from pipeline.constants import EMBEDDED_CLUSTER_DASK_CONFIG
 from pipeline.engine.progress import resolved_mode
 from pipeline.engine.progress_dask import dask_progress
 from pipeline.engine.where import active_client, local_scheduler
@@ -98,8 +99,6 @@ def embedded_cluster_config() -> dict[str, Any]:
     profiler, slower event-loop ticks), each only where the user's Dask config still
     holds Dask's default: a value set in a Dask YAML file or a ``DASK_*`` variable wins."""
     import distributed  # noqa: F401  (registers the distributed.* defaults)
-
-    from pipeline.constants import EMBEDDED_CLUSTER_DASK_CONFIG
 
     defaults = dask.config.merge(*dask.config.defaults)
     return {

@@ -49,6 +49,7 @@ import numpy as np
 from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
 
+from pipeline.engine import parallel
 from pipeline.engine.parallel import blas_threads
 from pipeline.engine.sources import CallableSource, KernelSource, StoredSource
 from pipeline.engine.where import (
@@ -289,10 +290,10 @@ def execute(
         with blas_threads(task_threads(n_tasks, concurrency=available_cores())):
             (res,) = dask.compute(d, scheduler=local_scheduler_function(), optimize_graph=False)
         return res
-    from pipeline.engine.parallel import compute
-
     with in_this_process(runs_here(entries, graph)):
-        (res,) = compute(d, progress=progress, desc=desc, unit="tile", optimize_graph=False)
+        (res,) = parallel.compute(
+            d, progress=progress, desc=desc, unit="tile", optimize_graph=False
+        )
     return res
 
 

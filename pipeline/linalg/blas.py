@@ -31,6 +31,9 @@ import numpy as np
 import scipy.linalg.cython_blas  # noqa: F401
 import scipy.linalg.cython_lapack  # noqa: F401
 
+import pipeline.constants as C
+from pipeline.storage import buffers
+
 __all__ = [
     "blas_lock",
     "first_touch_between_calls",
@@ -384,19 +387,16 @@ def first_touch_between_calls(
     one at a time), when calls also queue with other processes (``host_lock``), or
     when :data:`~pipeline.constants.FIRST_TOUCH_MIN_BYTES` is 0.
     """
-    from pipeline.constants import FIRST_TOUCH_MIN_BYTES
-    from pipeline.storage.buffers import touch
-
     n = getattr(_WIDTH, "n", None) if n_threads is None else int(n_threads)
-    if not n or n <= 1 or getattr(_WIDTH, "host", False) or FIRST_TOUCH_MIN_BYTES <= 0:
+    if not n or n <= 1 or getattr(_WIDTH, "host", False) or C.FIRST_TOUCH_MIN_BYTES <= 0:
         return None
-    width, least = int(n), int(FIRST_TOUCH_MIN_BYTES)
+    width, least = int(n), int(C.FIRST_TOUCH_MIN_BYTES)
 
     def first_touch(arr: np.ndarray) -> None:
         if arr.nbytes < least:
             return
         with _SERIAL if _SERIAL is not None else _WIDE_LOCK:  # the lock of the calls now
-            touch(arr, width)
+            buffers.touch(arr, width)
 
     return first_touch
 

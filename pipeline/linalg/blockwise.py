@@ -27,7 +27,7 @@ import numpy as np
 import zarr
 from dask.highlevelgraph import HighLevelGraph
 
-from pipeline.engine import predict_accumulate, task_threads
+from pipeline.engine import parallel, predict_accumulate, task_threads
 from pipeline.engine.passes import KernelSource, accumulate_graph, execute, pending
 from pipeline.kernels import Kernel, kernel_fingerprint, make_kernel
 from pipeline.linalg.predict_model import check_preprocessing
@@ -37,6 +37,7 @@ from pipeline.linalg.predict_source import input_fingerprint as _input_fingerpri
 from pipeline.storage import StoreMismatchError, fingerprint_obj, open_tiled_array, read_all
 from pipeline.storage.arrays import TiledArray
 from pipeline.storage.fingerprint import same_work
+from pipeline.storage.predictions import check_zarr_output_root
 
 log = logging.getLogger(__name__)
 
@@ -444,8 +445,6 @@ def _open_output(
     meta: dict,
     overwrite: bool,
 ) -> TiledArray:
-    from pipeline.storage.predictions import check_zarr_output_root
-
     check_zarr_output_root(out)  # not among the files of a directory that is not a store
     fp = fingerprint_obj({"kind": "krr-predictions", **meta, "dtype": dtype.str})
     try:
@@ -539,15 +538,13 @@ def predict(
     pipeline.storage.StoreMismatchError
         ``out`` holds predictions of another model or input.
     """
-    from pipeline.engine.parallel import compute
-
     if out is None:
         y = predict_blockwise(
             X_new, X_train, dual_coef, kernel,
             block_size=block_size, train_block_size=train_block_size,
             preprocessing=preprocessing, nan_policy=nan_policy, cache_block=cache_block,
         )  # fmt: skip
-        (res,) = compute(y, progress=progress, desc="predict", unit="tile")
+        (res,) = parallel.compute(y, progress=progress, desc="predict", unit="tile")
         return res
 
     b = _check_args(block_size, nan_policy)

@@ -38,6 +38,7 @@ from pipeline.linalg.cg import (
     check_operator_kernel,
     conjugate_gradient,
 )
+from pipeline.linalg.matvec import MatrixFreeKernelOperator
 
 __all__ = ["MixedCGResult", "float32_twin", "iterative_refinement", "mixed_precision_cg"]
 
@@ -134,8 +135,6 @@ def iterative_refinement(
 def float32_twin(op: Any) -> Any:
     """The same matrix-free operator with float32 kernel tiles
     (``MatrixFreeKernelOperator(..., kernel_dtype="float32")``)."""
-    from pipeline.linalg.matvec import MatrixFreeKernelOperator
-
     if not isinstance(op, MatrixFreeKernelOperator):
         raise ValueError(
             f"mixed precision needs a matrix-free operator (it recomputes the kernel in float32), "

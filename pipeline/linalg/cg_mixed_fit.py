@@ -29,8 +29,16 @@ from typing import Any
 import numpy as np
 
 from pipeline.constants import MIXED_INNER_PATIENCE, MIXED_INNER_TOL
-from pipeline.linalg.cg import CGConvergenceWarning, CGResult, CGStagnationError, CGState
+from pipeline.linalg.cg import (
+    CGConvergenceWarning,
+    CGResult,
+    CGStagnationError,
+    CGState,
+    conjugate_gradient,
+)
+from pipeline.linalg.cg_checkpoint import CGCheckpoint, cg_fingerprint, resumable_cg
 from pipeline.linalg.cg_mixed import float32_twin, mixed_precision_cg
+from pipeline.linalg.precond import IdentityPreconditioner
 
 __all__ = ["mixed_cg_fit"]
 
@@ -68,15 +76,10 @@ def _one_column(
     callback: Callable[[Any], Any] | None,
     low: Any = None,
 ) -> CGResult:
-    from pipeline.linalg.cg_checkpoint import cg_fingerprint, resumable_cg
-    from pipeline.linalg.precond import IdentityPreconditioner
-
     t0 = time.perf_counter()
     ckpt = x0 = None
     start = 0
     if store is not None:
-        from pipeline.linalg.cg_checkpoint import CGCheckpoint
-
         pre = preconditioner if preconditioner is not None else IdentityPreconditioner()
         what = {"precision": "mixed"}
         if low is not None:  # inner products from another operator (a float32 Gram)
@@ -122,8 +125,6 @@ def _one_column(
         if store is not None:
             res = resumable_cg(op, b, store, name=f"{name}-float64", callback=callback, **kw)
         else:
-            from pipeline.linalg.cg import conjugate_gradient
-
             res = conjugate_gradient(op.matvec, b, callback=callback, **kw)
         res.n_matvec += err.n_matvec_low + err.n_matvec_high
         res.n_iter += err.n_inner  # the float32 iterations before the fallback too

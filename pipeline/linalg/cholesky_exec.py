@@ -30,6 +30,7 @@ import numpy as np
 
 import pipeline.constants as C
 from pipeline.constants import DASK_CRITICAL_PATH_FIRST
+from pipeline.engine import parallel  # parallel.compute: looked up per call (tests spy on it)
 from pipeline.engine.dag import RankOrder, run_dag, serial_order, upward_ranks
 from pipeline.engine.parallel import blas_threads as _blas
 from pipeline.engine.progress import stage_progress
@@ -44,6 +45,7 @@ from pipeline.engine.where import (
 )
 from pipeline.linalg import blas as gil_free_blas
 from pipeline.linalg.cholesky_cache import release_worker_tiles
+from pipeline.storage.rawchunks import chunk_layout, prefetch_chunk
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +92,6 @@ def _run_dask(
     gram, L, todo, shift, lam, convention, jitter, progress, blas_threads=None, *, task
 ) -> list[dict]:
     from dask import delayed
-
-    from pipeline.engine.parallel import compute  # looked up per call (tests spy on it)
 
     if not todo:
         return []
@@ -147,7 +147,7 @@ def _run_dask(
                     dask_key_name=f"{prefix}-{i}-{j}",
                 )
         try:
-            (records,) = compute(
+            (records,) = parallel.compute(
                 list(nodes.values()), progress=progress, desc="cholesky", unit="tile", **kw
             )
         finally:
@@ -308,8 +308,6 @@ def prefetch_gram_tile(gram: Any, i: int, j: int) -> None:
     task that reads its own tiles (in a worker process: no read-ahead threads) and will
     need it later (:data:`~pipeline.constants.PREFETCH_NEXT_GRAM_TILE`). Only raw
     local chunks; anything else is left alone."""
-    from pipeline.storage.rawchunks import chunk_layout, prefetch_chunk
-
     if not C.PREFETCH_NEXT_GRAM_TILE or not isinstance(getattr(gram, "store", None), str):
         return
     layout = chunk_layout(gram.store, gram.name)

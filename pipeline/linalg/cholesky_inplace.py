@@ -63,6 +63,7 @@ from pipeline.storage import buffers as tile_buffers
 from pipeline.storage.arrays import CorruptTileError, tile_checksum
 from pipeline.storage.location import is_url, local_file_path
 from pipeline.storage.markers import TileMarkers
+from pipeline.storage.rawchunks import chunk_layout
 
 log = logging.getLogger(__name__)
 
@@ -283,8 +284,6 @@ def _unwritten_chunks(gram: TiledArray, tiles: list) -> list | None:
     demand, :func:`pipeline.linalg.gram.build_gram` with ``defer=True``): their factor tiles
     need new space. None for an object store (not known; no free-space figure is
     checked there)."""
-    from pipeline.storage.rawchunks import chunk_layout
-
     if not tiles:
         return []
     if not isinstance(gram.store, str) or _local_dir(gram.store) is None:

@@ -41,6 +41,7 @@ from scipy import linalg
 from scipy.linalg import lapack
 from threadpoolctl import threadpool_limits
 
+from pipeline.engine.passes import CallableSource, accumulate
 from pipeline.errors import SingularKernelWarning
 from pipeline.options import ALPHA_CONVENTIONS, diagonal_shift
 from pipeline.validation import check_alpha
@@ -296,8 +297,6 @@ def predict_dual(
     pass (:func:`pipeline.engine.passes.accumulate` with a
     :class:`~pipeline.engine.passes.CallableSource`), run in this process.
     """
-    from pipeline.engine.passes import CallableSource, accumulate
-
     n = X.shape[0]
     n_fit = dual_coef.shape[0]
     rows = block_rows or predict_block_rows(n_fit)

@@ -37,7 +37,7 @@ from pipeline.errors import (  # noqa: F401  (re-exported: their old home)
 from pipeline.storage.errors import ForeignPathError, TileRewriteError, disk_full_at
 from pipeline.storage.fingerprint import same_work
 from pipeline.storage.location import local_file_path
-from pipeline.storage.markers import TileMarkers
+from pipeline.storage.markers import TileMarkers, _parse_key
 from pipeline.storage.rawchunks import (
     chunk_layout,
     chunk_problem,
@@ -522,8 +522,6 @@ def _unmark_lost_objects(handle: TiledArray) -> list[tuple[int, ...]]:
     is missing. A missing chunk is lost unless the tile its marker records is all fill
     value (Zarr leaves such a chunk unwritten): its recorded CRC-32C says which.
     """
-    from pipeline.storage.markers import _parse_key
-
     markers = handle.markers
     fs, root = fsspec.core.url_to_fs(str(handle.store))
     base = f"{root.rstrip('/')}/{handle.name}"

@@ -61,17 +61,12 @@ def _register_bounded_s3() -> None:
     from fsspec.registry import _registry, known_implementations
 
     for name in ("s3", "s3a"):
-        if name in _registry:  # s3fs was already used here: register the class itself
-            try:
-                from pipeline.storage.s3 import BoundedS3FileSystem
-            except ImportError:
-                return
-            fsspec.register_implementation(name, BoundedS3FileSystem, clobber=True)
-        else:
-            known_implementations[name] = {
-                "class": _S3_CLASS,
-                "err": "Install s3fs to access S3 (pip install 'krr-pipeline[s3]')",
-            }
+        # s3fs was already used here: fsspec forgets its class and imports ours instead
+        _registry.pop(name, None)
+        known_implementations[name] = {
+            "class": _S3_CLASS,
+            "err": "Install s3fs to access S3 (pip install 'krr-pipeline[s3]')",
+        }
 
 
 _register_bounded_s3()

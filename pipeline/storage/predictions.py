@@ -18,6 +18,11 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from pipeline._optional import require
+from pipeline.storage.errors import ForeignPathError, disk_full_at
+from pipeline.storage.location import check_writable
+from pipeline.storage.tempfiles import tmp_path_for
+
 #: extension -> format name (lower-case match on the path without a trailing slash)
 OUTPUT_FORMATS = {".zarr": "zarr", ".npy": "npy", ".csv": "csv", ".parquet": "parquet"}
 
@@ -82,8 +87,6 @@ def check_output_file(path: str | os.PathLike, overwrite: bool) -> int | None:
     """
     import json
 
-    from pipeline.storage.errors import ForeignPathError
-
     path = os.fspath(path)
     if not os.path.lexists(path):
         return None
@@ -129,8 +132,6 @@ def check_zarr_output_root(store: str | os.PathLike) -> None:
     """
     import fsspec
 
-    from pipeline.storage.errors import ForeignPathError
-
     store = os.fspath(store)
     fs, root = fsspec.core.url_to_fs(store)
     root = root.rstrip("/")
@@ -149,8 +150,6 @@ def check_prediction_output(path: str | os.PathLike, overwrite: bool) -> str:
     format, :func:`check_zarr_output_root` for ``.zarr``, then that it can be written:
     :func:`pipeline.storage.location.check_writable`, whose StoreNotWritableError makes
     ``krr`` exit 7); returns its format."""
-    from pipeline.storage.location import check_writable
-
     fmt = output_format(path)
     if fmt == "zarr":
         check_zarr_output_root(path)
@@ -158,8 +157,6 @@ def check_prediction_output(path: str | os.PathLike, overwrite: bool) -> str:
         check_output_file(path, overwrite)
     check_writable(path, output=True, file=fmt != "zarr")
     if fmt == "parquet":  # a missing extra is said before any work, not after it
-        from pipeline._optional import require
-
         require("pyarrow", "a .parquet output")
     return fmt
 
@@ -196,9 +193,6 @@ def write_predictions(
     old = check_output_file(path, overwrite)  # the file replaced (ours), or None
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)  # as a .zarr output's
     y = np.asarray(y)
-    from pipeline.storage.errors import disk_full_at
-    from pipeline.storage.tempfiles import tmp_path_for
-
     tmp, rec_tmp = tmp_path_for(path), tmp_path_for(owner_record_path(path))
     needed = y.nbytes + 128 if fmt == "npy" else None  # (a table's size is not known)
     # a full disk names the path and the bytes (free measured with the partial file gone)
@@ -217,8 +211,6 @@ def write_predictions(
                     with open(tmp, "x", newline="") as f:
                         df.to_csv(f, index=False, float_format="%.17g")
                 else:
-                    from pipeline._optional import require
-
                     require("pyarrow", "a .parquet output")
                     with open(tmp, "xb") as f:
                         df.to_parquet(f, index=False)

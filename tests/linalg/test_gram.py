@@ -177,7 +177,7 @@ def test_one_writability_check_for_stores_and_prediction_outputs(tmp_path, X, mo
     """The Gram builder's store check and the prediction output's were two functions
     (``gram.build._check_writable``, ``predict.output.check_output_writable``); both call
     :func:`pipeline.storage.location.check_writable` now, each message unchanged."""
-    from pipeline.storage import location
+    from pipeline.storage import location, predictions
     from pipeline.storage.predictions import check_prediction_output
 
     (tmp_path / "file").write_text("x")
@@ -201,10 +201,11 @@ def test_one_writability_check_for_stores_and_prediction_outputs(tmp_path, X, mo
     import pipeline.linalg.gram as build
 
     assert build.check_writable is location.check_writable  # build_gram's check
+    assert predictions.check_writable is location.check_writable  # the output's
     calls = []
     real = location.check_writable
-    monkeypatch.setattr(
-        location, "check_writable", lambda *a, **k: calls.append(k) or real(*a, **k)
+    monkeypatch.setattr(  # where check_prediction_output names it
+        predictions, "check_writable", lambda *a, **k: calls.append(k) or real(*a, **k)
     )
     check_prediction_output(tmp_path / "p.zarr", overwrite=False)
     check_prediction_output(tmp_path / "p.npy", overwrite=False)
