@@ -38,24 +38,29 @@ from pipeline.engine.dense import check_finite_kernel, kernel_matrix
 from pipeline.engine.progress import cg_progress
 from pipeline.engine.where import cluster_workers, factor_executor, gram_on_demand
 from pipeline.errors import IndefiniteKernelError, LockHeldError
-from pipeline.kernels import Kernel, Linear, make_kernel
+from pipeline.kernels import FunctionScaled, Kernel, Linear, Warped, make_kernel
+from pipeline.kernels.warping import Coordinate, SelectFeatures
 from pipeline.linalg import dense_memory as memory
 from pipeline.linalg import spectrum
 from pipeline.linalg.cg import CGConvergenceError, conjugate_gradient
 from pipeline.linalg.cg_checkpoint import resumable_cg
 from pipeline.linalg.cg_mixed_fit import mixed_cg_fit
 from pipeline.linalg.cholesky import regularisation_shift, tile_cholesky
+from pipeline.linalg.cholesky_inplace import GramTileRecomputer
 from pipeline.linalg.cholesky_options import NonFiniteKernelError, NotPositiveDefiniteError
 from pipeline.linalg.dense_dual import effective_alpha, solve_dual
 from pipeline.linalg.dense_memory import check_dense_memory, dense_dual_bytes, primal_bytes
 from pipeline.linalg.dense_primal import primal_to_dual, solve_primal
+from pipeline.linalg.gram import build_gram
 from pipeline.linalg.matvec import make_operator
 from pipeline.linalg.precond import make_preconditioner
 from pipeline.linalg.triangular import cholesky_solve
 from pipeline.options import ALPHA_CONVENTIONS, solver_choices, solver_convention
 from pipeline.plan.fit_plan import FitPlan, Probes, Resources, plan_fit
-from pipeline.storage import fingerprint_blocks
+from pipeline.storage import fingerprint_blocks, fingerprint_obj
+from pipeline.storage.arrays import normalize_store
 from pipeline.storage.lease import LeaseLock
+from pipeline.storage.tempfiles import make_temp_store
 
 __all__ = [
     "FitResult",
@@ -303,8 +308,6 @@ def _execute(
     executor = factor_executor(plan.solver, plan.options.factor_scheduler, from_x)
     on_demand = gram_on_demand(plan.solver, plan.options.keep_gram, mf, executor == "threads")
     if plan.needs_gram and gram is None:
-        from pipeline.linalg.gram import build_gram
-
         if root is None:
             raise ValueError(f"solver={plan.solver!r} needs a store for the Gram; pass root=")
         gram = build_gram(
@@ -328,8 +331,6 @@ def _execute(
                     f"{plan.factor_dtype!r}; use keep_gram=True for a {plan.factor_dtype} factor"
                 )
             if recompute_tile is None and isinstance(X, np.ndarray) and kernel is not None:
-                from pipeline.linalg.cholesky_inplace import GramTileRecomputer
-
                 # the evaluation the Gram's array records: the bits a stored tile has
                 recompute_tile = GramTileRecomputer.for_gram(gram, X, kernel)
         factor = tile_cholesky(
@@ -662,8 +663,6 @@ def _fit_lease(store: str) -> Iterator[None]:
 @contextlib.contextmanager
 def _store_dir(store: Any) -> Iterator[str]:
     if store is not None:
-        from pipeline.storage.arrays import normalize_store
-
         store = normalize_store(store)  # one spelling for Zarr and fsspec (markers)
         if "://" not in store:
             Path(store).mkdir(parents=True, exist_ok=True)
@@ -673,8 +672,6 @@ def _store_dir(store: Any) -> Iterator[str]:
         with _fit_lease(store):
             yield store
         return
-    from pipeline.storage.tempfiles import make_temp_store
-
     # under $KRR_TMPDIR or {tempfile.gettempdir()}/krr-pipeline; one a killed fit left
     # behind is removed by the next make_temp_store (see pipeline.storage.tempfiles)
     tmp = make_temp_store()
@@ -695,8 +692,6 @@ def fit_store_path(store: Any, identity: dict[str, Any]) -> str:
     never share or replace each other's arrays. Works for local paths and
     fsspec URLs (``s3://``, ``file://``); nothing is created here.
     """
-    from pipeline.storage import fingerprint_obj
-
     name = "fit-" + fingerprint_obj(identity)[:20]
     text = str(store)
     if "://" in text:
@@ -725,9 +720,6 @@ def weighted_problem(
     root_w : ndarray of shape (n,)
         sqrt(w): multiply the solution by it (row-wise) to get the dual coefficients.
     """
-    from pipeline.kernels import FunctionScaled, Warped
-    from pipeline.kernels.warping import Coordinate, SelectFeatures
-
     root_w = np.sqrt(np.asarray(sample_weight, dtype=np.float64))
     d = X.shape[1]
     X_w = np.empty((X.shape[0], d + 1), dtype=np.float64)

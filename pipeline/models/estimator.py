@@ -25,11 +25,20 @@ from sklearn.utils.validation import check_is_fitted
 
 from pipeline.engine.dense import kernel_matrix
 from pipeline.engine.progress import with_progress
-from pipeline.fit import execute, log_plan, measure_resources, row_probes
-from pipeline.kernels import Linear, spec_round_trips
+from pipeline.fit import (
+    execute,
+    fit_out_of_core,
+    fit_store_path,
+    log_plan,
+    measure_resources,
+    row_probes,
+    weighted_problem,
+)
+from pipeline.kernels import Linear, kernel_fingerprint, spec_round_trips
 from pipeline.linalg.dense_dual import effective_alpha
 from pipeline.linalg.dense_memory import check_dense_memory, dense_dual_bytes, primal_bytes
 from pipeline.linalg.predict_model import predict_in_memory
+from pipeline.models.artifact import load_artifact
 from pipeline.models.kernel_estimator import KernelParamsMixin
 from pipeline.models.model_io import estimator_state, fitted_model, save_model
 from pipeline.options import (
@@ -40,6 +49,8 @@ from pipeline.options import (
     solver_choices,
 )
 from pipeline.plan.fit_plan import plan_fit
+from pipeline.storage import fingerprint_blocks
+from pipeline.storage.location import set_storage_options, url_scheme
 from pipeline.validation import (
     check_alpha,
     check_choice,
@@ -399,8 +410,6 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         kernels that are not :class:`~pipeline.kernels.Kernel` objects, per-target
         alphas that differ, and alpha <= 0.
         """
-        from pipeline.fit import fit_out_of_core, fit_store_path, weighted_problem
-
         if kernel is None:
             raise ValueError(
                 f"solver={self.solver!r} needs a named kernel, a Kernel object or a spec, "
@@ -420,8 +429,6 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
                 "or solver='dense' for scikit-learn's alpha=0 least-squares behaviour"
             )
         if self.storage_options:
-            from pipeline.storage.location import set_storage_options, url_scheme
-
             scheme = url_scheme(str(self.store)) if self.store is not None else None
             if scheme is None:
                 raise ValueError(
@@ -433,8 +440,6 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         # K was evaluated in float64 from float32 rows (fit.execute): so must predict be
         # (float32 rounding at a small lambda: docs/PERFORMANCE.md#known-traps)
         X_fit = _c_order(X.astype(np.float64) if X.dtype == np.float32 else X)
-        from pipeline.storage import fingerprint_blocks
-
         x_fp = fingerprint_blocks([X])
         if sample_weight is not None:
             # (W^1/2 K W^1/2 + lam I) beta = W^1/2 y, alpha = W^1/2 beta (scikit-learn's form)
@@ -488,9 +493,6 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         classes) and the content of X, y and the sample weights; never ``store``
         or ``storage_options`` (credentials).
         """
-        from pipeline.kernels import kernel_fingerprint
-        from pipeline.storage import fingerprint_blocks
-
         params = {
             k: v
             for k, v in self.get_params(deep=False).items()
@@ -606,8 +608,6 @@ def load(path: Any) -> KernelRidge:
         Not an artifact, an unknown (newer) format version, a broken checksum, or
         a model of another estimator.
     """
-    from pipeline.models.artifact import load_artifact
-
     art = load_artifact(str(path))
     params, attrs = estimator_state(art, path)
     est = KernelRidge(**params)

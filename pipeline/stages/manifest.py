@@ -39,7 +39,7 @@ from typing import Any, Literal
 
 from pipeline.errors import ManifestError
 from pipeline.storage.atomic import atomic_write
-from pipeline.storage.location import is_url, join_path
+from pipeline.storage.location import filesystem_for, is_url, join_path
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
@@ -356,8 +356,6 @@ def _read_text(path: Path | str) -> str:
         if not path.exists():
             raise FileNotFoundError(str(path))
         return path.read_text()
-    from pipeline.storage.location import filesystem_for
-
     fs, p = filesystem_for(path)
     fs.invalidate_cache()
     return bytes(fs.cat_file(p)).decode()

@@ -27,10 +27,12 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import ConfigError, IndefiniteKernelError, SolveNotConverged
-from pipeline.fit import log_plan
-from pipeline.kernels import make_kernel
+from pipeline.fit import execute, log_plan, measure_resources, row_probes
+from pipeline.kernels import kernel_from_spec, make_kernel
+from pipeline.linalg.cholesky_inplace import GramTileRecomputer
 from pipeline.linalg.gram import open_gram
 from pipeline.options import solver_choices
+from pipeline.plan.fit_plan import FitPlan, plan_fit
 from pipeline.stages.catalog import (  # noqa: F401 (save_npy_atomic re-exported)
     Catalog,
     load_npy_verified,
@@ -68,15 +70,10 @@ def stage_plan(
     ``X`` (the stored training rows, e.g. a Dask array) lets ``auto`` measure CG's
     preconditioner on a subsample, as ``KernelRidge`` does.
     """
-    from pipeline.fit import measure_resources, row_probes
-    from pipeline.plan.fit_plan import plan_fit
-
     solver = SolverConfig.model_validate(solver)
 
     k = None
     if kernel is not None:
-        from pipeline.kernels import kernel_from_spec
-
         k = kernel_from_spec(kernel)
     resources = measure_resources(store, in_memory=False)
     return plan_fit(
@@ -140,8 +137,6 @@ def recorded_plan(record: Mapping[str, Any]):
     :class:`~pipeline.plan.fit_plan.FitPlan` no longer has is ignored, and one it gained
     takes its default (a plan recorded by another version still resumes its run):
     :meth:`FitPlan.from_dict <pipeline.plan.fit_plan.FitPlan.from_dict>`."""
-    from pipeline.plan.fit_plan import FitPlan
-
     return FitPlan.from_dict(record["plan"]), str(record["reason"])
 
 
@@ -154,8 +149,6 @@ def _open_gram(inputs: dict[str, dict[str, Any]]):
 
 
 def _solve_cholesky(stage_dir, inputs, y, plan, kernel=None, X_mem=None) -> tuple[np.ndarray, dict]:
-    from pipeline.fit import execute
-
     gram = _open_gram(inputs)
     recompute = X = None
     # a float32 factor, or a factor of a float32 Gram, solves a single-precision
@@ -166,8 +159,6 @@ def _solve_cholesky(stage_dir, inputs, y, plan, kernel=None, X_mem=None) -> tupl
     if not plan.options.keep_gram:
         # in place: the factor replaces the gram stage's tiles; a tile an earlier lambda
         # replaced is rebuilt from the stored X_train (tile_cholesky logs why)
-        from pipeline.linalg.cholesky_inplace import GramTileRecomputer
-
         recompute = GramTileRecomputer.for_gram(gram, X, kernel)
     # refined with matrix-free products from X_train (in place there is no Gram left
     # to refine against; a kept float32 Gram is not the float64 K; and X is faster)
@@ -213,8 +204,6 @@ def check_cg_kernel(kernel: dict[str, Any]) -> None:
     IndefiniteKernelError
         The kernel's ``is_mercer`` is False (e.g. sigmoid).
     """
-    from pipeline.kernels import kernel_from_spec
-
     k = kernel_from_spec(kernel)
     if not getattr(k, "is_mercer", True):
         raise IndefiniteKernelError(
@@ -226,8 +215,6 @@ def check_cg_kernel(kernel: dict[str, Any]) -> None:
 
 
 def _solve_cg(stage_dir, inputs, y, *, kernel, plan, solver):
-    from pipeline.fit import execute
-
     check_cg_kernel(kernel)
     catalog = stage_catalog("solve", stage_dir)
     if plan.matvec == "stored":

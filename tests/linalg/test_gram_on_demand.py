@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from sklearn.kernel_ridge import KernelRidge as SkKernelRidge
 
+import pipeline.fit as fit_mod
 from pipeline import KernelRidge
 from pipeline import constants as C
 from pipeline.kernels import RBF
@@ -62,7 +63,8 @@ class _CountingRecomputer(GramTileRecomputer):
 @pytest.fixture
 def counted(monkeypatch):
     _CountingRecomputer.calls = []
-    monkeypatch.setattr(inplace, "GramTileRecomputer", _CountingRecomputer)
+    # where the estimator's fit (pipeline.fit) names it
+    monkeypatch.setattr(fit_mod, "GramTileRecomputer", _CountingRecomputer)
     return _CountingRecomputer.calls
 
 

@@ -261,15 +261,15 @@ def test_partial_run_omits_what_has_not_run(tmp_path):
 def test_an_unfinished_solve_reports_the_recorded_plan_it_runs(tmp_path, monkeypatch):
     """The fit plan is recorded before the solve (RUN_DIR/plan.json, issue #43): a solve
     that failed still shows it, read back, nothing planned again (it had no plan before)."""
-    import pipeline.plan.fit_plan as plan_mod
+    import pipeline.stages.solve as solve_mod  # where the stages name plan_fit
     from pipeline.report.gather import gather
     from pipeline.stages import StageFailed
 
     raw = {**CG, "solver": {**CG["solver"], "max_iter": 1, "tol": 1e-12}}
     with pytest.raises(StageFailed, match="did not converge"):
         _run(tmp_path / "failed", raw, "failed")
-    real, calls = plan_mod.plan_fit, []
-    monkeypatch.setattr(plan_mod, "plan_fit", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real, calls = solve_mod.plan_fit, []
+    monkeypatch.setattr(solve_mod, "plan_fit", lambda *a, **k: calls.append(1) or real(*a, **k))
     data = gather(tmp_path / "failed")
     assert data.method == "cg" and data.plan["max_iter"] == 1 and calls == []
     assert data.plan_reason.startswith("requested solver='cg'")

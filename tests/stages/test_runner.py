@@ -306,16 +306,16 @@ def counted_plans(monkeypatch):
     what the test sets in ``disk``) and 16 GB of free memory."""
     import pipeline.fit as fit_mod
     import pipeline.linalg.dense_memory as memory
-    import pipeline.plan.fit_plan as plan_mod
+    import pipeline.stages.solve as solve_mod  # where the stages name plan_fit
 
     calls, disk = [], {"free": 1e12}
-    real = plan_mod.plan_fit
+    real = solve_mod.plan_fit
 
     def counting(n, d, kernel, resources, *a, **k):
         calls.append(resources.disk_bytes)
         return real(n, d, kernel, resources, *a, **k)
 
-    monkeypatch.setattr(plan_mod, "plan_fit", counting)
+    monkeypatch.setattr(solve_mod, "plan_fit", counting)
     monkeypatch.setattr(fit_mod, "_disk_free", lambda store: disk["free"])
     monkeypatch.setattr(memory, "available_memory", lambda: int(16e9))
     return calls, disk

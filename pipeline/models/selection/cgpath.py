@@ -30,6 +30,7 @@ import numpy as np
 import pipeline.constants as C
 from pipeline.linalg.cg import CGConvergenceError, CGConvergenceWarning, conjugate_gradient
 from pipeline.linalg.precond import FoldNystromBlock, NystromFactor, build_nystrom
+from pipeline.models.selection.direct import UnconvergedSolveError
 
 __all__ = ["cg_fold_predictions"]
 
@@ -202,8 +203,6 @@ def cg_fold_predictions(
         sols[int(li)] = res.x.reshape(m, t)
         x0 = sols[int(li)] if warm_start else None
     if failed and failures is None:
-        from pipeline.models.selection.direct import UnconvergedSolveError
-
         raise UnconvergedSolveError(
             f"CG did not reach tol={tol:.1e} for the shifts {[shifts[i].tolist() for i in failed]}"
             f" ({sorted({f['reason'] for f in failed.values()})}); a diverged solve is never "

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.engine.where import available_cores
+from pipeline.linalg import dense_memory
 from pipeline.linalg.dense_memory import check_dense_memory
 from pipeline.models.selection.guard import check_budget
 from pipeline.options import (
@@ -107,12 +108,10 @@ def check_params(cv: Any) -> None:
 def band_workers(n_jobs: int | None, n: int, n_tasks: int) -> int:
     """Concurrent band reductions: ``n_jobs``, else one per core as memory allows
     (each holds one training-set copy; up to two kernel matrices are in flight)."""
-    from pipeline.linalg.dense_memory import SAFETY_FRACTION, available_memory
-
     if n_jobs:
         return max(1, int(n_jobs))
     workers = max(1, min(available_cores(), n_tasks))
-    budget = available_memory() * SAFETY_FRACTION
+    budget = dense_memory.available_memory() * dense_memory.SAFETY_FRACTION
     while workers > 1 and memory_need("band", n, workers) > budget:
         workers -= 1
     return workers

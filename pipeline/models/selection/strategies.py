@@ -37,6 +37,7 @@ from pipeline.constants import (
 from pipeline.engine.dense import kernel_matrix
 from pipeline.linalg.cholesky import tile_cholesky
 from pipeline.linalg.dense_dual import solve_dual
+from pipeline.linalg.gram import build_gram
 from pipeline.linalg.matvec import MatrixFreeKernelOperator
 from pipeline.linalg.triangular import cholesky_solve
 from pipeline.models.selection.band import band_search
@@ -294,8 +295,6 @@ class OutOfCoreStore(_Strategy):
 
     def gram(self, si: int, X, kern, stats):
         cv = self.cv
-        from pipeline.linalg.gram import build_gram
-
         gram, gs = build_gram(
             X,
             kern,
