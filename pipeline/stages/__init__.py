@@ -22,11 +22,11 @@ configurations with their metrics, :func:`latest_model` names the latest model.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pipeline.stages.config as config
@@ -99,15 +99,13 @@ def typed_params(stage: str, params: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _lazy(module: str):
-    """``module.run`` with typed arguments, imported on the first call (the CLI starts fast)."""
-    stage = module.rsplit(".", 1)[1]
+def _typed(stage: str, module: ModuleType):
+    """``module.run`` with typed arguments (looked up per call: a test may replace it)."""
 
     def call(stage_dir, inputs, **params):
-        run = importlib.import_module(module).run
-        return run(stage_dir, inputs, **typed_params(stage, params))
+        return module.run(stage_dir, inputs, **typed_params(stage, params))
 
-    call.__name__ = f"{module}.run"
+    call.__name__ = f"{module.__name__}.run"
     return call
 
 
@@ -237,7 +235,7 @@ def default_stages() -> list[Stage]:
     return [
         Stage(
             name,
-            _lazy(module),
+            _typed(name, module),
             after=after,
             enabled=_ENABLED.get(name),
             resolve=_RESOLVE.get(name),

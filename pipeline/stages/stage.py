@@ -13,20 +13,22 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
+from pipeline.stages import evaluate, gram, ingest, model, predict, select, solve
 from pipeline.stages.manifest import Manifest
 from pipeline.storage import fingerprint_obj
 
-#: stage name -> (module, upstream stages)
-STAGE_WIRING: dict[str, tuple[str, tuple[str, ...]]] = {
-    "ingest": ("pipeline.stages.ingest", ()),
-    "select": ("pipeline.stages.select", ("ingest",)),
-    "gram": ("pipeline.stages.gram", ("ingest",)),
-    "solve": ("pipeline.stages.solve", ("ingest", "gram")),
-    "model": ("pipeline.stages.model", ("ingest", "solve")),
-    "predict": ("pipeline.stages.predict", ("ingest", "solve")),
-    "evaluate": ("pipeline.stages.evaluate", ("ingest", "predict")),
+#: stage name -> (its module, whose ``run`` is the stage; upstream stages)
+STAGE_WIRING: dict[str, tuple[ModuleType, tuple[str, ...]]] = {
+    "ingest": (ingest, ()),
+    "select": (select, ("ingest",)),
+    "gram": (gram, ("ingest",)),
+    "solve": (solve, ("ingest", "gram")),
+    "model": (model, ("ingest", "solve")),
+    "predict": (predict, ("ingest", "solve")),
+    "evaluate": (evaluate, ("ingest", "predict")),
 }
 STAGE_NAMES = tuple(STAGE_WIRING)
 #: stages whose results are kept per configuration, in ``results/<key>/`` (see
