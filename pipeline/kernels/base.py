@@ -14,7 +14,6 @@ import hashlib
 import inspect
 import json
 import numbers
-import sys
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -26,14 +25,16 @@ _REGISTRY: dict[str, type[Kernel]] = {}
 #: readers of the nested specs that are not kernels, by kind: :mod:`pipeline.kernels.warping`
 #: adds ``"warping"`` (its ``warping_from_spec``) when it loads; it imports this module
 SPEC_READERS: dict[str, Callable[[dict[str, Any]], Any]] = {}
+#: the warpings' names, one spec namespace with the kernels': :mod:`pipeline.kernels.warping`
+#: adds each warping it registers (a kernel may not take one, nor a warping a kernel's)
+WARPING_NAMES: set[str] = set()
 
 
 def register(cls: type[Kernel]) -> type[Kernel]:
     """Class decorator: make a kernel constructible from its spec name."""
     if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
         raise ValueError(f"kernel name {cls.name!r} registered twice")
-    warping = sys.modules.get("pipeline.kernels.warping")
-    if warping is not None and cls.name in warping.registered_warpings():
+    if cls.name in WARPING_NAMES:
         raise ValueError(f"kernel name {cls.name!r} is already a warping name")
     _REGISTRY[cls.name] = cls
     return cls

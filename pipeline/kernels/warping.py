@@ -23,12 +23,18 @@ float64 arrays at call time; they are validated when set.
 
 from __future__ import annotations
 
-import sys
 from typing import Any, ClassVar
 
 import numpy as np
 
-from pipeline.kernels.base import SPEC_READERS, Parametrized, _from_spec_value, check_real
+from pipeline.kernels.base import (
+    SPEC_READERS,
+    WARPING_NAMES,
+    Parametrized,
+    _from_spec_value,
+    check_real,
+    registered_names,
+)
 
 _WARPINGS: dict[str, type[Warping]] = {}
 
@@ -37,10 +43,10 @@ def register_warping(cls: type[Warping]) -> type[Warping]:
     """Class decorator: make a warping constructible from its spec name."""
     if cls.name in _WARPINGS and _WARPINGS[cls.name] is not cls:
         raise ValueError(f"warping name {cls.name!r} registered twice")
-    base = sys.modules["pipeline.kernels.base"]
-    if cls.name in base.registered_names():
+    if cls.name in registered_names():
         raise ValueError(f"warping name {cls.name!r} is already a kernel name")
     _WARPINGS[cls.name] = cls
+    WARPING_NAMES.add(cls.name)
     return cls
 
 
@@ -81,7 +87,7 @@ def warping_from_spec(spec: dict[str, Any]) -> Warping:
         raise ValueError(
             f"unknown warping or kernel {name!r} in spec; known warpings: "
             f"{registered_warpings()}; known kernels: "
-            f"{sys.modules['pipeline.kernels.base'].registered_names()}"
+            f"{registered_names()}"
         )
     cls = _WARPINGS[name]
     params = spec.get("params", {}) or {}
