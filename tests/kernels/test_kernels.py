@@ -649,3 +649,17 @@ def test_a_refused_set_params_keeps_the_users_nested_objects():
     with pytest.raises(ValueError, match="gamma"):
         k.set_params(k1__k1__gamma=0.1, k2__gamma=-1.0)
     assert k.k1.k1 is inner and inner.gamma == 0.5  # the user's object, its old value
+
+
+def test_kernels_and_warpings_share_one_namespace_of_spec_names():
+    """A kernel may not take a warping's name, nor a warping a kernel's (a spec names
+    either); the refused class is not registered."""
+    from pipeline.kernels.base import register
+    from pipeline.kernels.warping import Warping, register_warping
+
+    warping, kernel = registered_warpings()[0], registered_names()[0]
+    with pytest.raises(ValueError, match=f"kernel name {warping!r} is already a warping name"):
+        register(type("Clash", (Kernel,), {"name": warping}))
+    with pytest.raises(ValueError, match=f"warping name {kernel!r} is already a kernel name"):
+        register_warping(type("Clash", (Warping,), {"name": kernel}))
+    assert warping not in registered_names() and kernel not in registered_warpings()
