@@ -6,15 +6,25 @@ are resolved; ``import pipeline.x`` of a package counts as importing
 ``pipeline/x/__init__.py``, and ``from pipeline.x import name`` counts as importing the
 submodule ``pipeline.x.name`` when there is one, else ``pipeline.x``. (Importing a
 submodule also runs its packages' ``__init__``; that is not counted as an edge, or every
-module would import ``pipeline``.) Names loaded through ``importlib.import_module``
-(the package root's lazy attributes, the stage modules) are not seen.
+module would import ``pipeline``.) Names loaded through ``importlib.import_module`` or
+looked up in ``sys.modules`` are not edges: :func:`hidden_imports` finds those, and
+outside the front they are refused.
+
+Below the front (the command line, the report and the package root), every import of the
+package's own modules stands at module level (issue #43): a lazy import is kept only for
+third-party and optional dependencies. Where a module-level import would close a cycle,
+the shared name moves down to its layer; a name a test replaces is looked up on its
+module (``parallel.compute``), or the test replaces it where it is used.
 
 History (issue #43): an earlier version of this test (issue #16) read module-level
 imports only, while the package made 251 function-level imports of its own modules;
 splitting files by size had made 11 import cycles that only function-level imports
 closed (cholesky <-> cholesky_inplace, precond <-> precond_adaptive, triangular <->
 refine, lock <-> lease, runner <-> results <-> recovery, cli_args <-> cli_errors,
-progress <-> progress_dask, kernels.base <-> basic/compose/warping, ...).
+progress <-> progress_dask, kernels.base <-> basic/compose/warping, ...). Then 71
+function-level imports below the front remained, the stage modules were loaded by name
+through ``importlib``, and ``kernels.base`` and ``kernels.warping`` found each other in
+``sys.modules``; none is left.
 """
 
 from __future__ import annotations
@@ -64,6 +74,17 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         ("pipeline.cli", "pipeline.report", "pipeline"),
     ),
 ]
+
+#: the modules that may still import the package's own modules inside a function: the
+#: command line and the report (``krr --help`` loads no NumPy; the imports-cli work moves
+#: them to module level). An entry covers a module and every module under it.
+LAZY_ALLOWED: tuple[str, ...] = ("pipeline.cli", "pipeline.report")
+
+#: the modules that may call ``importlib.import_module``: the package root (PEP 562 public
+#: names: ``import pipeline`` loads no estimator, nor NumPy and Dask) and
+#: ``pipeline._optional`` (it imports the optional third-party packages, the keys of its
+#: ``EXTRAS``), besides :data:`LAZY_ALLOWED`
+IMPORTLIB_ALLOWED: tuple[str, ...] = ("pipeline", "pipeline._optional")
 
 #: layer-map entries that may be absent from this tree (made on another branch)
 MAY_BE_ABSENT: set[str] = set()
@@ -136,6 +157,62 @@ def imports(root: Path = ROOT, package: str = PKG) -> tuple[tuple[str, str, int,
 
         visit(ast.parse(path.read_text(encoding="utf-8")), "module")
     return tuple(out)
+
+
+def hidden_imports(root: Path = ROOT, package: str = PKG) -> tuple[tuple[str, int, str], ...]:
+    """The imports no import statement shows: ``(module, line, code)`` for every call of
+    ``importlib.import_module`` or ``__import__`` (whatever it names: a name built at run
+    time is not seen otherwise), and every look-up of one of the package's modules in
+    ``sys.modules`` by name (``sys.modules["pipeline.x"]``, ``sys.modules.get(...)``)."""
+
+    def names_ours(key: ast.AST | None) -> bool:
+        return (
+            isinstance(key, ast.Constant)
+            and isinstance(key.value, str)
+            and (key.value == package or key.value.startswith(package + "."))
+        )
+
+    out = []
+    for m, path in package_modules(root, package).items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            hit = False
+            if isinstance(node, ast.Call):
+                f = node.func
+                name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
+                hit = name in ("import_module", "__import__")
+                if isinstance(f, ast.Attribute) and ast.unparse(f.value) == "sys.modules":
+                    hit = hit or names_ours(node.args[0] if node.args else None)
+            elif isinstance(node, ast.Subscript) and ast.unparse(node.value) == "sys.modules":
+                hit = names_ours(node.slice)
+            if hit:
+                out.append((m, node.lineno, ast.unparse(node)))
+    return tuple(sorted(out))
+
+
+def covered(module: str, entries: tuple[str, ...]) -> bool:
+    """Whether ``module`` is one of ``entries`` or under one of them."""
+    return any(module == e or module.startswith(e + ".") for e in entries)
+
+
+def lazy_imports(
+    root: Path = ROOT,
+    package: str = PKG,
+    lazy_allowed: tuple[str, ...] = LAZY_ALLOWED,
+    importlib_allowed: tuple[str, ...] = IMPORTLIB_ALLOWED,
+) -> list[str]:
+    """The package's imports of its own modules that are not at module level, outside
+    the modules allowed them: function-level imports, ``importlib`` and ``sys.modules``."""
+    found = [
+        f"{src}: imports {dst} in a function (line {line})"
+        for src, dst, line, where in imports(root, package)
+        if where == "function" and not covered(src, lazy_allowed)
+    ]
+    found += [
+        f"{m}: {code} (line {line})"
+        for m, line, code in hidden_imports(root, package)
+        if not covered(m, lazy_allowed) and m not in importlib_allowed
+    ]
+    return sorted(found)
 
 
 def import_graph(
@@ -289,6 +366,52 @@ def test_a_cycle_closed_by_a_function_level_import_is_found(tmp_path):
     assert cycles(import_graph(root, "pk")) == [["pk.a", "pk.b"]]
 
 
+def test_the_lazy_import_check_finds_each_kind(tmp_path):
+    root = _plant(
+        tmp_path,
+        {
+            "pk/__init__.py": (
+                "import importlib\n"
+                "def __getattr__(n):\n    return importlib.import_module('pk.b')\n"
+            ),
+            "pk/b.py": "import importlib, sys\nx = importlib.import_module('json')\n",
+            "pk/a.py": (
+                "import sys\nimport pk.b\n"
+                "def f():\n"
+                "    from pk import b\n"
+                "    from pk.front import c\n"
+                "    import numpy\n"
+                "    return sys.modules['pk.b'], sys.modules.get('pk.front')\n"
+                "def g():\n"
+                "    return __import__('pk.b'), sys.modules['numpy'], 'pk.b' in sys.modules\n"
+            ),
+            "pk/front/__init__.py": "",
+            "pk/front/c.py": (
+                "import importlib\ndef f():\n    from pk import a\n"
+                "    return importlib.import_module('pk.b')\n"
+            ),
+        },
+    )
+    assert {(m, code) for m, _, code in hidden_imports(root, "pk")} == {
+        ("pk", "importlib.import_module('pk.b')"),
+        ("pk.b", "importlib.import_module('json')"),
+        ("pk.a", "sys.modules['pk.b']"),
+        ("pk.a", "sys.modules.get('pk.front')"),
+        ("pk.a", "__import__('pk.b')"),
+        ("pk.front.c", "importlib.import_module('pk.b')"),
+    }
+    found = lazy_imports(root, "pk", lazy_allowed=("pk.front",), importlib_allowed=("pk",))
+    assert found == [
+        "pk.a: __import__('pk.b') (line 9)",
+        "pk.a: imports pk.b in a function (line 4)",
+        "pk.a: imports pk.front.c in a function (line 5)",
+        "pk.a: sys.modules.get('pk.front') (line 7)",
+        "pk.a: sys.modules['pk.b'] (line 7)",
+        "pk.b: importlib.import_module('json') (line 2)",
+    ]
+    assert covered("pk.front", ("pk.front",)) and not covered("pk.frontier", ("pk.front",))
+
+
 def test_the_layer_check_finds_an_upward_import():
     layers = [("low", ("p.low",)), ("high", ("p.high", "p"))]
     find = layer_of(layers, "p")
@@ -313,6 +436,27 @@ def test_no_import_cycle_counting_function_level_imports():
         "import cycles (break them: move the shared name down, merge, or pass a callable):\n"
         + "\n".join(f"{c}:\n{_why(edges, c)}" for c in found)
     )
+
+
+def test_no_lazy_import_of_the_package_below_the_front():
+    """Issue #43: every import of the package's own modules outside the front stands at
+    module level, where the import graph and the layer check see it, and where an
+    import cycle shows at once; lazy imports remain for third-party and optional
+    dependencies only."""
+    found = lazy_imports()
+    assert found == [], (
+        "lazy imports of the package's own modules (move each to module level; where that "
+        "makes a cycle, move the shared name down to its layer):\n  " + "\n  ".join(found)
+    )
+    mods = package_modules()
+    assert [e for e in LAZY_ALLOWED + IMPORTLIB_ALLOWED if e not in mods] == []
+
+
+def test_the_optional_dependencies_are_third_party():
+    """``pipeline._optional`` may call importlib: only for the packages of its extras."""
+    from pipeline._optional import EXTRAS
+
+    assert [m for m in EXTRAS if covered(m, (PKG,))] == []
 
 
 def test_every_module_has_a_layer_and_every_entry_a_module():
