@@ -110,18 +110,20 @@ def test_krr_run_goes_through_the_runner_of_pipeline_run(small, tmp_path, monkey
     its session (run.log, Dask client, exit codes); it re-implemented the runner before
     (issue #43). A resume of a partial solve reads the fit plan back: plan_fit runs once
     in the two runs (twice per run before: the gram stage's check and the solve)."""
-    import pipeline.plan.fit_plan as plan_mod
     import pipeline.stages as stages
+    import pipeline.stages.solve as solve_mod  # where the stages name plan_fit
 
     runs, plans = [], []
-    real_run, real_plan = stages.run_config, plan_mod.plan_fit
+    real_run, real_plan = stages.run_config, solve_mod.plan_fit
 
     def run_config(config, run_dir=None, **kw):
         runs.append((run_dir, kw.get("session") is not None))
         return real_run(config, run_dir, **kw)
 
     monkeypatch.setattr(stages, "run_config", run_config)
-    monkeypatch.setattr(plan_mod, "plan_fit", lambda *a, **k: plans.append(1) or real_plan(*a, **k))
+    monkeypatch.setattr(
+        solve_mod, "plan_fit", lambda *a, **k: plans.append(1) or real_plan(*a, **k)
+    )
     run_dir = tmp_path / "r"
     assert run_cli("run", small, "--run-dir", run_dir, "--until", "gram", "--json") == 0
     assert json.loads(capsys.readouterr().out)["remaining"] == [
