@@ -62,6 +62,7 @@ from pipeline.linalg.cg_checkpoint import resumable_cg
 from pipeline.linalg.matvec import check_shift, make_operator
 from pipeline.linalg.precond import build_nystrom, uniform_centre_indices
 from pipeline.linalg.predict_source import as_input_blocks
+from pipeline.options import NYSTROM_CENTRES
 from pipeline.storage import fingerprint_blocks, fingerprint_obj
 
 __all__ = [
@@ -76,8 +77,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: how the Nyström solver chooses its centres
-NYSTROM_CENTRES = ("uniform", "rpcholesky")
 #: the products' precisions: float32 kernel blocks and products, float64 sums
 PRODUCT_DTYPES = ("float64", "float32")
 #: FALKON's relative jitter of K_MM (times M and K_MM's largest diagonal entry)
