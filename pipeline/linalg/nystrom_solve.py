@@ -32,7 +32,9 @@ its store when X is not in memory: it is never held whole): for each block X_b i
 fixed order, ``G_b = k(X_b, C)`` (b x M, the fused tile evaluator,
 :func:`pipeline.engine.fused.kernel_tile`), then ``Σ_b G_bᵀ (w_b ∘ (G_b U))``
 accumulated in float64 in block order, so the result is bitwise reproducible for a
-given block size. Memory is O(M² + b·M); time O(N·M·iterations). ``product_dtype=
+given block size. Memory is O(M² + b·M); time O(N·M·iterations). When all the blocks
+fit in ``cache_bytes`` (1 GiB by default) they are kept after the first pass instead of
+recomputed (the same bits; a speed-for-memory trade only below that size). ``product_dtype=
 "float32"`` evaluates G_b and runs its two products in float32 (the per-block sums are
 accumulated in float64).
 
@@ -83,6 +85,10 @@ PRODUCT_DTYPES = ("float64", "float32")
 JITTER = 1e-13
 #: bytes of one kernel block G_b (b x M) when the caller names no block size
 BLOCK_BYTES = 64 << 20
+#: the kernel blocks (N x M) are kept between products when they fit in this many bytes:
+#: each CG iteration is then two passes of GEMM over them, not N·M kernel evaluations
+#: (kin40k, N = 36,000, M = 1000: bench_nystrom.py)
+CACHE_BYTES = 1 << 30
 
 
 def check_n_centers(n_centers: Any) -> int:
@@ -239,6 +245,7 @@ class NystromNormalOperator:
         weights: np.ndarray | None,
         product_dtype: str,
         n_threads: int | None,
+        cache_bytes: int = 0,
     ) -> None:
         self.rows = rows
         self.kernel = kernel
@@ -255,18 +262,41 @@ class NystromNormalOperator:
         self.pre = FalkonPreconditioner(self.K_MM, self.shift / self.n_eff)
         self.n = len(centres)
         self._buf: np.ndarray | None = None
+        #: the kernel blocks, kept after the first pass when all of them fit ``cache_bytes``
+        self.cache = rows.n * self.n * self.product_dtype.itemsize <= int(cache_bytes)
+        self._cached: list[np.ndarray] | None = None
         self._x_fp: str | None = None
         self.n_products = 0
 
     # the kernel block G_b = k(X_b, C), into one reused buffer
     def _block(self, xb: np.ndarray) -> np.ndarray:
         b = xb.shape[0]
-        if self._buf is None or self._buf.shape[0] < b:
-            self._buf = np.empty((max(b, self.rows.block), self.n), dtype=self.product_dtype)
-        G = self._buf[:b]
+        if self.cache:  # a block of its own, kept
+            G = np.empty((b, self.n), dtype=self.product_dtype)
+        else:
+            if self._buf is None or self._buf.shape[0] < b:
+                self._buf = np.empty((max(b, self.rows.block), self.n), dtype=self.product_dtype)
+            G = self._buf[:b]
         kernel_tile(self.kernel, xb, self.C, G, kernel_dtype=self.product_dtype.name,
                     n_threads=self.n_threads)  # fmt: skip
         return G
+
+    def _blocks(self) -> Iterator[tuple[int, np.ndarray]]:
+        """``(first row, G_b)`` for each row block, in order: kept blocks when cached."""
+        if self._cached is not None:
+            s = 0
+            for G in self._cached:
+                yield s, G
+                s += G.shape[0]
+            return
+        keep: list[np.ndarray] = []
+        for s, xb in self.rows:
+            G = self._block(xb)
+            if self.cache:
+                keep.append(G)
+            yield s, G
+        if self.cache:
+            self._cached = keep
 
     def _weights(self, s: int, b: int) -> np.ndarray | None:
         return None if self.weights is None else self.weights[s : s + b, None]
@@ -276,27 +306,31 @@ class NystromNormalOperator:
         acc = np.zeros((self.n, y.shape[1]))
         stream_fp = self._x_fp is None and self.rows.X is None
         block_fps = []
+        keep: list[np.ndarray] = []
         for s, xb in self.rows:
             if stream_fp:  # fingerprinted block by block: X is never held whole
                 block_fps.append(fingerprint_blocks([xb]))
             G = self._block(xb)
             check_finite_kernel(G, "the kernel K(X, C) of the Nyström centres")
+            if self.cache:
+                keep.append(G)
             yb = y[s : s + xb.shape[0]]
             w = self._weights(s, xb.shape[0])
             yb = yb if w is None else yb * w
             acc += np.asarray(G.T @ yb.astype(G.dtype, copy=False), dtype=np.float64)
         if stream_fp:
             self._x_fp = fingerprint_obj(block_fps)
+        if self.cache:
+            self._cached = keep
         return self.pre.apply_t(acc / self.n_eff)
 
     def normal_product(self, U: np.ndarray) -> np.ndarray:
         """``(K_nMᵀ W K_nM + λ K_MM) U``, summed over the row blocks in order."""
         acc = self.shift * (self.K_MM @ U)
         Ud = U.astype(self.product_dtype, copy=False)
-        for s, xb in self.rows:
-            G = self._block(xb)
+        for s, G in self._blocks():
             Z = np.asarray(G @ Ud, dtype=np.float64)
-            w = self._weights(s, xb.shape[0])
+            w = self._weights(s, G.shape[0])
             if w is not None:
                 Z *= w
             acc += np.asarray(G.T @ Z.astype(self.product_dtype, copy=False), dtype=np.float64)
@@ -388,6 +422,7 @@ def nystrom_solve(
     callback: Callable[..., Any] | None = None,
     centre_indices: Any = None,
     n_threads: int | None = None,
+    cache_bytes: int | None = None,
 ) -> NystromSolution:
     """Nyström kernel ridge regression by FALKON: solve ``(K_nMᵀ W K_nM + λ K_MM) β = K_nMᵀ W y``.
 
@@ -422,6 +457,10 @@ def nystrom_solve(
         Use these centres (row indices) instead of choosing them.
     n_threads : int, optional
         Threads of the kernel evaluation (default: every core).
+    cache_bytes : int, optional
+        Keep the kernel blocks (N x M in all) in memory after the first pass when they
+        fit in this many bytes (default :data:`CACHE_BYTES`; 0: recompute them at every
+        product, memory O(M² + b·M)). The result is the same to the bit either way.
 
     Returns
     -------
@@ -457,7 +496,8 @@ def nystrom_solve(
     C = rows.take(idx)
     if not np.all(np.isfinite(C)):
         raise ValueError("X contains NaN or infinite values; clean or impute them first")
-    op = NystromNormalOperator(rows, kernel, idx, C, shift, w, product_dtype, n_threads)
+    cache = CACHE_BYTES if cache_bytes is None else int(cache_bytes)
+    op = NystromNormalOperator(rows, kernel, idx, C, shift, w, product_dtype, n_threads, cache)
     b = op.rhs(Y)
     if store is None:
         res = conjugate_gradient(op.matvec, b, tol=tol, max_iter=max_iter, callback=callback)

@@ -181,3 +181,13 @@ def test_resumes_from_the_cg_checkpoint_with_the_same_bits(data, tmp_path):
     # another solve (another lambda) does not resume that checkpoint
     other = nystrom_solve(X, Y, "rbf", 2 * LAM, **kw, max_iter=500, store=store)
     assert other.cg.start_iter == 0
+
+
+@pytest.mark.parametrize("product_dtype", ["float64", "float32"])
+def test_kept_kernel_blocks_give_the_same_bits(data, product_dtype):
+    X, Y, w = data
+    kw = dict(n_centers=M, block_size=96, sample_weight=w, tol=1e-3, product_dtype=product_dtype)
+    kept = nystrom_solve(X, Y, "rbf", LAM, **kw, cache_bytes=1 << 30)
+    again = nystrom_solve(X, Y, "rbf", LAM, **kw, cache_bytes=0)
+    assert kept.info["n_iter"] > 1
+    np.testing.assert_array_equal(kept.coef, again.coef)
