@@ -144,7 +144,7 @@ OUT_OF_CORE_SOLVERS = ("cholesky", "cg")
 APPROXIMATE_SOLVERS = ("nystrom",)
 SOLVERS = IN_MEMORY_SOLVERS + OUT_OF_CORE_SOLVERS + APPROXIMATE_SOLVERS
 #: ``krr run``'s ``solver.method`` (always out of core)
-RUN_SOLVERS = ("cholesky", "cg", "auto")
+RUN_SOLVERS = ("cholesky", "cg", "auto", "nystrom")
 #: how ``solver="nystrom"`` chooses its centres: uniformly at random (FALKON's) or by
 #: randomly pivoted Cholesky
 NYSTROM_CENTRES = ("uniform", "rpcholesky")
@@ -224,9 +224,6 @@ def _knob(default: Any, doc: str, **spec: Any) -> Any:
 
 
 _NOT_ESTIMATOR = ("config", "plan")
-#: not (yet) in ``krr run``'s config: the solver section's fields, its messages and its
-#: stage fingerprints are pinned (tests/contracts)
-_NOT_CONFIG = ("estimator", "plan")
 
 
 @dataclass(frozen=True)
@@ -318,12 +315,11 @@ class SolverOptions:
     # the Nyström solver (solver="nystrom"; pipeline.linalg.nystrom_solve)
     n_centers: int = _knob(
         C.DEFAULT_N_CENTERS, "solver nystrom: the number of centres M (M >= N: the exact solver)",
-        ge=1, unset=True, spelt_by=_NOT_CONFIG,
+        ge=1, unset=True,
     )  # fmt: skip
     centers: str = _knob(
-        "uniform", "solver nystrom: how the centres are chosen", choices=NYSTROM_CENTRES,
-        spelt_by=_NOT_CONFIG,
-    )  # fmt: skip
+        "uniform", "solver nystrom: how the centres are chosen", choices=NYSTROM_CENTRES
+    )
 
     def choices(self) -> dict[str, Any]:
         """The knobs :func:`~pipeline.plan.fit_plan.plan_fit` reads, as its choices."""
