@@ -58,6 +58,7 @@ import scipy.linalg
 
 from pipeline.engine.dense import check_finite_kernel
 from pipeline.engine.fused import kernel_tile
+from pipeline.errors import IndefiniteKernelError
 from pipeline.kernels import kernel_fingerprint, make_kernel
 from pipeline.linalg.cg import CGResult, conjugate_gradient
 from pipeline.linalg.cg_checkpoint import resumable_cg
@@ -202,10 +203,10 @@ class FalkonPreconditioner:
             except np.linalg.LinAlgError:
                 eps *= 10.0
         else:
-            raise np.linalg.LinAlgError(
+            raise IndefiniteKernelError(
                 f"K_MM + {eps:.3g} I (the Nyström centres' kernel matrix) is not positive "
-                "definite: the kernel is not positive semi-definite; use a Mercer kernel "
-                "such as 'rbf'"
+                "definite: the kernel is not positive semi-definite, which FALKON's "
+                "preconditioner needs; use a Mercer kernel such as 'rbf', or an exact solver"
             )
         S = T @ T.T / M
         S[np.diag_indices(M)] += shift_per_sample
@@ -487,6 +488,11 @@ def nystrom_solve(
         w = np.asarray(sample_weight, dtype=np.float64).reshape(-1)
         if w.shape[0] != n:
             raise ValueError(f"sample_weight has {w.shape[0]} entries but X has {n} rows")
+        if not np.all(np.isfinite(w)) or np.any(w < 0) or not np.sum(w) > 0:
+            raise ValueError(
+                "sample_weight must be finite and non-negative with a positive sum, got "
+                f"min {np.min(w)!r}, sum {np.sum(w)!r}"
+            )
     if centre_indices is None:
         idx = nystrom_centres(
             rows, kernel, m, centers=centers, random_state=random_state, block_size=rows.block

@@ -191,3 +191,15 @@ def test_kept_kernel_blocks_give_the_same_bits(data, product_dtype):
     again = nystrom_solve(X, Y, "rbf", LAM, **kw, cache_bytes=0)
     assert kept.info["n_iter"] > 1
     np.testing.assert_array_equal(kept.coef, again.coef)
+
+
+def test_bad_weights_and_an_indefinite_kernel_are_refused(data):
+    from pipeline.errors import IndefiniteKernelError
+
+    X, Y, w = data
+    with pytest.raises(ValueError, match="sample_weight must be finite and non-negative"):
+        nystrom_solve(X, Y, "rbf", LAM, n_centers=M, sample_weight=np.zeros(N))
+    with pytest.raises(ValueError, match="sample_weight must be finite and non-negative"):
+        nystrom_solve(X, Y, "rbf", LAM, n_centers=M, sample_weight=-w)
+    with pytest.raises(IndefiniteKernelError, match="not positive semi-definite"):
+        nystrom_solve(X, Y, make_kernel("sigmoid", gamma=1.0, coef0=-3.0), LAM, n_centers=M)
