@@ -130,3 +130,15 @@ def test_a_store_holds_the_checkpoint_and_a_rerun_resumes(data, tmp_path, caplog
         b = KernelRidge(**kw).fit(X, Y)  # the same fit: resumes at its last checkpoint
     assert "resuming CG 'nystrom'" in caplog.text and b.fit_info_["start_iter"] > 0
     np.testing.assert_array_equal(a.dual_coef_, b.dual_coef_)
+
+
+def test_scikit_learns_grid_search_tunes_n_centers(data):
+    # (KernelRidgeCV has no Nyström search yet: scikit-learn's GridSearchCV clones it)
+    from sklearn.model_selection import GridSearchCV
+
+    X, Y, _ = data
+    grid = {"alpha": [0.01, 0.1], "n_centers": [20, 60]}
+    gs = GridSearchCV(KernelRidge(kernel="rbf", solver="nystrom"), grid, cv=3).fit(X, Y[:, 0])
+    best = gs.best_estimator_
+    assert best.solver_ == "nystrom"
+    assert best.X_fit_.shape == (gs.best_params_["n_centers"], D)
