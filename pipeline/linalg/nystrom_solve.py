@@ -309,6 +309,8 @@ class NystromNormalOperator:
         block_fps = []
         keep: list[np.ndarray] = []
         for s, xb in self.rows:
+            if not np.all(np.isfinite(xb)):
+                raise ValueError("X contains NaN or infinite values; clean or impute them first")
             if stream_fp:  # fingerprinted block by block: X is never held whole
                 block_fps.append(fingerprint_blocks([xb]))
             G = self._block(xb)

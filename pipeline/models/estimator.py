@@ -482,7 +482,8 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
             kernel_solve,
             lam,
             convention=convention,
-            solver=self.solver if self.solver != "dense" else "auto",
+            # (a plan of "auto", or "nystrom" whose n_centers >= n fell back to the exact rule)
+            solver=self.solver if self.solver in OUT_OF_CORE_SOLVERS else "auto",
             store=store,
             block_size=self.block_size,
             **self._solver_knobs(),

@@ -81,6 +81,14 @@ def test_as_many_centres_as_rows_is_the_exact_solver_with_a_log_line(data, caplo
     np.testing.assert_allclose(est.predict(X), sk.predict(X), atol=1e-10)
 
 
+def test_the_exact_fallback_with_a_store_runs_out_of_core(data, tmp_path):
+    X, Y, _ = data
+    est = KernelRidge(
+        alpha=0.1, kernel="rbf", solver="nystrom", n_centers=N, store=str(tmp_path / "s")
+    ).fit(X[:100], Y[:100])
+    assert est.solver_ in ("cholesky", "cg") and est.X_fit_.shape == (100, D)
+
+
 @pytest.mark.parametrize("bad", [0, -5, 2.5, "100", True])
 def test_bad_n_centers_refused_before_any_work(data, bad):
     X, Y, _ = data
