@@ -20,6 +20,9 @@ DEFAULT_BLOCK_SIZE = 2048
 #: problems CG converges in tens of iterations at rank 300-500; the factor costs
 #: 8·N·rank bytes (0.2 GB at N = 50k)
 DEFAULT_RANK = 500
+#: centres of ``solver="nystrom"`` when none are named (FALKON's M; capped: M >= N falls
+#: back to the exact solver); K_MM and its two factors take 3·8·M² bytes (24 MB at 1000)
+DEFAULT_N_CENTERS = 1000
 #: relative residual at which CG stops; matches scikit-learn's predictions to ~1e-6
 DEFAULT_TOL = 1e-6
 #: CG iteration cap (a solve that needs more is reported unconverged, never silently used)

@@ -53,6 +53,7 @@ from pipeline.linalg.dense_memory import check_dense_memory, dense_dual_bytes, p
 from pipeline.linalg.dense_primal import primal_to_dual, solve_primal
 from pipeline.linalg.gram import build_gram
 from pipeline.linalg.matvec import make_operator
+from pipeline.linalg.nystrom_solve import nystrom_solve
 from pipeline.linalg.precond import make_preconditioner
 from pipeline.linalg.triangular import cholesky_solve
 from pipeline.options import ALPHA_CONVENTIONS, solver_choices, solver_convention
@@ -66,6 +67,7 @@ __all__ = [
     "FitResult",
     "OutOfCoreFit",
     "execute",
+    "fit_nystrom",
     "fit_out_of_core",
     "fit_reference",
     "fit_store_path",
@@ -103,6 +105,9 @@ class FitResult:
         The Cholesky factor or the CG result, for callers that report more.
     primal_coef : ndarray, optional
         The primal weights of ``solver="primal"``.
+    X_fit : ndarray, optional
+        The rows ``dual_coef`` belongs to when they are not the training rows: the
+        centres of ``solver="nystrom"`` (their row indices are ``info["centres"]``).
     """
 
     dual_coef: np.ndarray
@@ -114,6 +119,7 @@ class FitResult:
     factor: Any = None
     cg: Any = None
     primal_coef: np.ndarray | None = None
+    X_fit: np.ndarray | None = None
 
 
 def _disk_free(store: Any) -> float:
@@ -274,6 +280,8 @@ def _execute(
     """
     if plan.solver in ("dense", "primal"):
         return _execute_in_memory(plan, X, y, kernel, alpha, sample_weight, K, overwrite_k, jitter)
+    if plan.solver == "nystrom":
+        return _execute_nystrom(plan, X, y, kernel, sample_weight, cg_dir or root, progress)
 
     if np.dtype(getattr(X, "dtype", np.float64)) == np.float32:
         # float32 rows are the user's values, not a precision for the solve: the Gram is
@@ -437,6 +445,55 @@ def _execute(
         "history": res.history,
     }
     return FitResult(np.asarray(res.x), "cg", int(res.n_iter), float(shift), plan, info, cg=res)
+
+
+def _execute_nystrom(
+    plan: FitPlan, X: Any, y: np.ndarray, kernel: Any, sample_weight: Any, store: Any,
+    progress: bool,
+) -> FitResult:  # fmt: skip
+    """Nyström KRR by FALKON (:func:`pipeline.linalg.nystrom_solve.nystrom_solve`): the
+    sample weights enter the normal equations as they are; λ's ``n_samples`` convention
+    takes n = Σ w (as the exact solvers do); CG checkpoints to ``store`` when given."""
+    o = plan.options
+    sw = None if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
+    shift = float(
+        effective_alpha(plan.alpha, int(y.shape[0]), sample_weight=sw,
+                        alpha_convention=plan.alpha_convention)[0]
+    )  # fmt: skip
+    with cg_progress(enabled=progress, tol=o.tol, max_iter=o.max_iter) as shown:
+        sol = nystrom_solve(
+            X, y, kernel, shift, n_centers=o.n_centers, centers=o.centers, sample_weight=sw,
+            block_size=plan.block_size, tol=o.tol, max_iter=o.max_iter,
+            random_state=o.random_state, store=store, checkpoint_every=o.checkpoint_every,
+            callback=shown,
+        )  # fmt: skip
+    info = {**sol.info, "centres": sol.centres.tolist(), "history": sol.cg.history}
+    return FitResult(
+        sol.coef, "nystrom", int(sol.cg.n_iter), shift, plan, info, cg=sol.cg, X_fit=sol.X_centres
+    )
+
+
+def fit_nystrom(
+    X: Any,
+    y: np.ndarray,
+    kernel: Kernel,
+    plan: FitPlan,
+    *,
+    sample_weight: Any = None,
+    store: Any = None,
+    progress: bool = False,
+) -> FitResult:
+    """Run a ``solver="nystrom"`` plan (:func:`pipeline.plan.fit_plan.plan_fit`), its CG
+    checkpointed in ``store`` (a fit directory, :func:`fit_store_path`; created and locked
+    while the fit runs) when given, so a killed fit resumes; in memory otherwise."""
+    if plan.solver != "nystrom":
+        raise ValueError(f"fit_nystrom runs a plan of solver 'nystrom', got {plan.solver!r}")
+    if store is None:
+        return execute(plan, X, y, kernel, sample_weight=sample_weight, progress=progress)
+    with _store_dir(store) as root:
+        res = execute(plan, X, y, kernel, sample_weight=sample_weight, root=root,
+                      progress=progress)  # fmt: skip
+    return replace(res, cg=None)
 
 
 def _execute_in_memory(

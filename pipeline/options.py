@@ -49,9 +49,11 @@ __all__ = [
     "COST_MODELS",
     "FACTOR_DTYPES",
     "FACTOR_SCHEDULERS",
+    "APPROXIMATE_SOLVERS",
     "IN_MEMORY_SOLVERS",
     "MATVECS",
     "MATVEC_ALIASES",
+    "NYSTROM_CENTRES",
     "OUT_OF_CORE_SOLVERS",
     "PRECONDITIONERS",
     "RUN_SOLVERS",
@@ -137,9 +139,15 @@ def diagonal_shift(lam: Any, n: Any, convention: str) -> Any:
 #: ``KernelRidge(solver=...)`` and :func:`~pipeline.plan.fit_plan.plan_fit`'s ``solver``
 IN_MEMORY_SOLVERS = ("auto", "dense", "primal")
 OUT_OF_CORE_SOLVERS = ("cholesky", "cg")
-SOLVERS = IN_MEMORY_SOLVERS + OUT_OF_CORE_SOLVERS
+#: Nyström kernel ridge regression (FALKON): an approximation, chosen only when named
+#: (``solver="auto"`` stays exact)
+APPROXIMATE_SOLVERS = ("nystrom",)
+SOLVERS = IN_MEMORY_SOLVERS + OUT_OF_CORE_SOLVERS + APPROXIMATE_SOLVERS
 #: ``krr run``'s ``solver.method`` (always out of core)
-RUN_SOLVERS = ("cholesky", "cg", "auto")
+RUN_SOLVERS = ("cholesky", "cg", "auto", "nystrom")
+#: how ``solver="nystrom"`` chooses its centres: uniformly at random (FALKON's) or by
+#: randomly pivoted Cholesky
+NYSTROM_CENTRES = ("uniform", "rpcholesky")
 #: CG's product with K (in the order ``krr run``'s config messages always listed them)
 MATVECS = ("stored", "recompute", "auto")
 #: every accepted spelling of :data:`MATVECS` -> its name; old spellings are mapped
@@ -229,7 +237,8 @@ class SolverOptions:
     """
 
     solver: str = _knob(
-        "auto", "the solver: in memory (dense, primal), out of core (cholesky, cg), or auto",
+        "auto", "the solver: in memory (dense, primal), out of core (cholesky, cg), Nyström "
+        "(nystrom: approximate, only when named), or auto",
         choices=SOLVERS, config_name="method", config_choices=RUN_SOLVERS,
     )  # fmt: skip
     # conjugate gradients (defaults: pipeline.constants)
@@ -303,6 +312,14 @@ class SolverOptions:
         "calibrated", "how solver auto predicts the two solvers' seconds", choices=COST_MODELS,
         spelt_by=_NOT_ESTIMATOR,
     )  # fmt: skip
+    # the Nyström solver (solver="nystrom"; pipeline.linalg.nystrom_solve)
+    n_centers: int = _knob(
+        C.DEFAULT_N_CENTERS, "solver nystrom: the number of centres M (M >= N: the exact solver)",
+        ge=1, unset=True,
+    )  # fmt: skip
+    centers: str = _knob(
+        "uniform", "solver nystrom: how the centres are chosen", choices=NYSTROM_CENTRES
+    )
 
     def choices(self) -> dict[str, Any]:
         """The knobs :func:`~pipeline.plan.fit_plan.plan_fit` reads, as its choices."""
@@ -415,6 +432,15 @@ def solver_options(choices: Mapping[str, Any] | SolverOptions | None = None) -> 
     if opts.solver not in SOLVERS:
         raise ValueError(f"solver={opts.solver!r} is not valid; choose one of {SOLVERS}")
     matvec = normalize_matvec(opts.matvec)
+    n_centers = opts.n_centers
+    # an integer (NumPy's too: ``__index__``), never a bool, a float or a string
+    if isinstance(n_centers, bool) or not hasattr(n_centers, "__index__") or n_centers < 1:
+        raise ValueError(
+            f"n_centers must be a positive integer (the number of Nyström centres M), got "
+            f"{n_centers!r}; e.g. n_centers=1000"
+        )
+    if opts.centers not in NYSTROM_CENTRES:
+        raise ValueError(f"centers={opts.centers!r} is not valid; choose one of {NYSTROM_CENTRES}")
     if opts.factor_dtype not in FACTOR_DTYPES:
         raise ValueError(
             f"factor_dtype={opts.factor_dtype!r} is not valid; choose one of {FACTOR_DTYPES}"
@@ -427,7 +453,7 @@ def solver_options(choices: Mapping[str, Any] | SolverOptions | None = None) -> 
 
 
 #: the knobs of :class:`SolverOptions` that :func:`solver_options` makes ints and bools
-_INT_KNOBS = ("max_iter", "rank", "checkpoint_every", "random_state")
+_INT_KNOBS = ("max_iter", "rank", "checkpoint_every", "random_state", "n_centers")
 _BOOL_KNOBS = ("allow_unconverged", "jitter", "keep_gram", "check_disk")
 
 

@@ -360,7 +360,7 @@ def test_every_estimator_solver_param_comes_from_the_tree():
     for name, k in est.items():
         assert params[name] == (None if k.unset else k.default), name
         assert type(params[name]) is (type(None) if k.unset else k.type), name
-    assert {n for n, k in est.items() if k.unset} == {"max_iter", "rank"}
+    assert {n for n, k in est.items() if k.unset} == {"max_iter", "rank", "n_centers"}
 
 
 def test_the_out_of_core_fit_takes_the_trees_knobs_as_they_are(tmp_path):

@@ -86,6 +86,7 @@ __all__ = [
     "make_preconditioner",
     "nystrom_fingerprint",
     "residual_norm",
+    "uniform_centre_indices",
 ]
 
 log = logging.getLogger(__name__)
@@ -468,6 +469,17 @@ def _safe_cholesky(S: np.ndarray) -> np.ndarray:
     raise np.linalg.LinAlgError("pivot block is not positive definite even with jitter")
 
 
+def uniform_centre_indices(
+    n: int, rank: int, *, random_state: int | np.random.Generator | None = 0
+) -> np.ndarray:
+    """The ``rank`` uniformly sampled centres (sorted row indices of ``0..n-1``) of
+    ``build_nystrom(centres="uniform")``, without evaluating K: the one sampling recipe,
+    also the centres of the Nyström solver (:mod:`pipeline.linalg.nystrom_solve`)."""
+    rank = _check_rank(rank, int(n))
+    rng = np.random.default_rng(random_state)
+    return np.sort(rng.choice(int(n), size=rank, replace=False))
+
+
 def _uniform_centres(
     op: Any,
     rank: int,
@@ -480,10 +492,7 @@ def _uniform_centres(
     Returns ``(F, centres)``. The centre block gets a tiny relative jitter when it
     is numerically singular (duplicate points).
     """
-    n = int(op.n)
-    rank = _check_rank(rank, n)
-    rng = np.random.default_rng(random_state)
-    S = np.sort(rng.choice(n, size=rank, replace=False))
+    S = uniform_centre_indices(int(op.n), rank, random_state=random_state)
     C = op.columns(S)
     W = 0.5 * (C[S] + C[S].T)
     # eigen-based square root: robust when K_SS is singular

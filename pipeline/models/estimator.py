@@ -27,6 +27,7 @@ from pipeline.engine.dense import kernel_matrix
 from pipeline.engine.progress import with_progress
 from pipeline.fit import (
     execute,
+    fit_nystrom,
     fit_out_of_core,
     fit_store_path,
     log_plan,
@@ -98,10 +99,15 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         Kernel object (applied to a copy), or the parameters of a named kernel
         or spec beyond gamma, degree and coef0 (e.g. ``kernel="matern",
         kernel_params={"nu": 2.5, "length_scale": [1.0, 2.0]}``).
-    solver : {"auto", "dense", "primal", "cholesky", "cg"}, default="auto"
+    solver : {"auto", "dense", "primal", "cholesky", "cg", "nystrom"}, default="auto"
         ``"dense"``: exact in-memory dual by Cholesky. ``"primal"``: exact
         in-memory primal ridge (linear kernel only). ``"cholesky"`` and ``"cg"``:
-        the out-of-core solvers on a tiled Gram matrix in ``store``. ``"auto"``:
+        the out-of-core solvers on a tiled Gram matrix in ``store``. ``"nystrom"``:
+        Nyström kernel ridge regression with ``n_centers`` centres, solved by FALKON's
+        preconditioned CG (:mod:`pipeline.linalg.nystrom_solve`), an approximation
+        used only when named; ``dual_coef_`` and ``X_fit_`` are then the centres'
+        coefficients and the centres (n_centers >= n_samples: the exact solver,
+        logged). ``"auto"``:
         the fit plan of :func:`pipeline.plan.fit_plan.plan_fit`, logged with its
         reason: without ``store``, the cheaper of primal and dual by the cost model
         n^2 D + n^3/3 vs n D^2 + D^3/3 while the dense dual fits in memory, else
@@ -167,6 +173,12 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         is refined to double precision with matrix-free products from X (a numpy
         array). With X in memory the factor computes each Gram tile from X when
         it needs it (no Gram stage; ``GRAM_ON_DEMAND_IN_PLACE``).
+    n_centers : int, default=None
+        ``solver="nystrom"``: the number of centres M (None: 1000). Memory O(M² +
+        block_size·M), time O(N·M·iterations).
+    centers : {"uniform", "rpcholesky"}, default="uniform"
+        ``solver="nystrom"``: the centres are rows of X drawn uniformly (FALKON's), or
+        the pivots of randomly pivoted Cholesky (seeded by ``random_state``).
     progress : bool or {"auto", "bars", "lines", "off"}, default=False
         Show the progress of ``fit`` and ``predict`` (Gram tiles, Cholesky
         tiles, CG iteration and relative residual, predicted tiles) on stderr.
@@ -195,6 +207,9 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         1 for the direct solvers (one factorisation); CG iterations for ``solver="cg"``.
     primal_coef_ : ndarray of shape (n_features,) or (n_features, n_targets)
         Only when ``solver_ == "primal"``: weights with ``predict(X) = X @ primal_coef_``.
+    centers_ : ndarray of int of shape (n_centers,)
+        Only when ``solver_ == "nystrom"``: the training rows that are the centres
+        (``X_fit_`` holds them; ``dual_coef_`` has one row per centre).
     """
 
     def __init__(
@@ -220,6 +235,8 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         factor_dtype: str = _DEFAULT.factor_dtype,
         storage_options: dict | None = None,
         keep_gram: bool = _DEFAULT.keep_gram,
+        n_centers: int | None = None,
+        centers: str = _DEFAULT.centers,
         progress: bool | str = False,
     ) -> None:
         self.alpha = alpha
@@ -242,6 +259,8 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         self.factor_dtype = factor_dtype
         self.storage_options = storage_options
         self.keep_gram = keep_gram
+        self.n_centers = n_centers
+        self.centers = centers
         self.progress = progress
 
     # -- tags and parameters -------------------------------------------------
@@ -310,6 +329,7 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
             "primal_coef_",
             "preprocessing_",
             "fit_info_",
+            "centers_",
             "_model",
         ):
             if hasattr(self, stale):
@@ -317,6 +337,8 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         solver = self.solver
         if solver in OUT_OF_CORE_SOLVERS:
             return self._fit_out_of_core(X, y, sw, kernel)
+        if solver == "nystrom":
+            self._check_nystrom(kernel)
         has_primal = isinstance(kernel, Linear)
         if solver == "primal" and not has_primal:
             raise ValueError(
@@ -330,8 +352,10 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
             )
         copies = 2 if (self._precomputed or X.dtype == np.float32) else 1
         plan, reason = self._plan(n, d, t, kernel, sw, copies, X=X)
-        if solver == "auto":
+        if solver in ("auto", "nystrom"):
             log_plan(plan, reason, origin="KernelRidge", logger=log)
+            if plan.solver == "nystrom":
+                return self._fit_nystrom(X, y, sw, kernel, plan)
             if plan.out_of_core:
                 return self._fit_out_of_core(X, y, sw, kernel, plan=plan)
             solver = plan.solver
@@ -466,7 +490,8 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
             kernel_solve,
             lam,
             convention=convention,
-            solver=self.solver if self.solver != "dense" else "auto",
+            # (a plan of "auto", or "nystrom" whose n_centers >= n fell back to the exact rule)
+            solver=self.solver if self.solver in OUT_OF_CORE_SOLVERS else "auto",
             store=store,
             block_size=self.block_size,
             **self._solver_knobs(),
@@ -483,6 +508,49 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         self.n_iter_ = fit.n_iter
         self.effective_alpha_ = np.full(1 if y.ndim == 1 else y.shape[1], fit.shift)
         self.fit_info_ = {**fit.info, "store": None if store is None else str(store)}
+        self._set_model()
+        return self
+
+    def _check_nystrom(self, kernel: Any) -> None:
+        """``solver="nystrom"``'s refusals, before any work: a kernel with a spec, one
+        alpha, alpha > 0."""
+        if kernel is None:
+            raise ValueError(
+                f"solver='nystrom' needs a named kernel, a Kernel object or a spec, got "
+                f"kernel={self.kernel!r}; callables and 'precomputed' are in-memory only "
+                "(use solver='dense')"
+            )
+        alphas = np.atleast_1d(np.asarray(self.alpha, dtype=np.float64))
+        if np.unique(alphas).size != 1:
+            raise ValueError(
+                f"solver='nystrom' takes one alpha for every target, got {self.alpha!r}"
+            )
+        if not np.isfinite(alphas[0]) or alphas[0] <= 0:
+            raise ValueError(
+                f"solver='nystrom' needs alpha > 0, got {self.alpha!r}; use a positive alpha"
+            )
+
+    def _fit_nystrom(self, X: Any, y: np.ndarray, sw: Any, kernel: Any, plan: Any):
+        """Fit Nyström KRR (:func:`pipeline.fit.fit_nystrom`): the fitted model is the
+        exact one's type with ``X_fit_`` = the centres and ``dual_coef_`` = their
+        coefficients, so predict, save and load are unchanged. With ``store``, the CG
+        checkpoints live in ``store/fit-<fingerprint>`` (a killed fit resumes)."""
+        X = _dense(X)
+        store = None
+        if self.store is not None:
+            store = fit_store_path(
+                self.store, self._fit_identity(kernel, fingerprint_blocks([X]), y, sw)
+            )
+        fit = fit_nystrom(X, y, kernel, plan, sample_weight=sw, store=store, progress=True)
+        info = {k: v for k, v in fit.info.items() if k not in ("centres", "history")}
+        self.kernel_ = kernel
+        self.dual_coef_ = fit.dual_coef
+        self.X_fit_ = _c_order(fit.X_fit)
+        self.centers_ = np.asarray(fit.info["centres"], dtype=np.int64)
+        self.solver_ = fit.solver
+        self.n_iter_ = fit.n_iter
+        self.effective_alpha_ = np.full(1 if y.ndim == 1 else y.shape[1], fit.shift)
+        self.fit_info_ = {**info, "store": None if store is None else str(store)}
         self._set_model()
         return self
 
@@ -504,6 +572,9 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
             # the default names no choice (stores of earlier fits keep their names); the
             # mixed solve's checkpoints carry their own fingerprint
             params.pop("cg_precision")
+        if self.solver != "nystrom":  # its knobs name no other fit (earlier stores keep theirs)
+            params.pop("n_centers", None)
+            params.pop("centers", None)
         params["random_state"] = self._seed
         return {
             "estimator": "KernelRidge",

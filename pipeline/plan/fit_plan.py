@@ -20,6 +20,9 @@ with its reason, then run it with :func:`pipeline.fit.execute`. The rule:
    :func:`pipeline.plan.cg_variant.choose_cg_variant`: recomputed or stored tiles,
    float64 or mixed precision (``matvec`` and ``cg_precision`` the user named are
    kept), by the same cost model; ``auto`` compares CG's best variant with the Cholesky.
+5. ``nystrom`` (Nyström KRR by FALKON, :mod:`pipeline.linalg.nystrom_solve`) is an
+   approximation: planned only when named, never by ``auto``; with ``n_centers >=
+   n_samples`` it is no approximation and the exact rule above is used instead (logged).
 
 Pure functions of sizes, user choices, measured resources and the caller's probes of
 the rows (called only when their figure can change the plan): no I/O, no solver. Other cost models plug in through the ``cost_model``
@@ -34,6 +37,7 @@ picks the slower solver on much of the measured grid).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -67,6 +71,7 @@ __all__ = [
     "FitPlan",
     "MATVEC_ALIASES",
     "Probes",
+    "NYSTROM_RECORD_KEYS",
     "RECORD_KEYS",
     "Resources",
     "cg_memory_bytes",
@@ -85,6 +90,8 @@ __all__ = [
 ]
 
 
+log = logging.getLogger(__name__)
+
 #: the option tree's defaults (pipeline.options.SolverOptions): the knobs a FitPlan
 #: decides default to them
 _DEFAULT = SolverOptions()
@@ -98,6 +105,9 @@ RECORD_KEYS = (
     "random_state", "checkpoint_every", "jitter", "factor_scheduler", "keep_gram",
     "check_disk", "factor_dtype_auto",
 )  # fmt: skip
+#: the keys a plan of ``solver="nystrom"`` records after :data:`RECORD_KEYS` (only that
+#: solver's records have them: every other record keeps its keys)
+NYSTROM_RECORD_KEYS = ("n_centers", "centers")
 
 
 @dataclass(frozen=True)
@@ -173,13 +183,22 @@ class FitPlan:
                 f"tol={o.tol:g}",
                 f"max_iter={o.max_iter}",
             ]
+        if self.solver == "nystrom":
+            parts += [
+                f"n_centers={o.n_centers}",
+                f"centers={o.centers}",
+                f"block_size={self.block_size}",
+                f"tol={o.tol:g}",
+                f"max_iter={o.max_iter}",
+            ]
         return ", ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
         """The plan's record (JSON-able; :data:`RECORD_KEYS`, in that order): each key
         the plan's own field where it has one (a decision), else its options' knob."""
         own = {f.name for f in fields(self)}
-        return {k: getattr(self if k in own else self.options, k) for k in RECORD_KEYS}
+        keys = RECORD_KEYS + (NYSTROM_RECORD_KEYS if self.solver == "nystrom" else ())
+        return {k: getattr(self if k in own else self.options, k) for k in keys}
 
     @classmethod
     def from_dict(cls, record: Mapping[str, Any]) -> FitPlan:
@@ -451,6 +470,18 @@ def plan_fit(
     )
     mercer = bool(getattr(kernel, "is_mercer", True))
     reason = f"requested solver={solver!r}"
+    if solver == "nystrom":  # an approximation: planned only when named
+        if opts.n_centers < n:
+            return replace(base, solver="nystrom"), (
+                f"{reason} (Nyström approximation with n_centers={opts.n_centers} of "
+                f"n_samples={n}, solved by FALKON's preconditioned CG)"
+            )
+        reason = (
+            f"solver='nystrom' with n_centers={opts.n_centers} >= n_samples={n} is no "
+            "approximation: using the exact solver"
+        )
+        log.info("%s", reason)
+        solver = "auto"
     if solver == "auto" and resources.in_memory:
         has_primal = isinstance(kernel, Linear)
         choice = in_memory_choice(n, d, has_primal=has_primal, alpha=alphas)

@@ -510,6 +510,9 @@ class RunConfig(_Model):
             out.pop("cost_model", None)
         if out.get("cg_precision") == "auto":
             out.pop("cg_precision")  # the default names no choice: earlier runs keep theirs
+        if out.get("method") != "nystrom":  # the Nyström solver's knobs name no other solve
+            out.pop("n_centers", None)
+            out.pop("centers", None)
         return out
 
     def _gram_on_demand(self) -> bool:

@@ -14,9 +14,9 @@ from typing import Any
 from pipeline.kernels import make_kernel
 from pipeline.models.artifact import Model
 from pipeline.stages.catalog import stage_catalog
-from pipeline.stages.ingest import open_rows, preprocessing_params
+from pipeline.stages.ingest import preprocessing_params
 from pipeline.stages.outputs import IngestOutput, ModelOutput, SolveOutput
-from pipeline.stages.solve import load_alpha
+from pipeline.stages.solve import load_alpha, model_rows
 
 
 def run(
@@ -35,7 +35,7 @@ def run(
         alpha = alpha[:, 0]  # one target: the model predicts 1-D, like scikit-learn
     path = str(stage_catalog("model", stage_dir).path("model"))
     model = Model(
-        X_train=open_rows(ing, "X_train").compute(),
+        X_train=model_rows(ing, sol).compute(),
         dual_coef=alpha,
         kernel=make_kernel(kernel),
         regularization=lam,

@@ -26,7 +26,7 @@ from pipeline.stages.outputs import (
     PredictOutput,
     SolveOutput,
 )
-from pipeline.stages.solve import load_alpha
+from pipeline.stages.solve import load_alpha, model_rows
 from pipeline.storage.predictions import check_prediction_output, write_predictions
 
 
@@ -48,8 +48,8 @@ def run(
     del input_identity
     catalog = stage_catalog("predict", stage_dir)
     ing = IngestOutput.from_json(inputs["ingest"])
-    X_train = open_rows(ing, "X_train")
     sol = SolveOutput.from_json(inputs["solve"])
+    X_train = model_rows(ing, sol)  # (the centres of a Nyström solve)
     # the model the model stage saves, but with the stored rows read lazily and alpha as
     # solved ((n, 1) for one target: the predictions' shape and fingerprint stay as they were)
     model = Model(

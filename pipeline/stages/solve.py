@@ -231,15 +231,7 @@ def _solve_cg(stage_dir, inputs, y, *, kernel, plan, solver):
     )  # fmt: skip
     res, shift = fit.cg, fit.shift
     history_crc = catalog.save("cg_history", np.asarray(res.history))
-    if not res.converged and not solver.allow_unconverged:
-        worst = float(np.max(res.rel_residual))
-        raise SolveNotConverged(
-            f"CG did not converge: relative residual {worst:.3e} > tol {res.tol:.1e} after "
-            f"{res.n_iter} iterations (max_iter {res.max_iter}; a breakdown means K + lambda*I "
-            "is not numerically positive definite). No alpha was written. Raise "
-            "solver.max_iter, use solver.preconditioner=nystrom, loosen solver.tol or raise "
-            "lambda; or set solver.allow_unconverged=true to accept this solve."
-        )
+    _check_converged(res, solver)
     info = {
         "shift": float(shift),
         "n_iter": int(res.n_iter),
@@ -250,6 +242,40 @@ def _solve_cg(stage_dir, inputs, y, *, kernel, plan, solver):
         "history_crc32c": history_crc,
     }
     return res.x, info
+
+
+def _check_converged(res: Any, solver: SolverConfig) -> None:
+    """Refuse an unconverged CG solve (exit 4) unless ``solver.allow_unconverged``."""
+    if not res.converged and not solver.allow_unconverged:
+        worst = float(np.max(res.rel_residual))
+        raise SolveNotConverged(
+            f"CG did not converge: relative residual {worst:.3e} > tol {res.tol:.1e} after "
+            f"{res.n_iter} iterations (max_iter {res.max_iter}; a breakdown means K + lambda*I "
+            "is not numerically positive definite). No alpha was written. Raise "
+            "solver.max_iter, use solver.preconditioner=nystrom, loosen solver.tol or raise "
+            "lambda; or set solver.allow_unconverged=true to accept this solve."
+        )
+
+
+def _solve_nystrom(stage_dir, inputs, y, *, kernel, plan, solver):
+    """Nyström KRR (FALKON): X_train streamed from the ingest store in row blocks, CG
+    checkpointed in ``solve/cg``; β is the stage's α, ``centres`` the rows it belongs to
+    (the model stage's X_fit)."""
+    catalog = stage_catalog("solve", stage_dir)
+    X = open_rows(IngestOutput.from_json(inputs["ingest"]), "X_train")
+    fit = execute(plan, X, y, kernel, cg_dir=str(catalog.path("cg")), progress=True)
+    res = fit.cg
+    _check_converged(res, solver)
+    info = {
+        "shift": float(fit.shift),
+        "n_iter": int(res.n_iter),
+        "resumed_from": int(res.start_iter),
+        "converged": bool(res.converged),
+        "rel_residual": np.asarray(res.rel_residual).tolist(),
+        "n_centers": int(fit.info["n_centers"]),
+        "centres": fit.info["centres"],
+    }
+    return fit.dual_coef, info
 
 
 def run(
@@ -287,9 +313,12 @@ def run(
     log_plan(plan, reason, origin="krr run", logger=log)
     if method == "cholesky":
         alpha, info = _solve_cholesky(stage_dir, inputs, y, plan, kernel)
+    elif method == "nystrom":
+        alpha, info = _solve_nystrom(stage_dir, inputs, y, kernel=kernel, plan=plan, solver=solver)
     else:
         alpha, info = _solve_cg(stage_dir, inputs, y, kernel=kernel, plan=plan, solver=solver)
-    alpha = np.asarray(alpha, dtype=np.float64).reshape(y.shape)
+    rows = len(info["centres"]) if method == "nystrom" else y.shape[0]  # (β: one per centre)
+    alpha = np.asarray(alpha, dtype=np.float64).reshape((rows, *y.shape[1:]))
     catalog = stage_catalog("solve", stage_dir)
     crc = catalog.save("alpha", alpha)
     return SolveOutput(
@@ -302,6 +331,15 @@ def run(
         plan_reason=reason,
         details=info,
     )
+
+
+def model_rows(ing: IngestOutput, outputs: SolveOutput) -> Any:
+    """The training rows α belongs to, lazily: X_train, or its centres when the solve
+    was Nyström's (α is then β, one per centre; the model and predict stages' X_fit)."""
+    X = open_rows(ing, "X_train")
+    if outputs.method == "nystrom":
+        X = X[np.asarray(outputs.details["centres"], dtype=np.int64)]
+    return X
 
 
 def load_alpha(outputs: SolveOutput | Mapping[str, Any]) -> np.ndarray:

@@ -1,0 +1,535 @@
+"""Nyström kernel ridge regression solved by FALKON's preconditioned CG (``solver="nystrom"``).
+
+The problem (scikit-learn's λ, that of ``K + λ I`` in the exact problem): with M centres
+C (rows of X), sample weights W (identity when none),
+
+    minimise  Σ_i w_i (y_i - k(x_i, C) β)²  +  λ βᵀ K_MM β,
+
+whose normal equations are ``H β = K_nMᵀ W y`` with ``H = K_nMᵀ W K_nM + λ K_MM``;
+the prediction is ``ŷ(x) = k(x, C) β``, so a fitted model is the exact model's type
+with ``X_fit`` = the centres and ``dual_coef`` = β. With M = N centres it is exact
+kernel ridge regression (``(W K + λ I) β = W y``, scikit-learn's weighted solution).
+
+The preconditioner is FALKON's (Rudi, Carratino & Rosasco, *FALKON: an optimal large
+scale kernel method*, 2017; Meanti, Carratino, Rosasco & Rudi, *Kernel methods through
+the roof*, 2020), built from K_MM alone with two Cholesky factorisations:
+
+    T = chol(K_MM + ε I)            (upper: K_MM + ε I = Tᵀ T),
+    A = chol(T Tᵀ / M + λ' I)       (upper), λ' = λ / n,
+
+where n = Σ w_i (the number of rows without weights). FALKON writes its penalty per
+sample (its objective is the mean squared error, so its λ is our λ / n): with uniform
+centres ``K_nMᵀ W K_nM ≈ (n / M) K_MM²``, hence ``H ≈ n (K_MM² / M + λ' K_MM) = n Tᵀ
+(T Tᵀ / M + λ' I) T = n Tᵀ Aᵀ A T`` (ε aside), and ``B = T⁻¹ A⁻¹`` makes ``Bᵀ H B / n``
+close to the identity. CG runs on that system, ``(Bᵀ H B / n) γ = Bᵀ K_nMᵀ W y / n``,
+and ``β = B γ``: the package's one CG loop (:func:`pipeline.linalg.cg.conjugate_gradient`,
+per-column, multi-output), checkpointed through :func:`pipeline.linalg.cg_checkpoint.
+resumable_cg` when given a store. Its relative residual is that of the preconditioned
+system.
+
+The products ``K_nMᵀ W K_nM U`` run matrix-free over row blocks of X (streamed from
+its store when X is not in memory: it is never held whole): for each block X_b in a
+fixed order, ``G_b = k(X_b, C)`` (b x M, the fused tile evaluator,
+:func:`pipeline.engine.fused.kernel_tile`), then ``Σ_b G_bᵀ (w_b ∘ (G_b U))``
+accumulated in float64 in block order, so the result is bitwise reproducible for a
+given block size. Memory is O(M² + b·M); time O(N·M·iterations). When all the blocks
+fit in ``cache_bytes`` (1 GiB by default) they are kept after the first pass instead of
+recomputed (the same bits; a speed-for-memory trade only below that size). ``product_dtype=
+"float32"`` evaluates G_b and runs its two products in float32 (the per-block sums are
+accumulated in float64).
+
+The centres: ``"uniform"`` draws M rows without replacement
+(:func:`pipeline.linalg.precond.uniform_centre_indices`, the Nyström builder's
+recipe; K is not evaluated); ``"rpcholesky"`` takes the pivots of the one Nyström
+builder (:func:`pipeline.linalg.precond.build_nystrom`), which holds an N x M factor
+while it selects them (O(N·M) memory for that step; X in memory).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import scipy.linalg
+
+from pipeline.engine.dense import check_finite_kernel
+from pipeline.engine.fused import kernel_tile
+from pipeline.errors import IndefiniteKernelError
+from pipeline.kernels import kernel_fingerprint, make_kernel
+from pipeline.linalg.cg import CGResult, conjugate_gradient
+from pipeline.linalg.cg_checkpoint import resumable_cg
+from pipeline.linalg.matvec import check_shift, make_operator
+from pipeline.linalg.precond import build_nystrom, uniform_centre_indices
+from pipeline.linalg.predict_source import as_input_blocks
+from pipeline.options import NYSTROM_CENTRES
+from pipeline.storage import fingerprint_blocks, fingerprint_obj
+
+__all__ = [
+    "NYSTROM_CENTRES",
+    "FalkonPreconditioner",
+    "NystromNormalOperator",
+    "NystromSolution",
+    "check_n_centers",
+    "nystrom_centres",
+    "nystrom_solve",
+]
+
+log = logging.getLogger(__name__)
+
+#: the products' precisions: float32 kernel blocks and products, float64 sums
+PRODUCT_DTYPES = ("float64", "float32")
+#: FALKON's relative jitter of K_MM (times M and K_MM's largest diagonal entry)
+JITTER = 1e-13
+#: bytes of one kernel block G_b (b x M) when the caller names no block size
+BLOCK_BYTES = 64 << 20
+#: the kernel blocks (N x M) are kept between products when they fit in this many bytes:
+#: each CG iteration is then two passes of GEMM over them, not N·M kernel evaluations
+#: (kin40k, N = 36,000, M = 1000: bench_nystrom.py)
+CACHE_BYTES = 1 << 30
+
+
+def check_n_centers(n_centers: Any) -> int:
+    """``n_centers`` as an int >= 1, or a ValueError naming the value."""
+    ok = isinstance(n_centers, int | np.integer) and not isinstance(n_centers, bool | np.bool_)
+    if not ok or int(n_centers) < 1:
+        raise ValueError(
+            f"n_centers must be a positive integer (the number of Nyström centres M), got "
+            f"{n_centers!r}; e.g. n_centers=1000"
+        )
+    return int(n_centers)
+
+
+def _check_centres(centers: Any) -> str:
+    if centers not in NYSTROM_CENTRES:
+        raise ValueError(f"centers={centers!r} is not valid; choose one of {NYSTROM_CENTRES}")
+    return str(centers)
+
+
+# -- X, streamed in row blocks ---------------------------------------------------------------
+class _Rows:
+    """X as row blocks of ``block`` rows, in order: slices of an in-memory array, or
+    the blocks of its store (read one at a time, never held whole)."""
+
+    def __init__(self, X: Any, block: int) -> None:
+        self.block = int(block)
+        if isinstance(X, np.ndarray):
+            if X.ndim != 2:
+                raise ValueError(f"X must be 2-D (n_samples, n_features), got shape {X.shape}")
+            self.X, self.lazy = X, None
+        else:
+            self.X, self.lazy = None, as_input_blocks(X, self.block)
+        src = self.X if self.X is not None else self.lazy
+        self.n, self.d = int(src.shape[0]), int(src.shape[1])
+
+    def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
+        for i, s in enumerate(range(0, self.n, self.block)):
+            if self.X is not None:
+                xb = self.X[s : s + self.block]
+            else:
+                xb = self.lazy.blocks[i].compute()
+            yield s, np.ascontiguousarray(xb, dtype=np.float64)
+
+    def take(self, idx: np.ndarray) -> np.ndarray:
+        """The rows ``idx`` (the centres), float64."""
+        src = self.X if self.X is not None else self.lazy
+        rows = src[np.asarray(idx, dtype=np.int64)]
+        rows = rows.compute() if hasattr(rows, "compute") else rows
+        return np.ascontiguousarray(rows, dtype=np.float64)
+
+    def whole(self) -> np.ndarray:
+        return self.X if self.X is not None else np.asarray(self.lazy.compute())
+
+
+def nystrom_centres(
+    X: Any,
+    kernel: Any,
+    n_centers: int,
+    *,
+    centers: str = "uniform",
+    random_state: Any = 0,
+    block_size: int = 2048,
+) -> np.ndarray:
+    """The row indices (sorted) of the M centres of X.
+
+    ``"uniform"``: M rows drawn without replacement (K not evaluated); ``"rpcholesky"``:
+    the pivots of :func:`pipeline.linalg.precond.build_nystrom` at rank M (fewer when
+    K's residual vanishes first, e.g. duplicated rows; X is read into memory).
+    """
+    m = check_n_centers(n_centers)
+    centers = _check_centres(centers)
+    rows = X if isinstance(X, _Rows) else None
+    n = int(X.shape[0]) if rows is None else rows.n
+    if m > n:
+        raise ValueError(f"n_centers={m} exceeds the number of samples N={n}; use n_centers <= N")
+    if centers == "uniform":
+        return uniform_centre_indices(n, m, random_state=random_state)
+    if rows is None and not isinstance(X, np.ndarray):
+        rows = _Rows(X, block_size)
+    Xm = X if rows is None else rows.whole()
+    op = make_operator("matrix-free", 1.0, X=Xm, kernel=kernel, block_size=block_size)
+    nf = build_nystrom(op, centres="rpcholesky", rank=m, random_state=random_state)
+    return np.sort(np.asarray(nf.centres, dtype=np.int64))
+
+
+# -- FALKON's preconditioner -------------------------------------------------------------------
+class FalkonPreconditioner:
+    """``B = T⁻¹ A⁻¹`` with ``K_MM + ε I = Tᵀ T`` and ``T Tᵀ / M + λ' I = Aᵀ A`` (both upper).
+
+    Parameters
+    ----------
+    K_MM : ndarray (M, M)
+        The centres' kernel matrix.
+    shift_per_sample : float
+        λ' = λ / n (n = Σ w), FALKON's per-sample penalty.
+
+    Attributes
+    ----------
+    jitter : float
+        ε, ``JITTER · M · max(diag K_MM)``, raised tenfold until ``K_MM + ε I`` factors.
+    """
+
+    def __init__(self, K_MM: np.ndarray, shift_per_sample: float) -> None:
+        M = K_MM.shape[0]
+        scale = max(float(np.max(np.diag(K_MM))), np.finfo(np.float64).tiny)
+        eps = JITTER * M * scale
+        for _ in range(12):
+            try:
+                T = scipy.linalg.cholesky(K_MM + eps * np.eye(M), lower=False)
+                break
+            except np.linalg.LinAlgError:
+                eps *= 10.0
+        else:
+            raise IndefiniteKernelError(
+                f"K_MM + {eps:.3g} I (the Nyström centres' kernel matrix) is not positive "
+                "definite: the kernel is not positive semi-definite, which FALKON's "
+                "preconditioner needs; use a Mercer kernel such as 'rbf', or an exact solver"
+            )
+        S = T @ T.T / M
+        S[np.diag_indices(M)] += shift_per_sample
+        self.T = T
+        self.A = scipy.linalg.cholesky(S, lower=False)
+        self.jitter = float(eps)
+
+    def _solve(self, R: Any, which: str, trans: int) -> np.ndarray:
+        F = self.T if which == "T" else self.A
+        return scipy.linalg.solve_triangular(F, R, lower=False, trans=trans, check_finite=False)
+
+    def apply(self, G: np.ndarray) -> np.ndarray:
+        """``B G = T⁻¹ A⁻¹ G``."""
+        return self._solve(self._solve(G, "A", 0), "T", 0)
+
+    def apply_t(self, R: np.ndarray) -> np.ndarray:
+        """``Bᵀ R = A⁻ᵀ T⁻ᵀ R``."""
+        return self._solve(self._solve(R, "T", 1), "A", 1)
+
+
+# -- the preconditioned normal operator -------------------------------------------------------
+class NystromNormalOperator:
+    """``γ -> Bᵀ (K_nMᵀ W K_nM + λ K_MM) B γ / n``, the system CG solves.
+
+    Built by :func:`nystrom_solve`; ``fingerprint`` names everything its products
+    depend on (X, kernel, centres, λ, weights, block size, product dtype), for the CG
+    checkpoints.
+    """
+
+    def __init__(
+        self,
+        rows: _Rows,
+        kernel: Any,
+        centres: np.ndarray,
+        X_centres: np.ndarray,
+        shift: float,
+        weights: np.ndarray | None,
+        product_dtype: str,
+        n_threads: int | None,
+        cache_bytes: int = 0,
+    ) -> None:
+        self.rows = rows
+        self.kernel = kernel
+        self.centres = centres
+        self.C = X_centres
+        self.shift = float(shift)
+        self.weights = weights
+        self.product_dtype = np.dtype(product_dtype)
+        self.n_threads = n_threads
+        self.n_eff = float(rows.n if weights is None else np.sum(weights))
+        self.K_MM = np.empty((len(centres), len(centres)))
+        kernel_tile(kernel, X_centres, None, self.K_MM, kernel_dtype="float64", n_threads=n_threads)
+        check_finite_kernel(self.K_MM, "the kernel K(C, C) of the Nyström centres")
+        self.pre = FalkonPreconditioner(self.K_MM, self.shift / self.n_eff)
+        self.n = len(centres)
+        self._buf: np.ndarray | None = None
+        #: the kernel blocks, kept after the first pass when all of them fit ``cache_bytes``
+        self.cache = rows.n * self.n * self.product_dtype.itemsize <= int(cache_bytes)
+        self._cached: list[np.ndarray] | None = None
+        self._x_fp: str | None = None
+        self.n_products = 0
+
+    # the kernel block G_b = k(X_b, C), into one reused buffer
+    def _block(self, xb: np.ndarray) -> np.ndarray:
+        b = xb.shape[0]
+        if self.cache:  # a block of its own, kept
+            G = np.empty((b, self.n), dtype=self.product_dtype)
+        else:
+            if self._buf is None or self._buf.shape[0] < b:
+                self._buf = np.empty((max(b, self.rows.block), self.n), dtype=self.product_dtype)
+            G = self._buf[:b]
+        kernel_tile(self.kernel, xb, self.C, G, kernel_dtype=self.product_dtype.name,
+                    n_threads=self.n_threads)  # fmt: skip
+        return G
+
+    def _blocks(self) -> Iterator[tuple[int, np.ndarray]]:
+        """``(first row, G_b)`` for each row block, in order: kept blocks when cached."""
+        if self._cached is not None:
+            s = 0
+            for G in self._cached:
+                yield s, G
+                s += G.shape[0]
+            return
+        keep: list[np.ndarray] = []
+        for s, xb in self.rows:
+            G = self._block(xb)
+            if self.cache:
+                keep.append(G)
+            yield s, G
+        if self.cache:
+            self._cached = keep
+
+    def _weights(self, s: int, b: int) -> np.ndarray | None:
+        return None if self.weights is None else self.weights[s : s + b, None]
+
+    def rhs(self, y: np.ndarray) -> np.ndarray:
+        """``Bᵀ K_nMᵀ W y / n`` (y of shape (N, t)); also X's fingerprint, one pass."""
+        acc = np.zeros((self.n, y.shape[1]))
+        stream_fp = self._x_fp is None and self.rows.X is None
+        block_fps = []
+        keep: list[np.ndarray] = []
+        for s, xb in self.rows:
+            if not np.all(np.isfinite(xb)):
+                raise ValueError("X contains NaN or infinite values; clean or impute them first")
+            if stream_fp:  # fingerprinted block by block: X is never held whole
+                block_fps.append(fingerprint_blocks([xb]))
+            G = self._block(xb)
+            check_finite_kernel(G, "the kernel K(X, C) of the Nyström centres")
+            if self.cache:
+                keep.append(G)
+            yb = y[s : s + xb.shape[0]]
+            w = self._weights(s, xb.shape[0])
+            yb = yb if w is None else yb * w
+            acc += np.asarray(G.T @ yb.astype(G.dtype, copy=False), dtype=np.float64)
+        if stream_fp:
+            self._x_fp = fingerprint_obj(block_fps)
+        if self.cache:
+            self._cached = keep
+        return self.pre.apply_t(acc / self.n_eff)
+
+    def normal_product(self, U: np.ndarray) -> np.ndarray:
+        """``(K_nMᵀ W K_nM + λ K_MM) U``, summed over the row blocks in order."""
+        acc = self.shift * (self.K_MM @ U)
+        Ud = U.astype(self.product_dtype, copy=False)
+        for s, G in self._blocks():
+            Z = np.asarray(G @ Ud, dtype=np.float64)
+            w = self._weights(s, G.shape[0])
+            if w is not None:
+                Z *= w
+            acc += np.asarray(G.T @ Z.astype(self.product_dtype, copy=False), dtype=np.float64)
+        self.n_products += 1
+        return acc
+
+    def matvec(self, V: np.ndarray) -> np.ndarray:
+        V2 = np.asarray(V, dtype=np.float64).reshape(self.n, -1)
+        out = self.pre.apply_t(self.normal_product(self.pre.apply(V2)) / self.n_eff)
+        return out.reshape(np.shape(V))
+
+    __call__ = matvec
+
+    def coef(self, gamma: np.ndarray) -> np.ndarray:
+        """``β = B γ``."""
+        g = np.asarray(gamma, dtype=np.float64)
+        return self.pre.apply(g.reshape(self.n, -1)).reshape(g.shape)
+
+    @property
+    def fingerprint(self) -> str:
+        if self._x_fp is None:
+            self._x_fp = fingerprint_obj(
+                [fingerprint_blocks([xb]) for _, xb in self.rows]
+            )  # the same recipe as the streaming pass of ``rhs``
+        return fingerprint_obj(
+            {
+                "solver": "nystrom",
+                "X": self._x_fp,
+                "kernel": kernel_fingerprint(self.kernel),
+                "centres": fingerprint_blocks([self.centres]),
+                "shift": self.shift,
+                "weights": None if self.weights is None else fingerprint_blocks([self.weights]),
+                "block_size": self.rows.block,
+                "product_dtype": self.product_dtype.name,
+            }
+        )
+
+
+@dataclass
+class NystromSolution:
+    """What :func:`nystrom_solve` returns.
+
+    Attributes
+    ----------
+    coef : ndarray (M,) or (M, t)
+        β, the coefficients of the centres (a model's ``dual_coef``).
+    centres : ndarray of int (M,)
+        The centres' row indices in X.
+    X_centres : ndarray (M, D), float64
+        The centres (a model's ``X_fit``).
+    cg : CGResult
+        The preconditioned CG solve (its ``x`` is γ).
+    info : dict
+        JSON-able details: ``n_centers``, ``centers``, ``jitter``, ``n_iter``,
+        ``converged``, ``rel_residual``, ``block_size``, ``product_dtype``, ``seconds``.
+    """
+
+    coef: np.ndarray
+    centres: np.ndarray
+    X_centres: np.ndarray
+    cg: CGResult
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def _block_rows(block_size: int | None, m: int) -> int:
+    if block_size is None:
+        return int(min(8192, max(256, BLOCK_BYTES // (8 * m))))
+    if int(block_size) != block_size or int(block_size) < 1:
+        raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
+    return int(block_size)
+
+
+def nystrom_solve(
+    X: Any,
+    y: Any,
+    kernel: Any,
+    shift: float,
+    *,
+    n_centers: int,
+    centers: str = "uniform",
+    sample_weight: Any = None,
+    block_size: int | None = None,
+    tol: float = 1e-6,
+    max_iter: int | None = None,
+    random_state: Any = 0,
+    product_dtype: str = "float64",
+    store: str | None = None,
+    checkpoint_every: int = 10,
+    callback: Callable[..., Any] | None = None,
+    centre_indices: Any = None,
+    n_threads: int | None = None,
+    cache_bytes: int | None = None,
+) -> NystromSolution:
+    """Nyström kernel ridge regression by FALKON: solve ``(K_nMᵀ W K_nM + λ K_MM) β = K_nMᵀ W y``.
+
+    Parameters
+    ----------
+    X : ndarray, dask array, zarr array or path (N, D)
+        Training inputs, finite; anything but a numpy array is streamed in row blocks.
+    y : ndarray (N,) or (N, t)
+    kernel : Kernel, str or spec dict
+    shift : float
+        λ > 0 in scikit-learn's convention (the exact problem's ``K + λ I``).
+    n_centers : int
+        M, the number of centres (1 <= M <= N).
+    centers : {"uniform", "rpcholesky"}
+    sample_weight : ndarray (N,), optional
+        Non-negative weights w (the caller has checked them).
+    block_size : int, optional
+        Rows of X per kernel block (default: a block of about 64 MiB, 256 to 8192 rows).
+        The sums' order, so the result's bits, follow it.
+    tol, max_iter : CG's relative residual tolerance (of the preconditioned system) and
+        iteration limit (default 1000).
+    random_state : int
+        Seed of the centres.
+    product_dtype : {"float64", "float32"}
+        Precision of the kernel blocks and their products (float64 sums either way).
+    store : str, optional
+        CG checkpoint directory: the solve saves its state every ``checkpoint_every``
+        iterations and resumes the same solve from it.
+    callback : callable, optional
+        Called with the CG state after every iteration.
+    centre_indices : array of int, optional
+        Use these centres (row indices) instead of choosing them.
+    n_threads : int, optional
+        Threads of the kernel evaluation (default: every core).
+    cache_bytes : int, optional
+        Keep the kernel blocks (N x M in all) in memory after the first pass when they
+        fit in this many bytes (default :data:`CACHE_BYTES`; 0: recompute them at every
+        product, memory O(M² + b·M)). The result is the same to the bit either way.
+
+    Returns
+    -------
+    NystromSolution
+    """
+    t0 = time.perf_counter()
+    kernel = make_kernel(kernel)
+    shift = check_shift(shift)
+    if product_dtype not in PRODUCT_DTYPES:
+        raise ValueError(
+            f"product_dtype={product_dtype!r} is not valid; choose one of {PRODUCT_DTYPES}"
+        )
+    centers = _check_centres(centers)
+    m = check_n_centers(n_centers)
+    y = np.asarray(y, dtype=np.float64)
+    one_d = y.ndim == 1
+    Y = y.reshape(y.shape[0], -1)
+    rows = _Rows(X, _block_rows(block_size, m))
+    n = rows.n
+    if Y.shape[0] != n:
+        raise ValueError(f"y has {Y.shape[0]} rows but X has {n}; they must match")
+    w = None
+    if sample_weight is not None:
+        w = np.asarray(sample_weight, dtype=np.float64).reshape(-1)
+        if w.shape[0] != n:
+            raise ValueError(f"sample_weight has {w.shape[0]} entries but X has {n} rows")
+        if not np.all(np.isfinite(w)) or np.any(w < 0) or not np.sum(w) > 0:
+            raise ValueError(
+                "sample_weight must be finite and non-negative with a positive sum, got "
+                f"min {np.min(w)!r}, sum {np.sum(w)!r}"
+            )
+    if centre_indices is None:
+        idx = nystrom_centres(
+            rows, kernel, m, centers=centers, random_state=random_state, block_size=rows.block
+        )
+    else:
+        idx = np.asarray(centre_indices, dtype=np.int64).reshape(-1)
+    C = rows.take(idx)
+    if not np.all(np.isfinite(C)):
+        raise ValueError("X contains NaN or infinite values; clean or impute them first")
+    cache = CACHE_BYTES if cache_bytes is None else int(cache_bytes)
+    op = NystromNormalOperator(rows, kernel, idx, C, shift, w, product_dtype, n_threads, cache)
+    b = op.rhs(Y)
+    if store is None:
+        res = conjugate_gradient(op.matvec, b, tol=tol, max_iter=max_iter, callback=callback)
+    else:
+        res = resumable_cg(
+            op, b, store, name="nystrom", every=checkpoint_every, tol=tol, max_iter=max_iter,
+            callback=callback,
+        )  # fmt: skip
+    beta = op.coef(res.x)
+    info = {
+        "n_centers": int(idx.size),
+        "centers": centers if centre_indices is None else "given",
+        "jitter": op.pre.jitter,
+        "n_iter": int(res.n_iter),
+        "start_iter": int(res.start_iter),
+        "converged": bool(res.converged),
+        "rel_residual": np.asarray(res.rel_residual).tolist(),
+        "block_size": rows.block,
+        "product_dtype": op.product_dtype.name,
+        "seconds": time.perf_counter() - t0,
+    }
+    log.info(
+        "Nyström (FALKON): M=%d %s centres, %d CG iterations, relative residual %s, %.2f s",
+        idx.size, info["centers"], res.n_iter, info["rel_residual"], info["seconds"],
+    )  # fmt: skip
+    coef = beta[:, 0] if one_d else beta
+    return NystromSolution(coef, idx, C, res, info)

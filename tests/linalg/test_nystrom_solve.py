@@ -1,0 +1,205 @@
+"""The Nyström solver (FALKON, issue #45 item 1) against a dense numpy solve of its normal
+equations ``(K_nMᵀ W K_nM + λ K_MM) β = K_nMᵀ W y``: several block sizes (ragged last
+blocks), multi-output, sample weights, the centres, streaming X from a store, float32
+products, bitwise reproducibility and resume from the CG checkpoint."""
+
+from __future__ import annotations
+
+import dask.array as da
+import numpy as np
+import pytest
+
+from pipeline.kernels import make_kernel
+from pipeline.linalg.nystrom_solve import (
+    FalkonPreconditioner,
+    check_n_centers,
+    nystrom_centres,
+    nystrom_solve,
+)
+
+N, D, M = 600, 4, 80
+LAM = 1e-2
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((N, D))
+    y = np.sin(X[:, 0]) + 0.1 * rng.standard_normal(N)
+    Y = np.c_[y, X[:, 1] ** 2 - 1.0]
+    w = rng.uniform(0.2, 2.0, N)
+    return X, Y, w
+
+
+def _dense_reference(X, Y, kernel, lam, C, w=None):
+    Knm, Kmm = kernel(X, C), kernel(C, C)
+    W = np.ones(X.shape[0]) if w is None else w
+    H = Knm.T @ (W[:, None] * Knm) + lam * Kmm
+    return np.linalg.solve(H, Knm.T @ (W[:, None] * Y.reshape(X.shape[0], -1))), Knm
+
+
+@pytest.mark.parametrize("block_size", [37, 256, N])  # 37 and 256: a ragged last block
+@pytest.mark.parametrize("weighted", [False, True])
+def test_matches_dense_normal_equations(data, block_size, weighted):
+    X, Y, w = data
+    k = make_kernel("rbf")
+    ww = w if weighted else None
+    sol = nystrom_solve(
+        X, Y, k, LAM, n_centers=M, block_size=block_size, sample_weight=ww, tol=1e-12,
+        max_iter=500,
+    )  # fmt: skip
+    assert sol.cg.converged and sol.coef.shape == (M, 2)
+    assert sol.info["block_size"] == block_size
+    np.testing.assert_array_equal(sol.X_centres, X[sol.centres])
+    beta, Knm = _dense_reference(X, Y, k, LAM, sol.X_centres, ww)
+    np.testing.assert_allclose(Knm @ sol.coef, Knm @ beta, rtol=0, atol=1e-8)
+    np.testing.assert_allclose(sol.coef, beta, rtol=0, atol=1e-7 * np.abs(beta).max())
+
+
+def test_one_output_keeps_its_shape_and_equals_the_column(data):
+    X, Y, _ = data
+    one = nystrom_solve(X, Y[:, 0], "rbf", LAM, n_centers=M, tol=1e-10, block_size=128)
+    two = nystrom_solve(X, Y, "rbf", LAM, n_centers=M, tol=1e-10, block_size=128)
+    assert one.coef.shape == (M,)
+    np.testing.assert_allclose(one.coef, two.coef[:, 0], rtol=0, atol=1e-8 * np.abs(one.coef).max())
+
+
+def test_all_rows_as_centres_is_exact_kernel_ridge(data):
+    # M = N: (W K + λ I) β = W y, scikit-learn's weighted KernelRidge
+    from sklearn.kernel_ridge import KernelRidge as SkKR
+
+    X, Y, w = data
+    n = 150
+    lam = 0.5
+    for ww in (None, w[:n]):
+        sol = nystrom_solve(X[:n], Y[:n], "rbf", lam, n_centers=n, sample_weight=ww, tol=1e-12)
+        np.testing.assert_array_equal(sol.centres, np.arange(n))
+        sk = SkKR(alpha=lam, kernel="rbf").fit(X[:n], Y[:n], sample_weight=ww)
+        np.testing.assert_allclose(sol.coef, sk.dual_coef_, rtol=0, atol=1e-7)
+
+
+def test_preconditioner_is_falkons_two_choleskys():
+    rng = np.random.default_rng(1)
+    C = rng.standard_normal((30, 3))
+    Kmm = make_kernel("rbf")(C, C)
+    lam_n = 1e-3
+    pre = FalkonPreconditioner(Kmm, lam_n)
+    T, A = pre.T, pre.A
+    np.testing.assert_allclose(T.T @ T, Kmm + pre.jitter * np.eye(30), atol=1e-12)
+    np.testing.assert_allclose(A.T @ A, T @ T.T / 30 + lam_n * np.eye(30), atol=1e-12)
+    # B Bᵀ = (n/M K² + n λ' K)⁻¹ / n for K = K_MM + εI
+    K = Kmm + pre.jitter * np.eye(30)
+    BBt = pre.apply(pre.apply_t(np.eye(30)))
+    np.testing.assert_allclose(BBt @ (K @ K / 30 + lam_n * K), np.eye(30), atol=1e-6)
+
+
+def test_bitwise_reproducible_and_streamed_x_gives_the_same_bits(data, tmp_path):
+    X, Y, w = data
+    a = nystrom_solve(X, Y, "rbf", LAM, n_centers=M, block_size=100, sample_weight=w)
+    b = nystrom_solve(X, Y, "rbf", LAM, n_centers=M, block_size=100, sample_weight=w)
+    np.testing.assert_array_equal(a.coef, b.coef)
+    # X from a Zarr store, read in row blocks (never held whole)
+    path = str(tmp_path / "X.zarr")
+    da.from_array(X, chunks=(64, D)).to_zarr(path)
+    c = nystrom_solve(path, Y, "rbf", LAM, n_centers=M, block_size=100, sample_weight=w)
+    np.testing.assert_array_equal(a.centres, c.centres)
+    np.testing.assert_array_equal(a.coef, c.coef)
+    dx = da.from_array(X, chunks=(77, D))
+    e = nystrom_solve(dx, Y, "rbf", LAM, n_centers=M, block_size=100, sample_weight=w)
+    np.testing.assert_array_equal(a.coef, e.coef)
+
+
+def test_rpcholesky_centres(data):
+    X, Y, _ = data
+    k = make_kernel("rbf")
+    idx = nystrom_centres(X, k, M, centers="rpcholesky", random_state=3)
+    assert idx.size == M and np.unique(idx).size == M and np.all(np.diff(idx) > 0)
+    sol = nystrom_solve(
+        X, Y, k, LAM, n_centers=M, centers="rpcholesky", random_state=3, tol=1e-12, max_iter=500
+    )
+    np.testing.assert_array_equal(sol.centres, idx)
+    beta, Knm = _dense_reference(X, Y, k, LAM, sol.X_centres)
+    np.testing.assert_allclose(Knm @ sol.coef, Knm @ beta, rtol=0, atol=1e-8)
+    # the uniform recipe is the Nyström builder's
+    from pipeline.linalg.matvec import make_operator
+    from pipeline.linalg.precond import build_nystrom
+
+    op = make_operator("matrix-free", 1.0, X=X, kernel=k)
+    uni = build_nystrom(op, centres="uniform", rank=M, random_state=5).centres
+    np.testing.assert_array_equal(nystrom_centres(X, k, M, random_state=5), uni)
+
+
+def test_float32_products_are_close(data):
+    # float32 kernel blocks and products (float64 sums): their rounding bounds the
+    # preconditioned residual CG can reach (about 1e-4 here), so a loose tol
+    X, Y, _ = data
+    f64 = nystrom_solve(X, Y, "rbf", LAM, n_centers=M, tol=1e-10, max_iter=500)
+    f32 = nystrom_solve(X, Y, "rbf", LAM, n_centers=M, tol=1e-3, product_dtype="float32")
+    assert f32.info["product_dtype"] == "float32" and f32.cg.converged
+    Knm = make_kernel("rbf")(X, f64.X_centres)
+    rel = np.abs(Knm @ (f32.coef - f64.coef)).max() / np.abs(Knm @ f64.coef).max()
+    assert rel < 2e-2
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, "10", True, None, np.float64(4.0)])
+def test_bad_n_centers_is_a_value_error_naming_it(bad):
+    with pytest.raises(ValueError, match="n_centers must be a positive integer") as err:
+        check_n_centers(bad)
+    assert repr(bad) in str(err.value)
+
+
+def test_more_centres_than_rows_and_bad_choices_refused(data):
+    X, Y, _ = data
+    with pytest.raises(ValueError, match="n_centers=601 exceeds the number of samples N=600"):
+        nystrom_solve(X, Y, "rbf", LAM, n_centers=N + 1)
+    with pytest.raises(ValueError, match="centers='kmeans' is not valid"):
+        nystrom_solve(X, Y, "rbf", LAM, n_centers=M, centers="kmeans")
+    with pytest.raises(ValueError, match="product_dtype='float16' is not valid"):
+        nystrom_solve(X, Y, "rbf", LAM, n_centers=M, product_dtype="float16")
+    assert np.asarray(check_n_centers(np.int32(7))) == 7
+
+
+def test_resumes_from_the_cg_checkpoint_with_the_same_bits(data, tmp_path):
+    X, Y, w = data
+    kw = dict(n_centers=M, block_size=128, sample_weight=w, tol=1e-10, checkpoint_every=2)
+    whole = nystrom_solve(X, Y, "rbf", LAM, **kw, max_iter=500)
+    store = str(tmp_path / "ckpt")
+
+    class Killed(Exception):
+        pass
+
+    def kill(state):
+        if state.iteration == 7:
+            raise Killed
+
+    with pytest.raises(Killed):
+        nystrom_solve(X, Y, "rbf", LAM, **kw, max_iter=500, store=store, callback=kill)
+    resumed = nystrom_solve(X, Y, "rbf", LAM, **kw, max_iter=500, store=store)
+    assert resumed.cg.start_iter == 6 and resumed.info["start_iter"] == 6
+    assert resumed.cg.n_iter == whole.cg.n_iter
+    np.testing.assert_array_equal(resumed.coef, whole.coef)
+    # another solve (another lambda) does not resume that checkpoint
+    other = nystrom_solve(X, Y, "rbf", 2 * LAM, **kw, max_iter=500, store=store)
+    assert other.cg.start_iter == 0
+
+
+@pytest.mark.parametrize("product_dtype", ["float64", "float32"])
+def test_kept_kernel_blocks_give_the_same_bits(data, product_dtype):
+    X, Y, w = data
+    kw = dict(n_centers=M, block_size=96, sample_weight=w, tol=1e-3, product_dtype=product_dtype)
+    kept = nystrom_solve(X, Y, "rbf", LAM, **kw, cache_bytes=1 << 30)
+    again = nystrom_solve(X, Y, "rbf", LAM, **kw, cache_bytes=0)
+    assert kept.info["n_iter"] > 1
+    np.testing.assert_array_equal(kept.coef, again.coef)
+
+
+def test_bad_weights_and_an_indefinite_kernel_are_refused(data):
+    from pipeline.errors import IndefiniteKernelError
+
+    X, Y, w = data
+    with pytest.raises(ValueError, match="sample_weight must be finite and non-negative"):
+        nystrom_solve(X, Y, "rbf", LAM, n_centers=M, sample_weight=np.zeros(N))
+    with pytest.raises(ValueError, match="sample_weight must be finite and non-negative"):
+        nystrom_solve(X, Y, "rbf", LAM, n_centers=M, sample_weight=-w)
+    with pytest.raises(IndefiniteKernelError, match="not positive semi-definite"):
+        nystrom_solve(X, Y, make_kernel("sigmoid", gamma=1.0, coef0=-3.0), LAM, n_centers=M)
