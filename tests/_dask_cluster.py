@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,11 +24,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start(cmd: list[str], log: Path) -> subprocess.Popen:
+def _start(cmd: list[str], log: Path, env: Mapping[str, str] | None = None) -> subprocess.Popen:
     with open(log, "w") as f:
         return subprocess.Popen(
             cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True,
+            start_new_session=True, env=None if env is None else {**os.environ, **env},
         )  # fmt: skip
 
 
@@ -52,11 +52,17 @@ class Cluster:
 
 @contextlib.contextmanager
 def external_cluster(
-    logs: Path, n_workers: int = 2, *, nanny: bool = True, timeout: float = 90
+    logs: Path,
+    n_workers: int = 2,
+    *,
+    nanny: bool = True,
+    timeout: float = 90,
+    worker_env: Mapping[str, str] | None = None,
 ) -> Iterator[Cluster]:
     """Start a scheduler and ``n_workers`` single-thread workers; stop them all on exit.
 
-    ``nanny=False`` makes a SIGKILLed worker stay dead (no restart), for fault tests.
+    ``nanny=False`` makes a SIGKILLed worker stay dead (no restart), for fault tests;
+    ``worker_env`` is added to the workers' environment (a fault to inject).
     """
     logs.mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -73,7 +79,7 @@ def external_cluster(
                    "--no-dashboard", "--local-directory", str(logs / f"w{w}")]  # fmt: skip
             if not nanny:
                 cmd.append("--no-nanny")
-            cluster.workers.append(_start(cmd, logs / f"worker{w}.log"))
+            cluster.workers.append(_start(cmd, logs / f"worker{w}.log", worker_env))
         deadline = time.monotonic() + timeout
         while True:
             try:

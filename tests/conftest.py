@@ -145,6 +145,19 @@ def _cli_state_kept():
         yield
 
 
+def _restore_environ(saved: Mapping[str, str]) -> None:
+    """Make ``os.environ`` ``saved`` again. A local Dask cluster's nannies set
+    ``OMP_NUM_THREADS``, ``OPENBLAS_NUM_THREADS``, ``MKL_NUM_THREADS`` (1) and more in the
+    process that starts them and leave them there: a child process started after an
+    in-process run (``krr_run``) ran its BLAS on one thread, other last bits than a run
+    of its own (the kill-and-resume comparisons failed on them)."""
+    for k in set(os.environ) - set(saved):
+        del os.environ[k]
+    for k, v in saved.items():
+        if os.environ.get(k) != v:
+            os.environ[k] = v
+
+
 class KrrInProcess(KrrRunner):
     """``krr ARGS...`` as ``pipeline.cli.main(ARGS)`` in this process, for a test that
     only checks what a command did or printed, or its exit code (no kill, no hang).
@@ -153,7 +166,8 @@ class KrrInProcess(KrrRunner):
     cluster's first tasks). Returns a CompletedProcess like :class:`KrrRunner`: the
     exit code ``main`` returned, and what it printed on stdout and stderr: its log lines
     (they go to whatever ``sys.stderr`` is) and, at the end, each Python warning once
-    (also passed on to pytest). ``cwd`` and ``env`` hold for the call only.
+    (also passed on to pytest). ``cwd`` and ``env`` hold for the call only, and so does
+    whatever the command itself sets in ``os.environ``.
     """
 
     def __call__(
@@ -168,6 +182,7 @@ class KrrInProcess(KrrRunner):
         argv = [str(a) for a in args]
         out, err = io.StringIO(), io.StringIO()
         with contextlib.ExitStack() as stack:
+            stack.callback(_restore_environ, dict(os.environ))
             mp = stack.enter_context(pytest.MonkeyPatch.context())
             if cwd is not None:
                 mp.chdir(cwd)

@@ -10,17 +10,27 @@ command with its exit codes.
 Sphinx, numpydoc and sphinx-argparse are in the ``test`` extra. Where they are missing the
 test is skipped with the reason, except under CI (``CI`` set), where it fails: CI installs
 ``.[test]``, so a skip there would hide a broken reference.
+
+A build that passed is kept in the temporary directory under the digest of everything it
+reads (``docs/api``, the ``pipeline`` sources, the Python and documentation tools'
+versions): the next run with the same inputs reuses it instead of building again (the
+build is a function of them). Any change to a docstring, page or tool builds afresh.
+``KRR_DOCS_BUILD_CACHE=0`` always builds.
 """
 
 from __future__ import annotations
 
+import hashlib
 import html
+import importlib.metadata
 import importlib.util
 import inspect
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -41,6 +51,8 @@ PAGES = (
     "cli",
 )
 REQUIRED = {"sphinx": "sphinx", "numpydoc": "numpydoc", "sphinxarg": "sphinx-argparse"}
+#: the distributions whose versions a kept build was made with
+TOOLS = ("sphinx", "numpydoc", "sphinx-argparse", "docutils", "jinja2", "alabaster")
 
 
 def _require_sphinx() -> None:
@@ -53,9 +65,29 @@ def _require_sphinx() -> None:
     pytest.skip(msg)
 
 
+def _inputs_digest() -> str:
+    """The digest of what the build reads: every file under ``docs/api`` and ``pipeline``
+    (names and bytes), the Python version and the documentation tools' versions."""
+    h = hashlib.sha256(sys.version.encode())
+    for dist in TOOLS:
+        try:
+            h.update(f"{dist}={importlib.metadata.version(dist)}".encode())
+        except importlib.metadata.PackageNotFoundError:
+            h.update(f"{dist}=none".encode())
+    for top in (ROOT / "docs" / "api", ROOT / "pipeline"):
+        for path in sorted(top.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts and "_build" not in path.parts:
+                h.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:32]
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Path:
     _require_sphinx()
+    keep = os.environ.get("KRR_DOCS_BUILD_CACHE", "1") != "0"
+    kept = Path(tempfile.gettempdir()) / "krr-pipeline-docs-build" / _inputs_digest()
+    if keep and (kept / "html" / "index.html").is_file():
+        return kept / "html"  # a passing build of these very inputs
     out = tmp_path_factory.mktemp("docs")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
@@ -72,6 +104,14 @@ def built(tmp_path_factory) -> Path:
         if re.search(r"WARNING|ERROR|SEVERE|in the docstring of", line)
     ]
     assert not bad, "the docs build warned:\n" + "\n".join(bad[:40])
+    if keep:  # kept whole or not at all: renamed into place, another run's copy wins
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        staged = Path(tempfile.mkdtemp(dir=kept.parent))
+        shutil.copytree(out / "html", staged / "html")
+        try:
+            staged.rename(kept)
+        except OSError:  # another run kept the same build first
+            shutil.rmtree(staged, ignore_errors=True)
     return out / "html"
 
 

@@ -8,6 +8,9 @@ recorded as done: the worst moment for a checkpointing scheme.
 ``KRR_KILL_SIGNAL=TERM`` (or another signal's name without ``SIG``) sends that signal
 instead, once, and lets the writer go on (a stop request from outside, e.g. systemd's
 ``systemctl stop``); ``KRR_KILL_STAMP=path`` then gets the time it was sent.
+
+``KRR_KILL_ONCE=path``: of the processes given the same path (the workers of a cluster),
+only the first to reach its K-th marker dies; it creates ``path`` (exclusively) first.
 """
 
 import os
@@ -25,6 +28,15 @@ if _match and _at > 0:
     _count = [0]
     _signal = getattr(signal, "SIG" + os.environ.get("KRR_KILL_SIGNAL", "KILL").upper())
     _stamp = os.environ.get("KRR_KILL_STAMP")
+    _once = os.environ.get("KRR_KILL_ONCE")
+
+    def _first() -> bool:
+        """This process is the first of those sharing ``KRR_KILL_ONCE`` to get here."""
+        try:
+            os.close(os.open(_once, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return False
+        return True
 
     def _mark(self, tile, **info):
         label = f"{self.name}/{_markers._key(tile)}"
@@ -32,7 +44,7 @@ if _match and _at > 0:
             with _lock:
                 _count[0] += 1
                 hit = _count[0] == _at if _signal != signal.SIGKILL else _count[0] >= _at
-            if hit:
+            if hit and (not _once or _first()):
                 if _stamp:
                     import time
 

@@ -1,11 +1,13 @@
 """SIGKILL one ``dask worker`` of a real external cluster mid-gram; the run completes.
 
 The test starts a ``dask scheduler`` and two ``dask worker`` processes (no nanny,
-so a killed worker stays dead) on 127.0.0.1, runs ``krr run CONFIG --scheduler``
-in a subprocess, waits until some but not all Gram tiles carry a completion
-record, kills one worker, and checks that the run finishes with every Gram tile
-stored and α bitwise equal to a reference computed in this process with the
-same library calls on the threaded scheduler.
+so a killed worker stays dead) on 127.0.0.1 and runs ``krr run CONFIG --scheduler``
+in a subprocess. The first worker to reach its third Gram tile SIGKILLs itself just
+before recording that tile as complete (``tests/faultinject``, ``KRR_KILL_ONCE``): some
+but not all Gram tiles carry a completion record, whatever the speed of the machine.
+The test checks that the run finishes with every Gram tile stored and α bitwise equal
+to a reference computed in this process with the same library calls on the threaded
+scheduler.
 """
 
 from __future__ import annotations
@@ -30,8 +32,12 @@ from pipeline.stages.manifest import resolve_outputs
 
 pytestmark = pytest.mark.slow
 
-N, D, BLOCK = 3000, 500, 150
-N_TILES = (N // BLOCK) * (N // BLOCK + 1) // 2  # 20 row blocks: 210 lower tiles
+# D = 256: the Gram's weighed entries (1.2M entries at D = 256) pass SMALL_PASS_ENTRIES
+# (a Gram below that is computed in the client's process, not on the workers)
+N, D, BLOCK = 1500, 256, 100
+N_TILES = (N // BLOCK) * (N // BLOCK + 1) // 2  # 15 row blocks: 120 lower tiles
+KILL_AT = 3  # a worker dies at its 3rd Gram tile's completion record
+FAULTINJECT = Path(__file__).resolve().parents[1] / "faultinject"
 
 CONFIG = """
 name: worker-kill
@@ -65,9 +71,15 @@ def test_kill_one_worker_mid_gram(tmp_path):
     logs = tmp_path / "logs"
     logs.mkdir()
 
+    # every worker is armed; the first to reach its KILL_AT-th Gram marker dies
+    inject = {
+        "PYTHONPATH": os.pathsep.join([str(FAULTINJECT), os.environ.get("PYTHONPATH", "")]),
+        "KRR_KILL_MATCH": "gram/", "KRR_KILL_AT": str(KILL_AT),
+        "KRR_KILL_ONCE": str(tmp_path / "killed"),
+    }  # fmt: skip
     cli = None
     try:
-        with external_cluster(logs, 2, nanny=False, timeout=60) as cluster:
+        with external_cluster(logs, 2, nanny=False, timeout=60, worker_env=inject) as cluster:
             workers = cluster.workers
             cli = subprocess.Popen(
                 [sys.executable, "-m", "pipeline.cli", "run", str(conf), "--run-dir",
@@ -76,22 +88,20 @@ def test_kill_one_worker_mid_gram(tmp_path):
                 start_new_session=True,
             )  # fmt: skip
             markers = run_dir / "gram" / "gram.zarr" / "_markers" / "gram"
-            deadline = time.monotonic() + 120
-            seen = 0
-            while cli.poll() is None and time.monotonic() < deadline:
-                seen = _n_markers(markers)
-                if seen >= N_TILES // 10:
-                    break
-                time.sleep(0.02)
-            assert cli.poll() is None, f"run ended before the kill: {cli.communicate()[1][-3000:]}"
-            assert 0 < seen < N_TILES, seen
-            os.kill(workers[0].pid, signal.SIGKILL)
-            workers[0].wait(timeout=10)
+            deadline = time.monotonic() + 240
+            while all(w.poll() is None for w in workers) and time.monotonic() < deadline:
+                assert cli.poll() is None, f"run ended, no worker killed: {cli.communicate()[1]}"
+                time.sleep(0.02)  # until the injected kill
             at_kill = _n_markers(markers)
+            assert any(w.poll() is not None for w in workers), "no worker died in 240 s"
+            (dead,) = [w for w in workers if w.poll() is not None]
+            (survivor,) = [w for w in workers if w is not dead]
+            assert dead.returncode == -signal.SIGKILL, dead.returncode
+            # the dead worker had recorded KILL_AT - 1 tiles, not the one it was storing
+            assert KILL_AT - 1 <= at_kill < N_TILES, at_kill
             out, err = cli.communicate(timeout=240)
             assert cli.returncode == 0, err[-4000:]
-            assert at_kill < N_TILES, "the Gram was already complete when the worker died"
-            assert workers[1].poll() is None  # the survivor finished the work
+            assert survivor.poll() is None  # the survivor finished the work
     finally:
         if cli is not None:
             stop(cli)

@@ -43,11 +43,13 @@ CG = "{method: cg, matvec: stored, preconditioner: nystrom, rank: 20, tol: 1.0e-
 def data(tmp_path_factory):
     d = tmp_path_factory.mktemp("faultdata")
     rng = np.random.default_rng(0)
-    X = rng.normal(size=(1000, 5))
-    y = np.sin(X[:, 0]) + 0.1 * rng.normal(size=1000)
+    # 450 training rows in tiles of 100: 5 row blocks, 15 Gram and factor tiles; 500 new
+    # rows: 5 prediction blocks. Each kill point below lies inside its stage.
+    X = rng.normal(size=(600, 5))
+    y = np.sin(X[:, 0]) + 0.1 * rng.normal(size=600)
     np.save(d / "X.npy", X)
     np.save(d / "y.npy", y)
-    np.save(d / "Xn.npy", rng.normal(size=(800, 5)))
+    np.save(d / "Xn.npy", rng.normal(size=(500, 5)))
     return d
 
 

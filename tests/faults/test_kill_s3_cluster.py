@@ -7,11 +7,17 @@ manifest, markers, lease) live on an S3-compatible server (moto) on loopback.
 ``krr run --scheduler`` fits and predicts a batch; one worker is SIGKILLed in
 the middle of the factorisation and a fourth worker joins mid-run. α and every
 prediction must be bitwise equal to a run on the local disk.
+
+The kill is injected (``tests/faultinject``, armed in the three first workers with
+``KRR_KILL_ONCE``): the first worker to reach its third factor tile dies just before
+recording it as complete, whatever the speed of the machine and of the store.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -27,8 +33,10 @@ from _s3server import make_bucket, moto_server, s3_env  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-N, D, BLOCK, NB = 2400, 8, 240, 200
+N, D, BLOCK, NB = 1200, 8, 200, 200  # 6 row blocks: 21 factor tiles
+KILL_AT = 3  # a worker dies at its 3rd factor tile's completion record
 BUCKET = "krr-cluster"
+FAULTINJECT = Path(__file__).resolve().parents[1] / "faultinject"
 
 CONFIG = """
 name: s3-cluster
@@ -118,7 +126,13 @@ def test_cluster_on_object_store_survives_kill_and_join(tmp_path, monkeypatch, k
         markers = f"{BUCKET}/run/results/*/solve/factor.zarr/_markers/chol/*"
         n_tiles = (N // BLOCK) * (N // BLOCK + 1) // 2
         cli = extra = None
-        with external_cluster(logs, 3, nanny=False, timeout=60) as cluster:
+        inject = {
+            "PYTHONPATH": os.pathsep.join([str(FAULTINJECT), os.environ.get("PYTHONPATH", "")]),
+            "KRR_KILL_MATCH": "chol/", "KRR_KILL_AT": str(KILL_AT),
+            "KRR_KILL_ONCE": str(tmp_path / "killed"),
+        }  # fmt: skip
+        with external_cluster(logs, 3, nanny=False, timeout=60, worker_env=inject) as cluster:
+            workers = cluster.workers
             try:
                 t0 = time.monotonic()
                 cli = subprocess.Popen(
@@ -127,16 +141,15 @@ def test_cluster_on_object_store_survives_kill_and_join(tmp_path, monkeypatch, k
                     cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                     start_new_session=True,
                 )  # fmt: skip
-                seen = 0
-                while cli.poll() is None and time.monotonic() - t0 < 150:
-                    seen = _n_keys(fs, markers)
-                    if seen >= 3:
-                        break
-                    time.sleep(0.1)
+                # until a worker's injected SIGKILL in the middle of the factorisation
+                while all(w.poll() is None for w in workers) and time.monotonic() - t0 < 150:
+                    assert cli.poll() is None, cli.communicate()[1][-3000:]
+                    time.sleep(0.05)
                 assert cli.poll() is None, cli.communicate()[1][-3000:]
-                assert 3 <= seen < n_tiles, seen
-                cluster.workers[0].kill()  # SIGKILL in the middle of the factorisation
-                cluster.workers[0].wait()
+                seen = _n_keys(fs, markers)
+                assert [w.returncode for w in workers].count(-signal.SIGKILL) == 1, workers
+                # the dead worker had recorded KILL_AT - 1 tiles, not the one it was storing
+                assert KILL_AT - 1 <= seen < n_tiles, seen
                 extra = _start(
                     [DASK, "worker", cluster.address, "--nthreads", "1", "--memory-limit",
                      "1GiB", "--no-dashboard", "--no-nanny", "--local-directory",

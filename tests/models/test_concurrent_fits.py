@@ -12,12 +12,17 @@ directory is held under a lease (``.fit-lock``, the run lock's lease protocol,
 :mod:`pipeline.storage.lease`), tested against moto's S3 server on loopback. Before,
 object-store fits were not locked at all: a fit whose directory another live fit held
 ran straight into it.
+
+The two fitting processes are started once for the module and given one fit after
+another (:class:`Fitter`): each pair of fits begins at the same instant once both
+processes have said they are ready, not after a fixed head start for their imports.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import queue
 import socket
 import subprocess
 import sys
@@ -32,78 +37,160 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from _s3server import make_bucket, moto_server, s3_env  # noqa: E402
 
+#: a fitting process: imports the pipeline once, says "ready", then fits each job read
+#: from stdin (a JSON line: store, alpha, block, out, start) once the clock reaches ``start``, and
+#: answers one JSON line: the fit's store directory, or the traceback
 SCRIPT = textwrap.dedent(
     """
-    import sys
+    import json, logging, os, sys, time, traceback
     import numpy as np
     from pipeline import KernelRidge
 
-    store, out, alpha, hold = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
+    logging.basicConfig(level=logging.INFO)  # on stderr (a log file): "waiting for it"
     rng = np.random.default_rng(0)
     X = rng.normal(size=(256, 4))
     y = np.sin(X[:, 0]) + 0.1 * rng.normal(size=256)
-    start = float(sys.argv[5])
-    import time
-    while time.time() < start:  # both processes begin the fit at the same instant
-        time.sleep(0.001)
-    est = KernelRidge(alpha=alpha, kernel="rbf", gamma=0.3, block_size=32, solver="cholesky",
-                      store=store).fit(X, y)
-    np.save(out, est.dual_coef_)
-    print(est.fit_info_["store"])
+    print("ready", flush=True)
+    for line in sys.stdin:
+        job = json.loads(line)
+        os.environ.update(job["env"])
+        while time.time() < job["start"]:  # both processes begin the fit at the same instant
+            time.sleep(0.001)
+        try:
+            est = KernelRidge(alpha=job["alpha"], kernel="rbf", gamma=0.3,
+                              block_size=job["block"], solver="cholesky",
+                              store=job["store"]).fit(X, y)
+            np.save(job["out"], est.dual_coef_)
+            answer = {"store": est.fit_info_["store"]}
+        except BaseException:
+            answer = {"error": traceback.format_exc()}
+        print(json.dumps(answer), flush=True)
     """
 )
 
 
-def _start(script: Path, store: Path, out: Path, alpha: float, start: float) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    return subprocess.Popen(
-        [sys.executable, str(script), str(store), str(out), str(alpha), "0", str(start)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+class Fitter:
+    """A fitting process (:data:`SCRIPT`) kept for many fits: a fit pays for its own
+    process's imports once, not per fit, and two fitters told the same ``start`` begin
+    together without a fixed head start for the imports (each has said "ready")."""
+
+    def __init__(self, script: Path, log: Path) -> None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+        self.log = log
+        with open(log, "w") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=err, text=True, env=env,
+            )  # fmt: skip
+        self.answers: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        assert self._answer(300) == "ready", self.log_tail()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.answers.put(line.strip())
+        self.answers.put("")  # the process ended
+
+    def _answer(self, timeout: float) -> str:
+        try:
+            return self.answers.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"no answer in {timeout} s:\n{self.log_tail()}") from None
+
+    def log_tail(self) -> str:
+        return self.log.read_text()[-3000:]
+
+    def log_size(self) -> int:
+        return self.log.stat().st_size
+
+    def log_text(self, start: int = 0) -> str:
+        """The log from byte ``start`` on."""
+        with open(self.log, "rb") as f:
+            f.seek(start)
+            return f.read().decode(errors="replace")
+
+    def send(
+        self, store: Path | str, out: Path, alpha: float, start: float = 0.0, block: int = 32
+    ) -> None:
+        """Start a fit of ``alpha`` with tiles of ``block`` rows on ``store``
+        (``dual_coef_`` saved to ``out``) at ``start`` (``time.time()``; 0: now)."""
+        job = {"store": str(store), "out": str(out), "alpha": alpha, "start": start}
+        job["block"] = block
+        job["env"] = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
+        self.proc.stdin.write(json.dumps(job) + "\n")
+        self.proc.stdin.flush()
+
+    def pending(self) -> bool:
+        """The fit sent last has not answered yet (nor has the process ended)."""
+        return self.answers.empty()
+
+    def wait(self, timeout: float = 300) -> str:
+        """The fit directory of the fit sent last (its fit failing fails the test)."""
+        line = self._answer(timeout)
+        assert line, f"the fitting process ended:\n{self.log_tail()}"
+        answer = json.loads(line)
+        assert "store" in answer, answer["error"][-3000:]
+        return answer["store"]
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
-def _wait(p: subprocess.Popen) -> str:
-    out, err = p.communicate(timeout=300)
-    assert p.returncode == 0, err[-3000:]
-    return out.strip()
+def _together(a: Fitter, b: Fitter, store, out_a: Path, out_b: Path, alpha_a, alpha_b, block=32):
+    """Start a fit in each process at the same instant; their fit directories."""
+    start = time.time() + 0.25  # both have read their job by then, even on a busy machine
+    a.send(store, out_a, alpha_a, start, block)
+    b.send(store, out_b, alpha_b, start, block)
+    return a.wait(), b.wait()
+
+
+@pytest.fixture(scope="module")
+def fitters(tmp_path_factory):
+    """Two fitting processes, shared by this module's tests (each test its own stores)."""
+    d = tmp_path_factory.mktemp("fitters")
+    script = d / "fit.py"
+    script.write_text(SCRIPT)
+    pair = []
+    try:
+        for name in "ab":
+            pair.append(Fitter(script, d / f"{name}.log"))
+        yield pair
+    finally:
+        for f in pair:
+            f.close()
 
 
 @pytest.mark.parametrize("repeat", range(8))
-def test_two_identical_fits_started_together_both_succeed(tmp_path, repeat):
-    script = tmp_path / "fit.py"
-    script.write_text(SCRIPT)
+def test_two_identical_fits_started_together_both_succeed(tmp_path, repeat, fitters):
+    a, b = fitters
     store = tmp_path / "store"
-    start = time.time() + 4.0  # time for both interpreters to import the pipeline
-    a = _start(script, store, tmp_path / "a.npy", 0.1, start)
-    b = _start(script, store, tmp_path / "b.npy", 0.1, start)
-    dir_a, dir_b = _wait(a), _wait(b)
+    dir_a, dir_b = _together(a, b, store, tmp_path / "a.npy", tmp_path / "b.npy", 0.1, 0.1)
     assert dir_a == dir_b  # the same fit: the same directory, shared
     np.testing.assert_array_equal(np.load(tmp_path / "a.npy"), np.load(tmp_path / "b.npy"))
 
 
-def test_two_different_fits_on_one_store_do_not_interfere(tmp_path):
-    script = tmp_path / "fit.py"
-    script.write_text(SCRIPT)
+def test_two_different_fits_on_one_store_do_not_interfere(tmp_path, fitters):
+    a, b = fitters
     store = tmp_path / "store"
-    start = time.time() + 4.0
-    a = _start(script, store, tmp_path / "a.npy", 0.1, start)
-    b = _start(script, store, tmp_path / "b.npy", 1.0, start)
-    dir_a, dir_b = _wait(a), _wait(b)
+    dir_a, dir_b = _together(a, b, store, tmp_path / "a.npy", tmp_path / "b.npy", 0.1, 1.0)
     assert dir_a != dir_b
     # each equals the same fit run alone
     for alpha, got in ((0.1, "a.npy"), (1.0, "b.npy")):
-        alone = tmp_path / f"alone-{alpha}"
-        p = _start(script, alone, tmp_path / "alone.npy", alpha, 0.0)
-        _wait(p)
+        a.send(tmp_path / f"alone-{alpha}", tmp_path / "alone.npy", alpha)
+        a.wait()
         np.testing.assert_allclose(
             np.load(tmp_path / got), np.load(tmp_path / "alone.npy"), rtol=1e-12, atol=1e-14
         )
 
 
 BUCKET = "krr-fit-lease"
+#: the S3 fits' tiles: 2 row blocks (3 Gram tiles), each a few requests to moto
+S3_BLOCK = 128
 
 
 @pytest.fixture(scope="module")
@@ -114,18 +201,17 @@ def s3():
         yield env
 
 
-def test_an_s3_fit_waits_for_the_fit_holding_its_directory(tmp_path, s3):
+def test_an_s3_fit_waits_for_the_fit_holding_its_directory(tmp_path, s3, fitters):
     """A fit on ``s3://`` whose fit directory another live fit holds waits for it (its
     lease ``.fit-lock``), then reuses its tiles: the same α. The holder here is a lease
     record of a live process on another host, written as another fit's would be;
     old code ignored it and fitted at once."""
     import s3fs
 
-    script = tmp_path / "fit.py"
-    script.write_text("import logging\nlogging.basicConfig(level=logging.INFO)\n" + SCRIPT)
+    first, second = fitters
     store = f"s3://{BUCKET}/est"
-    first = _start(script, store, tmp_path / "a.npy", 0.1, 0.0)  # type: ignore[arg-type]
-    fit_dir = _wait(first).splitlines()[-1]
+    first.send(store, tmp_path / "a.npy", 0.1, block=S3_BLOCK)
+    fit_dir = first.wait()
     assert fit_dir.startswith(store + "/fit-")
     fs = s3fs.S3FileSystem()
     lease_key = fit_dir[len("s3://") :] + "/.fit-lock"
@@ -135,32 +221,27 @@ def test_an_s3_fit_waits_for_the_fit_holding_its_directory(tmp_path, s3):
         "expires": time.time() + 600, "token": "another-fit", "kind": "lease",
     }  # fmt: skip
     fs.pipe_file(lease_key, json.dumps(holder).encode())
-    second = _start(script, store, tmp_path / "b.npy", 0.1, 0.0)  # type: ignore[arg-type]
-    err: list[str] = []
-    reader = threading.Thread(target=lambda: err.extend(second.stderr), daemon=True)
-    reader.start()
+    logged = second.log_size()  # its log lines of this fit come after
+    second.send(store, tmp_path / "b.npy", 0.1, block=S3_BLOCK)
     deadline = time.time() + 240
-    while not any("waiting for it" in line for line in err):
-        assert second.poll() is None, "the fit ran without waiting:\n" + "".join(err)[-3000:]
-        assert time.time() < deadline, "".join(err)[-3000:]
+    while "waiting for it" not in second.log_text(logged):
+        assert second.pending(), "the fit ran without waiting:\n" + second.log_tail()
+        assert time.time() < deadline, second.log_tail()
         time.sleep(0.2)
     time.sleep(3)
-    assert second.poll() is None  # still waiting for the holder
+    assert second.pending()  # still waiting for the holder
     fs.rm(lease_key)  # the holder ends
-    assert second.wait(300) == 0, "".join(err)[-3000:]
-    reader.join(10)
-    assert second.stdout.read().strip().splitlines()[-1] == fit_dir
+    assert second.wait(300) == fit_dir
     np.testing.assert_array_equal(np.load(tmp_path / "a.npy"), np.load(tmp_path / "b.npy"))
     fs.invalidate_cache()
     assert not fs.exists(lease_key)
 
 
-def test_two_identical_s3_fits_started_together_both_succeed(tmp_path, s3):
-    script = tmp_path / "fit.py"
-    script.write_text(SCRIPT)
+def test_two_identical_s3_fits_started_together_both_succeed(tmp_path, s3, fitters):
+    a, b = fitters
     store = f"s3://{BUCKET}/together"
-    start = time.time() + 4.0
-    a = _start(script, store, tmp_path / "a.npy", 0.1, start)  # type: ignore[arg-type]
-    b = _start(script, store, tmp_path / "b.npy", 0.1, start)  # type: ignore[arg-type]
-    assert _wait(a) == _wait(b)
+    dir_a, dir_b = _together(
+        a, b, store, tmp_path / "a.npy", tmp_path / "b.npy", 0.1, 0.1, block=S3_BLOCK
+    )
+    assert dir_a == dir_b
     np.testing.assert_array_equal(np.load(tmp_path / "a.npy"), np.load(tmp_path / "b.npy"))
