@@ -28,6 +28,15 @@ from pipeline.engine.where import active_client, local_scheduler
 log = logging.getLogger(__name__)
 
 
+def restore_environ(saved: dict[str, str | None]) -> None:
+    """Put the environment variables ``saved`` (name -> value, None: unset) back."""
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 @contextlib.contextmanager
 def blas_threads(n: int | None) -> Iterator[None]:
     """Limit BLAS threads inside the block (None: leave as is)."""
@@ -155,6 +164,9 @@ def dask_client(
             memory_limit,
         )
         memory_limit = 0
+    saved = {
+        k: os.environ.get(k) for k in dask.config.get("distributed.nanny.pre-spawn-environ", {})
+    }
     with contextlib.ExitStack() as stack:
         # read by the scheduler, the nannies (which pass it to their worker processes)
         # and the workers as they start: set only while they are created
@@ -170,6 +182,13 @@ def dask_client(
                 )
             )
             client = stack.enter_context(Client(cluster))
+        # a nanny sets its pre-spawn environment (OMP/OPENBLAS/MKL_NUM_THREADS=1, ...) in
+        # THIS process's os.environ before it spawns a worker, and never undoes it: every
+        # child the caller starts afterwards (a subprocess, a second krr run) would run BLAS
+        # on one thread, with other last bits; put the caller's environment back now and
+        # when the cluster closes (a restarted worker sets it again)
+        restore_environ(saved)
+        stack.callback(restore_environ, saved)
         # No warm-up of the workers' imports here: one on a worker thread beside the first
         # tasks lets two threads import dask.array at once, which can leave it
         # half-initialised ("No dispatch for numpy.ndarray", a failed stage)

@@ -99,3 +99,26 @@ def test_the_embedded_cluster_runs_nothing_on_its_workers_beside_the_first_tasks
         assert ran == []
         x = da.ones((40, 40), chunks=10)
         assert float(client.compute((x @ x.T).sum()).result()) == 40.0**3
+
+
+@pytest.mark.slow
+def test_the_embedded_cluster_leaves_the_callers_environment_as_it_was(monkeypatch):
+    """A nanny sets its pre-spawn environment (OMP/OPENBLAS/MKL_NUM_THREADS=1) in the
+    process that starts it and never undoes it: a child started afterwards (a subprocess,
+    another ``krr run``) ran BLAS on one thread and got other last bits (a resumed CV
+    search selected differently from an uninterrupted one)."""
+    import os
+
+    keys = sorted(dask.config.get("distributed.nanny.pre-spawn-environ"))
+    assert "OMP_NUM_THREADS" in keys
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    for key in keys[1:]:
+        monkeypatch.delenv(key, raising=False)
+    before = {k: os.environ.get(k) for k in keys}
+    with dask_client(n_workers=1, memory_limit="1GiB", processes=True) as client:
+        inside = {k: os.environ.get(k) for k in keys}
+        # the worker itself still runs with the nanny's settings
+        worker_env = list(client.run(lambda: os.environ.get("OMP_NUM_THREADS")).values())
+    assert inside == before
+    assert {k: os.environ.get(k) for k in keys} == before
+    assert worker_env == ["1"]
