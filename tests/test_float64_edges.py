@@ -481,6 +481,21 @@ def _cv(solver: str, scoring=None):
     )
 
 
+@pytest.fixture(scope="module")
+def cv_ref():
+    """The search on ``cv_data``'s y itself, fitted once per (solver, scoring) for the
+    module: every factor and exponent compares against the same reference (only read)."""
+    fitted = {}
+
+    def ref(solver, scoring, X, y):
+        search = _cv(solver, scoring)  # skips first where the solver is unavailable
+        if (solver, scoring) not in fitted:
+            fitted[solver, scoring] = search.fit(X, y)
+        return fitted[solver, scoring]
+
+    return ref
+
+
 def _score_keys(res: dict) -> list[str]:
     return [k for k in res if k.endswith("_test_score") and not k.startswith("rank")]
 
@@ -491,14 +506,14 @@ def _score_keys(res: dict) -> list[str]:
     ("scoring", "degree"), [(None, 0), ("explained_variance", 0), ("neg_mean_absolute_error", 1)]
 )
 def test_cv_scores_of_tiny_and_huge_targets_match_the_search_on_y(
-    cv_data, solver, factor, scoring, degree
+    cv_data, cv_ref, solver, factor, scoring, degree
 ):
     """Same best_params_, and every score in y's units (old code: R² 1.0 or NaN).
 
     y * factor is not a power-of-two multiple of y: the exact solvers agree to 1e-12,
     CG to its tolerance (two CG runs on y's that differ by rounding)."""
     X, y = cv_data
-    ref = _cv(solver, scoring).fit(X, y)
+    ref = cv_ref(solver, scoring, X, y)
     assert 0 < ref.best_index_ < len(ref.cv_results_["params"]) - 1
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CGConvergenceWarning)
@@ -526,14 +541,16 @@ def test_cv_scores_of_tiny_and_huge_targets_match_the_search_on_y(
     "scoring",
     ["r2", "neg_mean_squared_error", "neg_root_mean_squared_error", "neg_median_absolute_error"],
 )
-def test_cv_scores_of_power_of_two_multiples_of_y_are_scaled_exactly(cv_data, solver, j, scoring):
+def test_cv_scores_of_power_of_two_multiples_of_y_are_scaled_exactly(
+    cv_data, cv_ref, solver, j, scoring
+):
     """The search on 2**j y is the search on y: same ranks, scores times 2**(degree j)
     bit for bit (the mean squared error underflows to -0.0 or overflows to -inf in y's
     units, but the ranks are taken before the conversion)."""
     from pipeline.models.selection.scoring import SCORE_DEGREE
 
     X, y = cv_data
-    ref = _cv(solver, scoring).fit(X, y)
+    ref = cv_ref(solver, scoring, X, y)
     got = _cv(solver, scoring).fit(X, np.ldexp(y, j))
     assert got.best_params_ == ref.best_params_ and got.best_index_ == ref.best_index_ > 0
     np.testing.assert_array_equal(
@@ -559,10 +576,10 @@ def test_cv_eigen_and_loo_scores_of_a_power_of_two_multiple_are_scaled_exactly(
                                   np.ldexp(ref["mean_test_score"], -1330))  # fmt: skip
 
 
-def test_cv_checkpoint_of_a_tiny_target_resumes_to_the_same_search(cv_data, tmp_path):
+def test_cv_checkpoint_of_a_tiny_target_resumes_to_the_same_search(cv_data, cv_ref, tmp_path):
     """The checkpoint holds the predictions on 2**k y, fingerprinted with 2**k y."""
     X, y = cv_data
-    ref = _cv("cg").fit(X, y)
+    ref = cv_ref("cg", None, X, y)
     search = _cv("cg").set_params(checkpoint=str(tmp_path / "ckpt"))
     first = search.fit(X, y * 1e-200).cv_results_["mean_test_score"]
     again = search.fit(X, y * 1e-200)
@@ -625,11 +642,17 @@ def test_cv_r2_of_multi_output_y_with_columns_far_apart_is_sklearns(cv_data, sca
     np.testing.assert_allclose(got, ref, rtol=1e-12)
 
 
+@pytest.fixture(scope="module")
+def select_plain():
+    """The select stage's result on y itself, per (standardize_y, scoring), for the module."""
+    return {}
+
+
 @pytest.mark.parametrize("standardize_y", [True, False])
 @pytest.mark.parametrize("factor", [1e-200, 1e200])
 @pytest.mark.parametrize(("scoring", "degree"), [("r2", 0), ("neg_root_mean_squared_error", 1)])
 def test_select_stage_on_tiny_and_huge_targets_matches_the_stage_on_y(
-    tmp_path, features, standardize_y, factor, scoring, degree
+    tmp_path, features, select_plain, standardize_y, factor, scoring, degree
 ):
     """The select stage of ``krr run``: same choice, best score in the data's units.
     With ``standardize_y`` its scorer maps the standardised rows back to the data's
@@ -649,13 +672,17 @@ def test_select_stage_on_tiny_and_huge_targets_matches_the_stage_on_y(
         {"cv": cv, "kernel": {"name": "rbf", "params": {"gamma": 0.5}},
          "lam_convention": "sklearn", "block_size": 64},
     )  # fmt: skip
-    got = {}
-    for name, f in (("plain", 1.0), ("far", factor)):
-        out, _, _ = _ingest(tmp_path, name, X[:200], y[:200] * f, standardize_y=standardize_y)
+
+    def run(where, name, f):
+        out, _, _ = _ingest(where, name, X[:200], y[:200] * f, standardize_y=standardize_y)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            got[name] = select.run(tmp_path / f"{name}_select", {"ingest": out}, **params)
-    plain, far = got["plain"], got["far"]
+            return select.run(where / f"{name}_select", {"ingest": out}, **params)
+
+    key = (standardize_y, scoring)  # the stage on y itself does not depend on the factor
+    if key not in select_plain:
+        select_plain[key] = run(tmp_path, "plain", 1.0)
+    plain, far = select_plain[key], run(tmp_path, "far", factor)
     assert far["best_params"] == plain["best_params"] != {"alpha": 1e-3, "gamma": 0.1}
     assert far["best_score"] == pytest.approx(plain["best_score"] * factor**degree, rel=1e-12)
 

@@ -52,8 +52,8 @@ def _op(X, lam, bs=512):
 
 
 def test_a_killed_mixed_solve_resumes_from_its_last_refinement_step(tmp_path, caplog):
-    X, y = _data(1200)
-    op = _op(X, 1e-2)
+    X, y = _data(600)  # the size does not matter to the resume: 600 takes 3+ outer steps too
+    op = _op(X, 1e-2, bs=256)
     pre = make_preconditioner("nystrom", op, rank=100, random_state=0)
     full = mixed_cg_fit(op, y, preconditioner=pre, tol=1e-10, store=str(tmp_path / "a"))
     assert full.converged and full.rel_residual[0] <= 1e-10
@@ -76,8 +76,8 @@ def test_a_killed_mixed_solve_resumes_from_its_last_refinement_step(tmp_path, ca
 
 
 def test_a_float64_checkpoint_is_not_resumed_as_a_mixed_one(tmp_path, caplog):
-    X, y = _data(800)
-    op = _op(X, 1e-1)
+    X, y = _data(400)
+    op = _op(X, 1e-1, bs=256)
     from pipeline.linalg.cg_checkpoint import resumable_cg
 
     resumable_cg(op, y, str(tmp_path), tol=1e-8, every=1)
