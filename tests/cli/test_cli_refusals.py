@@ -25,8 +25,11 @@ def _conf(path, **extra):
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
+    """A finished run to report on and predict with (in threads: no worker processes
+    to start; how it was computed is not what the tests that use it check)."""
     d = tmp_path_factory.mktemp("refusals")
-    assert cli.main(["run", _conf(d / "c.yaml"), "--run-dir", str(d / "run")]) == 0
+    conf = _conf(d / "c.yaml", cluster={"processes": False, "n_workers": 1})
+    assert cli.main(["run", conf, "--run-dir", str(d / "run")]) == 0
     return d
 
 
