@@ -147,7 +147,7 @@ def test_unreachable_scheduler_fails_fast(small, tmp_path, capsys):
     code = run_cli(
         "run",
         small,
-        "cluster.connect_timeout=2",
+        "cluster.connect_timeout=0.5",
         "--scheduler",
         "tcp://127.0.0.1:9",
         "--run-dir",

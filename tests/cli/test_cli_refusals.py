@@ -25,8 +25,11 @@ def _conf(path, **extra):
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
+    """A finished run to report on and predict with (in threads: no worker processes
+    to start; how it was computed is not what the tests that use it check)."""
     d = tmp_path_factory.mktemp("refusals")
-    assert cli.main(["run", _conf(d / "c.yaml"), "--run-dir", str(d / "run")]) == 0
+    conf = _conf(d / "c.yaml", cluster={"processes": False, "n_workers": 1})
+    assert cli.main(["run", conf, "--run-dir", str(d / "run")]) == 0
     return d
 
 
@@ -172,7 +175,7 @@ def test_a_port_that_is_not_a_dask_scheduler_fails_fast_with_exit_6(tmp_path, ca
         addr = f"tcp://127.0.0.1:{sock.getsockname()[1]}"
         t0 = time.monotonic()
         code = cli.main(["-q", "run", conf, "--run-dir", str(tmp_path / f"r{reply}"),
-                         "--scheduler", addr, "cluster.connect_timeout=1"])  # fmt: skip
+                         "--scheduler", addr, "cluster.connect_timeout=0.5"])  # fmt: skip
         sock.close()
         assert code == cli.EXIT_NO_SCHEDULER and time.monotonic() - t0 < 20
         assert "does not answer as a Dask scheduler" in capsys.readouterr().err

@@ -16,7 +16,10 @@ checked before any work (exit 7).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,6 +35,38 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs POSIX F
 HANG = 120
 
 
+@contextlib.contextmanager
+def _no_wait_on(fifo: Path, after: float = HANG) -> Iterator[None]:
+    """The timeout guard of an in-process command that must not wait on ``fifo``.
+
+    If the body has not finished after ``after`` seconds, a thread opens the FIFO from
+    both ends (non-blocking, then closes it), again every 0.1 s: whoever waits in an
+    ``open`` of it, for reading or writing, is released (EOF, or a broken pipe), so a
+    command that waits on it ends, and the test fails here, naming the FIFO. The
+    commands run in this process (:func:`krr_main`), which saves a 3 s interpreter start
+    per call; ``krr_run``'s ``timeout`` did this in a child process.
+    """
+    done, fired = threading.Event(), []
+
+    def release() -> None:
+        if done.wait(after):
+            return
+        fired.append(True)
+        while not done.wait(0.1):
+            for flags in (os.O_RDONLY | os.O_NONBLOCK, os.O_WRONLY | os.O_NONBLOCK):
+                with contextlib.suppress(OSError):  # ENXIO: no reader waits
+                    os.close(os.open(fifo, flags))
+
+    guard = threading.Thread(target=release, daemon=True)
+    guard.start()
+    try:
+        yield
+    finally:
+        done.set()
+        guard.join()
+    assert not fired, f"the command waited on the FIFO {fifo} for {after} s"
+
+
 def _run_once(krr_main, conf: Path, run_dir: Path) -> None:
     r = krr_main.run(conf, run_dir, "--until", "ingest")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -39,7 +74,7 @@ def _run_once(krr_main, conf: Path, run_dir: Path) -> None:
 
 @pytest.mark.parametrize("where", ["run.log", "ingest/extra"])
 def test_a_fifo_in_the_run_dir_is_refused_not_waited_on(
-    small_data, write_config, tmp_path, krr_run, krr_main, where
+    small_data, write_config, tmp_path, krr_main, where
 ):
     conf = write_config(small_data)
     run_dir = tmp_path / "run"
@@ -47,13 +82,15 @@ def test_a_fifo_in_the_run_dir_is_refused_not_waited_on(
     fifo = run_dir / where
     fifo.unlink(missing_ok=True)
     os.mkfifo(fifo)
-    r = krr_run.run(conf, run_dir, timeout=HANG)  # the old code blocked here for ever
+    with _no_wait_on(fifo):
+        r = krr_main.run(conf, run_dir)  # the old code blocked here for ever
     assert r.returncode == EXIT_RUN_DIR, r.stderr[-3000:]
     assert str(fifo) in r.stderr and "FIFO" in r.stderr, r.stderr[-3000:]
     assert "rerun" not in r.stderr.split("error:", 1)[1]
     assert fifo.exists() and not (run_dir / ".lock").exists()
     # krr validate refuses it too (it makes the checks krr run makes before work)
-    assert krr_run("validate", conf, f"run_dir={run_dir}", timeout=HANG).returncode == 7
+    with _no_wait_on(fifo):
+        assert krr_main("validate", conf, f"run_dir={run_dir}").returncode == 7
     fifo.unlink()
     r = krr_main.run(conf, run_dir)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -138,19 +175,20 @@ def test_predict_refuses_an_empty_input_and_an_unwritable_output_before_any_work
 @pytest.mark.parametrize("what", ["manifest.json", ".lock"])
 @pytest.mark.parametrize("command", ["status", "report"])
 def test_status_and_report_refuse_a_fifo_they_would_read(
-    small_data, write_config, tmp_path, krr_run, what, command
+    small_data, write_config, tmp_path, krr_main, what, command
 ):
     """``krr status`` read ``manifest.json`` (and the ``.lock``) of a run directory
     without checking what it is: a FIFO there held it for ever (a reader of a FIFO waits
     for a writer). Now both refuse it at once, with exit 7, as ``krr run`` does."""
     conf = write_config(small_data)
     run_dir = tmp_path / "run"
-    _run_once(krr_run, conf, run_dir)
+    _run_once(krr_main, conf, run_dir)
     fifo = run_dir / what
     fifo.unlink(missing_ok=True)
     os.mkfifo(fifo)
     extra = ["-o", str(tmp_path / "r.html")] if command == "report" else []
-    r = krr_run(command, run_dir, *extra, timeout=60)  # the old status blocked here
+    with _no_wait_on(fifo, after=60):
+        r = krr_main(command, run_dir, *extra)  # the old status blocked here
     assert r.returncode == EXIT_RUN_DIR, r.stderr[-3000:]
     assert str(fifo) in r.stderr and "FIFO" in r.stderr and "not a regular file" in r.stderr
     assert "rerun" not in r.stderr
@@ -159,7 +197,7 @@ def test_status_and_report_refuse_a_fifo_they_would_read(
 
 @pytest.mark.parametrize("key", ["data.path", "data.y_path", "predict.input"])
 def test_a_fifo_input_is_bad_input_before_any_work(
-    small_data, write_config, tmp_path, krr_run, key
+    small_data, write_config, tmp_path, krr_main, key
 ):
     """A data path that is a FIFO (``data.path: /dev/stdin``, a named pipe) passed the
     checks before work (it exists) and the ingest then waited on it for ever. Now
@@ -174,14 +212,16 @@ def test_a_fifo_input_is_bad_input_before_any_work(
         ["run", conf, f"{key}={fifo}", *extra, "--run-dir", run_dir],
         ["validate", conf, f"{key}={fifo}", *extra],
     ):
-        r = krr_run(*command, timeout=HANG)  # the old run blocked in the ingest
+        with _no_wait_on(fifo):
+            r = krr_main(*command)  # the old run blocked in the ingest
         assert r.returncode == EXIT_BAD_INPUT, r.stderr[-3000:]
         assert key in r.stderr and str(fifo) in r.stderr and "FIFO" in r.stderr, r.stderr
         assert "rerun" not in r.stderr
     assert not run_dir.exists()  # refused before any work
     if key == "predict.input":
-        krr_run.run(conf, run_dir, timeout=HANG, check=True)
-        r = krr_run("predict", run_dir, fifo, tmp_path / "p.npy", timeout=HANG)
+        krr_main.run(conf, run_dir, check=True)
+        with _no_wait_on(fifo):
+            r = krr_main("predict", run_dir, fifo, tmp_path / "p.npy")
         assert r.returncode == EXIT_BAD_INPUT, r.stderr[-3000:]
         assert str(fifo) in r.stderr and "FIFO" in r.stderr
         with pytest.raises(InputError, match="FIFO"):

@@ -186,20 +186,61 @@ def test_a_locked_run_directory(here, capsys):
     ) in err
 
 
-def test_the_process_exits_with_the_code(here, krr_run):
+#: Runs in one child interpreter: imports ``pipeline.cli`` once, then for each argv forks
+#: a process that runs ``python -m pipeline.cli`` (its ``__main__`` module, as ``-m``
+#: does) and reports that process's exit status and stderr. One interpreter start
+#: instead of one per code (each start is the 3 s import of the pipeline).
+_FORK_EACH = r"""
+import json, os, runpy, sys, tempfile
+import pipeline.cli
+out = []
+for argv in json.loads(sys.argv[1]):
+    with tempfile.TemporaryFile() as err:
+        pid = os.fork()
+        if pid == 0:
+            os.dup2(err.fileno(), 2)
+            sys.argv = ["krr", *argv]
+            try:
+                runpy.run_module("pipeline.cli", run_name="__main__", alter_sys=True)
+            except SystemExit as e:
+                sys.stderr.flush()
+                os._exit(e.code if isinstance(e.code, int) else 1)
+            os._exit(0)  # __main__ always exits: never a silent success
+        _, status = os.waitpid(pid, 0)
+        err.seek(0)
+        out.append([os.waitstatus_to_exitcode(status), err.read().decode()])
+print(json.dumps(out))
+"""
+
+
+def test_the_process_exits_with_the_code(here):
     # the code main() returns is the process's exit status (python -m pipeline.cli)
-    for argv, code in [
+    import json
+    import subprocess
+    import sys
+
+    from pipeline.stages.lock import RunLock
+
+    cases = [
         (["validate", "missing.yaml"], 2),
         (["run", "small.yaml", "data.path=nothere.npy", "--run-dir", "r"], 3),
         (["status", "nowhere"], 3),
         (["run", "small.yaml", "--run-dir", "afile"], 7),
         (["frobnicate"], 2),
-    ]:
-        res = krr_run(*argv, cwd=here)
-        assert res.returncode == code, (argv, res.stderr[-2000:])
-        assert "Traceback" not in res.stderr
-    from pipeline.stages.lock import RunLock
-
-    with RunLock(here / "held"):  # an flock of this process: the child finds it held
-        res = krr_run("run", "small.yaml", "--run-dir", "held", cwd=here)
-    assert res.returncode == 5 and "is locked by pid" in res.stderr
+        (["run", "small.yaml", "--run-dir", "held"], 5),
+    ]
+    with RunLock(here / "held"):  # an flock of this process: the children find it held
+        child = subprocess.run(
+            [sys.executable, "-c", _FORK_EACH, json.dumps([argv for argv, _ in cases])],
+            cwd=here,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    assert child.returncode == 0, child.stderr[-3000:]
+    results = json.loads(child.stdout)
+    assert len(results) == len(cases)
+    for (argv, code), (got, stderr) in zip(cases, results):
+        assert got == code, (argv, stderr[-2000:])
+        assert "Traceback" not in stderr
+    assert "is locked by pid" in results[-1][1]
