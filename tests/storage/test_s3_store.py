@@ -47,7 +47,9 @@ def s3():
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     d = tmp_path_factory.mktemp("s3data")
-    X, y = _data(400, 5)
+    # 225 training rows in tiles of 64: a 4x4 tile grid, 10 Gram tiles (the fewest the
+    # lost-chunks test needs), each tile a few objects on the store
+    X, y = _data(300, 5)
     np.save(d / "X.npy", X)
     np.save(d / "y.npy", y)
     np.save(d / "Xn.npy", np.random.default_rng(1).normal(size=(150, 5)))
