@@ -7,6 +7,7 @@ The base install (``pip install krr-pipeline``) fits, solves and predicts on arr
     pip install 'krr-pipeline[parquet]'  # pyarrow, dask.dataframe: Parquet and CSV tables
     pip install 'krr-pipeline[plots]'    # matplotlib: the CV plots
     pip install 'krr-pipeline[all]'      # all of the above, and s3fs
+    pip install 'krr-pipeline[gpu]'      # CuPy (CUDA 13): device='cuda'
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ EXTRAS = {
     "matplotlib": ("plots", "matplotlib"),
     "matplotlib.pyplot": ("plots", "matplotlib"),
     "s3fs": ("s3", "s3fs"),
+    "cupy": ("gpu", "cupy-cuda13x"),
 }
 
 

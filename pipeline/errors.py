@@ -59,6 +59,7 @@ __all__ = [
     "CorruptFileError",
     "CorruptTileError",
     "DamagedOutput",
+    "DeviceUnavailableError",
     "DiskFullError",
     "ForeignPathError",
     "GramReplacedError",
@@ -101,6 +102,12 @@ class MissingExtraError(ImportError):
     def __init__(self, message: str, extra: str) -> None:
         super().__init__(message)
         self.extra = extra
+
+
+class DeviceUnavailableError(ValueError):
+    """``device='cuda'`` asked for a GPU that this process cannot use (no CuPy, no CUDA
+    device, or too little device memory for one tile); the message names what is
+    missing and the fix. Raised before any work starts."""
 
 
 # ---------------------------------------------------------------------------

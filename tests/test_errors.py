@@ -123,6 +123,11 @@ CONDITIONS = {
         [("pipeline._optional", "MissingExtraError")],
         (ImportError,),
     ),
+    "a GPU is asked for and missing": (
+        errors.DeviceUnavailableError,
+        [("pipeline.engine.backend", "DeviceUnavailableError")],
+        (ValueError,),
+    ),
     "a config does not load": (
         errors.ConfigError,
         [

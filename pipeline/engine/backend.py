@@ -1,0 +1,273 @@
+"""The backend seam: the array library a tile's arithmetic runs on.
+
+Every tile operation that can run on an accelerator takes a :class:`Backend`: its
+array namespace ``xp`` (the array API, through ``array_api_compat``, as scikit-learn
+does) and the few calls the array API does not have or does not make fast (the
+Cholesky of a tile with LAPACK's ``info``, a triangular solve, a GEMM that updates a
+tile in place). Three backends:
+
+- ``"numpy"``: the host (the default everywhere; the CPU paths keep their own fused,
+  cache-blocked code, :mod:`pipeline.engine.fused`, and use this backend only where a
+  device-generic algorithm runs on the host, e.g. in tests);
+- ``"cupy"``: an NVIDIA GPU, through CuPy (the optional extra ``[gpu]``): cuBLAS for
+  the products, cuSOLVER's POTRF in place for the tile Cholesky;
+- ``"array_api_strict"``: the array API's reference namespace, for CI: the
+  device-generic code is run on it so that it cannot rot into NumPy-only code while
+  no GPU checks it. It is a test backend, not a device a user names.
+
+Which backend a fit uses is the user's ``device`` (``"cpu"``, ``"cuda"`` or ``"auto"``),
+resolved once by :func:`resolve_device`, with its reason, which the plan records.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pipeline import _optional
+from pipeline.errors import DeviceUnavailableError
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "BACKENDS",
+    "DEVICES",
+    "Backend",
+    "cuda_available",
+    "get_backend",
+    "resolve_device",
+]
+
+#: the values of the ``device`` option
+DEVICES = ("cpu", "cuda", "auto")
+#: the backends :func:`get_backend` knows (``array_api_strict``: tests only)
+BACKENDS = ("numpy", "cupy", "array_api_strict")
+
+
+@dataclass(frozen=True, eq=False)
+class Backend:
+    """One array library, as the tile arithmetic sees it.
+
+    Attributes
+    ----------
+    name : {"numpy", "cupy", "array_api_strict"}
+    xp : module
+        The array namespace (array API; ``array_api_compat``'s wrapper for NumPy and
+        CuPy).
+    device : {"cpu", "cuda"}
+        Where its arrays live.
+    """
+
+    name: str
+    xp: Any = field(repr=False)
+    device: str
+
+    # -- moving data -----------------------------------------------------------------
+    @property
+    def is_host(self) -> bool:
+        """True when arrays live in host memory (NumPy)."""
+        return self.name == "numpy"
+
+    def asarray(self, a: Any, dtype: Any = None) -> Any:
+        """``a`` as an array of this backend (a copy to the device when ``a`` is on the
+        host), in ``dtype`` if given."""
+        if dtype is not None:
+            dtype = self.dtype(dtype)
+        if self.name == "cupy":
+            import cupy
+
+            return cupy.asarray(a, dtype=dtype)
+        if self.name == "array_api_strict" and isinstance(a, np.ndarray | np.generic):
+            a = np.ascontiguousarray(a)
+        return self.xp.asarray(a, dtype=dtype)
+
+    def to_numpy(self, a: Any) -> np.ndarray:
+        """``a`` as a NumPy array on the host (a copy from the device)."""
+        if self.name == "cupy":
+            return a.get()
+        return np.asarray(a)
+
+    def dtype(self, dtype: Any) -> Any:
+        """The namespace's dtype object for ``dtype`` (``"float64"``, ``np.float32``...)."""
+        return getattr(self.xp, np.dtype(dtype).name)
+
+    def synchronize(self) -> None:
+        """Wait for the device's queued work (for timings; a no-op on the host)."""
+        if self.name == "cupy":
+            import cupy
+
+            cupy.cuda.get_current_stream().synchronize()
+
+    def memory(self) -> tuple[int, int] | None:
+        """(free, total) bytes of device memory; None on the host."""
+        if self.name == "cupy":
+            import cupy
+
+            free, total = cupy.cuda.runtime.memGetInfo()
+            return int(free), int(total)
+        return None
+
+    # -- per-tile linear algebra -----------------------------------------------------
+    def cholesky_lower(self, a: Any, overwrite: bool = False) -> tuple[Any, int]:
+        """Lower Cholesky factor of the symmetric tile whose lower triangle ``a`` holds.
+
+        Returns ``(L, info)`` as LAPACK's POTRF: ``info`` 0 on success, else the
+        1-based column where the tile is not positive definite (L is then unusable).
+        The strict upper triangle of L is zero. ``overwrite``: ``a`` may be used as L's
+        storage (cuSOLVER's POTRF in place, no second tile of device memory).
+        """
+        if self.name == "numpy":
+            from scipy.linalg import lapack
+
+            c = np.array(a, dtype=np.float64, order="C", copy=not overwrite)
+            # C order is the transpose: POTRF of the upper triangle of a.T, the same
+            # call as pipeline.linalg.blas.potrf_lower
+            u, info = lapack.dpotrf(c.T, lower=0, clean=1, overwrite_a=1)
+            return u.T, int(info)
+        if self.name == "cupy":
+            return _cupy_potrf_lower(a, overwrite)
+        try:
+            return self.xp.linalg.cholesky(a), 0
+        except np.linalg.LinAlgError:  # the reference namespace raises: find the column
+            _, info = get_backend("numpy").cholesky_lower(np.asarray(a))
+            return a, max(int(info), 1)
+
+    def solve_triangular(self, L: Any, B: Any, *, lower: bool = True, trans: bool = False) -> Any:
+        """``op(L)⁻¹ B`` for triangular ``L`` (``op(L) = Lᵀ`` when ``trans``)."""
+        if self.name == "numpy":
+            import scipy.linalg
+
+            return scipy.linalg.solve_triangular(
+                L, B, lower=lower, trans=1 if trans else 0, check_finite=False
+            )
+        if self.name == "cupy":
+            import cupyx.scipy.linalg
+
+            return cupyx.scipy.linalg.solve_triangular(L, B, lower=lower, trans=1 if trans else 0)
+        # the array API has no triangular solve: a general one (tests only)
+        xp = self.xp
+        A = xp.matrix_transpose(L) if trans else L
+        return xp.linalg.solve(A, B)
+
+    def trsm_right_lower_t(self, L: Any, A: Any) -> Any:
+        """``X`` with ``X @ Lᵀ = A`` (``L`` lower): a factor tile below the diagonal."""
+        xp = self.xp
+        return xp.matrix_transpose(self.solve_triangular(L, xp.matrix_transpose(A), lower=True))
+
+    def gemm_nt_sub(self, a: Any, x: Any, y: Any) -> Any:
+        """``a - x @ yᵀ``, in place of ``a`` where the backend can (cuBLAS GEMM with
+        β = 1); returns the result."""
+        if self.name == "cupy" and a.flags.c_contiguous:
+            import cupy
+
+            cupy.cublas.gemm("N", "T", x, y, out=a, alpha=-1.0, beta=1.0)
+            return a
+        if self.name == "numpy":
+            a -= x @ y.T
+            return a
+        xp = self.xp
+        return a - xp.matmul(x, xp.matrix_transpose(y))
+
+
+def _cupy_potrf_lower(a: Any, overwrite: bool) -> tuple[Any, int]:
+    """cuSOLVER's POTRF on the C-ordered tile ``a`` (its lower triangle), in place when
+    ``overwrite``: a C-ordered lower triangle is the upper one of the column-major
+    matrix cuSOLVER sees (the same trick as the CPU's ``potrf(a.T, lower=0)``)."""
+    import cupy
+    from cupy.cuda import device as cuda_device
+    from cupy_backends.cuda.libs import cublas, cusolver
+
+    n = int(a.shape[0])
+    if a.dtype not in (np.float32, np.float64):
+        a = a.astype(np.float64)
+    x = a if (overwrite and a.flags.c_contiguous) else cupy.array(a, order="C", copy=True)
+    potrf, size = (
+        (cusolver.dpotrf, cusolver.dpotrf_bufferSize)
+        if x.dtype == np.float64
+        else (cusolver.spotrf, cusolver.spotrf_bufferSize)
+    )
+    handle = cuda_device.get_cusolver_handle()
+    uplo = cublas.CUBLAS_FILL_MODE_UPPER
+    lwork = size(handle, uplo, n, x.data.ptr, n)
+    work = cupy.empty(max(int(lwork), 1), dtype=x.dtype)
+    info = cupy.zeros(1, dtype=np.int32)
+    potrf(handle, uplo, n, x.data.ptr, n, work.data.ptr, lwork, info.data.ptr)
+    code = int(info.get()[0])
+    # zero the strict upper triangle (POTRF leaves it as it was)
+    x[...] = cupy.tril(x)
+    return x, code
+
+
+@functools.cache
+def _namespace(name: str) -> Any:
+    from array_api_compat import array_namespace
+
+    if name == "numpy":
+        return array_namespace(np.empty(0))
+    if name == "cupy":
+        cupy = _optional.require("cupy", "device='cuda'")
+        return array_namespace(cupy.empty(0))
+    if name == "array_api_strict":
+        import array_api_strict
+
+        return array_api_strict
+    raise ValueError(f"unknown backend {name!r}; use one of {BACKENDS}")
+
+
+@functools.cache
+def get_backend(name: str = "numpy") -> Backend:
+    """The :class:`Backend` called ``name`` (``"numpy"``, ``"cupy"``, ``"array_api_strict"``).
+
+    ``"cupy"`` without CuPy raises :class:`~pipeline.errors.MissingExtraError` naming
+    the extra ``[gpu]``.
+    """
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; use one of {BACKENDS}")
+    device = "cuda" if name == "cupy" else "cpu"
+    return Backend(name, _namespace(name), device)
+
+
+def cuda_available() -> tuple[bool, str]:
+    """Whether CuPy imports and sees at least one CUDA device; and why not."""
+    try:
+        import cupy
+    except ImportError as e:
+        return False, f"CuPy is not installed ({type(e).__name__}: {e})"
+    try:
+        n = int(cupy.cuda.runtime.getDeviceCount())
+    except Exception as e:  # noqa: BLE001 - CUDA raises its own runtime errors
+        return False, f"CuPy finds no usable CUDA device ({type(e).__name__}: {e})"
+    if n < 1:
+        return False, "CuPy finds no CUDA device"
+    return True, f"{n} CUDA device(s)"
+
+
+def resolve_device(device: str = "cpu") -> tuple[Backend, str]:
+    """The backend for the user's ``device``, and the reason, for the plan.
+
+    ``"cpu"``: NumPy. ``"cuda"``: CuPy on the current GPU, or
+    :class:`~pipeline.errors.DeviceUnavailableError` (a ``ValueError``) naming what is
+    missing and the extra to install. ``"auto"``: CuPy when a GPU is there, else the
+    CPU, with a log line saying why.
+    """
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
+    if device == "cpu":
+        return get_backend("numpy"), "device='cpu'"
+    ok, why = cuda_available()
+    if device == "cuda":
+        if not ok:
+            raise DeviceUnavailableError(
+                f"device='cuda' needs CuPy and an NVIDIA GPU: {why}. Install the GPU "
+                "extra (pip install 'krr-pipeline[gpu]', or the cupy-cudaXXx wheel for "
+                "your CUDA) on a machine with a GPU, or use device='cpu' or device='auto'"
+            )
+        return get_backend("cupy"), f"device='cuda': {why}"
+    if ok:
+        return get_backend("cupy"), f"device='auto' found a GPU ({why})"
+    log.info("device='auto': running on the CPU, because %s", why)
+    return get_backend("numpy"), f"device='auto' fell back to the CPU: {why}"
