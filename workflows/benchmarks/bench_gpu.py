@@ -1,0 +1,298 @@
+"""Benchmark: exact KRR on one GPU (issue #46), each figure beside a baseline of the same run.
+
+Sections (``--only`` picks some; each stops at its share of ``--budget`` seconds):
+
+- ``products``: our device products, G kernel entries per second: the matrix-free
+  ``K v`` (:func:`pipeline.engine.device.matvec`, RBF, D = 8, float32 entries with
+  float64 sums) and prediction (:func:`pipeline.engine.device.predict`), against CuPy's
+  dense ``K @ v`` on one tile that already exists (the issue's baseline);
+- ``exact``: the exact fit on the device, complete (Gram on the device, tile Cholesky in
+  place, solve), RBF, D = 8, float64, at growing N up to 100,000, with the relative
+  residual ``‖(K + λI)α - y‖ / ‖y‖`` from a float64 device product; the factor's
+  GFLOP/s against ``cupy.linalg.cholesky`` (cuSOLVER POTRF on the whole matrix) at the
+  largest N that holds the matrix and its factor together;
+- ``ooc``: the same factor with its tiles capped to a fraction of their bytes on the
+  device (``memory_limit``), streamed from the host, against the in-memory rate at the
+  same N. (A Gram truly past this machine's device memory is not possible here: the
+  H200's 141 GB exceed the host's 128 GB of RAM and its 64 GB disk, so the cap stands
+  for the device's memory);
+- ``pcg``: matrix-free PCG at N = 1,000,000, D = 8, to 1e-6 (the package's CG loop on
+  :class:`pipeline.linalg.matvec.DeviceKernelOperator`, the adaptive RPCholesky
+  preconditioner built from device columns), against GPyTorch's ``linear_cg`` on the
+  same kernel, λ and GPU, in row chunks (KeOps is absent), given the same wall time;
+- ``kin40k``: ``KernelRidge(device="cuda")`` on kin40k split 0 (36,000 rows, RBF
+  γ = 0.25, λ = 3.2e-3, the CV choice), test RMSE and seconds, against the same fit with
+  ``device="cpu"`` on this machine's cores.
+
+Every figure goes to ``--out`` as JSON lines as it is measured (a run cut short keeps
+what it had). Run by ``workflows/benchmarks/gpu_check.sh`` on the GPU machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import math
+import os
+import sys
+import time
+import traceback
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_probe import Recorder, cuda_seconds, elapsed, probe_gpytorch  # noqa: E402
+
+from pipeline.engine import device as dev  # noqa: E402
+from pipeline.engine.backend import get_backend  # noqa: E402
+from pipeline.kernels import RBF  # noqa: E402
+from pipeline.linalg import cholesky_device as cd  # noqa: E402
+
+GAMMA = 0.25
+LAM = 1e-2
+
+
+def _rbf():
+    return RBF(gamma=GAMMA)
+
+
+def _data(n, d=8, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, d))
+    y = np.sin(X[:, 0]) + 0.5 * np.cos(X[:, 1] * X[:, 2]) + 0.1 * rng.standard_normal(n)
+    return X, y
+
+
+def _free(cp):
+    cp.get_default_memory_pool().free_all_blocks()
+    cp.get_default_pinned_memory_pool().free_all_blocks()
+
+
+def section_products(be, cp, rec, budget):
+    k = _rbf()
+    n = 1_000_000 if budget > 60 else 200_000
+    X, _ = _data(n)
+    v = np.random.default_rng(1).standard_normal(n)
+    Xd = be.asarray(X)
+    for kd in ("float32", "float64"):
+        dev.matvec(be, k, Xd[:20000], v[:20000], kernel_dtype=kd)  # warm-up / compile
+        be.synchronize()
+        t = time.perf_counter()
+        dev.matvec(be, k, Xd, v, kernel_dtype=kd)
+        be.synchronize()
+        s = time.perf_counter() - t
+        rec(section="products", op="matvec", n=n, kernel_dtype=kd, seconds=s,
+            g_entries_per_s=n * n / s / 1e9)  # fmt: skip
+        if elapsed() > budget:
+            return
+    m = n // 2
+    t = time.perf_counter()
+    dev.predict(be, k, Xd, v, Xd[:m], kernel_dtype="float32")
+    be.synchronize()
+    s = time.perf_counter() - t
+    rec(section="products", op="predict", n_train=n, n_new=m, kernel_dtype="float32",
+        seconds=s, g_entries_per_s=n * m / s / 1e9)  # fmt: skip
+    # the baseline: CuPy's dense K @ v on one tile that already exists
+    x = cp.asarray(X[:8192], dtype=cp.float32)
+    y = cp.asarray(X[:131072], dtype=cp.float32)
+    for dt in (cp.float32, cp.float64):
+        K = cp.exp(-GAMMA * ((x[:, None, :1] - y[None, :, :1]) ** 2).sum(-1)).astype(dt)
+        vv = cp.asarray(v[:131072], dtype=dt)
+        s = cuda_seconds(cp, lambda K=K, vv=vv: K @ vv)
+        rec(section="products", op="baseline_dense_tile_gemv", shape=[8192, 131072],
+            dtype=np.dtype(dt).name, seconds=s, g_entries_per_s=K.size / s / 1e9)  # fmt: skip
+        del K
+    _free(cp)
+
+
+def _exact(be, cp, n, block=None, memory_limit=None):
+    """Complete exact fit on the device; returns the record."""
+    k = _rbf()
+    X, y = _data(n)
+    be.synchronize()
+    t0 = time.perf_counter()
+    Xd = be.asarray(X)
+    b = block or cd.device_block(n, be)
+    cd.check_device_memory(be, n, b, "float64")
+    nb = -(-n // b)
+    sl = [slice(i * b, min(n, (i + 1) * b)) for i in range(nb)]
+    tiles = {}
+    for i in range(nb):  # the Gram, on the device, lower tiles
+        for j in range(i + 1):
+            tiles[i, j] = dev.kernel_block(be, k, Xd[sl[i]], None if i == j else Xd[sl[j]])
+    be.synchronize()
+    t1 = time.perf_counter()
+    f = cd.device_cholesky(be, lambda i, j: tiles.pop((i, j)), n, b, shift=LAM,
+                           memory_limit=memory_limit, lam=LAM)  # fmt: skip
+    be.synchronize()
+    t2 = time.perf_counter()
+    alpha = f.solve(y)
+    be.synchronize()
+    t3 = time.perf_counter()
+    f.free()
+    _free(cp)
+    r = dev.matvec(be, k, Xd, alpha, shift=LAM, kernel_dtype="float64") - y
+    rel = float(np.linalg.norm(r) / np.linalg.norm(y))
+    del Xd
+    _free(cp)
+    return dict(n=n, block=b, gram_s=t1 - t0, factor_s=t2 - t1, solve_s=t3 - t2,
+                total_s=t3 - t0, factor_gflops=n**3 / 3 / (t2 - t1) / 1e9,
+                relative_residual=rel, info={k_: v for k_, v in f.info.items()
+                                             if isinstance(v, int | float | str)})  # fmt: skip
+
+
+def section_exact(be, cp, rec, budget, sizes):
+    for n in sizes:
+        if elapsed() > budget:
+            rec(section="exact", n=n, skipped="time")
+            return
+        try:
+            rec(section="exact", **_exact(be, cp, n))
+        except Exception as exc:
+            rec(section="exact", n=n, error=repr(exc)[:400], tb=traceback.format_exc()[-800:])
+            _free(cp)
+    # the baseline: cuSOLVER on the whole matrix (it needs the matrix and its factor)
+    free = cp.cuda.runtime.memGetInfo()[0]
+    for n in (65_536, 81_920):
+        if 2.2 * 8 * n * n > free or elapsed() > budget:
+            rec(section="exact_baseline", n=n, skipped="memory or time")
+            continue
+        x = cp.asarray(_data(n)[0])
+        sq = (x * x).sum(1)
+        A = x @ x.T
+        A *= -2
+        A += sq[:, None]
+        A += sq[None, :]
+        A *= -GAMMA
+        cp.exp(A, out=A)
+        A[cp.diag_indices(n)] += LAM
+        del x, sq
+        cp.cuda.Device().synchronize()
+        t = time.perf_counter()
+        L = cp.linalg.cholesky(A)
+        cp.cuda.Device().synchronize()
+        s = time.perf_counter() - t
+        del L, A
+        _free(cp)
+        rec(section="exact_baseline", op="cupy.linalg.cholesky", n=n, seconds=s,
+            gflops=n**3 / 3 / s / 1e9)  # fmt: skip
+        try:
+            r = _exact(be, cp, n)
+            rec(
+                section="exact_same_n", ratio_to_cupy=r["factor_gflops"] / (n**3 / 3 / s / 1e9), **r
+            )
+        except Exception as exc:
+            rec(section="exact_same_n", n=n, error=repr(exc)[:400])
+            _free(cp)
+
+
+def section_ooc(be, cp, rec, budget, n=65_536):
+    if elapsed() > budget:
+        rec(section="ooc", skipped="time")
+        return
+    b = cd.device_block(n, be)
+    nb = -(-n // b)
+    lower_bytes = nb * (nb + 1) // 2 * b * b * 8
+    try:
+        inmem = _exact(be, cp, n, block=b)
+        rec(section="ooc", mode="in_memory", **inmem)
+        for frac in (0.5, 0.25):
+            r = _exact(be, cp, n, block=b, memory_limit=int(frac * lower_bytes))
+            rec(section="ooc", mode=f"memory_limit={frac:g} of the factor", rate_vs_in_memory=
+                inmem["factor_s"] / r["factor_s"], **r)  # fmt: skip
+            if elapsed() > budget:
+                return
+    except Exception as exc:
+        rec(section="ooc", error=repr(exc)[:400], tb=traceback.format_exc()[-800:])
+        _free(cp)
+
+
+def section_pcg(be, cp, rec, budget, n):
+    from pipeline.linalg.cg import conjugate_gradient
+    from pipeline.linalg.matvec import DeviceKernelOperator
+    from pipeline.linalg.precond import build_nystrom
+
+    X, y = _data(n)
+    op = DeviceKernelOperator(X, _rbf(), LAM, backend=be, kernel_dtype="float32")
+    t0 = time.perf_counter()
+    nf = build_nystrom(op, centres="adaptive", shift=LAM, memory_budget=8 * 2**30,
+                       max_rank=4000, random_state=0)  # fmt: skip
+    t1 = time.perf_counter()
+    rec(section="pcg", step="preconditioner", n=n, rank=nf.rank, seconds=t1 - t0,
+        info={k: v for k, v in nf.info.items() if isinstance(v, int | float | str | bool)})  # fmt: skip
+    left = max(30.0, budget - elapsed())
+    res = conjugate_gradient(op.matvec, y, preconditioner=nf.woodbury(LAM), tol=1e-6,
+                             max_iter=max(10, int(left / 1.5)), warn=False)  # fmt: skip
+    t2 = time.perf_counter()
+    r = op.matvec(res.x) - y
+    rec(section="pcg", step="solve", n=n, iterations=int(np.max(res.iterations)),
+        cg_s=t2 - t1, total_s=t2 - t0, converged=bool(np.all(res.converged)),
+        relative_residual=float(np.linalg.norm(r) / np.linalg.norm(y)))  # fmt: skip
+    return t2 - t0
+
+
+def section_kin40k(rec, budget):
+    from pipeline import KernelRidge
+
+    here = os.path.join(os.path.dirname(__file__), "..", "data", "kin40k")
+    with gzip.open(os.path.join(here, "data.csv.gz"), "rt") as f:
+        D = np.loadtxt(f, delimiter=",")
+    with gzip.open(os.path.join(here, "test_mask.csv.gz"), "rt") as f:
+        test = np.loadtxt(f, delimiter=",")[:, 0].astype(bool)
+    X, y = D[:, :-1], D[:, -1]
+    mu, sd = X[~test].mean(0), X[~test].std(0)
+    ym, ys = y[~test].mean(), y[~test].std()
+    Xs, yz = (X - mu) / sd, (y - ym) / ys
+    for device in ("cuda", "cpu"):
+        if device == "cpu" and elapsed() > budget:
+            rec(section="kin40k", device=device, skipped="time")
+            continue
+        t = time.perf_counter()
+        m = KernelRidge(kernel="rbf", gamma=0.25, alpha=3.2e-3, device=device)
+        m.fit(Xs[~test], yz[~test])
+        pred = m.predict(Xs[test])
+        s = time.perf_counter() - t
+        rmse = float(np.sqrt(np.mean((pred - yz[test]) ** 2)))
+        rec(section="kin40k", device=device, n_train=int((~test).sum()), seconds=s,
+            test_rmse=rmse, cores=os.cpu_count())  # fmt: skip
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="bench_gpu.jsonl")
+    ap.add_argument("--budget", type=float, default=420.0)
+    ap.add_argument("--only", default="products,exact,ooc,kin40k,pcg,gpytorch")
+    ap.add_argument("--sizes", default="20000,50000,100000")
+    ap.add_argument("--pcg-n", type=int, default=1_000_000)
+    args = ap.parse_args(argv)
+    rec = Recorder(args.out)
+    only = set(args.only.split(","))
+    import cupy as cp
+
+    be = get_backend("cupy")
+    props = cp.cuda.runtime.getDeviceProperties(0)
+    rec(section="machine", gpu=props["name"].decode(), memory=be.memory(),
+        cc=f"{props['major']}.{props['minor']}", cupy=cp.__version__, cores=os.cpu_count())  # fmt: skip
+    B = args.budget
+    sizes = [int(s) for s in args.sizes.split(",")]
+    steps = [
+        ("products", lambda: section_products(be, cp, rec, 0.10 * B)),
+        ("exact", lambda: section_exact(be, cp, rec, 0.40 * B, sizes)),
+        ("ooc", lambda: section_ooc(be, cp, rec, 0.50 * B)),
+        ("kin40k", lambda: section_kin40k(rec, 0.60 * B)),
+        ("pcg", lambda: section_pcg(be, cp, rec, 0.85 * B, args.pcg_n)),
+        ("gpytorch", lambda: probe_gpytorch(rec, B, [args.pcg_n], LAM, 1e-6)),
+    ]
+    for name, fn in steps:
+        if name not in only:
+            continue
+        try:
+            fn()
+        except Exception as exc:
+            rec(section=name, error=repr(exc)[:400], tb=traceback.format_exc()[-1500:])
+        _free(cp)
+    rec(section="done", seconds=elapsed())
+
+
+if __name__ == "__main__":
+    main()
