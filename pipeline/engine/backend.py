@@ -162,7 +162,7 @@ class Backend:
         """``a - x @ yᵀ``, in place of ``a`` where the backend can (cuBLAS GEMM with
         β = 1); returns the result."""
         if self.name == "cupy" and a.flags.c_contiguous:
-            import cupy
+            import cupy.cublas
 
             cupy.cublas.gemm("N", "T", x, y, out=a, alpha=-1.0, beta=1.0)
             return a
