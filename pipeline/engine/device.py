@@ -123,9 +123,16 @@ def default_block_rows(be: Backend | str, n_columns: int = 1) -> int:
     return b
 
 
+def _on_host(a: Any) -> bool:
+    """Whether ``a`` is a host (NumPy or array-like) value rather than a backend array."""
+    if isinstance(a, np.ndarray | np.generic):
+        return True
+    return not (type(a).__module__.startswith("cupy") or hasattr(a, "__array_namespace__"))
+
+
 def _upload(be: Backend, X: Any, what: str = "X") -> Any:
     """``X`` as a float64 2-D array of ``be`` (one copy to the device from the host)."""
-    if isinstance(X, np.ndarray | np.generic) or not hasattr(X, "__array_namespace__"):
+    if _on_host(X):
         X = np.ascontiguousarray(X, dtype=np.float64)
     a = be.asarray(X)
     if a.ndim != 2:
@@ -478,8 +485,7 @@ class DeviceKernel:
     def matvec(self, V: Any, shift: float = 0.0) -> np.ndarray:
         """``(K + shift·I) V`` as a float64 host array, shape of ``V``."""
         be, xp = self.be, self.be.xp
-        Vh = V if hasattr(V, "__array_namespace__") and not isinstance(V, np.ndarray) else None
-        if Vh is None:
+        if _on_host(V):
             V = np.asarray(V, dtype=np.float64)
         one_d = V.ndim == 1
         if V.ndim not in (1, 2) or int(V.shape[0]) != self.n:
@@ -570,8 +576,7 @@ class DeviceKernel:
     def predict(self, alpha: Any, X_new: Any) -> np.ndarray:
         """``K(X_new, X) @ alpha`` (float64, host), rows centred by X's mean."""
         be, xp = self.be, self.be.xp
-        a = np.asarray(alpha, dtype=np.float64) if not hasattr(alpha, "__array_namespace__") \
-            else alpha  # fmt: skip
+        a = np.asarray(alpha, dtype=np.float64) if _on_host(alpha) else alpha
         one_d = a.ndim == 1
         if int(a.shape[0]) != self.n:
             raise ValueError(f"alpha has {int(a.shape[0])} rows but X_train has {self.n}")
@@ -579,7 +584,7 @@ class DeviceKernel:
         if one_d:
             Ad = xp.reshape(Ad, (-1, 1))
         m = int(Ad.shape[1])
-        if not hasattr(X_new, "__array_namespace__"):
+        if _on_host(X_new):
             X_new = np.asarray(X_new)
         nn = int(X_new.shape[0])
         out = np.empty((nn, m), dtype=np.float64)
