@@ -10,6 +10,9 @@
 - :mod:`pipeline.engine.dense`: the in-memory kernel matrix (fit) and prediction
   of the estimators on the same evaluators (the kernel object only for kernels
   they do not know), refusing a kernel that overflows;
+- :mod:`pipeline.engine.backend`: the backend seam (NumPy, CuPy, array-api-strict);
+  :mod:`pipeline.engine.device`: kernel tiles, matvec, prediction and the pieces
+  of K for preconditioners on a backend (the GPU path; device-generic code);
 - :mod:`pipeline.engine.passes`: the tile engine every kernel pass is specified
   on (tile set x source x consumer, fixed-order reduction, resume);
 - :mod:`pipeline.engine.dag`: its in-process executor for passes whose tiles depend

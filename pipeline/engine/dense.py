@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.engine import device
+from pipeline.engine.backend import get_backend
 from pipeline.engine.evaluators import is_fused
 from pipeline.engine.fused import kernel_tile, predict_accumulate
 from pipeline.engine.where import available_cores
@@ -73,18 +75,43 @@ def check_finite_kernel(K: np.ndarray, what: str = "the kernel matrix K(X, X)") 
     )
 
 
+def _device_backend(backend: Any) -> Any:
+    """The non-NumPy :class:`~pipeline.engine.backend.Backend` ``backend`` names, else None
+    (None or ``"numpy"``: the CPU path, unchanged)."""
+    if backend is None:
+        return None
+    be = get_backend(backend) if isinstance(backend, str) else backend
+    return None if be.name == "numpy" else be
+
+
 def kernel_matrix(
-    kernel: Any, X: Any, Y: Any = None, *, n_threads: int | None = None, check: bool = True
+    kernel: Any,
+    X: Any,
+    Y: Any = None,
+    *,
+    n_threads: int | None = None,
+    check: bool = True,
+    backend: Any = None,
 ) -> np.ndarray:
     """``kernel(X, Y)`` (``Y=None``: ``kernel(X)``, exactly symmetric), fused when possible.
 
     Same shape and dtype as the kernel object's result (float32 iff every input
     is float32); values evaluated in float64 by the fused evaluators for the
     kernels they know, by the kernel object otherwise. ``check``: refuse
-    non-finite values (:func:`check_finite_kernel`).
+    non-finite values (:func:`check_finite_kernel`). ``backend``: a non-NumPy
+    :class:`~pipeline.engine.backend.Backend` (or its name) evaluates the fused
+    kernels there (:func:`pipeline.engine.device.kernel_block`); the result comes
+    back to the host.
     """
+    be = _device_backend(backend)
     if not _fusable(kernel, X, Y):
         K = np.asarray(kernel(X, Y))
+    elif be is not None:
+        Xd = X.toarray() if _is_sparse(X) else X
+        Yd = None if Y is None else (Y.toarray() if _is_sparse(Y) else Y)
+        K = be.to_numpy(device.kernel_block(be, kernel, Xd, Yd)).astype(
+            result_dtype(X, Y), copy=False
+        )
     else:
         dt = result_dtype(X, Y)
         Xd = X.toarray() if _is_sparse(X) else np.asarray(X)
@@ -108,6 +135,7 @@ def kernel_predict(
     *,
     n_threads: int | None = None,
     chunk_rows: int = PREDICT_CHUNK_ROWS,
+    backend: Any = None,
 ) -> np.ndarray | None:
     """``K(X, X_fit) @ dual_coef`` (float64) by the fused evaluators, never forming K.
 
@@ -115,10 +143,19 @@ def kernel_predict(
     its own evaluation: the kernel object's generic path). ``X`` may be a
     scipy sparse matrix (densified ``chunk_rows`` rows at a time). Non-finite
     predictions from finite inputs mean the kernel overflowed: refused with
-    :class:`~pipeline.kernels.base.NonFiniteKernelError`.
+    :class:`~pipeline.kernels.base.NonFiniteKernelError`. ``backend``: a non-NumPy
+    :class:`~pipeline.engine.backend.Backend` (or its name) runs the products there
+    (:func:`pipeline.engine.device.predict`).
     """
     if not _fusable(kernel, X, X_fit):
         return None
+    be = _device_backend(backend)
+    if be is not None:
+        Xf = X_fit.toarray() if _is_sparse(X_fit) else X_fit
+        Xn = X.toarray() if _is_sparse(X) else X
+        out = device.predict(be, kernel, Xf, dual_coef, Xn)
+        check_finite_predictions(out)
+        return out
     coef = np.asarray(dual_coef, dtype=np.float64)
     A = coef[:, None] if coef.ndim == 1 else coef
     Xf = X_fit.toarray() if _is_sparse(X_fit) else np.asarray(X_fit)

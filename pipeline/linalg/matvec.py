@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.engine import device, task_threads
 from pipeline.engine import passes as engine
-from pipeline.engine import task_threads
 from pipeline.kernels import Kernel, kernel_fingerprint, make_kernel
 from pipeline.storage import (
     IncompleteArrayError,
@@ -38,6 +38,7 @@ from pipeline.storage import (
 )
 
 __all__ = [
+    "DeviceKernelOperator",
     "KernelOperator",
     "MatrixFreeKernelOperator",
     "StoredKernelOperator",
@@ -292,17 +293,8 @@ class MatrixFreeKernelOperator(KernelOperator):
     @property
     def fingerprint(self) -> str:
         if self._x_fp is None:
-            g = self.grid
-            self._x_fp = fingerprint_blocks(self.X[g.row_slice(i)] for i in range(g.n_row_blocks))
-        what = {
-            "X": self._x_fp,
-            "kernel": kernel_fingerprint(self.kernel),
-            "n": self.n,
-            "shift": self.shift,
-        }
-        if self.kernel_dtype != "float64":  # float64 fingerprints stay as before
-            what["kernel_dtype"] = self.kernel_dtype
-        return fingerprint_obj(what)
+            self._x_fp = _x_fingerprint(self.X, self.grid)
+        return fingerprint_obj(_matrix_free_recipe(self))
 
     def with_shift(self, shift: float) -> MatrixFreeKernelOperator:
         op = MatrixFreeKernelOperator.__new__(MatrixFreeKernelOperator)
@@ -315,6 +307,26 @@ class MatrixFreeKernelOperator(KernelOperator):
             f"MatrixFreeKernelOperator(n={self.n}, n_features={self.X.shape[1]}, "
             f"kernel={self.kernel!r}, block_size={self.grid.block_size}, shift={self.shift!r})"
         )
+
+
+def _x_fingerprint(X: np.ndarray, grid: TileGrid) -> str:
+    """Hash of the training inputs X (row blocks of ``grid``; the hash does not depend
+    on the blocking)."""
+    return fingerprint_blocks(X[grid.row_slice(i)] for i in range(grid.n_row_blocks))
+
+
+def _matrix_free_recipe(op: Any) -> dict[str, Any]:
+    """What a kernel operator computed from X hashes (its ``_x_fp``, ``kernel``, ``n``,
+    ``shift``, ``kernel_dtype``): :class:`MatrixFreeKernelOperator`'s fingerprint recipe."""
+    what = {
+        "X": op._x_fp,
+        "kernel": kernel_fingerprint(op.kernel),
+        "n": op.n,
+        "shift": op.shift,
+    }
+    if op.kernel_dtype != "float64":  # float64 fingerprints stay as before
+        what["kernel_dtype"] = op.kernel_dtype
+    return what
 
 
 def _check_idx(idx: Sequence[int], n: int) -> np.ndarray:
@@ -350,3 +362,104 @@ def make_operator(
             X, kernel, shift, block_size=block_size, progress=progress, kernel_dtype=kernel_dtype
         )
     raise ValueError(f"unknown matvec mode {mode!r}; use 'stored' or 'matrix-free'")
+
+
+# ---------------------------------------------------------------------------
+# on a device backend (the GPU)
+# ---------------------------------------------------------------------------
+class DeviceKernelOperator(KernelOperator):
+    """``K + shift·I`` on a :class:`~pipeline.engine.backend.Backend` (a GPU through
+    CuPy), the kernel blocks recomputed from X at every product
+    (:class:`pipeline.engine.device.DeviceKernel`: X uploaded once).
+
+    Host arrays in, host arrays out: CG (:func:`pipeline.linalg.cg.conjugate_gradient`)
+    and the Nyström builder (:func:`pipeline.linalg.precond.build_nystrom`: ``n``,
+    ``diagonal``, ``columns``, ``submatrix``) run on it unchanged, with the kernel
+    work on the device.
+
+    Parameters
+    ----------
+    X : array-like of shape (n_samples, n_features)
+        Training inputs; a Dask array is computed once.
+    kernel : Kernel, str or spec dict
+    shift : float
+        Added to the diagonal (λ or nλ). Must be > 0.
+    backend : Backend or str
+        Where the kernel work runs (``"cupy"``; ``"numpy"`` and
+        ``"array_api_strict"`` run the same device-generic code on the host).
+    kernel_dtype : {"float64", "float32"}, optional
+        As in :class:`MatrixFreeKernelOperator` (float32: float32 entries and block
+        products, float64 sums). Default: float32 iff ``X`` is float32.
+    block_rows : int, optional
+        Block edge of the products (default
+        :func:`pipeline.engine.device.default_block_rows`: from device memory).
+    """
+
+    def __init__(
+        self,
+        X: Any,
+        kernel: Kernel | str | dict,
+        shift: float,
+        *,
+        backend: Any,
+        kernel_dtype: str | None = None,
+        block_rows: int | None = None,
+    ) -> None:
+        if hasattr(X, "compute") and not isinstance(X, np.ndarray):
+            X = X.compute()
+        X = np.asarray(X)
+        if X.ndim != 2 or X.shape[0] < 1:
+            raise ValueError(
+                f"X must be a non-empty 2-D array (n_samples, n_features), got {X.shape}"
+            )
+        if not np.all(np.isfinite(X)):
+            raise ValueError("X contains NaN or infinite values; clean or impute them first")
+        if kernel_dtype is None:
+            kernel_dtype = "float32" if X.dtype == np.float32 else "float64"
+        if str(kernel_dtype) not in ("float64", "float32"):
+            raise ValueError(f"kernel_dtype must be 'float64' or 'float32', got {kernel_dtype!r}")
+        self.X = X
+        self.kernel = make_kernel(kernel)
+        self.n = int(X.shape[0])
+        self.shift = check_shift(shift)
+        self.kernel_dtype = str(kernel_dtype)
+        self.device_kernel = device.DeviceKernel(
+            backend, self.kernel, X, kernel_dtype=self.kernel_dtype, block_rows=block_rows
+        )
+        self.backend = self.device_kernel.be
+        b = self.device_kernel.block_rows or device.default_block_rows(self.backend)
+        self.grid = TileGrid(self.n, self.n, int(b))
+        self._x_fp: str | None = None
+
+    def matvec(self, V: np.ndarray) -> np.ndarray:
+        """Return ``(K + shift·I) @ V`` for ``V`` of shape ``(n,)`` or ``(n, m)``."""
+        return self.device_kernel.matvec(V, shift=self.shift)
+
+    __call__ = matvec
+
+    def diagonal(self) -> np.ndarray:
+        return self.device_kernel.diagonal()
+
+    def columns(self, idx: Sequence[int]) -> np.ndarray:
+        return self.device_kernel.columns(_check_idx(idx, self.n))
+
+    def submatrix(self, idx: Sequence[int]) -> np.ndarray:
+        return self.device_kernel.submatrix(_check_idx(idx, self.n))
+
+    @property
+    def fingerprint(self) -> str:
+        if self._x_fp is None:
+            self._x_fp = _x_fingerprint(self.X, self.grid)
+        return fingerprint_obj({**_matrix_free_recipe(self), "device": self.backend.name})
+
+    def with_shift(self, shift: float) -> DeviceKernelOperator:
+        op = DeviceKernelOperator.__new__(DeviceKernelOperator)
+        op.__dict__.update(self.__dict__)  # the uploaded X is shared
+        op.shift = check_shift(shift)
+        return op
+
+    def __repr__(self) -> str:
+        return (
+            f"DeviceKernelOperator(n={self.n}, n_features={self.X.shape[1]}, "
+            f"kernel={self.kernel!r}, backend={self.backend.name!r}, shift={self.shift!r})"
+        )
