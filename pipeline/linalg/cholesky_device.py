@@ -82,6 +82,18 @@ MIN_RESIDENT_TILES = 4
 # sizes
 
 
+def _device_memory(be: Backend) -> tuple[int, int] | None:
+    """(free, total) device bytes, None on the host. On CuPy the free bytes count the
+    blocks CuPy's memory pool holds unused (freed arrays it keeps for reuse), which
+    ``memGetInfo`` counts as taken."""
+    mem = be.memory()
+    if mem is None or be.name != "cupy":
+        return mem
+    import cupy  # pragma: no cover - GPU only
+
+    return mem[0] + int(cupy.get_default_memory_pool().free_bytes()), mem[1]  # pragma: no cover
+
+
 def _column_bytes(n: int, block: int, itemsize: int) -> int:
     """Working set of one tile column: its ``ceil(n/block)`` tiles plus the Gram tile
     being made and one scratch tile (the POTRF's copy or the TRSM's result)."""
@@ -108,9 +120,10 @@ def device_block(n: int, be: Backend, dtype: Any = "float64") -> int:
     """
     n = int(n)
     cap = max(n, 1)
-    if be.memory() is None:
+    mem = _device_memory(be)
+    if mem is None:
         return min(HOST_BLOCK, cap)
-    free, _ = be.memory()
+    free, _ = mem
     fit = _largest_fitting_block(n, int(free * DEVICE_MEMORY_SHARE), np.dtype(dtype).itemsize)
     return min(fit or 128, GPU_BLOCK, cap)
 
@@ -128,7 +141,7 @@ def check_device_memory(be: Backend, n: int, block: int, dtype: Any = "float64")
         The device's free memory is smaller; the message names the tile size that
         would fit (or says that none does).
     """
-    mem = be.memory()
+    mem = _device_memory(be)
     if mem is None:
         return
     free, total = mem
@@ -421,8 +434,9 @@ class _Writer:
 
     def _write_cupy(self, i, j, tile, done, info) -> None:  # pragma: no cover - GPU only
         host = self._buf[: tile.size].reshape(tile.shape)
-        self.stream.wait_event(done)
-        tile.get(stream=self.stream, out=host)  # blocking: returns once copied
+        with tile.device:  # this thread's current device is the tile's
+            self.stream.wait_event(done)
+            tile.get(stream=self.stream, out=host)  # blocking: returns once copied
         self.L.write_tile(i, j, host, **info)
 
     def close(self) -> None:
@@ -562,8 +576,8 @@ def device_cholesky(
         )
     check_device_memory(be, n, block, dtype)
     tile_bytes = block * block * dtype.itemsize
-    if memory_limit is None and be.memory() is not None:
-        memory_limit = int(be.memory()[0] * DEVICE_MEMORY_SHARE)
+    if memory_limit is None and _device_memory(be) is not None:
+        memory_limit = int(_device_memory(be)[0] * DEVICE_MEMORY_SHARE)
     if memory_limit is not None and memory_limit < MIN_RESIDENT_TILES * tile_bytes:
         raise ValueError(
             f"memory_limit={memory_limit} bytes holds fewer than {MIN_RESIDENT_TILES} "

@@ -247,7 +247,7 @@ def test_float32_factor():
 class _FakeGPU:
     """A backend that reports device memory, for the size checks."""
 
-    name = "cupy"
+    name = "fake-gpu"
 
     def __init__(self, free):
         self.free = free
