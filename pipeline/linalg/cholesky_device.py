@@ -1,0 +1,720 @@
+"""The tile Cholesky on a :class:`~pipeline.engine.backend.Backend` (a GPU through CuPy).
+
+The same mathematics, tile order and k order as the CPU's tile Cholesky
+(:mod:`pipeline.linalg.cholesky_tile`), column after column (left-looking):
+
+    A    = K_ij + shift * delta_ij * I - sum_{k<j} L_ik @ L_jk.T     (k = 0, 1, ..., j-1)
+    L_jj = potrf(A)                 (i == j; float64 also for a float32 factor)
+    L_ij = A @ inv(L_jj).T          (i > j, a TRSM)
+
+with the backend's calls: :meth:`~Backend.gemm_nt_sub` for the updates (cuBLAS GEMM
+with beta = 1, in place), :meth:`~Backend.cholesky_lower` (cuSOLVER POTRF in place)
+and :meth:`~Backend.trsm_right_lower_t`. Every tile is its own contiguous device
+array, and a Gram tile's buffer becomes its factor tile: the device holds the factor
+once (the lower triangle), never a second copy of the matrix.
+
+The Gram tiles come from ``tile_fn(i, j)``: computed on the device, or read from a
+stored Gram (:func:`stored_tiles`). With a factor store ``L`` (a
+:class:`~pipeline.storage.TiledArray` under :func:`device_factor_fingerprint`), each
+finished tile is copied to the host and written, region first and marker last, by
+one writer thread, while the next tiles are computed; a rerun uploads the marked
+tiles instead of computing them, and gives the same factor bit for bit (the sums are
+in a fixed order). ``memory_limit`` caps the device bytes the factor's tiles hold:
+past it, finished tiles leave the device (least recently used first) and come back
+when needed (the out-of-core mode).
+
+Device-generic: the arithmetic only uses the array API (``be.xp``) and the backend's
+calls, so it runs, and is tested, on NumPy and array-api-strict too; the CuPy-only
+parts are the copy stream and the pinned buffer of the writer thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from pipeline.engine.backend import Backend
+from pipeline.errors import DeviceUnavailableError
+from pipeline.linalg.cholesky import factor_fingerprint
+from pipeline.linalg.cholesky_options import (
+    JitterPolicy,
+    NotPositiveDefiniteError,
+    make_jitter_policy,
+    regularisation_shift,
+)
+from pipeline.linalg.cholesky_tile import _check_finite_diagonal
+from pipeline.storage import TiledArray, fingerprint_obj, open_tiled_array
+from pipeline.storage.tiles import TileGrid
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "DeviceCholeskyFactor",
+    "check_device_memory",
+    "device_block",
+    "device_cholesky",
+    "device_factor_fingerprint",
+    "open_device_factor",
+    "stored_tiles",
+]
+
+#: the default tile edge on a GPU (a cuBLAS GEMM of 4096^3 runs near peak)
+GPU_BLOCK = 4096
+#: the default tile edge on a host backend
+HOST_BLOCK = 256
+#: share of the free device memory the factor's tiles may hold by default (the rest:
+#: cuBLAS/cuSOLVER workspace, the Gram tile being made, the solve's vectors)
+DEVICE_MEMORY_SHARE = 0.8
+#: tiles a tile computation needs on the device at once: A, L_ik, L_jk (or L_jj),
+#: and the POTRF's kept copy or the TRSM's result
+MIN_RESIDENT_TILES = 4
+
+
+# ---------------------------------------------------------------------------------
+# sizes
+
+
+def _device_memory(be: Backend) -> tuple[int, int] | None:
+    """(free, total) device bytes, None on the host. On CuPy the free bytes count the
+    blocks CuPy's memory pool holds unused (freed arrays it keeps for reuse), which
+    ``memGetInfo`` counts as taken."""
+    mem = be.memory()
+    if mem is None or be.name != "cupy":
+        return mem
+    import cupy  # pragma: no cover - GPU only
+
+    return mem[0] + int(cupy.get_default_memory_pool().free_bytes()), mem[1]  # pragma: no cover
+
+
+def _column_bytes(n: int, block: int, itemsize: int) -> int:
+    """Working set of one tile column: its ``ceil(n/block)`` tiles plus the Gram tile
+    being made and one scratch tile (the POTRF's copy or the TRSM's result)."""
+    return (-(-n // block) + 2) * block * block * itemsize
+
+
+def _largest_fitting_block(n: int, free: int, itemsize: int) -> int:
+    """The largest multiple of 128 (at most :data:`GPU_BLOCK`) whose tile column fits
+    in ``free`` bytes; 0 when not even 128 does."""
+    b = min(GPU_BLOCK, -(-max(n, 1) // 128) * 128)
+    while b >= 128:
+        if _column_bytes(n, b, itemsize) <= free:
+            return b
+        b -= 128
+    return 0
+
+
+def device_block(n: int, be: Backend, dtype: Any = "float64") -> int:
+    """Default tile edge for a factor of order ``n`` on ``be``.
+
+    :data:`GPU_BLOCK` (4096) on CuPy, smaller where one tile column would not fit in
+    the GPU's free memory; :data:`HOST_BLOCK` (256) on host backends. Never more than
+    ``n`` (at least 1).
+    """
+    n = int(n)
+    cap = max(n, 1)
+    mem = _device_memory(be)
+    if mem is None:
+        return min(HOST_BLOCK, cap)
+    free, _ = mem
+    fit = _largest_fitting_block(n, int(free * DEVICE_MEMORY_SHARE), np.dtype(dtype).itemsize)
+    return min(fit or 128, GPU_BLOCK, cap)
+
+
+def check_device_memory(be: Backend, n: int, block: int, dtype: Any = "float64") -> None:
+    """Raise before any work when the device cannot hold one tile column of the factor.
+
+    The working set of one tile column is ``(ceil(n/block) + 2) * block**2 * itemsize``
+    bytes (the column's tiles, the Gram tile being made, one scratch tile). A host
+    backend always passes.
+
+    Raises
+    ------
+    DeviceUnavailableError
+        The device's free memory is smaller; the message names the tile size that
+        would fit (or says that none does).
+    """
+    mem = _device_memory(be)
+    if mem is None:
+        return
+    free, total = mem
+    dtype = np.dtype(dtype)
+    need = _column_bytes(int(n), int(block), dtype.itemsize)
+    if need <= free:
+        return
+    fit = _largest_fitting_block(int(n), free, dtype.itemsize)
+    gib = 2.0**30
+    advice = (
+        f"use block={fit} (or smaller), or device='cpu'"
+        if fit
+        else "no tile size fits (not even 128): free device memory, or use device='cpu'"
+    )
+    raise DeviceUnavailableError(
+        f"the GPU has {free / gib:.2f} GiB free of {total / gib:.2f} GiB, too little for one "
+        f"tile column of the {n}x{n} {dtype.name} factor with {block}x{block} tiles "
+        f"({need / gib:.2f} GiB); {advice}"
+    )
+
+
+# ---------------------------------------------------------------------------------
+# the factor's store
+
+
+def device_factor_fingerprint(
+    gram: Any, lam: float, convention: str, jitter: Any, dtype: Any, be: Backend
+) -> str:
+    """Fingerprint of a factor made on ``be``: the CPU's
+    :func:`~pipeline.linalg.cholesky.factor_fingerprint` (``gram``: the Gram's
+    TiledArray, or its fingerprint string) chained with ``{"device": be.name}`` (another
+    backend rounds differently, so its tiles are other work)."""
+    g = SimpleNamespace(fingerprint=gram) if isinstance(gram, str) else gram
+    policy = make_jitter_policy(jitter)
+    return fingerprint_obj(
+        {
+            "factor": factor_fingerprint(g, lam, convention, policy, dtype),
+            "device": be.name,
+        }
+    )
+
+
+def open_device_factor(
+    store: str,
+    gram: Any,
+    n: int,
+    block: int,
+    lam: float,
+    be: Backend,
+    *,
+    convention: str = "sklearn",
+    jitter: Any = None,
+    dtype: Any = "float64",
+    name: str = "chol",
+    overwrite: bool = True,
+) -> TiledArray:
+    """Create (or reopen, to resume) the store of a device factor: the CPU factor's
+    layout and attributes, under :func:`device_factor_fingerprint`."""
+    policy = make_jitter_policy(jitter)
+    shift = regularisation_shift(lam, int(n), convention)
+    gfp = gram if isinstance(gram, str) else gram.fingerprint
+    attrs = {
+        "lambda": float(lam),
+        "convention": convention,
+        "shift": float(shift),
+        "gram_fingerprint": gfp,
+        "jitter_policy": None if policy is None else policy.to_dict(),
+        "layout": "lower tiles of L with L @ L.T = K + shift*I; upper tiles unwritten",
+        "device": be.name,
+    }
+    fp = device_factor_fingerprint(gfp, lam, convention, policy, dtype, be)
+    return open_tiled_array(
+        str(store), name, (int(n), int(n)), int(block), np.dtype(dtype), fp,
+        overwrite=overwrite, attributes=attrs,
+    )  # fmt: skip
+
+
+def stored_tiles(gram: TiledArray) -> Callable[[int, int], np.ndarray]:
+    """``tile_fn`` reading the lower tiles of a stored Gram (each verified against its
+    marker's checksum)."""
+
+    def tile_fn(i: int, j: int) -> np.ndarray:
+        return gram.read_tile(i, j)
+
+    return tile_fn
+
+
+# ---------------------------------------------------------------------------------
+# the factor
+
+
+class _Tiles(Mapping):
+    """Read-only view ``(i, j) -> device tile`` of a factor (evicted tiles come back)."""
+
+    def __init__(self, factor: DeviceCholeskyFactor) -> None:
+        self._f = factor
+
+    def __getitem__(self, key: tuple[int, int]) -> Any:
+        i, j = key
+        if not (0 <= j <= i < self._f.grid.n_row_blocks):
+            raise KeyError(key)
+        return self._f.tile(i, j)
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return self._f.grid.lower_tiles()
+
+    def __len__(self) -> int:
+        return self._f.grid.n_lower_tiles()
+
+
+class DeviceCholeskyFactor:
+    """The factor ``L`` (``L @ L.T = K + shift * I``) held as device tiles.
+
+    Attributes
+    ----------
+    be : Backend
+    n, block : int
+    shift, lam : float
+    convention : str
+    dtype : numpy.dtype
+    L : TiledArray or None
+        The factor's store, when one was given.
+    jitter : dict
+        ``{"j.j": jitter}`` of the diagonal tiles that needed it.
+    info : dict
+        ``tiles_computed``, ``tiles_resumed``, ``uploads``, ``evictions``,
+        ``seconds``, ``gflops`` (``n**3 / 3`` flops over ``seconds``), ``block``,
+        ``backend``, ``memory_limit``, ``peak_tile_bytes``.
+    """
+
+    def __init__(
+        self, be: Backend, n: int, block: int, dtype: Any, memory_limit: int | None,
+        L: TiledArray | None,
+    ) -> None:  # fmt: skip
+        self.be = be
+        self.n, self.block = int(n), int(block)
+        self.grid = TileGrid(self.n, self.n, self.block)
+        self.dtype = np.dtype(dtype)
+        self.memory_limit = memory_limit
+        self.L = L
+        self.shift = 0.0
+        self.lam: float | None = None
+        self.convention = "sklearn"
+        self.jitter: dict[str, float] = {}
+        self.info: dict[str, Any] = {}
+        self._dev: OrderedDict[tuple[int, int], Any] = OrderedDict()  # LRU, newest last
+        self._host: dict[tuple[int, int], np.ndarray] = {}  # evicted, without a store
+        self._writes: dict[tuple[int, int], Future] = {}
+        self._resident = 0
+        self._peak = 0
+        self.uploads = 0
+        self.evictions = 0
+        self._freed = False
+
+    # -- tiles on the device -----------------------------------------------------
+    @property
+    def tiles(self) -> Mapping:
+        """``(i, j) -> device tile`` for ``j <= i`` (an evicted tile is uploaded again)."""
+        return _Tiles(self)
+
+    def _nbytes(self, i: int, j: int) -> int:
+        r, c = self.grid.row_slice(i), self.grid.row_slice(j)
+        return (r.stop - r.start) * (c.stop - c.start) * self.dtype.itemsize
+
+    def _make_room(self, nbytes: int, pinned: tuple[tuple[int, int], ...]) -> None:
+        """Evict least recently used tiles (not ``pinned``) until ``nbytes`` more fit."""
+        if self.memory_limit is None:
+            return
+        for key in list(self._dev):
+            if self._resident + nbytes <= self.memory_limit:
+                return
+            if key in pinned:
+                continue
+            self._evict(key)
+
+    def _evict(self, key: tuple[int, int]) -> None:
+        tile = self._dev.pop(key)
+        if self.L is not None:  # on the host in L once its write finished
+            self._writes[key].result()
+        else:
+            self._host[key] = self.be.to_numpy(tile)
+        self._resident -= self._nbytes(*key)
+        self.evictions += 1
+
+    def _hold(self, key: tuple[int, int], tile: Any, pinned=()) -> Any:
+        """Keep ``tile`` as factor tile ``key`` on the device (making room first)."""
+        self._make_room(self._nbytes(*key), pinned)
+        self._dev[key] = tile
+        self._resident += self._nbytes(*key)
+        self._peak = max(self._peak, self._resident)
+        return tile
+
+    def tile(self, i: int, j: int, pinned: tuple[tuple[int, int], ...] = ()) -> Any:
+        """Factor tile ``(i, j)`` on the device: uploaded again if it was evicted."""
+        if self._freed:
+            raise RuntimeError("the device factor was freed (factor.free()); factor again")
+        key = (int(i), int(j))
+        if key in self._dev:
+            self._dev.move_to_end(key)
+            return self._dev[key]
+        if key in self._host:
+            host = self._host.pop(key)
+        elif self.L is not None and key in self._writes:
+            self._writes[key].result()
+            host = self.L.read_tile(*key)
+        else:
+            raise KeyError(f"factor tile {key} is not computed")
+        self.uploads += 1
+        return self._hold(key, self.be.asarray(np.ascontiguousarray(host), self.dtype), pinned)
+
+    # -- results -----------------------------------------------------------------
+    def to_numpy(self) -> np.ndarray:
+        """The dense lower factor on the host (tests and small ``n`` only)."""
+        out = np.zeros((self.n, self.n), dtype=self.dtype)
+        for i, j in self.grid.lower_tiles():
+            out[self.grid.row_slice(i), self.grid.row_slice(j)] = self.be.to_numpy(self.tile(i, j))
+        return out
+
+    def solve(self, Y: Any) -> np.ndarray:
+        """``(K + shift I)^-1 Y`` by forward then back substitution over the tiles, on
+        the device, in a fixed order. ``Y``: host array, ``(n,)`` or ``(n, m)``; the
+        result is a float64 host array of its shape."""
+        be, xp, g = self.be, self.be.xp, self.grid
+        Y = np.asarray(Y, dtype=np.float64)
+        if Y.ndim not in (1, 2) or Y.shape[0] != self.n:
+            raise ValueError(f"Y must have shape ({self.n},) or ({self.n}, m), got {Y.shape}")
+        Y2 = Y.reshape(self.n, -1)
+        T = g.n_row_blocks
+        f64 = be.dtype("float64")
+
+        def lt(i, j):  # a factor tile in float64 (a float32 factor solves in float64)
+            t = self.tile(i, j)
+            return t if self.dtype == np.float64 else xp.astype(t, f64)
+
+        z = []
+        for i in range(T):  # forward: L z = y
+            zi = be.asarray(np.ascontiguousarray(Y2[g.row_slice(i)]), "float64")
+            for k in range(i):
+                zi = zi - xp.matmul(lt(i, k), z[k])
+            z.append(be.solve_triangular(lt(i, i), zi, lower=True))
+        x: list[Any] = [None] * T
+        for i in reversed(range(T)):  # back: L.T x = z
+            xi = z[i]
+            for k in range(i + 1, T):
+                xi = xi - xp.matmul(xp.matrix_transpose(lt(k, i)), x[k])
+            x[i] = be.solve_triangular(lt(i, i), xi, lower=True, trans=True)
+        out = np.concatenate([be.to_numpy(v) for v in x], axis=0) if T else np.zeros_like(Y2)
+        return out.reshape(Y.shape)
+
+    def free(self) -> None:
+        """Let go of the device tiles (and the host copies of evicted ones)."""
+        self._dev.clear()
+        self._host.clear()
+        self._resident = 0
+        self._freed = True
+
+
+# ---------------------------------------------------------------------------------
+# the writer thread: device -> host -> store, overlapping the next tiles' compute
+
+
+class _Writer:
+    """One thread that copies finished tiles to the host and writes them to ``L``
+    (region first, marker last), in completion order. On CuPy the copy runs on its own
+    non-blocking stream, into a pinned host buffer, after the tile's compute."""
+
+    def __init__(self, be: Backend, L: TiledArray, block: int, dtype: np.dtype) -> None:
+        self.be, self.L = be, L
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="device-factor-writer")
+        self._cupy = be.name == "cupy"
+        if self._cupy:  # pragma: no cover - GPU only
+            import cupy
+
+            self.stream = cupy.cuda.Stream(non_blocking=True)
+            nbytes = block * block * dtype.itemsize
+            self._pinned = cupy.cuda.alloc_pinned_memory(nbytes)
+            self._buf = np.frombuffer(self._pinned, dtype, block * block)
+
+    def submit(self, i: int, j: int, tile: Any, info: dict[str, Any]) -> Future:
+        if self._cupy:  # pragma: no cover - GPU only
+            import cupy
+
+            done = cupy.cuda.Event()
+            done.record(cupy.cuda.get_current_stream())
+            return self.pool.submit(self._write_cupy, i, j, tile, done, info)
+        return self.pool.submit(self._write_host, i, j, tile, info)
+
+    def _write_host(self, i: int, j: int, tile: Any, info: dict[str, Any]) -> None:
+        self.L.write_tile(i, j, self.be.to_numpy(tile), **info)
+
+    def _write_cupy(self, i, j, tile, done, info) -> None:  # pragma: no cover - GPU only
+        host = self._buf[: tile.size].reshape(tile.shape)
+        with tile.device:  # this thread's current device is the tile's
+            self.stream.wait_event(done)
+            tile.get(stream=self.stream, out=host)  # blocking: returns once copied
+        self.L.write_tile(i, j, host, **info)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+
+
+# ---------------------------------------------------------------------------------
+# the factorisation
+
+
+def _owned_tile(be: Backend, k_tile: Any, dtype: Any) -> Any:
+    """The Gram tile as a C-contiguous array of ``be`` in ``dtype`` that this
+    factorisation may overwrite: a device array of that kind is taken as it is (its
+    buffer becomes the factor tile), anything else is uploaded or copied."""
+    if be.name == "numpy":
+        a = np.require(k_tile, dtype=dtype, requirements=["C", "W"])
+        if a is k_tile and not k_tile.flags.owndata:  # a view of the caller's matrix
+            a = k_tile.copy()
+        return a
+    if be.name == "cupy":  # pragma: no cover - GPU only
+        import cupy
+
+        if isinstance(k_tile, cupy.ndarray):
+            return cupy.ascontiguousarray(k_tile, dtype=dtype)
+        return cupy.asarray(np.ascontiguousarray(k_tile), dtype=dtype)
+    if isinstance(k_tile, np.ndarray | np.generic):
+        k_tile = np.ascontiguousarray(k_tile)
+    return be.asarray(k_tile, dtype)
+
+
+def _add_to_diagonal(be: Backend, a: Any, value: float) -> Any:
+    """``a + value * I`` (in place on NumPy and CuPy): the same bits either way, the
+    off-diagonal entries gain an exact zero."""
+    if be.name in ("numpy", "cupy"):
+        a.reshape(-1)[:: a.shape[0] + 1] += value
+        return a
+    xp = be.xp
+    return a + value * xp.eye(a.shape[0], dtype=a.dtype)
+
+
+def _host_diagonal(be: Backend, a: Any) -> np.ndarray:
+    """The diagonal of a square device tile, on the host (``b`` values)."""
+    return be.to_numpy(be.xp.linalg.diagonal(a))
+
+
+def _check_finite(d: np.ndarray, j: int, when: str) -> None:
+    """The CPU's non-finite check (:func:`_check_finite_diagonal`, its message) on a
+    tile's diagonal ``d`` already on the host: a read-only 2-D view whose diagonal is
+    ``d`` (stride 0 along the columns), no tile-sized copy."""
+    if np.isfinite(d).all():
+        return
+    view = np.lib.stride_tricks.as_strided(d, (d.size, d.size), (d.strides[0], 0), writeable=False)
+    _check_finite_diagonal(view, j, when)
+
+
+def device_cholesky(
+    be: Backend,
+    tile_fn: Callable[[int, int], Any],
+    n: int,
+    block: int,
+    *,
+    shift: float,
+    dtype: Any = "float64",
+    jitter: Any = None,
+    L: TiledArray | None = None,
+    memory_limit: int | None = None,
+    lam: float | None = None,
+    convention: str = "sklearn",
+    progress: bool = False,
+) -> DeviceCholeskyFactor:
+    """Factor ``K + shift * I = L @ L.T`` tile by tile on the backend ``be``.
+
+    Parameters
+    ----------
+    be : Backend
+        Where the tiles live and are computed (``get_backend("cupy")`` on a GPU).
+    tile_fn : callable (i, j) -> array
+        Gram tile ``K_ij`` (rows of block ``i``, columns of block ``j``, ``j <= i``),
+        a host or device array, fresh on every call: the factorisation takes it over
+        (its buffer becomes ``L_ij``). :func:`stored_tiles` reads a stored Gram.
+    n, block : int
+        Order of ``K`` and tile edge (:func:`device_block` gives a default).
+    shift : float
+        The diagonal shift (``regularisation_shift(lam, n, convention)``).
+    dtype : {"float64", "float32"}
+        The factor's dtype (diagonal tiles are factored in float64 either way).
+    jitter : None, True, float, dict or JitterPolicy
+        As the CPU's: off raises on a diagonal tile that is not positive definite;
+        on retries it with growing jitter (recorded in the marker and ``jitter``).
+    L : TiledArray, optional
+        The factor's store (:func:`open_device_factor`): finished tiles are written
+        to it by one writer thread (marker last), and marked tiles are uploaded
+        instead of computed (resume).
+    memory_limit : int, optional
+        Bytes of device memory the factor's tiles may hold; past it the least
+        recently used finished tiles leave the device (they are in ``L`` or on the
+        host) and come back when needed. Default: unlimited on host backends,
+        :data:`DEVICE_MEMORY_SHARE` of the free memory on a GPU.
+    lam, convention : float, str
+        For the error messages and the factor's record (``lam`` defaults to the
+        lambda that ``shift`` is under ``convention``).
+    progress : bool
+        Log a line per finished tile column.
+
+    Returns
+    -------
+    DeviceCholeskyFactor
+
+    Raises
+    ------
+    NotPositiveDefiniteError
+        A diagonal tile is not positive definite (names tile, pivot row, lambda).
+    NonFiniteKernelError
+        The Gram holds inf or NaN (a non-finite diagonal before or after POTRF).
+    DeviceUnavailableError
+        The device cannot hold one tile column (:func:`check_device_memory`).
+    ValueError
+        Bad sizes, dtype, a store of another shape or block, or a ``memory_limit``
+        below :data:`MIN_RESIDENT_TILES` tiles.
+    """
+    t0 = time.perf_counter()
+    n, block = int(n), int(block)
+    if n < 1 or block < 1:
+        raise ValueError(f"n and block must be >= 1, got n={n}, block={block}")
+    dtype = np.dtype(dtype)
+    if dtype not in (np.dtype(np.float64), np.dtype(np.float32)):
+        raise ValueError(f"dtype must be float64 or float32, got {dtype}")
+    shift = float(shift)
+    if lam is None:  # for the messages: the lambda this shift is
+        lam = shift if convention == "sklearn" else shift / n
+    policy: JitterPolicy | None = make_jitter_policy(jitter)
+    if L is not None and (tuple(L.shape) != (n, n) or int(L.block_size) != block
+                          or np.dtype(L.dtype) != dtype):  # fmt: skip
+        raise ValueError(
+            f"the factor store {L.name!r} has shape {tuple(L.shape)}, block {L.block_size}, "
+            f"dtype {np.dtype(L.dtype)}; this factor needs ({n}, {n}), {block}, {dtype}"
+        )
+    check_device_memory(be, n, block, dtype)
+    tile_bytes = block * block * dtype.itemsize
+    if memory_limit is None and _device_memory(be) is not None:
+        memory_limit = int(_device_memory(be)[0] * DEVICE_MEMORY_SHARE)
+    if memory_limit is not None and memory_limit < MIN_RESIDENT_TILES * tile_bytes:
+        raise ValueError(
+            f"memory_limit={memory_limit} bytes holds fewer than {MIN_RESIDENT_TILES} "
+            f"{block}x{block} {dtype.name} tiles ({MIN_RESIDENT_TILES * tile_bytes} bytes), "
+            "the least a tile's update needs: raise it or use a smaller block"
+        )
+    f = DeviceCholeskyFactor(be, n, block, dtype, memory_limit, L)
+    f.shift, f.lam, f.convention = shift, lam, convention
+    grid = f.grid
+    T = grid.n_row_blocks
+    f64 = be.dtype("float64")
+    done = set(L.markers.done()) if L is not None else set()
+    writer = _Writer(be, L, block, dtype) if L is not None else None
+    computed = resumed = 0
+    try:
+        for j in range(T):
+            for i in range(j, T):
+                key = (i, j)
+                if key in done:  # resume: the stored tile (verified) instead of compute
+                    f._writes[key] = _finished(None)
+                    host = L.read_tile(i, j)
+                    f._hold(key, be.asarray(np.ascontiguousarray(host), dtype))
+                    f.uploads += 1
+                    resumed += 1
+                    if i == j and policy is not None:
+                        eps = (L.markers.record(key) or {}).get("jitter")
+                        if eps:
+                            f.jitter[f"{j}.{j}"] = float(eps)
+                    continue
+                ts = time.perf_counter()
+                f._make_room(tile_bytes, ())  # the Gram tile's room
+                a = _owned_tile(be, tile_fn(i, j), dtype)
+                scale = 0.0
+                if i == j:  # the jitter's scale: K_jj's own diagonal (as the CPU's)
+                    scale = float(np.mean(np.abs(_host_diagonal(be, a)))) + shift
+                    a = _add_to_diagonal(be, a, shift)
+                f._resident += tile_bytes  # A counts while it is updated
+                try:
+                    for k in range(j):  # the fixed k order
+                        ljk = f.tile(j, k, pinned=((i, k),))
+                        lik = f.tile(i, k, pinned=((j, k),))
+                        a = be.gemm_nt_sub(a, lik, ljk)
+                finally:
+                    f._resident -= tile_bytes
+                info: dict[str, Any] = {}
+                if i == j:
+                    out, info = _factor_diagonal(be, f, a, j, shift, scale, policy, dtype, f64)
+                    if "jitter" in info:
+                        f.jitter[f"{j}.{j}"] = info["jitter"]
+                else:
+                    ljj = f.tile(j, j)
+                    out = _contiguous(be, be.trsm_right_lower_t(ljj, a))
+                del a
+                info["seconds"] = round(time.perf_counter() - ts, 4)
+                info["device"] = be.name
+                f._hold(key, out, pinned=((j, j),))
+                computed += 1
+                f._writes[key] = (
+                    writer.submit(i, j, out, info) if writer is not None else _finished(None)
+                )
+            if progress:
+                log.info("device Cholesky: tile column %d of %d done", j + 1, T)
+    finally:
+        if writer is not None:
+            writer.close()  # the finished tiles are stored, also when a tile failed
+    for fut in f._writes.values():
+        fut.result()  # a failed write raises here
+    be.synchronize()
+    seconds = time.perf_counter() - t0
+    f.info = {
+        "backend": be.name,
+        "n": n,
+        "block": block,
+        "dtype": dtype.name,
+        "tiles_computed": computed,
+        "tiles_resumed": resumed,
+        "uploads": f.uploads,
+        "evictions": f.evictions,
+        "memory_limit": memory_limit,
+        "peak_tile_bytes": f._peak,
+        "seconds": seconds,
+        "gflops": (n**3 / 3) / seconds / 1e9 if seconds > 0 else math.nan,
+        "jitter": dict(f.jitter),
+    }
+    return f
+
+
+def _finished(value: Any) -> Future:
+    fut: Future = Future()
+    fut.set_result(value)
+    return fut
+
+
+def _contiguous(be: Backend, x: Any) -> Any:
+    """``x`` as a C-contiguous array (a tile is one contiguous device buffer)."""
+    if be.name == "numpy":
+        return np.ascontiguousarray(x)
+    if be.name == "cupy":  # pragma: no cover - GPU only
+        import cupy
+
+        return cupy.ascontiguousarray(x)
+    # array-api-strict (host memory, tests): the array API has no memory order, and a
+    # transposed tile would take other BLAS paths (other bits) than a reloaded one
+    return be.asarray(np.ascontiguousarray(be.to_numpy(x)))
+
+
+def _factor_diagonal(
+    be: Backend, f: DeviceCholeskyFactor, a: Any, j: int, shift: float, scale: float,
+    policy: JitterPolicy | None, dtype: np.dtype, f64: Any,
+) -> tuple[Any, dict[str, Any]]:  # fmt: skip
+    """POTRF of the updated diagonal tile ``a`` (in float64, in place), with the CPU's
+    non-finite checks and jitter retries; returns (L_jj in ``dtype``, marker info)."""
+    xp = be.xp
+    _check_finite(_host_diagonal(be, a), j, "before")
+    d = a if dtype == np.float64 else xp.astype(a, f64)
+    keep = xp.asarray(d, copy=True) if policy is not None else None
+    lt, piv = be.cholesky_lower(d, overwrite=True)
+    if piv == 0:
+        _check_finite(_host_diagonal(be, lt), j, "after")
+    info: dict[str, Any] = {}
+    tried: list[float] = []
+    if piv != 0 and policy is not None:
+        scale = scale or 1.0
+        for t in range(policy.max_tries):
+            eps = policy.initial * policy.growth**t * scale
+            tried.append(eps)
+            aj = _add_to_diagonal(be, xp.asarray(keep, copy=True), eps)
+            lt, piv = be.cholesky_lower(aj, overwrite=True)
+            if piv == 0:
+                info["jitter"] = eps
+                info["jitter_tries"] = t + 1
+                break
+    if piv != 0:
+        row = f.grid.row_slice(j).start + piv - 1
+        raise NotPositiveDefiniteError(
+            (j, j), piv, row, f.lam, f.convention, shift, tuple(tried), dtype.name
+        )
+    if dtype != np.float64:
+        lt = xp.astype(lt, be.dtype(dtype))
+    return _contiguous(be, lt), info

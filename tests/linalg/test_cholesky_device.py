@@ -1,0 +1,282 @@
+"""The tile Cholesky on a backend (pipeline.linalg.cholesky_device), run here on the host
+backends (NumPy and array-api-strict) so that the device-generic code cannot rot while no
+GPU checks it; the CuPy run is tests/linalg/test_cholesky_device_gpu.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.linalg
+from _tiles import rbf_matrix, rel, write_gram
+
+from pipeline.engine.backend import get_backend
+from pipeline.errors import DeviceUnavailableError, NonFiniteKernelError, NotPositiveDefiniteError
+from pipeline.linalg.cholesky import tile_cholesky
+from pipeline.linalg.cholesky_device import (
+    check_device_memory,
+    device_block,
+    device_cholesky,
+    device_factor_fingerprint,
+    open_device_factor,
+    stored_tiles,
+)
+from pipeline.linalg.cholesky_options import JitterPolicy
+
+pytest.importorskip("array_api_strict")
+BACKENDS = ["numpy", "array_api_strict"]
+
+
+def slicer(K, block):
+    def tile_fn(i, j):
+        return K[i * block : (i + 1) * block, j * block : (j + 1) * block]
+
+    return tile_fn
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("n, block", [(300, 64), (333, 100), (256, 128)])
+def test_factor_and_solve_match_numpy_and_scipy(name, n, block):
+    be = get_backend(name)
+    K = rbf_matrix(n, seed=n)
+    before = K.copy()
+    shift = 1e-3
+    f = device_cholesky(be, slicer(K, block), n, block, shift=shift, lam=shift)
+    ref = np.linalg.cholesky(K + shift * np.eye(n))
+    L = f.to_numpy()
+    assert rel(L, ref) < 1e-12
+    assert np.array_equal(np.triu(L, 1), np.zeros_like(L))
+    np.testing.assert_array_equal(K, before)  # the caller's matrix is not written
+    cho = scipy.linalg.cho_factor(K + shift * np.eye(n), lower=True)
+    rng = np.random.default_rng(0)
+    y, Y = rng.standard_normal(n), rng.standard_normal((n, 3))
+    for rhs in (y, Y):
+        x = f.solve(rhs)
+        assert x.shape == rhs.shape
+        assert rel(x, scipy.linalg.cho_solve(cho, rhs)) < 1e-10
+    T = -(-n // block)
+    assert f.info["tiles_computed"] == T * (T + 1) // 2 and f.info["tiles_resumed"] == 0
+    assert f.info["evictions"] == 0 and f.info["gflops"] > 0
+    assert len(f.tiles) == T * (T + 1) // 2
+    f.free()
+    with pytest.raises(RuntimeError, match="freed"):
+        f.solve(y)
+
+
+def test_in_place_on_numpy_the_gram_tile_becomes_the_factor_tile():
+    be = get_backend("numpy")
+    n, block = 200, 64
+    K = rbf_matrix(n, seed=4)
+    given = {}
+
+    def tile_fn(i, j):  # a fresh, owned tile each call, as kernel_block gives
+        t = np.array(K[i * block : (i + 1) * block, j * block : (j + 1) * block])
+        given[(i, j)] = t
+        return t
+
+    f = device_cholesky(be, tile_fn, n, block, shift=1e-3)
+    # off-diagonal tiles: the TRSM's result; every diagonal tile is its Gram tile's buffer
+    for j in range(-(-n // block)):
+        assert np.shares_memory(f.tiles[(j, j)], given[(j, j)])
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_backends_agree(name):
+    n, block = 333, 64
+    K = rbf_matrix(n, seed=7)
+    a = device_cholesky(get_backend("numpy"), slicer(K, block), n, block, shift=1e-4)
+    b = device_cholesky(get_backend(name), slicer(K, block), n, block, shift=1e-4)
+    assert rel(a.to_numpy(), b.to_numpy()) < 1e-12
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_memory_limit_evicts_and_gives_the_same_bits(name, tmp_path):
+    be = get_backend(name)
+    n, block = 333, 64  # 6 tile rows, the last ragged
+    K = rbf_matrix(n, seed=2)
+    full = device_cholesky(be, slicer(K, block), n, block, shift=1e-3)
+    tile = block * block * 8
+    small = device_cholesky(be, slicer(K, block), n, block, shift=1e-3, memory_limit=5 * tile)
+    assert small.info["evictions"] > 0 and small.info["uploads"] > 0
+    assert small.info["peak_tile_bytes"] <= 5 * tile
+    np.testing.assert_array_equal(small.to_numpy(), full.to_numpy())
+    y = np.random.default_rng(1).standard_normal(n)
+    np.testing.assert_array_equal(small.solve(y), full.solve(y))
+    # evicted tiles come back from the store when there is one
+    L = open_device_factor(str(tmp_path), "g", n, block, 1e-3, be)
+    stored = device_cholesky(be, slicer(K, block), n, block, shift=1e-3, lam=1e-3, L=L,
+                             memory_limit=4 * tile)  # fmt: skip
+    assert stored.info["evictions"] > 0
+    np.testing.assert_array_equal(stored.to_numpy(), full.to_numpy())
+    with pytest.raises(ValueError, match="fewer than 4"):
+        device_cholesky(be, slicer(K, block), n, block, shift=1e-3, memory_limit=3 * tile)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_resume_after_a_failure_is_bitwise_the_same(name, tmp_path):
+    be = get_backend(name)
+    n, block = 340, 64
+    K = rbf_matrix(n, seed=5)
+    ref = device_cholesky(be, slicer(K, block), n, block, shift=1e-3).to_numpy()
+    L = open_device_factor(str(tmp_path), "gram-fp", n, block, 1e-3, be)
+    calls = []
+
+    def dying(i, j):
+        if len(calls) == 8:
+            raise RuntimeError("killed")
+        calls.append((i, j))
+        return slicer(K, block)(i, j)
+
+    with pytest.raises(RuntimeError, match="killed"):
+        device_cholesky(be, dying, n, block, shift=1e-3, L=L)
+    assert L.markers.done() == set(calls)  # every finished tile is stored and marked
+    f = device_cholesky(be, slicer(K, block), n, block, shift=1e-3, L=L)
+    assert f.info["tiles_resumed"] == 8 and f.info["tiles_computed"] == 21 - 8
+    np.testing.assert_array_equal(f.to_numpy(), ref)
+    np.testing.assert_array_equal(L.zarr("r")[:], np.tril(ref))  # the store holds L
+    again = device_cholesky(be, slicer(K, block), n, block, shift=1e-3, L=L)
+    assert again.info["tiles_computed"] == 0
+    np.testing.assert_array_equal(again.to_numpy(), ref)
+
+
+def test_fingerprint_chains_the_cpu_recipe_and_the_backend(tmp_path):
+    a = device_factor_fingerprint("g", 1e-3, "sklearn", None, "float64", get_backend("numpy"))
+    b = device_factor_fingerprint(
+        "g", 1e-3, "sklearn", None, "float64", get_backend("array_api_strict")
+    )
+    c = device_factor_fingerprint("g", 1e-3, "sklearn", True, "float64", get_backend("numpy"))
+    assert len({a, b, c}) == 3
+    L = open_device_factor(str(tmp_path), "g", 100, 32, 1e-3, get_backend("numpy"))
+    assert L.fingerprint == a and L.zarr("r").attrs["device"] == "numpy"
+    with pytest.raises(ValueError, match="block 32"):
+        device_cholesky(get_backend("numpy"), None, 100, 64, shift=1e-3, L=L)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_not_positive_definite_names_the_tile(name):
+    be = get_backend(name)
+    n, block = 300, 64
+    rng = np.random.default_rng(0)
+    Q = np.linalg.qr(rng.standard_normal((n, n)))[0]
+    ev = np.linspace(1.0, 2.0, n)
+    ev[150] = -0.5  # one negative eigenvalue
+    K = (Q * ev) @ Q.T
+    K = (K + K.T) / 2
+    ref_L = np.linalg.cholesky(K[:150, :150])  # the leading block up to 150 is PD
+    assert ref_L.shape == (150, 150)
+    with pytest.raises(NotPositiveDefiniteError) as e:
+        device_cholesky(be, slicer(K, block), n, block, shift=0.0, lam=0.0)
+    err = e.value
+    assert err.tile[0] == err.tile[1] and err.lam == 0.0 and err.convention == "sklearn"
+    assert err.row == err.tile[0] * block + err.pivot - 1
+    # LAPACK's unblocked-order answer for the whole matrix: the first leading minor that
+    # is not positive definite
+    _, info = scipy.linalg.lapack.dpotrf(K, lower=1)
+    assert info > 0 and err.row == info - 1
+
+
+def test_not_positive_definite_as_the_cpu(tmp_path):
+    n, block = 200, 64
+    K = rbf_matrix(n, seed=3) - 0.05 * np.eye(n)  # K's small eigenvalues pushed below 0
+    with pytest.raises(NotPositiveDefiniteError) as cpu:
+        tile_cholesky(write_gram(tmp_path, K, block), 1e-3, progress=False)
+    with pytest.raises(NotPositiveDefiniteError) as dev:
+        device_cholesky(get_backend("numpy"), slicer(K, block), n, block, shift=1e-3)
+    assert (dev.value.tile, dev.value.row) == (cpu.value.tile, cpu.value.row)
+    assert str(dev.value) == str(cpu.value)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_jitter_recovers_and_is_recorded(name, tmp_path):
+    be = get_backend(name)
+    n, block = 200, 64
+    X = np.random.default_rng(3).standard_normal((n, 2))
+    X[100] = X[99]  # two equal rows: K is singular
+    K = np.exp(-0.3 * ((X[:, None, :] - X[None, :, :]) ** 2).sum(-1))
+    with pytest.raises(NotPositiveDefiniteError):
+        device_cholesky(be, slicer(K, block), n, block, shift=0.0, lam=0.0)
+    L = open_device_factor(str(tmp_path), "g", n, block, 0.0, be, jitter=True)
+    f = device_cholesky(be, slicer(K, block), n, block, shift=0.0, lam=0.0, jitter=True, L=L)
+    assert "1.1" in f.jitter and all(v > 0 for v in f.jitter.values())  # rows 99, 100
+    assert L.markers.record((1, 1))["jitter"] == f.jitter["1.1"]
+    D = np.zeros(n)
+    for key, eps in f.jitter.items():
+        j = int(key.split(".")[0])
+        D[j * block : (j + 1) * block] = eps
+    Lf = f.to_numpy()
+    assert rel(Lf @ Lf.T, K + np.diag(D)) < 1e-12
+    resumed = device_cholesky(be, slicer(K, block), n, block, shift=0.0, jitter=True, L=L)
+    assert resumed.jitter == f.jitter
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # inf - inf in the updates
+@pytest.mark.parametrize("entry, block_row", [((70, 5), 1), ((150, 150), 2)])
+def test_non_finite_kernel(name, entry, block_row):
+    n, block = 200, 64
+    K = rbf_matrix(n)
+    K[entry] = K[entry[::-1]] = np.inf if entry[0] != entry[1] else np.nan
+    with pytest.raises(NonFiniteKernelError, match=f"rows of block {block_row}"):
+        device_cholesky(get_backend(name), slicer(K, block), n, block, shift=1e-3)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_stored_gram_route(name, tmp_path):
+    be = get_backend(name)
+    n, block = 330, 100
+    K = rbf_matrix(n, seed=9)
+    gram = write_gram(tmp_path, K, block)
+    L = open_device_factor(str(tmp_path), gram, n, block, 1e-3, be)
+    f = device_cholesky(be, stored_tiles(gram), n, block, shift=1e-3, L=L, lam=1e-3)
+    ref = scipy.linalg.cholesky(K + 1e-3 * np.eye(n), lower=True)
+    assert rel(f.to_numpy(), ref) < 1e-12
+    assert L.markers.done() == set(gram.grid.lower_tiles())
+    assert rel(L.zarr("r")[:], ref) < 1e-12
+    assert L.markers.record((1, 0))["device"] == name
+
+
+def test_float32_factor():
+    be = get_backend("numpy")
+    n, block = 200, 64
+    K = rbf_matrix(n, seed=1)
+    f = device_cholesky(be, slicer(K, block), n, block, shift=1e-2, dtype="float32")
+    L = f.to_numpy()
+    assert L.dtype == np.float32
+    assert rel(L, np.linalg.cholesky(K + 1e-2 * np.eye(n))) < 1e-5
+
+
+class _FakeGPU:
+    """A backend that reports device memory, for the size checks."""
+
+    name = "fake-gpu"
+
+    def __init__(self, free):
+        self.free = free
+
+    def memory(self):
+        return self.free, 2 * self.free
+
+
+def test_device_block_and_memory_check():
+    assert device_block(1000, get_backend("numpy")) == 256
+    assert device_block(100, get_backend("array_api_strict")) == 100
+    big = _FakeGPU(140 * 2**30)
+    assert device_block(100_000, big) == 4096
+    assert device_block(1000, big) == 1000
+    small = _FakeGPU(2**30)  # 1 GiB free: a 4096 column of a 100k factor needs 3.4 GiB
+    b = device_block(100_000, small)
+    assert 128 <= b < 4096 and b % 128 == 0
+    check_device_memory(get_backend("numpy"), 10**6, 4096)  # the host: never raises
+    check_device_memory(big, 100_000, 4096)
+    with pytest.raises(DeviceUnavailableError, match=r"use block=\d+") as e:
+        check_device_memory(small, 100_000, 4096)
+    fit = int(str(e.value).split("use block=")[1].split(" ")[0])
+    check_device_memory(small, 100_000, fit)  # the size it names fits
+    with pytest.raises(DeviceUnavailableError, match="no tile size fits"):
+        check_device_memory(_FakeGPU(2**20), 100_000, 4096)
+
+
+def test_jitter_policy_object_accepted():
+    be = get_backend("numpy")
+    K = rbf_matrix(100)
+    f = device_cholesky(be, slicer(K, 64), 100, 64, shift=1e-3, jitter=JitterPolicy())
+    assert f.jitter == {}
