@@ -164,6 +164,9 @@ GRAM_ENTRY_RATE = 0.53e9
 #: (measured: docs/PERFORMANCE.md#the-solver-policy-against-measured-times)
 NYSTROM_COLUMN_RATE_FRACTION = 1.0 / 3.0
 NYSTROM_EIG_FLOPS_PER_R3 = 45.0
+#: FALKON's PCG (solver="nystrom"): iterations to its default tolerance, as the cost
+#: model expects them (kin40k, M = 1,000 and 4,000: 53 and 82; bench_exactness.py)
+NYSTROM_PCG_TYPICAL_ITERATIONS = 60
 #: a preconditioner application (two N x r GEMVs) runs at this fraction of GEMM speed
 GEMV_FRACTION_OF_GEMM = 0.1
 #: the Cholesky's diagonal chain (one tile POTRF + TRSM per column) runs at this fraction

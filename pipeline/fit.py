@@ -53,10 +53,12 @@ from pipeline.linalg.dense_memory import check_dense_memory, dense_dual_bytes, p
 from pipeline.linalg.dense_primal import primal_to_dual, solve_primal
 from pipeline.linalg.gram import build_gram
 from pipeline.linalg.matvec import make_operator
+from pipeline.linalg.nystrom_solve import CACHE_BYTES as NYSTROM_CACHE_BYTES
 from pipeline.linalg.nystrom_solve import nystrom_solve
 from pipeline.linalg.precond import make_preconditioner
 from pipeline.linalg.triangular import cholesky_solve
 from pipeline.options import ALPHA_CONVENTIONS, solver_choices, solver_convention
+from pipeline.plan.cg_cost import nystrom_method
 from pipeline.plan.fit_plan import FitPlan, Probes, Resources, plan_fit
 from pipeline.storage import fingerprint_blocks, fingerprint_obj
 from pipeline.storage.arrays import normalize_store
@@ -460,12 +462,20 @@ def _execute_nystrom(
         effective_alpha(plan.alpha, int(y.shape[0]), sample_weight=sw,
                         alpha_convention=plan.alpha_convention)[0]
     )  # fmt: skip
-    with cg_progress(enabled=progress, tol=o.tol, max_iter=o.max_iter) as shown:
+    n, d = int(y.shape[0]), int(X.shape[1])
+    m = min(int(o.n_centers), n)
+    cached = n * m * 8 <= NYSTROM_CACHE_BYTES
+    method, why = nystrom_method(n, m, d, cached=cached)
+    if store is not None and method == "direct":  # the one pass keeps no checkpoint yet
+        method, why = "pcg", why + "; a store asks for a resumable solve: the checkpointed PCG"
+    log.info("%s: %s", why, method)
+    with cg_progress(enabled=progress and method == "pcg", tol=o.tol,
+                     max_iter=o.max_iter) as shown:  # fmt: skip
         sol = nystrom_solve(
             X, y, kernel, shift, n_centers=o.n_centers, centers=o.centers, sample_weight=sw,
             block_size=plan.block_size, tol=o.tol, max_iter=o.max_iter,
             random_state=o.random_state, store=store, checkpoint_every=o.checkpoint_every,
-            callback=shown,
+            callback=shown, method=method,
         )  # fmt: skip
     info = {**sol.info, "centres": sol.centres.tolist(), "history": sol.cg.history}
     return FitResult(

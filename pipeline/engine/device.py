@@ -347,47 +347,51 @@ def xp_mean(be: Backend, X: Any) -> Any:
 # ---------------------------------------------------------------------------
 _RAW_SOURCE = r"""
 #define TILE 128
-#define MAXD 64
+/* DIM, the number of features, is a compile-time constant (one build per width), so a
+   row's features stay in registers and the loops over them unroll */
 extern "C" __global__ void rbf_matvec_f32(
     const float* __restrict__ X, const float* __restrict__ Y, const float* __restrict__ v,
-    double* __restrict__ out, const int n, const int m, const int d, const float g)
+    double* __restrict__ out, const int n, const int m, const float g)
 {
-    __shared__ float ys[TILE * MAXD];
+    __shared__ float ys[TILE * DIM];
     __shared__ float vs[TILE];
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    float xi[MAXD];
-    if (i < n) for (int f = 0; f < d; ++f) xi[f] = X[(long long)i * d + f];
+    float xi[DIM];
+#pragma unroll
+    for (int f = 0; f < DIM; ++f) xi[f] = (i < n) ? X[(long long)i * DIM + f] : 0.0f;
     double acc = 0.0;
     for (int c0 = 0; c0 < m; c0 += TILE) {
         const int cn = min(TILE, m - c0);
         __syncthreads();
-        for (int t = threadIdx.x; t < cn * d; t += blockDim.x) ys[t] = Y[(long long)c0 * d + t];
+        for (int t = threadIdx.x; t < cn * DIM; t += blockDim.x) ys[t] = Y[(long long)c0 * DIM + t];
         for (int t = threadIdx.x; t < cn; t += blockDim.x) vs[t] = v[c0 + t];
         __syncthreads();
-        if (i < n) {
-            float s = 0.0f;  /* float32 within one column tile, in column order */
-            for (int c = 0; c < cn; ++c) {
-                float d2 = 0.0f;
-                for (int f = 0; f < d; ++f) { const float t = xi[f] - ys[c * d + f]; d2 += t * t; }
-                s += expf(-g * d2) * vs[c];
-            }
-            acc += (double)s;  /* float64 across tiles */
+        float s = 0.0f;  /* float32 within one column tile, in column order */
+        for (int c = 0; c < cn; ++c) {
+            float d2 = 0.0f;
+#pragma unroll
+            for (int f = 0; f < DIM; ++f) { const float t = xi[f] - ys[c * DIM + f]; d2 = fmaf(t, t, d2); }
+            s = fmaf(__expf(-g * d2), vs[c], s);
         }
+        acc += (double)s;  /* float64 across tiles */
     }
     if (i < n) out[i] = acc;
 }
 """
 _RAW_THREADS = 128
-_raw_kernel: Any = None
+_raw_kernels: dict[int, Any] = {}
 
 
-def _raw_rbf() -> Any:
-    global _raw_kernel
-    if _raw_kernel is None:
+def _raw_rbf(d: int) -> Any:
+    """The raw kernel built for ``d`` features (compiled once per width)."""
+    kern = _raw_kernels.get(d)
+    if kern is None:
         import cupy
 
-        _raw_kernel = cupy.RawKernel(_RAW_SOURCE, "rbf_matvec_f32")
-    return _raw_kernel
+        kern = _raw_kernels[d] = cupy.RawKernel(
+            _RAW_SOURCE, "rbf_matvec_f32", options=(f"-DDIM={int(d)}",)
+        )
+    return kern
 
 
 def _raw_applies(be: Backend, kernel: Kernel, kd: str, d: int) -> bool:
@@ -400,12 +404,13 @@ def _raw_applies(be: Backend, kernel: Kernel, kd: str, d: int) -> bool:
     )
 
 
-def _raw_rows(be: Backend, kernel: RBF, X: Any) -> tuple[Any, float]:
-    """Centred rows (ARD: scaled by 1/length_scale) as float32, and γ."""
+def _raw_rows(be: Backend, kernel: RBF, X: Any, centre: Any = None) -> tuple[Any, float]:
+    """Rows centred by ``centre`` (default: their mean; ARD: scaled by 1/length_scale)
+    as float32, and γ."""
     import cupy
 
     d = int(X.shape[1])
-    xc = X - xp_mean(be, X)
+    xc = X - (xp_mean(be, X) if centre is None else centre)
     if kernel.ard:
         xc = xc * be.asarray(inverse_length_scales(kernel, kernel.length_scale, d))
         g = 0.5
@@ -423,12 +428,12 @@ def _raw_matvec(rows32: Any, cols32: Any, g: float, V: Any) -> Any:
     m = int(cols32.shape[0])
     out = cupy.empty((n, int(V.shape[1])), dtype=cupy.float64)
     col = cupy.empty(n, dtype=cupy.float64)
-    kern = _raw_rbf()
+    kern = _raw_rbf(d)
     grid = ((n + _RAW_THREADS - 1) // _RAW_THREADS,)
     for k in range(int(V.shape[1])):
         v = cupy.ascontiguousarray(V[:, k], dtype=cupy.float32)
         kern(grid, (_RAW_THREADS,), (rows32, cols32, v, col, np.int32(n), np.int32(m),
-                                     np.int32(d), np.float32(g)))  # fmt: skip
+                                     np.float32(g)))  # fmt: skip
         out[:, k] = col
     return out
 
@@ -590,8 +595,17 @@ class DeviceKernel:
         out = np.empty((nn, m), dtype=np.float64)
         centre = xp_mean(be, self.X)
         b = self._b(m)
+        raw = _raw_applies(be, self.kernel, self.kernel_dtype, self.d)
+        if raw and self._raw is None:
+            self._raw = _raw_rows(be, self.kernel, self.X)
         for s in range(0, nn, PREDICT_CHUNK_ROWS):
             xb = _upload(be, X_new[s : s + PREDICT_CHUNK_ROWS], "X_new")
+            if raw:  # the fused kernel, rows centred by the training rows' mean
+                rows32, g = _raw_rows(be, self.kernel, xb, centre)
+                out[s : s + int(xb.shape[0])] = be.to_numpy(
+                    _raw_matvec(rows32, self._raw[0], g, Ad)
+                )
+                continue
             prep = _Prep(be, self.kernel, xb, self.X, centre, self.kernel_dtype)
             self._blocks_into(out[s : s + int(xb.shape[0])], prep, Ad, 0.0, b, symmetric=False)
         return out[:, 0] if one_d else out

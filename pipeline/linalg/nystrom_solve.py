@@ -82,6 +82,8 @@ log = logging.getLogger(__name__)
 
 #: the products' precisions: float32 kernel blocks and products, float64 sums
 PRODUCT_DTYPES = ("float64", "float32")
+#: how the M x M system is solved: FALKON's PCG, or one pass and a factorisation
+NYSTROM_METHODS = ("pcg", "direct")
 #: FALKON's relative jitter of K_MM (times M and K_MM's largest diagonal entry)
 JITTER = 1e-13
 #: bytes of one kernel block G_b (b x M) when the caller names no block size
@@ -302,8 +304,11 @@ class NystromNormalOperator:
     def _weights(self, s: int, b: int) -> np.ndarray | None:
         return None if self.weights is None else self.weights[s : s + b, None]
 
-    def rhs(self, y: np.ndarray) -> np.ndarray:
-        """``Bᵀ K_nMᵀ W y / n`` (y of shape (N, t)); also X's fingerprint, one pass."""
+    def rhs(self, y: np.ndarray, normal: np.ndarray | None = None) -> np.ndarray:
+        """``Bᵀ K_nMᵀ W y / n`` (y of shape (N, t)); also X's fingerprint, one pass.
+
+        ``normal`` (M x M, float64, zeros): ``K_nMᵀ W K_nM`` is added into it in the same
+        pass, block by block in order (the direct solve's one pass over X)."""
         acc = np.zeros((self.n, y.shape[1]))
         stream_fp = self._x_fp is None and self.rows.X is None
         block_fps = []
@@ -321,6 +326,9 @@ class NystromNormalOperator:
             w = self._weights(s, xb.shape[0])
             yb = yb if w is None else yb * w
             acc += np.asarray(G.T @ yb.astype(G.dtype, copy=False), dtype=np.float64)
+            if normal is not None:
+                Gw = G if w is None else G * np.sqrt(w, dtype=G.dtype)
+                normal += np.asarray(Gw.T @ Gw, dtype=np.float64)  # a SYRK
         if stream_fp:
             self._x_fp = fingerprint_obj(block_fps)
         if self.cache:
@@ -339,6 +347,24 @@ class NystromNormalOperator:
             acc += np.asarray(G.T @ Z.astype(self.product_dtype, copy=False), dtype=np.float64)
         self.n_products += 1
         return acc
+
+    def solve_direct(self, normal: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """γ solving the preconditioned system ``P γ = b`` directly, ``P = Bᵀ (K_nMᵀ W K_nM
+        + λ K_MM) B / n`` formed from ``normal`` (``K_nMᵀ W K_nM``, from :meth:`rhs`): the
+        same system CG iterates on, and as well conditioned, factored once (M³/3).
+        Returns (γ, the relative residual of each column, float64)."""
+        H = normal + self.shift * self.K_MM
+        P = self.pre.apply_t(self.pre.apply_t(H).T) / self.n_eff  # Bᵀ (Bᵀ H)ᵀ = Bᵀ H B
+        P = 0.5 * (P + P.T)
+        try:
+            c = scipy.linalg.cho_factor(P, lower=True, check_finite=False)
+            g = scipy.linalg.cho_solve(c, b, check_finite=False)
+        except np.linalg.LinAlgError:  # not positive definite in floating point: least squares
+            g = scipy.linalg.lstsq(P, b, check_finite=False)[0]
+        nb = np.linalg.norm(b, axis=0)
+        res = np.linalg.norm(P @ g - b, axis=0) / np.where(nb > 0, nb, 1.0)
+        self.n_products += 1
+        return g, res
 
     def matvec(self, V: np.ndarray) -> np.ndarray:
         V2 = np.asarray(V, dtype=np.float64).reshape(self.n, -1)
@@ -426,6 +452,7 @@ def nystrom_solve(
     centre_indices: Any = None,
     n_threads: int | None = None,
     cache_bytes: int | None = None,
+    method: str = "pcg",
 ) -> NystromSolution:
     """Nyström kernel ridge regression by FALKON: solve ``(K_nMᵀ W K_nM + λ K_MM) β = K_nMᵀ W y``.
 
@@ -464,6 +491,13 @@ def nystrom_solve(
         Keep the kernel blocks (N x M in all) in memory after the first pass when they
         fit in this many bytes (default :data:`CACHE_BYTES`; 0: recompute them at every
         product, memory O(M² + b·M)). The result is the same to the bit either way.
+    method : {"pcg", "direct"}
+        ``"pcg"``: FALKON's preconditioned CG, a pass over X per iteration. ``"direct"``:
+        one pass over X accumulates ``K_nMᵀ W K_nM`` (N·M² flops, a SYRK per block) with
+        the right-hand side, then the preconditioned M x M system is factored (M³/3):
+        the same system and solution (to CG's tolerance), cheaper whenever N·M² flops of
+        SYRK cost less than CG's passes (:func:`pipeline.plan.cg_cost.nystrom_method`
+        chooses). Memory O(M² + b·M) either way; no CG, so nothing to checkpoint.
 
     Returns
     -------
@@ -478,6 +512,8 @@ def nystrom_solve(
         )
     centers = _check_centres(centers)
     m = check_n_centers(n_centers)
+    if method not in NYSTROM_METHODS:
+        raise ValueError(f"method={method!r} is not valid; choose one of {NYSTROM_METHODS}")
     y = np.asarray(y, dtype=np.float64)
     one_d = y.ndim == 1
     Y = y.reshape(y.shape[0], -1)
@@ -505,11 +541,24 @@ def nystrom_solve(
     if not np.all(np.isfinite(C)):
         raise ValueError("X contains NaN or infinite values; clean or impute them first")
     cache = CACHE_BYTES if cache_bytes is None else int(cache_bytes)
+    if method == "direct":
+        cache = 0  # one pass: nothing is read twice
     op = NystromNormalOperator(rows, kernel, idx, C, shift, w, product_dtype, n_threads, cache)
-    b = op.rhs(Y)
-    if store is None:
+    if method == "direct":
+        normal = np.zeros((op.n, op.n))
+        b = op.rhs(Y, normal)
+        t1 = time.perf_counter()
+        g, rel = op.solve_direct(normal, b)
+        del normal
+        res = CGResult(
+            g, True, 0, 0, 1, rel, rel[None, :], tol, 0, time.perf_counter() - t1,
+            column_converged=np.ones(rel.shape, dtype=bool), column_reason=[None] * rel.size,
+        )  # fmt: skip
+    elif store is None:
+        b = op.rhs(Y)
         res = conjugate_gradient(op.matvec, b, tol=tol, max_iter=max_iter, callback=callback)
     else:
+        b = op.rhs(Y)
         res = resumable_cg(
             op, b, store, name="nystrom", every=checkpoint_every, tol=tol, max_iter=max_iter,
             callback=callback,
@@ -525,11 +574,13 @@ def nystrom_solve(
         "rel_residual": np.asarray(res.rel_residual).tolist(),
         "block_size": rows.block,
         "product_dtype": op.product_dtype.name,
+        "method": method,
         "seconds": time.perf_counter() - t0,
     }
     log.info(
-        "Nyström (FALKON): M=%d %s centres, %d CG iterations, relative residual %s, %.2f s",
-        idx.size, info["centers"], res.n_iter, info["rel_residual"], info["seconds"],
+        "Nyström (%s): M=%d %s centres, %d CG iterations, relative residual %s, %.2f s",
+        "FALKON PCG" if method == "pcg" else "direct, one pass", idx.size, info["centers"],
+        res.n_iter, info["rel_residual"], info["seconds"],
     )  # fmt: skip
     coef = beta[:, 0] if one_d else beta
     return NystromSolution(coef, idx, C, res, info)

@@ -41,6 +41,7 @@ __all__ = [
     "mixed_precision_products",
     "nystrom_build_seconds",
     "nystrom_memory_bytes",
+    "nystrom_method",
     "predicted_iterations",
     "product_seconds",
     "gram_disk_bytes",
@@ -178,3 +179,32 @@ def mixed_precision_products(
     ill = n_over_shift is not None and n_over_shift > C.MIXED_MAX_N_OVER_SHIFT
     overhead = C.MIXED_INNER_OVERHEAD_ILL if ill else C.MIXED_INNER_OVERHEAD
     return math.ceil(overhead * iterations_float64), outer
+
+
+def nystrom_method(
+    n: int, m: int, n_features: int, *, cached: bool, iterations: int | None = None,
+    gemm_gflops: float | None = None,
+) -> tuple[str, str]:  # fmt: skip
+    """How ``solver="nystrom"`` solves its M x M system: ``("direct" | "pcg", reason)``.
+
+    ``"direct"``: one pass over X evaluates ``K_nM`` (N·M entries) and accumulates
+    ``K_nMᵀ W K_nM`` (a SYRK, N·M² flops at GEMM speed), then factors M x M.
+    ``"pcg"``: FALKON's CG, ``iterations`` passes (default
+    :data:`~pipeline.constants.NYSTROM_PCG_TYPICAL_ITERATIONS`), each two GEMVs over
+    the N x M blocks at :data:`~pipeline.constants.GEMV_FRACTION_OF_GEMM` of GEMM speed
+    and, unless the blocks are ``cached``, their N·M kernel entries again. The cheaper
+    estimate wins (kin40k, N = 36,000: direct at M = 1,000 and 4,000, 2-3x faster than
+    the PCG; bench_exactness.py).
+    """
+    n, m = int(n), int(m)
+    gemm = float(gemm_gflops or C.DEFAULT_GEMM_GFLOPS) * 1e9
+    its = int(iterations or C.NYSTROM_PCG_TYPICAL_ITERATIONS)
+    kernel = n * m / entry_rate(n_features)
+    direct = kernel + n * float(m) ** 2 / gemm
+    per_pass = 4.0 * n * m / (gemm * C.GEMV_FRACTION_OF_GEMM) + (0.0 if cached else kernel)
+    pcg = kernel + its * per_pass
+    method = "direct" if direct <= pcg else "pcg"
+    return method, (
+        f"Nyström M={m}: one pass and an M x M factorisation ~{direct:.3g} s against "
+        f"~{pcg:.3g} s for {its} PCG iterations{' (blocks kept)' if cached else ''}"
+    )

@@ -203,3 +203,18 @@ def test_default_block_rows_and_benchmark(be):
     X = np.random.default_rng(0).standard_normal((2000, 16))
     r = device.benchmark_matvec(be, RBF(0.05), X, kernel_dtype="float32", repeats=2)
     assert r["backend"] == "cupy" and r["raw_kernel"] and r["best_s"] > 0
+
+
+@pytest.mark.parametrize("kernel", [RBF(0.3), RBF(length_scale=ARD)], ids=["rbf", "rbf-ard"])
+def test_raw_kernel_predicts_as_the_gemm_path(be, kernel, raw):
+    rng = np.random.default_rng(5)
+    X = rng.standard_normal((700, D)) + 2.0
+    Xn = rng.standard_normal((333, D)) + 2.0
+    a = rng.standard_normal((700, 2))
+    dk = device.DeviceKernel(be, kernel, X, kernel_dtype="float32", block_rows=256)
+    raw(True)
+    p = dk.predict(a, Xn)
+    raw(False)
+    q = dk.predict(a, Xn)
+    assert _rel(p, q) < 1e-5
+    assert _rel(p, kernel(Xn, X) @ a) < 1e-5

@@ -203,3 +203,33 @@ def test_bad_weights_and_an_indefinite_kernel_are_refused(data):
         nystrom_solve(X, Y, "rbf", LAM, n_centers=M, sample_weight=-w)
     with pytest.raises(IndefiniteKernelError, match="not positive semi-definite"):
         nystrom_solve(X, Y, make_kernel("sigmoid", gamma=1.0, coef0=-3.0), LAM, n_centers=M)
+
+
+@pytest.mark.parametrize("block_size", [37, 256, N])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_direct_method_solves_the_same_normal_equations(data, block_size, weighted):
+    X, Y, w = data
+    k = make_kernel("rbf")
+    ww = w if weighted else None
+    sol = nystrom_solve(X, Y, k, LAM, n_centers=M, block_size=block_size, sample_weight=ww,
+                        method="direct")  # fmt: skip
+    assert sol.info["method"] == "direct" and sol.info["n_iter"] == 0 and sol.cg.converged
+    assert max(sol.info["rel_residual"]) < 1e-12
+    beta, Knm = _dense_reference(X, Y, k, LAM, sol.X_centres, ww)
+    np.testing.assert_allclose(Knm @ sol.coef, Knm @ beta, rtol=0, atol=1e-8)
+    again = nystrom_solve(X, Y, k, LAM, n_centers=M, block_size=block_size, sample_weight=ww,
+                          method="direct")  # fmt: skip
+    np.testing.assert_array_equal(sol.coef, again.coef)  # one pass in block order: the same bits
+    pcg = nystrom_solve(X, Y, k, LAM, n_centers=M, block_size=block_size, sample_weight=ww,
+                        tol=1e-12, max_iter=500)  # fmt: skip
+    np.testing.assert_allclose(Knm @ sol.coef, Knm @ pcg.coef, rtol=0, atol=1e-8)
+
+
+def test_direct_method_streams_x_and_refuses_an_unknown_method(data):
+    X, Y, _ = data
+    a = nystrom_solve(X, Y[:, 0], "rbf", LAM, n_centers=M, block_size=100, method="direct")
+    b = nystrom_solve(da.from_array(X, chunks=100), Y[:, 0], "rbf", LAM, n_centers=M,
+                      block_size=100, method="direct")  # fmt: skip
+    np.testing.assert_array_equal(a.coef, b.coef)
+    with pytest.raises(ValueError, match="method='cholesky' is not valid.*'pcg', 'direct'"):
+        nystrom_solve(X, Y, "rbf", LAM, n_centers=M, method="cholesky")

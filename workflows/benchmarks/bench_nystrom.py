@@ -32,7 +32,7 @@ from pipeline.kernels import make_kernel
 from pipeline.linalg.nystrom_solve import nystrom_solve
 
 DATA = Path(
-    os.environ.get("KIN40K_DIR", Path(__file__).resolve().parents[3] / "shared/data/kin40k")
+    os.environ.get("KIN40K_DIR", Path(__file__).resolve().parents[1] / "data" / "kin40k")
 )
 
 
