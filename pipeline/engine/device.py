@@ -35,10 +35,13 @@ the block products into float64 accumulators (as :mod:`pipeline.engine.fused`).
 Every sum has a fixed order (column blocks in order, the features in order), so two
 calls on one backend with the same shapes and ``block_rows`` give the same bits.
 
-On CuPy, the RBF matvec in float32 takes a fused raw CUDA kernel (one thread per
-row, column tiles through shared memory, float32 sums within a tile added to a
-float64 accumulator), unless :data:`USE_RAW_KERNEL` is False or the data has more
-than :data:`RAW_MAX_FEATURES` features; the GEMM path is the reference.
+On CuPy, the RBF matvec and prediction take a fused raw CUDA kernel (one thread per
+row, column tiles through shared memory, no kernel block in memory), built per feature
+width and precision: ``"float32"`` (float32 entries and sums within a tile of 128
+columns, added to a float64 accumulator) or ``"float64"`` (everything in float64),
+unless :data:`USE_RAW_KERNEL` is False or the data has more than
+:data:`RAW_MAX_FEATURES` features (half that in float64: the tile's rows must fit in
+shared memory); the GEMM path is the reference.
 """
 
 from __future__ import annotations
@@ -348,17 +351,27 @@ def xp_mean(be: Backend, X: Any) -> Any:
 _RAW_SOURCE = r"""
 #define TILE 128
 /* DIM, the number of features, is a compile-time constant (one build per width), so a
-   row's features stay in registers and the loops over them unroll */
-extern "C" __global__ void rbf_matvec_f32(
-    const float* __restrict__ X, const float* __restrict__ Y, const float* __restrict__ v,
-    double* __restrict__ out, const int n, const int m, const float g)
+   row's features stay in registers and the loops over them unroll; REAL is float (the
+   kernel's values and the sums within one column tile in float32, __expf) or double */
+#if REAL_IS_DOUBLE
+typedef double REAL;
+#define EXP(x) exp(x)
+#define FMA(a, b, c) fma(a, b, c)
+#else
+typedef float REAL;
+#define EXP(x) __expf(x)
+#define FMA(a, b, c) fmaf(a, b, c)
+#endif
+extern "C" __global__ void rbf_matvec(
+    const REAL* __restrict__ X, const REAL* __restrict__ Y, const REAL* __restrict__ v,
+    double* __restrict__ out, const int n, const int m, const REAL g)
 {
-    __shared__ float ys[TILE * DIM];
-    __shared__ float vs[TILE];
+    __shared__ REAL ys[TILE * DIM];
+    __shared__ REAL vs[TILE];
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    float xi[DIM];
+    REAL xi[DIM];
 #pragma unroll
-    for (int f = 0; f < DIM; ++f) xi[f] = (i < n) ? X[(long long)i * DIM + f] : 0.0f;
+    for (int f = 0; f < DIM; ++f) xi[f] = (i < n) ? X[(long long)i * DIM + f] : (REAL)0;
     double acc = 0.0;
     for (int c0 = 0; c0 < m; c0 += TILE) {
         const int cn = min(TILE, m - c0);
@@ -366,12 +379,12 @@ extern "C" __global__ void rbf_matvec_f32(
         for (int t = threadIdx.x; t < cn * DIM; t += blockDim.x) ys[t] = Y[(long long)c0 * DIM + t];
         for (int t = threadIdx.x; t < cn; t += blockDim.x) vs[t] = v[c0 + t];
         __syncthreads();
-        float s = 0.0f;  /* float32 within one column tile, in column order */
+        REAL s = 0;  /* REAL within one column tile, in column order */
         for (int c = 0; c < cn; ++c) {
-            float d2 = 0.0f;
+            REAL d2 = 0;
 #pragma unroll
-            for (int f = 0; f < DIM; ++f) { const float t = xi[f] - ys[c * DIM + f]; d2 = fmaf(t, t, d2); }
-            s = fmaf(__expf(-g * d2), vs[c], s);
+            for (int f = 0; f < DIM; ++f) { const REAL t = xi[f] - ys[c * DIM + f]; d2 = FMA(t, t, d2); }
+            s = FMA(EXP(-g * d2), vs[c], s);
         }
         acc += (double)s;  /* float64 across tiles */
     }
@@ -379,18 +392,17 @@ extern "C" __global__ void rbf_matvec_f32(
 }
 """
 _RAW_THREADS = 128
-_raw_kernels: dict[int, Any] = {}
+_raw_kernels: dict[tuple[int, str], Any] = {}
 
 
-def _raw_rbf(d: int) -> Any:
-    """The raw kernel built for ``d`` features (compiled once per width)."""
-    kern = _raw_kernels.get(d)
+def _raw_rbf(d: int, kd: str = "float32") -> Any:
+    """The raw kernel built for ``d`` features in ``kd`` (compiled once per pair)."""
+    kern = _raw_kernels.get((d, kd))
     if kern is None:
         import cupy
 
-        kern = _raw_kernels[d] = cupy.RawKernel(
-            _RAW_SOURCE, "rbf_matvec_f32", options=(f"-DDIM={int(d)}",)
-        )
+        opts = (f"-DDIM={int(d)}", f"-DREAL_IS_DOUBLE={int(kd == 'float64')}")
+        kern = _raw_kernels[d, kd] = cupy.RawKernel(_RAW_SOURCE, "rbf_matvec", options=opts)
     return kern
 
 
@@ -399,14 +411,16 @@ def _raw_applies(be: Backend, kernel: Kernel, kd: str, d: int) -> bool:
         USE_RAW_KERNEL
         and be.name == "cupy"
         and type(kernel) is RBF
-        and kd == "float32"
-        and 1 <= d <= RAW_MAX_FEATURES
+        and kd in ("float32", "float64")
+        and 1 <= d <= (RAW_MAX_FEATURES if kd == "float32" else RAW_MAX_FEATURES // 2)
     )
 
 
-def _raw_rows(be: Backend, kernel: RBF, X: Any, centre: Any = None) -> tuple[Any, float]:
+def _raw_rows(
+    be: Backend, kernel: RBF, X: Any, centre: Any = None, kd: str = "float32"
+) -> tuple[Any, float]:
     """Rows centred by ``centre`` (default: their mean; ARD: scaled by 1/length_scale)
-    as float32, and γ."""
+    in ``kd``, and γ."""
     import cupy
 
     d = int(X.shape[1])
@@ -416,7 +430,7 @@ def _raw_rows(be: Backend, kernel: RBF, X: Any, centre: Any = None) -> tuple[Any
         g = 0.5
     else:
         g = kernel.effective_gamma(d)
-    return cupy.ascontiguousarray(xc, dtype=cupy.float32), float(g)
+    return cupy.ascontiguousarray(xc, dtype=np.dtype(kd)), float(g)
 
 
 def _raw_matvec(rows32: Any, cols32: Any, g: float, V: Any) -> Any:
@@ -426,14 +440,15 @@ def _raw_matvec(rows32: Any, cols32: Any, g: float, V: Any) -> Any:
 
     n, d = (int(s) for s in rows32.shape)
     m = int(cols32.shape[0])
+    dt = rows32.dtype
     out = cupy.empty((n, int(V.shape[1])), dtype=cupy.float64)
     col = cupy.empty(n, dtype=cupy.float64)
-    kern = _raw_rbf(d)
+    kern = _raw_rbf(d, np.dtype(dt).name)
     grid = ((n + _RAW_THREADS - 1) // _RAW_THREADS,)
     for k in range(int(V.shape[1])):
-        v = cupy.ascontiguousarray(V[:, k], dtype=cupy.float32)
+        v = cupy.ascontiguousarray(V[:, k], dtype=dt)
         kern(grid, (_RAW_THREADS,), (rows32, cols32, v, col, np.int32(n), np.int32(m),
-                                     np.float32(g)))  # fmt: skip
+                                     dt.type(g)))  # fmt: skip
         out[:, k] = col
     return out
 
@@ -505,7 +520,7 @@ class DeviceKernel:
         out = np.empty((self.n, m), dtype=np.float64)
         if _raw_applies(be, self.kernel, self.kernel_dtype, self.d):
             if self._raw is None:
-                self._raw = _raw_rows(be, self.kernel, self.X)
+                self._raw = _raw_rows(be, self.kernel, self.X, kd=self.kernel_dtype)
             rows32, g = self._raw
             acc = _raw_matvec(rows32, rows32, g, Vd)
             if shift:
@@ -597,11 +612,11 @@ class DeviceKernel:
         b = self._b(m)
         raw = _raw_applies(be, self.kernel, self.kernel_dtype, self.d)
         if raw and self._raw is None:
-            self._raw = _raw_rows(be, self.kernel, self.X)
+            self._raw = _raw_rows(be, self.kernel, self.X, kd=self.kernel_dtype)
         for s in range(0, nn, PREDICT_CHUNK_ROWS):
             xb = _upload(be, X_new[s : s + PREDICT_CHUNK_ROWS], "X_new")
             if raw:  # the fused kernel, rows centred by the training rows' mean
-                rows32, g = _raw_rows(be, self.kernel, xb, centre)
+                rows32, g = _raw_rows(be, self.kernel, xb, centre, self.kernel_dtype)
                 out[s : s + int(xb.shape[0])] = be.to_numpy(
                     _raw_matvec(rows32, self._raw[0], g, Ad)
                 )

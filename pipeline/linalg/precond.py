@@ -68,6 +68,7 @@ import scipy.sparse.linalg
 
 from pipeline.constants import FACTOR_ROW_STEP
 from pipeline.engine import available_cores
+from pipeline.engine.backend import Backend
 from pipeline.engine.parallel import blas_threads
 from pipeline.linalg.matvec import check_shift
 from pipeline.options import PRECONDITIONERS as OPTION_PRECONDITIONERS
@@ -241,6 +242,11 @@ class NystromPreconditioner:
     info : dict, optional
         What built F (method, rank, seed...), kept for the fingerprint (its
         ``pivots``, ``history`` and ``seconds`` excluded).
+    backend : Backend, optional
+        Where the apply runs (:mod:`pipeline.engine.backend`): a device backend keeps F on
+        the device (uploaded once, in its dtype), forms FᵀF and both products of every
+        apply there, row block by row block in float64, and only the r x r solve on the
+        host: a GPU fit's CG then moves one vector each way per apply. Default: the host.
 
     Attributes
     ----------
@@ -250,14 +256,18 @@ class NystromPreconditioner:
         are orthogonal).
     """
 
-    def __init__(self, F: np.ndarray, shift: float, info: dict | None = None) -> None:
+    def __init__(
+        self, F: np.ndarray, shift: float, info: dict | None = None, backend: Backend | None = None
+    ) -> None:
         F = F if isinstance(F, np.ndarray) else np.asarray(F)
         if F.dtype not in (np.float32, np.float64):
             F = F.astype(np.float64)
         if F.ndim != 2:
             raise ValueError(f"F must be 2-D (n, r), got shape {F.shape}")
         self.shift = check_shift(shift)
-        G = _gram(F)
+        self._be = None if backend is None or backend.is_host else backend
+        self._Fd = None if self._be is None else self._be.asarray(F)
+        G = _gram(F) if self._be is None else self._device_gram()
         # Woodbury with a Cholesky of μI + FᵀF (r³/3 flops): an eigendecomposition of
         # FᵀF (the retired eigen form) took 5-14 s at r = 1,250 on the shared 2-core
         # machine, more than the whole RPCholesky build
@@ -273,10 +283,45 @@ class NystromPreconditioner:
     def nbytes(self) -> int:
         return int(self.F.shape[0] * self.F.shape[1] * self.F.dtype.itemsize)
 
+    def _device_blocks(self):
+        xp = self._be.xp
+        n = int(self._Fd.shape[0])
+        for s in range(0, n, _ROW_STEP):
+            yield s, xp.astype(self._Fd[s : min(n, s + _ROW_STEP), :], xp.float64)
+
+    def _device_gram(self) -> np.ndarray:
+        xp = self._be.xp
+        G = None
+        for _, Fb in self._device_blocks():
+            P = xp.matmul(xp.matrix_transpose(Fb), Fb)
+            G = P if G is None else G + P
+        G = self._be.to_numpy(G)
+        if not np.all(np.isfinite(G)):
+            raise ValueError("the Nyström factor F contains NaN or infinite values")
+        return G
+
+    def _device_apply(self, R2: np.ndarray) -> np.ndarray:
+        """The same Woodbury apply with F's products on the device (row blocks in order)."""
+        be, xp = self._be, self._be.xp
+        Rd = be.asarray(np.ascontiguousarray(R2), dtype="float64")
+        T = None
+        for s, Fb in self._device_blocks():
+            P = xp.matmul(xp.matrix_transpose(Fb), Rd[s : s + int(Fb.shape[0]), :])
+            T = P if T is None else T + P
+        C = be.asarray(scipy.linalg.cho_solve(self._chol, be.to_numpy(T), check_finite=False))
+        out = np.empty(R2.shape, dtype=np.float64)
+        for s, Fb in self._device_blocks():
+            e = s + int(Fb.shape[0])
+            out[s:e] = be.to_numpy((Rd[s:e, :] - xp.matmul(Fb, C)) / self.shift)
+        return out
+
     def apply(self, R: np.ndarray) -> np.ndarray:
         R = np.asarray(R, dtype=np.float64)
         one_d = R.ndim == 1
         R2 = R.reshape(R.shape[0], -1)
+        if self._be is not None:
+            out = self._device_apply(R2)
+            return out[:, 0] if one_d else out
         out = _woodbury(
             self.F, R2, lambda T: scipy.linalg.cho_solve(self._chol, T, check_finite=False),
             self.shift,
@@ -782,9 +827,10 @@ class NystromFactor:
     def rank(self) -> int:
         return int(self.F.shape[1])
 
-    def woodbury(self, shift: float) -> NystromPreconditioner:
-        """``(F Fᵀ + shift I)⁻¹`` for one operator (F kept in its own dtype)."""
-        return NystromPreconditioner(self.F, shift, info=self.info)
+    def woodbury(self, shift: float, backend: Backend | None = None) -> NystromPreconditioner:
+        """``(F Fᵀ + shift I)⁻¹`` for one operator (F kept in its own dtype; on
+        ``backend``'s device when it names one)."""
+        return NystromPreconditioner(self.F, shift, info=self.info, backend=backend)
 
     def folds(self, trains: Sequence[np.ndarray]) -> FoldNystromBlock:
         """``(F_T F_Tᵀ + s I)⁻¹`` per fold T (training rows ``trains``), any shift s."""

@@ -149,7 +149,8 @@ def test_raw_kernel_vs_gemm(be, kernel, n, raw):
 
 
 def test_raw_kernel_not_taken(be):
-    assert not device._raw_applies(be, RBF(0.1), "float64", D)
+    assert device._raw_applies(be, RBF(0.1), "float64", D)  # built in float64 too
+    assert not device._raw_applies(be, RBF(0.1), "float64", device.RAW_MAX_FEATURES // 2 + 1)
     assert not device._raw_applies(be, RBF(0.1), "float32", device.RAW_MAX_FEATURES + 1)
     assert not device._raw_applies(be, Matern(nu=0.5), "float32", D)
     rng = np.random.default_rng(0)
@@ -218,3 +219,31 @@ def test_raw_kernel_predicts_as_the_gemm_path(be, kernel, raw):
     q = dk.predict(a, Xn)
     assert _rel(p, q) < 1e-5
     assert _rel(p, kernel(Xn, X) @ a) < 1e-5
+
+
+def test_raw_kernel_in_float64_is_the_float64_product(be, raw):
+    rng = np.random.default_rng(9)
+    X = rng.standard_normal((900, D)) + 2.0
+    V = rng.standard_normal((900, 2))
+    k = RBF(0.4)
+    dk = device.DeviceKernel(be, k, X, kernel_dtype="float64", block_rows=256)
+    raw(True)
+    a = dk.matvec(V, shift=0.3)
+    raw(False)
+    b = dk.matvec(V, shift=0.3)
+    ref = k(X) @ V + 0.3 * V
+    assert _rel(a, ref) < 1e-12 and _rel(b, ref) < 1e-12
+    raw(True)
+    Xn = rng.standard_normal((77, D))
+    assert _rel(dk.predict(V, Xn), k(Xn, X) @ V) < 1e-12
+
+
+def test_woodbury_preconditioner_on_the_gpu(be):
+    from pipeline.linalg.precond import NystromPreconditioner
+
+    rng = np.random.default_rng(1)
+    F = rng.standard_normal((20_000, 40)).astype(np.float32)
+    R = rng.standard_normal((20_000, 3))
+    host = NystromPreconditioner(F, 0.05).apply(R)
+    gpu = NystromPreconditioner(F, 0.05, backend=be).apply(R)
+    assert _rel(gpu, host) < 1e-10

@@ -167,3 +167,20 @@ def test_the_fingerprint_names_the_apply_form(op):
     assert precond.nystrom_fingerprint(pre.shift, pre.rank, pre.summary, info) == fp
     other = {**pre.info, "random_state": 1}
     assert precond.nystrom_fingerprint(pre.shift, pre.rank, pre.summary, other) != fp
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_woodbury_apply_on_a_device_backend_is_the_host_apply(dtype):
+    # the array API's reference namespace stands for a GPU here (CuPy: test_device_gpu.py)
+    pytest.importorskip("array_api_strict")
+    from pipeline.engine.backend import get_backend
+    from pipeline.linalg.precond import NystromPreconditioner
+
+    rng = np.random.default_rng(0)
+    F = rng.standard_normal((20_000, 30)).astype(dtype)  # > one row step of F: 3 blocks
+    R = rng.standard_normal((20_000, 2))
+    host = NystromPreconditioner(F, 0.1)
+    dev = NystromPreconditioner(F, 0.1, backend=get_backend("array_api_strict"))
+    np.testing.assert_allclose(dev.apply(R), host.apply(R), rtol=1e-12, atol=1e-12)
+    assert dev.apply(R[:, 0]).shape == (20_000,)
+    assert dev.fingerprint == host.fingerprint
