@@ -2,6 +2,7 @@
 # The GPU machine's one prepared check (issue #46), run through the device tool from the
 # repository root:  bash workflows/benchmarks/gpu_check.sh
 # 1. installs what the GPU image lacks (Dask, Zarr, pydantic, array-api-*: wheels for
+#    CPython 3.12 that workflows/benchmarks/gpu_wheels.sh downloads into ./.whl; wheels for
 #    CPython 3.12 in ./.whl, carried by the device tool) into /tmp/site, with --no-deps,
 #    so the image's numpy, CuPy and PyTorch stay as they are;
 # 2. runs the backend seam's tests: the GPU files and the CPU backend files, on CuPy;
