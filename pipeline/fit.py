@@ -34,13 +34,15 @@ import numpy as np
 import scipy.sparse as sp
 
 import pipeline.constants as C
+from pipeline.engine.backend import Backend, cuda_available, get_backend
 from pipeline.engine.dense import check_finite_kernel, kernel_matrix
 from pipeline.engine.progress import cg_progress
 from pipeline.engine.where import cluster_workers, factor_executor, gram_on_demand
-from pipeline.errors import IndefiniteKernelError, LockHeldError
+from pipeline.errors import DeviceUnavailableError, IndefiniteKernelError, LockHeldError
 from pipeline.kernels import FunctionScaled, Kernel, Linear, Warped, make_kernel
 from pipeline.kernels.warping import Coordinate, SelectFeatures
 from pipeline.linalg import dense_memory as memory
+from pipeline.linalg import matvec as matvec_ops
 from pipeline.linalg import spectrum
 from pipeline.linalg.cg import CGConvergenceError, conjugate_gradient
 from pipeline.linalg.cg_checkpoint import resumable_cg
@@ -63,9 +65,18 @@ from pipeline.storage.arrays import normalize_store
 from pipeline.storage.lease import LeaseLock
 from pipeline.storage.tempfiles import make_temp_store
 
+# the GPU fit's modules (#46: merged with the engine's and the tile Cholesky's device
+# code; until then a device fit is refused, DeviceUnavailableError)
+try:
+    from pipeline.engine import device as dev
+    from pipeline.linalg import cholesky_device as cd
+except ImportError:  # pragma: no cover - only before the merge
+    dev = cd = None
+
 __all__ = [
     "FitResult",
     "OutOfCoreFit",
+    "device_backend",
     "execute",
     "fit_nystrom",
     "fit_out_of_core",
@@ -139,8 +150,11 @@ def _disk_free(store: Any) -> float:
         return float("inf")
 
 
-def measure_resources(store: Any = None, *, in_memory: bool = True) -> Resources:
-    """Measure free memory and the free disk where ``store`` lives.
+def measure_resources(
+    store: Any = None, *, in_memory: bool = True, device: str = "cpu"
+) -> Resources:
+    """Measure free memory and the free disk where ``store`` lives; with ``device`` not
+    ``"cpu"`` and a usable GPU, its free memory, name and compute capability too.
 
     Measured once per fit, before it writes anything: ``krr run`` records its plan
     (``RUN_DIR/plan.json``) and reads it back rather than measuring again after the
@@ -155,7 +169,32 @@ def measure_resources(store: Any = None, *, in_memory: bool = True) -> Resources
         in_memory=in_memory,
         workers=workers,
         workers_here=workers_here,
+        **(_gpu_resources() if device != "cpu" else {}),
     )
+
+
+def _gpu_resources() -> dict[str, Any]:
+    """The current GPU's free memory, name and compute capability (Resources' fields),
+    or nothing when no GPU is usable (the plan then refuses ``device="cuda"``)."""
+    ok, _ = cuda_available()
+    if not ok:
+        return {}
+    import cupy
+
+    free, _total = get_backend("cupy").memory()
+    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.runtime.getDevice())
+    name = props["name"]
+    return {
+        "gpu_memory_bytes": float(free),
+        "gpu_name": name.decode() if isinstance(name, bytes) else str(name),
+        "gpu_compute_capability": (int(props["major"]), int(props["minor"])),
+    }
+
+
+def device_backend(plan: FitPlan) -> Backend | None:
+    """The :class:`~pipeline.engine.backend.Backend` a plan's arithmetic runs on: CuPy's
+    for ``plan.device == "cuda"``, None on the CPU (the CPU paths, unchanged)."""
+    return get_backend("cupy") if plan.device == "cuda" else None
 
 
 def row_probes(X: Any, kernel: Any) -> Probes:
@@ -292,6 +331,12 @@ def _execute(
     conv = solver_convention(plan.alpha_convention)
     shift = regularisation_shift(plan.alpha, n, conv)
     bs = int(plan.block_size)
+    be = device_backend(plan)
+    if be is not None and plan.solver == "cholesky" and isinstance(X, np.ndarray):
+        # (the plan puts a Cholesky on the device only with X in memory and no store of
+        # the user's: the factor in device memory, in place; no Gram, no tile written)
+        res = _execute_dense_device(plan, X, y, kernel, plan.alpha, None, be)
+        return replace(res, solver="cholesky", shift=float(shift))
     # a float32 factor's alpha must be refined to double precision: against the kept
     # Gram, or with matrix-free products from X in memory. In place with neither,
     # it would be single precision: refused before any work, never returned
@@ -390,6 +435,12 @@ def _execute(
         )
     if plan.matvec == "stored":
         op = make_operator("stored", shift, gram=gram, block_size=bs)
+    elif be is not None:
+        # the kernel's products on the device (X copied there once); the same CG loop,
+        # checkpoints and preconditioner (its columns taken from the device)
+        op = matvec_ops.DeviceKernelOperator(
+            X, kernel, shift, backend=be, kernel_dtype=plan.kernel_dtype
+        )  # fmt: skip
     else:
         # the plan's kernel dtype (float64 unless asked), whatever X's dtype: float32 X
         # must not silently give a float32 kernel whose products stall CG above tol
@@ -514,6 +565,9 @@ def _execute_in_memory(
         )
         dual = primal_to_dual(X, y, coef, lam, sample_weight) if np.all(lam > 0) else None
         return FitResult(dual, "primal", 1, float("nan"), plan, primal_coef=coef)
+    be = device_backend(plan)
+    if be is not None and K is None and isinstance(kernel, Kernel):
+        return _execute_dense_device(plan, X, y, kernel, raw, sample_weight, be)
     overwrite = K is None if overwrite_k is None else overwrite_k
     if K is None:  # the fused evaluators (the kernel object's code for kernels they do not know)
         K = kernel_matrix(kernel, X, check=False)
@@ -531,6 +585,62 @@ def _execute_in_memory(
         return_info=True,
     )
     return FitResult(dual, "dense", 1, float("nan"), plan, info)
+
+
+def _execute_dense_device(
+    plan: FitPlan, X: Any, y: np.ndarray, kernel: Kernel, raw: Any, sample_weight: Any,
+    be: Backend,
+) -> FitResult:  # fmt: skip
+    """The dense dual on the device, in place (:mod:`pipeline.linalg.cholesky_device`):
+    X copied to the device once, each Gram tile computed there
+    (:func:`pipeline.engine.device.kernel_block`) as the factor needs it, never K on the
+    host. Sample weights scale the tiles by sqrt(w) on both sides (scikit-learn's
+    ``W^1/2 K W^1/2``) and ``dual_coef = sqrt(w) beta``, as on the CPU. One shift for
+    every target, > 0 (the CPU's least-squares fallback for alpha = 0 has no device
+    path)."""
+    if dev is None or cd is None:
+        raise DeviceUnavailableError(
+            f"device={plan.device!r}: this installation has no GPU fit "
+            "(pipeline.engine.device or pipeline.linalg.cholesky_device is missing); "
+            "use device='cpu'"
+        )
+    X = np.asarray(_dense(X), dtype=np.float64)
+    n = int(X.shape[0])
+    t = 1 if np.ndim(y) == 1 else y.shape[1]
+    sw = None if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
+    lam = effective_alpha(
+        raw, n, n_targets=t, sample_weight=sw, alpha_convention=plan.alpha_convention
+    )
+    if np.unique(lam).size != 1 or not float(lam[0]) > 0:
+        raise ValueError(
+            f"device={plan.device!r} solves the dense dual with one alpha > 0 for every "
+            f"target, got alpha={raw!r}; use one positive alpha, or device='cpu'"
+        )
+    shift = float(lam[0])
+    Xd = be.asarray(X)
+    root = None if sw is None else be.asarray(np.sqrt(sw))
+    block = cd.device_block(n, be)
+    cd.check_device_memory(be, n, block, "float64")
+
+    def rows(i: int) -> slice:
+        return slice(i * block, min(n, (i + 1) * block))
+
+    def tile(i: int, j: int) -> Any:
+        a = dev.kernel_block(be, kernel, Xd[rows(i), :], Xd[rows(j), :] if i != j else None)
+        if root is not None:  # W^1/2 K W^1/2, tile by tile
+            a = a * root[rows(i), None] * root[None, rows(j)]
+        return a
+
+    f = cd.device_cholesky(
+        be, tile, n, block, shift=shift, jitter=None, lam=shift, convention="sklearn"
+    )
+    rhs = y if sw is None else y * (np.sqrt(sw) if y.ndim == 1 else np.sqrt(sw)[:, None])
+    beta = np.asarray(be.to_numpy(f.solve(be.asarray(np.asarray(rhs, dtype=np.float64)))))
+    beta = beta.reshape(y.shape)
+    if sw is not None:
+        beta = beta * (np.sqrt(sw) if y.ndim == 1 else np.sqrt(sw)[:, None])
+    info = {"device": be.device, "backend": be.name, "block_size": int(block)}
+    return FitResult(beta, "dense", 1, float("nan"), plan, info)
 
 
 # ---------------------------------------------------------------------------
@@ -859,7 +969,9 @@ def fit_out_of_core(
     with _store_dir(store) as root:
         if plan is None:
             plan, reason = plan_fit(
-                n, d, kernel, measure_resources(root, in_memory=False), choices,
+                n, d, kernel,
+                measure_resources(root, in_memory=False, device=knobs.get("device") or "cpu"),
+                choices,
                 n_targets=1 if y.ndim == 1 else y.shape[1], probes=row_probes(X, kernel),
             )  # fmt: skip
             log_plan(plan, reason, origin="KernelRidge", logger=ooc_log)

@@ -75,7 +75,7 @@ def stage_plan(
     k = None
     if kernel is not None:
         k = kernel_from_spec(kernel)
-    resources = measure_resources(store, in_memory=False)
+    resources = measure_resources(store, in_memory=False, device=solver.device)
     return plan_fit(
         int(n_train),
         int(n_features),
