@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import dask
 import numpy as np
 import scipy.sparse as sp
 
@@ -37,7 +38,7 @@ import pipeline.constants as C
 from pipeline.engine.backend import Backend, cuda_available, get_backend
 from pipeline.engine.dense import check_finite_kernel, kernel_matrix
 from pipeline.engine.progress import cg_progress
-from pipeline.engine.where import cluster_workers, factor_executor, gram_on_demand
+from pipeline.engine.where import active_client, cluster_workers, factor_executor, gram_on_demand
 from pipeline.errors import DeviceUnavailableError, IndefiniteKernelError, LockHeldError
 from pipeline.kernels import FunctionScaled, Kernel, Linear, Warped, make_kernel
 from pipeline.kernels.warping import Coordinate, SelectFeatures
@@ -241,6 +242,41 @@ def execute(plan: FitPlan, X: Any, y: np.ndarray, kernel: Any, **options: Any) -
     naming the failure: "auto" can cost the float32 attempt's time, never the answer.
     In place, the float32 Gram (which held the failed factor) is rebuilt in float64.
     """
+    with gpu_tasks(plan):
+        return _execute_plan(plan, X, y, kernel, **options)
+
+
+#: the Dask resource a GPU fit's tasks ask for (a worker started with
+#: ``--resources GPU=1`` holds it)
+GPU_RESOURCE = "GPU"
+
+
+def _workers_have_gpus() -> bool:
+    """Whether the active distributed client has a worker that declares the resource
+    :data:`GPU_RESOURCE` (without one, tasks asking for it would wait for ever)."""
+    client = active_client()
+    if client is None:
+        return False
+    try:
+        workers = client.scheduler_info()["workers"]
+    except Exception:  # noqa: BLE001 - no scheduler info (a closing client): no GPU known
+        return False
+    return any((w.get("resources") or {}).get(GPU_RESOURCE) for w in workers.values())
+
+
+def gpu_tasks(plan: FitPlan) -> contextlib.AbstractContextManager:
+    """The context a fit of ``plan`` runs in: on a GPU (``plan.device == "cuda"``) with
+    a distributed client whose workers declare GPUs, the Dask tasks it builds carry
+    ``resources={"GPU": 1}`` (``dask.annotate``), so the scheduler places them on those
+    workers, one per GPU at a time; otherwise nothing changes (a CPU fit's graphs keep
+    their annotations, and a cluster without GPU workers is never asked for one)."""
+    if plan.device != "cuda" or not _workers_have_gpus():
+        return contextlib.nullcontext()
+    return dask.annotate(resources={GPU_RESOURCE: 1})
+
+
+def _execute_plan(plan: FitPlan, X: Any, y: np.ndarray, kernel: Any, **options: Any) -> FitResult:
+    """:func:`execute`'s body (see there)."""
     if not (
         plan.solver == "cholesky"
         and plan.factor_dtype_auto

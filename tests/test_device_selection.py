@@ -378,3 +378,81 @@ def test_the_device_cg_matches_the_cpu_cg(monkeypatch, name):
     ref = KernelRidge(**kw).fit(X, y)
     est = KernelRidge(**kw, device="cuda").fit(X, y)
     np.testing.assert_allclose(est.dual_coef_, ref.dual_coef_, rtol=1e-9, atol=1e-11)
+
+
+# -- prediction on the device -------------------------------------------------------------
+
+
+def test_predict_runs_on_the_cpu_without_a_gpu(no_gpu, monkeypatch):
+    from pipeline.models import estimator
+
+    monkeypatch.setattr(estimator, "cuda_available", lambda: (False, "no"))
+    assert estimator.predict_backend("cpu") is None
+    assert estimator.predict_backend("cuda") is None  # a GPU model predicts anywhere
+    assert estimator.predict_backend("auto") is None
+
+
+@pytest.mark.parametrize("name", ["numpy", "array_api_strict"])
+def test_predict_on_the_device_matches_the_cpu(monkeypatch, name):
+    import inspect
+
+    from pipeline.engine import dense
+    from pipeline.models import estimator
+
+    if "backend" not in inspect.signature(dense.kernel_predict).parameters:
+        pytest.skip("engine.dense.kernel_predict(..., backend=) not merged yet")
+    be = get_backend(name)
+    X, y = _data()
+    est = KernelRidge(kernel="rbf", gamma=0.3, alpha=0.05).fit(X, y)
+    ref = est.predict(X[:50])
+    seen = []
+    monkeypatch.setattr(estimator, "predict_backend", lambda d: seen.append(d) or be)
+    est.set_params(device="cuda")
+    np.testing.assert_allclose(est.predict(X[:50]), ref, rtol=1e-10, atol=1e-12)
+    assert seen == ["cuda"]
+
+
+# -- a cluster's GPU workers ----------------------------------------------------------------
+
+
+class _FakeClient:
+    def __init__(self, resources):
+        self._workers = {f"tcp://w{i}": {"resources": r} for i, r in enumerate(resources)}
+
+    def scheduler_info(self):
+        return {"workers": self._workers}
+
+
+@pytest.mark.parametrize(
+    ("device", "resources", "annotated"),
+    [
+        ("cuda", [{"GPU": 1}, {}], True),
+        ("cuda", [{}, {}], False),  # no GPU worker: never asked for (it would wait for ever)
+        ("cpu", [{"GPU": 1}], False),  # a CPU fit's graphs keep their annotations
+    ],
+)
+def test_a_gpu_fits_tasks_ask_the_cluster_for_a_gpu(monkeypatch, device, resources, annotated):
+    import dask
+    import dask.array as da
+
+    import pipeline.fit as fit
+
+    monkeypatch.setattr(fit, "active_client", lambda: _FakeClient(resources))
+    seen = {}
+
+    def body(plan, X, y, kernel, **options):
+        seen["annotations"] = dict(dask.get_annotations())
+        seen["graph"] = (da.ones(4, chunks=2) + 1).__dask_graph__()
+        return "done"
+
+    monkeypatch.setattr(fit, "_execute_plan", body)
+    assert fit.execute(FitPlan(solver="cg", device=device), None, np.zeros(3), None) == "done"
+    layers = [getattr(layer, "annotations", None) or {} for layer in seen["graph"].layers.values()]
+    if annotated:
+        assert seen["annotations"] == {"resources": {"GPU": 1}}
+        assert layers and all(a.get("resources") == {"GPU": 1} for a in layers)
+    else:
+        assert "resources" not in seen["annotations"]
+        assert not any("resources" in a for a in layers)
+    monkeypatch.setattr(fit, "active_client", lambda: None)
+    assert fit._workers_have_gpus() is False
