@@ -368,12 +368,17 @@ def _execute(
     shift = regularisation_shift(plan.alpha, n, conv)
     bs = int(plan.block_size)
     be = device_backend(plan)
-    if be is not None and plan.solver == "cholesky" and isinstance(X, np.ndarray):
-        # (the plan puts a Cholesky on the device only with X in memory and no store of
-        # the user's: the factor in device memory, in place; no Gram, no tile written)
-        res = _execute_dense_device(plan, X, y, kernel, plan.alpha, None, be)
-        return replace(res, solver="cholesky", shift=float(shift))
-    # a float32 factor's alpha must be refined to double precision: against the kept
+    chol_jitter = True if plan.options.jitter else None
+    if be is not None and plan.solver == "cholesky":
+        _check_device_modules(plan)
+        if plan.store is None and isinstance(X, np.ndarray) and gram is None:
+            # X in memory and no store of the user's: the factor in device memory, in
+            # place, each Gram tile computed there; no Gram, no tile written
+            res = _execute_dense_device(plan, X, y, kernel, plan.alpha, None, be, chol_jitter)
+            return replace(res, solver="cholesky", shift=float(shift))
+        # with a store: the one tile column the device must hold, before any work
+        cd.check_device_memory(be, n, bs, plan.factor_dtype)
+    # a float32 factor's alpha must be refined    # a float32 factor's alpha must be refined to double precision: against the kept
     # Gram, or with matrix-free products from X in memory. In place with neither,
     # it would be single precision: refused before any work, never returned
     mf = isinstance(X, np.ndarray) and kernel is not None
@@ -411,6 +416,25 @@ def _execute(
             kernel_dtype=C.GRAM_ON_DEMAND_KERNEL_DTYPE if on_demand else None,
             defer=on_demand,
         )
+    if be is not None and plan.solver == "cholesky":
+        # the stored Gram's tiles streamed to the device; the factor's tiles written to
+        # the store under the device's fingerprint (a killed fit resumes from them)
+        L = cd.open_device_factor(
+            factor_store or root, gram, n, bs, plan.alpha, be, convention=conv,
+            jitter=chol_jitter, dtype=plan.factor_dtype, name=factor_name,
+        )  # fmt: skip
+        f = cd.device_cholesky(
+            be, cd.stored_tiles(gram), n, bs, shift=shift, dtype=plan.factor_dtype,
+            jitter=chol_jitter, L=L, lam=plan.alpha, convention=conv, progress=progress,
+        )  # fmt: skip
+        coef = np.asarray(f.solve(np.asarray(y, dtype=np.float64)))
+        f.free()
+        info = {
+            "factor_tiles_computed": int(f.info["tiles_computed"]),
+            "jitter": f.jitter,
+            "device": {k: f.info.get(k) for k in DEVICE_INFO},
+        }
+        return FitResult(coef, "cholesky", 1, float(shift), plan, info, factor=f)
     if plan.solver == "cholesky":
         if not plan.options.keep_gram:
             if np.dtype(plan.factor_dtype) != np.dtype(gram.dtype):
@@ -623,9 +647,22 @@ def _execute_in_memory(
     return FitResult(dual, "dense", 1, float("nan"), plan, info)
 
 
+#: what a device factor's ``info`` reports in the fit's ``info["device"]``
+DEVICE_INFO = ("backend", "block", "tiles_computed", "tiles_resumed", "seconds", "gflops")
+
+
+def _check_device_modules(plan: FitPlan) -> None:
+    if dev is None or cd is None:
+        raise DeviceUnavailableError(
+            f"device={plan.device!r}: this installation has no GPU fit "
+            "(pipeline.engine.device or pipeline.linalg.cholesky_device is missing); "
+            "use device='cpu'"
+        )
+
+
 def _execute_dense_device(
     plan: FitPlan, X: Any, y: np.ndarray, kernel: Kernel, raw: Any, sample_weight: Any,
-    be: Backend,
+    be: Backend, jitter: Any = None,
 ) -> FitResult:  # fmt: skip
     """The dense dual on the device, in place (:mod:`pipeline.linalg.cholesky_device`):
     X copied to the device once, each Gram tile computed there
@@ -633,13 +670,8 @@ def _execute_dense_device(
     host. Sample weights scale the tiles by sqrt(w) on both sides (scikit-learn's
     ``W^1/2 K W^1/2``) and ``dual_coef = sqrt(w) beta``, as on the CPU. One shift for
     every target, > 0 (the CPU's least-squares fallback for alpha = 0 has no device
-    path)."""
-    if dev is None or cd is None:
-        raise DeviceUnavailableError(
-            f"device={plan.device!r}: this installation has no GPU fit "
-            "(pipeline.engine.device or pipeline.linalg.cholesky_device is missing); "
-            "use device='cpu'"
-        )
+    path). ``jitter``: the tile Cholesky's policy (``solver="cholesky"``'s knob)."""
+    _check_device_modules(plan)
     X = np.asarray(_dense(X), dtype=np.float64)
     n = int(X.shape[0])
     t = 1 if np.ndim(y) == 1 else y.shape[1]
@@ -668,11 +700,10 @@ def _execute_dense_device(
         return a
 
     f = cd.device_cholesky(
-        be, tile, n, block, shift=shift, jitter=None, lam=shift, convention="sklearn"
+        be, tile, n, block, shift=shift, jitter=jitter, lam=shift, convention="sklearn"
     )
     rhs = y if sw is None else y * (np.sqrt(sw) if y.ndim == 1 else np.sqrt(sw)[:, None])
-    beta = np.asarray(be.to_numpy(f.solve(be.asarray(np.asarray(rhs, dtype=np.float64)))))
-    beta = beta.reshape(y.shape)
+    beta = np.asarray(f.solve(np.asarray(rhs, dtype=np.float64))).reshape(y.shape)  # (host)
     if sw is not None:
         beta = beta * (np.sqrt(sw) if y.ndim == 1 else np.sqrt(sw)[:, None])
     info = {"device": be.device, "backend": be.name, "block_size": int(block)}

@@ -144,8 +144,8 @@ def test_solvers_without_a_gpu_path_run_on_the_cpu_and_say_so(fake_gpu):
     cases = [
         (dict(solver="primal"), make_kernel("linear"), here, "solver='primal' has no GPU path"),
         (dict(solver="nystrom", n_centers=10), k, here, "solver='nystrom' has no GPU path"),
-        (dict(solver="cholesky", store="/tmp/s"), k, here, "stored tile Cholesky"),
-        (dict(solver="cholesky"), k, Probes(False), "stored tile Cholesky"),
+        (dict(solver="cholesky", keep_gram=False), k, here, "keep_gram=False"),
+        (dict(solver="cholesky", factor_dtype="float32"), k, here, "a float32 factor"),
         (dict(solver="cg", matvec="stored"), k, here, "stored Gram"),
     ]
     for choices, kern, probes, said in cases:
@@ -154,12 +154,16 @@ def test_solvers_without_a_gpu_path_run_on_the_cpu_and_say_so(fake_gpu):
         )
         assert plan.device == "cpu", choices
         assert said in reason and "it runs on the CPU" in reason, reason
-    for solver in ("cholesky", "cg"):
-        plan, _ = plan_fit(
-            100, 2, k, RES, solver_choices(solver=solver, device="cuda", matvec="recompute"),
-            probes=here,
-        )  # fmt: skip
-        assert plan.device == "cuda", solver
+    for solver, store, probes in [
+        ("cholesky", None, here),  # in place in device memory
+        ("cholesky", "/tmp/s", here),  # the stored Gram's tiles streamed to the device
+        ("cholesky", None, Probes(False)),  # (rows not in memory: the stored Gram too)
+        ("cg", None, here),
+        ("cg", "/tmp/s", Probes(False)),
+    ]:
+        choices = solver_choices(solver=solver, device="cuda", matvec="recompute", store=store)
+        plan, _ = plan_fit(100, 2, k, RES, choices, probes=probes)
+        assert plan.device == "cuda", (solver, store)
 
 
 @pytest.mark.parametrize("cc", [(6, 1), (7, 5), (8, 6), (8, 9), (12, 0)])
@@ -456,3 +460,47 @@ def test_a_gpu_fits_tasks_ask_the_cluster_for_a_gpu(monkeypatch, device, resourc
         assert not any("resources" in a for a in layers)
     monkeypatch.setattr(fit, "active_client", lambda: None)
     assert fit._workers_have_gpus() is False
+
+
+@pytest.mark.parametrize("name", ["numpy", "array_api_strict"])
+def test_the_stored_device_cholesky_matches_the_cpu_and_resumes_from_its_tiles(
+    monkeypatch, tmp_path, name
+):
+    _on(monkeypatch, name)
+    X, y = _data(n=200)
+    kw = dict(kernel="rbf", gamma=0.3, alpha=0.05, solver="cholesky", block_size=64)
+    ref = KernelRidge(**kw, store=tmp_path / "cpu").fit(X, y)
+    est = KernelRidge(**kw, store=tmp_path / "gpu", device="cuda").fit(X, y)
+    np.testing.assert_allclose(est.dual_coef_, ref.dual_coef_, rtol=1e-10, atol=1e-12)
+    info = est.fit_info_
+    assert info["device"]["backend"] == name and info["factor_tiles_computed"] == 10  # 4x4 lower
+    assert ref.fit_info_["store"] != info["store"]  # another fit's directory
+    again = KernelRidge(**kw, store=tmp_path / "gpu", device="cuda").fit(X, y)
+    assert again.fit_info_["device"]["tiles_resumed"] == 10
+    assert again.fit_info_["factor_tiles_computed"] == 0
+    np.testing.assert_array_equal(again.dual_coef_, est.dual_coef_)  # bitwise
+
+
+@pytest.mark.parametrize("method", ["cholesky", "cg"])
+def test_krr_run_on_the_device_records_it_and_matches_the_cpu(monkeypatch, tmp_path, method):
+    import glob
+
+    import pipeline
+
+    _on(monkeypatch, "numpy")
+    alphas, plans = {}, {}
+    for device in ("cpu", "cuda"):
+        cfg = {
+            "data": {"source": "sklearn", "name": "diabetes"},
+            "kernel": {"name": "rbf", "params": {"gamma": 0.1}},
+            "lambda": 0.5, "block_size": 128, "evaluate": {"baseline": "none"},
+            "solver": {"method": method, "device": device},
+            "cluster": {"processes": False, "n_workers": 1},
+        }  # fmt: skip
+        rep = pipeline.run(pipeline.load_config(cfg), run_dir=tmp_path / device)
+        plans[device] = rep.outputs["solve"]["plan"]
+        (path,) = glob.glob(str(tmp_path / device / "results" / "*" / "solve" / "alpha.npy"))
+        alphas[device] = np.load(path)
+    assert "device" not in plans["cpu"] and plans["cuda"]["device"] == "cuda"
+    assert list(plans["cuda"])[-2:] == list(DEVICE_RECORD_KEYS)
+    np.testing.assert_allclose(alphas["cuda"], alphas["cpu"], rtol=1e-10, atol=1e-12)

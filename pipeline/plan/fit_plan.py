@@ -463,7 +463,7 @@ def plan_fit(
         if device_why:  # "auto" fell back to the CPU: said in the reason, not recorded
             reason = f"{reason}; {device_why}"
         return plan, reason
-    cpu_why = _no_device_path(plan, probes)
+    cpu_why = _no_device_path(plan)
     if cpu_why:
         return plan, f"{reason}; {device_why}, but {cpu_why}: it runs on the CPU"
     why = device_why
@@ -480,16 +480,19 @@ def plan_fit(
 DEVICE_SOLVERS = ("dense", "cholesky", "cg")
 
 
-def _no_device_path(plan: FitPlan, probes: Probes | None) -> str:
+def _no_device_path(plan: FitPlan) -> str:
     """Why ``plan`` has no GPU path (it then runs on the CPU), or ``""``: the dense dual,
-    the Cholesky of rows in memory without a store of the user's (factored in place in
-    device memory) and CG's recomputed products run on the GPU; the primal, Nyström,
-    the stored tile Cholesky and CG on a stored Gram do not (yet)."""
+    the float64 Cholesky (rows in memory without a store of the user's: factored in
+    place in device memory; else the stored Gram's tiles streamed to the device, the
+    factor's tiles stored) and CG's recomputed products run on the GPU; the primal,
+    Nyström, the in-place stored factor, a float32 factor and CG on a stored Gram do
+    not (yet)."""
     if plan.solver not in DEVICE_SOLVERS:
         return f"solver={plan.solver!r} has no GPU path"
-    x_here = probes is not None and probes.x_in_memory
-    if plan.solver == "cholesky" and (plan.store is not None or not x_here):
-        return "the stored tile Cholesky (a store, or rows not in memory) has no GPU path yet"
+    if plan.solver == "cholesky" and not plan.options.keep_gram:
+        return "the in-place stored factor (keep_gram=False) has no GPU path"
+    if plan.solver == "cholesky" and np.dtype(plan.factor_dtype) != np.float64:
+        return "a float32 factor (refined to float64 on the CPU) has no GPU path"
     if plan.solver == "cg" and plan.matvec == "stored":
         return "CG's products with a stored Gram have no GPU path"
     return ""
