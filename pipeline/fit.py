@@ -526,9 +526,15 @@ def _execute(
         elif plan.cg_precision == "mixed":
             # float32 kernel products inside, float64 residuals outside; checkpointed per
             # refinement step, and float64 products take over if float32 stagnates
+            # (on a device its float32 twin is a device operator too)
+            low = None
+            if be is not None:
+                low = matvec_ops.DeviceKernelOperator(
+                    X, kernel, shift, backend=be, kernel_dtype="float32"
+                )  # fmt: skip
             res = mixed_cg_fit(
                 op, y, preconditioner=pre, tol=o.tol, max_iter=o.max_iter,
-                store=ckpt, callback=shown,
+                store=ckpt, callback=shown, low=low,
             )  # fmt: skip
         elif ckpt is None:
             res = conjugate_gradient(
@@ -706,7 +712,12 @@ def _execute_dense_device(
     beta = np.asarray(f.solve(np.asarray(rhs, dtype=np.float64))).reshape(y.shape)  # (host)
     if sw is not None:
         beta = beta * (np.sqrt(sw) if y.ndim == 1 else np.sqrt(sw)[:, None])
-    info = {"device": be.device, "backend": be.name, "block_size": int(block)}
+    f.free()
+    info = {
+        "factor_tiles_computed": int(f.info["tiles_computed"]),
+        "jitter": f.jitter,
+        "device": {k: f.info.get(k) for k in DEVICE_INFO},
+    }
     return FitResult(beta, "dense", 1, float("nan"), plan, info)
 
 

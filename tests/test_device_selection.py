@@ -343,6 +343,8 @@ def test_the_device_fit_matches_the_cpu_fit(monkeypatch, name, solver):
     assert not calls
     est = KernelRidge(**kw, device="cuda").fit(X, y)
     assert est.solver_ == solver and calls
+    if solver == "cholesky":  # (the dense solver keeps no fit_info_)
+        assert est.fit_info_["device"]["backend"] == name
     np.testing.assert_allclose(est.dual_coef_, ref.dual_coef_, rtol=1e-10, atol=1e-12)
     again = KernelRidge(**kw, device="cuda").fit(X, y)
     np.testing.assert_array_equal(again.dual_coef_, est.dual_coef_)  # bitwise, one backend
@@ -370,7 +372,8 @@ def test_the_device_fit_refuses_alpha_zero_and_per_target_alphas(monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["numpy", "array_api_strict"])
-def test_the_device_cg_matches_the_cpu_cg(monkeypatch, name):
+@pytest.mark.parametrize("precision", ["float64", "mixed"])
+def test_the_device_cg_matches_the_cpu_cg(monkeypatch, name, precision):
     _on(monkeypatch, name)
     from pipeline.linalg import matvec
 
@@ -378,9 +381,18 @@ def test_the_device_cg_matches_the_cpu_cg(monkeypatch, name):
         pytest.skip("pipeline.linalg.matvec.DeviceKernelOperator not merged yet")
     X, y = _data()
     kw = dict(kernel="rbf", gamma=0.3, alpha=0.05, solver="cg", tol=1e-12, matvec="recompute",
-              cg_precision="float64", max_iter=500)  # fmt: skip
+              cg_precision=precision, max_iter=500)  # fmt: skip
     ref = KernelRidge(**kw).fit(X, y)
+    made = []
+    real = matvec.DeviceKernelOperator
+
+    def spy(*args, **kw_):
+        made.append(kw_["kernel_dtype"])
+        return real(*args, **kw_)
+
+    monkeypatch.setattr(matvec, "DeviceKernelOperator", spy)
     est = KernelRidge(**kw, device="cuda").fit(X, y)
+    assert made == (["float64"] if precision == "float64" else ["float64", "float32"])
     np.testing.assert_allclose(est.dual_coef_, ref.dual_coef_, rtol=1e-9, atol=1e-11)
 
 

@@ -49,10 +49,23 @@ def test_the_gpu_fit_matches_the_cpu_fit(data, solver, caplog):
     assert _rel(gpu.predict(X[:500]), cpu.predict(X[:500])) <= 1e-10
 
 
-def test_the_gpu_cg_matches_the_cpu_cg(data):
+def test_the_stored_gpu_cholesky_matches_the_cpu_and_resumes(data, tmp_path):
+    X, y = data
+    kw = dict(kernel="rbf", gamma=0.2, alpha=1e-2, solver="cholesky", block_size=1024)
+    cpu = KernelRidge(**kw, store=tmp_path / "cpu").fit(X, y)
+    gpu = KernelRidge(**kw, store=tmp_path / "gpu", device="cuda").fit(X, y)
+    assert gpu.fit_info_["device"]["backend"] == "cupy"
+    assert _rel(gpu.dual_coef_, cpu.dual_coef_) <= 1e-10
+    again = KernelRidge(**kw, store=tmp_path / "gpu", device="cuda").fit(X, y)
+    assert again.fit_info_["factor_tiles_computed"] == 0  # resumed from the stored tiles
+    np.testing.assert_array_equal(again.dual_coef_, gpu.dual_coef_)
+
+
+@pytest.mark.parametrize("precision", ["float64", "mixed"])
+def test_the_gpu_cg_matches_the_cpu_cg(data, precision):
     X, y = data
     kw = dict(kernel="rbf", gamma=0.2, alpha=1e-2, solver="cg", matvec="recompute",
-              cg_precision="float64", tol=1e-13, max_iter=2000)  # fmt: skip
+              cg_precision=precision, tol=1e-13, max_iter=2000)  # fmt: skip
     cpu = KernelRidge(**kw).fit(X, y)
     gpu = KernelRidge(**kw, device="cuda").fit(X, y)
     assert gpu.fit_info_["converged"]
