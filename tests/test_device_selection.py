@@ -147,6 +147,7 @@ def test_solvers_without_a_gpu_path_run_on_the_cpu_and_say_so(fake_gpu):
         (dict(solver="cholesky", keep_gram=False), k, here, "keep_gram=False"),
         (dict(solver="cholesky", factor_dtype="float32"), k, here, "a float32 factor"),
         (dict(solver="cg", matvec="stored"), k, here, "stored Gram"),
+        (dict(solver="dense"), None, here, "a callable or precomputed kernel"),
     ]
     for choices, kern, probes, said in cases:
         plan, reason = plan_fit(

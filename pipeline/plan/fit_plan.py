@@ -463,7 +463,7 @@ def plan_fit(
         if device_why:  # "auto" fell back to the CPU: said in the reason, not recorded
             reason = f"{reason}; {device_why}"
         return plan, reason
-    cpu_why = _no_device_path(plan)
+    cpu_why = _no_device_path(plan, kernel)
     if cpu_why:
         return plan, f"{reason}; {device_why}, but {cpu_why}: it runs on the CPU"
     why = device_why
@@ -480,7 +480,7 @@ def plan_fit(
 DEVICE_SOLVERS = ("dense", "cholesky", "cg")
 
 
-def _no_device_path(plan: FitPlan) -> str:
+def _no_device_path(plan: FitPlan, kernel: Any) -> str:
     """Why ``plan`` has no GPU path (it then runs on the CPU), or ``""``: the dense dual,
     the float64 Cholesky (rows in memory without a store of the user's: factored in
     place in device memory; else the stored Gram's tiles streamed to the device, the
@@ -489,6 +489,8 @@ def _no_device_path(plan: FitPlan) -> str:
     not (yet)."""
     if plan.solver not in DEVICE_SOLVERS:
         return f"solver={plan.solver!r} has no GPU path"
+    if kernel is None:
+        return "a callable or precomputed kernel has no GPU path"
     if plan.solver == "cholesky" and not plan.options.keep_gram:
         return "the in-place stored factor (keep_gram=False) has no GPU path"
     if plan.solver == "cholesky" and np.dtype(plan.factor_dtype) != np.float64:
