@@ -517,3 +517,36 @@ def test_krr_run_on_the_device_records_it_and_matches_the_cpu(monkeypatch, tmp_p
     assert "device" not in plans["cpu"] and plans["cuda"]["device"] == "cuda"
     assert list(plans["cuda"])[-2:] == list(DEVICE_RECORD_KEYS)
     np.testing.assert_allclose(alphas["cuda"], alphas["cpu"], rtol=1e-10, atol=1e-12)
+
+
+def test_a_killed_device_cholesky_resumes_from_its_stored_tiles(monkeypatch, tmp_path):
+    _on(monkeypatch, "numpy")
+    import pipeline.linalg.cholesky_device as cd
+
+    X, y = _data(n=200)
+    kw = dict(kernel="rbf", gamma=0.3, alpha=0.05, solver="cholesky", block_size=64,
+              device="cuda")  # fmt: skip
+    whole = KernelRidge(**kw, store=tmp_path / "whole").fit(X, y)
+    real = cd.stored_tiles
+
+    def dying(gram):
+        read = real(gram)
+        calls = []
+
+        def tile_fn(i, j):
+            calls.append((i, j))
+            if len(calls) > 6:  # the fit dies after 6 of its 10 Gram tiles
+                raise KeyboardInterrupt("killed")
+            return read(i, j)
+
+        return tile_fn
+
+    monkeypatch.setattr(cd, "stored_tiles", dying)
+    with pytest.raises(KeyboardInterrupt):
+        KernelRidge(**kw, store=tmp_path / "s").fit(X, y)
+    monkeypatch.setattr(cd, "stored_tiles", real)
+    again = KernelRidge(**kw, store=tmp_path / "s").fit(X, y)
+    info = again.fit_info_
+    assert info["device"]["tiles_resumed"] >= 1 and info["factor_tiles_computed"] < 10
+    assert info["device"]["tiles_resumed"] + info["factor_tiles_computed"] == 10
+    np.testing.assert_array_equal(again.dual_coef_, whole.dual_coef_)  # the same bits
