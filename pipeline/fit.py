@@ -30,17 +30,20 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import dask
 import numpy as np
 import scipy.sparse as sp
 
 import pipeline.constants as C
+from pipeline.engine.backend import Backend, cuda_available, get_backend
 from pipeline.engine.dense import check_finite_kernel, kernel_matrix
 from pipeline.engine.progress import cg_progress
-from pipeline.engine.where import cluster_workers, factor_executor, gram_on_demand
-from pipeline.errors import IndefiniteKernelError, LockHeldError
+from pipeline.engine.where import active_client, cluster_workers, factor_executor, gram_on_demand
+from pipeline.errors import DeviceUnavailableError, IndefiniteKernelError, LockHeldError
 from pipeline.kernels import FunctionScaled, Kernel, Linear, Warped, make_kernel
 from pipeline.kernels.warping import Coordinate, SelectFeatures
 from pipeline.linalg import dense_memory as memory
+from pipeline.linalg import matvec as matvec_ops
 from pipeline.linalg import spectrum
 from pipeline.linalg.cg import CGConvergenceError, conjugate_gradient
 from pipeline.linalg.cg_checkpoint import resumable_cg
@@ -65,9 +68,18 @@ from pipeline.storage.arrays import normalize_store
 from pipeline.storage.lease import LeaseLock
 from pipeline.storage.tempfiles import make_temp_store
 
+# the GPU fit's modules (#46: merged with the engine's and the tile Cholesky's device
+# code; until then a device fit is refused, DeviceUnavailableError)
+try:
+    from pipeline.engine import device as dev
+    from pipeline.linalg import cholesky_device as cd
+except ImportError:  # pragma: no cover - only before the merge
+    dev = cd = None
+
 __all__ = [
     "FitResult",
     "OutOfCoreFit",
+    "device_backend",
     "execute",
     "fit_nystrom",
     "fit_out_of_core",
@@ -141,8 +153,11 @@ def _disk_free(store: Any) -> float:
         return float("inf")
 
 
-def measure_resources(store: Any = None, *, in_memory: bool = True) -> Resources:
-    """Measure free memory and the free disk where ``store`` lives.
+def measure_resources(
+    store: Any = None, *, in_memory: bool = True, device: str = "cpu"
+) -> Resources:
+    """Measure free memory and the free disk where ``store`` lives; with ``device`` not
+    ``"cpu"`` and a usable GPU, its free memory, name and compute capability too.
 
     Measured once per fit, before it writes anything: ``krr run`` records its plan
     (``RUN_DIR/plan.json``) and reads it back rather than measuring again after the
@@ -157,7 +172,32 @@ def measure_resources(store: Any = None, *, in_memory: bool = True) -> Resources
         in_memory=in_memory,
         workers=workers,
         workers_here=workers_here,
+        **(_gpu_resources() if device != "cpu" else {}),
     )
+
+
+def _gpu_resources() -> dict[str, Any]:
+    """The current GPU's free memory, name and compute capability (Resources' fields),
+    or nothing when no GPU is usable (the plan then refuses ``device="cuda"``)."""
+    ok, _ = cuda_available()
+    if not ok:
+        return {}
+    import cupy
+
+    free, _total = get_backend("cupy").memory()
+    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.runtime.getDevice())
+    name = props["name"]
+    return {
+        "gpu_memory_bytes": float(free),
+        "gpu_name": name.decode() if isinstance(name, bytes) else str(name),
+        "gpu_compute_capability": (int(props["major"]), int(props["minor"])),
+    }
+
+
+def device_backend(plan: FitPlan) -> Backend | None:
+    """The :class:`~pipeline.engine.backend.Backend` a plan's arithmetic runs on: CuPy's
+    for ``plan.device == "cuda"``, None on the CPU (the CPU paths, unchanged)."""
+    return get_backend("cupy") if plan.device == "cuda" else None
 
 
 def row_probes(X: Any, kernel: Any) -> Probes:
@@ -204,6 +244,41 @@ def execute(plan: FitPlan, X: Any, y: np.ndarray, kernel: Any, **options: Any) -
     naming the failure: "auto" can cost the float32 attempt's time, never the answer.
     In place, the float32 Gram (which held the failed factor) is rebuilt in float64.
     """
+    with gpu_tasks(plan):
+        return _execute_plan(plan, X, y, kernel, **options)
+
+
+#: the Dask resource a GPU fit's tasks ask for (a worker started with
+#: ``--resources GPU=1`` holds it)
+GPU_RESOURCE = "GPU"
+
+
+def _workers_have_gpus() -> bool:
+    """Whether the active distributed client has a worker that declares the resource
+    :data:`GPU_RESOURCE` (without one, tasks asking for it would wait for ever)."""
+    client = active_client()
+    if client is None:
+        return False
+    try:
+        workers = client.scheduler_info()["workers"]
+    except Exception:  # noqa: BLE001 - no scheduler info (a closing client): no GPU known
+        return False
+    return any((w.get("resources") or {}).get(GPU_RESOURCE) for w in workers.values())
+
+
+def gpu_tasks(plan: FitPlan) -> contextlib.AbstractContextManager:
+    """The context a fit of ``plan`` runs in: on a GPU (``plan.device == "cuda"``) with
+    a distributed client whose workers declare GPUs, the Dask tasks it builds carry
+    ``resources={"GPU": 1}`` (``dask.annotate``), so the scheduler places them on those
+    workers, one per GPU at a time; otherwise nothing changes (a CPU fit's graphs keep
+    their annotations, and a cluster without GPU workers is never asked for one)."""
+    if plan.device != "cuda" or not _workers_have_gpus():
+        return contextlib.nullcontext()
+    return dask.annotate(resources={GPU_RESOURCE: 1})
+
+
+def _execute_plan(plan: FitPlan, X: Any, y: np.ndarray, kernel: Any, **options: Any) -> FitResult:
+    """:func:`execute`'s body (see there)."""
     if not (
         plan.solver == "cholesky"
         and plan.factor_dtype_auto
@@ -294,7 +369,18 @@ def _execute(
     conv = solver_convention(plan.alpha_convention)
     shift = regularisation_shift(plan.alpha, n, conv)
     bs = int(plan.block_size)
-    # a float32 factor's alpha must be refined to double precision: against the kept
+    be = device_backend(plan)
+    chol_jitter = True if plan.options.jitter else None
+    if be is not None and plan.solver == "cholesky":
+        _check_device_modules(plan)
+        if plan.store is None and isinstance(X, np.ndarray) and gram is None:
+            # X in memory and no store of the user's: the factor in device memory, in
+            # place, each Gram tile computed there; no Gram, no tile written
+            res = _execute_dense_device(plan, X, y, kernel, plan.alpha, None, be, chol_jitter)
+            return replace(res, solver="cholesky", shift=float(shift))
+        # with a store: the one tile column the device must hold, before any work
+        cd.check_device_memory(be, n, bs, plan.factor_dtype)
+    # a float32 factor's alpha must be refined    # a float32 factor's alpha must be refined to double precision: against the kept
     # Gram, or with matrix-free products from X in memory. In place with neither,
     # it would be single precision: refused before any work, never returned
     mf = isinstance(X, np.ndarray) and kernel is not None
@@ -332,6 +418,25 @@ def _execute(
             kernel_dtype=C.GRAM_ON_DEMAND_KERNEL_DTYPE if on_demand else None,
             defer=on_demand,
         )
+    if be is not None and plan.solver == "cholesky":
+        # the stored Gram's tiles streamed to the device; the factor's tiles written to
+        # the store under the device's fingerprint (a killed fit resumes from them)
+        L = cd.open_device_factor(
+            factor_store or root, gram, n, bs, plan.alpha, be, convention=conv,
+            jitter=chol_jitter, dtype=plan.factor_dtype, name=factor_name,
+        )  # fmt: skip
+        f = cd.device_cholesky(
+            be, cd.stored_tiles(gram), n, bs, shift=shift, dtype=plan.factor_dtype,
+            jitter=chol_jitter, L=L, lam=plan.alpha, convention=conv, progress=progress,
+        )  # fmt: skip
+        coef = np.asarray(f.solve(np.asarray(y, dtype=np.float64)))
+        f.free()
+        info = {
+            "factor_tiles_computed": int(f.info["tiles_computed"]),
+            "jitter": f.jitter,
+            "device": {k: f.info.get(k) for k in DEVICE_INFO},
+        }
+        return FitResult(coef, "cholesky", 1, float(shift), plan, info, factor=f)
     if plan.solver == "cholesky":
         if not plan.options.keep_gram:
             if np.dtype(plan.factor_dtype) != np.dtype(gram.dtype):
@@ -392,6 +497,12 @@ def _execute(
         )
     if plan.matvec == "stored":
         op = make_operator("stored", shift, gram=gram, block_size=bs)
+    elif be is not None:
+        # the kernel's products on the device (X copied there once); the same CG loop,
+        # checkpoints and preconditioner (its columns taken from the device)
+        op = matvec_ops.DeviceKernelOperator(
+            X, kernel, shift, backend=be, kernel_dtype=plan.kernel_dtype
+        )  # fmt: skip
     else:
         # the plan's kernel dtype (float64 unless asked), whatever X's dtype: float32 X
         # must not silently give a float32 kernel whose products stall CG above tol
@@ -417,9 +528,15 @@ def _execute(
         elif plan.cg_precision == "mixed":
             # float32 kernel products inside, float64 residuals outside; checkpointed per
             # refinement step, and float64 products take over if float32 stagnates
+            # (on a device its float32 twin is a device operator too)
+            low = None
+            if be is not None:
+                low = matvec_ops.DeviceKernelOperator(
+                    X, kernel, shift, backend=be, kernel_dtype="float32"
+                )  # fmt: skip
             res = mixed_cg_fit(
                 op, y, preconditioner=pre, tol=o.tol, max_iter=o.max_iter,
-                store=ckpt, callback=shown,
+                store=ckpt, callback=shown, low=low,
             )  # fmt: skip
         elif ckpt is None:
             res = conjugate_gradient(
@@ -524,6 +641,9 @@ def _execute_in_memory(
         )
         dual = primal_to_dual(X, y, coef, lam, sample_weight) if np.all(lam > 0) else None
         return FitResult(dual, "primal", 1, float("nan"), plan, primal_coef=coef)
+    be = device_backend(plan)
+    if be is not None and K is None and isinstance(kernel, Kernel):
+        return _execute_dense_device(plan, X, y, kernel, raw, sample_weight, be)
     overwrite = K is None if overwrite_k is None else overwrite_k
     if K is None:  # the fused evaluators (the kernel object's code for kernels they do not know)
         K = kernel_matrix(kernel, X, check=False)
@@ -541,6 +661,74 @@ def _execute_in_memory(
         return_info=True,
     )
     return FitResult(dual, "dense", 1, float("nan"), plan, info)
+
+
+#: what a device factor's ``info`` reports in the fit's ``info["device"]``
+DEVICE_INFO = ("backend", "block", "tiles_computed", "tiles_resumed", "seconds", "gflops")
+
+
+def _check_device_modules(plan: FitPlan) -> None:
+    if dev is None or cd is None:
+        raise DeviceUnavailableError(
+            f"device={plan.device!r}: this installation has no GPU fit "
+            "(pipeline.engine.device or pipeline.linalg.cholesky_device is missing); "
+            "use device='cpu'"
+        )
+
+
+def _execute_dense_device(
+    plan: FitPlan, X: Any, y: np.ndarray, kernel: Kernel, raw: Any, sample_weight: Any,
+    be: Backend, jitter: Any = None,
+) -> FitResult:  # fmt: skip
+    """The dense dual on the device, in place (:mod:`pipeline.linalg.cholesky_device`):
+    X copied to the device once, each Gram tile computed there
+    (:func:`pipeline.engine.device.kernel_block`) as the factor needs it, never K on the
+    host. Sample weights scale the tiles by sqrt(w) on both sides (scikit-learn's
+    ``W^1/2 K W^1/2``) and ``dual_coef = sqrt(w) beta``, as on the CPU. One shift for
+    every target, > 0 (the CPU's least-squares fallback for alpha = 0 has no device
+    path). ``jitter``: the tile Cholesky's policy (``solver="cholesky"``'s knob)."""
+    _check_device_modules(plan)
+    X = np.asarray(_dense(X), dtype=np.float64)
+    n = int(X.shape[0])
+    t = 1 if np.ndim(y) == 1 else y.shape[1]
+    sw = None if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
+    lam = effective_alpha(
+        raw, n, n_targets=t, sample_weight=sw, alpha_convention=plan.alpha_convention
+    )
+    if np.unique(lam).size != 1 or not float(lam[0]) > 0:
+        raise ValueError(
+            f"device={plan.device!r} solves the dense dual with one alpha > 0 for every "
+            f"target, got alpha={raw!r}; use one positive alpha, or device='cpu'"
+        )
+    shift = float(lam[0])
+    Xd = be.asarray(X)
+    root = None if sw is None else be.asarray(np.sqrt(sw))
+    block = cd.device_block(n, be)
+    cd.check_device_memory(be, n, block, "float64")
+
+    def rows(i: int) -> slice:
+        return slice(i * block, min(n, (i + 1) * block))
+
+    def tile(i: int, j: int) -> Any:
+        a = dev.kernel_block(be, kernel, Xd[rows(i), :], Xd[rows(j), :] if i != j else None)
+        if root is not None:  # W^1/2 K W^1/2, tile by tile
+            a = a * root[rows(i), None] * root[None, rows(j)]
+        return a
+
+    f = cd.device_cholesky(
+        be, tile, n, block, shift=shift, jitter=jitter, lam=shift, convention="sklearn"
+    )
+    rhs = y if sw is None else y * (np.sqrt(sw) if y.ndim == 1 else np.sqrt(sw)[:, None])
+    beta = np.asarray(f.solve(np.asarray(rhs, dtype=np.float64))).reshape(y.shape)  # (host)
+    if sw is not None:
+        beta = beta * (np.sqrt(sw) if y.ndim == 1 else np.sqrt(sw)[:, None])
+    f.free()
+    info = {
+        "factor_tiles_computed": int(f.info["tiles_computed"]),
+        "jitter": f.jitter,
+        "device": {k: f.info.get(k) for k in DEVICE_INFO},
+    }
+    return FitResult(beta, "dense", 1, float("nan"), plan, info)
 
 
 # ---------------------------------------------------------------------------
@@ -869,7 +1057,9 @@ def fit_out_of_core(
     with _store_dir(store) as root:
         if plan is None:
             plan, reason = plan_fit(
-                n, d, kernel, measure_resources(root, in_memory=False), choices,
+                n, d, kernel,
+                measure_resources(root, in_memory=False, device=knobs.get("device") or "cpu"),
+                choices,
                 n_targets=1 if y.ndim == 1 else y.shape[1], probes=row_probes(X, kernel),
             )  # fmt: skip
             log_plan(plan, reason, origin="KernelRidge", logger=ooc_log)

@@ -47,6 +47,7 @@ __all__ = [
     "ALPHA_CONVENTION_ALIASES",
     "CG_PRECISIONS",
     "COST_MODELS",
+    "DEVICES",
     "FACTOR_DTYPES",
     "FACTOR_SCHEDULERS",
     "APPROXIMATE_SOLVERS",
@@ -168,6 +169,10 @@ CG_PRECISIONS = ("auto", "float64", "mixed")
 FACTOR_DTYPES = ("float64", "float32", "auto")
 #: where factor tiles run
 FACTOR_SCHEDULERS = ("auto", "threads", "dask")
+#: where a fit's arithmetic runs: the host, an NVIDIA GPU through CuPy (the extra
+#: ``[gpu]``), or the GPU when one is usable, else the host
+#: (:func:`pipeline.engine.backend.resolve_device`, whose ``DEVICES`` are these)
+DEVICES = ("cpu", "cuda", "auto")
 #: how ``auto`` predicts the solvers' seconds (:mod:`pipeline.plan.calibrated`; in the
 #: order ``krr run``'s config messages always listed them)
 COST_MODELS = ("simple", "calibrated")
@@ -320,6 +325,12 @@ class SolverOptions:
     centers: str = _knob(
         "uniform", "solver nystrom: how the centres are chosen", choices=NYSTROM_CENTRES
     )
+    #: resolved once, by the plan (:func:`pipeline.engine.backend.resolve_device`): "cuda"
+    #: without CuPy or a GPU is refused before any work, "auto" falls back to the CPU
+    device: str = _knob(
+        "cpu", "where the fit runs: the CPU, an NVIDIA GPU (cuda: the extra [gpu]), or auto",
+        choices=DEVICES,
+    )  # fmt: skip
 
     def choices(self) -> dict[str, Any]:
         """The knobs :func:`~pipeline.plan.fit_plan.plan_fit` reads, as its choices."""
@@ -441,6 +452,8 @@ def solver_options(choices: Mapping[str, Any] | SolverOptions | None = None) -> 
         )
     if opts.centers not in NYSTROM_CENTRES:
         raise ValueError(f"centers={opts.centers!r} is not valid; choose one of {NYSTROM_CENTRES}")
+    if opts.device not in DEVICES:
+        raise ValueError(f"device={opts.device!r} is not valid; choose one of {DEVICES}")
     if opts.factor_dtype not in FACTOR_DTYPES:
         raise ValueError(
             f"factor_dtype={opts.factor_dtype!r} is not valid; choose one of {FACTOR_DTYPES}"

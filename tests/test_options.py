@@ -214,8 +214,10 @@ def test_plan_fit_reads_every_knob():
     fit's own by key."""
     from pipeline.plan import fit_plan as plan
 
-    src = inspect.getsource(plan.plan_fit)
+    # plan_fit resolves the device, then plans the solver (_plan_solver)
+    src = inspect.getsource(plan.plan_fit) + inspect.getsource(plan._plan_solver)
     assert "opts = solver_options(choices)" in src and "options=opts" in src
+    assert "solver_options(choices).device" in inspect.getsource(plan.plan_fit)
     tree = options.knobs(spelt_by="plan")
     unread = [k for k in options.SOLVER_KNOBS if k not in tree and f'"{k}"' not in src]
     # KernelRidge passes sample_weight (its docstring says the in-memory rule reads it);
@@ -445,7 +447,8 @@ def test_fit_plan_defaults_are_the_trees():
     assert plan.options == options.SolverOptions()
     decided = {"solver": "cholesky", "matvec": None, "cg_precision": "float64",
                "factor_dtype": options.SolverOptions().factor_dtype,
-               "rank": options.SolverOptions().rank}  # fmt: skip
+               "rank": options.SolverOptions().rank,
+               "device": "cpu"}  # fmt: skip
     own = {f.name for f in dataclasses.fields(FitPlan)}
     assert own & set(_tree()) == set(decided)
     for name, want in decided.items():

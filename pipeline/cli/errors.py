@@ -25,11 +25,13 @@ import dask
 import pipeline.storage.location as location
 from pipeline._optional import MissingExtraError, require
 from pipeline.cli.output import _verbosity
+from pipeline.engine.backend import resolve_device
 from pipeline.engine.parallel import dask_client
 from pipeline.errors import (
     DISK_FULL_ERRNOS,
     CliError,  # noqa: F401 (its old home)
     ConfigError,
+    DeviceUnavailableError,
     DiskFullError,
     IndefiniteKernelError,
     InputError,
@@ -161,6 +163,11 @@ def _check_extras(cfg) -> None:
             require(module, what)
         except MissingExtraError as e:
             raise CliError(str(e), EXIT_BAD_CONFIG) from None
+    if cfg.solver.device == "cuda":  # CuPy (the extra [gpu]) and a GPU
+        try:
+            resolve_device("cuda")
+        except DeviceUnavailableError as e:
+            raise CliError(f"solver.device: {e}", EXIT_BAD_CONFIG) from None
 
 
 def _check_before_work(cfg) -> None:
@@ -337,7 +344,7 @@ def _classify_stage_error(e) -> int:
         return EXIT_RUN_DIR
     if store_unreachable(cause) is not None:  # the object store stopped answering
         return EXIT_RUN_DIR
-    if isinstance(cause, ImportError):  # an optional extra (pipeline._optional) is missing
+    if isinstance(cause, ImportError | DeviceUnavailableError):  # an extra, a GPU missing
         return EXIT_BAD_CONFIG
     if isinstance(cause, InputError | FileNotFoundError):
         return EXIT_BAD_INPUT

@@ -49,6 +49,14 @@ class Resources:
         Whether those workers all run on this machine; then ``factor_scheduler="auto"``
         factors on threads in this process (:func:`~pipeline.engine.where.auto_scheduler`)
         and CG's products too are not sized for them.
+    gpu_memory_bytes : float, optional
+        Free memory of the GPU the fit would run on (``device`` not ``"cpu"`` and a GPU
+        usable); None on the CPU.
+    gpu_name : str, optional
+        That GPU's name; None on the CPU.
+    gpu_compute_capability : tuple of int, optional
+        Its compute capability ``(major, minor)``: a float64 fit on a part with a low
+        float64 rate gets a warning in the plan's reason; None on the CPU.
     """
 
     memory_bytes: float
@@ -56,6 +64,9 @@ class Resources:
     in_memory: bool = True
     workers: int = 1
     workers_here: bool = False
+    gpu_memory_bytes: float | None = None
+    gpu_name: str | None = None
+    gpu_compute_capability: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)

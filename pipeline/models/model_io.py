@@ -43,6 +43,9 @@ def _json_params(est: Any) -> dict[str, Any]:
         for name, default in (("n_centers", None), ("centers", "uniform")):
             if name in params and params[name] == default:
                 params.pop(name)
+    if params.get("device", "cpu") == "cpu":
+        # a model fitted on the CPU records no device (its pinned parameters kept)
+        params.pop("device", None)
     if "storage_options" in params:
         params["storage_options"] = None  # credentials are never saved with a model
     if isinstance(params.get("store"), Path):

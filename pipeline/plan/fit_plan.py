@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 import pipeline.constants as C
+from pipeline.engine.backend import resolve_device
 from pipeline.engine.placement import Probes, Resources, default_block_size, tiles_on_workers
 from pipeline.engine.where import gram_on_demand
 from pipeline.kernels import Linear
@@ -67,7 +68,9 @@ from pipeline.plan.factor_precision import choose_factor_dtype
 
 __all__ = [
     "ALPHA_CONVENTION_ALIASES",
+    "DEVICE_RECORD_KEYS",
     "FACTOR_DTYPES",
+    "FP64_STRONG_CAPABILITIES",
     "FitPlan",
     "MATVEC_ALIASES",
     "Probes",
@@ -108,6 +111,13 @@ RECORD_KEYS = (
 #: the keys a plan of ``solver="nystrom"`` records after :data:`RECORD_KEYS` (only that
 #: solver's records have them: every other record keeps its keys)
 NYSTROM_RECORD_KEYS = ("n_centers", "centers")
+#: the keys a plan that runs on a GPU (``device`` not ``"cpu"``) records after the others
+#: (a CPU plan's record keeps its keys, byte for byte)
+DEVICE_RECORD_KEYS = ("device", "device_reason")
+#: the compute capabilities of NVIDIA's parts with a full float64 rate (1/2 of float32:
+#: P100, V100, A100, H100/H200, B200); the others (consumer and workstation parts) run
+#: float64 at 1/32 to 1/64 of their float32 rate
+FP64_STRONG_CAPABILITIES = ((6, 0), (7, 0), (8, 0), (9, 0), (10, 0))
 
 
 @dataclass(frozen=True)
@@ -143,6 +153,11 @@ class FitPlan:
     alpha_convention: str = C.DEFAULT_ALPHA_CONVENTION
     kernel_dtype: str = C.DEFAULT_KERNEL_DTYPE
     store: str | None = None
+    #: where the fit runs, resolved from ``options.device``
+    #: (:func:`~pipeline.engine.backend.resolve_device`): ``"cpu"`` or ``"cuda"``
+    device: str = "cpu"
+    #: why (recorded, with :attr:`device`, only for a plan that runs on a GPU)
+    device_reason: str = field(default="", compare=False)
     extra: dict = field(default_factory=dict, compare=False)
 
     @property
@@ -191,6 +206,8 @@ class FitPlan:
                 f"tol={o.tol:g}",
                 f"max_iter={o.max_iter}",
             ]
+        if self.device != "cpu":
+            parts.append(f"device={self.device}")
         return ", ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -198,6 +215,7 @@ class FitPlan:
         the plan's own field where it has one (a decision), else its options' knob."""
         own = {f.name for f in fields(self)}
         keys = RECORD_KEYS + (NYSTROM_RECORD_KEYS if self.solver == "nystrom" else ())
+        keys += DEVICE_RECORD_KEYS if self.device != "cpu" else ()
         return {k: getattr(self if k in own else self.options, k) for k in keys}
 
     @classmethod
@@ -424,10 +442,107 @@ def plan_fit(
         model assumes one. Callers that plan the same fit pass the same rows, so
         they get the same plan.
 
+    The device (``choices["device"]``, :func:`plan_device`) is resolved first:
+    ``"cuda"`` without CuPy or a GPU raises
+    :class:`~pipeline.errors.DeviceUnavailableError` before any work; ``"auto"``
+    without one plans for the CPU and says so in the reason. A plan on the GPU
+    records its device and why (:data:`DEVICE_RECORD_KEYS`), with a warning when
+    the GPU's float64 rate is low (:func:`fp64_warning`, from ``resources``).
+
     Returns
     -------
     (plan, reason) : (FitPlan, str)
     """
+    # the device first: device="cuda" without CuPy or a GPU is refused before any work
+    device, device_why = plan_device(solver_options(choices).device)
+    plan, reason = _plan_solver(
+        n, d, kernel, resources, choices, n_targets=n_targets, cost_model=cost_model,
+        probes=probes,
+    )  # fmt: skip
+    if device == "cpu":
+        if device_why:  # "auto" fell back to the CPU: said in the reason, not recorded
+            reason = f"{reason}; {device_why}"
+        return plan, reason
+    cpu_why = _no_device_path(plan, kernel)
+    if cpu_why:
+        return plan, f"{reason}; {device_why}, but {cpu_why}: it runs on the CPU"
+    why = device_why
+    warning = fp64_warning(plan, resources)
+    if warning:
+        log.warning("%s", warning)
+        why = f"{why}; {warning}"
+    if resources.gpu_memory_bytes is not None:
+        why = f"{why} ({resources.gpu_name or 'GPU'}: {_gb(resources.gpu_memory_bytes)} free)"
+    return replace(plan, device=device, device_reason=why), f"{reason}; {why}"
+
+
+#: the solvers with a GPU path (:func:`pipeline.fit.execute`); the others run on the CPU
+DEVICE_SOLVERS = ("dense", "cholesky", "cg")
+
+
+def _no_device_path(plan: FitPlan, kernel: Any) -> str:
+    """Why ``plan`` has no GPU path (it then runs on the CPU), or ``""``: the dense dual,
+    the float64 Cholesky (rows in memory without a store of the user's: factored in
+    place in device memory; else the stored Gram's tiles streamed to the device, the
+    factor's tiles stored) and CG's recomputed products run on the GPU; the primal,
+    Nyström, the in-place stored factor, a float32 factor and CG on a stored Gram do
+    not (yet)."""
+    if plan.solver not in DEVICE_SOLVERS:
+        return f"solver={plan.solver!r} has no GPU path"
+    if kernel is None:
+        return "a callable or precomputed kernel has no GPU path"
+    if plan.solver == "cholesky" and not plan.options.keep_gram:
+        return "the in-place stored factor (keep_gram=False) has no GPU path"
+    if plan.solver == "cholesky" and np.dtype(plan.factor_dtype) != np.float64:
+        return "a float32 factor (refined to float64 on the CPU) has no GPU path"
+    if plan.solver == "cg" and plan.matvec == "stored":
+        return "CG's products with a stored Gram have no GPU path"
+    return ""
+
+
+def plan_device(device: str) -> tuple[str, str]:
+    """The resolved device (``"cpu"`` or ``"cuda"``) of the user's ``device`` and why:
+    :func:`pipeline.engine.backend.resolve_device`, whose
+    :class:`~pipeline.errors.DeviceUnavailableError` (``"cuda"`` without CuPy or a GPU)
+    it lets through. ``"cpu"`` gives ``("cpu", "")`` without looking for a GPU."""
+    if device == "cpu":
+        return "cpu", ""
+    backend, why = resolve_device(device)
+    return backend.device, why
+
+
+def fp64_warning(plan: FitPlan, resources: Resources) -> str:
+    """The warning for a float64 fit on a GPU with a low float64 rate (its compute
+    capability not in :data:`FP64_STRONG_CAPABILITIES`), or ``""``: a float32 factor
+    and mixed-precision CG run their heavy products in float32."""
+    cc = resources.gpu_compute_capability
+    if cc is None or tuple(int(c) for c in cc) in FP64_STRONG_CAPABILITIES:
+        return ""
+    if (plan.solver == "cholesky" and np.dtype(plan.factor_dtype) == np.float32) or (
+        plan.solver == "cg" and plan.cg_precision == "mixed"
+    ):
+        return ""
+    name = resources.gpu_name or "this GPU"
+    return (
+        f"warning: {name} (compute capability {cc[0]}.{cc[1]}) runs float64 at 1/32 to "
+        "1/64 of its float32 rate, so this float64 fit may be slower than on the CPU; "
+        "use device='cpu', or a GPU with a full float64 rate (compute capability 6.0, "
+        "7.0, 8.0, 9.0 or 10.0)"
+    )
+
+
+def _plan_solver(
+    n: int,
+    d: int,
+    kernel: Any,
+    resources: Resources,
+    choices: Mapping[str, Any] | SolverOptions | None = None,
+    *,
+    n_targets: int = 1,
+    cost_model: Any = None,
+    probes: Probes | None = None,
+) -> tuple[FitPlan, str]:
+    """:func:`plan_fit` without the device: the solver rule."""
     check_width = getattr(kernel, "check_n_features", None)
     if check_width is not None:  # an ARD length-scale vector of the wrong width: before any work
         check_width(int(d))

@@ -513,6 +513,8 @@ class RunConfig(_Model):
         if out.get("method") != "nystrom":  # the Nyström solver's knobs name no other solve
             out.pop("n_centers", None)
             out.pop("centers", None)
+        if out.get("device") == "cpu":  # the default names no device: earlier runs keep theirs
+            out.pop("device")
         return out
 
     def _gram_on_demand(self) -> bool:

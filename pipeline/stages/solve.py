@@ -75,7 +75,7 @@ def stage_plan(
     k = None
     if kernel is not None:
         k = kernel_from_spec(kernel)
-    resources = measure_resources(store, in_memory=False)
+    resources = measure_resources(store, in_memory=False, device=solver.device)
     return plan_fit(
         int(n_train),
         int(n_features),
@@ -175,7 +175,11 @@ def _solve_cholesky(stage_dir, inputs, y, plan, kernel=None, X_mem=None) -> tupl
         progress=True,  # shown as pipeline.engine.progress's mode says (off with krr -q)
     )
     factor = res.factor
-    refine = {k: v for k, v in res.info.items() if k not in ("factor_tiles_computed", "jitter")}
+    refine = {
+        k: v
+        for k, v in res.info.items()
+        if k not in ("factor_tiles_computed", "jitter", "device")  # (device: a GPU factor's)
+    }
     info = {
         "shift": factor.shift,
         "factor_dtype": str(factor.L.dtype),
@@ -186,7 +190,8 @@ def _solve_cholesky(stage_dir, inputs, y, plan, kernel=None, X_mem=None) -> tupl
             "name": factor.L.name,
             "tiles": factor.L.grid.n_lower_tiles(),
         },
-        "factor_tiles_computed": len(factor.computed),
+        "factor_tiles_computed": res.info["factor_tiles_computed"],
+        **({"device": res.info["device"]} if "device" in res.info else {}),
     }
     return res.dual_coef, info
 
