@@ -35,13 +35,15 @@ import numpy as np
 import scipy.sparse as sp
 
 import pipeline.constants as C
+from pipeline.engine import device as dev
 from pipeline.engine.backend import Backend, cuda_available, get_backend
 from pipeline.engine.dense import check_finite_kernel, kernel_matrix
 from pipeline.engine.progress import cg_progress
 from pipeline.engine.where import active_client, cluster_workers, factor_executor, gram_on_demand
-from pipeline.errors import DeviceUnavailableError, IndefiniteKernelError, LockHeldError
+from pipeline.errors import IndefiniteKernelError, LockHeldError
 from pipeline.kernels import FunctionScaled, Kernel, Linear, Warped, make_kernel
 from pipeline.kernels.warping import Coordinate, SelectFeatures
+from pipeline.linalg import cholesky_device as cd
 from pipeline.linalg import dense_memory as memory
 from pipeline.linalg import matvec as matvec_ops
 from pipeline.linalg import spectrum
@@ -67,14 +69,6 @@ from pipeline.storage import fingerprint_blocks, fingerprint_obj
 from pipeline.storage.arrays import normalize_store
 from pipeline.storage.lease import LeaseLock
 from pipeline.storage.tempfiles import make_temp_store
-
-# the GPU fit's modules (#46: merged with the engine's and the tile Cholesky's device
-# code; until then a device fit is refused, DeviceUnavailableError)
-try:
-    from pipeline.engine import device as dev
-    from pipeline.linalg import cholesky_device as cd
-except ImportError:  # pragma: no cover - only before the merge
-    dev = cd = None
 
 __all__ = [
     "FitResult",
@@ -372,7 +366,6 @@ def _execute(
     be = device_backend(plan)
     chol_jitter = True if plan.options.jitter else None
     if be is not None and plan.solver == "cholesky":
-        _check_device_modules(plan)
         if plan.store is None and isinstance(X, np.ndarray) and gram is None:
             # X in memory and no store of the user's: the factor in device memory, in
             # place, each Gram tile computed there; no Gram, no tile written
@@ -667,15 +660,6 @@ def _execute_in_memory(
 DEVICE_INFO = ("backend", "block", "tiles_computed", "tiles_resumed", "seconds", "gflops")
 
 
-def _check_device_modules(plan: FitPlan) -> None:
-    if dev is None or cd is None:
-        raise DeviceUnavailableError(
-            f"device={plan.device!r}: this installation has no GPU fit "
-            "(pipeline.engine.device or pipeline.linalg.cholesky_device is missing); "
-            "use device='cpu'"
-        )
-
-
 def _execute_dense_device(
     plan: FitPlan, X: Any, y: np.ndarray, kernel: Kernel, raw: Any, sample_weight: Any,
     be: Backend, jitter: Any = None,
@@ -687,7 +671,6 @@ def _execute_dense_device(
     ``W^1/2 K W^1/2``) and ``dual_coef = sqrt(w) beta``, as on the CPU. One shift for
     every target, > 0 (the CPU's least-squares fallback for alpha = 0 has no device
     path). ``jitter``: the tile Cholesky's policy (``solver="cholesky"``'s knob)."""
-    _check_device_modules(plan)
     X = np.asarray(_dense(X), dtype=np.float64)
     n = int(X.shape[0])
     t = 1 if np.ndim(y) == 1 else y.shape[1]

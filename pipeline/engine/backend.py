@@ -28,8 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from pipeline import _optional
+import pipeline._optional as _optional
 from pipeline.errors import DeviceUnavailableError
+from pipeline.options import DEVICES
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +43,6 @@ __all__ = [
     "resolve_device",
 ]
 
-#: the values of the ``device`` option
-DEVICES = ("cpu", "cuda", "auto")
 #: the backends :func:`get_backend` knows (``array_api_strict``: tests only)
 BACKENDS = ("numpy", "cupy", "array_api_strict")
 

@@ -25,6 +25,10 @@ Sections (``--only`` picks some; each stops at its share of ``--budget`` seconds
   γ = 0.25, λ = 3.2e-3, the CV choice), test RMSE and seconds, against the same fit with
   ``device="cpu"`` on this machine's cores.
 
+It imports internals (``pipeline.engine.device``, ``pipeline.linalg.cholesky_device``,
+``pipeline.linalg.matvec``) because it times the Gram, the factor and the solve of the
+device fit apart, and the PCG on the device operator, which no public function exposes.
+
 Every figure goes to ``--out`` as JSON lines as it is measured (a run cut short keeps
 what it had). Run by ``workflows/benchmarks/gpu_check.sh`` on the GPU machine.
 """

@@ -31,9 +31,7 @@ import numpy as np
 from pipeline.kernels import make_kernel
 from pipeline.linalg.nystrom_solve import nystrom_solve
 
-DATA = Path(
-    os.environ.get("KIN40K_DIR", Path(__file__).resolve().parents[1] / "data" / "kin40k")
-)
+DATA = Path(os.environ.get("KIN40K_DIR", Path(__file__).resolve().parents[1] / "data" / "kin40k"))
 
 
 def load(split: int) -> tuple[np.ndarray, ...]:

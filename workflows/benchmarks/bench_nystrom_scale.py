@@ -12,6 +12,9 @@ The baseline, in the same run: scikit-learn's ``Nystroem(n_components=M)`` + ``R
 at the largest N whose N x M float64 feature matrix and Ridge's copy fit
 ``--sklearn-max-gb`` (it cannot hold 3,000,000 x 4,000 = 96 GB), and ours at that same N.
 
+It imports internals (``pipeline.diagnostics``) because it samples the process's
+resident memory with the same ``/proc`` reading the package's own diagnostics use.
+
     python workflows/benchmarks/bench_nystrom_scale.py --n 3000000      # the issue's size
     python workflows/benchmarks/bench_nystrom_scale.py --n 400000 --sklearn-n 100000  # minutes
 """
