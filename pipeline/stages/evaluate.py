@@ -25,6 +25,7 @@ from pipeline.linalg.cholesky import regularisation_shift
 from pipeline.linalg.dense_dual import potrf_threads
 from pipeline.linalg.dense_memory import SAFETY_FRACTION, available_memory
 from pipeline.stages.catalog import Catalog, stage_catalog
+from pipeline.stages.compare import compare_rows, compare_summary
 from pipeline.stages.config import EvaluateConfig
 from pipeline.stages.ingest import open_rows
 from pipeline.stages.outputs import EvaluateOutput, IngestOutput, PredictOutput
@@ -201,11 +202,57 @@ def run(
             f"scikit-learn baseline skipped: n_train={n} > baseline_max_rows={baseline_max_rows} "
             "(its KernelRidge needs about 3·n²·8 bytes)"
         )
+    if evaluate.compare is not None:
+        out.update(_compare(catalog, ing, y_test, names, out["metrics"], evaluate, kernel, lam,
+                            lam_convention))  # fmt: skip
     # metrics.json holds the metrics only: the held-out arrays are referenced (with
     # their checksums) by the stage outputs in the manifest, whose paths are run-relative
     result = EvaluateOutput.from_json(out)
     catalog.save("metrics", metrics_file_view(result))
     return result
+
+
+def _compare(
+    catalog: Catalog,
+    ing: IngestOutput,
+    y_test: np.ndarray,
+    names: list[str],
+    full_metrics: dict[str, float],
+    evaluate: EvaluateConfig,
+    kernel: dict[str, Any],
+    lam: float,
+    lam_convention: str,
+) -> dict[str, Any]:
+    """``compare`` (the rows of :func:`pipeline.stages.compare.compare_rows`) and
+    ``compare_summary`` (its sentence), scored on the held-out rows in y's units."""
+    X_train = np.asarray(_rows_here(ing, "X_train"), dtype=np.float64)
+    y_train = np.asarray(_rows_here(ing, "y_train"), dtype=np.float64)
+    X_test = np.asarray(_rows_here(ing, "X_test"), dtype=np.float64)
+    if ing.scaler:
+        X_test = (X_test - np.asarray(ing.scaler["mean"])) / np.asarray(ing.scaler["scale"])
+
+    def score(pred: np.ndarray) -> dict[str, float]:
+        pred = np.asarray(pred, dtype=np.float64).reshape(len(pred), -1)
+        if ing.y_scaler:  # fitted on the stored standardised y: back to y's units
+            pred = pred * np.asarray(ing.y_scaler["scale"]) + np.asarray(ing.y_scaler["mean"])
+        return regression_metrics(y_test, pred, names)
+
+    c = evaluate.compare
+    rows = compare_rows(
+        X_train,
+        y_train,
+        X_test,
+        score,
+        kernel=kernel,
+        lam=lam,
+        lam_convention=lam_convention,
+        nystrom=c.nystrom,
+        subsample=c.subsample,
+        seed=c.seed,
+        store=str(catalog.path("compare_store")),
+        full_metrics=full_metrics,
+    )
+    return {"compare": rows, "compare_summary": compare_summary(rows)}
 
 
 def metrics_file_view(outputs: EvaluateOutput | Mapping[str, Any]) -> dict[str, Any]:
