@@ -13,8 +13,10 @@ of the chosen model, :func:`compare_rows` fits and scores
   in memory.
 
 Each row is ``{"kind": "exact" | "nystrom", "n_train", "n_centers" (None for exact),
-"metrics", "seconds"}``; the full exact model's row carries the evaluate stage's own
-metrics (its fit is the solve stage's: ``seconds`` is None). :func:`compare_summary`
+"metrics", "seconds"}``; the run's own model's row carries the evaluate stage's own
+metrics (its fit is the solve stage's: ``seconds`` is None): the full exact fit's row,
+or, when the run solved Nyström (``solver.method: nystrom``), that Nyström row, and the
+full exact fit is then fitted here. :func:`compare_summary`
 says in one plain sentence what the rows show.
 """
 
@@ -80,6 +82,7 @@ def compare_rows(
     seed: int = 0,
     store: str | None = None,
     full_metrics: Mapping[str, float] | None = None,
+    full_n_centers: int | None = None,
 ) -> list[dict[str, Any]]:
     """Fit and score the comparison models on the held-out rows ``X_test``.
 
@@ -107,8 +110,12 @@ def compare_rows(
         Where an exact fit the plan sends out of core keeps its tiles (None: a
         temporary directory).
     full_metrics : mapping, optional
-        The full exact model's metrics (the evaluate stage's); its row comes after the
-        subsamples'.
+        The run's own model's metrics (the evaluate stage's): the full exact fit's row,
+        after the subsamples'.
+    full_n_centers : int, optional
+        The run's own model is Nyström with this many centres (``solver.method:
+        nystrom``): its metrics are that Nyström row, and the full exact fit is fitted
+        here (in memory or out of core, as the subsamples).
 
     Returns
     -------
@@ -133,21 +140,34 @@ def compare_rows(
                      "metrics": score(pred), "seconds": secs})  # fmt: skip
         log.info("compare: %s n_train=%d n_centers=%s in %.2f s", kind, len(Xs), m, secs)
 
+    def exact(idx: np.ndarray | None) -> None:
+        m = n if idx is None else len(idx)
+        ooc = store is not None and _exact_out_of_core(m, d, t, k, lam, conv)
+        fit_score("exact", idx, None, solver="auto", **({"store": store} if ooc else {}))
+
     for idx in nested_subsamples(n, subsample, seed):
         if len(idx) < 2 or len(idx) >= n:
             log.info("compare: exact fit on %d of %d training rows skipped (need 2..%d)",
                      len(idx), n, n - 1)  # fmt: skip
             continue
-        ooc = store is not None and _exact_out_of_core(len(idx), d, t, k, lam, conv)
-        fit_score("exact", idx, None, solver="auto", **({"store": store} if ooc else {}))
+        exact(idx)
+    own = None
     if full_metrics is not None:
-        rows.append({"kind": "exact", "n_train": int(n), "n_centers": None,
-                     "metrics": dict(full_metrics), "seconds": None})  # fmt: skip
-    for m in sorted({int(m) for m in nystrom}):
-        if m >= n:
+        own = {"kind": "exact" if full_n_centers is None else "nystrom", "n_train": int(n),
+               "n_centers": full_n_centers, "metrics": dict(full_metrics), "seconds": None}  # fmt: skip
+    if own is not None and full_n_centers is not None:
+        exact(None)  # the run solved Nyström: the full exact fit is this comparison's
+    elif own is not None:
+        rows.append(own)
+    for m in sorted(
+        {int(m) for m in nystrom} | ({full_n_centers} if own and full_n_centers else set())
+    ):
+        if m == full_n_centers and own is not None:
+            rows.append(own)  # the run's own Nyström model, not fitted again
+        elif m >= n:
             log.info("compare: Nyström(%d) skipped: M >= n_train=%d is the exact fit", m, n)
-            continue
-        fit_score("nystrom", None, m, solver="nystrom", n_centers=m)
+        else:
+            fit_score("nystrom", None, m, solver="nystrom", n_centers=m)
     return rows
 
 

@@ -584,10 +584,14 @@ class RunConfig(_Model):
 
     def _evaluate_params(self) -> dict[str, Any]:
         """The evaluate section as the evaluate stage's fingerprint sees it: ``compare``
-        only when set (every run without it keeps its evaluate stage's identity)."""
+        only when set (every run without it keeps its evaluate stage's identity), and
+        then, for a Nyström solve, its centres (``run_n_centers``: the run's own model
+        is that Nyström row of the comparison)."""
         out = self.evaluate.model_dump()
         if out.get("compare") is None:
             out.pop("compare", None)
+        elif self.solver.method == "nystrom":
+            out["run_n_centers"] = self.solver.n_centers
         return out
 
     def _gram_on_demand(self) -> bool:

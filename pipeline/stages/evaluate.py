@@ -143,10 +143,13 @@ def run(
     kernel: dict[str, Any],
     lam: float,
     lam_convention: str,
+    run_n_centers: int | None = None,
 ) -> EvaluateOutput:
     """Score the test predictions; fit the scikit-learn baseline when it fits.
 
-    ``evaluate`` is the config's frozen evaluate section (metrics and baseline).
+    ``evaluate`` is the config's frozen evaluate section (metrics, baseline and
+    compare). ``run_n_centers``: the run solved Nyström with this many centres
+    (given with ``evaluate.compare`` only; an M >= n_train solved exactly).
     """
     catalog = stage_catalog("evaluate", stage_dir)
     ing = IngestOutput.from_json(inputs["ingest"])
@@ -203,8 +206,9 @@ def run(
             "(its KernelRidge needs about 3·n²·8 bytes)"
         )
     if evaluate.compare is not None:
+        own_m = run_n_centers if run_n_centers and run_n_centers < n else None
         out.update(_compare(catalog, ing, y_test, names, out["metrics"], evaluate, kernel, lam,
-                            lam_convention))  # fmt: skip
+                            lam_convention, own_m))  # fmt: skip
     # metrics.json holds the metrics only: the held-out arrays are referenced (with
     # their checksums) by the stage outputs in the manifest, whose paths are run-relative
     result = EvaluateOutput.from_json(out)
@@ -222,6 +226,7 @@ def _compare(
     kernel: dict[str, Any],
     lam: float,
     lam_convention: str,
+    own_centers: int | None,
 ) -> dict[str, Any]:
     """``compare`` (the rows of :func:`pipeline.stages.compare.compare_rows`) and
     ``compare_summary`` (its sentence), scored on the held-out rows in y's units."""
@@ -251,6 +256,7 @@ def _compare(
         seed=c.seed,
         store=str(catalog.path("compare_store")),
         full_metrics=full_metrics,
+        full_n_centers=own_centers,
     )
     return {"compare": rows, "compare_summary": compare_summary(rows)}
 

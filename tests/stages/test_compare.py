@@ -261,6 +261,16 @@ def test_status_json_shows_the_rows_and_the_sentence(run, krr_main):
     assert f"compare: {c['compare_summary']}" in text
 
 
+def test_the_run_summary_prints_the_sentence():
+    import io
+
+    from pipeline.cli.output import _print_metrics
+
+    out = io.StringIO()
+    _print_metrics({"metrics": {"rmse": 1.0}, "n_test": 3, "compare_summary": "it pays"}, out)
+    assert "  exactness gap: it pays" in out.getvalue()
+
+
 def test_report_shows_the_figure_and_the_sentence(run, tmp_path):
     pytest.importorskip("matplotlib")
     from pipeline.report import write_report
@@ -296,3 +306,33 @@ def test_the_catalog_names_the_compare_store(tmp_path):
     assert Catalog.for_stage("evaluate", tmp_path).path("compare_store") == tmp_path / (
         "compare_store"
     )
+
+
+def test_a_nystrom_run_is_its_own_nystrom_row_and_the_full_exact_fit_is_fitted():
+    """With solver.method: nystrom the run's own metrics are the Nyström row of its M
+    (not fitted again), and the full exact fit is fitted by the comparison."""
+    off = _config(None, solver={"method": "nystrom", "n_centers": 50}).stage_params()
+    assert "run_n_centers" not in off["evaluate"]
+    on = _config(True, solver={"method": "nystrom", "n_centers": 50}).stage_params()
+    assert on["evaluate"]["run_n_centers"] == 50
+    assert "run_n_centers" not in _config(True).stage_params()["evaluate"]
+
+    rng = np.random.default_rng(0)
+    X, Xt = rng.normal(size=(80, 2)), rng.normal(size=(20, 2))
+    y, yt = np.sin(X[:, 0]), np.sin(Xt[:, 0])
+
+    def score(pred):
+        return {"rmse": float(np.sqrt(np.mean((np.ravel(pred) - yt) ** 2)))}
+
+    own = {"rmse": 123.0}
+    rows = compare_rows(X, y, Xt, score, kernel={"name": "rbf", "params": {"gamma": 0.5}},
+                        lam=0.1, lam_convention="sklearn", nystrom=[10, 30], subsample=[0.5],
+                        full_metrics=own, full_n_centers=30)  # fmt: skip
+    assert [(r["kind"], r["n_train"], r["n_centers"]) for r in rows] == [
+        ("exact", 40, None),
+        ("exact", 80, None),
+        ("nystrom", 80, 10),
+        ("nystrom", 80, 30),
+    ]
+    assert rows[3]["metrics"] == own and rows[3]["seconds"] is None
+    assert rows[1]["metrics"]["rmse"] < 1.0 and rows[1]["seconds"] is not None
