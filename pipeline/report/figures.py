@@ -204,8 +204,12 @@ def exactness_gap(rows: list[dict[str, Any]], metric: str) -> bytes:
                color="#dd8452", label=f"Nyström, n = {nys[0]['n_train']:,}")  # fmt: skip
     from matplotlib.ticker import FuncFormatter
 
-    for ax, xlabel in ((a, "training rows N (exact fit)"), (b, "Nyström centres M")):
+    ticks = ([r["n_train"] for r in exact], [r["n_centers"] for r in nys])
+    for ax, xlabel, at in zip((a, b), ("training rows N (exact fit)", "Nyström centres M"), ticks):
         ax.set_xscale("log", base=2)
+        if at:  # at the sizes fitted, not at powers of 2
+            ax.set_xticks(at)
+            ax.minorticks_off()
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
         ax.set_xlabel(xlabel)
         ax.grid(True, which="both", alpha=0.3)
