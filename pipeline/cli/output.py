@@ -96,6 +96,8 @@ def _print_metrics(ev: dict[str, Any], out: Any = None) -> None:
         )
     elif ev.get("baseline_note"):
         print(f"  {ev['baseline_note']}", file=out)
+    if ev.get("compare_summary"):  # evaluate.compare: the rows are in metrics.json
+        print(f"  exactness gap: {ev['compare_summary']}", file=out)
 
 
 def _unconverged_note(sol: dict[str, Any] | None) -> str | None:

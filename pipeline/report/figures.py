@@ -22,6 +22,7 @@ __all__ = [
     "cg_convergence",
     "cv_curve",
     "cv_heatmap",
+    "exactness_gap",
     "parity",
     "require_matplotlib",
     "residuals",
@@ -178,4 +179,40 @@ def residuals(y_true: np.ndarray, y_pred: np.ndarray) -> bytes:
     b.axhline(0.0, color="k", ls="--", lw=1)
     b.set_xlabel("rows")
     b.grid(True, alpha=0.3)
+    return _png(fig)
+
+
+def exactness_gap(rows: list[dict[str, Any]], metric: str) -> bytes:
+    """Held-out ``metric`` against the training rows of the exact fits (left, the full fit
+    last) and against the Nyström models' M (right, each on every training row); the
+    full exact fit is the dashed line on the right and each Nyström model a dotted one on
+    the left (``evaluate.compare``)."""
+    plt = require_matplotlib()
+    exact = sorted((r for r in rows if r["kind"] == "exact"), key=lambda r: r["n_train"])
+    nys = sorted((r for r in rows if r["kind"] == "nystrom"), key=lambda r: r["n_centers"])
+    fig, (a, b) = plt.subplots(1, 2, figsize=(8.4, 3.8), sharey=True)
+    if exact:
+        a.plot([r["n_train"] for r in exact], [r["metrics"][metric] for r in exact], "o-",
+               color="#4c72b0", label="exact")  # fmt: skip
+        b.axhline(exact[-1]["metrics"][metric], color="#4c72b0", ls="--", lw=1,
+                  label=f"exact, n = {exact[-1]['n_train']:,}")  # fmt: skip
+    for i, r in enumerate(nys):
+        a.axhline(r["metrics"][metric], color=f"C{(i + 1) % 10}", ls=":", lw=1,
+                  label=f"Nyström({r['n_centers']:,})")  # fmt: skip
+    if nys:
+        b.plot([r["n_centers"] for r in nys], [r["metrics"][metric] for r in nys], "s-",
+               color="#dd8452", label=f"Nyström, n = {nys[0]['n_train']:,}")  # fmt: skip
+    from matplotlib.ticker import FuncFormatter
+
+    ticks = ([r["n_train"] for r in exact], [r["n_centers"] for r in nys])
+    for ax, xlabel, at in zip((a, b), ("training rows N (exact fit)", "Nyström centres M"), ticks):
+        ax.set_xscale("log", base=2)
+        if at:  # at the sizes fitted, not at powers of 2
+            ax.set_xticks(at)
+            ax.minorticks_off()
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+        ax.set_xlabel(xlabel)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    a.set_ylabel(f"held-out {metric}")
     return _png(fig)

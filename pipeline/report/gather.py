@@ -51,7 +51,7 @@ class RunData:
     """What the report needs from one run directory (``None`` where the run has none).
 
     ``notes[section]`` says why a section is empty (``plan``, ``stages``, ``cg``,
-    ``cv``, ``cv_heatmap``, ``heldout``, ``metrics``).
+    ``cv``, ``cv_heatmap``, ``heldout``, ``metrics``, ``compare``).
     """
 
     run_dir: str
@@ -71,6 +71,9 @@ class RunData:
     baseline: dict[str, Any] | None = None
     baseline_note: str | None = None
     mean_baseline: dict[str, Any] | None = None
+    #: ``evaluate.compare``'s rows and sentence (:mod:`pipeline.stages.compare`)
+    compare: list[dict[str, Any]] | None = None
+    compare_summary: str | None = None
     y_true: np.ndarray | None = None
     y_pred: np.ndarray | None = None
     notes: dict[str, str] = field(default_factory=dict)
@@ -202,6 +205,7 @@ def _evaluate(data: RunData, manifest: Any) -> None:
             why = "no held-out metrics: the run has no test split"
         data.notes["metrics"] = why
         data.notes["heldout"] = why.replace("held-out metrics", "residual or parity plots")
+        data.notes["compare"] = why.replace("held-out metrics", "exactness comparison")
         return
     data.metrics = dict(ev.get("metrics") or {}) or None
     if data.metrics is None:
@@ -210,6 +214,12 @@ def _evaluate(data: RunData, manifest: Any) -> None:
     data.baseline = ev.get("baseline")
     data.baseline_note = ev.get("baseline_note")
     data.mean_baseline = ev.get("mean_baseline")
+    data.compare, data.compare_summary = ev.get("compare"), ev.get("compare_summary")
+    if not data.compare:
+        data.notes["compare"] = (
+            "no exactness comparison: the config has no evaluate.compare (true, or "
+            "{nystrom: [...], subsample: [...]})"
+        )
     try:
         data.y_true, data.y_pred = _heldout(ev, manifest)
     except (OSError, ValueError, KeyError) as e:

@@ -20,7 +20,8 @@ from pipeline.report.gather import RunData
 __all__ = ["FIGURE_IDS", "render_html"]
 
 #: every figure the report can hold, by its element id
-FIGURE_IDS = ("stage-times", "cg-convergence", "cv-curve", "cv-heatmap", "residuals", "parity")
+FIGURE_IDS = ("stage-times", "cg-convergence", "cv-curve", "cv-heatmap", "residuals", "parity",
+              "exactness-gap")  # fmt: skip
 
 _CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0 auto;
@@ -256,6 +257,41 @@ def _metrics(d: RunData) -> str:
     return _section("metrics", "Metrics next to the baselines", "".join(parts))
 
 
+def _compare(d: RunData) -> str:
+    title = "Exactness gap: exact fits and Nyström models"
+    if not d.compare:
+        note = d.notes.get("compare", "no exactness comparison")
+        return _section("compare", title, _note(note), "compare")
+    names = [m for m in ("rmse", "mae", "r2") if all(m in (r.get("metrics") or {})
+                                                     for r in d.compare)]  # fmt: skip
+    rows = [
+        [
+            escape(str(r["kind"])),
+            _num(r.get("n_train"), ","),
+            _num(r.get("n_centers"), ","),
+            *[_num((r.get("metrics") or {}).get(m)) for m in names],
+            _num(r.get("seconds"), ".2f"),
+        ]
+        for r in d.compare
+    ]
+    parts = [
+        f"<p><b>{escape(d.compare_summary or '')}</b></p>" if d.compare_summary else "",
+        _table(["model", "training rows", "centres M", *names, "fit + predict (s)"], rows),
+    ]
+    if names:
+        parts.append(
+            _figure(
+                "exactness-gap",
+                F.exactness_gap(d.compare, names[0]),
+                f"Held-out {names[0]} on the same {_num(d.n_test)} rows: the exact fit on "
+                "nested subsamples of the training rows and on all of them (left), and "
+                "Nyström models with the same kernel and λ against their number of centres "
+                "M (right). The full exact fit's time is the solve stage's.",
+            )
+        )
+    return _section("compare", title, "".join(parts))
+
+
 def render_html(data: RunData) -> str:
     """The report page of ``data`` (a complete HTML document)."""
 
@@ -278,6 +314,7 @@ def render_html(data: RunData) -> str:
             _cv(data),
             _heldout(data),
             _metrics(data),
+            _compare(data),
         ]
     )
     return (

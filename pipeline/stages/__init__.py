@@ -60,7 +60,9 @@ _SECTIONS: dict[str, dict[str, Any]] = {
     "ingest": {"data": "DataConfig", "split": "SplitConfig", "preprocess": "PreprocessConfig"},
     "solve": {"solver": "SolverConfig"},
     "predict": {"predict": ("PredictConfig", ("input", "columns", "output"))},
-    "evaluate": {"evaluate": ("EvaluateConfig", ("metrics", "baseline", "baseline_max_rows"))},
+    "evaluate": {
+        "evaluate": ("EvaluateConfig", ("metrics", "baseline", "baseline_max_rows", "compare"))
+    },
 }
 
 

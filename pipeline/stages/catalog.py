@@ -111,6 +111,8 @@ DATASETS: dict[str, Dataset] = {
     "y_true": Dataset("evaluate", "y_true.npy", "npy"),
     "y_pred": Dataset("evaluate", "y_pred.npy", "npy"),
     "metrics": Dataset("evaluate", "metrics.json", "json"),
+    # evaluate.compare's exact fits that the plan sends out of core (one fit-<fp> each)
+    "compare_store": Dataset("evaluate", "compare_store", "dir"),
 }
 
 

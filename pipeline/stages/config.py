@@ -62,7 +62,7 @@ from pipeline.stages.config_overrides import (
 from pipeline.storage.predictions import output_format
 
 __all__ = [
-    "ClusterConfig", "ConfigError", "CvConfig", "DataConfig", "EvaluateConfig",
+    "ClusterConfig", "CompareConfig", "ConfigError", "CvConfig", "DataConfig", "EvaluateConfig",
     "KernelConfig", "PredictConfig", "PreprocessConfig", "RunConfig", "SolverConfig",
     "SplitConfig", "apply_overrides", "check_run_dir", "check_run_name", "load_config",
     "parse_overrides",
@@ -242,6 +242,51 @@ class PredictConfig(_Model):
         return self
 
 
+class CompareConfig(_Model):
+    """``evaluate.compare``: the exactness gap, shown (:mod:`pipeline.stages.compare`).
+
+    On the same held-out rows, Nyström models with ``nystrom`` centres each and the exact
+    model on nested subsamples of ``subsample`` times the training rows (drawn with
+    ``seed``), all with the chosen kernel and λ. ``evaluate.compare: true`` takes the
+    defaults.
+    """
+
+    #: Nyström centre counts M (each an int > 0; an M >= n_train is skipped, logged)
+    nystrom: list[int] = Field(default_factory=lambda: [1000, 4000])
+    #: fractions of the training rows, each in (0, 1), for the exact fits (nested)
+    subsample: list[float] = Field(default_factory=lambda: [0.125, 0.25, 0.5])
+    #: seed of the nested subsamples and of the Nyström centres
+    seed: int = 0
+
+    @field_validator("nystrom", mode="before")
+    @classmethod
+    def _check_centres(cls, v: Any) -> Any:
+        for m in v if isinstance(v, list | tuple) else []:
+            ok = isinstance(m, int) or (isinstance(m, float) and m.is_integer())
+            if isinstance(m, bool) or not ok or m <= 0:
+                raise ValueError(f"each number of centres M must be an int > 0, got {m!r}")
+        return v
+
+    @field_validator("subsample", mode="before")
+    @classmethod
+    def _check_fractions(cls, v: Any) -> Any:
+        for f in v if isinstance(v, list | tuple) else []:
+            if isinstance(f, bool) or not isinstance(f, int | float) or not 0.0 < f < 1.0:
+                raise ValueError(
+                    f"each fraction of the training rows must lie in (0, 1), got {f!r}"
+                )
+        return v
+
+    @model_validator(mode="after")
+    def _something_to_compare(self) -> CompareConfig:
+        if not self.nystrom and not self.subsample:
+            raise ValueError(
+                "evaluate.compare has nothing to fit: give nystrom (numbers of centres) or "
+                "subsample (fractions of the training rows), or drop evaluate.compare"
+            )
+        return self
+
+
 class EvaluateConfig(_Model):
     metrics: list[Literal["rmse", "mae", "r2"]] = Field(
         default_factory=lambda: ["rmse", "mae", "r2"]
@@ -249,6 +294,15 @@ class EvaluateConfig(_Model):
     #: fit scikit-learn's KernelRidge on the same split when it fits in memory
     baseline: Literal["auto", "sklearn", "none"] = "auto"
     baseline_max_rows: int = Field(default=12000, ge=1)
+    #: the exactness gap (Nyström models and exact fits on subsamples); true: the defaults
+    compare: CompareConfig | None = None
+
+    @field_validator("compare", mode="before")
+    @classmethod
+    def _compare_switch(cls, v: Any) -> Any:
+        if v is True:
+            return CompareConfig()
+        return None if v is False else v
 
 
 #: the ``cv`` section's own fields (the grid, the splits, the scorer), before the tree's
@@ -478,6 +532,19 @@ class RunConfig(_Model):
         return self
 
     @model_validator(mode="after")
+    def _compare_needs_heldout_rows(self) -> RunConfig:
+        """``evaluate.compare`` scores on the held-out rows: a split without any is refused."""
+        if self.evaluate.compare is not None and not (
+            self.split.test_fraction > 0 or self.split.test_path
+        ):
+            raise ValueError(
+                "evaluate.compare scores every model on the held-out rows, and this split "
+                "holds none out (split.test_fraction is 0, no split.test_path): set "
+                "split.test_fraction (e.g. 0.2) or split.test_path, or drop evaluate.compare"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _check_cg_kernel(self) -> RunConfig:
         """CG needs a positive semi-definite kernel: refuse a known indefinite one up front."""
         if self.solver.method == "cg":
@@ -515,6 +582,18 @@ class RunConfig(_Model):
             out.pop("centers", None)
         if out.get("device") == "cpu":  # the default names no device: earlier runs keep theirs
             out.pop("device")
+        return out
+
+    def _evaluate_params(self) -> dict[str, Any]:
+        """The evaluate section as the evaluate stage's fingerprint sees it: ``compare``
+        only when set (every run without it keeps its evaluate stage's identity), and
+        then, for a Nyström solve, its centres (``run_n_centers``: the run's own model
+        is that Nyström row of the comparison)."""
+        out = self.evaluate.model_dump()
+        if out.get("compare") is None:
+            out.pop("compare", None)
+        elif self.solver.method == "nystrom":
+            out["run_n_centers"] = self.solver.n_centers
         return out
 
     def _gram_on_demand(self) -> bool:
@@ -574,7 +653,7 @@ class RunConfig(_Model):
                 "block_size": self.block_size,
             },
             "evaluate": {
-                **self.evaluate.model_dump(),
+                **self._evaluate_params(),
                 "kernel": kernel_spec,
                 "lam": self.lam,
                 "lam_convention": self.solver_convention,

@@ -25,6 +25,7 @@ from pipeline.linalg.cholesky import regularisation_shift
 from pipeline.linalg.dense_dual import potrf_threads
 from pipeline.linalg.dense_memory import SAFETY_FRACTION, available_memory
 from pipeline.stages.catalog import Catalog, stage_catalog
+from pipeline.stages.compare import compare_rows, compare_summary
 from pipeline.stages.config import EvaluateConfig
 from pipeline.stages.ingest import open_rows
 from pipeline.stages.outputs import EvaluateOutput, IngestOutput, PredictOutput
@@ -142,10 +143,13 @@ def run(
     kernel: dict[str, Any],
     lam: float,
     lam_convention: str,
+    run_n_centers: int | None = None,
 ) -> EvaluateOutput:
     """Score the test predictions; fit the scikit-learn baseline when it fits.
 
-    ``evaluate`` is the config's frozen evaluate section (metrics and baseline).
+    ``evaluate`` is the config's frozen evaluate section (metrics, baseline and
+    compare). ``run_n_centers``: the run solved Nyström with this many centres
+    (given with ``evaluate.compare`` only; an M >= n_train solved exactly).
     """
     catalog = stage_catalog("evaluate", stage_dir)
     ing = IngestOutput.from_json(inputs["ingest"])
@@ -201,11 +205,60 @@ def run(
             f"scikit-learn baseline skipped: n_train={n} > baseline_max_rows={baseline_max_rows} "
             "(its KernelRidge needs about 3·n²·8 bytes)"
         )
+    if evaluate.compare is not None:
+        own_m = run_n_centers if run_n_centers and run_n_centers < n else None
+        out.update(_compare(catalog, ing, y_test, names, out["metrics"], evaluate, kernel, lam,
+                            lam_convention, own_m))  # fmt: skip
     # metrics.json holds the metrics only: the held-out arrays are referenced (with
     # their checksums) by the stage outputs in the manifest, whose paths are run-relative
     result = EvaluateOutput.from_json(out)
     catalog.save("metrics", metrics_file_view(result))
     return result
+
+
+def _compare(
+    catalog: Catalog,
+    ing: IngestOutput,
+    y_test: np.ndarray,
+    names: list[str],
+    full_metrics: dict[str, float],
+    evaluate: EvaluateConfig,
+    kernel: dict[str, Any],
+    lam: float,
+    lam_convention: str,
+    own_centers: int | None,
+) -> dict[str, Any]:
+    """``compare`` (the rows of :func:`pipeline.stages.compare.compare_rows`) and
+    ``compare_summary`` (its sentence), scored on the held-out rows in y's units."""
+    X_train = np.asarray(_rows_here(ing, "X_train"), dtype=np.float64)
+    y_train = np.asarray(_rows_here(ing, "y_train"), dtype=np.float64)
+    X_test = np.asarray(_rows_here(ing, "X_test"), dtype=np.float64)
+    if ing.scaler:
+        X_test = (X_test - np.asarray(ing.scaler["mean"])) / np.asarray(ing.scaler["scale"])
+
+    def score(pred: np.ndarray) -> dict[str, float]:
+        pred = np.asarray(pred, dtype=np.float64).reshape(len(pred), -1)
+        if ing.y_scaler:  # fitted on the stored standardised y: back to y's units
+            pred = pred * np.asarray(ing.y_scaler["scale"]) + np.asarray(ing.y_scaler["mean"])
+        return regression_metrics(y_test, pred, names)
+
+    c = evaluate.compare
+    rows = compare_rows(
+        X_train,
+        y_train,
+        X_test,
+        score,
+        kernel=kernel,
+        lam=lam,
+        lam_convention=lam_convention,
+        nystrom=c.nystrom,
+        subsample=c.subsample,
+        seed=c.seed,
+        store=str(catalog.path("compare_store")),
+        full_metrics=full_metrics,
+        full_n_centers=own_centers,
+    )
+    return {"compare": rows, "compare_summary": compare_summary(rows)}
 
 
 def metrics_file_view(outputs: EvaluateOutput | Mapping[str, Any]) -> dict[str, Any]:

@@ -205,7 +205,8 @@ class EvaluateOutput:
     with ``baseline_note`` saying why it was skipped; ``heldout`` names
     ``y_true.npy`` and ``y_pred.npy`` with their CRC-32C. Without a test set only
     ``metrics`` (empty) and ``note`` are set. The JSON holds the keys that are set
-    (``baseline`` also when it is None with a note), as before.
+    (``baseline`` also when it is None with a note), as before. With ``evaluate.compare``,
+    ``compare`` holds one row per comparison model and ``compare_summary`` its sentence.
     """
 
     metrics: dict[str, float] = field(default_factory=dict)
@@ -215,6 +216,9 @@ class EvaluateOutput:
     baseline: dict[str, Any] | None = None
     baseline_note: str | None = None
     note: str | None = None
+    #: ``evaluate.compare``'s rows (:mod:`pipeline.stages.compare`) and their sentence
+    compare: list[dict[str, Any]] | None = None
+    compare_summary: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -228,6 +232,9 @@ class EvaluateOutput:
             out["baseline"] = self.baseline
         if self.baseline_note is not None:
             out["baseline_note"] = self.baseline_note
+        for key in ("compare", "compare_summary"):  # only with evaluate.compare
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
         return out
 
     @classmethod

@@ -215,7 +215,8 @@ def configurations(manifest: Manifest) -> list[dict[str, Any]]:
         (as configured) and ``method`` (as solved), ``metrics`` and
         ``baseline_metrics`` (held-out, from the evaluate stage; ``{}`` when not
         evaluated), ``model`` (the artifact's path once written), ``created``,
-        ``updated``.
+        ``updated``; with ``evaluate.compare``, ``compare`` (one row per comparison
+        model) and ``compare_summary`` (its sentence).
     """
     out = []
     for key, cfg in sorted(manifest.results.items(), key=lambda kv: kv[1].created):
@@ -251,6 +252,8 @@ def configurations(manifest: Manifest) -> list[dict[str, Any]]:
                 else None,
                 "created": cfg.created,
                 "updated": cfg.updated,
+                # evaluate.compare's rows and sentence (only when the config asks for them)
+                **{k: ev_out[k] for k in ("compare", "compare_summary") if k in ev_out},
             }
         )
     return out
@@ -276,6 +279,8 @@ def format_configurations(status: dict[str, Any]) -> list[str]:
         line = "  " + " ".join(parts) + (f"  {metrics}" if metrics else "")
         lines.append(line)
         lines.append(f"      {c['dir'] or '.'}" + (f"  model: {c['model']}" if c["model"] else ""))
+        if c.get("compare_summary"):
+            lines.append(f"      compare: {c['compare_summary']}")
     return lines
 
 

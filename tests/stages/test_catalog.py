@@ -43,6 +43,7 @@ LAYOUT = {
     "y_true": f"results/{KEY}/evaluate/y_true.npy",
     "y_pred": f"results/{KEY}/evaluate/y_pred.npy",
     "metrics": f"results/{KEY}/evaluate/metrics.json",
+    "compare_store": f"results/{KEY}/evaluate/compare_store",
 }
 ARRAYS = {"gram": "gram", "factor": "chol", "predictions": "test", "batch": "predictions"}
 
@@ -176,7 +177,8 @@ CATALOG_CALLS = {
     "exists",
     "in_other_configurations",
 }
-STAGE_MODULES = ["ingest", "select", "gram", "solve", "model", "predict", "evaluate", "verify"]
+STAGE_MODULES = ["ingest", "select", "gram", "solve", "model", "predict", "evaluate", "verify",
+                 "compare"]  # fmt: skip
 
 
 @pytest.mark.parametrize("module", STAGE_MODULES)
