@@ -103,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         m = KernelRidge(solver="nystrom", n_centers=M, **params).fit(Xtr, ytr)
         pred = m.predict(Xte)
         record(kind="nystrom", who="ours", n_train=n, n_centers=M,
-               seconds=time.perf_counter() - t, rmse=rmse(pred))  # fmt: skip
+               seconds=time.perf_counter() - t, rmse=rmse(pred),
+               method=m.fit_info_.get("method"), n_iter=m.fit_info_.get("n_iter"))  # fmt: skip
         if n * M * 8 / 2**30 * 2.5 > a.sklearn_max_gb:
             record(kind="nystrom", who="scikit-learn", n_train=n, n_centers=M, skipped=(
                 f"its {n} x {M} feature matrix and Ridge's copies need about "
