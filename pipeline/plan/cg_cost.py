@@ -188,7 +188,8 @@ def nystrom_method(
     """How ``solver="nystrom"`` solves its M x M system: ``("direct" | "pcg", reason)``.
 
     ``"direct"``: one pass over X evaluates ``K_nM`` (N·M entries) and accumulates
-    ``K_nMᵀ W K_nM`` (a SYRK, N·M² flops at GEMM speed), then factors M x M.
+    ``K_nMᵀ W K_nM`` (a SYRK, N·M² flops at GEMM speed), then forms the preconditioned
+    M x M system (4·M³) and factors it.
     ``"pcg"``: FALKON's CG, ``iterations`` passes (default
     :data:`~pipeline.constants.NYSTROM_PCG_TYPICAL_ITERATIONS`), each two GEMVs over
     the N x M blocks at :data:`~pipeline.constants.GEMV_FRACTION_OF_GEMM` of GEMM speed
@@ -200,7 +201,8 @@ def nystrom_method(
     gemm = float(gemm_gflops or C.DEFAULT_GEMM_GFLOPS) * 1e9
     its = int(iterations or C.NYSTROM_PCG_TYPICAL_ITERATIONS)
     kernel = n * m / entry_rate(n_features)
-    direct = kernel + n * float(m) ** 2 / gemm
+    # the one pass's SYRK, then Bᵀ H B (four triangular solves with M right-hand sides)
+    direct = kernel + (n * float(m) ** 2 + 4.0 * float(m) ** 3) / gemm
     per_pass = 4.0 * n * m / (gemm * C.GEMV_FRACTION_OF_GEMM) + (0.0 if cached else kernel)
     pcg = kernel + its * per_pass
     method = "direct" if direct <= pcg else "pcg"
