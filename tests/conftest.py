@@ -307,6 +307,65 @@ def write_config(tmp_path):
     return write
 
 
+#: the scikit-learn diabetes data set's ``krr run`` config (332 training rows): Cholesky,
+#: tiles of 128, one in-process worker (the command-line, model-load, table and plan tests)
+DIABETES_CONFIG: dict[str, Any] = {
+    "name": "small",
+    "data": {"source": "sklearn", "name": "diabetes"},
+    "split": {"test_fraction": 0.25, "seed": 0},
+    "preprocess": {"standardize": True, "standardize_y": True},
+    "kernel": {"name": "rbf", "params": {"gamma": 0.05}},
+    "lambda": 0.5,
+    "solver": {"method": "cholesky"},
+    "block_size": 128,
+    "cluster": {"n_workers": 1, "processes": False, "memory_limit": "1GiB", "dashboard": False},
+}
+
+
+@pytest.fixture
+def diabetes_config(tmp_path):
+    """``diabetes_config(file="small.yaml", dest=tmp_path, **sections) -> Path``: writes
+    :data:`DIABETES_CONFIG` as YAML, its sections updated (nested mappings merged) by
+    ``sections`` (``lambda`` is ``lam``; a new section goes last)."""
+
+    def write(file: str = "small.yaml", dest: Path | None = None, **sections: Any) -> Path:
+        if "lam" in sections:
+            sections["lambda"] = sections.pop("lam")
+        path = (dest or tmp_path) / file
+        path.write_text(yaml.safe_dump(_merge(DIABETES_CONFIG, sections), sort_keys=False))
+        return path
+
+    return write
+
+
+#: the repository root: first on a fresh interpreter's ``sys.path``
+ROOT = TESTS.parent
+
+
+def run_fresh_python(
+    code: str, *args: Any, env: Mapping[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess:
+    """``python -c CODE ARGS...`` in a new interpreter (text stdout and stderr), the
+    repository root first on its PYTHONPATH and ``env`` added to this environment."""
+    full = {**os.environ, **(env or {})}
+    full["PYTHONPATH"] = os.pathsep.join([str(ROOT), full.get("PYTHONPATH", "")])
+    return subprocess.run(
+        [sys.executable, "-c", code, *map(str, args)],
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture(scope="session")
+def fresh_python() -> Any:
+    """``fresh_python(code, *args, env=None, timeout=300)``: run ``code`` in a new
+    interpreter (what is imported at start, nothing this process loaded), as
+    :func:`run_fresh_python`."""
+    return run_fresh_python
+
+
 def _run_results(run_dir: Path) -> dict[str, np.ndarray]:
     """A finished run directory's results to compare bitwise: the latest configuration's
     alpha (its model's ``dual_coef``) and every array of its prediction stores."""

@@ -12,6 +12,7 @@ ran on zeros before the model stage refused the scaler.
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 
@@ -305,19 +306,29 @@ def test_cv_routing_is_finite_for_any_positive_lambda(lam):
     assert solver in ("cg", "band") and its >= 1 and math.isfinite(cg_s)
 
 
+@pytest.fixture(scope="module")
+def plan_probes():
+    """The probes of 3000 x 4 rows under RBF(gamma=0.5), their Nyström residual measured
+    once for the module (a seeded subsample: the same figure for every lambda and solver
+    below; measured anew it cost about 1.5 s in each of 8 plans)."""
+    from pipeline.engine.placement import Probes
+    from pipeline.fit import row_probes
+
+    X = np.random.default_rng(0).normal(size=(3000, 4))
+    p = row_probes(X, RBF(gamma=0.5))
+    return Probes(p.x_in_memory, functools.cache(p.residual), p.float32_risk)
+
+
 @pytest.mark.parametrize("lam", LAMBDAS)
 @pytest.mark.parametrize("solver", ["auto", "cholesky", "cg"])
-def test_plan_fit_prices_any_positive_lambda(lam, solver):
+def test_plan_fit_prices_any_positive_lambda(plan_probes, lam, solver):
     """Old code: ``plan_fit`` raised ZeroDivisionError for lambda 1e-300 whatever the solver."""
     from pipeline.engine.placement import Resources
-    from pipeline.fit import row_probes
     from pipeline.plan.fit_plan import plan_fit
 
-    rng = np.random.default_rng(0)
-    X = rng.normal(size=(3000, 4))
     res = Resources(memory_bytes=1e12, disk_bytes=1e13, in_memory=False)
     k = RBF(gamma=0.5)
-    plan, why = plan_fit(3000, 4, k, res, {"solver": solver, "alpha": lam}, probes=row_probes(X, k))
+    plan, why = plan_fit(3000, 4, k, res, {"solver": solver, "alpha": lam}, probes=plan_probes)
     assert plan.solver in ("cholesky", "cg") and why
     if solver != "auto":
         assert plan.solver == solver

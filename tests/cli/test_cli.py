@@ -17,24 +17,10 @@ from pipeline.stages.lock import RunLock
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
-SMALL = """
-name: small
-data: {source: sklearn, name: diabetes}
-split: {test_fraction: 0.25, seed: 0}
-preprocess: {standardize: true, standardize_y: true}
-kernel: {name: rbf, params: {gamma: 0.05}}
-lambda: 0.5
-solver: {method: cholesky}
-block_size: 128
-cluster: {n_workers: 1, processes: false, memory_limit: 1GiB, dashboard: false}
-"""
-
 
 @pytest.fixture
-def small(tmp_path):
-    p = tmp_path / "small.yaml"
-    p.write_text(SMALL)
-    return p
+def small(diabetes_config):
+    return diabetes_config()
 
 
 def run_cli(*argv):

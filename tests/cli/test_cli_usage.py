@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -24,25 +23,10 @@ from pipeline.cli.errors import EXIT_CODES
 
 ROOT = Path(__file__).resolve().parents[2]
 
-SMALL = """
-name: small
-data: {source: sklearn, name: diabetes}
-split: {test_fraction: 0.25, seed: 0}
-preprocess: {standardize: true, standardize_y: true}
-kernel: {name: rbf, params: {gamma: 0.05}}
-lambda: 0.5
-solver: {method: cholesky}
-block_size: 128
-evaluate: {baseline: none}
-cluster: {n_workers: 1, processes: false, memory_limit: 1GiB, dashboard: false}
-"""
-
 
 @pytest.fixture
-def small(tmp_path):
-    p = tmp_path / "small.yaml"
-    p.write_text(SMALL)
-    return p
+def small(diabetes_config):
+    return diabetes_config(evaluate={"baseline": "none"})
 
 
 def run_cli(*argv):
@@ -64,7 +48,7 @@ _NOT_FOR_HELP = ["distributed", "matplotlib", "dask.dataframe", "s3fs", "rdatase
 
 
 @pytest.mark.parametrize("without_extras", [False, True], ids=["installed", "absent"])
-def test_help_needs_no_extra_and_starts_no_cluster(without_extras):
+def test_help_needs_no_extra_and_starts_no_cluster(without_extras, fresh_python):
     """``krr --help``, ``-h`` and every command's ``--help`` print their usage and exit 0
     without loading an optional extra or distributed; with every extra uninstalled (its
     import fails) they still do. The package's own modules are imported at module level
@@ -91,11 +75,7 @@ def test_help_needs_no_extra_and_starts_no_cluster(without_extras):
         "    assert out.getvalue().startswith('usage: krr'), (argv, out.getvalue()[:200])\n"
         f"print(sorted(m for m in {_NOT_FOR_HELP!r} if sys.modules.get(m) is not None))\n"
     )
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    p = fresh_python(code)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "[]", f"krr --help imports {p.stdout.strip()}"
 

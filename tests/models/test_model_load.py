@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,26 +16,14 @@ import pipeline
 from pipeline.models.artifact import META_KEY, ArtifactError, load_artifact
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIG = """
-name: model
-data: {source: sklearn, name: diabetes}
-split: {test_fraction: 0.25, seed: 0}
-preprocess: {standardize: true, standardize_y: true}
-kernel: {name: rbf, params: {gamma: 0.05}}
-lambda: 0.5
-solver: {method: cholesky}
-block_size: 128
-cluster: {n_workers: 1, processes: false, memory_limit: 1GiB, dashboard: false}
-"""
 
 
-def test_pipeline_load_reads_the_model_krr_run_wrote(tmp_path):
+def test_pipeline_load_reads_the_model_krr_run_wrote(tmp_path, diabetes_config):
     from sklearn.datasets import load_diabetes
 
     from pipeline import cli
 
-    cfg = tmp_path / "model.yaml"
-    cfg.write_text(CONFIG)
+    cfg = diabetes_config("model.yaml", name="model")
     run_dir = tmp_path / "run"
     assert cli.main(["run", str(cfg), "--run-dir", str(run_dir)]) == 0
     from pipeline.stages.status import latest_model
@@ -64,7 +50,7 @@ def test_a_newer_format_is_refused_naming_its_version(tmp_path):
         pipeline.load(tmp_path / "m")
 
 
-def test_version_from_metadata_and_no_import_of_the_package_root():
+def test_version_from_metadata_and_no_import_of_the_package_root(fresh_python):
     assert pipeline.__version__ == importlib.metadata.version("krr-pipeline")
     offenders = [
         str(p.relative_to(ROOT))
@@ -78,5 +64,5 @@ def test_version_from_metadata_and_no_import_of_the_package_root():
         "print(sorted(m for m in ('pipeline.models.estimator', 'pipeline.models.selection') "
         "if m in sys.modules))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]", out.stderr
+    out = fresh_python(code)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr

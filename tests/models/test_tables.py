@@ -202,21 +202,8 @@ def test_config_predict_output_extension_is_checked():
         PredictConfig(output="preds.parquet")
 
 
-SMALL_RUN = """
-name: small
-data: {source: sklearn, name: diabetes}
-split: {test_fraction: 0.25, seed: 0}
-preprocess: {standardize: true, standardize_y: true}
-kernel: {name: rbf, params: {gamma: 0.05}}
-lambda: 0.5
-solver: {method: cholesky}
-block_size: 128
-cluster: {n_workers: 1, processes: false, memory_limit: 1GiB, dashboard: false}
-"""
-
-
 @pytest.mark.slow
-def test_run_records_names_and_predict_stage_writes_by_extension(tmp_path, capsys):
+def test_run_records_names_and_predict_stage_writes_by_extension(tmp_path, capsys, diabetes_config):
     """``krr run``: the model knows its feature/target names; ``predict.output`` follows
     its extension, and the batch input (columns reversed) is read by name."""
     from sklearn.datasets import load_diabetes
@@ -225,8 +212,7 @@ def test_run_records_names_and_predict_stage_writes_by_extension(tmp_path, capsy
     feats = [c for c in frame.columns if c != "target"]
     new = frame[feats].iloc[:30]
     new[feats[::-1]].to_csv(tmp_path / "new.csv", index=False)
-    conf = tmp_path / "small.yaml"
-    conf.write_text(SMALL_RUN)
+    conf = diabetes_config()
     out = tmp_path / "batch.parquet"
     argv = ["run", conf, f"predict.input={tmp_path / 'new.csv'}", f"predict.output={out}"]
     assert run_cli(*argv, "--run-dir", tmp_path / "run") == 0

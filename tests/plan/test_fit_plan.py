@@ -82,26 +82,13 @@ def test_estimator_in_memory_rule_unchanged():
     assert plan_fit(500, 10, None, small)[0].solver == "dense"
 
 
-CONFIG = """
-name: plan
-data: {source: sklearn, name: diabetes}
-split: {test_fraction: 0.25, seed: 0}
-preprocess: {standardize: true, standardize_y: true}
-kernel: {name: rbf, params: {gamma: 0.05}}
-lambda: 0.5
-solver: {method: auto}
-block_size: 128
-cluster: {n_workers: 1, processes: false, memory_limit: 1GiB, dashboard: false}
-"""
-
-
 def _plan_lines(text: str) -> list[str]:
     return [
         re.sub(r"^.*fit plan \([^)]*\): ", "", ln) for ln in text.splitlines() if "fit plan (" in ln
     ]
 
 
-def test_krr_run_and_estimator_log_the_same_plan(tmp_path, monkeypatch, caplog):
+def test_krr_run_and_estimator_log_the_same_plan(tmp_path, monkeypatch, caplog, diabetes_config):
     import pipeline.fit as fit_mod
     import pipeline.linalg.dense_memory as memory
     from pipeline import cli
@@ -110,8 +97,7 @@ def test_krr_run_and_estimator_log_the_same_plan(tmp_path, monkeypatch, caplog):
 
     monkeypatch.setattr(fit_mod, "_disk_free", lambda store: 100 * GB)
     monkeypatch.setattr(memory, "available_memory", lambda: int(16 * GB))
-    cfg = tmp_path / "plan.yaml"
-    cfg.write_text(CONFIG)
+    cfg = diabetes_config("plan.yaml", name="plan", solver={"method": "auto"})
     run_dir = tmp_path / "run"
     with caplog.at_level(logging.INFO):
         assert cli.main(["run", str(cfg), "--run-dir", str(run_dir)]) == 0
