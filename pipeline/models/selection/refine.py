@@ -1,0 +1,184 @@
+"""λ for the full N: a search on a subsample, then a refinement of λ on all the rows.
+
+A grid search at large N runs on a seeded uniform subsample of the training rows
+(``KernelRidgeCV(subsample=ROWS)``, ``cv.subsample`` in a run config). The λ it
+chooses is biased upward: the best λ shrinks as N grows. The refinement
+(``refine=True``, on by default when a subsample was drawn) keeps the chosen kernel
+(γ etc. fixed) and scores the λ of :data:`REFINE_FACTORS` times the subsample's
+choice, mostly below it, on the FULL training set:
+
+- up to :data:`REFINE_EIGEN_MAX_N` rows (where the kernel matrix and its
+  eigenvectors fit in memory and an eigendecomposition takes seconds), by the exact
+  leave-one-out residuals of every λ from ONE eigendecomposition ``K = Q Λ Qᵀ``
+  (:func:`pipeline.models.selection.eigen.loo_predictions`: ``O(N²)`` per λ once
+  ``Q`` exists), scored on the pooled held-out predictions;
+- above it, by the search's own block CG (:mod:`pipeline.models.selection.cvblock`)
+  on the full operator: every (λ, fold) system of the one kernel setting is a column
+  of one preconditioned block solve, so each iteration is one matrix-free pass over
+  K for all of them (one Nyström preconditioner shared by every fold and shifted per
+  λ), with the search's splits (K-fold or held-out; 5-fold where the search's splits
+  cannot be recut on all rows).
+
+Both are a :class:`~pipeline.models.selection.KernelRidgeCV` of the one setting on
+all rows (no subsample, no refinement, no refit). The λ kept is the best-scoring one,
+the subsample's own on a tie; its seconds are recorded, and the ratio to one exact fit
+(the refit's seconds) where the search refits.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from numbers import Integral, Real
+from typing import Any
+
+import numpy as np
+from sklearn.base import clone
+from sklearn.model_selection import BaseCrossValidator, LeaveOneOut
+
+from pipeline.validation import check_random_seed
+
+__all__ = [
+    "REFINE_EIGEN_MAX_N",
+    "REFINE_FACTORS",
+    "check_subsample",
+    "draw_subsample",
+    "min_subsample",
+    "refine_alpha",
+    "refine_wanted",
+]
+
+log = logging.getLogger("pipeline.models.selection")
+
+#: the λ scored at the full N, as multiples of the subsample's choice: the best λ
+#: shrinks as N grows, so four steps down (to 1/16) and one up
+REFINE_FACTORS = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0, 2.0)
+#: above this many rows the refinement is K-fold block CG, not exact LOO from one
+#: eigendecomposition (O(N³) time, three N x N arrays; ~6 s at 4,000 rows on 2 cores)
+REFINE_EIGEN_MAX_N = 4_000
+
+
+def min_subsample(cv: Any) -> int:
+    """The fewest rows a subsample may have for the splits ``cv``: two per fold (K-fold
+    and splitters that say their number of splits), else 4."""
+    if isinstance(cv, Integral) and not isinstance(cv, bool):
+        return 2 * max(int(cv), 2)
+    get = getattr(cv, "get_n_splits", None)
+    if get is not None and not isinstance(cv, LeaveOneOut):
+        try:
+            return 2 * max(int(get()), 2)
+        except (TypeError, ValueError):  # needs X or groups to say
+            pass
+    return 4
+
+
+def check_subsample(subsample: Any, cv: Any, name: str = "subsample") -> None:
+    """ValueError naming ``subsample`` unless it is None or an integer of at least
+    :func:`min_subsample` rows (``name``: how the caller spells it)."""
+    if subsample is None:
+        return
+    least = min_subsample(cv)
+    if isinstance(subsample, bool) or not isinstance(subsample, Integral) or int(subsample) < least:
+        raise ValueError(
+            f"{name}={subsample!r} is not valid: give the number of training rows the grid "
+            f"search runs on, an integer >= {least} (two per fold of cv={cv!r}), e.g. "
+            f"{name}=8000, or null for all rows"
+        )
+    if (
+        cv is not None
+        and not isinstance(cv, str | Real | BaseCrossValidator)
+        and not hasattr(cv, "split")
+    ):
+        raise ValueError(
+            f"{name}={subsample!r} needs splits that can be cut on the subsample (folds, a "
+            f"held-out fraction, 'loo' or a splitter); cv={cv!r} lists row indices of all rows"
+        )
+
+
+def draw_subsample(n: int, rows: int, random_state: Any) -> np.ndarray:
+    """``rows`` distinct row indices of ``range(n)``, uniform and seeded, sorted.
+
+    ``random_state``: an int (or None: 0, so that a search is repeatable), or a
+    ``RandomState`` (a seed is drawn from it)."""
+    seed = check_random_seed(random_state)
+    rng = np.random.default_rng(0 if seed is None else seed)
+    return np.sort(rng.choice(n, size=int(rows), replace=False))
+
+
+def refine_wanted(refine: Any, subsampled: bool) -> bool:
+    """Whether to refine: as asked, else (None: auto) when a subsample was drawn."""
+    return subsampled if refine is None else bool(refine)
+
+
+def _refine_cv(cv: Any) -> Any:
+    """The splits of the CG refinement on all rows: the search's own where they can be
+    recut on all rows (folds, a held-out fraction, a splitter), else 5-fold."""
+    if isinstance(cv, Integral | BaseCrossValidator) and not isinstance(cv, bool | LeaveOneOut):
+        return cv
+    if isinstance(cv, Real) and not isinstance(cv, bool | Integral) and 0 < cv < 1:
+        return cv
+    if hasattr(cv, "split") and not isinstance(cv, LeaveOneOut):
+        return cv
+    return 5
+
+
+def refine_alpha(
+    search: Any, X: np.ndarray, y: np.ndarray, kern: Any, groups: Any = None
+) -> dict[str, Any]:
+    """Score the λ of :data:`REFINE_FACTORS` times ``search.best_alpha_`` for the kernel
+    ``kern`` (the chosen setting) on all of ``X, y``; return the refinement's record.
+
+    Returns
+    -------
+    dict
+        ``alphas`` and ``scores`` (the refinement curve, λ ascending; scores in the
+        search's units, larger is better), ``alpha`` (the λ kept), ``subsample_alpha``,
+        ``method`` (``"loo-eigen"`` or ``"kfold-cg"``), ``n_train``, ``seconds`` and
+        ``at_edge`` (the kept λ is the smallest or largest scored: one beyond may be better).
+    """
+    t0 = time.perf_counter()
+    n = int(X.shape[0])
+    a0 = float(search.best_alpha_)
+    alphas = sorted(a0 * f for f in REFINE_FACTORS)
+    eigen = n <= REFINE_EIGEN_MAX_N
+    method = "loo-eigen" if eigen else "kfold-cg"
+    sub = clone(search).set_params(
+        alphas=alphas,
+        kernel=kern,
+        param_grid=None,
+        gamma=None,
+        cv="loo" if eigen else _refine_cv(search.cv),
+        solver="eigen" if eigen else "cg",
+        store=None,
+        refit=False,
+        checkpoint=None,
+        max_search_seconds=None,
+        progress=False,
+        subsample=None,
+        refine=False,
+    )
+    sub.fit(X, y, groups=None if eigen else groups)
+    res = sub.cv_results_
+    got = {float(p["alpha"]): float(s) for p, s in zip(res["params"], res["mean_test_score"])}
+    scores = [got[a] for a in alphas]
+    best = max(scores)
+    i0 = alphas.index(a0)
+    # the subsample's λ on a tie (the refinement only moves λ for a better score)
+    keep = i0 if scores[i0] >= best else int(np.argmax(scores))
+    seconds = time.perf_counter() - t0
+    out = {
+        "method": method,
+        "n_train": n,
+        "subsample_alpha": a0,
+        "alpha": alphas[keep],
+        "alphas": alphas,
+        "scores": scores,
+        "at_edge": keep in (0, len(alphas) - 1),
+        "seconds": round(seconds, 4),
+    }
+    log.info(
+        "refine: lambda %g -> %g on all %d rows (%s, %d lambdas, %.2f s)%s",
+        a0, alphas[keep], n, method, len(alphas), seconds,
+        "; the best is at the end of the scored range" if keep in (0, len(alphas) - 1) else "",
+    )  # fmt: skip
+    return out
