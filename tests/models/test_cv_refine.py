@@ -18,7 +18,7 @@ def _data(n: int, seed: int = 0, noise: float = 0.1) -> tuple[np.ndarray, np.nda
 
 
 def test_the_grid_search_runs_on_a_seeded_subsample_and_the_refit_on_all_rows():
-    X, y = _data(500)
+    X, y = _data(300)
     kw = dict(alphas=[1e-3, 1e-2, 1e-1], param_grid={"gamma": [1.0, 3.0]}, refine=False)
     a = KernelRidgeCV(subsample=120, random_state=3, **kw).fit(X, y)
     idx = a.subsample_indices_
@@ -34,9 +34,9 @@ def test_the_grid_search_runs_on_a_seeded_subsample_and_the_refit_on_all_rows():
         a.cv_results_["mean_test_score"], ref.cv_results_["mean_test_score"], rtol=1e-10
     )
     assert a.best_params_ == ref.best_params_ and a.refine_results_ is None
-    assert a.best_estimator_.X_fit_.shape[0] == 500  # the refit: all rows
+    assert a.best_estimator_.X_fit_.shape[0] == 300  # the refit: all rows
     # at least n rows: no subsample, the search of all rows
-    d = KernelRidgeCV(subsample=500, **kw).fit(X, y)
+    d = KernelRidgeCV(subsample=300, **kw).fit(X, y)
     assert d.subsample_indices_ is None and d.refine_results_ is None
 
 
@@ -106,8 +106,8 @@ def test_above_the_eigen_size_the_refinement_is_block_cg_on_the_folds(monkeypatc
     """The CG path's K-fold scores at the full N equal an exact (eigen) search of the same
     λ and folds."""
     monkeypatch.setattr(R, "REFINE_EIGEN_MAX_N", 100)
-    X, y = _data(400, seed=2)
-    search = KernelRidgeCV(alphas=[1e-3, 1e-2], gamma=2.0, subsample=80, refit=False).fit(X, y)
+    X, y = _data(240, seed=2)
+    search = KernelRidgeCV(alphas=[1e-3, 1e-2], gamma=2.0, subsample=60, refit=False).fit(X, y)
     r = search.refine_results_
     assert r["method"] == "kfold-cg"
     exact = KernelRidgeCV(alphas=r["alphas"], gamma=2.0, solver="eigen", refit=False).fit(X, y)
