@@ -102,16 +102,29 @@ def test_the_refinement_loo_scores_are_brute_force_loo(convention):
         assert score == pytest.approx(-np.mean((pred - y) ** 2), rel=1e-8, abs=1e-12)
 
 
-def test_above_the_eigen_size_the_refinement_is_block_cg_on_the_folds(monkeypatch):
-    """The CG path's K-fold scores at the full N equal an exact (eigen) search of the same
-    λ and folds."""
+@pytest.mark.parametrize("where", ["dense", "cg"])
+def test_above_the_eigen_size_the_refinement_is_one_held_out_split(monkeypatch, where):
+    """Above the eigen size: one seeded held-out split of all rows (1/folds of them), a
+    Cholesky per λ in memory, else the search's block CG; its scores equal an exact
+    (eigen) search of the same λ and split."""
     monkeypatch.setattr(R, "REFINE_EIGEN_MAX_N", 100)
+    if where == "cg":
+        monkeypatch.setattr(R, "REFINE_IN_MEMORY_MAX_N", 100)
     X, y = _data(240, seed=2)
-    search = KernelRidgeCV(alphas=[1e-3, 1e-2], gamma=2.0, subsample=60, refit=False).fit(X, y)
+    search = KernelRidgeCV(
+        alphas=[1e-3, 1e-2], gamma=2.0, cv=4, subsample=60, refit=False, random_state=7
+    ).fit(X, y)
     r = search.refine_results_
-    assert r["method"] == "kfold-cg"
-    exact = KernelRidgeCV(alphas=r["alphas"], gamma=2.0, solver="eigen", refit=False).fit(X, y)
-    np.testing.assert_allclose(r["scores"], exact.cv_results_["mean_test_score"], atol=1e-6)
+    assert r["method"] == f"holdout-{where}"
+    exact = KernelRidgeCV(
+        alphas=r["alphas"], gamma=2.0, cv=0.25, solver="eigen", refit=False, random_state=7
+    ).fit(X, y)
+    np.testing.assert_allclose(
+        r["scores"],
+        exact.cv_results_["mean_test_score"],
+        rtol=0,
+        atol=1e-10 if where == "dense" else 1e-6,
+    )
 
 
 @pytest.mark.parametrize(

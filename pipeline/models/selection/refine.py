@@ -7,21 +7,27 @@ chooses is biased upward: the best λ shrinks as N grows. The refinement
 (γ etc. fixed) and scores the λ of :data:`REFINE_FACTORS` times the subsample's
 choice, mostly below it, on the FULL training set:
 
-- up to :data:`REFINE_EIGEN_MAX_N` rows (where the kernel matrix and its
-  eigenvectors fit in memory and an eigendecomposition takes seconds), by the exact
-  leave-one-out residuals of every λ from ONE eigendecomposition ``K = Q Λ Qᵀ``
+- up to :data:`REFINE_EIGEN_MAX_N` rows (``loo-eigen``), by the exact leave-one-out
+  residuals of every λ from ONE eigendecomposition ``K = Q Λ Qᵀ``
   (:func:`pipeline.models.selection.eigen.loo_predictions`: ``O(N²)`` per λ once
-  ``Q`` exists), scored on the pooled held-out predictions;
-- above it, by the search's own block CG (:mod:`pipeline.models.selection.cvblock`)
-  on the full operator: every (λ, fold) system of the one kernel setting is a column
-  of one preconditioned block solve, so each iteration is one matrix-free pass over
-  K for all of them (one Nyström preconditioner shared by every fold and shifted per
-  λ), with the search's splits (K-fold or held-out; 5-fold where the search's splits
-  cannot be recut on all rows).
+  ``Q`` exists), scored on the pooled held-out predictions. An eigendecomposition
+  costs 10-15 Cholesky factorisations of K (measured: 14x the in-memory refit at
+  3,000 rows), so this is the path only where that is a few seconds;
+- up to :data:`~pipeline.constants.IN_MEMORY_MAX_N` rows while K fits in memory
+  (``holdout-dense``): one held-out split of all rows (the fraction ``1/folds`` of
+  the search, seeded), one kernel matrix shared by every λ, one Cholesky of the
+  training block per λ: each ``(1 - 1/folds)³`` of one exact fit's factorisation
+  (0.51 at 5 folds, about 2.6 fits for the five λ; measured 3.4-4.2x the refit at
+  3,000 rows, kernel matrix included);
+- above it (``holdout-cg``), the search's own block CG
+  (:mod:`pipeline.models.selection.cvblock`) on the full operator with the same
+  held-out split: the five λ systems are the columns of one preconditioned block
+  solve, so each iteration is one matrix-free pass over K for all of them (one
+  Nyström preconditioner, shifted per λ).
 
-Both are a :class:`~pipeline.models.selection.KernelRidgeCV` of the one setting on
-all rows (no subsample, no refinement, no refit). The λ kept is the best-scoring one,
-the subsample's own on a tie; its seconds are recorded, and the ratio to one exact fit
+Each is a :class:`~pipeline.models.selection.KernelRidgeCV` of the one setting on all
+rows (no subsample, no refinement, no refit). The λ kept is the best-scoring one, the
+subsample's own on a tie; its seconds are recorded, and the ratio to one exact fit
 (the refit's seconds) where the search refits.
 """
 
@@ -36,11 +42,13 @@ import numpy as np
 from sklearn.base import clone
 from sklearn.model_selection import BaseCrossValidator, LeaveOneOut
 
+from pipeline.constants import IN_MEMORY_MAX_N
 from pipeline.validation import check_random_seed
 
 __all__ = [
     "REFINE_EIGEN_MAX_N",
     "REFINE_FACTORS",
+    "REFINE_IN_MEMORY_MAX_N",
     "check_subsample",
     "draw_subsample",
     "min_subsample",
@@ -51,11 +59,16 @@ __all__ = [
 log = logging.getLogger("pipeline.models.selection")
 
 #: the λ scored at the full N, as multiples of the subsample's choice: the best λ
-#: shrinks as N grows, so four steps down (to 1/16) and one up
-REFINE_FACTORS = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0, 2.0)
-#: above this many rows the refinement is K-fold block CG, not exact LOO from one
-#: eigendecomposition (O(N³) time, three N x N arrays; ~6 s at 4,000 rows on 2 cores)
-REFINE_EIGEN_MAX_N = 4_000
+#: shrinks as N grows, so four steps down (to 1/16) and none up (a sixth λ would cost
+#: the held-out path another 0.5 fit)
+REFINE_FACTORS = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0)
+#: up to this many rows the refinement is exact LOO from one eigendecomposition
+#: (measured on 2 cores: 3.9x the refit at 800 rows, 14x at 3,000); above it, a
+#: held-out split (a Cholesky per λ in memory, block CG out of core)
+REFINE_EIGEN_MAX_N = 1_000
+#: up to this many rows (and while K fits in memory) the held-out split is solved in
+#: memory (pipeline.constants.IN_MEMORY_MAX_N)
+REFINE_IN_MEMORY_MAX_N = IN_MEMORY_MAX_N
 
 
 def min_subsample(cv: Any) -> int:
@@ -110,21 +123,23 @@ def refine_wanted(refine: Any, subsampled: bool) -> bool:
     return subsampled if refine is None else bool(refine)
 
 
-def _refine_cv(cv: Any) -> Any:
-    """The splits of the CG refinement on all rows: the search's own where they can be
-    recut on all rows (folds, a held-out fraction, a splitter), else 5-fold."""
-    if isinstance(cv, Integral | BaseCrossValidator) and not isinstance(cv, bool | LeaveOneOut):
-        return cv
+def _holdout_fraction(cv: Any) -> float:
+    """The held-out fraction of the refinement's one split: ``1/folds`` of the search's
+    K-fold (its own fraction for a held-out ``cv``), else 1/5."""
     if isinstance(cv, Real) and not isinstance(cv, bool | Integral) and 0 < cv < 1:
-        return cv
-    if hasattr(cv, "split") and not isinstance(cv, LeaveOneOut):
-        return cv
-    return 5
+        return float(cv)
+    k = 5
+    if isinstance(cv, Integral) and not isinstance(cv, bool):
+        k = int(cv)
+    elif isinstance(cv, BaseCrossValidator) and not isinstance(cv, LeaveOneOut):
+        try:
+            k = int(cv.get_n_splits())
+        except (TypeError, ValueError):  # needs X or groups to say
+            pass
+    return 1.0 / max(k, 2)
 
 
-def refine_alpha(
-    search: Any, X: np.ndarray, y: np.ndarray, kern: Any, groups: Any = None
-) -> dict[str, Any]:
+def refine_alpha(search: Any, X: np.ndarray, y: np.ndarray, kern: Any) -> dict[str, Any]:
     """Score the λ of :data:`REFINE_FACTORS` times ``search.best_alpha_`` for the kernel
     ``kern`` (the chosen setting) on all of ``X, y``; return the refinement's record.
 
@@ -133,31 +148,35 @@ def refine_alpha(
     dict
         ``alphas`` and ``scores`` (the refinement curve, λ ascending; scores in the
         search's units, larger is better), ``alpha`` (the λ kept), ``subsample_alpha``,
-        ``method`` (``"loo-eigen"`` or ``"kfold-cg"``), ``n_train``, ``seconds`` and
-        ``at_edge`` (the kept λ is the smallest or largest scored: one beyond may be better).
+        ``method`` (``"loo-eigen"``, ``"holdout-dense"`` or ``"holdout-cg"``), ``n_train``, ``seconds`` and
+        ``at_edge`` (the kept λ is the smallest scored: a smaller one may be better).
     """
     t0 = time.perf_counter()
     n = int(X.shape[0])
     a0 = float(search.best_alpha_)
     alphas = sorted(a0 * f for f in REFINE_FACTORS)
-    eigen = n <= REFINE_EIGEN_MAX_N
-    method = "loo-eigen" if eigen else "kfold-cg"
-    sub = clone(search).set_params(
-        alphas=alphas,
-        kernel=kern,
-        param_grid=None,
-        gamma=None,
-        cv="loo" if eigen else _refine_cv(search.cv),
-        solver="eigen" if eigen else "cg",
-        store=None,
-        refit=False,
-        checkpoint=None,
-        max_search_seconds=None,
-        progress=False,
-        subsample=None,
-        refine=False,
-    )
-    sub.fit(X, y, groups=None if eigen else groups)
+    seed = check_random_seed(search.random_state)  # the held-out split: seeded (None: 0)
+    common = dict(
+        alphas=alphas, kernel=kern, param_grid=None, gamma=None, store=None, refit=False,
+        checkpoint=None, max_search_seconds=None, progress=False, subsample=None,
+        refine=False, random_state=0 if seed is None else seed,
+    )  # fmt: skip
+    if n <= REFINE_EIGEN_MAX_N:
+        method, sub = "loo-eigen", clone(search).set_params(cv="loo", solver="eigen", **common)
+    else:
+        held = _holdout_fraction(search.cv)
+        method, sub = "holdout-dense", None
+        if n <= REFINE_IN_MEMORY_MAX_N:
+            sub = clone(search).set_params(cv=held, solver="dense", **common)
+            try:
+                sub.fit(X, y)
+            except MemoryError:  # K does not fit here (refused before any work)
+                sub = None
+        if sub is None:
+            method = "holdout-cg"
+            sub = clone(search).set_params(cv=held, solver="cg", **common)
+    if not hasattr(sub, "cv_results_"):
+        sub.fit(X, y)
     res = sub.cv_results_
     got = {float(p["alpha"]): float(s) for p, s in zip(res["params"], res["mean_test_score"])}
     scores = [got[a] for a in alphas]
@@ -173,12 +192,12 @@ def refine_alpha(
         "alpha": alphas[keep],
         "alphas": alphas,
         "scores": scores,
-        "at_edge": keep in (0, len(alphas) - 1),
+        "at_edge": keep == 0,
         "seconds": round(seconds, 4),
     }
     log.info(
         "refine: lambda %g -> %g on all %d rows (%s, %d lambdas, %.2f s)%s",
         a0, alphas[keep], n, method, len(alphas), seconds,
-        "; the best is at the end of the scored range" if keep in (0, len(alphas) - 1) else "",
+        "; the smallest lambda scored is the best: a smaller one may be better" if keep == 0 else "",
     )  # fmt: skip
     return out

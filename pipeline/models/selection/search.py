@@ -185,10 +185,10 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         rows. ``cv`` is cut on the subsample. The refit uses all rows.
     refine : bool, default=None
         Refine λ on all rows after the search (None: when a subsample was drawn): for
-        the chosen kernel setting, λ times 1/16, 1/8, 1/4, 1/2, 1 and 2 are scored at the
-        full N, by exact leave-one-out from one eigendecomposition up to 4,000 rows,
-        else by the search's block CG on its folds
-        (:mod:`pipeline.models.selection.refine`). ``best_alpha_`` and
+        the chosen kernel setting, λ times 1/16, 1/8, 1/4, 1/2 and 1 are scored at the
+        full N: by exact leave-one-out from one eigendecomposition up to 1,000 rows,
+        else on one held-out split of all rows (``1/folds`` of them; a Cholesky per
+        λ in memory, else the search's block CG) (:mod:`pipeline.models.selection.refine`). ``best_alpha_`` and
         ``best_params_["alpha"]`` are then the refined λ (the subsample's is in
         ``refine_results_``); ``cv_results_`` stays the subsample's grid.
 
@@ -321,7 +321,7 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
                 "pass more rows, or fit pipeline.KernelRidge with a fixed alpha"
             )
         # a subsample for the grid search (the refinement and the refit use all rows)
-        X_all, y_all, groups_all = X, y, groups
+        X_all, y_all = X, y
         self.subsample_indices_ = None
         if self.subsample is not None and int(self.subsample) < n:
             idx = draw_subsample(n, int(self.subsample), self.random_state)
@@ -366,7 +366,7 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
             kern = copy.deepcopy(base).set_params(
                 **{p: v for p, v in self.best_params_.items() if p != "alpha"}
             )
-            self.refine_results_ = refine_alpha(self, X_all, y_all, kern, groups_all)
+            self.refine_results_ = refine_alpha(self, X_all, y_all, kern)
             self.best_alpha_ = float(self.refine_results_["alpha"])
             self.best_params_["alpha"] = self.best_alpha_
             stats["seconds"]["refine"] = self.refine_results_["seconds"]
