@@ -187,8 +187,9 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         Refine λ on all rows after the search (None: when a subsample was drawn): for
         the chosen kernel setting, λ times 1/16, 1/8, 1/4, 1/2 and 1 are scored at the
         full N: by exact leave-one-out from one eigendecomposition up to 1,000 rows,
-        else on one held-out split of all rows (``1/folds`` of them; a Cholesky per
-        λ in memory, else the search's block CG) (:mod:`pipeline.models.selection.refine`). ``best_alpha_`` and
+        else on one held-out split of all rows (``1/folds`` of them; in memory one
+        Cholesky and CG preconditioned with it, else the search's block CG)
+        (:mod:`pipeline.models.selection.refine`). ``best_alpha_`` and
         ``best_params_["alpha"]`` are then the refined λ (the subsample's is in
         ``refine_results_``); ``cv_results_`` stays the subsample's grid.
 
