@@ -108,6 +108,7 @@ def test_above_the_eigen_size_the_refinement_is_one_held_out_split(monkeypatch, 
     Cholesky per λ in memory, else the search's block CG; its scores equal an exact
     (eigen) search of the same λ and split."""
     monkeypatch.setattr(R, "REFINE_EIGEN_MAX_N", 100)
+    monkeypatch.setattr(R, "_PRODUCT_BLOCK", 50)  # several blocks of the products by K
     if where == "cg":
         monkeypatch.setattr(R, "REFINE_IN_MEMORY_MAX_N", 100)
     X, y = _data(240, seed=2)
@@ -170,3 +171,17 @@ def test_the_config_keys_are_checked_and_reach_the_search():
     assert "subsample" not in plain and "refine" not in plain
     sel = cfg.stage_params()["select"]["cv"]
     assert sel["subsample"] == 6 and "refine" not in sel
+
+
+def test_the_products_by_k_from_its_upper_triangle():
+    """The in-memory held-out path keeps the factor in K's lower triangle and multiplies
+    by K from the strict upper one and the diagonal, by blocks."""
+    rng = np.random.default_rng(1)
+    A = rng.standard_normal((23, 23))
+    K = A + A.T
+    P = rng.standard_normal((23, 3))
+    want = K @ P
+    kept = np.triu(K, 1) + np.tril(rng.standard_normal((23, 23)))  # junk below
+    for block in (1, 5, 23, 100):
+        got = R._UpperProduct(kept, np.diag(K).copy(), block=block)(P)
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)

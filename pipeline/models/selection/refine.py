@@ -13,7 +13,7 @@ choice, mostly below it, on the FULL training set:
   ``Q`` exists), scored on the pooled held-out predictions. An eigendecomposition
   costs 10-15 Cholesky factorisations of K (measured: 14x the in-memory refit at
   3,000 rows), so this is the path only where that is a few seconds;
-- up to :data:`~pipeline.constants.IN_MEMORY_MAX_N` rows while K fits in memory
+- up to :data:`REFINE_IN_MEMORY_MAX_N` rows while K fits in memory
   (``holdout-dense``): one held-out split of all rows (the fraction ``1/folds`` of
   the search, seeded), one kernel matrix, ONE Cholesky of the training block at the
   subsample's λ (``(1 - 1/folds)³`` = 0.51 of one exact fit's factorisation at 5
@@ -46,7 +46,6 @@ from sklearn.base import clone
 from sklearn.metrics import check_scoring
 from sklearn.model_selection import BaseCrossValidator, LeaveOneOut
 
-from pipeline.constants import IN_MEMORY_MAX_N
 from pipeline.engine.dense import kernel_matrix
 from pipeline.linalg.dense_memory import check_dense_memory
 from pipeline.models.selection.grid import make_splits
@@ -75,9 +74,10 @@ REFINE_FACTORS = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0)
 #: (measured on 2 cores: 3.9x the refit at 800 rows, 14x at 3,000); above it, a
 #: held-out split (a Cholesky per λ in memory, block CG out of core)
 REFINE_EIGEN_MAX_N = 1_000
-#: up to this many rows (and while K fits in memory) the held-out split is solved in
-#: memory (pipeline.constants.IN_MEMORY_MAX_N)
-REFINE_IN_MEMORY_MAX_N = IN_MEMORY_MAX_N
+#: up to this many rows (and while the training block's K fits in memory: one
+#: n_train x n_train array, 6.6 GB for kin40k's 36,000 rows at 4/5) the held-out split
+#: is solved in memory, one Cholesky and preconditioned CG; above it by block CG
+REFINE_IN_MEMORY_MAX_N = 40_000
 
 
 def min_subsample(cv: Any) -> int:
@@ -152,6 +152,37 @@ def _holdout_fraction(cv: Any) -> float:
 #: (a column that does not get there is solved by its own Cholesky)
 _PCG_TOL = 1e-10
 _PCG_MAX_ITER = 200
+#: rows of a block of the products by K in the in-memory held-out path
+_PRODUCT_BLOCK = 2048
+
+
+class _UpperProduct:
+    """``K @ P`` from the strict upper triangle of ``K`` (C order) and its diagonal,
+    by blocks: GEMMs on the off-diagonal blocks and their transposes (views, no copy),
+    the diagonal blocks made symmetric once (``n x block`` floats)."""
+
+    def __init__(self, K: np.ndarray, diag: np.ndarray, block: int | None = None) -> None:
+        n, block = K.shape[0], block or _PRODUCT_BLOCK
+        self.K = K
+        self.edges = [*range(0, n, block), n]
+        self.diag_blocks = []
+        for a, b in zip(self.edges[:-1], self.edges[1:]):
+            D = np.triu(K[a:b, a:b], 1)
+            D += D.T
+            D[np.diag_indices_from(D)] = diag[a:b]
+            self.diag_blocks.append(D)
+
+    def __call__(self, P: np.ndarray) -> np.ndarray:
+        out = np.empty_like(P)
+        e = self.edges
+        for i, D in enumerate(self.diag_blocks):  # a fixed order: reproducible sums
+            out[e[i] : e[i + 1]] = D @ P[e[i] : e[i + 1]]
+        for i in range(len(e) - 1):
+            for j in range(i + 1, len(e) - 1):
+                B = self.K[e[i] : e[i + 1], e[j] : e[j + 1]]
+                out[e[i] : e[i + 1]] += B @ P[e[j] : e[j + 1]]
+                out[e[j] : e[j + 1]] += B.T @ P[e[i] : e[i + 1]]
+        return out
 
 
 def _holdout_shifted(
@@ -160,65 +191,82 @@ def _holdout_shifted(
 ) -> list[float]:  # fmt: skip
     """Scores of every λ on one seeded held-out split (``held`` of the rows), in memory.
 
-    One kernel matrix and ONE Cholesky factor of the training block at the largest
-    shift ``s0`` (the subsample's λ); every smaller shift ``s`` is solved by CG
-    preconditioned with that factor, all λ as the columns of one block. The
-    preconditioned matrix ``(K + s0 I)⁻¹ (K + s I)`` has its eigenvalues in
-    ``[s / s0, 1]``: a condition number of at most 16 for λ/16, so ~35 iterations of
-    ``O(n²)`` each reach 1e-10, where a factorisation per λ costs ``O(n³)``. Raises
-    :class:`MemoryError` before any work where K and the factor do not fit."""
+    ONE Cholesky factor of the training block at the largest shift ``s0`` (the
+    subsample's λ); every smaller shift ``s`` is solved by CG preconditioned with that
+    factor, all λ as the columns of one block. The preconditioned matrix
+    ``(K + s0 I)⁻¹ (K + s I)`` has its eigenvalues in ``[s / s0, 1]``: a condition number
+    of at most 16 for λ/16, so a few dozen iterations of ``O(n²)`` reach 1e-10 where a
+    factorisation per λ costs ``O(n³)``. One n_train x n_train array: the factor is
+    computed in place in its lower triangle (LAPACK on the Fortran view), K stays in
+    the strict upper one and its diagonal beside it, and the products by K are GEMMs
+    on that triangle's blocks (:class:`_UpperProduct`). A column that misses 1e-10 is solved by its own Cholesky (never
+    scored rough). Raises :class:`MemoryError` before any work where it does not fit.
+    """
     n = X.shape[0]
-    check_dense_memory(3 * 8 * n * n, what=f"the lambda refinement on n={n} rows")
+    splits, _ = make_splits(held, X, y, seed)
+    tr, te = splits[0]
+    nt, m = len(tr), len(alphas)
+    t = 1 if y.ndim == 1 else y.shape[1]
+    check_dense_memory(
+        8 * (nt * nt + 8 * nt * m * t), what=f"the lambda refinement on {nt} training rows"
+    )
     k, back = target_exponent(y, search.scoring)
     ys = np.ldexp(y, k) if np.any(k) else y
     y2 = ys.reshape(n, -1)
-    splits, _ = make_splits(held, X, ys, seed)
-    tr, te = splits[0]
-    K = np.asarray(kernel_matrix(kern, X), dtype=np.float64)
-    Ktt, Kvt = K[np.ix_(tr, tr)], K[np.ix_(te, tr)]
-    del K
-    shifts = np.array([search._shift(a, len(tr)) for a in alphas])
+    Xf = np.asarray(X, dtype=np.float64)
+    shifts = np.array([search._shift(a, nt) for a in alphas])
     s0 = float(shifts.max())
-    A = Ktt.copy()
-    A[np.diag_indices_from(A)] += s0
-    F = linalg.cho_factor(A, lower=True, overwrite_a=True, check_finite=False)
-    del A
-    t = y2.shape[1]
-    Yt = np.tile(y2[tr], (1, len(alphas)))  # columns: λ major, targets minor
+    K = np.asarray(kernel_matrix(kern, Xf[tr]), dtype=np.float64)
+    kdiag = K.diagonal().copy()
+    K[np.diag_indices_from(K)] += s0
+    A = K.T  # Fortran-ordered view of the symmetric K + s0 I: LAPACK works in place
+    try:
+        U, _ = linalg.cho_factor(A, lower=False, overwrite_a=True, check_finite=False)
+    except linalg.LinAlgError:
+        raise ValueError(
+            f"the lambda refinement: K + {s0:g} I of the held-out split's training rows is "
+            "not positive definite; use a positive definite kernel, or refine=False"
+        ) from None
+    assert np.shares_memory(U, K)  # the factor in U's upper (K's lower) triangle
+    # K's strict upper triangle is still K: the products by K are GEMMs on its blocks
+    # (SYMM on the triangle measured 4-5x slower than GEMM for a few columns)
+    k_times = _UpperProduct(K, kdiag)
+
+    Yt = np.tile(y2[tr], (1, m))  # columns: λ major, targets minor
     sc = np.repeat(shifts, t)[None, :]
-    Z = linalg.cho_solve(F, Yt, check_finite=False)  # exact for s0; a warm start for the rest
-    Xs = Z.copy()
-    R = Yt - (Ktt @ Xs + Xs * sc)
+    Xs = linalg.cho_solve((U, False), Yt, check_finite=False)  # exact at s0: a warm start
+    R = Yt - (k_times(Xs) + Xs * sc)
     goal = _PCG_TOL * np.maximum(np.linalg.norm(Yt, axis=0), np.finfo(float).tiny)
     # block PCG on the columns not yet at the goal (the s0 columns are there already)
     act = np.flatnonzero(np.linalg.norm(R, axis=0) > goal)
-    P = linalg.cho_solve(F, R[:, act], check_finite=False)
+    P = linalg.cho_solve((U, False), R[:, act], check_finite=False)
     rz = np.einsum("ij,ij->j", R[:, act], P)
     info["pcg_iterations"] = 0
     while act.size and info["pcg_iterations"] < _PCG_MAX_ITER:
         info["pcg_iterations"] += 1
-        AP = Ktt @ P + P * sc[:, act]
+        AP = k_times(P) + P * sc[:, act]
         pap = np.einsum("ij,ij->j", P, AP)
         step = np.where(pap > 0, rz / np.where(pap > 0, pap, 1.0), 0.0)
         Xs[:, act] += P * step
         R[:, act] -= AP * step
         Ra = R[:, act]
-        Z = linalg.cho_solve(F, Ra, check_finite=False)
+        Z = linalg.cho_solve((U, False), Ra, check_finite=False)
         rz_new = np.einsum("ij,ij->j", Ra, Z)
         P = Z + P * np.where(rz > 0, rz_new / np.where(rz > 0, rz, 1.0), 0.0)
         rz = rz_new
         keep = np.linalg.norm(Ra, axis=0) > goal[act]
         act, P, rz = act[keep], P[:, keep], rz[keep]
-    rough = np.flatnonzero(np.linalg.norm(R, axis=0) > goal)
-    info["redone_direct"] = int(rough.size)
-    for j in rough:  # never score a rough solve
-        B = Ktt.copy()
+    del U, A, K, k_times
+    info["redone_direct"] = int(act.size)
+    for j in act:  # never score a rough solve
+        B = np.asarray(kernel_matrix(kern, Xf[tr]), dtype=np.float64)
         B[np.diag_indices_from(B)] += sc[0, j]
         Xs[:, j] = linalg.cho_solve(linalg.cho_factor(B, lower=True, overwrite_a=True), Yt[:, j])
+        del B
+    preds = np.asarray(kernel_matrix(kern, Xf[te], Xf[tr]), dtype=np.float64) @ Xs
     scorer = check_scoring(search, scoring="r2" if search.scoring is None else search.scoring)
-    preds = Kvt @ Xs
     out = []
-    for li in range(len(alphas)):
+    for li in range(m):
         p = preds[:, li * t : (li + 1) * t]
         p = p[:, 0] if ys.ndim == 1 else p
         score = scorer(FixedPredictions(p), X[te], ys[te])
