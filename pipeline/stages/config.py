@@ -372,7 +372,7 @@ class CvConfig(create_model("_CvFields", __base__=_Model, **cv_config_fields()))
     @model_validator(mode="after")
     def _check_subsample(self) -> CvConfig:
         """``subsample``: at least two rows per fold (the estimator's check and message)."""
-        check_subsample(self.subsample, self.folds, name="cv.subsample")
+        check_subsample(self.subsample, self.folds, name="cv.subsample", cv_name="cv.folds")
         return self
 
     def stage_dump(self) -> dict[str, Any]:

@@ -160,7 +160,9 @@ def test_the_config_keys_are_checked_and_reach_the_search():
     from pipeline.stages.config import load_config
 
     base = {"data": {"source": "sklearn", "name": "diabetes"}}
-    with pytest.raises(ConfigError, match=r"cv.subsample=6 is not valid.*>= 10"):
+    with pytest.raises(
+        ConfigError, match=r"cv.subsample=6 is not valid.*>= 10 \(two per fold of cv.folds=5\)"
+    ):
         load_config({**base, "cv": {"alphas": [0.1], "subsample": 6}})
     with pytest.raises(ConfigError, match="refine"):
         load_config({**base, "cv": {"alphas": [0.1], "refine": 3}})

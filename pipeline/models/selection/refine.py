@@ -94,16 +94,16 @@ def min_subsample(cv: Any) -> int:
     return 4
 
 
-def check_subsample(subsample: Any, cv: Any, name: str = "subsample") -> None:
+def check_subsample(subsample: Any, cv: Any, name: str = "subsample", cv_name: str = "cv") -> None:
     """ValueError naming ``subsample`` unless it is None or an integer of at least
-    :func:`min_subsample` rows (``name``: how the caller spells it)."""
+    :func:`min_subsample` rows (``name``, ``cv_name``: how the caller spells them)."""
     if subsample is None:
         return
     least = min_subsample(cv)
     if isinstance(subsample, bool) or not isinstance(subsample, Integral) or int(subsample) < least:
         raise ValueError(
             f"{name}={subsample!r} is not valid: give the number of training rows the grid "
-            f"search runs on, an integer >= {least} (two per fold of cv={cv!r}), e.g. "
+            f"search runs on, an integer >= {least} (two per fold of {cv_name}={cv!r}), e.g. "
             f"{name}=8000, or null for all rows"
         )
     if (
@@ -113,7 +113,7 @@ def check_subsample(subsample: Any, cv: Any, name: str = "subsample") -> None:
     ):
         raise ValueError(
             f"{name}={subsample!r} needs splits that can be cut on the subsample (folds, a "
-            f"held-out fraction, 'loo' or a splitter); cv={cv!r} lists row indices of all rows"
+            f"held-out fraction, 'loo' or a splitter); {cv_name}={cv!r} lists row indices of all rows"
         )
 
 
