@@ -19,16 +19,17 @@ choice, mostly below it, on the FULL training set:
   subsample's λ (``(1 - 1/folds)³`` = 0.51 of one exact fit's factorisation at 5
   folds), and the smaller λ by CG preconditioned with that factor, all λ as the
   columns of one block (:func:`_holdout_shifted`: a condition number of at most 16,
-  ~35 iterations of ``O(n²)``). A factorisation per λ measured 3.5-4x the full
-  factorisation at 3,000 rows;
+  ~46 iterations of ``O(n²)`` at 3,000 and 8,000 rows), in one n_train x n_train
+  array. Measured 2.6-3.4x the in-memory refit at 3,000 rows, 2.7x at 8,000 (a
+  factorisation per λ: 3.9-5.9x);
 - above it (``holdout-cg``), the search's own block CG
   (:mod:`pipeline.models.selection.cvblock`) on the full operator with the same
   held-out split: the five λ systems are the columns of one preconditioned block
   solve, so each iteration is one matrix-free pass over K for all of them (one
   Nyström preconditioner, shifted per λ).
 
-Each is a :class:`~pipeline.models.selection.KernelRidgeCV` of the one setting on all
-rows (no subsample, no refinement, no refit). The λ kept is the best-scoring one, the
+The first and the last are a :class:`~pipeline.models.selection.KernelRidgeCV` of the
+one setting on all rows (no subsample, no refinement, no refit). The λ kept is the best-scoring one, the
 subsample's own on a tie; its seconds are recorded, and the ratio to one exact fit
 (the refit's seconds) where the search refits.
 """
@@ -72,7 +73,7 @@ log = logging.getLogger("pipeline.models.selection")
 REFINE_FACTORS = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0)
 #: up to this many rows the refinement is exact LOO from one eigendecomposition
 #: (measured on 2 cores: 3.9x the refit at 800 rows, 14x at 3,000); above it, a
-#: held-out split (a Cholesky per λ in memory, block CG out of core)
+#: held-out split (one Cholesky and preconditioned CG in memory, else block CG)
 REFINE_EIGEN_MAX_N = 1_000
 #: up to this many rows (and while the training block's K fits in memory: one
 #: n_train x n_train array, 6.6 GB for kin40k's 36,000 rows at 4/5) the held-out split
@@ -199,8 +200,9 @@ def _holdout_shifted(
     factorisation per λ costs ``O(n³)``. One n_train x n_train array: the factor is
     computed in place in its lower triangle (LAPACK on the Fortran view), K stays in
     the strict upper one and its diagonal beside it, and the products by K are GEMMs
-    on that triangle's blocks (:class:`_UpperProduct`). A column that misses 1e-10 is solved by its own Cholesky (never
-    scored rough). Raises :class:`MemoryError` before any work where it does not fit.
+    on that triangle's blocks (:class:`_UpperProduct`). A column that misses 1e-10 is
+    solved by its own Cholesky (never scored rough). Raises :class:`MemoryError`
+    before any work where it does not fit.
     """
     n = X.shape[0]
     splits, _ = make_splits(held, X, y, seed)
@@ -227,9 +229,10 @@ def _holdout_shifted(
             f"the lambda refinement: K + {s0:g} I of the held-out split's training rows is "
             "not positive definite; use a positive definite kernel, or refine=False"
         ) from None
-    assert np.shares_memory(U, K)  # the factor in U's upper (K's lower) triangle
-    # K's strict upper triangle is still K: the products by K are GEMMs on its blocks
-    # (SYMM on the triangle measured 4-5x slower than GEMM for a few columns)
+    # the factor is in U's upper (K's lower) triangle, in place (a copy, were LAPACK to
+    # make one, changes only the memory); K's strict upper triangle is still K: the
+    # products by K are GEMMs on its blocks (SYMM on the triangle measured 4-5x slower
+    # than GEMM for a few columns)
     k_times = _UpperProduct(K, kdiag)
 
     Yt = np.tile(y2[tr], (1, m))  # columns: λ major, targets minor
@@ -309,7 +312,8 @@ def refine_alpha(search: Any, X: np.ndarray, y: np.ndarray, kern: Any) -> dict[s
                 scores = _holdout_shifted(
                     search, X, y, kern, alphas, held, common["random_state"], info
                 )
-            except MemoryError:  # K does not fit here (refused before any work)
+            except MemoryError as e:  # K does not fit here (refused before any work)
+                log.info("refine: not in memory (%s); by block CG", e)
                 scores = None
         if scores is None:
             method = "holdout-cg"
