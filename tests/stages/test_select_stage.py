@@ -216,7 +216,7 @@ def test_a_subsampled_search_refines_lambda_on_all_rows_and_reports_it(tmp_path)
     sel = rep.outputs["select"]
     r = sel["refine"]
     assert sel["subsample"] == 90 and r["n_train"] == rep.outputs["ingest"]["n_train"]
-    assert r["method"] == "loo-eigen" and len(r["alphas"]) == len(r["scores"]) == 5
+    assert r["method"] == "loo-eigen" and len(r["alphas"]) == len(r["scores"]) == 7
     assert sel["lam"] == r["alpha"] == sel["best_params"]["alpha"]
     assert r["subsample_alpha"] in cv["alphas"]
     assert (run / "select" / "cv_refine.png").stat().st_size > 0

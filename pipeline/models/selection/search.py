@@ -185,8 +185,8 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         rows. ``cv`` is cut on the subsample. The refit uses all rows.
     refine : bool, default=None
         Refine λ on all rows after the search (None: when a subsample was drawn): for
-        the chosen kernel setting, λ times 1/16, 1/8, 1/4, 1/2 and 1 are scored at the
-        full N: by exact leave-one-out from one eigendecomposition up to 1,000 rows,
+        the chosen kernel setting, λ times 1/16, 1/8, 1/4, 1/2, 1, 2 and 4 are scored
+        at the full N: by exact leave-one-out from one eigendecomposition up to 1,000 rows,
         else on one held-out split of all rows (``1/folds`` of them; in memory one
         Cholesky and CG preconditioned with it, else the search's block CG)
         (:mod:`pipeline.models.selection.refine`). ``best_alpha_`` and
