@@ -397,6 +397,17 @@ class CvOptions:
         3, "solver cg: the λ of each kernel setting solved on to tol after screening", ge=1,
         spelt_by=_CV,
     )  # fmt: skip
+    # λ for the full N (pipeline.models.selection.refine)
+    #: None: all rows; an integer of at least two rows per fold
+    subsample: int | None = _knob(
+        None, "run the grid search on this many training rows (a seeded uniform subsample)",
+        ge=1, unset=True, example="8000", spelt_by=_CV,
+    )  # fmt: skip
+    #: None: on when a subsample was drawn
+    refine: bool | None = _knob(
+        None, "score λ at and below the search's choice on all rows (null: when subsampled)",
+        unset=True, spelt_by=_CV,
+    )  # fmt: skip
 
 
 def knobs(group: type = SolverOptions, spelt_by: str | None = None) -> dict[str, Knob]:

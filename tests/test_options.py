@@ -502,7 +502,7 @@ def test_the_solve_stage_takes_the_configs_options_and_its_own_override():
 CV_SECTION_ORDER = [
     "alphas", "param_grid", "folds", "shuffle", "scoring", "solver", "eigen_mode",
     "random_state", "tol", "max_iter", "preconditioner", "rank", "n_jobs",
-    "max_search_seconds", "kernel_dtype", "screen_tol", "screen_top",
+    "max_search_seconds", "kernel_dtype", "screen_tol", "screen_top", "subsample", "refine",
 ]  # fmt: skip
 
 
@@ -513,7 +513,7 @@ def test_the_cv_tree_has_a_type_default_and_doc_line_per_knob():
     assert list(tree) == [f.name for f in dataclasses.fields(options.CvOptions)]
     default = options.CvOptions()
     for name, k in tree.items():
-        assert k.type in (str, int, float), name
+        assert k.type in (str, int, float, bool), name
         assert getattr(default, name) == k.default, name
         assert k.doc and "\n" not in k.doc, name
         if k.choices is not None:

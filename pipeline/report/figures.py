@@ -15,13 +15,14 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.models.selection.plots import plot_heatmap, plot_score_vs_alpha
+from pipeline.models.selection.plots import plot_heatmap, plot_refine, plot_score_vs_alpha
 
 __all__ = [
     "PLOTS_HINT",
     "cg_convergence",
     "cv_curve",
     "cv_heatmap",
+    "cv_refine",
     "exactness_gap",
     "parity",
     "require_matplotlib",
@@ -129,6 +130,12 @@ def cv_heatmap(cv_results: dict[str, Any], param: str) -> bytes:
     """(λ, ``param``) heatmap (:func:`pipeline.models.selection.plots.plot_heatmap`)."""
 
     return _cv_png(plot_heatmap, cv_results, param=param)
+
+
+def cv_refine(refine: dict[str, Any]) -> bytes:
+    """The λ refinement's curve (:func:`pipeline.models.selection.plots.plot_refine`)."""
+
+    return _cv_png(plot_refine, refine)
 
 
 def _subset(y_true: np.ndarray, y_pred: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -204,6 +204,17 @@ def _cv(d: RunData) -> str:
             else f"no CV heatmap: it needs one kernel parameter besides λ, the search has {others}"
         )
         parts.append(_note(why))
+    refine = sel.get("refine")
+    if refine and refine.get("alphas"):
+        parts.append(
+            _figure(
+                "cv-refine",
+                F.cv_refine(refine),
+                f"λ refined on all {_num(refine.get('n_train'))} training rows "
+                f"({escape(str(refine.get('method')))}): {_num(refine.get('subsample_alpha'))} → "
+                f"{_num(refine.get('alpha'))}, in {_num(refine.get('seconds'))} s.",
+            )
+        )
     return _section("cv", "Cross-validation", "".join(parts))
 
 

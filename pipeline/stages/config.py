@@ -33,6 +33,7 @@ from pipeline.engine.where import factor_threads_here, gram_on_demand
 from pipeline.errors import IndefiniteKernelError
 from pipeline.kernels import make_kernel
 from pipeline.models.selection.grid import build_candidates
+from pipeline.models.selection.refine import check_subsample
 from pipeline.options import (
     ALPHA_CONVENTION_ALIASES,
     ALPHA_CONVENTIONS,
@@ -422,6 +423,21 @@ class CvConfig(create_model("_CvFields", __base__=_Model, **cv_config_fields()))
             raise ValueError(f"{v!r} is not a scikit-learn scorer name{hint}")
         return v
 
+    @model_validator(mode="after")
+    def _check_subsample(self) -> CvConfig:
+        """``subsample``: at least two rows per fold (the estimator's check and message)."""
+        check_subsample(self.subsample, self.folds, name="cv.subsample", cv_name="cv.folds")
+        return self
+
+    def stage_dump(self) -> dict[str, Any]:
+        """The section as the select stage's fingerprint sees it: ``subsample`` and
+        ``refine`` only when set (a search that names neither keeps its identity)."""
+        out = self.model_dump()
+        for name in ("subsample", "refine"):
+            if out.get(name) is None:
+                out.pop(name, None)
+        return out
+
 
 class ClusterConfig(_Model):
     """The Dask cluster: an external scheduler ``address``, or the embedded LocalCluster."""
@@ -621,7 +637,7 @@ class RunConfig(_Model):
                 "block_size": self.block_size,
             },
             "select": {
-                "cv": None if self.cv is None else self.cv.model_dump(),
+                "cv": None if self.cv is None else self.cv.stage_dump(),
                 "kernel": kernel_spec,
                 "lam_convention": self.solver_convention,
                 "block_size": self.block_size,

@@ -181,6 +181,11 @@ def run(
             k: float(v) for k, v in stats["seconds"].items() if not k.startswith("setting_")
         },
         "settings_resumed": int(stats.get("settings_resumed", 0)),
+        # λ for the full N: the grid's rows, and the refinement's curve (None: none)
+        "subsample": None
+        if search.subsample_indices_ is None
+        else int(len(search.subsample_indices_)),
+        "refine": search.refine_results_,
         "redone_direct": int(stats.get("redone_direct", 0)),
     }
 

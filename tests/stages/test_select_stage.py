@@ -202,3 +202,25 @@ def test_select_failure_names_the_stage(tmp_path):
     # more folds than training rows: refused by the search, recorded as the select stage's
     with pytest.raises(StageFailed, match="stage 'select' failed"):
         go(tmp_path / "run", {"alphas": [1.0], "folds": 1000})
+
+
+def test_a_subsampled_search_refines_lambda_on_all_rows_and_reports_it(tmp_path):
+    """``cv.subsample``: the grid on a subsample, λ refined on all training rows (the
+    curve in the outputs, cv_refine.png and the report); the solve uses the refined λ."""
+    from pipeline.models.artifact import load_artifact
+    from pipeline.report import write_report
+
+    run = tmp_path / "run"
+    cv = {"alphas": [0.01, 0.1, 1.0], "folds": 3, "subsample": 90}
+    rep = go(run, cv, "kernel.params.gamma=0.1")
+    sel = rep.outputs["select"]
+    r = sel["refine"]
+    assert sel["subsample"] == 90 and r["n_train"] == rep.outputs["ingest"]["n_train"]
+    assert r["method"] == "loo-eigen" and len(r["alphas"]) == len(r["scores"]) == 7
+    assert sel["lam"] == r["alpha"] == sel["best_params"]["alpha"]
+    assert r["subsample_alpha"] in cv["alphas"]
+    assert (run / "select" / "cv_refine.png").stat().st_size > 0
+    assert rep.outputs["solve"]["lam"] == r["alpha"]
+    assert load_artifact(rep.outputs["model"]["path"]).kernel.to_spec() == sel["kernel"]
+    html = write_report(run).read_text()
+    assert 'id="cv-refine"' in html and "λ refined on all" in html

@@ -28,6 +28,7 @@ from pipeline.engine.where import available_cores
 from pipeline.linalg import dense_memory
 from pipeline.linalg.dense_memory import check_dense_memory
 from pipeline.models.selection.guard import check_budget
+from pipeline.models.selection.refine import check_subsample
 from pipeline.options import (
     ALPHA_CONVENTION_ALIASES,
     CV_EIGEN_MODES,
@@ -59,8 +60,9 @@ EIGEN_MODES = CV_EIGEN_MODES
 #: takes: their defaults and checks are the tree's
 CV_PARAMS = knobs(CvOptions, spelt_by="estimator")
 #: knobs checked where they are read, with their own messages: the time budget by
-#: guard.check_budget; n_jobs also takes scikit-learn's -1 (below 1: one at a time)
-_CHECKED_WHERE_READ = ("n_jobs", "max_search_seconds")
+#: guard.check_budget; n_jobs also takes scikit-learn's -1 (below 1: one at a time); the
+#: subsample by refine.check_subsample (two rows per fold)
+_CHECKED_WHERE_READ = ("n_jobs", "max_search_seconds", "subsample")
 #: the solvers that hold the kernel matrix in memory (their refit is a KernelRidge fit)
 IN_MEMORY = ("band", "eigen", "dense")
 
@@ -92,6 +94,7 @@ def check_params(cv: Any) -> None:
     for name, knob in CV_PARAMS.items():
         if name not in ("solver", *_CHECKED_WHERE_READ):
             check_knob(name, getattr(cv, name), knob)
+    check_subsample(cv.subsample, cv.cv)
     scoring = getattr(cv, "scoring", None)
     if isinstance(scoring, list | tuple | set | dict):
         raise ValueError(

@@ -11,7 +11,7 @@ import numpy as np
 
 from pipeline._optional import require
 
-__all__ = ["plot_cv_results", "plot_heatmap", "plot_score_vs_alpha"]
+__all__ = ["plot_cv_results", "plot_heatmap", "plot_refine", "plot_score_vs_alpha"]
 
 
 def _results(search_or_results: Any) -> dict[str, Any]:
@@ -132,10 +132,39 @@ def plot_heatmap(search: Any, path: str | os.PathLike, param: str | None = None)
     return _save(fig, path)
 
 
+def plot_refine(search: Any, path: str | os.PathLike) -> Path:
+    """The λ refinement's curve at the full N (a fitted search's ``refine_results_`` or
+    that dict): score against λ, the subsample's λ and the one kept marked."""
+    r = getattr(search, "refine_results_", search)
+    if not isinstance(r, dict) or "alphas" not in r or "scores" not in r:
+        raise ValueError("pass a KernelRidgeCV fitted with refine, or its refine_results_ dict")
+    plt = _figure()
+    a, m = np.asarray(r["alphas"], dtype=float), np.asarray(r["scores"], dtype=float)
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    how = "exact LOO" if r.get("method") == "loo-eigen" else "K-fold"
+    ax.plot(a, m, marker="o", label=f"all {r.get('n_train', '?')} rows ({how})")
+    for lam, mark, label in (
+        (r.get("subsample_alpha"), "s", "subsample's λ"),
+        (r.get("alpha"), "*", "kept"),
+    ):
+        if lam is not None and float(lam) in a.tolist():
+            ax.scatter([lam], [m[a.tolist().index(float(lam))]], marker=mark, s=130,
+                       facecolors="none", edgecolors="k", zorder=5, label=label)  # fmt: skip
+    ax.set_xscale("log")
+    ax.set_xlabel("λ (alpha)")
+    ax.set_ylabel("score at the full N")
+    ax.legend(fontsize=8)
+    ax.grid(True, alpha=0.3)
+    return _save(fig, path)
+
+
 def plot_cv_results(search: Any, directory: str | os.PathLike) -> list[Path]:
-    """Save ``cv_score_vs_alpha.png`` and, with one kernel parameter, ``cv_heatmap.png``."""
+    """Save ``cv_score_vs_alpha.png``, with one kernel parameter ``cv_heatmap.png``, and
+    after a λ refinement ``cv_refine.png``."""
     d = Path(directory)
     paths = [plot_score_vs_alpha(search, d / "cv_score_vs_alpha.png")]
+    if getattr(search, "refine_results_", None):
+        paths.append(plot_refine(search, d / "cv_refine.png"))
     res = _results(search)
     akey = _alpha_key(res["params"][0])
     others = sorted({k for p in res["params"] for k in p if k != akey})

@@ -46,6 +46,7 @@ eigen/dense, Cholesky with LOO, CG path), :mod:`~pipeline.models.selection.scori
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from typing import Any
@@ -74,6 +75,7 @@ from pipeline.models.selection.grid import (
     resolve_kernel,
 )
 from pipeline.models.selection.guard import verify_choice
+from pipeline.models.selection.refine import draw_subsample, refine_alpha, refine_wanted
 from pipeline.models.selection.refit import refit_best
 from pipeline.models.selection.runner import run_search
 from pipeline.models.selection.scoring import (
@@ -177,6 +179,19 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         recorded (atomic, checksummed, fingerprinted:
         :mod:`pipeline.models.selection.checkpoint`); a restarted search reuses
         them. Not used by ``solver="band"`` (all settings at once, in memory).
+    subsample : int, default=None
+        Run the grid search on this many training rows, a uniform subsample seeded by
+        ``random_state`` (None: 0), at least two per fold; None (or at least n): all
+        rows. ``cv`` is cut on the subsample. The refit uses all rows.
+    refine : bool, default=None
+        Refine λ on all rows after the search (None: when a subsample was drawn): for
+        the chosen kernel setting, λ times 1/16, 1/8, 1/4, 1/2, 1, 2 and 4 are scored
+        at the full N: by exact leave-one-out from one eigendecomposition up to 1,000 rows,
+        else on one held-out split of all rows (``1/folds`` of them; in memory one
+        Cholesky and CG preconditioned with it, else the search's block CG)
+        (:mod:`pipeline.models.selection.refine`). ``best_alpha_`` and
+        ``best_params_["alpha"]`` are then the refined λ (the subsample's is in
+        ``refine_results_``); ``cv_results_`` stays the subsample's grid.
 
     Attributes
     ----------
@@ -196,6 +211,13 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         eigendecompositions, factorisations, CG iterations, seconds per phase.
     search_statistics_ : SearchStats
         The same counters, typed (:class:`pipeline.models.selection.stats.SearchStats`).
+    subsample_indices_ : ndarray or None
+        The rows the grid search ran on (None: all).
+    refine_results_ : dict or None
+        The λ refinement (None: not refined): ``alphas`` and ``scores`` (the curve at
+        the full N), ``alpha`` (kept), ``subsample_alpha``, ``method``, ``n_train``,
+        ``seconds``, ``at_edge``; with ``refit=True`` also ``refit_seconds`` and
+        ``cost_ratio`` (its seconds over the refit's: one exact fit).
     """
 
     def __init__(
@@ -227,6 +249,8 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         checkpoint: Any = None,
         screen_tol: float | None = _DEFAULT.screen_tol,
         screen_top: int = _DEFAULT.screen_top,
+        subsample: int | None = _DEFAULT.subsample,
+        refine: bool | None = _DEFAULT.refine,
     ) -> None:
         self.alphas = alphas
         self.kernel = kernel
@@ -254,6 +278,8 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         self.checkpoint = checkpoint
         self.screen_tol = screen_tol
         self.screen_top = screen_top
+        self.subsample = subsample
+        self.refine = refine
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -295,10 +321,19 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
                 f"KernelRidgeCV needs at least 2 samples to cross-validate, got n_samples={n}; "
                 "pass more rows, or fit pipeline.KernelRidge with a fixed alpha"
             )
+        # a subsample for the grid search (the refinement and the refit use all rows)
+        X_all, y_all = X, y
+        self.subsample_indices_ = None
+        if self.subsample is not None and int(self.subsample) < n:
+            idx = draw_subsample(n, int(self.subsample), self.random_state)
+            self.subsample_indices_ = idx
+            X, y = X[idx], y[idx]
+            groups = None if groups is None else np.asarray(groups)[idx]
+            n = X.shape[0]
+            log.info("grid search on a subsample of %d of %d rows", n, X_all.shape[0])
         # y far from 1: the search runs on 2**k y, exactly (target_exponent)
         k, back = target_exponent(y, self.scoring)
         splits, kind = make_splits(self.cv, X, y, self.random_state, groups)
-        y_user = y
         if np.any(k):  # (one exponent per column for R² of a multi-output y)
             y = np.ldexp(y, k)
         y2 = y.reshape(n, -1)
@@ -327,11 +362,26 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         stats["seconds"]["search"] = round(t_search, 4)
         if solver == "cg" and kind != "loo":
             verify_choice(self, X, y, y2, base, splits, scorer, stats, back=back)
+        self.refine_results_ = None
+        if refine_wanted(self.refine, self.subsample_indices_ is not None):
+            kern = copy.deepcopy(base).set_params(
+                **{p: v for p, v in self.best_params_.items() if p != "alpha"}
+            )
+            self.refine_results_ = refine_alpha(self, X_all, y_all, kern)
+            self.best_alpha_ = float(self.refine_results_["alpha"])
+            self.best_params_["alpha"] = self.best_alpha_
+            stats["seconds"]["refine"] = self.refine_results_["seconds"]
         if self.refit:
             t0 = time.perf_counter()
-            self.best_estimator_ = refit_best(self, X, y_user, base, stats, settings)
+            self.best_estimator_ = refit_best(self, X_all, y_all, base, stats, settings)
             self.n_iter_ = int(getattr(self.best_estimator_, "n_iter_", 1))
             stats["seconds"]["refit"] = round(time.perf_counter() - t0, 4)
+            if self.refine_results_ is not None:  # its cost in exact fits
+                r = self.refine_results_
+                r["refit_seconds"] = stats["seconds"]["refit"]
+                r["cost_ratio"] = round(r["seconds"] / max(r["refit_seconds"], 1e-9), 3)
+        if self.refine_results_ is not None:
+            stats["refine"] = dict(self.refine_results_)
         stats["seconds"]["total"] = round(time.perf_counter() - t_start, 4)
         self.search_stats_ = stats.to_dict()
         self.search_statistics_ = stats
