@@ -565,7 +565,8 @@ def _execute_nystrom(
 ) -> FitResult:  # fmt: skip
     """Nyström KRR by FALKON (:func:`pipeline.linalg.nystrom_solve.nystrom_solve`): the
     sample weights enter the normal equations as they are; λ's ``n_samples`` convention
-    takes n = Σ w (as the exact solvers do); CG checkpoints to ``store`` when given."""
+    takes n = Σ w (as the exact solvers do); the solve (the cost model's method, PCG or
+    the direct pass) checkpoints to ``store`` when given."""
     o = plan.options
     sw = None if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
     shift = float(
@@ -576,9 +577,7 @@ def _execute_nystrom(
     m = min(int(o.n_centers), n)
     cached = n * m * 8 <= NYSTROM_CACHE_BYTES
     method, why = nystrom_method(n, m, d, cached=cached)
-    if store is not None and method == "direct":  # the one pass keeps no checkpoint yet
-        method, why = "pcg", why + "; a store asks for a resumable solve: the checkpointed PCG"
-    log.info("%s: %s", why, method)
+    log.info("%s: %s", why, method)  # both resumable with a store
     with cg_progress(enabled=progress and method == "pcg", tol=o.tol,
                      max_iter=o.max_iter) as shown:  # fmt: skip
         sol = nystrom_solve(

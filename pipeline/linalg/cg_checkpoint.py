@@ -33,7 +33,7 @@ from pipeline.storage.atomic import atomic_write, is_local
 from pipeline.storage.fingerprint import same_work
 from pipeline.storage.tempfiles import sweep_tmp_files
 
-__all__ = ["CGCheckpoint", "cg_fingerprint", "resumable_cg"]
+__all__ = ["CGCheckpoint", "SlotCheckpoint", "cg_fingerprint", "resumable_cg"]
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +60,126 @@ def cg_fingerprint(
     )
 
 
-class CGCheckpoint:
+class SlotCheckpoint:
+    """Two alternating ``.npz`` slots and a marker written last: the storage contract of
+    every resumable state in the package (CG's, :class:`CGCheckpoint`; the Nyström
+    direct pass's, :mod:`pipeline.linalg.nystrom_solve`).
+
+    A state (named arrays and a JSON ``meta``) is written to the free slot atomically
+    (fsync), then the marker (:class:`pipeline.storage.TileMarkers`, atomic) records the
+    slot, the state's position and the CRC-32C of the slot's bytes. A kill during a write
+    leaves the marker on the previous, complete slot; a slot whose bytes do not match its
+    checksum, or whose ``meta`` names another fingerprint or position, is never read back
+    (a warning; the caller starts afresh).
+
+    Parameters
+    ----------
+    store : str
+        Run store root (local directory or fsspec URL).
+    fingerprint : str
+        Identity of the work: only a state saved under the same one is loaded.
+    marker : str
+        The marker's name in the store (``_markers/<marker>/state``).
+    folder : str
+        The slots' folder under the store root (``<folder>/slot{0,1}.npz``).
+    position : str
+        The name of the position field in the marker and ``meta`` (``"iteration"``).
+    label : str
+        The state's name in warnings.
+    """
+
+    def __init__(
+        self, store: str, fingerprint: str, *, marker: str, folder: str,
+        position: str = "iteration", label: str = "CG checkpoint",
+    ) -> None:  # fmt: skip
+        self.store = str(store)
+        self.fingerprint = fingerprint
+        self.position = position
+        self.label = label
+        self.markers = TileMarkers(self.store, marker, fingerprint)
+        self.fs, root = fsspec.core.url_to_fs(self.store)
+        self.root = f"{root.rstrip('/')}/{folder}"
+        if is_local(self.fs):  # checkpoint writes a killed solve left half done
+            sweep_tmp_files(self.root)
+            self.markers.sweep_tmp()
+        rec = self.markers.record(_KEY)
+        self._slot = int(rec["slot"]) if rec else 1
+        self.n_saved = 0
+
+    def _write(self, path: str, data: bytes) -> None:
+        atomic_write(path, data, fs=self.fs, fsync=True)
+
+    def write_state(
+        self, arrays: dict[str, Any], meta: dict[str, Any], position: int, **extra: Any
+    ) -> None:
+        """``arrays`` and ``meta`` (its last entry) to the free slot, then the marker:
+        ``slot``, ``position``, ``crc32c`` and ``extra``."""
+        slot = 1 - self._slot
+        buf = io.BytesIO()
+        meta_bytes = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+        np.savez(buf, **arrays, meta=meta_bytes)
+        data = buf.getvalue()
+        self._write(f"{self.root}/slot{slot}.npz", data)
+        self.markers.mark(
+            _KEY, slot=slot, **{self.position: int(position)}, crc32c=bytes_checksum(data),
+            **extra,
+        )  # fmt: skip
+        self._slot = slot
+        self.n_saved += 1
+
+    def read_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
+        """The latest state's ``(arrays, meta)``, or None (none, another fingerprint, or
+        an unreadable or corrupt slot: with a warning)."""
+        rec = self.markers.record(_KEY)
+        if rec is None:
+            return None
+        path = f"{self.root}/slot{int(rec['slot'])}.npz"
+        try:
+            data = self.fs.cat_file(path)
+            if "crc32c" not in rec:
+                log.warning("%s %s has no recorded checksum; starting afresh", self.label, path)
+                return None
+            found = bytes_checksum(data)
+            if found != int(rec["crc32c"]):
+                log.warning(
+                    "%s %s is corrupt (crc32c recorded %#010x, its bytes hash to "
+                    "%#010x); ignoring it and starting afresh",
+                    self.label,
+                    path,
+                    int(rec["crc32c"]),
+                    found,
+                )
+                return None
+            with np.load(io.BytesIO(data)) as z:
+                meta = json.loads(bytes(z["meta"]).decode())
+                if (
+                    not same_work(meta["fingerprint"], self.fingerprint)
+                    or meta[self.position] != rec[self.position]
+                ):
+                    log.warning("checkpoint slot %s does not match its marker; ignoring it", path)
+                    return None
+                return {k: z[k] for k in z.files if k != "meta"}, meta
+        except (FileNotFoundError, OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+            log.warning("cannot read %s %s (%s); starting afresh", self.label, path, e)
+            return None
+
+    def record(self) -> dict[str, Any] | None:
+        """The marker's record of the latest state, or None."""
+        return self.markers.record(_KEY)
+
+    def clear(self) -> None:
+        """Delete the saved states and the marker."""
+        self.markers.clear()
+        if self.fs.exists(self.root):
+            self.fs.rm(self.root, recursive=True)
+
+
+class CGCheckpoint(SlotCheckpoint):
     """Saves a :class:`CGState` every ``every`` iterations; loads the latest one.
 
     Use an instance as (part of) the ``callback`` of
-    :func:`pipeline.linalg.cg.conjugate_gradient`.
+    :func:`pipeline.linalg.cg.conjugate_gradient`. The slots are ``_cg/<name>/slot{0,1}.npz``,
+    the marker ``_markers/cg-<name>/state`` (:class:`SlotCheckpoint`).
 
     Parameters
     ----------
@@ -84,63 +199,35 @@ class CGCheckpoint:
     ) -> None:  # fmt: skip
         if int(every) != every or every < 1:
             raise ValueError(f"checkpoint interval 'every' must be an integer >= 1, got {every!r}")
-        self.store = str(store)
-        self.fingerprint = fingerprint
+        super().__init__(store, fingerprint, marker=f"cg-{name}", folder=f"_cg/{name}")
         self.name = name
         self.every = int(every)
         #: what else fixes the iterates' bits (e.g. the matrix-free product's tile size,
         #: which its fingerprint leaves out): recorded, and required to adopt a state
         self.tiling = tiling
-        self.markers = TileMarkers(self.store, f"cg-{name}", fingerprint)
-        self.fs, root = fsspec.core.url_to_fs(self.store)
-        self.root = f"{root.rstrip('/')}/_cg/{name}"
-        if is_local(self.fs):  # checkpoint writes a killed solve left half done
-            sweep_tmp_files(self.root)
-            self.markers.sweep_tmp()
-        rec = self.markers.record(_KEY)
-        self._slot = int(rec["slot"]) if rec else 1
-        self.n_saved = 0
 
     # -- writing --------------------------------------------------------------
-    def _write(self, path: str, data: bytes) -> None:
-        atomic_write(path, data, fs=self.fs, fsync=True)
-
     def save(self, state: CGState) -> None:
         """Write ``state`` to the free slot, then point the marker at it."""
-        slot = 1 - self._slot
-        buf = io.BytesIO()
-        np.savez(
-            buf,
-            x=state.x,
-            r=state.r,
-            p=state.p,
-            z=state.z,
-            rz=state.rz,
-            b_norm=state.b_norm,
-            active=state.active,
-            history=np.vstack(state.history),
-            meta=np.frombuffer(
-                json.dumps(
-                    {
-                        "iteration": state.iteration,
-                        "n_matvec": state.n_matvec,
-                        "fingerprint": self.fingerprint,
-                    }
-                ).encode(),
-                dtype=np.uint8,
-            ),
-        )
-        data = buf.getvalue()
-        self._write(f"{self.root}/slot{slot}.npz", data)
-        self.markers.mark(
-            _KEY,
-            slot=slot,
-            iteration=int(state.iteration),
-            crc32c=bytes_checksum(data),
+        self.write_state(
+            {
+                "x": state.x,
+                "r": state.r,
+                "p": state.p,
+                "z": state.z,
+                "rz": state.rz,
+                "b_norm": state.b_norm,
+                "active": state.active,
+                "history": np.vstack(state.history),
+            },
+            {
+                "iteration": state.iteration,
+                "n_matvec": state.n_matvec,
+                "fingerprint": self.fingerprint,
+            },
+            int(state.iteration),
             **({"tiling": self.tiling} if self.tiling is not None else {}),
         )
-        self._slot = slot
-        self.n_saved += 1
 
     def __call__(self, state: CGState) -> None:
         if state.iteration % self.every == 0 or not state.active.any():
@@ -149,61 +236,28 @@ class CGCheckpoint:
     # -- reading --------------------------------------------------------------
     def load(self) -> CGState | None:
         """The latest saved state of this solve, or None (none, or another fingerprint)."""
-        rec = self.markers.record(_KEY)
-        if rec is None:
+        got = self.read_state()
+        if got is None:
             return None
-        path = f"{self.root}/slot{int(rec['slot'])}.npz"
-        try:
-            data = self.fs.cat_file(path)
-            if "crc32c" not in rec:
-                log.warning("CG checkpoint %s has no recorded checksum; starting afresh", path)
-                return None
-            found = bytes_checksum(data)
-            if found != int(rec["crc32c"]):
-                log.warning(
-                    "CG checkpoint %s is corrupt (crc32c recorded %#010x, its bytes hash to "
-                    "%#010x); ignoring it and starting afresh",
-                    path,
-                    int(rec["crc32c"]),
-                    found,
-                )
-                return None
-            with np.load(io.BytesIO(data)) as z:
-                meta = json.loads(bytes(z["meta"]).decode())
-                if (
-                    not same_work(meta["fingerprint"], self.fingerprint)
-                    or meta["iteration"] != rec["iteration"]
-                ):
-                    log.warning("checkpoint slot %s does not match its marker; ignoring it", path)
-                    return None
-                history = list(z["history"])
-                return CGState(
-                    x=z["x"],
-                    r=z["r"],
-                    p=z["p"],
-                    z=z["z"],
-                    rz=z["rz"],
-                    b_norm=z["b_norm"],
-                    active=z["active"].astype(bool),
-                    iteration=int(meta["iteration"]),
-                    n_matvec=int(meta["n_matvec"]),
-                    history=history,
-                )
-        except (FileNotFoundError, OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
-            log.warning("cannot read CG checkpoint %s (%s); starting afresh", path, e)
-            return None
+        z, meta = got
+        return CGState(
+            x=z["x"],
+            r=z["r"],
+            p=z["p"],
+            z=z["z"],
+            rz=z["rz"],
+            b_norm=z["b_norm"],
+            active=z["active"].astype(bool),
+            iteration=int(meta["iteration"]),
+            n_matvec=int(meta["n_matvec"]),
+            history=list(z["history"]),
+        )
 
     @property
     def iteration(self) -> int | None:
         """Iteration of the latest saved state, or None."""
-        rec = self.markers.record(_KEY)
+        rec = self.record()
         return None if rec is None else int(rec["iteration"])
-
-    def clear(self) -> None:
-        """Delete the saved states and the marker."""
-        self.markers.clear()
-        if self.fs.exists(self.root):
-            self.fs.rm(self.root, recursive=True)
 
 
 def resumable_cg(

@@ -61,7 +61,7 @@ from pipeline.engine.fused import kernel_tile
 from pipeline.errors import IndefiniteKernelError
 from pipeline.kernels import kernel_fingerprint, make_kernel
 from pipeline.linalg.cg import CGResult, conjugate_gradient
-from pipeline.linalg.cg_checkpoint import resumable_cg
+from pipeline.linalg.cg_checkpoint import SlotCheckpoint, resumable_cg
 from pipeline.linalg.matvec import check_shift, make_operator
 from pipeline.linalg.precond import build_nystrom, uniform_centre_indices
 from pipeline.linalg.predict_source import as_input_blocks
@@ -127,8 +127,17 @@ class _Rows:
         src = self.X if self.X is not None else self.lazy
         self.n, self.d = int(src.shape[0]), int(src.shape[1])
 
+    @property
+    def n_blocks(self) -> int:
+        return -(-self.n // self.block)
+
     def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
-        for i, s in enumerate(range(0, self.n, self.block)):
+        return self.iter_from(0)
+
+    def iter_from(self, start: int) -> Iterator[tuple[int, np.ndarray]]:
+        """The blocks from block ``start`` on (those before are not read)."""
+        for i in range(int(start), self.n_blocks):
+            s = i * self.block
             if self.X is not None:
                 xb = self.X[s : s + self.block]
             else:
@@ -309,14 +318,27 @@ class NystromNormalOperator:
 
         ``normal`` (M x M, float64, zeros): ``K_nMᵀ W K_nM`` is added into it in the same
         pass, block by block in order (the direct solve's one pass over X)."""
-        acc = np.zeros((self.n, y.shape[1]))
+        return self.pre.apply_t(self.pass_sums(y, normal) / self.n_eff)
+
+    def pass_sums(
+        self, y: np.ndarray, normal: np.ndarray | None = None, *, acc: np.ndarray | None = None,
+        start: int = 0, x_parts: list[str] | None = None,
+        on_block: Callable[[int, np.ndarray, list[str] | None], Any] | None = None,
+    ) -> np.ndarray:  # fmt: skip
+        """The pass of :meth:`rhs` from row block ``start`` on: ``K_nMᵀ W y`` (not
+        preconditioned) added into ``acc`` (zeros when None), ``K_nMᵀ W K_nM`` into
+        ``normal``, block by block in order, so a pass resumed with the sums of blocks
+        ``< start`` (and ``x_parts``, the streamed X's fingerprints of those blocks) has
+        the uninterrupted pass's bits. ``on_block(next block, acc, x_parts)`` is called
+        after each block (``x_parts`` None when X is not streamed)."""
+        acc = np.zeros((self.n, y.shape[1])) if acc is None else acc
         stream_fp = self._x_fp is None and self.rows.X is None
-        block_fps = []
+        block_fps = list(x_parts or []) if stream_fp else None
         keep: list[np.ndarray] = []
-        for s, xb in self.rows:
+        for i, (s, xb) in enumerate(self.rows.iter_from(start), start=int(start)):
             if not np.all(np.isfinite(xb)):
                 raise ValueError("X contains NaN or infinite values; clean or impute them first")
-            if stream_fp:  # fingerprinted block by block: X is never held whole
+            if block_fps is not None:  # fingerprinted block by block: X is never held whole
                 block_fps.append(fingerprint_blocks([xb]))
             G = self._block(xb)
             check_finite_kernel(G, "the kernel K(X, C) of the Nyström centres")
@@ -329,11 +351,13 @@ class NystromNormalOperator:
             if normal is not None:
                 Gw = G if w is None else G * np.sqrt(w, dtype=G.dtype)
                 normal += np.asarray(Gw.T @ Gw, dtype=np.float64)  # a SYRK
-        if stream_fp:
+            if on_block is not None:
+                on_block(i + 1, acc, block_fps)
+        if block_fps is not None:
             self._x_fp = fingerprint_obj(block_fps)
-        if self.cache:
+        if self.cache and start == 0:
             self._cached = keep
-        return self.pre.apply_t(acc / self.n_eff)
+        return acc
 
     def normal_product(self, U: np.ndarray) -> np.ndarray:
         """``(K_nMᵀ W K_nM + λ K_MM) U``, summed over the row blocks in order."""
@@ -378,24 +402,40 @@ class NystromNormalOperator:
         g = np.asarray(gamma, dtype=np.float64)
         return self.pre.apply(g.reshape(self.n, -1)).reshape(g.shape)
 
+    def _inputs(self, x_fp: Any) -> dict[str, Any]:
+        return {
+            "solver": "nystrom",
+            "X": x_fp,
+            "kernel": kernel_fingerprint(self.kernel),
+            "centres": fingerprint_blocks([self.centres]),
+            "shift": self.shift,
+            "weights": None if self.weights is None else fingerprint_blocks([self.weights]),
+            "block_size": self.rows.block,
+            "product_dtype": self.product_dtype.name,
+        }
+
     @property
     def fingerprint(self) -> str:
         if self._x_fp is None:
             self._x_fp = fingerprint_obj(
                 [fingerprint_blocks([xb]) for _, xb in self.rows]
             )  # the same recipe as the streaming pass of ``rhs``
+        return fingerprint_obj(self._inputs(self._x_fp))
+
+    def pass_fingerprint(self, Y: np.ndarray) -> str:
+        """The direct pass's identity (its checkpoints'): the operator's inputs and y's
+        fingerprint. X in memory enters whole (a hash, no kernel work); a streamed X,
+        which the pass fingerprints block by block as it reads it, enters by its shape
+        and the centres' rows (its blocks' fingerprints are saved with the state)."""
+        if self.rows.X is not None:
+            self.fingerprint  # noqa: B018 (sets self._x_fp: X's blocks, hashed)
+            x_id: Any = self._x_fp
+        else:
+            x_id = {"streamed": [self.rows.n, self.rows.d], "rows": fingerprint_blocks([self.C])}
         return fingerprint_obj(
-            {
-                "solver": "nystrom",
-                "X": self._x_fp,
-                "kernel": kernel_fingerprint(self.kernel),
-                "centres": fingerprint_blocks([self.centres]),
-                "shift": self.shift,
-                "weights": None if self.weights is None else fingerprint_blocks([self.weights]),
-                "block_size": self.rows.block,
-                "product_dtype": self.product_dtype.name,
-            }
-        )
+            {"operator": self._inputs(x_id), "method": "direct",
+             "y": fingerprint_blocks([np.asarray(Y, dtype=np.float64)])}
+        )  # fmt: skip
 
 
 @dataclass
@@ -422,6 +462,73 @@ class NystromSolution:
     X_centres: np.ndarray
     cg: CGResult
     info: dict[str, Any] = field(default_factory=dict)
+
+
+def _direct_pass(
+    op: NystromNormalOperator, Y: np.ndarray, store: str | None, every: int
+) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """The direct method: one pass (``K_nMᵀ W K_nM`` and ``K_nMᵀ W y``), then the factored
+    M x M system. Returns (γ, the relative residuals, the block it started from, the
+    number of blocks).
+
+    With ``store``, the pass's state (the next block, both float64 sums, the streamed X's
+    block fingerprints so far) is saved every ``every`` row blocks, and γ once solved
+    (a rerun of the same solve is then a pure resume), through the CG checkpoints'
+    storage contract (:class:`pipeline.linalg.cg_checkpoint.SlotCheckpoint`: two slots
+    ``_nystrom/pass/slot{0,1}.npz``, the marker ``_markers/nystrom-pass/state``,
+    CRC-32C, :meth:`NystromNormalOperator.pass_fingerprint`). The sums continue in
+    block order, so a resumed pass has the uninterrupted pass's bits.
+    """
+    n_blocks = op.rows.n_blocks
+    if store is None:
+        normal = np.zeros((op.n, op.n))
+        b = op.rhs(Y, normal)
+        g, rel = op.solve_direct(normal, b)
+        return g, rel, 0, n_blocks
+    if int(every) != every or every < 1:
+        raise ValueError(f"checkpoint interval 'every' must be an integer >= 1, got {every!r}")
+    fp = op.pass_fingerprint(Y)
+    ckpt = SlotCheckpoint(
+        store, fp, marker="nystrom-pass", folder="_nystrom/pass", position="block",
+        label="Nyström pass checkpoint",
+    )  # fmt: skip
+    got = ckpt.read_state()
+    t = Y.shape[1]
+    if got is not None:
+        z, meta = got
+        k = int(meta["block"])
+        shapes = (
+            z.get("gamma", np.empty(0)).shape == (op.n, t) if meta.get("done")
+            else z.get("acc", np.empty(0)).shape == (op.n, t)
+            and z.get("normal", np.empty(0)).shape == (op.n, op.n)
+        )  # fmt: skip
+        if not 0 < k <= n_blocks or not shapes:
+            log.warning("Nyström pass checkpoint in %s does not fit this solve; ignoring it",
+                        ckpt.root)  # fmt: skip
+            got = None
+    if got is not None and meta.get("done"):
+        log.info("resuming the Nyström pass: solved already (%d blocks)", n_blocks)
+        if meta.get("x_fp") is not None:
+            op._x_fp = str(meta["x_fp"])
+        return z["gamma"], z["rel"], n_blocks, n_blocks
+    start, acc, normal, parts = 0, None, np.zeros((op.n, op.n)), None
+    if got is not None:
+        start = k
+        acc, normal = np.array(z["acc"], dtype=np.float64), np.array(z["normal"], dtype=np.float64)
+        parts = meta.get("x_parts")
+        log.info("resuming the Nyström pass from block %d of %d", start, n_blocks)
+
+    def save(nxt: int, acc: np.ndarray, x_parts: list[str] | None) -> None:
+        if nxt % every == 0 and nxt < n_blocks:
+            meta = {"block": nxt, "fingerprint": fp, "done": False, "x_parts": x_parts}
+            ckpt.write_state({"acc": acc, "normal": normal}, meta, nxt)
+
+    acc = op.pass_sums(Y, normal, acc=acc, start=start, x_parts=parts, on_block=save)
+    b = op.pre.apply_t(acc / op.n_eff)
+    g, rel = op.solve_direct(normal, b)
+    meta = {"block": n_blocks, "fingerprint": fp, "done": True, "x_fp": op._x_fp}
+    ckpt.write_state({"gamma": g, "rel": rel}, meta, n_blocks)
+    return g, rel, start, n_blocks
 
 
 def _block_rows(block_size: int | None, m: int) -> int:
@@ -479,10 +586,16 @@ def nystrom_solve(
     product_dtype : {"float64", "float32"}
         Precision of the kernel blocks and their products (float64 sums either way).
     store : str, optional
-        CG checkpoint directory: the solve saves its state every ``checkpoint_every``
-        iterations and resumes the same solve from it.
+        Checkpoint directory: the solve saves its state every ``checkpoint_every`` CG
+        iterations (``"pcg"``) or row blocks of the one pass (``"direct"``: the next
+        block, the two float64 sums, X's fingerprints so far; γ once solved) and resumes
+        the same solve from it, to the bits of an uninterrupted one (``info["resumed"]``,
+        ``info["start_block"]``). The default, 10 blocks, writes the M x M sum (8·M²
+        bytes) once per 10·b·M² flops of SYRK: a few percent of the pass at b >= 1000.
+    checkpoint_every : int
+        CG iterations, or row blocks, between two checkpoints.
     callback : callable, optional
-        Called with the CG state after every iteration.
+        Called with the CG state after every iteration (``"pcg"`` only).
     centre_indices : array of int, optional
         Use these centres (row indices) instead of choosing them.
     n_threads : int, optional
@@ -497,7 +610,7 @@ def nystrom_solve(
         the right-hand side, then the preconditioned M x M system is factored (M³/3):
         the same system and solution (to CG's tolerance), cheaper whenever N·M² flops of
         SYRK cost less than CG's passes (:func:`pipeline.plan.cg_cost.nystrom_method`
-        chooses). Memory O(M² + b·M) either way; no CG, so nothing to checkpoint.
+        chooses). Memory O(M² + b·M) either way; both resumable with ``store``.
 
     Returns
     -------
@@ -544,12 +657,10 @@ def nystrom_solve(
     if method == "direct":
         cache = 0  # one pass: nothing is read twice
     op = NystromNormalOperator(rows, kernel, idx, C, shift, w, product_dtype, n_threads, cache)
+    start_block = 0
     if method == "direct":
-        normal = np.zeros((op.n, op.n))
-        b = op.rhs(Y, normal)
         t1 = time.perf_counter()
-        g, rel = op.solve_direct(normal, b)
-        del normal
+        g, rel, start_block, n_blocks = _direct_pass(op, Y, store, checkpoint_every)
         res = CGResult(
             g, True, 0, 0, 1, rel, rel[None, :], tol, 0, time.perf_counter() - t1,
             column_converged=np.ones(rel.shape, dtype=bool), column_reason=[None] * rel.size,
@@ -575,8 +686,11 @@ def nystrom_solve(
         "block_size": rows.block,
         "product_dtype": op.product_dtype.name,
         "method": method,
+        "resumed": bool(start_block > 0 or res.start_iter > 0),
         "seconds": time.perf_counter() - t0,
     }
+    if method == "direct":
+        info.update(start_block=int(start_block), n_blocks=int(n_blocks))
     log.info(
         "Nyström (%s): M=%d %s centres, %d CG iterations, relative residual %s, %.2f s",
         "FALKON PCG" if method == "pcg" else "direct, one pass", idx.size, info["centers"],

@@ -233,3 +233,105 @@ def test_direct_method_streams_x_and_refuses_an_unknown_method(data):
     np.testing.assert_array_equal(a.coef, b.coef)
     with pytest.raises(ValueError, match="method='cholesky' is not valid.*'pcg', 'direct'"):
         nystrom_solve(X, Y, "rbf", LAM, n_centers=M, method="cholesky")
+
+
+# -- the direct pass, resumable (its checkpoints follow the CG checkpoints' contract) --------
+class _Killed(Exception):
+    pass
+
+
+def _kill_after(monkeypatch, k):
+    """The k-th kernel block of the next pass raises (as a kill would stop it there)."""
+    from pipeline.linalg import nystrom_solve as ns
+
+    real, seen = ns.NystromNormalOperator._block, {"n": 0}
+
+    def block(self, xb):
+        seen["n"] += 1
+        if seen["n"] == k:
+            raise _Killed
+        return real(self, xb)
+
+    monkeypatch.setattr(ns.NystromNormalOperator, "_block", block)
+    return lambda: monkeypatch.setattr(ns.NystromNormalOperator, "_block", real)
+
+
+DIRECT = dict(n_centers=M, block_size=64, method="direct", checkpoint_every=3)  # 10 blocks
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_direct_pass_killed_after_k_blocks_resumes_with_the_same_bits(
+    data, tmp_path, monkeypatch, streamed, caplog
+):
+    X, Y, w = data
+    Xs = X
+    if streamed:  # X from a Zarr store: its blocks' fingerprints are saved with the state
+        Xs = str(tmp_path / "X.zarr")
+        da.from_array(X, chunks=(64, D)).to_zarr(Xs)
+    whole = nystrom_solve(Xs, Y, "rbf", LAM, **DIRECT, sample_weight=w)
+    assert whole.info["n_blocks"] == 10 and not whole.info["resumed"]
+    store = str(tmp_path / "ckpt")
+    restore = _kill_after(monkeypatch, 8)  # dies in block 7: the last state is at block 6
+    with pytest.raises(_Killed):
+        nystrom_solve(Xs, Y, "rbf", LAM, **DIRECT, sample_weight=w, store=store)
+    restore()
+    with caplog.at_level("INFO", logger="pipeline.linalg.nystrom_solve"):
+        resumed = nystrom_solve(Xs, Y, "rbf", LAM, **DIRECT, sample_weight=w, store=store)
+    assert "resuming the Nyström pass from block 6 of 10" in caplog.text
+    assert resumed.info["resumed"] and resumed.info["start_block"] == 6
+    np.testing.assert_array_equal(resumed.coef, whole.coef)
+    # the solved state is kept: the same solve again is a pure resume, no block read
+    restore = _kill_after(monkeypatch, 1)
+    again = nystrom_solve(Xs, Y, "rbf", LAM, **DIRECT, sample_weight=w, store=store)
+    restore()
+    assert again.info["resumed"] and again.info["start_block"] == 10
+    np.testing.assert_array_equal(again.coef, whole.coef)
+
+
+@pytest.mark.parametrize("change", ["lambda", "y", "weights", "block_size"])
+def test_direct_pass_checkpoint_is_resumed_only_by_the_same_solve(
+    data, tmp_path, monkeypatch, change
+):
+    X, Y, w = data
+    store = str(tmp_path / "ckpt")
+    restore = _kill_after(monkeypatch, 5)
+    with pytest.raises(_Killed):
+        nystrom_solve(X, Y, "rbf", LAM, **DIRECT, sample_weight=w, store=store)
+    restore()
+    lam, Y2, kw = LAM, Y, {**DIRECT, "sample_weight": w}
+    if change == "lambda":
+        lam = 2 * LAM
+    elif change == "y":
+        Y2 = Y.copy()
+        Y2[-1, 0] += 1e-9
+    elif change == "weights":
+        kw["sample_weight"] = w * 1.5
+    else:
+        kw["block_size"] = 60
+    other = nystrom_solve(X, Y2, "rbf", lam, **kw, store=store)
+    assert not other.info["resumed"] and other.info["start_block"] == 0
+    np.testing.assert_array_equal(other.coef, nystrom_solve(X, Y2, "rbf", lam, **kw).coef)
+
+
+def test_a_corrupt_direct_pass_slot_is_not_resumed(data, tmp_path, monkeypatch, caplog):
+    import json
+    import pathlib
+
+    X, Y, w = data
+    store = str(tmp_path / "ckpt")
+    restore = _kill_after(monkeypatch, 8)
+    with pytest.raises(_Killed):
+        nystrom_solve(X, Y, "rbf", LAM, **DIRECT, sample_weight=w, store=store)
+    restore()
+    marker = json.loads((pathlib.Path(store) / "_markers/nystrom-pass/state").read_text())
+    assert marker["block"] == 6 and "crc32c" in marker
+    slot = pathlib.Path(store) / f"_nystrom/pass/slot{marker['slot']}.npz"
+    raw = bytearray(slot.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF  # one flipped byte inside the saved sums
+    slot.write_bytes(bytes(raw))
+    with caplog.at_level("WARNING"):
+        sol = nystrom_solve(X, Y, "rbf", LAM, **DIRECT, sample_weight=w, store=store)
+    assert "Nyström pass checkpoint" in caplog.text and "is corrupt" in caplog.text
+    assert not sol.info["resumed"] and sol.info["start_block"] == 0
+    whole = nystrom_solve(X, Y, "rbf", LAM, **DIRECT, sample_weight=w)
+    np.testing.assert_array_equal(sol.coef, whole.coef)

@@ -128,15 +128,55 @@ def test_auto_never_chooses_nystrom_and_the_plan_records_its_knobs():
     assert FitPlan.from_dict(rec).to_dict() == rec
 
 
-def test_a_store_holds_the_checkpoint_and_a_rerun_resumes(data, tmp_path, caplog):
+def test_a_store_holds_the_checkpoint_and_a_rerun_resumes(data, tmp_path, caplog, monkeypatch):
+    # the cost model's choice here is the direct method (one pass, then the M x M factor):
+    # a fit killed in its pass resumes from the pass's last checkpoint (every 10 blocks
+    # by default), to the bits of a fit without a store; a rerun is then a pure resume
+    from pipeline.linalg import nystrom_solve as ns
+
+    X, Y, _ = data
+    kw = dict(alpha=0.05, kernel="rbf", solver="nystrom", n_centers=M, block_size=32)
+    whole = KernelRidge(**kw).fit(X, Y)
+    assert whole.fit_info_["method"] == "direct" and whole.fit_info_["n_blocks"] == 13
+    real, seen = ns.NystromNormalOperator._block, {"n": 0}
+
+    def block(self, xb):
+        seen["n"] += 1
+        if seen["n"] == 12:  # killed in block 11: the last state is at block 10
+            raise KeyboardInterrupt
+        return real(self, xb)
+
+    monkeypatch.setattr(ns.NystromNormalOperator, "_block", block)
+    with pytest.raises(KeyboardInterrupt):
+        KernelRidge(**kw, store=str(tmp_path / "s")).fit(X, Y)
+    monkeypatch.setattr(ns.NystromNormalOperator, "_block", real)
+    with caplog.at_level(logging.INFO):
+        a = KernelRidge(**kw, store=str(tmp_path / "s")).fit(X, Y)
+    assert a.fit_info_["store"].startswith(str(tmp_path / "s"))
+    assert "resuming the Nyström pass from block 10 of 13" in caplog.text
+    assert a.fit_info_["resumed"] and a.fit_info_["start_block"] == 10
+    np.testing.assert_array_equal(a.dual_coef_, whole.dual_coef_)
+    b = KernelRidge(**kw, store=str(tmp_path / "s")).fit(X, Y)  # the same fit: solved already
+    assert b.fit_info_["resumed"] and b.fit_info_["start_block"] == 13
+    np.testing.assert_array_equal(b.dual_coef_, whole.dual_coef_)
+
+
+def test_a_store_holds_the_pcg_checkpoint_and_a_rerun_resumes(data, tmp_path, caplog, monkeypatch):
+    # the PCG (the cost model's choice where the kernel blocks' SYRK costs more than CG's
+    # passes), forced here: its CG checkpoints resume
+    import pipeline.fit
+
+    monkeypatch.setattr(pipeline.fit, "nystrom_method", lambda *a, **k: ("pcg", "forced"))
     X, Y, _ = data
     kw = dict(alpha=0.05, kernel="rbf", solver="nystrom", n_centers=M, tol=1e-10,
               store=str(tmp_path / "s"))  # fmt: skip
     a = KernelRidge(**kw).fit(X, Y)
     assert a.fit_info_["store"].startswith(str(tmp_path / "s"))
+    assert a.fit_info_["method"] == "pcg" and not a.fit_info_["resumed"]
     with caplog.at_level(logging.INFO):
         b = KernelRidge(**kw).fit(X, Y)  # the same fit: resumes at its last checkpoint
     assert "resuming CG 'nystrom'" in caplog.text and b.fit_info_["start_iter"] > 0
+    assert b.fit_info_["resumed"]
     np.testing.assert_array_equal(a.dual_coef_, b.dual_coef_)
 
 
