@@ -29,11 +29,13 @@ in place of predictions: the runner checkpoints it as it checkpoints predictions
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from typing import Any
 
 import numpy as np
+import scipy.linalg
 
 from pipeline.constants import DEFAULT_N_CENTERS
 from pipeline.engine.dense import check_finite_kernel
@@ -212,28 +214,39 @@ class _FoldSystem:
     """The preconditioned M x M system of one (fold, λ): the attributes that
     :meth:`NystromNormalOperator.solve_direct` and :meth:`~NystromNormalOperator.coef`
     read (``K_MM``, ``shift``, ``n_eff``, ``pre``, ``n``), so the one direct solve of the
-    Nyström solver serves each fold without a pass over X."""
+    Nyström solver serves each fold without a pass over X.
+
+    FALKON's ``B = T⁻¹ A⁻¹`` per (fold, λ): T (``chol(K_MM + ε I)``, from K_MM alone) is
+    the setting's ``base`` preconditioner's, factored once; only
+    ``A = chol(T Tᵀ / M + λ' I)`` is factored here, by the same formula as
+    :class:`FalkonPreconditioner` (so the same bits as building it anew)."""
 
     solve_direct = NystromNormalOperator.solve_direct
     coef = NystromNormalOperator.coef
 
-    def __init__(self, K_MM: np.ndarray, shift: float, n_eff: float) -> None:
+    def __init__(self, K_MM: np.ndarray, shift: float, n_eff: float,
+                 base: FalkonPreconditioner) -> None:  # fmt: skip
         self.K_MM = K_MM
         self.shift = float(shift)
         self.n_eff = float(n_eff)
-        self.pre = FalkonPreconditioner(K_MM, self.shift / self.n_eff)
         self.n = K_MM.shape[0]
+        self.pre = copy.copy(base)
+        S = base.T @ base.T.T / self.n
+        S[np.diag_indices(self.n)] += self.shift / self.n_eff
+        self.pre.A = scipy.linalg.cholesky(S, lower=False)
         self.n_products = 0
 
 
 def fold_coefficients(
-    st: dict[str, np.ndarray], K_MM: np.ndarray, f: int, shift: float
-) -> tuple[np.ndarray, float]:
+    st: dict[str, np.ndarray], K_MM: np.ndarray, f: int, shift: float,
+    base: FalkonPreconditioner | None = None,
+) -> tuple[np.ndarray, float]:  # fmt: skip
     """β (M x t) of fold f's training rows at ``shift``, and the preconditioned system's
-    largest relative residual."""
+    largest relative residual (``base``: the setting's preconditioner, for its T)."""
     F = st["W"].shape[0] - 1
     normal = st["S"][F] - st["S"][f]
-    sysm = _FoldSystem(K_MM, shift, st["W"][F] - st["W"][f])
+    base = FalkonPreconditioner(K_MM, 1.0) if base is None else base
+    sysm = _FoldSystem(K_MM, shift, st["W"][F] - st["W"][f], base)
     b = sysm.pre.apply_t((st["r"][F] - st["r"][f]) / sysm.n_eff)
     g, res = sysm.solve_direct(normal, b)
     return sysm.coef(g), float(np.max(res))
@@ -306,9 +319,10 @@ def setting_statistics(
     t1 = time.perf_counter()
     out: list[list[np.ndarray]] = [[None] * len(splits) for _ in alphas]  # type: ignore[list-item]
     worst = 0.0
+    base = FalkonPreconditioner(K_MM, 1.0)  # its T serves every (fold, λ)
     for f, (tr, _) in enumerate(splits):
         for li, a in enumerate(alphas):
-            beta, res = fold_coefficients(st, K_MM, f, shift_of(a, len(tr)))
+            beta, res = fold_coefficients(st, K_MM, f, shift_of(a, len(tr)), base)
             worst = max(worst, res)
             out[li][f] = held_out(st, f, beta)
     if stats is not None:
