@@ -112,6 +112,13 @@ def test_bad_scorer_refused():
         ).fit(X, y)
 
 
+def test_refine_refused_before_any_work(monkeypatch):
+    X, y = data(n=200)
+    monkeypatch.setattr(nystrom_cv, "fold_statistics", None)  # no pass over X may start
+    with pytest.raises(ValueError, match="refine=True.*solver='nystrom' does not refine"):
+        KernelRidgeCV(ALPHAS, solver="nystrom", n_centers=20, refine=True).fit(X, y)
+
+
 def test_memory_refused(monkeypatch):
     X, y = data(n=200)
     monkeypatch.setattr(nystrom_cv, "memory_budget", lambda: 1e5)

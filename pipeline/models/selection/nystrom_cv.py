@@ -150,6 +150,11 @@ def check_nystrom_search(cv: Any, n: int, kind: str, splits: list) -> None:
     """The refusals of ``solver="nystrom"`` before any work: the scorer, M, the splits and
     the statistics' memory."""
     scorer_units(cv.scoring, 1)
+    if cv.refine:
+        raise ValueError(
+            "refine=True scores λ with the exact solvers; solver='nystrom' does not "
+            "refine: use refine=None or False (its grid runs on all rows unless subsample=)"
+        )
     m = n_centres(cv, n)
     fold_index(n, splits)
     check_statistics_memory(m, len(splits))

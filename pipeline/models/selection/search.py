@@ -383,11 +383,6 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         if solver == "cg" and kind != "loo":
             verify_choice(self, X, y, y2, base, splits, scorer, stats, back=back)
         self.refine_results_ = None
-        if solver == "nystrom" and self.refine:
-            raise ValueError(
-                "refine=True scores λ with the exact solvers; solver='nystrom' does not "
-                "refine: use refine=None or False (its grid runs on all rows unless subsample=)"
-            )
         if solver != "nystrom" and refine_wanted(self.refine, self.subsample_indices_ is not None):
             kern = copy.deepcopy(base).set_params(
                 **{p: v for p, v in self.best_params_.items() if p != "alpha"}
