@@ -175,3 +175,13 @@ def test_scores_in_the_data_units():
     got = np.stack([units.cv_results_[f"split{f}_test_score"] for f in range(3)], axis=1)
     np.testing.assert_allclose(got, want, rtol=1e-8)
     assert not np.allclose(got, plain.cv_results_["split0_test_score"][:, None])
+
+
+def test_config_section_keeps_its_fingerprint_unless_nystrom_knobs_are_set():
+    from pipeline.stages.config import CvConfig
+
+    dump = CvConfig(alphas=[0.1]).stage_dump()
+    assert "n_centers" not in dump and "centers" not in dump
+    dump = CvConfig(alphas=[0.1], solver="nystrom", n_centers=30, centers="rpcholesky")
+    assert dump.stage_dump()["n_centers"] == 30
+    assert dump.stage_dump()["centers"] == "rpcholesky"
