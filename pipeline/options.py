@@ -355,7 +355,8 @@ class CvOptions:
 
     solver: str = _knob(
         "auto", "the search's solver: in memory (band, eigen, dense), out of core "
-        "(cholesky, cg), or auto", choices=CV_SOLVERS, spelt_by=_CV,
+        "(cholesky, cg), auto, or nystrom (an approximation)", choices=CV_SOLVERS,
+        spelt_by=_CV,
     )  # fmt: skip
     eigen_mode: str = _knob(
         "auto", "solver eigen: one eigendecomposition of K (lgo) or one per fold",
