@@ -185,3 +185,38 @@ def test_config_section_keeps_its_fingerprint_unless_nystrom_knobs_are_set():
     dump = CvConfig(alphas=[0.1], solver="nystrom", n_centers=30, centers="rpcholesky")
     assert dump.stage_dump()["n_centers"] == 30
     assert dump.stage_dump()["centers"] == "rpcholesky"
+
+
+def test_select_stage_runs_the_nystrom_search(tmp_path):
+    """``cv.solver: nystrom`` in a run config: the select stage searches with it (y stored
+    standardised: scored in the data's units) and its choice is KernelRidgeCV's."""
+    from pipeline.stages import default_stages, run_stages
+    from pipeline.stages.config import load_config
+    from pipeline.stages.ingest import open_rows
+
+    run_cfg = {
+        "data": {"source": "sklearn", "name": "diabetes"},
+        "split": {"test_fraction": 0.25},
+        "preprocess": {"standardize_y": True},
+        "kernel": {"name": "rbf", "params": {"gamma": 0.5}},
+        "lambda": 0.5,
+        "solver": {"method": "cholesky"},
+        "block_size": 128,
+        "evaluate": {"baseline": "none"},
+        "cv": {"alphas": [0.03, 0.3, 3.0], "param_grid": {"gamma": [0.01, 0.1]}, "folds": 3,
+               "solver": "nystrom", "n_centers": 40, "scoring": "neg_mean_squared_error"},
+    }  # fmt: skip
+    cfg = load_config(run_cfg, [])
+    rep = run_stages(tmp_path / "run", default_stages(), cfg.stage_params(),
+                     identity=cfg.identity())  # fmt: skip
+    sel = rep.outputs["select"]
+    ing = rep.outputs["ingest"]
+    X = np.asarray(open_rows(ing, "X_train").compute())
+    y = np.asarray(open_rows(ing, "y_train").compute()).ravel()
+    s = KernelRidgeCV(
+        [0.03, 0.3, 3.0], param_grid={"gamma": [0.01, 0.1]}, cv=3, solver="nystrom",
+        n_centers=40, scoring="neg_mean_squared_error", random_state=0, refit=False,
+    ).fit(X, y)  # fmt: skip
+    assert sel["best_params"] == pytest.approx(s.best_params_)
+    scale = ing["y_scaler"]["scale"][0]
+    assert sel["best_score"] == pytest.approx(s.best_score_ * scale**2, rel=1e-10)
