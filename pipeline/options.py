@@ -178,8 +178,9 @@ DEVICES = ("cpu", "cuda", "auto")
 COST_MODELS = ("simple", "calibrated")
 
 #: ``KernelRidgeCV(solver=...)`` and the config's ``cv.solver``: in memory (band, eigen,
-#: dense), out of core (cholesky, cg), or auto
-CV_SOLVERS = ("auto", "band", "eigen", "dense", "cholesky", "cg")
+#: dense), out of core (cholesky, cg), auto, or Nyström KRR (an approximation, only when
+#: named: pipeline.models.selection.nystrom_cv)
+CV_SOLVERS = ("auto", "band", "eigen", "dense", "cholesky", "cg", "nystrom")
 #: the eigen strategy: one eigendecomposition of the full K ("lgo") or one per fold
 CV_EIGEN_MODES = ("auto", "lgo", "fold")
 #: the CV search's CG preconditioners (no "jacobi": one Nyström factor serves every fold)
@@ -354,7 +355,8 @@ class CvOptions:
 
     solver: str = _knob(
         "auto", "the search's solver: in memory (band, eigen, dense), out of core "
-        "(cholesky, cg), or auto", choices=CV_SOLVERS, spelt_by=_CV,
+        "(cholesky, cg), auto, or nystrom (an approximation)", choices=CV_SOLVERS,
+        spelt_by=_CV,
     )  # fmt: skip
     eigen_mode: str = _knob(
         "auto", "solver eigen: one eigendecomposition of K (lgo) or one per fold",
@@ -407,6 +409,15 @@ class CvOptions:
     refine: bool | None = _knob(
         None, "score λ at and below the search's choice on all rows (null: when subsampled)",
         unset=True, spelt_by=_CV,
+    )  # fmt: skip
+    # solver nystrom (pipeline.models.selection.nystrom_cv)
+    #: None: pipeline.constants.DEFAULT_N_CENTERS, at most the rows searched
+    n_centers: int | None = _knob(
+        None, "solver nystrom: the number of centres M", ge=1, unset=True, spelt_by=_CV
+    )
+    centers: str = _knob(
+        "uniform", "solver nystrom: how the centres are chosen", choices=NYSTROM_CENTRES,
+        spelt_by=_CV,
     )  # fmt: skip
 
 

@@ -503,6 +503,7 @@ CV_SECTION_ORDER = [
     "alphas", "param_grid", "folds", "shuffle", "scoring", "solver", "eigen_mode",
     "random_state", "tol", "max_iter", "preconditioner", "rank", "n_jobs",
     "max_search_seconds", "kernel_dtype", "screen_tol", "screen_top", "subsample", "refine",
+    "n_centers", "centers",
 ]  # fmt: skip
 
 

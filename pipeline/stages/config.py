@@ -430,12 +430,15 @@ class CvConfig(create_model("_CvFields", __base__=_Model, **cv_config_fields()))
         return self
 
     def stage_dump(self) -> dict[str, Any]:
-        """The section as the select stage's fingerprint sees it: ``subsample`` and
-        ``refine`` only when set (a search that names neither keeps its identity)."""
+        """The section as the select stage's fingerprint sees it: ``subsample``,
+        ``refine`` and ``n_centers`` only when set, ``centers`` only when not its default
+        (a search that names none of them keeps its identity)."""
         out = self.model_dump()
-        for name in ("subsample", "refine"):
+        for name in ("subsample", "refine", "n_centers"):
             if out.get(name) is None:
                 out.pop(name, None)
+        if out.get("centers") == CvOptions().centers:
+            out.pop("centers", None)
         return out
 
 

@@ -78,6 +78,8 @@ class SettingCheckpoint:
             # screening keeps rough solves for the lambdas the scorer does not pick for
             # refining: the stored predictions then depend on these too
             base["screen"] = [repr(cv.screen_tol), repr(cv.screen_top), repr(cv.scoring)]
+        if solver == "nystrom":  # the stored held-out statistics depend on the centres
+            base["nystrom"] = [repr(cv.n_centers), repr(cv.centers)]
         return cls(cv.checkpoint, base, X, y, splits)
 
     def _paths(self, si: int) -> tuple[Any, Any]:

@@ -28,6 +28,7 @@ from pipeline.engine.where import available_cores
 from pipeline.linalg import dense_memory
 from pipeline.linalg.dense_memory import check_dense_memory
 from pipeline.models.selection.guard import check_budget
+from pipeline.models.selection.nystrom_cv import check_nystrom_search
 from pipeline.models.selection.refine import check_subsample
 from pipeline.options import (
     ALPHA_CONVENTION_ALIASES,
@@ -217,6 +218,9 @@ def choose_search(
             f"test set (K-fold, held-out, LOO); cv={cv.cv!r} is not; use solver='cg' or "
             "an in-memory solver"
         )
+    if solver == "nystrom":  # its refusals before any work (scorer, M, splits, memory)
+        check_nystrom_search(cv, n, kind, splits)
+        return SearchChoice(solver, 1, 0.0)
     predicted = check_budget(
         cv.max_search_seconds, solver, n, n_alpha, n_settings, splits,
         n_targets=n_targets, kind=kind,

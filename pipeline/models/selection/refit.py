@@ -17,6 +17,7 @@ import numpy as np
 
 from pipeline.fit import execute, log_plan
 from pipeline.models.estimator import KernelRidge
+from pipeline.models.selection import nystrom_cv
 from pipeline.models.selection.choice import IN_MEMORY
 from pipeline.models.selection.direct import UnconvergedSolveError
 from pipeline.models.selection.strategies import OutOfCoreStore
@@ -42,6 +43,12 @@ def refit_best(self, X, y, base, stats, settings) -> KernelRidge:
         alpha=self.best_alpha_, kernel=kern, alpha_convention=conv, progress=self.progress
     )
     if self.solver_ in IN_MEMORY:
+        return est.fit(X, y)
+    if self.solver_ == "nystrom":  # the same M, centres recipe and seed as the search
+        est.set_params(
+            solver="nystrom", n_centers=nystrom_cv.n_centres(self, X.shape[0]),
+            centers=self.centers, random_state=nystrom_cv.seed(self),
+        )  # fmt: skip
         return est.fit(X, y)
     # out of core: refit on the best setting's stored Gram (its tiles are reused, not
     # rebuilt), one factorisation (cholesky) or one preconditioned CG solve (cg), as

@@ -75,6 +75,7 @@ from pipeline.models.selection.grid import (
     resolve_kernel,
 )
 from pipeline.models.selection.guard import verify_choice
+from pipeline.models.selection.nystrom_cv import nystrom_scores
 from pipeline.models.selection.refine import draw_subsample, refine_alpha, refine_wanted
 from pipeline.models.selection.refit import refit_best
 from pipeline.models.selection.runner import run_search
@@ -127,10 +128,15 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
     lambda_convention : {"sklearn", "n_samples", "n"}, default="sklearn"
         Shift ``K + alpha I``, or ``K + n_train alpha I`` (n_train of each fold;
         ``"n"`` is the run config's name for ``"n_samples"``).
-    solver : {"auto", "band", "eigen", "dense", "cholesky", "cg"}, default="auto"
+    solver : {"auto", "band", "eigen", "dense", "cholesky", "cg", "nystrom"}, default="auto"
         See the module docstring. "auto": in memory (band, eigen or dense, by a
         cost model) up to ``IN_MEMORY_MAX_N`` rows while the kernel copies fit in
-        memory, else "cholesky" with a store, else "cg" (matrix-free).
+        memory, else "cholesky" with a store, else "cg" (matrix-free). "nystrom":
+        Nyström KRR with ``n_centers`` centres (an approximation, never chosen by
+        "auto"), every (λ, fold) scored from one pass of sufficient statistics per
+        kernel setting (:mod:`pipeline.models.selection.nystrom_cv`); scoring None,
+        "r2", "neg_mean_squared_error" or "neg_root_mean_squared_error"; the refit is
+        ``KernelRidge(solver="nystrom")`` with the same centres.
     gamma, degree, coef0 : optional
         Kernel parameters when ``kernel`` is a name (as scikit-learn).
     block_size : int, default=None
@@ -192,6 +198,13 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         (:mod:`pipeline.models.selection.refine`). ``best_alpha_`` and
         ``best_params_["alpha"]`` are then the refined λ (the subsample's is in
         ``refine_results_``); ``cv_results_`` stays the subsample's grid.
+        Not with ``solver="nystrom"`` (True is refused, None does not refine).
+    n_centers : int, default=None
+        ``solver="nystrom"``: the number of centres M (None: 1000, at most the rows
+        searched). The search holds (folds + 1) M x M float64 matrices.
+    centers : {"uniform", "rpcholesky"}, default="uniform"
+        ``solver="nystrom"``: how the centres are chosen (seeded by ``random_state``,
+        None: 0), once per kernel setting from all the rows searched.
 
     Attributes
     ----------
@@ -251,6 +264,8 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         screen_top: int = _DEFAULT.screen_top,
         subsample: int | None = _DEFAULT.subsample,
         refine: bool | None = _DEFAULT.refine,
+        n_centers: int | None = _DEFAULT.n_centers,
+        centers: str = _DEFAULT.centers,
     ) -> None:
         self.alphas = alphas
         self.kernel = kernel
@@ -280,6 +295,8 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         self.screen_top = screen_top
         self.subsample = subsample
         self.refine = refine
+        self.n_centers = n_centers
+        self.centers = centers
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -350,7 +367,10 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         )
         t_search = time.perf_counter() - t_start
 
-        scores = score_candidates(results, candidates, settings, splits, kind, scorer, X, y)
+        if solver == "nystrom":  # scored from the statistics, no held-out predictions
+            scores = nystrom_scores(results, candidates, settings, splits, kind, self.scoring)
+        else:
+            scores = score_candidates(results, candidates, settings, splits, kind, scorer, X, y)
         self.cv_results_ = cv_results(candidates, scores, t_search, back=back)
         self.best_index_ = int(self.cv_results_["rank_test_score"].argmin())
         self.best_params_ = dict(candidates[self.best_index_])
@@ -363,7 +383,7 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         if solver == "cg" and kind != "loo":
             verify_choice(self, X, y, y2, base, splits, scorer, stats, back=back)
         self.refine_results_ = None
-        if refine_wanted(self.refine, self.subsample_indices_ is not None):
+        if solver != "nystrom" and refine_wanted(self.refine, self.subsample_indices_ is not None):
             kern = copy.deepcopy(base).set_params(
                 **{p: v for p, v in self.best_params_.items() if p != "alpha"}
             )

@@ -51,6 +51,7 @@ from pipeline.models.selection.eigen import (
     loo_predictions,
 )
 from pipeline.models.selection.loo import lgo_residuals, loo_residuals
+from pipeline.models.selection.nystrom_cv import NystromStrategy
 from pipeline.models.selection.route import DenseKernelOperator, route_setting
 from pipeline.models.selection.stats import new_stats
 from pipeline.plan.cv_routing import eigen_mode
@@ -435,6 +436,7 @@ STRATEGIES: dict[str, type[_Strategy]] = {
     "dense": InMemoryStrategy,
     "cholesky": CholeskyStrategy,
     "cg": CGPathStrategy,
+    "nystrom": NystromStrategy,
 }
 
 

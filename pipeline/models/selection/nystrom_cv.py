@@ -1,0 +1,364 @@
+"""``KernelRidgeCV(solver="nystrom")``: the λ grid of Nyström KRR from sufficient statistics.
+
+For one kernel setting the M centres C are chosen once from all the search's rows, as
+:func:`pipeline.linalg.nystrom_solve.nystrom_solve` chooses them (same recipe, same
+seed). ONE pass over the row blocks of X then accumulates, for each fold f (its test
+rows) and for all rows, with ``g_i = k(x_i, C)``:
+
+    S_f = Σ_{i in f} w_i g_i g_iᵀ (M x M),  r_f = Σ w_i g_i y_iᵀ (M x t),
+    q_f = Σ w_i y_i²,  s_f = Σ w_i y_i,  W_f = Σ w_i.
+
+The training statistics of fold f are the totals minus fold f's (so the training set
+must be the complement of the test set and the test sets disjoint: K-fold, a held-out
+split, leave-one-out). Each (fold, λ) is then the M x M system of the direct Nyström
+solve: FALKON's preconditioner B is built per (fold, λ) from K_MM and λ / n_train_f,
+and the preconditioned system is factored by
+:meth:`~pipeline.linalg.nystrom_solve.NystromNormalOperator.solve_direct` itself (its
+code, not a copy: :class:`_FoldSystem` lends it the attributes it reads), ``β = B γ``.
+The held-out residual sum of squares is ``q_f - 2 β·r_f + βᵀ S_f β`` per target, and
+R² follows from the fold's moments: no second pass over X, no held-out prediction.
+
+Memory: (folds + 1) M x M float64 matrices, refused (:func:`check_statistics_memory`)
+beyond the memory available. Time: N·M² flops for the pass (a SYRK per fold and block),
+plus (folds x λ) factorisations of M x M.
+
+The strategy returns, per (λ, fold), the vector ``[rss (t), W_f, q_f (t), s_f (t)]``
+in place of predictions: the runner checkpoints it as it checkpoints predictions, and
+:func:`nystrom_scores` turns it into the supported scores (:data:`NYSTROM_SCORERS`).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from typing import Any
+
+import numpy as np
+import scipy.linalg
+
+from pipeline.constants import DEFAULT_N_CENTERS
+from pipeline.engine.dense import check_finite_kernel
+from pipeline.engine.fused import kernel_tile
+from pipeline.linalg import dense_memory
+from pipeline.linalg.nystrom_solve import (
+    FalkonPreconditioner,
+    NystromNormalOperator,
+    _Rows,
+    check_n_centers,
+    nystrom_centres,
+)
+
+__all__ = [
+    "NYSTROM_SCORERS",
+    "NystromStrategy",
+    "check_nystrom_search",
+    "check_statistics_memory",
+    "fold_statistics",
+    "nystrom_scores",
+    "scores_from_statistics",
+]
+
+log = logging.getLogger("pipeline.models.selection")
+
+#: the scorers whose value follows from the statistics (None is KernelRidgeCV's default, R²)
+NYSTROM_SCORERS = (None, "r2", "neg_mean_squared_error", "neg_root_mean_squared_error")
+#: rows per kernel block of the statistics pass
+BLOCK_ROWS = 2048
+
+
+def n_centres(cv: Any, n: int) -> int:
+    """M of the search ``cv`` on ``n`` rows (None: the default M, at most n)."""
+    if cv.n_centers is None:
+        return min(DEFAULT_N_CENTERS, n)
+    m = check_n_centers(cv.n_centers)
+    if m > n:
+        raise ValueError(
+            f"n_centers={m} exceeds the number of rows searched N={n}; use n_centers <= N"
+        )
+    return m
+
+
+def seed(cv: Any) -> int:
+    """The centres' seed: ``random_state`` when an int, else 0 (as the refit's)."""
+    rs = cv.random_state
+    return int(rs) if isinstance(rs, int | np.integer) else 0
+
+
+def memory_budget() -> float:
+    """Bytes the statistics may take (a fraction of the memory available now)."""
+    return dense_memory.available_memory() * dense_memory.SAFETY_FRACTION
+
+
+def check_statistics_memory(m: int, n_folds: int, budget: float | None = None) -> int:
+    """The bytes of the (folds + 1) M x M statistics; MemoryError-free ValueError above
+    ``budget`` (default :func:`memory_budget`)."""
+    nbytes = (n_folds + 1) * m * m * 8
+    budget = memory_budget() if budget is None else float(budget)
+    if nbytes > budget:
+        raise ValueError(
+            f"KernelRidgeCV(solver='nystrom') holds (folds + 1) = {n_folds + 1} M x M "
+            f"float64 matrices with M = n_centers = {m} and {n_folds} folds: {nbytes} bytes, "
+            f"more than the {int(budget)} bytes available; use fewer n_centers or fewer folds"
+        )
+    return nbytes
+
+
+def fold_index(n: int, splits: list) -> np.ndarray:
+    """Each row's test fold (-1: in none); ValueError unless the test sets are disjoint
+    and each training set is the complement of its test set."""
+    fold = np.full(n, -1, dtype=np.int64)
+    for f, (tr, te) in enumerate(splits):
+        te = np.asarray(te, dtype=np.int64)
+        if np.any(fold[te] >= 0) or np.unique(te).size != te.size:
+            raise ValueError(
+                "solver='nystrom' scores each fold from per-fold statistics, so the test "
+                "sets must be disjoint; these splits repeat a test row (e.g. ShuffleSplit); "
+                "use K-fold or one held-out split"
+            )
+        fold[te] = f
+        if len(tr) + len(te) != n or np.unique(tr).size != len(tr) or np.any(fold[tr] == f):
+            raise ValueError(
+                "solver='nystrom' takes each fold's training statistics as the totals minus "
+                "the fold's, so each training set must be the complement of its test set; "
+                "these splits are not (e.g. bootstrap or group subsets); use K-fold or one "
+                "held-out split"
+            )
+    return fold
+
+
+def scorer_units(scoring: Any, n_targets: int) -> tuple[Any, np.ndarray]:
+    """``(name, column scale)`` of a supported scorer: a name of :data:`NYSTROM_SCORERS`
+    (scale 1), or the run's scorer of the data's units (``pipeline.stages.select.
+    OriginalUnits``: the targets mapped back by ``y * scale + mean`` per column, so the
+    residuals scale by ``scale``); ValueError naming any other scorer."""
+    name, scale = scoring, np.ones(n_targets)
+    if hasattr(scoring, "scoring") and hasattr(scoring, "_back"):  # OriginalUnits
+        name = scoring.scoring
+        one = np.ones((1, n_targets))
+        scale = np.abs(scoring._back(one) - scoring._back(0 * one)).reshape(-1)
+    if name not in NYSTROM_SCORERS:
+        raise ValueError(
+            f"scoring={scoring!r} is not supported by KernelRidgeCV(solver='nystrom'), "
+            f"which scores from sufficient statistics; use one of {NYSTROM_SCORERS} "
+            "(None is R²)"
+        )
+    return name, scale
+
+
+def check_nystrom_search(cv: Any, n: int, kind: str, splits: list) -> None:
+    """The refusals of ``solver="nystrom"`` before any work: the scorer, M, the splits and
+    the statistics' memory."""
+    scorer_units(cv.scoring, 1)
+    if cv.refine:
+        raise ValueError(
+            "refine=True scores λ with the exact solvers; solver='nystrom' does not "
+            "refine: use refine=None or False (its grid runs on all rows unless subsample=)"
+        )
+    m = n_centres(cv, n)
+    fold_index(n, splits)
+    check_statistics_memory(m, len(splits))
+
+
+def fold_statistics(
+    X: Any,
+    Y: np.ndarray,
+    kernel: Any,
+    C: np.ndarray,
+    fold: np.ndarray,
+    n_folds: int,
+    *,
+    sample_weight: np.ndarray | None = None,
+    block_size: int = BLOCK_ROWS,
+    n_threads: int | None = None,
+) -> dict[str, np.ndarray]:
+    """One pass over the row blocks of X: per fold f, then for all rows (index
+    ``n_folds``), S (M x M), r (M x t), q (t), s (t) and W (see the module notes).
+
+    The sums run block by block in row order, each fold's in its own accumulator
+    (float64); the totals are the rows of no fold plus each fold's, in fold order."""
+    rows = _Rows(X, block_size)
+    M, t = C.shape[0], Y.shape[1]
+    F = n_folds
+    S = np.zeros((F + 1, M, M))
+    r = np.zeros((F + 1, M, t))
+    q = np.zeros((F + 1, t))
+    s = np.zeros((F + 1, t))
+    W = np.zeros(F + 1)
+    G = np.empty((rows.block, M))
+    for start, xb in rows:
+        if not np.all(np.isfinite(xb)):
+            raise ValueError("X contains NaN or infinite values; clean or impute them first")
+        b = xb.shape[0]
+        Gb = G[:b]
+        kernel_tile(kernel, xb, C, Gb, kernel_dtype="float64", n_threads=n_threads)
+        check_finite_kernel(Gb, "the kernel K(X, C) of the Nyström centres")
+        fb = fold[start : start + b]
+        yb = Y[start : start + b]
+        wb = np.ones(b) if sample_weight is None else sample_weight[start : start + b]
+        for f in np.unique(fb):
+            sel = np.flatnonzero(fb == f)
+            k = F if f < 0 else int(f)
+            g, w, y = Gb[sel], wb[sel], yb[sel]
+            gw = g * np.sqrt(w)[:, None]
+            S[k] += gw.T @ gw
+            r[k] += g.T @ (y * w[:, None])
+            q[k] += (w[:, None] * y * y).sum(axis=0)
+            s[k] += (w[:, None] * y).sum(axis=0)
+            W[k] += w.sum()
+    for f in range(F):
+        S[F] += S[f]
+        r[F] += r[f]
+        q[F] += q[f]
+        s[F] += s[f]
+        W[F] += W[f]
+    return {"S": S, "r": r, "q": q, "s": s, "W": W}
+
+
+class _FoldSystem:
+    """The preconditioned M x M system of one (fold, λ): the attributes that
+    :meth:`NystromNormalOperator.solve_direct` and :meth:`~NystromNormalOperator.coef`
+    read (``K_MM``, ``shift``, ``n_eff``, ``pre``, ``n``), so the one direct solve of the
+    Nyström solver serves each fold without a pass over X.
+
+    FALKON's ``B = T⁻¹ A⁻¹`` per (fold, λ): T (``chol(K_MM + ε I)``, from K_MM alone) is
+    the setting's ``base`` preconditioner's, factored once; only
+    ``A = chol(T Tᵀ / M + λ' I)`` is factored here, by the same formula as
+    :class:`FalkonPreconditioner` (so the same bits as building it anew)."""
+
+    solve_direct = NystromNormalOperator.solve_direct
+    coef = NystromNormalOperator.coef
+
+    def __init__(self, K_MM: np.ndarray, shift: float, n_eff: float,
+                 base: FalkonPreconditioner) -> None:  # fmt: skip
+        self.K_MM = K_MM
+        self.shift = float(shift)
+        self.n_eff = float(n_eff)
+        self.n = K_MM.shape[0]
+        self.pre = copy.copy(base)
+        S = base.T @ base.T.T / self.n
+        S[np.diag_indices(self.n)] += self.shift / self.n_eff
+        self.pre.A = scipy.linalg.cholesky(S, lower=False)
+        self.n_products = 0
+
+
+def fold_coefficients(
+    st: dict[str, np.ndarray], K_MM: np.ndarray, f: int, shift: float,
+    base: FalkonPreconditioner | None = None,
+) -> tuple[np.ndarray, float]:  # fmt: skip
+    """β (M x t) of fold f's training rows at ``shift``, and the preconditioned system's
+    largest relative residual (``base``: the setting's preconditioner, for its T)."""
+    F = st["W"].shape[0] - 1
+    normal = st["S"][F] - st["S"][f]
+    base = FalkonPreconditioner(K_MM, 1.0) if base is None else base
+    sysm = _FoldSystem(K_MM, shift, st["W"][F] - st["W"][f], base)
+    b = sysm.pre.apply_t((st["r"][F] - st["r"][f]) / sysm.n_eff)
+    g, res = sysm.solve_direct(normal, b)
+    return sysm.coef(g), float(np.max(res))
+
+
+def held_out(st: dict[str, np.ndarray], f: int, beta: np.ndarray) -> np.ndarray:
+    """``[rss (t), W_f, q_f (t), s_f (t)]`` of fold f's test rows under β."""
+    S, r, q = st["S"][f], st["r"][f], st["q"][f]
+    rss = q - 2.0 * np.sum(beta * r, axis=0) + np.sum(beta * (S @ beta), axis=0)
+    rss = np.maximum(rss, 0.0)
+    return np.concatenate([rss, [st["W"][f]], q, st["s"][f]])
+
+
+def scores_from_statistics(v: np.ndarray, scoring: Any, scale: Any = 1.0) -> float:
+    """The score of one held-out vector ``[rss (t), W, q (t), s (t)]`` (several folds
+    pooled by summing their vectors): scikit-learn's weighted scorer, its targets
+    averaged with equal weights (``multioutput="uniform_average"``); ``scale``: the
+    residuals' scale per column (:func:`scorer_units`; R² does not change)."""
+    t = (v.size - 1) // 3
+    rss, W, q, s = v[:t], v[t], v[t + 1 : 2 * t + 1], v[2 * t + 1 :]
+    if scoring != "r2" and scoring is not None:
+        rss = rss * np.asarray(scale, dtype=np.float64) ** 2
+    if scoring == "neg_mean_squared_error":
+        return float(-np.mean(rss / W))
+    if scoring == "neg_root_mean_squared_error":
+        return float(-np.mean(np.sqrt(rss / W)))
+    # R² (None and "r2"): 1 - rss / Σ w (y - ȳ_w)², scikit-learn's force_finite cases
+    den = q - s * s / W
+    zero = den <= 8 * np.finfo(np.float64).eps * np.abs(q)
+    r2 = np.where(zero, np.where(rss == 0, 1.0, 0.0), 1.0 - rss / np.where(zero, 1.0, den))
+    return float(np.mean(r2))
+
+
+def nystrom_scores(
+    results: list[dict], candidates: list, settings: list[dict], splits: list, kind: str,
+    scoring: Any,
+) -> np.ndarray:  # fmt: skip
+    """``scores[c, f]`` from the strategy's held-out vectors (LOO: one pooled column)."""
+    n_scored = 1 if kind == "loo" else len(splits)
+    scores = np.empty((len(candidates), n_scored))
+    first = next(iter(results[0].values()))[0]
+    name, scale = scorer_units(scoring, (np.asarray(first).size - 1) // 3)
+    for ci, c in enumerate(candidates):
+        vs = results[settings.index(c.kernel_params)][c["alpha"]]
+        if kind == "loo":
+            scores[ci, 0] = scores_from_statistics(np.sum(np.stack(vs), axis=0), name, scale)
+        else:
+            for f in range(n_scored):
+                scores[ci, f] = scores_from_statistics(np.asarray(vs[f]), name, scale)
+    return scores
+
+
+def setting_statistics(
+    X: Any, y2: np.ndarray, kern: Any, splits: list, alphas: list[float], shift_of: Any,
+    *, m: int, centers: str, random_state: int, sample_weight: np.ndarray | None = None,
+    stats: Any = None,
+) -> list[list[np.ndarray]]:  # fmt: skip
+    """``out[l][f]``: the held-out vector of ``alphas[l]`` on fold f for one kernel
+    setting (``shift_of(alpha, n_train)`` is the search's diagonal shift)."""
+    t0 = time.perf_counter()
+    n = X.shape[0]
+    fold = fold_index(n, splits)
+    idx = nystrom_centres(X, kern, m, centers=centers, random_state=random_state)
+    C = np.ascontiguousarray(np.asarray(X)[idx], dtype=np.float64)
+    K_MM = np.empty((m, m))
+    kernel_tile(kern, C, None, K_MM, kernel_dtype="float64")
+    check_finite_kernel(K_MM, "the kernel K(C, C) of the Nyström centres")
+    w = None if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
+    st = fold_statistics(X, y2, kern, C, fold, len(splits), sample_weight=w)
+    t1 = time.perf_counter()
+    out: list[list[np.ndarray]] = [[None] * len(splits) for _ in alphas]  # type: ignore[list-item]
+    worst = 0.0
+    base = FalkonPreconditioner(K_MM, 1.0)  # its T serves every (fold, λ)
+    for f, (tr, _) in enumerate(splits):
+        for li, a in enumerate(alphas):
+            beta, res = fold_coefficients(st, K_MM, f, shift_of(a, len(tr)), base)
+            worst = max(worst, res)
+            out[li][f] = held_out(st, f, beta)
+    if stats is not None:
+        stats["kernel_matrices"] += 1
+        stats["factorizations"] += len(splits) * len(alphas)
+        stats["fold_fits_equivalent"] += len(splits) * len(alphas)
+        sec = stats["seconds"]
+        sec["statistics"] = sec.get("statistics", 0) + round(t1 - t0, 4)
+        sec["solves"] = sec.get("solves", 0) + round(time.perf_counter() - t1, 4)
+    log.info(
+        "Nyström CV: M=%d centres, %d folds x %d λ from one pass (%.2f s) and %d M x M "
+        "solves (%.2f s, largest relative residual %.1e)", m, len(splits), len(alphas),
+        t1 - t0, len(splits) * len(alphas), time.perf_counter() - t1, worst,
+    )  # fmt: skip
+    return out
+
+
+class NystromStrategy:
+    """The runner's strategy of ``solver="nystrom"``: per kernel setting, the held-out
+    vectors (in place of predictions; :func:`nystrom_scores` scores them)."""
+
+    threads = False
+    all_settings = False
+
+    def __init__(self, cv: Any, *, solver: str | None = None, settings: Any = None,
+                 screen: Any = None) -> None:  # fmt: skip
+        self.cv, self.solver, self.settings = cv, solver, settings
+
+    def predictions(self, si, X, y2, kern, splits, kind, alphas_s, stats):
+        cv = self.cv
+        return setting_statistics(
+            X, y2, kern, splits, alphas_s, cv._shift, m=n_centres(cv, X.shape[0]),
+            centers=cv.centers, random_state=seed(cv), stats=stats,
+        )  # fmt: skip

@@ -1,0 +1,222 @@
+"""KernelRidgeCV(solver="nystrom"): scores from one pass of sufficient statistics equal a
+brute-force nystrom_solve per fold with the same centres."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+from sklearn.metrics import mean_squared_error, r2_score
+from sklearn.model_selection import KFold
+
+from pipeline.engine.dense import kernel_matrix
+from pipeline.linalg.nystrom_solve import nystrom_centres, nystrom_solve
+from pipeline.models.estimator import KernelRidge
+from pipeline.models.selection import KernelRidgeCV, nystrom_cv
+from pipeline.models.selection.grid import resolve_kernel
+
+M = 60
+ALPHAS = [3e-3, 3e-2, 3e-1, 3.0]
+GAMMAS = [0.5, 2.0]
+
+
+def data(n=500, t=1, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(-2, 2, size=(n, 3))
+    Y = np.stack([np.sin(X[:, 0] * (j + 1)) + 0.3 * X[:, 1] for j in range(t)], axis=1)
+    Y += 0.1 * rng.standard_normal(Y.shape)
+    return X, (Y[:, 0] if t == 1 else Y)
+
+
+def brute_scores(X, y, gamma, splits, alphas, scoring, w=None, seed=0, centres_m=M):
+    """Per (λ, fold): nystrom_solve on the fold's training rows with the search's
+    centres (appended as rows of weight zero), scored by scikit-learn on its test rows."""
+    kern = copy.deepcopy(resolve_kernel("rbf", None, 3, 1)).set_params(gamma=gamma)
+    m = centres_m
+    idx = nystrom_centres(X, kern, m, random_state=seed)
+    C = X[idx]
+    n = X.shape[0]
+    w = np.ones(n) if w is None else w
+    out = np.empty((len(alphas), len(splits)))
+    for f, (tr, te) in enumerate(splits):
+        Xa = np.vstack([X[tr], C])
+        ya = np.concatenate([y[tr], np.zeros((m,) + y.shape[1:])])
+        wa = np.concatenate([w[tr], np.zeros(m)])
+        for li, a in enumerate(alphas):
+            sol = nystrom_solve(
+                Xa, ya, kern, a, n_centers=m, sample_weight=wa,
+                centre_indices=np.arange(len(tr), len(tr) + m), method="direct",
+            )  # fmt: skip
+            p = np.asarray(kernel_matrix(kern, X[te], C)) @ sol.coef
+            if scoring == "neg_mean_squared_error":
+                out[li, f] = -mean_squared_error(y[te], p, sample_weight=w[te])
+            else:
+                out[li, f] = r2_score(y[te], p, sample_weight=w[te])
+    return out
+
+
+@pytest.mark.parametrize(("t", "scoring"), [(1, None), (2, "neg_mean_squared_error"), (2, "r2")])
+def test_scores_equal_brute_force(t, scoring):
+    X, y = data(t=t)
+    cv = KFold(4, shuffle=True, random_state=0)
+    splits = list(cv.split(X))
+    s = KernelRidgeCV(
+        ALPHAS, param_grid={"gamma": GAMMAS}, cv=cv, scoring=scoring, solver="nystrom",
+        n_centers=M, random_state=0,
+    ).fit(X, y)  # fmt: skip
+    assert s.solver_ == "nystrom"
+    got = np.stack([s.cv_results_[f"split{f}_test_score"] for f in range(len(splits))], axis=1)
+    brute = {g: brute_scores(X, y, g, splits, ALPHAS, scoring) for g in GAMMAS}
+    order = [(c["gamma"], c["alpha"]) for c in s.cv_results_["params"]]
+    assert sorted(order) == sorted((g, a) for g in GAMMAS for a in ALPHAS)
+    want = np.stack([brute[g][ALPHAS.index(a)] for g, a in order])
+    np.testing.assert_allclose(got, want, rtol=1e-8)
+    best = int(np.argmax(want.mean(axis=1)))
+    assert s.best_params_ == {"gamma": order[best][0], "alpha": order[best][1]}
+    # the refit: KernelRidge(solver="nystrom") with the best parameters and the same centres
+    ref = KernelRidge(
+        alpha=s.best_alpha_, kernel="rbf", gamma=s.best_params_["gamma"], solver="nystrom",
+        n_centers=M, random_state=0,
+    ).fit(X, y)  # fmt: skip
+    kern = copy.deepcopy(resolve_kernel("rbf", None, 3, 1)).set_params(
+        gamma=s.best_params_["gamma"]
+    )
+    np.testing.assert_array_equal(s.best_estimator_.centers_, nystrom_centres(X, kern, M))
+    np.testing.assert_array_equal(s.best_estimator_.centers_, ref.centers_)
+    np.testing.assert_allclose(s.predict(X[:50]), ref.predict(X[:50]), rtol=1e-12)
+
+
+def test_sample_weights_equal_brute_force():
+    X, y = data(n=400, t=2, seed=1)
+    w = np.random.default_rng(2).uniform(0.2, 3.0, size=X.shape[0])
+    splits = list(KFold(3, shuffle=True, random_state=1).split(X))
+    kern = copy.deepcopy(resolve_kernel("rbf", None, 3, 1)).set_params(gamma=0.5)
+    out = nystrom_cv.setting_statistics(
+        X, y, kern, splits, ALPHAS, lambda a, n: a, m=M, centers="uniform", random_state=0,
+        sample_weight=w,
+    )  # fmt: skip
+    for scoring in ("neg_mean_squared_error", "r2"):
+        got = np.array(
+            [[nystrom_cv.scores_from_statistics(v, scoring) for v in row] for row in out]
+        )
+        want = brute_scores(X, y, 0.5, splits, ALPHAS, scoring, w=w)
+        np.testing.assert_allclose(got, want, rtol=1e-8)
+
+
+def test_bad_scorer_refused():
+    X, y = data(n=200)
+    with pytest.raises(ValueError, match="neg_mean_absolute_error.*solver='nystrom'.*'r2'"):
+        KernelRidgeCV(
+            ALPHAS, solver="nystrom", n_centers=20, scoring="neg_mean_absolute_error"
+        ).fit(X, y)
+
+
+def test_refine_refused_before_any_work(monkeypatch):
+    X, y = data(n=200)
+    monkeypatch.setattr(nystrom_cv, "fold_statistics", None)  # no pass over X may start
+    with pytest.raises(ValueError, match="refine=True.*solver='nystrom' does not refine"):
+        KernelRidgeCV(ALPHAS, solver="nystrom", n_centers=20, refine=True).fit(X, y)
+
+
+def test_memory_refused(monkeypatch):
+    X, y = data(n=200)
+    monkeypatch.setattr(nystrom_cv, "memory_budget", lambda: 1e5)
+    msg = r"\(folds \+ 1\) = 6 M x M float64 matrices with M = n_centers = 50 and 5 folds: 120000 bytes"
+    with pytest.raises(ValueError, match=msg):
+        KernelRidgeCV(ALPHAS, solver="nystrom", n_centers=50).fit(X, y)
+
+
+def test_splits_that_are_not_complements_refused():
+    X, y = data(n=200)
+    splits = [(np.arange(0, 100), np.arange(150, 200))]
+    with pytest.raises(ValueError, match="complement of its test set"):
+        KernelRidgeCV(ALPHAS, solver="nystrom", n_centers=20, cv=splits).fit(X, y)
+
+
+def test_checkpoint_resumes(tmp_path):
+    X, y = data(n=300)
+    kw = dict(param_grid={"gamma": GAMMAS}, solver="nystrom", n_centers=30,
+              checkpoint=tmp_path / "ck")  # fmt: skip
+    a = KernelRidgeCV(ALPHAS, **kw).fit(X, y)
+    b = KernelRidgeCV(ALPHAS, **kw).fit(X, y)
+    assert b.search_stats_["settings_resumed"] == len(GAMMAS)
+    np.testing.assert_array_equal(
+        a.cv_results_["mean_test_score"], b.cv_results_["mean_test_score"]
+    )
+    c = KernelRidgeCV(ALPHAS, **{**kw, "n_centers": 31}).fit(X, y)  # other centres: recomputed
+    assert c.search_stats_.get("settings_resumed", 0) == 0
+
+
+def test_scores_in_the_data_units():
+    """The select stage's scorer of the data's units (y stored standardised): the MSE of
+    the mapped-back targets is scale² times the standardised one, R² unchanged."""
+    from pipeline.stages.select import OriginalUnits
+
+    X, y = data(n=300, t=2)
+    mean, scale = np.array([1.0, -2.0]), np.array([3.0, 0.5])
+    kw = dict(solver="nystrom", n_centers=30, cv=3)
+    plain = KernelRidgeCV(ALPHAS, scoring="neg_mean_squared_error", **kw).fit(X, y)
+    units = KernelRidgeCV(
+        ALPHAS, scoring=OriginalUnits("neg_mean_squared_error", mean, scale), **kw
+    ).fit(X, y)
+    r2 = KernelRidgeCV(ALPHAS, scoring=OriginalUnits(None, mean, scale), **kw).fit(X, y)
+    plain_r2 = KernelRidgeCV(ALPHAS, **kw).fit(X, y)
+    for f in range(3):
+        key = f"split{f}_test_score"
+        np.testing.assert_array_equal(r2.cv_results_[key], plain_r2.cv_results_[key])
+    # per column: -mean_j(scale_j² rss_j / W); check against brute force per column
+    splits = list(KFold(3).split(X))
+    want = np.mean(
+        [scale[j] ** 2 * brute_scores(X, y[:, j], None, splits, ALPHAS,
+                                      "neg_mean_squared_error", centres_m=30)
+         for j in range(2)], axis=0,
+    )  # fmt: skip
+    got = np.stack([units.cv_results_[f"split{f}_test_score"] for f in range(3)], axis=1)
+    np.testing.assert_allclose(got, want, rtol=1e-8)
+    assert not np.allclose(got, plain.cv_results_["split0_test_score"][:, None])
+
+
+def test_config_section_keeps_its_fingerprint_unless_nystrom_knobs_are_set():
+    from pipeline.stages.config import CvConfig
+
+    dump = CvConfig(alphas=[0.1]).stage_dump()
+    assert "n_centers" not in dump and "centers" not in dump
+    dump = CvConfig(alphas=[0.1], solver="nystrom", n_centers=30, centers="rpcholesky")
+    assert dump.stage_dump()["n_centers"] == 30
+    assert dump.stage_dump()["centers"] == "rpcholesky"
+
+
+def test_select_stage_runs_the_nystrom_search(tmp_path):
+    """``cv.solver: nystrom`` in a run config: the select stage searches with it (y stored
+    standardised: scored in the data's units) and its choice is KernelRidgeCV's."""
+    from pipeline.stages import default_stages, run_stages
+    from pipeline.stages.config import load_config
+    from pipeline.stages.ingest import open_rows
+
+    run_cfg = {
+        "data": {"source": "sklearn", "name": "diabetes"},
+        "split": {"test_fraction": 0.25},
+        "preprocess": {"standardize_y": True},
+        "kernel": {"name": "rbf", "params": {"gamma": 0.5}},
+        "lambda": 0.5,
+        "solver": {"method": "cholesky"},
+        "block_size": 128,
+        "evaluate": {"baseline": "none"},
+        "cv": {"alphas": [0.03, 0.3, 3.0], "param_grid": {"gamma": [0.01, 0.1]}, "folds": 3,
+               "solver": "nystrom", "n_centers": 40, "scoring": "neg_mean_squared_error"},
+    }  # fmt: skip
+    cfg = load_config(run_cfg, [])
+    rep = run_stages(tmp_path / "run", default_stages(), cfg.stage_params(),
+                     identity=cfg.identity())  # fmt: skip
+    sel = rep.outputs["select"]
+    ing = rep.outputs["ingest"]
+    X = np.asarray(open_rows(ing, "X_train").compute())
+    y = np.asarray(open_rows(ing, "y_train").compute()).ravel()
+    s = KernelRidgeCV(
+        [0.03, 0.3, 3.0], param_grid={"gamma": [0.01, 0.1]}, cv=3, solver="nystrom",
+        n_centers=40, scoring="neg_mean_squared_error", random_state=0, refit=False,
+    ).fit(X, y)  # fmt: skip
+    assert sel["best_params"] == pytest.approx(s.best_params_)
+    scale = ing["y_scaler"]["scale"][0]
+    assert sel["best_score"] == pytest.approx(s.best_score_ * scale**2, rel=1e-10)
