@@ -61,6 +61,7 @@ from pipeline.engine.evaluators import (
     _log_generic,
     _refuse_f32,
     _symmetrize,
+    check_poly_float32,
 )
 from pipeline.kernels import RBF, Kernel, Laplacian, Linear, Matern, Polynomial, make_kernel
 from pipeline.kernels.basic import inverse_length_scales
@@ -226,17 +227,11 @@ class _Prep:
                 self.degree = float(kernel.degree)
                 A = xp.concat([x * g, xp.full((int(x.shape[0]), 1), c, dtype=xp.float64)], axis=1)
                 B = xp.concat([y, xp.ones((int(y.shape[0]), 1), dtype=xp.float64)], axis=1)
-                base = g * nxm * nym + abs(c)
-                log_bound = self.degree * math.log(base) if base > 0 else -math.inf
-                bound = max(math.exp(min(log_bound, 700.0)), base)
-                over = log_bound > math.log(F32_LIMIT) or base > F32_LIMIT
             else:
                 self.degree = 1.0
                 A, B = x, y
-                bound = nxm * nym
-                over = not bound <= F32_LIMIT
-            if kd == "float32" and over:
-                _refuse_f32(kernel, bound)
+            if kd == "float32":
+                check_poly_float32(kernel, nxm, nym, d)
         if kd == "float32":
             same = B is A
             A = xp.astype(A, self.xdt)

@@ -333,6 +333,26 @@ def _power(E: np.ndarray, degree: float, T: np.ndarray) -> None:
     np.power(E, d, out=E)
 
 
+def check_poly_float32(kernel: Kernel, nx: float, ny: float, d: int) -> None:
+    """Refuse float32 values for a linear or polynomial kernel whose entries, bounded by
+    the rows' largest norms ``nx`` and ``ny``, can pass :data:`F32_LIMIT` (the one rule,
+    for the host evaluators and :mod:`pipeline.engine.device`)."""
+    if isinstance(kernel, Polynomial):
+        g = 1.0 / d if kernel.gamma is None else float(kernel.gamma)
+        c = float(kernel.coef0)
+        base = g * nx * ny + abs(c)
+        log_bound = float(kernel.degree) * math.log(base) if base > 0 else -math.inf
+        # the GEMM's base itself must fit too: with 0 < degree < 1 the value can fit
+        # in float32 while base overflows it (inf ** 0.5 is inf)
+        bound = max(math.exp(min(log_bound, 700.0)), base)
+        over = log_bound > math.log(F32_LIMIT) or base > F32_LIMIT
+    else:
+        bound = nx * ny
+        over = not bound <= F32_LIMIT
+    if over:
+        _refuse_f32(kernel, bound)
+
+
 class _GemmPoly(BlockEvaluator):
     """(A_r · B_cᵀ)^degree: linear (degree 1, no augmentation) and polynomial kernels."""
 
@@ -353,19 +373,11 @@ class _GemmPoly(BlockEvaluator):
             B = np.empty((y.shape[0], d + 1))
             B[:, :d] = y
             B[:, d] = 1.0
-            base = g * nx * ny + abs(c)
-            log_bound = self.degree * math.log(base) if base > 0 else -math.inf
-            # the GEMM's base itself must fit too: with 0 < degree < 1 the value can fit
-            # in float32 while base overflows it (inf ** 0.5 is inf)
-            bound = max(math.exp(min(log_bound, 700.0)), base)
-            over = log_bound > math.log(F32_LIMIT) or base > F32_LIMIT
         else:
             self.degree = 1.0
             A, B = x, y
-            bound = nx * ny
-            over = not bound <= F32_LIMIT
-        if kd == np.float32 and over:
-            _refuse_f32(kernel, bound)
+        if kd == np.float32:
+            check_poly_float32(kernel, nx, ny, x.shape[1])
         self.needs_scratch = self.degree not in (0.0, 1.0, 2.0)
         self.A = _cast(kernel, A, kd)
         self.B = self.A if B is A else _cast(kernel, B, kd)

@@ -63,6 +63,27 @@ def check_shift(shift: float) -> float:
     return value
 
 
+def _rows_in_memory(X: Any) -> np.ndarray:
+    """X as a finite, non-empty 2-D host array (a Dask array is computed once)."""
+    if hasattr(X, "compute") and not isinstance(X, np.ndarray):
+        X = X.compute()
+    X = np.asarray(X)
+    if X.ndim != 2 or X.shape[0] < 1:
+        raise ValueError(f"X must be a non-empty 2-D array (n_samples, n_features), got {X.shape}")
+    if not np.all(np.isfinite(X)):
+        raise ValueError("X contains NaN or infinite values; clean or impute them first")
+    return X
+
+
+def _kernel_dtype(kernel_dtype: Any, X: np.ndarray) -> str:
+    """The products' kernel dtype: as given, else float32 iff X is float32."""
+    if kernel_dtype is None:
+        kernel_dtype = "float32" if X.dtype == np.float32 else "float64"
+    if str(kernel_dtype) not in ("float64", "float32"):
+        raise ValueError(f"kernel_dtype must be 'float64' or 'float32', got {kernel_dtype!r}")
+    return str(kernel_dtype)
+
+
 class KernelOperator:
     """Interface of a symmetric positive definite operator ``A = K + shift·I``.
 
@@ -253,15 +274,7 @@ class MatrixFreeKernelOperator(KernelOperator):
         kernel_dtype: str | None = None,
         n_threads: int | None = None,
     ) -> None:
-        if hasattr(X, "compute") and not isinstance(X, np.ndarray):
-            X = X.compute()
-        X = np.asarray(X)
-        if X.ndim != 2 or X.shape[0] < 1:
-            raise ValueError(
-                f"X must be a non-empty 2-D array (n_samples, n_features), got {X.shape}"
-            )
-        if not np.all(np.isfinite(X)):
-            raise ValueError("X contains NaN or infinite values; clean or impute them first")
+        X = _rows_in_memory(X)
         if int(block_size) < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size!r}")
         self.X = X
@@ -270,10 +283,7 @@ class MatrixFreeKernelOperator(KernelOperator):
         self.shift = check_shift(shift)
         self.grid = TileGrid(self.n, self.n, int(block_size))
         self.progress = progress
-        if kernel_dtype is None:
-            kernel_dtype = "float32" if X.dtype == np.float32 else "float64"
-        if str(kernel_dtype) not in ("float64", "float32"):
-            raise ValueError(f"kernel_dtype must be 'float64' or 'float32', got {kernel_dtype!r}")
+        kernel_dtype = _kernel_dtype(kernel_dtype, X)
         self.kernel_dtype = str(kernel_dtype)
         if n_threads is not None and int(n_threads) < 1:
             raise ValueError(f"n_threads must be >= 1 or None, got {n_threads!r}")
@@ -405,19 +415,8 @@ class DeviceKernelOperator(KernelOperator):
         kernel_dtype: str | None = None,
         block_rows: int | None = None,
     ) -> None:
-        if hasattr(X, "compute") and not isinstance(X, np.ndarray):
-            X = X.compute()
-        X = np.asarray(X)
-        if X.ndim != 2 or X.shape[0] < 1:
-            raise ValueError(
-                f"X must be a non-empty 2-D array (n_samples, n_features), got {X.shape}"
-            )
-        if not np.all(np.isfinite(X)):
-            raise ValueError("X contains NaN or infinite values; clean or impute them first")
-        if kernel_dtype is None:
-            kernel_dtype = "float32" if X.dtype == np.float32 else "float64"
-        if str(kernel_dtype) not in ("float64", "float32"):
-            raise ValueError(f"kernel_dtype must be 'float64' or 'float32', got {kernel_dtype!r}")
+        X = _rows_in_memory(X)
+        kernel_dtype = _kernel_dtype(kernel_dtype, X)
         self.X = X
         self.kernel = make_kernel(kernel)
         self.n = int(X.shape[0])

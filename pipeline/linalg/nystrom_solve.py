@@ -661,9 +661,12 @@ def nystrom_solve(
     if method == "direct":
         t1 = time.perf_counter()
         g, rel, start_block, n_blocks = _direct_pass(op, Y, store, checkpoint_every)
+        # the factorisation's residual is checked against tol as CG's is: a least-squares
+        # fallback on a singular system that misses it is reported unconverged, never as solved
+        ok = np.asarray(rel) <= float(np.max(tol))
         res = CGResult(
-            g, True, 0, 0, 1, rel, rel[None, :], tol, 0, time.perf_counter() - t1,
-            column_converged=np.ones(rel.shape, dtype=bool), column_reason=[None] * rel.size,
+            g, bool(ok.all()), 0, 0, 1, rel, rel[None, :], tol, 0, time.perf_counter() - t1,
+            column_converged=ok, column_reason=[None if o else "residual" for o in ok],
         )  # fmt: skip
     elif store is None:
         b = op.rhs(Y)

@@ -335,3 +335,21 @@ def test_a_corrupt_direct_pass_slot_is_not_resumed(data, tmp_path, monkeypatch, 
     assert not sol.info["resumed"] and sol.info["start_block"] == 0
     whole = nystrom_solve(X, Y, "rbf", LAM, **DIRECT, sample_weight=w)
     np.testing.assert_array_equal(sol.coef, whole.coef)
+
+
+def test_direct_method_reports_a_residual_past_tol_as_unconverged(data, monkeypatch):
+    # a singular preconditioned system falls back to least squares; a residual past tol must
+    # be reported as such (a run then fails), never as solved
+    from pipeline.linalg import nystrom_solve as ns
+
+    X, Y, _ = data
+    real = ns.NystromNormalOperator.solve_direct
+
+    def loose(self, normal, b):
+        g, rel = real(self, normal, b)
+        return g, rel + 1e-3
+
+    monkeypatch.setattr(ns.NystromNormalOperator, "solve_direct", loose)
+    sol = nystrom_solve(X, Y, "rbf", LAM, n_centers=M, method="direct", tol=1e-6)
+    assert not sol.cg.converged and sol.info["converged"] is False
+    assert list(sol.cg.column_converged) == [False, False]
