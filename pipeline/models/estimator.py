@@ -451,18 +451,7 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         kernels that are not :class:`~pipeline.kernels.Kernel` objects, per-target
         alphas that differ, and alpha <= 0.
         """
-        if kernel is None:
-            raise ValueError(
-                f"solver={self.solver!r} needs a named kernel, a Kernel object or a spec, "
-                f"got kernel={self.kernel!r}; callables and 'precomputed' are in-memory only "
-                "(use solver='dense')"
-            )
-        alphas = np.atleast_1d(np.asarray(self.alpha, dtype=np.float64))
-        if np.unique(alphas).size != 1:
-            raise ValueError(
-                f"solver={self.solver!r} takes one alpha for every target, got {self.alpha!r}"
-            )
-        lam = float(alphas[0])
+        lam = self._one_alpha(kernel)
         convention = self.alpha_convention
         if not np.isfinite(lam) or lam <= 0:
             raise ValueError(
@@ -528,21 +517,28 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         self._set_model()
         return self
 
-    def _check_nystrom(self, kernel: Any) -> None:
-        """``solver="nystrom"``'s refusals, before any work: a kernel with a spec, one
-        alpha, alpha > 0."""
+    def _one_alpha(self, kernel: Any) -> float:
+        """The refusals every solver past the in-memory one shares, before any work: a
+        kernel with a spec (no callable, no 'precomputed') and one alpha for every
+        target, which it returns."""
         if kernel is None:
             raise ValueError(
-                f"solver='nystrom' needs a named kernel, a Kernel object or a spec, got "
-                f"kernel={self.kernel!r}; callables and 'precomputed' are in-memory only "
+                f"solver={self.solver!r} needs a named kernel, a Kernel object or a spec, "
+                f"got kernel={self.kernel!r}; callables and 'precomputed' are in-memory only "
                 "(use solver='dense')"
             )
         alphas = np.atleast_1d(np.asarray(self.alpha, dtype=np.float64))
         if np.unique(alphas).size != 1:
             raise ValueError(
-                f"solver='nystrom' takes one alpha for every target, got {self.alpha!r}"
+                f"solver={self.solver!r} takes one alpha for every target, got {self.alpha!r}"
             )
-        if not np.isfinite(alphas[0]) or alphas[0] <= 0:
+        return float(alphas[0])
+
+    def _check_nystrom(self, kernel: Any) -> None:
+        """``solver="nystrom"``'s refusals, before any work: those of :meth:`_one_alpha`,
+        and alpha > 0."""
+        lam = self._one_alpha(kernel)
+        if not np.isfinite(lam) or lam <= 0:
             raise ValueError(
                 f"solver='nystrom' needs alpha > 0, got {self.alpha!r}; use a positive alpha"
             )

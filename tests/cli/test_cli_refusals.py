@@ -235,5 +235,6 @@ def test_a_key_given_twice_in_a_config_file_is_refused(tmp_path):
 def test_memory_limits_the_local_cluster_takes_are_valid(limit):
     from pipeline.stages.config import load_config
 
-    load_config({"data": {"source": "sklearn", "name": "diabetes"}},
-                [f"cluster.memory_limit={limit}"])  # fmt: skip
+    cfg = load_config({"data": {"source": "sklearn", "name": "diabetes"}},
+                      [f"cluster.memory_limit={limit}"])  # fmt: skip
+    assert str(cfg.cluster.memory_limit) == limit  # accepted and kept as given
