@@ -526,6 +526,55 @@ def _assemble(shape: tuple[int, int], places: list, *parts: tuple) -> np.ndarray
     return out
 
 
+def _take_rows(n: int, sels: list[np.ndarray], locs: list[np.ndarray], *blocks: Any) -> np.ndarray:
+    """The rows ``locs[b]`` of each block b, placed at positions ``sels[b]`` of ``n`` rows."""
+    first = np.asarray(blocks[0])
+    out = np.empty((n, *first.shape[1:]), dtype=first.dtype)
+    for sel, loc, blk in zip(sels, locs, blocks, strict=True):
+        out[sel] = np.asarray(blk)[loc]
+    return out
+
+
+def _row_piece(i: int, j: int, source: Any, xi: Any, loc: np.ndarray, xc: np.ndarray) -> np.ndarray:
+    return source.piece(np.asarray(xi)[loc], xc)
+
+
+def _place_rows(shape: tuple[int, int], sels: list[np.ndarray], *parts: np.ndarray) -> np.ndarray:
+    out = np.empty(shape, dtype=np.float64)
+    for sel, part in zip(sels, parts, strict=True):
+        out[sel] = part
+    return out
+
+
+def _gather_by_rows(source, starts, rows, cols, rsel, csel, xk, dsk, deps, X, progress):
+    """``K[rows][:, cols]`` from the inputs: the column points gathered once, then one
+    task per row block against them (a kernel source needs no symmetric tiles: a
+    column request is a row-block pass, not one task per lower tile)."""
+    tok = uuid.uuid4().hex[:12]
+    sk, ck = f"gather-source-{tok}", f"gather-columns-{tok}"
+    dsk[sk] = source
+    cblocks = sorted(csel)
+    dsk[ck] = (
+        _take_rows, int(cols.size), [csel[c] for c in cblocks],
+        [cols[csel[c]] - starts[c] for c in cblocks], *(xk[c] for c in cblocks),
+    )  # fmt: skip
+    rblocks = sorted(rsel)
+    tiles = [(r, 0) for r in rblocks]
+    entries = {r: (sk, xk[r], rows[rsel[r]] - starts[r], ck) for r in rblocks}
+    shape = (rows.size, cols.size)
+    sels = [rsel[r] for r in rblocks]
+
+    def final(*parts):
+        return _place_rows(shape, sels, *parts)
+
+    dsk, _, fkey, deps = tile_pass(
+        "gather", tiles, _row_piece, lambda i, j: entries[i], final=final,
+        dsk=dsk, deps=deps, token=tok,
+    )  # fmt: skip
+    area = weigh(float(rows.size) * cols.size, X)
+    return execute(dsk, fkey, deps, progress=progress, desc="kernel columns", entries=area)
+
+
 def gather(
     source: Any,
     chunks: Sequence[int],
@@ -535,14 +584,17 @@ def gather(
     *,
     progress: bool = False,
 ) -> np.ndarray:
-    """``K[rows][:, cols]`` of a symmetric K from its lower tiles, each needed tile
-    produced once (the pieces of both ``(i, c)`` and its transpose ``(c, i)``)."""
+    """``K[rows][:, cols]`` of a symmetric K: from a kernel source, one task per row
+    block against the gathered column points; from a stored Gram, from its lower tiles,
+    each needed tile read once (the pieces of both ``(i, c)`` and its transpose)."""
     starts = np.concatenate([[0], np.cumsum(chunks)]).astype(np.int64)
     rb = np.searchsorted(starts, rows, side="right") - 1
     cb = np.searchsorted(starts, cols, side="right") - 1
     rsel = {int(r): np.flatnonzero(rb == r) for r in np.unique(rb)}
     csel = {int(c): np.flatnonzero(cb == c) for c in np.unique(cb)}
     xk, _, dsk, deps = _inputs(source, X, None, chunks)
+    if rows.size and cols.size and isinstance(source, KernelSource):
+        return _gather_by_rows(source, starts, rows, cols, rsel, csel, xk, dsk, deps, X, progress)
     tok = uuid.uuid4().hex[:12]
     sk = f"gather-source-{tok}"
     dsk[sk] = source

@@ -112,11 +112,11 @@ class KernelSource:
     def pieces(self, i, j, xi, xj, rows_i, cols_j, rows_j, cols_i):
         """``K_ij[rows_i][:, cols_j]`` and ``K_ji[rows_j][:, cols_i]`` (None: skip)."""
         xi, xj = np.asarray(xi), np.asarray(xj)
-        a = None if rows_i is None else self._piece(xi[rows_i], xj[cols_j])
-        b = None if rows_j is None else self._piece(xj[rows_j], xi[cols_i])
+        a = None if rows_i is None else self.piece(xi[rows_i], xj[cols_j])
+        b = None if rows_j is None else self.piece(xj[rows_j], xi[cols_i])
         return a, b
 
-    def _piece(self, xr: np.ndarray, xc: np.ndarray) -> np.ndarray:
+    def piece(self, xr: np.ndarray, xc: np.ndarray) -> np.ndarray:
         """``K(xr, xc)`` in float64: fused in float64 (the kernel object for kernels
         the evaluators do not know)."""
         if not is_fused(self.kernel):
