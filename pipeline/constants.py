@@ -27,8 +27,27 @@ DEFAULT_N_CENTERS = 1000
 DEFAULT_TOL = 1e-6
 #: CG iteration cap (a solve that needs more is reported unconverged, never silently used)
 DEFAULT_MAX_ITER = 1000
-#: CG preconditioner
-DEFAULT_PRECONDITIONER = "nystrom"
+#: CG preconditioner: RPCholesky Nyström whose rank grows until ‖K - F Fᵀ‖ <= 5 μ
+#: (CG then needs a handful of iterations whatever λ; "nystrom" is the fixed rank
+#: DEFAULT_RANK). Measured, diamonds N = 40,000, λ = 1e-2: rank 500 needs 63 iterations
+#: (292.7 s), adaptive 4 (67.8 s; docs/PERFORMANCE.md#the-solver-policy-against-measured-times)
+DEFAULT_PRECONDITIONER = "adaptive"
+#: the adaptive preconditioner stops growing when its estimated ‖K - F Fᵀ‖₂ is at most
+#: this multiple of the shift (κ <= 1 + factor)
+ADAPTIVE_FACTOR = 5.0
+#: its rank cap when ``rank`` is not set: max(ADAPTIVE_RANK_FLOOR, ADAPTIVE_RANK_SCALE ·
+#: N^(2/3)) (:func:`adaptive_rank_cap`): the build costs ~N r² flops against ~N² kernel
+#: entries per CG product, so a rank worth its build grows slower than N (diamonds N =
+#: 40,000, λ = 1e-2: rank 3,594 reached the target; the cap is 4,679)
+ADAPTIVE_RANK_FLOOR = 256
+ADAPTIVE_RANK_SCALE = 4.0
+#: and the bytes its float32 factor may take: at most this, and at most
+#: ADAPTIVE_MEMORY_FRACTION of the memory free (the cap scales with N up to these)
+ADAPTIVE_MEMORY_BUDGET = 2 << 30
+ADAPTIVE_MEMORY_FRACTION = 0.25
+#: the rank at which the plan measures ρ on a subsample to predict the adaptive factor's
+#: rank and residual (a subsample of SPECTRUM_MAX_ROWS rows resolves it)
+ADAPTIVE_PROBE_RANK = 1000
 #: CG checkpoint interval (iterations) of the resumable solve
 DEFAULT_CHECKPOINT_EVERY = 10
 #: precision of the stored Cholesky factor and of the Gram
@@ -414,3 +433,14 @@ FACTOR_FLOAT32_SAMPLE_ROWS = 1000
 #: definiteness. A wrong float32 choice costs time, not the answer (execute redoes a
 #: failed one in float64) (measured: docs/PERFORMANCE.md#a-float32-factor-refined-to-float64-item-2)
 FACTOR_FLOAT32_MAX_RISK = 1.0
+
+
+def adaptive_rank_cap(
+    n: int, *, scale: float = ADAPTIVE_RANK_SCALE, floor: int = ADAPTIVE_RANK_FLOOR
+) -> int:
+    """The adaptive preconditioner's rank cap for N = ``n`` rows when no rank is named:
+    ``min(n, max(floor, scale · n^(2/3)))`` (the fit's scale is
+    :data:`ADAPTIVE_RANK_SCALE`; the CV search's, with r³ fold eigendecompositions,
+    :data:`CV_RANK_SCALE` and :data:`CV_RANK_FLOOR`)."""
+    n = int(n)
+    return int(min(n, max(float(floor), scale * n ** (2.0 / 3.0))))

@@ -257,7 +257,12 @@ class SolverOptions:
     preconditioner: str = _knob(
         C.DEFAULT_PRECONDITIONER, "CG's preconditioner", choices=PRECONDITIONERS
     )
-    rank: int = _knob(C.DEFAULT_RANK, "rank of the Nyström preconditioner", ge=1, unset=True)
+    #: None: :data:`~pipeline.constants.DEFAULT_RANK` for "nystrom"; for "adaptive" the cap
+    #: that scales with N (:func:`pipeline.constants.adaptive_rank_cap`, and memory)
+    rank: int | None = _knob(
+        None, "rank of the Nyström preconditioner (a cap for adaptive; null: chosen)", ge=1,
+        unset=True,
+    )  # fmt: skip
     #: the estimators take scikit-learn's ``random_state`` (an int, a ``RandomState`` or
     #: None: :func:`pipeline.validation.check_random_seed`) and pass the seed it gives;
     #: ``krr run`` always seeds 0
@@ -481,7 +486,9 @@ def solver_options(choices: Mapping[str, Any] | SolverOptions | None = None) -> 
             f"factor_dtype={opts.factor_dtype!r} is not valid; choose one of {FACTOR_DTYPES}"
         )
     typed = {
-        **{name: int(getattr(opts, name)) for name in _INT_KNOBS},
+        **{
+            name: int(getattr(opts, name)) for name in _INT_KNOBS if getattr(opts, name) is not None
+        },
         **{name: bool(getattr(opts, name)) for name in _BOOL_KNOBS},
     }
     return replace(opts, matvec=matvec, tol=float(opts.tol), **typed)

@@ -66,6 +66,7 @@ import numpy as np
 import scipy.linalg
 import scipy.sparse.linalg
 
+import pipeline.constants as C
 from pipeline.constants import FACTOR_ROW_STEP
 from pipeline.engine import available_cores
 from pipeline.engine.backend import Backend
@@ -550,7 +551,7 @@ def _uniform_centres(
 # -- adaptive rank ----------------------------------------------------------------------
 #: stop growing when the estimated ‖K - F Fᵀ‖ is at most this multiple of the shift
 #: (κ ≤ 1 + factor; measured: docs/PERFORMANCE.md#the-solver-policy-against-measured-times)
-DEFAULT_FACTOR = 5.0
+DEFAULT_FACTOR = C.ADAPTIVE_FACTOR
 #: bytes the factor F may use (float32: 1 GiB is rank 6,700 at N = 40,000)
 DEFAULT_MEMORY_BUDGET = 1 << 30
 
@@ -656,6 +657,7 @@ def _adaptive_rpcholesky(
     )
     k, rho, target, rounds, history = F.shape[1], stop.rho, stop.target, rec["rounds"], stop.history
     capped = rho > target and k >= cap
+    by_memory = cap == budget_rank and cap < min(n, int(max_rank) if max_rank is not None else n)
     info = {
         "method": "rpcholesky-adaptive",
         "rank": k,
@@ -669,7 +671,16 @@ def _adaptive_rpcholesky(
         "history": history,
         "dtype": str(dtype),
     }
-    if capped:
+    if capped and not by_memory:  # the rank cap asked for (the plan's: it scales with N)
+        log.info(
+            "adaptive RPCholesky: stopped at its rank cap %d (%.1f s): estimated "
+            "|K - F F^T| / shift = %.3g (target %.3g), so CG needs a few more iterations",
+            k,
+            info["seconds"],
+            rho / mu,
+            factor,
+        )
+    elif capped:
         log.warning(
             "adaptive RPCholesky capped at rank %d (memory budget %.2f GB for N=%d in %s): "
             "estimated |K - F F^T| / shift = %.3g > target %.3g, so CG may need more "
@@ -932,16 +943,18 @@ def make_preconditioner(
     name: str | None,
     op: Any,
     *,
-    rank: int = 500,
+    rank: int | None = None,
     method: str = "rpcholesky",
     random_state: int | None = 0,
 ) -> IdentityPreconditioner | JacobiPreconditioner | NystromPreconditioner:
     """Build the preconditioner ``name`` (``"none"``, ``"jacobi"``, ``"nystrom"``,
     ``"adaptive"``) for the operator ``op`` (its ``shift`` is μ).
 
-    ``"nystrom"``: a rank-``rank`` factor (capped at N) by ``method`` (``"rpcholesky"``
-    or ``"uniform"``), float64; ``"adaptive"``: RPCholesky grown until it resolves K
-    at the shift (``rank`` ignored), float32. Both through :func:`build_nystrom`,
+    ``"nystrom"``: a rank-``rank`` factor (default
+    :data:`~pipeline.constants.DEFAULT_RANK`, capped at N) by ``method``
+    (``"rpcholesky"`` or ``"uniform"``), float64; ``"adaptive"``: RPCholesky grown
+    until it resolves K at the shift, float32, with at most ``rank`` columns (default
+    :func:`~pipeline.constants.adaptive_rank_cap`, the cap the plan records). Both through :func:`build_nystrom`,
     applied by :class:`NystromPreconditioner`.
     """
     if name is None or name == "none":
@@ -949,13 +962,18 @@ def make_preconditioner(
     if name == "jacobi":
         return JacobiPreconditioner.from_operator(op)
     if name == "nystrom":
-        rank = _check_rank(rank, int(op.n))
+        rank = _check_rank(C.DEFAULT_RANK if rank is None else rank, int(op.n))
         if method not in ("rpcholesky", "uniform"):
             raise ValueError(f"unknown Nyström method {method!r}; use 'rpcholesky' or 'uniform'")
         nf = build_nystrom(op, centres=method, rank=rank, random_state=random_state)
         return nf.woodbury(op.shift)
     if name == "adaptive":
-        # the rank grows until |K - F F^T| <= 5 * shift or the memory budget
-        nf = build_nystrom(op, centres="adaptive", shift=op.shift, random_state=random_state)
+        # the rank grows until |K - F F^T| <= 5 * shift or its cap
+        n = int(op.n)
+        cap = C.adaptive_rank_cap(n) if rank is None else _check_rank(min(int(rank), n), n)
+        nf = build_nystrom(
+            op, centres="adaptive", shift=op.shift, max_rank=cap, memory_budget=4 * n * cap,
+            random_state=random_state,
+        )  # fmt: skip
         return nf.woodbury(op.shift)
     raise ValueError(f"unknown preconditioner {name!r}; use one of {PRECONDITIONERS}")

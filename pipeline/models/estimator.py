@@ -140,10 +140,14 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
         unconverged warns (``CGConvergenceWarning``, a scikit-learn
         ``ConvergenceWarning``) and keeps its α, as scikit-learn's iterative
         solvers do; ``fit_info_["converged"]`` says so (``krr run`` fails instead).
-    preconditioner : {"nystrom", "jacobi", "none", "adaptive"}, default="nystrom"
-        Preconditioner of ``solver="cg"``.
+    preconditioner : {"adaptive", "nystrom", "jacobi", "none"}, default="adaptive"
+        Preconditioner of ``solver="cg"``: ``"adaptive"`` grows a randomly pivoted
+        Cholesky (Nyström) factor until it resolves K at the shift (CG then needs a
+        handful of iterations), ``"nystrom"`` is a fixed rank.
     rank : int, default=None
-        Rank of the Nyström preconditioner (None: chosen automatically).
+        Rank of the Nyström preconditioner; for ``"adaptive"`` its cap (None: 500 for
+        ``"nystrom"``; for ``"adaptive"`` a cap that grows like N^(2/3), at most 2 GiB
+        and a quarter of the free memory).
     matvec : {"auto", "stored", "recompute"}, default="auto"
         How ``solver="cg"`` multiplies by K: from the stored tiles or by
         recomputing kernel tiles on the fly.
@@ -585,6 +589,12 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
             # the default names no choice (stores of earlier fits keep their names); the
             # mixed solve's checkpoints carry their own fingerprint
             params.pop("cg_precision")
+        if params.get("preconditioner") == "adaptive":
+            # the default since issue #45 names its store as the old default did (stores of
+            # earlier fits keep their names: a Gram or factor does not depend on CG's
+            # preconditioner, and a CG checkpoint's own fingerprint names the one it used,
+            # so an earlier one is restarted, never resumed with another)
+            params["preconditioner"] = "nystrom"
         if self.solver != "nystrom":  # its knobs name no other fit (earlier stores keep theirs)
             params.pop("n_centers", None)
             params.pop("centers", None)

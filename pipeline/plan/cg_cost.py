@@ -210,3 +210,22 @@ def nystrom_method(
         f"Nyström M={m}: one pass and an M x M factorisation ~{direct:.3g} s against "
         f"~{pcg:.3g} s for {its} PCG iterations{' (blocks kept)' if cached else ''}"
     )
+
+
+def adaptive_rank_and_residual(
+    rho_r: float, r: int, shift: float, cap: int, factor: float = C.ADAPTIVE_FACTOR
+) -> tuple[int, float]:
+    """The adaptive preconditioner's predicted ``(rank, ρ)`` from ``ρ_r = ‖K - F Fᵀ‖₂`` of
+    a rank-``r`` factor: it grows until ρ <= ``factor`` · μ or its ``cap``, with ρ taken
+    to fall like 1/r past r (conservative: RBF spectra fall much faster, so the real
+    build stops sooner or leaves less). ``(rank, ρ)`` is ``(the rank that reaches the
+    target, factor · μ)``, or ``(cap, the residual left at the cap)`` when the cap
+    binds."""
+    target = float(factor) * float(shift)
+    r, cap = max(1, int(r)), max(1, int(cap))
+    if not rho_r > target:
+        return min(r, cap), target
+    need = r * float(rho_r) / target
+    if need <= cap:
+        return int(math.ceil(need)), target
+    return cap, float(rho_r) * r / cap

@@ -62,7 +62,7 @@ from pipeline.options import (
     solver_options,
 )
 from pipeline.plan.calibrated import _accepts, _seconds, make_cost_model
-from pipeline.plan.cg_cost import gram_disk_bytes
+from pipeline.plan.cg_cost import adaptive_rank_and_residual, gram_disk_bytes, rank_for_budget
 from pipeline.plan.cg_variant import choose_cg_variant, matvec_choice, normalize_precision
 from pipeline.plan.factor_precision import choose_factor_dtype
 
@@ -146,7 +146,7 @@ class FitPlan:
     #: CG: "float64" products, or "mixed" (float32 kernel products refined to the
     #: float64 answer; pipeline.linalg.cg_mixed_fit)
     cg_precision: str = "float64"
-    rank: int = _DEFAULT.rank
+    rank: int = C.DEFAULT_RANK
     matvec: str | None = None
     # the fit's own values (no knobs of the option tree)
     alpha: float = 1.0
@@ -193,8 +193,8 @@ class FitPlan:
                 f"matvec={self.matvec}",
                 *(["cg_precision=mixed"] if self.cg_precision == "mixed" else []),
                 f"preconditioner={o.preconditioner}",
-                # "adaptive" grows its own rank (up to its memory budget); "nystrom" uses rank
-                f"rank={'chosen by adaptive' if o.preconditioner == 'adaptive' else self.rank}",
+                # "adaptive" grows its own rank up to this cap; "nystrom" uses rank
+                f"rank={f'adaptive, at most {self.rank}' if o.preconditioner == 'adaptive' else self.rank}",
                 f"tol={o.tol:g}",
                 f"max_iter={o.max_iter}",
             ]
@@ -245,9 +245,28 @@ def gram_and_factor_disk_bytes(n: int, itemsize: int = 8) -> int:
     return 2 * gram_disk_bytes(n, itemsize)
 
 
-def cg_memory_bytes(n: int, n_features: int, rank: int = C.DEFAULT_RANK, n_rhs: int = 1) -> int:
-    """Memory CG needs beyond a few tiles: X, the Nyström factor, six work vectors per RHS."""
-    return 8 * n * (n_features + 2 * rank + 6 * n_rhs)
+def cg_memory_bytes(
+    n: int, n_features: int, rank: int = C.DEFAULT_RANK, n_rhs: int = 1, factor_itemsize: int = 8
+) -> int:
+    """Memory CG needs beyond a few tiles: X, the Nyström factor (twice: its build's
+    temporaries; ``factor_itemsize`` 4 for the adaptive one's float32), six work vectors
+    per RHS."""
+    return n * (8 * n_features + 2 * factor_itemsize * rank + 48 * n_rhs)
+
+
+def preconditioner_rank(preconditioner: str, rank: int | None, n: int, memory_bytes: float) -> int:
+    """The rank of the fit's Nyström preconditioner, at most N: ``rank`` (default
+    :data:`~pipeline.constants.DEFAULT_RANK`) for ``"nystrom"``; for ``"adaptive"`` its
+    cap: ``rank`` if named, else :func:`~pipeline.constants.adaptive_rank_cap` (it scales
+    with N), and at most what :data:`~pipeline.constants.ADAPTIVE_MEMORY_BUDGET` bytes and
+    :data:`~pipeline.constants.ADAPTIVE_MEMORY_FRACTION` of ``memory_bytes`` hold in
+    float32."""
+    n = max(1, int(n))
+    if preconditioner != "adaptive":
+        return min(C.DEFAULT_RANK if rank is None else int(rank), n)
+    cap = C.adaptive_rank_cap(n) if rank is None else int(rank)
+    budget = min(C.ADAPTIVE_MEMORY_BUDGET, C.ADAPTIVE_MEMORY_FRACTION * float(memory_bytes))
+    return max(1, min(n, cap, rank_for_budget(n, int(budget), "float32")))
 
 
 def _gb(x: float) -> str:
@@ -265,6 +284,7 @@ def out_of_core_choice(
     mem_free: float,
     *,
     rank: int = C.DEFAULT_RANK,
+    factor_itemsize: int = 8,
     cholesky_max_n: int | None = None,
     kernel: Any = None,
     cost_model: Any = None,
@@ -272,20 +292,22 @@ def out_of_core_choice(
     tol: float | None = None,
     rho: float | None = None,
     cg_options: Mapping[str, Any] | None = None,
+    rho_source: str | None = None,
 ) -> tuple[str, str]:
     """``"cholesky"`` or ``"cg"`` for an N x N kernel system, with the reason.
 
     ``cholesky_max_n`` replaces the cost model by a row threshold. ``shift`` (μ),
     ``tol`` and ``rho`` (the preconditioner's measured residual) reach cost models
     whose methods accept them; so do ``cg_options`` (CG's ``matvec`` and
-    ``precision``, :func:`pipeline.plan.cg_variant.choose_cg_variant`).
+    ``precision``, :func:`pipeline.plan.cg_variant.choose_cg_variant`). ``rho_source``
+    says where ρ came from (default: measured on a subsample when given, else assumed).
     """
     if n < 1 or n_features < 1:
         raise ValueError(f"n and n_features must be >= 1, got n={n}, n_features={n_features}")
     if disk_free < 0 or mem_free < 0:
         raise ValueError(f"free disk and memory must be >= 0, got {disk_free}, {mem_free}")
     need_disk = gram_and_factor_disk_bytes(n)
-    need_mem = cg_memory_bytes(n, n_features, min(rank, n))
+    need_mem = cg_memory_bytes(n, n_features, min(rank, n), factor_itemsize=factor_itemsize)
     usable_disk = C.DISK_MARGIN * disk_free
     cg_fits_memory = need_mem <= C.DISK_MARGIN * mem_free
     if need_disk > usable_disk:
@@ -329,9 +351,10 @@ def out_of_core_choice(
     if hasattr(cm, "cg_iterations") and _accepts(cm.cg_iterations, "rho"):
         its = cm.cg_iterations(n, shift, tol, rho=rho)
         rho_n = cm.residual(n, rho)
-        cg_why += f": about {its} iterations at ρ/μ = {rho_n / (shift or 1.0):.3g}, ρ " + (
+        source = rho_source or (
             "measured on a subsample of the rows" if rho is not None else "assumed"
         )
+        cg_why += f": about {its} iterations at ρ/μ = {rho_n / (shift or 1.0):.3g}, ρ {source}"
     if t_chol > t_cg:
         return (
             "cg",
@@ -553,7 +576,8 @@ def _plan_solver(
     alphas = np.atleast_1d(np.asarray(alpha, dtype=np.float64))
     one_alpha = np.unique(alphas).size == 1
     matvec = opts.matvec
-    rank = opts.rank
+    rank = preconditioner_rank(opts.preconditioner, opts.rank, n, resources.memory_bytes)
+    adaptive = opts.preconditioner == "adaptive"
     probes = Probes() if probes is None else probes
     x_here = probes.x_in_memory and kernel is not None
 
@@ -580,7 +604,7 @@ def _plan_solver(
         block_size=bs,
         factor_dtype="float64" if factor_dtype == "auto" else factor_dtype,
         kernel_dtype=_choice(ch, "kernel_dtype", C.DEFAULT_KERNEL_DTYPE),
-        rank=min(rank, max(1, n)),
+        rank=rank,
         store=None if store is None else str(store),
     )
     mercer = bool(getattr(kernel, "is_mercer", True))
@@ -643,7 +667,7 @@ def _plan_solver(
     )
     mu = diagonal_shift(float(np.min(alphas)), n, base.alpha_convention)
     shift = mu if mu > 0 else None
-    rho = None
+    rho, rho_source = None, None
     if (
         probes.residual is not None
         and kernel is not None
@@ -653,6 +677,29 @@ def _plan_solver(
         and _rho_matters(cm, solver, n, d, kernel, mu, tol, matvec, precision)
     ):
         rho = probes.residual(base.rank)  # fixed seed: same rows, same ρ
+    elif (
+        adaptive and shift is not None and kernel is not None and mercer and hasattr(cm, "residual")
+    ):
+        # the adaptive factor grows to ρ <= 5μ or its cap: from ρ at a rank a subsample
+        # resolves (measured when it can change the plan, else assumed), its rank and ρ
+        r, rho_r = C.DEFAULT_RANK, None
+        if probes.residual is not None and _rho_matters(
+            cm, solver, n, d, kernel, mu, tol, matvec, precision
+        ):
+            r = min(base.rank, C.ADAPTIVE_PROBE_RANK)
+            rho_r = probes.residual(r)
+        measured = rho_r is not None
+        if not measured:
+            r, rho_r = C.DEFAULT_RANK, cm.residual(n)
+        rank_est, rho = adaptive_rank_and_residual(rho_r, r, mu, base.rank)
+        rho_source = (
+            f"of the adaptive factor (rank about {rank_est} of at most {base.rank}), from ρ "
+            f"at rank {r} " + ("measured on a subsample of the rows" if measured else "assumed")
+        )
+        cm = make_cost_model(
+            cost_model if cost_model is not None else opts.cost_model,
+            block_size=bs, rank=rank_est, tol=tol, factor_dtype=base.factor_dtype,
+        )  # fmt: skip
     variant = choose_cg_variant(
         n,
         d,
@@ -674,12 +721,14 @@ def _plan_solver(
             resources.disk_bytes,
             resources.memory_bytes,
             rank=rank,
+            factor_itemsize=4 if adaptive else 8,
             kernel=kernel,
             cost_model=cm,
             shift=shift,
             tol=tol,
             rho=rho,
             cg_options={"matvec": variant[0], "precision": variant[1]},
+            rho_source=rho_source,
         )
         if name == "cg" and not mercer:
             name, why = "cholesky", f"{why}; but the kernel is not known to be PSD"

@@ -29,6 +29,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import pipeline.constants as C
 import pipeline.stages.config as config
 
 # the module, not its function: `pipeline.stages.source_identity` stays the submodule
@@ -227,6 +228,25 @@ _ENABLED = {
 _RESOLVE = {name: _selected for name in ("gram", "solve", "model", "predict", "evaluate")}
 #: the stages that read the fit plan: the gram stage runs only when it reads a stored Gram
 _READS = {"gram": (PLAN,), "solve": (PLAN,)}
+
+
+def _solve_identity(params: dict[str, Any]) -> dict[str, Any]:
+    """The solve stage's arguments as its fingerprint sees them: CG's preconditioner
+    spelt as before issue #45 made the adaptive one the default (the default was
+    ``nystrom``, rank 500; a rank not set is 500). A solve of a run made before is an
+    answer to the same tolerance and is kept; a CG checkpoint's own fingerprint names
+    the preconditioner it used, so an earlier one is restarted, never resumed with
+    another."""
+    solver = dict(params.get("solver") or {})
+    if "preconditioner" not in solver:
+        return params
+    if solver.get("rank") is None:
+        if solver["preconditioner"] == "adaptive":
+            solver["preconditioner"] = "nystrom"
+        solver["rank"] = C.DEFAULT_RANK
+    return {**params, "solver": solver}
+
+
 #: the data's content identity is part of the fingerprint: a changed file reruns from ingest
 _RESOLVE["ingest"] = _ingest_source
 _RESOLVE["predict"] = _predict_input
@@ -246,6 +266,7 @@ def default_stages() -> list[Stage]:
             scratch=_SCRATCH.get(name, ()),
             reusable=name == "solve",  # alpha: copied from an equal configuration's solve
             reads=_READS.get(name, ()),
+            identity=_solve_identity if name == "solve" else None,
         )
         for name, (module, after) in STAGE_WIRING.items()
     ]

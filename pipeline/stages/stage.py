@@ -121,6 +121,10 @@ class Stage:
     #: nodes whose output the stage reads: under their names in ``outputs`` (its ``enabled``
     #: and ``resolve``) and in ``inputs`` (its function); not part of its fingerprint
     reads: tuple[Node, ...] = ()
+    #: ``identity(params)``: the view of its (resolved) arguments that its fingerprint
+    #: hashes, where a changed default is spelt as before (runs made before keep their
+    #: identity); None: the arguments themselves
+    identity: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
 
 @dataclass
@@ -148,7 +152,7 @@ class RunReport:
 def stage_fingerprint(
     stage: Stage, params: Mapping[str, Any], upstream: Mapping[str, str | None]
 ) -> str:
-    """Hash of a stage's name, its arguments, and its upstream stages' fingerprints."""
-    return fingerprint_obj(
-        {"stage": stage.name, "params": dict(params), "upstream": dict(upstream)}
-    )
+    """Hash of a stage's name, its arguments (as its ``identity`` views them), and its
+    upstream stages' fingerprints."""
+    seen = dict(params) if stage.identity is None else stage.identity(dict(params))
+    return fingerprint_obj({"stage": stage.name, "params": seen, "upstream": dict(upstream)})

@@ -16,19 +16,35 @@ DS = (8, 64)
 LAMS = (1e-1, 1e-3)
 
 
-@pytest.fixture(scope="module")
-def grid():
+def _grid(**choices):
     k = make_kernel("rbf")
     out = {}
     for lam in LAMS:
         for d in DS:
             for n in NS:
-                plan, reason = plan_fit(n, d, k, RES, {"alpha": lam, "cost_model": "calibrated"})
+                ch = {"alpha": lam, "cost_model": "calibrated", **choices}
+                plan, reason = plan_fit(n, d, k, RES, ch)
                 out[n, d, lam] = (plan.solver, reason)
     return out
 
 
-def test_choices_are_monotone_in_n_lambda_and_d(grid):
+@pytest.fixture(scope="module")
+def grid():
+    """The choices with CG's fixed-rank Nyström preconditioner (the model's own CG: its
+    predictions are :meth:`CalibratedCostModel.cg_seconds` at rank 500)."""
+    return _grid(preconditioner="nystrom")
+
+
+@pytest.fixture(scope="module")
+def adaptive_grid():
+    """The choices with the default, adaptive preconditioner: its rank and residual are
+    predicted from ρ at rank 500 (pipeline.plan.cg_cost.adaptive_rank_and_residual)."""
+    return _grid()
+
+
+@pytest.mark.parametrize("which", ["grid", "adaptive_grid"])
+def test_choices_are_monotone_in_n_lambda_and_d(which, request):
+    grid = request.getfixturevalue(which)
     for lam in LAMS:
         for d in DS:
             seq = [grid[n, d, lam][0] for n in NS]
@@ -61,6 +77,25 @@ def test_choices_are_sensible(grid):
     assert all(grid[40_000, d, 1e-3][0] == "cholesky" for d in DS)
 
 
+def test_the_adaptive_default_is_sensible(adaptive_grid):
+    grid = adaptive_grid
+    assert all(grid[5_000, d, 1e-3][0] == "cholesky" for d in DS)
+    assert all(grid[n, 8, 1e-1][0] == "cg" for n in (20_000, 40_000, 100_000))
+    for d in DS:
+        first_cg = {
+            lam: next((n for n in NS if grid[n, d, lam][0] == "cg"), float("inf")) for lam in LAMS
+        }
+        assert first_cg[1e-3] > first_cg[1e-1], (d, first_cg)
+    for (_, _, _), (solver, reason) in grid.items():
+        if "iterations" in reason:
+            assert "of the adaptive factor" in reason and "assumed" in reason, reason
+    # it plans fewer iterations than the fixed rank 500 does, and prices a larger build
+    m = CalibratedCostModel()
+    n, lam = 40_000, 1e-1
+    its = int(re.search(r"about (\d+) iterations", grid[n, 8, lam][1]).group(1))
+    assert its < m.cg_iterations(n, lam)
+
+
 def test_reason_names_the_predicted_seconds(grid):
     m = CalibratedCostModel()
     for (n, d, lam), (solver, reason) in grid.items():
@@ -77,17 +112,10 @@ def test_the_shift_follows_the_alpha_convention():
     k = make_kernel("rbf")
     n = 40_000
     # λ = 1e-3 as n_samples convention is a shift of 40: an easy system, so CG
-    plan, _ = plan_fit(
-        n,
-        8,
-        k,
-        RES,
-        {"alpha": 1e-3, "alpha_convention": "n_samples", "cost_model": "calibrated"},
-    )
+    ch = {"alpha": 1e-3, "cost_model": "calibrated", "preconditioner": "nystrom"}
+    plan, _ = plan_fit(n, 8, k, RES, {**ch, "alpha_convention": "n_samples"})
     assert plan.solver == "cg"
-    assert plan_fit(n, 8, k, RES, {"alpha": 1e-3, "cost_model": "calibrated"})[0].solver == (
-        "cholesky"
-    )
+    assert plan_fit(n, 8, k, RES, ch)[0].solver == "cholesky"
 
 
 def test_calibrated_model_is_the_default_and_old_models_still_plug_in():

@@ -31,9 +31,20 @@ def test_one_default_each_from_the_constants():
         C.DEFAULT_TOL,
         C.DEFAULT_MAX_ITER,
     )
-    plan, reason = plan_fit(300, 5, None, RES, {"solver": "cg", "matvec": "matrix_free"})
+    plan, reason = plan_fit(
+        300, 5, None, RES, {"solver": "cg", "matvec": "matrix_free", "preconditioner": "nystrom"}
+    )
     # old spellings map to the one vocabulary; the rank is capped at n; defaults filled in
     assert plan.solver == "cg" and plan.matvec == "recompute" and plan.rank == 300
+    # the default preconditioner is the adaptive one, its rank capped by the N-scaled rule
+    # (and memory); a named rank is its cap
+    ada, _ = plan_fit(300, 5, None, RES, {"solver": "cg"})
+    assert ada.options.preconditioner == C.DEFAULT_PRECONDITIONER == "adaptive"
+    assert ada.rank == C.adaptive_rank_cap(300) == 256
+    big, _ = plan_fit(1_000_000, 5, None, RES, {"solver": "cg"})
+    budget = min(C.ADAPTIVE_MEMORY_BUDGET, C.ADAPTIVE_MEMORY_FRACTION * 16 * GB)
+    assert big.rank == int(budget) // (4 * 1_000_000) < C.adaptive_rank_cap(1_000_000)
+    assert plan_fit(300, 5, None, RES, {"solver": "cg", "rank": 100})[0].rank == 100
     assert plan.options.tol == C.DEFAULT_TOL and plan.options.max_iter == C.DEFAULT_MAX_ITER
     assert "requested" in reason
     plan, _ = plan_fit(300, 5, None, RES, {"solver": "cg", "alpha_convention": "n"})
@@ -128,8 +139,8 @@ def test_the_plan_line_says_who_chooses_the_rank():
     nys, _ = plan_fit(50_000, 8, k, RES, {**ch, "preconditioner": "nystrom", "rank": 300})
     ada, _ = plan_fit(50_000, 8, k, RES, {**ch, "preconditioner": "adaptive", "rank": 300})
     assert "rank=300" in nys.describe()
-    # the adaptive preconditioner grows its own rank: the log must not claim 300
-    assert "rank=chosen by adaptive" in ada.describe() and "rank=300" not in ada.describe()
+    # the adaptive preconditioner grows its own rank up to 300: the log must not claim 300
+    assert "rank=adaptive, at most 300" in ada.describe() and "rank=300" not in ada.describe()
 
 
 def test_small_fits_skip_the_subsample_estimate(monkeypatch):
