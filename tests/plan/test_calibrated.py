@@ -86,7 +86,7 @@ def test_the_adaptive_default_is_sensible(adaptive_grid):
             lam: next((n for n in NS if grid[n, d, lam][0] == "cg"), float("inf")) for lam in LAMS
         }
         assert first_cg[1e-3] > first_cg[1e-1], (d, first_cg)
-    for (_, _, _), (solver, reason) in grid.items():
+    for _solver, reason in grid.values():
         if "iterations" in reason:
             assert "of the adaptive factor" in reason and "assumed" in reason, reason
     # it plans fewer iterations than the fixed rank 500 does, and prices a larger build
