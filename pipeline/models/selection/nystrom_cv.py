@@ -22,8 +22,9 @@ Memory: (folds + 1) M x M float64 matrices, refused (:func:`check_statistics_mem
 beyond the memory available. Time: N·M² flops for the pass (a SYRK per fold and block),
 plus (folds x λ) factorisations of M x M.
 
-The strategy returns, per (λ, fold), the vector ``[rss (t), W_f, q_f (t), s_f (t)]``
-in place of predictions: the runner checkpoints it as it checkpoints predictions, and
+The runner's strategy (:class:`pipeline.models.selection.strategies.NystromStrategy`:
+:func:`setting_statistics` per kernel setting) returns, per (λ, fold), the vector
+``[rss (t), W_f, q_f (t), s_f (t)]`` in place of predictions: the runner checkpoints it as it checkpoints predictions, and
 :func:`nystrom_scores` turns it into the supported scores (:data:`NYSTROM_SCORERS`).
 """
 
@@ -51,7 +52,6 @@ from pipeline.linalg.nystrom_solve import (
 
 __all__ = [
     "NYSTROM_SCORERS",
-    "NystromStrategy",
     "check_nystrom_search",
     "check_statistics_memory",
     "fold_statistics",
@@ -341,22 +341,3 @@ def setting_statistics(
         t1 - t0, len(splits) * len(alphas), time.perf_counter() - t1, worst,
     )  # fmt: skip
     return out
-
-
-class NystromStrategy:
-    """The runner's strategy of ``solver="nystrom"``: per kernel setting, the held-out
-    vectors (in place of predictions; :func:`nystrom_scores` scores them)."""
-
-    threads = False
-    all_settings = False
-
-    def __init__(self, cv: Any, *, solver: str | None = None, settings: Any = None,
-                 screen: Any = None) -> None:  # fmt: skip
-        self.cv, self.solver, self.settings = cv, solver, settings
-
-    def predictions(self, si, X, y2, kern, splits, kind, alphas_s, stats):
-        cv = self.cv
-        return setting_statistics(
-            X, y2, kern, splits, alphas_s, cv._shift, m=n_centres(cv, X.shape[0]),
-            centers=cv.centers, random_state=seed(cv), stats=stats,
-        )  # fmt: skip
