@@ -47,6 +47,7 @@ while it selects them (O(N·M) memory for that step; X in memory).
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -73,7 +74,10 @@ __all__ = [
     "FalkonPreconditioner",
     "NystromNormalOperator",
     "NystromSolution",
+    "add_block_sums",
+    "centre_kernel",
     "check_n_centers",
+    "kernel_blocks",
     "nystrom_centres",
     "nystrom_solve",
 ]
@@ -155,6 +159,61 @@ class _Rows:
         return self.X if self.X is not None else np.asarray(self.lazy.compute())
 
 
+def _check_finite_rows(xb: np.ndarray) -> None:
+    """ValueError unless the rows ``xb`` of X (a row block, or the centres) are finite."""
+    if not np.all(np.isfinite(xb)):
+        raise ValueError("X contains NaN or infinite values; clean or impute them first")
+
+
+# -- the pass over the rows: the one home of the Nyström solver's and its CV's passes ----------
+def kernel_blocks(
+    rows: _Rows, block: Callable[[np.ndarray], np.ndarray], *, start: int = 0,
+    check: bool = True,
+) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:  # fmt: skip
+    """``(first row, X_b, G_b)`` for each row block X_b of ``rows`` from block ``start`` on,
+    in order, with ``G_b = block(X_b)``, the kernel block ``k(X_b, C)`` (b x M; the fused
+    tile evaluator, :func:`pipeline.engine.fused.kernel_tile`, into a buffer of the
+    caller's). X_b and G_b are checked finite (ValueError, :class:`~pipeline.kernels.base.
+    NonFiniteKernelError`) unless ``check`` is False: a repeat of a pass that checked them
+    (the tile evaluator gives the same bits again; the checks cost ~9 % of a recomputed
+    pass).
+
+    The solver's sums and products (:meth:`NystromNormalOperator.pass_sums`,
+    :meth:`~NystromNormalOperator.normal_product`) and the CV's statistics
+    (:func:`pipeline.models.selection.nystrom_cv.fold_statistics`) all run on this pass,
+    accumulating in its order (:func:`add_block_sums`)."""
+    for s, xb in rows.iter_from(start):
+        if check:
+            _check_finite_rows(xb)
+        G = block(xb)
+        if check:
+            check_finite_kernel(G, "the kernel K(X, C) of the Nyström centres")
+        yield s, xb, G
+
+
+def add_block_sums(
+    G: np.ndarray, yb: np.ndarray, w: np.ndarray | None, acc: np.ndarray,
+    normal: np.ndarray | None = None,
+) -> None:  # fmt: skip
+    """Add one row block's terms into the pass's float64 sums: ``G_bᵀ W_b y_b`` into
+    ``acc`` (M x t) and ``G_bᵀ W_b G_b`` (a SYRK) into ``normal`` (M x M; skipped when
+    None). ``w``: the block's weights as a column (b x 1), None for unit weights; the
+    products run in G's dtype (float32 products, float64 sums)."""
+    yb = yb if w is None else yb * w
+    acc += np.asarray(G.T @ yb.astype(G.dtype, copy=False), dtype=np.float64)
+    if normal is not None:
+        Gw = G if w is None else G * np.sqrt(w, dtype=G.dtype)
+        normal += np.asarray(Gw.T @ Gw, dtype=np.float64)  # a SYRK
+
+
+def centre_kernel(kernel: Any, C: np.ndarray, n_threads: int | None = None) -> np.ndarray:
+    """``K_MM = k(C, C)`` of the centres C, float64, checked finite."""
+    K_MM = np.empty((C.shape[0], C.shape[0]))
+    kernel_tile(kernel, C, None, K_MM, kernel_dtype="float64", n_threads=n_threads)
+    check_finite_kernel(K_MM, "the kernel K(C, C) of the Nyström centres")
+    return K_MM
+
+
 def nystrom_centres(
     X: Any,
     kernel: Any,
@@ -219,11 +278,23 @@ class FalkonPreconditioner:
                 "definite: the kernel is not positive semi-definite, which FALKON's "
                 "preconditioner needs; use a Mercer kernel such as 'rbf', or an exact solver"
             )
-        S = T @ T.T / M
-        S[np.diag_indices(M)] += shift_per_sample
         self.T = T
-        self.A = scipy.linalg.cholesky(S, lower=False)
+        self.A = self._factor_a(shift_per_sample)
         self.jitter = float(eps)
+
+    def _factor_a(self, shift_per_sample: float) -> np.ndarray:
+        """``A = chol(T Tᵀ / M + λ' I)`` (upper)."""
+        M = self.T.shape[0]
+        S = self.T @ self.T.T / M
+        S[np.diag_indices(M)] += shift_per_sample
+        return scipy.linalg.cholesky(S, lower=False)
+
+    def with_shift(self, shift_per_sample: float) -> FalkonPreconditioner:
+        """The preconditioner of the same K_MM at another λ': T (and ε) kept, only A
+        factored anew (the bits of building it anew)."""
+        pre = copy.copy(self)
+        pre.A = self._factor_a(shift_per_sample)
+        return pre
 
     def _solve(self, R: Any, which: str, trans: int) -> np.ndarray:
         F = self.T if which == "T" else self.A
@@ -268,15 +339,13 @@ class NystromNormalOperator:
         self.product_dtype = np.dtype(product_dtype)
         self.n_threads = n_threads
         self.n_eff = float(rows.n if weights is None else np.sum(weights))
-        self.K_MM = np.empty((len(centres), len(centres)))
-        kernel_tile(kernel, X_centres, None, self.K_MM, kernel_dtype="float64", n_threads=n_threads)
-        check_finite_kernel(self.K_MM, "the kernel K(C, C) of the Nyström centres")
+        self.K_MM = centre_kernel(kernel, X_centres, n_threads)
         self.pre = FalkonPreconditioner(self.K_MM, self.shift / self.n_eff)
         self.n = len(centres)
         self._buf: np.ndarray | None = None
         #: the kernel blocks, kept after the first pass when all of them fit ``cache_bytes``
         self.cache = rows.n * self.n * self.product_dtype.itemsize <= int(cache_bytes)
-        self._cached: list[np.ndarray] | None = None
+        self._cached: list[tuple[int, np.ndarray]] | None = None
         self._x_fp: str | None = None
         self.n_products = 0
 
@@ -293,21 +362,24 @@ class NystromNormalOperator:
                     n_threads=self.n_threads)  # fmt: skip
         return G
 
-    def _blocks(self) -> Iterator[tuple[int, np.ndarray]]:
-        """``(first row, G_b)`` for each row block, in order: kept blocks when cached."""
-        if self._cached is not None:
-            s = 0
-            for G in self._cached:
-                yield s, G
-                s += G.shape[0]
+    def _blocks(
+        self, start: int = 0, *, fresh: bool = False
+    ) -> Iterator[tuple[int, np.ndarray | None, np.ndarray]]:
+        """``(first row, X_b, G_b)`` for each row block from block ``start`` on, in order
+        (:func:`kernel_blocks`): the kept blocks (X_b None) unless ``fresh``, once a whole
+        pass has kept them (when they fit ``cache_bytes``); else :meth:`_block`'s. A
+        ``fresh`` pass (:meth:`pass_sums`, the first) checks X_b and G_b finite; the
+        products' passes after it recompute the same blocks unchecked."""
+        if self._cached is not None and not fresh:
+            for s, G in self._cached[int(start) :]:
+                yield s, None, G
             return
-        keep: list[np.ndarray] = []
-        for s, xb in self.rows:
-            G = self._block(xb)
+        keep: list[tuple[int, np.ndarray]] = []
+        for s, xb, G in kernel_blocks(self.rows, self._block, start=start, check=fresh):
             if self.cache:
-                keep.append(G)
-            yield s, G
-        if self.cache:
+                keep.append((s, G))
+            yield s, xb, G
+        if self.cache and start == 0:
             self._cached = keep
 
     def _weights(self, s: int, b: int) -> np.ndarray | None:
@@ -334,36 +406,22 @@ class NystromNormalOperator:
         acc = np.zeros((self.n, y.shape[1])) if acc is None else acc
         stream_fp = self._x_fp is None and self.rows.X is None
         block_fps = list(x_parts or []) if stream_fp else None
-        keep: list[np.ndarray] = []
-        for i, (s, xb) in enumerate(self.rows.iter_from(start), start=int(start)):
-            if not np.all(np.isfinite(xb)):
-                raise ValueError("X contains NaN or infinite values; clean or impute them first")
+        for i, (s, xb, G) in enumerate(self._blocks(start, fresh=True), start=int(start)):
             if block_fps is not None:  # fingerprinted block by block: X is never held whole
                 block_fps.append(fingerprint_blocks([xb]))
-            G = self._block(xb)
-            check_finite_kernel(G, "the kernel K(X, C) of the Nyström centres")
-            if self.cache:
-                keep.append(G)
-            yb = y[s : s + xb.shape[0]]
-            w = self._weights(s, xb.shape[0])
-            yb = yb if w is None else yb * w
-            acc += np.asarray(G.T @ yb.astype(G.dtype, copy=False), dtype=np.float64)
-            if normal is not None:
-                Gw = G if w is None else G * np.sqrt(w, dtype=G.dtype)
-                normal += np.asarray(Gw.T @ Gw, dtype=np.float64)  # a SYRK
+            b = G.shape[0]
+            add_block_sums(G, y[s : s + b], self._weights(s, b), acc, normal)
             if on_block is not None:
                 on_block(i + 1, acc, block_fps)
         if block_fps is not None:
             self._x_fp = fingerprint_obj(block_fps)
-        if self.cache and start == 0:
-            self._cached = keep
         return acc
 
     def normal_product(self, U: np.ndarray) -> np.ndarray:
         """``(K_nMᵀ W K_nM + λ K_MM) U``, summed over the row blocks in order."""
         acc = self.shift * (self.K_MM @ U)
         Ud = U.astype(self.product_dtype, copy=False)
-        for s, G in self._blocks():
+        for s, _, G in self._blocks():
             Z = np.asarray(G @ Ud, dtype=np.float64)
             w = self._weights(s, G.shape[0])
             if w is not None:
@@ -651,8 +709,7 @@ def nystrom_solve(
     else:
         idx = np.asarray(centre_indices, dtype=np.int64).reshape(-1)
     C = rows.take(idx)
-    if not np.all(np.isfinite(C)):
-        raise ValueError("X contains NaN or infinite values; clean or impute them first")
+    _check_finite_rows(C)
     cache = CACHE_BYTES if cache_bytes is None else int(cache_bytes)
     if method == "direct":
         cache = 0  # one pass: nothing is read twice

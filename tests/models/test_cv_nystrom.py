@@ -4,6 +4,7 @@ brute-force nystrom_solve per fold with the same centres."""
 from __future__ import annotations
 
 import copy
+import re
 
 import numpy as np
 import pytest
@@ -11,7 +12,14 @@ from sklearn.metrics import mean_squared_error, r2_score
 from sklearn.model_selection import KFold
 
 from pipeline.engine.dense import kernel_matrix
-from pipeline.linalg.nystrom_solve import nystrom_centres, nystrom_solve
+from pipeline.kernels import make_kernel
+from pipeline.kernels.base import NonFiniteKernelError
+from pipeline.linalg.nystrom_solve import (
+    NystromNormalOperator,
+    _Rows,
+    nystrom_centres,
+    nystrom_solve,
+)
 from pipeline.models.estimator import KernelRidge
 from pipeline.models.selection import KernelRidgeCV, nystrom_cv
 from pipeline.models.selection.grid import resolve_kernel
@@ -102,6 +110,58 @@ def test_sample_weights_equal_brute_force():
         )
         want = brute_scores(X, y, 0.5, splits, ALPHAS, scoring, w=w)
         np.testing.assert_allclose(got, want, rtol=1e-8)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_a_folds_statistics_are_the_solvers_pass_sums_on_its_rows_to_the_bit(weighted):
+    """The CV's pass is the solver's (one home, ``kernel_blocks`` + ``add_block_sums``):
+    for folds made of whole row blocks, S_f and r_f equal ``pass_sums`` (``K_nMᵀ W K_nM``,
+    ``K_nMᵀ W y``) over the fold's rows alone, bitwise; W_f, q_f, s_f are the fold's."""
+    X, y = data(n=300, t=2, seed=3)
+    n, b = X.shape[0], 64
+    w = np.random.default_rng(4).uniform(0.2, 3.0, size=n) if weighted else None
+    kern = copy.deepcopy(resolve_kernel("rbf", None, 3, 1)).set_params(gamma=0.5)
+    idx = nystrom_centres(X, kern, M)
+    C = X[idx]
+    fold = np.ones(n, dtype=np.int64)
+    fold[b : 3 * b] = 0  # fold 0: blocks 1-2; fold 1: blocks 0, 3 and the short last one
+    st = nystrom_cv.fold_statistics(X, y, kern, C, fold, 2, sample_weight=w, block_size=b)
+    for f in (0, 1):
+        rows = np.flatnonzero(fold == f)
+        wf = None if w is None else w[rows]
+        op = NystromNormalOperator(_Rows(X[rows], b), kern, idx, C, 1.0, wf, "float64", None)
+        normal = np.zeros((M, M))
+        acc = op.pass_sums(y[rows], normal)
+        np.testing.assert_array_equal(st["S"][f], normal)
+        np.testing.assert_array_equal(st["r"][f], acc)
+        wr = np.ones(rows.size) if w is None else wf
+        assert st["W"][f] == pytest.approx(wr.sum(), rel=1e-14)
+        np.testing.assert_allclose(st["q"][f], (wr[:, None] * y[rows] ** 2).sum(axis=0))
+        np.testing.assert_allclose(st["s"][f], (wr[:, None] * y[rows]).sum(axis=0))
+    assert not np.array_equal(st["S"][0], st["S"][1])
+
+
+def test_the_statistics_pass_refuses_a_non_finite_x_or_kernel_as_the_solver_does():
+    X, y = data(n=200, t=1)
+    y2 = y.reshape(-1, 1)
+    fold = np.arange(200) % 2
+    kern = resolve_kernel("rbf", None, 3, 1)
+    C = X[:M]
+    bad = X.copy()
+    bad[150, 1] = np.nan  # not a centre
+    msg = re.escape("X contains NaN or infinite values; clean or impute them first")
+    with pytest.raises(ValueError, match=msg):
+        nystrom_cv.fold_statistics(bad, y2, kern, C, fold, 2, block_size=64)
+    with pytest.raises(ValueError, match=msg):
+        nystrom_solve(bad, y, kern, 1.0, n_centers=M, centre_indices=np.arange(M), block_size=64)
+    poly = make_kernel({"name": "polynomial", "degree": 3})
+    big = X.copy()
+    big[150] = 1e120  # K(X, C) overflows, K(C, C) does not
+    what = re.escape("the kernel K(X, C) of the Nyström centres holds a non-finite value")
+    with pytest.raises(NonFiniteKernelError, match=what), np.errstate(all="ignore"):
+        nystrom_cv.fold_statistics(big, y2, poly, C, fold, 2, block_size=64)
+    with pytest.raises(NonFiniteKernelError, match=what), np.errstate(all="ignore"):
+        nystrom_solve(big, y, poly, 1.0, n_centers=M, centre_indices=np.arange(M), block_size=64)
 
 
 def test_bad_scorer_refused():

@@ -22,36 +22,36 @@ Memory: (folds + 1) M x M float64 matrices, refused (:func:`check_statistics_mem
 beyond the memory available. Time: N·M² flops for the pass (a SYRK per fold and block),
 plus (folds x λ) factorisations of M x M.
 
-The strategy returns, per (λ, fold), the vector ``[rss (t), W_f, q_f (t), s_f (t)]``
-in place of predictions: the runner checkpoints it as it checkpoints predictions, and
+The runner's strategy (:class:`pipeline.models.selection.strategies.NystromStrategy`:
+:func:`setting_statistics` per kernel setting) returns, per (λ, fold), the vector
+``[rss (t), W_f, q_f (t), s_f (t)]`` in place of predictions: the runner checkpoints it as it checkpoints predictions, and
 :func:`nystrom_scores` turns it into the supported scores (:data:`NYSTROM_SCORERS`).
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from typing import Any
 
 import numpy as np
-import scipy.linalg
 
 from pipeline.constants import DEFAULT_N_CENTERS
-from pipeline.engine.dense import check_finite_kernel
 from pipeline.engine.fused import kernel_tile
 from pipeline.linalg import dense_memory
 from pipeline.linalg.nystrom_solve import (
     FalkonPreconditioner,
     NystromNormalOperator,
     _Rows,
+    add_block_sums,
+    centre_kernel,
     check_n_centers,
+    kernel_blocks,
     nystrom_centres,
 )
 
 __all__ = [
     "NYSTROM_SCORERS",
-    "NystromStrategy",
     "check_nystrom_search",
     "check_statistics_memory",
     "fold_statistics",
@@ -175,8 +175,12 @@ def fold_statistics(
     """One pass over the row blocks of X: per fold f, then for all rows (index
     ``n_folds``), S (M x M), r (M x t), q (t), s (t) and W (see the module notes).
 
-    The sums run block by block in row order, each fold's in its own accumulator
-    (float64); the totals are the rows of no fold plus each fold's, in fold order."""
+    The solver's pass (:func:`pipeline.linalg.nystrom_solve.kernel_blocks`, the finite
+    checks included) with its per-block sums (:func:`~pipeline.linalg.nystrom_solve.
+    add_block_sums`) on each fold's rows of the block: block by block in row order, each
+    fold's in its own float64 accumulator, so a fold of whole blocks has the bits of the
+    solver's pass over its rows; the totals are the rows of no fold plus each fold's, in
+    fold order."""
     rows = _Rows(X, block_size)
     M, t = C.shape[0], Y.shape[1]
     F = n_folds
@@ -186,23 +190,22 @@ def fold_statistics(
     s = np.zeros((F + 1, t))
     W = np.zeros(F + 1)
     G = np.empty((rows.block, M))
-    for start, xb in rows:
-        if not np.all(np.isfinite(xb)):
-            raise ValueError("X contains NaN or infinite values; clean or impute them first")
-        b = xb.shape[0]
-        Gb = G[:b]
+
+    def block(xb: np.ndarray) -> np.ndarray:
+        Gb = G[: xb.shape[0]]
         kernel_tile(kernel, xb, C, Gb, kernel_dtype="float64", n_threads=n_threads)
-        check_finite_kernel(Gb, "the kernel K(X, C) of the Nyström centres")
+        return Gb
+
+    for start, _, Gb in kernel_blocks(rows, block):
+        b = Gb.shape[0]
         fb = fold[start : start + b]
         yb = Y[start : start + b]
         wb = np.ones(b) if sample_weight is None else sample_weight[start : start + b]
         for f in np.unique(fb):
             sel = np.flatnonzero(fb == f)
             k = F if f < 0 else int(f)
-            g, w, y = Gb[sel], wb[sel], yb[sel]
-            gw = g * np.sqrt(w)[:, None]
-            S[k] += gw.T @ gw
-            r[k] += g.T @ (y * w[:, None])
+            w, y = wb[sel], yb[sel]
+            add_block_sums(Gb[sel], y, w[:, None], r[k], S[k])
             q[k] += (w[:, None] * y * y).sum(axis=0)
             s[k] += (w[:, None] * y).sum(axis=0)
             W[k] += w.sum()
@@ -223,8 +226,8 @@ class _FoldSystem:
 
     FALKON's ``B = T⁻¹ A⁻¹`` per (fold, λ): T (``chol(K_MM + ε I)``, from K_MM alone) is
     the setting's ``base`` preconditioner's, factored once; only
-    ``A = chol(T Tᵀ / M + λ' I)`` is factored here, by the same formula as
-    :class:`FalkonPreconditioner` (so the same bits as building it anew)."""
+    ``A = chol(T Tᵀ / M + λ' I)`` is factored here
+    (:meth:`FalkonPreconditioner.with_shift`: the same bits as building it anew)."""
 
     solve_direct = NystromNormalOperator.solve_direct
     coef = NystromNormalOperator.coef
@@ -235,10 +238,7 @@ class _FoldSystem:
         self.shift = float(shift)
         self.n_eff = float(n_eff)
         self.n = K_MM.shape[0]
-        self.pre = copy.copy(base)
-        S = base.T @ base.T.T / self.n
-        S[np.diag_indices(self.n)] += self.shift / self.n_eff
-        self.pre.A = scipy.linalg.cholesky(S, lower=False)
+        self.pre = base.with_shift(self.shift / self.n_eff)
         self.n_products = 0
 
 
@@ -316,9 +316,7 @@ def setting_statistics(
     fold = fold_index(n, splits)
     idx = nystrom_centres(X, kern, m, centers=centers, random_state=random_state)
     C = np.ascontiguousarray(np.asarray(X)[idx], dtype=np.float64)
-    K_MM = np.empty((m, m))
-    kernel_tile(kern, C, None, K_MM, kernel_dtype="float64")
-    check_finite_kernel(K_MM, "the kernel K(C, C) of the Nyström centres")
+    K_MM = centre_kernel(kern, C)
     w = None if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
     st = fold_statistics(X, y2, kern, C, fold, len(splits), sample_weight=w)
     t1 = time.perf_counter()
@@ -343,22 +341,3 @@ def setting_statistics(
         t1 - t0, len(splits) * len(alphas), time.perf_counter() - t1, worst,
     )  # fmt: skip
     return out
-
-
-class NystromStrategy:
-    """The runner's strategy of ``solver="nystrom"``: per kernel setting, the held-out
-    vectors (in place of predictions; :func:`nystrom_scores` scores them)."""
-
-    threads = False
-    all_settings = False
-
-    def __init__(self, cv: Any, *, solver: str | None = None, settings: Any = None,
-                 screen: Any = None) -> None:  # fmt: skip
-        self.cv, self.solver, self.settings = cv, solver, settings
-
-    def predictions(self, si, X, y2, kern, splits, kind, alphas_s, stats):
-        cv = self.cv
-        return setting_statistics(
-            X, y2, kern, splits, alphas_s, cv._shift, m=n_centres(cv, X.shape[0]),
-            centers=cv.centers, random_state=seed(cv), stats=stats,
-        )  # fmt: skip

@@ -51,7 +51,7 @@ from pipeline.models.selection.eigen import (
     loo_predictions,
 )
 from pipeline.models.selection.loo import lgo_residuals, loo_residuals
-from pipeline.models.selection.nystrom_cv import NystromStrategy
+from pipeline.models.selection.nystrom_cv import n_centres, seed, setting_statistics
 from pipeline.models.selection.route import DenseKernelOperator, route_setting
 from pipeline.models.selection.stats import new_stats
 from pipeline.plan.cv_routing import eigen_mode
@@ -61,6 +61,7 @@ __all__ = [
     "CGPathStrategy",
     "CholeskyStrategy",
     "InMemoryStrategy",
+    "NystromStrategy",
     "OutOfCoreStore",
     "make_strategy",
 ]
@@ -349,6 +350,19 @@ class CholeskyStrategy(_Strategy):
                     preds[f] = y2[te] - lgo_residuals(fac, coef, te, stats)
             out.append(preds)
         return out
+
+
+class NystromStrategy(_Strategy):
+    """``solver="nystrom"``: per kernel setting, the held-out vectors of
+    :func:`~pipeline.models.selection.nystrom_cv.setting_statistics` in place of
+    predictions (:func:`~pipeline.models.selection.nystrom_cv.nystrom_scores` scores them)."""
+
+    def predictions(self, si, X, y2, kern, splits, kind, alphas_s, stats):
+        cv = self.cv
+        return setting_statistics(
+            X, y2, kern, splits, alphas_s, cv._shift, m=n_centres(cv, X.shape[0]),
+            centers=cv.centers, random_state=seed(cv), stats=stats,
+        )  # fmt: skip
 
 
 class CGPathStrategy(_Strategy):
