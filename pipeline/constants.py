@@ -234,6 +234,9 @@ CV_BLOCK_COLUMN_SECONDS = 6.7e-11
 #: one fold's r x r eigendecomposition (LAPACK syevr, one BLAS thread per fold) in
 #: units of r³ flops at CHOLESKY_GFLOPS (measured: docs/PERFORMANCE.md#model-selection)
 CV_EIGH_FLOPS_PER_R3 = 30.0
+#: screening (KernelRidgeCV's default screen_tol, solver cg): every (λ, fold) system to
+#: this float64 relative residual, then only the best screen_top λ on to tol
+CV_SCREEN_TOL = 1e-3
 
 # ---------------------------------------------------------------------------
 # KernelRidgeCV's solvers (pipeline.models.selection): tolerances, ranks, sizes

@@ -532,7 +532,8 @@ def test_the_cv_tree_has_a_type_default_and_doc_line_per_knob():
 
 def test_every_cv_config_field_comes_from_the_tree():
     """The cv section: its own fields and the tree's, in the historical order, with the
-    tree's defaults, allowed values, bounds and docs; null where the default is None."""
+    tree's defaults, allowed values, bounds and docs; null where the default is None or
+    null turns the knob off (screen_tol)."""
     from pipeline.stages.config import CvConfig
 
     fields = CvConfig.model_fields
@@ -541,7 +542,7 @@ def test_every_cv_config_field_comes_from_the_tree():
         f = fields[name]
         assert f.default == k.default and type(f.default) is type(k.default), name
         ann = f.annotation
-        if k.default is None:
+        if k.default is None or k.off:
             assert type(None) in get_args(ann), name
             ann = next(a for a in get_args(ann) if a is not type(None))
         assert (get_args(ann) if k.choices else ann) == (k.choices or k.type), name
@@ -556,6 +557,10 @@ def test_every_cv_config_field_comes_from_the_tree():
         options.CvOptions()
     )
     assert dump["random_state"] == 0 and CvConfig(alphas=[1.0], max_iter=None).max_iter is None
+    # screening is on by default (issue #45); null turns it off
+    assert [n for n, k in options.knobs(options.CvOptions).items() if k.off] == ["screen_tol"]
+    assert dump["screen_tol"] == 1e-3 and dump["preconditioner"] == "adaptive"
+    assert CvConfig(alphas=[1.0], screen_tol=None).screen_tol is None
 
 
 def test_every_search_param_comes_from_the_tree():
