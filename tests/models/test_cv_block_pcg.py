@@ -232,3 +232,17 @@ def test_screen_tol_none_turns_screening_off_and_nystrom_stays_reachable(dense_r
     eig = KernelRidgeCV(alphas, solver="eigen", **kw).fit(X, y)
     assert eig.screen_tol == 1e-3 and "screen" not in eig.search_stats_
     np.testing.assert_array_equal(eig.best_index_, ref.best_index_)
+
+
+def test_the_config_section_takes_the_defaults_and_null_turns_screening_off():
+    """krr run's cv section: the same defaults; null reaches the search as None (the
+    select stage hands the section's search knobs to search_from_config as they are)."""
+    from pipeline.models.selection.report import CV_SECTION_KEYS, search_from_config
+    from pipeline.stages.config import CvConfig
+
+    for given, want in (({}, (1e-3, "adaptive")), ({"screen_tol": None}, (None, "adaptive"))):
+        dump = CvConfig(alphas=[1.0], **given).stage_dump()
+        section = {k: v for k, v in dump.items() if k in CV_SECTION_KEYS}
+        options = {k: v for k, v in dump.items() if k not in CV_SECTION_KEYS}
+        search = search_from_config(section, **options)
+        assert (search.screen_tol, search.preconditioner) == want, given
