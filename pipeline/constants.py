@@ -253,6 +253,25 @@ CV_BLOCK_COLUMN_SECONDS = 6.7e-11
 #: one fold's r x r eigendecomposition (LAPACK syevr, one BLAS thread per fold) in
 #: units of r³ flops at CHOLESKY_GFLOPS (measured: docs/PERFORMANCE.md#model-selection)
 CV_EIGH_FLOPS_PER_R3 = 30.0
+#: screening (KernelRidgeCV's default screen_tol, solver cg): every (λ, fold) system to
+#: this float64 relative residual, then only the best screen_top λ on to tol
+CV_SCREEN_TOL = 1e-3
+#: the search's cost model (pipeline.plan.cv_routing.cg_passes) prices CV_BLOCK_PASSES
+#: for its default run (adaptive preconditioner, screening), times these where a search
+#: runs otherwise: no screening (every system on to tol); a Nyström factor of fixed rank
+#: r below the adaptive cap r_a, (r_a / r)^CV_FIXED_RANK_PASS_EXPONENT; no preconditioner
+#: (plain CG: about 1,600 iterations at λ = 1e-2, N = 12,000; docs/CV_AT_SCALE.md), also
+#: the most a fixed rank costs (measured at N = 3,000: docs/CV_AT_SCALE.md, "The
+#: defaults and the routing")
+CV_UNSCREENED_PASS_FACTOR = 1.7
+CV_FIXED_RANK_PASS_EXPONENT = 1.25
+CV_UNPRECONDITIONED_PASS_FACTOR = 40.0
+#: the chosen setting is re-scored by float64 block PCG to VERIFY_TOL: one more
+#: preconditioner and about this many float64 passes (one column per fold)
+CV_VERIFY_PASSES = 10
+#: solver cholesky: the L⁻¹ panels of the leave-one-out / leave-group-out residuals of
+#: one factor cost about this many factorisations (n³/3 flops: models.selection.loo)
+CV_PANELS_PER_FACTORISATION = 1.0
 
 # ---------------------------------------------------------------------------
 # KernelRidgeCV's solvers (pipeline.models.selection): tolerances, ranks, sizes

@@ -215,6 +215,9 @@ class Knob:
     lt: float | None = None
     unset: bool = False
     example: str | None = None
+    #: None turns the knob off (though its default is a value): the estimators take None
+    #: and the config null (CvOptions.screen_tol)
+    off: bool = False
     #: the spellings that carry it: "config" (SolverConfig), "estimator" (KernelRidge),
     #: "plan" (plan_fit's choices)
     spelt_by: frozenset[str] = frozenset({"config", "estimator", "plan"})
@@ -354,8 +357,8 @@ class CvOptions:
     :func:`pipeline.models.selection.choice.check_params`) and ``krr run``'s ``cv``
     section (:class:`pipeline.stages.config.CvConfig`, in this order; the section's
     grid, splits, scorer and seed are its own) are derived from these fields. A default
-    of None is "not set" in every spelling (the search chooses). A plain record, as
-    :class:`SolverOptions`.
+    of None is "not set" in every spelling (the search chooses); ``screen_tol``'s None
+    (:attr:`Knob.off`) is "no screening". A plain record, as :class:`SolverOptions`.
     """
 
     solver: str = _knob(
@@ -374,8 +377,11 @@ class CvOptions:
     )  # fmt: skip
     #: None: pipeline.constants.DEFAULT_MAX_ITER
     max_iter: int | None = _knob(None, "CG's iteration limit", ge=1, unset=True, spelt_by=_CV)
+    #: "adaptive" (issue #45): its rank grows until it resolves K at the grid's smallest
+    #: shift, capped by max(CV_RANK_FLOOR, CV_RANK_SCALE * n^(2/3)) and CV_PRECOND_BUDGET;
+    #: "nystrom" (the default before) is a fixed rank
     preconditioner: str = _knob(
-        "nystrom", "CG's preconditioner, one Nyström factor of K for every fold",
+        "adaptive", "CG's preconditioner, one Nyström factor of K for every fold",
         choices=CV_PRECONDITIONERS, spelt_by=_CV,
     )  # fmt: skip
     #: None: pipeline.constants.CV_DEFAULT_RANK (nystrom), the memory cap (adaptive)
@@ -396,9 +402,13 @@ class CvOptions:
         "auto", "solver cg: kernel values of the inner solves (residuals are float64 either way)",
         choices=CV_KERNEL_DTYPES, spelt_by=_CV,
     )  # fmt: skip
+    #: on by default (issue #45); None (null) turns screening off: every system to tol.
+    #: The other solvers are exact and ignore it
     screen_tol: float | None = _knob(
-        None, "solver cg: screen every system to this residual, then only the best λ to tol",
-        gt=0, lt=1, unset=True, example="1e-3", spelt_by=_CV,
+        C.CV_SCREEN_TOL,
+        "solver cg: screen every system to this residual, then only the best λ to tol "
+        "(null: no screening)",
+        gt=0, lt=1, off=True, example="1e-3", spelt_by=_CV,
     )  # fmt: skip
     screen_top: int = _knob(
         3, "solver cg: the λ of each kernel setting solved on to tol after screening", ge=1,

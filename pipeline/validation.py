@@ -199,9 +199,9 @@ def check_option(name: str, value: Any, knob: Knob) -> None:
     """Check an estimator's parameter against its knob of the option tree
     (:class:`pipeline.options.Knob`): one of its allowed values, an integer >= 1 (None
     too when the estimators spell its default None), a float inside its open bounds, or
-    True/False; None where the knob is unset by default. The error names the value and
-    what is valid."""
-    if value is None and knob.unset:
+    True/False; None where the knob is unset by default or None turns it off
+    (:attr:`~pipeline.options.Knob.off`). The error names the value and what is valid."""
+    if value is None and (knob.unset or knob.off):
         return
     if knob.choices is not None:
         check_choice(name, value, knob.choices)

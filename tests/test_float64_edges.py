@@ -488,6 +488,7 @@ def _cv(solver: str, scoring=None):
         solver=solver,
         scoring=scoring,
         tol=1e-12,
+        screen_tol=None,  # CG: every score to tol (screened ones carry the 1e-3 solve's error)
         random_state=0,
     )
 

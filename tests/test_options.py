@@ -29,6 +29,7 @@ import numpy as np
 import pytest
 
 import pipeline
+from pipeline import constants as C
 from pipeline import options
 from pipeline.options import diagonal_shift
 
@@ -334,7 +335,9 @@ def test_every_solver_config_field_comes_from_the_tree():
         f = fields[name]
         assert f.default == k.default and type(f.default) is type(k.default), name
         choices = k.config_choices or k.choices
-        assert (get_args(f.annotation) if choices else f.annotation) == (choices or k.type), name
+        # a knob whose default is None (not set: the plan chooses) is optional in the config
+        typ = k.type if k.default is not None else k.type | None
+        assert (get_args(f.annotation) if choices else f.annotation) == (choices or typ), name
         bounds = {
             type(m).__name__.lower(): getattr(m, type(m).__name__.lower()) for m in f.metadata
         }
@@ -447,7 +450,8 @@ def test_fit_plan_defaults_are_the_trees():
     assert plan.options == options.SolverOptions()
     decided = {"solver": "cholesky", "matvec": None, "cg_precision": "float64",
                "factor_dtype": options.SolverOptions().factor_dtype,
-               "rank": options.SolverOptions().rank,
+               # the rank the plan resolves (the tree's is None: not set, chosen by the plan)
+               "rank": C.DEFAULT_RANK,
                "device": "cpu"}  # fmt: skip
     own = {f.name for f in dataclasses.fields(FitPlan)}
     assert own & set(_tree()) == set(decided)
@@ -532,7 +536,8 @@ def test_the_cv_tree_has_a_type_default_and_doc_line_per_knob():
 
 def test_every_cv_config_field_comes_from_the_tree():
     """The cv section: its own fields and the tree's, in the historical order, with the
-    tree's defaults, allowed values, bounds and docs; null where the default is None."""
+    tree's defaults, allowed values, bounds and docs; null where the default is None or
+    null turns the knob off (screen_tol)."""
     from pipeline.stages.config import CvConfig
 
     fields = CvConfig.model_fields
@@ -541,7 +546,7 @@ def test_every_cv_config_field_comes_from_the_tree():
         f = fields[name]
         assert f.default == k.default and type(f.default) is type(k.default), name
         ann = f.annotation
-        if k.default is None:
+        if k.default is None or k.off:
             assert type(None) in get_args(ann), name
             ann = next(a for a in get_args(ann) if a is not type(None))
         assert (get_args(ann) if k.choices else ann) == (k.choices or k.type), name
@@ -556,6 +561,10 @@ def test_every_cv_config_field_comes_from_the_tree():
         options.CvOptions()
     )
     assert dump["random_state"] == 0 and CvConfig(alphas=[1.0], max_iter=None).max_iter is None
+    # screening is on by default (issue #45); null turns it off
+    assert [n for n, k in options.knobs(options.CvOptions).items() if k.off] == ["screen_tol"]
+    assert dump["screen_tol"] == 1e-3 and dump["preconditioner"] == "adaptive"
+    assert CvConfig(alphas=[1.0], screen_tol=None).screen_tol is None
 
 
 def test_every_search_param_comes_from_the_tree():

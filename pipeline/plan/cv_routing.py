@@ -10,6 +10,7 @@ so this module does no I/O.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,9 +23,18 @@ from pipeline.constants import (
     CHOLESKY_GFLOPS,
     CV_BLOCK_COLUMN_SECONDS,
     CV_BLOCK_PASSES,
+    CV_DEFAULT_RANK,
     CV_EIGH_FLOPS_PER_R3,
+    CV_FIXED_RANK_PASS_EXPONENT,
+    CV_PANELS_PER_FACTORISATION,
+    CV_PRECOND_BUDGET,
     CV_RANK_FLOOR,
     CV_RANK_SCALE,
+    CV_SCREEN_TOL,
+    CV_TOL,
+    CV_UNPRECONDITIONED_PASS_FACTOR,
+    CV_UNSCREENED_PASS_FACTOR,
+    CV_VERIFY_PASSES,
     EIG_FLOPS_PER_N3,
     IN_MEMORY_MAX_N,
     KERNEL_ENTRIES_PER_SECOND,
@@ -35,12 +45,16 @@ from pipeline.plan.cholesky_cost import cholesky_flops
 
 __all__ = [
     "band_cost",
+    "cg_passes",
+    "cg_rank",
     "choose_cv_solver",
     "dense_cost",
     "eigen_cost",
     "eigen_mode",
     "memory_need",
+    "precond_rank_cap",
     "predicted_search_seconds",
+    "rank_cap",
     "route_choice",
     "suggest_smaller_grid",
 ]
@@ -104,11 +118,15 @@ def choose_cv_solver(
     n_jobs: int | None = None,
     eigen_requested: str = "auto",
     in_memory_max_n: int = IN_MEMORY_MAX_N,
+    **cg: Any,
 ) -> str:
     """``solver="auto"`` of the search: the cheapest in-memory strategy that fits, up to
     ``in_memory_max_n`` rows; else, with a store, ``"cholesky"`` for leave-one-out or
-    when one factorisation per λ is predicted cheaper than the block CG
-    (:func:`predicted_search_seconds`); else ``"cg"``."""
+    when one factorisation per λ (and its residual panels) is predicted cheaper than the
+    block CG as the search would run it (``cg``: the keywords of
+    :func:`predicted_search_seconds`: ``preconditioner``, ``rank``, ``tol``,
+    ``screen_tol``, ``n_targets``, ``convention``; their defaults are the search's);
+    else ``"cg"``."""
     costs: dict[str, Any] = {"eigen": eigen_cost(n, kind, n_alpha, splits, eigen_requested)}
     if kind != "loo":  # one system per left-out row: leave-one-out is eigen's (or the factor's)
         costs["dense"] = dense_cost(n_alpha, splits)
@@ -121,8 +139,8 @@ def choose_cv_solver(
     if has_store and kind == "loo":
         return "cholesky"  # exact LOO from the factor; CG cannot give diag((K + λI)⁻¹)
     if has_store and kind == "complement":  # the factor's LGO panels need complements
-        per = predicted_search_seconds("cholesky", n, n_alpha, 1, splits)
-        if per < predicted_search_seconds("cg", n, n_alpha, 1, splits):
+        per = predicted_search_seconds("cholesky", n, n_alpha, 1, splits, **cg)
+        if per < predicted_search_seconds("cg", n, n_alpha, 1, splits, **cg):
             return "cholesky"
     return "cg"
 
@@ -167,6 +185,65 @@ def _block_pass_seconds(n: int, columns: int) -> float:
     return entries * (1.0 / KERNEL_ENTRIES_PER_SECOND + columns * CV_BLOCK_COLUMN_SECONDS)
 
 
+def rank_cap(n: int) -> int:
+    """The adaptive preconditioner's rank cap for n rows (before the memory cap):
+    ``max(CV_RANK_FLOOR, CV_RANK_SCALE * n^(2/3))``, at most n."""
+    return int(min(n, max(CV_RANK_FLOOR, CV_RANK_SCALE * n ** (2.0 / 3.0))))
+
+
+def precond_rank_cap(n: int, n_folds: int, budget: int = CV_PRECOND_BUDGET) -> int:
+    """Largest rank r with ``4 n r + 8 n_folds r² <= budget`` (F in float32 plus one
+    r x r basis per fold), at least 1 and at most n."""
+    a, b = 8.0 * n_folds, 4.0 * n
+    r = (-b + math.sqrt(b * b + 4 * a * budget)) / (2 * a)
+    return int(max(1, min(n, r)))
+
+
+def cg_rank(n: int, n_folds: int, preconditioner: str = "adaptive", rank: int | None = None) -> int:
+    """The rank of the block PCG's Nyström factor for n rows (0: no preconditioner):
+    ``"nystrom"``: ``rank`` (default :data:`CV_DEFAULT_RANK`); ``"adaptive"``: at most its
+    cap (``rank`` caps it further; priced at the cap). Both are capped by
+    :func:`rank_cap` and the memory (:func:`precond_rank_cap`)."""
+    if preconditioner in ("none", None):
+        return 0
+    cap = min(precond_rank_cap(n, n_folds), rank_cap(n))
+    if preconditioner == "nystrom":
+        return min(int(rank or min(n, CV_DEFAULT_RANK)), cap, n)
+    return min(cap, int(rank)) if rank else cap
+
+
+def cg_passes(
+    n: int,
+    n_folds: int,
+    preconditioner: str = "adaptive",
+    rank: int | None = None,
+    screened: bool = True,
+) -> float:
+    """Kernel passes of the block PCG per kernel setting: :data:`CV_BLOCK_PASSES` for the
+    search's default run (adaptive factor, screening), times
+    :data:`CV_UNSCREENED_PASS_FACTOR` without screening, and, for a Nyström factor of
+    fixed rank r below the adaptive cap r_a, times ``(r_a / r)`` to the power
+    :data:`CV_FIXED_RANK_PASS_EXPONENT`, at most
+    :data:`CV_UNPRECONDITIONED_PASS_FACTOR` (the factor without a preconditioner)."""
+    passes = float(CV_BLOCK_PASSES)
+    if not screened:
+        passes *= CV_UNSCREENED_PASS_FACTOR
+    if preconditioner in ("none", None):
+        return passes * CV_UNPRECONDITIONED_PASS_FACTOR
+    if preconditioner == "nystrom":
+        r, r_a = cg_rank(n, n_folds, "nystrom", rank), cg_rank(n, n_folds, "adaptive")
+        if r < r_a:
+            worse = (r_a / r) ** CV_FIXED_RANK_PASS_EXPONENT
+            passes *= min(CV_UNPRECONDITIONED_PASS_FACTOR, worse)
+    return passes
+
+
+def _precond_seconds(n: int, r: int, n_folds: int) -> float:
+    """One factor of rank r (``2 n r²`` flops) and its restriction to each fold (an r x r
+    eigendecomposition per fold)."""
+    return (2 * n * r * r + n_folds * CV_EIGH_FLOPS_PER_R3 * r**3) / (CHOLESKY_GFLOPS * 1e9)
+
+
 def predicted_search_seconds(
     solver: str,
     n: int,
@@ -177,32 +254,55 @@ def predicted_search_seconds(
     n_targets: int = 1,
     eigen_requested: str = "auto",
     kind: str = "complement",
+    preconditioner: str = "adaptive",
+    rank: int | None = None,
+    tol: float = CV_TOL,
+    screen_tol: float | None = CV_SCREEN_TOL,
+    convention: str = "sklearn",
 ) -> float:
     """Predicted seconds of a whole search (every kernel setting) with ``solver``.
 
-    ``cholesky``: one tile Cholesky of the full Gram per λ (plus the Gram build);
-    ``cg``: :data:`CV_BLOCK_PASSES` block passes over the lower kernel tiles per
-    setting, every (λ, fold, target) column in each pass; the in-memory solvers:
-    their flop counts (:func:`eigen_cost`, :func:`band_cost`, :func:`dense_cost`)
-    at :data:`CHOLESKY_GFLOPS` plus the kernel matrix.
+    ``cholesky``: per setting, the Gram, then per λ one tile Cholesky of the full Gram per
+    distinct shift (one; under the ``"n_samples"``/``"n"`` convention one per distinct
+    training-set size) priced as the fit plan's (simple) cost model prices it, plus the
+    L⁻¹ panels of its residuals (:data:`CV_PANELS_PER_FACTORISATION` factorisations);
+    ``cg``: per setting, :func:`cg_passes` block passes over the lower kernel tiles,
+    every (λ, fold, target) column in each pass (half of them on average: screening and
+    converged columns drop out), one Nyström factor of rank :func:`cg_rank` and its
+    fold restrictions, and once per search the verification of the chosen setting (one
+    more factor and :data:`CV_VERIFY_PASSES` float64 passes). The keywords
+    ``preconditioner``, ``rank``, ``tol`` and ``screen_tol`` are the search's (screening
+    runs when ``screen_tol`` is above ``tol``); their defaults are
+    :class:`~pipeline.options.CvOptions`'. The in-memory solvers: their flop counts
+    (:func:`eigen_cost`, :func:`band_cost`, :func:`dense_cost`) at
+    :data:`CHOLESKY_GFLOPS` plus the kernel matrix.
     """
     rate = CHOLESKY_GFLOPS * 1e9
     kernel = n * n / KERNEL_ENTRIES_PER_SECOND
+    once = 0.0
     if solver == "cg":
-        columns = n_alpha * len(splits) * n_targets
-        r = min(n, max(float(CV_RANK_FLOOR), CV_RANK_SCALE * n ** (2.0 / 3.0)))  # cvblock.rank_cap
-        precond = (2 * n * r * r + len(splits) * CV_EIGH_FLOPS_PER_R3 * r**3) / rate
-        per = CV_BLOCK_PASSES * _block_pass_seconds(n, max(1, columns // 2)) + kernel + precond
+        nf = len(splits)
+        columns = n_alpha * nf * n_targets
+        r = cg_rank(n, nf, preconditioner, rank)
+        screened = screen_tol is not None and screen_tol > tol
+        passes = cg_passes(n, nf, preconditioner, rank, screened)
+        precond = _precond_seconds(n, r, nf)
+        per = passes * _block_pass_seconds(n, max(1, columns // 2)) + kernel + precond
+        once = precond + CV_VERIFY_PASSES * _block_pass_seconds(n, nf * n_targets)
     elif solver == "cholesky":
-        # one factorisation per λ, priced as the fit plan's (simple) cost model prices it
-        per = n_alpha * SimpleCostModel().cholesky_seconds(n, 1) + kernel / 2
+        if kind == "loo" or convention not in ("n_samples", "n"):
+            shifts = 1
+        else:  # the shift is λ times the training rows: one factor per distinct count
+            shifts = max(1, len({len(tr) for tr, _ in splits}))
+        factor = SimpleCostModel().cholesky_seconds(n, 1)
+        per = n_alpha * shifts * factor * (1.0 + CV_PANELS_PER_FACTORISATION) + kernel / 2
     elif solver == "eigen":
         per = eigen_cost(n, kind, n_alpha, splits, eigen_requested) / rate + kernel
     elif solver == "band":
         per = band_cost(splits) / rate + kernel
     else:
         per = dense_cost(n_alpha, splits) / rate + kernel
-    return float(per * n_settings)
+    return float(per * n_settings + once)
 
 
 def suggest_smaller_grid(

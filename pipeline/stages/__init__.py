@@ -247,6 +247,22 @@ def _solve_identity(params: dict[str, Any]) -> dict[str, Any]:
     return {**params, "solver": solver}
 
 
+def _select_identity(params: dict[str, Any]) -> dict[str, Any]:
+    """The select stage's arguments as its fingerprint sees them: the search's CG options
+    spelt as before issue #45 made the adaptive preconditioner and screening the defaults
+    (they were ``nystrom`` and no screening). A search of a run made before selected
+    from scores as good and is kept."""
+    cv = params.get("cv")
+    if not cv or cv.get("preconditioner") != "adaptive" or cv.get("screen_tol") != C.CV_SCREEN_TOL:
+        return params
+    return {**params, "cv": {**cv, "preconditioner": "nystrom", "screen_tol": None}}
+
+
+#: the stages whose fingerprint sees a view of their arguments (a changed default spelt
+#: as before, so runs made before keep their identity)
+_IDENTITY = {"solve": _solve_identity, "select": _select_identity}
+
+
 #: the data's content identity is part of the fingerprint: a changed file reruns from ingest
 _RESOLVE["ingest"] = _ingest_source
 _RESOLVE["predict"] = _predict_input
@@ -266,7 +282,7 @@ def default_stages() -> list[Stage]:
             scratch=_SCRATCH.get(name, ()),
             reusable=name == "solve",  # alpha: copied from an equal configuration's solve
             reads=_READS.get(name, ()),
-            identity=_solve_identity if name == "solve" else None,
+            identity=_IDENTITY.get(name),
         )
         for name, (module, after) in STAGE_WIRING.items()
     ]

@@ -183,7 +183,7 @@ def _config_field(k: Knob) -> tuple[Any, Any]:
     ``Literal`` (the config's own when they differ), its bounds, its default and doc."""
     choices = k.config_choices or k.choices
     annotation = k.type if choices is None else Literal[choices]
-    if k.default is None:  # not set: the config takes null too
+    if k.default is None or k.off:  # not set, or off: the config takes null too
         annotation = annotation | None
     return annotation, Field(default=k.default, gt=k.gt, ge=k.ge, lt=k.lt, description=k.doc)
 

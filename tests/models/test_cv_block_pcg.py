@@ -130,9 +130,10 @@ def test_block_cg_scores_match_the_dense_reference_over_chunkings(
     dense_ref, block_size, kernel_dtype
 ):
     X, y, alphas, kw, ref = dense_ref
+    # every system to tol (screening, on by default, leaves the other λ at 1e-3)
     m = KernelRidgeCV(
         alphas, solver="cg", preconditioner="adaptive", tol=1e-10, block_size=block_size,
-        kernel_dtype=kernel_dtype, **kw,
+        kernel_dtype=kernel_dtype, screen_tol=None, **kw,
     ).fit(X, y)  # fmt: skip
     for f in range(5):
         np.testing.assert_allclose(
@@ -187,3 +188,61 @@ def test_an_unconverged_refit_is_not_returned():
             [1e-6, 1e-3], kernel="rbf", gamma=2.0, cv=3, solver="cg", preconditioner="none",
             max_iter=5,
         ).fit(X, y)  # fmt: skip
+
+
+# ------------------------------------------------ the defaults (issue #45, item 5)
+
+
+def test_the_search_screens_with_the_adaptive_factor_by_default(dense_ref):
+    """Defaults only: the adaptive factor (its rank chosen, at most the cap) and
+    screening to 1e-3, then the best 3 λ of each setting to tol; the chosen setting is
+    the dense reference's and its verified score is exact."""
+    from pipeline.constants import CV_SCREEN_TOL
+    from pipeline.plan.cv_routing import rank_cap
+
+    X, y, alphas, kw, ref = dense_ref
+    m = KernelRidgeCV(alphas, solver="cg", **kw)
+    assert (m.preconditioner, m.screen_tol, m.rank) == ("adaptive", CV_SCREEN_TOL, None)
+    m.fit(X, y)
+    st = m.search_stats_
+    assert st["screened_lambdas"] == 3 * (len(alphas) - 3)
+    assert [s["screen_tol"] for s in st["screen"]] == [1e-3] * 3
+    assert all(len(s["refined_lambda_indices"]) == 3 for s in st["screen"])
+    assert st["preconditioner_builds"] == 3  # one per setting
+    assert all(1 <= r <= rank_cap(len(y)) for r in st["preconditioner_ranks"])
+    assert m.best_params_ == ref.best_params_
+    assert abs(st["verified_score_difference"]) < 1e-8
+
+
+def test_screen_tol_none_turns_screening_off_and_nystrom_stays_reachable(dense_ref):
+    from pipeline.constants import CV_DEFAULT_RANK
+
+    X, y, alphas, kw, ref = dense_ref
+    r = min(len(y), CV_DEFAULT_RANK)  # the fixed rank, at most n (150 here)
+    m = KernelRidgeCV(
+        alphas, solver="cg", screen_tol=None, preconditioner="nystrom", tol=1e-10, **kw
+    ).fit(X, y)
+    st = m.search_stats_
+    assert "screen" not in st and st.get("screened_lambdas", 0) == 0
+    assert st["preconditioner_ranks"] == [r] * 3  # the fixed rank, for each setting
+    np.testing.assert_allclose(
+        m.cv_results_["mean_test_score"], ref.cv_results_["mean_test_score"], atol=1e-8
+    )
+    # screening applies to solver cg only: the exact solvers take the default and ignore it
+    eig = KernelRidgeCV(alphas, solver="eigen", **kw).fit(X, y)
+    assert eig.screen_tol == 1e-3 and "screen" not in eig.search_stats_
+    np.testing.assert_array_equal(eig.best_index_, ref.best_index_)
+
+
+def test_the_config_section_takes_the_defaults_and_null_turns_screening_off():
+    """krr run's cv section: the same defaults; null reaches the search as None (the
+    select stage hands the section's search knobs to search_from_config as they are)."""
+    from pipeline.models.selection.report import CV_SECTION_KEYS, search_from_config
+    from pipeline.stages.config import CvConfig
+
+    for given, want in (({}, (1e-3, "adaptive")), ({"screen_tol": None}, (None, "adaptive"))):
+        dump = CvConfig(alphas=[1.0], **given).stage_dump()
+        section = {k: v for k, v in dump.items() if k in CV_SECTION_KEYS}
+        options = {k: v for k, v in dump.items() if k not in CV_SECTION_KEYS}
+        search = search_from_config(section, **options)
+        assert (search.screen_tol, search.preconditioner) == want, given

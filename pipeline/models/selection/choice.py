@@ -49,6 +49,7 @@ __all__ = [
     "SOLVERS",
     "SearchChoice",
     "band_workers",
+    "cg_pricing",
     "check_params",
     "choose_search",
     "choose_solver",
@@ -172,7 +173,21 @@ def choose_solver(
         band_workers=workers,
         n_jobs=cv.n_jobs,
         eigen_requested=cv.eigen_mode,
+        **cg_pricing(cv),
     )
+
+
+def cg_pricing(cv: Any) -> dict[str, Any]:
+    """The search's options that its cost model reads
+    (:func:`pipeline.plan.cv_routing.predicted_search_seconds`): how the block CG runs
+    (preconditioner, rank, tol, screening) and the λ convention (the Cholesky's shifts)."""
+    return {
+        "preconditioner": cv.preconditioner,
+        "rank": cv.rank,
+        "tol": cv.tol,
+        "screen_tol": cv.screen_tol,
+        "convention": cv.lambda_convention,
+    }
 
 
 @dataclass(frozen=True)
@@ -223,6 +238,6 @@ def choose_search(
         return SearchChoice(solver, 1, 0.0)
     predicted = check_budget(
         cv.max_search_seconds, solver, n, n_alpha, n_settings, splits,
-        n_targets=n_targets, kind=kind,
+        n_targets=n_targets, kind=kind, **cg_pricing(cv),
     )  # fmt: skip
     return SearchChoice(solver, workers, predicted)

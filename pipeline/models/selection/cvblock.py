@@ -39,31 +39,21 @@ from pipeline.linalg.cg_mixed import iterative_refinement
 from pipeline.linalg.precond import FoldNystromBlock, build_nystrom
 from pipeline.models.selection.blockcg import block_pcg
 from pipeline.models.selection.direct import UnconvergedSolveError
+from pipeline.plan.cv_routing import cg_rank, precond_rank_cap, rank_cap
 
 __all__ = ["block_cv_predictions", "precond_rank_cap", "rank_cap"]
 
 log = logging.getLogger("pipeline.models.selection")
 
 
-def precond_rank_cap(n: int, n_folds: int, budget: int = C.CV_PRECOND_BUDGET) -> int:
-    """Largest rank r with ``4 n r + 8 n_folds r² <= budget``."""
-    a, b = 8.0 * n_folds, 4.0 * n
-    r = (-b + np.sqrt(b * b + 4 * a * budget)) / (2 * a)
-    return int(max(1, min(n, r)))
-
-
-def rank_cap(n: int) -> int:
-    """The adaptive preconditioner's rank cap for n rows (before the memory cap)."""
-    return int(min(n, max(C.CV_RANK_FLOOR, C.CV_RANK_SCALE * n ** (2.0 / 3.0))))
-
-
 def _factor(op, preconditioner, rank, min_shift, n_folds, random_state, stats):
     n = op.n
     if preconditioner in ("none", None):
         return None, {}
+    # the ranks the search's cost model prices (pipeline.plan.cv_routing.cg_rank)
     cap = min(precond_rank_cap(n, n_folds), rank_cap(n))
     if preconditioner == "nystrom":
-        r = min(int(rank or min(n, C.CV_DEFAULT_RANK)), cap, n)
+        r = cg_rank(n, n_folds, "nystrom", rank)
         nf = build_nystrom(op, centres="rpcholesky", rank=r, random_state=random_state)
         info = {"method": "nystrom", "rank": nf.rank}
     elif preconditioner == "adaptive":
@@ -71,7 +61,7 @@ def _factor(op, preconditioner, rank, min_shift, n_folds, random_state, stats):
             op,
             centres="adaptive",
             shift=float(min_shift),
-            max_rank=min(cap, int(rank)) if rank else cap,
+            max_rank=cg_rank(n, n_folds, "adaptive", rank),
             memory_budget=max(4 * n, 4 * n * cap),
             random_state=random_state,
         )

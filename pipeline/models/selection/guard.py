@@ -83,10 +83,13 @@ def check_budget(
     *,
     n_targets: int = 1,
     kind: str = "complement",
+    **options: Any,
 ) -> float:
-    """The predicted seconds of the search; ValueError if above ``max_seconds``."""
+    """The predicted seconds of the search; ValueError if above ``max_seconds``.
+    ``options``: the search's options its cost model reads (``preconditioner``, ``rank``,
+    ``tol``, ``screen_tol``, ``convention``: :func:`predicted_search_seconds`)."""
     predicted = predicted_search_seconds(
-        solver, n, n_alpha, n_settings, splits, n_targets=n_targets, kind=kind
+        solver, n, n_alpha, n_settings, splits, n_targets=n_targets, kind=kind, **options
     )
     if max_seconds is None:
         return predicted
@@ -100,8 +103,9 @@ def check_budget(
         raise ValueError(f"max_search_seconds must be > 0, got {max_seconds!r}")
     if predicted > budget:
         smaller = suggest_smaller_grid(
-            solver, n, n_alpha, n_settings, splits, budget, n_targets=n_targets, kind=kind
-        )
+            solver, n, n_alpha, n_settings, splits, budget, n_targets=n_targets, kind=kind,
+            **options,
+        )  # fmt: skip
         raise ValueError(
             f"the grid of {n_alpha} lambda(s) x {n_settings} kernel setting(s) x "
             f"{len(splits)} split(s) on {n} rows (solver={solver!r}) is predicted to take "

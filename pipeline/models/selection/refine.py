@@ -26,7 +26,7 @@ choice (1/16 to 4: mostly below it), on the FULL training set:
   (:mod:`pipeline.models.selection.cvblock`) on the full operator with the same
   held-out split: the seven λ systems are the columns of one preconditioned block
   solve, so each iteration is one matrix-free pass over K for all of them (one
-  Nyström preconditioner, shifted per λ).
+  Nyström preconditioner, shifted per λ), every λ to ``tol`` (no screening).
 
 The first and the last are a :class:`~pipeline.models.selection.KernelRidgeCV` of the
 one setting on all rows (no subsample, no refinement, no refit). The λ kept is the
@@ -299,10 +299,11 @@ def refine_alpha(search: Any, X: np.ndarray, y: np.ndarray, kern: Any) -> dict[s
     a0 = float(search.best_alpha_)
     alphas = sorted(a0 * f for f in REFINE_FACTORS)
     seed = check_random_seed(search.random_state)  # the held-out split: seeded (None: 0)
+    # every λ scored to tol (screen_tol=None): the refinement keeps the best of them
     common = dict(
         alphas=alphas, kernel=kern, param_grid=None, gamma=None, store=None, refit=False,
         checkpoint=None, max_search_seconds=None, progress=False, subsample=None,
-        refine=False, random_state=0 if seed is None else seed,
+        refine=False, random_state=0 if seed is None else seed, screen_tol=None,
     )  # fmt: skip
     info: dict[str, Any] = {}
     if n <= REFINE_EIGEN_MAX_N:

@@ -25,8 +25,10 @@ The expensive work is done once and shared:
   predicted cheaper than one factorisation per λ): every (λ, fold) system of a
   kernel setting is a column of one block PCG, so each iteration is one
   matrix-free pass of the fused engine for all of them; one Nyström factor
-  (``preconditioner="adaptive"``: RPCholesky of adaptive rank) per setting, restricted to each fold and shifted per λ; float32 kernel
-  values with float64 residual checks (:mod:`pipeline.models.selection.cvblock`).
+  (``preconditioner="adaptive"``, the default: RPCholesky of adaptive rank) per
+  setting, restricted to each fold and shifted per λ; float32 kernel values with
+  float64 residual checks (:mod:`pipeline.models.selection.cvblock`); screening
+  (``screen_tol``, default 1e-3): every system to 1e-3, then the best λ to ``tol``.
   A solve that does not reach ``tol`` is redone exactly and recorded
   (``unconverged_settings``, ``redone_direct``), never scored; the chosen
   setting is re-scored from float64 solves to 1e-10 (``verified_score``).
@@ -153,8 +155,10 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
     refit : bool, default=True
         Refit ``best_estimator_`` (a :class:`pipeline.KernelRidge`) on all data.
     tol, max_iter, preconditioner, rank : CG options
-        Relative tolerance, iteration cap, "nystrom" (the default), "adaptive"
-        (RPCholesky, its rank grown until it resolves K) or "none", Nyström rank.
+        Relative tolerance, iteration cap, "adaptive" (the default: RPCholesky, its rank
+        grown until it resolves K at the grid's smallest shift, capped by
+        ``max(256, 3 n^(2/3))`` and a memory budget), "nystrom" (a fixed rank, default
+        200; the default before issue #45) or "none", and the rank (a cap for "adaptive").
         The search knobs' defaults and checks are those of
         :class:`pipeline.options.CvOptions`.
     n_jobs : int, default=None
@@ -174,12 +178,13 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
     max_search_seconds : float, default=None
         Refuse, before any work, a grid whose predicted cost exceeds this many
         seconds (the error gives the prediction and a smaller grid).
-    screen_tol, screen_top : float or None, int, default=None, 3
+    screen_tol, screen_top : float or None, int, default=1e-3, 3
         ``solver="cg"``: solve every (λ, fold) system to the float64 relative
-        residual ``screen_tol`` (e.g. 1e-3) first, then only the ``screen_top`` best
-        λ of each kernel setting on to ``tol``; the other λ keep their screening
-        scores (their error: docs/PERFORMANCE.md#model-selection; the chosen setting
-        is verified from float64 solves to 1e-10 either way).
+        residual ``screen_tol`` first, then only the ``screen_top`` best λ of each
+        kernel setting on to ``tol``; the other λ keep their screening scores (their
+        error: docs/PERFORMANCE.md#model-selection; the chosen setting is verified
+        from float64 solves to 1e-10 either way). ``screen_tol=None`` turns screening
+        off (every system to ``tol``). The other solvers are exact and ignore both.
     checkpoint : str or path, default=None
         A directory where each finished kernel setting's held-out predictions are
         recorded (atomic, checksummed, fingerprinted:
