@@ -135,6 +135,10 @@ def main() -> None:
         "--random-check", type=int, default=None, help="random grid points scored exactly"
     )
     ap.add_argument("--no-exact-fit", action="store_true")
+    ap.add_argument(
+        "--defaults", action="store_true",
+        help="KernelRidgeCV with its defaults only (grid, folds, a store; issue #45 item 5)",
+    )  # fmt: skip
     ap.add_argument("--json", default=None, help="write the figures to this file")
     args = ap.parse_args()
     if args.quick:
@@ -149,20 +153,29 @@ def main() -> None:
     print(f"diamonds N={n}, {len(alphas)} lambdas x {len(args.gammas)} gammas x {args.folds} folds")
 
     t = time.perf_counter()
-    search = KernelRidgeCV(
-        alphas,
-        kernel="rbf",
-        param_grid={"gamma": args.gammas},
-        cv=cv,
-        solver="cg",
-        preconditioner=args.preconditioner,
-        kernel_dtype=args.kernel_dtype,
-        tol=args.tol,
-        screen_tol=args.screen_tol or None,
-        screen_top=args.screen_top,
-        refit=False,
-        random_state=0,
-    ).fit(X, y)
+    if args.defaults:  # issue #45 item 5: nothing but the grid, the folds and a store
+        with tempfile.TemporaryDirectory(prefix="bench_cv_defaults_") as store:
+            search = KernelRidgeCV(
+                alphas, kernel="rbf", param_grid={"gamma": args.gammas}, cv=cv, store=store,
+                refit=False,
+            ).fit(X, y)  # fmt: skip
+        out["defaults"] = True
+        print(f"KernelRidgeCV defaults: solver={search.solver_!r}")
+    else:
+        search = KernelRidgeCV(
+            alphas,
+            kernel="rbf",
+            param_grid={"gamma": args.gammas},
+            cv=cv,
+            solver="cg",
+            preconditioner=args.preconditioner,
+            kernel_dtype=args.kernel_dtype,
+            tol=args.tol,
+            screen_tol=args.screen_tol or None,
+            screen_top=args.screen_top,
+            refit=False,
+            random_state=0,
+        ).fit(X, y)
     t_search = time.perf_counter() - t
     rss = peak_rss()
     st = search.search_stats_
