@@ -18,6 +18,11 @@ BASE = {
 }
 
 
+#: the embedded cluster in threads: no worker processes to start (about 2 s a run on 2
+#: cores); the refusals are made in this process, before or between the stages' tasks
+THREADS = {"processes": False, "n_workers": 1}
+
+
 def _conf(path, **extra):
     path.write_text(yaml.safe_dump({**BASE, **extra}))
     return str(path)
@@ -28,7 +33,7 @@ def finished(tmp_path_factory):
     """A finished run to report on and predict with (in threads: no worker processes
     to start; how it was computed is not what the tests that use it check)."""
     d = tmp_path_factory.mktemp("refusals")
-    conf = _conf(d / "c.yaml", cluster={"processes": False, "n_workers": 1})
+    conf = _conf(d / "c.yaml", cluster=THREADS)
     assert cli.main(["run", conf, "--run-dir", str(d / "run")]) == 0
     return d
 
@@ -49,7 +54,8 @@ def test_config_values_that_would_fail_later_are_config_errors(tmp_path, capsys)
 
 def test_a_bad_predict_input_in_a_run_is_bad_input_not_a_rerun(finished, tmp_path, capsys):
     np.save(tmp_path / "nine.npy", np.zeros((5, 9)))  # diabetes has 10 features
-    conf = _conf(tmp_path / "c.yaml", predict={"input": str(tmp_path / "nine.npy")})
+    conf = _conf(tmp_path / "c.yaml", predict={"input": str(tmp_path / "nine.npy")},
+                 cluster=THREADS)  # fmt: skip
     code = cli.main(["run", conf, "--run-dir", str(tmp_path / "run")])
     err = capsys.readouterr().err
     assert code == cli.EXIT_BAD_INPUT and "a rerun cannot help" in err, err[-500:]
@@ -182,7 +188,7 @@ def test_a_port_that_is_not_a_dask_scheduler_fails_fast_with_exit_6(tmp_path, ca
 
 
 def test_empty_option_values_and_too_many_folds_are_config_errors(tmp_path, capsys):
-    conf = _conf(tmp_path / "c.yaml")
+    conf = _conf(tmp_path / "c.yaml", cluster=THREADS)
     for opt in ("--run-dir", "--scheduler"):  # "$VAR" unset: ignored, exit 0 before
         assert cli.main(["run", conf, opt, ""]) == 2
         assert "must not be empty" in capsys.readouterr().err

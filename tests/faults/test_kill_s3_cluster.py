@@ -15,12 +15,14 @@ recording it as complete, whatever the speed of the machine and of the store.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +30,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent))
-from _dask_cluster import DASK, _start, external_cluster, stop  # noqa: E402
+from _dask_cluster import DASK, _start, external_cluster  # noqa: E402
 from _s3server import make_bucket, moto_server, s3_env  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -100,7 +102,9 @@ def test_cluster_on_object_store_survives_kill_and_join(tmp_path, monkeypatch, k
     X = rng.normal(size=(N, D))
     y = np.sin(X[:, :2].sum(axis=1)) + 0.1 * rng.normal(size=N)
     Xn = rng.normal(size=(NB, D))
-    with moto_server() as env, s3_env(env):
+    with contextlib.ExitStack() as stack:
+        env = stack.enter_context(moto_server())
+        stack.enter_context(s3_env(env))
         make_bucket(BUCKET)
         data = f"s3://{BUCKET}/data"
         for name, a in (("X", X), ("y", y), ("Xn", Xn)):
@@ -109,12 +113,13 @@ def test_cluster_on_object_store_survives_kill_and_join(tmp_path, monkeypatch, k
             x=f"{data}/X.zarr", y=f"{data}/y.zarr", xn=f"{data}/Xn.zarr", block=BLOCK,
             sched="SCHED",
         )  # fmt: skip
-        # the reference: the same config, run dir on the local disk, in-process threads
+        # the reference: the same config, run dir on the local disk, in-process threads;
+        # its own process, run beside the cluster's (it shares nothing with it but the
+        # input data): the test waits for it at the end, not before starting the cluster
         ref_conf = tmp_path / "ref.yaml"
         ref_conf.write_text(text.replace("SCHED", "threads"))
-        ref = krr_run.run(ref_conf, tmp_path / "ref")
-        assert ref.returncode == 0, ref.stderr[-3000:]
-        want = _results(str(tmp_path / "ref"))
+        pool = stack.enter_context(ThreadPoolExecutor(1))
+        ref_run = pool.submit(krr_run.run, ref_conf, tmp_path / "ref")
 
         conf = tmp_path / "conf.yaml"
         conf.write_text(text.replace("SCHED", "dask"))
@@ -125,7 +130,7 @@ def test_cluster_on_object_store_survives_kill_and_join(tmp_path, monkeypatch, k
         fs = s3fs.S3FileSystem()
         markers = f"{BUCKET}/run/results/*/solve/factor.zarr/_markers/chol/*"
         n_tiles = (N // BLOCK) * (N // BLOCK + 1) // 2
-        cli = extra = None
+        cli = None
         inject = {
             "PYTHONPATH": os.pathsep.join([str(FAULTINJECT), os.environ.get("PYTHONPATH", "")]),
             "KRR_KILL_MATCH": "chol/", "KRR_KILL_AT": str(KILL_AT),
@@ -156,6 +161,7 @@ def test_cluster_on_object_store_survives_kill_and_join(tmp_path, monkeypatch, k
                      str(logs / "w3")],
                     logs / "worker3.log",
                 )  # fmt: skip
+                workers.append(extra)  # stopped with the others
                 out, err = cli.communicate(timeout=170 - (time.monotonic() - t0))
                 assert cli.returncode == 0, err[-3000:]
                 seen_after = _n_keys(fs, markers)
@@ -163,8 +169,9 @@ def test_cluster_on_object_store_survives_kill_and_join(tmp_path, monkeypatch, k
                 if cli is not None and cli.poll() is None:
                     cli.kill()
                     cli.wait()
-                if extra is not None:
-                    stop(extra)
+        ref = ref_run.result()
+        assert ref.returncode == 0, ref.stderr[-3000:]
+        want = _results(str(tmp_path / "ref"))
         assert seen_after == n_tiles
         assert json.loads(out)["run_dir"] == run_dir
         assert list(work.iterdir()) == [], "the run wrote to the local disk"

@@ -299,7 +299,9 @@ def test_krr_run_with_a_wrong_width_is_a_config_error(tmp_path, capsys):
     from pipeline import cli
 
     bad = {"name": "matern", "params": {"nu": 2.5, "length_scale": [1.0, 2.0, 3.0]}}
-    conf = {**BASE, "kernel": bad, "lambda": 0.5, "evaluate": {"baseline": "none"}}
+    conf = {**BASE, "kernel": bad, "lambda": 0.5, "evaluate": {"baseline": "none"},
+            # in threads: the refusal is made in this process; no worker processes to start
+            "cluster": {"processes": False, "n_workers": 1}}  # fmt: skip
     grid = {"alphas": [0.1, 1.0], "folds": 3, "param_grid": {"length_scale": [1.0, [1.0] * 3]}}
     for i, c in enumerate([conf, {**conf, "kernel": {"name": "matern"}, "cv": grid}]):
         path = tmp_path / f"c{i}.yaml"

@@ -92,10 +92,16 @@ def test_bad_input_is_refused_before_work(diabetes, tmp_path):
 
 
 @pytest.mark.slow
-def test_cg_matches_cholesky_at_5000(tmp_path):
+def test_cg_matches_cholesky_over_several_tiles(tmp_path):
+    """CG (recomputed and stored products) agrees with the tile Cholesky to 1e-6 relative.
+
+    N = 3,000 with tiles of 1,024: 3 row blocks, the last a partial one, as many kinds of
+    tile as at the 5,000 rows this test used (5 row blocks: 25.6 s against 11.6 s now, -n 0 on
+    the loaded 2-core box); the Nyström rank 300 is still well below N."""
+    n = 3000
     rng = np.random.default_rng(0)
-    X = rng.normal(size=(5000, 6))
-    y = np.sin(X[:, 0]) + np.cos(X[:, 1]) + 0.1 * rng.normal(size=5000)
+    X = rng.normal(size=(n, 6))
+    y = np.sin(X[:, 0]) + np.cos(X[:, 1]) + 0.1 * rng.normal(size=n)
     kw = dict(alpha=1e-2, kernel="rbf", gamma=0.1, block_size=1024)
     chol = KernelRidge(solver="cholesky", store=tmp_path / "c", **kw).fit(X, y)
     cg = KernelRidge(
