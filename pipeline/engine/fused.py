@@ -42,16 +42,16 @@ docs/PERFORMANCE.md#kernel-times-vector.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from pipeline.engine.evaluators import BLOCK_GEMM, BlockEvaluator, _Generic, prepare
+from pipeline.engine.parallel import blas_threads
 from pipeline.engine.where import available_cores
 from pipeline.kernels import Kernel, make_kernel
 
@@ -66,7 +66,6 @@ KERNEL_DTYPES = ("float64", "float32")
 _local = threading.local()
 _pools: dict[tuple[int, int], ThreadPoolExecutor] = {}
 _pools_lock = threading.Lock()
-_controller: Any = None
 
 
 # -- threads (how many: pipeline.engine.where) ----------------------------------------
@@ -80,24 +79,8 @@ def _pool(n: int) -> ThreadPoolExecutor:
         return pool
 
 
-@contextlib.contextmanager
-def _blas_one() -> Iterator[None]:
-    """Hold BLAS to one thread (cheap when it already is: no library rescan)."""
-    global _controller
-    if _controller is None:
-        from threadpoolctl import ThreadpoolController
-
-        _controller = ThreadpoolController()
-    blas = [c for c in _controller.lib_controllers if c.user_api == "blas"]
-    if all(c.num_threads == 1 for c in blas):
-        yield
-        return
-    with _controller.limit(limits=1, user_api="blas"):
-        yield
-
-
 def _run(fn: Callable, jobs: list[tuple], n_threads: int) -> list[Any]:
-    with _blas_one():
+    with blas_threads(1):
         if n_threads <= 1 or len(jobs) <= 1:
             return [fn(*job) for job in jobs]
         return list(_pool(n_threads).map(lambda job: fn(*job), jobs))

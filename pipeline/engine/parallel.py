@@ -13,12 +13,13 @@ import contextlib
 import logging
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import dask
 import dask.threaded
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController
 
 from pipeline.constants import EMBEDDED_CLUSTER_DASK_CONFIG
 from pipeline.engine.progress import resolved_mode
@@ -37,13 +38,33 @@ def restore_environ(saved: dict[str, str | None]) -> None:
             os.environ[key] = value
 
 
+_controller: list[Any] = [None, -1]  # threadpoolctl's controller, len(sys.modules) then
+_controller_lock = threading.Lock()
+
+
+def _blas_controller() -> ThreadpoolController:
+    """One threadpoolctl controller: its scan of the loaded libraries costs ~6 ms (it reads
+    /proc/self/maps), so it is made anew only when modules were imported since (a new
+    extension module may have loaded another BLAS)."""
+    loaded = len(sys.modules)
+    with _controller_lock:
+        if _controller[0] is None or _controller[1] != loaded:
+            _controller[:] = [ThreadpoolController(), loaded]
+        return _controller[0]
+
+
 @contextlib.contextmanager
 def blas_threads(n: int | None) -> Iterator[None]:
-    """Limit BLAS threads inside the block (None: leave as is)."""
+    """Limit BLAS threads inside the block (None: leave as is); nothing to do, and no
+    library scan, when every BLAS already runs ``n`` threads."""
     if n is None:
         yield
         return
-    with threadpool_limits(limits=int(n), user_api="blas"):
+    ctl = _blas_controller()
+    if all(c.num_threads == int(n) for c in ctl.select(user_api="blas").lib_controllers):
+        yield
+        return
+    with ctl.limit(limits=int(n), user_api="blas"):
         yield
 
 
