@@ -114,3 +114,16 @@ def test_make_preconditioner_knows_adaptive(problem):
     pre = make_preconditioner("adaptive", DenseKernelOperator(K, 1e-2))
     assert isinstance(pre, NystromPreconditioner) and pre.F.dtype == np.float32
     assert pre.info["rho_estimate"] <= 5.0 * 1e-2
+
+
+def test_a_build_stopped_by_its_rank_cap_says_so_without_a_warning(problem, caplog):
+    """The rank cap is the plan's (it scales with N): stopping there is the designed
+    trade-off, logged at INFO; only the memory budget's cap warns."""
+    K, _ = problem
+    op = DenseKernelOperator(K, 1e-6)
+    with caplog.at_level(logging.INFO, logger="pipeline.linalg.precond"):
+        pre = _adaptive_pre(op, max_rank=40, block=20)
+    assert pre.info["capped"] and pre.rank <= 40
+    msgs = [(r.levelno, r.getMessage()) for r in caplog.records]
+    assert any(lv == logging.INFO and "stopped at its rank cap" in m for lv, m in msgs), msgs
+    assert not any(lv >= logging.WARNING for lv, _ in msgs), msgs

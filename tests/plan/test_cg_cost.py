@@ -26,3 +26,18 @@ def test_nystrom_method_follows_the_iteration_count_and_gemm_rate():
     # few iterations make the passes cheap; a slow GEMM makes the one pass dear
     assert nystrom_method(36_000, 4_000, 8, cached=False, iterations=2)[0] == "pcg"
     assert nystrom_method(36_000, 4_000, 8, cached=False, gemm_gflops=1.0)[0] == "pcg"
+
+
+def test_the_adaptive_factor_is_predicted_from_rho_at_one_rank():
+    from pipeline.plan.cg_cost import adaptive_rank_and_residual
+
+    mu = 1e-2
+    # already resolved at rank 500: it stops there, at the target
+    assert adaptive_rank_and_residual(0.01, 500, mu, 4000) == (500, 5 * mu)
+    # rho falls like 1/r: 0.5 at rank 500 reaches 5 mu = 0.05 at rank 5,000
+    assert adaptive_rank_and_residual(0.5, 500, mu, 8000) == (5000, 5 * mu)
+    # the cap binds: what is left there, rho_r * r / cap
+    rank, rho = adaptive_rank_and_residual(0.5, 500, mu, 2500)
+    assert rank == 2500 and rho == pytest.approx(0.1) and rho > 5 * mu
+    # the factor is the target multiple of the shift
+    assert adaptive_rank_and_residual(0.5, 500, mu, 8000, factor=10.0) == (2500, 10 * mu)
