@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from _s3server import SERVER_PIDS, make_bucket, moto_server, s3_env
 
 BUCKET = "krr-timeouts"
@@ -213,7 +214,10 @@ def test_ctrl_c_ends_a_run_waiting_on_a_paused_store_within_seconds(s3, conf, tm
     # long waits here: only Ctrl-C can end this run quickly
     slow = {**FAST, "read_timeout": 600, "operation_timeout": 600}
     slow_conf = tmp_path / "slow.yaml"
-    slow_conf.write_text(conf.read_text().replace(json.dumps(FAST), json.dumps(slow)))
+    cfg = yaml.safe_load(conf.read_text())
+    assert cfg["storage"]["options"] == FAST  # (a text replace of FAST's JSON matched nothing)
+    cfg["storage"]["options"] = slow
+    slow_conf.write_text(yaml.safe_dump(cfg, sort_keys=False))
     p = _krr(
         "run",
         str(slow_conf),
