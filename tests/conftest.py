@@ -30,63 +30,6 @@ TESTS = Path(__file__).resolve().parent
 FAULTINJECT = TESTS / "faultinject"
 
 
-#: The test files that took 10 s or more in a full run on 2 cores (``--durations=0``
-#: summed per file, #43 item 5), longest first. Under pytest-xdist (``--dist loadfile``)
-#: they are handed out first, the rest after them in collection order: by default xdist
-#: hands out the files with the most tests first, so the longest single-test files
-#: (the 16,000-row fit, the cluster on the object store) came last and one worker ran
-#: them while the other had finished (a simulation of that run with its own durations:
-#: the busier worker 578 s, against 551 s longest first, the lower bound). A file not
-#: listed only loses its place in that order; update the list from a new run's
-#: ``--durations=0`` when the heavy files change.
-HEAVY_FILES = (
-    "tests/storage/test_s3_store.py",  # 109 s
-    "tests/faults/test_store_stalls.py",  # 98 s
-    "tests/test_float64_edges.py",  # 56 s
-    "tests/linalg/test_reference.py",  # 51 s
-    "tests/faults/test_kill_s3_cluster.py",  # 49 s
-    "tests/models/test_sklearn_checks.py",  # 36 s
-    "tests/test_notebook.py",  # 36 s
-    "tests/cli/test_cli.py",  # 34 s
-    "tests/models/test_estimator_ooc.py",  # 30 s
-    "tests/faults/test_kill_cv_search.py",  # 29 s
-    "tests/faults/test_kill_each_stage.py",  # 28 s
-    "tests/faults/test_kill_and_corrupt.py",  # 28 s
-    "tests/models/test_model_selection.py",  # 28 s
-    "tests/models/test_concurrent_fits.py",  # 23 s
-    "tests/models/test_hard_problems.py",  # 23 s
-    "tests/faults/test_kill_dask_worker.py",  # 19 s
-    "tests/fit/test_cg_mixed_fit.py",  # 17 s
-    "tests/linalg/test_predict_distributed.py",  # 17 s
-    "tests/linalg/test_cg_mixed.py",  # 15 s
-    "tests/cli/test_cli_usage.py",  # 13 s
-    "tests/faults/test_chunk_writes.py",  # 13 s
-    "tests/stages/test_results_kept.py",  # 13 s
-    "tests/faults/test_signals.py",  # 13 s
-    "tests/cli/test_cli_refusals.py",  # 13 s
-    "tests/faults/test_crash_cv_search.py",  # 12 s
-    "tests/models/test_store_clones.py",  # 11 s
-    "tests/stages/test_run_keep_gram.py",  # 11 s
-    "tests/models/test_adaptive_preconditioner.py",  # 11 s
-    "tests/faults/test_corrupt_arrays.py",  # 11 s
-)
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    """Let xdist hand out the files in collection order (see :data:`HEAVY_FILES`), not
-    reordered by their number of tests."""
-    config.option.loadscopereorder = False
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On an xdist worker, the :data:`HEAVY_FILES` first, longest first; each file's tests
-    keep their order, and so do the other files (a run without xdist is not reordered)."""
-    if not hasattr(config, "workerinput"):
-        return
-    rank = {f: i for i, f in enumerate(HEAVY_FILES)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
-
-
 class KrrRunner:
     """``krr ARGS...`` as ``python -m pipeline.cli ARGS...`` in a subprocess.
 
