@@ -218,12 +218,16 @@ def test_ctrl_c_ends_a_run_waiting_on_a_paused_store_within_seconds(s3, conf, tm
     assert cfg["storage"]["options"] == FAST  # (a text replace of FAST's JSON matched nothing)
     cfg["storage"]["options"] = slow
     slow_conf.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    # Ctrl-C as from a terminal: the run starts with SIGINT's default action, whatever this
+    # test process inherited (an ignored SIGINT is inherited across exec, and Python then
+    # installs no KeyboardInterrupt handler: the run would never see the signal)
     p = _krr(
         "run",
         str(slow_conf),
         "--run-dir",
         f"s3://{BUCKET}/interrupted",
         env={"FSSPEC_S3": json.dumps(slow)},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     _wait_for(p, "interrupted", "/ingest/", time.time() + 120)
     with paused(s3):
