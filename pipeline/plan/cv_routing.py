@@ -38,6 +38,7 @@ from pipeline.constants import (
     EIG_FLOPS_PER_N3,
     IN_MEMORY_MAX_N,
     KERNEL_ENTRIES_PER_SECOND,
+    adaptive_rank_cap,
 )
 from pipeline.plan.calibrated import SimpleCostModel
 from pipeline.plan.cg_cost import chebyshev_bound
@@ -188,7 +189,7 @@ def _block_pass_seconds(n: int, columns: int) -> float:
 def rank_cap(n: int) -> int:
     """The adaptive preconditioner's rank cap for n rows (before the memory cap):
     ``max(CV_RANK_FLOOR, CV_RANK_SCALE * n^(2/3))``, at most n."""
-    return int(min(n, max(CV_RANK_FLOOR, CV_RANK_SCALE * n ** (2.0 / 3.0))))
+    return adaptive_rank_cap(n, scale=CV_RANK_SCALE, floor=CV_RANK_FLOOR)
 
 
 def precond_rank_cap(n: int, n_folds: int, budget: int = CV_PRECOND_BUDGET) -> int:

@@ -246,6 +246,14 @@ class _Killed(Exception):
     pass
 
 
+def _killed_direct_pass(monkeypatch, k, X, Y, w, store):
+    """A direct-method solve into ``store`` killed at the k-th kernel block of its pass."""
+    restore = _kill_after(monkeypatch, k)
+    with pytest.raises(_Killed):
+        nystrom_solve(X, Y, "rbf", LAM, **DIRECT, sample_weight=w, store=store)
+    restore()
+
+
 def _kill_after(monkeypatch, k):
     """The k-th kernel block of the next pass raises (as a kill would stop it there)."""
     from pipeline.linalg import nystrom_solve as ns
@@ -277,10 +285,7 @@ def test_direct_pass_killed_after_k_blocks_resumes_with_the_same_bits(
     whole = nystrom_solve(Xs, Y, "rbf", LAM, **DIRECT, sample_weight=w)
     assert whole.info["n_blocks"] == 10 and not whole.info["resumed"]
     store = str(tmp_path / "ckpt")
-    restore = _kill_after(monkeypatch, 8)  # dies in block 7: the last state is at block 6
-    with pytest.raises(_Killed):
-        nystrom_solve(Xs, Y, "rbf", LAM, **DIRECT, sample_weight=w, store=store)
-    restore()
+    _killed_direct_pass(monkeypatch, 8, Xs, Y, w, store)  # dies in block 7: last state, block 6
     with caplog.at_level("INFO", logger="pipeline.linalg.nystrom_solve"):
         resumed = nystrom_solve(Xs, Y, "rbf", LAM, **DIRECT, sample_weight=w, store=store)
     assert "resuming the Nyström pass from block 6 of 10" in caplog.text
@@ -300,10 +305,7 @@ def test_direct_pass_checkpoint_is_resumed_only_by_the_same_solve(
 ):
     X, Y, w = data
     store = str(tmp_path / "ckpt")
-    restore = _kill_after(monkeypatch, 5)
-    with pytest.raises(_Killed):
-        nystrom_solve(X, Y, "rbf", LAM, **DIRECT, sample_weight=w, store=store)
-    restore()
+    _killed_direct_pass(monkeypatch, 5, X, Y, w, store)
     lam, Y2, kw = LAM, Y, {**DIRECT, "sample_weight": w}
     if change == "lambda":
         lam = 2 * LAM
@@ -325,10 +327,7 @@ def test_a_corrupt_direct_pass_slot_is_not_resumed(data, tmp_path, monkeypatch, 
 
     X, Y, w = data
     store = str(tmp_path / "ckpt")
-    restore = _kill_after(monkeypatch, 8)
-    with pytest.raises(_Killed):
-        nystrom_solve(X, Y, "rbf", LAM, **DIRECT, sample_weight=w, store=store)
-    restore()
+    _killed_direct_pass(monkeypatch, 8, X, Y, w, store)
     marker = json.loads((pathlib.Path(store) / "_markers/nystrom-pass/state").read_text())
     assert marker["block"] == 6 and "crc32c" in marker
     slot = pathlib.Path(store) / f"_nystrom/pass/slot{marker['slot']}.npz"

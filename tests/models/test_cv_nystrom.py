@@ -250,19 +250,14 @@ def test_config_section_keeps_its_fingerprint_unless_nystrom_knobs_are_set():
 def test_select_stage_runs_the_nystrom_search(tmp_path):
     """``cv.solver: nystrom`` in a run config: the select stage searches with it (y stored
     standardised: scored in the data's units) and its choice is KernelRidgeCV's."""
+    from _diabetes_run import RUN
+
     from pipeline.stages import default_stages, run_stages
     from pipeline.stages.config import load_config
     from pipeline.stages.ingest import open_rows
 
     run_cfg = {
-        "data": {"source": "sklearn", "name": "diabetes"},
-        "split": {"test_fraction": 0.25},
-        "preprocess": {"standardize_y": True},
-        "kernel": {"name": "rbf", "params": {"gamma": 0.5}},
-        "lambda": 0.5,
-        "solver": {"method": "cholesky"},
-        "block_size": 128,
-        "evaluate": {"baseline": "none"},
+        **RUN,
         "cv": {"alphas": [0.03, 0.3, 3.0], "param_grid": {"gamma": [0.01, 0.1]}, "folds": 3,
                "solver": "nystrom", "n_centers": 40, "scoring": "neg_mean_squared_error"},
     }  # fmt: skip
