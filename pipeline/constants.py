@@ -297,9 +297,10 @@ CV_DEFAULT_RANK = 200
 STAGNATION_WINDOW = 200
 #: rows of the n x r Nyström factor multiplied at once (bounds the float64 temporaries)
 FACTOR_ROW_STEP = 8192
-#: above this order a dense fold is factored with one BLAS thread (OpenBLAS potrf
-#: crashes with 2 threads at n >= ~15,800; docs/PERFORMANCE.md#known-traps)
-ONE_BLAS_THREAD_FROM = 15_000
+#: from this order on, an in-memory dense Cholesky (``linalg.dense_dual.cho_factor``)
+#: runs LAPACK's potrf with one BLAS thread: scipy 1.17's bundled OpenBLAS crashes with
+#: 2 threads at n >= ~15,800 (docs/PERFORMANCE.md#known-traps)
+ONE_BLAS_THREAD_FROM = 12_000
 #: bytes of one L⁻¹ panel held in memory by the exact LOO/LGO residuals
 LOO_PANEL_BYTES = 512 * 1024**2
 

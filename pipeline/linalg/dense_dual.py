@@ -20,10 +20,14 @@ when the Cholesky fails (``lam = 0`` with a singular K, an indefinite kernel) do
 - a float ``j >= 0``: always factor ``K + (lam + j) I``; least squares if that fails.
 
 Threads: scipy 1.17's bundled OpenBLAS segfaults in a multi-threaded float64
-``potrf`` at n >= about 15,500, so a ``potrf`` of order ``>= POTRF_THREADED_MAX_N``
-runs with one BLAS thread. A right-looking blocked Cholesky (``potrf`` on
-``POTRF_TILE`` diagonal tiles only) is used from ``n >= BLOCKED_MIN_N`` when that is
-set; it is off by default, being slower on 2 cores (docs/PERFORMANCE.md).
+``potrf`` at n >= about 15,500, so a ``potrf`` of order
+``>= constants.ONE_BLAS_THREAD_FROM`` runs with one BLAS thread. A right-looking
+blocked Cholesky (``potrf`` on ``POTRF_TILE`` diagonal tiles only) is used from
+``n >= BLOCKED_MIN_N`` when that is set; it is off by default, being slower on 2
+loaded cores (docs/PERFORMANCE.md). :func:`cho_factor` is the one in-memory dense
+Cholesky of the package: every caller that factors a dense matrix in memory (the
+reference solve, the refinement of λ, a dense fold, the Nyström systems) goes
+through it, so none can meet the crash.
 
 Memory: the factor overwrites the working matrix's lower triangle; the upper
 triangle and a saved diagonal restore K for another penalty or the least-squares
@@ -41,13 +45,12 @@ from scipy import linalg
 from scipy.linalg import lapack
 from threadpoolctl import threadpool_limits
 
+import pipeline.constants as C
 from pipeline.engine.passes import CallableSource, accumulate
 from pipeline.errors import SingularKernelWarning
 from pipeline.options import ALPHA_CONVENTIONS, diagonal_shift
 from pipeline.validation import check_alpha
 
-#: largest n for which potrf may use more than one BLAS thread (OpenBLAS segfault)
-POTRF_THREADED_MAX_N = 12_000
 #: from this order on, factor in tiles (potrf never sees more than one tile); None: never
 BLOCKED_MIN_N: int | None = None
 #: tile order of the blocked factorisation
@@ -86,8 +89,8 @@ def effective_alpha(
 
 @contextlib.contextmanager
 def potrf_threads(n: int):
-    """Bound BLAS to one thread for a Cholesky of order ``n >= POTRF_THREADED_MAX_N``."""
-    if n >= POTRF_THREADED_MAX_N:
+    """Bound BLAS to one thread for a Cholesky of order ``n >= ONE_BLAS_THREAD_FROM``."""
+    if n >= C.ONE_BLAS_THREAD_FROM:
         with threadpool_limits(limits=1, user_api="blas"):
             yield
     else:
@@ -136,6 +139,40 @@ def _potrf_inplace(A: np.ndarray) -> int:
     if BLOCKED_MIN_N is not None and A.shape[0] >= BLOCKED_MIN_N:
         return _potrf_blocked(A)
     return _potrf_dense(A)
+
+
+def cho_factor(a: np.ndarray, *, overwrite_a: bool = False) -> tuple[np.ndarray, bool]:
+    """``scipy.linalg.cho_factor(a, lower=True)`` for a symmetric ``a``, safe at any order.
+
+    The lower factor, for :func:`scipy.linalg.cho_solve`: ``(c, True)`` with ``c``
+    F-ordered; only its lower triangle is the factor, the strict upper one is ``a``'s
+    (untouched). With ``overwrite_a`` and a contiguous float64 ``a``, ``c`` is ``a``'s own
+    memory (for a C-ordered ``a``, its transpose, which is ``a``: so the factor lies in
+    ``a``'s upper triangle and ``a``'s strict lower one is still ``a``); else a copy.
+
+    Raises
+    ------
+    numpy.linalg.LinAlgError
+        ``a`` is not positive definite (scipy's message).
+    """
+    a = np.asarray(a)
+    if overwrite_a and a.dtype == np.float64 and a.flags.writeable and a.flags.f_contiguous:
+        c = a
+    elif overwrite_a and a.dtype == np.float64 and a.flags.writeable and a.flags.c_contiguous:
+        c = a.T
+    else:
+        c = np.array(a, dtype=np.float64, order="F")
+    info = _potrf_inplace(c)
+    if info > 0:
+        raise linalg.LinAlgError(f"{info}-th leading minor of the array is not positive definite")
+    return c, True
+
+
+def cholesky(a: np.ndarray, *, lower: bool = True) -> np.ndarray:
+    """``scipy.linalg.cholesky(a, lower=lower)`` for a symmetric ``a`` by :func:`cho_factor`
+    (safe at any order): the clean triangular factor, a new array."""
+    c, _ = cho_factor(a)
+    return np.tril(c) if lower else np.triu(c.T)
 
 
 def _restore_lower(A: np.ndarray, diag: np.ndarray, block: int = 1024) -> None:

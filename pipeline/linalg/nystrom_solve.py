@@ -63,6 +63,7 @@ from pipeline.errors import IndefiniteKernelError
 from pipeline.kernels import kernel_fingerprint, make_kernel
 from pipeline.linalg.cg import CGResult, conjugate_gradient
 from pipeline.linalg.cg_checkpoint import SlotCheckpoint, resumable_cg
+from pipeline.linalg.dense_dual import cho_factor, cholesky
 from pipeline.linalg.matvec import check_shift, make_operator
 from pipeline.linalg.precond import build_nystrom, uniform_centre_indices
 from pipeline.linalg.predict_source import as_input_blocks
@@ -268,7 +269,7 @@ class FalkonPreconditioner:
         eps = JITTER * M * scale
         for _ in range(12):
             try:
-                T = scipy.linalg.cholesky(K_MM + eps * np.eye(M), lower=False)
+                T = cholesky(K_MM + eps * np.eye(M), lower=False)
                 break
             except np.linalg.LinAlgError:
                 eps *= 10.0
@@ -287,7 +288,7 @@ class FalkonPreconditioner:
         M = self.T.shape[0]
         S = self.T @ self.T.T / M
         S[np.diag_indices(M)] += shift_per_sample
-        return scipy.linalg.cholesky(S, lower=False)
+        return cholesky(S, lower=False)
 
     def with_shift(self, shift_per_sample: float) -> FalkonPreconditioner:
         """The preconditioner of the same K_MM at another λ': T (and ε) kept, only A
@@ -439,7 +440,7 @@ class NystromNormalOperator:
         P = self.pre.apply_t(self.pre.apply_t(H).T) / self.n_eff  # Bᵀ (Bᵀ H)ᵀ = Bᵀ H B
         P = 0.5 * (P + P.T)
         try:
-            c = scipy.linalg.cho_factor(P, lower=True, check_finite=False)
+            c = cho_factor(P)
             g = scipy.linalg.cho_solve(c, b, check_finite=False)
         except np.linalg.LinAlgError:  # not positive definite in floating point: least squares
             g = scipy.linalg.lstsq(P, b, check_finite=False)[0]

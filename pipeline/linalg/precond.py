@@ -71,6 +71,7 @@ from pipeline.constants import FACTOR_ROW_STEP
 from pipeline.engine import available_cores
 from pipeline.engine.backend import Backend
 from pipeline.engine.parallel import blas_threads
+from pipeline.linalg.dense_dual import cho_factor
 from pipeline.linalg.matvec import check_shift
 from pipeline.options import PRECONDITIONERS as OPTION_PRECONDITIONERS
 from pipeline.storage import fingerprint_blocks, fingerprint_obj
@@ -273,7 +274,7 @@ class NystromPreconditioner:
         # FᵀF (the retired eigen form) took 5-14 s at r = 1,250 on the shared 2-core
         # machine, more than the whole RPCholesky build
         G[np.diag_indices_from(G)] += self.shift
-        self._chol = scipy.linalg.cho_factor(G, lower=True, check_finite=False)
+        self._chol = cho_factor(G, overwrite_a=True)
         d = np.diag(self._chol[0])
         self.F = F
         self.summary = np.sort(d**2 - self.shift)[::-1]

@@ -12,6 +12,7 @@ import pytest
 import scipy.sparse as sp
 from sklearn.kernel_ridge import KernelRidge as SKKernelRidge
 
+import pipeline.constants as C
 from pipeline.fit import fit_reference
 from pipeline.kernels import RBF, Linear
 from pipeline.linalg import dense_dual as dual_mod
@@ -113,9 +114,51 @@ def test_large_potrf_runs_on_one_blas_thread():
     def blas_threads():
         return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
 
-    with dual_mod.potrf_threads(dual_mod.POTRF_THREADED_MAX_N):
+    with dual_mod.potrf_threads(C.ONE_BLAS_THREAD_FROM):
         assert blas_threads() and all(t == 1 for t in blas_threads())
-    assert dual_mod.POTRF_THREADED_MAX_N < 15_000  # below the measured segfault order
+    assert C.ONE_BLAS_THREAD_FROM < 15_000  # below the measured segfault order
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_cho_factor_in_place_and_as_scipy(order, monkeypatch):
+    """The one in-memory dense Cholesky: scipy's factor and solve, in ``a``'s memory
+    when allowed (for a C-ordered ``a`` its transpose, so ``a``'s strict lower triangle
+    keeps ``a``), a copy otherwise, LinAlgError on an indefinite matrix; at the order
+    where OpenBLAS' 2-thread potrf crashes it factors with one BLAS thread."""
+    from scipy import linalg
+
+    rng = np.random.default_rng(3)
+    n = 90
+    B = rng.standard_normal((n, n))
+    A = np.array(B @ B.T / n + np.eye(n), order=order)
+    b = rng.standard_normal((n, 2))
+    want = linalg.solve(A, b, assume_a="pos")
+    keep = A.copy()
+    c = dual_mod.cho_factor(A)  # a copy: A unchanged
+    np.testing.assert_array_equal(A, keep)
+    np.testing.assert_allclose(linalg.cho_solve(c, b), want, rtol=1e-10)
+    c = dual_mod.cho_factor(A, overwrite_a=True)
+    assert c[1] is True and np.shares_memory(c[0], A) and c[0].flags.f_contiguous
+    np.testing.assert_allclose(linalg.cho_solve(c, b), want, rtol=1e-10)
+    untouched = np.tril(keep, -1) if order == "C" else np.triu(keep, 1)
+    np.testing.assert_array_equal(np.tril(A, -1) if order == "C" else np.triu(A, 1), untouched)
+    bad = keep.copy()
+    bad[40, 40] = -1.0
+    with pytest.raises(linalg.LinAlgError, match="41-th leading minor"):
+        dual_mod.cho_factor(bad)
+    seen = []
+    monkeypatch.setattr(C, "ONE_BLAS_THREAD_FROM", n)
+    real = dual_mod.lapack.dpotrf
+
+    def spy(*args, **kwargs):
+        from threadpoolctl import threadpool_info
+
+        seen.extend(i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(dual_mod.lapack, "dpotrf", spy)
+    dual_mod.cho_factor(keep)
+    assert seen and set(seen) == {1}
 
 
 def test_solve_dual_blocked_path(monkeypatch):
@@ -234,3 +277,18 @@ def test_fit_16000_does_not_crash_in_subprocess():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr[-2000:]}"
     assert float(proc.stdout.split()[-1]) < 0.2
+
+
+def test_cholesky_is_scipys_clean_factor():
+    """:func:`dense_dual.cholesky`: scipy's clean lower or upper factor, ``a`` untouched."""
+    from scipy import linalg
+
+    rng = np.random.default_rng(4)
+    B = rng.standard_normal((50, 50))
+    A = B @ B.T / 50 + np.eye(50)
+    keep = A.copy()
+    for lower in (True, False):
+        np.testing.assert_allclose(
+            dual_mod.cholesky(A, lower=lower), linalg.cholesky(A, lower=lower), rtol=1e-12
+        )
+    np.testing.assert_array_equal(A, keep)

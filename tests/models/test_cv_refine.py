@@ -175,15 +175,15 @@ def test_the_config_keys_are_checked_and_reach_the_search():
     assert sel["subsample"] == 6 and "refine" not in sel
 
 
-def test_the_products_by_k_from_its_upper_triangle():
-    """The in-memory held-out path keeps the factor in K's lower triangle and multiplies
-    by K from the strict upper one and the diagonal, by blocks."""
+def test_the_products_by_k_from_its_lower_triangle():
+    """The in-memory held-out path keeps the factor in K's upper triangle and multiplies
+    by K from the strict lower one and the diagonal, by blocks."""
     rng = np.random.default_rng(1)
     A = rng.standard_normal((23, 23))
     K = A + A.T
     P = rng.standard_normal((23, 3))
     want = K @ P
-    kept = np.triu(K, 1) + np.tril(rng.standard_normal((23, 23)))  # junk below
+    kept = np.tril(K, -1) + np.triu(rng.standard_normal((23, 23)))  # junk above
     for block in (1, 5, 23, 100):
-        got = R._UpperProduct(kept, np.diag(K).copy(), block=block)(P)
+        got = R._LowerProduct(kept, np.diag(K).copy(), block=block)(P)
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)

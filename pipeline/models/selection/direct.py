@@ -18,9 +18,8 @@ from typing import Any
 import numpy as np
 import scipy.linalg
 
-from pipeline.constants import ONE_BLAS_THREAD_FROM
-from pipeline.engine.parallel import blas_threads
 from pipeline.errors import SolveNotConverged
+from pipeline.linalg.dense_dual import cho_factor
 from pipeline.linalg.dense_memory import InsufficientMemoryError, check_dense_memory
 
 #: the old name of :class:`pipeline.errors.SolveNotConverged` (a CV solve that did not converge)
@@ -30,17 +29,10 @@ __all__ = ["UnconvergedSolveError", "direct_fold_predictions", "record_redo"]
 
 log = logging.getLogger("pipeline.models.selection")
 
-#: above this order, factor with one BLAS thread (pipeline.constants)
-_ONE_THREAD_FROM = ONE_BLAS_THREAD_FROM
-
 
 def _dense_fold(Ktt: np.ndarray, Kvt: np.ndarray, y: np.ndarray, shift: float) -> np.ndarray:
     Ktt[np.diag_indices_from(Ktt)] += shift
-    if Ktt.shape[0] >= _ONE_THREAD_FROM:
-        with blas_threads(1):
-            c = scipy.linalg.cho_factor(Ktt, lower=True, overwrite_a=True, check_finite=False)
-    else:
-        c = scipy.linalg.cho_factor(Ktt, lower=True, overwrite_a=True, check_finite=False)
+    c = cho_factor(Ktt, overwrite_a=True)
     return Kvt @ scipy.linalg.cho_solve(c, y, check_finite=False)
 
 

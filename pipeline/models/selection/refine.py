@@ -48,6 +48,7 @@ from sklearn.metrics import check_scoring
 from sklearn.model_selection import BaseCrossValidator, LeaveOneOut
 
 from pipeline.engine.dense import kernel_matrix
+from pipeline.linalg.dense_dual import cho_factor
 from pipeline.linalg.dense_memory import check_dense_memory
 from pipeline.models.selection.grid import make_splits
 from pipeline.models.selection.guard import FixedPredictions
@@ -161,8 +162,8 @@ _PCG_MAX_ITER = 200
 _PRODUCT_BLOCK = 2048
 
 
-class _UpperProduct:
-    """``K @ P`` from the strict upper triangle of ``K`` (C order) and its diagonal,
+class _LowerProduct:
+    """``K @ P`` from the strict lower triangle of ``K`` (C order) and its diagonal,
     by blocks: GEMMs on the off-diagonal blocks and their transposes (views, no copy),
     the diagonal blocks made symmetric once (``n x block`` floats)."""
 
@@ -172,7 +173,7 @@ class _UpperProduct:
         self.edges = [*range(0, n, block), n]
         self.diag_blocks = []
         for a, b in zip(self.edges[:-1], self.edges[1:]):
-            D = np.triu(K[a:b, a:b], 1)
+            D = np.tril(K[a:b, a:b], -1)
             D += D.T
             D[np.diag_indices_from(D)] = diag[a:b]
             self.diag_blocks.append(D)
@@ -184,9 +185,9 @@ class _UpperProduct:
             out[e[i] : e[i + 1]] = D @ P[e[i] : e[i + 1]]
         for i in range(len(e) - 1):
             for j in range(i + 1, len(e) - 1):
-                B = self.K[e[i] : e[i + 1], e[j] : e[j + 1]]
-                out[e[i] : e[i + 1]] += B @ P[e[j] : e[j + 1]]
-                out[e[j] : e[j + 1]] += B.T @ P[e[i] : e[i + 1]]
+                B = self.K[e[j] : e[j + 1], e[i] : e[i + 1]]
+                out[e[i] : e[i + 1]] += B.T @ P[e[j] : e[j + 1]]
+                out[e[j] : e[j + 1]] += B @ P[e[i] : e[i + 1]]
         return out
 
 
@@ -202,9 +203,11 @@ def _holdout_shifted(
     (K + s I)`` has its eigenvalues between 1 and ``s / s0``: a condition number of at
     most 16 for λ/16 and 4 for 4λ, so a few dozen iterations of ``O(n²)`` reach 1e-10
     where a factorisation per λ costs ``O(n³)``. One n_train x n_train array: the factor
-    is computed in place in its lower triangle (LAPACK on the Fortran view), K stays in
-    the strict upper one and its diagonal beside it, and the products by K are GEMMs on
-    that triangle's blocks (:class:`_UpperProduct`). A column that misses 1e-10 is
+    is computed in place in its upper triangle (:func:`~pipeline.linalg.dense_dual.cho_factor`
+    on the Fortran view: the package's one in-memory Cholesky, which never meets
+    OpenBLAS' multi-threaded potrf crash at this order), K stays in the strict lower one
+    and its diagonal beside it, and the products by K are GEMMs on that triangle's blocks
+    (:class:`_LowerProduct`). A column that misses 1e-10 is
     solved by its own Cholesky (never scored rough). Raises :class:`MemoryError` before
     any work where it does not fit.
     """
@@ -225,28 +228,26 @@ def _holdout_shifted(
     K = np.asarray(kernel_matrix(kern, Xf[tr]), dtype=np.float64)
     kdiag = K.diagonal().copy()
     K[np.diag_indices_from(K)] += s0
-    A = K.T  # Fortran-ordered view of the symmetric K + s0 I: LAPACK works in place
-    try:
-        U, _ = linalg.cho_factor(A, lower=False, overwrite_a=True, check_finite=False)
+    try:  # in place on the Fortran view of the symmetric K + s0 I
+        c = cho_factor(K, overwrite_a=True)
     except linalg.LinAlgError:
         raise ValueError(
             f"the lambda refinement: K + {s0:g} I of the held-out split's training rows is "
             "not positive definite; use a positive definite kernel, or refine=False"
         ) from None
-    # the factor is in U's upper (K's lower) triangle, in place (a copy, were LAPACK to
-    # make one, changes only the memory); K's strict upper triangle is still K: the
-    # products by K are GEMMs on its blocks (SYMM on the triangle measured 4-5x slower
-    # than GEMM for a few columns)
-    k_times = _UpperProduct(K, kdiag)
+    # the factor is in K's upper triangle, in place; K's strict lower triangle is still
+    # K: the products by K are GEMMs on its blocks (SYMM on the triangle measured 4-5x
+    # slower than GEMM for a few columns)
+    k_times = _LowerProduct(K, kdiag)
 
     Yt = np.tile(y2[tr], (1, m))  # columns: λ major, targets minor
     sc = np.repeat(shifts, t)[None, :]
-    Xs = linalg.cho_solve((U, False), Yt, check_finite=False)  # exact at s0: a warm start
+    Xs = linalg.cho_solve(c, Yt, check_finite=False)  # exact at s0: a warm start
     R = Yt - (k_times(Xs) + Xs * sc)
     goal = _PCG_TOL * np.maximum(np.linalg.norm(Yt, axis=0), np.finfo(float).tiny)
     # block PCG on the columns not yet at the goal (the s0 columns are there already)
     act = np.flatnonzero(np.linalg.norm(R, axis=0) > goal)
-    P = linalg.cho_solve((U, False), R[:, act], check_finite=False)
+    P = linalg.cho_solve(c, R[:, act], check_finite=False)
     rz = np.einsum("ij,ij->j", R[:, act], P)
     info["pcg_iterations"] = 0
     while act.size and info["pcg_iterations"] < _PCG_MAX_ITER:
@@ -257,18 +258,18 @@ def _holdout_shifted(
         Xs[:, act] += P * step
         R[:, act] -= AP * step
         Ra = R[:, act]
-        Z = linalg.cho_solve((U, False), Ra, check_finite=False)
+        Z = linalg.cho_solve(c, Ra, check_finite=False)
         rz_new = np.einsum("ij,ij->j", Ra, Z)
         P = Z + P * np.where(rz > 0, rz_new / np.where(rz > 0, rz, 1.0), 0.0)
         rz = rz_new
         keep = np.linalg.norm(Ra, axis=0) > goal[act]
         act, P, rz = act[keep], P[:, keep], rz[keep]
-    del U, A, K, k_times
+    del c, K, k_times
     info["redone_direct"] = int(act.size)
     for j in act:  # never score a rough solve
         B = np.asarray(kernel_matrix(kern, Xf[tr]), dtype=np.float64)
         B[np.diag_indices_from(B)] += sc[0, j]
-        Xs[:, j] = linalg.cho_solve(linalg.cho_factor(B, lower=True, overwrite_a=True), Yt[:, j])
+        Xs[:, j] = linalg.cho_solve(cho_factor(B, overwrite_a=True), Yt[:, j], check_finite=False)
         del B
     preds = np.asarray(kernel_matrix(kern, Xf[te], Xf[tr]), dtype=np.float64) @ Xs
     scorer = check_scoring(search, scoring="r2" if search.scoring is None else search.scoring)
