@@ -20,14 +20,15 @@ when the Cholesky fails (``lam = 0`` with a singular K, an indefinite kernel) do
 - a float ``j >= 0``: always factor ``K + (lam + j) I``; least squares if that fails.
 
 Threads: scipy 1.17's bundled OpenBLAS segfaults in a multi-threaded float64
-``potrf`` at n >= about 15,500, so a ``potrf`` of order
-``>= constants.ONE_BLAS_THREAD_FROM`` runs with one BLAS thread. A right-looking
-blocked Cholesky (``potrf`` on ``POTRF_TILE`` diagonal tiles only) is used from
-``n >= BLOCKED_MIN_N`` when that is set; it is off by default, being slower on 2
-loaded cores (docs/PERFORMANCE.md). :func:`cho_factor` is the one in-memory dense
-Cholesky of the package: every caller that factors a dense matrix in memory (the
-reference solve, the refinement of λ, a dense fold, the Nyström systems) goes
-through it, so none can meet the crash.
+``potrf`` at n >= about 15,500. So from ``n >= BLOCKED_MIN_N``
+(``constants.ONE_BLAS_THREAD_FROM``) the factor is a right-looking blocked Cholesky:
+``potrf`` on ``POTRF_TILE`` diagonal tiles only, the updates multi-threaded GEMMs
+(measured on 2 quiet AMD EPYC cores: 26.2 s against 39.7 s for ``potrf`` on one BLAS
+thread at n = 16,000, 50.3 s against 71.5 s at 20,000). Below it, one ``potrf``, on one
+BLAS thread from ``ONE_BLAS_THREAD_FROM`` when ``BLOCKED_MIN_N`` is raised.
+:func:`cho_factor` is the one in-memory dense Cholesky of the package: every caller
+that factors a dense matrix in memory (the reference solve, the refinement of λ, a
+dense fold, the Nyström systems) goes through it, so none can meet the crash.
 
 Memory: the factor overwrites the working matrix's lower triangle; the upper
 triangle and a saved diagonal restore K for another penalty or the least-squares
@@ -52,9 +53,10 @@ from pipeline.options import ALPHA_CONVENTIONS, diagonal_shift
 from pipeline.validation import check_alpha
 
 #: from this order on, factor in tiles (potrf never sees more than one tile); None: never
-BLOCKED_MIN_N: int | None = None
-#: tile order of the blocked factorisation
-POTRF_TILE = 2_048
+BLOCKED_MIN_N: int | None = C.ONE_BLAS_THREAD_FROM
+#: tile order of the blocked factorisation (well below the crash's order: potrf on a
+#: tile keeps every BLAS thread)
+POTRF_TILE = 4_096
 _AUTO_JITTER = (1e-12, 1e-10, 1e-8, 1e-6)
 _SINGULAR_MSG = "Singular matrix in solving dual problem. Using least-squares solution instead."
 #: rows per block when predicting, so K(X_test, X_fit) stays below ~256 MiB
