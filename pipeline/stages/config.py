@@ -152,6 +152,29 @@ class PreprocessConfig(_Model):
     standardize: bool = True
     #: standardise y too (predictions are mapped back)
     standardize_y: bool = False
+    #: relevance (ARD): divide each standardised feature by its length scale, relative to
+    #: their median, from a Gaussian-process fit on this many seeded training rows
+    #: (pipeline.models.selection.relevance); the kernel's γ is then the overall width.
+    #: Stored in the scaler, so prediction applies it. None: off
+    ard_rows: int | None = Field(default=None, ge=2)
+
+    @model_validator(mode="after")
+    def _check_ard(self) -> PreprocessConfig:
+        if self.ard_rows is not None and not self.standardize:
+            raise ValueError(
+                f"preprocess.ard_rows={self.ard_rows} needs preprocess.standardize: true "
+                "(the length scales are relative to the standardised features); set "
+                "standardize: true or remove ard_rows"
+            )
+        return self
+
+    def identity(self) -> dict[str, Any]:
+        """The section as the ingest stage's fingerprint sees it: ``ard_rows`` only when
+        set (every run without it keeps its ingest identity)."""
+        out = self.model_dump()
+        if out.get("ard_rows") is None:
+            out.pop("ard_rows", None)
+        return out
 
 
 class KernelConfig(_Model):
@@ -636,7 +659,7 @@ class RunConfig(_Model):
             "ingest": {
                 "data": self.data.model_dump(),
                 "split": self.split.model_dump(),
-                "preprocess": self.preprocess.model_dump(),
+                "preprocess": self.preprocess.identity(),
                 "block_size": self.block_size,
             },
             "select": {

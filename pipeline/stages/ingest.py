@@ -32,6 +32,7 @@ from pipeline.engine.progress import progress_group
 from pipeline.engine.where import in_this_process, n_rows, runs_here
 from pipeline.errors import InputError, SourceChanged
 from pipeline.float_range import pow2_exponents
+from pipeline.models.selection.relevance import relevance_scales
 from pipeline.stages.catalog import stage_catalog
 from pipeline.stages.config import DataConfig, PreprocessConfig, SplitConfig
 from pipeline.stages.config_checks import sklearn_loader
@@ -281,6 +282,17 @@ def _moments(X: da.Array) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(mean, dtype=np.float64), np.asarray(std, dtype=np.float64)
 
 
+def _relevance(
+    Xtr: da.Array, ytr: da.Array, mean: np.ndarray, scale: np.ndarray, rows: int
+) -> np.ndarray:
+    """Each feature's relative length scale (:func:`~pipeline.models.selection.relevance.
+    relevance_scales`) from ``rows`` training rows drawn with seed 0, standardised."""
+    n = int(Xtr.shape[0])
+    keep = np.sort(np.random.default_rng(0).choice(n, min(rows, n), replace=False))
+    Xs, ys = compute(take_rows(Xtr, keep), take_rows(ytr, keep), desc="ingest: relevance rows")
+    return relevance_scales((np.asarray(Xs) - mean) / scale, np.asarray(ys))
+
+
 @progress_group("ingest")  # one display: its phases are the moments and each array's writes
 def run(
     stage_dir: Path,
@@ -425,18 +437,20 @@ def _split_and_store(
     Xtr, ytr = (a if np.isnan(a.shape[0]) else a.rechunk({0: block_size}) for a in (Xtr, ytr))
 
     scaler = y_scaler = None
-    if preprocess.standardize:
-        mean, scale = _moments(Xtr)
-        scaler = {"mean": mean.tolist(), "scale": scale.tolist()}
-        Xtr = (Xtr - mean) / scale  # X_test stays raw: prediction applies the scaler
     if preprocess.standardize_y:
         mean, scale = _moments(ytr)
         y_scaler = {"mean": mean.tolist(), "scale": scale.tolist()}
         ytr = (ytr - mean) / scale  # y_test stays in original units: metrics use them
+    if preprocess.standardize:
+        mean, scale = _moments(Xtr)
+        if preprocess.ard_rows is not None:
+            scale = scale * _relevance(Xtr, ytr, mean, scale, preprocess.ard_rows)
+        scaler = {"mean": mean.tolist(), "scale": scale.tolist()}
+        Xtr = (Xtr - mean) / scale  # X_test stays raw: prediction applies the scaler
 
     sections = {"data": data.model_dump(), "split": split.model_dump()}
     # the same JSON as the stage's arguments (RunConfig.stage_params): the same fingerprints
-    fp = base = fingerprint_obj({**sections, "preprocess": preprocess.model_dump()})
+    fp = base = fingerprint_obj({**sections, "preprocess": preprocess.identity()})
     if source_identity is not None:
         fp = fingerprint_obj([base, source_identity])
     names: dict[str, str | None] = {}
