@@ -35,6 +35,7 @@ import pipeline.constants as C
 
 __all__ = [
     "ALPHA_CONVENTIONS",
+    "spelt_as_before",
     "CV_EIGEN_MODES",
     "CV_KERNEL_DTYPES",
     "CV_PRECONDITIONERS",
@@ -558,3 +559,47 @@ def solver_choices(**choices: Any) -> dict[str, Any]:
         raise TypeError(f"not solver knobs: {unknown}; the knobs are {list(SOLVER_KNOBS)}")
     solver_options(choices)  # the values, as the plan will read them
     return dict(choices)
+
+
+# -- a changed default, spelt as before in identities ----------------------------------
+
+
+def spelt_as_before(view: str, knobs: Mapping[str, Any]) -> dict[str, Any]:
+    """The knobs as a fingerprint or a store's name sees them, with the defaults that
+    issue #45 changed spelt as the defaults they replaced: runs and stores made before
+    keep their identity. The one home of that rule, for each place that names knobs.
+
+    What it keeps is sound: a Gram or a factor does not depend on CG's preconditioner,
+    a solve made before is an answer to the same tolerance, and a search that screened
+    selected from scores as good; a CG checkpoint's own fingerprint names the
+    preconditioner it used, so an earlier one is restarted, never resumed with another.
+
+    Parameters
+    ----------
+    view : {"solve", "select", "estimator"}
+        - ``"solve"``: a run config's ``solver`` section (the solve stage). A rank not
+          set is :data:`~pipeline.constants.DEFAULT_RANK` (the default before), and
+          ``adaptive`` with it unset is ``nystrom`` (the default preconditioner before).
+        - ``"select"``: a run config's ``cv`` section (the select stage). ``adaptive``
+          with ``screen_tol`` at :data:`~pipeline.constants.CV_SCREEN_TOL` is ``nystrom``
+          without screening (the defaults before).
+        - ``"estimator"``: ``KernelRidge``'s parameters (its store's name). ``adaptive``
+          is ``nystrom``; its rank default was and is None.
+    knobs : mapping
+        The section or parameters; returned as a new dict, the input untouched.
+    """
+    out = dict(knobs)
+    if view == "solve":
+        if "preconditioner" in out and out.get("rank") is None:
+            if out["preconditioner"] == "adaptive":
+                out["preconditioner"] = "nystrom"
+            out["rank"] = C.DEFAULT_RANK
+    elif view == "select":
+        if out.get("preconditioner") == "adaptive" and out.get("screen_tol") == C.CV_SCREEN_TOL:
+            out.update(preconditioner="nystrom", screen_tol=None)
+    elif view == "estimator":
+        if out.get("preconditioner") == "adaptive":
+            out["preconditioner"] = "nystrom"
+    else:
+        raise ValueError(f"view={view!r} is not valid; choose 'solve', 'select' or 'estimator'")
+    return out

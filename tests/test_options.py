@@ -655,3 +655,24 @@ def test_the_search_takes_none_where_the_tree_leaves_a_knob_unset(monkeypatch):
         max_search_seconds=None, tol=np.float32(1e-4),
     ).fit(X, X[:, 0])  # fmt: skip
     assert m.solver_ == "eigen"
+
+
+def test_spelt_as_before_is_the_one_rule_for_changed_defaults():
+    """Each view spells the defaults issue #45 changed as the ones they replaced, and
+    leaves every other choice as given (the input untouched)."""
+    from pipeline.options import spelt_as_before
+
+    solver = {"method": "cg", "preconditioner": "adaptive", "rank": None}
+    assert spelt_as_before("solve", solver) == {**solver, "preconditioner": "nystrom", "rank": 500}
+    assert solver["preconditioner"] == "adaptive"
+    named = {"method": "cg", "preconditioner": "adaptive", "rank": 900}
+    assert spelt_as_before("solve", named) == named  # a named cap is another solve
+    assert spelt_as_before("solve", {"preconditioner": "nystrom", "rank": None})["rank"] == 500
+    assert spelt_as_before("solve", {"method": "cholesky"}) == {"method": "cholesky"}
+    cv = {"solver": "cg", "preconditioner": "adaptive", "screen_tol": 1e-3, "rank": None}
+    assert spelt_as_before("select", cv) == {**cv, "preconditioner": "nystrom", "screen_tol": None}
+    assert spelt_as_before("select", {**cv, "screen_tol": 1e-2}) == {**cv, "screen_tol": 1e-2}
+    est = {"preconditioner": "adaptive", "rank": None}
+    assert spelt_as_before("estimator", est) == {"preconditioner": "nystrom", "rank": None}
+    with pytest.raises(ValueError, match="view='fit' is not valid"):
+        spelt_as_before("fit", {})

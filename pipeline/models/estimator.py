@@ -49,6 +49,7 @@ from pipeline.options import (
     SolverOptions,
     knobs,
     solver_choices,
+    spelt_as_before,
 )
 from pipeline.plan.fit_plan import plan_fit
 from pipeline.storage import fingerprint_blocks
@@ -589,12 +590,8 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
             # the default names no choice (stores of earlier fits keep their names); the
             # mixed solve's checkpoints carry their own fingerprint
             params.pop("cg_precision")
-        if params.get("preconditioner") == "adaptive":
-            # the default since issue #45 names its store as the old default did (stores of
-            # earlier fits keep their names: a Gram or factor does not depend on CG's
-            # preconditioner, and a CG checkpoint's own fingerprint names the one it used,
-            # so an earlier one is restarted, never resumed with another)
-            params["preconditioner"] = "nystrom"
+        # the defaults issue #45 changed name the store as the old ones did
+        params = spelt_as_before("estimator", params)
         if self.solver != "nystrom":  # its knobs name no other fit (earlier stores keep theirs)
             params.pop("n_centers", None)
             params.pop("centers", None)

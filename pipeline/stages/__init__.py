@@ -29,8 +29,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import pipeline.constants as C
 import pipeline.stages.config as config
+from pipeline.options import spelt_as_before
 
 # the module, not its function: `pipeline.stages.source_identity` stays the submodule
 from pipeline.stages import source_identity as _identity
@@ -231,31 +231,21 @@ _READS = {"gram": (PLAN,), "solve": (PLAN,)}
 
 
 def _solve_identity(params: dict[str, Any]) -> dict[str, Any]:
-    """The solve stage's arguments as its fingerprint sees them: CG's preconditioner
-    spelt as before issue #45 made the adaptive one the default (the default was
-    ``nystrom``, rank 500; a rank not set is 500). A solve of a run made before is an
-    answer to the same tolerance and is kept; a CG checkpoint's own fingerprint names
-    the preconditioner it used, so an earlier one is restarted, never resumed with
-    another."""
-    solver = dict(params.get("solver") or {})
-    if "preconditioner" not in solver:
+    """The solve stage's arguments as its fingerprint sees them: the solver section
+    spelt as before issue #45 changed its defaults (:func:`pipeline.options.spelt_as_before`)."""
+    solver = params.get("solver")
+    if not solver or "preconditioner" not in solver:
         return params
-    if solver.get("rank") is None:
-        if solver["preconditioner"] == "adaptive":
-            solver["preconditioner"] = "nystrom"
-        solver["rank"] = C.DEFAULT_RANK
-    return {**params, "solver": solver}
+    return {**params, "solver": spelt_as_before("solve", solver)}
 
 
 def _select_identity(params: dict[str, Any]) -> dict[str, Any]:
     """The select stage's arguments as its fingerprint sees them: the search's CG options
-    spelt as before issue #45 made the adaptive preconditioner and screening the defaults
-    (they were ``nystrom`` and no screening). A search of a run made before selected
-    from scores as good and is kept."""
+    spelt as before issue #45 changed their defaults (:func:`pipeline.options.spelt_as_before`)."""
     cv = params.get("cv")
-    if not cv or cv.get("preconditioner") != "adaptive" or cv.get("screen_tol") != C.CV_SCREEN_TOL:
+    if not cv:
         return params
-    return {**params, "cv": {**cv, "preconditioner": "nystrom", "screen_tol": None}}
+    return {**params, "cv": spelt_as_before("select", cv)}
 
 
 #: the stages whose fingerprint sees a view of their arguments (a changed default spelt
