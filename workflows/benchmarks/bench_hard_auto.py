@@ -11,7 +11,8 @@ child process, so each peak RSS is that fit's alone::
 Fits: ``solver="auto"`` with the defaults (since issue #45 the adaptive preconditioner:
 RPCholesky, rank grown until it resolves K at the shift), ``solver="auto"`` with
 ``preconditioner="nystrom"`` (the old default, rank 500; ``auto+adaptive`` names the
-adaptive one) and ``solver="cholesky"`` (the exact baseline). Each relative residual
+adaptive one), ``auto+mixed`` (the defaults with float32 kernel products refined to
+float64, ``cg_precision="mixed"``) and ``solver="cholesky"`` (the exact baseline). Each relative residual
 ``‖(K + λI)α − y‖ / ‖y‖`` is computed afterwards by one float64 matrix-free product.
 
 It imports internals (the matrix-free operator) because it checks each fit's
@@ -50,6 +51,7 @@ def _fit(kind: str, n: int, lam: float, gamma: float, q) -> None:
     params = {"auto": {"solver": "auto"},
               "auto+adaptive": {"solver": "auto", "preconditioner": "adaptive"},
               "auto+nystrom": {"solver": "auto", "preconditioner": "nystrom"},
+              "auto+mixed": {"solver": "auto", "cg_precision": "mixed"},
               "cholesky": {"solver": "cholesky"}}[kind]  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="bench-auto-") as tmp:
         t0 = time.perf_counter()
