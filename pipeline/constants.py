@@ -464,3 +464,24 @@ def adaptive_rank_cap(
     :data:`CV_RANK_SCALE` and :data:`CV_RANK_FLOOR`)."""
     n = int(n)
     return int(min(n, max(float(floor), scale * n ** (2.0 / 3.0))))
+
+
+def rank_for_budget(n: int, memory_budget: int, dtype: str = "float32") -> int:
+    """The largest rank whose N x rank factor fits in ``memory_budget`` bytes."""
+    item = 4 if dtype == "float32" else 8
+    return max(0, min(int(n), int(memory_budget) // (int(n) * item)))
+
+
+def preconditioner_rank(preconditioner: str, rank: int | None, n: int, memory_bytes: float) -> int:
+    """The rank of a fit's Nyström preconditioner, at most N: ``rank`` (default
+    :data:`DEFAULT_RANK`) for ``"nystrom"``; for ``"adaptive"`` its cap: ``rank`` if
+    named, else :func:`adaptive_rank_cap` (it scales with N), and at most what
+    :data:`ADAPTIVE_MEMORY_BUDGET` bytes and :data:`ADAPTIVE_MEMORY_FRACTION` of
+    ``memory_bytes`` hold in float32. The one rule: the plan records it, and
+    ``linalg.precond.make_preconditioner`` applies it when a caller names no rank."""
+    n = max(1, int(n))
+    if preconditioner != "adaptive":
+        return min(DEFAULT_RANK if rank is None else int(rank), n)
+    cap = adaptive_rank_cap(n) if rank is None else int(rank)
+    budget = min(ADAPTIVE_MEMORY_BUDGET, ADAPTIVE_MEMORY_FRACTION * float(memory_bytes))
+    return max(1, min(n, cap, rank_for_budget(n, int(budget), "float32")))

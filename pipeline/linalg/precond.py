@@ -72,6 +72,7 @@ from pipeline.engine import available_cores
 from pipeline.engine.backend import Backend
 from pipeline.engine.parallel import blas_threads
 from pipeline.linalg.dense_dual import cho_factor
+from pipeline.linalg.dense_memory import available_memory
 from pipeline.linalg.matvec import check_shift
 from pipeline.options import PRECONDITIONERS as OPTION_PRECONDITIONERS
 from pipeline.storage import fingerprint_blocks, fingerprint_obj
@@ -955,7 +956,8 @@ def make_preconditioner(
     :data:`~pipeline.constants.DEFAULT_RANK`, capped at N) by ``method``
     (``"rpcholesky"`` or ``"uniform"``), float64; ``"adaptive"``: RPCholesky grown
     until it resolves K at the shift, float32, with at most ``rank`` columns (default
-    :func:`~pipeline.constants.adaptive_rank_cap`, the cap the plan records). Both through :func:`build_nystrom`,
+    :func:`~pipeline.constants.preconditioner_rank` with the memory available now: the
+    rule the plan records). Both through :func:`build_nystrom`,
     applied by :class:`NystromPreconditioner`.
     """
     if name is None or name == "none":
@@ -971,7 +973,10 @@ def make_preconditioner(
     if name == "adaptive":
         # the rank grows until |K - F F^T| <= 5 * shift or its cap
         n = int(op.n)
-        cap = C.adaptive_rank_cap(n) if rank is None else _check_rank(min(int(rank), n), n)
+        if rank is None:  # the plan's rule (a fit passes the rank its plan recorded)
+            cap = C.preconditioner_rank(name, None, n, available_memory())
+        else:
+            cap = _check_rank(min(int(rank), n), n)
         nf = build_nystrom(
             op, centres="adaptive", shift=op.shift, max_rank=cap, memory_budget=4 * n * cap,
             random_state=random_state,

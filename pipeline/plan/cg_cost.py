@@ -45,7 +45,6 @@ __all__ = [
     "predicted_iterations",
     "product_seconds",
     "gram_disk_bytes",
-    "rank_for_budget",
     "stored_product_seconds",
 ]
 
@@ -140,12 +139,6 @@ def nystrom_memory_bytes(n: int, rank: int, dtype: str = "float32") -> int:
     """Bytes of the factor F (N x r) plus one N x 250 float64 block of columns."""
     item = 4 if dtype == "float32" else 8
     return int(n) * int(rank) * item + int(n) * 250 * 8
-
-
-def rank_for_budget(n: int, memory_budget: int, dtype: str = "float32") -> int:
-    """The largest rank whose factor fits in ``memory_budget`` bytes."""
-    item = 4 if dtype == "float32" else 8
-    return max(0, min(int(n), int(memory_budget) // (int(n) * item)))
 
 
 def nystrom_build_seconds(

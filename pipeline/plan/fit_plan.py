@@ -62,7 +62,7 @@ from pipeline.options import (
     solver_options,
 )
 from pipeline.plan.calibrated import _accepts, _seconds, make_cost_model
-from pipeline.plan.cg_cost import adaptive_rank_and_residual, gram_disk_bytes, rank_for_budget
+from pipeline.plan.cg_cost import adaptive_rank_and_residual, gram_disk_bytes
 from pipeline.plan.cg_variant import choose_cg_variant, matvec_choice, normalize_precision
 from pipeline.plan.factor_precision import choose_factor_dtype
 
@@ -252,21 +252,6 @@ def cg_memory_bytes(
     temporaries; ``factor_itemsize`` 4 for the adaptive one's float32), six work vectors
     per RHS."""
     return n * (8 * n_features + 2 * factor_itemsize * rank + 48 * n_rhs)
-
-
-def preconditioner_rank(preconditioner: str, rank: int | None, n: int, memory_bytes: float) -> int:
-    """The rank of the fit's Nyström preconditioner, at most N: ``rank`` (default
-    :data:`~pipeline.constants.DEFAULT_RANK`) for ``"nystrom"``; for ``"adaptive"`` its
-    cap: ``rank`` if named, else :func:`~pipeline.constants.adaptive_rank_cap` (it scales
-    with N), and at most what :data:`~pipeline.constants.ADAPTIVE_MEMORY_BUDGET` bytes and
-    :data:`~pipeline.constants.ADAPTIVE_MEMORY_FRACTION` of ``memory_bytes`` hold in
-    float32."""
-    n = max(1, int(n))
-    if preconditioner != "adaptive":
-        return min(C.DEFAULT_RANK if rank is None else int(rank), n)
-    cap = C.adaptive_rank_cap(n) if rank is None else int(rank)
-    budget = min(C.ADAPTIVE_MEMORY_BUDGET, C.ADAPTIVE_MEMORY_FRACTION * float(memory_bytes))
-    return max(1, min(n, cap, rank_for_budget(n, int(budget), "float32")))
 
 
 def _gb(x: float) -> str:
@@ -576,7 +561,7 @@ def _plan_solver(
     alphas = np.atleast_1d(np.asarray(alpha, dtype=np.float64))
     one_alpha = np.unique(alphas).size == 1
     matvec = opts.matvec
-    rank = preconditioner_rank(opts.preconditioner, opts.rank, n, resources.memory_bytes)
+    rank = C.preconditioner_rank(opts.preconditioner, opts.rank, n, resources.memory_bytes)
     adaptive = opts.preconditioner == "adaptive"
     probes = Probes() if probes is None else probes
     x_here = probes.x_in_memory and kernel is not None

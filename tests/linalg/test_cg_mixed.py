@@ -149,7 +149,7 @@ def test_cg_cost_product_and_memory_figures():
     # 1.1 s at D = 14 (before the fused engine: 1.5-3 s)
     assert 0.8 < t64 < 3 and t32 < t64
     assert cg_cost.product_seconds(40_000, 100) > t64
-    assert cg_cost.rank_for_budget(40_000, 1 << 30) == 6710
+    assert constants.rank_for_budget(40_000, 1 << 30) == 6710
     assert cg_cost.nystrom_memory_bytes(40_000, 2000) < 2e9
     # 1.15 float32 iterations per float64 one while N/μ <= 2e6, 1.7 beyond (the variants
     # grid, bench_policy_grid_variants.json); one float64 product per 3 digits of tol

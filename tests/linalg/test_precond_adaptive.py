@@ -127,3 +127,27 @@ def test_a_build_stopped_by_its_rank_cap_says_so_without_a_warning(problem, capl
     msgs = [(r.levelno, r.getMessage()) for r in caplog.records]
     assert any(lv == logging.INFO and "stopped at its rank cap" in m for lv, m in msgs), msgs
     assert not any(lv >= logging.WARNING for lv, _ in msgs), msgs
+
+
+def test_an_unnamed_rank_follows_the_plans_rule(monkeypatch):
+    """``make_preconditioner("adaptive", op)`` without a rank caps the factor by the rule
+    the plan records (constants.preconditioner_rank, with the memory available now)."""
+    from pipeline import constants
+    from pipeline.linalg import precond
+
+    seen = {}
+    real = precond.build_nystrom
+
+    def spy(op, **kw):
+        seen["max_rank"] = kw.get("max_rank")
+        return real(op, **kw)
+
+    monkeypatch.setattr(precond, "build_nystrom", spy)
+    monkeypatch.setattr(precond, "available_memory", lambda: 4 * 300 * 37 * 4)  # 37 columns
+    X = np.random.default_rng(0).standard_normal((300, 3))
+    op = DenseKernelOperator(RBF(gamma=0.5)(X), 1e-6)
+    precond.make_preconditioner("adaptive", op)
+    assert seen["max_rank"] == constants.preconditioner_rank(
+        "adaptive", None, 300, 4 * 300 * 37 * 4
+    )
+    assert seen["max_rank"] == 37  # a quarter of the memory, in float32
