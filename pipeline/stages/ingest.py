@@ -286,7 +286,11 @@ def _relevance(
     Xtr: da.Array, ytr: da.Array, mean: np.ndarray, scale: np.ndarray, rows: int
 ) -> np.ndarray:
     """Each feature's relative length scale (:func:`~pipeline.models.selection.relevance.
-    relevance_scales`) from ``rows`` training rows drawn with seed 0, standardised."""
+    relevance_scales`) from ``rows`` training rows drawn with seed 0, standardised.
+    Rows of unknown count (a table source) are counted first: one pass."""
+    if np.isnan(Xtr.shape[0]):
+        Xtr.compute_chunk_sizes()  # in place: the caller's array knows them too
+        ytr.compute_chunk_sizes()
     n = int(Xtr.shape[0])
     keep = np.sort(np.random.default_rng(0).choice(n, min(rows, n), replace=False))
     Xs, ys = compute(take_rows(Xtr, keep), take_rows(ytr, keep), desc="ingest: relevance rows")

@@ -64,3 +64,20 @@ def test_ard_rows_is_checked_and_named_only_when_set():
     assert "ard_rows" not in plain  # every run without it keeps its ingest identity
     ard = load_config({**base, "preprocess": {"ard_rows": 50}}).stage_params()["ingest"]
     assert ard["preprocess"]["ard_rows"] == 50
+
+
+def test_rows_of_unknown_count_are_counted_first():
+    """A table source's rows have no known count until read: the relevance rows are the
+    same seeded ones as for the counted array."""
+    import dask.array as da
+
+    from pipeline.stages.ingest import _relevance
+
+    X, y = _data(300, seed=2)
+    keep = np.ones(300, bool)
+    known = _relevance(da.from_array(X, chunks=64), da.from_array(y, chunks=64),
+                       np.zeros(3), np.ones(3), 200)  # fmt: skip
+    Xu, yu = da.from_array(X, chunks=64)[da.from_array(keep, chunks=64)], da.from_array(y, 64)
+    yu = yu[da.from_array(keep, chunks=64)]
+    assert np.isnan(Xu.shape[0])
+    np.testing.assert_array_equal(_relevance(Xu, yu, np.zeros(3), np.ones(3), 200), known)
