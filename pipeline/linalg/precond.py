@@ -79,8 +79,6 @@ from pipeline.storage import fingerprint_blocks, fingerprint_obj
 
 __all__ = [
     "CENTRES",
-    "DEFAULT_FACTOR",
-    "DEFAULT_MEMORY_BUDGET",
     "FoldNystromBlock",
     "IdentityPreconditioner",
     "JacobiPreconditioner",
@@ -551,11 +549,6 @@ def _uniform_centres(
 
 
 # -- adaptive rank ----------------------------------------------------------------------
-#: stop growing when the estimated ‖K - F Fᵀ‖ is at most this multiple of the shift
-#: (κ ≤ 1 + factor; measured: docs/PERFORMANCE.md#the-solver-policy-against-measured-times)
-DEFAULT_FACTOR = C.ADAPTIVE_FACTOR
-#: bytes the factor F may use (float32: 1 GiB is rank 6,700 at N = 40,000)
-DEFAULT_MEMORY_BUDGET = 1 << 30
 
 
 def _subsample_rho(op: Any, E: np.ndarray, v0: np.ndarray | None) -> tuple[float, np.ndarray]:
@@ -594,9 +587,9 @@ def _adaptive_rpcholesky(
     op: Any,
     shift: float,
     *,
-    factor: float = DEFAULT_FACTOR,
+    factor: float = C.ADAPTIVE_FACTOR,
     block: int = 250,
-    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    memory_budget: int = C.ADAPTIVE_MEMORY_BUDGET,
     max_rank: int | None = None,
     dtype: Any = np.float32,
     sample: int = 1500,
@@ -857,8 +850,8 @@ def build_nystrom(
     rank: int | None = None,
     shift: float | None = None,
     max_rank: int | None = None,
-    memory_budget: int = DEFAULT_MEMORY_BUDGET,
-    factor: float = DEFAULT_FACTOR,
+    memory_budget: int = C.ADAPTIVE_MEMORY_BUDGET,
+    factor: float = C.ADAPTIVE_FACTOR,
     block: int | None = None,
     sample: int = 1500,
     dtype: Any = None,

@@ -232,8 +232,9 @@ def test_cg_warm_start_and_shared_preconditioner_save_iterations():
             np.testing.assert_allclose(pc[f][li], ref, atol=1e-7)
 
 
+@pytest.mark.parametrize("rank", [12, None])
 @pytest.mark.parametrize("preconditioner", ["nystrom", "adaptive"])
-def test_cg_path_builds_its_factor_with_the_one_nystrom_builder(monkeypatch, preconditioner):
+def test_cg_path_builds_its_factor_with_the_one_nystrom_builder(monkeypatch, preconditioner, rank):
     # issue #43: the CV path had its own calls of the fixed-rank and adaptive builds;
     # it now asks pipeline.linalg.precond.build_nystrom, like every other Nystrom user
     import pipeline.models.selection.cgpath as cgpath
@@ -243,8 +244,10 @@ def test_cg_path_builds_its_factor_with_the_one_nystrom_builder(monkeypatch, pre
 
     def spy(op, **kw):
         calls.append(kw["centres"])
+        ranks.append(kw.get("rank") if kw["centres"] == "rpcholesky" else kw.get("max_rank"))
         return precond.build_nystrom(op, **kw)
 
+    ranks = []
     monkeypatch.setattr(cgpath, "build_nystrom", spy, raising=True)
     rng = np.random.default_rng(2)
     X = rng.standard_normal((90, 3))
@@ -254,8 +257,13 @@ def test_cg_path_builds_its_factor_with_the_one_nystrom_builder(monkeypatch, pre
     trains = [np.setdiff1d(idx, t) for t in tests]
     shifts = np.full((2, 3), 1e-2)
     cg_fold_predictions(DenseKernelOperator(RBF(gamma=0.5)(X), 0.0), y, trains, tests, shifts,
-                        preconditioner=preconditioner, rank=12, tol=1e-10)  # fmt: skip
+                        preconditioner=preconditioner, rank=rank, tol=1e-10)  # fmt: skip
     assert calls == [{"nystrom": "rpcholesky", "adaptive": "adaptive"}[preconditioner]]
+    # the rank (or cap) the search's cost model prices, the one rule of both CV paths
+    from pipeline.plan.cv_routing import cg_rank
+
+    assert ranks == [cg_rank(90, 3, preconditioner, rank)]
+    assert ranks[0] == (12 if rank else 90)  # at most N (an adaptive cap was None before)
 
 
 @pytest.mark.parametrize("preconditioner", ["nystrom", "adaptive", "none"])

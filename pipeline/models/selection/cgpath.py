@@ -31,6 +31,7 @@ import pipeline.constants as C
 from pipeline.linalg.cg import CGConvergenceError, CGConvergenceWarning, conjugate_gradient
 from pipeline.linalg.precond import FoldNystromBlock, NystromFactor, build_nystrom
 from pipeline.models.selection.direct import UnconvergedSolveError
+from pipeline.plan.cv_routing import cg_rank
 
 __all__ = ["cg_fold_predictions"]
 
@@ -74,6 +75,8 @@ def cg_fold_predictions(
         with ``centres="adaptive"``), shared by every fold and λ as the Nyström factor is.
     rank : int, optional
         Nyström rank (default ``min(n, 200)``); with ``"adaptive"``, a cap on the rank.
+        Both within the caps the search's cost model prices
+        (:func:`pipeline.plan.cv_routing.cg_rank`).
     warm_start : bool
         Start each λ from the previous λ's solution (else from zero).
     factor : NystromFactor, optional
@@ -97,18 +100,18 @@ def cg_fold_predictions(
     if preconditioner == "nystrom":
         built = factor
         if built is None:
-            r = int(rank or min(n, C.CV_DEFAULT_RANK))
-            built = build_nystrom(
-                op, centres="rpcholesky", rank=min(r, n), random_state=random_state
-            )
+            r = cg_rank(n, nf, "nystrom", rank)  # the rank the search's cost model prices
+            built = build_nystrom(op, centres="rpcholesky", rank=r, random_state=random_state)
         stats["preconditioner_builds"] = stats.get("preconditioner_builds", 0) + 1
         pre = built.folds(trains)
     elif preconditioner == "adaptive":
+        cap = cg_rank(n, nf, "adaptive", rank)  # the cap the search's cost model prices
         pre = build_nystrom(
             op,
             centres="adaptive",
             shift=float(np.min(shifts)),
-            max_rank=None if rank is None else min(int(rank), n),
+            max_rank=cap,
+            memory_budget=4 * n * cap,
             random_state=random_state,
         ).folds(trains)
         stats["preconditioner_builds"] = stats.get("preconditioner_builds", 0) + 1
