@@ -170,10 +170,11 @@ def cho_factor(a: np.ndarray, *, overwrite_a: bool = False) -> tuple[np.ndarray,
     return c, True
 
 
-def cholesky(a: np.ndarray, *, lower: bool = True) -> np.ndarray:
+def cholesky(a: np.ndarray, *, lower: bool = True, overwrite_a: bool = False) -> np.ndarray:
     """``scipy.linalg.cholesky(a, lower=lower)`` for a symmetric ``a`` by :func:`cho_factor`
-    (safe at any order): the clean triangular factor, a new array."""
-    c, _ = cho_factor(a)
+    (safe at any order): the clean triangular factor, a new array (``overwrite_a``: ``a``
+    is a temporary whose memory the factorisation may use, one M x M copy fewer)."""
+    c, _ = cho_factor(a, overwrite_a=overwrite_a)
     return np.tril(c) if lower else np.triu(c.T)
 
 

@@ -269,7 +269,7 @@ class FalkonPreconditioner:
         eps = JITTER * M * scale
         for _ in range(12):
             try:
-                T = cholesky(K_MM + eps * np.eye(M), lower=False)
+                T = cholesky(K_MM + eps * np.eye(M), lower=False, overwrite_a=True)
                 break
             except np.linalg.LinAlgError:
                 eps *= 10.0
@@ -288,7 +288,7 @@ class FalkonPreconditioner:
         M = self.T.shape[0]
         S = self.T @ self.T.T / M
         S[np.diag_indices(M)] += shift_per_sample
-        return cholesky(S, lower=False)
+        return cholesky(S, lower=False, overwrite_a=True)
 
     def with_shift(self, shift_per_sample: float) -> FalkonPreconditioner:
         """The preconditioner of the same K_MM at another λ': T (and ε) kept, only A

@@ -292,3 +292,7 @@ def test_cholesky_is_scipys_clean_factor():
             dual_mod.cholesky(A, lower=lower), linalg.cholesky(A, lower=lower), rtol=1e-12
         )
     np.testing.assert_array_equal(A, keep)
+    tmp = A.copy()  # a temporary: its memory may hold the factorisation, same factor
+    np.testing.assert_array_equal(
+        dual_mod.cholesky(tmp, lower=False, overwrite_a=True), dual_mod.cholesky(A, lower=False)
+    )
