@@ -35,7 +35,6 @@ import pipeline.constants as C
 
 __all__ = [
     "ALPHA_CONVENTIONS",
-    "spelt_as_before",
     "CV_EIGEN_MODES",
     "CV_KERNEL_DTYPES",
     "CV_PRECONDITIONERS",
@@ -68,6 +67,8 @@ __all__ = [
     "diagonal_shift",
     "solver_choices",
     "solver_convention",
+    "named_knobs",
+    "spelt_as_before",
 ]
 
 # ---------------------------------------------------------------------------
@@ -561,7 +562,25 @@ def solver_choices(**choices: Any) -> dict[str, Any]:
     return dict(choices)
 
 
-# -- a changed default, spelt as before in identities ----------------------------------
+# -- identities: knobs that name no choice, and changed defaults spelt as before -------
+
+
+def named_knobs(knobs: Mapping[str, Any], method: str | None) -> dict[str, Any]:
+    """The solver knobs as an identity sees them: without the knobs whose value names no
+    choice, so that a knob added with its default keeps every earlier identity (a run
+    config's solve stage, a ``KernelRidge`` store's name). ``cg_precision="auto"`` (a
+    mixed solve's checkpoints carry their own fingerprint), ``device="cpu"`` (another
+    device's fit is another fit: other bits, to 1e-10), and ``n_centers`` / ``centers``
+    unless ``method`` (the solver) is ``"nystrom"``. A new dict, the input untouched."""
+    out = dict(knobs)
+    if out.get("cg_precision") == "auto":
+        out.pop("cg_precision")
+    if out.get("device") == "cpu":
+        out.pop("device")
+    if method != "nystrom":
+        out.pop("n_centers", None)
+        out.pop("centers", None)
+    return out
 
 
 def spelt_as_before(view: str, knobs: Mapping[str, Any]) -> dict[str, Any]:

@@ -676,3 +676,16 @@ def test_spelt_as_before_is_the_one_rule_for_changed_defaults():
     assert spelt_as_before("estimator", est) == {"preconditioner": "nystrom", "rank": None}
     with pytest.raises(ValueError, match="view='fit' is not valid"):
         spelt_as_before("fit", {})
+
+
+def test_named_knobs_leave_out_what_names_no_choice():
+    """One rule for the run config's solve identity and a KernelRidge store's name."""
+    from pipeline.options import named_knobs
+
+    knobs = {"cg_precision": "auto", "device": "cpu", "n_centers": 9, "centers": "uniform",
+             "rank": None}  # fmt: skip
+    assert named_knobs(knobs, "cg") == {"rank": None}
+    assert named_knobs(knobs, "nystrom") == {"n_centers": 9, "centers": "uniform", "rank": None}
+    named = {"cg_precision": "mixed", "device": "cuda"}
+    assert named_knobs(named, "cg") == named
+    assert knobs["device"] == "cpu"  # the input untouched

@@ -48,6 +48,7 @@ from pipeline.options import (
     OUT_OF_CORE_SOLVERS,
     SolverOptions,
     knobs,
+    named_knobs,
     solver_choices,
     spelt_as_before,
 )
@@ -586,20 +587,9 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
                          "kernel_params", "progress", "verbose")
         }  # fmt: skip
         params["alpha"] = np.atleast_1d(np.asarray(self.alpha, dtype=np.float64)).tolist()
-        if params.get("cg_precision") == "auto":
-            # the default names no choice (stores of earlier fits keep their names); the
-            # mixed solve's checkpoints carry their own fingerprint
-            params.pop("cg_precision")
-        # the defaults issue #45 changed name the store as the old ones did
-        params = spelt_as_before("estimator", params)
-        if self.solver != "nystrom":  # its knobs name no other fit (earlier stores keep theirs)
-            params.pop("n_centers", None)
-            params.pop("centers", None)
-        # the CPU names no device (earlier stores keep their names); another device's
-        # fit is another fit (other bits, to 1e-10): named by the backend it ran on
-        device = params.pop("device", "cpu")
-        if device != "cpu":
-            params["device"] = device
+        # knobs that name no choice are left out, and the defaults issue #45 changed are
+        # spelt as the old ones: stores of earlier fits keep their names
+        params = spelt_as_before("estimator", named_knobs(params, self.solver))
         params["random_state"] = self._seed
         return {
             "estimator": "KernelRidge",

@@ -42,6 +42,7 @@ from pipeline.options import (
     Knob,
     SolverOptions,
     knobs,
+    named_knobs,
 )
 from pipeline.options import solver_convention as _solver_spelling
 from pipeline.stages.config_checks import (
@@ -611,19 +612,11 @@ class RunConfig(_Model):
     def _solver_params(self) -> dict[str, Any]:
         """The solver section as the solve stage's fingerprint sees it: the cost model
         only with ``method: auto``, the one method it can change (so a recalibrated or
-        re-defaulted cost model never invalidates a solve whose method was named), and
-        ``cg_precision`` only when named (a mixed solve's checkpoints carry their own
-        fingerprint)."""
-        out = self.solver.model_dump()
+        re-defaulted cost model never invalidates a solve whose method was named), without
+        the knobs that name no choice (:func:`pipeline.options.named_knobs`)."""
+        out = named_knobs(self.solver.model_dump(), self.solver.method)
         if out.get("method") != "auto":
             out.pop("cost_model", None)
-        if out.get("cg_precision") == "auto":
-            out.pop("cg_precision")  # the default names no choice: earlier runs keep theirs
-        if out.get("method") != "nystrom":  # the Nyström solver's knobs name no other solve
-            out.pop("n_centers", None)
-            out.pop("centers", None)
-        if out.get("device") == "cpu":  # the default names no device: earlier runs keep theirs
-            out.pop("device")
         return out
 
     def _evaluate_params(self) -> dict[str, Any]:
