@@ -96,10 +96,12 @@ def test_pass_counts_follow_the_measured_factors():
 
 
 def test_the_cg_rank_is_the_one_the_block_pcg_builds():
-    """cvblock builds the ranks priced here (one definition: its caps are these)."""
+    """cvblock builds the ranks priced here (one definition: it asks cg_rank, and
+    restates no cap of its own)."""
     from pipeline.models.selection import cvblock
 
-    assert cvblock.rank_cap is rank_cap and cvblock.precond_rank_cap is precond_rank_cap
+    assert cvblock.cg_rank is cg_rank
+    assert not hasattr(cvblock, "rank_cap") and not hasattr(cvblock, "precond_rank_cap")
     cap = min(rank_cap(N), precond_rank_cap(N, 5))
     assert rank_cap(N) == int(C.CV_RANK_SCALE * N ** (2 / 3)) and rank_cap(100) == 100
     assert 4 * N * cap + 8 * 5 * cap**2 <= C.CV_PRECOND_BUDGET

@@ -39,9 +39,9 @@ from pipeline.linalg.cg_mixed import iterative_refinement
 from pipeline.linalg.precond import FoldNystromBlock, build_nystrom
 from pipeline.models.selection.blockcg import block_pcg
 from pipeline.models.selection.direct import UnconvergedSolveError
-from pipeline.plan.cv_routing import cg_rank, precond_rank_cap, rank_cap
+from pipeline.plan.cv_routing import cg_rank
 
-__all__ = ["block_cv_predictions", "precond_rank_cap", "rank_cap"]
+__all__ = ["block_cv_predictions"]
 
 log = logging.getLogger("pipeline.models.selection")
 
@@ -50,21 +50,16 @@ def _factor(op, preconditioner, rank, min_shift, n_folds, random_state, stats):
     n = op.n
     if preconditioner in ("none", None):
         return None, {}
-    # the ranks the search's cost model prices (pipeline.plan.cv_routing.cg_rank)
-    cap = min(precond_rank_cap(n, n_folds), rank_cap(n))
+    # the rank (a cap for adaptive) the search's cost model prices: cv_routing.cg_rank
+    r = cg_rank(n, n_folds, preconditioner, rank)
     if preconditioner == "nystrom":
-        r = cg_rank(n, n_folds, "nystrom", rank)
         nf = build_nystrom(op, centres="rpcholesky", rank=r, random_state=random_state)
         info = {"method": "nystrom", "rank": nf.rank}
     elif preconditioner == "adaptive":
         nf = build_nystrom(
-            op,
-            centres="adaptive",
-            shift=float(min_shift),
-            max_rank=cg_rank(n, n_folds, "adaptive", rank),
-            memory_budget=max(4 * n, 4 * n * cap),
-            random_state=random_state,
-        )
+            op, centres="adaptive", shift=float(min_shift), max_rank=r,
+            memory_budget=4 * n * max(r, 1), random_state=random_state,
+        )  # fmt: skip
         info = nf.info
     else:
         raise ValueError(
