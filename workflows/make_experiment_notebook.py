@@ -260,9 +260,14 @@ status_table(run_dir)""",
     (
         "code",
         """# every finished tile has a completion record, written after its verified data:
-# remember them, to check below that the resumed run reuses them untouched
+# remember them, to check below that the resumed run reuses them untouched (a
+# "*.tmp" file is not a record: it is a write the kill cut short, which the resume sweeps)
 def completion_records(run_dir):
-    return {p: p.stat().st_mtime_ns for p in run_dir.rglob("_markers/**/*") if p.is_file()}
+    return {
+        p: p.stat().st_mtime_ns
+        for p in run_dir.rglob("_markers/**/*")
+        if p.is_file() and not p.name.endswith(".tmp")
+    }
 
 
 before = completion_records(run_dir)
