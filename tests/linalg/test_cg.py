@@ -9,12 +9,14 @@ import pytest
 import scipy.linalg
 
 from pipeline.kernels import RBF
+from pipeline.linalg import cg as cg_module
 from pipeline.linalg.cg import (
     CGConvergenceError,
     CGConvergenceWarning,
     conjugate_gradient,
 )
 from pipeline.linalg.matvec import MatrixFreeKernelOperator
+from pipeline.linalg.precond import make_preconditioner
 from pipeline.plan.fit_plan import matvec_choice, out_of_core_choice
 
 
@@ -124,14 +126,43 @@ def test_true_residual_recomputation_counts_products(krr):
     assert _true_rel(A, res.x, y) <= 1e-9
 
 
+def test_the_confirmation_rides_along_in_the_last_step_product(krr):
+    """A column likely to stop after a step joins that step's product (A x_k beside
+    A p_k), so its true residual ``b - A x_k - alpha A p_k`` costs no product of its own:
+    with a preconditioner (the residual falls steadily) one product per iteration, the
+    last with two columns (the step before may ride too, when the extrapolation was
+    hopeful), against one product more without the ride; the answer meets the tolerance on
+    the true residual."""
+    X, y, kernel, shift, A = krr
+    pre = make_preconditioner("adaptive", MatrixFreeKernelOperator(X, kernel, shift))
+    widths: list[int] = []
+
+    def counted(V):
+        widths.append(V.shape[1])
+        return A @ V
+
+    res = conjugate_gradient(counted, y, preconditioner=pre, tol=1e-9, true_residual_every=0)
+    assert res.converged and _true_rel(A, res.x, y) <= 1e-9
+    assert res.n_iter > 5 and res.n_matvec == res.n_iter == len(widths)
+    assert widths[-1] == 2 and widths.count(2) <= 2  # p and x in the last product
+    with pytest.MonkeyPatch.context() as mp:  # margin 0: no column is ever likely enough
+        mp.setattr(cg_module, "RIDE_MARGIN", 0.0)
+        plain = conjugate_gradient(lambda V: A @ V, y, preconditioner=pre, tol=1e-9)
+    assert plain.n_iter == res.n_iter and plain.n_matvec == plain.n_iter + 1
+    np.testing.assert_allclose(res.x, plain.x, rtol=0, atol=1e-9 * np.abs(plain.x).max())
+
+
 def test_convergence_is_judged_on_the_true_residual(krr):
     """With a noisy product the recurrence residual keeps falling below the noise floor
-    while the true one stalls; the solver must not report the recurrence's value."""
+    while the true one stalls; the solver must not report the recurrence's value. The
+    noise of each column is proportional to that column's norm, as a product's rounding
+    is (a column that rides along in a product, for its confirmation, adds none to the
+    others)."""
     _, y, _, _, A = krr
     rng = np.random.default_rng(5)
 
     def noisy(V):
-        return A @ V + 1e-7 * np.linalg.norm(V) * rng.normal(size=V.shape)
+        return A @ V + 1e-7 * np.linalg.norm(V, axis=0) * rng.normal(size=V.shape)
 
     with pytest.warns(CGConvergenceWarning):
         res = conjugate_gradient(noisy, y, tol=1e-11, max_iter=600, true_residual_every=0)
@@ -235,7 +266,9 @@ def test_choose_matvec_mode():
     assert name == "recompute" and "does not fit" in reason
 
 
-def test_confirm_false_stops_on_the_recursive_residual_one_product_sooner(krr):
+def test_confirm_false_stops_on_the_recursive_residual_one_product_sooner(krr, monkeypatch):
+    """Without the ride (margin 0), the confirming product is confirm's only cost."""
+    monkeypatch.setattr(cg_module, "RIDE_MARGIN", 0.0)
     _, y, _, _, A = krr
     calls = []
 
