@@ -27,14 +27,23 @@ DEFAULT_N_CENTERS = 1000
 DEFAULT_TOL = 1e-6
 #: CG iteration cap (a solve that needs more is reported unconverged, never silently used)
 DEFAULT_MAX_ITER = 1000
-#: CG preconditioner: RPCholesky Nyström whose rank grows until ‖K - F Fᵀ‖ <= 5 μ
-#: (CG then needs a handful of iterations whatever λ; "nystrom" is the fixed rank
+#: CG preconditioner: RPCholesky Nyström whose rank grows until ‖K - F Fᵀ‖ <=
+#: ADAPTIVE_FIT_FACTOR · μ (CG then needs a handful of iterations whatever λ; "nystrom" is
+#: the fixed rank
 #: DEFAULT_RANK). Measured, diamonds N = 40,000, λ = 1e-2: rank 500 needs 63 iterations
 #: (292.7 s), adaptive 4 (67.8 s; docs/PERFORMANCE.md#the-solver-policy-against-measured-times)
 DEFAULT_PRECONDITIONER = "adaptive"
 #: the adaptive preconditioner stops growing when its estimated ‖K - F Fᵀ‖₂ is at most
-#: this multiple of the shift (κ <= 1 + factor)
+#: this multiple of the shift (κ <= 1 + factor): for a factor that serves many solves,
+#: a CV search's every λ and fold (pipeline.models.selection)
 ADAPTIVE_FACTOR = 5.0
+#: and for a factor that serves one fit's solve (pipeline.fit, and the plan that prices
+#: it): a weaker factor, because its build (~2 N r² flops with FᵀF) is paid for one solve
+#: only. Measured, diamonds N = 40,000, λ = 1e-2, build + FᵀF + CG, session 33 (AMD
+#: EPYC; docs/PERFORMANCE.md#hard-solves-small-λ-by-cg): factor 5, rank 3,594, 4
+#: iterations, 46.2-64.9 s over 4 runs (mean 55.6); factor 10, rank 2,512, 6 iterations,
+#: 48.0-51.2 s over 5 runs (mean 49.0); 20 and 40: 51.6 s and 53.1 s (one run each)
+ADAPTIVE_FIT_FACTOR = 10.0
 #: its rank cap when ``rank`` is not set: max(ADAPTIVE_RANK_FLOOR, ADAPTIVE_RANK_SCALE ·
 #: N^(2/3)) (:func:`adaptive_rank_cap`): the build costs ~N r² flops against ~N² kernel
 #: entries per CG product, so a rank worth its build grows slower than N (diamonds N =

@@ -948,7 +948,7 @@ def make_preconditioner(
     ``"nystrom"``: a rank-``rank`` factor (default
     :data:`~pipeline.constants.DEFAULT_RANK`, capped at N) by ``method``
     (``"rpcholesky"`` or ``"uniform"``), float64; ``"adaptive"``: RPCholesky grown
-    until it resolves K at the shift, float32, with at most ``rank`` columns (default
+    until ``‖K - F Fᵀ‖ <= ADAPTIVE_FIT_FACTOR · shift`` (one solve's target), float32, with at most ``rank`` columns (default
     :func:`~pipeline.constants.preconditioner_rank` with the memory available now: the
     rule the plan records). Both through :func:`build_nystrom`,
     applied by :class:`NystromPreconditioner`.
@@ -964,7 +964,7 @@ def make_preconditioner(
         nf = build_nystrom(op, centres=method, rank=rank, random_state=random_state)
         return nf.woodbury(op.shift)
     if name == "adaptive":
-        # the rank grows until |K - F F^T| <= 5 * shift or its cap
+        # the rank grows until |K - F F^T| <= ADAPTIVE_FIT_FACTOR * shift or its cap
         n = int(op.n)
         if rank is None:  # the plan's rule (a fit passes the rank its plan recorded)
             cap = C.preconditioner_rank(name, None, n, available_memory())
@@ -972,7 +972,7 @@ def make_preconditioner(
             cap = _check_rank(min(int(rank), n), n)
         nf = build_nystrom(
             op, centres="adaptive", shift=op.shift, max_rank=cap, memory_budget=4 * n * cap,
-            random_state=random_state,
+            factor=C.ADAPTIVE_FIT_FACTOR, random_state=random_state,
         )  # fmt: skip
         return nf.woodbury(op.shift)
     raise ValueError(f"unknown preconditioner {name!r}; use one of {PRECONDITIONERS}")

@@ -77,6 +77,7 @@ __all__ = [
     "NYSTROM_RECORD_KEYS",
     "RECORD_KEYS",
     "Resources",
+    "adaptive_residual",
     "cg_memory_bytes",
     "dual_flops",
     "gram_and_factor_disk_bytes",
@@ -372,6 +373,29 @@ def in_memory_choice(n: int, d: int, *, has_primal: bool, alpha: Any = 1.0) -> s
     return "primal" if primal_flops(n, d) < dual_flops(n, d) else "dense"
 
 
+def adaptive_residual(
+    n: int, shift: float, cap: int, cost_model: Any, residual: Any = None
+) -> tuple[int, float, int, bool]:
+    """The plan's prediction of one fit's adaptive factor: it grows to
+    ``ρ <= ADAPTIVE_FIT_FACTOR · μ`` or its ``cap``
+    (:func:`~pipeline.plan.cg_cost.adaptive_rank_and_residual`), from ρ at a rank a
+    subsample resolves, measured by ``residual(rank)`` (the row probe) when given, else
+    the cost model's assumed ρ at :data:`~pipeline.constants.DEFAULT_RANK`.
+
+    Returns ``(rank, ρ, the rank ρ was taken at, whether it was measured)``. ``plan_fit``
+    prices CG with this rank and ρ, and so do the policy grid's replay and its tests.
+    """
+    r, rho_r = C.DEFAULT_RANK, None
+    if residual is not None:
+        r = min(int(cap), C.ADAPTIVE_PROBE_RANK)
+        rho_r = residual(r)
+    measured = rho_r is not None
+    if not measured:
+        r, rho_r = C.DEFAULT_RANK, cost_model.residual(n)
+    rank, rho = adaptive_rank_and_residual(rho_r, r, shift, cap, C.ADAPTIVE_FIT_FACTOR)
+    return rank, rho, r, measured
+
+
 def _rho_matters(
     cm: Any, solver: str, n: int, d: int, kernel: Any, mu: float, tol: float, matvec, precision
 ) -> bool:
@@ -665,18 +689,14 @@ def _plan_solver(
     elif (
         adaptive and shift is not None and kernel is not None and mercer and hasattr(cm, "residual")
     ):
-        # the adaptive factor grows to ρ <= 5μ or its cap: from ρ at a rank a subsample
-        # resolves (measured when it can change the plan, else assumed), its rank and ρ
-        r, rho_r = C.DEFAULT_RANK, None
-        if probes.residual is not None and _rho_matters(
+        # the adaptive factor's rank and ρ, from ρ measured on a subsample when it can
+        # change the plan, else assumed
+        measure = probes.residual is not None and _rho_matters(
             cm, solver, n, d, kernel, mu, tol, matvec, precision
-        ):
-            r = min(base.rank, C.ADAPTIVE_PROBE_RANK)
-            rho_r = probes.residual(r)
-        measured = rho_r is not None
-        if not measured:
-            r, rho_r = C.DEFAULT_RANK, cm.residual(n)
-        rank_est, rho = adaptive_rank_and_residual(rho_r, r, mu, base.rank)
+        )
+        rank_est, rho, r, measured = adaptive_residual(
+            n, mu, base.rank, cm, probes.residual if measure else None
+        )
         rho_source = (
             f"of the adaptive factor (rank about {rank_est} of at most {base.rank}), from ρ "
             f"at rank {r} " + ("measured on a subsample of the rows" if measured else "assumed")

@@ -67,6 +67,7 @@ REFERENCE = [
         "cholesky": {"seconds": 200.9, "n_iter": 1},
         "cg": {"seconds": 60.6, "n_iter": 63, "converged": True},
         "source": "bench_hard_auto.py",
+        "preconditioner": "nystrom",  # measured with the old default, rank 500
     }
 ]
 
@@ -87,20 +88,34 @@ def grid_data(name: str, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]
     raise ValueError(f"unknown data set {name!r}; choose one of {VARIANT_DATASETS}")
 
 
-def policy(n: int, d: int, lam: float, X: np.ndarray | None = None) -> dict:
-    """The plan's choice and the cost model's predictions for one case."""
+def policy(
+    n: int, d: int, lam: float, X: np.ndarray | None = None, preconditioner: str = "adaptive"
+) -> dict:
+    """The plan's choice and the cost model's predictions for one case: for CG with the
+    default preconditioner, the adaptive factor's rank and ρ as the plan predicts them
+    (``adaptive_residual``); ``preconditioner="nystrom"`` for a case measured with the
+    old default (rank 500)."""
+    from pipeline import constants as C
     from pipeline.fit import row_probes
     from pipeline.kernels import RBF
     from pipeline.plan.calibrated import CalibratedCostModel
-    from pipeline.plan.fit_plan import Resources, plan_fit
+    from pipeline.plan.fit_plan import Resources, adaptive_residual, plan_fit
 
     kernel = RBF(gamma=GAMMA)
     res = Resources(memory_bytes=RES_BYTES[0], disk_bytes=RES_BYTES[1], in_memory=False)
-    plan, reason = plan_fit(
-        n, d, kernel, res, {"alpha": lam, "tol": TOL}, probes=row_probes(X, kernel)
-    )
-    model = CalibratedCostModel(tol=TOL)
-    pred = model.predict(n, d, kernel, shift=lam, tol=TOL, probes=row_probes(X, kernel))
+    probes = row_probes(X, kernel)
+    plan, reason = plan_fit(n, d, kernel, res, {"alpha": lam, "tol": TOL}, probes=probes)
+    if preconditioner == "nystrom":
+        model = CalibratedCostModel(tol=TOL)
+        pred = model.predict(n, d, kernel, shift=lam, tol=TOL, probes=probes)
+    else:
+        cap = C.preconditioner_rank("adaptive", None, n, res.memory_bytes)
+        rank, rho, _, measured = adaptive_residual(
+            n, lam, cap, CalibratedCostModel(tol=TOL), probes.residual
+        )
+        model = CalibratedCostModel(rank=rank, tol=TOL)
+        pred = model.predict(n, d, kernel, shift=lam, tol=TOL, rho=rho)
+        pred["rho_source"] = "subsample" if measured else "assumed"
     return {"choice": plan.solver, "reason": reason, **pred}
 
 
@@ -189,7 +204,7 @@ def replay(cases: list[dict]) -> list[dict]:
     rows = []
     for c in cases:
         X, _ = grid_data(c["data"], c["n"])
-        p = policy(c["n"], c["d"], c["lam"], X)
+        p = policy(c["n"], c["d"], c["lam"], X, c.get("preconditioner", "adaptive"))
         t = {s: c[s]["seconds"] for s in ("cholesky", "cg")}
         rows.append({**c, "policy": p, "regret": t[p["choice"]] / min(t.values())})
     return rows
