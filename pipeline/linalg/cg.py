@@ -21,7 +21,9 @@ Convergence is on the relative residual ``‖b - A x‖ / ‖b‖ <= tol``. The
 residual the recurrence updates drifts from the true one, so the true residual
 is recomputed every ``true_residual_every`` iterations (and replaces the
 recurrence), and a column is declared converged only after its true residual is
-checked. The whole state (:class:`CGState`) is handed to the callback, which is
+checked. A column likely to pass that check after the next step rides along in that
+step's product (``[p_k, x_k]``, :func:`_likely_done`), so the check costs no product of
+its own. The whole state (:class:`CGState`) is handed to the callback, which is
 how :mod:`pipeline.linalg.cg_checkpoint` saves and resumes solves.
 
 A column of ``b`` whose largest magnitude lies outside about [1e-30, 1e30] is
