@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 import pipeline.constants as C
+from pipeline.engine.dense import kernel_matrix
 from pipeline.linalg.dense_operator import DenseKernelOperator
 from pipeline.linalg.precond import build_nystrom
 
@@ -81,7 +82,8 @@ def estimate_residual(
         The training rows as the kernel sees them (numpy, or anything indexable by
         a sorted integer array whose result ``np.asarray`` reads, e.g. a Dask array).
     kernel : Kernel
-        Called on the subsample, ``kernel(Xs)``.
+        Evaluated on the subsample by the fused evaluators
+        (:func:`pipeline.engine.dense.kernel_matrix`).
     rank : int
         The preconditioner's rank.
     random_state : int
@@ -105,7 +107,7 @@ def estimate_residual(
         return None
     rng = np.random.default_rng(random_state)
     Xs = subsample_rows(X, m, rng)  # the same draws: rng goes on to the power iterations
-    K = np.asarray(kernel(Xs), dtype=np.float64)
+    K = np.asarray(kernel_matrix(kernel, Xs), dtype=np.float64)  # fused; a new array
     F = build_nystrom(
         DenseKernelOperator(K), centres="rpcholesky", rank=rank, random_state=random_state
     ).F
@@ -122,7 +124,7 @@ def float32_factor_risk(
     n = int(X.shape[0])
     m = int(min(n, C.FACTOR_FLOAT32_SAMPLE_ROWS))
     ev = np.linalg.eigvalsh(
-        np.asarray(kernel(subsample_rows(X, m, np.random.default_rng(random_state))))
+        kernel_matrix(kernel, subsample_rows(X, m, np.random.default_rng(random_state)))
     )
     lmax = float(ev[-1]) * n / m
     return EPS32 * lmax / (max(float(ev[0]), 0.0) + float(shift))
