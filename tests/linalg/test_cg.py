@@ -346,3 +346,37 @@ def test_refinement_spends_one_product_per_cg_iteration_plus_its_true_residuals(
     assert stats["refine_iterations"] >= 1
     # each step: one true residual, then one product per CG iteration; one final residual
     assert len(calls) == stats["refine_iterations"] + stats["refine_steps"] + 1
+
+
+def test_a_solve_resumed_at_any_iteration_rides_as_the_uninterrupted_one(krr):
+    """Whether a column rides along is decided from the saved residual history alone: a
+    solve stopped after any iteration and resumed from its state takes the same steps,
+    rides included, and ends with the same bits."""
+    X, y, kernel, shift, A = krr
+    pre = make_preconditioner("adaptive", MatrixFreeKernelOperator(X, kernel, shift))
+    Y = np.column_stack([y, np.cos(X[:, 0])])
+    widths: list[int] = []
+
+    def mv(V):
+        widths.append(V.shape[1])
+        return A @ V
+
+    whole = conjugate_gradient(mv, Y, preconditioner=pre, tol=1e-9, true_residual_every=0)
+    assert whole.converged and max(widths) > 2  # some product carried a riding column
+    for stop_at in range(1, whole.n_iter):
+        saved = []
+
+        def stop(state, k=stop_at, saved=saved):
+            saved.append(state.copy())
+            return state.iteration >= k
+
+        conjugate_gradient(
+            lambda V: A @ V, Y, preconditioner=pre, tol=1e-9, true_residual_every=0,
+            callback=stop,
+        )  # fmt: skip
+        resumed = conjugate_gradient(
+            lambda V: A @ V, Y, preconditioner=pre, tol=1e-9, true_residual_every=0,
+            state=saved[-1],
+        )  # fmt: skip
+        assert resumed.n_iter == whole.n_iter and resumed.n_matvec == whole.n_matvec
+        np.testing.assert_array_equal(resumed.x, whole.x)
