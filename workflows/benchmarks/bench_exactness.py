@@ -21,11 +21,24 @@ rows to ``--out`` (JSON lines).
 γ and λ default to the values that ``KernelRidgeCV`` chose on an 8,000-row subsample
 (γ = 0.25, λ = 3.2e-3, measured in an earlier session: the grid of 10 λ x 3 γ, 5 folds):
 the hard case, λ as CV picks it.
-FALKON (the reference implementation) is not run: it installs only with PyTorch and a
-compiled extension, which this machine's package index does not hold.
+FALKON (the reference implementation, Meanti et al.) runs with ``--falkon-python
+PYTHON``: an interpreter of its own venv, because it needs PyTorch and a compiled
+extension. On this machine it builds from its repository's source against the PyTorch
+2.13 CPU wheel on disk (``FORCE_ONLY_CPU=1``, about 20 minutes of compiling on 2 cores)::
+
+    python3 -m venv /work/falkon-venv
+    /work/falkon-venv/bin/pip install torch==2.13.0 numpy scipy scikit-learn psutil \
+        keopscore pykeops setuptools wheel ninja
+    FORCE_ONLY_CPU=1 /work/falkon-venv/bin/pip install --no-build-isolation ./falkon
+
+Each M is one child process on the same standardised rows: uniform centres (seed 0),
+the same Gaussian kernel (σ = 1/√(2γ)), FALKON's penalty λ/n (its loss is a mean,
+ours and scikit-learn's a sum), float64, on the CPU, ``maxiter=20`` (FALKON's default).
 
     python workflows/benchmarks/bench_exactness.py --quick        # M = 1,000; N/8 only
     python workflows/benchmarks/bench_exactness.py                # M = 1,000, 4,000, 16,000
+    python workflows/benchmarks/bench_exactness.py --no-exact --subsamples '' \
+        --falkon-python /work/falkon-venv/bin/python                 # and FALKON at each M
 """
 
 from __future__ import annotations
@@ -56,6 +69,43 @@ def load(split: int) -> tuple[np.ndarray, ...]:
     return (Xtr - mu) / sd, (Xte - mu) / sd, (ytr - ym) / ys, (yte - ym) / ys
 
 
+#: one FALKON fit in its own interpreter: reads the rows from an .npz, prints one JSON line
+FALKON_CHILD = """
+import json, resource, sys, time
+import numpy as np, torch, falkon
+d = np.load(sys.argv[1])
+M, gamma, lam = int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+Xtr, ytr, Xte = (torch.from_numpy(np.ascontiguousarray(d[k])) for k in ("Xtr", "ytr", "Xte"))
+torch.set_num_threads(int(sys.argv[5]))
+t = time.perf_counter()
+model = falkon.Falkon(
+    kernel=falkon.kernels.GaussianKernel(sigma=float(1.0 / np.sqrt(2.0 * gamma))),
+    penalty=lam / Xtr.shape[0], M=M, maxiter=20, seed=0,
+    options=falkon.FalkonOptions(use_cpu=True, keops_active="no"),
+)
+model.fit(Xtr, ytr.reshape(-1, 1))
+pred = model.predict(Xte).numpy().ravel()
+secs = time.perf_counter() - t
+rmse = float(np.sqrt(np.mean((pred - d["yte"]) ** 2)))
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+print(json.dumps({"seconds": secs, "rmse": rmse, "child_rss_gb": round(rss, 2),
+                  "falkon": falkon.__version__, "torch": torch.__version__}))
+"""
+
+
+def falkon_fit(python: str, rows: str, M: int, gamma: float, lam: float) -> dict:
+    """One FALKON fit by ``python`` (its own venv) on the rows saved in ``rows``."""
+    import subprocess
+
+    proc = subprocess.run(
+        [python, "-c", FALKON_CHILD, rows, str(M), str(gamma), str(lam), str(os.cpu_count())],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        return {"skipped": f"FALKON failed (exit {proc.returncode}): {proc.stderr.strip()[-300:]}"}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def _rss_gb() -> float:
     import resource
 
@@ -74,6 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--exact-in-memory", action="store_true")
     p.add_argument("--quick", action="store_true", help="M = 1,000 and N/8 only, no full exact fit")
     p.add_argument("--out", default="bench_exactness.jsonl")
+    p.add_argument(
+        "--falkon-python", default=None,
+        help="an interpreter with FALKON installed (its own venv): also fit FALKON at each M",
+    )  # fmt: skip
     a = p.parse_args(argv)
     if a.quick:
         a.centers, a.subsamples, a.no_exact = "1000", "0.125", True
@@ -105,6 +159,12 @@ def main(argv: list[str] | None = None) -> int:
         record(kind="nystrom", who="ours", n_train=n, n_centers=M,
                seconds=time.perf_counter() - t, rmse=rmse(pred),
                method=m.fit_info_.get("method"), n_iter=m.fit_info_.get("n_iter"))  # fmt: skip
+        if a.falkon_python:
+            with tempfile.TemporaryDirectory(prefix="bench_exactness_falkon_") as tmp:
+                rows_npz = os.path.join(tmp, "rows.npz")
+                np.savez(rows_npz, Xtr=Xtr, ytr=ytr, Xte=Xte, yte=yte)
+                record(kind="nystrom", who="falkon", n_train=n, n_centers=M,
+                       **falkon_fit(a.falkon_python, rows_npz, M, a.gamma, a.alpha))  # fmt: skip
         if n * M * 8 / 2**30 * 2.5 > a.sklearn_max_gb:
             record(kind="nystrom", who="scikit-learn", n_train=n, n_centers=M, skipped=(
                 f"its {n} x {M} feature matrix and Ridge's copies need about "
@@ -149,6 +209,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"M = {M}: ours {sk[M]['seconds'] / ours[M]['seconds']:.2f}x faster than "
               f"scikit-learn; RMSE {ours[M]['rmse']:.4f} vs {sk[M]['rmse']:.4f} "
               f"({(ours[M]['rmse'] / sk[M]['rmse'] - 1) * 100:+.1f} %)")  # fmt: skip
+    fk = {r["n_centers"]: r for r in rows if r["who"] == "falkon" and "seconds" in r}
+    for M in sorted(set(ours) & set(fk)):
+        print(f"M = {M}: FALKON {fk[M]['seconds']:.1f} s against ours {ours[M]['seconds']:.1f} s "
+              f"({fk[M]['seconds'] / ours[M]['seconds']:.2f}x); RMSE {fk[M]['rmse']:.4f} vs "
+              f"ours {ours[M]['rmse']:.4f}")  # fmt: skip
     full = [r for r in rows if r["kind"] == "exact" and r.get("fraction") == 1.0]
     if full and ours:
         best = min(ours.values(), key=lambda r: r["rmse"])
