@@ -24,7 +24,7 @@ the hard case, λ as CV picks it.
 FALKON (the reference implementation, Meanti et al.) runs with ``--falkon-python
 PYTHON``: an interpreter of its own venv, because it needs PyTorch and a compiled
 extension. On this machine it builds from its repository's source against the PyTorch
-2.13 CPU wheel on disk (``FORCE_ONLY_CPU=1``, about 20 minutes of compiling on 2 cores)::
+2.13 CPU wheel on disk (``FORCE_ONLY_CPU=1``, about 6 minutes of compiling on 2 cores)::
 
     python3 -m venv /work/falkon-venv
     /work/falkon-venv/bin/pip install torch==2.13.0 numpy scipy scikit-learn psutil \
