@@ -26,10 +26,11 @@ PYTHON``: an interpreter of its own venv, because it needs PyTorch and a compile
 extension. On this machine it builds from its repository's source against the PyTorch
 2.13 CPU wheel on disk (``FORCE_ONLY_CPU=1``, about 6 minutes of compiling on 2 cores)::
 
-    python3 -m venv /work/falkon-venv
-    /work/falkon-venv/bin/pip install torch==2.13.0 numpy scipy scikit-learn psutil \
+    python3 -m venv ../falkon-venv
+    ../falkon-venv/bin/pip install torch==2.13.0 numpy scipy scikit-learn psutil \
         keopscore pykeops setuptools wheel ninja
-    FORCE_ONLY_CPU=1 /work/falkon-venv/bin/pip install --no-build-isolation ./falkon
+    git clone https://github.com/FalkonML/falkon ../falkon
+    FORCE_ONLY_CPU=1 ../falkon-venv/bin/pip install --no-build-isolation ../falkon
 
 Each M is one child process on the same standardised rows: uniform centres (seed 0),
 the same Gaussian kernel (σ = 1/√(2γ)), FALKON's penalty λ/n (its loss is a mean,
@@ -38,7 +39,7 @@ ours and scikit-learn's a sum), float64, on the CPU, ``maxiter=20`` (FALKON's de
     python workflows/benchmarks/bench_exactness.py --quick        # M = 1,000; N/8 only
     python workflows/benchmarks/bench_exactness.py                # M = 1,000, 4,000, 16,000
     python workflows/benchmarks/bench_exactness.py --no-exact --subsamples '' \
-        --falkon-python /work/falkon-venv/bin/python                 # and FALKON at each M
+        --falkon-python ../falkon-venv/bin/python                 # and FALKON at each M
 """
 
 from __future__ import annotations
