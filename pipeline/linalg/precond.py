@@ -589,7 +589,7 @@ def _adaptive_rpcholesky(
     *,
     factor: float = C.ADAPTIVE_FACTOR,
     block: int = 250,
-    memory_budget: int = C.ADAPTIVE_MEMORY_BUDGET,
+    memory_budget: int | None = C.ADAPTIVE_MEMORY_BUDGET,
     max_rank: int | None = None,
     dtype: Any = np.float32,
     sample: int = 1500,
@@ -606,9 +606,11 @@ def _adaptive_rpcholesky(
         Target ``ρ̂ / μ`` (the preconditioned condition number is ``<= 1 + factor``).
     block : int
         Candidate pivots drawn per round (one ``columns`` call per round).
-    memory_budget : int
+    memory_budget : int or None
         Bytes the factor may occupy; the rank is capped at
-        ``memory_budget // (N · itemsize)`` and a capped build logs a warning.
+        ``memory_budget // (N · itemsize)`` and a capped build logs a warning. None:
+        ``max_rank`` is the only cap (a caller whose rank cap already priced the memory,
+        :func:`~pipeline.constants.preconditioner_rank` or the CV's ``cg_rank``).
     max_rank : int, optional
         A further cap on the rank (default N).
     dtype : float32 or float64
@@ -636,7 +638,7 @@ def _adaptive_rpcholesky(
     dtype = np.dtype(dtype)
     if dtype not in (np.float32, np.float64):
         raise ValueError(f"dtype must be float32 or float64, got {dtype}")
-    budget_rank = int(memory_budget) // (n * dtype.itemsize)
+    budget_rank = n if memory_budget is None else int(memory_budget) // (n * dtype.itemsize)
     if budget_rank < 1:
         raise ValueError(
             f"memory_budget={memory_budget} bytes cannot hold even one column of the "
@@ -850,7 +852,7 @@ def build_nystrom(
     rank: int | None = None,
     shift: float | None = None,
     max_rank: int | None = None,
-    memory_budget: int = C.ADAPTIVE_MEMORY_BUDGET,
+    memory_budget: int | None = C.ADAPTIVE_MEMORY_BUDGET,
     factor: float = C.ADAPTIVE_FACTOR,
     block: int | None = None,
     sample: int = 1500,
@@ -876,7 +878,8 @@ def build_nystrom(
         μ, the shift the factor must resolve K at (``"adaptive"`` only).
     max_rank, memory_budget : int
         The adaptive build's caps (the rank is at most ``memory_budget // (N ·
-        itemsize)``; a budget too small for one column is refused).
+        itemsize)``; a budget too small for one column is refused; None: ``max_rank``
+        alone, for a cap that already priced the memory).
     factor : float
         The adaptive build's target ``ρ̂ / μ`` (preconditioned κ ``<= 1 + factor``).
     block : int, optional
@@ -971,7 +974,7 @@ def make_preconditioner(
         else:
             cap = _check_rank(min(int(rank), n), n)
         nf = build_nystrom(
-            op, centres="adaptive", shift=op.shift, max_rank=cap, memory_budget=4 * n * cap,
+            op, centres="adaptive", shift=op.shift, max_rank=cap, memory_budget=None,
             factor=C.ADAPTIVE_FIT_FACTOR, random_state=random_state,
         )  # fmt: skip
         return nf.woodbury(op.shift)

@@ -111,7 +111,7 @@ def cg_fold_predictions(
             centres="adaptive",
             shift=float(np.min(shifts)),
             max_rank=cap,
-            memory_budget=4 * n * cap,
+            memory_budget=None,
             random_state=random_state,
         ).folds(trains)
         stats["preconditioner_builds"] = stats.get("preconditioner_builds", 0) + 1

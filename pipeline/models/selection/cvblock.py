@@ -58,7 +58,7 @@ def _factor(op, preconditioner, rank, min_shift, n_folds, random_state, stats):
     elif preconditioner == "adaptive":
         nf = build_nystrom(
             op, centres="adaptive", shift=float(min_shift), max_rank=r,
-            memory_budget=4 * n * max(r, 1), random_state=random_state,
+            memory_budget=None, random_state=random_state,
         )  # fmt: skip
         info = nf.info
     else:
