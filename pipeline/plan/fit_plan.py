@@ -61,7 +61,7 @@ from pipeline.options import (
     normalize_matvec,
     solver_options,
 )
-from pipeline.plan.calibrated import _accepts, _seconds, make_cost_model
+from pipeline.plan.calibrated import CalibratedCostModel, _accepts, _seconds, make_cost_model
 from pipeline.plan.cg_cost import adaptive_rank_and_residual, gram_disk_bytes
 from pipeline.plan.cg_variant import choose_cg_variant, matvec_choice, normalize_precision
 from pipeline.plan.factor_precision import choose_factor_dtype
@@ -77,6 +77,7 @@ __all__ = [
     "NYSTROM_RECORD_KEYS",
     "RECORD_KEYS",
     "Resources",
+    "adaptive_cg_prediction",
     "adaptive_residual",
     "cg_memory_bytes",
     "dual_flops",
@@ -394,6 +395,24 @@ def adaptive_residual(
         r, rho_r = C.DEFAULT_RANK, cost_model.residual(n)
     rank, rho = adaptive_rank_and_residual(rho_r, r, shift, cap, C.ADAPTIVE_FIT_FACTOR)
     return rank, rho, r, measured
+
+
+def adaptive_cg_prediction(
+    n: int, d: int, kernel: Any, shift: float, tol: float, memory_bytes: float, residual: Any
+) -> dict[str, Any]:
+    """The calibrated model's CG prediction for one fit with the default (adaptive)
+    preconditioner, as ``plan_fit`` prices it: the rank cap
+    (:func:`~pipeline.constants.preconditioner_rank`), the rank and ρ from
+    :func:`adaptive_residual`, then :meth:`CalibratedCostModel.predict` at them. For the
+    policy grid's replay and its tests; ``rho_source`` says whether ρ was measured."""
+    cap = C.preconditioner_rank("adaptive", None, n, memory_bytes)
+    rank, rho, _, measured = adaptive_residual(
+        n, shift, cap, CalibratedCostModel(tol=tol), residual
+    )
+    pred = CalibratedCostModel(rank=rank, tol=tol).predict(
+        n, d, kernel, shift=shift, tol=tol, rho=rho
+    )
+    return {**pred, "rank": rank, "rho_source": "subsample" if measured else "assumed"}
 
 
 def _rho_matters(

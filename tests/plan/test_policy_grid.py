@@ -24,7 +24,7 @@ from pipeline.engine.placement import Probes
 from pipeline.fit import row_probes
 from pipeline.kernels import RBF
 from pipeline.plan.calibrated import CalibratedCostModel
-from pipeline.plan.fit_plan import Resources, adaptive_residual, plan_fit
+from pipeline.plan.fit_plan import Resources, adaptive_cg_prediction, plan_fit
 
 BENCH = Path(__file__).resolve().parents[2] / "workflows" / "benchmarks"
 RES = Resources(memory_bytes=1e13, disk_bytes=1e15, in_memory=False)
@@ -116,17 +116,13 @@ def test_the_old_simple_model_fails_the_grid(cases):
 
 
 def _default_prediction(c, X, kernel) -> dict:
-    """What ``plan_fit`` prices for CG with the default (adaptive) preconditioner: its
-    rank and ρ from the row probe (:func:`~pipeline.plan.fit_plan.adaptive_residual`),
-    then the calibrated model at that rank and ρ."""
-    cap = C.preconditioner_rank("adaptive", None, c["n"], RES.memory_bytes)
-    rank, rho, _, measured = adaptive_residual(
-        c["n"], c["lam"], cap, CalibratedCostModel(tol=1e-6), _probes(X, kernel).residual
+    """What ``plan_fit`` prices for CG with the default (adaptive) preconditioner
+    (:func:`~pipeline.plan.fit_plan.adaptive_cg_prediction`), ρ from the row probe."""
+    p = adaptive_cg_prediction(
+        c["n"], c["d"], kernel, c["lam"], 1e-6, RES.memory_bytes, _probes(X, kernel).residual
     )
-    assert measured  # ρ measured on a subsample of the case's rows, not assumed
-    return CalibratedCostModel(rank=rank, tol=1e-6).predict(
-        c["n"], c["d"], kernel, shift=c["lam"], tol=1e-6, rho=rho
-    )
+    assert p["rho_source"] == "subsample"  # ρ measured on the case's rows, not assumed
+    return p
 
 
 def test_the_predictions_are_within_a_factor_of_the_measurements(cases):
@@ -221,7 +217,6 @@ def test_the_model_ranks_the_variants_without_the_noise_margin(variant_cases, mo
     # D = 64 it does not yet: the iteration model overestimates those solves about 10x
     # (a flat residual spectrum, docs/PERFORMANCE.md), which favours the stored Gram's
     # cheaper products (synthetic64, N = 4,000, λ = 1e-3: stored 2.79 s, float64 1.73 s)
-    from pipeline import constants as C
 
     monkeypatch.setattr(C, "CG_VARIANT_MIN_SAVING", 0.0)
     monkeypatch.setattr(C, "CG_VARIANT_MIN_SECONDS", 0.0)

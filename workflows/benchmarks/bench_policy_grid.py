@@ -93,13 +93,12 @@ def policy(
 ) -> dict:
     """The plan's choice and the cost model's predictions for one case: for CG with the
     default preconditioner, the adaptive factor's rank and ρ as the plan predicts them
-    (``adaptive_residual``); ``preconditioner="nystrom"`` for a case measured with the
+    (``fit_plan.adaptive_cg_prediction``); ``preconditioner="nystrom"`` for a case measured with the
     old default (rank 500)."""
-    from pipeline import constants as C
     from pipeline.fit import row_probes
     from pipeline.kernels import RBF
     from pipeline.plan.calibrated import CalibratedCostModel
-    from pipeline.plan.fit_plan import Resources, adaptive_residual, plan_fit
+    from pipeline.plan.fit_plan import Resources, adaptive_cg_prediction, plan_fit
 
     kernel = RBF(gamma=GAMMA)
     res = Resources(memory_bytes=RES_BYTES[0], disk_bytes=RES_BYTES[1], in_memory=False)
@@ -109,13 +108,7 @@ def policy(
         model = CalibratedCostModel(tol=TOL)
         pred = model.predict(n, d, kernel, shift=lam, tol=TOL, probes=probes)
     else:
-        cap = C.preconditioner_rank("adaptive", None, n, res.memory_bytes)
-        rank, rho, _, measured = adaptive_residual(
-            n, lam, cap, CalibratedCostModel(tol=TOL), probes.residual
-        )
-        model = CalibratedCostModel(rank=rank, tol=TOL)
-        pred = model.predict(n, d, kernel, shift=lam, tol=TOL, rho=rho)
-        pred["rho_source"] = "subsample" if measured else "assumed"
+        pred = adaptive_cg_prediction(n, d, kernel, lam, TOL, res.memory_bytes, probes.residual)
     return {"choice": plan.solver, "reason": reason, **pred}
 
 
