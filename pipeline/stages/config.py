@@ -148,6 +148,11 @@ class SplitConfig(_Model):
     _paths = field_validator("test_path", "test_y_path", mode="before")(local_file_url)
 
 
+#: the most rows of preprocess.ard_rows' Gaussian-process fit: its gradients are rows² ×
+#: (features + 2) floats (5,000 rows, 8 features: 2 GB)
+ARD_MAX_ROWS = 5000
+
+
 class PreprocessConfig(_Model):
     #: standardise X with the training split's mean and std (stored with the model)
     standardize: bool = True
@@ -161,6 +166,12 @@ class PreprocessConfig(_Model):
 
     @model_validator(mode="after")
     def _check_ard(self) -> PreprocessConfig:
+        if self.ard_rows is not None and self.ard_rows > ARD_MAX_ROWS:
+            raise ValueError(
+                f"preprocess.ard_rows={self.ard_rows} is more than {ARD_MAX_ROWS:,}: the "
+                "Gaussian-process fit holds rows² × (features + 2) gradients in memory and "
+                "costs rows³ per step; use 1,000-3,000 rows (1,500 found kin40k's scales)"
+            )
         if self.ard_rows is not None and not self.standardize:
             raise ValueError(
                 f"preprocess.ard_rows={self.ard_rows} needs preprocess.standardize: true "

@@ -59,6 +59,9 @@ def test_ard_rows_is_checked_and_named_only_when_set():
         PreprocessConfig(standardize=False, ard_rows=100)
     with pytest.raises(ValueError, match="ard_rows"):
         PreprocessConfig(ard_rows=1)
+    with pytest.raises(ValueError, match=r"ard_rows=20000 is more than 5,000: .*1,000-3,000"):
+        PreprocessConfig(ard_rows=20_000)  # refused before any work: the GP is rows³
+    assert PreprocessConfig(ard_rows=5000).ard_rows == 5000
     base = {"data": {"source": "sklearn", "name": "diabetes"}, "lambda": 0.1}
     plain = load_config(base).stage_params()["ingest"]["preprocess"]
     assert "ard_rows" not in plain  # every run without it keeps its ingest identity
