@@ -12,7 +12,8 @@ never fused by mistake):
 
 - :class:`~pipeline.kernels.RBF`: one GEMM over rows augmented with
   ``[2γ·x, -γ|x|², 1]`` and ``[y, 1, -γ|y|²]`` gives the exponent
-  ``-γ|x - y|²`` directly, then ``np.exp`` in place. Rows are centred by
+  ``-γ|x - y|²`` directly, then ``exp`` in place (float64: the engine's own
+  :func:`~pipeline.engine.vexp.exp_inplace`, float32: ``np.exp``). Rows are centred by
   ``Xi``'s mean first (as :func:`pipeline.kernels.basic._sq_dists` does), so
   data far from the origin keeps its small differences.
   ARD (a ``length_scale`` per feature) scales the centred rows by
@@ -20,7 +21,7 @@ never fused by mistake):
 - :class:`~pipeline.kernels.Matern` (ν = 1/2, 3/2, 5/2, scalar or ARD length
   scale): the same augmented GEMM gives ``(√(2ν)·r)²``; then clip at 0, ``np.sqrt``
   and the closed form (:func:`pipeline.kernels.basic.matern_from_scaled_dists`:
-  one ``np.exp`` and, for ν > 1/2, a few multiply-adds into a second scratch block).
+  one ``exp`` and, for ν > 1/2, a few multiply-adds into a second scratch block).
   In float32 the distance near 0 is the square root of a float32 cancellation
   (about 3e-4·|x|/ℓ absolute), coarser than the RBF's, which needs no root.
 - :class:`~pipeline.kernels.Laplacian`: ``Σ_f |x_f - y_f| = Σx + Σy - 2·Σ_f
@@ -51,6 +52,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.engine.vexp import EXP_ID, exp_inplace
 from pipeline.kernels import RBF, Kernel, Laplacian, Linear, Matern, Polynomial
 from pipeline.kernels.basic import (
     MATERN_NUS,
@@ -60,7 +62,7 @@ from pipeline.kernels.basic import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["F32_LIMIT", "BlockEvaluator", "prepare"]
+__all__ = ["F32_LIMIT", "BlockEvaluator", "evaluation_identity", "prepare"]
 
 #: largest value a float32 kernel tile may be asked to hold: float32's maximum
 #: with a 16x margin for the rounding inside the GEMM that produces it
@@ -263,12 +265,12 @@ class _GemmExp(BlockEvaluator):
             _symmetrize(E)
             np.fill_diagonal(E, 0.0)
         if self.nu is None:
-            np.exp(E, out=E)
+            exp_inplace(E)
             return
         # Matérn: E = (√(2ν)·r)², up to rounding that can make it slightly negative
         np.maximum(E, 0.0, out=E)
         np.sqrt(E, out=E)
-        matern_from_scaled_dists(E, self.nu, T)
+        matern_from_scaled_dists(E, self.nu, T, exp=exp_inplace)
 
 
 class _L1Exp(BlockEvaluator):
@@ -305,7 +307,7 @@ class _L1Exp(BlockEvaluator):
             np.add(E, T, out=E)
         if diag:  # exactly symmetric already: every term is
             np.fill_diagonal(E, 0.0)
-        np.exp(E, out=E)
+        exp_inplace(E)
 
 
 def _power(E: np.ndarray, degree: float, T: np.ndarray) -> None:
@@ -431,6 +433,23 @@ _FUSED = {
 def is_fused(kernel: Kernel) -> bool:
     """Whether ``kernel`` has a fused evaluator (else the generic per-block path runs)."""
     return type(kernel) in _FUSED
+
+
+def evaluation_identity(kernel: Any, kernel_dtype: Any) -> dict[str, str]:
+    """What, besides the kernel and the dtypes, fixes the bits of the fused evaluation of
+    ``kernel`` in ``kernel_dtype``: ``{"exp": EXP_ID}`` where the evaluator takes the
+    engine's float64 ``exp`` (RBF, Matérn, Laplacian in float64), else ``{}``.
+
+    The one rule for every fingerprint of a stored result made of fused kernel values
+    (the Gram, a matrix-free operator's CG checkpoint, the Nyström solve, an
+    estimator's store, CV settings, predictions): merged into the recipe, it leaves the
+    recipes of other kernels and of float32 as they were, and moves the others, so a
+    result made with ``np.exp``'s bits is recomputed, never mixed with these.
+    """
+    k = kernel if isinstance(kernel, Kernel) else None
+    if k is None or np.dtype(kernel_dtype) != np.float64:
+        return {}
+    return {"exp": EXP_ID} if _FUSED.get(type(k)) in (_GemmExp, _L1Exp) else {}
 
 
 def prepare(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -239,16 +240,25 @@ class RBF(Kernel):
 MATERN_NUS = {0.5: 1.0, 1.5: math.sqrt(3.0), 2.5: math.sqrt(5.0)}
 
 
-def matern_from_scaled_dists(T: np.ndarray, nu: float, S: np.ndarray | None = None) -> np.ndarray:
+def matern_from_scaled_dists(
+    T: np.ndarray,
+    nu: float,
+    S: np.ndarray | None = None,
+    exp: Callable[[np.ndarray], np.ndarray] | None = None,
+) -> np.ndarray:
     """The Matérn kernel in place from ``T = sqrt(2 nu)·r`` (r the scaled distance).
 
     nu = 0.5: exp(-t); 1.5: (1 + t)·exp(-t); 2.5: (1 + t·(1 + t/3))·exp(-t).
     ``S`` is scratch of ``T``'s shape (overwritten; nu = 1.5 and 2.5 use it): no
     other temporaries, so the fused evaluators call this on cache-sized blocks.
+    ``exp(A)`` computes ``exp`` of ``A`` in place (default ``np.exp``; the fused
+    evaluators pass the engine's own).
     """
+    if exp is None:
+        exp = _np_exp_inplace
     if nu == 0.5:
         np.negative(T, out=T)
-        return np.exp(T, out=T)
+        return exp(T)
     if S is None:
         S = np.empty_like(T)
     if nu == 2.5:
@@ -257,14 +267,18 @@ def matern_from_scaled_dists(T: np.ndarray, nu: float, S: np.ndarray | None = No
         S *= T
         S += 1.0  # S = 1 + t + t²/3
         np.negative(T, out=T)
-        np.exp(T, out=T)
+        exp(T)
         T *= S
         return T
     np.negative(T, out=S)
-    np.exp(S, out=S)  # S = exp(-t)
+    exp(S)  # S = exp(-t)
     T += 1.0
     T *= S
     return T
+
+
+def _np_exp_inplace(a: np.ndarray) -> np.ndarray:
+    return np.exp(a, out=a)
 
 
 @register

@@ -28,6 +28,7 @@ import zarr
 from dask.highlevelgraph import HighLevelGraph
 
 from pipeline.engine import parallel, predict_accumulate, task_threads
+from pipeline.engine.evaluators import evaluation_identity
 from pipeline.engine.passes import KernelSource, accumulate_graph, execute, pending
 from pipeline.kernels import Kernel, kernel_fingerprint, make_kernel
 from pipeline.linalg.predict_model import check_preprocessing
@@ -444,9 +445,11 @@ def _open_output(
     dtype: np.dtype,
     meta: dict,
     overwrite: bool,
+    ident: dict,
 ) -> TiledArray:
     check_zarr_output_root(out)  # not among the files of a directory that is not a store
-    fp = fingerprint_obj({"kind": "krr-predictions", **meta, "dtype": dtype.str})
+    # the evaluation's identity enters the fingerprint only: the attributes keep their layout
+    fp = fingerprint_obj({"kind": "krr-predictions", **meta, **ident, "dtype": dtype.str})
     try:
         return open_tiled_array(
             out, name, shape, b, dtype, fp,
@@ -554,7 +557,7 @@ def predict(
         model_fingerprint = _model_fp(X_train, dual_coef, m)
     if input_fingerprint is None:
         input_fingerprint = _input_fingerprint(X)
-    _, odt = _dtypes(X, m)
+    kdt, odt = _dtypes(X, m)
     k = m.dual_coef.shape[1]
     shape = (X.shape[0],) if m.squeeze else (X.shape[0], k)
     meta = {
@@ -562,7 +565,8 @@ def predict(
         "input_fingerprint": input_fingerprint,
         "nan_policy": nan_policy,
     }
-    handle = _open_output(str(out), out_name, shape, b, odt, meta, overwrite)
+    ident = evaluation_identity(m.kernel, kdt)  # the engine's float64 exp: in the fingerprint
+    handle = _open_output(str(out), out_name, shape, b, odt, meta, overwrite, ident)
     n_blocks = len(X.chunks[0]) if X.shape[0] else 0
     todo = pending(
         handle.markers,

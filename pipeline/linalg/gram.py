@@ -33,6 +33,7 @@ from dask.highlevelgraph import HighLevelGraph
 
 import pipeline.constants as C
 from pipeline.engine import task_threads
+from pipeline.engine.evaluators import evaluation_identity
 from pipeline.engine.input_checks import validate_and_fingerprint
 from pipeline.engine.parallel import compute
 from pipeline.engine.passes import KernelSource, pending, store_graph
@@ -103,6 +104,7 @@ def gram_fingerprint(
     if z_fingerprint is not None:
         obj["z"] = z_fingerprint
     obj["kernel_dtype"] = str(kernel_dtype)
+    obj.update(evaluation_identity(k, kernel_dtype))  # the engine's float64 exp
     return fingerprint_obj(obj)
 
 

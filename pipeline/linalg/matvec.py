@@ -28,6 +28,7 @@ import numpy as np
 
 from pipeline.engine import device, task_threads
 from pipeline.engine import passes as engine
+from pipeline.engine.evaluators import evaluation_identity
 from pipeline.kernels import Kernel, kernel_fingerprint, make_kernel
 from pipeline.storage import (
     IncompleteArrayError,
@@ -336,6 +337,7 @@ def _matrix_free_recipe(op: Any) -> dict[str, Any]:
     }
     if op.kernel_dtype != "float64":  # float64 fingerprints stay as before
         what["kernel_dtype"] = op.kernel_dtype
+    what.update(evaluation_identity(op.kernel, op.kernel_dtype))  # the engine's float64 exp
     return what
 
 

@@ -58,6 +58,7 @@ import numpy as np
 import scipy.linalg
 
 from pipeline.engine.dense import check_finite_kernel
+from pipeline.engine.evaluators import evaluation_identity
 from pipeline.engine.fused import kernel_tile
 from pipeline.errors import IndefiniteKernelError
 from pipeline.kernels import kernel_fingerprint, make_kernel
@@ -471,6 +472,7 @@ class NystromNormalOperator:
             "weights": None if self.weights is None else fingerprint_blocks([self.weights]),
             "block_size": self.rows.block,
             "product_dtype": self.product_dtype.name,
+            **evaluation_identity(self.kernel, self.product_dtype),  # the engine's float64 exp
         }
 
     @property

@@ -25,6 +25,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from pipeline.engine.backend import cuda_available, get_backend, resolve_device
 from pipeline.engine.dense import kernel_matrix, kernel_predict
+from pipeline.engine.evaluators import evaluation_identity
 from pipeline.engine.progress import with_progress
 from pipeline.fit import (
     execute,
@@ -597,6 +598,9 @@ class KernelRidge(KernelParamsMixin, MultiOutputMixin, RegressorMixin, BaseEstim
             # evaluation (other Gram bits, another Gram fingerprint) is another fit's
             # directory, recomputed here rather than refused or mixed
             "tiles": "fused",
+            # and the engine's float64 exp, which makes those bits (any fit can
+            # evaluate in float64)
+            **evaluation_identity(kernel, "float64"),
             "params": params,
             "kernel": kernel_fingerprint(kernel),
             "X": x_fp,

@@ -79,15 +79,15 @@ PINS: dict[str, str] = {
     # RBF(gamma=0.5) * Polynomial(degree=3, gamma=1.0, coef0=0.0)
     "kernel_product": "kernel-048cda170d61f5a5eaa76c97a0f40a54d843103ccdf3787908d67a53977b77b2",
     # gram_fingerprint(X, RBF(0.5), block 4, float64): the stored Gram
-    "gram": "50a3ba4bc2d27f6425c9a516d8127c5e",  # moved 2026-11-28: fused Gram tiles by default (#43 item 3)
+    "gram": "888ce60cd42e507a0234c135a63d8932",  # moved 2026-11-29: the engine's float64 exp (vexp.EXP_ID); was 50a3ba4bc2d27f6425c9a516d8127c5e
     # the same Gram stored as float32
-    "gram_f32": "58f2349f35cd46b616bb62be36cc3b3a",  # moved 2026-11-28: fused Gram tiles by default (#43 item 3)
+    "gram_f32": "2060c796f6baf0fccb8b2d697b396309",  # moved 2026-11-29: the engine's float64 exp (vexp.EXP_ID); was 58f2349f35cd46b616bb62be36cc3b3a
     # the fused engine's evaluation, kernel_dtype float64
-    "gram_fused64": "50a3ba4bc2d27f6425c9a516d8127c5e",
+    "gram_fused64": "888ce60cd42e507a0234c135a63d8932",  # moved 2026-11-29: the engine's float64 exp (vexp.EXP_ID); was 50a3ba4bc2d27f6425c9a516d8127c5e
     # the fused engine's evaluation, kernel_dtype float32, float32 tiles
     "gram_fused32": "cafd07f60c598fe7e844568cb479b2e2",
     # K(X, Z), Z's fingerprint FP
-    "gram_cross": "ce52f10b930e73b182e3606dd4d67cb6",  # moved 2026-11-28: fused Gram tiles by default (#43 item 3)
+    "gram_cross": "430a2a8ef33ccd773bb364c4c1edbe70",  # moved 2026-11-29: the engine's float64 exp (vexp.EXP_ID); was ce52f10b930e73b182e3606dd4d67cb6
     # factor_fingerprint(gram FP, 0.1, sklearn, no jitter, float64)
     "factor": "1c018ef602d7b26b90cf92fdc512e498",
     # the same, n_samples convention
@@ -101,7 +101,7 @@ PINS: dict[str, str] = {
     # StoredKernelOperator(gram FP, shift 0.1)
     "op_stored": "d62ee9fc66784989bc1adc55576bcfd2",
     # MatrixFreeKernelOperator(X, RBF(0.5), shift 0.1), any block size
-    "op_recompute": "2423915ef3de21f2ed1ce41af342d7ee",
+    "op_recompute": "b93301d3b8c40d159770f9fa140c060e",  # moved 2026-11-29: the engine's float64 exp (vexp.EXP_ID); was 2423915ef3de21f2ed1ce41af342d7ee
     # the same, kernel_dtype float32
     "op_recompute_f32": "25075f889a0060a96930af0d3e2f0ed3",
     # IdentityPreconditioner
@@ -124,32 +124,32 @@ PINS: dict[str, str] = {
     # the same with a scaler
     "model_pre": "dde43b2f072945921a1939a688cfb657",
     # predict(X[:5], X, y / 2, RBF(0.5), out=..., model_fingerprint=FP)
-    "predictions": "dcc6b0bf9ac72a6fe6b1b10c2db768c0",
+    "predictions": "b07ae4435c2e0107bb3a4eba543701bf",  # moved 2026-11-29: the engine's float64 exp (vexp.EXP_ID); was dcc6b0bf9ac72a6fe6b1b10c2db768c0
     # KernelRidge(alpha=0.1, rbf, gamma=0.5, block_size=4, solver=cholesky): fit-<this>
-    "store_cholesky": "db1c8fd1fec894d081ae",  # moved 2026-11-28: fused Gram tiles by default (#43 item 3)
+    "store_cholesky": "2d6ee9a7b49bd34f3078",  # moved 2026-11-29: the engine's float64 exp (vexp.EXP_ID); was db1c8fd1fec894d081ae
     # its Gram (equals PINS["gram"])
-    "store_cholesky_gram": "50a3ba4bc2d27f6425c9a516d8127c5e",  # moved 2026-11-28: fused Gram tiles by default (#43 item 3)
+    "store_cholesky_gram": "888ce60cd42e507a0234c135a63d8932",  # moved 2026-11-29: the engine's float64 exp (vexp.EXP_ID); was 50a3ba4bc2d27f6425c9a516d8127c5e
     # its factor, attrs and markers
-    "store_cholesky_chol": "c8469abf8b0128bcae107f8582283b36",  # moved 2026-11-28: fused Gram tiles by default (#43 item 3)
+    "store_cholesky_chol": "b75c0b6cd6349ea88bf053a7f954d480",  # moved 2026-11-29: the engine's float64 exp (vexp.EXP_ID); was c8469abf8b0128bcae107f8582283b36
     # solver=cg, preconditioner=jacobi, matvec=recompute, tol=1e-10: fit-<this>
-    "store_cg": "e63755b2e19382c79f6d",  # moved 2026-11-28: fused Gram tiles by default (#43 item 3)
+    "store_cg": "75bcf87390b00dcb47c9",  # moved 2026-11-29: the engine's float64 exp (vexp.EXP_ID); was e63755b2e19382c79f6d
     # its CG checkpoint marker
-    "store_cg_state": "07eded4e41a33fe168869f5b3b44353b",
+    "store_cg_state": "f734711909d0501c99f2a1493a43ce72",  # moved 2026-11-29: the engine's float64 exp (vexp.EXP_ID); was 07eded4e41a33fe168869f5b3b44353b
     # the Cholesky fit with sample weights 1 + k/8
-    "store_weighted": "b75e4d345b46499371f5",  # moved 2026-11-28: fused Gram tiles by default (#43 item 3)
+    "store_weighted": "91742ea13fa098bac03d",  # moved 2026-11-29: the engine's float64 exp (vexp.EXP_ID); was b75e4d345b46499371f5
     # configuration_key({solve: FP, model: m*32, predict: None, evaluate: e})
     "configuration": "f1ae8a5eeab34fe139813fdfcab7edd5",
     # SettingCheckpoint(cg, kfold, 2 folds).fingerprint(RBF(0.5), gamma 0.5, 3 lambdas)
-    "cv_setting": "416abd4af213c2f5a4b662f1f62aca79",
+    "cv_setting": "9e0adad6cf9aee5964116d37d699b629",  # moved 2026-11-29: the engine's float64 exp (vexp.EXP_ID); was 416abd4af213c2f5a4b662f1f62aca79
     # SettingCheckpoint.for_search(a search with tol 1e-6, kfold, 2 folds) per solver, the
     # same setting: cg and eigen as recorded before issue #43 item 4 (commit 891b9e2)
-    "cv_search_cg": "7bfab0b2aaaba35e7f34f142597e47c1",
-    "cv_search_eigen": "5499d643d84126a042b7da99cf008c88",
+    "cv_search_cg": "7b38472cd4d1600718e979a8c9f6aa1c",  # moved 2026-11-29: the engine's float64 exp (vexp.EXP_ID); was 7bfab0b2aaaba35e7f34f142597e47c1
+    "cv_search_eigen": "51eb314e58ef7efa7d3184c2ec0ee9a2",  # moved 2026-11-29: the engine's float64 exp (vexp.EXP_ID); was 5499d643d84126a042b7da99cf008c88
     # moved 2026-11-28 (issue #43 item 4; was e253a22d4631fddb86674994df4190ad): the band
     # solver's routed CG preconditions its folds with the one fold form (FoldNystromBlock),
     # other rounding than the per-fold form it had, so its stored predictions' recipe is
     # version 2 (PREDICTIONS_RECIPE): settings stored before are recomputed, not mixed
-    "cv_search_band": "70b5d3e37572f9ae7b98559903ca8dad",
+    "cv_search_band": "650a76975a87532cb2ad75952180a079",  # moved 2026-11-29: the engine's float64 exp (vexp.EXP_ID); was 70b5d3e37572f9ae7b98559903ca8dad
     # path_identity of a file holding X's bytes (BLAKE2b-160)
     "data_file": "93d6bdf523b1b842b3e8b5b426fbf0b15b902107",
 }

@@ -21,6 +21,7 @@ from typing import Any
 import google_crc32c
 import numpy as np
 
+from pipeline.engine.evaluators import evaluation_identity
 from pipeline.kernels import kernel_fingerprint
 from pipeline.storage import fingerprint_blocks, fingerprint_obj
 from pipeline.storage.atomic import atomic_write
@@ -91,6 +92,7 @@ class SettingCheckpoint:
             {
                 **self.base,
                 "kernel": kernel_fingerprint(kern),
+                **evaluation_identity(kern, "float64"),  # the engine's float64 exp
                 "setting": {k: repr(v) for k, v in setting.items()},
                 "alphas": [float(a) for a in alphas],
             }

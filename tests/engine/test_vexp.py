@@ -1,0 +1,99 @@
+"""The engine's float64 exp (pipeline.engine.vexp): accuracy, special values, the same
+bits whatever the layout or the SIMD path, and the pin that ties its bits to EXP_ID."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+
+from pipeline.engine.evaluators import evaluation_identity
+from pipeline.engine.vexp import EXP_ID, exp_inplace
+from pipeline.kernels import RBF, Laplacian, Linear, Matern, Polynomial, make_kernel
+
+
+def _ulps(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    return np.abs(got - want) / np.spacing(want)
+
+
+def test_within_one_ulp_of_numpy_over_the_whole_range():
+    x = np.linspace(-760.0, 720.0, 400_001)
+    got = exp_inplace(x.copy())
+    with np.errstate(over="ignore"):
+        want = np.exp(x)
+    normal = np.isfinite(want) & (want >= np.finfo(np.float64).tiny)
+    assert _ulps(got[normal], want[normal]).max() <= 1.0
+    # subnormal results: within one unit of the smallest subnormal
+    sub = np.isfinite(want) & ~normal
+    assert sub.any() and np.abs(got[sub] - want[sub]).max() <= np.spacing(0.0)
+    assert np.array_equal(np.isinf(got), np.isinf(want))
+
+
+def test_within_one_ulp_on_kernel_exponents():
+    rng = np.random.default_rng(0)
+    x = -rng.exponential(4.0, 200_000)
+    got = exp_inplace(x.copy())
+    want = np.exp(x)
+    assert _ulps(got, want).max() <= 1.0
+    assert np.mean(got == want) > 0.8  # mostly the correctly rounded value
+
+
+def test_special_values():
+    x = np.array([np.nan, -np.inf, np.inf, 0.0, -0.0, 1e-300, -1e-300, -745.2, -746.0, 709.7,
+                  709.8, -708.5, -720.0, 705.0, -705.0, 1.0])  # fmt: skip
+    got = exp_inplace(x.copy())
+    with np.errstate(over="ignore"):
+        want = np.exp(x)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("n", [1, 3, 4, 5, 1023, 1024, 1025, 3000])
+def test_bits_do_not_depend_on_the_length_or_the_position(n):
+    # the SIMD body and the scalar remainder give the same bits, at any offset of a chunk
+    rng = np.random.default_rng(n)
+    x = -rng.exponential(3.0, n)
+    whole = exp_inplace(x.copy())
+    one_by_one = np.array([exp_inplace(np.array([v]))[0] for v in x])
+    np.testing.assert_array_equal(whole, one_by_one)
+    shifted = exp_inplace(np.concatenate([[0.5, 0.25, 0.125], x]))[3:]
+    np.testing.assert_array_equal(whole, shifted)
+
+
+def test_a_strided_view_gets_the_contiguous_bits():
+    rng = np.random.default_rng(1)
+    A = -rng.exponential(2.0, (64, 96))
+    want = exp_inplace(A.copy())
+    B = A.copy()
+    exp_inplace(B[:, ::2])  # non-contiguous: computed on a copy, written back
+    np.testing.assert_array_equal(B[:, ::2], want[:, ::2])
+    np.testing.assert_array_equal(B[:, 1::2], A[:, 1::2])  # the rest untouched
+    C = np.asfortranarray(A)
+    np.testing.assert_array_equal(exp_inplace(C), want)
+
+
+def test_float32_and_empty_arrays():
+    x = np.linspace(-20, 5, 1001, dtype=np.float32)
+    np.testing.assert_array_equal(exp_inplace(x.copy()), np.exp(x))
+    assert exp_inplace(np.empty((0, 3))).shape == (0, 3)
+
+
+#: sha256 of exp_inplace(np.linspace(-50, 5, 100_001)), recorded with EXP_ID below. If it
+#: moves, the stored Grams made with the old bits must not be reused: change EXP_ID (it
+#: enters their fingerprints through evaluation_identity), then this pin.
+BITS_PIN = ("fma-taylor13-v1", "00455f80d018956343f5bc6583681dc78ce2333fefa971a670125364410c4a22")
+
+
+def test_the_bits_are_pinned_to_exp_id():
+    got = hashlib.sha256(exp_inplace(np.linspace(-50.0, 5.0, 100_001)).tobytes()).hexdigest()
+    assert (EXP_ID, got) == BITS_PIN
+
+
+def test_evaluation_identity_names_the_exp_where_it_makes_the_bits():
+    for k in (RBF(gamma=0.5), Matern(nu=1.5), Laplacian(gamma=0.3), RBF(length_scale=[1.0, 2.0])):
+        assert evaluation_identity(k, "float64") == {"exp": EXP_ID}
+        assert evaluation_identity(k, np.float64) == {"exp": EXP_ID}
+        assert evaluation_identity(k, "float32") == {}  # float32 keeps np.exp
+    for k in (Linear(), Polynomial(degree=2), make_kernel("rbf") + make_kernel("linear")):
+        assert evaluation_identity(k, "float64") == {}  # no exp, or the generic path
+    assert evaluation_identity("precomputed", "float64") == {}
