@@ -68,6 +68,7 @@ __all__ = [
     "solver_choices",
     "solver_convention",
     "named_knobs",
+    "without_unnamed",
     "spelt_as_before",
 ]
 
@@ -565,18 +566,26 @@ def solver_choices(**choices: Any) -> dict[str, Any]:
 # -- identities: knobs that name no choice, and changed defaults spelt as before -------
 
 
+def without_unnamed(knobs: Mapping[str, Any], no_choice: Mapping[str, Any]) -> dict[str, Any]:
+    """``knobs`` without each key whose value is its entry in ``no_choice``: the value
+    that names no choice. The one rule by which a knob added later, at that value, keeps
+    every earlier identity (a stage's fingerprint, a store's name). A new dict."""
+    return {k: v for k, v in knobs.items() if k not in no_choice or v != no_choice[k]}
+
+
+#: the solver knobs at the values that name no choice (:func:`named_knobs`)
+SOLVER_NO_CHOICE: dict[str, Any] = {"cg_precision": "auto", "device": "cpu"}
+
+
 def named_knobs(knobs: Mapping[str, Any], method: str | None) -> dict[str, Any]:
-    """The solver knobs as an identity sees them: without the knobs whose value names no
-    choice, so that a knob added with its default keeps every earlier identity (a run
-    config's solve stage, a ``KernelRidge`` store's name). ``cg_precision="auto"`` (a
-    mixed solve's checkpoints carry their own fingerprint), ``device="cpu"`` (another
-    device's fit is another fit: other bits, to 1e-10), and ``n_centers`` / ``centers``
-    unless ``method`` (the solver) is ``"nystrom"``. A new dict, the input untouched."""
-    out = dict(knobs)
-    if out.get("cg_precision") == "auto":
-        out.pop("cg_precision")
-    if out.get("device") == "cpu":
-        out.pop("device")
+    """The solver knobs as an identity sees them (:func:`without_unnamed`): without the
+    knobs whose value names no choice, so that a knob added with its default keeps every
+    earlier identity (a run config's solve stage, a ``KernelRidge`` store's name).
+    ``cg_precision="auto"`` (a mixed solve's checkpoints carry their own fingerprint),
+    ``device="cpu"`` (another device's fit is another fit: other bits, to 1e-10), and
+    ``n_centers`` / ``centers`` unless ``method`` (the solver) is ``"nystrom"``. A new
+    dict, the input untouched."""
+    out = without_unnamed(knobs, SOLVER_NO_CHOICE)
     if method != "nystrom":
         out.pop("n_centers", None)
         out.pop("centers", None)

@@ -689,3 +689,14 @@ def test_named_knobs_leave_out_what_names_no_choice():
     named = {"cg_precision": "mixed", "device": "cuda"}
     assert named_knobs(named, "cg") == named
     assert knobs["device"] == "cpu"  # the input untouched
+
+
+def test_without_unnamed_is_the_one_rule_for_every_section():
+    """A knob at the value that names no choice leaves the identity; any other value stays."""
+    from pipeline.options import without_unnamed
+    from pipeline.stages.config import PreprocessConfig
+
+    assert without_unnamed({"a": None, "b": 1}, {"a": None}) == {"b": 1}
+    assert without_unnamed({"a": 0, "b": 1}, {"a": None}) == {"a": 0, "b": 1}
+    assert "ard_rows" not in PreprocessConfig().identity()
+    assert PreprocessConfig(ard_rows=2000).identity()["ard_rows"] == 2000

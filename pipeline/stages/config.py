@@ -43,6 +43,7 @@ from pipeline.options import (
     SolverOptions,
     knobs,
     named_knobs,
+    without_unnamed,
 )
 from pipeline.options import solver_convention as _solver_spelling
 from pipeline.stages.config_checks import (
@@ -182,11 +183,8 @@ class PreprocessConfig(_Model):
 
     def identity(self) -> dict[str, Any]:
         """The section as the ingest stage's fingerprint sees it: ``ard_rows`` only when
-        set (every run without it keeps its ingest identity)."""
-        out = self.model_dump()
-        if out.get("ard_rows") is None:
-            out.pop("ard_rows", None)
-        return out
+        set (every run without it keeps its ingest identity; :func:`without_unnamed`)."""
+        return without_unnamed(self.model_dump(), {"ard_rows": None})
 
 
 class KernelConfig(_Model):
