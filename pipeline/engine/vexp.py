@@ -154,7 +154,14 @@ def _build() -> Callable[[np.ndarray], None]:
         return sig, codegen
 
     global _fma, _poly, _bits, _scale
-    jit = nb.njit(nogil=True, cache=True, error_model="numpy", boundscheck=False)
+
+    def jit(fn: Callable[..., None]) -> Callable[..., None]:
+        opts = {"nogil": True, "error_model": "numpy", "boundscheck": False}
+        try:
+            return nb.njit(cache=True, **opts)(fn)
+        except RuntimeError:  # no writable cache location (a read-only install, no home)
+            return nb.njit(**opts)(fn)  # compiled in every process instead: the same bits
+
     _fma = fma
     _poly, _bits, _scale = jit(_poly_loop), jit(_bits_loop), jit(_scale_loop)
     return jit(_exp_chunks)

@@ -97,3 +97,25 @@ def test_evaluation_identity_names_the_exp_where_it_makes_the_bits():
     for k in (Linear(), Polynomial(degree=2), make_kernel("rbf") + make_kernel("linear")):
         assert evaluation_identity(k, "float64") == {}  # no exp, or the generic path
     assert evaluation_identity("precomputed", "float64") == {}
+
+
+def test_compiles_without_a_writable_cache_location(monkeypatch):
+    """A read-only install: numba refuses cache=True; the kernel is compiled uncached,
+    with the same bits."""
+    import numba
+
+    from pipeline.engine import vexp
+
+    x = -np.random.default_rng(2).exponential(3.0, 5000)
+    want = exp_inplace(x.copy())
+    real = numba.njit
+
+    def njit(*args, cache=False, **kw):
+        if cache:
+            raise RuntimeError("cannot cache function: no locator available for file")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(numba, "njit", njit)
+    monkeypatch.setattr(vexp, "_compiled", None)
+    np.testing.assert_array_equal(exp_inplace(x.copy()), want)
+    assert vexp._compiled is not None
