@@ -310,6 +310,16 @@ FACTOR_ROW_STEP = 8192
 #: runs LAPACK's potrf with one BLAS thread: scipy 1.17's bundled OpenBLAS crashes with
 #: 2 threads at n >= ~15,800 (docs/PERFORMANCE.md#known-traps)
 ONE_BLAS_THREAD_FROM = 12_000
+#: tile order of that blocked in-memory factorisation (well below the crash's order:
+#: potrf on a tile keeps every BLAS thread)
+DENSE_POTRF_TILE = 4_096
+#: an in-memory ``solver="auto"`` fit takes matrix-free CG instead of the dense dual
+#: that fits only when the cost model predicts CG this many times faster: the calibrated
+#: CG predictions fall within 0.42-2.49x of the measured (bench_policy_grid.json), and a
+#: wrong CG costs iterations where a wrong dense solve costs only its n³/3 flops.
+#: flights, 36,826 rows, λ = 1 (CV's): the dense dual took 319.8 s, CG on twice the rows
+#: 66.6 s (docs/PERFORMANCE.md)
+IN_MEMORY_CG_MARGIN = 2.0
 #: bytes of one L⁻¹ panel held in memory by the exact LOO/LGO residuals
 LOO_PANEL_BYTES = 512 * 1024**2
 

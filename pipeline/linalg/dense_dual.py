@@ -54,9 +54,9 @@ from pipeline.validation import check_alpha
 
 #: from this order on, factor in tiles (potrf never sees more than one tile); None: never
 BLOCKED_MIN_N: int | None = C.ONE_BLAS_THREAD_FROM
-#: tile order of the blocked factorisation (well below the crash's order: potrf on a
-#: tile keeps every BLAS thread)
-POTRF_TILE = 4_096
+#: tile order of the blocked factorisation (its one home: constants, which the plan's
+#: cost model reads too)
+POTRF_TILE = C.DENSE_POTRF_TILE
 _AUTO_JITTER = (1e-12, 1e-10, 1e-8, 1e-6)
 _SINGULAR_MSG = "Singular matrix in solving dual problem. Using least-squares solution instead."
 #: rows per block when predicting, so K(X_test, X_fit) stays below ~256 MiB

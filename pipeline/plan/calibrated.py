@@ -139,6 +139,18 @@ class CalibratedCostModel:
             + self.solve_seconds(n)
         )
 
+    def dense_seconds(self, n: int, d: int) -> float:
+        """The in-memory dense dual (:func:`pipeline.linalg.dense_dual.cho_factor`): the
+        kernel matrix's lower half at the Gram's entry rate, nothing on disk, and the
+        Cholesky's N³/3 flops in :data:`~pipeline.constants.DENSE_POTRF_TILE` tiles at the
+        GEMM rate times the tiled factorisation's efficiency."""
+        n = int(n)
+        entries = float(n) * (n + 1) / 2.0
+        gram = entries / cg_cost.entry_rate(d, "float64", C.GRAM_ENTRY_RATE)
+        tiles = cholesky_cost.n_tiles(n, C.DENSE_POTRF_TILE)
+        speed = cholesky_cost.cholesky_efficiency(tiles) * self.gemm_gflops * 1e9
+        return gram + cholesky_cost.cholesky_flops(n) / speed
+
     # -- CG ---------------------------------------------------------------------
 
     def residual(self, n: int, rho: float | None = None) -> float:

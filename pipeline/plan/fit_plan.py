@@ -8,7 +8,10 @@ with its reason, then run it with :func:`pipeline.fit.execute`. The rule:
 2. ``auto`` with in-memory solving allowed (an estimator without ``store``): the
    primal for the linear kernel when it is cheaper (``n D² + D³/3`` against
    ``n² D + n³/3``) and α > 0; else the dense dual when it fits in memory
-   (or must: callables, ``"precomputed"``, per-target α).
+   (or must: callables, ``"precomputed"``, per-target α), unless the cost model
+   predicts matrix-free CG :data:`~pipeline.constants.IN_MEMORY_CG_MARGIN` times
+   faster than the dense solve (``dense_seconds``; a large, well-conditioned
+   problem such as flights' λ = 1), when CG runs with X in memory.
 3. Otherwise out of core: CG when the Gram and factor do not fit on disk, the
    Cholesky when CG's vectors do not fit in memory, else whichever the one cost
    model, :class:`pipeline.plan.calibrated.CalibratedCostModel`, predicts faster.
@@ -649,6 +652,77 @@ def _plan_solver(
         )
         log.info("%s", reason)
         solver = "auto"
+
+    def cg_pricing(solver: str) -> tuple:
+        """CG as the cost model prices it for this fit: the model (at the adaptive
+        factor's predicted rank), μ, ρ and its source, and the product variant."""
+        precision = normalize_precision(opts.cg_precision)
+        tol = opts.tol
+        cm = make_cost_model(
+            cost_model if cost_model is not None else opts.cost_model,
+            block_size=bs,
+            rank=base.rank,
+            tol=tol,
+            factor_dtype=base.factor_dtype,
+        )
+        mu = diagonal_shift(float(np.min(alphas)), n, base.alpha_convention)
+        shift = mu if mu > 0 else None
+        rho, rho_source = None, None
+        if (
+            probes.residual is not None
+            and kernel is not None
+            and mercer
+            and opts.preconditioner == "nystrom"
+            and _accepts(cm.cg_seconds, "rho")
+            and _rho_matters(cm, solver, n, d, kernel, mu, tol, matvec, precision)
+        ):
+            rho = probes.residual(base.rank)  # fixed seed: same rows, same ρ
+        elif (
+            adaptive
+            and shift is not None
+            and kernel is not None
+            and mercer
+            and hasattr(cm, "residual")
+        ):
+            # the adaptive factor's rank and ρ, from ρ measured on a subsample when it can
+            # change the plan, else assumed
+            measure = probes.residual is not None and _rho_matters(
+                cm, solver, n, d, kernel, mu, tol, matvec, precision
+            )
+            rank_est, rho, r, measured = adaptive_residual(
+                n, mu, base.rank, cm, probes.residual if measure else None
+            )
+            rho_source = (
+                f"of the adaptive factor (rank about {rank_est} of at most {base.rank}), from ρ "
+                f"at rank {r} " + ("measured on a subsample of the rows" if measured else "assumed")
+            )
+            cm = make_cost_model(
+                cost_model if cost_model is not None else opts.cost_model,
+                block_size=bs, rank=rank_est, tol=tol, factor_dtype=base.factor_dtype,
+            )  # fmt: skip
+        variant = choose_cg_variant(
+            n,
+            d,
+            kernel,
+            resources.disk_bytes,
+            matvec=matvec,
+            precision=precision,
+            cost_model=cm,
+            shift=shift,
+            tol=tol,
+            rho=rho,
+            n_targets=n_targets,
+            kernel_dtype=base.kernel_dtype,
+        )
+        return precision, tol, cm, shift, rho, rho_source, variant
+
+    priced: list[tuple] = []  # cg_pricing's result, once: ρ may be measured on the rows
+
+    def cg_priced(solver: str) -> tuple:
+        if not priced:
+            priced.append(cg_pricing(solver))
+        return priced[0]
+
     if solver == "auto" and resources.in_memory:
         has_primal = isinstance(kernel, Linear)
         choice = in_memory_choice(n, d, has_primal=has_primal, alpha=alphas)
@@ -661,10 +735,12 @@ def _plan_solver(
         need = dense_dual_bytes(n, d, n_targets, kernel_copies=int(ch.get("kernel_copies", 1)))
         budget = C.MEMORY_SAFETY_FRACTION * resources.memory_bytes
         if need <= budget:
-            return base, (
-                f"the in-memory dual for n_samples={n} needs {_gb(need)} and "
-                f"{_gb(budget)} is usable"
-            )
+            why = f"the in-memory dual for n_samples={n} needs {_gb(need)} and {_gb(budget)} is usable"
+            cg_why = _cg_beats_dense(n, d, kernel, mercer, one_alpha, cg_priced, solver)
+            if not cg_why:
+                return base, why
+            reason, solver = f"{why}, but {cg_why}", "cg"
+    if solver == "auto" and resources.in_memory:  # the in-memory dual does not fit
         only_dense = (
             "a callable or precomputed kernel"
             if kernel is None
@@ -684,60 +760,7 @@ def _plan_solver(
         solver = "auto"
     if solver in ("dense", "primal"):
         return replace(base, solver=solver), reason
-    precision = normalize_precision(opts.cg_precision)
-    tol = opts.tol
-    cm = make_cost_model(
-        cost_model if cost_model is not None else opts.cost_model,
-        block_size=bs,
-        rank=base.rank,
-        tol=tol,
-        factor_dtype=base.factor_dtype,
-    )
-    mu = diagonal_shift(float(np.min(alphas)), n, base.alpha_convention)
-    shift = mu if mu > 0 else None
-    rho, rho_source = None, None
-    if (
-        probes.residual is not None
-        and kernel is not None
-        and mercer
-        and opts.preconditioner == "nystrom"
-        and _accepts(cm.cg_seconds, "rho")
-        and _rho_matters(cm, solver, n, d, kernel, mu, tol, matvec, precision)
-    ):
-        rho = probes.residual(base.rank)  # fixed seed: same rows, same ρ
-    elif (
-        adaptive and shift is not None and kernel is not None and mercer and hasattr(cm, "residual")
-    ):
-        # the adaptive factor's rank and ρ, from ρ measured on a subsample when it can
-        # change the plan, else assumed
-        measure = probes.residual is not None and _rho_matters(
-            cm, solver, n, d, kernel, mu, tol, matvec, precision
-        )
-        rank_est, rho, r, measured = adaptive_residual(
-            n, mu, base.rank, cm, probes.residual if measure else None
-        )
-        rho_source = (
-            f"of the adaptive factor (rank about {rank_est} of at most {base.rank}), from ρ "
-            f"at rank {r} " + ("measured on a subsample of the rows" if measured else "assumed")
-        )
-        cm = make_cost_model(
-            cost_model if cost_model is not None else opts.cost_model,
-            block_size=bs, rank=rank_est, tol=tol, factor_dtype=base.factor_dtype,
-        )  # fmt: skip
-    variant = choose_cg_variant(
-        n,
-        d,
-        kernel,
-        resources.disk_bytes,
-        matvec=matvec,
-        precision=precision,
-        cost_model=cm,
-        shift=shift,
-        tol=tol,
-        rho=rho,
-        n_targets=n_targets,
-        kernel_dtype=base.kernel_dtype,
-    )
+    precision, tol, cm, shift, rho, rho_source, variant = cg_priced(solver)
     if solver == "auto":
         name, why = out_of_core_choice(
             n,
@@ -769,3 +792,28 @@ def _plan_solver(
     matvec, precision, why = variant
     plan = replace(base, solver="cg", matvec=matvec, cg_precision=precision)
     return replace(plan, block_size=block_for("cg")), f"{reason}; {why}"
+
+
+def _cg_beats_dense(
+    n: int, d: int, kernel: Any, mercer: bool, one_alpha: bool, cg_priced: Any, solver: str
+) -> str:
+    """Why matrix-free CG replaces the in-memory dense dual that fits, or ``""``: only
+    for a known PSD kernel with one λ > 0, when the cost model predicts CG
+    :data:`~pipeline.constants.IN_MEMORY_CG_MARGIN` times faster than the dense solve
+    (a large, well-conditioned problem: flights' λ = 1)."""
+    if kernel is None or not mercer or not one_alpha:
+        return ""
+    _, tol, cm, shift, rho, _, variant = cg_priced(solver)
+    if shift is None or not hasattr(cm, "dense_seconds"):
+        return ""
+    dense_s = cm.dense_seconds(n, d)
+    cg_s = _seconds(
+        cm.cg_seconds, n, d, kernel, shift=shift, tol=tol, rho=rho, matvec=variant[0],
+        precision=variant[1],
+    )  # fmt: skip
+    if not cg_s * C.IN_MEMORY_CG_MARGIN < dense_s:
+        return ""
+    return (
+        f"matrix-free CG is predicted at {cg_s:.3g} s against {dense_s:.3g} s for the dense "
+        f"solve (more than {C.IN_MEMORY_CG_MARGIN:g}x faster)"
+    )

@@ -260,7 +260,10 @@ def test_memory_guard_points_to_out_of_core():
 
 @pytest.mark.slow
 def test_fit_16000_does_not_crash_in_subprocess():
-    """scikit-learn's KernelRidge segfaults here (OpenBLAS 2-thread potrf, n >= ~15.5k)."""
+    """scikit-learn's KernelRidge segfaults here (OpenBLAS 2-thread potrf, n >= ~15.5k).
+
+    The dense solve is named: at this λ the plan of ``solver="auto"`` prices CG more than
+    IN_MEMORY_CG_MARGIN times cheaper and takes it."""
     code = textwrap.dedent(
         """
         import numpy as np
@@ -268,7 +271,7 @@ def test_fit_16000_does_not_crash_in_subprocess():
         rng = np.random.default_rng(0)
         X = rng.standard_normal((16_000, 3))
         y = np.sin(X[:, 0]) + 0.05 * rng.standard_normal(16_000)
-        m = KernelRidge(kernel="rbf", gamma=0.5, alpha=1e-2).fit(X, y)
+        m = KernelRidge(kernel="rbf", gamma=0.5, alpha=1e-2, solver="dense").fit(X, y)
         r = m.predict(X[:200]) - y[:200]
         assert m.solver_ == "dense" and np.isfinite(m.dual_coef_).all()
         print("rmse", float(np.sqrt(np.mean(r ** 2))))

@@ -93,6 +93,27 @@ def test_estimator_in_memory_rule_unchanged():
     assert plan_fit(500, 10, None, small)[0].solver == "dense"
 
 
+def test_in_memory_auto_takes_cg_only_when_the_model_prices_it_far_cheaper():
+    """The dense dual that fits is kept unless the one cost model predicts matrix-free CG
+    IN_MEMORY_CG_MARGIN times faster: a large, well-conditioned problem (flights' λ = 1:
+    the dense dual took 319.8 s on 36,826 rows, CG on twice the rows 66.6 s)."""
+    res = Resources(memory_bytes=64 * GB, disk_bytes=100 * GB, in_memory=True)
+    rbf = make_kernel({"name": "rbf", "params": {"gamma": 0.1}})
+    plan, reason = plan_fit(36_826, 10, rbf, res, {"alpha": 1.0})
+    assert plan.solver == "cg" and plan.store is None
+    assert "needs" in reason and "matrix-free CG is predicted at" in reason
+    got = re.search(r"predicted at ([\d.e+]+) s against ([\d.e+]+) s", reason)
+    assert float(got[1]) * C.IN_MEMORY_CG_MARGIN < float(got[2])
+    # a hard λ: CG's iterations price it above the dense solve, which stays
+    assert plan_fit(18_000, 8, rbf, res, {"alpha": 1e-6})[0].solver == "dense"
+    # small problems stay dense whatever λ; per-target alphas and callables stay dense
+    assert plan_fit(2_000, 10, rbf, res, {"alpha": 1.0})[0].solver == "dense"
+    assert plan_fit(36_826, 10, rbf, res, {"alpha": [1.0, 2.0]})[0].solver == "dense"
+    assert plan_fit(36_826, 10, None, res, {"alpha": 1.0})[0].solver == "dense"
+    # a named solver is never second-guessed
+    assert plan_fit(36_826, 10, rbf, res, {"alpha": 1.0, "solver": "dense"})[0].solver == "dense"
+
+
 def _plan_lines(text: str) -> list[str]:
     return [
         re.sub(r"^.*fit plan \([^)]*\): ", "", ln) for ln in text.splitlines() if "fit plan (" in ln
