@@ -716,13 +716,7 @@ def _plan_solver(
         )
         return precision, tol, cm, shift, rho, rho_source, variant
 
-    priced: list[tuple] = []  # cg_pricing's result, once: ρ may be measured on the rows
-
-    def cg_priced(solver: str) -> tuple:
-        if not priced:
-            priced.append(cg_pricing(solver))
-        return priced[0]
-
+    priced = None  # cg_pricing's result, computed once: ρ may be measured on the rows
     if solver == "auto" and resources.in_memory:
         has_primal = isinstance(kernel, Linear)
         choice = in_memory_choice(n, d, has_primal=has_primal, alpha=alphas)
@@ -736,7 +730,10 @@ def _plan_solver(
         budget = C.MEMORY_SAFETY_FRACTION * resources.memory_bytes
         if need <= budget:
             why = f"the in-memory dual for n_samples={n} needs {_gb(need)} and {_gb(budget)} is usable"
-            cg_why = _cg_beats_dense(n, d, kernel, mercer, one_alpha, cg_priced, solver)
+            cg_why = ""
+            if kernel is not None and mercer and one_alpha:  # else only the dense dual
+                priced = cg_pricing(solver)
+                cg_why = _cg_beats_dense(n, d, kernel, priced)
             if not cg_why:
                 return base, why
             reason, solver = f"{why}, but {cg_why}", "cg"
@@ -760,7 +757,8 @@ def _plan_solver(
         solver = "auto"
     if solver in ("dense", "primal"):
         return replace(base, solver=solver), reason
-    precision, tol, cm, shift, rho, rho_source, variant = cg_priced(solver)
+    priced = priced or cg_pricing(solver)
+    precision, tol, cm, shift, rho, rho_source, variant = priced
     if solver == "auto":
         name, why = out_of_core_choice(
             n,
@@ -794,16 +792,13 @@ def _plan_solver(
     return replace(plan, block_size=block_for("cg")), f"{reason}; {why}"
 
 
-def _cg_beats_dense(
-    n: int, d: int, kernel: Any, mercer: bool, one_alpha: bool, cg_priced: Any, solver: str
-) -> str:
-    """Why matrix-free CG replaces the in-memory dense dual that fits, or ``""``: only
-    for a known PSD kernel with one λ > 0, when the cost model predicts CG
+def _cg_beats_dense(n: int, d: int, kernel: Any, priced: tuple) -> str:
+    """Why matrix-free CG replaces the in-memory dense dual that fits, or ``""``: for a
+    known PSD kernel with one λ > 0 (the caller checks the kernel and λs; ``priced`` is
+    CG as the plan prices it), when the cost model predicts CG
     :data:`~pipeline.constants.IN_MEMORY_CG_MARGIN` times faster than the dense solve
     (a large, well-conditioned problem: flights' λ = 1)."""
-    if kernel is None or not mercer or not one_alpha:
-        return ""
-    _, tol, cm, shift, rho, _, variant = cg_priced(solver)
+    _, tol, cm, shift, rho, _, variant = priced
     if shift is None or not hasattr(cm, "dense_seconds"):
         return ""
     dense_s = cm.dense_seconds(n, d)
