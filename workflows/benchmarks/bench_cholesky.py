@@ -16,6 +16,11 @@ Gram, and every mode's alpha is checked by its residual against the stored Gram.
 Each measurement runs in a fresh subprocess, so its peak RSS is its own. GFLOP/s use
 ``n**3 / 3`` flops. Run ``--quick`` (N=4000) on a shared machine; the full size is N=12000.
 
+Targets (issue #15), checked on the modes that ran (``TARGET`` lines; exit 1 if one is
+missed): ours / scipy ``cho_factor`` GFLOP/s >= 0.9x, best of the repeats and by
+medians; float64 factor+solve / float32 factor+refined solve >= 1.6x, at a relative
+residual <= 1e-11.
+
     python workflows/benchmarks/bench_cholesky.py --quick
 
 It imports internals (the tile Cholesky, the storage layer and the diagnostics) because
@@ -39,7 +44,10 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.diagnostics import peak_rss_bytes
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from targets import Targets  # noqa: E402
+
+from pipeline.diagnostics import peak_rss_bytes  # noqa: E402
 
 LAM = 1e-3
 
@@ -360,7 +368,7 @@ def run_mode(mode: str, store: str, out: str) -> dict:
     return res
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--quick", action="store_true", help="N=4000, block 1000")
     p.add_argument("--n", type=int, default=12000)
@@ -410,12 +418,13 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     if a._worker:
         print("RESULT " + json.dumps(run_mode(*a._worker)), flush=True)
-        return
+        return 0
     if a.quick:
         a.n, a.block_size = 4000, 1000
     if a.workdir:  # a scratch directory that does not exist yet is made
         Path(a.workdir).mkdir(parents=True, exist_ok=True)
     work = tempfile.mkdtemp(prefix="bench_chol_", dir=a.workdir)
+    targets = Targets()
     try:
         store = os.path.join(work, "gram.zarr")
         t0 = time.perf_counter()
@@ -522,26 +531,29 @@ def main(argv: list[str] | None = None) -> None:
                     med = sp["median_s"] / summary[m]["median_s"]
                     print(
                         f"{m} / scipy cho_factor GFLOP/s = {ratio:.2f}x best of {a.repeats}, "
-                        f"{med:.2f}x by medians (target >= 0.9x, issue #15): "
-                        f"{'MET' if ratio >= 0.9 else 'NOT MET'} (best), "
-                        f"{'MET' if med >= 0.9 else 'NOT MET'} (medians)"
+                        f"{med:.2f}x by medians (target >= 0.9x, issue #15)"
                     )
+                    targets.check(f"{m} / scipy GFLOP/s, best", ratio, ">=", 0.9, "x")
+                    targets.check(f"{m} / scipy GFLOP/s, medians", med, ">=", 0.9, "x")
         for f64, f32 in (("ours-threads", "ours-f32"), ("ours-dask", "ours-f32dask")):
             if f64 in summary and f32 in summary:
                 ratio = summary[f64]["total_s"] / summary[f32]["total_s"]
-                ok = ratio >= 1.6 and summary[f32]["rel_residual"] <= 1e-11
                 print(
                     f"float64 factor+solve ({f64}) / float32 factor+refined solve ({f32}) = "
                     f"{summary[f64]['total_s']:.2f} s / {summary[f32]['total_s']:.2f} s = "
                     f"{ratio:.2f}x, rel. residual {summary[f32]['rel_residual']:.1e} (target "
-                    f">= 1.6x at <= 1e-11, issue #15): {'MET' if ok else 'NOT MET'}"
+                    f">= 1.6x at <= 1e-11, issue #15)"
                 )
+                targets.check(f"{f64} / {f32} factor+solve", ratio, ">=", 1.6, "x")
+                targets.check(f"{f32} relative residual", summary[f32]["rel_residual"], "<=", 1e-11)
         if a.json:
             with open(a.json, "w") as f:
-                json.dump({"n": a.n, "block_size": a.block_size, "results": summary}, f, indent=1)
+                json.dump({"n": a.n, "block_size": a.block_size, "results": summary,
+                           "targets": targets.as_json()}, f, indent=1)  # fmt: skip
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    return targets.finish()
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

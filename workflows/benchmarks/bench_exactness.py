@@ -18,7 +18,9 @@ and λ, it times fit + predict and scores the held-out RMSE of:
 
 It prints one table and the ratios the issue's targets name (ours vs scikit-learn at the
 same M: speed and RMSE; the exact fit's gain over the best approximation), and writes the
-rows to ``--out`` (JSON lines).
+rows to ``--out`` (JSON lines). Targets (issue #45), checked at M = 4,000 when both ran
+(``TARGET`` lines; exit 1 if one is missed): ours >= 3x faster than scikit-learn's
+``Nystroem`` + ``Ridge``, with a test RMSE within 1 % of its (ours / its <= 1.01).
 
 γ and λ default to the values that ``KernelRidgeCV`` chose on an 8,000-row subsample
 (γ = 0.25, λ = 3.2e-3, measured in an earlier session: the grid of 10 λ x 3 γ, 5 folds):
@@ -51,13 +53,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-from pipeline import KernelRidge
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from targets import Targets  # noqa: E402
+
+from pipeline import KernelRidge  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "kin40k"
 
@@ -65,10 +71,7 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "kin40k"
 def load_flights() -> tuple[tuple[np.ndarray, ...], float]:
     """Flights' rows as ``bench_flights.py`` prepares them (standardised; the held-out
     target too), and the target's scale: RMSE times it is in minutes."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from bench_flights import flights
+    from bench_flights import flights  # this script's directory, on sys.path
 
     d = flights()
     yte = (d["y_test_minutes"] - d["y_mean"]) / d["y_scale"]
@@ -255,7 +258,16 @@ def main(argv: list[str] | None = None) -> int:
         gain = (1 - full[0]["rmse"] / best["rmse"]) * 100
         print(f"the exact fit is {gain:.0f} % better than Nystrom({best['n_centers']}) "
               f"(RMSE {full[0]['rmse']:.4f} vs {best['rmse']:.4f})")  # fmt: skip
-    return 0
+    targets = Targets()
+    if 4000 in ours and 4000 in sk:
+        o4, s4 = ours[4000], sk[4000]
+        targets.check("M = 4000: scikit-learn s / ours s (#45)", s4["seconds"] / o4["seconds"],
+                      ">=", 3, "x")  # fmt: skip
+        targets.check("M = 4000: RMSE ours / scikit-learn (#45)", o4["rmse"] / s4["rmse"],
+                      "<=", 1.01)  # fmt: skip
+    else:
+        targets.skip("M = 4000 against scikit-learn (#45)", "needs both fits at M = 4000")
+    return targets.finish()
 
 
 if __name__ == "__main__":

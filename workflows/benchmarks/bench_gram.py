@@ -19,7 +19,8 @@ Each phase starts after the previous store was deleted and ``os.sync()`` ran, so
 no phase pays for another's dirty pages, and the write phases end with ``os.sync()``
 inside the timing (durable bytes; ``--no-sync`` drops it). Peak RSS per phase is sampled by a
 psutil thread every 10 ms (``VmHWM`` gives the process-wide peak). Target:
-build wall <= 1.25 x max(compute-only, write-only) and peak RSS <= 2 GB.
+build wall <= 1.25 x max(compute-only, write-only) and peak RSS <= 2 GB (``TARGET``
+lines; exit 1 if one is missed).
 Repeats are interleaved; the minimum of each phase is reported. The stores are
 removed at the end.
 
@@ -44,11 +45,14 @@ import numpy as np
 import psutil
 import zarr
 
-from pipeline.diagnostics import peak_rss_bytes
-from pipeline.engine.parallel import compute
-from pipeline.kernels import RBF
-from pipeline.linalg.gram import build_gram
-from pipeline.storage import TileGrid
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from targets import Targets  # noqa: E402
+
+from pipeline.diagnostics import peak_rss_bytes  # noqa: E402
+from pipeline.engine.parallel import compute  # noqa: E402
+from pipeline.kernels import RBF  # noqa: E402
+from pipeline.linalg.gram import build_gram  # noqa: E402
+from pipeline.storage import TileGrid  # noqa: E402
 
 
 class PeakRSS:
@@ -222,9 +226,10 @@ def main(argv: list[str] | None = None) -> int:
         f"build peak RSS {peaks['build'] / 1e9:.2f} GB (target <= 2 GB); "
         f"process peak RSS {maxrss / 1e9:.2f} GB"
     )
-    ok = ratio <= 1.25 and peaks["build"] <= 2e9
-    print("targets met" if ok else "targets NOT met")
-    return 0
+    targets = Targets()
+    targets.check("build / max(compute-only, write-only)", ratio, "<=", 1.25)
+    targets.check("build peak RSS", peaks["build"] / 1e9, "<=", 2, " GB")
+    return targets.finish()
 
 
 if __name__ == "__main__":

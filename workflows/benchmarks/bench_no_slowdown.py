@@ -6,9 +6,10 @@ checks out ``--before`` (default: the commit before the first fit-plan commit) i
 temporary ``git worktree``, then runs each workload below in a fresh Python process
 per commit, the two commits interleaved, ``--repeat`` times, and prints each one's
 minimum side by side with the ratio (after / before; ≤ 1.05 counts as no slowdown,
-inside this VM's run-to-run noise). Each time includes ``import pipeline``: the
-package root imports lazily since the refactor, so a first fit there pays imports that
-the earlier root paid at import (timing after the import made HEAD look 2-7x slower).
+inside this VM's run-to-run noise; ``TARGET`` lines, exit 1 if a workload is slower).
+Each time includes ``import pipeline``: the package root imports lazily since the
+refactor, so a first fit there pays imports that the earlier root paid at import
+(timing after the import made HEAD look 2-7x slower).
 
 Workloads, all through the public API (``pipeline.KernelRidge``,
 ``pipeline.KernelRidgeCV``), synthetic data, RBF:
@@ -34,6 +35,9 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from targets import Targets  # noqa: E402
 
 BEFORE = "7796f5c^"  # the commit before "policy: one fit plan (FitPlan, plan_fit) ..."
 
@@ -106,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             print(f"before {rev}, after {head} (working tree), load {os.getloadavg()}", flush=True)
             rows = []
+            targets = Targets()
             for name in a.workloads:
                 t = {"before": [], "after": []}
                 for _ in range(a.repeat):
@@ -114,15 +119,17 @@ def main(argv: list[str] | None = None) -> int:
                 b, f = min(t["before"]), min(t["after"])
                 rows.append({"workload": name, "before_s": round(b, 2), "after_s": round(f, 2),
                              "ratio": round(f / b, 3), "runs": t})  # fmt: skip
-                print(f"{name:>9}: before {b:7.2f} s  after {f:7.2f} s  ratio {f / b:.2f}"
-                      f"  ({'no slowdown' if f / b <= 1.05 else 'SLOWER'})", flush=True)  # fmt: skip
+                print(f"{name:>9}: before {b:7.2f} s  after {f:7.2f} s  ratio {f / b:.2f}",
+                      flush=True)  # fmt: skip
+                targets.check(f"{name}: after / before", f / b, "<=", 1.05)
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(old)], cwd=repo,
                            check=False)  # fmt: skip
     print(f"load after {os.getloadavg()}")
     if a.json:
-        Path(a.json).write_text(json.dumps({"before": rev, "after": head, "rows": rows}, indent=1))
-    return 0
+        Path(a.json).write_text(json.dumps({"before": rev, "after": head, "rows": rows,
+                                            "targets": targets.as_json()}, indent=1))  # fmt: skip
+    return targets.finish()
 
 
 if __name__ == "__main__":

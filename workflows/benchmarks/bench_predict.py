@@ -16,6 +16,9 @@ points, D = 16, RBF kernel. In one run it measures
 Peak RSS is the process's ``VmHWM`` right after the pipeline runs (before
 the bare loop and scikit-learn, which hold more in memory).
 
+Targets at full size: pipeline / bare loop <= 1.2 and peak RSS through the pipeline
+<= 2 GB (``TARGET`` lines; exit 1 if one is missed).
+
 Run ``python workflows/benchmarks/bench_predict.py --quick`` for small sizes.
 
 It imports internals (``pipeline.linalg.blockwise``, the kernels and the diagnostics) because it
@@ -39,9 +42,12 @@ import numpy as np
 import zarr
 from threadpoolctl import threadpool_limits
 
-from pipeline.diagnostics import peak_rss_bytes
-from pipeline.kernels import RBF
-from pipeline.linalg.blockwise import CACHE_BLOCK, predict, tile_product
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from targets import Targets  # noqa: E402
+
+from pipeline.diagnostics import peak_rss_bytes  # noqa: E402
+from pipeline.kernels import RBF  # noqa: E402
+from pipeline.linalg.blockwise import CACHE_BLOCK, predict, tile_product  # noqa: E402
 
 
 def _rss_peak() -> int:
@@ -85,7 +91,7 @@ def _sklearn_predict(X_fit, dual_coef, gamma, X):
     return kr.predict(X)
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="small sizes (N=5k, M=100k)")
     p.add_argument("--n-train", type=int, default=50_000)
@@ -184,13 +190,22 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"{'  sklearn predict':34s}{t_sk:10.2f}{m_sk / t_sk:14,.0f}")
     print(f"{'  pipeline predict (numpy out)':34s}{t_pipe_small:10.2f}{m_sk / t_pipe_small:14,.0f}")
     print(f"  max |diff| vs sklearn {diff_sk:.1e}; peak RSS after sklearn {rss_sk / gib:.2f} GiB")
+    targets = Targets()
+    if (N, M, D) == (50_000, 1_000_000, 16):  # full size, the target
+        targets.check("pipeline / bare loop", tp / tb, "<=", 1.2)
+        targets.check("peak RSS through the pipeline", rss_pipe / 1e9, "<=", 2, " GB")
+    else:
+        targets.skip(
+            "pipeline / bare loop and peak RSS", "at N = 50,000, M = 1,000,000, D = 16 only"
+        )
+    fig["targets"] = targets.as_json()
     if args.json:
         with open(args.json, "w") as f:
             json.dump(fig, f, indent=1)
     if args.workdir is None:
         shutil.rmtree(work, ignore_errors=True)
-    return fig
+    return targets.finish()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    raise SystemExit(main(sys.argv[1:]))

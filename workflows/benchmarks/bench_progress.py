@@ -17,7 +17,8 @@ On a shared machine the wall times of such short builds vary by more than 2%
 between repeats, so the benchmark also times the display's own work directly:
 the Dask callback's start (selecting the tile tasks of the graph) and one
 ``posttask`` per task, as the scheduler calls them, for the same graph; that
-cost over the ``off`` build time is the overhead that noise cannot hide.
+cost over the ``off`` build time is the overhead that noise cannot hide, and the one
+checked against the target for each mode (``TARGET`` lines; exit 1 if one is missed).
 
 It imports internals (the Gram build, the row-block reader, the storage layer and the
 progress display) because it measures what the progress display adds to one Gram build,
@@ -37,9 +38,12 @@ import time
 
 import numpy as np
 
-from pipeline.engine.progress import set_progress_mode
-from pipeline.kernels import RBF
-from pipeline.linalg.gram import build_gram
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from targets import Targets  # noqa: E402
+
+from pipeline.engine.progress import set_progress_mode  # noqa: E402
+from pipeline.kernels import RBF  # noqa: E402
+from pipeline.linalg.gram import build_gram  # noqa: E402
 
 
 def _build(X: np.ndarray, block: int, mode: str) -> float:
@@ -111,11 +115,13 @@ def main(argv: list[str] | None = None) -> int:
         lo, med = min(times[m]), statistics.median(times[m])
         print(f"{m:<6} {lo:8.3f} {med:9.3f} {100.0 * (lo - base) / base:14.2f}%")
     print("the display's own work per build (callback start + one posttask per task):")
+    targets = Targets()
     for m in ("lines", "bars"):
         c = _callback_cost(X, args.block_size, m)
         print(f"{m:<6} {1e3 * c:8.3f} ms = {100.0 * c / base:.3f}% of the off build (min)")
+        targets.check(f"{m}: the display's own work", 100.0 * c / base, "<", 2, "%")
     sys.stdout.flush()
-    return 0
+    return targets.finish()
 
 
 if __name__ == "__main__":

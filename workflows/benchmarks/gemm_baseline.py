@@ -14,8 +14,15 @@ very call the factor makes, at the width the factor makes it.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from targets import Targets
+
+#: issue #15's factor targets: this absolute rate, and this share of the GEMM peak
+FACTOR_GFLOPS_TARGET, FACTOR_SHARE_TARGET = 120.0, 0.75
 
 
 def best_seconds(fn, setup=lambda: None, repeats: int = 3) -> float:
@@ -44,11 +51,23 @@ def gemm_peak_gflops(block: int = 4000, repeats: int = 3, dtype=np.float64) -> f
     return 2 * block**3 / best / 1e9
 
 
-def peak_line(gflops: float, peak: float, target: float = 120.0, share: float = 0.75) -> str:
+def peak_line(
+    gflops: float,
+    peak: float,
+    target: float = FACTOR_GFLOPS_TARGET,
+    share: float = FACTOR_SHARE_TARGET,
+) -> str:
     """One line: the factor's rate against the absolute and the relative target."""
     return (
         f"  factor {gflops:.1f} GFLOP/s = {gflops / peak:.0%} of the GEMM peak measured in "
-        f"this run ({peak:.1f} GFLOP/s); issue #15: >= {target:.0f} GFLOP/s "
-        f"{'met' if gflops >= target else 'NOT met'}, >= {share:.0%} of GEMM peak "
-        f"{'met' if gflops >= share * peak else 'NOT met'}"
+        f"this run ({peak:.1f} GFLOP/s); issue #15: >= {target:.0f} GFLOP/s, "
+        f">= {share:.0%} of GEMM peak"
     )
+
+
+def check_factor(targets: Targets, gflops: float, peak: float) -> bool:
+    """Check issue #15's two factor targets (:data:`FACTOR_GFLOPS_TARGET` GFLOP/s and
+    :data:`FACTOR_SHARE_TARGET` of the GEMM ``peak``) on ``targets``; True if both held."""
+    ok = targets.check("factor GFLOP/s (issue #15)", gflops, ">=", FACTOR_GFLOPS_TARGET)
+    share = gflops / peak if peak > 0 else float("nan")
+    return targets.check("factor / GEMM peak (issue #15)", share, ">=", FACTOR_SHARE_TARGET) and ok
