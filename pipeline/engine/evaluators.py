@@ -12,8 +12,8 @@ never fused by mistake):
 
 - :class:`~pipeline.kernels.RBF`: one GEMM over rows augmented with
   ``[2γ·x, -γ|x|², 1]`` and ``[y, 1, -γ|y|²]`` gives the exponent
-  ``-γ|x - y|²`` directly, then ``exp`` in place (float64: the engine's own
-  :func:`~pipeline.engine.vexp.exp_inplace`, float32: ``np.exp``). Rows are centred by
+  ``-γ|x - y|²`` directly, then ``exp`` in place (the engine's own
+  :func:`~pipeline.engine.vexp.exp_inplace`, float64 or float32). Rows are centred by
   ``Xi``'s mean first (as :func:`pipeline.kernels.basic._sq_dists` does), so
   data far from the origin keeps its small differences.
   ARD (a ``length_scale`` per feature) scales the centred rows by
@@ -52,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.engine.vexp import EXP_ID, exp_inplace
+from pipeline.engine.vexp import EXP32_ID, EXP_ID, exp_inplace
 from pipeline.kernels import RBF, Kernel, Laplacian, Linear, Matern, Polynomial
 from pipeline.kernels.basic import (
     MATERN_NUS,
@@ -437,19 +437,23 @@ def is_fused(kernel: Kernel) -> bool:
 
 def evaluation_identity(kernel: Any, kernel_dtype: Any) -> dict[str, str]:
     """What, besides the kernel and the dtypes, fixes the bits of the fused evaluation of
-    ``kernel`` in ``kernel_dtype``: ``{"exp": EXP_ID}`` where the evaluator takes the
-    engine's float64 ``exp`` (RBF, Matérn, Laplacian in float64), else ``{}``.
+    ``kernel`` in ``kernel_dtype``: ``{"exp": EXP_ID}`` (float64) or ``{"exp":
+    EXP32_ID}`` (float32) where the evaluator takes the engine's ``exp`` (RBF, Matérn,
+    Laplacian), else ``{}``.
 
     The one rule for every fingerprint of a stored result made of fused kernel values
     (the Gram, a matrix-free operator's CG checkpoint, the Nyström solve, an
     estimator's store, CV settings, predictions): merged into the recipe, it leaves the
-    recipes of other kernels and of float32 as they were, and moves the others, so a
-    result made with ``np.exp``'s bits is recomputed, never mixed with these.
+    recipes of other kernels as they were, and moves the others, so a result made with
+    ``np.exp``'s bits is recomputed, never mixed with these.
     """
     k = kernel if isinstance(kernel, Kernel) else None
-    if k is None or np.dtype(kernel_dtype) != np.float64:
+    ids = {np.dtype(np.float64): EXP_ID, np.dtype(np.float32): EXP32_ID}
+    if k is None or np.dtype(kernel_dtype) not in ids:
         return {}
-    return {"exp": EXP_ID} if _FUSED.get(type(k)) in (_GemmExp, _L1Exp) else {}
+    if _FUSED.get(type(k)) not in (_GemmExp, _L1Exp):
+        return {}
+    return {"exp": ids[np.dtype(kernel_dtype)]}
 
 
 def prepare(

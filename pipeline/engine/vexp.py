@@ -1,4 +1,4 @@
-"""The float64 ``exp`` of the fused evaluators: vectorised, and the same bits everywhere.
+"""The ``exp`` of the fused evaluators: vectorised, and the same bits everywhere.
 
 The RBF, Matérn and Laplacian tiles spend most of their time in ``exp`` once the GEMM
 has made the exponent. NumPy's float64 ``exp`` is vectorised only on CPUs with
@@ -29,7 +29,13 @@ Accuracy: within 1 ulp of the correctly rounded ``exp`` over ``[-745, 709.7]``
 ``+inf`` gives ``inf``. Speed: 1.9 ns an entry on the AVX2 EPYC above, against 5.6 ns
 for ``np.exp`` in the same run (``docs/PERFORMANCE.md``).
 
-:data:`EXP_ID` names this algorithm in the fingerprints of stored results whose bits it
+**float32** runs the same algorithm at single width (8 lanes on AVX2): a 15-bit
+``LN2_HI``, the shift ``1.5·2²³``, the Taylor polynomial of degree 7 (truncation below
+6e-9 relative), the scaling split by ``2^±32`` beyond ``|x| > 80``. NumPy's float32
+``exp`` took 1.45 ns an entry on the AVX2 EPYC above (it is not the vectorised one
+there); see ``docs/PERFORMANCE.md`` for this one's figure and accuracy.
+
+:data:`EXP_ID` (float64) and :data:`EXP32_ID` (float32) name the algorithm in the fingerprints of stored results whose bits it
 makes (:func:`pipeline.engine.evaluators.evaluation_identity`): a store written with
 NumPy's ``exp`` is recomputed, never mixed with these bits.
 
@@ -44,10 +50,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["EXP_ID", "exp_inplace"]
+__all__ = ["EXP32_ID", "EXP_ID", "exp_inplace"]
 
 #: the algorithm's name in fingerprints: change it whenever a bit of the output can change
 EXP_ID = "fma-taylor13-v1"
+#: the float32 width's name (degree 7): the same rule
+EXP32_ID = "fma-taylor7-f32-v1"
 
 _LOG2E = 1.4426950408889634
 _LN2_HI = 6.93147180369123816490e-01  # 32 significant bits: k·_LN2_HI is exact for |k| < 2²¹
@@ -61,7 +69,7 @@ _TWO_M100 = 2.0**-100
 _TWO_100 = 2.0**100
 
 _lock = threading.Lock()
-_compiled: Callable[[np.ndarray], None] | None = None
+_compiled: dict[np.dtype, Callable[[np.ndarray], None]] | None = None
 
 
 def _fma(a: float, b: float, c: float) -> float:
@@ -109,6 +117,72 @@ def _scale_loop(a: np.ndarray, s: np.ndarray) -> None:  # pragma: no cover - com
         a[i] *= s[i]
 
 
+# -- float32: the same algorithm at single width ------------------------------------------
+# Cody-Waite with a 15-bit LN2_HI (k·LN2_HI32 exact for |k| < 2⁹), the shift 1.5·2²³, the
+# Taylor polynomial of degree 7 (truncation below 6e-9 relative: a tenth of float32's
+# ulp), the scaling split by 2^±32 beyond |x| > 80; typed constants, so that numba keeps
+# every step in float32
+_LOG2E32 = np.float32(_LOG2E)
+_LN2_HI32 = np.float32(0.693145751953125)
+_LN2_LO32 = np.float32(1.4286068203094173e-06)
+_SHIFT32 = np.float32(12582912.0)  # 1.5·2²³
+_SHIFT32_BITS = int(np.array(_SHIFT32).view(np.int32))
+_TAYLOR32 = tuple(np.float32(c) for c in _TAYLOR[:8])
+_LO32, _HI32 = np.float32(-104.0), np.float32(89.0)
+_EDGE32 = np.float32(80.0)
+_ADJ32 = np.float32(32.0)
+_ZERO32, _ONE32 = np.float32(0.0), np.float32(1.0)
+_TWO_M32 = np.float32(2.0**-32)
+_TWO_32 = np.float32(2.0**32)
+
+
+def _fma32(a: float, b: float, c: float) -> float:
+    """``a·b + c`` in float32 rounded once; replaced by ``llvm.fma.f32`` in :func:`_build`."""
+    raise NotImplementedError  # pragma: no cover - never called uncompiled
+
+
+def _poly_loop32(a: np.ndarray, t: np.ndarray) -> None:  # pragma: no cover - compiled
+    """:func:`_poly_loop` for float32."""
+    c2, c3, c4, c5, c6, c7 = _TAYLOR32[2:8]
+    for i in range(a.size):
+        x = a[i]
+        xc = _LO32 if x < _LO32 else x  # nan passes both clamps
+        xc = _HI32 if xc > _HI32 else xc
+        kf = _fma32(xc, _LOG2E32, _SHIFT32) - _SHIFT32
+        r = _fma32(-kf, _LN2_LO32, _fma32(-kf, _LN2_HI32, xc))
+        p = _fma32(c7, r, c6)
+        p = _fma32(p, r, c5)
+        p = _fma32(p, r, c4)
+        p = _fma32(p, r, c3)
+        p = _fma32(p, r, c2)
+        p = _fma32(p, r, _ONE32)
+        p = _fma32(p, r, _ONE32)
+        low = x < -_EDGE32
+        high = x > _EDGE32
+        adj = -_ADJ32 if low else (_ADJ32 if high else _ZERO32)
+        t[i] = (kf - adj) + _SHIFT32
+        a[i] = p * (_TWO_M32 if low else (_TWO_32 if high else _ONE32))
+
+
+def _bits_loop32(t: np.ndarray) -> None:  # pragma: no cover - compiled
+    """:func:`_bits_loop` for float32: the bits of SHIFT32 + k made ``2^k``'s."""
+    for i in range(t.size):
+        t[i] = (t[i] - _SHIFT32_BITS + 127) << 23
+
+
+def _exp_chunks32(a: np.ndarray) -> None:  # pragma: no cover - compiled
+    """:func:`_exp_chunks` for float32."""
+    n = a.size
+    bits = np.empty(_CHUNK, np.int32)
+    scale = bits.view(np.float32)
+    for c0 in range(0, n, _CHUNK):
+        m = min(n, c0 + _CHUNK) - c0
+        blk = a[c0 : c0 + m]
+        _poly32(blk, scale[:m])
+        _bits32(bits[:m])
+        _scale(blk, scale[:m])
+
+
 def _exp_chunks(a: np.ndarray) -> None:  # pragma: no cover - compiled
     """``a[...] = exp(a)`` for a 1-D contiguous float64 array, ``_CHUNK`` entries at a time.
 
@@ -128,8 +202,8 @@ def _exp_chunks(a: np.ndarray) -> None:  # pragma: no cover - compiled
 
 
 # the compiled loops, set by _build (numba resolves these globals when it compiles
-# _exp_chunks)
-_poly = _bits = _scale = None
+# _exp_chunks and _exp_chunks32)
+_poly = _bits = _scale = _poly32 = _bits32 = None
 
 
 def _build() -> Callable[[np.ndarray], None]:
@@ -140,20 +214,24 @@ def _build() -> Callable[[np.ndarray], None]:
     from numba.core import cgutils, types
     from numba.extending import intrinsic
 
-    @intrinsic
-    def fma(typingctx: object, a: object, b: object, c: object) -> object:
-        sig = types.float64(types.float64, types.float64, types.float64)
+    def fma_of(ty: object, ir_ty: object, name: str) -> object:
+        @intrinsic
+        def fma(typingctx: object, a: object, b: object, c: object) -> object:
+            sig = ty(ty, ty, ty)
 
-        def codegen(context: object, builder: object, signature: object, args: object) -> object:
-            d = ir.DoubleType()
-            fn = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(d, [d, d, d]), "llvm.fma.f64"
-            )
-            return builder.call(fn, args)
+            def codegen(
+                context: object, builder: object, signature: object, args: object
+            ) -> object:
+                fn = cgutils.get_or_insert_function(
+                    builder.module, ir.FunctionType(ir_ty, [ir_ty] * 3), name
+                )
+                return builder.call(fn, args)
 
-        return sig, codegen
+            return sig, codegen
 
-    global _fma, _poly, _bits, _scale
+        return fma
+
+    global _fma, _fma32, _poly, _bits, _scale, _poly32, _bits32
 
     def jit(fn: Callable[..., None]) -> Callable[..., None]:
         opts = {"nogil": True, "error_model": "numpy", "boundscheck": False}
@@ -162,34 +240,37 @@ def _build() -> Callable[[np.ndarray], None]:
         except RuntimeError:  # no writable cache location (a read-only install, no home)
             return nb.njit(**opts)(fn)  # compiled in every process instead: the same bits
 
-    _fma = fma
+    _fma = fma_of(types.float64, ir.DoubleType(), "llvm.fma.f64")
+    _fma32 = fma_of(types.float32, ir.FloatType(), "llvm.fma.f32")
     _poly, _bits, _scale = jit(_poly_loop), jit(_bits_loop), jit(_scale_loop)
-    return jit(_exp_chunks)
+    _poly32, _bits32 = jit(_poly_loop32), jit(_bits_loop32)
+    return {np.dtype(np.float64): jit(_exp_chunks), np.dtype(np.float32): jit(_exp_chunks32)}
 
 
-def _kernel() -> Callable[[np.ndarray], None]:
+def _kernel(dtype: np.dtype) -> Callable[[np.ndarray], None]:
+    """The compiled ``exp`` of one dtype (float32 or float64), built on first use."""
     global _compiled
     if _compiled is None:
         with _lock:
             if _compiled is None:
                 _compiled = _build()
-    return _compiled
+    return _compiled[np.dtype(dtype)]
 
 
 def exp_inplace(E: np.ndarray) -> np.ndarray:
     """``E[...] = exp(E)``, in place; returns ``E``.
 
-    float64: the compiled kernel (the GIL is released), on a contiguous copy when ``E``
-    is a strided view, so an entry's bits never depend on the array's layout. float32
-    keeps ``np.exp`` (vectorised on AVX2 already).
+    float64 and float32: the compiled kernel of that width (the GIL is released), on a
+    contiguous copy when ``E`` is a strided view, so an entry's bits never depend on the
+    array's layout. Other dtypes: ``np.exp``.
     """
-    if E.dtype != np.float64:
+    if E.dtype not in (np.float64, np.float32):
         return np.exp(E, out=E)
     if E.size:
         if E.flags.c_contiguous:
-            _kernel()(E.reshape(-1))
+            _kernel(E.dtype)(E.reshape(-1))
         else:
             tmp = np.ascontiguousarray(E)
-            _kernel()(tmp.reshape(-1))
+            _kernel(E.dtype)(tmp.reshape(-1))
             E[...] = tmp
     return E

@@ -85,7 +85,7 @@ PINS: dict[str, str] = {
     # the fused engine's evaluation, kernel_dtype float64
     "gram_fused64": "888ce60cd42e507a0234c135a63d8932",  # moved 2026-11-29: the engine's float64 exp (vexp.EXP_ID); was 50a3ba4bc2d27f6425c9a516d8127c5e
     # the fused engine's evaluation, kernel_dtype float32, float32 tiles
-    "gram_fused32": "cafd07f60c598fe7e844568cb479b2e2",
+    "gram_fused32": "11cc6010e9886fd403aacd6d1d05a102",  # moved 2026-11-29 (session 35): the engine's float32 exp (vexp.EXP32_ID); was cafd07f60c598fe7e844568cb479b2e2
     # K(X, Z), Z's fingerprint FP
     "gram_cross": "430a2a8ef33ccd773bb364c4c1edbe70",  # moved 2026-11-29: the engine's float64 exp (vexp.EXP_ID); was ce52f10b930e73b182e3606dd4d67cb6
     # factor_fingerprint(gram FP, 0.1, sklearn, no jitter, float64)
@@ -103,7 +103,7 @@ PINS: dict[str, str] = {
     # MatrixFreeKernelOperator(X, RBF(0.5), shift 0.1), any block size
     "op_recompute": "b93301d3b8c40d159770f9fa140c060e",  # moved 2026-11-29: the engine's float64 exp (vexp.EXP_ID); was 2423915ef3de21f2ed1ce41af342d7ee
     # the same, kernel_dtype float32
-    "op_recompute_f32": "25075f889a0060a96930af0d3e2f0ed3",
+    "op_recompute_f32": "6ffe2819cb3c9da5667ce6335df43e9e",  # moved 2026-11-29 (session 35): the engine's float32 exp (vexp.EXP32_ID); was 25075f889a0060a96930af0d3e2f0ed3
     # IdentityPreconditioner
     "pre_none": "17661600b7003676c3d2683c9562101b",
     # JacobiPreconditioner(diag 1, shift 0.1)
@@ -140,10 +140,10 @@ PINS: dict[str, str] = {
     # configuration_key({solve: FP, model: m*32, predict: None, evaluate: e})
     "configuration": "f1ae8a5eeab34fe139813fdfcab7edd5",
     # SettingCheckpoint(cg, kfold, 2 folds).fingerprint(RBF(0.5), gamma 0.5, 3 lambdas)
-    "cv_setting": "9e0adad6cf9aee5964116d37d699b629",  # moved 2026-11-29: the engine's float64 exp (vexp.EXP_ID); was 416abd4af213c2f5a4b662f1f62aca79
+    "cv_setting": "e62307ee5c7a56aaa5d446637a2de354",  # moved 2026-11-29 (session 35): the engine's float32 exp (vexp.EXP32_ID); was 9e0adad6cf9aee5964116d37d699b629
     # SettingCheckpoint.for_search(a search with tol 1e-6, kfold, 2 folds) per solver, the
     # same setting: cg and eigen as recorded before issue #43 item 4 (commit 891b9e2)
-    "cv_search_cg": "7b38472cd4d1600718e979a8c9f6aa1c",  # moved 2026-11-29: the engine's float64 exp (vexp.EXP_ID); was 7bfab0b2aaaba35e7f34f142597e47c1
+    "cv_search_cg": "f202ffba83529f6f7ab9b9c0c81696e2",  # moved 2026-11-29 (session 35): the engine's float32 exp (vexp.EXP32_ID); was 7b38472cd4d1600718e979a8c9f6aa1c
     "cv_search_eigen": "51eb314e58ef7efa7d3184c2ec0ee9a2",  # moved 2026-11-29: the engine's float64 exp (vexp.EXP_ID); was 5499d643d84126a042b7da99cf008c88
     # moved 2026-11-28 (issue #43 item 4; was e253a22d4631fddb86674994df4190ad): the band
     # solver's routed CG preconditions its folds with the one fold form (FoldNystromBlock),

@@ -88,11 +88,14 @@ class SettingCheckpoint:
         return join_path(self.directory, stem + ".npz"), join_path(self.directory, stem + ".json")
 
     def fingerprint(self, kern: Any, setting: dict, alphas: list[float]) -> str:
+        # the block CG's inner solves take float32 kernel values: its float32 exp too
+        ident32 = evaluation_identity(kern, "float32") if self.base.get("solver") == "cg" else {}
         return fingerprint_obj(
             {
                 **self.base,
                 "kernel": kernel_fingerprint(kern),
                 **evaluation_identity(kern, "float64"),  # the engine's float64 exp
+                **({"exp32": ident32["exp"]} if ident32 else {}),
                 "setting": {k: repr(v) for k, v in setting.items()},
                 "alphas": [float(a) for a in alphas],
             }
