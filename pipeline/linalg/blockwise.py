@@ -565,7 +565,7 @@ def predict(
         "input_fingerprint": input_fingerprint,
         "nan_policy": nan_policy,
     }
-    ident = evaluation_identity(m.kernel, kdt)  # the engine's float64 exp: in the fingerprint
+    ident = evaluation_identity(m.kernel, kdt)  # the engine's exp: in the fingerprint
     handle = _open_output(str(out), out_name, shape, b, odt, meta, overwrite, ident)
     n_blocks = len(X.chunks[0]) if X.shape[0] else 0
     todo = pending(

@@ -104,7 +104,7 @@ def gram_fingerprint(
     if z_fingerprint is not None:
         obj["z"] = z_fingerprint
     obj["kernel_dtype"] = str(kernel_dtype)
-    obj.update(evaluation_identity(k, kernel_dtype))  # the engine's float64 exp
+    obj.update(evaluation_identity(k, kernel_dtype))  # the engine's exp
     return fingerprint_obj(obj)
 
 

@@ -337,7 +337,7 @@ def _matrix_free_recipe(op: Any) -> dict[str, Any]:
     }
     if op.kernel_dtype != "float64":  # float64 fingerprints stay as before
         what["kernel_dtype"] = op.kernel_dtype
-    what.update(evaluation_identity(op.kernel, op.kernel_dtype))  # the engine's float64 exp
+    what.update(evaluation_identity(op.kernel, op.kernel_dtype))  # the engine's exp
     return what
 
 

@@ -472,7 +472,7 @@ class NystromNormalOperator:
             "weights": None if self.weights is None else fingerprint_blocks([self.weights]),
             "block_size": self.rows.block,
             "product_dtype": self.product_dtype.name,
-            **evaluation_identity(self.kernel, self.product_dtype),  # the engine's float64 exp
+            **evaluation_identity(self.kernel, self.product_dtype),  # the engine's exp
         }
 
     @property
