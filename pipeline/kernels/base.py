@@ -324,6 +324,19 @@ def _from_spec_value(v: Any) -> Any:
     return v
 
 
+def check_spec_keys(spec: dict[str, Any], what: str, also: tuple[str, ...] = ()) -> None:
+    """Refuse a spec (kernel or warping) with keys besides ``name``, ``params`` and
+    ``also`` (a warping's ``kind``): ``{"name": "rbf", "gamma": 0.3}`` would otherwise
+    build ``RBF()`` with its default γ."""
+    extra = sorted(set(spec) - {"name", "params", *also})
+    if extra:
+        hint = {"name": spec["name"], "params": {k: spec[k] for k in extra}}
+        raise ValueError(
+            f"{what} spec {spec!r} has keys {extra} besides 'name' and 'params'; "
+            f"its parameters go under 'params': {hint!r}"
+        )
+
+
 def kernel_from_spec(spec: dict[str, Any]) -> Kernel:
     """Rebuild a kernel from :meth:`Kernel.to_spec` output (registry lookup, no eval)."""
     if not isinstance(spec, dict) or "name" not in spec:
@@ -332,6 +345,7 @@ def kernel_from_spec(spec: dict[str, Any]) -> Kernel:
     if name not in _REGISTRY:
         raise ValueError(f"unknown kernel {name!r} in spec; known kernels: {registered_names()}")
     cls = _REGISTRY[name]
+    check_spec_keys(spec, "kernel")
     params = spec.get("params", {}) or {}
     if not isinstance(params, dict):
         raise ValueError(f"spec params for kernel {name!r} must be a dict, got {params!r}")

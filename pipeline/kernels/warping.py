@@ -33,6 +33,7 @@ from pipeline.kernels.base import (
     Parametrized,
     _from_spec_value,
     check_real,
+    check_spec_keys,
     registered_names,
 )
 
@@ -90,6 +91,7 @@ def warping_from_spec(spec: dict[str, Any]) -> Warping:
             f"{registered_names()}"
         )
     cls = _WARPINGS[name]
+    check_spec_keys(spec, "warping", also=("kind",))
     params = spec.get("params", {}) or {}
     unknown = sorted(set(params) - set(cls._param_names()))
     if unknown:

@@ -651,6 +651,23 @@ def test_a_refused_set_params_keeps_the_users_nested_objects():
     assert k.k1.k1 is inner and inner.gamma == 0.5  # the user's object, its old value
 
 
+def test_a_spec_with_parameters_beside_params_is_refused():
+    """``{"name": "rbf", "gamma": 0.3}`` once built RBF() with its default γ, silently."""
+    from pipeline import KernelRidge
+
+    msg = "has keys \\['gamma'\\] besides 'name' and 'params'.*'params': \\{'gamma': 0.3\\}"
+    with pytest.raises(ValueError, match=msg):
+        kernel_from_spec({"name": "rbf", "gamma": 0.3})
+    with pytest.raises(ValueError, match=msg):
+        make_kernel({"name": "rbf", "gamma": 0.3})
+    X = np.random.default_rng(0).standard_normal((20, 2))
+    with pytest.raises(ValueError, match=msg):
+        KernelRidge(kernel={"name": "rbf", "gamma": 0.3}).fit(X, X[:, 0])
+    assert make_kernel({"name": "rbf", "params": {"gamma": 0.3}}).gamma == 0.3
+    with pytest.raises(ValueError, match="warping spec .* has keys \\['p'\\] besides"):
+        warping_from_spec({"name": "l2_normalize", "p": 1})
+
+
 def test_kernels_and_warpings_share_one_namespace_of_spec_names():
     """A kernel may not take a warping's name, nor a warping a kernel's (a spec names
     either); the refused class is not registered."""
