@@ -154,7 +154,7 @@ def test_the_statistics_pass_refuses_a_non_finite_x_or_kernel_as_the_solver_does
         nystrom_cv.fold_statistics(bad, y2, kern, C, fold, 2, block_size=64)
     with pytest.raises(ValueError, match=msg):
         nystrom_solve(bad, y, kern, 1.0, n_centers=M, centre_indices=np.arange(M), block_size=64)
-    poly = make_kernel({"name": "polynomial", "degree": 3})
+    poly = make_kernel({"name": "polynomial", "params": {"degree": 3}})
     big = X.copy()
     big[150] = 1e120  # K(X, C) overflows, K(C, C) does not
     what = re.escape("the kernel K(X, C) of the Nyström centres holds a non-finite value")
