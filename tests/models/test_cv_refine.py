@@ -130,6 +130,25 @@ def test_above_the_eigen_size_the_refinement_is_one_held_out_split(monkeypatch, 
     )
 
 
+def test_a_held_out_column_that_misses_its_tolerance_is_solved_by_its_own_cholesky(monkeypatch):
+    """The in-memory held-out refinement never scores a rough solve: with one PCG
+    iteration allowed, the columns that miss 1e-10 are redone by a Cholesky each, and the
+    scores still equal an exact search's."""
+    monkeypatch.setattr(R, "REFINE_EIGEN_MAX_N", 100)
+    monkeypatch.setattr(R, "_PCG_MAX_ITER", 1)
+    X, y = _data(240, seed=2)
+    search = KernelRidgeCV(
+        alphas=[1e-3, 1e-2], gamma=2.0, cv=4, subsample=60, refit=False, random_state=7
+    ).fit(X, y)
+    r = search.refine_results_
+    assert r["method"] == "holdout-dense" and r["pcg_iterations"] == 1
+    assert r["redone_direct"] > 0
+    exact = KernelRidgeCV(
+        alphas=r["alphas"], gamma=2.0, cv=0.25, solver="eigen", refit=False, random_state=7
+    ).fit(X, y)
+    np.testing.assert_allclose(r["scores"], exact.cv_results_["mean_test_score"], atol=1e-8)
+
+
 @pytest.mark.parametrize(
     ("params", "match"),
     [
