@@ -4,7 +4,9 @@ this process, a small config written to disk, small data sets, and the fault tes
 
 Stage tests run in process (``pipeline.run``, ``pipeline.cli.main``, ``krr_main``);
 ``krr_run`` is for what needs a process of its own: a kill (``tests/faultinject``), a
-hang that a timeout must end, or a fresh interpreter.
+hang that a timeout must end, an exit status (a child forked from an interpreter that
+imported the pipeline once, ``tests/_forkserver.py``); ``fresh_python`` for what needs a
+new interpreter (what an import loads, a variable read at start).
 """
 
 from __future__ import annotations
@@ -24,91 +26,25 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
+from _forkserver import KrrForked, krr_forked, prestart
 
 TESTS = Path(__file__).resolve().parent
-#: on PYTHONPATH, its ``sitecustomize`` kills the process at a chosen completion marker
-FAULTINJECT = TESTS / "faultinject"
-
-
-class KrrRunner:
-    """``krr ARGS...`` as ``python -m pipeline.cli ARGS...`` in a subprocess.
-
-    The one implementation of the command-line subprocess the tests use. The child gets
-    this process's environment without any ``KRR_KILL*`` variable (a kill is asked for
-    explicitly), so a test never inherits another's injected fault.
-    """
-
-    def __call__(
-        self,
-        *args: Any,
-        cwd: str | os.PathLike | None = None,
-        kill: tuple[str, int] | None = None,
-        env: Mapping[str, str | None] | None = None,
-        inject: bool = False,
-        timeout: float = 300,
-        check: bool = False,
-    ) -> subprocess.CompletedProcess:
-        """Run ``krr *args`` and return the CompletedProcess (text stdout and stderr).
-
-        Parameters
-        ----------
-        *args
-            The command line after ``krr`` (paths are turned into strings).
-        cwd
-            The child's working directory (default: this one).
-        kill
-            ``(match, at)``: SIGKILL the child just before the ``at``-th completion marker
-            of an array whose name matches ``match`` (``KRR_KILL_MATCH``/``KRR_KILL_AT``).
-        env
-            Extra environment variables; a value of None removes the variable.
-        inject
-            Put ``tests/faultinject`` on the child's PYTHONPATH (implied by ``kill``), for
-            faults chosen through ``env`` (e.g. ``KRR_KILL_SETTING_AT``).
-        timeout
-            Seconds before the child is killed and the test fails.
-        check
-            Assert a zero exit status (the message holds the end of stderr).
-        """
-        full = {k: v for k, v in os.environ.items() if not k.startswith("KRR_KILL")}
-        for k, v in (env or {}).items():
-            if v is None:
-                full.pop(k, None)
-            else:
-                full[k] = v
-        if kill is not None or inject:
-            full["PYTHONPATH"] = os.pathsep.join([str(FAULTINJECT), full.get("PYTHONPATH", "")])
-        if kill is not None:
-            full["KRR_KILL_MATCH"], full["KRR_KILL_AT"] = kill[0], str(kill[1])
-        res = subprocess.run(
-            [sys.executable, "-m", "pipeline.cli", *map(str, args)],
-            cwd=cwd,
-            env=full,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-        if check:
-            assert res.returncode == 0, res.stderr[-3000:]
-        return res
-
-    def run(
-        self,
-        conf: str | os.PathLike,
-        run_dir: str | os.PathLike,
-        *overrides: Any,
-        json: bool = False,
-        **kw: Any,
-    ) -> subprocess.CompletedProcess:
-        """``krr run CONF OVERRIDES... --run-dir RUN_DIR [--json]``; ``kw`` as for a call."""
-        extra = ("--json",) if json else ()
-        return self("run", conf, *overrides, "--run-dir", run_dir, *extra, **kw)
 
 
 @pytest.fixture(scope="session")
-def krr_run() -> KrrRunner:
-    """Run the ``krr`` command line in a subprocess: ``krr_run("status", run_dir)``,
-    ``krr_run.run(conf, run_dir, "lambda=0.1", json=True, kill=("gram", 3))``."""
-    return KrrRunner()
+def krr_run() -> KrrForked:
+    """Run the ``krr`` command line in a process of its own: ``krr_run("status", run_dir)``,
+    ``krr_run.run(conf, run_dir, "lambda=0.1", json=True, kill=("gram", 3))``.
+
+    The one implementation of the command-line subprocess the tests use
+    (:class:`_forkserver.KrrForked`): each command is a child forked from an interpreter
+    that imported ``pipeline.cli`` once and ran nothing, so it is a process of its own
+    (a pid to SIGKILL, its own exit status and output) without a new interpreter's 3-4 s
+    of imports. The child gets this process's environment without any ``KRR_KILL*``
+    variable (a kill is asked for explicitly), so a test never inherits another's
+    injected fault. A test that needs a new interpreter itself uses ``fresh_python``."""
+    prestart()
+    return krr_forked
 
 
 @contextlib.contextmanager
@@ -158,12 +94,12 @@ def _restore_environ(saved: Mapping[str, str]) -> None:
             os.environ[k] = v
 
 
-class KrrInProcess(KrrRunner):
+class KrrInProcess(KrrForked):
     """``krr ARGS...`` as ``pipeline.cli.main(ARGS)`` in this process, for a test that
     only checks what a command did or printed, or its exit code (no kill, no hang).
 
     Saves the 2-3 s start of a child process per command (the imports, a new Dask
-    cluster's first tasks). Returns a CompletedProcess like :class:`KrrRunner`: the
+    cluster's first tasks). Returns a CompletedProcess like ``krr_run``: the
     exit code ``main`` returned, and what it printed on stdout and stderr: its log lines
     (they go to whatever ``sys.stderr`` is) and, at the end, each Python warning once
     (also passed on to pytest). ``cwd`` and ``env`` hold for the call only, and so does

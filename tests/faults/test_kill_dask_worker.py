@@ -15,8 +15,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -24,6 +22,7 @@ import numpy as np
 import pytest
 import zarr
 from _dask_cluster import external_cluster, stop
+from _forkserver import KrrProcess, prestart
 
 from pipeline.linalg.cholesky import tile_cholesky
 from pipeline.linalg.gram import build_gram
@@ -34,8 +33,8 @@ pytestmark = pytest.mark.slow
 
 # D = 256: the Gram's weighed entries (1.2M entries at D = 256) pass SMALL_PASS_ENTRIES
 # (a Gram below that is computed in the client's process, not on the workers)
-N, D, BLOCK = 1500, 256, 100
-N_TILES = (N // BLOCK) * (N // BLOCK + 1) // 2  # 15 row blocks: 120 lower tiles
+N, D, BLOCK = 1500, 256, 150
+N_TILES = (N // BLOCK) * (N // BLOCK + 1) // 2  # 10 row blocks: 55 lower tiles
 KILL_AT = 3  # a worker dies at its 3rd Gram tile's completion record
 FAULTINJECT = Path(__file__).resolve().parents[1] / "faultinject"
 
@@ -60,6 +59,9 @@ def _n_markers(d: Path) -> int:
 
 
 def test_kill_one_worker_mid_gram(tmp_path):
+    # the run is forked from an interpreter that imported the pipeline once
+    # (tests/_forkserver.py): its imports overlap the cluster's start
+    prestart()
     rng = np.random.default_rng(5)
     X = rng.normal(size=(N, D))
     y = np.sin(X[:, :3].sum(axis=1)) + 0.1 * rng.normal(size=N)
@@ -81,11 +83,10 @@ def test_kill_one_worker_mid_gram(tmp_path):
     try:
         with external_cluster(logs, 2, nanny=False, timeout=60, worker_env=inject) as cluster:
             workers = cluster.workers
-            cli = subprocess.Popen(
-                [sys.executable, "-m", "pipeline.cli", "run", str(conf), "--run-dir",
-                 str(run_dir), "--scheduler", cluster.address, "--json"],
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                start_new_session=True,
+            cli = KrrProcess(
+                ["run", str(conf), "--run-dir", str(run_dir), "--scheduler", cluster.address,
+                 "--json"],
+                dict(os.environ), start_new_session=True,
             )  # fmt: skip
             markers = run_dir / "gram" / "gram.zarr" / "_markers" / "gram"
             deadline = time.monotonic() + 240

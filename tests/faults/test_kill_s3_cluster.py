@@ -19,7 +19,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -31,11 +30,12 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent))
 from _dask_cluster import DASK, _start, external_cluster  # noqa: E402
+from _forkserver import KrrProcess, krr_forked, prestart  # noqa: E402
 from _s3server import make_bucket, moto_server, s3_env  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-N, D, BLOCK, NB = 1200, 8, 200, 200  # 6 row blocks: 21 factor tiles
+N, D, BLOCK, NB = 1000, 8, 200, 200  # 5 row blocks: 15 factor tiles
 KILL_AT = 3  # a worker dies at its 3rd factor tile's completion record
 BUCKET = "krr-cluster"
 FAULTINJECT = Path(__file__).resolve().parents[1] / "faultinject"
@@ -89,7 +89,7 @@ def _n_keys(fs, prefix: str) -> int:
         return 0
 
 
-def test_cluster_on_object_store_survives_kill_and_join(tmp_path, monkeypatch, krr_run):
+def test_cluster_on_object_store_survives_kill_and_join(tmp_path, monkeypatch):
     import s3fs
 
     # one BLAS thread in every process, as a nanny gives its worker (these run without
@@ -97,6 +97,9 @@ def test_cluster_on_object_store_survives_kill_and_join(tmp_path, monkeypatch, k
     # BLAS threading for the same tile operation
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         monkeypatch.setenv(var, "1")
+    # the two krr processes are forked from an interpreter that imported the pipeline once
+    # with this environment (tests/_forkserver.py): its imports overlap the setup below
+    prestart()
 
     rng = np.random.default_rng(7)
     X = rng.normal(size=(N, D))
@@ -119,7 +122,7 @@ def test_cluster_on_object_store_survives_kill_and_join(tmp_path, monkeypatch, k
         ref_conf = tmp_path / "ref.yaml"
         ref_conf.write_text(text.replace("SCHED", "threads"))
         pool = stack.enter_context(ThreadPoolExecutor(1))
-        ref_run = pool.submit(krr_run.run, ref_conf, tmp_path / "ref")
+        ref_run = pool.submit(krr_forked.run, ref_conf, tmp_path / "ref")
 
         conf = tmp_path / "conf.yaml"
         conf.write_text(text.replace("SCHED", "dask"))
@@ -140,11 +143,10 @@ def test_cluster_on_object_store_survives_kill_and_join(tmp_path, monkeypatch, k
             workers = cluster.workers
             try:
                 t0 = time.monotonic()
-                cli = subprocess.Popen(
-                    [sys.executable, "-m", "pipeline.cli", "run", str(conf), "--run-dir",
-                     run_dir, "--scheduler", cluster.address, "--json"],
-                    cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                    start_new_session=True,
+                cli = KrrProcess(
+                    ["run", str(conf), "--run-dir", run_dir, "--scheduler", cluster.address,
+                     "--json"],
+                    dict(os.environ), cwd=work, start_new_session=True,
                 )  # fmt: skip
                 # until a worker's injected SIGKILL in the middle of the factorisation
                 while all(w.poll() is None for w in workers) and time.monotonic() - t0 < 150:

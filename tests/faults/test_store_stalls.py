@@ -16,7 +16,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from _forkserver import KrrProcess, prestart
 from _s3server import SERVER_PIDS, make_bucket, moto_server, s3_env
 
 BUCKET = "krr-timeouts"
@@ -35,6 +35,7 @@ FAST = {"connect_timeout": 1, "read_timeout": 1, "retries": 2, "operation_timeou
 
 @pytest.fixture(scope="module")
 def s3():
+    prestart()  # the krr children's zygote imports the pipeline beside this setup
     with moto_server() as env, s3_env(env):
         make_bucket(BUCKET)
         yield env
@@ -66,19 +67,17 @@ class paused:
         os.kill(self.pid, signal.SIGCONT)
 
 
-def _krr(*args: str, env: dict[str, str] | None = None, **kw) -> subprocess.Popen:
+def _krr(*args: str, env: dict[str, str] | None = None) -> KrrProcess:
+    """``krr ARGS`` in a process of its own (a hang to bound, a SIGINT, an exit code),
+    forked from an interpreter that imported the pipeline once (``tests/_forkserver.py``):
+    six commands start at once below, and six interpreters' imports on 2 cores took
+    longer than the waits they measure. Its SIGINT is Python's KeyboardInterrupt, as in a
+    terminal (the zygote is started with SIGINT's default action)."""
     full = {**os.environ, "FSSPEC_S3": json.dumps(FAST), **(env or {})}
-    return subprocess.Popen(
-        [sys.executable, "-m", "pipeline.cli", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=full,
-        **kw,
-    )
+    return KrrProcess(list(args), full)
 
 
-def _finish(p: subprocess.Popen, limit: float) -> tuple[int, str, float]:
+def _finish(p: KrrProcess, limit: float) -> tuple[int, str, float]:
     t0 = time.perf_counter()
     try:
         _, err = p.communicate(timeout=limit)
@@ -147,7 +146,7 @@ def _run_to_exit(argv: list[str], limit: float) -> tuple[int, str, float]:
     return rc, err, time.perf_counter() - t0
 
 
-def _wait_for(p: subprocess.Popen, prefix: str, part: str, deadline: float) -> None:
+def _wait_for(p: KrrProcess, prefix: str, part: str, deadline: float) -> None:
     """Poll the store until the running ``p`` has written an object under ``prefix`` whose
     key holds ``part`` (``/ingest/``: that stage is writing)."""
     while not any(part in o for o in _objects(prefix)):
@@ -156,10 +155,31 @@ def _wait_for(p: subprocess.Popen, prefix: str, part: str, deadline: float) -> N
         time.sleep(0.05)
 
 
-def _exit(p: subprocess.Popen, limit: float, since: float) -> tuple[int, str, float]:
+def _exit(p: KrrProcess, limit: float, since: float) -> tuple[int, str, float]:
     """Wait for ``p`` (within ``limit`` s): (exit code, stderr, seconds from ``since``)."""
     rc, err, _ = _finish(p, limit)
     return rc, err, time.perf_counter() - since
+
+
+#: the Ctrl-C test's long waits: only Ctrl-C can end its run quickly
+SLOW = {**FAST, "read_timeout": 600, "operation_timeout": 600}
+
+
+def _slow_conf(conf: Path, dest: Path) -> Path:
+    """``conf`` with the :data:`SLOW` waits."""
+    slow_conf = dest / "slow.yaml"
+    cfg = yaml.safe_load(conf.read_text())
+    assert cfg["storage"]["options"] == FAST  # (a text replace of FAST's JSON matched nothing)
+    cfg["storage"]["options"] = SLOW
+    slow_conf.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return slow_conf
+
+
+def _ctrl_c(p: KrrProcess) -> tuple[int, str, float]:
+    """A second into the pause, Ctrl-C ``p``: (exit code, stderr, seconds from SIGINT)."""
+    time.sleep(1.0)
+    p.send_signal(signal.SIGINT)
+    return _finish(p, 60)
 
 
 @pytest.fixture(scope="module")
@@ -169,16 +189,19 @@ def paused_commands(s3, conf, done_url, tmp_path_factory) -> dict[str, tuple[int
     more waiting). ``{name: (exit code, stderr, seconds)}``.
 
     Before the pause, ``krr run`` (``mid``) starts against the answering store and runs
-    until its gram stage is writing. Then the store is paused, and ``krr status``,
-    ``unlock`` and ``report`` of the finished run, ``krr predict`` from a model on the
-    store and ``krr run`` into a new run directory (``run``) start. Each figure is measured
-    as its test was alone: ``mid``'s from the pause, the others' from their start.
-    (Ctrl-C's bound, 20 s from the SIGINT, is measured alone: beside five starting
-    interpreters on 2 cores it is not the run's own time.)
+    until its gram stage is writing; beside it, ``krr run`` with the long :data:`SLOW`
+    waits (``ctrl_c``) runs until its ingest stage is writing. Then the store is paused,
+    and ``krr status``, ``unlock`` and ``report`` of the finished run, ``krr predict`` from
+    a model on the store and ``krr run`` into a new run directory (``run``) start, and a
+    second into the pause ``ctrl_c`` gets SIGINT. Each figure is measured as its test was
+    alone: ``mid``'s from the pause, ``ctrl_c``'s from the SIGINT, the others' from their
+    start. (The commands are forked from a zygote that imported the pipeline: no starting
+    interpreters beside the Ctrl-C, whose bound is the run's own time.)
     """
     from pipeline import KernelRidge
 
     d = tmp_path_factory.mktemp("predict")
+    slow_conf = _slow_conf(conf, d)
     rng = np.random.default_rng(0)
     X = rng.normal(size=(60, 3))
     model = f"s3://{BUCKET}/models/m"
@@ -189,17 +212,24 @@ def paused_commands(s3, conf, done_url, tmp_path_factory) -> dict[str, tuple[int
     argvs["run"] = ["run", str(conf), "--run-dir", f"s3://{BUCKET}/before"]
 
     mid = _krr("run", str(conf), "--run-dir", f"s3://{BUCKET}/mid")
+    # long waits here: only Ctrl-C can end this run quickly
+    ctrl_c = _krr("run", str(slow_conf), "--run-dir", f"s3://{BUCKET}/interrupted",
+                  env={"FSSPEC_S3": json.dumps(SLOW)})  # fmt: skip
     try:
         _wait_for(mid, "mid", "/gram/", time.time() + 120)  # the gram stage is writing
-        with paused(s3), ThreadPoolExecutor(len(argvs) + 1) as pool:
+        _wait_for(ctrl_c, "interrupted", "/ingest/", time.time() + 120)
+        with paused(s3), ThreadPoolExecutor(len(argvs) + 2) as pool:
             mid_f = pool.submit(_exit, mid, 120, time.perf_counter())
+            ctrl_c_f = pool.submit(_ctrl_c, ctrl_c)
             futures = {name: pool.submit(_run_to_exit, argv, 120) for name, argv in argvs.items()}
             out = {name: f.result() for name, f in futures.items()}
             out["mid"] = mid_f.result()
+            out["ctrl_c"] = ctrl_c_f.result()
     finally:
-        if mid.poll() is None:
-            mid.kill()
-            mid.communicate()
+        for p in (mid, ctrl_c):
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
     return out
 
 
@@ -210,30 +240,11 @@ def test_read_commands_against_a_paused_store_exit_7(paused_commands, command):
     assert took < 60, took
 
 
-def test_ctrl_c_ends_a_run_waiting_on_a_paused_store_within_seconds(s3, conf, tmp_path):
-    # long waits here: only Ctrl-C can end this run quickly
-    slow = {**FAST, "read_timeout": 600, "operation_timeout": 600}
-    slow_conf = tmp_path / "slow.yaml"
-    cfg = yaml.safe_load(conf.read_text())
-    assert cfg["storage"]["options"] == FAST  # (a text replace of FAST's JSON matched nothing)
-    cfg["storage"]["options"] = slow
-    slow_conf.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    # Ctrl-C as from a terminal: the run starts with SIGINT's default action, whatever this
-    # test process inherited (an ignored SIGINT is inherited across exec, and Python then
-    # installs no KeyboardInterrupt handler: the run would never see the signal)
-    p = _krr(
-        "run",
-        str(slow_conf),
-        "--run-dir",
-        f"s3://{BUCKET}/interrupted",
-        env={"FSSPEC_S3": json.dumps(slow)},
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
-    _wait_for(p, "interrupted", "/ingest/", time.time() + 120)
-    with paused(s3):
-        time.sleep(1.0)
-        p.send_signal(signal.SIGINT)
-        rc, err, took = _finish(p, 60)
+def test_ctrl_c_ends_a_run_waiting_on_a_paused_store_within_seconds(paused_commands):
+    # Ctrl-C as from a terminal: the run has Python's KeyboardInterrupt handler, whatever
+    # this test process inherited (an ignored SIGINT is inherited across exec, and Python
+    # then installs none: the run would never see the signal); see _krr
+    rc, err, took = paused_commands["ctrl_c"]  # a second into the pause (_ctrl_c)
     assert rc == 130, err[-3000:]
     assert took < 20, took
 
