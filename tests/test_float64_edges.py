@@ -672,13 +672,20 @@ def select_plain():
 @pytest.mark.parametrize("factor", [1e-200, 1e200])
 @pytest.mark.parametrize(("scoring", "degree"), [("r2", 0), ("neg_root_mean_squared_error", 1)])
 def test_select_stage_on_tiny_and_huge_targets_matches_the_stage_on_y(
-    tmp_path, features, select_plain, standardize_y, factor, scoring, degree
+    tmp_path, features, select_plain, standardize_y, factor, scoring, degree, monkeypatch
 ):
     """The select stage of ``krr run``: same choice, best score in the data's units.
     With ``standardize_y`` its scorer maps the standardised rows back to the data's
     units (:class:`pipeline.stages.select.OriginalUnits`): old code scored R² 1.0 (at
-    1e-200) or NaN (1e200) there, for every candidate."""
+    1e-200) or NaN (1e200) there, for every candidate.
+
+    The stage's report is written without its PNG plots (about 0.7 s of matplotlib a
+    stage; what is checked here is the choice and score it returns, which the plots,
+    drawn after the search, never change: ``tests/models`` test the plots)."""
+    from pipeline.models.selection import report
     from pipeline.stages import select, typed_params
+
+    monkeypatch.setattr(report, "plot_cv_results", lambda search, directory: [])
 
     X, y = features
     cv = {

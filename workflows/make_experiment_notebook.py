@@ -42,7 +42,7 @@ A large experiment as a user would run it, through `pipeline`'s public Python AP
 4. the exact out-of-core fit of all 30,000 rows as a `krr run` job (its Gram and Cholesky factor live in tiles in a Zarr store on disk), **killed** from Python part-way, its status shown, then **resumed** from Python on this notebook's cluster, reusing every finished tile;
 5. the run's status, its HTML report, and predictions on the new rows with the saved model.
 
-Set `KRR_NOTEBOOK_N` in the environment to run it at another size (the tests run it at 3,000).""",
+Set `KRR_NOTEBOOK_N` in the environment to run it at another size (the tests run it at 1,500).""",
     ),
     (
         "code",

@@ -84,7 +84,12 @@ class Fitter:
             )  # fmt: skip
         self.answers: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
+
+    def ready(self) -> Fitter:
+        """Wait for the process's "ready" (its imports done); started without waiting,
+        the two fitters import side by side."""
         assert self._answer(300) == "ready", self.log_tail()
+        return self
 
     def _read(self) -> None:
         for line in self.proc.stdout:
@@ -133,7 +138,8 @@ class Fitter:
         return answer["store"]
 
     def close(self) -> None:
-        self.proc.stdin.close()
+        if not self.proc.stdin.closed:
+            self.proc.stdin.close()
         try:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
@@ -159,8 +165,12 @@ def fitters(tmp_path_factory):
     try:
         for name in "ab":
             pair.append(Fitter(script, d / f"{name}.log"))
+        for f in pair:
+            f.ready()
         yield pair
     finally:
+        for f in pair:  # both told to end, then each waited for
+            f.proc.stdin.close()
         for f in pair:
             f.close()
 
@@ -228,7 +238,7 @@ def test_an_s3_fit_waits_for_the_fit_holding_its_directory(tmp_path, s3, fitters
         assert second.pending(), "the fit ran without waiting:\n" + second.log_tail()
         assert time.time() < deadline, second.log_tail()
         time.sleep(0.2)
-    time.sleep(3)
+    time.sleep(1.5)  # past the next poll of the lease (FIT_LEASE_POLL, 1 s)
     assert second.pending()  # still waiting for the holder
     fs.rm(lease_key)  # the holder ends
     assert second.wait(300) == fit_dir

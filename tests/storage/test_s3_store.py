@@ -14,6 +14,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -50,11 +51,12 @@ def s3():
 def data(tmp_path_factory):
     d = tmp_path_factory.mktemp("s3data")
     # 225 training rows in tiles of 64: a 4x4 tile grid, 10 Gram tiles (the fewest the
-    # lost-chunks test needs), each tile a few objects on the store
+    # lost-chunks test needs), each tile a few objects on the store; 100 new rows: two row
+    # blocks to predict, the last one ragged (each predicted tile costs requests too)
     X, y = _data(300, 5)
     np.save(d / "X.npy", X)
     np.save(d / "y.npy", y)
-    np.save(d / "Xn.npy", np.random.default_rng(1).normal(size=(150, 5)))
+    np.save(d / "Xn.npy", np.random.default_rng(1).normal(size=(100, 5)))
     return d
 
 
@@ -105,6 +107,31 @@ def local_reference(data, tmp_path_factory, krr_main):
     return _results(str(d / "run"))
 
 
+@pytest.fixture(scope="module")
+def gram_done(s3, data, tmp_path_factory, krr_main):
+    """A run directory on the store with ingest and the Gram stored and recorded complete
+    (``--until gram``), made once: a test that starts from there copies it to its own
+    prefix (:func:`_copy_of_gram_done`) instead of recomputing both stages on the store."""
+    d = tmp_path_factory.mktemp("s3gram")
+    url = f"s3://{BUCKET}/gram-done"
+    r = krr_main("run", str(_config(data, d)), "--run-dir", url, "--until", "gram", cwd=d)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "ran: ingest, gram;" in r.stdout, r.stdout
+    return url
+
+
+def _copy_of_gram_done(gram_done: str, name: str) -> str:
+    """``s3://BUCKET/name``: a copy, object by object on the store, of :func:`gram_done`'s
+    run directory (its manifest names its outputs relative to the run, ``@run/...``)."""
+    fs = _fs()
+    src = gram_done.removeprefix("s3://")
+    fs.copy(f"{src}/", f"{BUCKET}/{name}/", recursive=True)
+    fs.invalidate_cache()
+    assert len(fs.find(f"{BUCKET}/{name}")) == len(fs.find(src))
+    assert not fs.exists(f"{BUCKET}/{name}/.lock")
+    return f"s3://{BUCKET}/{name}"
+
+
 @contextlib.contextmanager
 def _own_s3_clients():
     """New S3 clients inside, made from this call's environment and options only: s3fs's
@@ -138,7 +165,7 @@ def test_estimator_fit_on_s3_equals_local_fit_bitwise_and_saves_to_s3(s3, tmp_pa
     import pipeline
     from pipeline import KernelRidge
 
-    X, y = _data()
+    X, y = _data(150)  # tiles of 64: a 3x3 grid, the last row and column ragged
     kw = dict(kernel="rbf", gamma=0.3, alpha=0.1, solver="cholesky", block_size=64)
     local = KernelRidge(**kw, store=str(tmp_path / "local")).fit(X, y)
     remote = KernelRidge(**kw, store=f"s3://{BUCKET}/est").fit(X, y)
@@ -186,10 +213,10 @@ def test_krr_run_on_s3_writes_nothing_locally_and_equals_local_run(
 
 @pytest.mark.slow
 def test_kill_mid_factor_on_s3_then_resume_is_bitwise_identical(
-    s3, data, tmp_path, local_reference, krr_run, krr_main
+    s3, data, tmp_path, local_reference, gram_done, krr_run, krr_main
 ):
     conf = _config(data, tmp_path)
-    url = f"s3://{BUCKET}/killed"
+    url = _copy_of_gram_done(gram_done, "killed")  # the factor is what the kill stops
     killed = krr_run("run", str(conf), "--run-dir", url, cwd=tmp_path, kill=("chol/", 5))
     assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr[-3000:])
     # the dead run's lease is still there; the rerun on this host takes it over
@@ -202,13 +229,14 @@ def test_kill_mid_factor_on_s3_then_resume_is_bitwise_identical(
 
 
 @pytest.mark.slow
-def test_corrupted_object_is_detected_and_recomputed(s3, data, tmp_path, local_reference, krr_main):
+def test_corrupted_object_is_detected_and_recomputed(
+    s3, data, tmp_path, local_reference, gram_done, krr_main
+):
     conf = _config(data, tmp_path)
-    url = f"s3://{BUCKET}/corrupt"
-    # the Gram stored and recorded complete; the solve that reads it comes after the damage
-    # (a finished run at another λ, then λ back, did the same with two more solves)
-    first = krr_main("run", str(conf), "--run-dir", url, "--until", "gram", cwd=tmp_path)
-    assert first.returncode == 0, first.stderr[-3000:]
+    # the Gram stored and recorded complete (`--until gram`, copied); the solve that reads
+    # it comes after the damage (a finished run at another λ, then λ back, did the same
+    # with two more solves)
+    url = _copy_of_gram_done(gram_done, "corrupt")
     fs = _fs()
     key = f"{BUCKET}/corrupt/gram/gram.zarr/gram/c/1/0"
     raw = bytearray(fs.cat_file(key))
@@ -222,16 +250,16 @@ def test_corrupted_object_is_detected_and_recomputed(s3, data, tmp_path, local_r
     _assert_same(_results(url), local_reference)
 
 
-def test_many_lost_chunk_objects_recover_in_one_run(s3, data, tmp_path, local_reference, krr_main):
+def test_many_lost_chunk_objects_recover_in_one_run(
+    s3, data, tmp_path, local_reference, gram_done, krr_main
+):
     """Issue #44: on an object store a lost chunk was found only by a read, one recovery
     at a time (at most three a run, then exit 4 "rerun to resume"), so a run directory
     missing many chunk objects (a partial copy of a bucket) took many runs. Now a
     resumed array lists its chunk objects and unmarks every lost tile in one pass, as
     on a local disk: one `krr run` recovers them all."""
     conf = _config(data, tmp_path)
-    url = f"s3://{BUCKET}/lost"
-    first = krr_main("run", str(conf), "--run-dir", url, "--until", "gram", cwd=tmp_path)
-    assert first.returncode == 0, first.stderr[-3000:]
+    url = _copy_of_gram_done(gram_done, "lost")  # `--until gram`, copied
     fs = _fs()
     chunks = sorted(fs.find(f"{BUCKET}/lost/gram/gram.zarr/gram/c"))
     assert len(chunks) >= 10
@@ -402,11 +430,11 @@ def test_lease_lock_excludes_and_takes_over_dead_or_expired(s3):
 
 
 @pytest.mark.slow
-def test_select_stage_report_goes_to_the_object_store(s3, data, tmp_path, krr_main):
+def test_select_stage_report_goes_to_the_object_store(s3, data, tmp_path, gram_done, krr_main):
     conf = _config(data, tmp_path, extra="cv: {alphas: [0.01, 0.1], folds: 3}")
     work = tmp_path / "cwd"
     work.mkdir()
-    url = f"s3://{BUCKET}/select"
+    url = _copy_of_gram_done(gram_done, "select")  # its ingest is the one select reads
     r = krr_main("run", str(conf), "--run-dir", url, "--until", "select", "--json", cwd=work)
     assert r.returncode == 0, r.stderr[-3000:]
     assert list(work.iterdir()) == [], "the select report was written to the local disk"
@@ -429,7 +457,7 @@ def test_estimator_storage_options_reach_the_store_and_are_not_saved(s3, monkeyp
     monkeypatch.delenv("AWS_ENDPOINT_URL")
     s3fs.S3FileSystem.clear_instance_cache()
     try:
-        X, y = _data(200, 3)
+        X, y = _data(100, 3)  # tiles of 64: two row blocks, the last ragged
         opts = {"client_kwargs": {"endpoint_url": s3["AWS_ENDPOINT_URL"]}}
         est = KernelRidge(
             kernel="rbf", alpha=0.1, solver="cholesky", block_size=64,
@@ -503,8 +531,9 @@ def test_a_stalled_renewal_never_takes_back_a_lease_another_run_took_over(s3):
     url = f"s3://{BUCKET}/stalled"
     a = LeaseLock(url, ttl=1.5).acquire()
 
-    class Stalls:  # the second renewal's write waits 3 s, past the lease's expiry
+    class Stalls:  # the second renewal's write (at ~1 s) waits until b took the lease over
         n = 0
+        wrote = False  # the stalled write was sent (and refused, or not)
 
         def __init__(self, fs):
             self._fs = fs
@@ -515,16 +544,30 @@ def test_a_stalled_renewal_never_takes_back_a_lease_another_run_took_over(s3):
         def pipe_file(self, *args, **kw):
             Stalls.n += 1
             if Stalls.n == 2:
-                time.sleep(3.0)
+                took_over.wait(10.0)
+                time.sleep(0.3)
+                try:
+                    return self._fs.pipe_file(*args, **kw)
+                finally:
+                    Stalls.wrote = True
             return self._fs.pipe_file(*args, **kw)
 
+    took_over = threading.Event()
     a.loc.fs = Stalls(a.loc.fs)
     b = None
     try:
         time.sleep(2.6)  # a's lease has expired
         b = LeaseLock(url, ttl=3.0).acquire()
+        took_over.set()
         assert b.took_over["token"] == a.token
-        time.sleep(2.6)
+        t_b = time.monotonic()
+        # a's stalled write goes to the store 0.3 s after b took over; a's next renewal
+        # (ttl/3 later) reads the lease; b's first renewal comes 1 s after b took over:
+        # the check comes after all three
+        while not (Stalls.wrote and a.lost) and time.monotonic() < t_b + 10.0:
+            time.sleep(0.05)
+        time.sleep(max(0.0, t_b + 1.5 - time.monotonic()))
+        assert Stalls.wrote
         holder = json.loads(Location(url).read_bytes(".lock"))["token"]
         assert holder == b.token and a.lost and not b.lost
     finally:

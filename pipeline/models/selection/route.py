@@ -14,6 +14,7 @@ the CG preconditioner, so the routing work is not lost.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -35,8 +36,11 @@ from pipeline.plan.cv_routing import route_choice
 __all__ = ["DenseKernelOperator", "Route", "route_setting"]
 
 
+@functools.cache
 def _gemm_rate_one_thread(size: int = GEMM_PROBE_SIZE) -> float:
-    """Flop rate of one float64 GEMM on one BLAS thread (a 30 ms probe)."""
+    """Flop rate of one float64 GEMM on one BLAS thread (a 30 ms probe), measured once per
+    process: the machine does not change under it, and every search and kernel setting of
+    a process is then routed on the same figure."""
 
     a = np.random.default_rng(0).standard_normal((size, size))
     with blas_threads(1):
