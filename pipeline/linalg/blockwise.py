@@ -422,7 +422,7 @@ class BatchPrediction:
 
     def zarr(self) -> zarr.Array:
         """The predictions array, opened read-only."""
-        return zarr.open_array(store=self.store, path=self.name, mode="r")
+        return zarr.open_array(store=self.store, path=self.name, mode="r", zarr_format=3)
 
     def to_numpy(self) -> np.ndarray:
         """The predictions in memory, every row block checked against its marker's CRC-32C.
@@ -459,7 +459,7 @@ def _open_output(
             fill_value=np.nan,  # rows not written yet read as NaN, never as plausible 0.0
         )  # fmt: skip
     except StoreMismatchError as exc:
-        old = dict(zarr.open_array(store=str(out), path=name, mode="r").attrs)
+        old = dict(zarr.open_array(store=str(out), path=name, mode="r", zarr_format=3).attrs)
         where = f"{out!r} (array {name!r})"
         fix = (
             "Write to another output path, or replace them: overwrite=True "

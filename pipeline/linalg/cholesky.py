@@ -422,7 +422,7 @@ def load_factor(store: str, name: str = "chol") -> CholeskyFactor:
     """Reopen a finished factor written by :func:`tile_cholesky` (all tiles marked)."""
     import zarr
 
-    arr = zarr.open_array(store=str(store), path=name, mode="r")
+    arr = zarr.open_array(store=str(store), path=name, mode="r", zarr_format=3)
     a = dict(arr.attrs)
     if "inplace_factor" in a:  # keep_gram=False: the factor replaced the Gram's tiles
         a = {**a, **a["inplace_factor"]}

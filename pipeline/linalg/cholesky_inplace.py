@@ -418,7 +418,7 @@ def factor_in_place(
         reader, L, todo, shift, lam, convention, policy, scheduler, n_threads, wide, progress
     )
     if policy is not None:
-        z = zarr.open_array(store=gram.store, path=gram.name, mode="r+")
+        z = zarr.open_array(store=gram.store, path=gram.name, mode="r+", zarr_format=3)
         z.attrs["inplace_factor"] = {**attrs, "jitter": jit}
     return CholeskyFactor(
         L=L,

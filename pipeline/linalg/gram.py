@@ -114,7 +114,7 @@ def open_gram(store: str | os.PathLike, name: str = "gram") -> TiledArray:
 
     store = os.fspath(store)
     try:
-        arr = zarr.open_array(store=store, path=name, mode="r")
+        arr = zarr.open_array(store=store, path=name, mode="r", zarr_format=3)
     except Exception as exc:
         raise ValueError(f"no Gram array {name!r} in store {store!r}: {exc}") from exc
     attrs = dict(arr.attrs)

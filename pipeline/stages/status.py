@@ -38,7 +38,7 @@ def _array_progress(store: Path, name: str) -> dict[str, Any]:
     import zarr
 
     try:
-        arr = zarr.open_array(store=str(store), path=name, mode="r")
+        arr = zarr.open_array(store=str(store), path=name, mode="r", zarr_format=3)
     except Exception:
         # markers without an array (e.g. a CG checkpoint): report the latest record
         recs = []
@@ -102,7 +102,7 @@ def _stage_tiles_url(stage_url: str) -> list[dict[str, Any]]:
         store = loc.child(store_rel)
         info: dict[str, Any] = {"array": name, "done": count, "total": None}
         try:
-            arr = zarr.open_array(store=store, path=name, mode="r")
+            arr = zarr.open_array(store=store, path=name, mode="r", zarr_format=3)
         except Exception:
             pass
         else:

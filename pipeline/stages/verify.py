@@ -87,7 +87,9 @@ def verify_predictions(stage_dir: Path, outputs: dict[str, Any]) -> None:
             import zarr
 
             try:
-                found = zarr.open_array(store=entry["store"], path=entry["name"], mode="r")
+                found = zarr.open_array(
+                    store=entry["store"], path=entry["name"], mode="r", zarr_format=3
+                )
                 fp = found.attrs.get("fingerprint")
             except Exception as e:  # missing or unreadable: recomputed like a damaged one
                 raise DamagedOutput(f"predictions {entry['store']!r}: {e}") from e

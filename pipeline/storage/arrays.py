@@ -86,7 +86,7 @@ class TiledArray:
         return TileMarkers(self.store, self.name, self.fingerprint)
 
     def zarr(self, mode: str = "r+") -> zarr.Array:
-        return zarr.open_array(store=self.store, path=self.name, mode=mode)
+        return zarr.open_array(store=self.store, path=self.name, mode=mode, zarr_format=3)
 
     def _coords(self, i: int, j: int) -> tuple[int, ...]:
         return (int(i),) if len(self.shape) == 1 else (int(i), int(j))
@@ -586,7 +586,7 @@ def _existing_array(store: str, name: str) -> zarr.Array | None:
     path = f"{root.rstrip('/')}/{name}"
     shown = path if "://" not in store else f"{store.rstrip('/')}/{name}"
     try:
-        existing = zarr.open_array(store=store, path=name, mode="r")
+        existing = zarr.open_array(store=store, path=name, mode="r", zarr_format=3)
     except zarr.errors.NodeTypeValidationError:
         raise ForeignPathError(shown, "a Zarr group") from None
     except (FileNotFoundError, zarr.errors.ArrayNotFoundError, KeyError):

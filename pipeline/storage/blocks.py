@@ -38,7 +38,7 @@ def open_stored(store: str, name: str) -> TiledArray:
     """
     store = normalize_store(store)
     try:
-        arr = zarr.open_array(store=store, path=name, mode="r")
+        arr = zarr.open_array(store=store, path=name, mode="r", zarr_format=3)
     except Exception as exc:  # a ValueError that recovery sees: the owner stage rebuilds it
         raise IncompleteArrayError(
             store, name, (), message=f"no stored array {name!r} in store {store!r}: {exc}"

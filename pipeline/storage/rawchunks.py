@@ -110,7 +110,7 @@ def _inspect(store: str, name: str) -> ChunkLayout | None:
     from zarr.core.chunk_grids import RegularChunkGrid
 
     try:
-        arr = zarr.open_array(store=str(store), path=name, mode="r")
+        arr = zarr.open_array(store=str(store), path=name, mode="r", zarr_format=3)
     except Exception:
         return None
     meta = arr.metadata
