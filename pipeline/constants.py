@@ -31,7 +31,7 @@ DEFAULT_MAX_ITER = 1000
 #: ADAPTIVE_FIT_FACTOR · μ (CG then needs a handful of iterations whatever λ; "nystrom" is
 #: the fixed rank
 #: DEFAULT_RANK). Measured, diamonds N = 40,000, λ = 1e-2: rank 500 needs 63 iterations
-#: (292.7 s), adaptive 4 (67.8 s; docs/PERFORMANCE.md#the-solver-policy-against-measured-times)
+#: (292.7 s), adaptive 4 (62.6 s; session 30: docs/PERFORMANCE.md#hard-solves-small-λ-by-cg)
 DEFAULT_PRECONDITIONER = "adaptive"
 #: the adaptive preconditioner stops growing when its estimated ‖K - F Fᵀ‖₂ is at most
 #: this multiple of the shift (κ <= 1 + factor): for a factor that serves many solves,
