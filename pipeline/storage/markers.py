@@ -75,26 +75,52 @@ class TileMarkers:
     def record(self, tile: Any) -> dict[str, Any] | None:
         """The marker's record if ``tile`` is complete under this fingerprint, else None."""
         try:
-            rec = json.loads(self.fs.cat_file(self._path(tile)))
-        except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
+            data = self.fs.cat_file(self._path(tile))
+        except FileNotFoundError:
             return None
-        return rec if same_work(rec.get("fingerprint"), self.fingerprint) else None
+        return self._ours(data)
+
+    def _ours(self, data: bytes) -> dict[str, Any] | None:
+        """A marker file's record if it is one under this fingerprint, else None."""
+        try:
+            rec = json.loads(data)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return None
+        ok = isinstance(rec, dict) and same_work(rec.get("fingerprint"), self.fingerprint)
+        return rec if ok else None
 
     def is_done(self, tile: Any) -> bool:
         return self.record(tile) is not None
 
     def done(self) -> set[tuple[int, ...] | str]:
-        """All tiles complete under this fingerprint (one listing plus one read each)."""
+        """All tiles complete under this fingerprint: one listing, then the markers' reads
+        sent together (an object store answers them concurrently: a resume over 800 tiles
+        waits for one round trip, not 800). A marker that vanished since the listing is not
+        done; a store that does not answer raises, as a single read does."""
         try:
             paths = self.fs.ls(self.root, detail=False)
         except FileNotFoundError:
             return set()
-        out: set[tuple[int, ...] | str] = set()
+        keys = {}
         for p in paths:
             key = p.rstrip("/").rsplit("/", 1)[-1]
-            if key.endswith(".tmp"):
+            if not key.endswith(".tmp"):
+                keys[p] = key
+        if not keys:
+            return set()
+        got = self.fs.cat(list(keys), on_error="return")
+        out: set[tuple[int, ...] | str] = set()
+        for p, key in keys.items():
+            if p not in got:  # (a path the filesystem spells otherwise): read it alone
+                if self.record(key) is not None:
+                    out.add(_parse_key(key))
                 continue
-            if self.record(key) is not None:
+            data = got[p]
+            if isinstance(data, FileNotFoundError):
+                continue
+            if isinstance(data, BaseException):
+                raise data
+            if self._ours(data) is not None:
                 out.add(_parse_key(key))
         return out
 
