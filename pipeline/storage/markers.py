@@ -94,9 +94,10 @@ class TileMarkers:
 
     def done(self) -> set[tuple[int, ...] | str]:
         """All tiles complete under this fingerprint: one listing, then the markers' reads
-        sent together (an object store answers them concurrently: a resume over 800 tiles
-        waits for one round trip, not 800). A marker that vanished since the listing is not
-        done; a store that does not answer raises, as a single read does."""
+        sent together (s3fs sends them concurrently, in batches: a resume over 800 tiles
+        waits for a few batches of round trips, not 800 in a row). A marker that vanished
+        since the listing is not done; a store that does not answer raises, as a single read
+        does."""
         try:
             paths = self.fs.ls(self.root, detail=False)
         except FileNotFoundError:
