@@ -102,6 +102,20 @@ def test_the_refinement_loo_scores_are_brute_force_loo(convention):
         assert score == pytest.approx(-np.mean((pred - y) ** 2), rel=1e-8, abs=1e-12)
 
 
+def _held_out_refinement() -> tuple[dict, np.ndarray]:
+    """A subsampled search refined on all 240 rows by one held-out split (the patches of
+    the caller choose how), and the exact (eigen) scores of the same λ on the same split."""
+    X, y = _data(240, seed=2)
+    search = KernelRidgeCV(
+        alphas=[1e-3, 1e-2], gamma=2.0, cv=4, subsample=60, refit=False, random_state=7
+    ).fit(X, y)
+    r = search.refine_results_
+    exact = KernelRidgeCV(
+        alphas=r["alphas"], gamma=2.0, cv=0.25, solver="eigen", refit=False, random_state=7
+    ).fit(X, y)
+    return r, exact.cv_results_["mean_test_score"]
+
+
 @pytest.mark.parametrize("where", ["dense", "cg"])
 def test_above_the_eigen_size_the_refinement_is_one_held_out_split(monkeypatch, where):
     """Above the eigen size: one seeded held-out split of all rows (1/folds of them), a
@@ -111,23 +125,11 @@ def test_above_the_eigen_size_the_refinement_is_one_held_out_split(monkeypatch, 
     monkeypatch.setattr(R, "_PRODUCT_BLOCK", 50)  # several blocks of the products by K
     if where == "cg":
         monkeypatch.setattr(R, "REFINE_IN_MEMORY_MAX_N", 100)
-    X, y = _data(240, seed=2)
-    search = KernelRidgeCV(
-        alphas=[1e-3, 1e-2], gamma=2.0, cv=4, subsample=60, refit=False, random_state=7
-    ).fit(X, y)
-    r = search.refine_results_
+    r, exact = _held_out_refinement()
     assert r["method"] == f"holdout-{where}"
     if where == "dense":  # one factor, the smaller λ by CG preconditioned with it
         assert 0 < r["pcg_iterations"] < 60 and r["redone_direct"] == 0
-    exact = KernelRidgeCV(
-        alphas=r["alphas"], gamma=2.0, cv=0.25, solver="eigen", refit=False, random_state=7
-    ).fit(X, y)
-    np.testing.assert_allclose(
-        r["scores"],
-        exact.cv_results_["mean_test_score"],
-        rtol=0,
-        atol=1e-8 if where == "dense" else 1e-6,
-    )
+    np.testing.assert_allclose(r["scores"], exact, rtol=0, atol=1e-8 if where == "dense" else 1e-6)
 
 
 def test_a_held_out_column_that_misses_its_tolerance_is_solved_by_its_own_cholesky(monkeypatch):
@@ -136,17 +138,10 @@ def test_a_held_out_column_that_misses_its_tolerance_is_solved_by_its_own_choles
     scores still equal an exact search's."""
     monkeypatch.setattr(R, "REFINE_EIGEN_MAX_N", 100)
     monkeypatch.setattr(R, "_PCG_MAX_ITER", 1)
-    X, y = _data(240, seed=2)
-    search = KernelRidgeCV(
-        alphas=[1e-3, 1e-2], gamma=2.0, cv=4, subsample=60, refit=False, random_state=7
-    ).fit(X, y)
-    r = search.refine_results_
+    r, exact = _held_out_refinement()
     assert r["method"] == "holdout-dense" and r["pcg_iterations"] == 1
     assert r["redone_direct"] > 0
-    exact = KernelRidgeCV(
-        alphas=r["alphas"], gamma=2.0, cv=0.25, solver="eigen", refit=False, random_state=7
-    ).fit(X, y)
-    np.testing.assert_allclose(r["scores"], exact.cv_results_["mean_test_score"], atol=1e-8)
+    np.testing.assert_allclose(r["scores"], exact, atol=1e-8)
 
 
 @pytest.mark.parametrize(
