@@ -38,17 +38,27 @@ def restore_environ(saved: dict[str, str | None]) -> None:
             os.environ[key] = value
 
 
+#: held while native libraries are listed (threadpoolctl) or loaded lazily (numba, by
+#: :mod:`pipeline.engine.vexp`). threadpoolctl lists them with ``dl_iterate_phdr``, whose
+#: callback needs the GIL while it holds the loader's lock; an extension module being
+#: imported in another thread holds the GIL while it waits for that lock in ``dlopen``:
+#: the two together deadlock the whole process (no signal handler runs, no test timeout
+#: fires), as a fresh CI environment's first import of numba in a tile task did.
+native_lock = threading.RLock()
+
 _controller: list[Any] = [None, -1]  # threadpoolctl's controller, len(sys.modules) then
-_controller_lock = threading.Lock()
 
 
 def _blas_controller() -> ThreadpoolController:
-    """One threadpoolctl controller: its scan of the loaded libraries costs ~6 ms (it reads
-    /proc/self/maps), so it is made anew only when modules were imported since (a new
-    extension module may have loaded another BLAS)."""
+    """One threadpoolctl controller: its scan of the loaded libraries costs ~6 ms, so it
+    is made anew only when modules were imported since (a new extension module may have
+    loaded another BLAS), and only in the main thread, where :func:`compute` refreshes it
+    before any tile task runs. A tile task (another thread) reuses the one there is: a
+    scan there could meet another task's import (see :data:`native_lock`)."""
     loaded = len(sys.modules)
-    with _controller_lock:
-        if _controller[0] is None or _controller[1] != loaded:
+    with native_lock:
+        stale = _controller[1] != loaded and threading.current_thread() is threading.main_thread()
+        if _controller[0] is None or stale:
             _controller[:] = [ThreadpoolController(), loaded]
         return _controller[0]
 

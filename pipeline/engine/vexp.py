@@ -45,10 +45,11 @@ numba is imported on the first call, not with the package.
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Callable
 
 import numpy as np
+
+from pipeline.engine.parallel import native_lock
 
 __all__ = ["EXP32_ID", "EXP_ID", "exp_inplace"]
 
@@ -68,7 +69,6 @@ _CHUNK = 1024  # entries per pass: the chunk and its scale factors stay in L1
 _TWO_M100 = 2.0**-100
 _TWO_100 = 2.0**100
 
-_lock = threading.Lock()
 _compiled: dict[np.dtype, Callable[[np.ndarray], None]] | None = None
 
 
@@ -251,7 +251,7 @@ def _kernel(dtype: np.dtype) -> Callable[[np.ndarray], None]:
     """The compiled ``exp`` of one dtype (float32 or float64), built on first use."""
     global _compiled
     if _compiled is None:
-        with _lock:
+        with native_lock:  # numba's import loads native libraries: never beside a scan
             if _compiled is None:
                 _compiled = _build()
     return _compiled[np.dtype(dtype)]

@@ -32,6 +32,7 @@ import scipy.linalg.cython_blas  # noqa: F401
 import scipy.linalg.cython_lapack  # noqa: F401
 
 import pipeline.constants as C
+from pipeline.engine.parallel import native_lock
 from pipeline.storage import buffers
 
 __all__ = [
@@ -104,7 +105,8 @@ def _blas_controllers() -> tuple[_ThreadCount, ...]:
     import scipy.linalg.cython_blas  # noqa: F401  (load SciPy's BLAS before listing)
     from threadpoolctl import ThreadpoolController
 
-    ctl = ThreadpoolController().select(user_api="blas").lib_controllers
+    with native_lock:  # (a scan: see pipeline.engine.parallel.native_lock)
+        ctl = ThreadpoolController().select(user_api="blas").lib_controllers
     return tuple(_ThreadCount(c) for c in ctl)
 
 

@@ -44,9 +44,9 @@ from typing import Any
 import numpy as np
 from scipy import linalg
 from scipy.linalg import lapack
-from threadpoolctl import threadpool_limits
 
 import pipeline.constants as C
+from pipeline.engine.parallel import blas_threads
 from pipeline.engine.passes import CallableSource, accumulate
 from pipeline.errors import SingularKernelWarning
 from pipeline.options import ALPHA_CONVENTIONS, diagonal_shift
@@ -92,10 +92,7 @@ def effective_alpha(
 @contextlib.contextmanager
 def potrf_threads(n: int):
     """Bound BLAS to one thread for a Cholesky of order ``n >= ONE_BLAS_THREAD_FROM``."""
-    if n >= C.ONE_BLAS_THREAD_FROM:
-        with threadpool_limits(limits=1, user_api="blas"):
-            yield
-    else:
+    with blas_threads(1 if n >= C.ONE_BLAS_THREAD_FROM else None):
         yield
 
 
