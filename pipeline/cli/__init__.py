@@ -124,6 +124,26 @@ def _positive_int(text: str) -> int:
     return v
 
 
+def _command(sub: Any, name: str, help_text: str) -> argparse.ArgumentParser:
+    """A ``krr NAME`` sub-command, with the exit codes' epilog under its ``--help``."""
+    return sub.add_parser(
+        name,
+        help=help_text,
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def _add_verbosity(cmd: argparse.ArgumentParser) -> None:
+    """``-v``/``-q`` after a sub-command (unset unless given: the ones before it hold)."""
+    cmd.add_argument(
+        "-v", "--verbose", action="count", default=argparse.SUPPRESS, help="-v details, -vv debug"
+    )
+    cmd.add_argument(
+        "-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help="warnings only"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = KrrArgumentParser(
         prog="krr",
@@ -142,12 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only on stderr")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
-    r = sub.add_parser(
-        "run",
-        help="run or resume the pipeline of a config",
-        epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    r = _command(sub, "run", "run or resume the pipeline of a config")
     r.add_argument("config", metavar="CONFIG", help="YAML config (see conf/)")
     r.add_argument(
         "overrides",
@@ -172,36 +187,16 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print the result as JSON on stdout (on failure: an error object)",
     )
-    r.add_argument(
-        "-v", "--verbose", action="count", default=argparse.SUPPRESS, help="-v details, -vv debug"
-    )
-    r.add_argument(
-        "-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help="warnings only"
-    )
+    _add_verbosity(r)
 
-    s = sub.add_parser(
-        "status",
-        help="show each stage of a run dir: done, partial or pending",
-        epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    s = _command(sub, "status", "show each stage of a run dir: done, partial or pending")
     s.add_argument("run_dir", metavar="RUN_DIR")
     s.add_argument(
         "--json", action="store_true", help="machine-readable output (on failure: an error object)"
     )
-    s.add_argument(
-        "-v", "--verbose", action="count", default=argparse.SUPPRESS, help="-v details, -vv debug"
-    )
-    s.add_argument(
-        "-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help="warnings only"
-    )
+    _add_verbosity(s)
 
-    pr = sub.add_parser(
-        "predict",
-        help="batch prediction with a saved model",
-        epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    pr = _command(sub, "predict", "batch prediction with a saved model")
     pr.add_argument(
         "model", metavar="MODEL", help="model artifact, or a run directory (its latest model)"
     )
@@ -236,58 +231,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="where X_train is, for a model saved with a reference outside its directory "
         "(its checksum is verified)",
     )
-    pr.add_argument(
-        "-v", "--verbose", action="count", default=argparse.SUPPRESS, help="-v details, -vv debug"
-    )
-    pr.add_argument(
-        "-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help="warnings only"
-    )
+    _add_verbosity(pr)
 
-    u = sub.add_parser(
-        "unlock",
-        help="remove the lock of a dead run (refused while a live run holds it)",
-        epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    u = _command(sub, "unlock", "remove the lock of a dead run (refused while a live run holds it)")
     u.add_argument("run_dir", metavar="RUN_DIR")
-    u.add_argument(
-        "-v", "--verbose", action="count", default=argparse.SUPPRESS, help="-v details, -vv debug"
-    )
-    u.add_argument(
-        "-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help="warnings only"
-    )
+    _add_verbosity(u)
 
-    rp = sub.add_parser(
-        "report",
-        help="write a self-contained HTML report of a run dir",
-        epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    rp = _command(sub, "report", "write a self-contained HTML report of a run dir")
     rp.add_argument("run_dir", metavar="RUN_DIR")
     rp.add_argument(
         "-o", "--output", metavar="FILE", help="HTML file (default RUN_DIR/report.html)"
     )
-    rp.add_argument(
-        "-v", "--verbose", action="count", default=argparse.SUPPRESS, help="-v details, -vv debug"
-    )
-    rp.add_argument(
-        "-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help="warnings only"
-    )
+    _add_verbosity(rp)
 
-    v = sub.add_parser(
-        "validate",
-        help="check a config and exit",
-        epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    v = _command(sub, "validate", "check a config and exit")
     v.add_argument("config", metavar="CONFIG")
     v.add_argument("overrides", nargs="*", metavar="key=value", help="anywhere on the line")
-    v.add_argument(
-        "-v", "--verbose", action="count", default=argparse.SUPPRESS, help="-v details, -vv debug"
-    )
-    v.add_argument(
-        "-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help="warnings only"
-    )
+    _add_verbosity(v)
     p._krr_subparsers = {
         "run": r,
         "status": s,
