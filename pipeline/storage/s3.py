@@ -10,15 +10,22 @@ every request, the number of tries, and a total per operation; an operation that
 no answer within them raises :class:`~pipeline.errors.StoreUnreachable` ("the object
 store does not answer"). Each can be set in ``storage.options`` (or the estimator's
 ``storage_options``); see ``docs/STORAGE.md``.
+
+It also spares two requests s3fs makes that the pipeline's objects do not need: the size
+request (HEAD) before each whole-object read, and the bucket request before each write
+(see :meth:`BoundedS3FileSystem._cat_file` and :meth:`BoundedS3FileSystem._makedirs`).
+A small ``krr run`` on a loopback S3 made 813 requests before, 468 after.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import time
 from typing import Any
 
+from fsspec.asyn import sync_wrapper
 from s3fs import S3FileSystem
 
 from pipeline.errors import ConfigError, StoreUnreachable
@@ -31,6 +38,12 @@ DEFAULT_TIMEOUTS: dict[str, float] = {
     "retries": 3,
     "operation_timeout": 60.0,
 }
+
+
+#: whether this s3fs splits a whole-object read into concurrent ranged reads (s3fs 2025 and
+#: later: it first asks for the object's size, one HEAD per read, and splits objects
+#: larger than its ``default_block_size``, 50 MB)
+_SPLITS_READS = "max_concurrency" in inspect.signature(S3FileSystem._cat_file).parameters
 
 
 def _no_answer_types() -> tuple[type[BaseException], ...]:
@@ -83,6 +96,7 @@ class BoundedS3FileSystem(S3FileSystem):
         super().__init__(*args, config_kwargs=config, **kwargs)
         self.retries = max(1, int(opts["retries"]))
         self.operation_timeout = float(opts["operation_timeout"])
+        self._buckets_seen: set[str] = set()
         self._endpoint_shown = (  # the environment as it was when this instance was made
             (self.client_kwargs or {}).get("endpoint_url")
             or self.endpoint_url
@@ -100,10 +114,44 @@ class BoundedS3FileSystem(S3FileSystem):
             "and the network, then rerun the same command to resume."
         )
 
+    async def _cat_file(self, path: str, *args: Any, **kwargs: Any) -> Any:
+        """s3fs's read, in one GET for a whole object: without the HEAD before it that
+        s3fs sends to learn whether to split it. The pipeline's objects (markers,
+        metadata, tiles: 32 MB for a float64 tile of 2,048) are read whole and mostly
+        small, and its tile reads already run side by side, so that HEAD only doubled
+        the requests. The whole read (the request and the reading of its body) is one
+        operation of the bounded waits: a body that stops arriving is given up as a
+        request that gets no answer is, after an interrupt within seconds too."""
+        whole = len(args) < 2 and kwargs.get("start") is None and kwargs.get("end") is None
+        if _SPLITS_READS and whole and kwargs.get("max_concurrency") is None:
+            kwargs["max_concurrency"] = 1
+        # the body's read too, not only the request, within the bounded waits
+        return await self._bounded("get_object", super()._cat_file(path, *args, **kwargs))
+
+    async def _makedirs(self, path: str, exist_ok: bool = False) -> None:
+        """A bucket has no directories: below a bucket this process has already made or
+        seen, there is nothing to make (s3fs would ask for the bucket again, one HEAD
+        before every marker and manifest written). The first call for a bucket is
+        s3fs's own."""
+        bucket, key, _ = self.split_path(path)
+        if key and exist_ok and bucket in self._buckets_seen:
+            return
+        await super()._makedirs(path, exist_ok=exist_ok)
+        self._buckets_seen.add(bucket)
+
+    makedirs = sync_wrapper(_makedirs)  # (s3fs binds its own: name this one)
+
     async def _call_s3(self, method: Any, *akwarglist: Any, **kwargs: Any) -> Any:
         name = method if isinstance(method, str) else getattr(method, "__name__", "request")
+        return await self._bounded(name, super()._call_s3(method, *akwarglist, **kwargs))
+
+    async def _bounded(self, name: str, operation: Any) -> Any:
+        """Await ``operation`` within :data:`DEFAULT_TIMEOUTS`'s total, or within
+        seconds once an interrupt capped the store's waits
+        (:func:`~pipeline.storage.waits.store_wait_cap`); else
+        :class:`~pipeline.errors.StoreUnreachable` naming ``name``."""
         start = time.monotonic()
-        task = asyncio.ensure_future(super()._call_s3(method, *akwarglist, **kwargs))
+        task = asyncio.ensure_future(operation)
         try:
             while True:
                 deadline = start + self.operation_timeout

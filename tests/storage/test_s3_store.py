@@ -574,3 +574,64 @@ def test_a_stalled_renewal_never_takes_back_a_lease_another_run_took_over(s3):
         a._stop.set()
         if b is not None:
             b.release()
+
+
+def test_a_whole_object_read_is_one_request_and_writes_ask_for_the_bucket_once(s3, monkeypatch):
+    """pipeline.storage.s3: no size request (HEAD) before a whole-object read, and no
+    bucket request before each write once the bucket is known; ranged and missing
+    reads behave as s3fs's."""
+    import s3fs
+
+    from pipeline.storage.atomic import atomic_write
+    from pipeline.storage.s3 import BoundedS3FileSystem
+
+    fs = BoundedS3FileSystem(skip_instance_cache=True)
+    base = f"{BUCKET}/requests"
+    fs.pipe_file(f"{base}/a", b"0123456789" * 100)
+    calls = []
+    real = s3fs.S3FileSystem._call_s3
+
+    async def counted(self, method, *args, **kwargs):
+        calls.append(method if isinstance(method, str) else method.__name__)
+        return await real(self, method, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", counted)
+    assert fs.cat_file(f"{base}/a") == b"0123456789" * 100
+    assert calls == ["get_object"]
+    assert fs.cat_file(f"{base}/a", start=10, end=15) == b"01234"
+    with pytest.raises(FileNotFoundError):
+        fs.cat_file(f"{base}/missing")
+    calls.clear()
+    for k in range(3):
+        atomic_write(f"{base}/m{k}", b"marker", fs=fs)
+    assert calls.count("put_object") == 3 and len(calls) <= 4, calls  # one bucket check
+    calls.clear()
+    atomic_write(f"{base}/m3", b"marker", fs=fs)
+    assert calls == ["put_object"]
+    assert fs.cat_file(f"{base}/m3") == b"marker"
+
+
+def test_a_read_whose_body_stops_arriving_gives_up_within_the_cap(s3, monkeypatch):
+    """The whole read (request and body) is one bounded operation: a body that never
+    arrives ends within seconds once an interrupt capped the store's waits."""
+    import asyncio
+
+    import s3fs
+
+    from pipeline.errors import StoreUnreachable
+    from pipeline.storage.s3 import BoundedS3FileSystem
+    from pipeline.storage.waits import cap_store_waits
+
+    async def body_never_arrives(self, path, *args, **kwargs):
+        await asyncio.sleep(3600)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_cat_file", body_never_arrives)
+    fs = BoundedS3FileSystem(skip_instance_cache=True, operation_timeout=600)
+    cap_store_waits(0.5)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(StoreUnreachable, match="get_object"):
+            fs.cat_file(f"{BUCKET}/requests/a")
+        assert time.monotonic() - t0 < 5
+    finally:
+        cap_store_waits(None)
