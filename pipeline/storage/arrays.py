@@ -18,6 +18,7 @@ read and written a whole chunk at a time as raw bytes, in Zarr's own layout
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +37,7 @@ from pipeline.errors import (  # noqa: F401  (re-exported: their old home)
 )
 from pipeline.storage.errors import ForeignPathError, TileRewriteError, disk_full_at
 from pipeline.storage.fingerprint import same_work
-from pipeline.storage.location import local_file_path
+from pipeline.storage.location import is_url, local_file_path
 from pipeline.storage.markers import TileMarkers, _parse_key
 from pipeline.storage.rawchunks import (
     chunk_layout,
@@ -60,6 +61,20 @@ def tile_checksum(tile: np.ndarray) -> int:
     """CRC-32C of a tile's bytes in C order (its own dtype)."""
     a = np.ascontiguousarray(tile)
     return int(google_crc32c.value(a.reshape(-1).view(np.uint8)))
+
+
+#: arrays on object stores opened for tile reads and writes, by (handle, mode, thread):
+#: the handle names the fingerprint, shape, tiling and dtype, so an entry stands for one
+#: array's metadata; :func:`open_tiled_array` drops a path's entries when it creates the
+#: array anew
+_OPENED: dict[tuple, tuple[Any, zarr.Array]] = {}
+_OPENED_LOCK = threading.Lock()
+
+
+def _forget_opened(store: str, name: str) -> None:
+    with _OPENED_LOCK:
+        for key in [k for k in _OPENED if (k[0].store, k[0].name) == (store, name)]:
+            del _OPENED[key]
 
 
 @dataclass(frozen=True)
@@ -87,6 +102,26 @@ class TiledArray:
 
     def zarr(self, mode: str = "r+") -> zarr.Array:
         return zarr.open_array(store=self.store, path=self.name, mode=mode, zarr_format=3)
+
+    def _tile_zarr(self, mode: str) -> zarr.Array:
+        """:meth:`zarr` for a tile's read or write. On an object store each open is a
+        metadata request, so the opened array is kept (:data:`_OPENED`) and reused while
+        this thread's filesystem instance for the store is the one it was opened with
+        (fsspec gives each thread its own; new options or a new endpoint give a new one)."""
+        if not is_url(self.store):
+            return self.zarr(mode)
+        fs = fsspec.core.url_to_fs(self.store)[0]
+        key = (self, mode, threading.get_ident())
+        with _OPENED_LOCK:
+            hit = _OPENED.get(key)
+        if hit is not None and hit[0] is fs:
+            return hit[1]
+        arr = self.zarr(mode)
+        with _OPENED_LOCK:
+            if len(_OPENED) >= 256:
+                _OPENED.clear()
+            _OPENED[key] = (fs, arr)
+        return arr
 
     def _coords(self, i: int, j: int) -> tuple[int, ...]:
         return (int(i),) if len(self.shape) == 1 else (int(i), int(j))
@@ -141,7 +176,7 @@ class TiledArray:
                 if problem is not None:
                     self._raise_if_marked(i, j, problem)
         if tile is None:  # not raw bytes on a local disk (or not written): through Zarr
-            arr = self.zarr("r")
+            arr = self._tile_zarr("r")
             try:
                 tile = arr[self._region(arr, i, j)]
             except (ValueError, RuntimeError) as exc:  # a chunk Zarr cannot decode (torn,
@@ -252,7 +287,7 @@ class TiledArray:
             data = np.ascontiguousarray(np.broadcast_to(np.asarray(tile, dtype=self.dtype), shape))
             write_chunk(layout, self._coords(i, j), data)
         else:
-            arr = self.zarr("r+")
+            arr = self._tile_zarr("r+")
             region = self._region(arr, i, j)
             shape = tuple(s.stop - s.start for s in region)
             data = np.ascontiguousarray(np.broadcast_to(np.asarray(tile, dtype=self.dtype), shape))
@@ -314,7 +349,7 @@ class TiledArray:
         if layout is not None:
             shape = layout.region_shape(self._coords(i, j))
         else:
-            arr = self.zarr("r+")
+            arr = self._tile_zarr("r+")
             region = self._region(arr, i, j)
             shape = tuple(s.stop - s.start for s in region)
         data = np.ascontiguousarray(np.broadcast_to(np.asarray(tile, dtype=self.dtype), shape))
@@ -443,6 +478,7 @@ def open_tiled_array(
     # when the array itself was deleted and its markers were left: they describe nothing)
     TileMarkers(str(store), name, fingerprint).clear()
     attrs = {"fingerprint": fingerprint, "block_size": int(block_size), **(attributes or {})}
+    _forget_opened(str(store), name)
     zarr.create_array(
         store=str(store),
         name=name,

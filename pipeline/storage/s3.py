@@ -14,7 +14,8 @@ store does not answer"). Each can be set in ``storage.options`` (or the estimato
 It also spares two requests s3fs makes that the pipeline's objects do not need: the size
 request (HEAD) before each whole-object read, and the bucket request before each write
 (see :meth:`BoundedS3FileSystem._cat_file` and :meth:`BoundedS3FileSystem._makedirs`).
-A small ``krr run`` on a loopback S3 made 813 requests before, 468 after.
+With the reuse of opened arrays (:meth:`pipeline.storage.arrays.TiledArray._tile_zarr`), a
+small ``krr run`` on a loopback S3 made 813 requests before, 405 after.
 """
 
 from __future__ import annotations

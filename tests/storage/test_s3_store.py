@@ -635,3 +635,41 @@ def test_a_read_whose_body_stops_arriving_gives_up_within_the_cap(s3, monkeypatc
         assert time.monotonic() - t0 < 5
     finally:
         cap_store_waits(None)
+
+
+def test_tile_reads_and_writes_reuse_the_opened_array_until_it_is_made_anew(s3, monkeypatch):
+    """A tile's read or write on an object store asks for the array's metadata once per
+    thread and filesystem instance; an array created anew at the same path (here with
+    another codec) is opened anew, and a new s3fs instance opens it again."""
+    import s3fs
+    from zarr.codecs import ZstdCodec
+
+    from pipeline.storage.arrays import open_tiled_array
+
+    store = f"s3://{BUCKET}/opened"
+    X = np.arange(48.0).reshape(12, 4)
+    calls = []
+    real = s3fs.S3FileSystem._call_s3
+
+    async def counted(self, method, *args, **kwargs):
+        if kwargs.get("Key", "").endswith("zarr.json"):
+            calls.append(method if isinstance(method, str) else method.__name__)
+        return await real(self, method, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", counted)
+    for codec in (None, [ZstdCodec()]):
+        a = open_tiled_array(store, "x", X.shape, 4, "float64", "fp", compressors=codec,
+                             overwrite=True)  # fmt: skip
+        for i in range(3):
+            a.write_tile(i, 0, X[4 * i : 4 * i + 4])
+        np.testing.assert_array_equal(a.zarr("r")[:], X)  # written in the array's codec
+        calls.clear()
+        for i in range(3):
+            np.testing.assert_array_equal(a.read_tile(i, 0), X[4 * i : 4 * i + 4])
+        assert calls.count("get_object") == 1, calls  # the first read opens; the rest reuse
+        a.markers.clear()  # so that the next array is created anew (not reopened)
+        s3fs.S3FileSystem.clear_instance_cache()  # a new instance: opened again
+        calls.clear()
+        np.testing.assert_array_equal(a.read_tile(0, 0, verify=False), X[:4])
+        assert calls.count("get_object") == 1, calls
+        _fs().rm(f"{BUCKET}/opened/x", recursive=True)
