@@ -98,6 +98,11 @@ class TileMarkers:
         waits for a few batches of round trips, not 800 in a row). A marker that vanished
         since the listing is not done; a store that does not answer raises, as a single read
         does."""
+        # (never a cached listing: s3fs keeps one per filesystem instance, and fsspec
+        # gives each thread its own instance, so markers written by tile threads are
+        # missing from a listing this thread cached before them: with s3fs 2024.12 a
+        # rebuild of lost tiles then found its own markers "missing")
+        self.fs.invalidate_cache(self.root)
         try:
             paths = self.fs.ls(self.root, detail=False)
         except FileNotFoundError:
@@ -147,5 +152,6 @@ class TileMarkers:
 
     def clear(self) -> None:
         """Forget every marker (used when a store is overwritten)."""
+        self.fs.invalidate_cache(self.root)
         if self.fs.exists(self.root):
             self.fs.rm(self.root, recursive=True)

@@ -673,3 +673,22 @@ def test_tile_reads_and_writes_reuse_the_opened_array_until_it_is_made_anew(s3, 
         np.testing.assert_array_equal(a.read_tile(0, 0, verify=False), X[:4])
         assert calls.count("get_object") == 1, calls
         _fs().rm(f"{BUCKET}/opened/x", recursive=True)
+
+
+def test_done_lists_the_markers_afresh(s3):
+    """``TileMarkers.done`` never answers from a listing s3fs cached: a marker written
+    since through another filesystem instance (another thread's) counts."""
+    import s3fs
+
+    from pipeline.storage.markers import TileMarkers
+
+    store = f"s3://{BUCKET}/fresh-listing"
+    markers = TileMarkers(store, "x", "fp")
+    markers.mark((0, 0))
+    assert markers.done() == {(0, 0)}  # listed (and cached by this instance)
+    other = TileMarkers(store, "x", "fp")
+    other.fs = s3fs.S3FileSystem(skip_instance_cache=True)  # as a tile thread's instance
+    other.mark((1, 0))
+    assert markers.done() == {(0, 0), (1, 0)}
+    other.fs.rm_file(other._path((0, 0)))
+    assert markers.done() == {(1, 0)}
