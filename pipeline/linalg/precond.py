@@ -132,7 +132,11 @@ def _woodbury(
 ) -> np.ndarray:
     """``(R - F inner(Fᵀ R)) / shift`` (rows outside ``mask`` keep ``R / shift``): the
     Woodbury apply of ``(F Fᵀ + μ I)⁻¹`` with ``inner`` applying ``(μ I + FᵀF)⁻¹`` (one
-    operator) or a fold's ``(s I + F_TᵀF_T)⁻¹`` per column (``shift`` then per column)."""
+    operator) or a fold's ``(s I + F_TᵀF_T)⁻¹`` per column (``shift`` then per column).
+    A factor of rank 0 (no pivot kept) applies ``R / shift``, without calling ``inner``
+    (SciPy before 1.14 refuses an empty factor in ``cho_solve``)."""
+    if F.shape[1] == 0:
+        return np.divide(R, shift, dtype=np.float64)
     Y = _f_times(F, inner(_ft_times(F, R)))
     if mask is not None:
         Y *= mask

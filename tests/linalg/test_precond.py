@@ -95,6 +95,15 @@ def test_woodbury_apply_matches_the_dense_inverse():
     assert IdentityPreconditioner().apply(R) is not R
 
 
+def test_a_rank_zero_factor_applies_r_over_the_shift():
+    """No pivot kept (a tiny or constant problem): the preconditioner is ``R / μ``, at
+    every supported SciPy (before 1.14 ``cho_solve`` refused the empty factor)."""
+    R = np.random.default_rng(2).normal(size=(6, 2))
+    pre = NystromPreconditioner(np.zeros((6, 0)), 0.5)
+    np.testing.assert_array_equal(pre.apply(R), R / 0.5)
+    np.testing.assert_array_equal(pre.apply(R[:, 0]), R[:, 0] / 0.5)
+
+
 def test_rpcholesky_interpolates_its_pivot_columns(rbf_problem):
     X, _, kernel, op, _ = rbf_problem
     K = kernel(X)
