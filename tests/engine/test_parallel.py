@@ -66,8 +66,10 @@ def test_a_scan_waits_while_a_native_library_loads(scans):
     loading.wait(10)
     scanner = threading.Thread(target=lambda: (parallel._blas_controller(), scanned.set()))
     scanner.start()
-    assert not scanned.wait(0.3) and scans == []
-    release.set()
+    try:
+        assert not scanned.wait(0.3) and scans == []
+    finally:
+        release.set()  # (the lock is never left held for the tests after this one)
     assert scanned.wait(10) and len(scans) == 1
     loader.join(10)
     scanner.join(10)
@@ -76,8 +78,14 @@ def test_a_scan_waits_while_a_native_library_loads(scans):
 def test_the_exp_kernel_is_built_under_the_native_lock(monkeypatch):
     held = []
 
+    def try_lock():
+        got = parallel.native_lock.acquire(timeout=0)
+        if got:
+            parallel.native_lock.release()
+        return not got
+
     def build():
-        held.append(_in_thread(lambda: not parallel.native_lock.acquire(timeout=0)))
+        held.append(_in_thread(try_lock))
         return {np.dtype(np.float64): lambda a: None, np.dtype(np.float32): lambda a: None}
 
     monkeypatch.setattr(vexp, "_compiled", None)
