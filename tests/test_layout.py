@@ -11,7 +11,11 @@ bug was found>.py``, whatever they tested; the bug history now lives in docstrin
 from __future__ import annotations
 
 import collections
+import shutil
+import subprocess
 from pathlib import Path
+
+import pytest
 
 TESTS = Path(__file__).resolve().parent
 PACKAGE = TESTS.parent / "pipeline"
@@ -36,3 +40,29 @@ def test_test_file_names_are_unique_and_say_what_they_test():
     names = collections.Counter(p.name for p in _test_files())
     assert sorted(n for n, c in names.items() if c > 1) == []
     assert sorted(n for n in names if n.startswith("test_fault_")) == []
+
+
+#: the repository's top level (the design card's, with docs/ for the reference material)
+TOP_LEVEL = {
+    ".ci",
+    ".gitignore",
+    "README.md",
+    "conf",
+    "docs",
+    "pipeline",
+    "pyproject.toml",
+    "tests",
+    "workflows",
+}
+
+
+def test_the_top_level_holds_only_the_design_cards_entries():
+    # a benchmark's output committed where it was written (bench_kin40k_run.jsonl, session 36)
+    # belongs under workflows/benchmarks/
+    root = TESTS.parent
+    if shutil.which("git") is None or not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    files = subprocess.run(
+        ["git", "ls-files"], cwd=root, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert sorted({f.split("/")[0] for f in files} - TOP_LEVEL) == []
