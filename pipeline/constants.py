@@ -313,6 +313,10 @@ ONE_BLAS_THREAD_FROM = 12_000
 #: tile order of that blocked in-memory factorisation (well below the crash's order:
 #: potrf on a tile keeps every BLAS thread)
 DENSE_POTRF_TILE = 4_096
+#: factor tiles that blocked factorisation keeps in memory besides the matrix (the rest
+#: are read back from it): n = 16,000 on 2 cores, Intel Xeon, 4 tiles 19.9-20.8 s,
+#: 6 tiles 17.2-18.2 s, 8 tiles 17.1-17.4 s (the right-looking loop it replaced: 17.6-19.7)
+DENSE_POTRF_TILES_HELD = 6
 #: an in-memory ``solver="auto"`` fit takes matrix-free CG instead of the dense dual
 #: that fits only when the cost model predicts CG this many times faster: the calibrated
 #: CG predictions fall within 0.42-2.49x of the measured (bench_policy_grid.json), and a

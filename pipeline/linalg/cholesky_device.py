@@ -274,7 +274,7 @@ class DeviceCholeskyFactor:
 
     def __init__(
         self, be: Backend, n: int, block: int, dtype: Any, memory_limit: int | None,
-        L: TiledArray | None,
+        L: TiledArray | None, target: np.ndarray | None = None,
     ) -> None:  # fmt: skip
         self.be = be
         self.n, self.block = int(n), int(block)
@@ -282,6 +282,7 @@ class DeviceCholeskyFactor:
         self.dtype = np.dtype(dtype)
         self.memory_limit = memory_limit
         self.L = L
+        self.target = target
         self.shift = 0.0
         self.lam: float | None = None
         self.convention = "sklearn"
@@ -321,7 +322,7 @@ class DeviceCholeskyFactor:
         tile = self._dev.pop(key)
         if self.L is not None:  # on the host in L once its write finished
             self._writes[key].result()
-        else:
+        elif self.target is None:  # (in the target already)
             self._host[key] = self.be.to_numpy(tile)
         self._resident -= self._nbytes(*key)
         self.evictions += 1
@@ -347,6 +348,9 @@ class DeviceCholeskyFactor:
         elif self.L is not None and key in self._writes:
             self._writes[key].result()
             host = self.L.read_tile(*key)
+        elif self.target is not None and key in self._writes:
+            host = self.target[self.grid.row_slice(key[0]), self.grid.row_slice(key[1])]
+            host = np.tril(host) if key[0] == key[1] else host  # (its upper part is K's)
         else:
             raise KeyError(f"factor tile {key} is not computed")
         self.uploads += 1
@@ -502,6 +506,7 @@ def device_cholesky(
     dtype: Any = "float64",
     jitter: Any = None,
     L: TiledArray | None = None,
+    target: np.ndarray | None = None,
     memory_limit: int | None = None,
     lam: float | None = None,
     convention: str = "sklearn",
@@ -530,6 +535,12 @@ def device_cholesky(
         The factor's store (:func:`open_device_factor`): finished tiles are written
         to it by one writer thread (marker last), and marked tiles are uploaded
         instead of computed (resume).
+    target : numpy.ndarray, optional
+        An ``(n, n)`` host matrix as the factor's storage (the in-memory dense solve's
+        working matrix, usually the one ``tile_fn`` reads from): each finished tile is
+        copied into its lower triangle, the diagonal included, and the strict upper
+        triangle is never written, as with LAPACK's POTRF; evicted tiles come back from
+        it. The factorisation in place, with ``memory_limit`` a few tiles.
     memory_limit : int, optional
         Bytes of device memory the factor's tiles may hold; past it the least
         recently used finished tiles leave the device (they are in ``L`` or on the
@@ -584,7 +595,9 @@ def device_cholesky(
             f"{block}x{block} {dtype.name} tiles ({MIN_RESIDENT_TILES * tile_bytes} bytes), "
             "the least a tile's update needs: raise it or use a smaller block"
         )
-    f = DeviceCholeskyFactor(be, n, block, dtype, memory_limit, L)
+    if target is not None and (L is not None or target.shape != (n, n)):
+        raise ValueError(f"target must be an ({n}, {n}) host matrix, and no store with it")
+    f = DeviceCholeskyFactor(be, n, block, dtype, memory_limit, L, target)
     f.shift, f.lam, f.convention = shift, lam, convention
     grid = f.grid
     T = grid.n_row_blocks
@@ -634,6 +647,8 @@ def device_cholesky(
                 info["seconds"] = round(time.perf_counter() - ts, 4)
                 info["device"] = be.name
                 f._hold(key, out, pinned=((j, j),))
+                if target is not None:
+                    _store_in(target, grid, i, j, be.to_numpy(out))
                 computed += 1
                 f._writes[key] = (
                     writer.submit(i, j, out, info) if writer is not None else _finished(None)
@@ -663,6 +678,16 @@ def device_cholesky(
         "jitter": dict(f.jitter),
     }
     return f
+
+
+def _store_in(target: np.ndarray, grid: TileGrid, i: int, j: int, tile: np.ndarray) -> None:
+    """Factor tile ``(i, j)`` into the host matrix ``target``: a diagonal tile's lower
+    triangle only (the strict upper one keeps K, from which the caller restores it)."""
+    dst = target[grid.row_slice(i), grid.row_slice(j)]
+    if i != j:
+        dst[...] = tile
+        return
+    np.copyto(dst, tile, where=np.tri(tile.shape[0], dtype=bool))
 
 
 def _finished(value: Any) -> Future:

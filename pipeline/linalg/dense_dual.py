@@ -21,10 +21,11 @@ when the Cholesky fails (``lam = 0`` with a singular K, an indefinite kernel) do
 
 Threads: scipy 1.17's bundled OpenBLAS segfaults in a multi-threaded float64
 ``potrf`` at n >= about 15,500. So from ``n >= BLOCKED_MIN_N``
-(``constants.ONE_BLAS_THREAD_FROM``) the factor is a right-looking blocked Cholesky:
-``potrf`` on ``POTRF_TILE`` diagonal tiles only, the updates multi-threaded GEMMs
-(measured on 2 quiet AMD EPYC cores: 26.2 s against 39.7 s for ``potrf`` on one BLAS
-thread at n = 16,000, 50.3 s against 71.5 s at 20,000). Below it, one ``potrf``, on one
+(``constants.ONE_BLAS_THREAD_FROM``) the factor is the package's tile Cholesky
+(:func:`~pipeline.linalg.cholesky_device.device_cholesky` on the NumPy backend, the matrix
+itself its storage): ``potrf`` on ``POTRF_TILE`` diagonal tiles only, the updates
+multi-threaded GEMMs (measured against the one-thread ``potrf``: docs/PERFORMANCE.md).
+Below it, one ``potrf``, on one
 BLAS thread from ``ONE_BLAS_THREAD_FROM`` when ``BLOCKED_MIN_N`` is raised.
 :func:`cho_factor` is the one in-memory dense Cholesky of the package: every caller
 that factors a dense matrix in memory (the reference solve, the refinement of λ, a
@@ -32,7 +33,8 @@ dense fold, the Nyström systems) goes through it, so none can meet the crash.
 
 Memory: the factor overwrites the working matrix's lower triangle; the upper
 triangle and a saved diagonal restore K for another penalty or the least-squares
-fallback without a second N x N copy.
+fallback without a second N x N copy (the blocked factor holds
+``constants.DENSE_POTRF_TILES_HELD`` tiles besides it).
 """
 
 from __future__ import annotations
@@ -46,10 +48,13 @@ from scipy import linalg
 from scipy.linalg import lapack
 
 import pipeline.constants as C
+from pipeline.engine.backend import get_backend
 from pipeline.engine.parallel import blas_threads
 from pipeline.engine.passes import CallableSource, accumulate
-from pipeline.errors import SingularKernelWarning
+from pipeline.errors import NonFiniteKernelError, NotPositiveDefiniteError, SingularKernelWarning
+from pipeline.linalg.cholesky_device import device_cholesky
 from pipeline.options import ALPHA_CONVENTIONS, diagonal_shift
+from pipeline.storage.tiles import TileGrid
 from pipeline.validation import check_alpha
 
 #: from this order on, factor in tiles (potrf never sees more than one tile); None: never
@@ -106,30 +111,30 @@ def _potrf_dense(A: np.ndarray) -> int:
 
 
 def _potrf_blocked(A: np.ndarray, tile: int | None = None) -> int:
-    """Right-looking blocked lower Cholesky in place; returns LAPACK-style info.
+    """Lower Cholesky of ``A`` in place by the package's one tile Cholesky driver
+    (:func:`~pipeline.linalg.cholesky_device.device_cholesky` on the NumPy backend, with
+    ``A`` as its storage target and ``DENSE_POTRF_TILES_HELD`` factor tiles in memory
+    besides it); returns LAPACK-style info.
 
     Only the lower triangle (diagonal included) is read and written; the strict
     upper triangle is left untouched, as with LAPACK, so K can be restored.
     """
     n = A.shape[0]
-    tile = tile or POTRF_TILE
-    starts = list(range(0, n, tile))
-    sl = [slice(s, min(s + tile, n)) for s in starts]
-    for k, sk in enumerate(sl):
-        Lkk = np.asfortranarray(A[sk, sk])
-        info = _potrf_dense(Lkk)
-        if info:
-            return starts[k] + info
-        A[sk, sk] = Lkk  # its strict upper part is the untouched original
-        for si in sl[k + 1 :]:
-            # A_ik <- A_ik L_kk^{-T}
-            A[si, sk] = linalg.solve_triangular(Lkk, A[si, sk].T, lower=True, check_finite=False).T
-        for j in range(k + 1, len(sl)):
-            sj = sl[j]
-            Ljk = A[sj, sk]
-            A[sj, sj] -= np.tril(Ljk @ Ljk.T)
-            for si in sl[j + 1 :]:
-                A[si, sj] -= A[si, sk] @ Ljk.T
+    tile = min(tile or POTRF_TILE, n)
+    grid = TileGrid(n, n, tile)
+
+    def gram_tile(i: int, j: int) -> np.ndarray:  # a copy: the driver takes it over
+        return np.array(A[grid.row_slice(i), grid.row_slice(j)], order="C")
+
+    try:
+        device_cholesky(
+            get_backend("numpy"), gram_tile, n, tile, shift=0.0, target=A,
+            memory_limit=C.DENSE_POTRF_TILES_HELD * tile * tile * 8,
+        )  # fmt: skip
+    except NotPositiveDefiniteError as e:
+        return int(e.row) + 1
+    except NonFiniteKernelError:  # inf or NaN: not positive definite, as LAPACK says too
+        return 1  # (LAPACK names the first non-finite pivot; the callers only test info > 0)
     return 0
 
 

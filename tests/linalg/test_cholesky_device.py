@@ -111,6 +111,26 @@ def test_memory_limit_evicts_and_gives_the_same_bits(name, tmp_path):
         device_cholesky(be, slicer(K, block), n, block, shift=1e-3, memory_limit=3 * tile)
 
 
+def test_a_host_matrix_as_the_target_holds_the_factor_and_keeps_its_upper_triangle():
+    # the in-memory dense solve's blocked factor (dense_dual._potrf_blocked) runs this way
+    be = get_backend("numpy")
+    n, block = 333, 64  # 6 tile rows, the last ragged
+    K = rbf_matrix(n, seed=3)
+    full = device_cholesky(be, slicer(K, block), n, block, shift=1e-3)
+    A = np.array(K, order="F")
+    tile = block * block * 8
+    f = device_cholesky(
+        be, lambda i, j: np.array(slicer(A, block)(i, j)), n, block, shift=1e-3, target=A,
+        memory_limit=4 * tile,
+    )  # fmt: skip
+    assert f.info["evictions"] > 0 and f.info["uploads"] > 0  # tiles came back from A
+    np.testing.assert_array_equal(np.tril(A), full.to_numpy())
+    np.testing.assert_array_equal(np.triu(A, 1), np.triu(K, 1))
+    np.testing.assert_array_equal(f.to_numpy(), full.to_numpy())
+    with pytest.raises(ValueError, match="target must be"):
+        device_cholesky(be, slicer(K, block), n, block, shift=1e-3, target=A[:-1])
+
+
 @pytest.mark.parametrize("name", BACKENDS)
 def test_resume_after_a_failure_is_bitwise_the_same(name, tmp_path):
     be = get_backend(name)
