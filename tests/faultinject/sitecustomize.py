@@ -11,6 +11,9 @@ instead, once, and lets the writer go on (a stop request from outside, e.g. syst
 
 ``KRR_KILL_ONCE=path``: of the processes given the same path (the workers of a cluster),
 only the first to reach its K-th marker dies; it creates ``path`` (exclusively) first.
+``KRR_KILL_THEN_DELAY=seconds``: once ``path`` exists, the survivors wait that long before
+each matching marker, so the rest of the work outlasts the test's look at it (a kill in the
+middle of the work is then certain, not a race with the survivors' speed).
 """
 
 import os
@@ -29,6 +32,7 @@ if _match and _at > 0:
     _signal = getattr(signal, "SIG" + os.environ.get("KRR_KILL_SIGNAL", "KILL").upper())
     _stamp = os.environ.get("KRR_KILL_STAMP")
     _once = os.environ.get("KRR_KILL_ONCE")
+    _then_delay = float(os.environ.get("KRR_KILL_THEN_DELAY", "0"))
 
     def _first() -> bool:
         """This process is the first of those sharing ``KRR_KILL_ONCE`` to get here."""
@@ -51,6 +55,10 @@ if _match and _at > 0:
                     with open(_stamp, "w") as f:
                         f.write(repr(time.time()))
                 os.kill(os.getpid(), _signal)
+            if _then_delay and _once and os.path.exists(_once):
+                import time
+
+                time.sleep(_then_delay)
         return _orig(self, tile, **info)
 
     _markers.TileMarkers.mark = _mark

@@ -10,7 +10,10 @@ prediction must be bitwise equal to a run on the local disk.
 
 The kill is injected (``tests/faultinject``, armed in the three first workers with
 ``KRR_KILL_ONCE``): the first worker to reach its third factor tile dies just before
-recording it as complete, whatever the speed of the machine and of the store.
+recording it as complete, whatever the speed of the machine and of the store. After the
+kill the two survivors wait ``THEN_DELAY`` before each factor tile's record
+(``KRR_KILL_THEN_DELAY``), so the factorisation is certainly unfinished when the test looks:
+at the lowest versions the survivors once finished all 15 tiles before it did.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ pytestmark = pytest.mark.slow
 
 N, D, BLOCK, NB = 1000, 8, 200, 200  # 5 row blocks: 15 factor tiles
 KILL_AT = 3  # a worker dies at its 3rd factor tile's completion record
+THEN_DELAY = 0.2  # seconds the survivors wait before each factor tile's record after it
 BUCKET = "krr-cluster"
 FAULTINJECT = Path(__file__).resolve().parents[1] / "faultinject"
 
@@ -137,7 +141,7 @@ def test_cluster_on_object_store_survives_kill_and_join(tmp_path, monkeypatch):
         inject = {
             "PYTHONPATH": os.pathsep.join([str(FAULTINJECT), os.environ.get("PYTHONPATH", "")]),
             "KRR_KILL_MATCH": "chol/", "KRR_KILL_AT": str(KILL_AT),
-            "KRR_KILL_ONCE": str(tmp_path / "killed"),
+            "KRR_KILL_ONCE": str(tmp_path / "killed"), "KRR_KILL_THEN_DELAY": str(THEN_DELAY),
         }  # fmt: skip
         with external_cluster(logs, 3, nanny=False, timeout=60, worker_env=inject) as cluster:
             workers = cluster.workers
