@@ -102,7 +102,7 @@ def test_small_cli_messages(tmp_path, capsys, caplog):
     assert cli.main(["unlock", str(afile)]) == cli.EXIT_BAD_INPUT
     assert "is a file, not a run directory" in capsys.readouterr().err
     with caplog.at_level(logging.WARNING, logger="pipeline.stages"):
-        conf = _conf(tmp_path / "c.yaml", data={**BASE["data"], "n_rows": 100000})
+        conf = _conf(tmp_path / "c.yaml", data={**BASE["data"], "n_rows": 100000}, cluster=THREADS)
         assert cli.main(["run", conf, "--run-dir", str(tmp_path / "r"), "--until", "ingest"]) == 0
     assert "data.n_rows=100000 is more than the data's 442 rows" in caplog.text
 
