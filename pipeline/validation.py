@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import scipy.sparse as sp
-from sklearn.utils.validation import check_array, validate_data
+from sklearn.utils.validation import validate_data
 
 if TYPE_CHECKING:
     from pipeline.options import Knob
@@ -99,12 +99,6 @@ def validate_X_predict(estimator: Any, X: Any, *, precomputed: bool = False) -> 
     """
     X = validate_data(estimator, X, accept_sparse=SPARSE_FORMATS, dtype=FLOAT_DTYPES, reset=False)
     return X
-
-
-def check_X(X: Any, *, name: str = "X") -> np.ndarray | sp.spmatrix:
-    """Validate a stand-alone 2-D data matrix (for functions, not estimators)."""
-    arr = check_array(X, accept_sparse=SPARSE_FORMATS, dtype=FLOAT_DTYPES, input_name=name)
-    return arr
 
 
 def check_alpha(alpha: Any, n_targets: int) -> np.ndarray:

@@ -22,7 +22,6 @@ import dask.threaded
 from threadpoolctl import ThreadpoolController
 
 from pipeline.constants import EMBEDDED_CLUSTER_DASK_CONFIG
-from pipeline.engine.progress import resolved_mode
 from pipeline.engine.progress_dask import dask_progress
 from pipeline.engine.where import active_client, local_scheduler
 
@@ -76,12 +75,6 @@ def blas_threads(n: int | None) -> Iterator[None]:
         return
     with ctl.limit(limits=int(n), user_api="blas"):
         yield
-
-
-def show_progress(progress: bool = True) -> bool:
-    """Whether a progress display would be drawn (asked for, and a mode other than off)."""
-
-    return bool(progress) and resolved_mode()[0] != "off"
 
 
 def compute(

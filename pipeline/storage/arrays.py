@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import fsspec
 import google_crc32c
 import numpy as np
 import zarr
@@ -37,7 +36,7 @@ from pipeline.errors import (  # noqa: F401  (re-exported: their old home)
 )
 from pipeline.storage.errors import ForeignPathError, TileRewriteError, disk_full_at
 from pipeline.storage.fingerprint import same_work
-from pipeline.storage.location import is_url, local_file_path
+from pipeline.storage.location import filesystem_for, is_url, local_file_path
 from pipeline.storage.markers import TileMarkers, _parse_key
 from pipeline.storage.rawchunks import (
     chunk_layout,
@@ -110,7 +109,7 @@ class TiledArray:
         (fsspec gives each thread its own; new options or a new endpoint give a new one)."""
         if not is_url(self.store):
             return self.zarr(mode)
-        fs = fsspec.core.url_to_fs(self.store)[0]
+        fs = filesystem_for(self.store)[0]
         key = (self, mode, threading.get_ident())
         with _OPENED_LOCK:
             hit = _OPENED.get(key)
@@ -559,7 +558,7 @@ def _unmark_lost_objects(handle: TiledArray) -> list[tuple[int, ...]]:
     value (Zarr leaves such a chunk unwritten): its recorded CRC-32C says which.
     """
     markers = handle.markers
-    fs, root = fsspec.core.url_to_fs(str(handle.store))
+    fs, root = filesystem_for(str(handle.store))
     base = f"{root.rstrip('/')}/{handle.name}"
     fs.invalidate_cache()
     try:
@@ -618,7 +617,7 @@ def _existing_array(store: str, name: str) -> zarr.Array | None:
         Something else is at that path: a file, a non-empty directory that is not
         a Zarr array, a Zarr group, or a Zarr array without our attributes.
     """
-    fs, root = fsspec.core.url_to_fs(store)
+    fs, root = filesystem_for(store)
     path = f"{root.rstrip('/')}/{name}"
     shown = path if "://" not in store else f"{store.rstrip('/')}/{name}"
     try:
