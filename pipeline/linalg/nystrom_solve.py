@@ -62,6 +62,7 @@ from pipeline.engine.evaluators import evaluation_identity
 from pipeline.engine.fused import kernel_tile
 from pipeline.errors import IndefiniteKernelError
 from pipeline.kernels import kernel_fingerprint, make_kernel
+from pipeline.linalg.blas import gram_t, gram_t_identity
 from pipeline.linalg.cg import CGResult, conjugate_gradient
 from pipeline.linalg.cg_checkpoint import SlotCheckpoint, resumable_cg
 from pipeline.linalg.dense_dual import cho_factor, cholesky
@@ -205,7 +206,7 @@ def add_block_sums(
     acc += np.asarray(G.T @ yb.astype(G.dtype, copy=False), dtype=np.float64)
     if normal is not None:
         Gw = G if w is None else G * np.sqrt(w, dtype=G.dtype)
-        normal += np.asarray(Gw.T @ Gw, dtype=np.float64)  # a SYRK
+        normal += np.asarray(gram_t(Gw), dtype=np.float64)  # a SYRK
 
 
 def centre_kernel(kernel: Any, C: np.ndarray, n_threads: int | None = None) -> np.ndarray:
@@ -287,7 +288,7 @@ class FalkonPreconditioner:
     def _factor_a(self, shift_per_sample: float) -> np.ndarray:
         """``A = chol(T Tᵀ / M + λ' I)`` (upper)."""
         M = self.T.shape[0]
-        S = self.T @ self.T.T / M
+        S = gram_t(self.T.T) / M  # T Tᵀ
         S[np.diag_indices(M)] += shift_per_sample
         return cholesky(S, lower=False, overwrite_a=True)
 
@@ -473,6 +474,7 @@ class NystromNormalOperator:
             "block_size": self.rows.block,
             "product_dtype": self.product_dtype.name,
             **evaluation_identity(self.kernel, self.product_dtype),  # the engine's exp
+            **gram_t_identity(len(self.centres)),  # KᵀK and T Tᵀ in panels past SYRK_PANEL
         }
 
     @property

@@ -71,6 +71,7 @@ from pipeline.constants import FACTOR_ROW_STEP
 from pipeline.engine import available_cores
 from pipeline.engine.backend import Backend
 from pipeline.engine.parallel import blas_threads
+from pipeline.linalg.blas import gram_t
 from pipeline.linalg.dense_dual import cho_factor
 from pipeline.linalg.dense_memory import available_memory
 from pipeline.linalg.matvec import check_shift
@@ -121,7 +122,7 @@ def _gram(F: np.ndarray) -> np.ndarray:
     G = np.zeros((F.shape[1],) * 2)
     for s in range(0, F.shape[0], _ROW_STEP):
         Fb = np.asarray(F[s : s + _ROW_STEP], dtype=np.float64)
-        G += Fb.T @ Fb
+        G += gram_t(Fb)
     if not np.all(np.isfinite(G)):
         raise ValueError("the Nyström factor F contains NaN or infinite values")
     return G

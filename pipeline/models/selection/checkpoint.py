@@ -23,6 +23,7 @@ import numpy as np
 
 from pipeline.engine.evaluators import evaluation_identity
 from pipeline.kernels import kernel_fingerprint
+from pipeline.linalg.blas import gram_t_identity
 from pipeline.storage import fingerprint_blocks, fingerprint_obj
 from pipeline.storage.atomic import atomic_write
 from pipeline.storage.fingerprint import same_work
@@ -81,6 +82,7 @@ class SettingCheckpoint:
             base["screen"] = [repr(cv.screen_tol), repr(cv.screen_top), repr(cv.scoring)]
         if solver == "nystrom":  # the stored held-out statistics depend on the centres
             base["nystrom"] = [repr(cv.n_centers), repr(cv.centers)]
+            base.update(gram_t_identity(int(cv.n_centers)))  # its sums in SYRK panels
         return cls(cv.checkpoint, base, X, y, splits)
 
     def _paths(self, si: int) -> tuple[Any, Any]:
