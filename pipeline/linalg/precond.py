@@ -776,7 +776,7 @@ class FoldNystromBlock:
             out = np.ones(n, dtype=bool)
             out[np.asarray(tr)] = False
             Fv = np.asarray(self.F[out], dtype=np.float64)
-            w, V = scipy.linalg.eigh(G - Fv.T @ Fv, check_finite=False)
+            w, V = scipy.linalg.eigh(G - gram_t(Fv), check_finite=False)
             return np.maximum(w, 0.0), V
 
         # one r x r eigendecomposition per fold, the folds on a thread pool with BLAS at
