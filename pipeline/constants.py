@@ -310,10 +310,11 @@ FACTOR_ROW_STEP = 8192
 #: runs LAPACK's potrf with one BLAS thread: scipy 1.17's bundled OpenBLAS crashes with
 #: 2 threads at n >= ~15,800 (docs/PERFORMANCE.md#known-traps)
 ONE_BLAS_THREAD_FROM = 12_000
-#: the package's large ``gᵀ g`` (OpenBLAS's SYRK: the Nyström sums, FALKON's T Tᵀ, FᵀF)
-#: run in column panels of at most this order (``linalg.blas.gram_t``): numpy 2.4's bundled
-#: OpenBLAS 0.3.31 (SkylakeX kernels, an AVX-512 Intel Xeon) segfaults in a 2-thread SYRK
-#: whose order is past a bound that falls as its inner dimension k grows: k = 64 crashed
+#: the package's large ``gᵀ g`` (OpenBLAS's SYRK: the Nyström sums, FALKON's T Tᵀ, FᵀF, a
+#: kernel object's X Xᵀ) run in column panels of at most this order
+#: (``pipeline.blas_guard.gram_t``): numpy 2.4's bundled OpenBLAS 0.3.31 (SkylakeX
+#: kernels, an AVX-512 Intel Xeon) segfaults in a 2-thread SYRK whose order is past a
+#: bound that falls as its inner dimension k grows: k = 64 crashed
 #: at order 26,000 (not 24,500), k = 322 at 20,000 (not 16,384), k = 2,048 at 16,384 (not
 #: 15,000); one thread and GEMMs never did, nor any order <= 12,000 up to k = 16,384
 #: (docs/PERFORMANCE.md#known-traps)

@@ -53,6 +53,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "pipeline.options",
             # exact power-of-two scaling of data far from 1 (issue #44)
             "pipeline.float_range",
+            # NumPy's products of a matrix with its transpose, past OpenBLAS's SYRK crash
+            "pipeline.blas_guard",
             "pipeline.validation",
             "pipeline.diagnostics",
             # the tuning constants every layer reads (block sizes, budgets, thresholds)

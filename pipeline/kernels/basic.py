@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.blas_guard import gram_t
 from pipeline.kernels.base import Kernel, check_real, register
 
 
@@ -25,7 +26,7 @@ def _f64(X: np.ndarray) -> np.ndarray:
 def _inner(X: np.ndarray, Y: np.ndarray, symmetric: bool) -> np.ndarray:
     """``X @ Y.T`` accumulated in float64."""
     X64 = _f64(X)
-    return X64 @ (X64 if symmetric else _f64(Y)).T
+    return gram_t(X64.T) if symmetric else X64 @ _f64(Y).T  # (X Xᵀ: the SYRK guard)
 
 
 def _row_sq_norms(X: np.ndarray) -> np.ndarray:
@@ -46,7 +47,7 @@ def _sq_dists(X: np.ndarray, Y: np.ndarray, symmetric: bool) -> np.ndarray:
     Yc = Xc if symmetric else _f64(Y) - shift
     xx = np.einsum("ij,ij->i", Xc, Xc)
     yy = xx if symmetric else np.einsum("ij,ij->i", Yc, Yc)
-    d = Xc @ Yc.T
+    d = gram_t(Xc.T) if symmetric else Xc @ Yc.T  # (Xc Xcᵀ: the SYRK guard)
     d *= -2.0
     d += xx[:, None]
     d += yy[None, :]

@@ -32,8 +32,9 @@ from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
 
 import pipeline.constants as C
+from pipeline.blas_guard import gram_t_identity
 from pipeline.engine import task_threads
-from pipeline.engine.evaluators import evaluation_identity
+from pipeline.engine.evaluators import evaluation_identity, is_fused
 from pipeline.engine.input_checks import validate_and_fingerprint
 from pipeline.engine.parallel import compute
 from pipeline.engine.passes import KernelSource, pending, store_graph
@@ -105,6 +106,8 @@ def gram_fingerprint(
         obj["z"] = z_fingerprint
     obj["kernel_dtype"] = str(kernel_dtype)
     obj.update(evaluation_identity(k, kernel_dtype))  # the engine's exp
+    if not is_fused(k):  # the kernel object's own tiles: X Xᵀ in SYRK panels past them
+        obj.update(gram_t_identity(block_size))
     return fingerprint_obj(obj)
 
 

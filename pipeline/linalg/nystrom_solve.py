@@ -57,12 +57,12 @@ from typing import Any
 import numpy as np
 import scipy.linalg
 
+from pipeline.blas_guard import gram_t, gram_t_identity
 from pipeline.engine.dense import check_finite_kernel
 from pipeline.engine.evaluators import evaluation_identity
 from pipeline.engine.fused import kernel_tile
 from pipeline.errors import IndefiniteKernelError
 from pipeline.kernels import kernel_fingerprint, make_kernel
-from pipeline.linalg.blas import gram_t, gram_t_identity
 from pipeline.linalg.cg import CGResult, conjugate_gradient
 from pipeline.linalg.cg_checkpoint import SlotCheckpoint, resumable_cg
 from pipeline.linalg.dense_dual import cho_factor, cholesky

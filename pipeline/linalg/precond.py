@@ -67,11 +67,11 @@ import scipy.linalg
 import scipy.sparse.linalg
 
 import pipeline.constants as C
+from pipeline.blas_guard import gram_t
 from pipeline.constants import FACTOR_ROW_STEP
 from pipeline.engine import available_cores
 from pipeline.engine.backend import Backend
 from pipeline.engine.parallel import blas_threads
-from pipeline.linalg.blas import gram_t
 from pipeline.linalg.dense_dual import cho_factor
 from pipeline.linalg.dense_memory import available_memory
 from pipeline.linalg.matvec import check_shift

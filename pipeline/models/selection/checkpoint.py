@@ -21,9 +21,9 @@ from typing import Any
 import google_crc32c
 import numpy as np
 
+from pipeline.blas_guard import gram_t_identity
 from pipeline.engine.evaluators import evaluation_identity
 from pipeline.kernels import kernel_fingerprint
-from pipeline.linalg.blas import gram_t_identity
 from pipeline.storage import fingerprint_blocks, fingerprint_obj
 from pipeline.storage.atomic import atomic_write
 from pipeline.storage.fingerprint import same_work
