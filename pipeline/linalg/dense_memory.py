@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psutil
 
+import pipeline.constants as C
 from pipeline.errors import InsufficientMemoryError
 
 GiB = 1024**3
@@ -56,9 +57,16 @@ def dense_dual_bytes(
     n_samples: int, n_features: int, n_targets: int = 1, *, kernel_copies: int = 1
 ) -> int:
     """Peak bytes of the in-memory dual fit: ``kernel_copies`` float64 N x N matrices
-    plus the data, targets and dual coefficients (float64)."""
+    plus the data, targets and dual coefficients (float64), and, from the order at which
+    the factor is blocked (:data:`~pipeline.constants.ONE_BLAS_THREAD_FROM`), the factor
+    tiles it holds besides the matrix and the one it updates
+    (:data:`~pipeline.constants.DENSE_POTRF_TILES_HELD` + 1 tiles of ``DENSE_POTRF_TILE``)."""
     n = int(n_samples)
-    return 8 * (kernel_copies * n * n + n * int(n_features) + 3 * n * int(n_targets))
+    tiles = 0
+    if n >= C.ONE_BLAS_THREAD_FROM:
+        edge = min(C.DENSE_POTRF_TILE, n)
+        tiles = (C.DENSE_POTRF_TILES_HELD + 1) * edge * edge
+    return 8 * (kernel_copies * n * n + tiles + n * int(n_features) + 3 * n * int(n_targets))
 
 
 def primal_bytes(n_samples: int, n_features: int, n_targets: int = 1) -> int:

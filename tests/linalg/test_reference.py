@@ -249,6 +249,11 @@ def test_predict_dual_blocks():
 def test_memory_guard_points_to_out_of_core():
     need = dense_dual_bytes(300_000, 10)
     assert need > 8 * 300_000**2
+    # the blocked factor's tiles count from the order it is blocked at, not below
+    tile = 8 * C.DENSE_POTRF_TILE**2 * (C.DENSE_POTRF_TILES_HELD + 1)
+    below, at = C.ONE_BLAS_THREAD_FROM - 1, C.ONE_BLAS_THREAD_FROM
+    assert dense_dual_bytes(below, 10) == 8 * (below**2 + 10 * below + 3 * below)
+    assert dense_dual_bytes(at, 10) == 8 * (at**2 + 10 * at + 3 * at) + tile
     with pytest.raises(InsufficientMemoryError, match="solver='cholesky'.*solver='cg'"):
         check_dense_memory(need, what="the dense dual solve", available=16 * 1024**3)
     check_dense_memory(dense_dual_bytes(1000, 10), what="x", available=16 * 1024**3)
