@@ -29,7 +29,7 @@ def gram_t(g: np.ndarray, panel: int | None = None) -> np.ndarray:
     m = g.shape[1]
     if m <= panel:
         return g.T @ g
-    out = np.empty((m, m), dtype=np.result_type(g.dtype, g.dtype))
+    out = np.empty((m, m), dtype=g.dtype)
     panels = [np.ascontiguousarray(g[:, s : s + panel]) for s in range(0, m, panel)]
     for p, a in enumerate(panels):
         s = p * panel

@@ -58,9 +58,10 @@ def dense_dual_bytes(
 ) -> int:
     """Peak bytes of the in-memory dual fit: ``kernel_copies`` float64 N x N matrices
     plus the data, targets and dual coefficients (float64), and, from the order at which
-    the factor is blocked (:data:`~pipeline.constants.ONE_BLAS_THREAD_FROM`), the factor
-    tiles it holds besides the matrix and the one it updates
-    (:data:`~pipeline.constants.DENSE_POTRF_TILES_HELD` + 1 tiles of ``DENSE_POTRF_TILE``)."""
+    the factor is blocked (:data:`~pipeline.constants.ONE_BLAS_THREAD_FROM`), the tiles
+    the driver holds besides the matrix (:data:`~pipeline.constants.DENSE_POTRF_TILES_HELD`,
+    the one it updates among them) and the temporary of its GEMM update: HELD + 1 tiles
+    of ``DENSE_POTRF_TILE``."""
     n = int(n_samples)
     tiles = 0
     if n >= C.ONE_BLAS_THREAD_FROM:
