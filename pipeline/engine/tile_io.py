@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.storage.waits import cap_store_waits_if_interrupted
+
 __all__ = ["TileIO"]
 
 
@@ -167,6 +169,8 @@ class TileIO:
     def __enter__(self) -> TileIO:
         return self
 
-    def __exit__(self, exc_type: Any, *exc: Any) -> None:
-        # an error in the caller: still write what was finished, keep the caller's error
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        # an error in the caller: still write what was finished, keep the caller's error;
+        # an interrupt: the queued writes give up in seconds on a store that does not answer
+        cap_store_waits_if_interrupted(exc)
         self.close(raise_error=exc_type is None)

@@ -53,6 +53,7 @@ from pipeline.linalg.cholesky_options import (
 from pipeline.linalg.cholesky_tile import _check_finite_diagonal
 from pipeline.storage import TiledArray, fingerprint_obj, open_tiled_array
 from pipeline.storage.tiles import TileGrid
+from pipeline.storage.waits import cap_store_waits_if_interrupted
 
 log = logging.getLogger(__name__)
 
@@ -655,6 +656,9 @@ def device_cholesky(
                 )
             if progress:
                 log.info("device Cholesky: tile column %d of %d done", j + 1, T)
+    except BaseException as e:
+        cap_store_waits_if_interrupted(e)  # Ctrl-C: the queued writes give up in seconds
+        raise
     finally:
         if writer is not None:
             writer.close()  # the finished tiles are stored, also when a tile failed

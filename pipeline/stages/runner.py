@@ -107,6 +107,7 @@ from pipeline.storage import fingerprint_obj
 from pipeline.storage.fingerprint import same_work
 from pipeline.storage.location import Location, cap_store_waits, is_url
 from pipeline.storage.tempfiles import sweep_tmp_files
+from pipeline.storage.waits import cap_store_waits_if_interrupted
 
 log = logging.getLogger("pipeline.stages")
 
@@ -604,8 +605,10 @@ def _run_pass(
             with use_catalog(catalog):  # the stage's datasets: stage_catalog(name, stage_dir)
                 out = stage.func(stage_dir, inputs, **stage_params)
         except BaseException as e:
-            if isinstance(e, KeyboardInterrupt | SystemExit) or _store_gone(e):
-                cap_store_waits()  # the cleanup, in seconds even on a store that does not answer
+            # the cleanup, in seconds even on a store that does not answer
+            cap_store_waits_if_interrupted(e)
+            if _store_gone(e):
+                cap_store_waits()
             rec.resources = usage.stop()
             # Ctrl-C or SIGTERM (pipeline.errors.Terminated): stopped, not broken
             stopped = isinstance(e, KeyboardInterrupt)

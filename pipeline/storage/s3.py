@@ -105,12 +105,21 @@ class BoundedS3FileSystem(S3FileSystem):
             or "S3"
         )
 
-    def _no_answer(self, method: str, e: BaseException | None) -> StoreUnreachable:
+    def _no_answer(
+        self, method: str, e: BaseException | None, capped: float | None = None
+    ) -> StoreUnreachable:
+        """The error of an operation that got no answer: within the operation timeout,
+        or within ``capped`` seconds of the interrupt that capped the waits."""
         endpoint = self._endpoint_shown
         why = f"{type(e).__name__}: {e}" if e is not None and str(e) else "no reply"
+        within = (
+            f"{self.operation_timeout:g} s, storage.options operation_timeout"
+            if capped is None
+            else f"{capped:g} s, the wait left after an interrupt"
+        )
         return StoreUnreachable(
             f"{endpoint}: the object store does not answer ({method}: {why}; within "
-            f"{self.operation_timeout:g} s, storage.options operation_timeout). Check the "
+            f"{within}). Check the "
             "endpoint (AWS_ENDPOINT_URL, or storage.options client_kwargs.endpoint_url) "
             "and the network, then rerun the same command to resume."
         )
@@ -155,13 +164,13 @@ class BoundedS3FileSystem(S3FileSystem):
         task = asyncio.ensure_future(operation)
         try:
             while True:
-                deadline = start + self.operation_timeout
+                deadline, capped = start + self.operation_timeout, None
                 cap = store_wait_cap()  # cleanup after an interrupt: give up sooner
-                if cap is not None:
-                    deadline = min(deadline, max(start, cap[0]) + cap[1])
+                if cap is not None and max(start, cap[0]) + cap[1] < deadline:
+                    deadline, capped = max(start, cap[0]) + cap[1], cap[1]
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise self._no_answer(name, None)
+                    raise self._no_answer(name, None, capped)
                 done, _ = await asyncio.wait({task}, timeout=min(left, 0.5))
                 if done:
                     return task.result()

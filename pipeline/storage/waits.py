@@ -27,3 +27,14 @@ def cap_store_waits(seconds: float | None = 2.0) -> None:
 def store_wait_cap() -> tuple[float, float] | None:
     """``(since, seconds)`` set by :func:`cap_store_waits`, or None."""
     return _WAIT_CAP[0] if _WAIT_CAP else None
+
+
+def cap_store_waits_if_interrupted(error: BaseException | None) -> None:
+    """:func:`cap_store_waits` when ``error`` is an interrupt (Ctrl-C's KeyboardInterrupt,
+    SIGTERM's :class:`~pipeline.errors.Terminated`, SystemExit). For the ``__exit__`` or
+    ``finally`` of whatever still waits on the store while an interrupt unwinds through
+    it (a tile writer finishing its queued writes): capped at once, it gives up in
+    seconds, not after the store's own timeouts (minutes), before the runner's cleanup
+    is reached."""
+    if isinstance(error, KeyboardInterrupt | SystemExit):
+        cap_store_waits()

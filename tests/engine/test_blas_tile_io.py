@@ -174,6 +174,34 @@ def test_caller_error_still_finishes_queued_writes():
     assert written == ["a"]
 
 
+@pytest.mark.parametrize("error", [KeyboardInterrupt, RuntimeError])
+def test_an_interrupt_caps_the_store_waits_of_the_queued_writes(error):
+    # a write that waits on a store until the waits are capped (what the bounded S3
+    # filesystem does): an interrupt unwinding through TileIO caps them, so closing does
+    # not wait out the store's own timeout; any other error leaves them as they are
+    from pipeline.storage.waits import cap_store_waits, store_wait_cap
+
+    started, caps = threading.Event(), []
+
+    def store_write(tile):
+        started.set()
+        for _ in range(100):  # (gives up after a second in any case)
+            if store_wait_cap() is not None:
+                break
+            time.sleep(0.01)
+        caps.append(store_wait_cap())
+
+    try:
+        with pytest.raises(error):
+            with TileIO(lambda k: None, depth=0, max_pending=1) as io:
+                io.write("a", np.zeros(1), store_write)
+                started.wait(5)
+                raise error()
+    finally:
+        cap_store_waits(None)
+    assert (caps[0] is not None) == (error is KeyboardInterrupt), caps
+
+
 @pytest.mark.parametrize("venv", ["/opt/venv", "/home/u/numpy-work/venv", "/srv/scipy_numpy"])
 def test_numpys_own_blas_is_told_apart_by_where_it_lies(monkeypatch, tmp_path, venv):
     """numpy's own BLAS is the library under numpy's package or its ``numpy.libs``,

@@ -161,6 +161,9 @@ def _exit(p: KrrProcess, limit: float, since: float) -> tuple[int, str, float]:
     return rc, err, time.perf_counter() - since
 
 
+#: the keys of the factor's tiles (the solve stage's ``factor.zarr``, array ``chol``)
+FACTOR_TILES = "/factor.zarr/chol/c/"
+
 #: the Ctrl-C test's long waits: only Ctrl-C can end its run quickly
 SLOW = {**FAST, "read_timeout": 600, "operation_timeout": 600}
 
@@ -190,7 +193,9 @@ def paused_commands(s3, conf, done_url, tmp_path_factory) -> dict[str, tuple[int
 
     Before the pause, ``krr run`` (``mid``) starts against the answering store and runs
     until its gram stage is writing; beside it, ``krr run`` with the long :data:`SLOW`
-    waits (``ctrl_c``) runs until its ingest stage is writing. Then the store is paused,
+    waits (``ctrl_c``) runs until its factor is writing tiles (:data:`FACTOR_TILES`: the
+    threads executor's writer thread then has writes under way, which the unwinding
+    Ctrl-C waits for). Then the store is paused,
     and ``krr status``, ``unlock`` and ``report`` of the finished run, ``krr predict`` from
     a model on the store and ``krr run`` into a new run directory (``run``) start, and a
     second into the pause ``ctrl_c`` gets SIGINT. Each figure is measured as its test was
@@ -217,7 +222,8 @@ def paused_commands(s3, conf, done_url, tmp_path_factory) -> dict[str, tuple[int
                   env={"FSSPEC_S3": json.dumps(SLOW)})  # fmt: skip
     try:
         _wait_for(mid, "mid", "/gram/", time.time() + 120)  # the gram stage is writing
-        _wait_for(ctrl_c, "interrupted", "/ingest/", time.time() + 120)
+        # the factor's tiles are being written: its writer thread waits on the store
+        _wait_for(ctrl_c, "interrupted", FACTOR_TILES, time.time() + 120)
         with paused(s3), ThreadPoolExecutor(len(argvs) + 2) as pool:
             mid_f = pool.submit(_exit, mid, 120, time.perf_counter())
             ctrl_c_f = pool.submit(_ctrl_c, ctrl_c)
@@ -247,6 +253,10 @@ def test_ctrl_c_ends_a_run_waiting_on_a_paused_store_within_seconds(paused_comma
     rc, err, took = paused_commands["ctrl_c"]  # a second into the pause (_ctrl_c)
     assert rc == 130, err[-3000:]
     assert took < 20, took
+    # stopped in the factor, whose queued tile writes gave up once interrupted (they had
+    # waited out the 600 s, the run's own waits, under the unwinding Ctrl-C)
+    assert "[solve] interrupted" in err, err[-3000:]
+    assert "the wait left after an interrupt" in err, err[-3000:]
 
 
 def test_estimator_fit_against_a_paused_store_raises_store_unreachable(s3):

@@ -630,9 +630,10 @@ def test_a_read_whose_body_stops_arriving_gives_up_within_the_cap(s3, monkeypatc
     cap_store_waits(0.5)
     try:
         t0 = time.monotonic()
-        with pytest.raises(StoreUnreachable, match="get_object"):
+        with pytest.raises(StoreUnreachable, match="get_object") as e:
             fs.cat_file(f"{BUCKET}/requests/a")
         assert time.monotonic() - t0 < 5
+        assert "within 0.5 s, the wait left after an interrupt" in str(e.value)
     finally:
         cap_store_waits(None)
 
