@@ -202,6 +202,10 @@ GEMV_FRACTION_OF_GEMM = 0.1
 POTRF_CHAIN_EFFICIENCY = 0.5
 #: the factor-tile cache of the out-of-core Cholesky (bytes)
 CHOLESKY_CACHE_BYTES = 1 << 30
+#: Nyström's kernel blocks (N x M) are kept between products when they fit in this many
+#: bytes: each CG iteration is then two passes of GEMM over them, not N·M kernel
+#: evaluations (kin40k, N = 36,000, M = 1000: bench_nystrom.py)
+NYSTROM_CACHE_BYTES = 1 << 30
 #: the plan-time estimate of the preconditioner's residual (pipeline.linalg.spectrum):
 #: rows of the subsample (at least SPECTRUM_RANK_FACTOR x the rank, at most
 #: SPECTRUM_MAX_ROWS) and power iterations on its residual

@@ -58,7 +58,6 @@ from pipeline.linalg.dense_memory import check_dense_memory, dense_dual_bytes, p
 from pipeline.linalg.dense_primal import primal_to_dual, solve_primal
 from pipeline.linalg.gram import build_gram
 from pipeline.linalg.matvec import make_operator
-from pipeline.linalg.nystrom_solve import CACHE_BYTES as NYSTROM_CACHE_BYTES
 from pipeline.linalg.nystrom_solve import nystrom_solve
 from pipeline.linalg.precond import make_preconditioner
 from pipeline.linalg.triangular import cholesky_solve
@@ -575,8 +574,7 @@ def _execute_nystrom(
     )  # fmt: skip
     n, d = int(y.shape[0]), int(X.shape[1])
     m = min(int(o.n_centers), n)
-    cached = n * m * 8 <= NYSTROM_CACHE_BYTES
-    method, why = nystrom_method(n, m, d, cached=cached)
+    method, why = nystrom_method(n, m, d)
     log.info("%s: %s", why, method)  # both resumable with a store
     with cg_progress(enabled=progress and method == "pcg", tol=o.tol,
                      max_iter=o.max_iter) as shown:  # fmt: skip

@@ -58,6 +58,7 @@ import numpy as np
 import scipy.linalg
 
 from pipeline.blas_guard import gram_t, gram_t_identity
+from pipeline.constants import NYSTROM_CACHE_BYTES
 from pipeline.engine.dense import check_finite_kernel
 from pipeline.engine.evaluators import evaluation_identity
 from pipeline.engine.fused import kernel_tile
@@ -95,10 +96,6 @@ NYSTROM_METHODS = ("pcg", "direct")
 JITTER = 1e-13
 #: bytes of one kernel block G_b (b x M) when the caller names no block size
 BLOCK_BYTES = 64 << 20
-#: the kernel blocks (N x M) are kept between products when they fit in this many bytes:
-#: each CG iteration is then two passes of GEMM over them, not N·M kernel evaluations
-#: (kin40k, N = 36,000, M = 1000: bench_nystrom.py)
-CACHE_BYTES = 1 << 30
 
 
 def check_n_centers(n_centers: Any) -> int:
@@ -665,7 +662,7 @@ def nystrom_solve(
         Threads of the kernel evaluation (default: every core).
     cache_bytes : int, optional
         Keep the kernel blocks (N x M in all) in memory after the first pass when they
-        fit in this many bytes (default :data:`CACHE_BYTES`; 0: recompute them at every
+        fit in this many bytes (default :data:`~pipeline.constants.NYSTROM_CACHE_BYTES`; 0: recompute them at every
         product, memory O(M² + b·M)). The result is the same to the bit either way.
     method : {"pcg", "direct"}
         ``"pcg"``: FALKON's preconditioned CG, a pass over X per iteration. ``"direct"``:
@@ -715,7 +712,7 @@ def nystrom_solve(
         idx = np.asarray(centre_indices, dtype=np.int64).reshape(-1)
     C = rows.take(idx)
     _check_finite_rows(C)
-    cache = CACHE_BYTES if cache_bytes is None else int(cache_bytes)
+    cache = NYSTROM_CACHE_BYTES if cache_bytes is None else int(cache_bytes)
     if method == "direct":
         cache = 0  # one pass: nothing is read twice
     op = NystromNormalOperator(rows, kernel, idx, C, shift, w, product_dtype, n_threads, cache)

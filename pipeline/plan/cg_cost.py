@@ -175,8 +175,8 @@ def mixed_precision_products(
 
 
 def nystrom_method(
-    n: int, m: int, n_features: int, *, cached: bool, iterations: int | None = None,
-    gemm_gflops: float | None = None,
+    n: int, m: int, n_features: int, *, cached: bool | None = None,
+    iterations: int | None = None, gemm_gflops: float | None = None,
 ) -> tuple[str, str]:  # fmt: skip
     """How ``solver="nystrom"`` solves its M x M system: ``("direct" | "pcg", reason)``.
 
@@ -186,11 +186,15 @@ def nystrom_method(
     ``"pcg"``: FALKON's CG, ``iterations`` passes (default
     :data:`~pipeline.constants.NYSTROM_PCG_TYPICAL_ITERATIONS`), each two GEMVs over
     the N x M blocks at :data:`~pipeline.constants.GEMV_FRACTION_OF_GEMM` of GEMM speed
-    and, unless the blocks are ``cached``, their N·M kernel entries again. The cheaper
+    and, unless the blocks are ``cached`` (default: when the N x M float64 blocks fit in
+    :data:`~pipeline.constants.NYSTROM_CACHE_BYTES`, as the solver keeps them), their N·M
+    kernel entries again. The cheaper
     estimate wins (kin40k, N = 36,000: direct at M = 1,000 and 4,000, 2-3x faster than
     the PCG; bench_exactness.py).
     """
     n, m = int(n), int(m)
+    if cached is None:
+        cached = n * m * 8 <= C.NYSTROM_CACHE_BYTES
     gemm = float(gemm_gflops or C.DEFAULT_GEMM_GFLOPS) * 1e9
     its = int(iterations or C.NYSTROM_PCG_TYPICAL_ITERATIONS)
     kernel = n * m / entry_rate(n_features)

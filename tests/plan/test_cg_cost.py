@@ -41,3 +41,16 @@ def test_the_adaptive_factor_is_predicted_from_rho_at_one_rank():
     assert rank == 2500 and rho == pytest.approx(0.1) and rho > 5 * mu
     # the factor is the target multiple of the shift
     assert adaptive_rank_and_residual(0.5, 500, mu, 8000, factor=10.0) == (2500, 10 * mu)
+
+
+def test_nystrom_method_counts_the_blocks_as_kept_while_they_fit_the_solvers_cache():
+    # the default of ``cached`` is the solver's own rule: N x M float64 blocks within
+    # NYSTROM_CACHE_BYTES are kept between PCG products (no kernel pass per iteration)
+    import pipeline.constants as C
+
+    fits = C.NYSTROM_CACHE_BYTES // (8 * 1_000)  # rows whose N x 1,000 blocks just fit
+    for n in (fits, fits + 1):
+        kept = n * 1_000 * 8 <= C.NYSTROM_CACHE_BYTES
+        assert nystrom_method(n, 1_000, 8) == nystrom_method(n, 1_000, 8, cached=kept)
+    assert "(blocks kept)" in nystrom_method(fits, 1_000, 8, iterations=2)[1]
+    assert "(blocks kept)" not in nystrom_method(fits + 1, 1_000, 8, iterations=2)[1]

@@ -5,12 +5,16 @@ Usage::
 
     python workflows/benchmarks/bench_nystrom.py                     # M = 1000
     python workflows/benchmarks/bench_nystrom.py --n-centers 4000 --product-dtype float32
+    python workflows/benchmarks/bench_nystrom.py --n-centers 4000 --method pcg   # FALKON's CG
 
 Both solve the same problem: ``Ridge(alpha=λ, fit_intercept=False)`` on the features
 ``Φ = K_nM K_MM^{-1/2}`` minimises ``‖y - Φ w‖² + λ ‖w‖²``, which is ``‖y - K_nM β‖² + λ βᵀ
 K_MM β`` with ``β = K_MM^{-1/2} w``. Three rows are printed: scikit-learn; ours on
 scikit-learn's centres (``Nystroem.component_indices_``: the same problem, so the test
-RMSEs agree to CG's tolerance); ours on its own uniform centres. X and y are standardised
+RMSEs agree to CG's tolerance); ours on its own uniform centres. Ours solves its M x M
+system the way ``KernelRidge(solver="nystrom")`` does (``--method plan``, the default: the
+plan's :func:`~pipeline.plan.cg_cost.nystrom_method`, the direct pass at these sizes), or
+by FALKON's preconditioned CG (``--method pcg``) or the direct pass (``--method direct``). X and y are standardised
 with the training split's statistics. Seconds are wall time of fit + predict on the test
 split; the test RMSE is in standardised units of y.
 
@@ -30,6 +34,7 @@ import numpy as np
 
 from pipeline.kernels import make_kernel
 from pipeline.linalg.nystrom_solve import nystrom_solve
+from pipeline.plan.cg_cost import nystrom_method
 
 DATA = Path(os.environ.get("KIN40K_DIR", Path(__file__).resolve().parents[1] / "data" / "kin40k"))
 
@@ -55,6 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tol", type=float, default=1e-6)
     p.add_argument("--max-iter", type=int, default=200)
     p.add_argument("--product-dtype", default="float64", choices=["float64", "float32"])
+    p.add_argument(
+        "--method",
+        default="plan",
+        choices=["plan", "pcg", "direct"],
+        help="how ours solves the M x M system (plan: as the estimator does)",
+    )
     p.add_argument("--block-size", type=int, default=None)
     p.add_argument("--split", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
@@ -65,8 +76,13 @@ def main(argv: list[str] | None = None) -> int:
 
     Xtr, Xte, ytr, yte = load(a.split)
     M = a.n_centers
+    method = a.method
+    if method == "plan":
+        method, why = nystrom_method(Xtr.shape[0], M, Xtr.shape[1])
+        print(f"the plan's method: {method} ({why})")
     print(f"kin40k split {a.split}: train {Xtr.shape}, test {Xte.shape}; RBF gamma={a.gamma}, "
-          f"alpha={a.alpha}, M={M}, tol={a.tol}, products {a.product_dtype}")  # fmt: skip
+          f"alpha={a.alpha}, M={M}, tol={a.tol}, products {a.product_dtype}, "
+          f"method {method}")  # fmt: skip
     rmse = lambda pred: float(np.sqrt(np.mean((pred - yte) ** 2)))  # noqa: E731
     rows = []
 
@@ -87,12 +103,13 @@ def main(argv: list[str] | None = None) -> int:
         sol = nystrom_solve(
             Xtr, ytr, k, a.alpha, n_centers=M, tol=a.tol, max_iter=a.max_iter,
             random_state=a.seed, product_dtype=a.product_dtype, block_size=a.block_size,
-            centre_indices=None if centres is None else np.sort(centres),
+            centre_indices=None if centres is None else np.sort(centres), method=method,
         )  # fmt: skip
         pred = k(Xte, sol.X_centres) @ sol.coef
-        rows.append((label, time.perf_counter() - t0, rmse(pred), sol.info["n_iter"]))
+        its = sol.info["n_iter"] if method == "pcg" else "(direct)"
+        rows.append((label, time.perf_counter() - t0, rmse(pred), its))
 
-    print(f"{'method':<40} {'seconds':>8} {'test RMSE':>10} {'CG iters':>9}")
+    print(f"{'fit':<40} {'seconds':>8} {'test RMSE':>10} {'CG iters':>9}")
     for label, sec, err, it in rows:
         print(f"{label:<40} {sec:8.2f} {err:10.4f} {it!s:>9}")
     return 0
