@@ -168,12 +168,23 @@ FACTOR_TILES = "/factor.zarr/chol/c/"
 SLOW = {**FAST, "read_timeout": 600, "operation_timeout": 600}
 
 
+#: rows of the Ctrl-C run's data: 15 tiles of 32 a side, 120 factor tiles, about 10 s of
+#: factor writes on the loopback store (its 36 tiles of the 300 rows were written within
+#: 3 s, sometimes before the pause came)
+SLOW_ROWS = 480
+
+
 def _slow_conf(conf: Path, dest: Path) -> Path:
-    """``conf`` with the :data:`SLOW` waits."""
+    """``conf`` with the :data:`SLOW` waits, on :data:`SLOW_ROWS` rows of its own."""
     slow_conf = dest / "slow.yaml"
     cfg = yaml.safe_load(conf.read_text())
     assert cfg["storage"]["options"] == FAST  # (a text replace of FAST's JSON matched nothing)
     cfg["storage"]["options"] = SLOW
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(SLOW_ROWS, 4))
+    np.save(dest / "X_slow.npy", X)
+    np.save(dest / "y_slow.npy", np.sin(X[:, 0]))
+    cfg["data"].update(path=str(dest / "X_slow.npy"), y_path=str(dest / "y_slow.npy"))
     slow_conf.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return slow_conf
 
