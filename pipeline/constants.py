@@ -371,7 +371,7 @@ TILE_BUFFER_POOL_BYTES = 640 << 20
 #: (measured: docs/PERFORMANCE.md#n--80000-a-gram-twice-this-machines-memory-item-4)
 RECYCLE_HELD_EVICTIONS = True
 #: new tile-read buffers of at least this many bytes are faulted in between two wide
-#: (all-core) BLAS calls on every core (pipeline.linalg.blas.first_touch_between_calls),
+#: (all-core) BLAS calls on every core (pipeline.engine.blas.first_touch_between_calls),
 #: not by a reader thread that preempts one of the call's threads while its partners
 #: spin; 0 turns it off (measured: docs/PERFORMANCE.md#known-traps)
 FIRST_TOUCH_MIN_BYTES = 4 << 20

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 import pipeline._optional as _optional
+from pipeline.engine import blas
 from pipeline.errors import DeviceUnavailableError
 from pipeline.options import DEVICES
 
@@ -124,7 +125,7 @@ class Backend:
 
             c = np.array(a, dtype=np.float64, order="C", copy=not overwrite)
             # C order is the transpose: POTRF of the upper triangle of a.T, the same
-            # call as pipeline.linalg.blas.potrf_lower
+            # call as blas.potrf_lower
             u, info = lapack.dpotrf(c.T, lower=0, clean=1, overwrite_a=1)
             return u.T, int(info)
         if self.name == "cupy":
@@ -158,16 +159,17 @@ class Backend:
         return xp.matrix_transpose(self.solve_triangular(L, xp.matrix_transpose(A), lower=True))
 
     def gemm_nt_sub(self, a: Any, x: Any, y: Any) -> Any:
-        """``a - x @ yᵀ``, in place of ``a`` where the backend can (cuBLAS GEMM with
-        β = 1); returns the result."""
+        """``a - x @ yᵀ``, in place of ``a`` where the backend can (a GEMM with β = 1:
+        cuBLAS, or on the host the tile engine's GIL-free call,
+        :func:`pipeline.engine.blas.gemm_nt_sub`, which the CPU's tile Cholesky makes);
+        returns the result."""
         if self.name == "cupy" and a.flags.c_contiguous:
             import cupy.cublas
 
             cupy.cublas.gemm("N", "T", x, y, out=a, alpha=-1.0, beta=1.0)
             return a
         if self.name == "numpy":
-            a -= x @ y.T
-            return a
+            return blas.gemm_nt_sub(a, x, y)
         xp = self.xp
         return a - xp.matmul(x, xp.matrix_transpose(y))
 

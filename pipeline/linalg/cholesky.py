@@ -43,10 +43,10 @@ from typing import Any
 import numpy as np
 
 from pipeline.constants import DIRECT_FACTOR_WRITES
+from pipeline.engine import blas as gil_free_blas
 from pipeline.engine.passes import pending
 from pipeline.engine.tile_io import TileIO
 from pipeline.engine.where import auto_scheduler, factor_threads, tile_blas_threads
-from pipeline.linalg import blas as gil_free_blas
 
 # ---------------------------------------------------------------------------
 # per-process cache of finished factor tiles (pipeline.linalg.cholesky_cache)
@@ -139,7 +139,7 @@ def _tile_task(
     """Dask task: factor tile (i, j) unless its marker exists; return a tiny record.
 
     ``blas_threads``: every BLAS/LAPACK call of the task runs with exactly this many
-    threads (:func:`pipeline.linalg.blas.fixed_width`), so the tile's bits do not
+    threads (:func:`pipeline.engine.blas.fixed_width`), so the tile's bits do not
     depend on the executor or on what else runs (None: the caller's setting);
     ``host_lock``: wide calls also queue with those of other processes on this host
     (Dask worker processes); ``host_shared``: the factor tiles go through the page

@@ -21,8 +21,8 @@ import numpy as np
 
 import pipeline.constants as C
 from pipeline.constants import TILE_BUFFER_POOL_BYTES
+from pipeline.engine import blas as gil_free_blas
 from pipeline.engine.tile_io import TileIO
-from pipeline.linalg import blas as gil_free_blas
 from pipeline.storage import TiledArray
 from pipeline.storage import buffers as tile_buffers
 from pipeline.storage.rawchunks import chunk_layout, release_direct_buffers

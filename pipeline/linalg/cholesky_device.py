@@ -174,15 +174,15 @@ def device_factor_fingerprint(
     """Fingerprint of a factor made on ``be``: the CPU's
     :func:`~pipeline.linalg.cholesky.factor_fingerprint` (``gram``: the Gram's
     TiledArray, or its fingerprint string) chained with ``{"device": be.name}`` (another
-    backend rounds differently, so its tiles are other work)."""
+    backend rounds differently, so its tiles are other work). On the host, also the
+    update's recipe: the engine's in-place GEMM (``"gemm"``), whose bits differ from
+    NumPy's ``a -= x @ y.T`` that made the tiles stored before (no ``"update"``)."""
     g = SimpleNamespace(fingerprint=gram) if isinstance(gram, str) else gram
     policy = make_jitter_policy(jitter)
-    return fingerprint_obj(
-        {
-            "factor": factor_fingerprint(g, lam, convention, policy, dtype),
-            "device": be.name,
-        }
-    )
+    recipe = {"factor": factor_fingerprint(g, lam, convention, policy, dtype), "device": be.name}
+    if be.name == "numpy":
+        recipe["update"] = "gemm"
+    return fingerprint_obj(recipe)
 
 
 def open_device_factor(

@@ -30,6 +30,7 @@ import numpy as np
 
 import pipeline.constants as C
 from pipeline.constants import DASK_CRITICAL_PATH_FIRST
+from pipeline.engine import blas as gil_free_blas
 from pipeline.engine import parallel  # parallel.compute: looked up per call (tests spy on it)
 from pipeline.engine.dag import RankOrder, run_dag, serial_order, upward_ranks
 from pipeline.engine.parallel import blas_threads as _blas
@@ -43,7 +44,6 @@ from pipeline.engine.where import (
     tile_blas_threads,
     tile_owners,
 )
-from pipeline.linalg import blas as gil_free_blas
 from pipeline.linalg.cholesky_cache import release_worker_tiles
 from pipeline.storage.rawchunks import chunk_layout, prefetch_chunk
 
@@ -246,7 +246,7 @@ def _run_threads(
     ``blas_threads`` (default :func:`~pipeline.engine.where.tile_blas_threads` of ``wide``, or
     ``blas_cores`` when ``wide`` and given): every BLAS call of every task uses
     exactly that many threads. Above one, the calls run one at a time
-    (:func:`pipeline.linalg.blas.serialized`); the tile threads then overlap their
+    (:func:`pipeline.engine.blas.serialized`); the tile threads then overlap their
     reads, copies and checksums with the BLAS call in progress.
 
     The engine's in-process DAG executor (:func:`pipeline.engine.dag.run_dag`): a task
@@ -321,7 +321,7 @@ def _tile_io(gram: Any, L: Any, todo: list, rank: dict, width: int = 1) -> TileI
     written behind, so the tile threads keep the cores busy with BLAS (a few tiles of
     extra memory). With wide BLAS calls (``width`` > 1) a new read buffer is faulted
     in between two calls on every core
-    (:func:`pipeline.linalg.blas.first_touch_between_calls`)."""
+    (:func:`pipeline.engine.blas.first_touch_between_calls`)."""
     depth = _io_depth(gram, L)
     order = serial_order(todo, lambda t: _deps(*t), rank)
     touch = gil_free_blas.first_touch_between_calls(width) if width > 1 else None

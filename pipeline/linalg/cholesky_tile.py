@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 import pipeline.constants as C
+from pipeline.engine import blas as gil_free_blas
 from pipeline.engine.tile_io import TileIO
-from pipeline.linalg import blas as gil_free_blas
 from pipeline.linalg.cholesky_cache import _read_factor_tile
 from pipeline.linalg.cholesky_exec import prefetch_gram_tile, read_gram_tile
 from pipeline.linalg.cholesky_options import (
@@ -53,7 +53,7 @@ def _check_finite_diagonal(a: np.ndarray, i: int, when: str) -> None:
 def _potrf_lower(a: np.ndarray, overwrite: bool = False) -> tuple[np.ndarray, int]:
     """Lower Cholesky factor of the tile whose *lower* triangle ``a`` holds (C order).
 
-    GIL-free (:func:`pipeline.linalg.blas.potrf_lower`: the same LAPACK call as
+    GIL-free (:func:`pipeline.engine.blas.potrf_lower`: the same LAPACK call as
     SciPy's ``potrf(a.T, lower=0)``, so the same bits), so the other tile threads
     keep doing their I/O meanwhile.
     """
@@ -90,7 +90,7 @@ def _updated_tile(
 
     Accumulated in place, GEMM off the diagonal and SYRK on it (half the flops),
     in a fixed k order, so the result is reproducible bit for bit. The BLAS calls
-    release the GIL (:mod:`pipeline.linalg.blas`; SciPy's f2py ``gemm``/``syrk``/
+    release the GIL (:mod:`pipeline.engine.blas`; SciPy's f2py ``gemm``/``syrk``/
     ``trsm`` wrappers hold it, which serialised the tile threads), so tile
     threads overlap.
     """

@@ -60,8 +60,9 @@ def dense_dual_bytes(
     plus the data, targets and dual coefficients (float64), and, from the order at which
     the factor is blocked (:data:`~pipeline.constants.ONE_BLAS_THREAD_FROM`), the tiles
     the driver holds besides the matrix (:data:`~pipeline.constants.DENSE_POTRF_TILES_HELD`,
-    the one it updates among them) and the temporary of its GEMM update: HELD + 1 tiles
-    of ``DENSE_POTRF_TILE``."""
+    the one it updates among them) and one for its temporaries (the GEMM updates the tile
+    in place; a TRSM's output lies beside the tile it solves): HELD + 1 tiles of
+    ``DENSE_POTRF_TILE``."""
     n = int(n_samples)
     tiles = 0
     if n >= C.ONE_BLAS_THREAD_FROM:

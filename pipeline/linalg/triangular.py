@@ -28,10 +28,10 @@ from scipy.linalg import blas as sblas
 
 from pipeline.constants import SWEEP_LANE_COLUMNS
 from pipeline.engine import where
+from pipeline.engine.blas import process_threads
 from pipeline.engine.dag import run_dag, serial_order, upward_ranks
 from pipeline.engine.tile_io import TileIO
 from pipeline.float_range import pow2_exponents
-from pipeline.linalg.blas import process_threads
 from pipeline.linalg.cg import CGConvergenceError, CGConvergenceWarning, conjugate_gradient
 from pipeline.linalg.cholesky import CholeskyFactor, _read_factor_tile, release_tile_cache
 from pipeline.linalg.matvec import MatrixFreeKernelOperator, StoredKernelOperator

@@ -8,8 +8,8 @@ import time
 import numpy as np
 import pytest
 
+from pipeline.engine.blas import gemm_nt_sub, syrk_lower_sub, trsm_right_lower_t
 from pipeline.engine.tile_io import TileIO
-from pipeline.linalg.blas import gemm_nt_sub, syrk_lower_sub, trsm_right_lower_t
 
 RTOL = {np.float64: 1e-12, np.float32: 2e-5}
 
@@ -209,7 +209,7 @@ def test_numpys_own_blas_is_told_apart_by_where_it_lies(monkeypatch, tmp_path, v
     environment named after it) does not make SciPy's library numpy's too."""
     import types
 
-    from pipeline.linalg import blas
+    from pipeline.engine import blas
 
     site = f"{venv}/lib/python3.11/site-packages"
     fake_numpy = types.SimpleNamespace(__file__=f"{site}/numpy/__init__.py")

@@ -2,7 +2,7 @@
 
 On a VM a new buffer's first touch is most of a tile read's CPU. A reader thread that
 faults its pages in while an all-core BLAS call runs preempts one of the call's
-threads, and the others spin. :func:`pipeline.linalg.blas.first_touch_between_calls`
+threads, and the others spin. :func:`pipeline.engine.blas.first_touch_between_calls`
 waits for the lock the wide calls hold and faults the buffer in on every core
 (:func:`pipeline.storage.buffers.touch`); the factor's bits do not depend on it.
 """
@@ -16,7 +16,7 @@ import pytest
 from _tiles import rbf_matrix, write_gram
 
 import pipeline.constants as policy_constants
-from pipeline.linalg import blas
+from pipeline.engine import blas
 from pipeline.linalg.cholesky import release_tile_cache, tile_cholesky
 from pipeline.storage import buffers
 

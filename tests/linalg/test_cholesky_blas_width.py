@@ -95,7 +95,7 @@ def test_distributed_workers_give_the_same_bits(gram, tmp_path, monkeypatch):
 def test_gil_free_potrf_matches_scipy_bit_for_bit():
     from scipy.linalg import lapack
 
-    from pipeline.linalg import blas
+    from pipeline.engine import blas
     from pipeline.linalg.cholesky import _potrf_lower
 
     rng = np.random.default_rng(2)

@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pipeline.engine import blas
 from pipeline.kernels.basic import RBF
-from pipeline.linalg import blas
 from pipeline.linalg import triangular as tri
 from pipeline.linalg.cholesky import tile_cholesky
 from pipeline.linalg.gram import build_gram

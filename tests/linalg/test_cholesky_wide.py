@@ -12,7 +12,7 @@ import threading
 
 import numpy as np
 
-from pipeline.linalg import blas
+from pipeline.engine import blas
 from pipeline.linalg.cholesky import tile_cholesky
 from pipeline.storage import fingerprint_obj, open_tiled_array
 

@@ -211,7 +211,7 @@ def test_tiles_computed_on_demand_use_one_numpy_blas_thread(tmp_path):
     """numpy's own BLAS (not the tile calls' SciPy BLAS) runs one thread while the
     threads executor factors, so a Gram tile evaluated in a read-ahead thread does not
     preempt the tile calls' BLAS threads; the count is restored afterwards."""
-    from pipeline.linalg import blas
+    from pipeline.engine import blas
 
     own = blas._numpy_own_blas()
     if not own:

@@ -124,8 +124,8 @@ def _floor(gram) -> dict:
     """
     from gemm_baseline import best_seconds as best  # this script's directory
 
+    from pipeline.engine import blas
     from pipeline.engine.where import tile_blas_threads
-    from pipeline.linalg import blas
 
     g = gram.grid
     sizes = g.row_chunks()

@@ -37,9 +37,9 @@ import numpy as np
 import scipy.linalg
 
 import pipeline.models.selection.loo as loo_mod
+from pipeline.engine.blas import process_threads
 from pipeline.kernels import RBF
 from pipeline.linalg import triangular as tri
-from pipeline.linalg.blas import process_threads
 from pipeline.linalg.cholesky import _read_factor_tile, tile_cholesky
 from pipeline.linalg.gram import build_gram
 from pipeline.linalg.triangular import cholesky_solve

@@ -4,7 +4,7 @@ The Cholesky targets are stated against float64 GEMM ("120 GFLOP/s, 75 % of GEMM
 peak"), and the machine under the benchmarks changes from session to session, so
 the fit benchmarks measure the peak themselves, beside the factorisation: the tile
 kernel the factor spends most of its time in (``C -= A @ B.T`` through
-:func:`pipeline.linalg.blas.gemm_nt_sub`) on square ``block`` tiles, with every
+:func:`pipeline.engine.blas.gemm_nt_sub`) on square ``block`` tiles, with every
 core in one call, as the executors' wide tasks run it. Best of ``repeats``.
 
 It imports internals (the GIL-free BLAS wrapper) because the baseline must be the
@@ -39,8 +39,8 @@ def best_seconds(fn, setup=lambda: None, repeats: int = 3) -> float:
 
 def gemm_peak_gflops(block: int = 4000, repeats: int = 3, dtype=np.float64) -> float:
     """Best GFLOP/s of ``block``³ tile GEMMs (2·b³ flops each) on all cores."""
+    from pipeline.engine import blas
     from pipeline.engine.where import tile_blas_threads
-    from pipeline.linalg import blas
 
     rng = np.random.default_rng(0)
     a = rng.standard_normal((block, block)).astype(dtype)

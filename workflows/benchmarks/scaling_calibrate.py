@@ -1,7 +1,7 @@
 """Per-tile costs measured inside a Dask worker process, the way the tile tasks run them.
 
 :func:`calibrate` runs on a worker (``client.submit``) of the cluster the real runs use:
-BLAS tile operations through :mod:`pipeline.linalg.blas` at the tasks' fixed BLAS
+BLAS tile operations through :mod:`pipeline.engine.blas` at the tasks' fixed BLAS
 width (with the host lock, as the Dask executor sets it), a Gram tile read, a factor
 tile write with its marker, the wide-GEMM slowdown with 1, 2, ... busy cores beside
 it, and the Python cost of a whole tile task beyond those (``task_fixed``, from real
@@ -59,7 +59,7 @@ def _gemm_loop(b: int) -> subprocess.Popen:
 
 def calibrate(gram, width: int, host_lock: bool, max_busy: int = 2, repeat: int = 15) -> dict:
     """Costs of one tile task's parts at BLAS width ``width`` (seconds, medians)."""
-    from pipeline.linalg import blas
+    from pipeline.engine import blas
     from pipeline.linalg import cholesky as chol
     from pipeline.storage import open_tiled_array
 

@@ -9,7 +9,7 @@ workers of a host share its cores:
   calls (``blas_threads`` cores each), the tile write (one core); factor tiles a
   worker already holds (its LRU tile cache) are not read again;
 * BLAS calls wider than one thread hold the host-wide lock (``host_lock``, as
-  :func:`pipeline.linalg.blas._host_lock`): one wide call at a time per host;
+  :func:`pipeline.engine.blas._host_lock`): one wide call at a time per host;
 * one-core phases share the host's cores in proportion (processor sharing);
 * a wide BLAS call whose threads are oversubscribed (the other workers' one-core
   phases need cores too) runs ``wide_penalty[k]`` times slower with ``k`` other

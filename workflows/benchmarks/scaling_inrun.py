@@ -2,7 +2,7 @@
 
 :func:`install` (run on every worker with ``client.run``) wraps the calls a tile task
 makes, in that worker process only: the four BLAS tile kernels of
-:mod:`pipeline.linalg.blas`, ``TiledArray.read_tile`` / ``write_tile`` and the tile
+:mod:`pipeline.engine.blas`, ``TiledArray.read_tile`` / ``write_tile`` and the tile
 task itself (:func:`pipeline.linalg.cholesky._tile_task`). Each call appends
 ``(kind, start, end)`` (``time.perf_counter``, one clock for all the processes of a
 host) to a list in the worker; :func:`collect` returns and clears it. The wrappers
@@ -44,7 +44,7 @@ def _timed(kind, fn, tag=None):
 
 def install() -> bool:
     """Wrap the tile task's calls in this process (idempotent)."""
-    from pipeline.linalg import blas
+    from pipeline.engine import blas
     from pipeline.linalg import cholesky as chol
     from pipeline.storage.arrays import TiledArray
 

@@ -72,7 +72,7 @@ def _warm_worker() -> None:
     import scipy.linalg.cython_blas  # noqa: F401
     import zarr  # noqa: F401
 
-    from pipeline.linalg import blas, cholesky  # noqa: F401
+    from pipeline.engine import blas, cholesky  # noqa: F401
 
     blas._blas_controllers()
 
