@@ -120,14 +120,8 @@ class Backend:
         The strict upper triangle of L is zero. ``overwrite``: ``a`` may be used as L's
         storage (cuSOLVER's POTRF in place, no second tile of device memory).
         """
-        if self.name == "numpy":
-            from scipy.linalg import lapack
-
-            c = np.array(a, dtype=np.float64, order="C", copy=not overwrite)
-            # C order is the transpose: POTRF of the upper triangle of a.T, the same
-            # call as blas.potrf_lower
-            u, info = lapack.dpotrf(c.T, lower=0, clean=1, overwrite_a=1)
-            return u.T, int(info)
+        if self.name == "numpy":  # the CPU tile Cholesky's own call
+            return blas.potrf_lower_float64(np.asarray(a), overwrite)
         if self.name == "cupy":
             return _cupy_potrf_lower(a, overwrite)
         try:
@@ -154,9 +148,27 @@ class Backend:
         return xp.linalg.solve(A, B)
 
     def trsm_right_lower_t(self, L: Any, A: Any) -> Any:
-        """``X`` with ``X @ Lᵀ = A`` (``L`` lower): a factor tile below the diagonal."""
+        """``X`` with ``X @ Lᵀ = A`` (``L`` lower): a factor tile below the diagonal; in
+        place of ``A`` on the host when ``A`` is a writable C-ordered tile of ``L``'s
+        dtype (the CPU tile Cholesky's GIL-free TRSM), else a new array."""
+        if self.name == "numpy":
+            L = np.asarray(L)
+            ok = A.flags.c_contiguous and A.flags.writeable and A.dtype == L.dtype
+            A = A if ok else np.array(A, dtype=np.result_type(L, A), order="C")
+            if L.dtype != A.dtype or L.strides[1] != L.itemsize:
+                L = np.array(L, dtype=A.dtype, order="C")
+            return blas.trsm_right_lower_t(L, A)
         xp = self.xp
         return xp.matrix_transpose(self.solve_triangular(L, xp.matrix_transpose(A), lower=True))
+
+    def syrk_lower_sub(self, a: Any, x: Any) -> Any:
+        """``a - x @ xᵀ`` on the lower triangle (diagonal included) of the square ``a``;
+        its strict upper triangle is then undefined. Half a GEMM's flops on the host
+        (the tile engine's GIL-free SYRK, as the CPU's tile Cholesky updates its diagonal
+        tiles); a whole GEMM elsewhere."""
+        if self.name == "numpy":
+            return blas.syrk_lower_sub(a, x)
+        return self.gemm_nt_sub(a, x, x)
 
     def gemm_nt_sub(self, a: Any, x: Any, y: Any) -> Any:
         """``a - x @ yᵀ``, in place of ``a`` where the backend can (a GEMM with β = 1:

@@ -357,6 +357,14 @@ def potrf_lower(a: np.ndarray) -> int:
     return int(info.value)
 
 
+def potrf_lower_float64(a: np.ndarray, overwrite: bool = False) -> tuple[np.ndarray, int]:
+    """:func:`potrf_lower` in float64: ``(L, info)``, on ``a`` itself when ``overwrite``
+    and it is a writable C-contiguous float64 tile, else on a float64 copy."""
+    ok = overwrite and a.flags.c_contiguous and a.flags.writeable and a.dtype == np.float64
+    c = a if ok else np.array(a, dtype=np.float64, order="C")
+    return c, int(potrf_lower(c))
+
+
 def trsm_right_lower_t(ell: np.ndarray, a: np.ndarray) -> np.ndarray:
     """Solve ``x @ ell.T = a`` for ``x`` in place of ``a`` (``ell`` lower triangular)."""
     p = _prefix(ell, a)

@@ -8,8 +8,10 @@ The same mathematics, tile order and k order as the CPU's tile Cholesky
     L_ij = A @ inv(L_jj).T          (i > j, a TRSM)
 
 with the backend's calls: :meth:`~Backend.gemm_nt_sub` for the updates (cuBLAS GEMM
-with beta = 1, in place), :meth:`~Backend.cholesky_lower` (cuSOLVER POTRF in place)
-and :meth:`~Backend.trsm_right_lower_t`. Every tile is its own contiguous device
+with beta = 1, in place; :meth:`~Backend.syrk_lower_sub` for a diagonal tile's, half
+the flops on the host), :meth:`~Backend.cholesky_lower` (cuSOLVER POTRF in place)
+and :meth:`~Backend.trsm_right_lower_t`. On the NumPy backend these are the CPU tile
+Cholesky's own GIL-free calls (:mod:`pipeline.engine.blas`). Every tile is its own contiguous device
 array, and a Gram tile's buffer becomes its factor tile: the device holds the factor
 once (the lower triangle), never a second copy of the matrix.
 
@@ -175,13 +177,14 @@ def device_factor_fingerprint(
     :func:`~pipeline.linalg.cholesky.factor_fingerprint` (``gram``: the Gram's
     TiledArray, or its fingerprint string) chained with ``{"device": be.name}`` (another
     backend rounds differently, so its tiles are other work). On the host, also the
-    update's recipe: the engine's in-place GEMM (``"gemm"``), whose bits differ from
-    NumPy's ``a -= x @ y.T`` that made the tiles stored before (no ``"update"``)."""
+    tiles' recipe: the engine's in-place GEMM and TRSM (``"engine-blas"``), whose bits
+    differ from NumPy's ``a -= x @ y.T`` and SciPy's ``solve_triangular`` that made the
+    tiles stored before (no ``"update"``)."""
     g = SimpleNamespace(fingerprint=gram) if isinstance(gram, str) else gram
     policy = make_jitter_policy(jitter)
     recipe = {"factor": factor_fingerprint(g, lam, convention, policy, dtype), "device": be.name}
     if be.name == "numpy":
-        recipe["update"] = "gemm"
+        recipe["update"] = "engine-blas"
     return fingerprint_obj(recipe)
 
 
@@ -633,7 +636,8 @@ def device_cholesky(
                     for k in range(j):  # the fixed k order
                         ljk = f.tile(j, k, pinned=((i, k),))
                         lik = f.tile(i, k, pinned=((j, k),))
-                        a = be.gemm_nt_sub(a, lik, ljk)
+                        # (a diagonal tile: only its lower triangle is factored)
+                        a = be.syrk_lower_sub(a, ljk) if i == j else be.gemm_nt_sub(a, lik, ljk)
                 finally:
                     f._resident -= tile_bytes
                 info: dict[str, Any] = {}

@@ -50,17 +50,10 @@ def _check_finite_diagonal(a: np.ndarray, i: int, when: str) -> None:
     )
 
 
-def _potrf_lower(a: np.ndarray, overwrite: bool = False) -> tuple[np.ndarray, int]:
-    """Lower Cholesky factor of the tile whose *lower* triangle ``a`` holds (C order).
-
-    GIL-free (:func:`pipeline.engine.blas.potrf_lower`: the same LAPACK call as
-    SciPy's ``potrf(a.T, lower=0)``, so the same bits), so the other tile threads
-    keep doing their I/O meanwhile.
-    """
-    ok = overwrite and a.flags.c_contiguous and a.flags.writeable and a.dtype == np.float64
-    c = a if ok else np.array(a, dtype=np.float64, order="C")
-    info = gil_free_blas.potrf_lower(c)
-    return c, int(info)
+#: lower Cholesky factor of the tile whose *lower* triangle ``a`` holds (C order), in
+#: float64, GIL-free (the same LAPACK call as SciPy's ``potrf(a.T, lower=0)``, so the same
+#: bits), so the other tile threads keep doing their I/O meanwhile
+_potrf_lower = gil_free_blas.potrf_lower_float64
 
 
 def _float64_scratch(a: np.ndarray) -> np.ndarray:

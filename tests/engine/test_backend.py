@@ -96,6 +96,13 @@ def test_gemm_nt_sub(be):
     np.testing.assert_allclose(out, a - x @ y.T, rtol=1e-14, atol=1e-14)
 
 
+def test_syrk_lower_sub_updates_the_lower_triangle(be):
+    rng = np.random.default_rng(4)
+    a, x = rng.standard_normal((9, 9)), rng.standard_normal((9, 4))
+    out = be.to_numpy(be.syrk_lower_sub(be.asarray(a.copy()), be.asarray(x)))
+    np.testing.assert_allclose(np.tril(out), np.tril(a - x @ x.T), rtol=1e-14, atol=1e-14)
+
+
 def test_round_trip_and_dtype(be):
     a = np.arange(6.0).reshape(2, 3)
     d = be.asarray(a, dtype="float32")
