@@ -310,9 +310,11 @@ CV_DEFAULT_RANK = 200
 STAGNATION_WINDOW = 200
 #: rows of the n x r Nyström factor multiplied at once (bounds the float64 temporaries)
 FACTOR_ROW_STEP = 8192
-#: from this order on, an in-memory dense Cholesky (``linalg.dense_dual.cho_factor``)
-#: runs LAPACK's potrf with one BLAS thread: scipy 1.17's bundled OpenBLAS crashes with
-#: 2 threads at n >= ~15,800 (docs/PERFORMANCE.md#known-traps)
+#: from this order on, an in-memory dense Cholesky (``linalg.dense_dual.cho_factor``) is
+#: blocked in tiles of DENSE_POTRF_TILE (and a lone potrf would get one BLAS thread):
+#: scipy 1.17's bundled OpenBLAS crashes in a 2-thread potrf at n >= ~15,800
+#: (docs/PERFORMANCE.md#known-traps); the memory figure (dense_dual_bytes) counts the
+#: blocked factor's tiles from here too
 ONE_BLAS_THREAD_FROM = 12_000
 #: the package's large ``gᵀ g`` (OpenBLAS's SYRK: the Nyström sums, FALKON's T Tᵀ, FᵀF, a
 #: kernel object's X Xᵀ) run in column panels of at most this order

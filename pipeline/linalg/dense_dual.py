@@ -20,13 +20,14 @@ when the Cholesky fails (``lam = 0`` with a singular K, an indefinite kernel) do
 - a float ``j >= 0``: always factor ``K + (lam + j) I``; least squares if that fails.
 
 Threads: scipy 1.17's bundled OpenBLAS segfaults in a multi-threaded float64
-``potrf`` at n >= about 15,500. So from ``n >= BLOCKED_MIN_N``
-(``constants.ONE_BLAS_THREAD_FROM``) the factor is the package's tile Cholesky
+``potrf`` at n >= about 15,500. So from ``n >= constants.ONE_BLAS_THREAD_FROM`` the
+factor is the package's tile Cholesky
 (:func:`~pipeline.linalg.cholesky_device.device_cholesky` on the NumPy backend, the matrix
-itself its storage): ``potrf`` on ``POTRF_TILE`` diagonal tiles only, the updates
+itself its storage): ``potrf`` on ``constants.DENSE_POTRF_TILE`` diagonal tiles only,
+the updates
 multi-threaded GEMMs (measured against the one-thread ``potrf``: docs/PERFORMANCE.md).
-Below it, one ``potrf``, on one
-BLAS thread from ``ONE_BLAS_THREAD_FROM`` when ``BLOCKED_MIN_N`` is raised.
+Below it, one ``potrf``. Both constants are read when a factor is made, by this module
+and by the memory figure (:func:`~pipeline.linalg.dense_memory.dense_dual_bytes`) alike.
 :func:`cho_factor` is the one in-memory dense Cholesky of the package: every caller
 that factors a dense matrix in memory (the reference solve, the refinement of λ, a
 dense fold, the Nyström systems) goes through it, so none can meet the crash.
@@ -57,11 +58,6 @@ from pipeline.options import ALPHA_CONVENTIONS, diagonal_shift
 from pipeline.storage.tiles import TileGrid
 from pipeline.validation import check_alpha
 
-#: from this order on, factor in tiles (potrf never sees more than one tile); None: never
-BLOCKED_MIN_N: int | None = C.ONE_BLAS_THREAD_FROM
-#: tile order of the blocked factorisation (its one home: constants, which the plan's
-#: cost model reads too)
-POTRF_TILE = C.DENSE_POTRF_TILE
 _AUTO_JITTER = (1e-12, 1e-10, 1e-8, 1e-6)
 _SINGULAR_MSG = "Singular matrix in solving dual problem. Using least-squares solution instead."
 #: rows per block when predicting, so K(X_test, X_fit) stays below ~256 MiB
@@ -120,7 +116,7 @@ def _potrf_blocked(A: np.ndarray, tile: int | None = None) -> int:
     upper triangle is left untouched, as with LAPACK, so K can be restored.
     """
     n = A.shape[0]
-    tile = min(tile or POTRF_TILE, n)
+    tile = min(tile or C.DENSE_POTRF_TILE, n)
     grid = TileGrid(n, n, tile)
 
     def gram_tile(i: int, j: int) -> np.ndarray:  # a copy: the driver takes it over
@@ -140,7 +136,7 @@ def _potrf_blocked(A: np.ndarray, tile: int | None = None) -> int:
 
 def _potrf_inplace(A: np.ndarray) -> int:
     """Lower Cholesky of the F-ordered float64 ``A`` in place (blocked when large)."""
-    if BLOCKED_MIN_N is not None and A.shape[0] >= BLOCKED_MIN_N:
+    if A.shape[0] >= C.ONE_BLAS_THREAD_FROM:  # (potrf never sees more than one tile)
         return _potrf_blocked(A)
     return _potrf_dense(A)
 

@@ -123,8 +123,9 @@ def test_large_potrf_runs_on_one_blas_thread():
 def test_cho_factor_in_place_and_as_scipy(order, monkeypatch):
     """The one in-memory dense Cholesky: scipy's factor and solve, in ``a``'s memory
     when allowed (for a C-ordered ``a`` its transpose, so ``a``'s strict lower triangle
-    keeps ``a``), a copy otherwise, LinAlgError on an indefinite matrix; at the order
-    where OpenBLAS' 2-thread potrf crashes it factors with one BLAS thread."""
+    keeps ``a``), a copy otherwise, LinAlgError on an indefinite matrix; from the order
+    where OpenBLAS' 2-thread potrf crashes it is blocked (no potrf of the whole matrix),
+    and a lone potrf there (the benchmark's) gets one BLAS thread."""
     from scipy import linalg
 
     rng = np.random.default_rng(3)
@@ -157,7 +158,10 @@ def test_cho_factor_in_place_and_as_scipy(order, monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(dual_mod.lapack, "dpotrf", spy)
-    dual_mod.cho_factor(keep)
+    c = dual_mod.cho_factor(keep)
+    assert not seen  # blocked: its tiles' potrf are the engine's calls
+    np.testing.assert_allclose(linalg.cho_solve(c, b), want, rtol=1e-10)
+    assert dual_mod._potrf_dense(np.asfortranarray(keep)) == 0
     assert seen and set(seen) == {1}
 
 
@@ -165,8 +169,8 @@ def test_solve_dual_blocked_path(monkeypatch):
     X, Y = _data(n=300, t=2)
     K = RBF(gamma=0.5)(X)
     ref = solve_dual(K, Y, [0.1, 0.5])
-    monkeypatch.setattr(dual_mod, "BLOCKED_MIN_N", 100)
-    monkeypatch.setattr(dual_mod, "POTRF_TILE", 64)
+    monkeypatch.setattr(C, "ONE_BLAS_THREAD_FROM", 100)
+    monkeypatch.setattr(C, "DENSE_POTRF_TILE", 64)
     # entrywise relative error is meaningless for the tiny entries (3.4e-6 next to 0.5:
     # 2e-10 relative, 7e-16 absolute on AMD EPYC), so relative to the largest entry
     got = solve_dual(K, Y, [0.1, 0.5])

@@ -4,7 +4,7 @@ LAPACK potrf with BLAS held to one thread (the other OpenBLAS-safe option), same
     python workflows/benchmarks/bench_reference_cholesky.py --quick   # n = 4096
     python workflows/benchmarks/bench_reference_cholesky.py           # n = 8192, 12288
 
-The faster one should be the default above ``dual.BLOCKED_MIN_N``.
+The faster one should be the default from ``constants.ONE_BLAS_THREAD_FROM`` rows.
 
 It imports internals (``pipeline.linalg.dense_dual``) because it times the in-memory reference
 solver, which is a test oracle and not public API.
