@@ -113,7 +113,7 @@ PINS: dict[str, str] = {
     # of the Nystrom preconditioner, the Cholesky-form Woodbury, replaced the eigen form,
     # whose CG iterates differ in the last bits; the recipe names the apply (its "form"
     # key, NYSTROM_FORM) so that a CG checkpoint of the eigen form is never resumed with
-    # it: such a run restarts its CG from iteration 0 (README "Upgrading")
+    # it: such a run restarts its CG from iteration 0 (docs/UPGRADING.md)
     "pre_nystrom": "693774a529e35e2a5dc42c4a8ffe11d7",
     # cg_fingerprint(FP, "f" * 32, y, tol 1e-8)
     "cg": "310eb72c0a7318e66a97ffe1ed8a9f30",
