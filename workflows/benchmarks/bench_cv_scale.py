@@ -197,9 +197,11 @@ def main(argv: list[str] | None = None) -> int:
         "predicted_seconds": st.get("predicted_search_seconds"),
         "phase_seconds": st.get("seconds"),
     }
+    verified = st.get("verified_score")  # (CG searches verify; the direct ones need not)
     print(
         f"search: {t_search:.1f} s, peak RSS {rss / GB:.2f} GB, selected {best} "
-        f"(CV R2 {search.best_score_:.6f}, verified {st.get('verified_score'):.6f}); "
+        f"(CV R2 {search.best_score_:.6f}, verified "
+        f"{'-' if verified is None else f'{verified:.6f}'}); "
         f"passes float32 {st.get('cg_passes_float32')} + float64 {st.get('cg_passes_float64')}, "
         f"ranks {st.get('preconditioner_ranks')}, redone exactly {st.get('redone_direct', 0)}"
     )
