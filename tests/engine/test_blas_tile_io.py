@@ -202,6 +202,18 @@ def test_an_interrupt_caps_the_store_waits_of_the_queued_writes(error):
     assert (caps[0] is not None) == (error is KeyboardInterrupt), caps
 
 
+def test_a_store_wait_cap_lasts_for_the_cleanup_only(monkeypatch):
+    # the next fit in a notebook where Ctrl-C stopped one has the store's own waits again
+    from pipeline.storage import waits
+
+    monkeypatch.setattr(waits, "_WAIT_CAP", [])
+    waits.cap_store_waits()
+    assert waits.store_wait_cap() is not None
+    since, seconds = waits._WAIT_CAP[0]
+    waits._WAIT_CAP[0] = (since - waits.CAP_WINDOW - 1, seconds)
+    assert waits.store_wait_cap() is None
+
+
 @pytest.mark.parametrize("venv", ["/opt/venv", "/home/u/numpy-work/venv", "/srv/scipy_numpy"])
 def test_numpys_own_blas_is_told_apart_by_where_it_lies(monkeypatch, tmp_path, venv):
     """numpy's own BLAS is the library under numpy's package or its ``numpy.libs``,
