@@ -68,6 +68,7 @@ from pipeline.storage import fingerprint_blocks, fingerprint_obj
 from pipeline.storage.arrays import normalize_store
 from pipeline.storage.lease import LeaseLock
 from pipeline.storage.tempfiles import make_temp_store
+from pipeline.storage.waits import cap_store_waits
 
 __all__ = [
     "FitResult",
@@ -236,7 +237,12 @@ def execute(plan: FitPlan, X: Any, y: np.ndarray, kernel: Any, **options: Any) -
     is redone in float64, with a warning in the log and ``info["factor_dtype_fallback"]``
     naming the failure: "auto" can cost the float32 attempt's time, never the answer.
     In place, the float32 Gram (which held the failed factor) is rebuilt in float64.
+
+    A new fit lifts the cap an earlier interrupt put on the store's waits
+    (:func:`~pipeline.storage.waits.cap_store_waits`), as a new run does: the next fit in
+    a notebook where Ctrl-C stopped one has the store's own waits.
     """
+    cap_store_waits(None)
     with gpu_tasks(plan):
         return _execute_plan(plan, X, y, kernel, **options)
 

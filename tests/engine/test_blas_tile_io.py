@@ -214,6 +214,19 @@ def test_a_store_wait_cap_lasts_for_the_cleanup_only(monkeypatch):
     assert waits.store_wait_cap() is None
 
 
+def test_a_new_fit_lifts_the_store_wait_cap(monkeypatch):
+    # as a new run does (the runner): the fit after a Ctrl-C'd one waits on the store as usual
+    from pipeline import KernelRidge
+    from pipeline.storage import waits
+
+    monkeypatch.setattr(waits, "_WAIT_CAP", [])
+    waits.cap_store_waits()
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(40, 2))
+    KernelRidge(kernel="rbf", alpha=0.1).fit(X, X[:, 0])
+    assert waits.store_wait_cap() is None
+
+
 @pytest.mark.parametrize("venv", ["/opt/venv", "/home/u/numpy-work/venv", "/srv/scipy_numpy"])
 def test_numpys_own_blas_is_told_apart_by_where_it_lies(monkeypatch, tmp_path, venv):
     """numpy's own BLAS is the library under numpy's package or its ``numpy.libs``,
