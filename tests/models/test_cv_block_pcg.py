@@ -170,6 +170,10 @@ def test_screening_solves_only_the_best_lambdas_tightly(dense_ref):
     st = m.search_stats_
     assert st["screened_lambdas"] == 3 * (len(alphas) - 2)
     assert all(len(s["refined_lambda_indices"]) == 2 for s in st["screen"])
+    # each setting's screening passes are counted apart from the search's total
+    screen32 = [s["passes_float32"] for s in st["screen"]]
+    assert all(p >= 1 for p in screen32) and sum(screen32) < st["cg_passes_float32"]
+    assert sum(s["passes_float64"] for s in st["screen"]) < st["cg_passes_float64"]
     assert m.best_params_ == ref.best_params_
     # the screened scores carry the loose solve's error (measured here: < 1e-3 in R²);
     # the refined ones, including the chosen setting, are exact to the tight tolerance

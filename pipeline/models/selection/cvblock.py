@@ -230,11 +230,17 @@ def block_cv_predictions(
         # screening: every system to screen_tol, then only the chosen λ to tol
         target[:] = float(screen_tol)
         refine_to(target)
+        screen_passes = (count["passes32"], count["passes64"])
         keep = sorted({int(li) for li in refine(predictions())})
         target[np.isin(lam_of, keep)] = float(tol)
         stats["screened_lambdas"] = stats.get("screened_lambdas", 0) + L - len(keep)
         stats.setdefault("screen", []).append(
-            {"screen_tol": float(screen_tol), "refined_lambda_indices": keep}
+            {
+                "screen_tol": float(screen_tol),
+                "refined_lambda_indices": keep,
+                "passes_float32": screen_passes[0],
+                "passes_float64": screen_passes[1],
+            }
         )
     refine_to(target)
     for j in range(c):
