@@ -18,7 +18,6 @@ import os
 import subprocess
 import sys
 import warnings
-from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,19 +29,6 @@ import yaml
 from _forkserver import KrrForked, krr_forked, prestart
 
 TESTS = Path(__file__).resolve().parent
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The test files with the most ``slow`` tests first, each file's tests in their order.
-
-    The suite runs one file per worker at a time (``--dist loadfile``), handed out in this
-    order: a long file handed out last keeps one worker busy while the others have nothing
-    left (longest first is the classic rule for that)."""
-    slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
-    first = {}
-    for i, item in enumerate(items):
-        first.setdefault(item.path, i)
-    items.sort(key=lambda item: (-slow[item.path], first[item.path]))
 
 
 @pytest.fixture(scope="session")

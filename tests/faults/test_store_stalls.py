@@ -112,7 +112,7 @@ def test_run_against_a_paused_store_fails_before_work_with_exit_7(paused_command
 
 
 def test_run_paused_mid_work_exits_7_within_a_bounded_time(paused_commands):
-    rc, err, took = paused_commands["mid"]  # in its gram stage when the store paused
+    rc, err, took = paused_commands["mid"]  # at work (its gram written) when the store paused
     _assert_no_answer(rc, err)
     assert took < 60, took  # from the pause
 
@@ -168,25 +168,26 @@ FACTOR_TILES = "/factor.zarr/chol/c/"
 SLOW = {**FAST, "read_timeout": 600, "operation_timeout": 600}
 
 
-#: rows of the Ctrl-C run's data: 15 tiles of 32 a side, 120 factor tiles, about 10 s of
-#: factor writes on the loopback store (its 36 tiles of the 300 rows were written within
-#: 3 s, sometimes before the pause came)
+#: rows of the two runs that work while the store pauses (``mid``, ``ctrl_c``): 15 tiles
+#: of 32 a side, 120 factor tiles, about 10 s of factor writes on the loopback store (the
+#: 36 tiles of 300 rows were written within 3 s, sometimes before the pause came)
 SLOW_ROWS = 480
 
 
-def _slow_conf(conf: Path, dest: Path) -> Path:
-    """``conf`` with the :data:`SLOW` waits, on :data:`SLOW_ROWS` rows of its own."""
-    slow_conf = dest / "slow.yaml"
+def _rows_conf(conf: Path, dest: Path, name: str, options: dict) -> Path:
+    """``conf`` with the store ``options``, on :data:`SLOW_ROWS` rows of its own."""
+    out = dest / f"{name}.yaml"
     cfg = yaml.safe_load(conf.read_text())
     assert cfg["storage"]["options"] == FAST  # (a text replace of FAST's JSON matched nothing)
-    cfg["storage"]["options"] = SLOW
-    rng = np.random.default_rng(1)
-    X = rng.normal(size=(SLOW_ROWS, 4))
-    np.save(dest / "X_slow.npy", X)
-    np.save(dest / "y_slow.npy", np.sin(X[:, 0]))
+    cfg["storage"]["options"] = options
+    if not (dest / "X_slow.npy").exists():
+        rng = np.random.default_rng(1)
+        X = rng.normal(size=(SLOW_ROWS, 4))
+        np.save(dest / "X_slow.npy", X)
+        np.save(dest / "y_slow.npy", np.sin(X[:, 0]))
     cfg["data"].update(path=str(dest / "X_slow.npy"), y_path=str(dest / "y_slow.npy"))
-    slow_conf.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    return slow_conf
+    out.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return out
 
 
 def _ctrl_c(p: KrrProcess) -> tuple[int, str, float]:
@@ -206,7 +207,9 @@ def paused_commands(s3, conf, done_url, tmp_path_factory) -> dict[str, tuple[int
     until its gram stage is writing; beside it, ``krr run`` with the long :data:`SLOW`
     waits (``ctrl_c``) runs until its factor is writing tiles (:data:`FACTOR_TILES`: the
     threads executor's writer thread then has writes under way, which the unwinding
-    Ctrl-C waits for). Then the store is paused,
+    Ctrl-C waits for). Both work on the same :data:`SLOW_ROWS` rows, so ``mid`` is still
+    at work when ``ctrl_c`` reaches its factor (on 300 rows of its own, under load it once
+    finished every stage first and exited 0). Then the store is paused,
     and ``krr status``, ``unlock`` and ``report`` of the finished run, ``krr predict`` from
     a model on the store and ``krr run`` into a new run directory (``run``) start, and a
     second into the pause ``ctrl_c`` gets SIGINT. Each figure is measured as its test was
@@ -217,7 +220,8 @@ def paused_commands(s3, conf, done_url, tmp_path_factory) -> dict[str, tuple[int
     from pipeline import KernelRidge
 
     d = tmp_path_factory.mktemp("predict")
-    slow_conf = _slow_conf(conf, d)
+    mid_conf = _rows_conf(conf, d, "mid", FAST)
+    slow_conf = _rows_conf(conf, d, "slow", SLOW)
     rng = np.random.default_rng(0)
     X = rng.normal(size=(60, 3))
     model = f"s3://{BUCKET}/models/m"
@@ -227,7 +231,7 @@ def paused_commands(s3, conf, done_url, tmp_path_factory) -> dict[str, tuple[int
     argvs["predict"] = ["predict", model, str(d / "new.npy"), str(d / "out.npy")]
     argvs["run"] = ["run", str(conf), "--run-dir", f"s3://{BUCKET}/before"]
 
-    mid = _krr("run", str(conf), "--run-dir", f"s3://{BUCKET}/mid")
+    mid = _krr("run", str(mid_conf), "--run-dir", f"s3://{BUCKET}/mid")
     # long waits here: only Ctrl-C can end this run quickly
     ctrl_c = _krr("run", str(slow_conf), "--run-dir", f"s3://{BUCKET}/interrupted",
                   env={"FSSPEC_S3": json.dumps(SLOW)})  # fmt: skip
@@ -235,6 +239,7 @@ def paused_commands(s3, conf, done_url, tmp_path_factory) -> dict[str, tuple[int
         _wait_for(mid, "mid", "/gram/", time.time() + 120)  # the gram stage is writing
         # the factor's tiles are being written: its writer thread waits on the store
         _wait_for(ctrl_c, "interrupted", FACTOR_TILES, time.time() + 120)
+        assert mid.poll() is None, "the mid run finished before the pause"
         with paused(s3), ThreadPoolExecutor(len(argvs) + 2) as pool:
             mid_f = pool.submit(_exit, mid, 120, time.perf_counter())
             ctrl_c_f = pool.submit(_ctrl_c, ctrl_c)
