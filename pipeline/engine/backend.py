@@ -153,11 +153,8 @@ class Backend:
         dtype (the CPU tile Cholesky's GIL-free TRSM), else a new array."""
         if self.name == "numpy":
             L = np.asarray(L)
-            ok = A.flags.c_contiguous and A.flags.writeable and A.dtype == L.dtype
-            A = A if ok else np.array(A, dtype=np.result_type(L, A), order="C")
-            if L.dtype != A.dtype or L.strides[1] != L.itemsize:
-                L = np.array(L, dtype=A.dtype, order="C")
-            return blas.trsm_right_lower_t(L, A)
+            A = blas.output_tile(A, np.result_type(L, A), reuse=A.dtype == L.dtype)
+            return blas.trsm_right_lower_t(np.ascontiguousarray(L, dtype=A.dtype), A)
         xp = self.xp
         return xp.matrix_transpose(self.solve_triangular(L, xp.matrix_transpose(A), lower=True))
 

@@ -41,6 +41,7 @@ __all__ = [
     "fixed_width",
     "gemm_nt_sub",
     "numpy_blas_single_threaded",
+    "output_tile",
     "potrf_lower",
     "serialized",
     "syrk_lower_sub",
@@ -357,11 +358,19 @@ def potrf_lower(a: np.ndarray) -> int:
     return int(info.value)
 
 
+def output_tile(a: np.ndarray, dtype: Any, reuse: bool = True) -> np.ndarray:
+    """The tile a call here may overwrite: ``a`` itself when ``reuse`` and it is a
+    writable C-contiguous tile of ``dtype``, else a C-ordered copy in ``dtype``."""
+    dtype = np.dtype(dtype)
+    if reuse and a.flags.c_contiguous and a.flags.writeable and a.dtype == dtype:
+        return a
+    return np.array(a, dtype=dtype, order="C")
+
+
 def potrf_lower_float64(a: np.ndarray, overwrite: bool = False) -> tuple[np.ndarray, int]:
     """:func:`potrf_lower` in float64: ``(L, info)``, on ``a`` itself when ``overwrite``
     and it is a writable C-contiguous float64 tile, else on a float64 copy."""
-    ok = overwrite and a.flags.c_contiguous and a.flags.writeable and a.dtype == np.float64
-    c = a if ok else np.array(a, dtype=np.float64, order="C")
+    c = output_tile(a, np.float64, reuse=overwrite)
     return c, int(potrf_lower(c))
 
 
