@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import scipy.sparse as sp
-from sklearn.utils.validation import validate_data
 
 if TYPE_CHECKING:
     from pipeline.options import Knob
@@ -72,6 +71,10 @@ def validate_X_y(
             f"{type(estimator).__name__} requires y to be passed, but the target y is None; "
             "call fit(X, y) with the training targets"
         )
+    # scikit-learn at call time: a Dask worker that runs tile tasks from modules which
+    # import this one never pays its 0.7 s import
+    from sklearn.utils.validation import validate_data
+
     X, y = validate_data(
         estimator,
         X,
@@ -97,6 +100,8 @@ def validate_X_predict(estimator: Any, X: Any, *, precomputed: bool = False) -> 
     For ``precomputed`` kernels X is K(X_test, X_train) and must have
     ``n_samples_fit`` columns.
     """
+    from sklearn.utils.validation import validate_data
+
     X = validate_data(estimator, X, accept_sparse=SPARSE_FORMATS, dtype=FLOAT_DTYPES, reset=False)
     return X
 

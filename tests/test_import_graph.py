@@ -501,3 +501,36 @@ def test_the_plan_imports_no_solver():
         if dst.startswith("pipeline.linalg.") and dst != "pipeline.linalg.dense_memory"
     )
     assert found == []
+
+
+def test_the_layers_below_the_models_import_no_scikit_learn_at_module_level():
+    """A Dask worker imports the module of each task it runs (tiles, predictions, the
+    Gram): scikit-learn costs it 0.7 s of CPU per process, and those layers call it only
+    to validate an estimator's input or to subclass a warning made on first use
+    (``errors.CGConvergenceWarning``). Only the estimators (``models`` and above) import
+    it at module level."""
+    models = next(i for i, (name, _) in enumerate(LAYERS) if name.startswith("models"))
+    find = layer_of(LAYERS)
+    found = []
+    for m, path in package_modules().items():
+        layer = find(m)
+        if layer is None or layer >= models:
+            continue
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                # the lazy warning, taken by name, is made (and scikit-learn imported) at once
+                names = [node.module or ""] + [
+                    a.name for a in node.names if a.name == "CGConvergenceWarning"
+                ]
+            else:
+                continue
+            found += [
+                f"{m}: {n}"
+                for n in names
+                if n in ("sklearn", "CGConvergenceWarning") or n.startswith("sklearn.")
+            ]
+    assert found == [], "import scikit-learn inside the function that uses it:\n  " + "\n  ".join(
+        found
+    )

@@ -47,8 +47,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+import pipeline.errors as errors
 from pipeline.errors import (
-    CGConvergenceWarning,
     CGDivergenceError,
     CGStagnationError,
     IndefiniteKernelError,
@@ -66,12 +66,20 @@ __all__ = [
     "CGDivergenceError",
     "CGIndefiniteKernelError",
     "CGStagnationError",
-    "CGConvergenceWarning",
     "CGResult",
     "CGState",
     "Preconditioner",
     "conjugate_gradient",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # CGConvergenceWarning is made on first use (it subclasses scikit-learn's
+    # ConvergenceWarning: importing this module must not import scikit-learn)
+    if name == "CGConvergenceWarning":
+        return errors.CGConvergenceWarning
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 log = logging.getLogger(__name__)
 
@@ -587,7 +595,7 @@ def conjugate_gradient(
         )
         if strict:
             raise CGConvergenceError(msg)
-        warnings.warn(msg, CGConvergenceWarning, stacklevel=2)
+        warnings.warn(msg, errors.CGConvergenceWarning, stacklevel=2)
     log.info(
         "CG: %d iterations (from %d), %d products, rel. residual %.3e, %.2fs",
         st.iteration,

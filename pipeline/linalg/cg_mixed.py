@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
+import pipeline.errors as errors
 from pipeline.float_range import pow2_exponents
 from pipeline.linalg.cg import (
-    CGConvergenceWarning,
     CGDivergenceError,
     CGStagnationError,
     check_operator_kernel,
@@ -242,7 +242,7 @@ def mixed_precision_cg(
         nonlocal x, r, n_inner, n_low, n_high
         old = float(rel[0])
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", CGConvergenceWarning)
+            warnings.simplefilter("ignore", errors.CGConvergenceWarning)
             res = conjugate_gradient(
                 matvec_low,
                 r,

@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
+import pipeline.errors as errors
 from pipeline.constants import MIXED_INNER_PATIENCE, MIXED_INNER_TOL
 from pipeline.linalg.cg import (
-    CGConvergenceWarning,
     CGResult,
     CGStagnationError,
     CGState,
@@ -136,7 +136,7 @@ def _one_column(
             f"{mixed.rel_residual:.3e} > tol {tol:.1e} after {mixed.n_inner} inner iterations. "
             "Raise max_iter, use a preconditioner (e.g. 'nystrom'), loosen tol, or use "
             "cg_precision='float64'.",
-            CGConvergenceWarning,
+            errors.CGConvergenceWarning,
             stacklevel=3,
         )
     hist = np.asarray(mixed.history, dtype=np.float64).reshape(-1, 1)

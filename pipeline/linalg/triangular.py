@@ -26,13 +26,14 @@ from typing import Any
 import numpy as np
 from scipy.linalg import blas as sblas
 
+import pipeline.errors as errors
 from pipeline.constants import SWEEP_LANE_COLUMNS
 from pipeline.engine import where
 from pipeline.engine.blas import process_threads
 from pipeline.engine.dag import run_dag, serial_order, upward_ranks
 from pipeline.engine.tile_io import TileIO
 from pipeline.float_range import pow2_exponents
-from pipeline.linalg.cg import CGConvergenceError, CGConvergenceWarning, conjugate_gradient
+from pipeline.linalg.cg import CGConvergenceError, conjugate_gradient
 from pipeline.linalg.cholesky import CholeskyFactor, _read_factor_tile, release_tile_cache
 from pipeline.linalg.matvec import MatrixFreeKernelOperator, StoredKernelOperator
 from pipeline.storage import TiledArray, fingerprint_blocks, fingerprint_obj, open_tiled_array
@@ -515,7 +516,9 @@ def refine_with_operator(
         inner = float(np.clip(0.1 * tol / np.max(rel[todo]), 1e-8, 1e-2))
         rhs = np.where(todo, r, 0.0)  # a converged column stays as it is
         with warnings.catch_warnings():  # an inner solve short of its tol is judged
-            warnings.simplefilter("ignore", CGConvergenceWarning)  # by the next true residual
+            warnings.simplefilter(
+                "ignore", errors.CGConvergenceWarning
+            )  # by the next true residual
             res = conjugate_gradient(  # the loop's next true residual confirms it
                 op.matvec,
                 rhs,
