@@ -37,8 +37,11 @@ log = logging.getLogger("pipeline.models.selection")
 #: in its settings' fingerprints (``recipe``): a setting stored by the older arithmetic is
 #: recomputed, never mixed with new ones. ``band`` 2: its routed CG preconditions each
 #: fold with the one fold form (``FoldNystromBlock``), whose rounding differs from the
-#: per-fold form of version 1; predictions agree to the CG tolerance.
-PREDICTIONS_RECIPE: dict[str, int] = {"band": 2}
+#: per-fold form of version 1; predictions agree to the CG tolerance. ``nystrom`` 2: the
+#: held-out residuals are summed from predictions of the test rows, where version 1 took
+#: them from the moment formula, which cancelled (``nystrom_cv``): its stored scores
+#: could be wrong.
+PREDICTIONS_RECIPE: dict[str, int] = {"band": 2, "nystrom": 2}
 
 
 class SettingCheckpoint:

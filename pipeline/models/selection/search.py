@@ -135,8 +135,9 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         cost model) up to ``IN_MEMORY_MAX_N`` rows while the kernel copies fit in
         memory, else "cholesky" with a store, else "cg" (matrix-free). "nystrom":
         Nyström KRR with ``n_centers`` centres (an approximation, never chosen by
-        "auto"), every (λ, fold) scored from one pass of sufficient statistics per
-        kernel setting (:mod:`pipeline.models.selection.nystrom_cv`); scoring None,
+        "auto"), every (λ, fold) solved from one pass of sufficient statistics per
+        kernel setting and scored by a second pass that predicts the held-out rows
+        (:mod:`pipeline.models.selection.nystrom_cv`); scoring None,
         "r2", "neg_mean_squared_error" or "neg_root_mean_squared_error"; the refit is
         ``KernelRidge(solver="nystrom")`` with the same centres.
     gamma, degree, coef0 : optional
