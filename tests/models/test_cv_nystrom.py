@@ -14,7 +14,7 @@ from sklearn.model_selection import KFold
 
 from pipeline.engine.dense import kernel_matrix
 from pipeline.engine.fused import kernel_tile
-from pipeline.kernels import make_kernel
+from pipeline.kernels import Constant, make_kernel
 from pipeline.kernels.base import NonFiniteKernelError
 from pipeline.linalg.nystrom_solve import (
     NystromNormalOperator,
@@ -309,3 +309,39 @@ def test_held_out_residuals_are_summed_from_predictions_where_the_moments_cancel
         moments = float((q - 2 * np.sum(beta * r, axis=0) + np.sum(beta * (S @ beta), axis=0))[0])
         moments_off = max(moments_off, abs(moments - direct) / direct)
     assert moments_off > 0.1  # the case is one where the moment formula fails
+
+
+def test_r2_of_a_target_far_from_zero_and_of_pooled_folds_equal_scikit_learns():
+    """R²'s denominator ``Σ w (y - ȳ)²`` is summed about each fold's mean on the second
+    pass: from the moments, ``Σ w y² - (Σ w y)² / Σ w`` is 5 % off at y = 1e7 ± 1 (and 0
+    at 1e8), which moves an R² near 0 by 0.05. Pooled
+    folds (leave-one-out's one score) combine by the parallel-axis rule."""
+    X, y = data(n=300, seed=5)
+    y = (1e7 + y).reshape(-1, 1)
+    w = np.random.default_rng(6).uniform(0.5, 2.0, size=300)
+    splits = list(KFold(3, shuffle=True, random_state=0).split(X))
+    # a constant kernel term carries the offset (the fit is poor: R² about -0.01; the
+    # score must be that of its predictions all the same)
+    kern = make_kernel("rbf", gamma=0.5) + Constant(1e14)
+    out = nystrom_cv.setting_statistics(
+        X, y, kern, splits, [3e-2], lambda a, n: a, m=M, centers="uniform", random_state=0,
+        sample_weight=w,
+    )  # fmt: skip
+    C = X[nystrom_centres(X, kern, M, random_state=0)]
+    st = nystrom_cv.fold_statistics(
+        X, y, kern, C, nystrom_cv.fold_index(300, splits), 3, sample_weight=w
+    )
+    K_MM = centre_kernel(kern, C)
+    ys, ps, ws = [], [], []
+    for f, (_, te) in enumerate(splits):
+        beta, _ = nystrom_cv.fold_coefficients(st, K_MM, f, 3e-2)
+        G = np.empty((len(te), M))
+        kernel_tile(kern, X[te], C, G, kernel_dtype="float64")
+        p = G @ beta
+        want = r2_score(y[te], p, sample_weight=w[te])
+        assert -1.0 < want < 1.0
+        assert nystrom_cv.scores_from_statistics(out[0][f], "r2") == pytest.approx(want, rel=1e-7)
+        ys, ps, ws = ys + [y[te]], ps + [p], ws + [w[te]]
+    want = r2_score(np.vstack(ys), np.vstack(ps), sample_weight=np.concatenate(ws))
+    got = nystrom_cv.scores_from_statistics(nystrom_cv.pooled(out[0]), "r2")
+    assert got == pytest.approx(want, rel=1e-7)

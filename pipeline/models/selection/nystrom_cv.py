@@ -24,7 +24,7 @@ small λ, centres close together), its terms are many orders of magnitude above 
 residual. On diamonds (N = 35,000, M = 2,000 uniform centres, RBF γ = 0.03, λ = 0.01)
 it gave fold 4 an R² of 1.000000 where the fold's predictions score -10.6, and the
 search picked that setting. R² then follows from the residuals and the fold's moments
-(``q_f``, ``s_f``, ``W_f``).
+(``W_f``, ``s_f`` and the centred ``Σ w (y - ȳ_f)²``, summed on the same pass).
 
 Memory: (folds + 1) M x M float64 matrices, refused (:func:`check_statistics_memory`)
 beyond the memory available. Time: N·M² flops for the pass (a SYRK per fold and block),
@@ -32,8 +32,11 @@ plus (folds x λ) factorisations of M x M.
 
 The runner's strategy (:class:`pipeline.models.selection.strategies.NystromStrategy`:
 :func:`setting_statistics` per kernel setting) returns, per (λ, fold), the vector
-``[rss (t), W_f, q_f (t), s_f (t)]`` in place of predictions: the runner checkpoints it as it checkpoints predictions, and
-:func:`nystrom_scores` turns it into the supported scores (:data:`NYSTROM_SCORERS`).
+``[rss (t), W_f, c_f (t), s_f (t)]`` in place of predictions (``c_f = Σ w (y - ȳ_f)²``,
+about the fold's own mean, summed on the second pass too: ``q_f - s_f² / W_f`` cancels
+for a target far from zero, 1 - 1 at y = 1e8 ± 1): the runner checkpoints it as it
+checkpoints predictions, and :func:`nystrom_scores` turns it into the supported scores
+(:data:`NYSTROM_SCORERS`).
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ __all__ = [
     "check_statistics_memory",
     "fold_statistics",
     "nystrom_scores",
+    "pooled",
     "scores_from_statistics",
 ]
 
@@ -281,46 +285,71 @@ def fold_coefficients(
 
 def held_out_rss(
     X: Any, Y: np.ndarray, kernel: Any, C: np.ndarray, fold: np.ndarray, betas: np.ndarray,
-    *, sample_weight: np.ndarray | None = None, block_size: int = BLOCK_ROWS,
-    n_threads: int | None = None,
-) -> np.ndarray:  # fmt: skip
+    means: np.ndarray, *, sample_weight: np.ndarray | None = None,
+    block_size: int = BLOCK_ROWS, n_threads: int | None = None,
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """``rss[f, c] = Σ_{i in fold f} w_i (Y_i - g_i β_f)²`` for the columns c of ``betas[f]``
-    (F x M x c; fold f's coefficients, λ after λ, each with the t targets of ``Y``): a
-    second pass over X's row blocks (the statistics' pass, whose finite checks it does
-    not repeat), predicting each fold's test rows with all its columns in one product."""
+    (F x M x c; fold f's coefficients, λ after λ, each with the t targets of ``Y``), and
+    ``centred[f] = Σ_{i in fold f} w_i (Y_i - means[f])²`` (t): a second pass over X's row
+    blocks (the statistics' pass, whose finite checks it does not repeat), predicting each
+    fold's test rows with all its columns in one product."""
     F, _, c = betas.shape
     t = Y.shape[1]
     rss = np.zeros((F, c))
+    centred = np.zeros((F, t))
     blocks = _fold_blocks(X, Y, kernel, C, fold, sample_weight, block_size, n_threads, False)
     for f, Gf, y, w in blocks:
         if f >= 0:
             R = np.tile(y, (1, c // t)) - Gf @ betas[f]
             rss[f] += (w[:, None] * R * R).sum(axis=0)
-    return rss
+            centred[f] += (w[:, None] * (y - means[f]) ** 2).sum(axis=0)
+    return rss, centred
 
 
-def held_out(st: dict[str, np.ndarray], f: int, rss: np.ndarray) -> np.ndarray:
-    """``[rss (t), W_f, q_f (t), s_f (t)]`` of fold f's test rows (``rss``: their
-    residuals' weighted sum of squares per target, :func:`held_out_rss`)."""
-    return np.concatenate([rss, [st["W"][f]], st["q"][f], st["s"][f]])
+def held_out(st: dict[str, np.ndarray], f: int, rss: np.ndarray, centred: np.ndarray) -> np.ndarray:
+    """``[rss (t), W_f, c_f (t), s_f (t)]`` of fold f's test rows (``rss``: their residuals'
+    weighted sum of squares per target, ``c_f``: their targets' about the fold's mean,
+    :func:`held_out_rss`)."""
+    return np.concatenate([rss, [st["W"][f]], centred, st["s"][f]])
+
+
+def fold_means(st: dict[str, np.ndarray], n_folds: int) -> np.ndarray:
+    """Each fold's weighted mean target ``s_f / W_f`` (F x t; 0 for a fold of weight 0)."""
+    W = st["W"][:n_folds, None]
+    return np.where(W > 0, st["s"][:n_folds] / np.where(W > 0, W, 1.0), 0.0)
+
+
+def pooled(vs: list[np.ndarray]) -> np.ndarray:
+    """The held-out vector of several folds together (leave-one-out's): the residuals,
+    weights and sums add up, and the centred sums of squares by the parallel-axis rule
+    ``Σ_f c_f + Σ_f W_f (ȳ_f - ȳ)²`` (a sum of non-negative terms: no cancellation)."""
+    V = np.stack([np.asarray(v, dtype=np.float64) for v in vs])
+    t = (V.shape[1] - 1) // 3
+    W, s = V[:, t], V[:, 2 * t + 1 :]
+    Wt = W.sum()
+    mean_f = np.where(W[:, None] > 0, s / np.where(W > 0, W, 1.0)[:, None], 0.0)
+    mean = s.sum(axis=0) / Wt if Wt > 0 else np.zeros(t)
+    c = V[:, t + 1 : 2 * t + 1].sum(axis=0) + (W[:, None] * (mean_f - mean) ** 2).sum(axis=0)
+    return np.concatenate([V[:, :t].sum(axis=0), [Wt], c, s.sum(axis=0)])
 
 
 def scores_from_statistics(v: np.ndarray, scoring: Any, scale: Any = 1.0) -> float:
-    """The score of one held-out vector ``[rss (t), W, q (t), s (t)]`` (several folds
-    pooled by summing their vectors): scikit-learn's weighted scorer, its targets
-    averaged with equal weights (``multioutput="uniform_average"``); ``scale``: the
-    residuals' scale per column (:func:`scorer_units`; R² does not change)."""
+    """The score of one held-out vector ``[rss (t), W, c (t), s (t)]`` (several folds
+    pooled by :func:`pooled`): scikit-learn's weighted scorer, its targets averaged with
+    equal weights (``multioutput="uniform_average"``); ``scale``: the residuals' scale per
+    column (:func:`scorer_units`; R² does not change)."""
     t = (v.size - 1) // 3
-    rss, W, q, s = v[:t], v[t], v[t + 1 : 2 * t + 1], v[2 * t + 1 :]
+    rss, W, den, s = v[:t], v[t], v[t + 1 : 2 * t + 1], v[2 * t + 1 :]
     if scoring != "r2" and scoring is not None:
         rss = rss * np.asarray(scale, dtype=np.float64) ** 2
     if scoring == "neg_mean_squared_error":
         return float(-np.mean(rss / W))
     if scoring == "neg_root_mean_squared_error":
         return float(-np.mean(np.sqrt(rss / W)))
-    # R² (None and "r2"): 1 - rss / Σ w (y - ȳ_w)², scikit-learn's force_finite cases
-    den = q - s * s / W
-    zero = den <= 8 * np.finfo(np.float64).eps * np.abs(q)
+    # R² (None and "r2"): 1 - rss / Σ w (y - ȳ_w)², scikit-learn's force_finite cases (a
+    # constant target: its deviations from the rounded mean are a few ulps of ȳ)
+    mean = s / W if W > 0 else np.zeros_like(s)
+    zero = den <= W * (8 * np.finfo(np.float64).eps * np.abs(mean)) ** 2
     r2 = np.where(zero, np.where(rss == 0, 1.0, 0.0), 1.0 - rss / np.where(zero, 1.0, den))
     return float(np.mean(r2))
 
@@ -337,7 +366,7 @@ def nystrom_scores(
     for ci, c in enumerate(candidates):
         vs = results[settings.index(c.kernel_params)][c["alpha"]]
         if kind == "loo":
-            scores[ci, 0] = scores_from_statistics(np.sum(np.stack(vs), axis=0), name, scale)
+            scores[ci, 0] = scores_from_statistics(pooled(vs), name, scale)
         else:
             for f in range(n_scored):
                 scores[ci, f] = scores_from_statistics(np.asarray(vs[f]), name, scale)
@@ -371,10 +400,11 @@ def setting_statistics(
             worst = max(worst, res)
             betas[f][:, li * t : (li + 1) * t] = beta
     t2 = time.perf_counter()
-    rss = held_out_rss(X, y2, kern, C, fold, betas, sample_weight=w)
+    means = fold_means(st, len(splits))
+    rss, centred = held_out_rss(X, y2, kern, C, fold, betas, means, sample_weight=w)
     for f in range(len(splits)):
         for li in range(len(alphas)):
-            out[li][f] = held_out(st, f, rss[f, li * t : (li + 1) * t])
+            out[li][f] = held_out(st, f, rss[f, li * t : (li + 1) * t], centred[f])
     if stats is not None:
         stats["kernel_matrices"] += 1
         stats["factorizations"] += len(splits) * len(alphas)
