@@ -58,7 +58,7 @@ import numpy as np
 import scipy.linalg
 
 from pipeline.blas_guard import gram_t, gram_t_identity
-from pipeline.constants import NYSTROM_CACHE_BYTES
+from pipeline.constants import NYSTROM_CACHE_BYTES, NYSTROM_MAPPED_FROM
 from pipeline.engine.dense import check_finite_kernel
 from pipeline.engine.evaluators import evaluation_identity
 from pipeline.engine.fused import kernel_tile
@@ -74,6 +74,7 @@ from pipeline.options import NYSTROM_CENTRES
 from pipeline.storage import fingerprint_blocks, fingerprint_obj
 
 __all__ = [
+    "NYSTROM_RECIPE",
     "NYSTROM_CENTRES",
     "FalkonPreconditioner",
     "NystromNormalOperator",
@@ -92,6 +93,11 @@ log = logging.getLogger(__name__)
 PRODUCT_DTYPES = ("float64", "float32")
 #: how the M x M system is solved: FALKON's PCG, or one pass and a factorisation
 NYSTROM_METHODS = ("pcg", "direct")
+#: the version of the Nyström solve's arithmetic, in the run stages' identities (a stage
+#: of an older version is recomputed): 2, the direct pass sums the blocks mapped by T⁻¹
+#: where the centres' basis rounds too much (``NystromNormalOperator.mapped``), and the CV
+#: scores its folds from a pass that predicts them (session 41)
+NYSTROM_RECIPE = 2
 #: FALKON's relative jitter of K_MM (times M and K_MM's largest diagonal entry)
 JITTER = 1e-13
 #: bytes of one kernel block G_b (b x M) when the caller names no block size
@@ -281,6 +287,8 @@ class FalkonPreconditioner:
         self.T = T
         self.A = self._factor_a(shift_per_sample)
         self.jitter = float(eps)
+        self.scale = scale
+        self._mapped_k: np.ndarray | None = None
 
     def _factor_a(self, shift_per_sample: float) -> np.ndarray:
         """``A = chol(T Tᵀ / M + λ' I)`` (upper)."""
@@ -299,6 +307,35 @@ class FalkonPreconditioner:
     def _solve(self, R: Any, which: str, trans: int) -> np.ndarray:
         F = self.T if which == "T" else self.A
         return scipy.linalg.solve_triangular(F, R, lower=False, trans=trans, check_finite=False)
+
+    def basis_rounding(self, n_rows: int) -> float:
+        """The relative rounding of ``K_nMᵀ W K_nM`` formed in the centres' basis, once
+        mapped by ``T⁻¹``: ``eps · n_rows · max diag(K_MM) · ‖T⁻¹‖₁²`` (LAPACK's
+        estimate of ``‖T⁻¹‖₁``, M² flops)."""
+        rcond, _ = scipy.linalg.lapack.dtrcon(self.T, norm="1", uplo="U")
+        t1 = float(np.max(np.sum(np.abs(self.T), axis=0)))
+        inv = np.inf if not rcond > 0 else 1.0 / (rcond * t1)
+        return float(np.finfo(np.float64).eps * n_rows * self.scale * inv * inv)
+
+    def map_rows(self, G: np.ndarray) -> np.ndarray:
+        """``G T⁻¹`` in float64: kernel rows in the basis where ``K_MM`` is about I."""
+        G64 = np.asarray(G, dtype=np.float64)
+        return scipy.linalg.solve_triangular(
+            self.T, G64.T, lower=False, trans=1, check_finite=False
+        ).T
+
+    def mapped_kernel(self, K_MM: np.ndarray) -> np.ndarray:
+        """``T⁻ᵀ K_MM T⁻¹`` (symmetric), made once and kept (copies by
+        :meth:`with_shift` share it)."""
+        if self._mapped_k is None:
+            Z = self._solve(K_MM, "T", 1)  # T⁻ᵀ K
+            Km = self._solve(np.ascontiguousarray(Z.T), "T", 1)  # T⁻ᵀ K T⁻¹
+            self._mapped_k = 0.5 * (Km + Km.T)
+        return self._mapped_k
+
+    def apply_a_t(self, R: np.ndarray) -> np.ndarray:
+        """``A⁻ᵀ R``."""
+        return self._solve(R, "A", 1)
 
     def apply(self, G: np.ndarray) -> np.ndarray:
         """``B G = T⁻¹ A⁻¹ G``."""
@@ -329,6 +366,7 @@ class NystromNormalOperator:
         product_dtype: str,
         n_threads: int | None,
         cache_bytes: int = 0,
+        direct: bool = False,
     ) -> None:
         self.rows = rows
         self.kernel = kernel
@@ -342,6 +380,9 @@ class NystromNormalOperator:
         self.K_MM = centre_kernel(kernel, X_centres, n_threads)
         self.pre = FalkonPreconditioner(self.K_MM, self.shift / self.n_eff)
         self.n = len(centres)
+        #: the direct solve's pass sums the blocks mapped by T⁻¹ (:meth:`FalkonPreconditioner.
+        #: map_rows`) where the centres' own basis would round too much
+        self.mapped = bool(direct) and self.pre.basis_rounding(rows.n) >= NYSTROM_MAPPED_FROM
         self._buf: np.ndarray | None = None
         #: the kernel blocks, kept after the first pass when all of them fit ``cache_bytes``
         self.cache = rows.n * self.n * self.product_dtype.itemsize <= int(cache_bytes)
@@ -390,7 +431,14 @@ class NystromNormalOperator:
 
         ``normal`` (M x M, float64, zeros): ``K_nMᵀ W K_nM`` is added into it in the same
         pass, block by block in order (the direct solve's one pass over X)."""
-        return self.pre.apply_t(self.pass_sums(y, normal) / self.n_eff)
+        return self.sums_rhs(self.pass_sums(y, normal))
+
+    def sums_rhs(self, acc: np.ndarray) -> np.ndarray:
+        """The system's right-hand side from the pass's ``K_nMᵀ W y``: ``Bᵀ acc / n``; in
+        the mapped basis (``mapped``) ``acc`` is ``T⁻ᵀ K_nMᵀ W y`` already: ``A⁻ᵀ acc / n``."""
+        if self.mapped:
+            return self.pre.apply_a_t(acc / self.n_eff)
+        return self.pre.apply_t(acc / self.n_eff)
 
     def pass_sums(
         self, y: np.ndarray, normal: np.ndarray | None = None, *, acc: np.ndarray | None = None,
@@ -402,7 +450,8 @@ class NystromNormalOperator:
         ``normal``, block by block in order, so a pass resumed with the sums of blocks
         ``< start`` (and ``x_parts``, the streamed X's fingerprints of those blocks) has
         the uninterrupted pass's bits. ``on_block(next block, acc, x_parts)`` is called
-        after each block (``x_parts`` None when X is not streamed)."""
+        after each block (``x_parts`` None when X is not streamed). With ``mapped``, both
+        sums are of the blocks mapped by ``T⁻¹``."""
         acc = np.zeros((self.n, y.shape[1])) if acc is None else acc
         stream_fp = self._x_fp is None and self.rows.X is None
         block_fps = list(x_parts or []) if stream_fp else None
@@ -410,7 +459,8 @@ class NystromNormalOperator:
             if block_fps is not None:  # fingerprinted block by block: X is never held whole
                 block_fps.append(fingerprint_blocks([xb]))
             b = G.shape[0]
-            add_block_sums(G, y[s : s + b], self._weights(s, b), acc, normal)
+            Gs = self.pre.map_rows(G) if self.mapped else G
+            add_block_sums(Gs, y[s : s + b], self._weights(s, b), acc, normal)
             if on_block is not None:
                 on_block(i + 1, acc, block_fps)
         if block_fps is not None:
@@ -434,9 +484,15 @@ class NystromNormalOperator:
         """γ solving the preconditioned system ``P γ = b`` directly, ``P = Bᵀ (K_nMᵀ W K_nM
         + λ K_MM) B / n`` formed from ``normal`` (``K_nMᵀ W K_nM``, from :meth:`rhs`): the
         same system CG iterates on, and as well conditioned, factored once (M³/3).
+        With ``mapped``, ``normal`` is ``T⁻ᵀ K_nMᵀ W K_nM T⁻¹`` and ``P = A⁻ᵀ (normal + λ
+        T⁻ᵀ K_MM T⁻¹) A⁻¹ / n``, the same matrix without the rounding of the unmapped sum.
         Returns (γ, the relative residual of each column, float64)."""
-        H = normal + self.shift * self.K_MM
-        P = self.pre.apply_t(self.pre.apply_t(H).T) / self.n_eff  # Bᵀ (Bᵀ H)ᵀ = Bᵀ H B
+        if self.mapped:
+            H = normal + self.shift * self.pre.mapped_kernel(self.K_MM)
+            P = self.pre.apply_a_t(self.pre.apply_a_t(H).T) / self.n_eff  # A⁻ᵀ H A⁻¹
+        else:
+            H = normal + self.shift * self.K_MM
+            P = self.pre.apply_t(self.pre.apply_t(H).T) / self.n_eff  # Bᵀ (Bᵀ H)ᵀ = Bᵀ H B
         P = 0.5 * (P + P.T)
         try:
             c = cho_factor(P)
@@ -472,6 +528,7 @@ class NystromNormalOperator:
             "product_dtype": self.product_dtype.name,
             **evaluation_identity(self.kernel, self.product_dtype),  # the engine's exp
             **gram_t_identity(len(self.centres)),  # KᵀK and T Tᵀ in panels past SYRK_PANEL
+            **({"basis": "mapped"} if self.mapped else {}),  # the direct pass's sums
         }
 
     @property
@@ -584,7 +641,7 @@ def _direct_pass(
             ckpt.write_state({"acc": acc, "normal": normal}, meta, nxt)
 
     acc = op.pass_sums(Y, normal, acc=acc, start=start, x_parts=parts, on_block=save)
-    b = op.pre.apply_t(acc / op.n_eff)
+    b = op.sums_rhs(acc)
     g, rel = op.solve_direct(normal, b)
     meta = {"block": n_blocks, "fingerprint": fp, "done": True, "x_fp": op._x_fp}
     ckpt.write_state({"gamma": g, "rel": rel}, meta, n_blocks)
@@ -715,7 +772,9 @@ def nystrom_solve(
     cache = NYSTROM_CACHE_BYTES if cache_bytes is None else int(cache_bytes)
     if method == "direct":
         cache = 0  # one pass: nothing is read twice
-    op = NystromNormalOperator(rows, kernel, idx, C, shift, w, product_dtype, n_threads, cache)
+    op = NystromNormalOperator(
+        rows, kernel, idx, C, shift, w, product_dtype, n_threads, cache, direct=method == "direct"
+    )
     start_block = 0
     if method == "direct":
         t1 = time.perf_counter()
@@ -752,7 +811,8 @@ def nystrom_solve(
         "seconds": time.perf_counter() - t0,
     }
     if method == "direct":
-        info.update(start_block=int(start_block), n_blocks=int(n_blocks))
+        info.update(start_block=int(start_block), n_blocks=int(n_blocks),
+                    basis="mapped" if op.mapped else "centres")  # fmt: skip
     log.info(
         "Nyström (%s): M=%d %s centres, %d CG iterations, relative residual %s, %.2f s",
         "FALKON PCG" if method == "pcg" else "direct, one pass", idx.size, info["centers"],

@@ -30,6 +30,7 @@ from types import ModuleType
 from typing import Any
 
 import pipeline.stages.config as config
+from pipeline.linalg.nystrom_solve import NYSTROM_RECIPE
 from pipeline.options import spelt_as_before
 
 # the module, not its function: `pipeline.stages.source_identity` stays the submodule
@@ -232,20 +233,30 @@ _READS = {"gram": (PLAN,), "solve": (PLAN,)}
 
 def _solve_identity(params: dict[str, Any]) -> dict[str, Any]:
     """The solve stage's arguments as its fingerprint sees them: the solver section
-    spelt as before issue #45 changed its defaults (:func:`pipeline.options.spelt_as_before`)."""
+    spelt as before issue #45 changed its defaults (:func:`pipeline.options.spelt_as_before`);
+    a Nyström solve also names its arithmetic's version
+    (:data:`~pipeline.linalg.nystrom_solve.NYSTROM_RECIPE`), so a solve of an older one is
+    recomputed, never kept."""
     solver = params.get("solver")
-    if not solver or "preconditioner" not in solver:
-        return params
-    return {**params, "solver": spelt_as_before("solve", solver)}
+    out = params
+    if solver and "preconditioner" in solver:
+        out = {**params, "solver": spelt_as_before("solve", solver)}
+    if solver and solver.get("method") == "nystrom":
+        out = {**out, "nystrom_recipe": NYSTROM_RECIPE}
+    return out
 
 
 def _select_identity(params: dict[str, Any]) -> dict[str, Any]:
     """The select stage's arguments as its fingerprint sees them: the search's CG options
-    spelt as before issue #45 changed their defaults (:func:`pipeline.options.spelt_as_before`)."""
+    spelt as before issue #45 changed their defaults (:func:`pipeline.options.spelt_as_before`);
+    a Nyström search names its arithmetic's version, as the solve stage does."""
     cv = params.get("cv")
     if not cv:
         return params
-    return {**params, "cv": spelt_as_before("select", cv)}
+    out = {**params, "cv": spelt_as_before("select", cv)}
+    if cv.get("solver") == "nystrom":
+        out["nystrom_recipe"] = NYSTROM_RECIPE
+    return out
 
 
 #: the stages whose fingerprint sees a view of their arguments (a changed default spelt

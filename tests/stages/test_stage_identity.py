@@ -48,3 +48,22 @@ def test_the_select_stage_spells_the_default_search_as_before(diabetes_config):
     # no cv section: nothing to view
     plain = load_config(diabetes_config()).stage_params()["select"]
     assert STAGES["select"].identity(plain) is plain
+
+
+def test_nystrom_stages_name_the_version_of_their_arithmetic(diabetes_config):
+    """A Nyström solve or search made by older arithmetic (session 41: the direct pass
+    in the centres' basis where it rounded past use, the CV's moment-formula scores) is
+    another stage, recomputed: its identity carries ``NYSTROM_RECIPE``; other methods'
+    identities do not change."""
+    from pipeline.linalg.nystrom_solve import NYSTROM_RECIPE
+
+    solve = load_config(diabetes_config(), ["solver.method=nystrom"]).stage_params()["solve"]
+    assert STAGES["solve"].identity(solve)["nystrom_recipe"] == NYSTROM_RECIPE
+    plain = load_config(diabetes_config()).stage_params()["solve"]
+    assert "nystrom_recipe" not in STAGES["solve"].identity(plain)
+    cv = {"alphas": [0.1, 1.0], "folds": 3, "solver": "nystrom", "n_centers": 50}
+    select = load_config(diabetes_config(cv=cv)).stage_params()["select"]
+    assert STAGES["select"].identity(select)["nystrom_recipe"] == NYSTROM_RECIPE
+    cg = {"alphas": [0.1, 1.0], "folds": 3}
+    plain = load_config(diabetes_config(cv=cg)).stage_params()["select"]
+    assert "nystrom_recipe" not in STAGES["select"].identity(plain)

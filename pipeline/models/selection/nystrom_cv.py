@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.constants import DEFAULT_N_CENTERS
+from pipeline.constants import DEFAULT_N_CENTERS, NYSTROM_MAPPED_FROM
 from pipeline.engine.fused import kernel_tile
 from pipeline.linalg import dense_memory
 from pipeline.linalg.nystrom_solve import (
@@ -70,6 +70,7 @@ __all__ = [
     "nystrom_scores",
     "pooled",
     "scores_from_statistics",
+    "setting_system",
 ]
 
 log = logging.getLogger("pipeline.models.selection")
@@ -176,12 +177,14 @@ def check_nystrom_search(cv: Any, n: int, kind: str, splits: list) -> None:
 def _fold_blocks(
     X: Any, Y: np.ndarray, kernel: Any, C: np.ndarray, fold: np.ndarray,
     sample_weight: np.ndarray | None, block_size: int, n_threads: int | None, check: bool,
+    map_rows: Any = None,
 ) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:  # fmt: skip
     """The pass over X's row blocks that both passes of the search make: for each block
     (in row order) and each fold f with rows in it (ascending; -1: rows of no fold),
-    ``(f, G_f, y_f, w_f)``: those rows' kernel block ``k(X_f, C)``, targets and weights
-    (the solver's pass, :func:`~pipeline.linalg.nystrom_solve.kernel_blocks`; ``check``:
-    its finite checks)."""
+    ``(f, G_f, y_f, w_f)``: those rows' kernel block ``k(X_f, C)`` (mapped by ``map_rows``
+    when given, as the solver's direct pass maps it), targets and weights (the solver's
+    pass, :func:`~pipeline.linalg.nystrom_solve.kernel_blocks`; ``check``: its finite
+    checks)."""
     rows = _Rows(X, block_size)
     G = np.empty((rows.block, C.shape[0]))
 
@@ -191,6 +194,8 @@ def _fold_blocks(
         return Gb
 
     for start, _, Gb in kernel_blocks(rows, block, check=check):
+        if map_rows is not None:
+            Gb = map_rows(Gb)
         b = Gb.shape[0]
         fb = fold[start : start + b]
         yb = Y[start : start + b]
@@ -211,6 +216,7 @@ def fold_statistics(
     sample_weight: np.ndarray | None = None,
     block_size: int = BLOCK_ROWS,
     n_threads: int | None = None,
+    map_rows: Any = None,
 ) -> dict[str, np.ndarray]:
     """One pass over the row blocks of X: per fold f, then for all rows (index
     ``n_folds``), S (M x M), r (M x t), q (t), s (t) and W (see the module notes).
@@ -228,7 +234,9 @@ def fold_statistics(
     q = np.zeros((F + 1, t))
     s = np.zeros((F + 1, t))
     W = np.zeros(F + 1)
-    blocks = _fold_blocks(X, Y, kernel, C, fold, sample_weight, block_size, n_threads, True)
+    blocks = _fold_blocks(
+        X, Y, kernel, C, fold, sample_weight, block_size, n_threads, True, map_rows
+    )
     for f, Gf, y, w in blocks:
         k = F if f < 0 else f
         add_block_sums(Gf, y, w[:, None], r[k], S[k])
@@ -241,14 +249,14 @@ def fold_statistics(
         q[F] += q[f]
         s[F] += s[f]
         W[F] += W[f]
-    return {"S": S, "r": r, "q": q, "s": s, "W": W}
+    return {"S": S, "r": r, "q": q, "s": s, "W": W, "mapped": map_rows is not None}
 
 
 class _FoldSystem:
     """The preconditioned M x M system of one (fold, λ): the attributes that
     :meth:`NystromNormalOperator.solve_direct` and :meth:`~NystromNormalOperator.coef`
-    read (``K_MM``, ``shift``, ``n_eff``, ``pre``, ``n``), so the one direct solve of the
-    Nyström solver serves each fold without a pass over X.
+    read (``K_MM``, ``shift``, ``n_eff``, ``pre``, ``n``, ``mapped``), so the one direct
+    solve of the Nyström solver serves each fold without a pass over X.
 
     FALKON's ``B = T⁻¹ A⁻¹`` per (fold, λ): T (``chol(K_MM + ε I)``, from K_MM alone) is
     the setting's ``base`` preconditioner's, factored once; only
@@ -256,10 +264,12 @@ class _FoldSystem:
     (:meth:`FalkonPreconditioner.with_shift`: the same bits as building it anew)."""
 
     solve_direct = NystromNormalOperator.solve_direct
+    sums_rhs = NystromNormalOperator.sums_rhs
     coef = NystromNormalOperator.coef
 
     def __init__(self, K_MM: np.ndarray, shift: float, n_eff: float,
-                 base: FalkonPreconditioner) -> None:  # fmt: skip
+                 base: FalkonPreconditioner, mapped: bool = False) -> None:  # fmt: skip
+        self.mapped = bool(mapped)
         self.K_MM = K_MM
         self.shift = float(shift)
         self.n_eff = float(n_eff)
@@ -277,8 +287,8 @@ def fold_coefficients(
     F = st["W"].shape[0] - 1
     normal = st["S"][F] - st["S"][f]
     base = FalkonPreconditioner(K_MM, 1.0) if base is None else base
-    sysm = _FoldSystem(K_MM, shift, st["W"][F] - st["W"][f], base)
-    b = sysm.pre.apply_t((st["r"][F] - st["r"][f]) / sysm.n_eff)
+    sysm = _FoldSystem(K_MM, shift, st["W"][F] - st["W"][f], base, bool(st.get("mapped")))
+    b = sysm.sums_rhs(st["r"][F] - st["r"][f])
     g, res = sysm.solve_direct(normal, b)
     return sysm.coef(g), float(np.max(res))
 
@@ -373,6 +383,26 @@ def nystrom_scores(
     return scores
 
 
+def setting_system(
+    X: Any, Y: np.ndarray, kern: Any, C: np.ndarray, fold: np.ndarray, n_folds: int,
+    *, sample_weight: np.ndarray | None = None,
+) -> tuple[dict[str, np.ndarray], np.ndarray, FalkonPreconditioner]:  # fmt: skip
+    """One kernel setting's statistics (:func:`fold_statistics`), ``K_MM`` and FALKON's
+    preconditioner of it (its T serves every (fold, λ): :func:`fold_coefficients`). The
+    solver's rule (``NystromNormalOperator.mapped``) decides the basis: the blocks mapped
+    by ``T⁻¹`` where the centres' own would round too much."""
+    K_MM = centre_kernel(kern, C)
+    base = FalkonPreconditioner(K_MM, 1.0)
+    mapped = base.basis_rounding(int(np.shape(Y)[0])) >= NYSTROM_MAPPED_FROM
+    if mapped:
+        base.mapped_kernel(K_MM)  # made once, shared by every (fold, λ)
+    st = fold_statistics(
+        X, Y, kern, C, fold, n_folds, sample_weight=sample_weight,
+        map_rows=base.map_rows if mapped else None,
+    )  # fmt: skip
+    return st, K_MM, base
+
+
 def setting_statistics(
     X: Any, y2: np.ndarray, kern: Any, splits: list, alphas: list[float], shift_of: Any,
     *, m: int, centers: str, random_state: int, sample_weight: np.ndarray | None = None,
@@ -385,13 +415,11 @@ def setting_statistics(
     fold = fold_index(n, splits)
     idx = nystrom_centres(X, kern, m, centers=centers, random_state=random_state)
     C = np.ascontiguousarray(np.asarray(X)[idx], dtype=np.float64)
-    K_MM = centre_kernel(kern, C)
     w = None if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
-    st = fold_statistics(X, y2, kern, C, fold, len(splits), sample_weight=w)
+    st, K_MM, base = setting_system(X, y2, kern, C, fold, len(splits), sample_weight=w)
     t1 = time.perf_counter()
     out: list[list[np.ndarray]] = [[None] * len(splits) for _ in alphas]  # type: ignore[list-item]
     worst = 0.0
-    base = FalkonPreconditioner(K_MM, 1.0)  # its T serves every (fold, λ)
     t = y2.shape[1]
     betas = np.empty((len(splits), m, len(alphas) * t))
     for f, (tr, _) in enumerate(splits):
