@@ -317,6 +317,13 @@ class FalkonPreconditioner:
         inv = np.inf if not rcond > 0 else 1.0 / (rcond * t1)
         return float(np.finfo(np.float64).eps * n_rows * self.scale * inv * inv)
 
+    def maps_rows(self, n_rows: int) -> bool:
+        """Whether a direct solve over ``n_rows`` rows sums its blocks mapped by ``T⁻¹``
+        (:meth:`map_rows`): its rounding in the centres' basis
+        (:meth:`basis_rounding`) reaches :data:`~pipeline.constants.NYSTROM_MAPPED_FROM`.
+        The one rule of the solver's direct pass and the CV's statistics."""
+        return self.basis_rounding(n_rows) >= NYSTROM_MAPPED_FROM
+
     def map_rows(self, G: np.ndarray) -> np.ndarray:
         """``G T⁻¹`` in float64: kernel rows in the basis where ``K_MM`` is about I."""
         G64 = np.asarray(G, dtype=np.float64)
@@ -382,7 +389,7 @@ class NystromNormalOperator:
         self.n = len(centres)
         #: the direct solve's pass sums the blocks mapped by T⁻¹ (:meth:`FalkonPreconditioner.
         #: map_rows`) where the centres' own basis would round too much
-        self.mapped = bool(direct) and self.pre.basis_rounding(rows.n) >= NYSTROM_MAPPED_FROM
+        self.mapped = bool(direct) and self.pre.maps_rows(rows.n)
         self._buf: np.ndarray | None = None
         #: the kernel blocks, kept after the first pass when all of them fit ``cache_bytes``
         self.cache = rows.n * self.n * self.product_dtype.itemsize <= int(cache_bytes)

@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.constants import DEFAULT_N_CENTERS, NYSTROM_MAPPED_FROM
+from pipeline.constants import DEFAULT_N_CENTERS
 from pipeline.engine.fused import kernel_tile
 from pipeline.linalg import dense_memory
 from pipeline.linalg.nystrom_solve import (
@@ -393,7 +393,7 @@ def setting_system(
     by ``T⁻¹`` where the centres' own would round too much."""
     K_MM = centre_kernel(kern, C)
     base = FalkonPreconditioner(K_MM, 1.0)
-    mapped = base.basis_rounding(int(np.shape(Y)[0])) >= NYSTROM_MAPPED_FROM
+    mapped = base.maps_rows(int(np.shape(Y)[0]))
     if mapped:
         base.mapped_kernel(K_MM)  # made once, shared by every (fold, λ)
     st = fold_statistics(
