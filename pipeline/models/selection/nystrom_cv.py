@@ -27,8 +27,10 @@ search picked that setting. R² then follows from the residuals and the fold's m
 (``W_f``, ``s_f`` and the centred ``Σ w (y - ȳ_f)²``, summed on the same pass).
 
 Memory: (folds + 1) M x M float64 matrices, refused (:func:`check_statistics_memory`)
-beyond the memory available. Time: N·M² flops for the pass (a SYRK per fold and block),
-plus (folds x λ) factorisations of M x M.
+beyond the memory available. Time: N·M² flops for the first pass (a SYRK per fold and
+block; twice that where the blocks are mapped by FALKON's ``T⁻¹``, the solver's rule
+:meth:`~pipeline.linalg.nystrom_solve.FalkonPreconditioner.maps_rows`), plus (folds x λ)
+factorisations of M x M, plus N·M·λ·t for the second pass.
 
 The runner's strategy (:class:`pipeline.models.selection.strategies.NystromStrategy`:
 :func:`setting_statistics` per kernel setting) returns, per (λ, fold), the vector
