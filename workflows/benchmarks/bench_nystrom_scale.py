@@ -60,6 +60,7 @@ def ours(X, y, M, gamma, lam) -> dict:
         "seconds": time.perf_counter() - t,
         "peak_rss_gb": peak.peak / 2**30,
         "method": info.get("method"),
+        "basis": info.get("basis"),  # the direct pass's: "centres", or "mapped" by T⁻¹
         "rel_residual": max(np.atleast_1d(info.get("rel_residual", [np.nan]))),
         "n_iter": info.get("n_iter"),
     }
