@@ -515,10 +515,9 @@ def refine_with_operator(
         todo = rel > tol
         inner = float(np.clip(0.1 * tol / np.max(rel[todo]), 1e-8, 1e-2))
         rhs = np.where(todo, r, 0.0)  # a converged column stays as it is
-        with warnings.catch_warnings():  # an inner solve short of its tol is judged
-            warnings.simplefilter(
-                "ignore", errors.CGConvergenceWarning
-            )  # by the next true residual
+        # an inner solve short of its tol is judged by the next true residual
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", errors.CGConvergenceWarning)
             res = conjugate_gradient(  # the loop's next true residual confirms it
                 op.matvec,
                 rhs,

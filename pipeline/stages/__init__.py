@@ -259,9 +259,17 @@ def _select_identity(params: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _evaluate_identity(params: dict[str, Any]) -> dict[str, Any]:
+    """The evaluate stage's arguments as its fingerprint sees them: with ``compare`` it
+    fits Nyström models, so it names their arithmetic's version, as the solve stage does."""
+    if not (params.get("compare") or {}).get("nystrom"):
+        return params
+    return {**params, "nystrom_recipe": NYSTROM_RECIPE}
+
+
 #: the stages whose fingerprint sees a view of their arguments (a changed default spelt
-#: as before, so runs made before keep their identity)
-_IDENTITY = {"solve": _solve_identity, "select": _select_identity}
+#: as before, so runs made before keep their identity; a Nyström arithmetic's version)
+_IDENTITY = {"solve": _solve_identity, "select": _select_identity, "evaluate": _evaluate_identity}
 
 
 #: the data's content identity is part of the fingerprint: a changed file reruns from ingest

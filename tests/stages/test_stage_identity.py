@@ -67,3 +67,8 @@ def test_nystrom_stages_name_the_version_of_their_arithmetic(diabetes_config):
     cg = {"alphas": [0.1, 1.0], "folds": 3}
     plain = load_config(diabetes_config(cv=cg)).stage_params()["select"]
     assert "nystrom_recipe" not in STAGES["select"].identity(plain)
+    # evaluate.compare fits Nyström models too; without it the stage is as before
+    ev = load_config(diabetes_config(), ["evaluate.compare=true"]).stage_params()["evaluate"]
+    assert STAGES["evaluate"].identity(ev)["nystrom_recipe"] == NYSTROM_RECIPE
+    plain = load_config(diabetes_config()).stage_params()["evaluate"]
+    assert STAGES["evaluate"].identity(plain) is plain

@@ -24,6 +24,7 @@ import numpy as np
 from pipeline.blas_guard import gram_t_identity
 from pipeline.engine.evaluators import evaluation_identity
 from pipeline.kernels import kernel_fingerprint
+from pipeline.linalg.nystrom_solve import NYSTROM_RECIPE
 from pipeline.storage import fingerprint_blocks, fingerprint_obj
 from pipeline.storage.atomic import atomic_write
 from pipeline.storage.fingerprint import same_work
@@ -37,11 +38,12 @@ log = logging.getLogger("pipeline.models.selection")
 #: in its settings' fingerprints (``recipe``): a setting stored by the older arithmetic is
 #: recomputed, never mixed with new ones. ``band`` 2: its routed CG preconditions each
 #: fold with the one fold form (``FoldNystromBlock``), whose rounding differs from the
-#: per-fold form of version 1; predictions agree to the CG tolerance. ``nystrom`` 2: the
+#: per-fold form of version 1; predictions agree to the CG tolerance. ``nystrom``: the
+#: Nyström arithmetic's one version number (``NYSTROM_RECIPE``); at 2 the
 #: held-out residuals are summed from predictions of the test rows, where version 1 took
 #: them from the moment formula, which cancelled (``nystrom_cv``): its stored scores
 #: could be wrong.
-PREDICTIONS_RECIPE: dict[str, int] = {"band": 2, "nystrom": 2}
+PREDICTIONS_RECIPE: dict[str, int] = {"band": 2, "nystrom": NYSTROM_RECIPE}
 
 
 class SettingCheckpoint:
