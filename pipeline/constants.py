@@ -207,16 +207,20 @@ CHOLESKY_CACHE_BYTES = 1 << 30
 #: evaluations (kin40k, N = 36,000, M = 1000: bench_nystrom.py)
 NYSTROM_CACHE_BYTES = 1 << 30
 #: the direct Nyström solve forms ``K_nMᵀ W K_nM`` from the kernel blocks mapped by
-#: FALKON's ``T⁻¹`` (``K_MM + ε I = TᵀT``; scikit-learn's order: features first) once its
-#: rounding in the centres' own basis, ``eps · N · max diag(K_MM) · ‖T⁻¹‖₂²``, reaches
-#: this. Measured (session 41): kin40k (N = 36,000, RBF γ = 0.25, M = 4,000 uniform)
-#: 8.5e-9, where the solve in the centres' basis equals scikit-learn's RMSE; the
-#: 3,000,000-row benchmark (M = 4,000) 6.8e-6; diamonds (N = 35,000, γ = 0.03 / 0.1,
-#: M = 1,000-2,000 uniform, near-duplicate rows) 7.7e-3 to 0.057, where it gave a fold a
-#: held-out R² of -10.6 against scikit-learn's 0.9795 on the same centres (the mapped
-#: blocks: 0.9795). The mapping doubles the pass's flops (a TRSM beside each block's
-#: SYRK: the 3,000,000-row fit took 1,048 s mapped, 513 s not).
-NYSTROM_MAPPED_FROM = 1e-4
+#: FALKON's ``T⁻¹`` (``K_MM + ε I = TᵀT``; scikit-learn's order: features first) once the
+#: relative error that the centres' own basis brings to the solution reaches this: the
+#: formed matrix's rounding, ``eps · N · max diag(K_MM)² · ‖T⁻¹‖₂²``, over the smallest
+#: diagonal shift λ (:meth:`pipeline.linalg.nystrom_solve.FalkonPreconditioner.maps_rows`).
+#: Measured: on diamonds (N = 28,000 training rows, RBF γ = 0.03, M = 1,000 RPCholesky
+#: centres: rounding 5.3e-5), at λ = 1e-3 the centres' basis moved predictions by 2.5e-2
+#: against the mapped blocks' (the bound: 5.3e-2), at λ = 1 by 1.5e-8 (session 42);
+#: with M = 1,000-2,000 uniform centres (rounding 7.7e-3 to 0.057) it gave a fold a
+#: held-out R² of -10.6 against scikit-learn's 0.9795 on the same centres (session 41).
+#: kin40k (N = 36,000, γ = 0.25, M = 4,000 uniform, λ = 3.2e-3): 2.7e-6, the centres'
+#: basis kept; the 3,000,000-row benchmark (M = 4,000, λ = 1e-2): 6.8e-4, kept. The
+#: mapping doubles the pass's flops (a TRSM beside each block's SYRK: the 3,000,000-row
+#: fit took 1,048 s mapped, 513 s not).
+NYSTROM_MAPPED_FROM = 1e-3
 #: the plan-time estimate of the preconditioner's residual (pipeline.linalg.spectrum):
 #: rows of the subsample (at least SPECTRUM_RANK_FACTOR x the rank, at most
 #: SPECTRUM_MAX_ROWS) and power iterations on its residual

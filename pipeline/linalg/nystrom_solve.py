@@ -80,6 +80,7 @@ __all__ = [
     "FalkonPreconditioner",
     "NystromNormalOperator",
     "NystromSolution",
+    "ShiftPath",
     "add_block_sums",
     "centre_kernel",
     "check_n_centers",
@@ -97,10 +98,17 @@ NYSTROM_METHODS = ("pcg", "direct")
 #: the version of the Nyström solve's arithmetic, in the run stages' identities (a stage
 #: of an older version is recomputed): 2, the direct pass sums the blocks mapped by T⁻¹
 #: where the centres' basis rounds too much (``NystromNormalOperator.mapped``), and the CV
-#: scores its folds from a pass that predicts them (session 41)
-NYSTROM_RECIPE = 2
+#: scores its folds from a pass that predicts them (session 41); 3, the basis rule
+#: weighs that rounding against the shift λ (``FalkonPreconditioner.maps_rows``: small λ
+#: now map where they did not), session 42
+NYSTROM_RECIPE = 3
 #: FALKON's relative jitter of K_MM (times M and K_MM's largest diagonal entry)
 JITTER = 1e-13
+#: the smallest eigenvalue of ``T⁻ᵀ K_MM T⁻¹`` (at most 1) for which :class:`ShiftPath`
+#: solves every shift from one eigendecomposition: its rounding is one factorisation's
+#: times ``1 / κ_min`` (measured on diamonds, 35,000 rows: κ_min 0.90-1.0 for RPCholesky
+#: centres at M = 1,000 and 2,000; 0.004 for 2,000 uniform ones at RBF γ = 0.03)
+PATH_KAPPA_MIN = 1e-6
 #: bytes of one kernel block G_b (b x M) when the caller names no block size
 BLOCK_BYTES = 64 << 20
 
@@ -328,12 +336,15 @@ class FalkonPreconditioner:
             self._inv_norm2 = float(top[0])
         return float(np.finfo(np.float64).eps * n_rows * self.scale * self._inv_norm2)
 
-    def maps_rows(self, n_rows: int) -> bool:
-        """Whether a direct solve over ``n_rows`` rows sums its blocks mapped by ``T⁻¹``
-        (:meth:`map_rows`): its rounding in the centres' basis
-        (:meth:`basis_rounding`) reaches :data:`~pipeline.constants.NYSTROM_MAPPED_FROM`.
-        The one rule of the solver's direct pass and the CV's statistics."""
-        return self.basis_rounding(n_rows) >= NYSTROM_MAPPED_FROM
+    def maps_rows(self, n_rows: int, shift: float) -> bool:
+        """Whether a direct solve over ``n_rows`` rows at the diagonal ``shift`` (the
+        smallest, for several) sums its blocks mapped by ``T⁻¹`` (:meth:`map_rows`): the
+        relative error that the centres' basis brings to the solution, about
+        ``basis_rounding · max diag(K_MM) / shift`` (the formed matrix's rounding over the
+        system's smallest eigenvalue), reaches :data:`~pipeline.constants.
+        NYSTROM_MAPPED_FROM`. The one rule of the solver's direct pass and the CV's
+        statistics."""
+        return self.basis_rounding(n_rows) * self.scale >= NYSTROM_MAPPED_FROM * float(shift)
 
     def map_rows(self, G: np.ndarray) -> np.ndarray:
         """``G T⁻¹`` in float64: kernel rows in the basis where ``K_MM`` is about I."""
@@ -365,6 +376,55 @@ class FalkonPreconditioner:
 
 
 # -- the preconditioned normal operator -------------------------------------------------------
+class ShiftPath:
+    """Every shift of one Nyström system from one eigendecomposition: ``β(s)`` solving
+    ``(S + s K_MM) β = r`` for all s at once (the λ path of the CV's folds).
+
+    ``Φ = T⁻¹ U κ^-½`` (``T⁻ᵀ K_MM T⁻¹ = U diag(κ) Uᵀ``, from ``pre``: FALKON's T) makes
+    ``Φᵀ K_MM Φ = I``, so with ``Φᵀ S Φ = V diag(μ) Vᵀ`` the system is diagonal in ``Φ V``:
+    ``β(s) = Φ V (μ + s)⁻¹ Vᵀ Φᵀ r``. It is the system the direct solve factors per shift
+    (:meth:`NystromNormalOperator.solve_direct`), solved exactly, not a second
+    approximation; its rounding is that of one factorisation times ``1 / κ_min``, so it
+    is offered only where ``κ_min >= PATH_KAPPA_MIN`` (:meth:`make`; near-duplicate
+    centres make K_MM singular and κ_min about 0: the caller then solves shift by
+    shift). With ``mapped`` the sums S and r are of the rows mapped by ``T⁻¹`` already
+    (:meth:`FalkonPreconditioner.map_rows`), and are projected by ``U κ^-½`` alone."""
+
+    def __init__(self, phi: np.ndarray, proj: np.ndarray, kappa_min: float) -> None:
+        self.phi = phi
+        self.proj = proj
+        self.kappa_min = float(kappa_min)
+
+    @classmethod
+    def make(cls, pre: FalkonPreconditioner, K_MM: np.ndarray, mapped: bool) -> ShiftPath | None:
+        """The path of ``pre``'s K_MM, or None where κ_min < :data:`PATH_KAPPA_MIN`."""
+        kappa, U = scipy.linalg.eigh(pre.mapped_kernel(K_MM), check_finite=False)
+        if not kappa[0] >= PATH_KAPPA_MIN * kappa[-1]:
+            return None
+        W = U / np.sqrt(kappa)
+        phi = pre._solve(W, "T", 0)  # T⁻¹ U κ^-½
+        return cls(phi, W if mapped else phi, kappa[0] / kappa[-1])
+
+    def coefficients(
+        self, S: np.ndarray, r: np.ndarray, shifts: Any
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``(β, residual)``: β (M x len(shifts)·t), shift after shift, each with the t
+        columns of ``r``; the relative residual of each column in the diagonalised system."""
+        P = self.proj
+        H = P.T @ S @ P
+        mu, V = scipy.linalg.eigh(0.5 * (H + H.T), check_finite=False)
+        rp = P.T @ r
+        c = V.T @ rp
+        s = np.asarray(shifts, dtype=np.float64)
+        Y = (c[:, None, :] / (mu[:, None, None] + s[None, :, None])).reshape(len(mu), -1)
+        Z = V @ Y  # the solutions in Φ's coordinates
+        rhs = np.tile(rp, (1, len(s)))
+        R = H @ Z + Z * np.repeat(s, rp.shape[1])[None, :] - rhs
+        nb = np.linalg.norm(rhs, axis=0)
+        res = np.linalg.norm(R, axis=0) / np.where(nb > 0, nb, 1.0)
+        return self.phi @ Z, res
+
+
 class NystromNormalOperator:
     """``γ -> Bᵀ (K_nMᵀ W K_nM + λ K_MM) B γ / n``, the system CG solves.
 
@@ -400,7 +460,7 @@ class NystromNormalOperator:
         self.n = len(centres)
         #: the direct solve's pass sums the blocks mapped by T⁻¹ (:meth:`FalkonPreconditioner.
         #: map_rows`) where the centres' own basis would round too much
-        self.mapped = bool(direct) and self.pre.maps_rows(rows.n)
+        self.mapped = bool(direct) and self.pre.maps_rows(rows.n, self.shift)
         self._buf: np.ndarray | None = None
         #: the kernel blocks, kept after the first pass when all of them fit ``cache_bytes``
         self.cache = rows.n * self.n * self.product_dtype.itemsize <= int(cache_bytes)

@@ -408,3 +408,33 @@ def test_the_direct_solve_maps_the_blocks_where_the_centres_basis_rounds(data, m
     assert raw.info["basis"] == "centres"
     raw_pred = np.asarray(kernel_matrix(k, Xt, raw.X_centres)) @ raw.coef
     assert np.max(np.abs(raw_pred - want)) > 2e-2
+
+
+def test_the_basis_rule_weighs_the_formed_matrixs_rounding_against_the_shift(monkeypatch):
+    """The centres' basis rounds ``K_nMᵀ K_nM`` by about ``eps · N · ‖T⁻¹‖²`` (here 4e-5,
+    below the 1e-4 that session 41's rule, blind to λ, mapped from); the solution's
+    error is that over λ. At λ = 1e-5 the centres' basis misses the predictions of a
+    least-squares solve that forms no normal matrix by more than 1e-2 (the mapped blocks:
+    within 1e-4), and the rule maps the blocks; at λ = 1 it keeps the centres' (faster) basis, which agrees there."""
+    from pipeline.linalg import nystrom_solve as ns
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(4000, 3))
+    y = np.sin(X[:, 0]) + 0.1 * rng.normal(size=4000)
+    k = make_kernel("rbf", gamma=0.3)
+    kw = dict(n_centers=400, centers="rpcholesky", method="direct")
+    for lam, basis in ((1e-5, "mapped"), (1.0, "centres")):
+        sol = nystrom_solve(X, y, k, lam, **kw)
+        assert sol.info["basis"] == basis
+        pre = FalkonPreconditioner(k(sol.X_centres, sol.X_centres), 1.0)
+        assert 1e-5 < pre.basis_rounding(4000) < 1e-4
+        # min ‖K_nM β - y‖² + λ ‖T β‖² by QR (TᵀT = K_MM + ε I): no normal matrix formed
+        Knm = k(X, sol.X_centres)
+        A = np.vstack([Knm, np.sqrt(lam) * pre.T])
+        ref = Knm @ np.linalg.lstsq(A, np.concatenate([y, np.zeros(400)]), rcond=None)[0]
+        # (the normal matrix's own conditioning, about N / λ, leaves 1e-5 at λ = 1e-5)
+        np.testing.assert_allclose(Knm @ sol.coef, ref, rtol=0, atol=1e-4)
+        monkeypatch.setattr(ns, "NYSTROM_MAPPED_FROM", np.inf)  # the centres' basis, forced
+        off = np.abs(Knm @ nystrom_solve(X, y, k, lam, **kw).coef - ref).max()
+        monkeypatch.undo()
+        assert off > 1e-2 if basis == "mapped" else off < 1e-4

@@ -17,8 +17,11 @@ from pipeline.engine.fused import kernel_tile
 from pipeline.kernels import Constant, make_kernel
 from pipeline.kernels.base import NonFiniteKernelError
 from pipeline.linalg.nystrom_solve import (
+    FalkonPreconditioner,
     NystromNormalOperator,
+    ShiftPath,
     _Rows,
+    centre_kernel,
     nystrom_centres,
     nystrom_solve,
 )
@@ -296,7 +299,9 @@ def test_held_out_residuals_are_summed_from_predictions_where_the_moments_cancel
     )
     C = X[nystrom_centres(X, kern, m, random_state=0)]
     fold = nystrom_cv.fold_index(600, splits)
-    st, K_MM, base = nystrom_cv.setting_system(X, y, kern, C, fold, 3)  # the search's bits
+    st, K_MM, base = nystrom_cv.setting_system(
+        X, y, kern, C, fold, 3, shift=lam
+    )  # the search's bits
     raw = nystrom_cv.fold_statistics(X, y, kern, C, fold, 3)  # in the centres' own basis
     moments_off = 0.0
     for f, (_, te) in enumerate(splits):
@@ -328,7 +333,7 @@ def test_r2_of_a_target_far_from_zero_and_of_pooled_folds_equal_scikit_learns():
     )  # fmt: skip
     C = X[nystrom_centres(X, kern, M, random_state=0)]
     fold = nystrom_cv.fold_index(300, splits)
-    st, K_MM, base = nystrom_cv.setting_system(X, y, kern, C, fold, 3, sample_weight=w)
+    st, K_MM, base = nystrom_cv.setting_system(X, y, kern, C, fold, 3, sample_weight=w, shift=3e-2)
     ys, ps, ws = [], [], []
     for f, (_, te) in enumerate(splits):
         beta, _ = nystrom_cv.fold_coefficients(st, K_MM, f, 3e-2, base)
@@ -342,3 +347,55 @@ def test_r2_of_a_target_far_from_zero_and_of_pooled_folds_equal_scikit_learns():
     want = r2_score(np.vstack(ys), np.vstack(ps), sample_weight=np.concatenate(ws))
     got = nystrom_cv.scores_from_statistics(nystrom_cv.pooled(out[0]), "r2")
     assert got == pytest.approx(want, rel=1e-7)
+
+
+@pytest.mark.parametrize("mapped", [False, True])
+def test_every_lambda_of_a_fold_from_one_eigendecomposition_equals_its_direct_solves(mapped):
+    """:class:`ShiftPath` (the search's λ path: one eigendecomposition per fold) solves the
+    system the direct solve factors λ by λ, in the centres' basis and in the mapped one,
+    with weights and two targets: the test rows' predictions agree to 1e-9."""
+    X, y = data(n=450, t=2, seed=3)
+    w = np.random.default_rng(4).uniform(0.3, 2.0, size=450)
+    splits = list(KFold(3, shuffle=True, random_state=2).split(X))
+    kern = make_kernel("rbf", gamma=0.5)
+    C = X[nystrom_centres(X, kern, M, random_state=0)]
+    fold = nystrom_cv.fold_index(450, splits)
+    K_MM = centre_kernel(kern, C)
+    base = FalkonPreconditioner(K_MM, 1.0)
+    maps = base.map_rows if mapped else None
+    st = nystrom_cv.fold_statistics(X, y, kern, C, fold, 3, sample_weight=w, map_rows=maps)
+    path = ShiftPath.make(base, K_MM, mapped)
+    assert path is not None and path.kappa_min > 0.5
+    shifts = [1.7 * a for a in ALPHAS]
+    for f, (_, te) in enumerate(splits):
+        B, res = path.coefficients(st["S"][3] - st["S"][f], st["r"][3] - st["r"][f], shifts)
+        assert B.shape == (M, 2 * len(shifts)) and np.max(res) < 1e-10
+        G = np.empty((len(te), M))
+        kernel_tile(kern, X[te], C, G, kernel_dtype="float64")
+        for li, s in enumerate(shifts):
+            beta, _ = nystrom_cv.fold_coefficients(st, K_MM, f, s, base)
+            want = G @ beta
+            got = G @ B[:, 2 * li : 2 * li + 2]
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-9 * np.abs(want).max())
+
+
+def test_a_singular_centre_kernel_is_solved_lambda_by_lambda():
+    """Repeated centres make K_MM singular (κ_min about 0): no λ path
+    (:data:`~pipeline.linalg.nystrom_solve.PATH_KAPPA_MIN`); the search solves each λ
+    directly and its scores still equal the brute-force solves."""
+    X, y = data(n=120, seed=7)
+    X, y = np.repeat(X, 3, axis=0), np.repeat(y, 3)
+    kern = make_kernel("rbf", gamma=0.5)
+    m = 100
+    C = X[nystrom_centres(X, kern, m, random_state=0)]
+    assert len(np.unique(C, axis=0)) < m
+    K_MM = centre_kernel(kern, C)
+    assert ShiftPath.make(FalkonPreconditioner(K_MM, 1.0), K_MM, False) is None
+    splits = list(KFold(3, shuffle=True, random_state=0).split(X))
+    out = nystrom_cv.setting_statistics(
+        X, y.reshape(-1, 1), kern, splits, ALPHAS, lambda a, n: a, m=m, centers="uniform",
+        random_state=0,
+    )  # fmt: skip
+    got = np.array([[nystrom_cv.scores_from_statistics(v, "r2") for v in row] for row in out])
+    want = brute_scores(X, y, 0.5, splits, ALPHAS, "r2", centres_m=m)
+    np.testing.assert_allclose(got, want, rtol=1e-6)

@@ -25,6 +25,7 @@ from pipeline.blas_guard import gram_t_identity
 from pipeline.engine.evaluators import evaluation_identity
 from pipeline.kernels import kernel_fingerprint
 from pipeline.linalg.nystrom_solve import NYSTROM_RECIPE
+from pipeline.models.selection.nystrom_cv import LAMBDA_PATH
 from pipeline.storage import fingerprint_blocks, fingerprint_obj
 from pipeline.storage.atomic import atomic_write
 from pipeline.storage.fingerprint import same_work
@@ -39,11 +40,12 @@ log = logging.getLogger("pipeline.models.selection")
 #: recomputed, never mixed with new ones. ``band`` 2: its routed CG preconditions each
 #: fold with the one fold form (``FoldNystromBlock``), whose rounding differs from the
 #: per-fold form of version 1; predictions agree to the CG tolerance. ``nystrom``: the
-#: Nyström arithmetic's one version number (``NYSTROM_RECIPE``); at 2 the
+#: Nyström arithmetic's version number (``NYSTROM_RECIPE``; at 2 the
 #: held-out residuals are summed from predictions of the test rows, where version 1 took
-#: them from the moment formula, which cancelled (``nystrom_cv``): its stored scores
-#: could be wrong.
-PREDICTIONS_RECIPE: dict[str, int] = {"band": 2, "nystrom": NYSTROM_RECIPE}
+#: them from the moment formula, which cancelled: its stored scores could be wrong) and
+#: the search's λ path (``nystrom_cv.LAMBDA_PATH``; at 2 every λ of a fold comes from one
+#: eigendecomposition, whose rounding differs from the λ-by-λ factorisations of 1).
+PREDICTIONS_RECIPE: dict[str, Any] = {"band": 2, "nystrom": [NYSTROM_RECIPE, LAMBDA_PATH]}
 
 
 class SettingCheckpoint:
