@@ -284,6 +284,15 @@ CV_EIGH_FLOPS_PER_R3 = 30.0
 #: screening (KernelRidgeCV's default screen_tol, solver cg): every (λ, fold) system to
 #: this float64 relative residual, then only the best screen_top λ on to tol
 CV_SCREEN_TOL = 1e-3
+#: the λ of each kernel setting solved on to tol after screening (KernelRidgeCV's default
+#: screen_top); with the Nyström screen, the finalists of the grid
+CV_SCREEN_TOP = 3
+#: the Nyström screen (KernelRidgeCV's default screen_centers, solver cg): every candidate
+#: scored by Nyström KRR on this many RPCholesky centres, then only the finalists solved
+#: exactly (pipeline.models.selection.finalists). Measured (diamonds, 35,000 rows, 10 λ x
+#: 3 γ x 5 folds, session 42): the screen 16-18 s; its top 3 held the exact search's pick
+#: (3rd), and at 2,000 centres (88.5 s) too (2nd)
+CV_SCREEN_CENTERS = 1000
 #: the search's cost model (pipeline.plan.cv_routing.cg_passes) prices CV_BLOCK_PASSES
 #: for its default run (adaptive preconditioner, screening), times these where a search
 #: runs otherwise: no screening (every system on to tol); a Nyström factor of fixed rank

@@ -414,8 +414,17 @@ class CvOptions:
         gt=0, lt=1, off=True, example="1e-3", spelt_by=_CV,
     )  # fmt: skip
     screen_top: int = _knob(
-        3, "solver cg: the λ of each kernel setting solved on to tol after screening", ge=1,
-        spelt_by=_CV,
+        C.CV_SCREEN_TOP, "solver cg: the λ of each kernel setting solved on to tol after screening (with "
+        "screen_centers: the finalists of the grid)", ge=1, spelt_by=_CV,
+    )  # fmt: skip
+    #: on by default (issue #45, session 42); None (null): every candidate exactly. Only
+    #: where the search runs the block CG (solver cg, or auto above IN_MEMORY_MAX_N)
+    screen_centers: int | None = _knob(
+        C.CV_SCREEN_CENTERS,
+        "solver cg: score the grid by Nyström KRR on this many RPCholesky centres, then "
+        "solve only the screen_top best candidates (and the λ below each kernel "
+        "setting's smallest) exactly (null: every candidate exactly)",
+        ge=1, off=True, example="1000", spelt_by=_CV,
     )  # fmt: skip
     # λ for the full N (pipeline.models.selection.refine)
     #: None: all rows; an integer of at least two rows per fold

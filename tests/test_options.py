@@ -506,7 +506,7 @@ def test_the_solve_stage_takes_the_configs_options_and_its_own_override():
 CV_SECTION_ORDER = [
     "alphas", "param_grid", "folds", "shuffle", "scoring", "solver", "eigen_mode",
     "random_state", "tol", "max_iter", "preconditioner", "rank", "n_jobs",
-    "max_search_seconds", "kernel_dtype", "screen_tol", "screen_top", "subsample", "refine",
+    "max_search_seconds", "kernel_dtype", "screen_tol", "screen_top", "screen_centers", "subsample", "refine",
     "n_centers", "centers",
 ]  # fmt: skip
 
@@ -562,7 +562,10 @@ def test_every_cv_config_field_comes_from_the_tree():
     )
     assert dump["random_state"] == 0 and CvConfig(alphas=[1.0], max_iter=None).max_iter is None
     # screening is on by default (issue #45); null turns it off
-    assert [n for n, k in options.knobs(options.CvOptions).items() if k.off] == ["screen_tol"]
+    assert [n for n, k in options.knobs(options.CvOptions).items() if k.off] == [
+        "screen_tol",
+        "screen_centers",
+    ]
     assert dump["screen_tol"] == 1e-3 and dump["preconditioner"] == "adaptive"
     assert CvConfig(alphas=[1.0], screen_tol=None).screen_tol is None
 

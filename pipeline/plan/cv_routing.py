@@ -30,7 +30,9 @@ from pipeline.constants import (
     CV_PRECOND_BUDGET,
     CV_RANK_FLOOR,
     CV_RANK_SCALE,
+    CV_SCREEN_CENTERS,
     CV_SCREEN_TOL,
+    CV_SCREEN_TOP,
     CV_TOL,
     CV_UNPRECONDITIONED_PASS_FACTOR,
     CV_UNSCREENED_PASS_FACTOR,
@@ -53,6 +55,7 @@ __all__ = [
     "eigen_cost",
     "eigen_mode",
     "memory_need",
+    "nystrom_screened",
     "precond_rank_cap",
     "predicted_search_seconds",
     "rank_cap",
@@ -239,6 +242,32 @@ def cg_passes(
     return passes
 
 
+def nystrom_screened(
+    solver: str, kind: str, n: int, n_candidates: int, screen_centers: int | None,
+    screen_top: int,
+) -> bool:  # fmt: skip
+    """Whether a search scores its grid by Nyström KRR first and solves only its
+    finalists exactly (``KernelRidgeCV(screen_centers=)``): the block CG's searches
+    (``solver == "cg"``) over complementary splits (K-fold, held out: the Nyström
+    statistics' folds), with fewer centres than rows, and a grid larger than its
+    finalists (``screen_top`` candidates and one λ below each of their settings')."""
+    return (
+        solver == "cg"
+        and kind == "complement"
+        and screen_centers is not None
+        and int(screen_centers) < n
+        and n_candidates > 2 * int(screen_top)
+    )
+
+
+def _screen_seconds(n: int, m: int, n_settings: int, n_folds: int) -> float:
+    """The Nyström screen: per setting, M RPCholesky centres (``2 n M²`` flops), the
+    statistics (a SYRK of ``n M²``, twice where mapped) and one M x M eigendecomposition
+    per fold (``CV_EIGH_FLOPS_PER_R3 M³``, as the block CG's fold restrictions)."""
+    flops = 4 * n * m * m + n_folds * CV_EIGH_FLOPS_PER_R3 * m**3
+    return n_settings * (flops / (CHOLESKY_GFLOPS * 1e9) + n * m / KERNEL_ENTRIES_PER_SECOND)
+
+
 def _precond_seconds(n: int, r: int, n_folds: int) -> float:
     """One factor of rank r (``2 n r²`` flops) and its restriction to each fold (an r x r
     eigendecomposition per fold)."""
@@ -260,6 +289,9 @@ def predicted_search_seconds(
     tol: float = CV_TOL,
     screen_tol: float | None = CV_SCREEN_TOL,
     convention: str = "sklearn",
+    screen_centers: int | None = CV_SCREEN_CENTERS,
+    screen_top: int = CV_SCREEN_TOP,
+    verify: bool = True,
 ) -> float:
     """Predicted seconds of a whole search (every kernel setting) with ``solver``.
 
@@ -274,13 +306,25 @@ def predicted_search_seconds(
     more factor and :data:`CV_VERIFY_PASSES` float64 passes). The keywords
     ``preconditioner``, ``rank``, ``tol`` and ``screen_tol`` are the search's (screening
     runs when ``screen_tol`` is above ``tol``); their defaults are
-    :class:`~pipeline.options.CvOptions`'. The in-memory solvers: their flop counts
+    :class:`~pipeline.options.CvOptions`'. With the Nyström screen
+    (:func:`nystrom_screened`: ``screen_centers``, ``screen_top``): the screen
+    (:func:`_screen_seconds`), then ``cg`` unscreened on at most ``screen_top`` settings of
+    ``screen_top + 1`` λ, without the verification (the finalists' solves are float64 to
+    its tolerance). The in-memory solvers: their flop counts
     (:func:`eigen_cost`, :func:`band_cost`, :func:`dense_cost`) at
     :data:`CHOLESKY_GFLOPS` plus the kernel matrix.
     """
     rate = CHOLESKY_GFLOPS * 1e9
     kernel = n * n / KERNEL_ENTRIES_PER_SECOND
     once = 0.0
+    if nystrom_screened(solver, kind, n, n_alpha * n_settings, screen_centers, screen_top):
+        screen = _screen_seconds(n, int(screen_centers), n_settings, len(splits))
+        finals = predicted_search_seconds(
+            "cg", n, min(n_alpha, screen_top + 1), min(n_settings, screen_top), splits,
+            n_targets=n_targets, kind=kind, preconditioner=preconditioner, rank=rank, tol=tol,
+            screen_tol=None, convention=convention, screen_centers=None, verify=False,
+        )  # fmt: skip
+        return float(screen + finals)
     if solver == "cg":
         nf = len(splits)
         columns = n_alpha * nf * n_targets
@@ -289,7 +333,8 @@ def predicted_search_seconds(
         passes = cg_passes(n, nf, preconditioner, rank, screened)
         precond = _precond_seconds(n, r, nf)
         per = passes * _block_pass_seconds(n, max(1, columns // 2)) + kernel + precond
-        once = precond + CV_VERIFY_PASSES * _block_pass_seconds(n, nf * n_targets)
+        if verify:  # (the Nyström screen's finalists are solved to its tolerance already)
+            once = precond + CV_VERIFY_PASSES * _block_pass_seconds(n, nf * n_targets)
     elif solver == "cholesky":
         if kind == "loo" or convention not in ("n_samples", "n"):
             shifts = 1

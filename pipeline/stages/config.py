@@ -465,9 +465,14 @@ class CvConfig(create_model("_CvFields", __base__=_Model, **cv_config_fields()))
     def stage_dump(self) -> dict[str, Any]:
         """The section as the select stage's fingerprint sees it: ``subsample``,
         ``refine`` and ``n_centers`` only when set, ``centers`` only when not its default
-        (a search that names none of them keeps its identity)."""
+        (a search that names none of them keeps its identity); ``screen_centers`` only
+        when set and the solver may be the block CG's (``auto``, ``cg``): the default
+        Nyström screen (session 42) moves those searches' identity once, and
+        ``screen_centers: null`` is the search of before."""
         out = self.model_dump()
-        for name in ("subsample", "refine", "n_centers"):
+        if out.get("solver") not in ("auto", "cg"):
+            out["screen_centers"] = None
+        for name in ("subsample", "refine", "n_centers", "screen_centers"):
             if out.get(name) is None:
                 out.pop(name, None)
         if out.get("centers") == CvOptions().centers:

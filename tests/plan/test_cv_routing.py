@@ -34,7 +34,8 @@ def _cg_options(opts=None):
     opts = CvOptions() if opts is None else opts
     return dict(
         preconditioner=opts.preconditioner, rank=opts.rank, tol=opts.tol,
-        screen_tol=opts.screen_tol,
+        screen_tol=opts.screen_tol, screen_centers=opts.screen_centers,
+        screen_top=opts.screen_top,
     )  # fmt: skip
 
 
@@ -64,12 +65,12 @@ def test_the_old_defaults_are_priced_as_they_ran():
     took more than 20 exact fits on the hidden data) is priced above 20 exact fits at
     35,000 rows; each of the two new defaults lowers the price."""
     splits = _kfold(N)
-    old = _cg_options(CvOptions(preconditioner="nystrom", screen_tol=None))
+    old = _cg_options(CvOptions(preconditioner="nystrom", screen_tol=None, screen_centers=None))
     one_fit = SimpleCostModel().cholesky_seconds(N, 1) + N * N / C.KERNEL_ENTRIES_PER_SECOND / 2
     assert predicted_search_seconds("cg", N, 10, 3, splits, **old) > 20 * one_fit
     price = {
         (pre, scr): predicted_search_seconds(
-            "cg", N, 10, 3, splits, preconditioner=pre, screen_tol=scr
+            "cg", N, 10, 3, splits, preconditioner=pre, screen_tol=scr, screen_centers=None
         )
         for pre in ("nystrom", "adaptive")
         for scr in (None, 1e-3)
@@ -77,9 +78,16 @@ def test_the_old_defaults_are_priced_as_they_ran():
     assert price["nystrom", None] > price["nystrom", 1e-3] > price["adaptive", 1e-3]
     assert price["nystrom", None] > price["adaptive", None] > price["adaptive", 1e-3]
     # screening runs only above tol (cvblock's rule): screen_tol <= tol is no screening
-    assert predicted_search_seconds("cg", N, 10, 3, splits, tol=1e-3) == price["adaptive", None]
+    assert (
+        predicted_search_seconds("cg", N, 10, 3, splits, tol=1e-3, screen_centers=None)
+        == price["adaptive", None]
+    )
+    # the Nyström screen (the default since session 42) lowers it again
+    assert predicted_search_seconds("cg", N, 10, 3, splits) < price["adaptive", 1e-3]
     # no preconditioner: the plain-CG price, the most any fixed rank is charged
-    none = predicted_search_seconds("cg", N, 10, 3, splits, preconditioner="none")
+    none = predicted_search_seconds(
+        "cg", N, 10, 3, splits, preconditioner="none", screen_centers=None
+    )
     assert none > price["nystrom", 1e-3]
     assert cg_passes(N, 5, "nystrom", rank=1) == cg_passes(N, 5, "none")
 
@@ -145,6 +153,6 @@ def test_the_default_options_are_the_cost_models_defaults():
 
     sig = inspect.signature(predicted_search_seconds).parameters
     d = CvOptions()
-    for name in ("preconditioner", "rank", "tol", "screen_tol"):
+    for name in ("preconditioner", "rank", "tol", "screen_tol", "screen_centers", "screen_top"):
         assert sig[name].default == getattr(d, name), name
     assert dataclasses.replace(d).screen_tol == C.CV_SCREEN_TOL

@@ -205,10 +205,22 @@ def main(argv: list[str] | None = None) -> int:
         f"passes float32 {st.get('cg_passes_float32')} + float64 {st.get('cg_passes_float64')}, "
         f"ranks {st.get('preconditioner_ranks')}, redone exactly {st.get('redone_direct', 0)}"
     )
+    if "screen_nystrom" in st:  # the default Nyström screen (session 42): its finalists
+        sn = st["screen_nystrom"]
+        out["search"]["screen_nystrom"] = sn
+        print(
+            f"Nyström screen (M={sn['n_centers']}): {sn['seconds']:.1f} s; finalists solved "
+            f"exactly in {sn['exact_seconds']:.1f} s: {sn['finalists']}"
+        )
     scores = search.cv_results_["mean_test_score"].reshape(len(alphas), len(args.gammas))
-    print("CV R2 (rows lambda, columns gamma):")
-    for a, row in zip(alphas, scores):
-        print(f"  {a:9.3g}  " + "  ".join(f"{v:.6f}" for v in row))
+    screened = np.asarray(
+        search.cv_results_.get("screened", np.zeros(scores.size, dtype=bool))
+    ).reshape(scores.shape)
+    print("CV R2 (rows lambda, columns gamma; * the Nyström screen's, the rest exact):")
+    for a, row, marks in zip(alphas, scores, screened):
+        print(
+            f"  {a:9.3g}  " + "  ".join(f"{v:.6f}{'*' if m else ' '}" for v, m in zip(row, marks))
+        )
     # the issues' configuration: N = 35,000, 10 λ x 3 γ x 5 folds (#18 explicit, #45 defaults)
     grid_35k = (n, len(alphas), len(args.gammas), args.folds) == (35_000, 10, 3, 5)
     targets = Targets()

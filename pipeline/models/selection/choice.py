@@ -187,6 +187,8 @@ def cg_pricing(cv: Any) -> dict[str, Any]:
         "tol": cv.tol,
         "screen_tol": cv.screen_tol,
         "convention": cv.lambda_convention,
+        "screen_centers": getattr(cv, "screen_centers", None),
+        "screen_top": int(cv.screen_top),
     }
 
 

@@ -100,6 +100,7 @@ def save_search_report(search: KernelRidgeCV, run_dir: str | os.PathLike) -> dic
         {
             **{k: np.asarray(v, dtype=object) for k, v in res.items() if k.startswith("param_")},
             **{k: v for k, v in res.items() if k.endswith("_score") or k.endswith("_time")},
+            **({"screened": res["screened"]} if "screened" in res else {}),
         }
     )
     paths = {"table": d / "cv_results.csv", "summary": d / "cv_search.json"}

@@ -124,10 +124,15 @@ def score_candidates(
 
 
 def cv_results(
-    candidates: list, scores: np.ndarray, seconds: float, back: int = 0
-) -> dict[str, Any]:
+    candidates: list, scores: np.ndarray, seconds: float, back: int = 0,
+    screened: np.ndarray | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """scikit-learn's ``cv_results_`` from the candidates and their scores per fold;
     the search's ``seconds`` are spread evenly over the candidates.
+
+    ``screened``: True where a score is the Nyström screen's
+    (:mod:`~pipeline.models.selection.finalists`); kept as ``cv_results_["screened"]``,
+    and those candidates rank after every exactly scored one.
 
     ``back``: the scores were taken on ``2**k y`` (:func:`target_exponent`); they are
     ranked as they are (in y's units a mean squared error of order 1e-400 is 0 for
@@ -148,6 +153,14 @@ def cv_results(
     res["std_test_score"] = scores.std(axis=1)
     filled = np.where(np.isnan(mean), np.nanmin(mean) - 1 if np.isfinite(mean).any() else 0, mean)
     res["rank_test_score"] = rankdata(-filled, method="min").astype(np.int32)
+    if screened is not None:
+        screened = np.asarray(screened, dtype=bool)
+        exact = ~screened
+        rank = np.empty(len(candidates), dtype=np.int32)
+        rank[exact] = rankdata(-filled[exact], method="min")
+        rank[screened] = exact.sum() + rankdata(-filled[screened], method="min")
+        res["rank_test_score"] = rank
+        res["screened"] = screened
     if back:  # -0.0 / -inf where y's units cannot hold the score (an MSE of 1e-400 or 1e400)
         with np.errstate(over="ignore", under="ignore"):
             for key in [f"split{f}_test_score" for f in range(scores.shape[1])] + [

@@ -69,6 +69,7 @@ from pipeline.models.selection.choice import (
     check_params,
     choose_search,
 )
+from pipeline.models.selection.finalists import screen_applies, screened_search
 from pipeline.models.selection.grid import (
     build_candidates,
     check_alphas,
@@ -186,6 +187,18 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         error: docs/PERFORMANCE.md#model-selection; the chosen setting is verified
         from float64 solves to 1e-10 either way). ``screen_tol=None`` turns screening
         off (every system to ``tol``). The other solvers are exact and ignore both.
+    screen_centers : int or None, default=1000
+        ``solver="cg"`` (also as ``"auto"`` picks it): first score every candidate by
+        Nyström KRR on this many RPCholesky centres (one pass of statistics per kernel
+        setting, :mod:`~pipeline.models.selection.nystrom_cv`), then solve exactly, by
+        float64 block PCG to 1e-10, only the ``screen_top`` best candidates plus, for
+        each of their kernel settings, the next λ below its smallest (Nyström's pick
+        tends to a larger λ than the exact one). ``best_*`` come from the exact
+        scores; ``cv_results_["screened"]`` is True where a score is Nyström's.
+        scikit-learn's ``HalvingGridSearchCV`` mixes fidelities the same way. None
+        scores every candidate exactly. Splits whose training sets are not the
+        complement of disjoint test sets, and scorers other than R² and (root) mean
+        squared error, are searched without it (logged).
     checkpoint : str or path, default=None
         A directory where each finished kernel setting's held-out predictions are
         recorded (atomic, checksummed, fingerprinted:
@@ -268,6 +281,7 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         checkpoint: Any = None,
         screen_tol: float | None = _DEFAULT.screen_tol,
         screen_top: int = _DEFAULT.screen_top,
+        screen_centers: int | None = _DEFAULT.screen_centers,
         subsample: int | None = _DEFAULT.subsample,
         refine: bool | None = _DEFAULT.refine,
         n_centers: int | None = _DEFAULT.n_centers,
@@ -299,6 +313,7 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         self.checkpoint = checkpoint
         self.screen_tol = screen_tol
         self.screen_top = screen_top
+        self.screen_centers = screen_centers
         self.subsample = subsample
         self.refine = refine
         self.n_centers = n_centers
@@ -368,16 +383,24 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
             n_targets=y2.shape[1], band_available=band_available,
         )  # fmt: skip
         self.solver_ = solver = choice.solver
-        results, stats = run_search(
-            self, choice, X, y, y2, base, settings, candidates, splits, kind, scorer
-        )
+        screened = None
+        if screen_applies(self, solver, kind, n, splits, len(candidates)):
+            scores, screened, stats = screened_search(
+                self, choice, X, y, y2, base, settings, candidates, splits, kind, scorer
+            )
+        else:
+            results, stats = run_search(
+                self, choice, X, y, y2, base, settings, candidates, splits, kind, scorer
+            )
         t_search = time.perf_counter() - t_start
 
-        if solver == "nystrom":  # scored from the statistics, no held-out predictions
+        if screened is not None:  # scored already: the screen's and the finalists'
+            pass
+        elif solver == "nystrom":  # scored from the statistics, no held-out predictions
             scores = nystrom_scores(results, candidates, settings, splits, kind, self.scoring)
         else:
             scores = score_candidates(results, candidates, settings, splits, kind, scorer, X, y)
-        self.cv_results_ = cv_results(candidates, scores, t_search, back=back)
+        self.cv_results_ = cv_results(candidates, scores, t_search, back=back, screened=screened)
         self.best_index_ = int(self.cv_results_["rank_test_score"].argmin())
         self.best_params_ = dict(candidates[self.best_index_])
         self.best_score_ = float(self.cv_results_["mean_test_score"][self.best_index_])
@@ -386,7 +409,10 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         self.cv_kind_ = kind
         self.scorer_ = scorer
         stats["seconds"]["search"] = round(t_search, 4)
-        if solver == "cg" and kind != "loo":
+        if screened is not None:  # the finalists' solves are the verification's
+            stats["verified_score"] = self.best_score_
+            stats["verified_score_difference"] = 0.0
+        elif solver == "cg" and kind != "loo":
             verify_choice(self, X, y, y2, base, splits, scorer, stats, back=back)
         self.refine_results_ = None
         if solver != "nystrom" and refine_wanted(self.refine, self.subsample_indices_ is not None):

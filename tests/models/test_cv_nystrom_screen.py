@@ -1,0 +1,109 @@
+"""KernelRidgeCV's Nyström screen (``screen_centers``): the grid scored by Nyström KRR,
+then only the finalists solved exactly by the block CG; their scores equal an exhaustive
+exact search's, the pick is an exact one, and the stages checkpoint apart."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sklearn.model_selection import KFold
+
+from pipeline import KernelRidgeCV
+from pipeline.models.selection.finalists import finalists
+from pipeline.models.selection.grid import Candidate
+from pipeline.plan.cv_routing import nystrom_screened
+
+ALPHAS = [1e-3, 1e-2, 1e-1, 1.0]
+GAMMAS = [0.3, 1.0]
+
+
+def _data(n=500, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(-2, 2, size=(n, 3))
+    y = np.sin(2 * X[:, 0]) + 0.5 * X[:, 1] ** 2 + 0.1 * rng.standard_normal(n)
+    return X, y
+
+
+def _search(**kw):
+    opts = dict(
+        kernel="rbf", param_grid={"gamma": GAMMAS}, cv=KFold(3, shuffle=True, random_state=0),
+        solver="cg", refit=False, random_state=0,
+    )  # fmt: skip
+    return KernelRidgeCV(ALPHAS, **{**opts, **kw})
+
+
+@pytest.fixture(scope="module")
+def searches():
+    X, y = _data()
+    screened = _search(screen_centers=60).fit(X, y)
+    exact = _search(screen_centers=None, screen_tol=None, tol=1e-10).fit(X, y)
+    return X, y, screened, exact
+
+
+def test_the_finalists_are_the_best_and_the_lambda_below_each_of_their_settings():
+    cands = [Candidate(alpha=a, gamma=g) for g in GAMMAS for a in ALPHAS]
+    settings = [{"gamma": g} for g in GAMMAS]
+    mean = np.array([0.1, 0.5, 0.9, 0.8, np.nan, 0.2, 0.85, 0.3])
+    # best: 0.9 (1e-1, 0.3), 0.85 (1e-1, 1.0), 0.8 (1.0, 0.3); below each setting's smallest
+    # finalist λ (1e-1 in both): 1e-2 of γ = 0.3 and of γ = 1.0; the NaN is never picked
+    assert finalists(cands, settings, mean, 3) == [1, 2, 3, 5, 6]
+    # the smallest λ of a setting has none below it
+    assert finalists(cands, settings, np.array([9.0, 0, 0, 0, 0, 0, 0, 0]), 1) == [0]
+
+
+def test_the_screen_runs_only_where_the_block_cg_searches_a_larger_grid():
+    assert nystrom_screened("cg", "complement", 35_000, 30, 1000, 3)
+    assert not nystrom_screened("cg", "complement", 35_000, 30, None, 3)  # turned off
+    assert not nystrom_screened("cg", "complement", 900, 30, 1000, 3)  # M >= n
+    assert not nystrom_screened("cg", "loo", 35_000, 30, 1000, 3)
+    assert not nystrom_screened("cg", "splits", 35_000, 30, 1000, 3)
+    assert not nystrom_screened("cg", "complement", 35_000, 6, 1000, 3)  # no smaller
+    for solver in ("cholesky", "eigen", "band", "dense", "nystrom"):
+        assert not nystrom_screened(solver, "complement", 35_000, 30, 1000, 3)
+
+
+def test_the_finalists_scores_are_an_exhaustive_exact_searchs(searches):
+    X, y, s, ex = searches
+    res = s.cv_results_
+    scr = res["screened"]
+    fin = s.search_stats_["screen_nystrom"]["finalists"]
+    assert 3 <= (~scr).sum() == len(fin) < len(scr)
+    assert [p for p, z in zip(res["params"], scr) if not z] == [
+        p for p in ex.cv_results_["params"] if p in fin
+    ]
+    for f in range(3):
+        key = f"split{f}_test_score"
+        np.testing.assert_allclose(res[key][~scr], ex.cv_results_[key][~scr], rtol=0, atol=1e-9)
+    # the pick is the best exact score, ranked first; every screened score ranks after
+    assert not scr[s.best_index_] and res["rank_test_score"][s.best_index_] == 1
+    assert res["rank_test_score"][scr].min() > res["rank_test_score"][~scr].max()
+    assert s.best_score_ == pytest.approx(res["mean_test_score"][~scr].max(), abs=0)
+    # on this problem the screen keeps the exhaustive search's pick
+    assert s.best_params_ == ex.best_params_
+    assert s.search_stats_["verified_score"] == s.best_score_
+
+
+def test_the_screen_and_the_finalists_resume_from_their_own_checkpoints(tmp_path):
+    X, y = _data(n=300, seed=1)
+    first = _search(screen_centers=40, checkpoint=tmp_path).fit(X, y)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exact", "screen"]
+    again = _search(screen_centers=40, checkpoint=tmp_path).fit(X, y)
+    fin = first.search_stats_["screen_nystrom"]["finalists"]
+    # every setting of the screen, and every finalist setting of the exact stage
+    assert again.search_stats_["settings_resumed"] == len(GAMMAS) + len({p["gamma"] for p in fin})
+    for key in ("mean_test_score", "rank_test_score", "screened"):
+        np.testing.assert_array_equal(again.cv_results_[key], first.cv_results_[key])
+
+
+def test_a_scorer_the_screen_cannot_compute_searches_every_candidate_exactly():
+    X, y = _data(n=300, seed=2)
+    s = _search(screen_centers=40, scoring="neg_mean_absolute_error").fit(X, y)
+    assert "screened" not in s.cv_results_ and "screen_nystrom" not in s.search_stats_
+
+
+def test_the_select_stage_identity_names_the_screen_only_where_it_can_run():
+    from pipeline.stages.config import CvConfig
+
+    assert CvConfig(alphas=[0.1]).stage_dump()["screen_centers"] == 1000
+    assert "screen_centers" not in CvConfig(alphas=[0.1], screen_centers=None).stage_dump()
+    assert "screen_centers" not in CvConfig(alphas=[0.1], solver="eigen").stage_dump()
