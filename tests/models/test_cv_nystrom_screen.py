@@ -107,3 +107,16 @@ def test_the_select_stage_identity_names_the_screen_only_where_it_can_run():
     assert CvConfig(alphas=[0.1]).stage_dump()["screen_centers"] == 1000
     assert "screen_centers" not in CvConfig(alphas=[0.1], screen_centers=None).stage_dump()
     assert "screen_centers" not in CvConfig(alphas=[0.1], solver="eigen").stage_dump()
+
+
+def test_the_report_marks_the_screens_scores(searches, tmp_path):
+    import csv
+
+    pytest.importorskip("matplotlib")
+    from pipeline.models.selection import save_search_report
+
+    _, _, s, _ = searches
+    paths = save_search_report(s, tmp_path)
+    rows = list(csv.DictReader(open(paths["table"])))
+    assert [r["screened"] == "True" for r in rows] == list(s.cv_results_["screened"])
+    assert (tmp_path / "cv_score_vs_alpha.png").stat().st_size > 0

@@ -39,7 +39,9 @@ def _figure():
 
 
 def plot_score_vs_alpha(search: Any, path: str | os.PathLike) -> Path:
-    """CV score (mean ± std over folds) against λ, one curve per kernel setting."""
+    """CV score (mean ± std over folds) against λ, one curve per kernel setting; after a
+    Nyström screen (``cv_results_["screened"]``) the exactly scored finalists are marked
+    apart from the screen's scores."""
     res = _results(search)
     plt = _figure()
     akey = _alpha_key(res["params"][0])
@@ -61,6 +63,17 @@ def plot_score_vs_alpha(search: Any, path: str | os.PathLike) -> Path:
         a, m, s = (np.array(v) for v in zip(*pts))
         ax.plot(a, m, marker="o", label=label)
         ax.fill_between(a, m - s, m + s, alpha=0.15)
+    if "screened" in res:  # the finalists' exact scores (the curves: the screen's elsewhere)
+        exact = ~np.asarray(res["screened"], dtype=bool)
+        ax.scatter(
+            [float(p[akey]) for p, e in zip(res["params"], exact) if e],
+            mean[exact],
+            marker="D",
+            s=36,
+            color="k",
+            zorder=4,
+            label="exact (other points: the Nyström screen)",
+        )
     best = int(np.argmin(res["rank_test_score"]))
     ax.scatter(
         [res["params"][best][akey]],

@@ -31,7 +31,10 @@ The expensive work is done once and shared:
   (``screen_tol``, default 1e-3): every system to 1e-3, then the best λ to ``tol``.
   A solve that does not reach ``tol`` is redone exactly and recorded
   (``unconverged_settings``, ``redone_direct``), never scored; the chosen
-  setting is re-scored from float64 solves to 1e-10 (``verified_score``).
+  setting is re-scored from float64 solves to 1e-10 (``verified_score``). By default
+  (``screen_centers``) the grid is first scored by Nyström KRR and only its finalists
+  go through the block CG, in float64 to 1e-10
+  (:mod:`~pipeline.models.selection.finalists`).
 
 Work counters are logged and kept in ``search_stats_``.
 
