@@ -307,11 +307,13 @@ def refine_alpha(search: Any, X: np.ndarray, y: np.ndarray, kern: Any) -> dict[s
     a0 = float(search.best_alpha_)
     alphas = sorted(a0 * f for f in REFINE_FACTORS)
     seed = check_random_seed(search.random_state)  # the held-out split: seeded (None: 0)
-    # every λ scored to tol (screen_tol=None): the refinement keeps the best of them
+    # every λ scored exactly to tol (no tolerance screening, no Nyström screen): the
+    # refinement keeps the best of them
     common = dict(
         alphas=alphas, kernel=kern, param_grid=None, gamma=None, store=None, refit=False,
         checkpoint=None, max_search_seconds=None, progress=False, subsample=None,
         refine=False, random_state=0 if seed is None else seed, screen_tol=None,
+        screen_centers=None,
     )  # fmt: skip
     info: dict[str, Any] = {}
     if n <= REFINE_EIGEN_MAX_N:
