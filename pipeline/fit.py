@@ -40,7 +40,7 @@ from pipeline.engine.backend import Backend, cuda_available, get_backend
 from pipeline.engine.dense import check_finite_kernel, kernel_matrix
 from pipeline.engine.progress import cg_progress
 from pipeline.engine.where import active_client, cluster_workers, factor_executor, gram_on_demand
-from pipeline.errors import IndefiniteKernelError, LockHeldError
+from pipeline.errors import CGStagnationError, IndefiniteKernelError, LockHeldError
 from pipeline.kernels import FunctionScaled, Kernel, Linear, Warped, make_kernel
 from pipeline.kernels.warping import Coordinate, SelectFeatures
 from pipeline.linalg import cholesky_device as cd
@@ -571,7 +571,10 @@ def _execute_nystrom(
     """Nyström KRR by FALKON (:func:`pipeline.linalg.nystrom_solve.nystrom_solve`): the
     sample weights enter the normal equations as they are; λ's ``n_samples`` convention
     takes n = Σ w (as the exact solvers do); the solve (the cost model's method, PCG or
-    the direct pass) checkpoints to ``store`` when given."""
+    the direct pass) checkpoints to ``store`` when given. A PCG that stagnates (FALKON's
+    preconditioner on near-duplicate centres: K_MM nearly singular) is solved again by
+    the direct pass, which maps its blocks by ``T⁻¹`` where the centres' basis rounds
+    (scikit-learn's ``Nystroem`` + ``Ridge`` fits these; the PCG alone raised)."""
     o = plan.options
     sw = None if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
     shift = float(
@@ -582,14 +585,24 @@ def _execute_nystrom(
     m = min(int(o.n_centers), n)
     method, why = nystrom_method(n, m, d)
     log.info("%s: %s", why, method)  # both resumable with a store
-    with cg_progress(enabled=progress and method == "pcg", tol=o.tol,
-                     max_iter=o.max_iter) as shown:  # fmt: skip
-        sol = nystrom_solve(
-            X, y, kernel, shift, n_centers=o.n_centers, centers=o.centers, sample_weight=sw,
-            block_size=plan.block_size, tol=o.tol, max_iter=o.max_iter,
-            random_state=o.random_state, store=store, checkpoint_every=o.checkpoint_every,
-            callback=shown, method=method,
+    kw = dict(
+        n_centers=o.n_centers, centers=o.centers, sample_weight=sw, block_size=plan.block_size,
+        tol=o.tol, max_iter=o.max_iter, random_state=o.random_state, store=store,
+        checkpoint_every=o.checkpoint_every,
+    )  # fmt: skip
+    try:
+        with cg_progress(enabled=progress and method == "pcg", tol=o.tol,
+                         max_iter=o.max_iter) as shown:  # fmt: skip
+            sol = nystrom_solve(X, y, kernel, shift, callback=shown, method=method, **kw)
+    except CGStagnationError as err:
+        if method != "pcg":
+            raise
+        log.warning(
+            "Nyström: FALKON's PCG stagnated (%s); solving the M x M system directly "
+            "(one pass over X)", str(err).split(". ")[0]
         )  # fmt: skip
+        sol = nystrom_solve(X, y, kernel, shift, method="direct", **kw)
+        sol.info["fallback_from"] = "pcg"
     info = {**sol.info, "centres": sol.centres.tolist(), "history": sol.cg.history}
     return FitResult(
         sol.coef, "nystrom", int(sol.cg.n_iter), shift, plan, info, cg=sol.cg, X_fit=sol.X_centres

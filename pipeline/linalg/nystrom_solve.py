@@ -237,12 +237,15 @@ def nystrom_centres(
     centers: str = "uniform",
     random_state: Any = 0,
     block_size: int = 2048,
+    pivot_order: bool = False,
 ) -> np.ndarray:
     """The row indices (sorted) of the M centres of X.
 
     ``"uniform"``: M rows drawn without replacement (K not evaluated); ``"rpcholesky"``:
     the pivots of :func:`pipeline.linalg.precond.build_nystrom` at rank M (fewer when
-    K's residual vanishes first, e.g. duplicated rows; X is read into memory).
+    K's residual vanishes first, e.g. duplicated rows; X is read into memory), in the
+    order they were picked with ``pivot_order`` (so the first m are a rank-m RPCholesky's
+    own: the CV screen's nested fidelities, ``nystrom_cv.setting_statistics``).
     """
     m = check_n_centers(n_centers)
     centers = _check_centres(centers)
@@ -257,7 +260,8 @@ def nystrom_centres(
     Xm = X if rows is None else rows.whole()
     op = make_operator("matrix-free", 1.0, X=Xm, kernel=kernel, block_size=block_size)
     nf = build_nystrom(op, centres="rpcholesky", rank=m, random_state=random_state)
-    return np.sort(np.asarray(nf.centres, dtype=np.int64))
+    piv = np.asarray(nf.centres, dtype=np.int64)
+    return piv if pivot_order else np.sort(piv)
 
 
 # -- FALKON's preconditioner -------------------------------------------------------------------

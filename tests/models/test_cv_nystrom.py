@@ -399,3 +399,31 @@ def test_a_singular_centre_kernel_is_solved_lambda_by_lambda():
     got = np.array([[nystrom_cv.scores_from_statistics(v, "r2") for v in row] for row in out])
     want = brute_scores(X, y, 0.5, splits, ALPHAS, "r2", centres_m=m)
     np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_the_nested_fidelities_are_nystrom_on_the_first_pivots():
+    """``setting_statistics(nested=)``: the held-out residuals of Nyström KRR on the first
+    m' RPCholesky pivots (the CV screen's fidelities) come from the leading blocks of the
+    same statistics and equal a brute-force solve on those centres, fold by fold."""
+    X, y = data(n=400, t=2, seed=4)
+    splits = list(KFold(3, shuffle=True, random_state=3).split(X))
+    kern = make_kernel("rbf", gamma=0.5)
+    out = nystrom_cv.setting_statistics(
+        X, y, kern, splits, ALPHAS, lambda a, n: a, m=M, centers="rpcholesky",
+        random_state=0, nested=(M // 4, M // 2),
+    )  # fmt: skip
+    piv = nystrom_centres(X, kern, M, centers="rpcholesky", random_state=0, pivot_order=True)
+    np.testing.assert_array_equal(np.sort(piv), nystrom_centres(X, kern, M, centers="rpcholesky"))
+    for j, mm in enumerate((M, M // 4, M // 2)):
+        C = X[piv[:mm]]
+        for f, (tr, te) in enumerate(splits):
+            Xa, ya = np.vstack([X[tr], C]), np.vstack([y[tr], np.zeros((mm, 2))])
+            wa = np.concatenate([np.ones(len(tr)), np.zeros(mm)])
+            for li, a in enumerate(ALPHAS):
+                sol = nystrom_solve(
+                    Xa, ya, kern, a, n_centers=mm, sample_weight=wa, method="direct",
+                    centre_indices=np.arange(len(tr), len(tr) + mm),
+                )  # fmt: skip
+                R = y[te] - np.asarray(kernel_matrix(kern, X[te], C)) @ sol.coef
+                got = nystrom_cv.nested_vectors(out[li][f], 2)[j][:2]
+                np.testing.assert_allclose(got, (R * R).sum(axis=0), rtol=1e-7)

@@ -120,3 +120,24 @@ def test_the_report_marks_the_screens_scores(searches, tmp_path):
     rows = list(csv.DictReader(open(paths["table"])))
     assert [r["screened"] == "True" for r in rows] == list(s.cv_results_["screened"])
     assert (tmp_path / "cv_score_vs_alpha.png").stat().st_size > 0
+
+
+def test_the_screen_extrapolates_each_settings_shortfall_from_its_nested_fidelities():
+    from pipeline.models.selection.finalists import MAX_GAIN_RATIO, extrapolated, shortfall
+
+    # a score approaching 0.98 geometrically (each doubling of M halves the gap): Aitken's
+    # Δ² recovers the limit; one that does not slow down (or falls) gains nothing; one
+    # that slows down too little is charged at MAX_GAIN_RATIO
+    assert shortfall(0.98 - 0.01, 0.98 - 0.005, 0.98 - 0.0025) == pytest.approx(0.0025, abs=1e-15)
+    assert shortfall(0.75, 0.8, 0.9) == 0.0 and shortfall(0.99, 0.95, 0.9) == 0.0
+    assert shortfall(0.5, 0.9, 0.9) == 0.0 and shortfall(np.nan, 0.9, 0.95) == 0.0
+    rho = MAX_GAIN_RATIO
+    assert shortfall(0.9, 0.95, 0.99) == pytest.approx(0.04 * rho / (1 - rho))  # ρ = 0.8
+    # one estimate per kernel setting, from its best scores, added to each of its candidates
+    cands = [Candidate(alpha=a, gamma=g) for g in GAMMAS for a in (0.1, 1.0)]
+    settings = [{"gamma": g} for g in GAMMAS]
+    quarter = np.array([0.90, 0.80, 0.95, 0.94])
+    half = np.array([0.94, 0.85, 0.96, 0.95])
+    full = np.array([0.96, 0.86, 0.965, 0.955])
+    got = extrapolated(cands, settings, quarter, half, full)
+    np.testing.assert_allclose(got, full + [0.02, 0.02, 0.005, 0.005], rtol=0, atol=1e-12)

@@ -190,3 +190,25 @@ def test_scikit_learns_grid_search_tunes_n_centers(data):
     best = gs.best_estimator_
     assert best.solver_ == "nystrom"
     assert best.X_fit_.shape == (gs.best_params_["n_centers"], D)
+
+
+def test_a_stagnating_pcg_is_solved_by_the_direct_pass(monkeypatch, caplog):
+    """Uniform centres on rows that repeat (X rounded to 0.1) make K_MM nearly singular:
+    FALKON's PCG stagnates (it raised ``CGStagnationError``, where scikit-learn's
+    ``Nystroem`` + ``Ridge`` fits). The fit solves the same system by the direct pass
+    instead, says so, and equals a direct fit to the bit."""
+    import pipeline.fit
+
+    rng = np.random.default_rng(0)
+    X = np.round(rng.normal(size=(2000, 2)), 1)
+    y = np.sin(X[:, 0]) + 0.1 * rng.standard_normal(2000)
+    kw = dict(alpha=1e-5, kernel="rbf", gamma=0.05, solver="nystrom", n_centers=300)
+    monkeypatch.setattr(pipeline.fit, "nystrom_method", lambda *a, **k: ("direct", "forced"))
+    direct = KernelRidge(**kw).fit(X, y)
+    monkeypatch.setattr(pipeline.fit, "nystrom_method", lambda *a, **k: ("pcg", "forced"))
+    with caplog.at_level(logging.WARNING):
+        m = KernelRidge(**kw).fit(X, y)
+    assert "FALKON's PCG stagnated" in caplog.text
+    assert m.fit_info_["method"] == "direct" and m.fit_info_["fallback_from"] == "pcg"
+    np.testing.assert_array_equal(m.dual_coef_, direct.dual_coef_)
+    assert np.sqrt(np.mean((m.predict(X) - y) ** 2)) < 0.15

@@ -89,6 +89,8 @@ class SettingCheckpoint:
             base["screen"] = [repr(cv.screen_tol), repr(cv.screen_top), repr(cv.scoring)]
         if solver == "nystrom":  # the stored held-out statistics depend on the centres
             base["nystrom"] = [repr(cv.n_centers), repr(cv.centers)]
+            if getattr(cv, "screen_nested", ()):  # the CV screen's: pivot order, fidelities
+                base["nested"] = [int(m) for m in cv.screen_nested]
             base.update(gram_t_identity(int(cv.n_centers)))  # its sums in SYRK panels
         return cls(cv.checkpoint, base, X, y, splits)
 

@@ -49,6 +49,7 @@ checkpoints predictions, and :func:`nystrom_scores` turns it into the supported 
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections.abc import Iterator
@@ -418,17 +419,65 @@ def setting_system(
     return st, K_MM, base
 
 
+def _nested_betas(
+    st: dict[str, np.ndarray], K_MM: np.ndarray, base: FalkonPreconditioner, splits: list,
+    alphas: list[float], shift_of: Any, mm: int,
+) -> np.ndarray | None:  # fmt: skip
+    """β (F x M x λ·t, zero beyond row ``mm``) of Nyström KRR on the first ``mm`` centres,
+    from the leading blocks of the statistics: in the mapped basis those are the blocks
+    of ``G T⁻¹`` with T's leading block (T is triangular); None where that block offers
+    no λ path (:class:`ShiftPath`)."""
+    M = K_MM.shape[0]
+    sub = copy.copy(base)  # FALKON's T of the leading centres: T's leading block
+    sub.T = np.ascontiguousarray(base.T[:mm, :mm])
+    sub._mapped_k = None
+    sub._inv_norm2 = None
+    K = np.ascontiguousarray(K_MM[:mm, :mm])
+    path = ShiftPath.make(sub, K, bool(st["mapped"]))
+    if path is None:
+        return None
+    F = len(splits)
+    t = st["r"].shape[2]
+    out = np.zeros((F, M, len(alphas) * t))
+    S, r = st["S"][:, :mm, :mm], st["r"][:, :mm, :]
+    for f, (tr, _) in enumerate(splits):
+        shifts = [shift_of(a, len(tr)) for a in alphas]
+        out[f, :mm], _ = path.coefficients(S[F] - S[f], r[F] - r[f], shifts)
+    return out
+
+
+def nested_vectors(v: np.ndarray, t: int) -> list[np.ndarray]:
+    """The held-out vector ``[rss, W, c, s]`` of the full centres and of each nested
+    fidelity of a vector :func:`setting_statistics` made with ``nested``: the same
+    weights and sums, its own residuals."""
+    v = np.asarray(v, dtype=np.float64)
+    head = v[: 1 + 3 * t]
+    k = (v.size - head.size) // t
+    return [head] + [
+        np.concatenate([v[head.size + j * t : head.size + (j + 1) * t], head[t:]]) for j in range(k)
+    ]
+
+
 def setting_statistics(
     X: Any, y2: np.ndarray, kern: Any, splits: list, alphas: list[float], shift_of: Any,
     *, m: int, centers: str, random_state: int, sample_weight: np.ndarray | None = None,
-    stats: Any = None,
+    stats: Any = None, nested: tuple[int, ...] = (),
 ) -> list[list[np.ndarray]]:  # fmt: skip
     """``out[l][f]``: the held-out vector of ``alphas[l]`` on fold f for one kernel
-    setting (``shift_of(alpha, n_train)`` is the search's diagonal shift)."""
+    setting (``shift_of(alpha, n_train)`` is the search's diagonal shift).
+
+    ``nested`` (the CV screen's fidelities, :mod:`~pipeline.models.selection.finalists`):
+    also the held-out residuals of Nyström KRR on the first m' centres (in the order
+    RPCholesky picked them, so each is a rank-m' RPCholesky's own) for each m' of
+    ``nested``, from the same statistics (their leading blocks) and the same held-out
+    pass: each vector then ends with those residuals, t per m' (:func:`nested_vectors`);
+    NaN where K_MM's leading block offers no λ path."""
     t0 = time.perf_counter()
     n = X.shape[0]
     fold = fold_index(n, splits)
-    idx = nystrom_centres(X, kern, m, centers=centers, random_state=random_state)
+    idx = nystrom_centres(
+        X, kern, m, centers=centers, random_state=random_state, pivot_order=bool(nested)
+    )
     C = np.ascontiguousarray(np.asarray(X)[idx], dtype=np.float64)
     w = None if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
     smallest = min(shift_of(a, len(tr)) for a in alphas for tr, _ in splits)
@@ -454,12 +503,26 @@ def setting_statistics(
             beta, res = fold_coefficients(st, K_MM, f, shift, base)
             worst = max(worst, res)
             betas[f][:, li * t : (li + 1) * t] = beta
+    lt = len(alphas) * t
+    fidelities = [_nested_betas(st, K_MM, base, splits, alphas, shift_of, mm) for mm in nested]
+    ok = [b is not None for b in fidelities]
+    betas = np.concatenate([betas, *(b for b in fidelities if b is not None)], axis=2)
     t2 = time.perf_counter()
     means = fold_means(st, len(splits))
     rss, centred = held_out_rss(X, y2, kern, C, fold, betas, means, sample_weight=w)
     for f in range(len(splits)):
         for li in range(len(alphas)):
-            out[li][f] = held_out(st, f, rss[f, li * t : (li + 1) * t], centred[f])
+            v = held_out(st, f, rss[f, li * t : (li + 1) * t], centred[f])
+            if nested:
+                extra, k = [], 1
+                for good in ok:
+                    if good:
+                        extra.append(rss[f, k * lt + li * t : k * lt + (li + 1) * t])
+                        k += 1
+                    else:
+                        extra.append(np.full(t, np.nan))
+                v = np.concatenate([v, *extra])
+            out[li][f] = v
     if stats is not None:
         stats["kernel_matrices"] += 1
         stats["factorizations"] += len(splits) * (1 if path is not None else len(alphas))

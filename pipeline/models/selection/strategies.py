@@ -362,6 +362,7 @@ class NystromStrategy(_Strategy):
         return setting_statistics(
             X, y2, kern, splits, alphas_s, cv._shift, m=n_centres(cv, X.shape[0]),
             centers=cv.centers, random_state=seed(cv), stats=stats,
+            nested=getattr(cv, "screen_nested", ()),
         )  # fmt: skip
 
 
