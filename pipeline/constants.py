@@ -290,8 +290,8 @@ CV_SCREEN_TOP = 3
 #: the Nyström screen (KernelRidgeCV's default screen_centers, solver cg): every candidate
 #: scored by Nyström KRR on this many RPCholesky centres, then only the finalists solved
 #: exactly (pipeline.models.selection.finalists). Measured (diamonds, 35,000 rows, 10 λ x
-#: 3 γ x 5 folds, session 42): the screen 16-18 s; its top 3 held the exact search's pick
-#: (3rd), and at 2,000 centres (88.5 s) too (2nd)
+#: 3 γ x 5 folds, session 42): the screen 19-21 s with its nested fidelities; its
+#: finalists held the exhaustive search's pick on two splits (docs/CV_AT_SCALE.md)
 CV_SCREEN_CENTERS = 1000
 #: the search's cost model (pipeline.plan.cv_routing.cg_passes) prices CV_BLOCK_PASSES
 #: for its default run (adaptive preconditioner, screening), times these where a search
