@@ -311,6 +311,18 @@ class FalkonPreconditioner:
         S[np.diag_indices(M)] += shift_per_sample
         return cholesky(S, lower=False, overwrite_a=True)
 
+    def leading(self, m: int) -> FalkonPreconditioner:
+        """The preconditioner of the first ``m`` centres in this one's basis: T's leading
+        block (T is triangular, so ``G T⁻¹``'s first m columns are those of the first m
+        centres' own map) and its ε; A is left unset (:meth:`with_shift` factors one; T is
+        all that :class:`ShiftPath` and :meth:`map_rows` read)."""
+        pre = copy.copy(self)
+        pre.T = np.ascontiguousarray(self.T[:m, :m])
+        pre.A = None
+        pre._mapped_k = None
+        pre._inv_norm2 = None
+        return pre
+
     def with_shift(self, shift_per_sample: float) -> FalkonPreconditioner:
         """The preconditioner of the same K_MM at another λ': T (and ε) kept, only A
         factored anew (the bits of building it anew)."""

@@ -49,7 +49,6 @@ checkpoints predictions, and :func:`nystrom_scores` turns it into the supported 
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from collections.abc import Iterator
@@ -428,12 +427,8 @@ def _nested_betas(
     of ``G T⁻¹`` with T's leading block (T is triangular); None where that block offers
     no λ path (:class:`ShiftPath`)."""
     M = K_MM.shape[0]
-    sub = copy.copy(base)  # FALKON's T of the leading centres: T's leading block
-    sub.T = np.ascontiguousarray(base.T[:mm, :mm])
-    sub._mapped_k = None
-    sub._inv_norm2 = None
     K = np.ascontiguousarray(K_MM[:mm, :mm])
-    path = ShiftPath.make(sub, K, bool(st["mapped"]))
+    path = ShiftPath.make(base.leading(mm), K, bool(st["mapped"]))
     if path is None:
         return None
     F = len(splits)
