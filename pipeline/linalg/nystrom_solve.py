@@ -297,6 +297,7 @@ class FalkonPreconditioner:
                 "definite: the kernel is not positive semi-definite, which FALKON's "
                 "preconditioner needs; use a Mercer kernel such as 'rbf', or an exact solver"
             )
+        self.K_MM = K_MM  # (a reference: read by mapped_kernel, never written)
         self.T = T
         self.A = self._factor_a(shift_per_sample)
         self.jitter = float(eps)
@@ -317,6 +318,7 @@ class FalkonPreconditioner:
         centres' own map) and its ε; A is left unset (:meth:`with_shift` factors one; T is
         all that :class:`ShiftPath` and :meth:`map_rows` read)."""
         pre = copy.copy(self)
+        pre.K_MM = self.K_MM[:m, :m]
         pre.T = np.ascontiguousarray(self.T[:m, :m])
         pre.A = None
         pre._mapped_k = None
@@ -369,11 +371,11 @@ class FalkonPreconditioner:
             self.T, G64.T, lower=False, trans=1, check_finite=False
         ).T
 
-    def mapped_kernel(self, K_MM: np.ndarray) -> np.ndarray:
-        """``T⁻ᵀ K_MM T⁻¹`` (symmetric), made once and kept (copies by
-        :meth:`with_shift` share it)."""
+    def mapped_kernel(self) -> np.ndarray:
+        """``T⁻ᵀ K_MM T⁻¹`` (symmetric) of this preconditioner's own K_MM, made once and kept
+        (copies by :meth:`with_shift` share it; :meth:`leading` makes its own)."""
         if self._mapped_k is None:
-            Z = self._solve(K_MM, "T", 1)  # T⁻ᵀ K
+            Z = self._solve(self.K_MM, "T", 1)  # T⁻ᵀ K
             Km = self._solve(np.ascontiguousarray(Z.T), "T", 1)  # T⁻ᵀ K T⁻¹
             self._mapped_k = 0.5 * (Km + Km.T)
         return self._mapped_k
@@ -412,9 +414,9 @@ class ShiftPath:
         self.kappa_min = float(kappa_min)
 
     @classmethod
-    def make(cls, pre: FalkonPreconditioner, K_MM: np.ndarray, mapped: bool) -> ShiftPath | None:
+    def make(cls, pre: FalkonPreconditioner, mapped: bool) -> ShiftPath | None:
         """The path of ``pre``'s K_MM, or None where κ_min < :data:`PATH_KAPPA_MIN`."""
-        kappa, U = scipy.linalg.eigh(pre.mapped_kernel(K_MM), check_finite=False)
+        kappa, U = scipy.linalg.eigh(pre.mapped_kernel(), check_finite=False)
         if not kappa[0] >= PATH_KAPPA_MIN * kappa[-1]:
             return None
         W = U / np.sqrt(kappa)
@@ -582,7 +584,7 @@ class NystromNormalOperator:
         T⁻ᵀ K_MM T⁻¹) A⁻¹ / n``, the same matrix without the rounding of the unmapped sum.
         Returns (γ, the relative residual of each column, float64)."""
         if self.mapped:
-            H = normal + self.shift * self.pre.mapped_kernel(self.K_MM)
+            H = normal + self.shift * self.pre.mapped_kernel()
             P = self.pre.apply_a_t(self.pre.apply_a_t(H).T) / self.n_eff  # A⁻ᵀ H A⁻¹
         else:
             H = normal + self.shift * self.K_MM

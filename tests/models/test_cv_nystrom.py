@@ -364,7 +364,7 @@ def test_every_lambda_of_a_fold_from_one_eigendecomposition_equals_its_direct_so
     base = FalkonPreconditioner(K_MM, 1.0)
     maps = base.map_rows if mapped else None
     st = nystrom_cv.fold_statistics(X, y, kern, C, fold, 3, sample_weight=w, map_rows=maps)
-    path = ShiftPath.make(base, K_MM, mapped)
+    path = ShiftPath.make(base, mapped)
     assert path is not None and path.kappa_min > 0.5
     shifts = [1.7 * a for a in ALPHAS]
     for f, (_, te) in enumerate(splits):
@@ -390,7 +390,7 @@ def test_a_singular_centre_kernel_is_solved_lambda_by_lambda():
     C = X[nystrom_centres(X, kern, m, random_state=0)]
     assert len(np.unique(C, axis=0)) < m
     K_MM = centre_kernel(kern, C)
-    assert ShiftPath.make(FalkonPreconditioner(K_MM, 1.0), K_MM, False) is None
+    assert ShiftPath.make(FalkonPreconditioner(K_MM, 1.0), False) is None
     splits = list(KFold(3, shuffle=True, random_state=0).split(X))
     out = nystrom_cv.setting_statistics(
         X, y.reshape(-1, 1), kern, splits, ALPHAS, lambda a, n: a, m=m, centers="uniform",

@@ -99,6 +99,8 @@ def test_a_scorer_the_screen_cannot_compute_searches_every_candidate_exactly():
     X, y = _data(n=300, seed=2)
     s = _search(screen_centers=40, scoring="neg_mean_absolute_error").fit(X, y)
     assert "screened" not in s.cv_results_ and "screen_nystrom" not in s.search_stats_
+    # the same search with a scorer the screen computes is screened (the case is one)
+    assert "screened" in _search(screen_centers=40, scoring="r2").fit(X, y).cv_results_
 
 
 def test_the_select_stage_identity_names_the_screen_only_where_it_can_run():

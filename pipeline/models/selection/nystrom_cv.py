@@ -410,7 +410,7 @@ def setting_system(
     base = FalkonPreconditioner(K_MM, 1.0)
     mapped = base.maps_rows(int(np.shape(Y)[0]), shift)
     if mapped:
-        base.mapped_kernel(K_MM)  # made once, shared by every (fold, λ)
+        base.mapped_kernel()  # made once, shared by every (fold, λ)
     st = fold_statistics(
         X, Y, kern, C, fold, n_folds, sample_weight=sample_weight,
         map_rows=base.map_rows if mapped else None,
@@ -427,8 +427,7 @@ def _nested_betas(
     of ``G T⁻¹`` with T's leading block (T is triangular); None where that block offers
     no λ path (:class:`ShiftPath`)."""
     M = K_MM.shape[0]
-    K = np.ascontiguousarray(K_MM[:mm, :mm])
-    path = ShiftPath.make(base.leading(mm), K, bool(st["mapped"]))
+    path = ShiftPath.make(base.leading(mm), bool(st["mapped"]))
     if path is None:
         return None
     F = len(splits)
@@ -484,7 +483,7 @@ def setting_statistics(
     worst = 0.0
     t = y2.shape[1]
     betas = np.empty((len(splits), m, len(alphas) * t))
-    path = ShiftPath.make(base, K_MM, bool(st["mapped"])) if len(alphas) > 1 else None
+    path = ShiftPath.make(base, bool(st["mapped"])) if len(alphas) > 1 else None
     F = len(splits)
     for f, (tr, _) in enumerate(splits):
         shifts = [shift_of(a, len(tr)) for a in alphas]

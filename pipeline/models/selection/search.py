@@ -386,7 +386,7 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
             n_targets=y2.shape[1], band_available=band_available,
         )  # fmt: skip
         self.solver_ = solver = choice.solver
-        screened = None
+        screened = None  # (the Nyström screen's scores and the finalists' exact ones)
         if screen_applies(self, solver, kind, n, splits, len(candidates)):
             scores, screened, stats = screened_search(
                 self, choice, X, y, y2, base, settings, candidates, splits, kind, scorer
@@ -395,14 +395,11 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
             results, stats = run_search(
                 self, choice, X, y, y2, base, settings, candidates, splits, kind, scorer
             )
+            if solver == "nystrom":  # scored from the statistics, no held-out predictions
+                scores = nystrom_scores(results, candidates, settings, splits, kind, self.scoring)
+            else:
+                scores = score_candidates(results, candidates, settings, splits, kind, scorer, X, y)
         t_search = time.perf_counter() - t_start
-
-        if screened is not None:  # scored already: the screen's and the finalists'
-            pass
-        elif solver == "nystrom":  # scored from the statistics, no held-out predictions
-            scores = nystrom_scores(results, candidates, settings, splits, kind, self.scoring)
-        else:
-            scores = score_candidates(results, candidates, settings, splits, kind, scorer, X, y)
         self.cv_results_ = cv_results(candidates, scores, t_search, back=back, screened=screened)
         self.best_index_ = int(self.cv_results_["rank_test_score"].argmin())
         self.best_params_ = dict(candidates[self.best_index_])
