@@ -18,23 +18,25 @@ from pipeline.linalg.gram import build_gram, open_gram, read_sym_tile
 N, D, BLOCK, GAMMA = 600, 6, 60, 0.1
 N_TILES = 55  # 10 row blocks -> 10 * 11 / 2 lower tiles
 
-# RBF patched to take >= 50 ms per tile, so the parent can kill the build while it
-# is half done. It is still the class RBF (a subclass would have its own kernel
-# fingerprint and never share a Gram with RBF), so the fingerprint is RBF(gamma)'s.
+# The child waits 50 ms before recording each finished tile (its completion marker:
+# TileMarkers.mark records every tile), so the parent can kill the build while it is
+# half done. The kernel is the plain RBF: its tiles come from the fused evaluators,
+# which never call RBF._eval (a slowed ``_eval`` slowed nothing).
 CHILD = textwrap.dedent(
     """
     import sys, time
     import numpy as np
     from pipeline.linalg.gram import build_gram
     from pipeline.kernels import RBF
+    from pipeline.storage.markers import TileMarkers
 
-    _eval = RBF._eval
+    _mark = TileMarkers.mark
 
-    def slow_eval(self, X, Y, symmetric):
+    def slow_mark(self, *args, **kwargs):
         time.sleep(0.05)
-        return _eval(self, X, Y, symmetric)
+        return _mark(self, *args, **kwargs)
 
-    RBF._eval = slow_eval
+    TileMarkers.mark = slow_mark
     x_path, store, block, gamma = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
     build_gram(x_path, RBF(gamma=gamma), store, block, progress=False)
     print("FINISHED", flush=True)
