@@ -378,7 +378,7 @@ def _execute(
             return replace(res, solver="cholesky", shift=float(shift))
         # with a store: the one tile column the device must hold, before any work
         cd.check_device_memory(be, n, bs, plan.factor_dtype)
-    # a float32 factor's alpha must be refined    # a float32 factor's alpha must be refined to double precision: against the kept
+    # a float32 factor's alpha must be refined to double precision: against the kept
     # Gram, or with matrix-free products from X in memory. In place with neither,
     # it would be single precision: refused before any work, never returned
     mf = isinstance(X, np.ndarray) and kernel is not None

@@ -333,8 +333,17 @@ def held_out_rss(
 def held_out(st: dict[str, np.ndarray], f: int, rss: np.ndarray, centred: np.ndarray) -> np.ndarray:
     """``[rss (t), W_f, c_f (t), s_f (t)]`` of fold f's test rows (``rss``: their residuals'
     weighted sum of squares per target, ``c_f``: their targets' about the fold's mean,
-    :func:`held_out_rss`)."""
+    :func:`held_out_rss`): the held-out vector, read back by :func:`held_out_parts`."""
     return np.concatenate([rss, [st["W"][f]], centred, st["s"][f]])
+
+
+def held_out_parts(v: Any, t: int | None = None) -> tuple[np.ndarray, ...]:
+    """``(rss, W, c, s)`` of held-out vectors (:func:`held_out`) along the last axis; ``t``,
+    the number of targets, defaults to a plain vector's ``(size - 1) / 3`` (a vector with
+    nested fidelities' residuals after it needs it given: :func:`nested_vectors`)."""
+    v = np.asarray(v, dtype=np.float64)
+    t = (v.shape[-1] - 1) // 3 if t is None else t
+    return v[..., :t], v[..., t], v[..., t + 1 : 2 * t + 1], v[..., 2 * t + 1 : 3 * t + 1]
 
 
 def fold_means(st: dict[str, np.ndarray], n_folds: int) -> np.ndarray:
@@ -347,14 +356,12 @@ def pooled(vs: list[np.ndarray]) -> np.ndarray:
     """The held-out vector of several folds together (leave-one-out's): the residuals,
     weights and sums add up, and the centred sums of squares by the parallel-axis rule
     ``Σ_f c_f + Σ_f W_f (ȳ_f - ȳ)²`` (a sum of non-negative terms: no cancellation)."""
-    V = np.stack([np.asarray(v, dtype=np.float64) for v in vs])
-    t = (V.shape[1] - 1) // 3
-    W, s = V[:, t], V[:, 2 * t + 1 :]
+    rss, W, c, s = held_out_parts(np.stack([np.asarray(v, dtype=np.float64) for v in vs]))
     Wt = W.sum()
     mean_f = np.where(W[:, None] > 0, s / np.where(W > 0, W, 1.0)[:, None], 0.0)
-    mean = s.sum(axis=0) / Wt if Wt > 0 else np.zeros(t)
-    c = V[:, t + 1 : 2 * t + 1].sum(axis=0) + (W[:, None] * (mean_f - mean) ** 2).sum(axis=0)
-    return np.concatenate([V[:, :t].sum(axis=0), [Wt], c, s.sum(axis=0)])
+    mean = s.sum(axis=0) / Wt if Wt > 0 else np.zeros(s.shape[1])
+    c = c.sum(axis=0) + (W[:, None] * (mean_f - mean) ** 2).sum(axis=0)
+    return np.concatenate([rss.sum(axis=0), [Wt], c, s.sum(axis=0)])
 
 
 def scores_from_statistics(v: np.ndarray, scoring: Any, scale: Any = 1.0) -> float:
@@ -362,8 +369,7 @@ def scores_from_statistics(v: np.ndarray, scoring: Any, scale: Any = 1.0) -> flo
     pooled by :func:`pooled`): scikit-learn's weighted scorer, its targets averaged with
     equal weights (``multioutput="uniform_average"``); ``scale``: the residuals' scale per
     column (:func:`scorer_units`; R² does not change)."""
-    t = (v.size - 1) // 3
-    rss, W, den, s = v[:t], v[t], v[t + 1 : 2 * t + 1], v[2 * t + 1 :]
+    rss, W, den, s = held_out_parts(v)
     if scoring != "r2" and scoring is not None:
         rss = rss * np.asarray(scale, dtype=np.float64) ** 2
     if scoring == "neg_mean_squared_error":
@@ -386,7 +392,7 @@ def nystrom_scores(
     n_scored = 1 if kind == "loo" else len(splits)
     scores = np.empty((len(candidates), n_scored))
     first = next(iter(results[0].values()))[0]
-    name, scale = scorer_units(scoring, (np.asarray(first).size - 1) // 3)
+    name, scale = scorer_units(scoring, held_out_parts(first)[0].size)
     for ci, c in enumerate(candidates):
         vs = results[settings.index(c.kernel_params)][c["alpha"]]
         if kind == "loo":
@@ -445,10 +451,11 @@ def nested_vectors(v: np.ndarray, t: int) -> list[np.ndarray]:
     fidelity of a vector :func:`setting_statistics` made with ``nested``: the same
     weights and sums, its own residuals."""
     v = np.asarray(v, dtype=np.float64)
-    head = v[: 1 + 3 * t]
+    _, W, c, s = held_out_parts(v, t)
+    head, shared = v[: 1 + 3 * t], np.concatenate([[W], c, s])
     k = (v.size - head.size) // t
     return [head] + [
-        np.concatenate([v[head.size + j * t : head.size + (j + 1) * t], head[t:]]) for j in range(k)
+        np.concatenate([v[head.size + j * t : head.size + (j + 1) * t], shared]) for j in range(k)
     ]
 
 
