@@ -140,8 +140,8 @@ CHOLESKY_EFFICIENCY_T0 = 0.8
 FLOAT32_SPEEDUP = 1.86
 #: resident memory of the interpreter with numpy/scipy/zarr/dask imported
 BASE_RSS_BYTES = 300 << 20
-#: the threads executor's read-ahead and write-behind budget, each (mirrors
-#: pipeline.linalg.cholesky.IO_BUDGET_BYTES)
+#: the extra memory the tile Cholesky's threads executor may hold in read-ahead and in
+#: write-behind, each (:mod:`pipeline.linalg.cholesky_exec` sizes its queues by it)
 IO_BUDGET_BYTES = 256 << 20
 #: fixed seconds of one out-of-core fit through the public estimator, beyond the work the
 #: model counts: store and Zarr array creation, fingerprints, thread pools, the solve's

@@ -40,7 +40,13 @@ from pipeline.engine.backend import Backend, cuda_available, get_backend
 from pipeline.engine.dense import check_finite_kernel, kernel_matrix
 from pipeline.engine.progress import cg_progress
 from pipeline.engine.where import active_client, cluster_workers, factor_executor, gram_on_demand
-from pipeline.errors import CGStagnationError, IndefiniteKernelError, LockHeldError
+from pipeline.errors import (
+    CGStagnationError,
+    IndefiniteKernelError,
+    LockHeldError,
+    NonFiniteKernelError,
+    NotPositiveDefiniteError,
+)
 from pipeline.kernels import FunctionScaled, Kernel, Linear, Warped, make_kernel
 from pipeline.kernels.warping import Coordinate, SelectFeatures
 from pipeline.linalg import cholesky_device as cd
@@ -52,7 +58,6 @@ from pipeline.linalg.cg_checkpoint import resumable_cg
 from pipeline.linalg.cg_mixed_fit import mixed_cg_fit
 from pipeline.linalg.cholesky import regularisation_shift, tile_cholesky
 from pipeline.linalg.cholesky_inplace import GramTileRecomputer
-from pipeline.linalg.cholesky_options import NonFiniteKernelError, NotPositiveDefiniteError
 from pipeline.linalg.dense_dual import effective_alpha, solve_dual
 from pipeline.linalg.dense_memory import check_dense_memory, dense_dual_bytes, primal_bytes
 from pipeline.linalg.dense_primal import primal_to_dual, solve_primal

@@ -44,7 +44,6 @@ from pipeline._version import __version__
 from pipeline.cli.args import (
     KrrArgumentParser,
     UsageError,
-    check_scheduler_address,
     json_error,
     not_empty,
     parse_command_line,
@@ -69,6 +68,7 @@ from pipeline.cli.errors import (
     _load,
     _stage_error_hint,
     check_local_run_dir,
+    check_scheduler_address,
     store_unreachable,
 )
 from pipeline.cli.errors import (

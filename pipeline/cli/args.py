@@ -17,10 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pipeline.stages as stages
-from pipeline.cli.errors import (  # noqa: F401 (check_scheduler_address re-exported)
-    EXIT_CODES,
-    check_scheduler_address,
-)
+from pipeline.cli.errors import EXIT_CODES
 from pipeline.errors import UsageError
 from pipeline.storage.location import Location
 
@@ -28,7 +25,6 @@ __all__ = [
     "ERROR_TYPES",
     "KrrArgumentParser",
     "UsageError",
-    "check_scheduler_address",
     "json_error",
     "parse_command_line",
     "run_log",

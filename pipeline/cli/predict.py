@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.cli.args import check_scheduler_address
 from pipeline.cli.errors import (
     EXIT_BAD_CONFIG,
     EXIT_BAD_INPUT,
@@ -21,6 +20,7 @@ from pipeline.cli.errors import (
     CliError,
     _client,
     check_input_file,
+    check_scheduler_address,
     disk_full_hint,
     disk_full_in,
 )

@@ -19,7 +19,8 @@ from pipeline.errors import LockHeldError, ManifestError, RunDirUnusable
 from pipeline.report import write_report
 from pipeline.stages.lock import unlock
 from pipeline.stages.status import format_configurations, run_status
-from pipeline.storage.location import is_url, local_file_path
+from pipeline.storage.atomic import local_file_path
+from pipeline.storage.location import is_url
 
 
 def _run_dir_arg(run_dir: str) -> Path | str:

@@ -12,7 +12,7 @@ dtype the kernel object would (float32 iff every input is), each value rounded o
 from float64; the values equal the kernel object's to ~1e-15 relative.
 
 A kernel whose values overflow float64 is refused with
-:class:`~pipeline.kernels.base.NonFiniteKernelError` (a ValueError), as out of core:
+:class:`~pipeline.errors.NonFiniteKernelError` (a ValueError), as out of core:
 never NaN predictions from finite inputs (:func:`check_finite_kernel`).
 """
 
@@ -27,8 +27,9 @@ from pipeline.engine.backend import get_backend
 from pipeline.engine.evaluators import is_fused
 from pipeline.engine.fused import kernel_tile, predict_accumulate
 from pipeline.engine.where import available_cores
+from pipeline.errors import NonFiniteKernelError
 from pipeline.kernels import Kernel
-from pipeline.kernels.base import NonFiniteKernelError, result_dtype
+from pipeline.kernels.base import result_dtype
 
 __all__ = ["check_finite_kernel", "check_finite_predictions", "kernel_matrix", "kernel_predict"]
 
@@ -58,7 +59,7 @@ def _fusable(kernel: Any, *arrays: Any) -> bool:
 
 
 def check_finite_kernel(K: np.ndarray, what: str = "the kernel matrix K(X, X)") -> None:
-    """Raise :class:`~pipeline.kernels.base.NonFiniteKernelError` if ``K`` holds inf or NaN.
+    """Raise :class:`~pipeline.errors.NonFiniteKernelError` if ``K`` holds inf or NaN.
 
     The message names the first non-finite entry and the fix, in the words of the
     out-of-core Cholesky's check (:mod:`pipeline.linalg.cholesky_tile`).
@@ -143,7 +144,7 @@ def kernel_predict(
     its own evaluation: the kernel object's generic path). ``X`` may be a
     scipy sparse matrix (densified ``chunk_rows`` rows at a time). Non-finite
     predictions from finite inputs mean the kernel overflowed: refused with
-    :class:`~pipeline.kernels.base.NonFiniteKernelError`. ``backend``: a non-NumPy
+    :class:`~pipeline.errors.NonFiniteKernelError`. ``backend``: a non-NumPy
     :class:`~pipeline.engine.backend.Backend` (or its name) runs the products there
     (:func:`pipeline.engine.device.predict`).
     """

@@ -47,21 +47,23 @@ from pipeline.engine import blas as gil_free_blas
 from pipeline.engine.passes import pending
 from pipeline.engine.tile_io import TileIO
 from pipeline.engine.where import auto_scheduler, factor_threads, tile_blas_threads
+from pipeline.errors import NotPositiveDefiniteError  # noqa: F401 (its old home)
 
 # ---------------------------------------------------------------------------
 # per-process cache of finished factor tiles (pipeline.linalg.cholesky_cache)
-from pipeline.linalg.cholesky_cache import (  # noqa: E402, F401  (re-exported)
+from pipeline.linalg.cholesky_cache import (
     _CACHE,
-    DEFAULT_CACHE_BYTES,
     _cache_key,
-    _read_factor_tile,
-    _TileCache,
     mapped_factor_reads,
-    release_tile_cache,
-    set_tile_cache_budget,
     share_written_tile,
 )
-from pipeline.linalg.cholesky_exec import _niced, io_niceness
+from pipeline.linalg.cholesky_exec import (
+    _left_looking_order,
+    _niced,
+    _run_dask,
+    _run_threads,
+    io_niceness,
+)
 
 # ---------------------------------------------------------------------------
 # the factor that replaces its Gram (keep_gram=False; pipeline.linalg.cholesky_inplace)
@@ -73,23 +75,16 @@ from pipeline.linalg.cholesky_inplace import (
 
 # ---------------------------------------------------------------------------
 # errors, options and the factor (pipeline.linalg.cholesky_options)
-from pipeline.linalg.cholesky_options import (  # noqa: E402, F401  (re-exported)
-    CONVENTIONS,
+from pipeline.linalg.cholesky_options import (
     CholeskyFactor,
     JitterPolicy,
-    NotPositiveDefiniteError,
     make_jitter_policy,
     regularisation_shift,
 )
 
 # ---------------------------------------------------------------------------
-# one tile's arithmetic (pipeline.linalg.cholesky_tile; re-exported here)
-from pipeline.linalg.cholesky_tile import (  # noqa: E402, F401  (re-exported)
-    _factor_tile,
-    _potrf_lower,
-    _trsm_right_lower_t,
-    _updated_tile,
-)
+# one tile's arithmetic (pipeline.linalg.cholesky_tile)
+from pipeline.linalg.cholesky_tile import _factor_tile
 from pipeline.storage import IncompleteArrayError, TiledArray, fingerprint_obj, open_tiled_array
 from pipeline.storage.rawchunks import release_direct_buffers
 
@@ -160,19 +155,6 @@ def _tile_task(
         share_written_tile(L, i, j, tile)
     return {"tile": (i, j), "computed": True, "jitter": info.get("jitter")}
 
-
-# ---------------------------------------------------------------------------
-# executors (pipeline.linalg.cholesky_exec; re-exported here)
-
-from pipeline.linalg.cholesky_exec import (  # noqa: E402, F401  (re-exported)
-    IO_BUDGET_BYTES,
-    _critical_path_ranks,
-    _deps,
-    _left_looking_order,
-    _run_dask,
-    _run_threads,
-    read_gram_tile,
-)
 
 # ---------------------------------------------------------------------------
 # public API

@@ -44,14 +44,9 @@ from typing import Any
 import numpy as np
 
 from pipeline.engine.backend import Backend
-from pipeline.errors import DeviceUnavailableError
+from pipeline.errors import DeviceUnavailableError, NotPositiveDefiniteError
 from pipeline.linalg.cholesky import factor_fingerprint
-from pipeline.linalg.cholesky_options import (
-    JitterPolicy,
-    NotPositiveDefiniteError,
-    make_jitter_policy,
-    regularisation_shift,
-)
+from pipeline.linalg.cholesky_options import JitterPolicy, make_jitter_policy, regularisation_shift
 from pipeline.linalg.cholesky_tile import _check_finite_diagonal
 from pipeline.storage import TiledArray, fingerprint_obj, open_tiled_array
 from pipeline.storage.tiles import TileGrid

@@ -179,9 +179,6 @@ def _critical_path_ranks(todo: list[tuple[int, int]], block: int) -> dict[tuple[
     return upward_ranks(todo, lambda t: _deps(*t), cost)
 
 
-#: extra memory the read-ahead and write-behind of the threads scheduler may hold, each
-IO_BUDGET_BYTES = 256 << 20
-
 _IO_NICED = threading.local()
 
 
@@ -334,6 +331,7 @@ def _tile_io(gram: Any, L: Any, todo: list, rank: dict, width: int = 1) -> TileI
 
 
 def _io_depth(gram: Any, L: Any) -> int:
-    """Tiles read ahead (and written behind): up to 2, within :data:`IO_BUDGET_BYTES`."""
+    """Tiles read ahead (and written behind): up to 2, within
+    :data:`~pipeline.constants.IO_BUDGET_BYTES`."""
     item = max(np.dtype(gram.dtype).itemsize, np.dtype(L.dtype).itemsize)
-    return int(min(2, max(1, IO_BUDGET_BYTES // max(L.block_size**2 * item, 1))))
+    return int(min(2, max(1, C.IO_BUDGET_BYTES // max(L.block_size**2 * item, 1))))

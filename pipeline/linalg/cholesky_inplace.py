@@ -61,7 +61,8 @@ from pipeline.linalg.cholesky_options import CholeskyFactor
 from pipeline.storage import IncompleteArrayError, TiledArray, fingerprint_obj
 from pipeline.storage import buffers as tile_buffers
 from pipeline.storage.arrays import CorruptTileError, tile_checksum
-from pipeline.storage.location import is_url, local_file_path
+from pipeline.storage.atomic import local_file_path
+from pipeline.storage.location import is_url
 from pipeline.storage.markers import TileMarkers
 from pipeline.storage.rawchunks import chunk_layout
 

@@ -16,7 +16,7 @@ from pipeline.errors import (  # noqa: F401 (their old home)
 from pipeline.options import SOLVER_CONVENTIONS, diagonal_shift
 from pipeline.storage import TiledArray
 
-CONVENTIONS = SOLVER_CONVENTIONS
+CONVENTIONS = SOLVER_CONVENTIONS  # its old name (pinned: tests/test_options.py)
 
 
 @dataclass(frozen=True)
@@ -63,8 +63,8 @@ def make_jitter_policy(jitter: Any) -> JitterPolicy | None:
 
 def regularisation_shift(lam: float, n: int, convention: str = "sklearn") -> float:
     """The diagonal shift for ``lam``: ``lam`` ("sklearn") or ``n * lam`` ("n")."""
-    if convention not in CONVENTIONS:
-        raise ValueError(f"convention must be one of {CONVENTIONS}, got {convention!r}")
+    if convention not in SOLVER_CONVENTIONS:
+        raise ValueError(f"convention must be one of {SOLVER_CONVENTIONS}, got {convention!r}")
     lam = float(lam)
     if not np.isfinite(lam) or lam < 0:
         raise ValueError(

@@ -21,13 +21,10 @@ import numpy as np
 import pipeline.constants as C
 from pipeline.engine import blas as gil_free_blas
 from pipeline.engine.tile_io import TileIO
+from pipeline.errors import NonFiniteKernelError, NotPositiveDefiniteError
 from pipeline.linalg.cholesky_cache import _read_factor_tile
 from pipeline.linalg.cholesky_exec import prefetch_gram_tile, read_gram_tile
-from pipeline.linalg.cholesky_options import (
-    JitterPolicy,
-    NonFiniteKernelError,
-    NotPositiveDefiniteError,
-)
+from pipeline.linalg.cholesky_options import JitterPolicy
 from pipeline.storage import TiledArray
 from pipeline.storage import buffers as tile_buffers
 

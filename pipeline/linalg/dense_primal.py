@@ -19,7 +19,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy import linalg
 
-from pipeline.kernels.base import NonFiniteKernelError
+from pipeline.errors import NonFiniteKernelError
 from pipeline.linalg.dense_dual import _SINGULAR_MSG, SingularKernelWarning, effective_alpha
 
 

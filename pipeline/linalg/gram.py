@@ -39,9 +39,8 @@ from pipeline.engine.input_checks import validate_and_fingerprint
 from pipeline.engine.parallel import compute
 from pipeline.engine.passes import KernelSource, pending, store_graph
 from pipeline.engine.where import in_this_process, runs_here, tile_entries, weigh
-from pipeline.errors import StoreNotWritableError
+from pipeline.errors import NonFiniteKernelError, StoreNotWritableError
 from pipeline.kernels import Kernel, kernel_fingerprint, make_kernel
-from pipeline.kernels.base import NonFiniteKernelError
 from pipeline.storage import TiledArray, fingerprint_obj, open_tiled_array
 from pipeline.storage.inputs import as_row_blocks, check_block_size
 from pipeline.storage.location import check_writable

@@ -34,7 +34,8 @@ from pipeline.engine.dag import run_dag, serial_order, upward_ranks
 from pipeline.engine.tile_io import TileIO
 from pipeline.float_range import pow2_exponents
 from pipeline.linalg.cg import CGConvergenceError, conjugate_gradient
-from pipeline.linalg.cholesky import CholeskyFactor, _read_factor_tile, release_tile_cache
+from pipeline.linalg.cholesky import CholeskyFactor
+from pipeline.linalg.cholesky_cache import _read_factor_tile, release_tile_cache
 from pipeline.linalg.matvec import MatrixFreeKernelOperator, StoredKernelOperator
 from pipeline.storage import TiledArray, fingerprint_blocks, fingerprint_obj, open_tiled_array
 

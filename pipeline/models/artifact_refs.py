@@ -20,7 +20,7 @@ import fsspec
 import numpy as np
 import zarr
 
-from pipeline.storage.location import local_file_path
+from pipeline.storage.atomic import local_file_path
 
 #: the top-level entries an artifact writes (its metadata and its two arrays)
 ARTIFACT_ENTRIES = frozenset({"zarr.json", "dual_coef", "X_train"})

@@ -2,7 +2,7 @@
 
 Every location comes from the manifest's stage outputs, never from a path
 assumed here, so the report follows the run directory's layout. Arrays are read
-through their recorded checksums (:func:`pipeline.stages.solve.load_npy_verified`,
+through their recorded checksums (:func:`pipeline.stages.catalog.load_npy_verified`,
 :func:`pipeline.storage.read_all`). A section the run does not have (no ``cv``
 section, a Cholesky solve without a CG curve, no test split) or whose data cannot
 be read is left empty, with a short note saying why: gathering never fails on a
@@ -21,11 +21,11 @@ from typing import Any
 import numpy as np
 
 from pipeline.stages import recorded_fit_plan
+from pipeline.stages.catalog import load_npy_verified
 from pipeline.stages.ingest import open_rows
 from pipeline.stages.lock import check_run_dir_files
 from pipeline.stages.manifest import MANIFEST_NAME, Manifest
 from pipeline.stages.outputs import SolveOutput
-from pipeline.stages.solve import load_npy_verified
 from pipeline.storage import read_all
 from pipeline.storage.location import is_url, read_bytes
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pipeline.storage.location import local_file_path
+from pipeline.storage.atomic import local_file_path
 
 __all__ = [
     "PATH_KEYS",

@@ -72,19 +72,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import LockHeldError, RunDirUnusable, file_kind
-from pipeline.storage.lease import (  # noqa: F401  (the lease's names, re-exported: their old home)
-    DEFAULT_TTL,
-    LOCK_NAME,
-    RELEASE_WAIT,
-    LeaseLock,
-    _dead,
-    _etag,
-    _proc_start,
-    _read,
-    lease_owner,
-    lease_unlock,
-)
-from pipeline.storage.location import StoreUnreachable, is_url  # noqa: F401  (re-exported)
+from pipeline.storage.lease import LOCK_NAME, LeaseLock, _proc_start, lease_owner, lease_unlock
+from pipeline.storage.location import is_url
 
 log = logging.getLogger("pipeline.stages")
 

@@ -96,18 +96,13 @@ from pipeline.stages.results import (
     plan_stage,
     write_latest,
 )
-from pipeline.stages.stage import (  # noqa: F401 (Stage, stage_fingerprint re-exported)
-    Node,
-    RunReport,
-    Stage,
-    stage_fingerprint,
-)
+from pipeline.stages.stage import Node, RunReport, Stage
 from pipeline.stages.usage import StageUsage
 from pipeline.storage import fingerprint_obj
 from pipeline.storage.fingerprint import same_work
-from pipeline.storage.location import Location, cap_store_waits, is_url
+from pipeline.storage.location import Location, is_url
 from pipeline.storage.tempfiles import sweep_tmp_files
-from pipeline.storage.waits import cap_store_waits_if_interrupted
+from pipeline.storage.waits import cap_store_waits, cap_store_waits_if_interrupted
 
 log = logging.getLogger("pipeline.stages")
 

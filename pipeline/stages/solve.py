@@ -33,12 +33,7 @@ from pipeline.linalg.cholesky_inplace import GramTileRecomputer
 from pipeline.linalg.gram import open_gram
 from pipeline.options import solver_choices
 from pipeline.plan.fit_plan import FitPlan, plan_fit
-from pipeline.stages.catalog import (  # noqa: F401 (save_npy_atomic re-exported)
-    Catalog,
-    load_npy_verified,
-    save_npy_atomic,
-    stage_catalog,
-)
+from pipeline.stages.catalog import Catalog, stage_catalog
 from pipeline.stages.config import SolverConfig
 from pipeline.stages.ingest import open_rows
 from pipeline.stages.outputs import GramOutput, IngestOutput, SolveOutput

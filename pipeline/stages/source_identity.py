@@ -35,7 +35,8 @@ from typing import Any
 
 import fsspec
 
-from pipeline.storage.location import is_url, local_file_path
+from pipeline.storage.atomic import local_file_path
+from pipeline.storage.location import is_url
 
 #: a local source up to this size is hashed in full
 FULL_HASH_MAX_BYTES = 1 << 30

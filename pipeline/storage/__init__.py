@@ -6,8 +6,8 @@ only through :class:`TileMarkers`. Nothing here imports dask at import time
 (:mod:`pipeline.storage.blocks` builds verified Dask reads, importing it lazily).
 """
 
+from pipeline.errors import CorruptFileError
 from pipeline.storage.arrays import (
-    CorruptFileError,
     CorruptTileError,
     MissingTileError,
     StoreMismatchError,

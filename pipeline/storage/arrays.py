@@ -34,9 +34,10 @@ from pipeline.errors import (  # noqa: F401  (re-exported: their old home)
     MissingTileError,
     StoreMismatchError,
 )
+from pipeline.storage.atomic import local_file_path
 from pipeline.storage.errors import ForeignPathError, TileRewriteError, disk_full_at
 from pipeline.storage.fingerprint import same_work
-from pipeline.storage.location import filesystem_for, is_url, local_file_path
+from pipeline.storage.location import filesystem_for, is_url
 from pipeline.storage.markers import TileMarkers, _parse_key
 from pipeline.storage.rawchunks import (
     chunk_layout,

@@ -31,13 +31,8 @@ from pipeline.errors import (  # noqa: F401  (ConfigError, StoreUnreachable: the
     StoreNotWritableError,
     StoreUnreachable,
 )
-from pipeline.storage.atomic import (  # noqa: F401 (local_file_path re-exported)
-    atomic_write,
-    is_local,
-    local_file_path,
-)
+from pipeline.storage.atomic import atomic_write, is_local
 from pipeline.storage.tempfiles import tmp_path_for
-from pipeline.storage.waits import cap_store_waits, store_wait_cap  # noqa: F401
 
 #: packages that provide the filesystems of common URL schemes
 _PACKAGES = {

@@ -149,7 +149,7 @@ def test_unanswered_address_advice_names_its_source(small, tmp_path, capsys):
 
 
 def test_well_formed_addresses_are_accepted():
-    from pipeline.cli.args import check_scheduler_address
+    from pipeline.cli.errors import check_scheduler_address
 
     for a in ("tcp://127.0.0.1:8786", "tls://sched.example:8786", "10.0.0.5:8786", "tcp://[::1]:1"):
         assert check_scheduler_address(a) == a

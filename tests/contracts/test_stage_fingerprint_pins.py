@@ -25,7 +25,7 @@ import zarr
 
 from pipeline.stages import Manifest, default_stages, run_stages
 from pipeline.stages.config import load_config
-from pipeline.stages.runner import stage_fingerprint
+from pipeline.stages.stage import stage_fingerprint
 
 CONFIG = {
     "name": "pin",

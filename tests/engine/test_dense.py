@@ -20,9 +20,9 @@ import scipy.sparse as sp
 
 from pipeline import KernelRidge
 from pipeline.engine.dense import kernel_matrix, kernel_predict
+from pipeline.errors import NonFiniteKernelError
 from pipeline.fit import fit_reference
 from pipeline.kernels import RBF, Laplacian, Linear, Polynomial, Sigmoid
-from pipeline.kernels.base import NonFiniteKernelError
 from pipeline.models.artifact import Model
 
 FUSED = [

@@ -13,7 +13,8 @@ from _tiles import rbf_matrix, write_gram
 import pipeline.constants as policy_constants
 import pipeline.engine.where as where
 import pipeline.linalg.cholesky as chol
-from pipeline.linalg.cholesky import release_tile_cache, tile_cholesky
+from pipeline.linalg.cholesky import tile_cholesky
+from pipeline.linalg.cholesky_cache import release_tile_cache
 
 pytest.importorskip("distributed")
 

@@ -15,8 +15,12 @@ import pytest
 from _tiles import rbf_matrix, write_gram
 
 import pipeline.constants as policy_constants
-from pipeline.linalg.cholesky import release_tile_cache, tile_cholesky
-from pipeline.linalg.cholesky_cache import DEFAULT_CACHE_BYTES, set_tile_cache_budget
+from pipeline.linalg.cholesky import tile_cholesky
+from pipeline.linalg.cholesky_cache import (
+    DEFAULT_CACHE_BYTES,
+    release_tile_cache,
+    set_tile_cache_budget,
+)
 from pipeline.storage import CorruptTileError, TiledArray
 from pipeline.storage.rawchunks import chunk_layout, map_chunk
 

@@ -18,11 +18,12 @@ import pytest
 from _tiles import rbf_matrix, write_gram
 
 import pipeline.constants as policy_constants
-from pipeline.linalg.cholesky import release_tile_cache, tile_cholesky
+from pipeline.linalg.cholesky import tile_cholesky
 from pipeline.linalg.cholesky_cache import (
     _CACHE,
     DEFAULT_CACHE_BYTES,
     _cache_key,
+    release_tile_cache,
     set_tile_cache_budget,
     share_written_tile,
 )

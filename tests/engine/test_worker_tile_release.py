@@ -13,7 +13,8 @@ import pytest
 from _tiles import rbf_matrix, write_gram
 
 import pipeline.constants as policy_constants
-from pipeline.linalg.cholesky import release_tile_cache, tile_cholesky
+from pipeline.linalg.cholesky import tile_cholesky
+from pipeline.linalg.cholesky_cache import release_tile_cache
 from pipeline.linalg.triangular import cholesky_solve
 
 

@@ -97,7 +97,7 @@ def test_corrupt_factor_tile_detected(gram, chunk_file, tmp_path):
     _, g = gram
     store = tmp_path / "f.zarr"
     factor = tile_cholesky(g, 0.1, store=str(store), scheduler="threads", n_threads=1)
-    from pipeline.linalg.cholesky import release_tile_cache
+    from pipeline.linalg.cholesky_cache import release_tile_cache
 
     release_tile_cache()  # the in-process cache would serve the good copy
     _corrupt(chunk_file(store, factor.L.name, 1, 1))

@@ -224,8 +224,8 @@ def test_enospc_writing_a_marker_the_manifest_or_a_npy_result_names_path_and_byt
     """Before, only the raw chunk writer named the path and the bytes: a full disk met
     writing a completion marker, the manifest or a ``.npy`` result (all through
     ``atomic_write``) gave the bare ``[Errno 28] No space left on device``."""
+    from pipeline.stages.catalog import save_npy_atomic
     from pipeline.stages.manifest import Manifest
-    from pipeline.stages.solve import save_npy_atomic
     from pipeline.storage import TileMarkers, atomic
 
     markers = TileMarkers(str(tmp_path / "s.zarr"), "K", "fp")

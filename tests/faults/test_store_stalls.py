@@ -294,13 +294,14 @@ def test_estimator_fit_against_a_paused_store_raises_store_unreachable(s3):
 
 def test_a_failing_lease_release_does_not_replace_the_real_error(s3, monkeypatch):
     import pipeline.stages.lock as lock
+    from pipeline.errors import StoreUnreachable
 
     lease = lock.LeaseLock(f"s3://{BUCKET}/lease-release", ttl=30).acquire()
 
     import pipeline.storage.lease as lease_module
 
     def dead(_loc, *_name):
-        raise lock.StoreUnreachable("the object store does not answer (test)")
+        raise StoreUnreachable("the object store does not answer (test)")
 
     monkeypatch.setattr(lease_module, "_read", dead)  # (the lease's home)
     with pytest.raises(KeyError, match="the real error"):
@@ -311,7 +312,8 @@ def test_a_failing_lease_release_does_not_replace_the_real_error(s3, monkeypatch
 
 
 def test_lease_release_against_a_paused_store_returns_within_seconds(s3):
-    from pipeline.stages.lock import RELEASE_WAIT, LeaseLock
+    from pipeline.stages.lock import LeaseLock
+    from pipeline.storage.lease import RELEASE_WAIT
     from pipeline.storage.location import set_storage_options
 
     set_storage_options("s3", {**FAST, "operation_timeout": 600, "read_timeout": 600})

@@ -595,7 +595,7 @@ def test_a_float32_gram_that_overflows_is_refused(tmp_path):
 
     X = np.random.default_rng(13).standard_normal((60, 3)) * 1e20  # K ~ 1e40: float64 only
     for kd in (None, "float64"):
-        from pipeline.linalg.cholesky_options import NonFiniteKernelError
+        from pipeline.errors import NonFiniteKernelError
 
         with pytest.raises(NonFiniteKernelError, match="overflows float32 storage"):
             build_gram(X, Linear(), str(tmp_path / f"g{kd}"), 25, dtype="float32",

@@ -7,9 +7,9 @@ import pytest
 import scipy.linalg
 from _tiles import rbf_matrix, rel, write_gram
 
+from pipeline.errors import NotPositiveDefiniteError
 from pipeline.linalg.cholesky import (
     JitterPolicy,
-    NotPositiveDefiniteError,
     factor_fingerprint,
     load_factor,
     tile_cholesky,

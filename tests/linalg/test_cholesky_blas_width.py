@@ -96,7 +96,7 @@ def test_gil_free_potrf_matches_scipy_bit_for_bit():
     from scipy.linalg import lapack
 
     from pipeline.engine import blas
-    from pipeline.linalg.cholesky import _potrf_lower
+    from pipeline.linalg.cholesky_tile import _potrf_lower
 
     rng = np.random.default_rng(2)
     X = rng.standard_normal((300, 300))

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 import pipeline.linalg.cholesky_inplace as inplace
-from pipeline.linalg.cholesky import NotPositiveDefiniteError, load_factor, tile_cholesky
+from pipeline.errors import NotPositiveDefiniteError
+from pipeline.linalg.cholesky import load_factor, tile_cholesky
 from pipeline.storage import IncompleteArrayError, fingerprint_obj, open_tiled_array
 
 INJECT = Path(__file__).resolve().parents[1] / "faultinject"

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 from _tiles import rbf_matrix, write_gram
 
-from pipeline.linalg.cholesky import release_tile_cache, tile_cholesky
+from pipeline.linalg.cholesky import tile_cholesky
+from pipeline.linalg.cholesky_cache import release_tile_cache
 from pipeline.storage import TiledArray
 
 

@@ -109,7 +109,8 @@ def test_an_in_place_factor_killed_between_chunk_and_marker_leaves_no_stale_mark
     # marker: the tile kept lambda 1's marker over lambda 2's bytes, and every later
     # lambda 1 run raised CorruptTileError (session 25)
     from pipeline.kernels import make_kernel
-    from pipeline.linalg.cholesky import load_factor, release_tile_cache
+    from pipeline.linalg.cholesky import load_factor
+    from pipeline.linalg.cholesky_cache import release_tile_cache
     from pipeline.linalg.cholesky_inplace import GramTileRecomputer
     from pipeline.linalg.gram import build_gram
     from pipeline.linalg.triangular import cholesky_solve

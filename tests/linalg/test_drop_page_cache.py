@@ -16,7 +16,8 @@ import pytest
 from _tiles import rbf_matrix, write_gram
 
 import pipeline.constants as policy_constants
-from pipeline.linalg.cholesky import release_tile_cache, tile_cholesky
+from pipeline.linalg.cholesky import tile_cholesky
+from pipeline.linalg.cholesky_cache import release_tile_cache
 from pipeline.storage import TiledArray, rawchunks
 from pipeline.storage.rawchunks import chunk_layout, read_chunk
 

@@ -99,7 +99,7 @@ def test_solve_releases_the_factor_tile_cache(tmp_path):
 
 
 def test_tile_cache_budget_is_respected():
-    from pipeline.linalg.cholesky import _TileCache
+    from pipeline.linalg.cholesky_cache import _TileCache
 
     c = _TileCache(budget=3 * 800)
     for k in range(5):

@@ -14,8 +14,8 @@ from sklearn.model_selection import KFold
 
 from pipeline.engine.dense import kernel_matrix
 from pipeline.engine.fused import kernel_tile
+from pipeline.errors import NonFiniteKernelError
 from pipeline.kernels import Constant, make_kernel
-from pipeline.kernels.base import NonFiniteKernelError
 from pipeline.linalg.nystrom_solve import (
     FalkonPreconditioner,
     NystromNormalOperator,

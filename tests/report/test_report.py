@@ -207,7 +207,7 @@ def test_stage_peak_memory_is_the_stage_own(tmp_path):
 def test_evaluate_saves_checked_heldout_predictions(runs, tmp_path):
     """A damaged y_pred.npy is noted in the report (its checksum), never drawn."""
     from pipeline.report import write_report
-    from pipeline.stages.solve import load_npy_verified
+    from pipeline.stages.catalog import load_npy_verified
 
     run = tmp_path / "copy"
     shutil.copytree(runs["cg"], run)

@@ -38,7 +38,8 @@ import numpy as np
 from pipeline.constants import GRAM_ON_DEMAND_KERNEL_DTYPE
 from pipeline.diagnostics import peak_rss_bytes
 from pipeline.kernels import RBF
-from pipeline.linalg.cholesky import release_tile_cache, tile_cholesky
+from pipeline.linalg.cholesky import tile_cholesky
+from pipeline.linalg.cholesky_cache import release_tile_cache
 from pipeline.linalg.cholesky_inplace import GramTileRecomputer
 from pipeline.linalg.gram import build_gram
 from pipeline.linalg.triangular import cholesky_solve

@@ -40,7 +40,8 @@ import pipeline.models.selection.loo as loo_mod
 from pipeline.engine.blas import process_threads
 from pipeline.kernels import RBF
 from pipeline.linalg import triangular as tri
-from pipeline.linalg.cholesky import _read_factor_tile, tile_cholesky
+from pipeline.linalg.cholesky import tile_cholesky
+from pipeline.linalg.cholesky_cache import _read_factor_tile
 from pipeline.linalg.gram import build_gram
 from pipeline.linalg.triangular import cholesky_solve
 from pipeline.models.selection.loo import inverse_diagonal

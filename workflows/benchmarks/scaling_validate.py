@@ -72,7 +72,8 @@ def _warm_worker() -> None:
     import scipy.linalg.cython_blas  # noqa: F401
     import zarr  # noqa: F401
 
-    from pipeline.engine import blas, cholesky  # noqa: F401
+    from pipeline.engine import blas
+    from pipeline.linalg import cholesky  # noqa: F401
 
     blas._blas_controllers()
 

@@ -36,9 +36,6 @@ __all__ = [
     "loo_residuals",
 ]
 
-#: bytes of one L⁻¹ panel held in memory (pipeline.constants)
-PANEL_BYTES = LOO_PANEL_BYTES
-
 
 def _factor_array(factor: CholeskyFactor | TiledArray) -> TiledArray:
     return factor.L if isinstance(factor, CholeskyFactor) else factor
@@ -71,7 +68,7 @@ def forward_panel(
 def inverse_diagonal(
     factor: CholeskyFactor | TiledArray,
     *,
-    panel_bytes: int = PANEL_BYTES,
+    panel_bytes: int = LOO_PANEL_BYTES,
     stats: dict | None = None,
 ) -> np.ndarray:
     """``diag(A⁻¹)`` as squared column norms of ``L⁻¹``, panel by panel (never dense)."""
