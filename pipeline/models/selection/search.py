@@ -196,7 +196,8 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         setting, :mod:`~pipeline.models.selection.nystrom_cv`), then solve exactly, by
         float64 block PCG to 1e-10, only the ``screen_top`` best candidates plus, for
         each of their kernel settings, the next λ below its smallest (Nyström's pick
-        tends to a larger λ than the exact one). ``best_*`` come from the exact
+        tends to a larger λ than the exact one), and further down the grid while a
+        setting's best exact λ is its smallest solved. ``best_*`` come from the exact
         scores; ``cv_results_["screened"]`` is True where a score is Nyström's.
         scikit-learn's ``HalvingGridSearchCV`` mixes fidelities the same way. None
         scores every candidate exactly. Splits whose training sets are not the
