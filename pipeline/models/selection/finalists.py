@@ -154,20 +154,20 @@ def finalists(candidates: list, settings: list[dict], mean: np.ndarray, top: int
     chosen = set(best)
     for setting in settings:
         mine = [i for i in best if candidates[i].kernel_params == setting]
-        if not mine:
-            continue
-        low = min(candidates[i]["alpha"] for i in mine)
-        below = [a for a in setting_alphas(candidates, setting) if a < low]
-        if below:
-            step = max(below)
-            chosen.add(
-                next(
-                    i
-                    for i, c in enumerate(candidates)
-                    if c.kernel_params == setting and c["alpha"] == step
-                )
-            )
+        if mine:
+            chosen.update(_below(candidates, setting, mine, 1))
     return sorted(chosen)
+
+
+def _below(candidates: list, setting: dict, mine: list[int], steps: int) -> list[int]:
+    """The candidates of ``setting`` at the grid's next ``steps`` λ below the smallest λ of
+    the candidates ``mine`` (those there are)."""
+    low = min(candidates[i]["alpha"] for i in mine)
+    below = sorted((a for a in setting_alphas(candidates, setting) if a < low), reverse=True)
+    take = set(below[:steps])
+    return [
+        i for i, c in enumerate(candidates) if c.kernel_params == setting and c["alpha"] in take
+    ]
 
 
 def descent(
@@ -191,14 +191,8 @@ def descent(
         if not mine or not np.isfinite(key[mine]).any():
             continue
         best = max(mine, key=lambda i: key[i])
-        low = min(candidates[i]["alpha"] for i in mine)
-        if candidates[best]["alpha"] != low:
-            continue
-        below = sorted((a for a in setting_alphas(candidates, setting) if a < low), reverse=True)
-        take = set(below[:steps])
-        out += [
-            i for i, c in enumerate(candidates) if c.kernel_params == setting and c["alpha"] in take
-        ]
+        if candidates[best]["alpha"] == min(candidates[i]["alpha"] for i in mine):
+            out += _below(candidates, setting, mine, steps)
     return sorted(out)
 
 
