@@ -611,6 +611,38 @@ def test_a_whole_object_read_is_one_request_and_writes_ask_for_the_bucket_once(s
     assert fs.cat_file(f"{base}/m3") == b"marker"
 
 
+def test_new_instances_parse_botocores_data_files_once(s3, monkeypatch):
+    """Every instance's session (one per thread, fsspec's cache) shares this process's
+    botocore data loader: a second instance reads no endpoint or model file again, and
+    still reaches the store."""
+    from botocore.loaders import JSONFileLoader
+
+    from pipeline.storage.s3 import BoundedS3FileSystem
+
+    first = BoundedS3FileSystem(skip_instance_cache=True)
+    first.pipe_file(f"{BUCKET}/loader/a", b"x")
+    read = []
+    real = JSONFileLoader.load_file
+
+    def counted(self, file_path):
+        read.append(file_path)
+        return real(self, file_path)
+
+    monkeypatch.setattr(JSONFileLoader, "load_file", counted)
+    second = BoundedS3FileSystem(skip_instance_cache=True)
+    assert second.cat_file(f"{BUCKET}/loader/a") == b"x"
+    assert second.session is not first.session
+    assert second.session.get_component("data_loader") is first.session.get_component("data_loader")
+    assert read == [], read
+    # a session given by the caller is theirs, untouched
+    from aiobotocore.session import AioSession
+
+    own = AioSession()
+    third = BoundedS3FileSystem(skip_instance_cache=True, session=own)
+    assert third.cat_file(f"{BUCKET}/loader/a") == b"x"
+    assert third.session is own
+
+
 def test_a_read_whose_body_stops_arriving_gives_up_within_the_cap(s3, monkeypatch):
     """The whole read (request and body) is one bounded operation: a body that never
     arrives ends within seconds once an interrupt capped the store's waits."""
