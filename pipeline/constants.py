@@ -463,6 +463,13 @@ FACTOR_THREADS_ON_THIS_HOST = True
 #: (pipeline.engine.where): the cluster's round trip costs more than such a pass
 #: (measured at D = 8: docs/PERFORMANCE.md#model-selection)
 SMALL_PASS_ENTRIES = 8_000_000
+#: a tile pass over at most this many kernel entries (weighed at D = 8) that runs in this
+#: process, without a progress display, runs in the calling thread on Dask's synchronous
+#: scheduler (pipeline.engine.where.runs_inline): the threaded scheduler's own work
+#: (graph conversion, ordering, hand-offs) cost more than such a pass. A kernel matvec
+#: with 4 columns at D = 8 took 1.99 / 2.49 / 5.46 ms (threaded) against 0.48 / 1.37 /
+#: 3.84 ms (inline) at N = 100 / 400 / 1,000 on 2 cores, the same bits
+INLINE_PASS_ENTRIES = 1_000_000
 #: the ingest stage runs in this process, not on a distributed client whose workers all
 #: run on this machine, when its source arrays (X and y, read or in memory) hold at most
 #: this many values (512 MB of float64): in this process it was 3-6x faster at every size

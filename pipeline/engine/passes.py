@@ -45,6 +45,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import dask
+import dask.local
 import numpy as np
 from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
@@ -59,6 +60,7 @@ from pipeline.engine.where import (
     lower_entries,
     n_rows,
     runs_here,
+    runs_inline,
     task_threads,
     tile_entries,
     weigh,
@@ -282,15 +284,24 @@ def execute(
     BLAS given ``cores // tasks`` threads, for passes over in-memory data that
     a cluster would only have to be sent. ``entries``: the kernel entries the pass
     evaluates; a small pass runs here, one BLAS thread per task, rather than on a
-    client whose workers run on this machine (:func:`pipeline.engine.where.runs_here`).
+    client whose workers run on this machine (:func:`pipeline.engine.where.runs_here`),
+    and a tiny one that runs here without ``progress`` runs in this thread on Dask's
+    synchronous scheduler (:func:`pipeline.engine.where.runs_inline`): the same tasks,
+    the same bits, without the threaded scheduler's cost.
     """
     graph = HighLevelGraph.from_collections(key, dsk, dependencies=list(deps))
     d = Delayed(key, graph)
     if local:
         with blas_threads(task_threads(n_tasks, concurrency=available_cores())):
+            if runs_inline(entries, True, progress):
+                return dask.local.get_sync(dict(graph), key)
             (res,) = dask.compute(d, scheduler=local_scheduler_function(), optimize_graph=False)
         return res
-    with in_this_process(runs_here(entries, graph)):
+    here = runs_here(entries, graph)
+    if runs_inline(entries, here, progress):
+        with in_this_process(), blas_threads(1):  # one BLAS thread per task, as on threads
+            return dask.local.get_sync(dict(graph), key)
+    with in_this_process(here):
         (res,) = parallel.compute(
             d, progress=progress, desc=desc, unit="tile", optimize_graph=False
         )

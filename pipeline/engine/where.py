@@ -9,7 +9,8 @@ The layers above call these rules and restate none:
   :func:`beside_local_workers`, :func:`cluster_workers`, :func:`tile_owners`,
   :func:`owner_annotation`): whether they run on this machine, how many tiles are
   dealt to, and which worker a tile row prefers.
-- **Small steps stay here** (:func:`runs_here`, :func:`weigh`): see below.
+- **Small steps stay here** (:func:`runs_here`, :func:`weigh`, :func:`runs_inline`): see
+  below.
 - **The tile Cholesky's executor** (:func:`auto_scheduler`, :func:`factor_executor`,
   :func:`factor_threads_here`, :func:`gram_on_demand`): threads in this process or
   one Dask task per tile on the client's workers.
@@ -29,6 +30,14 @@ pass's work (docs/PERFORMANCE.md#model-selection). So a pass of at most
 client's workers all run on this machine, one BLAS thread per task as on the
 workers, so its bits are those the workers would give. A pass whose graph holds
 futures, and every pass of a client on other machines, goes to the workers.
+
+A pass that runs here and is tinier still, at most
+:data:`~pipeline.constants.INLINE_PASS_ENTRIES` weighed entries without a progress
+display (an iteration's matvec on a few hundred rows, a few kernel columns), runs in
+the calling thread on Dask's synchronous scheduler (:func:`runs_inline`): the threaded
+scheduler's own work costs more than such a pass's. Each tile task is a pure function
+and each row block adds its parts in the graph's fixed order, so its bits are the
+threaded scheduler's.
 """
 
 from __future__ import annotations
@@ -66,6 +75,7 @@ __all__ = [
     "n_rows",
     "owner_annotation",
     "runs_here",
+    "runs_inline",
     "scheduler_in_this_process",
     "scheduler_kind",
     "sweep_threads",
@@ -332,6 +342,20 @@ def runs_here(entries: float | None, graph: Any, limit: int | None = None) -> bo
     if entries is None or entries > limit:
         return False
     return beside_local_workers(graph)
+
+
+def runs_inline(entries: float | None, here: bool, progress: bool = False) -> bool:
+    """Whether a pass over ``entries`` weighed kernel entries (None: unknown) runs in the
+    calling thread on Dask's synchronous scheduler: it is at most
+    :data:`~pipeline.constants.INLINE_PASS_ENTRIES`, shows no ``progress`` display, and
+    runs in this process on a scheduler of this process (``here``: the caller's
+    :func:`runs_here`, or no client is active; not when the user's Dask config names
+    the processes scheduler or another one). See the module docstring."""
+    if progress or entries is None or entries > C.INLINE_PASS_ENTRIES:
+        return False
+    if here or _HERE.get():
+        return scheduler_kind() in (None, "threads", "sync", "distributed")
+    return active_client() is None and scheduler_in_this_process()
 
 
 def weigh(entries: float | None, features: Any) -> float | None:

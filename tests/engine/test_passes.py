@@ -183,16 +183,62 @@ def _passes(h):
     )  # fmt: skip
 
 
-def test_bitwise_identical_threads_and_sync(tmp_path):
+def test_bitwise_identical_threads_and_sync(tmp_path, monkeypatch):
+    from pipeline import constants as C
+
     kernel = RBF(gamma=0.3)
     h = stored(tmp_path, kernel(X), 20, lower=True)
     engine.store_tiles(KernelSource(kernel), h, list(h.grid.lower_tiles()), X=X)
-    with dask.config.set(scheduler="threads", num_workers=4):
+    with monkeypatch.context() as m, dask.config.set(scheduler="threads", num_workers=4):
+        m.setattr(C, "INLINE_PASS_ENTRIES", 0)  # these tiny passes on the threads themselves
         a = _passes(h)
     with dask.config.set(scheduler="sync"):
         b = _passes(h)
     for x, y in zip(a, b, strict=True):
         np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize("b", [20, 64, 203])  # 11 row blocks (ragged), 4, one
+def test_tiny_passes_run_in_the_calling_thread_with_the_threaded_schedulers_bits(
+    tmp_path, monkeypatch, b
+):
+    """A pass of at most INLINE_PASS_ENTRIES weighed entries without a progress display
+    runs in this thread on the synchronous scheduler (the threaded scheduler's own work
+    cost more than it), with the bits the threaded scheduler gives; a larger one, or one
+    with a progress display, runs on the threads."""
+    from pipeline import constants as C
+    from pipeline.engine import where
+
+    kernel = RBF(gamma=0.3)
+    h = stored(tmp_path, kernel(X), b, lower=True)
+    engine.store_tiles(KernelSource(kernel), h, list(h.grid.lower_tiles()), X=X)
+    ch = chunks_of(203, b)
+    threads: set[int] = set()
+    real = KernelSource.products
+
+    def seen(self, *a, **k):
+        threads.add(threading.get_ident())
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(KernelSource, "products", seen)
+    assert where.weigh(where.lower_entries(ch), X) <= C.INLINE_PASS_ENTRIES
+    inline = engine.matvec(KernelSource(kernel), ch, V, X, shift=0.1)
+    assert threads == {threading.get_ident()}
+    with monkeypatch.context() as m:
+        m.setattr(C, "INLINE_PASS_ENTRIES", 0)
+        threads.clear()
+        on_threads = engine.matvec(KernelSource(kernel), ch, V, X, shift=0.1)
+        assert threading.get_ident() not in threads
+    np.testing.assert_array_equal(inline, on_threads)
+    np.testing.assert_allclose(inline, kernel(X) @ V + 0.1 * V, rtol=1e-12, atol=1e-12)
+    threads.clear()
+    engine.matvec(KernelSource(kernel), ch, V, X, shift=0.1, progress=True)
+    assert threading.get_ident() not in threads  # a display: the threaded scheduler's
+    # the configured processes scheduler is the user's choice: never replaced
+    with dask.config.set(scheduler="processes"):
+        assert not where.runs_inline(1.0, False)
+    assert where.runs_inline(1.0, False) and not where.runs_inline(None, False)
+    assert not where.runs_inline(C.INLINE_PASS_ENTRIES + 1, False)
 
 
 def test_bitwise_identical_on_distributed(tmp_path, monkeypatch):
