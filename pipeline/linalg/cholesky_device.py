@@ -49,7 +49,7 @@ from pipeline.linalg.cholesky import factor_fingerprint
 from pipeline.linalg.cholesky_options import JitterPolicy, make_jitter_policy, regularisation_shift
 from pipeline.linalg.cholesky_tile import _check_finite_diagonal
 from pipeline.storage import TiledArray, fingerprint_obj, open_tiled_array
-from pipeline.storage.tiles import TileGrid
+from pipeline.storage.tiles import TileGrid, copy_tile
 from pipeline.storage.waits import cap_store_waits_if_interrupted
 
 log = logging.getLogger(__name__)
@@ -687,10 +687,7 @@ def _store_in(target: np.ndarray, grid: TileGrid, i: int, j: int, tile: np.ndarr
     """Factor tile ``(i, j)`` into the host matrix ``target``: a diagonal tile's lower
     triangle only (the strict upper one keeps K, from which the caller restores it)."""
     dst = target[grid.row_slice(i), grid.row_slice(j)]
-    if i != j:
-        dst[...] = tile
-        return
-    np.copyto(dst, tile, where=np.tri(tile.shape[0], dtype=bool))
+    copy_tile(dst, tile, None if i != j else np.tri(tile.shape[0], dtype=bool))
 
 
 def _finished(value: Any) -> Future:

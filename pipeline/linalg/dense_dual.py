@@ -55,7 +55,7 @@ from pipeline.engine.passes import CallableSource, accumulate
 from pipeline.errors import NonFiniteKernelError, NotPositiveDefiniteError, SingularKernelWarning
 from pipeline.linalg.cholesky_device import device_cholesky
 from pipeline.options import ALPHA_CONVENTIONS, diagonal_shift
-from pipeline.storage.tiles import TileGrid
+from pipeline.storage.tiles import TileGrid, copy_tile
 from pipeline.validation import check_alpha
 
 _AUTO_JITTER = (1e-12, 1e-10, 1e-8, 1e-6)
@@ -120,7 +120,8 @@ def _potrf_blocked(A: np.ndarray, tile: int | None = None) -> int:
     grid = TileGrid(n, n, tile)
 
     def gram_tile(i: int, j: int) -> np.ndarray:  # a copy: the driver takes it over
-        return np.array(A[grid.row_slice(i), grid.row_slice(j)], order="C")
+        src = A[grid.row_slice(i), grid.row_slice(j)]
+        return copy_tile(np.empty(src.shape, order="C"), src)
 
     try:
         device_cholesky(
