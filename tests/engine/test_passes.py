@@ -324,8 +324,12 @@ def test_small_passes_run_here_beside_a_client_on_this_machine(tmp_path, monkeyp
         sent = []
         real = client.compute
         monkeypatch.setattr(client, "compute", lambda *a, **k: sent.append(1) or real(*a, **k))
-        got = _passes(h)
+        with monkeypatch.context() as m:
+            m.setattr(C, "INLINE_PASS_ENTRIES", 0)  # here on the threaded scheduler
+            got = _passes(h)
         assert sent == []  # all three ran here
+        got_inline = _passes(h)  # tiny: here, in this thread (where.runs_inline)
+        assert sent == []
         # the kernel matvec's entries weigh (16 + 4) / (16 + 8) of D = 8's, the stored
         # matvec's (no kernel) and the accumulation's (203² entries) more
         assert where.weigh(lower, X) < lower < where.weigh(203 * 203, X)
@@ -337,6 +341,7 @@ def test_small_passes_run_here_beside_a_client_on_this_machine(tmp_path, monkeyp
         monkeypatch.setattr(where, "workers_on_this_host", lambda c: False)
         _passes(h)
         assert len(sent) == 6  # workers on other machines: always on them
-    for x, y, z in zip(ref, got, got_big, strict=True):
+    for x, y, z, w in zip(ref, got, got_big, got_inline, strict=True):
         np.testing.assert_array_equal(x, y)
         np.testing.assert_array_equal(x, z)
+        np.testing.assert_array_equal(x, w)
