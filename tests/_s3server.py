@@ -33,12 +33,12 @@ S3_ENV_KEYS = (
 #: the server process of each running server's endpoint URL (to pause it with SIGSTOP)
 SERVER_PIDS: dict[str, int] = {}
 
+#: this process's one server (each pytest-xdist worker starts its own, on first use)
+_SHARED: dict[str, subprocess.Popen] = {}
 
-@contextlib.contextmanager
-def moto_server() -> Iterator[dict[str, str]]:
-    """Start a moto S3 server; yield the environment that points s3fs at it."""
-    pytest.importorskip("s3fs")
-    pytest.importorskip("moto.server")
+
+def _start_server() -> str:
+    """Start a moto S3 server on a free loopback port; its URL once it answers."""
     port = _free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
@@ -56,7 +56,47 @@ def moto_server() -> Iterator[dict[str, str]]:
                 if proc.poll() is not None:
                     raise RuntimeError("moto server exited") from None
                 time.sleep(0.05)
-        SERVER_PIDS[url] = proc.pid
+    except BaseException:
+        _stop(proc)
+        raise
+    _SHARED[url] = proc
+    SERVER_PIDS[url] = proc.pid
+    return url
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    os.kill(proc.pid, signal.SIGCONT)  # a test that paused it and failed
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def stop_servers() -> None:
+    """Stop this process's server (``conftest.pytest_sessionfinish``)."""
+    while _SHARED:
+        url, proc = _SHARED.popitem()
+        SERVER_PIDS.pop(url, None)
+        _stop(proc)
+
+
+@contextlib.contextmanager
+def moto_server() -> Iterator[dict[str, str]]:
+    """A moto S3 server: yield the environment that points s3fs at it.
+
+    One server per test process, started on first use and stopped at the session's end:
+    each test file keeps to its own bucket, and a start costs about 3 s of CPU (moto's
+    imports), six times over a run before. A server a test paused (SIGSTOP) is resumed on
+    the way out; one that died is replaced."""
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto.server")
+    url = next((u for u, p in _SHARED.items() if p.poll() is None), None)
+    if url is None:
+        stop_servers()
+        url = _start_server()
+    try:
         yield {
             "AWS_ENDPOINT_URL": url,
             "AWS_ACCESS_KEY_ID": "test",
@@ -64,14 +104,8 @@ def moto_server() -> Iterator[dict[str, str]]:
             "AWS_DEFAULT_REGION": "us-east-1",
         }
     finally:
-        SERVER_PIDS.pop(url, None)
-        os.kill(proc.pid, signal.SIGCONT)  # a test that paused it and failed
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        if url in _SHARED:  # a test that paused it and failed
+            os.kill(_SHARED[url].pid, signal.SIGCONT)
 
 
 @contextlib.contextmanager

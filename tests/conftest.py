@@ -27,8 +27,14 @@ import numpy as np
 import pytest
 import yaml
 from _forkserver import KrrForked, krr_forked, prestart
+from _s3server import stop_servers
 
 TESTS = Path(__file__).resolve().parent
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Stop this process's moto S3 server (``_s3server.moto_server``), if it started one."""
+    stop_servers()
 
 
 @pytest.fixture(scope="session")
