@@ -149,23 +149,32 @@ class BoundedS3FileSystem(S3FileSystem):
     async def set_session(self, refresh: bool = False, kwargs: dict | None = None) -> Any:
         """s3fs's session and client, with this process's one botocore data loader.
 
-        A new instance's session is made here as s3fs makes it (``AioSession`` with the
-        instance's session arguments), with the loader of its data path put in: the
-        endpoint and S3 model files it parses are kept for every later session. botocore
-        reads them only (one session's clients already share them)."""
-        if self.session is None:
-            from aiobotocore.session import AioSession
-            from botocore.loaders import create_loader
+        A session of this instance's own (the first, and each one a ``refresh`` makes anew)
+        is made here as s3fs makes it (``AioSession`` with the instance's session
+        arguments), with the loader of its data path put in: the endpoint and S3 model
+        files it parses are kept for every later session. botocore reads them only (one
+        session's clients already share them). A session the caller gave is theirs,
+        untouched."""
+        owned = getattr(self, "_session_is_owned", False)
+        if self.session is not None and not (refresh and owned):
+            return await super().set_session(refresh, kwargs or {})
+        from aiobotocore.session import AioSession
+        from botocore.loaders import create_loader
 
-            session = AioSession(**self.kwargs)
-            path = session.get_config_variable("data_path")
-            loader = _LOADERS.get(path)
-            if loader is None:
-                loader = _LOADERS.setdefault(path, create_loader(path))
-            session.register_component("data_loader", loader)
-            self.session = session
-            self._session_is_owned = True  # (s3fs 2025+: it may make it anew on refresh)
-        return await super().set_session(refresh, kwargs or {})
+        session = AioSession(**self.kwargs)
+        path = session.get_config_variable("data_path")
+        loader = _LOADERS.get(path)
+        if loader is None:
+            loader = _LOADERS.setdefault(path, create_loader(path))
+        session.register_component("data_loader", loader)
+        self.session = session
+        # s3fs (2025+) makes an owned session anew on a refresh: this one is kept
+        # through s3fs's own set-up, then owned again (the next refresh comes back here)
+        self._session_is_owned = False
+        try:
+            return await super().set_session(refresh, kwargs or {})
+        finally:
+            self._session_is_owned = True
 
     connect = sync_wrapper(set_session)  # (s3fs binds its own: name this one)
 

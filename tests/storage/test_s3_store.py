@@ -634,12 +634,21 @@ def test_new_instances_parse_botocores_data_files_once(s3, monkeypatch):
     assert second.session is not first.session
     assert second.session.get_component("data_loader") is first.session.get_component("data_loader")
     assert read == [], read
+    # a refresh makes the instance's own session anew, with the same loader
+    old = second.session
+    second.connect(refresh=True)
+    assert second.session is not old
+    assert second.session.get_component("data_loader") is first.session.get_component("data_loader")
+    assert second.cat_file(f"{BUCKET}/loader/a") == b"x"
+    assert read == [], read
     # a session given by the caller is theirs, untouched
     from aiobotocore.session import AioSession
 
     own = AioSession()
     third = BoundedS3FileSystem(skip_instance_cache=True, session=own)
     assert third.cat_file(f"{BUCKET}/loader/a") == b"x"
+    assert third.session is own
+    third.connect(refresh=True)
     assert third.session is own
 
 
