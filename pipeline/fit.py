@@ -606,8 +606,11 @@ def _execute_nystrom(
             "Nyström: FALKON's PCG stagnated (%s); solving the M x M system directly "
             "(one pass over X)", str(err).split(". ")[0]
         )  # fmt: skip
-        sol = nystrom_solve(X, y, kernel, shift, method="direct", **kw)
-        sol.info["fallback_from"] = "pcg"
+        # the PCG's centres, not chosen again (RPCholesky's pivots cost a pass over X)
+        sol = nystrom_solve(
+            X, y, kernel, shift, method="direct", centre_indices=err.centre_indices, **kw
+        )
+        sol.info.update(centers=o.centers, fallback_from="pcg")
     info = {**sol.info, "centres": sol.centres.tolist(), "history": sol.cg.history}
     return FitResult(
         sol.coef, "nystrom", int(sol.cg.n_iter), shift, plan, info, cg=sol.cg, X_fit=sol.X_centres

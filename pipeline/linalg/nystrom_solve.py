@@ -63,7 +63,7 @@ from pipeline.constants import NYSTROM_CACHE_BYTES, NYSTROM_MAPPED_FROM
 from pipeline.engine.dense import check_finite_kernel
 from pipeline.engine.evaluators import evaluation_identity
 from pipeline.engine.fused import kernel_tile
-from pipeline.errors import IndefiniteKernelError
+from pipeline.errors import CGStagnationError, IndefiniteKernelError
 from pipeline.kernels import kernel_fingerprint, make_kernel
 from pipeline.linalg.cg import CGResult, conjugate_gradient
 from pipeline.linalg.cg_checkpoint import SlotCheckpoint, resumable_cg
@@ -810,7 +810,9 @@ def nystrom_solve(
     callback : callable, optional
         Called with the CG state after every iteration (``"pcg"`` only).
     centre_indices : array of int, optional
-        Use these centres (row indices) instead of choosing them.
+        Use these centres (row indices) instead of choosing them. A stagnating PCG
+        (:class:`~pipeline.errors.CGStagnationError`) carries its own as the error's
+        ``centre_indices``, for a direct pass on the same centres.
     n_threads : int, optional
         Threads of the kernel evaluation (default: every core).
     cache_bytes : int, optional
@@ -882,15 +884,21 @@ def nystrom_solve(
             g, bool(ok.all()), 0, 0, 1, rel, rel[None, :], tol, 0, time.perf_counter() - t1,
             column_converged=ok, column_reason=[None if o else "residual" for o in ok],
         )  # fmt: skip
-    elif store is None:
-        b = op.rhs(Y)
-        res = conjugate_gradient(op.matvec, b, tol=tol, max_iter=max_iter, callback=callback)
     else:
         b = op.rhs(Y)
-        res = resumable_cg(
-            op, b, store, name="nystrom", every=checkpoint_every, tol=tol, max_iter=max_iter,
-            callback=callback,
-        )  # fmt: skip
+        try:
+            if store is None:
+                res = conjugate_gradient(
+                    op.matvec, b, tol=tol, max_iter=max_iter, callback=callback
+                )
+            else:
+                res = resumable_cg(
+                    op, b, store, name="nystrom", every=checkpoint_every, tol=tol,
+                    max_iter=max_iter, callback=callback,
+                )  # fmt: skip
+        except CGStagnationError as err:  # the caller's direct pass takes these centres
+            err.centre_indices = idx
+            raise
     beta = op.coef(res.x)
     info = {
         "n_centers": int(idx.size),

@@ -210,5 +210,31 @@ def test_a_stagnating_pcg_is_solved_by_the_direct_pass(monkeypatch, caplog):
         m = KernelRidge(**kw).fit(X, y)
     assert "FALKON's PCG stagnated" in caplog.text
     assert m.fit_info_["method"] == "direct" and m.fit_info_["fallback_from"] == "pcg"
+    assert m.fit_info_["centers"] == "uniform"
     np.testing.assert_array_equal(m.dual_coef_, direct.dual_coef_)
     assert np.sqrt(np.mean((m.predict(X) - y) ** 2)) < 0.15
+
+
+def test_a_stagnating_pcgs_direct_pass_takes_its_centres_rather_than_choosing_again(
+    monkeypatch,
+):
+    """The direct pass after a stagnated PCG solves on the PCG's centres: RPCholesky's
+    pivots (a pass over X) are chosen once, and the fit equals a direct fit to the bit."""
+    import pipeline.fit
+    import pipeline.linalg.nystrom_solve as ns
+
+    rng = np.random.default_rng(0)
+    X = np.round(rng.normal(size=(2000, 2)), 1)
+    y = np.sin(X[:, 0]) + 0.1 * rng.standard_normal(2000)
+    kw = dict(alpha=1e-5, kernel="rbf", gamma=0.05, solver="nystrom", n_centers=300,
+              centers="rpcholesky")  # fmt: skip
+    monkeypatch.setattr(pipeline.fit, "nystrom_method", lambda *a, **k: ("direct", "forced"))
+    direct = KernelRidge(**kw).fit(X, y)
+    chosen = []
+    real = ns.nystrom_centres
+    monkeypatch.setattr(ns, "nystrom_centres", lambda *a, **k: chosen.append(1) or real(*a, **k))
+    monkeypatch.setattr(pipeline.fit, "nystrom_method", lambda *a, **k: ("pcg", "forced"))
+    m = KernelRidge(**kw).fit(X, y)
+    assert m.fit_info_.get("fallback_from") == "pcg", "the PCG did not stagnate here"
+    assert len(chosen) == 1 and m.fit_info_["centers"] == "rpcholesky"
+    np.testing.assert_array_equal(m.dual_coef_, direct.dual_coef_)
