@@ -9,7 +9,7 @@ import pytest
 from sklearn.model_selection import KFold
 
 from pipeline import KernelRidgeCV
-from pipeline.models.selection.finalists import descent, finalists
+from pipeline.models.selection.finalists import descent, finalists, reach, unresolved
 from pipeline.models.selection.grid import Candidate
 from pipeline.plan.cv_routing import nystrom_screened
 
@@ -73,6 +73,40 @@ def test_a_setting_whose_best_exact_lambda_is_its_smallest_solved_descends_one_s
     assert descent(cands, settings, both, ~np.isnan(both), steps=8) == [0, 1, 4, 5]
 
 
+def test_a_settings_reach_bounds_its_nystrom_score_over_the_doublings_left():
+    # gains that halve: the geometric sum over the doublings left (at most Aitken's limit)
+    assert reach(0.90, 0.94, 0.96, 3) == pytest.approx(0.96 + 0.02 * (0.5 + 0.25 + 0.125))
+    # gains keep their own ratio, whether it is above MAX_GAIN_RATIO or below
+    assert reach(0.90, 0.95, 0.99, 2) == pytest.approx(0.99 + 0.04 * (0.8 + 0.64))
+    assert reach(0.90, 0.98, 0.99, 2) == pytest.approx(0.99 + 0.01 * (0.125 + 0.125**2))
+    # gains that do not shrink (or follow a fall) are charged as they are, each doubling
+    assert reach(0.80, 0.85, 0.95, 2) == pytest.approx(0.95 + 0.1 * (2 + 4))
+    assert reach(0.90, 0.80, 0.85, 3) == pytest.approx(0.85 + 3 * 0.05)
+    # a score that stopped rising reaches its best so far; NaNs reach nothing
+    assert reach(0.90, 0.95, 0.94, 5) == 0.95 and reach(np.nan, 0.9, 0.9, 5) == 0.9
+    assert reach(np.nan, np.nan, np.nan, 5) == -np.inf
+    assert reach(0.90, 0.94, 0.96, 0) == 0.96
+
+
+def test_a_setting_without_an_exact_score_is_solved_where_its_reach_passes_the_best():
+    cands = [Candidate(alpha=a, gamma=g) for g in GAMMAS for a in ALPHAS]
+    settings = [{"gamma": g} for g in GAMMAS]
+    nan = np.nan
+    # γ = 0.3 solved exactly (best 0.95); γ = 1.0 only screened
+    mean = np.array([nan, 0.95, 0.93, nan, 0.7, 0.8, 0.85, 0.6])
+    exact = np.array([False, True, True, False, False, False, False, False])
+    # γ = 1.0's gains do not slow down: 0.85 + 3 x 0.1 passes 0.95: its whole λ path
+    rising = np.array([[0.9, 0.92, 0.93], [0.65, 0.75, 0.85]])
+    assert unresolved(cands, settings, rising, mean, exact, 3) == [4, 5, 6, 7]
+    # gains that halve reach 0.85 + 0.1 x (0.5 + 0.25 + 0.125) < 0.95: ruled out
+    halving = np.array([[0.9, 0.92, 0.93], [0.55, 0.75, 0.85]])
+    assert unresolved(cands, settings, halving, mean, exact, 3) == []
+    # a setting with an exact score is the descent's, never this rule's; nothing exact yet,
+    # nothing to compare with
+    assert unresolved(cands, settings, rising, mean, np.ones(8, bool), 3) == []
+    assert unresolved(cands, settings, rising, mean, np.zeros(8, bool), 3) == []
+
+
 def test_the_screen_runs_only_where_the_block_cg_searches_a_larger_grid():
     assert nystrom_screened("cg", "complement", 35_000, 30, 1000, 3)
     assert not nystrom_screened("cg", "complement", 35_000, 30, None, 3)  # turned off
@@ -89,7 +123,7 @@ def test_the_finalists_scores_are_an_exhaustive_exact_searchs(searches):
     res = s.cv_results_
     scr = res["screened"]
     info = s.search_stats_["screen_nystrom"]
-    fin = info["finalists"] + info["descended"]
+    fin = info["finalists"] + info["descended"] + info["unresolved"]
     assert 3 <= (~scr).sum() == len(fin) < len(scr)
     assert [p for p, z in zip(res["params"], scr) if not z] == [
         p for p in ex.cv_results_["params"] if p in fin
@@ -109,11 +143,16 @@ def test_the_finalists_scores_are_an_exhaustive_exact_searchs(searches):
 def test_the_screen_and_the_finalists_resume_from_their_own_checkpoints(tmp_path):
     X, y = _data(n=300, seed=1)
     first = _search(screen_centers=40, checkpoint=tmp_path).fit(X, y)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["exact", "screen"]
+    info = first.search_stats_["screen_nystrom"]
+    # the finalists (all of γ = 0.3), then the whole λ path of γ = 1.0, which 40 centres
+    # leave unresolved (:func:`unresolved`): a round each
+    assert {p["gamma"] for p in info["finalists"]} == {0.3}
+    assert [p["alpha"] for p in info["unresolved"] if p["gamma"] == 1.0] == ALPHAS
+    rounds = ["descent_1", "exact", "screen"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == rounds
     again = _search(screen_centers=40, checkpoint=tmp_path).fit(X, y)
-    fin = first.search_stats_["screen_nystrom"]["finalists"]
-    # every setting of the screen, and every finalist setting of the exact stage
-    assert again.search_stats_["settings_resumed"] == len(GAMMAS) + len({p["gamma"] for p in fin})
+    # every setting of the screen, and the one setting of each exact round
+    assert again.search_stats_["settings_resumed"] == len(GAMMAS) + len(rounds) - 1
     for key in ("mean_test_score", "rank_test_score", "screened"):
         np.testing.assert_array_equal(again.cv_results_[key], first.cv_results_[key])
 
@@ -187,3 +226,27 @@ def test_a_finalist_setting_whose_exact_score_still_rises_at_its_smallest_lambda
     assert {"alpha": 1e-6, "gamma": 0.3} in info["descended"]
     assert s.best_params_ == ex.best_params_ == {"alpha": 1e-6, "gamma": 0.3}
     assert s.best_score_ == pytest.approx(ex.best_score_, abs=1e-8)
+
+
+def test_a_kernel_setting_the_screen_leaves_unresolved_is_solved_and_can_be_the_pick():
+    """A rough kernel (γ = 3 on a product of two sines of frequency 5) that 30 centres
+    resolve poorly: the screen ranks all of γ = 0.3 above it, so no finalist is of
+    γ = 3, whose exact scores are the grid's best by far (CV R² 0.99 against 0.03).
+    Its Nyström gains do not slow down, so it could still reach the best exact score:
+    its whole λ path is solved exactly, and its best is picked (without this rule, the
+    search picked γ = 0.3 at λ = 1 with CV R² below 0)."""
+    rng = np.random.default_rng(18)
+    X = rng.uniform(-2, 2, size=(400, 2))
+    y = np.sin(5 * X[:, 0]) * np.cos(5 * X[:, 1])
+    alphas = [1e-4, 1e-3, 1e-2, 1e-1, 1.0]
+    opts = dict(
+        kernel="rbf", param_grid={"gamma": [0.3, 3.0]}, refit=False, random_state=0,
+        cv=KFold(3, shuffle=True, random_state=0), solver="cg",
+    )  # fmt: skip
+    s = KernelRidgeCV(alphas, screen_centers=30, **opts).fit(X, y)
+    ex = KernelRidgeCV(alphas, screen_centers=None, screen_tol=None, tol=1e-10, **opts).fit(X, y)
+    info = s.search_stats_["screen_nystrom"]
+    assert {p["gamma"] for p in info["finalists"]} == {0.3}
+    assert info["unresolved"] and {p["gamma"] for p in info["unresolved"]} == {3.0}
+    assert s.best_params_ == ex.best_params_ == {"alpha": 1e-4, "gamma": 3.0}
+    assert s.best_score_ == pytest.approx(ex.best_score_, abs=1e-8) and s.best_score_ > 0.98

@@ -197,8 +197,11 @@ class KernelRidgeCV(MultiOutputMixin, RegressorMixin, BaseEstimator):
         float64 block PCG to 1e-10, only the ``screen_top`` best candidates plus, for
         each of their kernel settings, the next λ below its smallest (Nyström's pick
         tends to a larger λ than the exact one), and further down the grid while a
-        setting's best exact λ is its smallest solved. ``best_*`` come from the exact
-        scores; ``cv_results_["screened"]`` is True where a score is Nyström's.
+        setting's best exact λ is its smallest solved; a kernel setting without a
+        finalist whose Nyström scores could still rise past the best exact one is
+        solved too (:func:`~pipeline.models.selection.finalists.unresolved`).
+        ``best_*`` come from the exact scores; ``cv_results_["screened"]`` is True
+        where a score is Nyström's.
         scikit-learn's ``HalvingGridSearchCV`` mixes fidelities the same way. None
         scores every candidate exactly. Splits whose training sets are not the
         complement of disjoint test sets, and scorers other than R² and (root) mean
