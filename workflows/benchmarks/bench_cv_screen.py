@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {k}: {[(p['alpha'], p['gamma']) for p in sn.get(k, [])]}")
     for st in sn.get("settings", []):
         print(f"  γ = {st['params']['gamma']}: best Nyström R² at M/4, M/2, M "
-              f"{[round(v, 6) for v in st['nested_best']]}, reach {st['reach']:.6f}")  # fmt: skip
+              f"{st['nested_best']}, reach {st['reach']}")  # fmt: skip
     full, t_f, ex_f = search(X, y, folds, None)
     print(f"exhaustive exact search (baseline): {t_f:.1f} s, pick {full.best_params_}, CV R² "
           f"{full.best_score_:.6f}", flush=True)  # fmt: skip
