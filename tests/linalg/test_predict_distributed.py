@@ -20,8 +20,9 @@ from pipeline.storage import TileMarkers
 
 @pytest.fixture(scope="module")
 def external_scheduler(tmp_path_factory):
-    """A `dask scheduler` and two `dask worker` processes; all stopped at teardown."""
-    with external_cluster(tmp_path_factory.mktemp("dask-logs"), 2) as cluster:
+    """A `dask scheduler` and two `dask worker` processes; all stopped at teardown. No
+    nannies: nothing here kills a worker, and each nanny is one more interpreter."""
+    with external_cluster(tmp_path_factory.mktemp("dask-logs"), 2, nanny=False) as cluster:
         yield cluster.address
 
 
