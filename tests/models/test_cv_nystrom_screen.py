@@ -4,6 +4,8 @@ exact search's, the pick is an exact one, and the stages checkpoint apart."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from sklearn.model_selection import KFold
@@ -184,6 +186,16 @@ def test_the_report_marks_the_screens_scores(searches, tmp_path):
     rows = list(csv.DictReader(open(paths["table"])))
     assert [r["screened"] == "True" for r in rows] == list(s.cv_results_["screened"])
     assert (tmp_path / "cv_score_vs_alpha.png").stat().st_size > 0
+    # the summary holds each setting's screen record, in standard JSON (no NaN, Infinity)
+
+    def refuse(constant):
+        raise ValueError(f"{constant} in cv_search.json")
+
+    summary = json.loads(paths["summary"].read_text(), parse_constant=refuse)
+    sn = summary["search_stats"]["screen_nystrom"]
+    assert [st["params"] for st in sn["settings"]] == [{"gamma": g} for g in GAMMAS]
+    assert all(len(st["nested_best"]) == 3 for st in sn["settings"])
+    assert sn["unresolved"] == s.search_stats_["screen_nystrom"]["unresolved"]
 
 
 def test_the_screen_extrapolates_each_settings_shortfall_from_its_nested_fidelities():
