@@ -118,16 +118,21 @@ def reach(quarter: float, half: float, full: float, doublings: int) -> float:
     ``ρ = d2 / d1``, and 1 where the first gain was none. Where ρ < 1 it is
     :func:`shortfall`'s estimate cut at the doublings there are (with the setting's own
     ρ, not capped); where the gains do not shrink, which :func:`shortfall` does not
-    extrapolate, it grows with the doublings left. A score that stopped rising reaches
-    its best so far; NaN scores reach nothing (-inf)."""
+    extrapolate, it grows with the doublings left. A score that fell at the last
+    doubling has no direction to follow: its best so far plus the fall's size at each
+    doubling left (a saturated score that wobbles reaches little further; one that M
+    centres do not resolve at all, far). NaN scores reach nothing (-inf)."""
     seen = [v for v in (quarter, half, full) if np.isfinite(v)]
     if not seen:
         return -np.inf
     d1, d2 = half - quarter, full - half
-    if not (np.isfinite(d2) and d2 > 0):
+    steps = max(int(doublings), 0)
+    if not np.isfinite(d2) or d2 == 0:
         return float(max(seen))
+    if d2 < 0:
+        return float(max(seen) - d2 * steps)
     rho = d2 / d1 if np.isfinite(d1) and d1 > 0 else 1.0
-    return float(full + d2 * sum(rho**j for j in range(1, max(int(doublings), 0) + 1)))
+    return float(full + d2 * sum(rho**j for j in range(1, steps + 1)))
 
 
 def unresolved(
@@ -143,9 +148,10 @@ def unresolved(
     the λ below, followed down by :func:`descent`, took a round and a preconditioner
     per step: 155.6 s against 95.8 s for the exhaustive search on kin40k's 3,000 rows).
 
-    A rough kernel that M centres resolve poorly can score low on the screen with gains
-    that do not slow down, which :func:`shortfall` does not extrapolate, while its exact
-    score is the grid's best: without this its setting was never solved exactly. Where
+    A rough kernel that M centres resolve poorly can score low on the screen, with gains
+    that do not slow down (which :func:`shortfall` does not extrapolate) or scores that
+    fall as M grows, while its exact score is the grid's best: without this its setting
+    was never solved exactly. Where
     the gains shrink, the finalists' extrapolation already ranked the setting, and this
     rarely adds one: on diamonds (35,000 rows, M = 1,000) γ = 0.3's gains shrink by
     ρ = 0.31 and it reaches 0.9741 against the exact best 0.9784 (its exact best is
