@@ -495,7 +495,13 @@ class SolveNotConverged(RuntimeError):
 
 
 class CGStagnationError(SolveNotConverged):
-    """CG made no progress for ``stagnation_window`` iterations (raised whatever ``strict``)."""
+    """CG made no progress for ``stagnation_window`` iterations (raised whatever ``strict``).
+
+    ``centre_indices``: a Nyström PCG's centres (row indices), set where
+    :func:`~pipeline.linalg.nystrom_solve.nystrom_solve` raised it, so that a direct
+    pass can solve on the same centres without choosing them again; None elsewhere."""
+
+    centre_indices: Any = None
 
 
 class CGDivergenceError(SolveNotConverged):

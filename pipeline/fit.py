@@ -606,7 +606,8 @@ def _execute_nystrom(
             "Nyström: FALKON's PCG stagnated (%s); solving the M x M system directly "
             "(one pass over X)", str(err).split(". ")[0]
         )  # fmt: skip
-        # the PCG's centres, not chosen again (RPCholesky's pivots cost a pass over X)
+        # the PCG's centres (CGStagnationError.centre_indices), not chosen again:
+        # RPCholesky's pivots cost a pass over X
         sol = nystrom_solve(
             X, y, kernel, shift, method="direct", centre_indices=err.centre_indices, **kw
         )

@@ -121,7 +121,7 @@ def _potrf_blocked(A: np.ndarray, tile: int | None = None) -> int:
 
     def gram_tile(i: int, j: int) -> np.ndarray:  # a copy: the driver takes it over
         src = A[grid.row_slice(i), grid.row_slice(j)]
-        return copy_tile(np.empty(src.shape, order="C"), src)
+        return copy_tile(np.empty(src.shape, dtype=src.dtype, order="C"), src)
 
     try:
         device_cholesky(

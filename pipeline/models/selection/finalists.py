@@ -53,7 +53,7 @@ from pipeline.models.selection.nystrom_cv import (
     nested_vectors,
     nystrom_scores,
 )
-from pipeline.models.selection.runner import run_search, setting_alphas
+from pipeline.models.selection.runner import run_search, setting_alphas, setting_indices
 from pipeline.models.selection.scoring import score_candidates
 from pipeline.models.selection.stats import SearchStats
 from pipeline.plan.cv_routing import nystrom_screened
@@ -89,7 +89,7 @@ def setting_bests(candidates: list, settings: list[dict], *scores: np.ndarray) -
     where none is finite): each kernel setting's best score at each fidelity."""
     out = np.full((len(settings), len(scores)), np.nan)
     for k, setting in enumerate(settings):
-        idx = [i for i, c in enumerate(candidates) if c.kernel_params == setting]
+        idx = setting_indices(candidates, setting)
         for j, sc in enumerate(scores):
             if np.isfinite(sc[idx]).any():
                 out[k, j] = np.nanmax(sc[idx])
@@ -106,7 +106,7 @@ def extrapolated(
     out = np.array(full, dtype=np.float64)
     bests = setting_bests(candidates, settings, quarter, half, full)
     for setting, best in zip(settings, bests, strict=True):
-        idx = [i for i, c in enumerate(candidates) if c.kernel_params == setting]
+        idx = setting_indices(candidates, setting)
         out[idx] = out[idx] + shortfall(*best)
     return out
 
@@ -163,7 +163,7 @@ def unresolved(
     top = float(np.max(done))
     out: list[int] = []
     for setting, best in zip(settings, bests, strict=True):
-        mine = [i for i, c in enumerate(candidates) if c.kernel_params == setting]
+        mine = setting_indices(candidates, setting)
         if not any(exact[i] for i in mine) and reach(*best, doublings) > top:
             out += mine
     return sorted(out)
@@ -259,7 +259,7 @@ def descent(
     key = np.where(np.isnan(mean), -np.inf, mean)
     out: list[int] = []
     for setting in settings:
-        mine = [i for i, c in enumerate(candidates) if c.kernel_params == setting and exact[i]]
+        mine = [i for i in setting_indices(candidates, setting) if exact[i]]
         if not mine or not np.isfinite(key[mine]).any():
             continue
         best = max(mine, key=lambda i: key[i])

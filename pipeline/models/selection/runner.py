@@ -32,6 +32,11 @@ __all__ = ["run_search", "setting_alphas"]
 log = logging.getLogger("pipeline.models.selection")
 
 
+def setting_indices(candidates: list, setting: dict) -> list[int]:
+    """The indices of ``setting``'s candidates among ``candidates``, in grid order."""
+    return [i for i, c in enumerate(candidates) if c.kernel_params == setting]
+
+
 def setting_alphas(candidates: list, setting: dict) -> list[float]:
     """The distinct λ of ``setting`` among ``candidates``, in grid order."""
     return list(dict.fromkeys(c["alpha"] for c in candidates if c.kernel_params == setting))
