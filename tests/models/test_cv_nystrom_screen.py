@@ -4,6 +4,7 @@ exact search's, the pick is an exact one, and the stages checkpoint apart."""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import numpy as np
@@ -199,6 +200,17 @@ def test_the_report_marks_the_screens_scores(searches, tmp_path):
     assert [st["params"] for st in sn["settings"]] == [{"gamma": g} for g in GAMMAS]
     assert all(len(st["nested_best"]) == 3 for st in sn["settings"])
     assert sn["unresolved"] == s.search_stats_["screen_nystrom"]["unresolved"]
+    # a NaN score and an unbounded reach (a setting whose scores are all NaN) are null
+    damaged = copy.copy(s)
+    damaged.search_stats_ = copy.deepcopy(s.search_stats_)
+    rec = damaged.search_stats_["screen_nystrom"]
+    rec["settings"][0].update(nested_best=[np.nan] * 3, reach=-np.inf)
+    rec["extrapolated"][0] = np.float64(np.nan)
+    paths = save_search_report(damaged, tmp_path / "damaged")
+    sn = json.loads(paths["summary"].read_text(), parse_constant=refuse)
+    sn = sn["search_stats"]["screen_nystrom"]
+    assert sn["settings"][0]["nested_best"] == [None] * 3 and sn["settings"][0]["reach"] is None
+    assert sn["extrapolated"][0] is None
 
 
 def test_the_screen_extrapolates_each_settings_shortfall_from_its_nested_fidelities():

@@ -169,11 +169,6 @@ def unresolved(
     return sorted(out)
 
 
-def _finite(v: float) -> float | None:
-    """``v`` as a float, None where it is not finite (the search's JSON summary)."""
-    return float(v) if np.isfinite(v) else None
-
-
 def screen_applies(
     cv: Any, solver: str, kind: str, n: int, splits: list, n_candidates: int
 ) -> bool:
@@ -363,8 +358,8 @@ def screened_search(
         "settings": [
             {
                 "params": dict(setting),
-                "nested_best": [_finite(v) for v in best],
-                "reach": _finite(reach(*best, doublings)),
+                "nested_best": [float(v) for v in best],
+                "reach": reach(*best, doublings),
             }
             for setting, best in zip(settings, bests, strict=True)
         ],  # fmt: skip

@@ -80,8 +80,12 @@ def search_from_config(
 
 
 def _jsonable(v: Any) -> Any:
+    """``v`` as standard JSON takes it: NumPy scalars as Python ones, a float that is not
+    finite (a NaN score, an unbounded estimate) as None."""
     if isinstance(v, np.generic):
-        return v.item()
+        v = v.item()
+    if isinstance(v, float) and not np.isfinite(v):
+        return None
     if isinstance(v, dict):
         return {str(k): _jsonable(x) for k, x in v.items()}
     if isinstance(v, list | tuple):
@@ -114,7 +118,9 @@ def save_search_report(search: KernelRidgeCV, run_dir: str | os.PathLike) -> dic
         "solver": search.solver_,
         "search_stats": getattr(search, "search_stats_", {}),
     }
-    paths["summary"].write_text(json.dumps(_jsonable(summary), indent=1, default=str))
+    paths["summary"].write_text(
+        json.dumps(_jsonable(summary), indent=1, default=str, allow_nan=False)
+    )
     try:
         plots = plot_cv_results(search, d)
     except ImportError as e:  # matplotlib (the [plots] extra) is not installed
