@@ -415,8 +415,11 @@ def probe_gpytorch(rec, budget, sizes, lam, tol):
                         skipped="one product too slow for a CG in the time left",
                     )
                     continue
+                # bounded by the time left (linear_cg cannot be interrupted): a capped
+                # solve records the residual it reached in that time
+                max_iter = max(1, min(2000, int((budget - elapsed()) / (1.1 * t_mv))))
                 t = time.perf_counter()
-                sol = linear_cg(matmul, y, tolerance=tol, max_iter=2000, max_tridiag_iter=0)
+                sol = linear_cg(matmul, y, tolerance=tol, max_iter=max_iter, max_tridiag_iter=0)
                 torch.cuda.synchronize()
                 secs = time.perf_counter() - t
                 res = torch.linalg.norm(matmul(sol) - y) / torch.linalg.norm(y)
@@ -426,6 +429,7 @@ def probe_gpytorch(rec, budget, sizes, lam, tol):
                 mode="dense" if dense else "chunked",
                 lam=lam,
                 tol=tol,
+                max_iter=max_iter,
                 seconds=secs,
                 matvec_seconds=t_mv,
                 relative_residual=float(res),
