@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -39,6 +40,7 @@ __all__ = [
     "BACKENDS",
     "DEVICES",
     "Backend",
+    "TileCopies",
     "cuda_available",
     "get_backend",
     "resolve_device",
@@ -181,6 +183,119 @@ class Backend:
             return blas.gemm_nt_sub(a, x, y)
         xp = self.xp
         return a - xp.matmul(x, xp.matrix_transpose(y))
+
+
+class TileCopies:
+    """Host <-> device copies of whole tiles that overlap the compute: the streaming of
+    an out-of-core tile algorithm (the device Cholesky's panels,
+    :mod:`pipeline.linalg.cholesky_device`).
+
+    On CuPy the host tiles live in pinned memory, uploads run on one non-blocking stream
+    and downloads on another, and both are ordered against the compute (the current
+    stream) by CUDA events: :meth:`upload` returns at once with a ticket, and
+    :meth:`ready` makes the compute wait for it, so a tile is copied in while the
+    previous one is multiplied. A device slot is reused only after the compute that
+    read it (:meth:`release`). On the other backends the copies are plain and
+    synchronous (and the slots unused), so the same algorithm runs, and is tested, on
+    the CPU.
+
+    Tiles are named by a key (any hashable, e.g. ``(i, j)``); a download in flight is
+    waited for before the host copy is read (:meth:`downloaded`) or uploaded again.
+    """
+
+    def __init__(self, be: Backend) -> None:
+        self.be = be
+        self._cupy = be.name == "cupy"
+        self._down: dict[Any, Any] = {}  # key -> event of its download in flight
+        if self._cupy:  # pragma: no cover - GPU only
+            import cupy
+
+            self._cp = cupy
+            self.up = cupy.cuda.Stream(non_blocking=True)
+            self.down = cupy.cuda.Stream(non_blocking=True)
+
+    def host_tile(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        """An uninitialised host array for a tile: pinned memory on CuPy (the
+        asynchronous copies need it), an ordinary array elsewhere."""
+        dtype = np.dtype(dtype)
+        if not self._cupy:
+            return np.empty(shape, dtype=dtype)
+        count = int(np.prod(shape))  # pragma: no cover - GPU only
+        mem = self._cp.cuda.alloc_pinned_memory(max(count * dtype.itemsize, 1))  # pragma: no cover
+        return np.frombuffer(mem, dtype, count).reshape(shape)  # pragma: no cover
+
+    def slot(self, elements: int, dtype: Any) -> Any:
+        """A device buffer that uploads reuse (``elements`` long, flat); None off CuPy."""
+        if not self._cupy:
+            return None
+        return SimpleNamespace(  # pragma: no cover - GPU only
+            buf=self._cp.empty(int(elements), dtype=np.dtype(dtype)), free=None
+        )
+
+    def download(self, key: Any, src: Any, host: np.ndarray) -> None:
+        """Copy the device tile ``src`` into ``host`` once the compute queued so far is
+        done (asynchronous on CuPy; :meth:`downloaded` waits for it)."""
+        if not self._cupy:
+            np.copyto(host, self.be.to_numpy(src), casting="no")
+            return
+        cp = self._cp  # pragma: no cover - GPU only
+        after = cp.cuda.Event()  # pragma: no cover
+        after.record()  # pragma: no cover
+        self.down.wait_event(after)  # pragma: no cover
+        try:  # pragma: no cover
+            src.get(stream=self.down, out=host, blocking=False)
+        except TypeError:  # pragma: no cover - a CuPy before 13: a blocking copy
+            src.get(stream=self.down, out=host)
+        done = cp.cuda.Event()  # pragma: no cover
+        done.record(self.down)  # pragma: no cover
+        self._down[key] = done  # pragma: no cover
+
+    def downloaded(self, key: Any) -> None:
+        """Block until the download of ``key`` (if one was queued) has finished; safe
+        from any thread, any number of times."""
+        done = self._down.get(key)
+        if done is not None:  # pragma: no cover - GPU only
+            done.synchronize()
+
+    def upload(self, key: Any, host: np.ndarray, slot: Any = None) -> tuple[Any, Any]:
+        """``host`` on the device: ``(tile, ticket)``. On CuPy the tile is a view of
+        ``slot``'s buffer, written on the upload stream after the compute that last
+        read the slot (:meth:`release`) and after the host copy's own download; call
+        :meth:`ready` with the ticket before queuing the compute that reads it.
+        Elsewhere a new array, and no ticket."""
+        if not self._cupy:
+            return self.be.asarray(np.ascontiguousarray(host), host.dtype), None
+        cp = self._cp  # pragma: no cover - GPU only
+        if slot.free is not None:  # pragma: no cover
+            self.up.wait_event(slot.free)
+        done = self._down.get(key)  # pragma: no cover
+        if done is not None:  # pragma: no cover
+            self.up.wait_event(done)
+        tile = slot.buf[: host.size].reshape(host.shape)  # pragma: no cover
+        tile.set(host, stream=self.up)  # pragma: no cover
+        ticket = cp.cuda.Event()  # pragma: no cover
+        ticket.record(self.up)  # pragma: no cover
+        return tile, ticket  # pragma: no cover
+
+    def ready(self, ticket: Any) -> None:
+        """Make the compute (the current stream) wait for an upload."""
+        if ticket is not None:  # pragma: no cover - GPU only
+            self._cp.cuda.get_current_stream().wait_event(ticket)
+
+    def release(self, slot: Any) -> None:
+        """The compute queued so far is the last to read ``slot``: the next upload
+        into it waits for that compute, not for the host."""
+        if slot is not None:  # pragma: no cover - GPU only
+            slot.free = self._cp.cuda.Event()
+            slot.free.record()
+
+    def synchronize(self) -> None:
+        """Wait for every copy in flight."""
+        for key in list(self._down):
+            self.downloaded(key)
+        if self._cupy:  # pragma: no cover - GPU only
+            self.up.synchronize()
+            self.down.synchronize()
 
 
 def _cupy_potrf_lower(a: Any, overwrite: bool) -> tuple[Any, int]:

@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.engine.backend import Backend
+from pipeline.engine.backend import Backend, TileCopies
 from pipeline.errors import DeviceUnavailableError, NotPositiveDefiniteError
 from pipeline.linalg.cholesky import factor_fingerprint
 from pipeline.linalg.cholesky_options import JitterPolicy, make_jitter_policy, regularisation_shift
@@ -74,6 +74,11 @@ DEVICE_MEMORY_SHARE = 0.8
 #: tiles a tile computation needs on the device at once: A, L_ik, L_jk (or L_jj),
 #: and the POTRF's kept copy or the TRSM's result
 MIN_RESIDENT_TILES = 4
+#: the panel schedule's device tiles besides the panel and its upload slots: a TRSM's
+#: result, the POTRF's zeroed upper triangle, the jitter's kept copy
+PANEL_SCRATCH_TILES = 3
+#: uploads queued ahead of the compute in the panel schedule
+PANEL_PREFETCH = 2
 
 
 # ---------------------------------------------------------------------------------
@@ -288,7 +293,8 @@ class DeviceCholeskyFactor:
         self.jitter: dict[str, float] = {}
         self.info: dict[str, Any] = {}
         self._dev: OrderedDict[tuple[int, int], Any] = OrderedDict()  # LRU, newest last
-        self._host: dict[tuple[int, int], np.ndarray] = {}  # evicted, without a store
+        self._host: dict[tuple[int, int], np.ndarray] = {}  # host copies (evicted tiles)
+        self._copies: TileCopies | None = None  # the panel schedule's copies
         self._writes: dict[tuple[int, int], Future] = {}
         self._resident = 0
         self._peak = 0
@@ -319,7 +325,9 @@ class DeviceCholeskyFactor:
 
     def _evict(self, key: tuple[int, int]) -> None:
         tile = self._dev.pop(key)
-        if self.L is not None:  # on the host in L once its write finished
+        if key in self._host:  # its host copy is kept
+            pass
+        elif self.L is not None:  # on the host in L once its write finished
             self._writes[key].result()
         elif self.target is None:  # (in the target already)
             self._host[key] = self.be.to_numpy(tile)
@@ -342,8 +350,10 @@ class DeviceCholeskyFactor:
         if key in self._dev:
             self._dev.move_to_end(key)
             return self._dev[key]
-        if key in self._host:
-            host = self._host.pop(key)
+        if key in self._host:  # (kept: evicting the tile again costs no copy)
+            if self._copies is not None:
+                self._copies.downloaded(key)
+            host = self._host[key]
         elif self.L is not None and key in self._writes:
             self._writes[key].result()
             host = self.L.read_tile(*key)
@@ -432,6 +442,16 @@ class _Writer:
             return self.pool.submit(self._write_cupy, i, j, tile, done, info)
         return self.pool.submit(self._write_host, i, j, tile, info)
 
+    def submit_host(
+        self, i: int, j: int, host: np.ndarray, info: dict[str, Any], copies: TileCopies, key: Any
+    ) -> Future:
+        """Store a tile whose host copy ``copies`` is downloading (no second copy)."""
+        return self.pool.submit(self._write_copy, i, j, host, info, copies, key)
+
+    def _write_copy(self, i, j, host, info, copies, key) -> None:
+        copies.downloaded(key)
+        self.L.write_tile(i, j, host, **info)
+
     def _write_host(self, i: int, j: int, tile: Any, info: dict[str, Any]) -> None:
         self.L.write_tile(i, j, self.be.to_numpy(tile), **info)
 
@@ -510,6 +530,7 @@ def device_cholesky(
     lam: float | None = None,
     convention: str = "sklearn",
     progress: bool = False,
+    schedule: str = "auto",
 ) -> DeviceCholeskyFactor:
     """Factor ``K + shift * I = L @ L.T`` tile by tile on the backend ``be``.
 
@@ -550,6 +571,17 @@ def device_cholesky(
         lambda that ``shift`` is under ``convention``).
     progress : bool
         Log a line per finished tile column.
+    schedule : {"auto", "tiles", "panels"}
+        The order of the tile work when the factor does not fit in ``memory_limit``
+        (the result is the same bit for bit). ``"tiles"``: tile after tile, finished
+        tiles evicted least recently used first and uploaded again when needed (any
+        limit of :data:`MIN_RESIDENT_TILES` tiles; one GEMM per upload). ``"panels"``:
+        as many tile columns as fit factored together, every earlier column streamed
+        through the device once per panel while the previous tile is multiplied (a
+        tile uploaded serves one GEMM per panel column; the factor's tiles are kept
+        on the host, pinned). ``"auto"``: panels on a device backend when the tiles the
+        tile order still needs at once do not fit (it would upload tiles again) and a
+        one-column panel does; else tiles.
 
     Returns
     -------
@@ -568,6 +600,7 @@ def device_cholesky(
         below :data:`MIN_RESIDENT_TILES` tiles.
     """
     t0 = time.perf_counter()
+    schedule_asked = schedule
     n, block = int(n), int(block)
     if n < 1 or block < 1:
         raise ValueError(f"n and block must be >= 1, got n={n}, block={block}")
@@ -598,69 +631,39 @@ def device_cholesky(
         raise ValueError(f"target must be an ({n}, {n}) host matrix, and no store with it")
     f = DeviceCholeskyFactor(be, n, block, dtype, memory_limit, L, target)
     f.shift, f.lam, f.convention = shift, lam, convention
-    grid = f.grid
-    T = grid.n_row_blocks
-    f64 = be.dtype("float64")
-    done = set(L.markers.done()) if L is not None else set()
-    writer = _Writer(be, L, block, dtype) if L is not None else None
-    computed = resumed = 0
+    T = f.grid.n_row_blocks
+    if schedule not in ("auto", "tiles", "panels"):
+        raise ValueError(f"schedule must be 'auto', 'tiles' or 'panels', got {schedule!r}")
+    limit_tiles = None if memory_limit is None else memory_limit // tile_bytes
+    fits = limit_tiles is None or T * (T + 1) // 2 + PANEL_SCRATCH_TILES <= limit_tiles
+    if schedule == "auto":  # panels where the tile order would upload tiles again
+        live = limit_tiles is None or _live_tiles(T) + PANEL_SCRATCH_TILES <= limit_tiles
+        schedule = "tiles" if be.is_host or live else "panels"
+    if schedule == "panels" and not fits and limit_tiles < _panel_tiles(T, 0, 1):
+        if schedule_asked == "panels":
+            raise ValueError(
+                f"memory_limit={memory_limit} bytes holds {limit_tiles} {block}x{block} "
+                f"tiles, fewer than one tile column's panel needs "
+                f"({_panel_tiles(T, 0, 1)}): raise it, or use schedule='tiles'"
+            )
+        schedule = "tiles"  # (the tile order streams any limit of MIN_RESIDENT_TILES)
+    run = _Run(be, f, tile_fn, shift, policy, dtype, be.dtype("float64"), progress)
+    run.done = set(L.markers.done()) if L is not None else set()
+    run.writer = _Writer(be, L, block, dtype) if L is not None else None
     try:
-        for j in range(T):
-            for i in range(j, T):
-                key = (i, j)
-                if key in done:  # resume: the stored tile (verified) instead of compute
-                    f._writes[key] = _finished(None)
-                    host = L.read_tile(i, j)
-                    f._hold(key, be.asarray(np.ascontiguousarray(host), dtype))
-                    f.uploads += 1
-                    resumed += 1
-                    if i == j and policy is not None:
-                        eps = (L.markers.record(key) or {}).get("jitter")
-                        if eps:
-                            f.jitter[f"{j}.{j}"] = float(eps)
-                    continue
-                ts = time.perf_counter()
-                f._make_room(tile_bytes, ())  # the Gram tile's room
-                a = _owned_tile(be, tile_fn(i, j), dtype)
-                scale = 0.0
-                if i == j:  # the jitter's scale: K_jj's own diagonal (as the CPU's)
-                    scale = float(np.mean(np.abs(_host_diagonal(be, a)))) + shift
-                    a = _add_to_diagonal(be, a, shift)
-                f._resident += tile_bytes  # A counts while it is updated
-                try:
-                    for k in range(j):  # the fixed k order
-                        ljk = f.tile(j, k, pinned=((i, k),))
-                        lik = f.tile(i, k, pinned=((j, k),))
-                        # (a diagonal tile: only its lower triangle is factored)
-                        a = be.syrk_lower_sub(a, ljk) if i == j else be.gemm_nt_sub(a, lik, ljk)
-                finally:
-                    f._resident -= tile_bytes
-                info: dict[str, Any] = {}
-                if i == j:
-                    out, info = _factor_diagonal(be, f, a, j, shift, scale, policy, dtype, f64)
-                    if "jitter" in info:
-                        f.jitter[f"{j}.{j}"] = info["jitter"]
-                else:
-                    ljj = f.tile(j, j)
-                    out = _contiguous(be, be.trsm_right_lower_t(ljj, a))
-                del a
-                info["seconds"] = round(time.perf_counter() - ts, 4)
-                info["device"] = be.name
-                f._hold(key, out, pinned=((j, j),))
-                if target is not None:
-                    _store_in(target, grid, i, j, be.to_numpy(out))
-                computed += 1
-                f._writes[key] = (
-                    writer.submit(i, j, out, info) if writer is not None else _finished(None)
-                )
-            if progress:
-                log.info("device Cholesky: tile column %d of %d done", j + 1, T)
+        if schedule == "tiles":
+            _tile_schedule(run)
+        else:
+            run.copies = f._copies = TileCopies(be)
+            for j0, j1 in _panels(T, None if fits else limit_tiles):
+                _panel(run, j0, j1, last=j1 == T)
     except BaseException as e:
         cap_store_waits_if_interrupted(e)  # Ctrl-C: the queued writes give up in seconds
         raise
     finally:
-        if writer is not None:
-            writer.close()  # the finished tiles are stored, also when a tile failed
+        if run.writer is not None:
+            run.writer.close()  # the finished tiles are stored, also when a tile failed
+    computed, resumed = run.computed, run.resumed
     for fut in f._writes.values():
         fut.result()  # a failed write raises here
     be.synchronize()
@@ -679,8 +682,241 @@ def device_cholesky(
         "seconds": seconds,
         "gflops": (n**3 / 3) / seconds / 1e9 if seconds > 0 else math.nan,
         "jitter": dict(f.jitter),
+        "schedule": schedule,
     }
+    if schedule == "panels":
+        f.info["panels"] = run.panels
     return f
+
+
+class _Run:
+    """One factorisation's fixed inputs and counters, shared by the two schedules."""
+
+    def __init__(self, be, f, tile_fn, shift, policy, dtype, f64, progress) -> None:
+        self.be, self.f, self.tile_fn, self.shift = be, f, tile_fn, shift
+        self.policy, self.dtype, self.f64, self.progress = policy, dtype, f64, progress
+        self.grid, self.T = f.grid, f.grid.n_row_blocks
+        self.tile_bytes = f.block * f.block * dtype.itemsize
+        self.done: set = set()
+        self.writer: _Writer | None = None
+        self.copies: TileCopies | None = None
+        self.computed = self.resumed = self.panels = 0
+
+    def gram(self, i: int, j: int) -> tuple[Any, float]:
+        """The Gram tile ``K_ij`` to update (owned; a diagonal one shifted), and the
+        jitter's scale (``K_jj``'s own mean diagonal plus the shift; 0 off the diagonal)."""
+        be = self.be
+        a = _owned_tile(be, self.tile_fn(i, j), self.dtype)
+        scale = 0.0
+        if i == j:  # the jitter's scale: K_jj's own diagonal (as the CPU's)
+            scale = float(np.mean(np.abs(_host_diagonal(be, a)))) + self.shift
+            a = _add_to_diagonal(be, a, self.shift)
+        return a, scale
+
+    def update(self, a: Any, i: int, j: int, lik: Any, ljk: Any) -> Any:
+        """``A_ij -= L_ik L_jkᵀ`` (a diagonal tile: only its lower triangle)."""
+        return self.be.syrk_lower_sub(a, ljk) if i == j else self.be.gemm_nt_sub(a, lik, ljk)
+
+    def finish(self, a: Any, i: int, j: int, scale: float, ljj: Any) -> tuple[Any, dict]:
+        """The updated tile's factor tile (POTRF on the diagonal, else a TRSM) and the
+        marker's info."""
+        f = self.f
+        info: dict[str, Any] = {}
+        if i == j:
+            out, info = _factor_diagonal(
+                self.be, f, a, j, self.shift, scale, self.policy, self.dtype, self.f64
+            )
+            if "jitter" in info:
+                f.jitter[f"{j}.{j}"] = info["jitter"]
+        else:
+            out = _contiguous(self.be, self.be.trsm_right_lower_t(ljj, a))
+        info["device"] = self.be.name
+        return out, info
+
+    def resumed_tile(self, i: int, j: int) -> np.ndarray:
+        """A stored factor tile (verified on read), counted as resumed; a diagonal
+        one's jitter back in the factor's record."""
+        f = self.f
+        f._writes[(i, j)] = _finished(None)
+        host = f.L.read_tile(i, j)
+        self.resumed += 1
+        if i == j and self.policy is not None:
+            eps = (f.L.markers.record((i, j)) or {}).get("jitter")
+            if eps:
+                f.jitter[f"{j}.{j}"] = float(eps)
+        return host
+
+
+def _tile_schedule(run: _Run) -> None:
+    """Tile after tile, column after column (left-looking), the factor's finished tiles
+    kept on the device while ``memory_limit`` allows and evicted least recently used
+    first past it: any limit of :data:`MIN_RESIDENT_TILES` tiles works, and one whose
+    panel would not fit streams one tile per update (the host backends' order)."""
+    be, f, T, tile_bytes = run.be, run.f, run.T, run.tile_bytes
+    for j in range(T):
+        for i in range(j, T):
+            key = (i, j)
+            if key in run.done:  # resume: the stored tile (verified) instead of compute
+                host = run.resumed_tile(i, j)
+                f._hold(key, be.asarray(np.ascontiguousarray(host), run.dtype))
+                f.uploads += 1
+                continue
+            ts = time.perf_counter()
+            f._make_room(tile_bytes, ())  # the Gram tile's room
+            a, scale = run.gram(i, j)
+            f._resident += tile_bytes  # A counts while it is updated
+            try:
+                for k in range(j):  # the fixed k order
+                    ljk = f.tile(j, k, pinned=((i, k),))
+                    lik = f.tile(i, k, pinned=((j, k),))
+                    a = run.update(a, i, j, lik, ljk)
+            finally:
+                f._resident -= tile_bytes
+            out, info = run.finish(a, i, j, scale, None if i == j else f.tile(j, j))
+            del a
+            info["seconds"] = round(time.perf_counter() - ts, 4)
+            f._hold(key, out, pinned=((j, j),))
+            if f.target is not None:
+                _store_in(f.target, f.grid, i, j, be.to_numpy(out))
+            run.computed += 1
+            f._writes[key] = (
+                run.writer.submit(i, j, out, info) if run.writer is not None else _finished(None)
+            )
+        if run.progress:
+            log.info("device Cholesky: tile column %d of %d done", j + 1, T)
+
+
+def _live_tiles(T: int) -> int:
+    """The most factor tiles the tile order still needs at once: at column j, those of
+    rows ``j:`` in columns ``:j+1`` (the rows above are done with until the solve)."""
+    return max(((j + 1) * (T - j) for j in range(T)), default=0)
+
+
+def _panel_tiles(T: int, j0: int, j1: int) -> int:
+    """Device tiles the panel of tile columns ``j0:j1`` needs: its own lower tiles, the
+    upload slots (the panel's rows of one earlier column, twice, and
+    :data:`PANEL_PREFETCH` + 1 more) and :data:`PANEL_SCRATCH_TILES`."""
+    w = j1 - j0
+    own = sum(T - j for j in range(j0, j1))
+    return own + 2 * w + PANEL_PREFETCH + 1 + PANEL_SCRATCH_TILES
+
+
+def _panels(T: int, limit_tiles: int | None) -> list[tuple[int, int]]:
+    """The tile columns cut into panels as wide as ``limit_tiles`` allows (one panel
+    when None)."""
+    if limit_tiles is None:
+        return [(0, T)] if T else []
+    out, j0 = [], 0
+    while j0 < T:
+        j1 = j0 + 1
+        while j1 < T and _panel_tiles(T, j0, j1 + 1) <= limit_tiles:
+            j1 += 1
+        out.append((j0, j1))
+        j0 = j1
+    return out
+
+
+def _panel(run: _Run, j0: int, j1: int, last: bool) -> None:
+    """Factor the tile columns ``j0:j1`` (a panel) with every earlier column streamed
+    through the device once.
+
+    The panel's Gram tiles are made on the device; then, for each earlier column k in
+    order, its tiles from row ``j0`` down are uploaded one after another (while the
+    previous ones are multiplied: :class:`~pipeline.engine.backend.TileCopies`) and each
+    updates every panel tile of its row, so a tile brought in serves up to ``j1 - j0``
+    GEMMs; then the panel is factored inside, left-looking, as the tile schedule does.
+    Every tile sees its updates in the fixed k order, so the factor is the tile
+    schedule's bit for bit. Finished tiles are copied to the host (pinned) as they are
+    made, stored, and leave the device when the panel is done (the last panel stays).
+    """
+    be, f, T, copies = run.be, run.f, run.T, run.copies
+    g = f.grid
+    keys = [(i, j) for j in range(j0, j1) for i in range(j, T)]
+    todo = [key for key in keys if key not in run.done]
+    run.panels += 1
+    ts = time.perf_counter()
+    work: dict[tuple[int, int], Any] = {}
+    scales: dict[tuple[int, int], float] = {}
+    for key in keys:
+        if key in run.done:  # resumed: its host copy and its device tile
+            host = run.resumed_tile(*key)
+            f._host[key] = hold = copies.host_tile(host.shape, run.dtype)
+            np.copyto(hold, host, casting="same_kind")
+            f._dev[key] = be.asarray(hold, run.dtype)
+            f._resident += f._nbytes(*key)
+            f.uploads += 1
+        else:
+            work[key], scales[key] = run.gram(*key)
+            f._resident += f._nbytes(*key)
+    f._peak = max(f._peak, f._resident)
+    if todo and j0:
+        _stream_earlier_columns(run, j0, j1, work)
+    for j in range(j0, j1):
+        for i in range(j, T):
+            key = (i, j)
+            if key not in work:
+                continue
+            a = work.pop(key)
+            for k in range(j0, j):  # the fixed k order, within the panel
+                a = run.update(a, i, j, f._dev[(i, k)], f._dev[(j, k)])
+            out, info = run.finish(a, i, j, scales[key], None if i == j else f._dev[(j, j)])
+            del a
+            info["seconds"] = round(time.perf_counter() - ts, 4)
+            f._dev[key] = out
+            f._host[key] = host = copies.host_tile(tuple(out.shape), run.dtype)
+            copies.download(key, out, host)
+            run.computed += 1
+            if run.writer is not None:
+                f._writes[key] = run.writer.submit_host(i, j, host, info, copies, key)
+            else:
+                f._writes[key] = _finished(None)
+        if run.progress:
+            log.info("device Cholesky: tile column %d of %d done (panel %d:%d)", j + 1, T, j0, j1)
+    for key in keys:  # the host copies complete; the panel leaves the device
+        copies.downloaded(key)
+        if f.target is not None and key not in run.done:
+            _store_in(f.target, g, key[0], key[1], f._host[key])
+        if not last:
+            del f._dev[key]
+            f._resident -= f._nbytes(*key)
+
+
+def _stream_earlier_columns(run: _Run, j0: int, j1: int, work: dict) -> None:
+    """The updates of the panel ``j0:j1`` by every earlier tile column k (in order):
+    ``L_ik`` for ``i >= j0`` uploaded in turn, :data:`PANEL_PREFETCH` ahead of the
+    compute; the panel's own rows of column k stay until k is done."""
+    f, T, copies = run.f, run.T, run.copies
+    items = [(k, i) for k in range(j0) for i in range(j0, T)]
+    elements = f.block * f.block
+    free = [copies.slot(elements, run.dtype) for _ in range(2 * (j1 - j0) + PANEL_PREFETCH + 1)]
+    f._peak = max(f._peak, f._resident + len(free) * run.tile_bytes)
+    issued: list[tuple[Any, Any, Any]] = []  # per item: (tile, ticket, slot)
+    rows: list[tuple[int, Any]] = []  # the current column's panel rows: (item, slot)
+    for p, (_, i) in enumerate(items):
+        while len(issued) < len(items) and len(issued) <= p + PANEL_PREFETCH and free:
+            kk, ii = items[len(issued)]
+            slot = free.pop(0)
+            tile, ticket = copies.upload((ii, kk), f._host[(ii, kk)], slot)
+            f.uploads += 1
+            issued.append((tile, ticket, slot))
+        lik, ticket, slot = issued[p]
+        copies.ready(ticket)
+        for j in range(j0, min(i, j1 - 1) + 1):
+            if (i, j) in work:
+                ljk = lik if j == i else issued[p - (i - j)][0]
+                work[(i, j)] = run.update(work[(i, j)], i, j, lik, ljk)
+        if i < j1:
+            rows.append((p, slot))
+        else:
+            copies.release(slot)
+            free.append(slot)
+            issued[p] = (None, None, slot)
+        if i == T - 1:  # column k done: its panel rows' slots are free again
+            for q, s in rows:
+                copies.release(s)
+                free.append(s)
+                issued[q] = (None, None, s)
+            rows = []
 
 
 def _store_in(target: np.ndarray, grid: TileGrid, i: int, j: int, tile: np.ndarray) -> None:

@@ -111,6 +111,98 @@ def test_memory_limit_evicts_and_gives_the_same_bits(name, tmp_path):
         device_cholesky(be, slicer(K, block), n, block, shift=1e-3, memory_limit=3 * tile)
 
 
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("tiles_held", [19, 26, 33])
+def test_the_panel_schedule_gives_the_tile_schedules_bits(name, tiles_held):
+    be = get_backend(name)
+    n, block = 333, 32  # 11 tile rows (66 tiles), the last ragged
+    K = rbf_matrix(n, seed=2)
+    full = device_cholesky(be, slicer(K, block), n, block, shift=1e-3)
+    limit = tiles_held * block * block * 8
+    f = device_cholesky(be, slicer(K, block), n, block, shift=1e-3, memory_limit=limit,
+                        schedule="panels")  # fmt: skip
+    assert f.info["schedule"] == "panels" and f.info["panels"] > 1
+    assert f.info["uploads"] > 0 and f.info["peak_tile_bytes"] <= limit
+    np.testing.assert_array_equal(f.to_numpy(), full.to_numpy())
+    y = np.random.default_rng(1).standard_normal((n, 2))
+    np.testing.assert_array_equal(f.solve(y), full.solve(y))
+    # fewer uploads than the tile schedule at the same limit: a tile serves the panel
+    tiles = device_cholesky(be, slicer(K, block), n, block, shift=1e-3, memory_limit=limit,
+                            schedule="tiles")  # fmt: skip
+    np.testing.assert_array_equal(tiles.to_numpy(), full.to_numpy())
+    assert f.info["uploads"] < tiles.info["uploads"]
+
+
+def test_auto_picks_panels_on_a_device_whose_factor_does_not_fit():
+    n, block = 333, 64
+    K = rbf_matrix(n, seed=2)
+    limit = 14 * block * block * 8  # the factor has 21 tiles, the tile order needs 15
+    dev = device_cholesky(get_backend("array_api_strict"), slicer(K, block), n, block,
+                          shift=1e-3, memory_limit=limit)  # fmt: skip
+    host = device_cholesky(get_backend("numpy"), slicer(K, block), n, block, shift=1e-3,
+                           memory_limit=limit)  # fmt: skip
+    assert dev.info["schedule"] == "panels" and host.info["schedule"] == "tiles"
+    same = device_cholesky(get_backend("array_api_strict"), slicer(K, block), n, block,
+                           shift=1e-3)  # fmt: skip
+    np.testing.assert_array_equal(dev.to_numpy(), same.to_numpy())
+    small = device_cholesky(get_backend("array_api_strict"), slicer(K, block), n, block,
+                            shift=1e-3, memory_limit=5 * block * block * 8)  # fmt: skip
+    assert small.info["schedule"] == "tiles"  # a one-column panel does not fit
+    with pytest.raises(ValueError, match="fewer than one tile column's panel needs"):
+        device_cholesky(get_backend("numpy"), slicer(K, block), n, block, shift=1e-3,
+                        memory_limit=5 * block * block * 8, schedule="panels")  # fmt: skip
+    with pytest.raises(ValueError, match="schedule must be"):
+        device_cholesky(get_backend("numpy"), slicer(K, block), n, block, shift=1e-3,
+                        schedule="rows")  # fmt: skip
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_the_panel_schedule_resumes_bitwise_and_stores_every_tile(name, tmp_path):
+    be = get_backend(name)
+    n, block = 340, 64  # 6 tile rows, 21 tiles
+    K = rbf_matrix(n, seed=5)
+    ref = device_cholesky(be, slicer(K, block), n, block, shift=1e-3).to_numpy()
+    limit = 14 * block * block * 8
+    L = open_device_factor(str(tmp_path), "gram-fp", n, block, 1e-3, be)
+    calls = []
+
+    def dying(i, j):  # dies while making the third panel's Gram tiles
+        if len(calls) == 14:
+            raise RuntimeError("killed")
+        calls.append((i, j))
+        return slicer(K, block)(i, j)
+
+    with pytest.raises(RuntimeError, match="killed"):
+        device_cholesky(be, dying, n, block, shift=1e-3, L=L, memory_limit=limit,
+                        schedule="panels")  # fmt: skip
+    done = L.markers.done()
+    assert 0 < len(done) < 14 and done <= set(calls)  # the finished panels are stored
+    f = device_cholesky(be, slicer(K, block), n, block, shift=1e-3, L=L, memory_limit=limit,
+                        schedule="panels")  # fmt: skip
+    assert f.info["tiles_resumed"] == len(done) and f.info["tiles_computed"] == 21 - len(done)
+    np.testing.assert_array_equal(f.to_numpy(), ref)
+    np.testing.assert_array_equal(L.zarr("r")[:], np.tril(ref))  # the store holds L
+    again = device_cholesky(be, slicer(K, block), n, block, shift=1e-3, L=L, memory_limit=limit,
+                            schedule="panels")  # fmt: skip
+    assert again.info["tiles_computed"] == 0
+    np.testing.assert_array_equal(again.to_numpy(), ref)
+
+
+def test_the_panel_schedule_fills_a_host_target_and_keeps_its_upper_triangle():
+    be = get_backend("numpy")
+    n, block = 333, 64
+    K = rbf_matrix(n, seed=3)
+    full = device_cholesky(be, slicer(K, block), n, block, shift=1e-3)
+    A = np.array(K, order="F")
+    f = device_cholesky(
+        be, lambda i, j: np.array(slicer(A, block)(i, j)), n, block, shift=1e-3, target=A,
+        memory_limit=14 * block * block * 8, schedule="panels",
+    )  # fmt: skip
+    assert f.info["panels"] > 1
+    np.testing.assert_array_equal(np.tril(A), full.to_numpy())
+    np.testing.assert_array_equal(np.triu(A, 1), np.triu(K, 1))
+
+
 def test_a_host_matrix_as_the_target_holds_the_factor_and_keeps_its_upper_triangle():
     # the in-memory dense solve's blocked factor (dense_dual._potrf_blocked) runs this way
     be = get_backend("numpy")

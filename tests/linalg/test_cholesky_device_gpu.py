@@ -164,3 +164,38 @@ def test_timing_n8192(be):
         )
         assert err < 1e-10
         f.free()
+
+
+@pytest.mark.parametrize("tiles_held", [19, 33])
+def test_the_panel_schedule_streams_and_gives_the_same_bits(be, tmp_path, tiles_held):
+    n, block = 1333, 128  # 11 tile rows, the last ragged
+    K = rbf_matrix(n, seed=4)
+    full = device_cholesky(be, device_slicer(K, block), n, block, shift=1e-3)
+    limit = tiles_held * block * block * 8
+    f = device_cholesky(be, device_slicer(K, block), n, block, shift=1e-3, memory_limit=limit)
+    assert f.info["schedule"] == "panels" and f.info["panels"] > 1 and f.info["uploads"] > 0
+    np.testing.assert_array_equal(f.to_numpy(), full.to_numpy())
+    y = np.random.default_rng(2).standard_normal((n, 2))
+    np.testing.assert_array_equal(f.solve(y), full.solve(y))
+    tiles = device_cholesky(be, device_slicer(K, block), n, block, shift=1e-3,
+                            memory_limit=limit, schedule="tiles")  # fmt: skip
+    np.testing.assert_array_equal(tiles.to_numpy(), full.to_numpy())
+    # with a store: every tile stored from its host copy; a killed run resumes bitwise
+    L = open_device_factor(str(tmp_path), "g", n, block, 1e-3, be)
+    calls = []
+
+    def dying(i, j):
+        if len(calls) == 25:
+            raise RuntimeError("killed")
+        calls.append((i, j))
+        return device_slicer(K, block)(i, j)
+
+    with pytest.raises(RuntimeError, match="killed"):
+        device_cholesky(be, dying, n, block, shift=1e-3, L=L, memory_limit=limit)
+    done = L.markers.done()
+    assert 0 < len(done) < 25
+    g = device_cholesky(be, device_slicer(K, block), n, block, shift=1e-3, L=L,
+                        memory_limit=limit)  # fmt: skip
+    assert g.info["tiles_resumed"] == len(done) and g.info["schedule"] == "panels"
+    np.testing.assert_array_equal(g.to_numpy(), full.to_numpy())
+    np.testing.assert_array_equal(L.zarr("r")[:], np.tril(full.to_numpy()))

@@ -13,8 +13,10 @@ among the chosen sections by their expected cost):
   GFLOP/s against ``cupy.linalg.cholesky`` (cuSOLVER POTRF on the whole matrix) at the
   largest N that holds the matrix and its factor together;
 - ``ooc``: the same factor with its tiles capped to a fraction of their bytes on the
-  device (``memory_limit``), streamed from the host, against the in-memory rate at the
-  same N. (A Gram truly past this machine's device memory is not possible here: the
+  device (``memory_limit``): the panel schedule streams the earlier tile columns from
+  pinned host copies while it multiplies (and, for comparison, the tile schedule,
+  which evicts and uploads one tile per update), each Gram tile made when asked,
+  against the in-memory rate at the same N; and the host <-> device copy rates. (A Gram truly past this machine's device memory is not possible here: the
   H200's 141 GB exceed the host's 128 GB of RAM and its 64 GB disk, so the cap stands
   for the device's memory);
 - ``pcg``: matrix-free PCG at N = 1,000,000, D = 8, to 1e-6 (the package's mixed-precision
@@ -113,7 +115,7 @@ def section_products(be, cp, rec, budget):
     _free(cp)
 
 
-def _exact(be, cp, n, block=None, memory_limit=None):
+def _exact(be, cp, n, block=None, memory_limit=None, schedule="auto"):
     """Complete exact fit on the device; returns the record."""
     k = _rbf()
     X, y = _data(n)
@@ -125,13 +127,20 @@ def _exact(be, cp, n, block=None, memory_limit=None):
     nb = -(-n // b)
     sl = [slice(i * b, min(n, (i + 1) * b)) for i in range(nb)]
     tiles = {}
-    for i in range(nb):  # the Gram, on the device, lower tiles
-        for j in range(i + 1):
-            tiles[i, j] = dev.kernel_block(be, k, Xd[sl[i]], None if i == j else Xd[sl[j]])
+    if memory_limit is None:  # the Gram, on the device, lower tiles
+        for i in range(nb):
+            for j in range(i + 1):
+                tiles[i, j] = dev.kernel_block(be, k, Xd[sl[i]], None if i == j else Xd[sl[j]])
+
+    def tile_fn(i, j):  # capped: each Gram tile made when the factor asks (timed with it)
+        if (i, j) in tiles:
+            return tiles.pop((i, j))
+        return dev.kernel_block(be, k, Xd[sl[i]], None if i == j else Xd[sl[j]])
+
     be.synchronize()
     t1 = time.perf_counter()
-    f = cd.device_cholesky(be, lambda i, j: tiles.pop((i, j)), n, b, shift=LAM,
-                           memory_limit=memory_limit, lam=LAM)  # fmt: skip
+    f = cd.device_cholesky(be, tile_fn, n, b, shift=LAM, memory_limit=memory_limit, lam=LAM,
+                           schedule=schedule)  # fmt: skip
     be.synchronize()
     t2 = time.perf_counter()
     alpha = f.solve(y)
@@ -141,7 +150,7 @@ def _exact(be, cp, n, block=None, memory_limit=None):
     _free(cp)
     r = dev.matvec(be, k, Xd, alpha, shift=LAM, kernel_dtype="float64") - y
     rel = float(np.linalg.norm(r) / np.linalg.norm(y))
-    del Xd
+    Xd = None  # (the Gram tiles' closure holds it too)
     _free(cp)
     return dict(n=n, block=b, gram_s=t1 - t0, factor_s=t2 - t1, solve_s=t3 - t2,
                 total_s=t3 - t0, factor_gflops=n**3 / 3 / (t2 - t1) / 1e9,
@@ -194,22 +203,55 @@ def section_exact(be, cp, rec, budget, sizes):
             _free(cp)
 
 
+def _copy_rates(cp, rec, nbytes=1 << 30):
+    """Host <-> device copy rates, pinned and pageable (what the streamed factor needs)."""
+    d = cp.empty(nbytes // 8, dtype=cp.float64)
+    mem = cp.cuda.alloc_pinned_memory(nbytes)
+    pinned = np.frombuffer(mem, np.float64, nbytes // 8)
+    pinned[:] = 1.0
+    pageable = np.ones(nbytes // 8)
+    s = cp.cuda.Stream(non_blocking=True)
+    out = {}
+    for name, h in (("pinned", pinned), ("pageable", pageable)):
+        s.synchronize()
+        t = time.perf_counter()
+        d.set(h, stream=s)
+        s.synchronize()
+        out[f"h2d_{name}_gb_s"] = nbytes / (time.perf_counter() - t) / 1e9
+        t = time.perf_counter()
+        d.get(stream=s, out=h)
+        s.synchronize()
+        out[f"d2h_{name}_gb_s"] = nbytes / (time.perf_counter() - t) / 1e9
+    rec(section="ooc", op="copy_rates", bytes=nbytes, **out)
+    del d, mem, pinned
+    _free(cp)
+
+
 def section_ooc(be, cp, rec, budget, n=65_536):
+    """The factor with ``memory_limit`` below its size (the panel schedule streams the
+    earlier columns; the tile schedule, evicting and uploading one tile per update, for
+    comparison at the smaller limit), against the in-memory rate at the same N."""
     if elapsed() > budget:
         rec(section="ooc", skipped="time")
         return
+    try:
+        _copy_rates(cp, rec)
+    except Exception as exc:
+        rec(section="ooc", op="copy_rates", error=repr(exc)[:300])
     b = cd.device_block(n, be)
-    nb = -(-n // b)
-    lower_bytes = nb * (nb + 1) // 2 * b * b * 8
     try:
         inmem = _exact(be, cp, n, block=b)
         rec(section="ooc", mode="in_memory", **inmem)
-        for frac in (0.5, 0.25):
-            r = _exact(be, cp, n, block=b, memory_limit=int(frac * lower_bytes))
-            rec(section="ooc", mode=f"memory_limit={frac:g} of the factor", rate_vs_in_memory=
-                inmem["factor_s"] / r["factor_s"], **r)  # fmt: skip
+        runs = [(0.5, b, "auto"), (0.25, b, "auto"), (0.25, b // 2, "auto"), (0.25, b, "tiles")]
+        for frac, blk, sched in runs:
             if elapsed() > budget:
-                return
+                rec(section="ooc", frac=frac, block=blk, schedule=sched, skipped="time")
+                continue
+            nb = -(-n // blk)
+            lower_bytes = nb * (nb + 1) // 2 * blk * blk * 8
+            r = _exact(be, cp, n, block=blk, memory_limit=int(frac * lower_bytes), schedule=sched)
+            rec(section="ooc", mode=f"memory_limit={frac:g} of the factor", schedule_asked=sched,
+                rate_vs_in_memory=inmem["factor_s"] / r["factor_s"], **r)  # fmt: skip
     except Exception as exc:
         rec(section="ooc", error=repr(exc)[:400], tb=traceback.format_exc()[-800:])
         _free(cp)
