@@ -441,8 +441,10 @@ class DeviceKernelOperator(KernelOperator):
     def diagonal(self) -> np.ndarray:
         return self.device_kernel.diagonal()
 
-    def columns(self, idx: Sequence[int]) -> np.ndarray:
-        return self.device_kernel.columns(_check_idx(idx, self.n))
+    def columns(self, idx: Sequence[int], *, on_device: bool = False) -> Any:
+        """``K[:, idx]`` (float64): on the host, or with ``on_device`` an array of
+        :attr:`backend` (:meth:`pipeline.engine.device.DeviceKernel.columns`)."""
+        return self.device_kernel.columns(_check_idx(idx, self.n), on_device=on_device)
 
     def submatrix(self, idx: Sequence[int]) -> np.ndarray:
         return self.device_kernel.submatrix(_check_idx(idx, self.n))
