@@ -286,7 +286,8 @@ class NystromPreconditioner:
         if F.ndim != 2:
             raise ValueError(f"F must be 2-D (n, r), got shape {tuple(F.shape)}")
         self.shift = check_shift(shift)
-        self._Fd = None if self._be is None else self._be.asarray(F)
+        # F uploaded once in its dtype (as it is when it lives on the backend already)
+        self._Fd = None if self._be is None else F if self._be.holds(F) else self._be.asarray(F)
         G = _gram(F) if self._be is None else self._device_gram()
         # Woodbury with a Cholesky of μI + FᵀF (r³/3 flops): an eigendecomposition of
         # FᵀF (the retired eigen form) took 5-14 s at r = 1,250 on the shared 2-core
