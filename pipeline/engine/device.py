@@ -13,7 +13,9 @@ when a caller names a backend.
   blocks x column blocks of about ``block_rows`` x ``block_rows``;
 - :func:`predict`: ``K(X_new, X_train) @ alpha``;
 - :func:`diagonal`, :func:`columns`, :func:`submatrix`: the pieces of K the
-  preconditioners need (:func:`pipeline.linalg.precond.build_nystrom`);
+  preconditioners need (:func:`pipeline.linalg.precond.build_nystrom`;
+  ``DeviceKernel.columns(idx, on_device=True)`` leaves the columns on the device for
+  its pivoted Cholesky);
 - :class:`DeviceKernel`: all of these on one uploaded ``X`` (uploaded once, its
   per-row data prepared once), for the many products of CG
   (:class:`pipeline.linalg.matvec.DeviceKernelOperator`).

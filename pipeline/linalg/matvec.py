@@ -387,7 +387,9 @@ class DeviceKernelOperator(KernelOperator):
     Host arrays in, host arrays out: CG (:func:`pipeline.linalg.cg.conjugate_gradient`)
     and the Nyström builder (:func:`pipeline.linalg.precond.build_nystrom`: ``n``,
     ``diagonal``, ``columns``, ``submatrix``) run on it unchanged, with the kernel
-    work on the device.
+    work on the device. The one exception: ``columns(idx, on_device=True)`` gives a
+    backend array, with which the builder's pivoted Cholesky keeps its factor on the
+    device (it finds the device through :attr:`backend`).
 
     Parameters
     ----------

@@ -11,7 +11,9 @@ from uniformly sampled centres, and
 the Woodbury identity with an r x r Cholesky of ``μ I + FᵀF`` (as in FALKON).
 Building it touches K only through ``diagonal``, ``columns`` and ``submatrix``
 of an operator (:mod:`pipeline.linalg.matvec`), each computed blockwise: K is
-never formed. Memory is O(N·r).
+never formed. Memory is O(N·r). On an operator with a device backend (a GPU's
+:class:`~pipeline.linalg.matvec.DeviceKernelOperator`) the RPCholesky builds keep F on
+the device and do their O(N·r) work there, and the one apply uses it there.
 
 The adaptive rank, for small shifts (``make_preconditioner(..., "adaptive")``,
 ``build_nystrom(centres="adaptive")``): with ``P = F Fᵀ + μ I`` the preconditioned
