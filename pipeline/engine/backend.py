@@ -87,6 +87,13 @@ class Backend:
             a = np.ascontiguousarray(a)
         return self.xp.asarray(a, dtype=dtype)
 
+    def holds(self, a: Any) -> bool:
+        """True when ``a`` is an array of this backend (on its device), so that it is used
+        as it is rather than copied from the host."""
+        if self.name == "numpy":
+            return isinstance(a, np.ndarray)
+        return type(a).__module__.split(".")[0] == self.name
+
     def to_numpy(self, a: Any) -> np.ndarray:
         """``a`` as a NumPy array on the host (a copy from the device)."""
         if self.name == "cupy":

@@ -13,7 +13,9 @@ when a caller names a backend.
   blocks x column blocks of about ``block_rows`` x ``block_rows``;
 - :func:`predict`: ``K(X_new, X_train) @ alpha``;
 - :func:`diagonal`, :func:`columns`, :func:`submatrix`: the pieces of K the
-  preconditioners need (:func:`pipeline.linalg.precond.build_nystrom`);
+  preconditioners need (:func:`pipeline.linalg.precond.build_nystrom`;
+  ``DeviceKernel.columns(idx, on_device=True)`` leaves the columns on the device for
+  its pivoted Cholesky);
 - :class:`DeviceKernel`: all of these on one uploaded ``X`` (uploaded once, its
   per-row data prepared once), for the many products of CG
   (:class:`pipeline.linalg.matvec.DeviceKernelOperator`).
@@ -565,19 +567,24 @@ class DeviceKernel:
             A, B = xp.astype(A, xp.float64), xp.astype(B, xp.float64)
         return self.be.to_numpy(_power(xp, xp.sum(A * B, axis=1), p.degree))
 
-    def columns(self, idx: Sequence[int]) -> np.ndarray:
-        """``K[:, idx]``, shape ``(n, len(idx))``, float64 on the host."""
+    def columns(self, idx: Sequence[int], *, on_device: bool = False) -> Any:
+        """``K[:, idx]``, shape ``(n, len(idx))``, float64: on the host, or with
+        ``on_device`` a new array of the backend (no copy to the host: the pivoted
+        Cholesky of :func:`pipeline.linalg.precond.build_nystrom` updates it there)."""
         be, xp = self.be, self.be.xp
         ci = _index(be, idx, self.n)
         k = int(ci.shape[0])
         p = self.prep.take(None, ci)
-        out = np.empty((self.n, k), dtype=np.float64)
+        if on_device:
+            out = xp.empty((self.n, k), dtype=xp.float64)
+        else:
+            out = np.empty((self.n, k), dtype=np.float64)
         b = self._b(k)
         for r0 in range(0, self.n, b):
             r1 = min(self.n, r0 + b)
             same = xp.reshape(xp.arange(r0, r1, dtype=xp.int64), (-1, 1)) == xp.reshape(ci, (1, -1))
-            E = p.block(r0, r1, 0, k, same=same)
-            out[r0:r1] = be.to_numpy(xp.astype(E, xp.float64))
+            E = xp.astype(p.block(r0, r1, 0, k, same=same), xp.float64)
+            out[r0:r1, :] = E if on_device else be.to_numpy(E)
         return out
 
     def submatrix(self, idx: Sequence[int]) -> np.ndarray:

@@ -387,7 +387,9 @@ class DeviceKernelOperator(KernelOperator):
     Host arrays in, host arrays out: CG (:func:`pipeline.linalg.cg.conjugate_gradient`)
     and the Nyström builder (:func:`pipeline.linalg.precond.build_nystrom`: ``n``,
     ``diagonal``, ``columns``, ``submatrix``) run on it unchanged, with the kernel
-    work on the device.
+    work on the device. The one exception: ``columns(idx, on_device=True)`` gives a
+    backend array, with which the builder's pivoted Cholesky keeps its factor on the
+    device (it finds the device through :attr:`backend`).
 
     Parameters
     ----------
@@ -441,8 +443,10 @@ class DeviceKernelOperator(KernelOperator):
     def diagonal(self) -> np.ndarray:
         return self.device_kernel.diagonal()
 
-    def columns(self, idx: Sequence[int]) -> np.ndarray:
-        return self.device_kernel.columns(_check_idx(idx, self.n))
+    def columns(self, idx: Sequence[int], *, on_device: bool = False) -> Any:
+        """``K[:, idx]`` (float64): on the host, or with ``on_device`` an array of
+        :attr:`backend` (:meth:`pipeline.engine.device.DeviceKernel.columns`)."""
+        return self.device_kernel.columns(_check_idx(idx, self.n), on_device=on_device)
 
     def submatrix(self, idx: Sequence[int]) -> np.ndarray:
         return self.device_kernel.submatrix(_check_idx(idx, self.n))

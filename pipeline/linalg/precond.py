@@ -11,7 +11,9 @@ from uniformly sampled centres, and
 the Woodbury identity with an r x r Cholesky of ``μ I + FᵀF`` (as in FALKON).
 Building it touches K only through ``diagonal``, ``columns`` and ``submatrix``
 of an operator (:mod:`pipeline.linalg.matvec`), each computed blockwise: K is
-never formed. Memory is O(N·r).
+never formed. Memory is O(N·r). On an operator with a device backend (a GPU's
+:class:`~pipeline.linalg.matvec.DeviceKernelOperator`) the RPCholesky builds keep F on
+the device and do their O(N·r) work there, and the one apply uses it there.
 
 The adaptive rank, for small shifts (``make_preconditioner(..., "adaptive")``,
 ``build_nystrom(centres="adaptive")``): with ``P = F Fᵀ + μ I`` the preconditioned
@@ -230,6 +232,13 @@ def nystrom_fingerprint(
     )
 
 
+def _itemsize(F: Any) -> int:
+    """Bytes per entry of ``F`` (a NumPy or CuPy dtype's ``itemsize``; the array API's
+    ``finfo(dtype).bits`` for the others)."""
+    size = getattr(F.dtype, "itemsize", None)
+    return int(size) if size is not None else F.__array_namespace__().finfo(F.dtype).bits // 8
+
+
 class NystromPreconditioner:
     """``(F Fᵀ + μ I)⁻¹`` for a factor F (n x r) kept in its own dtype: the one apply.
 
@@ -241,8 +250,10 @@ class NystromPreconditioner:
 
     Parameters
     ----------
-    F : ndarray, shape (n, r), float32 or float64
-        Low-rank factor with ``K ≈ F Fᵀ`` (other dtypes are converted to float64).
+    F : array, shape (n, r), float32 or float64
+        Low-rank factor with ``K ≈ F Fᵀ`` (other dtypes are converted to float64): a
+        host array, or an array of ``backend`` (already on its device: used as it is,
+        with no copy through the host).
     shift : float
         μ, the value added to K's diagonal in the system being solved.
     info : dict, optional
@@ -265,14 +276,20 @@ class NystromPreconditioner:
     def __init__(
         self, F: np.ndarray, shift: float, info: dict | None = None, backend: Backend | None = None
     ) -> None:
-        F = F if isinstance(F, np.ndarray) else np.asarray(F)
-        if F.dtype not in (np.float32, np.float64):
-            F = F.astype(np.float64)
-        if F.ndim != 2:
-            raise ValueError(f"F must be 2-D (n, r), got shape {F.shape}")
-        self.shift = check_shift(shift)
         self._be = None if backend is None or backend.is_host else backend
-        self._Fd = None if self._be is None else self._be.asarray(F)
+        if self._be is not None and self._be.holds(F):  # on the device already
+            xp = self._be.xp
+            if F.dtype not in (xp.float32, xp.float64):
+                F = xp.astype(F, xp.float64)
+        else:
+            F = F if isinstance(F, np.ndarray) else np.asarray(F)
+            if F.dtype not in (np.float32, np.float64):
+                F = F.astype(np.float64)
+        if F.ndim != 2:
+            raise ValueError(f"F must be 2-D (n, r), got shape {tuple(F.shape)}")
+        self.shift = check_shift(shift)
+        # F uploaded once in its dtype (as it is when it lives on the backend already)
+        self._Fd = None if self._be is None else F if self._be.holds(F) else self._be.asarray(F)
         G = _gram(F) if self._be is None else self._device_gram()
         # Woodbury with a Cholesky of μI + FᵀF (r³/3 flops): an eigendecomposition of
         # FᵀF (the retired eigen form) took 5-14 s at r = 1,250 on the shared 2-core
@@ -287,7 +304,7 @@ class NystromPreconditioner:
 
     @property
     def nbytes(self) -> int:
-        return int(self.F.shape[0] * self.F.shape[1] * self.F.dtype.itemsize)
+        return int(self.F.shape[0] * self.F.shape[1] * _itemsize(self.F))
 
     def _device_blocks(self):
         xp = self._be.xp
@@ -379,11 +396,131 @@ class _NoStop:
     def done(self) -> bool:
         return False
 
-    def grew(self, F: np.ndarray, k0: int, k1: int) -> None:
+    def grew(self, store: Any, k0: int, k1: int) -> None:
         pass
 
     def exhausted(self) -> None:
         pass
+
+
+def _device_backend(op: Any) -> Backend | None:
+    """The device backend whose arrays ``op`` can hand out (``op.backend`` when it is a
+    :class:`~pipeline.engine.backend.Backend` off the host: CuPy, or array_api_strict in
+    the tests), else None: the pivoted Cholesky then keeps its factor there."""
+    be = getattr(op, "backend", None)
+    return be if isinstance(be, Backend) and not be.is_host else None
+
+
+class _HostFactor:
+    """The pivoted Cholesky's factor F (n x cap) in host memory, and the loop's steps
+    that touch it (NumPy; untouched pages of the buffer cost no memory)."""
+
+    def __init__(self, n: int, cap: int, dtype: Any) -> None:
+        self.F = np.zeros((n, cap), dtype=dtype)
+
+    def gram(self, idx: np.ndarray, k: int) -> np.ndarray:
+        """``F[idx, :k] F[idx, :k]ᵀ`` in float64 (host)."""
+        Fc = np.asarray(self.F[idx, :k], dtype=np.float64)
+        return Fc @ Fc.T
+
+    def rows(self, idx: np.ndarray, k0: int, k1: int) -> np.ndarray:
+        """``F[idx, k0:k1]`` as stored, upcast to float64 (host)."""
+        return np.asarray(self.F[idx, k0:k1], dtype=np.float64)
+
+    def add(self, op: Any, T: np.ndarray, k: int) -> np.ndarray:
+        """Store the pivots ``T``'s columns ``F[:, k:k+|T|] = (K[:, T] - F Fᵀ[:, T]) L⁻ᵀ``
+        (``L`` the Cholesky of that residual's rows T) and return their squared row
+        norms (n,): what the residual diagonal loses."""
+        n = self.F.shape[0]
+        G = np.asarray(op.columns(T), dtype=np.float64)  # a new array: updated in place
+        if k:
+            FT = np.asarray(self.F[T, :k], dtype=np.float64)
+            for s in range(0, n, _ROW_STEP):
+                G[s : s + _ROW_STEP] -= np.asarray(self.F[s : s + _ROW_STEP, :k], np.float64) @ FT.T
+        L = _safe_cholesky(G[T])
+        Fn = scipy.linalg.solve_triangular(L, G.T, lower=True, check_finite=False).T
+        del G
+        self.F[:, k : k + T.size] = Fn
+        return np.einsum("ij,ij->i", Fn, Fn)
+
+    def result(self, k: int) -> np.ndarray:
+        return self.F[:, :k]
+
+
+class _DeviceFactor:
+    """The pivoted Cholesky's factor F on a device backend (``be``), and the same steps
+    there: every O(n·k) product (the update of the new columns by F in float64 row
+    blocks, their triangular solve, their squared row norms) runs on the device; only
+    the candidates' and pivots' small blocks and one n-vector per round cross to the
+    host. The buffer holds all ``cap`` columns when they take at most half the free
+    device memory, else it starts smaller and doubles as the rank grows."""
+
+    def __init__(self, be: Backend, n: int, cap: int, dtype: Any) -> None:
+        self.be, self.xp, self.n, self.cap = be, be.xp, n, cap
+        self.dtype = be.dtype(dtype)
+        col = n * np.dtype(dtype).itemsize
+        mem = be.memory()
+        width = (
+            cap if mem is None or cap * col <= mem[0] // 2 else max(1, min(cap, mem[0] // 4 // col))
+        )
+        self.F = self.xp.zeros((n, width), dtype=self.dtype)
+
+    def _index(self, idx: np.ndarray) -> Any:
+        return self.be.asarray(np.asarray(idx, dtype=np.int64))
+
+    def _take(self, idx: np.ndarray, k0: int, k1: int) -> Any:
+        return self.xp.take(self.F[:, k0:k1], self._index(idx), axis=0)
+
+    def gram(self, idx: np.ndarray, k: int) -> np.ndarray:
+        """``F[idx, :k] F[idx, :k]ᵀ`` in float64, formed on the device, on the host."""
+        xp = self.xp
+        if not k:
+            return np.zeros((idx.size, idx.size))
+        Fc = xp.astype(self._take(idx, 0, k), xp.float64)
+        return self.be.to_numpy(xp.matmul(Fc, xp.matrix_transpose(Fc)))
+
+    def rows(self, idx: np.ndarray, k0: int, k1: int) -> np.ndarray:
+        """``F[idx, k0:k1]`` as stored (gathered on the device), float64 on the host."""
+        return np.asarray(self.be.to_numpy(self._take(idx, k0, k1)), dtype=np.float64)
+
+    def _reserve(self, k: int, need: int) -> None:
+        """Widen the buffer (doubling, at most ``cap`` columns) to hold ``need`` columns."""
+        width = int(self.F.shape[1])
+        if need <= width:
+            return
+        wider = self.xp.zeros((self.n, min(self.cap, max(2 * width, need))), dtype=self.dtype)
+        wider[:, :k] = self.F[:, :k]
+        self.F = wider
+
+    def add(self, op: Any, T: np.ndarray, k: int) -> np.ndarray:
+        """As :meth:`_HostFactor.add`, on the device; returns the squared row norms (n,)
+        on the host (the one O(n) copy of a round)."""
+        be, xp, n = self.be, self.xp, self.n
+        self._reserve(k, k + T.size)
+        G = op.columns(T, on_device=True)  # a new device array: updated in place
+        Td = self._index(T)
+        if k:
+            FT = xp.astype(xp.take(self.F[:, :k], Td, axis=0), xp.float64)
+            for s in range(0, n, _ROW_STEP):
+                e = min(n, s + _ROW_STEP)  # (the array API has no slice past the end)
+                Gb = G[s:e, :]
+                Ub = be.gemm_nt_sub(Gb, xp.astype(self.F[s:e, :k], xp.float64), FT)
+                if Ub is not Gb:  # (CuPy updates the row block in place)
+                    G[s:e, :] = Ub
+        L = _safe_cholesky(be.to_numpy(xp.take(G, Td, axis=0)))
+        Fn = be.trsm_right_lower_t(be.asarray(L), G)  # (L⁻¹ Gᵀ)ᵀ
+        del G
+        self.F[:, k : k + T.size] = xp.astype(Fn, self.dtype, copy=False)
+        return be.to_numpy(xp.sum(Fn * Fn, axis=1))
+
+    def result(self, k: int) -> Any:
+        """``F[:, :k]``: a new array when the buffer is wider (its memory is freed)."""
+        if k == int(self.F.shape[1]):
+            return self.F
+        F = self.xp.empty((self.n, k), dtype=self.dtype)
+        F[:, :] = self.F[:, :k]
+        self.F = F
+        return F
 
 
 def _pivoted_cholesky(
@@ -396,7 +533,7 @@ def _pivoted_cholesky(
     max_rounds: int | None = None,
     max_stalls: int | None = None,
     stop: Any = None,
-) -> tuple[np.ndarray, np.ndarray, dict]:
+) -> tuple[Any, np.ndarray, dict]:
     """The one randomly pivoted Cholesky (accelerated, blockwise; Epperly, Tropp & Webber):
     ``K ≈ F Fᵀ`` with at most ``cap`` pivots, F stored in ``dtype``.
 
@@ -405,16 +542,25 @@ def _pivoted_cholesky(
     call). It ends at ``cap`` pivots, when the residual trace vanishes (``1e-14`` of the
     initial one), after ``max_rounds`` rounds or ``max_stalls`` consecutive rounds that
     accepted no pivot, or when ``stop.done()`` says so (checked before each round;
-    ``stop.grew(F, k0, k1)`` is told of the new columns ``k0:k1`` as stored, and
-    ``stop.exhausted()`` of a vanished trace): the adaptive stopping rule of
-    ``_adaptive_rpcholesky``. Returns ``(F[:, :k], pivots, {"rounds", "trace",
-    "trace0"})``.
+    ``stop.grew(store, k0, k1)`` is told of the new columns ``k0:k1``, which
+    ``store.rows`` reads as stored, and ``stop.exhausted()`` of a vanished trace): the
+    adaptive stopping rule of ``_adaptive_rpcholesky``.
+
+    On an operator with a device backend (``op.backend`` off the host: a GPU through
+    CuPy) F stays on the device and every O(n·k) step runs there (``_DeviceFactor``):
+    per round the host sends the candidates and pivots (and the pivots' r x r Cholesky
+    factor) and receives the candidates' and the pivots' small blocks and the n-vector
+    by which the residual diagonal falls. The random draws, the rejection step and the
+    diagonal stay on the host, in the same order, so both paths pick the same pivots
+    for the same rounding. Returns ``(F[:, :k], pivots, {"rounds", "trace",
+    "trace0"})``, F an array of that backend.
     """
     stop = stop if stop is not None else _NoStop()
     n = int(op.n)
     d = np.array(op.diagonal(), dtype=np.float64)
     trace0 = float(d.sum())
-    F = np.zeros((n, cap), dtype=dtype)  # untouched pages cost no memory
+    be = _device_backend(op)
+    store = _HostFactor(n, cap, dtype) if be is None else _DeviceFactor(be, n, cap, dtype)
     pivots: list[int] = []
     k = 0
     rounds = stalls = 0
@@ -427,8 +573,7 @@ def _pivoted_cholesky(
             break
         rounds += 1
         cand = rng.choice(n, size=block, replace=True, p=d / total)
-        Fc = np.asarray(F[cand, :k], dtype=np.float64)
-        H = op.submatrix(cand) - Fc @ Fc.T
+        H = op.submatrix(cand) - store.gram(cand, k)
         accepted = _rejection_cholesky(H, d[cand], rng.random(cand.size), cap - k)
         if not accepted:
             stalls += 1
@@ -437,24 +582,14 @@ def _pivoted_cholesky(
             continue
         stalls = 0
         T = np.unique(cand[accepted])  # duplicates have zero Schur diagonal after the first
-        G = np.asarray(op.columns(T), dtype=np.float64)  # a new array: updated in place
-        if k:
-            FT = np.asarray(F[T, :k], dtype=np.float64)
-            for s in range(0, n, _ROW_STEP):
-                G[s : s + _ROW_STEP] -= np.asarray(F[s : s + _ROW_STEP, :k], np.float64) @ FT.T
-        L = _safe_cholesky(G[T])
-        Fn = scipy.linalg.solve_triangular(L, G.T, lower=True, check_finite=False).T
-        del G
-        F[:, k : k + T.size] = Fn
-        d -= np.einsum("ij,ij->i", Fn, Fn)
-        del Fn
+        d -= store.add(op, T, k)
         np.maximum(d, 0.0, out=d)
         d[T] = 0.0
         pivots.extend(int(t) for t in T)
-        stop.grew(F, k, k + T.size)
+        stop.grew(store, k, k + T.size)
         k += T.size
     record = {"rounds": rounds, "trace": float(d.sum()), "trace0": trace0}
-    return F[:, :k], np.asarray(pivots, dtype=np.int64), record
+    return store.result(k), np.asarray(pivots, dtype=np.int64), record
 
 
 def _rpcholesky(
@@ -489,7 +624,8 @@ def _rpcholesky(
 
     Returns
     -------
-    F : ndarray, shape (n, k), k <= rank (fewer only if the residual vanished)
+    F : array, shape (n, k), k <= rank (fewer only if the residual vanished)
+        NumPy; on the operator's device when it has a device backend.
     pivots : ndarray of int, shape (k,)
     """
     n = int(op.n)
@@ -626,9 +762,10 @@ def _adaptive_rpcholesky(
 
     Returns
     -------
-    F : ndarray, shape (N, k)
+    F : array, shape (N, k)
         A view of the first k columns of the (N, cap) buffer (pages past k are
-        never touched, so they take no memory).
+        never touched, so they take no memory); on the operator's device when it has
+        a device backend (there a new (N, k) array when the buffer was wider).
     pivots : ndarray of int, shape (k,)
     info : dict
         ``rank``, ``rho_estimate``, ``target``, ``capped``, ``cap``, ``rounds``,
@@ -731,8 +868,8 @@ class _ResidualStop:
     def done(self) -> bool:
         return self.rho <= self.target
 
-    def grew(self, F: np.ndarray, k0: int, k1: int) -> None:
-        FnS = np.asarray(F[self.S, k0:k1], dtype=np.float64)  # as stored
+    def grew(self, store: Any, k0: int, k1: int) -> None:
+        FnS = store.rows(self.S, k0, k1)  # as stored, float64 on the host
         self.E_SS -= FnS @ FnS.T
         self.rho, self.v_top = _subsample_rho(self.op, self.E_SS, self.v_top)
         self.history.append((k1, self.rho))
@@ -828,26 +965,39 @@ class NystromFactor:
     ``centres`` are the rows of K that span F (the pivots, or the uniformly sampled
     points); ``info`` holds the build's record (``method``, ``random_state``,
     ``dtype``, ``seconds``; with ``"adaptive"`` also its ρ estimate, cap, history...).
-    :meth:`woodbury` and :meth:`folds` give the apply of ``(F Fᵀ + μ I)⁻¹`` for one
-    operator or per fold.
+    ``backend`` is the device backend F lives on when an RPCholesky build ran there
+    (an operator with a device backend, e.g. a GPU's
+    :class:`~pipeline.linalg.matvec.DeviceKernelOperator`), else None: F is a NumPy
+    array. :meth:`woodbury` and :meth:`folds` give the apply of ``(F Fᵀ + μ I)⁻¹``
+    for one operator or per fold; :meth:`host_factor` F on the host.
     """
 
-    F: np.ndarray
+    F: Any
     centres: np.ndarray
     info: dict = field(default_factory=dict)
+    backend: Backend | None = None
 
     @property
     def rank(self) -> int:
         return int(self.F.shape[1])
 
+    def host_factor(self) -> np.ndarray:
+        """F as a NumPy array (a copy from the device when F lives there)."""
+        return self.F if self.backend is None else self.backend.to_numpy(self.F)
+
     def woodbury(self, shift: float, backend: Backend | None = None) -> NystromPreconditioner:
-        """``(F Fᵀ + shift I)⁻¹`` for one operator (F kept in its own dtype; on
-        ``backend``'s device when it names one)."""
-        return NystromPreconditioner(self.F, shift, info=self.info, backend=backend)
+        """``(F Fᵀ + shift I)⁻¹`` for one operator (F kept in its own dtype) on
+        ``backend``'s device when it names one; by default where F lives (a factor
+        built on a device is applied there, with no copy of F through the host). Name
+        the NumPy backend for a host apply of such a factor."""
+        be = self.backend if backend is None else backend
+        F = self.F if be is self.backend else self.host_factor()
+        return NystromPreconditioner(F, shift, info=self.info, backend=be)
 
     def folds(self, trains: Sequence[np.ndarray]) -> FoldNystromBlock:
-        """``(F_T F_Tᵀ + s I)⁻¹`` per fold T (training rows ``trains``), any shift s."""
-        return FoldNystromBlock(self.F, trains)
+        """``(F_T F_Tᵀ + s I)⁻¹`` per fold T (training rows ``trains``), any shift s: on
+        the host (F copied there when it lives on a device)."""
+        return FoldNystromBlock(self.host_factor(), trains)
 
 
 def build_nystrom(
@@ -900,7 +1050,10 @@ def build_nystrom(
     Returns
     -------
     NystromFactor
-        ``F`` (n x k), ``centres`` (k pivots or sampled rows) and ``info``.
+        ``F`` (n x k), ``centres`` (k pivots or sampled rows) and ``info``. The
+        RPCholesky builds on an operator with a device backend (``op.backend`` off the
+        host, e.g. :class:`~pipeline.linalg.matvec.DeviceKernelOperator` on CuPy) run
+        their O(N·r) work on that device and leave F there (``backend`` set).
     """
     if centres == "adaptive":
         if shift is None:
@@ -923,13 +1076,15 @@ def build_nystrom(
             random_state=random_state,
         )
         info["random_state"] = seed
-        return NystromFactor(F, piv, info)
+        return NystromFactor(F, piv, info, backend=_device_backend(op))
     dtype = np.dtype(np.float64 if dtype is None else dtype)
     if dtype not in (np.float32, np.float64):
         raise ValueError(f"dtype must be float32 or float64, got {dtype}")
     t0 = time.perf_counter()
+    be = None
     if centres == "rpcholesky":
         F, piv = _rpcholesky(op, rank, block=block, random_state=random_state, dtype=dtype)
+        be = _device_backend(op)  # where the pivoted Cholesky kept F
     else:
         F, piv = _uniform_centres(op, rank, random_state=random_state, dtype=dtype)
     info = {
@@ -939,7 +1094,7 @@ def build_nystrom(
         "dtype": str(dtype),
         "seconds": time.perf_counter() - t0,
     }
-    return NystromFactor(F, piv, info)
+    return NystromFactor(F, piv, info, backend=be)
 
 
 def make_preconditioner(

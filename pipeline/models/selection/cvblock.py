@@ -68,7 +68,7 @@ def _factor(op, preconditioner, rank, min_shift, n_folds, random_state, stats):
         )
     stats["preconditioner_builds"] = stats.get("preconditioner_builds", 0) + 1
     stats.setdefault("preconditioner_ranks", []).append(nf.rank)
-    return nf.F, info
+    return nf.host_factor(), info  # the block PCG runs on the host
 
 
 def block_cv_predictions(
