@@ -406,7 +406,7 @@ def probe_gpytorch(rec, budget, sizes, lam, tol):
                 matmul(y)
                 torch.cuda.synchronize()
                 t_mv = time.perf_counter() - t
-                if not dense and t_mv * 20 > budget - elapsed():
+                if not dense and t_mv * 3 > budget - elapsed():
                     rec(
                         probe="gpytorch_cg",
                         n=n,
