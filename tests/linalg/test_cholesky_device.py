@@ -188,6 +188,37 @@ def test_the_panel_schedule_resumes_bitwise_and_stores_every_tile(name, tmp_path
     np.testing.assert_array_equal(again.to_numpy(), ref)
 
 
+@pytest.mark.parametrize("name", BACKENDS)
+def test_the_panel_schedule_jitters_fails_and_factors_in_float32_as_the_tile_schedule(
+    name, tmp_path
+):
+    be = get_backend(name)
+    n, block = 330, 32  # 11 tile rows
+    panels = dict(memory_limit=20 * block * block * 8, schedule="panels")
+    X = np.random.default_rng(3).standard_normal((n, 2))
+    X[200] = X[199]  # two equal rows: K is singular (tile 6)
+    K = np.exp(-0.3 * ((X[:, None, :] - X[None, :, :]) ** 2).sum(-1))
+    with pytest.raises(NotPositiveDefiniteError) as tiles_err:
+        device_cholesky(be, slicer(K, block), n, block, shift=0.0, lam=0.0)
+    L = open_device_factor(str(tmp_path), "g", n, block, 0.0, be)
+    with pytest.raises(NotPositiveDefiniteError) as panel_err:
+        device_cholesky(be, slicer(K, block), n, block, shift=0.0, lam=0.0, L=L, **panels)
+    assert (
+        panel_err.value.tile == tiles_err.value.tile and panel_err.value.row == tiles_err.value.row
+    )
+    assert L.markers.done()  # the panels before the failing one were stored
+    tiles = device_cholesky(be, slicer(K, block), n, block, shift=0.0, lam=0.0, jitter=True)
+    f = device_cholesky(be, slicer(K, block), n, block, shift=0.0, lam=0.0, jitter=True, **panels)
+    assert f.info["panels"] > 1 and f.jitter == tiles.jitter and f.jitter
+    np.testing.assert_array_equal(f.to_numpy(), tiles.to_numpy())
+    K2 = rbf_matrix(n, seed=1)
+    f32 = device_cholesky(be, slicer(K2, block), n, block, shift=1e-2, dtype="float32",
+                          memory_limit=20 * block * block * 4, schedule="panels")  # fmt: skip
+    t32 = device_cholesky(be, slicer(K2, block), n, block, shift=1e-2, dtype="float32")
+    assert f32.info["panels"] > 1 and f32.to_numpy().dtype == np.float32
+    np.testing.assert_array_equal(f32.to_numpy(), t32.to_numpy())
+
+
 def test_the_panel_schedule_fills_a_host_target_and_keeps_its_upper_triangle():
     be = get_backend("numpy")
     n, block = 333, 64
