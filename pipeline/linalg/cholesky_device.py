@@ -655,8 +655,15 @@ def device_cholesky(
             _tile_schedule(run)
         else:
             run.copies = f._copies = TileCopies(be)
-            for j0, j1 in _panels(T, None if fits else limit_tiles):
-                _panel(run, j0, j1, last=j1 == T)
+            edge = [_rows(f.grid, i) for i in range(T)]
+            run.copies.reserve(  # every tile's host copy, made ahead in the order asked
+                {(i, j): (edge[i], edge[j]) for j in range(T) for i in range(j, T)}, dtype
+            )
+            try:
+                for j0, j1 in _panels(T, None if fits else limit_tiles):
+                    _panel(run, j0, j1, last=j1 == T)
+            finally:
+                run.copies.close()
     except BaseException as e:
         cap_store_waits_if_interrupted(e)  # Ctrl-C: the queued writes give up in seconds
         raise
@@ -840,7 +847,7 @@ def _panel(run: _Run, j0: int, j1: int, last: bool) -> None:
     for key in keys:
         if key in run.done:  # resumed: its host copy and its device tile
             host = run.resumed_tile(*key)
-            f._host[key] = hold = copies.host_tile(host.shape, run.dtype)
+            f._host[key] = hold = copies.host_tile(key, host.shape, run.dtype)
             np.copyto(hold, host, casting="same_kind")
             f._dev[key] = be.asarray(hold, run.dtype)
             f._resident += f._nbytes(*key)
@@ -863,7 +870,7 @@ def _panel(run: _Run, j0: int, j1: int, last: bool) -> None:
             del a
             info["seconds"] = round(time.perf_counter() - ts, 4)
             f._dev[key] = out
-            f._host[key] = host = copies.host_tile(tuple(out.shape), run.dtype)
+            f._host[key] = host = copies.host_tile(key, tuple(out.shape), run.dtype)
             copies.download(key, out, host)
             run.computed += 1
             if run.writer is not None:
@@ -917,6 +924,12 @@ def _stream_earlier_columns(run: _Run, j0: int, j1: int, work: dict) -> None:
                 free.append(s)
                 issued[q] = (None, None, s)
             rows = []
+
+
+def _rows(grid: TileGrid, i: int) -> int:
+    """Rows of tile row ``i`` (the last one may be ragged)."""
+    r = grid.row_slice(i)
+    return r.stop - r.start
 
 
 def _store_in(target: np.ndarray, grid: TileGrid, i: int, j: int, tile: np.ndarray) -> None:

@@ -148,3 +148,31 @@ def test_auto_falls_back_to_the_cpu_with_a_log_line(monkeypatch, caplog):
 def test_auto_picks_the_gpu_when_there_is_one():
     be, why = B.resolve_device("auto")
     assert be.name == "cupy" and "found a GPU" in why
+
+
+def test_tile_copies_round_trip_and_make_reserved_host_tiles_ahead(be):
+    xp = be.xp
+    copies = B.TileCopies(be)
+    shapes = {(0, 0): (64, 64), (1, 0): (37, 64)}  # a ragged one
+    copies.reserve(shapes, "float64")
+    rng = np.random.default_rng(0)
+    for key, shape in shapes.items():
+        host = copies.host_tile(key, shape, "float64")
+        assert host.shape == shape and host.dtype == np.float64 and not host.any()
+        src = be.asarray(rng.standard_normal(shape))
+        copies.download(key, src, host)
+        copies.downloaded(key)
+        np.testing.assert_array_equal(host, be.to_numpy(src))
+        slot = copies.slot(64 * 64, "float64")
+        tile, ticket = copies.upload(key, host, slot)
+        copies.ready(ticket)
+        np.testing.assert_array_equal(be.to_numpy(xp.asarray(tile)), host)
+        copies.release(slot)
+    # a host tile asked for in another shape than reserved, or never reserved: made now
+    copies.reserve({"x": (8, 8)}, "float64")
+    assert copies.host_tile("x", (4, 4), "float64").shape == (4, 4)
+    assert copies.host_tile("y", (3, 5), "float32").dtype == np.float32
+    copies.reserve({"z": (8, 8)}, "float64")
+    copies.close()  # what nobody asked for is dropped
+    assert copies.host_tile("z", (8, 8), "float64").shape == (8, 8)
+    copies.synchronize()
