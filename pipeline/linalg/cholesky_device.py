@@ -79,6 +79,9 @@ MIN_RESIDENT_TILES = 4
 PANEL_SCRATCH_TILES = 3
 #: uploads queued ahead of the compute in the panel schedule
 PANEL_PREFETCH = 2
+#: threads reading a stored Gram's tiles ahead of a device factorisation (each read
+#: decompresses and checks a tile on the host while the device works)
+STORED_READ_AHEAD = 4
 
 
 # ---------------------------------------------------------------------------------
@@ -225,12 +228,43 @@ def open_device_factor(
 
 def stored_tiles(gram: TiledArray) -> Callable[[int, int], np.ndarray]:
     """``tile_fn`` reading the lower tiles of a stored Gram (each verified against its
-    marker's checksum)."""
+    marker's checksum); give :func:`device_cholesky` ``read_ahead=STORED_READ_AHEAD``
+    so the reads overlap the device's work."""
 
     def tile_fn(i: int, j: int) -> np.ndarray:
         return gram.read_tile(i, j)
 
     return tile_fn
+
+
+class _ReadAhead:
+    """``tile_fn`` called ahead by ``threads`` threads in the order ``order`` (at most
+    twice as many tiles as threads in flight); a tile asked for out of that order is
+    made when asked. Calls of the wrapped ``tile_fn`` must be safe from any thread."""
+
+    def __init__(self, tile_fn: Callable[[int, int], Any], order: list, threads: int) -> None:
+        self.tile_fn = tile_fn
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="tile-read-ahead")
+        self.order = iter(order)
+        self.depth = 2 * threads
+        self.ahead: dict[tuple[int, int], Future] = {}
+        self._fill()
+
+    def _fill(self) -> None:
+        while len(self.ahead) < self.depth:
+            key = next(self.order, None)
+            if key is None:
+                return
+            self.ahead[key] = self.pool.submit(self.tile_fn, *key)
+
+    def __call__(self, i: int, j: int) -> Any:
+        fut = self.ahead.pop((i, j), None)
+        self._fill()
+        return fut.result() if fut is not None else self.tile_fn(i, j)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        self.ahead.clear()
 
 
 # ---------------------------------------------------------------------------------
@@ -531,6 +565,7 @@ def device_cholesky(
     convention: str = "sklearn",
     progress: bool = False,
     schedule: str = "auto",
+    read_ahead: int = 0,
 ) -> DeviceCholeskyFactor:
     """Factor ``K + shift * I = L @ L.T`` tile by tile on the backend ``be``.
 
@@ -582,6 +617,11 @@ def device_cholesky(
         on the host, pinned). ``"auto"``: panels on a device backend when the tiles the
         tile order still needs at once do not fit (it would upload tiles again) and a
         one-column panel does; else tiles.
+    read_ahead : int
+        Threads that call ``tile_fn`` ahead of the factorisation, in the order it asks
+        for the tiles (0: none; each call in turn). For a ``tile_fn`` that reads the
+        host or a store (:func:`stored_tiles`, :data:`STORED_READ_AHEAD`): the reads and
+        their checks then overlap the device's work. Same tiles, same factor.
 
     Returns
     -------
@@ -647,8 +687,12 @@ def device_cholesky(
                 f"({_panel_tiles(T, 0, 1)}): raise it, or use schedule='tiles'"
             )
         schedule = "tiles"  # (the tile order streams any limit of MIN_RESIDENT_TILES)
+    done = set(L.markers.done()) if L is not None else set()
+    if read_ahead > 0:  # the tiles the schedules ask for, in their order: column by column
+        order = [(i, j) for j in range(T) for i in range(j, T) if (i, j) not in done]
+        tile_fn = _ReadAhead(tile_fn, order, int(read_ahead))
     run = _Run(be, f, tile_fn, shift, policy, dtype, be.dtype("float64"), progress)
-    run.done = set(L.markers.done()) if L is not None else set()
+    run.done = done
     run.writer = _Writer(be, L, block, dtype) if L is not None else None
     try:
         if schedule == "tiles":
@@ -668,6 +712,8 @@ def device_cholesky(
         cap_store_waits_if_interrupted(e)  # Ctrl-C: the queued writes give up in seconds
         raise
     finally:
+        if isinstance(tile_fn, _ReadAhead):
+            tile_fn.close()
         if run.writer is not None:
             run.writer.close()  # the finished tiles are stored, also when a tile failed
     computed, resumed = run.computed, run.resumed

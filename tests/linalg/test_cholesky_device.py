@@ -4,6 +4,8 @@ GPU checks it; the CuPy run is tests/linalg/test_cholesky_device_gpu.py."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 import scipy.linalg
@@ -375,6 +377,43 @@ def test_stored_gram_route(name, tmp_path):
     assert L.markers.done() == set(gram.grid.lower_tiles())
     assert rel(L.zarr("r")[:], ref) < 1e-12
     assert L.markers.record((1, 0))["device"] == name
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("schedule", ["tiles", "panels"])
+def test_a_stored_gram_read_ahead_gives_the_same_factor_and_resumes(name, schedule, tmp_path):
+    be = get_backend(name)
+    n, block = 330, 32  # 11 tile rows
+    K = rbf_matrix(n, seed=9)
+    gram = write_gram(tmp_path, K, block)
+    limit = dict(memory_limit=20 * block * block * 8, schedule=schedule)
+    ref = device_cholesky(be, stored_tiles(gram), n, block, shift=1e-3, **limit)
+    readers, asked = set(), []
+
+    def reading(i, j):
+        readers.add(threading.current_thread().name)
+        asked.append((i, j))
+        return stored_tiles(gram)(i, j)
+
+    f = device_cholesky(be, reading, n, block, shift=1e-3, read_ahead=3, **limit)
+    np.testing.assert_array_equal(f.to_numpy(), ref.to_numpy())
+    assert all(r.startswith("tile-read-ahead") for r in readers) and len(asked) == 66
+    L = open_device_factor(str(tmp_path), gram, n, block, 1e-3, be)
+    calls = []
+
+    def dying(i, j):
+        if len(calls) == 40:
+            raise RuntimeError("killed")
+        calls.append((i, j))
+        return stored_tiles(gram)(i, j)
+
+    with pytest.raises(RuntimeError, match="killed"):
+        device_cholesky(be, dying, n, block, shift=1e-3, L=L, read_ahead=3, **limit)
+    done = L.markers.done()
+    asked.clear()
+    g = device_cholesky(be, reading, n, block, shift=1e-3, L=L, read_ahead=3, **limit)
+    assert g.info["tiles_resumed"] == len(done) > 0 and len(asked) == 66 - len(done)
+    np.testing.assert_array_equal(g.to_numpy(), ref.to_numpy())
 
 
 def test_float32_factor():
