@@ -199,3 +199,15 @@ def test_the_panel_schedule_streams_and_gives_the_same_bits(be, tmp_path, tiles_
     assert g.info["tiles_resumed"] == len(done) and g.info["schedule"] == "panels"
     np.testing.assert_array_equal(g.to_numpy(), full.to_numpy())
     np.testing.assert_array_equal(L.zarr("r")[:], np.tril(full.to_numpy()))
+
+
+def test_a_stored_gram_read_ahead_streams_into_the_panels(be, tmp_path):
+    n, block = 1333, 128
+    K = rbf_matrix(n, seed=6)
+    gram = write_gram(tmp_path, K, block)
+    full = device_cholesky(be, stored_tiles(gram), n, block, shift=1e-3)
+    limit = 19 * block * block * 8
+    f = device_cholesky(be, stored_tiles(gram), n, block, shift=1e-3, memory_limit=limit,
+                        read_ahead=4)  # fmt: skip
+    assert f.info["schedule"] == "panels"
+    np.testing.assert_array_equal(f.to_numpy(), full.to_numpy())
