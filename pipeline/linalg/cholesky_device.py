@@ -21,9 +21,15 @@ stored Gram (:func:`stored_tiles`). With a factor store ``L`` (a
 finished tile is copied to the host and written, region first and marker last, by
 one writer thread, while the next tiles are computed; a rerun uploads the marked
 tiles instead of computing them, and gives the same factor bit for bit (the sums are
-in a fixed order). ``memory_limit`` caps the device bytes the factor's tiles hold:
-past it, finished tiles leave the device (least recently used first) and come back
-when needed (the out-of-core mode).
+in a fixed order). ``memory_limit`` caps the device bytes the factor's tiles hold
+(the out-of-core mode), in one of two orders of the same work, with the same factor
+bit for bit: the **tile** schedule evicts finished tiles least recently used first and
+uploads one again for each update that needs it (any limit of four tiles; the host
+backends' order); the **panel** schedule, a GPU's default past its memory, factors as
+many tile columns as fit together and streams every earlier column through the device
+once per panel from page-locked host copies, the copies on their own streams ahead of
+the compute (:class:`~pipeline.engine.backend.TileCopies`), so that one upload serves
+a GEMM per panel column.
 
 Device-generic: the arithmetic only uses the array API (``be.xp``) and the backend's
 calls, so it runs, and is tested, on NumPy and array-api-strict too; the CuPy-only
