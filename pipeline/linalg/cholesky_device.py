@@ -33,7 +33,8 @@ a GEMM per panel column.
 
 Device-generic: the arithmetic only uses the array API (``be.xp``) and the backend's
 calls, so it runs, and is tested, on NumPy and array-api-strict too; the CuPy-only
-parts are the copy stream and the pinned buffer of the writer thread.
+parts are the copy streams and page-locked host memory (the writer thread's buffer,
+:class:`~pipeline.engine.backend.TileCopies`).
 """
 
 from __future__ import annotations
