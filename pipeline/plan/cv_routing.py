@@ -310,7 +310,9 @@ def predicted_search_seconds(
     (:func:`nystrom_screened`: ``screen_centers``, ``screen_top``): the screen
     (:func:`_screen_seconds`), then ``cg`` unscreened on at most ``screen_top`` settings of
     ``screen_top + 1`` λ, without the verification (the finalists' solves are float64 to
-    its tolerance). The in-memory solvers: their flop counts
+    its tolerance); the rounds that depend on the scores are not priced (a finalist's
+    descent down the λ grid, a setting the screen leaves unresolved: at most one more
+    ``cg`` search per such setting), so the screened figure is a floor. The in-memory solvers: their flop counts
     (:func:`eigen_cost`, :func:`band_cost`, :func:`dense_cost`) at
     :data:`CHOLESKY_GFLOPS` plus the kernel matrix.
     """
