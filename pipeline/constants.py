@@ -54,6 +54,11 @@ ADAPTIVE_RANK_SCALE = 4.0
 #: ADAPTIVE_MEMORY_FRACTION of the memory free (the cap scales with N up to these)
 ADAPTIVE_MEMORY_BUDGET = 2 << 30
 ADAPTIVE_MEMORY_FRACTION = 0.25
+#: a float32 Nyström factor whose float64 copy takes at most this many bytes is kept in
+#: float64 too, for its preconditioner's applies: they multiply in float64 either way,
+#: and upcasting F at every apply was half of each product (kin40k, 3,000 rows, the CV
+#: screen: the fold applies were 17 % of the search's samples)
+PRECOND_F64_COPY_BYTES = 256 << 20
 #: the rank at which the plan measures ρ on a subsample to predict the adaptive factor's
 #: rank and residual (a subsample of SPECTRUM_MAX_ROWS rows resolves it)
 ADAPTIVE_PROBE_RANK = 1000

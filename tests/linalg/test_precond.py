@@ -5,10 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import pipeline.constants as C
 from pipeline.kernels import RBF, Linear
 from pipeline.linalg.cg import conjugate_gradient
 from pipeline.linalg.matvec import MatrixFreeKernelOperator, StoredKernelOperator
 from pipeline.linalg.precond import (
+    FoldNystromBlock,
     IdentityPreconditioner,
     JacobiPreconditioner,
     NystromPreconditioner,
@@ -173,3 +175,23 @@ def test_bad_inputs():
         NystromPreconditioner(np.ones((30, 2)), 0.0)
     with pytest.raises(ValueError, match="shift"):
         JacobiPreconditioner(np.ones(30), -1.0)
+
+
+def test_a_small_float32_factor_applies_from_a_float64_copy_with_the_same_bits(monkeypatch):
+    rng = np.random.default_rng(4)
+    F = rng.standard_normal((700, 40)).astype(np.float32)
+    R = rng.standard_normal((700, 3))
+    trains = [np.arange(0, 500), np.arange(200, 700)]
+    folds, shifts, mask = np.array([0, 1, 1]), np.array([1e-2, 1e-2, 1e-1]), np.ones((700, 3))
+    small = NystromPreconditioner(F, 1e-2)
+    block = FoldNystromBlock(F, trains)
+    assert small._Fa.dtype == np.float64 and block._Fa.dtype == np.float64
+    assert small.nbytes == F.nbytes  # (what the memory budget caps: F as built)
+    monkeypatch.setattr(C, "PRECOND_F64_COPY_BYTES", F.size * 8 - 1)  # one byte short
+    large = NystromPreconditioner(F, 1e-2)
+    large_block = FoldNystromBlock(F, trains)
+    assert large._Fa is F and large_block._Fa is F
+    np.testing.assert_array_equal(small.apply(R), large.apply(R))
+    np.testing.assert_array_equal(
+        block.apply(R, folds, shifts, mask), large_block.apply(R, folds, shifts, mask)
+    )
