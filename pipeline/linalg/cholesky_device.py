@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.engine.backend import Backend, TileCopies
+from pipeline.engine.tile_io import TileIO
 from pipeline.errors import DeviceUnavailableError, NotPositiveDefiniteError
 from pipeline.linalg.cholesky import factor_fingerprint
 from pipeline.linalg.cholesky_options import JitterPolicy, make_jitter_policy, regularisation_shift
@@ -242,36 +243,6 @@ def stored_tiles(gram: TiledArray) -> Callable[[int, int], np.ndarray]:
         return gram.read_tile(i, j)
 
     return tile_fn
-
-
-class _ReadAhead:
-    """``tile_fn`` called ahead by ``threads`` threads in the order ``order`` (at most
-    twice as many tiles as threads in flight); a tile asked for out of that order is
-    made when asked. Calls of the wrapped ``tile_fn`` must be safe from any thread."""
-
-    def __init__(self, tile_fn: Callable[[int, int], Any], order: list, threads: int) -> None:
-        self.tile_fn = tile_fn
-        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="tile-read-ahead")
-        self.order = iter(order)
-        self.depth = 2 * threads
-        self.ahead: dict[tuple[int, int], Future] = {}
-        self._fill()
-
-    def _fill(self) -> None:
-        while len(self.ahead) < self.depth:
-            key = next(self.order, None)
-            if key is None:
-                return
-            self.ahead[key] = self.pool.submit(self.tile_fn, *key)
-
-    def __call__(self, i: int, j: int) -> Any:
-        fut = self.ahead.pop((i, j), None)
-        self._fill()
-        return fut.result() if fut is not None else self.tile_fn(i, j)
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=True)
-        self.ahead.clear()
 
 
 # ---------------------------------------------------------------------------------
@@ -626,7 +597,8 @@ def device_cholesky(
         one-column panel does; else tiles.
     read_ahead : int
         Threads that call ``tile_fn`` ahead of the factorisation, in the order it asks
-        for the tiles (0: none; each call in turn). For a ``tile_fn`` that reads the
+        for the tiles (the engine's :class:`~pipeline.engine.tile_io.TileIO`; 0: none,
+        each call in turn). For a ``tile_fn`` that reads the
         host or a store (:func:`stored_tiles`, :data:`STORED_READ_AHEAD`): the reads and
         their checks then overlap the device's work. Same tiles, same factor.
 
@@ -695,9 +667,12 @@ def device_cholesky(
             )
         schedule = "tiles"  # (the tile order streams any limit of MIN_RESIDENT_TILES)
     done = set(L.markers.done()) if L is not None else set()
-    if read_ahead > 0:  # the tiles the schedules ask for, in their order: column by column
+    reads = None
+    if read_ahead > 0:  # the engine's read-ahead, in the schedules' order: column by column
         order = [(i, j) for j in range(T) for i in range(j, T) if (i, j) not in done]
-        tile_fn = _ReadAhead(tile_fn, order, int(read_ahead))
+        reads = TileIO(lambda key, fn=tile_fn: fn(*key), order, depth=2 * int(read_ahead),
+                       max_pending=0, read_threads=int(read_ahead))  # fmt: skip
+        tile_fn = lambda i, j: reads.read((i, j))  # noqa: E731
     run = _Run(be, f, tile_fn, shift, policy, dtype, be.dtype("float64"), progress)
     run.done = done
     run.writer = _Writer(be, L, block, dtype) if L is not None else None
@@ -719,8 +694,8 @@ def device_cholesky(
         cap_store_waits_if_interrupted(e)  # Ctrl-C: the queued writes give up in seconds
         raise
     finally:
-        if isinstance(tile_fn, _ReadAhead):
-            tile_fn.close()
+        if reads is not None:
+            reads.close()
         if run.writer is not None:
             run.writer.close()  # the finished tiles are stored, also when a tile failed
     computed, resumed = run.computed, run.resumed
