@@ -49,7 +49,8 @@ import traceback
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_probe import Recorder, cuda_seconds, elapsed, probe_gpytorch  # noqa: E402
+from gpu_probe import Recorder, cuda_seconds, elapsed, probe_gpytorch, probe_transfer  # noqa: E402
+from targets import Targets  # noqa: E402
 
 from pipeline.engine import device as dev  # noqa: E402
 from pipeline.engine.backend import get_backend  # noqa: E402
@@ -204,30 +205,6 @@ def section_exact(be, cp, rec, budget, sizes):
             _free(cp)
 
 
-def _copy_rates(cp, rec, nbytes=1 << 30):
-    """Host <-> device copy rates, pinned and pageable (what the streamed factor needs)."""
-    d = cp.empty(nbytes // 8, dtype=cp.float64)
-    mem = cp.cuda.alloc_pinned_memory(nbytes)
-    pinned = np.frombuffer(mem, np.float64, nbytes // 8)
-    pinned[:] = 1.0
-    pageable = np.ones(nbytes // 8)
-    s = cp.cuda.Stream(non_blocking=True)
-    out = {}
-    for name, h in (("pinned", pinned), ("pageable", pageable)):
-        s.synchronize()
-        t = time.perf_counter()
-        d.set(h, stream=s)
-        s.synchronize()
-        out[f"h2d_{name}_gb_s"] = nbytes / (time.perf_counter() - t) / 1e9
-        t = time.perf_counter()
-        d.get(stream=s, out=h)
-        s.synchronize()
-        out[f"d2h_{name}_gb_s"] = nbytes / (time.perf_counter() - t) / 1e9
-    rec(section="ooc", op="copy_rates", bytes=nbytes, **out)
-    del d, mem, pinned
-    _free(cp)
-
-
 def section_ooc(be, cp, rec, budget, n=65_536):
     """The factor with ``memory_limit`` below its size (the panel schedule streams the
     earlier columns; the tile schedule, evicting and uploading one tile per update, for
@@ -236,7 +213,7 @@ def section_ooc(be, cp, rec, budget, n=65_536):
         rec(section="ooc", skipped="time")
         return
     try:
-        _copy_rates(cp, rec)
+        probe_transfer(cp, rec, sizes=(1024,), pageable=True)
     except Exception as exc:
         rec(section="ooc", op="copy_rates", error=repr(exc)[:300])
     b = cd.device_block(n, be)
@@ -361,7 +338,12 @@ def main(argv=None):
     ap.add_argument("--pcg-precision", choices=("mixed", "float64"), default="mixed")
     ap.add_argument("--weights", default="", help="budget weights, e.g. pcg=5,ooc=1.5")
     args = ap.parse_args(argv)
-    rec = Recorder(args.out)
+    recorder, rows = Recorder(args.out), []
+
+    def rec(**row):
+        rows.append(dict(row))
+        recorder(**row)
+
     only = set(args.only.split(","))
     import cupy as cp
 
@@ -404,7 +386,43 @@ def main(argv=None):
             rec(section=name, error=repr(exc)[:400], tb=traceback.format_exc()[-1500:])
         _free(cp)
     rec(section="done", seconds=elapsed())
+    return verdicts(rows).finish()
+
+
+def verdicts(rows: list[dict]) -> Targets:
+    """#46's targets checked on the recorded figures (a target whose section did not run,
+    or failed, is said to be unchecked)."""
+    t = Targets()
+
+    def pick(**match):
+        return [r for r in rows if all(r.get(k) == v for k, v in match.items())]
+
+    fit = [r for r in pick(section="exact", n=100_000) if "total_s" in r]
+    if fit:
+        t.check("exact fit, N = 100,000, complete", fit[-1]["total_s"], "<=", 60.0, " s")
+    else:
+        t.skip("exact fit, N = 100,000", "the exact section did not measure it")
+    same = [r for r in pick(section="exact_same_n") if "ratio_to_cupy" in r]
+    if same:
+        big = max(same, key=lambda r: r["n"])
+        t.check(f"factor / cupy.linalg.cholesky, N = {big['n']}", big["ratio_to_cupy"], ">=", 0.8)
+    else:
+        t.skip("factor / cupy.linalg.cholesky", "no baseline measured")
+    capped = [r for r in pick(section="ooc", schedule_asked="auto") if "rate_vs_in_memory" in r]
+    for r in capped:
+        t.check(f"capped factor, {r['mode']}, block {r['block']}, host copies "
+                f"{r.get('host_copies', 'fresh')}", r["rate_vs_in_memory"], ">=", 0.7)  # fmt: skip
+    if not capped:
+        t.skip("capped factor", "the ooc section did not measure it")
+    solve = [r for r in pick(section="pcg", step="solve") if r.get("n") == 1_000_000]
+    if solve:
+        done = solve[-1]["converged"] and solve[-1]["relative_residual"] <= 1e-6
+        t.check("PCG, N = 1,000,000, to 1e-6", solve[-1]["total_s"] if done else float("nan"),
+                "<=", 300.0, " s")  # fmt: skip
+    else:
+        t.skip("PCG, N = 1,000,000", "no 1M solve finished")
+    return t
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -500,24 +500,29 @@ def probe_fused_cg(cp, rec, budget, sizes, lam, tol):
         )
 
 
-def probe_transfer(cp, rec):
-    """Pinned host <-> device copy rates: the bound on streaming tiles past device memory."""
+def probe_transfer(cp, rec, sizes=(256, 2048), pageable=False):
+    """Host <-> device copy rates, pinned (and pageable when asked): the bound on
+    streaming tiles past device memory."""
     import cupyx
 
-    for mb in (256, 2048):
+    for mb in sizes:
         n = mb * 2**20 // 8
-        h = cupyx.empty_pinned((n,), dtype=np.float64)
-        h[:] = 1.0
+        hosts = [("pinned", cupyx.empty_pinned((n,), dtype=np.float64))]
+        if pageable:
+            hosts.append(("pageable", np.empty(n)))
         d = cp.empty(n, dtype=cp.float64)
-        t_h2d = cuda_seconds(cp, lambda d=d, h=h: d.set(h))
-        t_d2h = cuda_seconds(cp, lambda d=d, h=h: d.get(out=h))
-        rec(
-            probe="transfer",
-            megabytes=mb,
-            h2d_gb_s=n * 8 / t_h2d / 1e9,
-            d2h_gb_s=n * 8 / t_d2h / 1e9,
-        )
-        del h, d
+        for memory, h in hosts:
+            h[:] = 1.0
+            t_h2d = cuda_seconds(cp, lambda d=d, h=h: d.set(h))
+            t_d2h = cuda_seconds(cp, lambda d=d, h=h: d.get(out=h))
+            rec(
+                probe="transfer",
+                megabytes=mb,
+                host=memory,
+                h2d_gb_s=n * 8 / t_h2d / 1e9,
+                d2h_gb_s=n * 8 / t_d2h / 1e9,
+            )
+        del hosts, h, d
         cp.get_default_memory_pool().free_all_blocks()
         cp.get_default_pinned_memory_pool().free_all_blocks()
 
