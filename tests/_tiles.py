@@ -26,3 +26,16 @@ def write_gram(store, K: np.ndarray, block_size: int, tag: str = "test"):
 
 def rel(a, b) -> float:
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def dies_after(count, tile_fn, calls):
+    """``tile_fn`` that raises ``RuntimeError("killed")`` when asked for a tile after it
+    has made ``count`` (each recorded in ``calls``): a kill injected mid-factorisation."""
+
+    def dying(i, j):
+        if len(calls) == count:
+            raise RuntimeError("killed")
+        calls.append((i, j))
+        return tile_fn(i, j)
+
+    return dying

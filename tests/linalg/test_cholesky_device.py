@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 import scipy.linalg
-from _tiles import rbf_matrix, rel, write_gram
+from _tiles import dies_after, rbf_matrix, rel, write_gram
 
 from pipeline.engine.backend import get_backend
 from pipeline.errors import DeviceUnavailableError, NonFiniteKernelError, NotPositiveDefiniteError
@@ -167,12 +167,7 @@ def test_the_panel_schedule_resumes_bitwise_and_stores_every_tile(name, tmp_path
     limit = 14 * block * block * 8
     L = open_device_factor(str(tmp_path), "gram-fp", n, block, 1e-3, be)
     calls = []
-
-    def dying(i, j):  # dies while making the third panel's Gram tiles
-        if len(calls) == 14:
-            raise RuntimeError("killed")
-        calls.append((i, j))
-        return slicer(K, block)(i, j)
+    dying = dies_after(14, slicer(K, block), calls)
 
     with pytest.raises(RuntimeError, match="killed"):
         device_cholesky(be, dying, n, block, shift=1e-3, L=L, memory_limit=limit,
@@ -264,12 +259,7 @@ def test_resume_after_a_failure_is_bitwise_the_same(name, tmp_path):
     ref = device_cholesky(be, slicer(K, block), n, block, shift=1e-3).to_numpy()
     L = open_device_factor(str(tmp_path), "gram-fp", n, block, 1e-3, be)
     calls = []
-
-    def dying(i, j):
-        if len(calls) == 8:
-            raise RuntimeError("killed")
-        calls.append((i, j))
-        return slicer(K, block)(i, j)
+    dying = dies_after(8, slicer(K, block), calls)
 
     with pytest.raises(RuntimeError, match="killed"):
         device_cholesky(be, dying, n, block, shift=1e-3, L=L)
@@ -400,12 +390,7 @@ def test_a_stored_gram_read_ahead_gives_the_same_factor_and_resumes(name, schedu
     assert all(r.startswith("tile-read") for r in readers) and len(asked) == 66
     L = open_device_factor(str(tmp_path), gram, n, block, 1e-3, be)
     calls = []
-
-    def dying(i, j):
-        if len(calls) == 40:
-            raise RuntimeError("killed")
-        calls.append((i, j))
-        return stored_tiles(gram)(i, j)
+    dying = dies_after(40, stored_tiles(gram), calls)
 
     with pytest.raises(RuntimeError, match="killed"):
         device_cholesky(be, dying, n, block, shift=1e-3, L=L, read_ahead=3, **limit)

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 import scipy.linalg
-from _tiles import rbf_matrix, rel, write_gram
+from _tiles import dies_after, rbf_matrix, rel, write_gram
 
 cupy = pytest.importorskip("cupy")
 try:
@@ -94,12 +94,7 @@ def test_memory_limit_and_resume_bitwise(be, tmp_path):
     np.testing.assert_array_equal(small.to_numpy(), full)
     L = open_device_factor(str(tmp_path), "g", n, block, 1e-3, be)
     calls = []
-
-    def dying(i, j):
-        if len(calls) == 7:
-            raise RuntimeError("killed")
-        calls.append((i, j))
-        return slicer(K, block)(i, j)
+    dying = dies_after(7, slicer(K, block), calls)
 
     with pytest.raises(RuntimeError, match="killed"):
         device_cholesky(be, dying, n, block, shift=1e-3, L=L)
@@ -183,12 +178,7 @@ def test_the_panel_schedule_streams_and_gives_the_same_bits(be, tmp_path, tiles_
     # with a store: every tile stored from its host copy; a killed run resumes bitwise
     L = open_device_factor(str(tmp_path), "g", n, block, 1e-3, be)
     calls = []
-
-    def dying(i, j):
-        if len(calls) == 25:
-            raise RuntimeError("killed")
-        calls.append((i, j))
-        return device_slicer(K, block)(i, j)
+    dying = dies_after(25, device_slicer(K, block), calls)
 
     with pytest.raises(RuntimeError, match="killed"):
         device_cholesky(be, dying, n, block, shift=1e-3, L=L, memory_limit=limit)
