@@ -386,7 +386,8 @@ def main(argv=None):
             rec(section=name, error=repr(exc)[:400], tb=traceback.format_exc()[-1500:])
         _free(cp)
     rec(section="done", seconds=elapsed())
-    return verdicts(rows).finish()
+    targets = verdicts(rows)
+    return targets.finish()
 
 
 def verdicts(rows: list[dict]) -> Targets:
