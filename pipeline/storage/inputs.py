@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -118,8 +119,17 @@ def open_npy(path: str | os.PathLike, what: str = ".npy file") -> np.ndarray:
         ) from None
 
 
+#: ``np.load`` parses a .npy header with ``ast.literal_eval``, which CPython 3.11.7 can
+#: fail when two threads parse at once ("SystemError: AST constructor recursion depth
+#: mismatch"; it failed an ingest's row-block reads in CI): the readers open the file one
+#: at a time, and copy their rows outside the lock
+_NPY_OPEN = threading.Lock()
+
+
 def _read_npy_rows(path: str, start: int, stop: int) -> np.ndarray:
-    return np.array(np.load(path, mmap_mode="r")[start:stop])
+    with _NPY_OPEN:
+        mm = np.load(path, mmap_mode="r")
+    return np.array(mm[start:stop])
 
 
 def _from_npy(path: str, block_size: int) -> da.Array:
