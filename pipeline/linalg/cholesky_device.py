@@ -52,10 +52,10 @@ import numpy as np
 
 from pipeline.engine.backend import Backend, TileCopies
 from pipeline.engine.tile_io import TileIO
-from pipeline.errors import DeviceUnavailableError, NotPositiveDefiniteError
+from pipeline.errors import DeviceUnavailableError
 from pipeline.linalg.cholesky import factor_fingerprint
 from pipeline.linalg.cholesky_options import JitterPolicy, make_jitter_policy, regularisation_shift
-from pipeline.linalg.cholesky_tile import _check_finite_diagonal
+from pipeline.linalg.cholesky_tile import finish_tile, shifted_tile, update
 from pipeline.storage import TiledArray, fingerprint_obj, open_tiled_array
 from pipeline.storage.tiles import TileGrid, copy_tile
 from pipeline.storage.waits import cap_store_waits_if_interrupted
@@ -482,51 +482,6 @@ class _Writer:
 # the factorisation
 
 
-def _owned_tile(be: Backend, k_tile: Any, dtype: Any) -> Any:
-    """The Gram tile as a C-contiguous array of ``be`` in ``dtype`` that this
-    factorisation may overwrite: a device array of that kind is taken as it is (its
-    buffer becomes the factor tile), anything else is uploaded or copied."""
-    if be.name == "numpy":
-        a = np.require(k_tile, dtype=dtype, requirements=["C", "W"])
-        if a is k_tile and not k_tile.flags.owndata:  # a view of the caller's matrix
-            a = k_tile.copy()
-        return a
-    if be.name == "cupy":  # pragma: no cover - GPU only
-        import cupy
-
-        if isinstance(k_tile, cupy.ndarray):
-            return cupy.ascontiguousarray(k_tile, dtype=dtype)
-        return cupy.asarray(np.ascontiguousarray(k_tile), dtype=dtype)
-    if isinstance(k_tile, np.ndarray | np.generic):
-        k_tile = np.ascontiguousarray(k_tile)
-    return be.asarray(k_tile, dtype)
-
-
-def _add_to_diagonal(be: Backend, a: Any, value: float) -> Any:
-    """``a + value * I`` (in place on NumPy and CuPy): the same bits either way, the
-    off-diagonal entries gain an exact zero."""
-    if be.name in ("numpy", "cupy"):
-        a.reshape(-1)[:: a.shape[0] + 1] += value
-        return a
-    xp = be.xp
-    return a + value * xp.eye(a.shape[0], dtype=a.dtype)
-
-
-def _host_diagonal(be: Backend, a: Any) -> np.ndarray:
-    """The diagonal of a square device tile, on the host (``b`` values)."""
-    return be.to_numpy(be.xp.linalg.diagonal(a))
-
-
-def _check_finite(d: np.ndarray, j: int, when: str) -> None:
-    """The CPU's non-finite check (:func:`_check_finite_diagonal`, its message) on a
-    tile's diagonal ``d`` already on the host: a read-only 2-D view whose diagonal is
-    ``d`` (stride 0 along the columns), no tile-sized copy."""
-    if np.isfinite(d).all():
-        return
-    view = np.lib.stride_tricks.as_strided(d, (d.size, d.size), (d.strides[0], 0), writeable=False)
-    _check_finite_diagonal(view, j, when)
-
-
 def device_cholesky(
     be: Backend,
     tile_fn: Callable[[int, int], Any],
@@ -673,7 +628,7 @@ def device_cholesky(
         reads = TileIO(lambda key, fn=tile_fn: fn(*key), order, depth=2 * int(read_ahead),
                        max_pending=0, read_threads=int(read_ahead))  # fmt: skip
         tile_fn = lambda i, j: reads.read((i, j))  # noqa: E731
-    run = _Run(be, f, tile_fn, shift, policy, dtype, be.dtype("float64"), progress)
+    run = _Run(be, f, tile_fn, shift, policy, dtype, progress)
     run.done = done
     run.writer = _Writer(be, L, block, dtype) if L is not None else None
     try:
@@ -727,9 +682,9 @@ def device_cholesky(
 class _Run:
     """One factorisation's fixed inputs and counters, shared by the two schedules."""
 
-    def __init__(self, be, f, tile_fn, shift, policy, dtype, f64, progress) -> None:
+    def __init__(self, be, f, tile_fn, shift, policy, dtype, progress) -> None:
         self.be, self.f, self.tile_fn, self.shift = be, f, tile_fn, shift
-        self.policy, self.dtype, self.f64, self.progress = policy, dtype, f64, progress
+        self.policy, self.dtype, self.progress = policy, dtype, progress
         self.grid, self.T = f.grid, f.grid.n_row_blocks
         self.tile_bytes = f.block * f.block * dtype.itemsize
         self.done: set = set()
@@ -739,32 +694,24 @@ class _Run:
 
     def gram(self, i: int, j: int) -> tuple[Any, float]:
         """The Gram tile ``K_ij`` to update (owned; a diagonal one shifted), and the
-        jitter's scale (``K_jj``'s own mean diagonal plus the shift; 0 off the diagonal)."""
-        be = self.be
-        a = _owned_tile(be, self.tile_fn(i, j), self.dtype)
-        scale = 0.0
-        if i == j:  # the jitter's scale: K_jj's own diagonal (as the CPU's)
-            scale = float(np.mean(np.abs(_host_diagonal(be, a)))) + self.shift
-            a = _add_to_diagonal(be, a, self.shift)
-        return a, scale
+        jitter's scale (:func:`~pipeline.linalg.cholesky_tile.shifted_tile`)."""
+        return shifted_tile(self.be, self.tile_fn(i, j), i, j, self.shift, self.dtype)
 
     def update(self, a: Any, i: int, j: int, lik: Any, ljk: Any) -> Any:
         """``A_ij -= L_ik L_jkᵀ`` (a diagonal tile: only its lower triangle)."""
-        return self.be.syrk_lower_sub(a, ljk) if i == j else self.be.gemm_nt_sub(a, lik, ljk)
+        return update(self.be, a, i, j, lik, ljk)
 
     def finish(self, a: Any, i: int, j: int, scale: float, ljj: Any) -> tuple[Any, dict]:
         """The updated tile's factor tile (POTRF on the diagonal, else a TRSM) and the
         marker's info."""
         f = self.f
-        info: dict[str, Any] = {}
-        if i == j:
-            out, info = _factor_diagonal(
-                self.be, f, a, j, self.shift, scale, self.policy, self.dtype, self.f64
-            )
-            if "jitter" in info:
-                f.jitter[f"{j}.{j}"] = info["jitter"]
-        else:
-            out = _contiguous(self.be, self.be.trsm_right_lower_t(ljj, a))
+        out, info = finish_tile(
+            self.be, a, i, j, ljj, row0=f.grid.row_slice(j).start, shift=self.shift,
+            scale=scale, policy=self.policy, dtype=self.dtype, lam=f.lam,
+            convention=f.convention,
+        )  # fmt: skip
+        if "jitter" in info:
+            f.jitter[f"{j}.{j}"] = info["jitter"]
         info["device"] = self.be.name
         return out, info
 
@@ -971,52 +918,3 @@ def _finished(value: Any) -> Future:
     fut: Future = Future()
     fut.set_result(value)
     return fut
-
-
-def _contiguous(be: Backend, x: Any) -> Any:
-    """``x`` as a C-contiguous array (a tile is one contiguous device buffer)."""
-    if be.name == "numpy":
-        return np.ascontiguousarray(x)
-    if be.name == "cupy":  # pragma: no cover - GPU only
-        import cupy
-
-        return cupy.ascontiguousarray(x)
-    # array-api-strict (host memory, tests): the array API has no memory order, and a
-    # transposed tile would take other BLAS paths (other bits) than a reloaded one
-    return be.asarray(np.ascontiguousarray(be.to_numpy(x)))
-
-
-def _factor_diagonal(
-    be: Backend, f: DeviceCholeskyFactor, a: Any, j: int, shift: float, scale: float,
-    policy: JitterPolicy | None, dtype: np.dtype, f64: Any,
-) -> tuple[Any, dict[str, Any]]:  # fmt: skip
-    """POTRF of the updated diagonal tile ``a`` (in float64, in place), with the CPU's
-    non-finite checks and jitter retries; returns (L_jj in ``dtype``, marker info)."""
-    xp = be.xp
-    _check_finite(_host_diagonal(be, a), j, "before")
-    d = a if dtype == np.float64 else xp.astype(a, f64)
-    keep = xp.asarray(d, copy=True) if policy is not None else None
-    lt, piv = be.cholesky_lower(d, overwrite=True)
-    if piv == 0:
-        _check_finite(_host_diagonal(be, lt), j, "after")
-    info: dict[str, Any] = {}
-    tried: list[float] = []
-    if piv != 0 and policy is not None:
-        scale = scale or 1.0
-        for t in range(policy.max_tries):
-            eps = policy.initial * policy.growth**t * scale
-            tried.append(eps)
-            aj = _add_to_diagonal(be, xp.asarray(keep, copy=True), eps)
-            lt, piv = be.cholesky_lower(aj, overwrite=True)
-            if piv == 0:
-                info["jitter"] = eps
-                info["jitter_tries"] = t + 1
-                break
-    if piv != 0:
-        row = f.grid.row_slice(j).start + piv - 1
-        raise NotPositiveDefiniteError(
-            (j, j), piv, row, f.lam, f.convention, shift, tuple(tried), dtype.name
-        )
-    if dtype != np.float64:
-        lt = xp.astype(lt, be.dtype(dtype))
-    return _contiguous(be, lt), info
