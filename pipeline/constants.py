@@ -372,6 +372,29 @@ IN_MEMORY_CG_MARGIN = 2.0
 LOO_PANEL_BYTES = 512 * 1024**2
 
 # ---------------------------------------------------------------------------
+# the tile Cholesky on a device backend (pipeline.linalg.cholesky_device)
+
+#: the default tile edge on a GPU (a cuBLAS GEMM of 4096^3 runs near peak)
+GPU_BLOCK = 4096
+#: the default tile edge on a host backend
+HOST_BLOCK = 256
+#: share of the free device memory the factor's tiles may hold by default (the rest:
+#: cuBLAS/cuSOLVER workspace, the Gram tile being made, the solve's vectors)
+DEVICE_MEMORY_SHARE = 0.8
+#: tiles a tile computation needs on the device at once: A, L_ik, L_jk (or L_jj),
+#: and the POTRF's kept copy or the TRSM's result
+MIN_RESIDENT_TILES = 4
+#: the panel schedule's device tiles besides the panel and its upload slots: a TRSM's
+#: result, the POTRF's zeroed upper triangle, the jitter's kept copy
+PANEL_SCRATCH_TILES = 3
+#: uploads queued ahead of the compute in the panel schedule
+PANEL_PREFETCH = 2
+#: threads reading a stored Gram's tiles ahead of a device factorisation (each read
+#: decompresses and checks a tile on the host while the device works)
+STORED_READ_AHEAD = 4
+
+
+# ---------------------------------------------------------------------------
 # tile size of the Dask tile Cholesky by worker count (pipeline.engine.placement
 # .dask_block_size; docs/SCALING.md, item 4 of issue #19)
 #: the left-looking graph's critical path is ~1.5 n^2 b flops against n^3 / 3 of work,

@@ -431,7 +431,7 @@ def _execute(
         f = cd.device_cholesky(
             be, cd.stored_tiles(gram), n, bs, shift=shift, dtype=plan.factor_dtype,
             jitter=chol_jitter, L=L, lam=plan.alpha, convention=conv, progress=progress,
-            read_ahead=cd.STORED_READ_AHEAD,
+            read_ahead=C.STORED_READ_AHEAD,
         )  # fmt: skip
         coef = np.asarray(f.solve(np.asarray(y, dtype=np.float64)))
         f.free()

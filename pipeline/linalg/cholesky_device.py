@@ -50,6 +50,14 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.constants import (
+    DEVICE_MEMORY_SHARE,
+    GPU_BLOCK,
+    HOST_BLOCK,
+    MIN_RESIDENT_TILES,
+    PANEL_PREFETCH,
+    PANEL_SCRATCH_TILES,
+)
 from pipeline.engine.backend import Backend, TileCopies
 from pipeline.engine.tile_io import TileIO
 from pipeline.errors import DeviceUnavailableError
@@ -71,26 +79,6 @@ __all__ = [
     "open_device_factor",
     "stored_tiles",
 ]
-
-#: the default tile edge on a GPU (a cuBLAS GEMM of 4096^3 runs near peak)
-GPU_BLOCK = 4096
-#: the default tile edge on a host backend
-HOST_BLOCK = 256
-#: share of the free device memory the factor's tiles may hold by default (the rest:
-#: cuBLAS/cuSOLVER workspace, the Gram tile being made, the solve's vectors)
-DEVICE_MEMORY_SHARE = 0.8
-#: tiles a tile computation needs on the device at once: A, L_ik, L_jk (or L_jj),
-#: and the POTRF's kept copy or the TRSM's result
-MIN_RESIDENT_TILES = 4
-#: the panel schedule's device tiles besides the panel and its upload slots: a TRSM's
-#: result, the POTRF's zeroed upper triangle, the jitter's kept copy
-PANEL_SCRATCH_TILES = 3
-#: uploads queued ahead of the compute in the panel schedule
-PANEL_PREFETCH = 2
-#: threads reading a stored Gram's tiles ahead of a device factorisation (each read
-#: decompresses and checks a tile on the host while the device works)
-STORED_READ_AHEAD = 4
-
 
 # ---------------------------------------------------------------------------------
 # sizes
@@ -554,7 +542,7 @@ def device_cholesky(
         Threads that call ``tile_fn`` ahead of the factorisation, in the order it asks
         for the tiles (the engine's :class:`~pipeline.engine.tile_io.TileIO`; 0: none,
         each call in turn). For a ``tile_fn`` that reads the
-        host or a store (:func:`stored_tiles`, :data:`STORED_READ_AHEAD`): the reads and
+        host or a store (:func:`stored_tiles`, :data:`~pipeline.constants.STORED_READ_AHEAD`): the reads and
         their checks then overlap the device's work. Same tiles, same factor.
 
     Returns
