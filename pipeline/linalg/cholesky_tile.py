@@ -159,13 +159,14 @@ def _factor_diagonal(
     be: Backend, a: Any, j: int, row0: int, shift: float, scale: float,
     policy: JitterPolicy | None, dtype: np.dtype, lam: float, convention: str,
 ) -> tuple[Any, dict[str, Any]]:  # fmt: skip
-    """POTRF of the updated diagonal tile ``a`` (in float64, in place), with the
-    non-finite checks and jitter retries; returns (L_jj in ``dtype``, marker info).
-    ``row0``: the tile's first row (for the message)."""
+    """POTRF of the updated diagonal tile ``a`` (in the factor's ``dtype``; in float64,
+    in place), with the non-finite checks and jitter retries; returns (L_jj in
+    ``dtype``, marker info). ``row0``: the tile's first row (for the message)."""
     xp = be.xp
     _check_finite(be, a, j, "before")
-    host32 = be.name == "numpy" and a.dtype != np.float64
-    if a.dtype == np.float64:
+    dtype = np.dtype(dtype)
+    host32 = be.name == "numpy" and dtype != np.float64
+    if dtype == np.float64:
         d = a
     elif host32:  # a reused scratch tile: a new one is fresh memory, which costs more
         d = _float64_scratch(a)
