@@ -424,14 +424,10 @@ def _execute(
     if be is not None and plan.solver == "cholesky":
         # the stored Gram's tiles streamed to the device; the factor's tiles written to
         # the store under the device's fingerprint (a killed fit resumes from them)
-        L = cd.open_device_factor(
-            factor_store or root, gram, n, bs, plan.alpha, be, convention=conv,
-            jitter=chol_jitter, dtype=plan.factor_dtype, name=factor_name,
-        )  # fmt: skip
-        f = cd.device_cholesky(
-            be, cd.stored_tiles(gram), n, bs, shift=shift, dtype=plan.factor_dtype,
-            jitter=chol_jitter, L=L, lam=plan.alpha, convention=conv, progress=progress,
-            read_ahead=C.STORED_READ_AHEAD,
+        f = tile_cholesky(
+            gram, plan.alpha, convention=conv, store=factor_store or root, name=factor_name,
+            jitter=chol_jitter, dtype=plan.factor_dtype, progress=progress, overwrite=True,
+            check_disk=plan.options.check_disk, backend=be,
         )  # fmt: skip
         coef = np.asarray(f.solve(np.asarray(y, dtype=np.float64)))
         f.free()

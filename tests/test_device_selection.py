@@ -515,7 +515,7 @@ def test_krr_run_on_the_device_records_it_and_matches_the_cpu(monkeypatch, tmp_p
 
 def test_a_killed_device_cholesky_resumes_from_its_stored_tiles(monkeypatch, tmp_path):
     _on(monkeypatch, "numpy")
-    import pipeline.linalg.cholesky_device as cd
+    import pipeline.linalg.cholesky as cd  # the driver's reader of the stored Gram
 
     X, y = _data(n=200)
     kw = dict(kernel="rbf", gamma=0.3, alpha=0.05, solver="cholesky", block_size=64,

@@ -42,8 +42,9 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.constants import DIRECT_FACTOR_WRITES
+from pipeline.constants import DIRECT_FACTOR_WRITES, STORED_READ_AHEAD
 from pipeline.engine import blas as gil_free_blas
+from pipeline.engine.backend import Backend
 from pipeline.engine.passes import pending
 from pipeline.engine.tile_io import TileIO
 from pipeline.engine.where import auto_scheduler, factor_threads, tile_blas_threads
@@ -56,6 +57,15 @@ from pipeline.linalg.cholesky_cache import (
     _cache_key,
     mapped_factor_reads,
     share_written_tile,
+)
+
+# ---------------------------------------------------------------------------
+# the resident-tile schedule on a device backend (pipeline.linalg.cholesky_device)
+from pipeline.linalg.cholesky_device import (
+    DeviceCholeskyFactor,
+    device_cholesky,
+    open_device_factor,
+    stored_tiles,
 )
 from pipeline.linalg.cholesky_exec import (
     _left_looking_order,
@@ -78,6 +88,7 @@ from pipeline.linalg.cholesky_inplace import (
 from pipeline.linalg.cholesky_options import (
     CholeskyFactor,
     JitterPolicy,
+    factor_fingerprint,
     make_jitter_policy,
     regularisation_shift,
 )
@@ -85,7 +96,7 @@ from pipeline.linalg.cholesky_options import (
 # ---------------------------------------------------------------------------
 # one tile's arithmetic (pipeline.linalg.cholesky_tile)
 from pipeline.linalg.cholesky_tile import _factor_tile
-from pipeline.storage import IncompleteArrayError, TiledArray, fingerprint_obj, open_tiled_array
+from pipeline.storage import IncompleteArrayError, TiledArray, open_tiled_array
 from pipeline.storage.rawchunks import release_direct_buffers
 
 
@@ -160,22 +171,6 @@ def _tile_task(
 # public API
 
 
-def factor_fingerprint(
-    gram: TiledArray, lam: float, convention: str, jitter: JitterPolicy | None, dtype: Any
-) -> str:
-    """Fingerprint of the factor: chained to the Gram's, lambda, convention, jitter policy."""
-    return fingerprint_obj(
-        {
-            "what": "tile-cholesky-lower",
-            "gram": gram.fingerprint,
-            "lambda": float(lam),
-            "convention": convention,
-            "jitter": None if jitter is None else jitter.to_dict(),
-            "dtype": np.dtype(dtype).str,
-        }
-    )
-
-
 def tile_cholesky(
     gram: TiledArray,
     lam: float,
@@ -194,7 +189,8 @@ def tile_cholesky(
     recompute_tile: Any = None,
     check_disk: bool = True,
     wide: bool = True,
-) -> CholeskyFactor:
+    backend: Backend | None = None,
+) -> CholeskyFactor | DeviceCholeskyFactor:
     """Factor ``K + shift * I = L @ L.T`` tile by tile, Zarr to Zarr, resumably.
 
     Parameters
@@ -267,10 +263,23 @@ def tile_cholesky(
         per side, block ``b``), about two tiles in place. Too little raises
         :class:`~pipeline.linalg.cholesky_inplace.InsufficientDiskError`,
         naming the bytes needed and free.
+    backend : Backend, optional
+        None (default): the tile tasks above, on this host's cores or the cluster. A
+        backend (``get_backend("cupy")``: a GPU; NumPy: that route on the host) runs the
+        same tile arithmetic in its resident-tile schedule
+        (:func:`~pipeline.linalg.cholesky_device.device_cholesky`): the stored Gram's
+        tiles are read ahead and streamed to the device, and the factor's tiles are
+        written to ``store`` under the backend's fingerprint
+        (:func:`~pipeline.linalg.cholesky_device.device_factor_fingerprint`), so a
+        stopped factorisation resumes from them. ``keep_gram`` must then be True, and
+        ``scheduler``, ``n_threads`` and ``wide`` do not apply.
 
     Returns
     -------
     CholeskyFactor
+        Or, on a device backend, a
+        :class:`~pipeline.linalg.cholesky_device.DeviceCholeskyFactor` (its tiles on the
+        device, its ``solve`` there).
 
     Raises
     ------
@@ -287,8 +296,6 @@ def tile_cholesky(
     policy = make_jitter_policy(jitter)
     if scheduler not in ("auto", "threads", "dask"):
         raise ValueError(f"scheduler must be 'auto', 'threads' or 'dask', got {scheduler!r}")
-    if scheduler == "auto":
-        scheduler = auto_scheduler(say=True)
     grid = gram.grid
     if check_gram and keep_gram:  # in place: checked against both marker kinds
         missing = pending(gram.markers, grid.lower_tiles())
@@ -305,6 +312,18 @@ def tile_cholesky(
     dtype = np.dtype(dtype)
     if dtype not in (np.dtype(np.float64), np.dtype(np.float32)):
         raise ValueError(f"dtype must be float64 or float32, got {dtype}")
+    if backend is not None:
+        if not keep_gram:
+            raise ValueError(
+                f"keep_gram=False (the factor in place of the Gram) has no {backend.name} "
+                "schedule: use keep_gram=True, or the host (backend=None)"
+            )
+        return _resident_factor(
+            gram, lam, backend, convention, store, name, policy, overwrite, progress,
+            dtype, check_disk,
+        )  # fmt: skip
+    if scheduler == "auto":
+        scheduler = auto_scheduler(say=True)
     fp = factor_fingerprint(gram, lam, convention, policy, dtype)
     if not keep_gram:
         return factor_in_place(
@@ -366,6 +385,31 @@ def tile_cholesky(
         computed=computed,
         seconds=time.perf_counter() - t0,
     )
+
+
+def _resident_factor(
+    gram, lam, backend, convention, store, name, policy, overwrite, progress, dtype, check_disk
+) -> DeviceCholeskyFactor:
+    """:func:`tile_cholesky` on a device backend: the factor's store under the backend's
+    fingerprint (reopened to resume), checked for disk like the tasks' factor, then the
+    resident-tile schedule over the stored Gram's tiles, read ahead."""
+    n, block = int(gram.shape[0]), int(gram.block_size)
+    L = open_device_factor(
+        store or gram.store, gram, n, block, lam, backend, convention=convention,
+        jitter=policy, dtype=dtype, name=name, overwrite=overwrite,
+    )  # fmt: skip
+    todo = gram.grid.n_lower_tiles() - len(L.markers.done())
+    if check_disk and todo:
+        check_disk_space(
+            L.store,
+            todo * block**2 * dtype.itemsize,
+            f"the factor's {todo} remaining {block}x{block} {dtype} tiles",
+        )
+    return device_cholesky(
+        backend, stored_tiles(gram), n, block, shift=regularisation_shift(lam, n, convention),
+        dtype=dtype, jitter=policy, L=L, lam=lam, convention=convention, progress=progress,
+        read_ahead=STORED_READ_AHEAD,
+    )  # fmt: skip
 
 
 def run_factor_tasks(

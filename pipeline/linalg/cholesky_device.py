@@ -1,4 +1,7 @@
-"""The tile Cholesky on a :class:`~pipeline.engine.backend.Backend` (a GPU through CuPy).
+"""The tile Cholesky on a :class:`~pipeline.engine.backend.Backend` (a GPU through CuPy):
+the resident-tile schedule. Over a stored Gram it is run by the one driver,
+:func:`pipeline.linalg.cholesky.tile_cholesky` with ``backend=`` (its checks first); the
+in-memory dense fit runs it on NumPy with its own matrix as ``target``.
 
 The same mathematics, tile order and k order as the CPU's tile Cholesky
 (:mod:`pipeline.linalg.cholesky_tile`), column after column (left-looking):
@@ -61,8 +64,12 @@ from pipeline.constants import (
 from pipeline.engine.backend import Backend, TileCopies
 from pipeline.engine.tile_io import TileIO
 from pipeline.errors import DeviceUnavailableError
-from pipeline.linalg.cholesky import factor_fingerprint
-from pipeline.linalg.cholesky_options import JitterPolicy, make_jitter_policy, regularisation_shift
+from pipeline.linalg.cholesky_options import (
+    JitterPolicy,
+    factor_fingerprint,
+    make_jitter_policy,
+    regularisation_shift,
+)
 from pipeline.linalg.cholesky_tile import finish_tile, shifted_tile, update
 from pipeline.storage import TiledArray, fingerprint_obj, open_tiled_array
 from pipeline.storage.tiles import TileGrid, copy_tile
@@ -173,7 +180,7 @@ def device_factor_fingerprint(
     gram: Any, lam: float, convention: str, jitter: Any, dtype: Any, be: Backend
 ) -> str:
     """Fingerprint of a factor made on ``be``: the CPU's
-    :func:`~pipeline.linalg.cholesky.factor_fingerprint` (``gram``: the Gram's
+    :func:`~pipeline.linalg.cholesky_options.factor_fingerprint` (``gram``: the Gram's
     TiledArray, or its fingerprint string) chained with ``{"device": be.name}`` (another
     backend rounds differently, so its tiles are other work). On the host, also the
     tiles' recipe: the engine's in-place GEMM and TRSM (``"engine-blas"``), whose bits

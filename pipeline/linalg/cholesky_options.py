@@ -1,5 +1,5 @@
 """Errors, options and result of the tile Cholesky: not-PD error, jitter policy, the shift,
-the factor (:class:`CholeskyFactor`)."""
+the factor (:class:`CholeskyFactor`) and its fingerprint."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pipeline.errors import (  # noqa: F401 (their old home)
     NotPositiveDefiniteError,
 )
 from pipeline.options import SOLVER_CONVENTIONS, diagonal_shift
-from pipeline.storage import TiledArray
+from pipeline.storage import TiledArray, fingerprint_obj
 
 CONVENTIONS = SOLVER_CONVENTIONS  # its old name (pinned: tests/test_options.py)
 
@@ -103,3 +103,19 @@ class CholeskyFactor:
     @property
     def n(self) -> int:
         return int(self.L.shape[0])
+
+
+def factor_fingerprint(
+    gram: TiledArray, lam: float, convention: str, jitter: JitterPolicy | None, dtype: Any
+) -> str:
+    """Fingerprint of the factor: chained to the Gram's, lambda, convention, jitter policy."""
+    return fingerprint_obj(
+        {
+            "what": "tile-cholesky-lower",
+            "gram": gram.fingerprint,
+            "lambda": float(lam),
+            "convention": convention,
+            "jitter": None if jitter is None else jitter.to_dict(),
+            "dtype": np.dtype(dtype).str,
+        }
+    )

@@ -12,7 +12,12 @@ import scipy.linalg
 from _tiles import dies_after, rbf_matrix, rel, write_gram
 
 from pipeline.engine.backend import get_backend
-from pipeline.errors import DeviceUnavailableError, NonFiniteKernelError, NotPositiveDefiniteError
+from pipeline.errors import (
+    DeviceUnavailableError,
+    IncompleteArrayError,
+    NonFiniteKernelError,
+    NotPositiveDefiniteError,
+)
 from pipeline.linalg.cholesky import tile_cholesky
 from pipeline.linalg.cholesky_device import (
     check_device_memory,
@@ -367,6 +372,42 @@ def test_stored_gram_route(name, tmp_path):
     assert L.markers.done() == set(gram.grid.lower_tiles())
     assert rel(L.zarr("r")[:], ref) < 1e-12
     assert L.markers.record((1, 0))["device"] == name
+
+
+def test_tile_cholesky_on_a_device_backend_runs_the_resident_schedule_and_resumes(tmp_path):
+    """The one driver: ``tile_cholesky(gram, lam, backend=be)`` off the NumPy backend is
+    the resident-tile schedule over the stored Gram, its tiles stored under the
+    backend's fingerprint; a rerun computes nothing and gives the same factor."""
+    be = get_backend("array_api_strict")
+    n, block = 330, 100
+    K = rbf_matrix(n, seed=9)
+    gram = write_gram(tmp_path, K, block)
+    f = tile_cholesky(gram, 1e-3, backend=be, name="dev", progress=False)
+    assert f.info["backend"] == "array_api_strict" and f.info["tiles_resumed"] == 0
+    ref = scipy.linalg.cholesky(K + 1e-3 * np.eye(n), lower=True)
+    assert rel(f.to_numpy(), ref) < 1e-12
+    assert f.L.name == "dev" and f.L.markers.done() == set(gram.grid.lower_tiles())
+    assert f.L.fingerprint == device_factor_fingerprint(gram, 1e-3, "sklearn", None, "float64", be)
+    again = tile_cholesky(gram, 1e-3, backend=be, name="dev", progress=False)
+    assert again.info["tiles_computed"] == 0 and again.info["tiles_resumed"] == 10
+    np.testing.assert_array_equal(again.to_numpy(), f.to_numpy())
+    host = tile_cholesky(gram, 1e-3, name="host", progress=False)  # no backend: the tasks
+    assert not hasattr(host, "info") and rel(host.L.zarr("r")[:], ref) < 1e-12
+    on_numpy = tile_cholesky(gram, 1e-3, backend=get_backend("numpy"), name="np", progress=False)
+    assert on_numpy.info["backend"] == "numpy" and rel(on_numpy.to_numpy(), ref) < 1e-12
+
+
+def test_tile_cholesky_on_a_device_backend_refuses_before_any_work(tmp_path):
+    """An incomplete Gram and ``keep_gram=False`` are refused before a factor tile is
+    made or a store opened (the host's checks, in the one driver)."""
+    be = get_backend("array_api_strict")
+    gram = write_gram(tmp_path, rbf_matrix(200, seed=2), 64)
+    gram.markers.unmark((2, 1))
+    with pytest.raises(IncompleteArrayError, match="1 of 10 lower tiles"):
+        tile_cholesky(gram, 1e-3, backend=be, name="dev", progress=False)
+    with pytest.raises(ValueError, match="keep_gram=False .* has no array_api_strict schedule"):
+        tile_cholesky(gram, 1e-3, backend=be, keep_gram=False, check_gram=False, progress=False)
+    assert not (tmp_path / "dev").exists()
 
 
 @pytest.mark.parametrize("name", BACKENDS)
