@@ -8,9 +8,10 @@ waits on the disk. :class:`TileIO` moves both sides to background threads:
   extra memory is bounded whatever the matrix size;
 - ``write(key, tile, fn)`` queues ``fn(tile)`` (a region write followed by its
   completion marker) on **one** writer thread, so writes finish in the order
-  they were queued. A queued tile stays readable through ``pending(key)``
-  until it is written. At most ``max_pending`` writes wait; a producer blocks
-  beyond that, which bounds memory.
+  they were queued, and returns a future that is done when that write is. A
+  queued tile stays readable through ``pending(key)`` until it is written. At
+  most ``max_pending`` writes wait; a producer blocks beyond that, which bounds
+  memory.
 
 ``close()`` waits for every queued write and re-raises the first error of the
 writer. Only completed writes have markers, so a killed process loses queued
@@ -37,8 +38,8 @@ class TileIO:
 
     Parameters
     ----------
-    reader : callable
-        ``reader(key) -> ndarray``: reads one input tile.
+    reader : callable, optional
+        ``reader(key) -> ndarray``: reads one input tile (None: writes only).
     order : iterable of keys
         The order in which input tiles will probably be asked for.
     depth : int
@@ -49,7 +50,7 @@ class TileIO:
 
     def __init__(
         self,
-        reader: Callable[[Hashable], np.ndarray],
+        reader: Callable[[Hashable], np.ndarray] | None = None,
         order: Iterable[Hashable] = (),
         *,
         depth: int = 2,
@@ -63,12 +64,12 @@ class TileIO:
         self._lock = threading.Lock()
         self._pool = (
             ThreadPoolExecutor(max(1, read_threads), thread_name_prefix="tile-read")
-            if self._depth
+            if self._depth and reader is not None
             else None
         )
         self._max_pending = max(0, int(max_pending))
         self._pending: dict[Hashable, np.ndarray] = {}
-        self._queue: collections.deque[tuple[Hashable, np.ndarray, Callable]] = collections.deque()
+        self._queue: collections.deque[tuple[Hashable, Any, Callable, Future]] = collections.deque()
         self._cv = threading.Condition()
         self._closing = False
         self._error: BaseException | None = None
@@ -103,19 +104,24 @@ class TileIO:
         return tile
 
     # ---------------------------------------------------------------- writes
-    def write(self, key: Hashable, tile: np.ndarray, fn: Callable[[np.ndarray], Any]) -> None:
-        """Queue ``fn(tile)``; ``pending(key)`` returns ``tile`` until it has run."""
+    def write(self, key: Hashable, tile: Any, fn: Callable[[Any], Any]) -> Future:
+        """Queue ``fn(tile)``; ``pending(key)`` returns ``tile`` until it has run. The
+        future is done when it has (it holds the write's error, or the earlier write's
+        error that cancelled it)."""
         self.raise_error()
+        done: Future = Future()
         if not self._max_pending:
             fn(tile)
-            return
+            done.set_result(None)
+            return done
         with self._cv:
             while len(self._queue) >= self._max_pending and self._error is None:
                 self._cv.wait()
             self.raise_error()
             self._pending[key] = tile
-            self._queue.append((key, tile, fn))
+            self._queue.append((key, tile, fn, done))
             self._cv.notify_all()
+        return done
 
     def pending(self, key: Hashable) -> np.ndarray | None:
         """A queued tile not yet written, or None."""
@@ -129,12 +135,14 @@ class TileIO:
                     self._cv.wait()
                 if not self._queue:
                     return
-                key, tile, fn = self._queue[0]
+                key, tile, fn, done = self._queue[0]
             try:
                 fn(tile)
-            except BaseException as e:  # handed to the producer
+            except BaseException as e:  # handed to the producer and every queued write
                 with self._cv:
                     self._error = e
+                    for *_, queued in self._queue:
+                        queued.set_exception(e)
                     self._queue.clear()
                     self._pending.clear()
                     self._cv.notify_all()
@@ -143,6 +151,7 @@ class TileIO:
                 self._queue.popleft()
                 self._pending.pop(key, None)
                 self._cv.notify_all()
+            done.set_result(None)
 
     def raise_error(self) -> None:
         """Re-raise the writer's error, if it had one."""

@@ -47,7 +47,7 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from types import SimpleNamespace
 from typing import Any
 
@@ -424,13 +424,16 @@ class DeviceCholeskyFactor:
 
 
 class _Writer:
-    """One thread that copies finished tiles to the host and writes them to ``L``
-    (region first, marker last), in completion order. On CuPy the copy runs on its own
-    non-blocking stream, into a pinned host buffer, after the tile's compute."""
+    """The factor's write-behind: the tile engine's ordered writer
+    (:class:`~pipeline.engine.tile_io.TileIO`: one thread, region first and marker last,
+    in completion order), each write copying its tile to the host first. On CuPy the
+    copy runs on its own non-blocking stream, into a pinned host buffer, after the
+    tile's compute. ``tiles``: the most writes that may wait (all of the factor's: the
+    compute never waits for the store, as the tiles are on the device anyway)."""
 
-    def __init__(self, be: Backend, L: TiledArray, block: int, dtype: np.dtype) -> None:
+    def __init__(self, be: Backend, L: TiledArray, block: int, dtype: np.dtype, tiles: int) -> None:
         self.be, self.L = be, L
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="device-factor-writer")
+        self.io = TileIO(depth=0, max_pending=max(1, int(tiles)))
         self._cupy = be.name == "cupy"
         if self._cupy:  # pragma: no cover - GPU only
             import cupy
@@ -441,26 +444,27 @@ class _Writer:
             self._buf = np.frombuffer(self._pinned, dtype, block * block)
 
     def submit(self, i: int, j: int, tile: Any, info: dict[str, Any]) -> Future:
+        """Store the device tile ``(i, j)``; the future is done once it is stored."""
         if self._cupy:  # pragma: no cover - GPU only
             import cupy
 
             done = cupy.cuda.Event()
             done.record(cupy.cuda.get_current_stream())
-            return self.pool.submit(self._write_cupy, i, j, tile, done, info)
-        return self.pool.submit(self._write_host, i, j, tile, info)
+            return self.io.write((i, j), tile, lambda t: self._write_cupy(i, j, t, done, info))
+        return self.io.write(
+            (i, j), tile, lambda t: self.L.write_tile(i, j, self.be.to_numpy(t), **info)
+        )
 
     def submit_host(
         self, i: int, j: int, host: np.ndarray, info: dict[str, Any], copies: TileCopies, key: Any
     ) -> Future:
         """Store a tile whose host copy ``copies`` is downloading (no second copy)."""
-        return self.pool.submit(self._write_copy, i, j, host, info, copies, key)
 
-    def _write_copy(self, i, j, host, info, copies, key) -> None:
-        copies.downloaded(key)
-        self.L.write_tile(i, j, host, **info)
+        def write(h: np.ndarray) -> None:
+            copies.downloaded(key)
+            self.L.write_tile(i, j, h, **info)
 
-    def _write_host(self, i: int, j: int, tile: Any, info: dict[str, Any]) -> None:
-        self.L.write_tile(i, j, self.be.to_numpy(tile), **info)
+        return self.io.write((i, j), host, write)
 
     def _write_cupy(self, i, j, tile, done, info) -> None:  # pragma: no cover - GPU only
         host = self._buf[: tile.size].reshape(tile.shape)
@@ -470,7 +474,9 @@ class _Writer:
         self.L.write_tile(i, j, host, **info)
 
     def close(self) -> None:
-        self.pool.shutdown(wait=True)
+        """Finish the queued writes; a failed one's error is in its future (and the
+        writes queued after it hold that error)."""
+        self.io.close(raise_error=False)
 
 
 # ---------------------------------------------------------------------------------
@@ -625,7 +631,7 @@ def device_cholesky(
         tile_fn = lambda i, j: reads.read((i, j))  # noqa: E731
     run = _Run(be, f, tile_fn, shift, policy, dtype, progress)
     run.done = done
-    run.writer = _Writer(be, L, block, dtype) if L is not None else None
+    run.writer = _Writer(be, L, block, dtype, T * (T + 1) // 2) if L is not None else None
     try:
         if schedule == "tiles":
             _tile_schedule(run)

@@ -165,6 +165,33 @@ def test_writer_error_reaches_the_producer_and_close():
         io.close()
 
 
+def test_each_write_has_a_future_that_holds_its_outcome():
+    """``write`` returns a future done when that write is; a failed write's error is in
+    its future and in those of the writes queued behind it (none waits for ever). A
+    ``TileIO`` without a reader only writes (the device factor's write-behind)."""
+    gate = threading.Event()
+    io = TileIO(depth=0, max_pending=4)
+    first = io.write("a", np.zeros(1), lambda t: gate.wait(5))
+    assert not first.done()
+    gate.set()
+    assert first.result(timeout=5) is None
+
+    release = threading.Event()
+
+    def failing(tile):
+        release.wait(5)
+        raise OSError("disk full")
+
+    failed = io.write("b", np.zeros(1), failing)
+    queued = io.write("c", np.zeros(1), lambda t: None)  # behind the failing write
+    release.set()
+    for fut in (failed, queued):
+        with pytest.raises(OSError, match="disk full"):
+            fut.result(timeout=5)
+    io.close(raise_error=False)
+    assert TileIO(max_pending=0).write("d", np.zeros(1), lambda t: None).result() is None
+
+
 def test_caller_error_still_finishes_queued_writes():
     written = []
     with pytest.raises(RuntimeError, match="compute failed"):
