@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import stat
-import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -119,16 +118,17 @@ def open_npy(path: str | os.PathLike, what: str = ".npy file") -> np.ndarray:
         ) from None
 
 
-#: ``np.load`` parses a .npy header with ``ast.literal_eval``, which CPython 3.11.7 can
-#: fail when two threads parse at once ("SystemError: AST constructor recursion depth
-#: mismatch"; it failed an ingest's row-block reads in CI): the readers open the file one
-#: at a time, and copy their rows outside the lock
-_NPY_OPEN = threading.Lock()
-
-
-def _read_npy_rows(path: str, start: int, stop: int) -> np.ndarray:
-    with _NPY_OPEN:
-        mm = np.load(path, mmap_mode="r")
+def _read_npy_rows(
+    path: str, start: int, stop: int, layout: tuple[Any, tuple[int, ...], int, str]
+) -> np.ndarray:
+    """Rows ``start:stop`` of the .npy file ``path`` whose header ``_from_npy`` read once:
+    ``layout`` is (dtype, shape, data offset, order). No header is parsed here: ``np.load``
+    parses it with ``ast.literal_eval``, which CPython 3.11.7 failed when two threads of
+    an ingest parsed at once ("SystemError: AST constructor recursion depth mismatch")."""
+    dtype, shape, offset, order = layout
+    if stop <= start:
+        return np.empty((0, *shape[1:]), dtype=dtype)
+    mm = np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape, order=order)
     return np.array(mm[start:stop])
 
 
@@ -148,11 +148,18 @@ def _from_npy(path: str, block_size: int) -> da.Array:
         )
     n, d = mm.shape
     dt = mm.dtype
+    # the header's layout, for the row-block tasks (an empty array has no memory map)
+    layout = (
+        dt,
+        (n, d),
+        int(getattr(mm, "offset", 0)),
+        "F" if mm.flags.f_contiguous and not mm.flags.c_contiguous else "C",
+    )
     del mm
     blocks = []
     for start in range(0, max(n, 1), block_size):
         stop = min(start + block_size, n)
-        part = dask.delayed(_read_npy_rows, pure=True)(path, start, stop)
+        part = dask.delayed(_read_npy_rows, pure=True)(path, start, stop, layout)
         blocks.append(da.from_delayed(part, shape=(stop - start, d), dtype=dt))
     return da.concatenate(blocks, axis=0) if len(blocks) > 1 else blocks[0]
 

@@ -48,6 +48,23 @@ def test_npy_path_is_read_per_block_not_embedded(tmp_path):
     np.testing.assert_array_equal(A.blocks[4].compute(), X[4096:])
 
 
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_npy_row_blocks_parse_no_header(tmp_path, monkeypatch, order):
+    """The header is read once, when the array is opened; the row-block tasks map the
+    rows by its layout and parse nothing (np.load's header parse raced in two threads
+    of an ingest on CPython 3.11.7), in either memory order, ragged last block included."""
+    Z = np.asarray(np.arange(7 * 5, dtype=np.float32).reshape(7, 5), order=order)
+    np.save(tmp_path / "z.npy", Z)
+    arr = as_row_blocks(str(tmp_path / "z.npy"), block_size=3)
+
+    def no_parse(*a, **k):
+        raise AssertionError("a row-block task parsed the .npy header")
+
+    monkeypatch.setattr(np, "load", no_parse)
+    out = arr.compute(scheduler="threads")
+    assert out.dtype == np.float32 and np.array_equal(out, Z)
+
+
 def test_zarr_path_and_array(tmp_path, X):
     path = str(tmp_path / "x.zarr")
     z = zarr.create_array(store=path, shape=X.shape, chunks=(30, 4), dtype="f8")
