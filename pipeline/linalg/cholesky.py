@@ -364,12 +364,8 @@ def tile_cholesky(
         attributes=attrs,
     )
     todo = pending(L.markers, _left_looking_order(grid.n_row_blocks))  # resume
-    if check_disk and todo:
-        check_disk_space(
-            L.store,
-            len(todo) * L.block_size**2 * dtype.itemsize,
-            f"the factor's {len(todo)} remaining {L.block_size}x{L.block_size} {dtype} tiles",
-        )
+    if check_disk:
+        _check_factor_disk(L, len(todo))
     computed, jit = run_factor_tasks(
         gram, L, todo, shift, lam, convention, policy, scheduler, n_threads, wide, progress
     )
@@ -387,6 +383,18 @@ def tile_cholesky(
     )
 
 
+def _check_factor_disk(L: TiledArray, todo: int) -> None:
+    """Free disk for the factor ``L``'s ``todo`` remaining tiles, before any work (both
+    schedules: the tasks' and the resident one's)."""
+    if todo:
+        b, dtype = L.block_size, np.dtype(L.dtype)
+        check_disk_space(
+            L.store,
+            todo * b**2 * dtype.itemsize,
+            f"the factor's {todo} remaining {b}x{b} {dtype} tiles",
+        )
+
+
 def _resident_factor(
     gram, lam, backend, convention, store, name, policy, overwrite, progress, dtype, check_disk
 ) -> DeviceCholeskyFactor:
@@ -398,13 +406,8 @@ def _resident_factor(
         store or gram.store, gram, n, block, lam, backend, convention=convention,
         jitter=policy, dtype=dtype, name=name, overwrite=overwrite,
     )  # fmt: skip
-    todo = gram.grid.n_lower_tiles() - len(L.markers.done())
-    if check_disk and todo:
-        check_disk_space(
-            L.store,
-            todo * block**2 * dtype.itemsize,
-            f"the factor's {todo} remaining {block}x{block} {dtype} tiles",
-        )
+    if check_disk:
+        _check_factor_disk(L, gram.grid.n_lower_tiles() - len(L.markers.done()))
     return device_cholesky(
         backend, stored_tiles(gram), n, block, shift=regularisation_shift(lam, n, convention),
         dtype=dtype, jitter=policy, L=L, lam=lam, convention=convention, progress=progress,

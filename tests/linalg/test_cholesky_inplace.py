@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import pipeline.linalg.cholesky_inplace as inplace
+from pipeline.engine.backend import get_backend
 from pipeline.errors import NotPositiveDefiniteError
 from pipeline.linalg.cholesky import load_factor, tile_cholesky
 from pipeline.storage import IncompleteArrayError, fingerprint_obj, open_tiled_array
@@ -194,6 +195,12 @@ def test_disk_check_before_any_work(tmp_path, monkeypatch):
         tile_cholesky(gram, LAM, progress=False, keep_gram=False)
     assert len(gram.markers.done()) == 15  # the Gram untouched
     assert inplace.factor_disk_bytes(N, B, np.float32) == 15 * B * B * 4
+    # the resident schedule on a backend: the same check, before a tile is computed
+    with pytest.raises(inplace.InsufficientDiskError, match=f"{need:,} bytes"):
+        tile_cholesky(gram, LAM, progress=False, backend=get_backend("numpy"), name="dev")
+    assert not (tmp_path / "g" / "_markers" / "dev").exists() or not any(
+        (tmp_path / "g" / "_markers" / "dev").iterdir()
+    )
     assert inplace.factor_disk_bytes(N, B, keep_gram=False, writers=2) == 3 * B * B * 8
 
 
