@@ -14,8 +14,8 @@ of ``main``'s code: atexit handlers, thread joins), as ``python -m pipeline.cli`
 What a fresh process reads from its environment only when it starts is made the same:
 a variable that only changes at import (BLAS widths, ``PYTHONPATH`` other than
 ``tests/faultinject``, ...) gets a zygote of its own started with it; the child sets the
-rest (``KRR_KILL*``, ``KRR_ENOSPC*``, ``FSSPEC_*``, ``AWS_*``, ``DASK_*``, ``PYTEST_*``)
-and re-reads fsspec's and Dask's configuration from it, and runs
+rest (``KRR_KILL*``, ``KRR_ENOSPC*``, ``KRR_MARK_DELAY``, ``FSSPEC_*``, ``AWS_*``,
+``DASK_*``, ``PYTEST_*``) and re-reads fsspec's and Dask's configuration from it, and runs
 ``tests/faultinject/sitecustomize.py`` when that directory is put first on
 ``PYTHONPATH`` (``kill``/``inject``), as a new interpreter would at its start.
 """
@@ -39,7 +39,7 @@ ROOT = TESTS.parent
 FAULTINJECT = TESTS / "faultinject"
 
 #: variables the child sets itself (read when used, or re-read by the child)
-_PER_CHILD = ("KRR_KILL", "KRR_ENOSPC", "FSSPEC_", "AWS_", "DASK_", "PYTEST_")
+_PER_CHILD = ("KRR_KILL", "KRR_ENOSPC", "KRR_MARK_DELAY", "FSSPEC_", "AWS_", "DASK_", "PYTEST_")
 
 _ZYGOTE = r"""
 import json, os, select, signal, sys

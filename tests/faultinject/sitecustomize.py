@@ -104,3 +104,21 @@ if _enospc and _enospc_at > 0:
         return _orig_direct(tmp, view)
 
     _raw._write_direct = _direct
+
+# ``KRR_MARK_DELAY=seconds``: wait that long before every tile's completion marker (its
+# data is already stored). A small run then lasts as long as a test needs to act in the
+# middle of a stage, without the requests and CPU of a run on more rows
+_mark_delay = float(os.environ.get("KRR_MARK_DELAY", "0"))
+
+if _mark_delay > 0:
+    import time as _time
+
+    from pipeline.storage import markers as _delayed
+
+    _undelayed = _delayed.TileMarkers.mark
+
+    def _mark_later(self, tile, **info):
+        _time.sleep(_mark_delay)
+        return _undelayed(self, tile, **info)
+
+    _delayed.TileMarkers.mark = _mark_later

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from _forkserver import KrrProcess, prestart
+from _forkserver import FAULTINJECT, KrrProcess, prestart
 from _s3server import SERVER_PIDS, make_bucket, moto_server, s3_env
 
 BUCKET = "krr-timeouts"
@@ -94,10 +94,19 @@ def _assert_no_answer(rc: int, err: str) -> None:
     assert "internal error" not in err, err[-3000:]
 
 
+#: one client for the listings below, per server (a new S3FileSystem per listing cost
+#: about 0.1 s of CPU: polled 20 times a second, a core while the setup waited)
+_LISTERS: dict[str, object] = {}
+
+
 def _objects(prefix: str) -> list[str]:
     import s3fs
 
-    fs = s3fs.S3FileSystem(skip_instance_cache=True)
+    endpoint = os.environ["AWS_ENDPOINT_URL"]
+    fs = _LISTERS.get(endpoint)
+    if fs is None:
+        fs = _LISTERS[endpoint] = s3fs.S3FileSystem(skip_instance_cache=True)
+    fs.invalidate_cache()  # what is on the server now
     try:
         return fs.find(f"{BUCKET}/{prefix}")
     except FileNotFoundError:
@@ -152,7 +161,7 @@ def _wait_for(p: KrrProcess, prefix: str, part: str, deadline: float) -> None:
     while not any(part in o for o in _objects(prefix)):
         assert p.poll() is None, p.communicate()[1][-3000:]
         assert time.time() < deadline, f"the run never reached {part.strip('/')}"
-        time.sleep(0.05)
+        time.sleep(0.2)  # (each stage lasts seconds: MARK_DELAY)
 
 
 def _exit(p: KrrProcess, limit: float, since: float) -> tuple[int, str, float]:
@@ -168,10 +177,16 @@ FACTOR_TILES = "/factor.zarr/chol/c/"
 SLOW = {**FAST, "read_timeout": 600, "operation_timeout": 600}
 
 
-#: rows of the two runs that work while the store pauses (``mid``, ``ctrl_c``): 15 tiles
-#: of 32 a side, 120 factor tiles, about 10 s of factor writes on the loopback store (the
-#: 36 tiles of 300 rows were written within 3 s, sometimes before the pause came)
-SLOW_ROWS = 480
+#: rows of the two runs that work while the store pauses (``mid``, ``ctrl_c``): 6 tiles of
+#: 32 a side, 21 Gram tiles and 21 factor tiles
+SLOW_ROWS = 192
+
+#: seconds those two runs wait before each tile's completion marker (``KRR_MARK_DELAY``,
+#: ``tests/faultinject``): each of their Gram and factor stages lasts seconds, so the pause
+#: finds both at work. (Without it, 480 rows' 120 tiles of each stage took about 10 s of
+#: writes, most of this file's CPU in the store's requests; the 36 tiles of 300 rows were
+#: written within 3 s, sometimes before the pause came.)
+MARK_DELAY = 0.25
 
 
 def _rows_conf(conf: Path, dest: Path, name: str, options: dict) -> Path:
@@ -231,10 +246,14 @@ def paused_commands(s3, conf, done_url, tmp_path_factory) -> dict[str, tuple[int
     argvs["predict"] = ["predict", model, str(d / "new.npy"), str(d / "out.npy")]
     argvs["run"] = ["run", str(conf), "--run-dir", f"s3://{BUCKET}/before"]
 
-    mid = _krr("run", str(mid_conf), "--run-dir", f"s3://{BUCKET}/mid")
+    slowed = {  # the tiles' markers come MARK_DELAY apart
+        "PYTHONPATH": os.pathsep.join([str(FAULTINJECT), os.environ.get("PYTHONPATH", "")]),
+        "KRR_MARK_DELAY": str(MARK_DELAY),
+    }
+    mid = _krr("run", str(mid_conf), "--run-dir", f"s3://{BUCKET}/mid", env=slowed)
     # long waits here: only Ctrl-C can end this run quickly
     ctrl_c = _krr("run", str(slow_conf), "--run-dir", f"s3://{BUCKET}/interrupted",
-                  env={"FSSPEC_S3": json.dumps(SLOW)})  # fmt: skip
+                  env={**slowed, "FSSPEC_S3": json.dumps(SLOW)})  # fmt: skip
     try:
         _wait_for(mid, "mid", "/gram/", time.time() + 120)  # the gram stage is writing
         # the factor's tiles are being written: its writer thread waits on the store
