@@ -407,7 +407,7 @@ def _resident_factor(
         jitter=policy, dtype=dtype, name=name, overwrite=overwrite,
     )  # fmt: skip
     if check_disk:
-        _check_factor_disk(L, gram.grid.n_lower_tiles() - len(L.markers.done()))
+        _check_factor_disk(L, len(pending(L.markers, gram.grid.lower_tiles())))
     return device_cholesky(
         backend, stored_tiles(gram), n, block, shift=regularisation_shift(lam, n, convention),
         dtype=dtype, jitter=policy, L=L, lam=lam, convention=convention, progress=progress,
