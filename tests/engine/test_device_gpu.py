@@ -1,5 +1,6 @@
 """pipeline.engine.device on CuPy (a GPU): the checks of test_device_backend.py, the
-fused raw CUDA kernel against the GEMM path, and CuPy against NumPy in float64.
+fused raw CUDA kernel against the GEMM path, and CuPy against NumPy in float64. The
+Nyström build on the GPU is tests/linalg/test_nystrom_device.py's CuPy case.
 
 Skipped without CuPy or without a CUDA device."""
 
@@ -9,10 +10,9 @@ import numpy as np
 import pytest
 
 from pipeline.engine import device
-from pipeline.engine.backend import Backend, get_backend
+from pipeline.engine.backend import get_backend
 from pipeline.engine.dense import kernel_matrix, kernel_predict
 from pipeline.kernels import RBF, Laplacian, Linear, Matern, Polynomial
-from pipeline.linalg import precond
 from pipeline.linalg.cg import conjugate_gradient
 from pipeline.linalg.matvec import DeviceKernelOperator, MatrixFreeKernelOperator
 from pipeline.linalg.precond import NystromPreconditioner, build_nystrom
@@ -246,106 +246,3 @@ def test_woodbury_preconditioner_on_the_gpu(be):
     host = NystromPreconditioner(F, 0.05).apply(R)
     gpu = NystromPreconditioner(F, 0.05, backend=be).apply(R)
     assert _rel(gpu, host) < 1e-10
-
-
-# -- the Nyström builder on the GPU: F built and kept on the device ----------------------
-NYS_N = 3001  # ragged against the row step (1000 here) and the kernel blocks (512)
-NYS_SHIFT = 1e-3
-NYS_KERNEL = RBF(length_scale=ARD)
-NYS_BUILDS = {
-    "rpcholesky": dict(centres="rpcholesky", rank=200, block=64),
-    "adaptive": dict(
-        centres="adaptive", shift=NYS_SHIFT, max_rank=400, memory_budget=None, block=64, sample=300
-    ),  # fmt: skip
-}
-
-
-@pytest.fixture(scope="module")
-def nys_ops(be):
-    """The same RBF operator on CuPy and on the NumPy backend (the host path)."""
-    X = np.random.default_rng(11).standard_normal((NYS_N, D))
-    gpu = DeviceKernelOperator(X, NYS_KERNEL, NYS_SHIFT, backend=be, block_rows=512)
-    host = DeviceKernelOperator(X, NYS_KERNEL, NYS_SHIFT, backend="numpy", block_rows=512)
-    return gpu, host
-
-
-@pytest.fixture
-def ragged_rows(monkeypatch):
-    """A row step of the factor's updates that leaves a ragged last block (3001 rows)."""
-    monkeypatch.setattr(precond, "_ROW_STEP", 1000)
-
-
-@pytest.mark.parametrize("centres", list(NYS_BUILDS))
-def test_nystrom_built_on_the_gpu_float64(be, nys_ops, ragged_rows, centres):
-    gpu, host = nys_ops
-    kw = {**NYS_BUILDS[centres], "dtype": np.float64}
-    g = build_nystrom(gpu, **kw)
-    h = build_nystrom(host, **kw)
-    assert isinstance(g.F, cupy.ndarray) and g.F.dtype == np.float64
-    assert g.backend is be and h.backend is None and isinstance(h.F, np.ndarray)
-    assert g.F.shape == h.F.shape and g.rank > 50
-    np.testing.assert_array_equal(g.centres, h.centres)  # the same draws, the same pivots
-    assert _rel(g.host_factor(), h.F) < 1e-10
-    R = np.random.default_rng(2).standard_normal((NYS_N, 2))
-    pre = g.woodbury(NYS_SHIFT)  # applied on the GPU, F not copied through the host
-    assert pre._Fd is g.F and pre.nbytes == h.woodbury(NYS_SHIFT).nbytes
-    assert _rel(pre.apply(R), h.woodbury(NYS_SHIFT).apply(R)) < 1e-8
-
-
-def test_nystrom_adaptive_float32_on_the_gpu(be, nys_ops, ragged_rows):
-    gpu, host = nys_ops
-    g = build_nystrom(gpu, **NYS_BUILDS["adaptive"])  # float32 by default
-    h = build_nystrom(host, **NYS_BUILDS["adaptive"])
-    assert isinstance(g.F, cupy.ndarray) and g.F.dtype == np.float32
-    assert h.F.dtype == np.float32 and abs(g.rank - h.rank) <= 3
-    R = np.random.default_rng(4).standard_normal((NYS_N, 2))
-    assert _rel(g.woodbury(NYS_SHIFT).apply(R), h.woodbury(NYS_SHIFT).apply(R)) < 1e-5
-    trains = [np.arange(0, NYS_N, 2), np.arange(1, NYS_N, 2)]
-    assert isinstance(g.folds(trains).F, np.ndarray)  # the fold form runs on the host
-
-
-def test_nystrom_gpu_copies_no_factor_to_the_host(be, nys_ops, ragged_rows, monkeypatch):
-    """Per round one n-vector and the candidates' small blocks come back, never K's new
-    columns or F (n x k)."""
-    gpu, _ = nys_ops
-    sizes: list[int] = []
-    to_numpy = Backend.to_numpy
-
-    def counted(self, a):
-        if self.name == "cupy":
-            sizes.append(int(np.prod(a.shape)))
-        return to_numpy(self, a)
-
-    monkeypatch.setattr(Backend, "to_numpy", counted)
-    kw = dict(NYS_BUILDS["adaptive"], shift=1e-9)  # never resolved: runs to its cap
-    nf = build_nystrom(gpu, **kw)
-    assert isinstance(nf.F, cupy.ndarray) and nf.rank == 400
-    b, m = kw["block"], kw["sample"]
-    assert max(sizes) <= max(NYS_N, b * b, m * b, m * m)
-    rounds = nf.info["rounds"]
-    assert sum(sizes) <= rounds * (NYS_N + 3 * b * b + m * b) + NYS_N + m * m
-
-
-def test_nystrom_gpu_buffer_grows(be, nys_ops, ragged_rows, monkeypatch):
-    """With too little free device memory for all its columns F starts narrower and
-    widens as the rank grows: the same factor."""
-    gpu, host = nys_ops
-    free = NYS_N * 8 * 4 * 50  # a quarter holds 50 float64 columns
-    memory = Backend.memory
-    monkeypatch.setattr(
-        Backend, "memory", lambda self: (free, 2 * free) if self.name == "cupy" else memory(self)
-    )
-    kw = {**NYS_BUILDS["rpcholesky"], "dtype": np.float64}
-    g, h = build_nystrom(gpu, **kw), build_nystrom(host, **kw)
-    assert isinstance(g.F, cupy.ndarray) and g.F.shape == (NYS_N, 200)
-    np.testing.assert_array_equal(g.centres, h.centres)
-    assert _rel(g.host_factor(), h.F) < 1e-10
-
-
-def test_columns_stay_on_the_gpu(be, nys_ops):
-    gpu, host = nys_ops
-    idx = [5, 0, NYS_N - 1, 140, 141]
-    C = gpu.columns(idx, on_device=True)
-    assert isinstance(C, cupy.ndarray) and C.dtype == np.float64
-    assert isinstance(gpu.columns(idx), np.ndarray)
-    np.testing.assert_allclose(C.get(), host.columns(idx), rtol=1e-12, atol=1e-14)

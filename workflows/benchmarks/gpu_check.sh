@@ -22,7 +22,7 @@ fi
 export PYTHONUNBUFFERED=1
 nvidia-smi | tee "$OUT/nvidia-smi.txt" | head -12
 python3 -c "import pipeline, cupy, dask, zarr; print('imports ok', cupy.__version__, dask.__version__, zarr.__version__)"
-GPU_TESTS="tests/engine/test_device_gpu.py tests/linalg/test_cholesky_device_gpu.py tests/models/test_estimator_gpu.py"
+GPU_TESTS="tests/engine/test_device_gpu.py tests/linalg/test_nystrom_device.py tests/linalg/test_cholesky_device_gpu.py tests/models/test_estimator_gpu.py"
 CPU_SEAM="tests/engine/test_device_backend.py tests/linalg/test_cholesky_device.py tests/engine/test_backend.py"
 files=""; for f in $GPU_TESTS $CPU_SEAM; do [ -f "$f" ] && files="$files $f"; done
 [ "${GPU_RUN_TESTS:-1}" = 0 ] && files=""
