@@ -32,7 +32,13 @@ import pipeline.constants as C
 from pipeline.options import CG_PRECISIONS
 from pipeline.plan.cg_cost import gram_disk_bytes
 
-__all__ = ["CG_PRECISIONS", "choose_cg_variant", "matvec_choice", "normalize_precision"]
+__all__ = [
+    "CG_PRECISIONS",
+    "choose_cg_variant",
+    "matvec_choice",
+    "normalize_precision",
+    "variant_candidates",
+]
 
 
 def _gb(x: float) -> str:
@@ -83,6 +89,43 @@ def _prices_variants(cm: Any) -> bool:
     return "matvec" in params and "precision" in params
 
 
+def variant_candidates(
+    n: int,
+    kernel: Any,
+    disk_free: float,
+    *,
+    matvec: str = "auto",
+    precision: str = "auto",
+    n_targets: int = 1,
+    kernel_dtype: str = "float64",
+) -> list[tuple[str, str]]:
+    """The ``(matvec, precision)`` variants a CG fit may run, as
+    :func:`choose_cg_variant` weighs them: the named ones, else every one that applies
+    (``stored`` when the Gram fits on disk; ``mixed`` for one target, float64 kernel
+    products and a Mercer kernel; never both).
+
+    Raises
+    ------
+    ValueError
+        ``precision="mixed"`` with ``matvec="stored"``.
+    """
+    precision = normalize_precision(precision)
+    if precision == "mixed" and matvec == "stored":
+        raise ValueError(
+            "cg_precision='mixed' recomputes the kernel in float32, so it cannot use "
+            "matvec='stored'; use matvec='recompute' (or 'auto'), or cg_precision='float64'"
+        )
+    gram_fits = gram_disk_bytes(n) <= C.DISK_MARGIN * disk_free
+    mixed_ok = n_targets == 1 and kernel_dtype == "float64" and getattr(kernel, "is_mercer", True)
+    matvecs = [matvec] if matvec != "auto" else ["recompute", *(["stored"] if gram_fits else [])]
+    if precision == "mixed":
+        matvecs = ["recompute"]
+    precisions = (
+        [precision] if precision != "auto" else ["float64", *(["mixed"] if mixed_ok else [])]
+    )
+    return [(m, p) for m in matvecs for p in precisions if not (m == "stored" and p == "mixed")]
+
+
 def choose_cg_variant(
     n: int,
     n_features: int,
@@ -112,22 +155,10 @@ def choose_cg_variant(
         ``precision="mixed"`` with ``matvec="stored"``.
     """
     precision = normalize_precision(precision)
-    if precision == "mixed" and matvec == "stored":
-        raise ValueError(
-            "cg_precision='mixed' recomputes the kernel in float32, so it cannot use "
-            "matvec='stored'; use matvec='recompute' (or 'auto'), or cg_precision='float64'"
-        )
-    gram_fits = gram_disk_bytes(n) <= C.DISK_MARGIN * disk_free
-    mixed_ok = n_targets == 1 and kernel_dtype == "float64" and getattr(kernel, "is_mercer", True)
-    matvecs = [matvec] if matvec != "auto" else ["recompute", *(["stored"] if gram_fits else [])]
-    if precision == "mixed":
-        matvecs = ["recompute"]
-    precisions = (
-        [precision] if precision != "auto" else ["float64", *(["mixed"] if mixed_ok else [])]
-    )
-    candidates = [
-        (m, p) for m in matvecs for p in precisions if not (m == "stored" and p == "mixed")
-    ]
+    candidates = variant_candidates(
+        n, kernel, disk_free, matvec=matvec, precision=precision, n_targets=n_targets,
+        kernel_dtype=kernel_dtype,
+    )  # fmt: skip
     if len(candidates) == 1:
         m, p = candidates[0]
         return m, p, f"CG products: matvec {m}, {p} (as asked)"

@@ -66,7 +66,12 @@ from pipeline.options import (
 )
 from pipeline.plan.calibrated import CalibratedCostModel, _accepts, _seconds, make_cost_model
 from pipeline.plan.cg_cost import adaptive_rank_and_residual, gram_disk_bytes
-from pipeline.plan.cg_variant import choose_cg_variant, matvec_choice, normalize_precision
+from pipeline.plan.cg_variant import (
+    choose_cg_variant,
+    matvec_choice,
+    normalize_precision,
+    variant_candidates,
+)
 from pipeline.plan.factor_precision import choose_factor_dtype
 
 __all__ = [
@@ -103,6 +108,12 @@ log = logging.getLogger(__name__)
 #: the option tree's defaults (pipeline.options.SolverOptions): the knobs a FitPlan
 #: decides default to them
 _DEFAULT = SolverOptions()
+
+
+def _zero_residual(rank: int) -> float:
+    """The residual probe's best possible answer, ρ = 0 (``cg_pricing(floor=True)``)."""
+    return 0.0
+
 
 #: the keys of a plan's record (:meth:`FitPlan.to_dict`: ``plan.json``, the solve
 #: stage's outputs), in their recorded order: the plan's own fields and the knobs of its
@@ -653,9 +664,14 @@ def _plan_solver(
         log.info("%s", reason)
         solver = "auto"
 
-    def cg_pricing(solver: str) -> tuple:
+    def cg_pricing(solver: str, *, floor: bool = False) -> tuple:
         """CG as the cost model prices it for this fit: the model (at the adaptive
-        factor's predicted rank), μ, ρ and its source, and the product variant."""
+        factor's predicted rank), μ, ρ and its source, and the product variant.
+
+        ``floor``: priced as if the subsample had measured ρ = 0, without measuring it.
+        Every measured ρ prices CG at least as high (more iterations, and for the
+        adaptive factor a higher rank), so when even this floor cannot change the plan,
+        neither can the measurement."""
         precision = normalize_precision(opts.cg_precision)
         tol = opts.tol
         cm = make_cost_model(
@@ -674,9 +690,9 @@ def _plan_solver(
             and mercer
             and opts.preconditioner == "nystrom"
             and _accepts(cm.cg_seconds, "rho")
-            and _rho_matters(cm, solver, n, d, kernel, mu, tol, matvec, precision)
+            and (floor or _rho_matters(cm, solver, n, d, kernel, mu, tol, matvec, precision))
         ):
-            rho = probes.residual(base.rank)  # fixed seed: same rows, same ρ
+            rho = 0.0 if floor else probes.residual(base.rank)  # fixed seed: same ρ
         elif (
             adaptive
             and shift is not None
@@ -686,11 +702,12 @@ def _plan_solver(
         ):
             # the adaptive factor's rank and ρ, from ρ measured on a subsample when it can
             # change the plan, else assumed
-            measure = probes.residual is not None and _rho_matters(
-                cm, solver, n, d, kernel, mu, tol, matvec, precision
+            measure = probes.residual is not None and (
+                floor or _rho_matters(cm, solver, n, d, kernel, mu, tol, matvec, precision)
             )
+            residual = _zero_residual if floor else probes.residual
             rank_est, rho, r, measured = adaptive_residual(
-                n, mu, base.rank, cm, probes.residual if measure else None
+                n, mu, base.rank, cm, residual if measure else None
             )
             rho_source = (
                 f"of the adaptive factor (rank about {rank_est} of at most {base.rank}), from ρ "
@@ -716,6 +733,15 @@ def _plan_solver(
         )
         return precision, tol, cm, shift, rho, rho_source, variant
 
+    def variants() -> list[tuple[str, str]]:
+        """The product variants this fit's CG may run (as :func:`choose_cg_variant` weighs
+        them)."""
+        return variant_candidates(
+            n, kernel, resources.disk_bytes, matvec=matvec,
+            precision=normalize_precision(opts.cg_precision), n_targets=n_targets,
+            kernel_dtype=base.kernel_dtype,
+        )  # fmt: skip
+
     priced = None  # cg_pricing's result, computed once: ρ may be measured on the rows
     if solver == "auto" and resources.in_memory:
         has_primal = isinstance(kernel, Linear)
@@ -731,7 +757,14 @@ def _plan_solver(
         if need <= budget:
             why = f"the in-memory dual for n_samples={n} needs {_gb(need)} and {_gb(budget)} is usable"
             cg_why = ""
-            if kernel is not None and mercer and one_alpha:  # else only the dense dual
+            # else only the dense dual; ρ is measured only when CG priced at its floor
+            # (a perfect preconditioner) could replace the dense dual
+            if (
+                kernel is not None
+                and mercer
+                and one_alpha
+                and _cg_may_beat_dense(n, d, kernel, cg_pricing(solver, floor=True), variants())
+            ):
                 priced = cg_pricing(solver)
                 cg_why = _cg_beats_dense(n, d, kernel, priced)
             if not cg_why:
@@ -790,6 +823,23 @@ def _plan_solver(
     matvec, precision, why = variant
     plan = replace(base, solver="cg", matvec=matvec, cg_precision=precision)
     return replace(plan, block_size=block_for("cg")), f"{reason}; {why}"
+
+
+def _cg_may_beat_dense(
+    n: int, d: int, kernel: Any, floor: tuple, variants: list[tuple[str, str]]
+) -> bool:
+    """Whether CG could replace the in-memory dense dual (:func:`_cg_beats_dense`) for
+    some ρ: CG priced at its ``floor`` (``cg_pricing(..., floor=True)``: ρ = 0) with its
+    fastest product variant. When not, measuring ρ on a subsample (about 1 s at 4,000 rows)
+    cannot change the plan, and the dense dual is taken without it."""
+    _, tol, cm, shift, rho, _, _ = floor
+    if shift is None or not hasattr(cm, "dense_seconds"):
+        return False
+    cg_s = min(
+        _seconds(cm.cg_seconds, n, d, kernel, shift=shift, tol=tol, rho=rho, matvec=m, precision=p)
+        for m, p in variants
+    )
+    return cg_s * C.IN_MEMORY_CG_MARGIN < cm.dense_seconds(n, d)
 
 
 def _cg_beats_dense(n: int, d: int, kernel: Any, priced: tuple) -> str:

@@ -183,6 +183,46 @@ def test_small_fits_skip_the_subsample_estimate(monkeypatch):
     assert calls == [(8_000, 8)] and "measured on a subsample" in reason
 
 
+def test_in_memory_fits_measure_rho_only_when_cg_could_replace_the_dense_dual(monkeypatch):
+    """With the dense dual in memory, CG replaces it only when predicted
+    IN_MEMORY_CG_MARGIN times faster. When CG priced at its floor (ρ = 0, its fastest
+    product variant) is not, the plan takes the dense dual without measuring ρ (about
+    1 s at 4,000 rows, which made a 3,000-row default fit take 4x the dense one's time):
+    the same plan as with the measurement, on a grid where both solvers win."""
+    from pipeline.engine.placement import Probes
+    from pipeline.plan import fit_plan
+
+    res = Resources(memory_bytes=20 * GB, disk_bytes=1000 * GB, in_memory=True)
+    measured: list[int] = []
+    chosen = set()
+    for n, gamma in ((3_000, 0.25), (24_000, 1.0)):
+        X = np.random.default_rng(1).standard_normal((n, 8))
+        k = make_kernel("rbf", gamma=gamma)
+        real = row_probes(X, k)
+        rho = {}
+
+        def residual(rank, real=real, rho=rho):  # each rank measured once
+            measured.append(rank)
+            if rank not in rho:
+                rho[rank] = real.residual(rank)
+            return rho[rank]
+
+        probes = Probes(True, residual, real.float32_risk)
+        for lam in (1e-3, 1.0, 10.0):
+            before = len(measured)
+            plan, reason = plan_fit(n, 8, k, res, {"alpha": lam}, probes=probes)
+            gated = len(measured) == before
+            with monkeypatch.context() as m:  # the plan when ρ is always measured
+                m.setattr(fit_plan, "_cg_may_beat_dense", lambda *a: True)
+                always = plan_fit(n, 8, k, res, {"alpha": lam}, probes=probes)[0]
+            assert (plan.solver, plan.matvec, plan.cg_precision) == (
+                always.solver, always.matvec, always.cg_precision,
+            )  # fmt: skip
+            assert gated == (n == 3_000), (n, lam, reason)  # ρ = 0 at the floor: λ-blind
+            chosen.add(plan.solver)
+    assert chosen == {"dense", "cg"}
+
+
 def test_the_plan_sizes_tiles_by_the_clients_worker_count():
     from pipeline.engine.placement import dask_block_size
 
