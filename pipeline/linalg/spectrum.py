@@ -20,13 +20,15 @@ when the plan has the training rows it measures ρ on a few of them:
 
 The real solves' iterations are :data:`~pipeline.constants.CG_BOUND_FRACTION` of the
 Chebyshev bound of this ρ (docs/PERFORMANCE.md#the-solver-policy-against-measured-times).
-The estimate costs one m x m kernel matrix, an m x r factor and a few m x m products.
+The estimate costs one m x m kernel matrix, an m x r factor and one product of the residual
+(applied as ``K V - F (Fᵀ V)``, never formed) with a block of 4 vectors per power iteration.
 Deterministic: the same rows give the same ρ, so ``krr run`` and ``KernelRidge`` plan
 the same fit alike.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -55,14 +57,20 @@ def subsample_rows(X: Any, m: int, rng: np.random.Generator) -> np.ndarray:
     return np.asarray(X[idx], dtype=np.float64)
 
 
-def _top_eigenvalue(R: np.ndarray, iterations: int, rng: np.random.Generator) -> float:
-    """Largest eigenvalue of the PSD matrix ``R`` by block power iteration (a lower bound
-    that converges fast when the top eigenvalues are separated)."""
-    V = rng.standard_normal((R.shape[0], 4))
+def _top_eigenvalue(
+    apply: Callable[[np.ndarray], np.ndarray], m: int, iterations: int, rng: np.random.Generator
+) -> float:
+    """Largest eigenvalue of the m x m PSD operator ``apply`` (``V -> R V``) by block power
+    iteration (a lower bound that converges fast when the top eigenvalues are separated):
+    one product per iteration, ``R V`` serving both the Rayleigh quotient and the next
+    step."""
+    V = rng.standard_normal((int(m), 4))
     top = 0.0
+    W = apply(V)
     for _ in range(int(iterations)):
-        V, _ = np.linalg.qr(R @ V)
-        top = float(np.max(np.linalg.eigvalsh(V.T @ R @ V)))
+        V, _ = np.linalg.qr(W)
+        W = apply(V)
+        top = float(np.max(np.linalg.eigvalsh(V.T @ W)))
     return max(top, 0.0)
 
 
@@ -111,8 +119,11 @@ def estimate_residual(
     F = build_nystrom(
         DenseKernelOperator(K), centres="rpcholesky", rank=rank, random_state=random_state
     ).F
-    K -= F @ F.T
-    rho = _top_eigenvalue(K, C.SPECTRUM_POWER_ITERATIONS, rng)
+
+    def residual(V: np.ndarray) -> np.ndarray:  # (K - F Fᵀ) V, without forming F Fᵀ
+        return K @ V - F @ (F.T @ V)
+
+    rho = _top_eigenvalue(residual, m, C.SPECTRUM_POWER_ITERATIONS, rng)
     return rho * n / m
 
 
