@@ -828,34 +828,31 @@ def _plan_solver(
 def _cg_may_beat_dense(
     n: int, d: int, kernel: Any, floor: tuple, variants: list[tuple[str, str]]
 ) -> bool:
-    """Whether CG could replace the in-memory dense dual (:func:`_cg_beats_dense`) for
-    some ρ: CG priced at its ``floor`` (``cg_pricing(..., floor=True)``: ρ = 0) with its
-    fastest product variant. When not, measuring ρ on a subsample (about 1 s at 4,000 rows)
-    cannot change the plan, and the dense dual is taken without it."""
-    _, tol, cm, shift, rho, _, _ = floor
-    if shift is None or not hasattr(cm, "dense_seconds"):
-        return False
-    cg_s = min(
-        _seconds(cm.cg_seconds, n, d, kernel, shift=shift, tol=tol, rho=rho, matvec=m, precision=p)
-        for m, p in variants
-    )
-    return cg_s * C.IN_MEMORY_CG_MARGIN < cm.dense_seconds(n, d)
+    """Whether CG could replace the in-memory dense dual for some ρ: the rule of
+    :func:`_cg_beats_dense` with CG priced at its ``floor`` (``cg_pricing(...,
+    floor=True)``: ρ = 0) and its fastest product variant. When not, measuring ρ on a
+    subsample (about 1 s at 4,000 rows) cannot change the plan, and the dense dual is taken
+    without it."""
+    return bool(_cg_beats_dense(n, d, kernel, floor, variants))
 
 
-def _cg_beats_dense(n: int, d: int, kernel: Any, priced: tuple) -> str:
+def _cg_beats_dense(
+    n: int, d: int, kernel: Any, priced: tuple, variants: list[tuple[str, str]] | None = None
+) -> str:
     """Why matrix-free CG replaces the in-memory dense dual that fits, or ``""``: for a
     known PSD kernel with one λ > 0 (the caller checks the kernel and λs; ``priced`` is
     CG as the plan prices it), when the cost model predicts CG
     :data:`~pipeline.constants.IN_MEMORY_CG_MARGIN` times faster than the dense solve
-    (a large, well-conditioned problem: flights' λ = 1)."""
+    (a large, well-conditioned problem: flights' λ = 1). CG runs its priced product
+    variant, or the fastest of ``variants`` when given."""
     _, tol, cm, shift, rho, _, variant = priced
     if shift is None or not hasattr(cm, "dense_seconds"):
         return ""
     dense_s = cm.dense_seconds(n, d)
-    cg_s = _seconds(
-        cm.cg_seconds, n, d, kernel, shift=shift, tol=tol, rho=rho, matvec=variant[0],
-        precision=variant[1],
-    )  # fmt: skip
+    cg_s = min(
+        _seconds(cm.cg_seconds, n, d, kernel, shift=shift, tol=tol, rho=rho, matvec=m, precision=p)
+        for m, p in (variants or [variant[:2]])
+    )
     if not cg_s * C.IN_MEMORY_CG_MARGIN < dense_s:
         return ""
     return (

@@ -34,6 +34,7 @@ predictions (the same answer)::
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 import tempfile
@@ -71,7 +72,7 @@ def fitters(gamma: float, alpha: float, block: int, store: str) -> dict[str, Cal
 
         return fit
 
-    counter = iter(range(1_000_000))
+    counter = itertools.count()
 
     def out_of_core(X, y):  # a fresh store each time: the Gram is built, not reused
         where = f"{store}/fit{next(counter)}"
