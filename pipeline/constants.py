@@ -569,6 +569,22 @@ def rank_for_budget(n: int, memory_budget: int, dtype: str = "float32") -> int:
     return max(0, min(int(n), int(memory_budget) // (int(n) * item)))
 
 
+def probe_rank(preconditioner: str, rank: int) -> int:
+    """The rank at which the plan measures the residual ρ of a fit's Nyström
+    preconditioner of rank (or, for ``"adaptive"``, rank cap) ``rank``: that rank, but at
+    most :data:`ADAPTIVE_PROBE_RANK` for the adaptive factor, which grows from there."""
+    return min(int(rank), ADAPTIVE_PROBE_RANK) if preconditioner == "adaptive" else int(rank)
+
+
+def spectrum_sample_rows(n: int, rank: int) -> int:
+    """Rows of the subsample on which the plan measures the rank-``rank`` residual of
+    N = ``n`` rows (:func:`pipeline.linalg.spectrum.estimate_residual`): at least
+    :data:`SPECTRUM_RANK_FACTOR` times the rank, at least :data:`SPECTRUM_SAMPLE_ROWS`,
+    at most :data:`SPECTRUM_MAX_ROWS` and N."""
+    m = max(SPECTRUM_SAMPLE_ROWS, SPECTRUM_RANK_FACTOR * int(rank))
+    return int(min(int(n), m, SPECTRUM_MAX_ROWS))
+
+
 def preconditioner_rank(preconditioner: str, rank: int | None, n: int, memory_bytes: float) -> int:
     """The rank of a fit's Nyström preconditioner, at most N: ``rank`` (default
     :data:`DEFAULT_RANK`) for ``"nystrom"``; for ``"adaptive"`` its cap: ``rank`` if

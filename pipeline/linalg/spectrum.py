@@ -10,8 +10,8 @@ CG's iterations depend on ``ρ = ‖K - F Fᵀ‖₂``, the residual of its rank
 preconditioner, against the shift μ (``κ ≤ 1 + ρ/μ``). ρ depends on the data, so
 when the plan has the training rows it measures ρ on a few of them:
 
-1. draw ``m`` rows uniformly (:func:`sample_size`: at least 4 r, so the rank-r
-   factor leaves a residual to measure), with a fixed seed;
+1. draw ``m`` rows uniformly (:func:`~pipeline.constants.spectrum_sample_rows`: at
+   least 4 r, so the rank-r factor leaves a residual to measure), with a fixed seed;
 2. form their m x m kernel matrix and its rank-r RPCholesky factor (the
    preconditioner's own algorithm, :func:`pipeline.linalg.precond.build_nystrom`);
 3. take the top eigenvalue of the residual by a few power iterations, and scale
@@ -38,15 +38,9 @@ from pipeline.engine.dense import kernel_matrix
 from pipeline.linalg.dense_operator import DenseKernelOperator
 from pipeline.linalg.precond import build_nystrom
 
-__all__ = ["estimate_residual", "float32_factor_risk", "sample_size", "subsample_rows"]
+__all__ = ["estimate_residual", "float32_factor_risk", "subsample_rows"]
 
 EPS32 = float(np.finfo(np.float32).eps)
-
-
-def sample_size(n: int, rank: int) -> int:
-    """Rows of the subsample that measures the rank-``rank`` residual of N = ``n`` rows."""
-    m = max(C.SPECTRUM_SAMPLE_ROWS, C.SPECTRUM_RANK_FACTOR * int(rank))
-    return int(min(int(n), m, C.SPECTRUM_MAX_ROWS))
 
 
 def subsample_rows(X: Any, m: int, rng: np.random.Generator) -> np.ndarray:
@@ -97,7 +91,8 @@ def estimate_residual(
     random_state : int
         Seed of the subsample and of the factor's pivots.
     sample : int, optional
-        Rows of the subsample (default :func:`sample_size`).
+        Rows of the subsample (default
+        :func:`~pipeline.constants.spectrum_sample_rows`).
 
     Returns
     -------
@@ -110,7 +105,7 @@ def estimate_residual(
     rank = int(rank)
     if rank >= n:
         return 0.0
-    m = sample_size(n, rank) if sample is None else int(min(sample, n))
+    m = C.spectrum_sample_rows(n, rank) if sample is None else int(min(sample, n))
     if rank * 2 > m:
         return None
     rng = np.random.default_rng(random_state)

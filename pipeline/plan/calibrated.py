@@ -151,6 +151,23 @@ class CalibratedCostModel:
         speed = cholesky_cost.cholesky_efficiency(tiles) * self.gemm_gflops * 1e9
         return gram + cholesky_cost.cholesky_flops(n) / speed
 
+    def probe_seconds(self, n: int, d: int, rank: int) -> float:
+        """The plan's measurement of ρ at ``rank``
+        (:func:`pipeline.linalg.spectrum.estimate_residual`): the kernel matrix of its
+        m-row subsample (:func:`~pipeline.constants.spectrum_sample_rows`), the rank-r
+        RPCholesky of it, and :data:`~pipeline.constants.SPECTRUM_POWER_ITERATIONS` + 1
+        products of its residual with 4 vectors (8 m (m + 2 r) flops each, at the GEMV
+        rate). 0 where nothing is measured (r >= N, or too few rows for r)."""
+        m = C.spectrum_sample_rows(n, rank)
+        r = int(rank)
+        if r >= int(n) or 2 * r > m:
+            return 0.0
+        gemm = self.gemm_gflops * 1e9
+        gram = float(m) * m / cg_cost.entry_rate(d, "float64", C.GRAM_ENTRY_RATE)
+        build = cg_cost.nystrom_build_seconds(m, r, d, gemm_flops=gemm)
+        products = 8.0 * m * (m + 2.0 * r) / (gemm * C.GEMV_FRACTION_OF_GEMM)
+        return gram + build + (C.SPECTRUM_POWER_ITERATIONS + 1) * products
+
     # -- CG ---------------------------------------------------------------------
 
     def residual(self, n: int, rho: float | None = None) -> float:

@@ -115,6 +115,10 @@ def _zero_residual(rank: int) -> float:
     return 0.0
 
 
+#: where ρ came from when CG is priced at its floor (``cg_pricing(floor=True)``)
+FLOOR_RHO_SOURCE = "taken as 0, the best a measurement could give"
+
+
 #: the keys of a plan's record (:meth:`FitPlan.to_dict`: ``plan.json``, the solve
 #: stage's outputs), in their recorded order: the plan's own fields and the knobs of its
 #: options that the fit runs with (never ``allow_unconverged`` nor ``cost_model``)
@@ -294,6 +298,7 @@ def out_of_core_choice(
     rho: float | None = None,
     cg_options: Mapping[str, Any] | None = None,
     rho_source: str | None = None,
+    cg_margin: float = 0.0,
 ) -> tuple[str, str]:
     """``"cholesky"`` or ``"cg"`` for an N x N kernel system, with the reason.
 
@@ -302,6 +307,8 @@ def out_of_core_choice(
     whose methods accept them; so do ``cg_options`` (CG's ``matvec`` and
     ``precision``, :func:`pipeline.plan.cg_variant.choose_cg_variant`). ``rho_source``
     says where ρ came from (default: measured on a subsample when given, else assumed).
+    ``cg_margin``: CG is chosen on time only when predicted faster by more than this many
+    seconds (the price of measuring ρ, when CG is priced at its floor: ``plan_fit``).
     """
     if n < 1 or n_features < 1:
         raise ValueError(f"n and n_features must be >= 1, got n={n}, n_features={n_features}")
@@ -356,11 +363,19 @@ def out_of_core_choice(
             "measured on a subsample of the rows" if rho is not None else "assumed"
         )
         cg_why += f": about {its} iterations at ρ/μ = {rho_n / (shift or 1.0):.3g}, ρ {source}"
-    if t_chol > t_cg:
+    if t_chol > t_cg + cg_margin:
         return (
             "cg",
             f"N={n}: a Cholesky (N³/3 = {n**3 / 3e12:.1f} TFLOP) is predicted at "
             f"{t_chol:.3g} s, CG at {t_cg:.3g} s ({cg_why})",
+        )
+    if t_chol > t_cg:
+        return (
+            "cholesky",
+            f"N={n}: CG could save at most {t_chol - t_cg:.3g} s over the exact blocked "
+            f"Cholesky (predicted {t_chol:.3g} s; CG {t_cg:.3g} s, {cg_why}), less than "
+            f"measuring ρ would cost ({cg_margin:.3g} s), and the Gram plus factor "
+            f"({_gb(need_disk)}) fit in {_gb(usable_disk)} of usable disk",
         )
     return (
         "cholesky",
@@ -402,7 +417,7 @@ def adaptive_residual(
     """
     r, rho_r = C.DEFAULT_RANK, None
     if residual is not None:
-        r = min(int(cap), C.ADAPTIVE_PROBE_RANK)
+        r = C.probe_rank("adaptive", cap)
         rho_r = residual(r)
     measured = rho_r is not None
     if not measured:
@@ -693,6 +708,7 @@ def _plan_solver(
             and (floor or _rho_matters(cm, solver, n, d, kernel, mu, tol, matvec, precision))
         ):
             rho = 0.0 if floor else probes.residual(base.rank)  # fixed seed: same ρ
+            rho_source = FLOOR_RHO_SOURCE if floor else None
         elif (
             adaptive
             and shift is not None
@@ -711,7 +727,14 @@ def _plan_solver(
             )
             rho_source = (
                 f"of the adaptive factor (rank about {rank_est} of at most {base.rank}), from ρ "
-                f"at rank {r} " + ("measured on a subsample of the rows" if measured else "assumed")
+                f"at rank {r} "
+                + (
+                    FLOOR_RHO_SOURCE
+                    if floor
+                    else "measured on a subsample of the rows"
+                    if measured
+                    else "assumed"
+                )
             )
             cm = make_cost_model(
                 cost_model if cost_model is not None else opts.cost_model,
@@ -790,10 +813,14 @@ def _plan_solver(
         solver = "auto"
     if solver in ("dense", "primal"):
         return replace(base, solver=solver), reason
-    priced = priced or cg_pricing(solver)
-    precision, tol, cm, shift, rho, rho_source, variant = priced
-    if solver == "auto":
-        name, why = out_of_core_choice(
+
+    def cholesky_or_cg(priced: tuple, variant: tuple | None = None, margin: float = 0.0):
+        """:func:`out_of_core_choice` with CG as ``priced`` prices it, running its
+        product ``variant`` (default: the priced one), chosen on time only when faster by
+        more than ``margin`` seconds."""
+        _, tol, cm, shift, rho, rho_source, chosen = priced
+        matvec, precision = (variant or chosen)[:2]
+        return out_of_core_choice(
             n,
             d,
             resources.disk_bytes,
@@ -805,9 +832,27 @@ def _plan_solver(
             shift=shift,
             tol=tol,
             rho=rho,
-            cg_options={"matvec": variant[0], "precision": variant[1]},
+            cg_options={"matvec": matvec, "precision": precision},
             rho_source=rho_source,
+            cg_margin=margin,
         )
+
+    margin = 0.0
+    if solver == "auto" and priced is None and probes.residual is not None:
+        # measuring ρ pays only when CG could save more than it costs: priced at its floor
+        # (ρ = 0, any product variant), CG must beat the Cholesky by the probe's price
+        floor = cg_pricing(solver, floor=True)
+        cm = floor[2]
+        if floor[4] is not None and hasattr(cm, "probe_seconds"):
+            margin = cm.probe_seconds(n, d, C.probe_rank(opts.preconditioner, base.rank))
+            if all(cholesky_or_cg(floor, v, margin)[0] == "cholesky" for v in variants()):
+                priced = floor  # the Cholesky, whatever ρ is: not measured
+            else:
+                margin = 0.0
+    priced = priced or cg_pricing(solver)
+    precision, tol, cm, shift, rho, rho_source, variant = priced
+    if solver == "auto":
+        name, why = cholesky_or_cg(priced, margin=margin)
         if name == "cg" and not mercer:
             name, why = "cholesky", f"{why}; but the kernel is not known to be PSD"
         reason = why if reason.startswith("requested") else f"{reason}: {why}"

@@ -8,7 +8,7 @@ from pipeline import constants as C
 from pipeline.kernels import RBF
 from pipeline.linalg.dense_operator import DenseKernelOperator
 from pipeline.linalg.precond import build_nystrom
-from pipeline.linalg.spectrum import estimate_residual, sample_size
+from pipeline.linalg.spectrum import estimate_residual
 
 
 def _data(n, d=4, seed=0):
@@ -19,9 +19,9 @@ def test_edge_cases_and_sample_size():
     X = _data(300)
     assert estimate_residual(X, RBF(gamma=0.5), 300) == 0.0  # the factor covers every row
     assert estimate_residual(_data(700), RBF(gamma=0.5), 500) is None  # too few rows
-    assert sample_size(10**6, 500) == C.SPECTRUM_SAMPLE_ROWS
-    assert sample_size(10**6, 5000) == C.SPECTRUM_MAX_ROWS
-    assert sample_size(1500, 100) == 1500
+    assert C.spectrum_sample_rows(10**6, 500) == C.SPECTRUM_SAMPLE_ROWS
+    assert C.spectrum_sample_rows(10**6, 5000) == C.SPECTRUM_MAX_ROWS
+    assert C.spectrum_sample_rows(1500, 100) == 1500
 
 
 def test_matches_the_exact_residual_when_the_sample_is_every_row():

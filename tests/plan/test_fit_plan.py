@@ -168,6 +168,7 @@ def test_small_fits_skip_the_subsample_estimate(monkeypatch):
     # when the Cholesky beats CG even at one iteration, measuring ρ (about 0.5 s) cannot
     # change the choice: a 2,000-row fit is planned without it
     import pipeline.linalg.spectrum as spectrum
+    from pipeline.plan import fit_plan
 
     calls = []
     real = spectrum.estimate_residual
@@ -177,7 +178,7 @@ def test_small_fits_skip_the_subsample_estimate(monkeypatch):
     k = make_kernel("rbf", gamma=0.1)
     X = np.random.default_rng(0).standard_normal((2_000, 8))
     plan, reason = plan_fit(2_000, 8, k, RES, {"alpha": 1e-2}, probes=row_probes(X, k))
-    assert plan.solver == "cholesky" and calls == [] and "assumed" in reason
+    assert plan.solver == "cholesky" and calls == [] and fit_plan.FLOOR_RHO_SOURCE in reason
     X = np.random.default_rng(0).standard_normal((8_000, 8))
     plan, reason = plan_fit(8_000, 8, k, RES, {"alpha": 1e-1}, probes=row_probes(X, k))
     assert calls == [(8_000, 8)] and "measured on a subsample" in reason
@@ -221,6 +222,45 @@ def test_in_memory_fits_measure_rho_only_when_cg_could_replace_the_dense_dual(mo
             assert gated == (n == 3_000), (n, lam, reason)  # ρ = 0 at the floor: λ-blind
             chosen.add(plan.solver)
     assert chosen == {"dense", "cg"}
+
+
+def test_out_of_core_fits_measure_rho_only_when_cg_could_save_more_than_the_measurement(
+    monkeypatch,
+):
+    """Out of core, measuring ρ on a subsample costs about as much as a 3,000-row
+    Cholesky (:meth:`CalibratedCostModel.probe_seconds`). It pays only when CG, priced at
+    its floor (ρ = 0, its fastest product variant), beats the Cholesky by more than that
+    price; else the plan takes the Cholesky without it. At 6,000 rows the measurement
+    made CG win by less than it cost (kin40k: the default fit took 2.31 s, the Cholesky
+    1.72 s); at 24,000 rows ρ is still measured, and decides."""
+    from pipeline.engine.placement import Probes
+    from pipeline.plan.calibrated import CalibratedCostModel
+
+    res = Resources(memory_bytes=20 * GB, disk_bytes=1000 * GB, in_memory=False)
+    k = make_kernel("rbf", gamma=0.1)
+    for n, lam in ((3_000, 1e-3), (6_000, 0.1), (24_000, 1.0)):
+        X = np.random.default_rng(0).standard_normal((n, 8))
+        real, measured = row_probes(X, k), []
+
+        def residual(rank, real=real, measured=measured):
+            measured.append(rank)
+            return real.residual(rank)
+
+        probes = Probes(False, residual, None)
+        plan, reason = plan_fit(n, 8, k, res, {"alpha": lam}, probes=probes)
+        with monkeypatch.context() as m:  # a free measurement: made wherever ρ could matter
+            m.setattr(CalibratedCostModel, "probe_seconds", lambda *a: 0.0)
+            free, free_why = plan_fit(n, 8, k, res, {"alpha": lam}, probes=probes)
+        if n == 24_000:
+            assert measured == [C.ADAPTIVE_PROBE_RANK] * 2 and plan == free, reason
+            assert plan.solver == "cg" and "measured on a subsample" in reason
+            continue
+        assert plan.solver == "cholesky" and "measured on a subsample" not in reason
+        if n == 3_000:  # the Cholesky wins even against CG's floor: the same plan
+            assert measured == [] and plan == free and reason == free_why
+        else:  # measured, ρ makes CG win, by less than measuring it cost
+            assert measured == [C.ADAPTIVE_PROBE_RANK] and free.solver == "cg"
+            assert "less than measuring ρ would cost" in reason, reason
 
 
 def test_the_plan_sizes_tiles_by_the_clients_worker_count():
