@@ -707,7 +707,7 @@ def _plan_solver(
             and _accepts(cm.cg_seconds, "rho")
             and (floor or _rho_matters(cm, solver, n, d, kernel, mu, tol, matvec, precision))
         ):
-            rho = 0.0 if floor else probes.residual(base.rank)  # fixed seed: same ρ
+            rho = 0.0 if floor else probes.residual(C.probe_rank("nystrom", base.rank))
             rho_source = FLOOR_RHO_SOURCE if floor else None
         elif (
             adaptive
