@@ -38,7 +38,7 @@ def restore_environ(saved: dict[str, str | None]) -> None:
 
 
 #: held while native libraries are listed (threadpoolctl) or loaded lazily (numba, by
-#: :mod:`pipeline.engine.vexp`). threadpoolctl lists them with ``dl_iterate_phdr``, whose
+#: :mod:`pipeline.engine.compiled`). threadpoolctl lists them with ``dl_iterate_phdr``, whose
 #: callback needs the GIL while it holds the loader's lock; an extension module being
 #: imported in another thread holds the GIL while it waits for that lock in ``dlopen``:
 #: the two together deadlock the whole process (no signal handler runs, no test timeout

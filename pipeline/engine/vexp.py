@@ -49,6 +49,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from pipeline.engine.compiled import njit
 from pipeline.engine.parallel import native_lock
 
 __all__ = ["EXP32_ID", "EXP_ID", "exp_inplace"]
@@ -208,8 +209,7 @@ _poly = _bits = _scale = _poly32 = _bits32 = None
 
 def _build() -> Callable[[np.ndarray], None]:
     """Import numba and compile :func:`_exp_chunks` (or load it from numba's cache on
-    disk, next to this module)."""
-    import numba as nb
+    disk, next to this module), as :func:`pipeline.engine.compiled.njit` compiles."""
     from llvmlite import ir
     from numba.core import cgutils, types
     from numba.extending import intrinsic
@@ -233,18 +233,11 @@ def _build() -> Callable[[np.ndarray], None]:
 
     global _fma, _fma32, _poly, _bits, _scale, _poly32, _bits32
 
-    def jit(fn: Callable[..., None]) -> Callable[..., None]:
-        opts = {"nogil": True, "error_model": "numpy", "boundscheck": False}
-        try:
-            return nb.njit(cache=True, **opts)(fn)
-        except RuntimeError:  # no writable cache location (a read-only install, no home)
-            return nb.njit(**opts)(fn)  # compiled in every process instead: the same bits
-
     _fma = fma_of(types.float64, ir.DoubleType(), "llvm.fma.f64")
     _fma32 = fma_of(types.float32, ir.FloatType(), "llvm.fma.f32")
-    _poly, _bits, _scale = jit(_poly_loop), jit(_bits_loop), jit(_scale_loop)
-    _poly32, _bits32 = jit(_poly_loop32), jit(_bits_loop32)
-    return {np.dtype(np.float64): jit(_exp_chunks), np.dtype(np.float32): jit(_exp_chunks32)}
+    _poly, _bits, _scale = njit(_poly_loop), njit(_bits_loop), njit(_scale_loop)
+    _poly32, _bits32 = njit(_poly_loop32), njit(_bits_loop32)
+    return {np.dtype(np.float64): njit(_exp_chunks), np.dtype(np.float32): njit(_exp_chunks32)}
 
 
 def _kernel(dtype: np.dtype) -> Callable[[np.ndarray], None]:

@@ -71,7 +71,7 @@ import scipy.sparse.linalg
 import pipeline.constants as C
 from pipeline.blas_guard import gram_t
 from pipeline.constants import FACTOR_ROW_STEP
-from pipeline.engine import available_cores
+from pipeline.engine import available_cores, compiled
 from pipeline.engine.backend import Backend
 from pipeline.engine.parallel import blas_threads
 from pipeline.linalg.dense_dual import cho_factor
@@ -388,19 +388,44 @@ def _check_rank(rank: int, n: int) -> int:
 
 def _rejection_cholesky(H: np.ndarray, d: np.ndarray, u: np.ndarray, lmax: int) -> list[int]:
     """Accept candidate j with probability (Schur diag)_jj / d_j, updating the Schur
-    complement of ``H`` in place (the rejection step of accelerated RPCholesky)."""
+    complement of the candidates' block ``H`` (scratch: its lower triangle is updated in
+    place) as each is accepted: the rejection step of accelerated RPCholesky, at most
+    ``lmax`` accepted. Compiled: :func:`_rejection_loop`."""
+    H = np.ascontiguousarray(H, dtype=np.float64)
+    accepted = np.empty(H.shape[0], dtype=np.int64)
+    n_accepted = _rejection_loop(
+        H, np.asarray(d, dtype=np.float64), np.asarray(u, dtype=np.float64), int(lmax), accepted
+    )
+    return accepted[:n_accepted].tolist()
+
+
+@compiled.lazy
+def _rejection_loop(H, d, u, lmax, accepted):  # pragma: no cover (compiled by numba)
+    """The rejection step's loop: for each candidate j in turn, accept it when
+    ``u_j d_j <= H_jj`` (H_jj > 0), then subtract ``c cᵀ`` (``c = H[j+1:, j] / √H_jj``)
+    from the lower triangle of the trailing block. Each entry gets the operations NumPy's
+    ``H[j+1:, j+1:] -= np.outer(c, c)`` gives it, in the same order: the same bits, a
+    fifth of the time (no b x b temporary, half the entries). Writes the accepted
+    candidates into ``accepted`` and returns their count."""
     b = H.shape[0]
-    accepted: list[int] = []
+    col = np.empty(b)
+    count = 0
     for j in range(b):
         hjj = H[j, j]
         if not (hjj > 0) or u[j] * d[j] > hjj:
             continue
-        accepted.append(j)
-        col = H[j + 1 :, j] / np.sqrt(hjj)
-        H[j + 1 :, j + 1 :] -= np.outer(col, col)
-        if len(accepted) == lmax:
+        accepted[count] = j
+        count += 1
+        if count == lmax:
             break
-    return accepted
+        s = np.sqrt(hjj)
+        for i in range(j + 1, b):
+            col[i] = H[i, j] / s
+        for i in range(j + 1, b):
+            ci = col[i]
+            for k in range(j + 1, i + 1):
+                H[i, k] -= ci * col[k]
+    return count
 
 
 class _NoStop:

@@ -124,6 +124,48 @@ def test_rpcholesky_interpolates_its_pivot_columns(rbf_problem):
     assert res60.sum() <= np.trace(K) - np.sum(Fu * Fu)
 
 
+def _rejection_reference(H, d, u, lmax):
+    """The accelerated RPCholesky's rejection step as NumPy writes it: the whole trailing
+    block updated by each accepted candidate's outer product."""
+    accepted = []
+    for j in range(H.shape[0]):
+        hjj = H[j, j]
+        if not (hjj > 0) or u[j] * d[j] > hjj:
+            continue
+        accepted.append(j)
+        col = H[j + 1 :, j] / np.sqrt(hjj)
+        H[j + 1 :, j + 1 :] -= np.outer(col, col)
+        if len(accepted) == lmax:
+            break
+    return accepted
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_compiled_rejection_step_has_numpys_bits(seed):
+    """``_rejection_cholesky`` (compiled, lower triangle only) accepts the same candidates
+    as the NumPy loop and leaves the same bits in the lower triangle, including repeated
+    candidates (zero Schur diagonal), a non-positive diagonal and an ``lmax`` that stops
+    it early."""
+    from pipeline.linalg.precond import _rejection_cholesky
+
+    rng = np.random.default_rng(seed)
+    b = int(rng.integers(2, 300))
+    X = rng.normal(size=(b, int(rng.integers(1, 6))))
+    X[b // 2] = X[0]  # a repeated candidate
+    K = RBF(gamma=float(rng.uniform(0.05, 2.0)))(X)
+    if seed % 3 == 2:
+        K[1, 1] = -1e-3  # a negative Schur diagonal is never accepted
+    d = np.diag(K) * rng.uniform(0.5, 1.5, b)
+    u = rng.random(b) if seed % 2 else np.zeros(b)
+    for lmax in (b, max(1, b // 4)):
+        want, got = K.copy(), K.copy()
+        accepted = _rejection_reference(want, d, u, lmax)
+        assert _rejection_cholesky(got, d, u, lmax) == accepted
+        if lmax == b:  # (stopped early, the reference also updates after its last pivot)
+            np.testing.assert_array_equal(np.tril(got), np.tril(want))
+        assert 0 < len(accepted) <= lmax and accepted == sorted(set(accepted))
+
+
 def test_rpcholesky_is_the_same_on_a_stored_gram(tmp_path, rbf_problem):
     X, _, kernel, op, _ = rbf_problem
     K = kernel(X)
