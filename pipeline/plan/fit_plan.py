@@ -447,25 +447,18 @@ def adaptive_cg_prediction(
 def _rho_matters(
     cm: Any, solver: str, n: int, d: int, kernel: Any, mu: float, tol: float, matvec, precision
 ) -> bool:
-    """Whether measuring ρ on a subsample (about 0.5 s) can change the plan: with
-    ``solver="auto"`` unless the Cholesky wins even against a one-iteration CG; with
+    """Whether measuring ρ on a subsample (about 1 s) can change the plan: with
+    ``solver="auto"`` always here, since the plan asks first, with CG priced at its floor
+    (``cg_pricing(floor=True)``), whether CG could replace the dense dual in memory, or
+    beat the Cholesky out of core by more than the measurement costs; with
     ``solver="cg"`` when the product's variant is open and the solve is predicted to
     take :data:`~pipeline.constants.SPECTRUM_WORTH_SECONDS` or more."""
     if solver == "auto":
-        return not _cholesky_beats_any_cg(cm, n, d, kernel, mu, tol)
+        return True
     if solver != "cg" or (matvec != "auto" and precision != "auto"):
         return False
     kw = {"shift": mu if mu > 0 else None, "tol": tol}
     return _seconds(cm.cg_seconds, n, d, kernel, **kw) >= C.SPECTRUM_WORTH_SECONDS
-
-
-def _cholesky_beats_any_cg(cm: Any, n: int, d: int, kernel: Any, mu: float, tol: float) -> bool:
-    """Whether the Cholesky is predicted faster than CG even with a perfect preconditioner
-    (ρ = 0: one iteration). Then measuring ρ on a subsample (about 0.5 s) cannot change
-    the choice, and small fits skip it."""
-    kw = {"shift": mu if mu > 0 else None, "tol": tol}
-    t_chol = _seconds(cm.cholesky_seconds, n, d, kernel, **kw)
-    return t_chol <= _seconds(cm.cg_seconds, n, d, kernel, rho=0.0, **kw)
 
 
 def _choice(choices: Mapping[str, Any], key: str, default: Any) -> Any:
@@ -843,8 +836,10 @@ def _plan_solver(
         # (ρ = 0, any product variant), CG must beat the Cholesky by the probe's price
         floor = cg_pricing(solver, floor=True)
         cm = floor[2]
-        if floor[4] is not None and hasattr(cm, "probe_seconds"):
-            margin = cm.probe_seconds(n, d, C.probe_rank(opts.preconditioner, base.rank))
+        if floor[4] is not None:  # (else CG's price takes no ρ: nothing to measure)
+            price = getattr(cm, "probe_seconds", None)
+            r = C.probe_rank(opts.preconditioner, base.rank)
+            margin = 0.0 if price is None else price(n, d, r)
             if all(cholesky_or_cg(floor, v, margin)[0] == "cholesky" for v in variants()):
                 priced = floor  # the Cholesky, whatever ρ is: not measured
             else:

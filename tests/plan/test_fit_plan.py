@@ -165,8 +165,8 @@ def test_the_plan_line_says_who_chooses_the_rank():
 
 
 def test_small_fits_skip_the_subsample_estimate(monkeypatch):
-    # when the Cholesky beats CG even at one iteration, measuring ρ (about 0.5 s) cannot
-    # change the choice: a 2,000-row fit is planned without it
+    # when the Cholesky beats CG even at CG's floor (ρ = 0), measuring ρ (about 1 s)
+    # cannot change the choice: a 2,000-row fit is planned without it
     import pipeline.linalg.spectrum as spectrum
     from pipeline.plan import fit_plan
 
