@@ -25,6 +25,12 @@ def test_copy_tile_copies_every_entry_across_orders(shape, src_order, dst_order)
     dst = np.zeros(shape, order=dst_order)
     assert copy_tile(dst, src) is dst
     np.testing.assert_array_equal(dst, src)
+    # into a tile of a larger matrix (the in-memory Cholesky's target): strided too
+    host = np.zeros((shape[0] + 5, shape[1] + 6), order=dst_order)
+    dst = host[2 : 2 + shape[0], 1 : 1 + shape[1]]
+    assert copy_tile(dst, src) is dst
+    assert not host[:2].any() and not host[2 + shape[0] :].any() and not host[:, :1].any()
+    np.testing.assert_array_equal(dst, src)
     # masked: the lower triangle of a diagonal tile only, the rest kept
     square = src[:, : min(shape)][: min(shape)]
     keep = np.full(square.shape, 7.0, order=dst_order)
