@@ -50,11 +50,14 @@ from scipy.linalg import lapack
 
 import pipeline.constants as C
 from pipeline.engine.backend import get_backend
+from pipeline.engine.blas import first_touch_between_calls
 from pipeline.engine.parallel import blas_threads
 from pipeline.engine.passes import CallableSource, accumulate
+from pipeline.engine.where import available_cores
 from pipeline.errors import NonFiniteKernelError, NotPositiveDefiniteError, SingularKernelWarning
 from pipeline.linalg.cholesky_device import device_cholesky
 from pipeline.options import ALPHA_CONVENTIONS, diagonal_shift
+from pipeline.storage import buffers as tile_buffers
 from pipeline.storage.tiles import TileGrid, copy_tile
 from pipeline.validation import check_alpha
 
@@ -119,9 +122,13 @@ def _potrf_blocked(A: np.ndarray, tile: int | None = None) -> int:
     tile = min(tile or C.DENSE_POTRF_TILE, n)
     grid = TileGrid(n, n, tile)
 
+    # a new tile buffer's pages are faulted in on every core before the copy: on a VM a
+    # fresh page costs more than the copy (docs/PERFORMANCE.md#known-traps)
+    first_touch = first_touch_between_calls(available_cores())
+
     def gram_tile(i: int, j: int) -> np.ndarray:  # a copy: the driver takes it over
         src = A[grid.row_slice(i), grid.row_slice(j)]
-        return copy_tile(np.empty(src.shape, dtype=src.dtype, order="C"), src)
+        return copy_tile(tile_buffers.take(src.shape, src.dtype, first_touch), src)
 
     try:
         device_cholesky(
