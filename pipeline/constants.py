@@ -31,7 +31,7 @@ DEFAULT_MAX_ITER = 1000
 #: ADAPTIVE_FIT_FACTOR · μ (CG then needs a handful of iterations whatever λ; "nystrom" is
 #: the fixed rank
 #: DEFAULT_RANK). Measured, diamonds N = 40,000, λ = 1e-2: rank 500 needs 63 iterations
-#: (292.7 s), adaptive 4 (62.6 s; session 30: docs/PERFORMANCE.md#hard-solves-small-λ-by-cg)
+#: (292.7 s), adaptive 4 (62.6 s; docs/PERFORMANCE.md#hard-solves-small-λ-by-cg)
 DEFAULT_PRECONDITIONER = "adaptive"
 #: the adaptive preconditioner stops growing when its estimated ‖K - F Fᵀ‖₂ is at most
 #: this multiple of the shift (κ <= 1 + factor): for a factor that serves many solves,
@@ -39,7 +39,7 @@ DEFAULT_PRECONDITIONER = "adaptive"
 ADAPTIVE_FACTOR = 5.0
 #: and for a factor that serves one fit's solve (pipeline.fit, and the plan that prices
 #: it): a weaker factor, because its build (~2 N r² flops with FᵀF) is paid for one solve
-#: only. Measured, diamonds N = 40,000, λ = 1e-2, build + FᵀF + CG, session 33 (AMD
+#: only. Measured, diamonds N = 40,000, λ = 1e-2, build + FᵀF + CG (AMD
 #: EPYC; docs/PERFORMANCE.md#hard-solves-small-λ-by-cg): factor 5, rank 3,594, 4
 #: iterations, 46.2-64.9 s over 4 runs (mean 55.6); factor 10, rank 2,512, 6 iterations,
 #: 48.0-51.2 s over 5 runs (mean 49.0); 20 and 40: 51.6 s and 53.1 s (one run each)
@@ -218,9 +218,9 @@ NYSTROM_CACHE_BYTES = 1 << 30
 #: diagonal shift λ (:meth:`pipeline.linalg.nystrom_solve.FalkonPreconditioner.maps_rows`).
 #: Measured: on diamonds (N = 28,000 training rows, RBF γ = 0.03, M = 1,000 RPCholesky
 #: centres: rounding 5.3e-5), at λ = 1e-3 the centres' basis moved predictions by 2.5e-2
-#: against the mapped blocks' (the bound: 5.3e-2), at λ = 1 by 1.5e-8 (session 42);
+#: against the mapped blocks' (the bound: 5.3e-2), at λ = 1 by 1.5e-8;
 #: with M = 1,000-2,000 uniform centres (rounding 7.7e-3 to 0.057) it gave a fold a
-#: held-out R² of -10.6 against scikit-learn's 0.9795 on the same centres (session 41).
+#: held-out R² of -10.6 against scikit-learn's 0.9795 on the same centres.
 #: kin40k (N = 36,000, γ = 0.25, M = 4,000 uniform, λ = 3.2e-3): 2.7e-6, the centres'
 #: basis kept; the 3,000,000-row benchmark (M = 4,000, λ = 1e-2): 6.8e-4, kept. The
 #: mapping doubles the pass's flops (a TRSM beside each block's SYRK: the 3,000,000-row
@@ -295,7 +295,7 @@ CV_SCREEN_TOP = 3
 #: the Nyström screen (KernelRidgeCV's default screen_centers, solver cg): every candidate
 #: scored by Nyström KRR on this many RPCholesky centres, then only the finalists solved
 #: exactly (pipeline.models.selection.finalists). Measured (diamonds, 35,000 rows, 10 λ x
-#: 3 γ x 5 folds, session 42): the screen 19-21 s with its nested fidelities; its
+#: 3 γ x 5 folds): the screen 19-21 s with its nested fidelities; its
 #: finalists held the exhaustive search's pick on two splits (docs/CV_AT_SCALE.md)
 CV_SCREEN_CENTERS = 1000
 #: the search's cost model (pipeline.plan.cv_routing.cg_passes) prices CV_BLOCK_PASSES

@@ -417,7 +417,7 @@ class CvOptions:
         C.CV_SCREEN_TOP, "solver cg: the λ of each kernel setting solved on to tol after screening (with "
         "screen_centers: the finalists of the grid)", ge=1, spelt_by=_CV,
     )  # fmt: skip
-    #: on by default (issue #45, session 42); None (null): every candidate exactly. Only
+    #: on by default (issue #45); None (null): every candidate exactly. Only
     #: where the search runs the block CG (solver cg, or auto above IN_MEMORY_MAX_N)
     screen_centers: int | None = _knob(
         C.CV_SCREEN_CENTERS,

@@ -98,9 +98,9 @@ NYSTROM_METHODS = ("pcg", "direct")
 #: the version of the Nyström solve's arithmetic, in the run stages' identities (a stage
 #: of an older version is recomputed): 2, the direct pass sums the blocks mapped by T⁻¹
 #: where the centres' basis rounds too much (``NystromNormalOperator.mapped``), and the CV
-#: scores its folds from a pass that predicts them (session 41); 3, the basis rule
+#: scores its folds from a pass that predicts them; 3, the basis rule
 #: weighs that rounding against the shift λ (``FalkonPreconditioner.maps_rows``: small λ
-#: now map where they did not), session 42
+#: now map where they did not)
 NYSTROM_RECIPE = 3
 #: FALKON's relative jitter of K_MM (times M and K_MM's largest diagonal entry)
 JITTER = 1e-13

@@ -216,7 +216,7 @@ def adaptive_rank_and_residual(
     a rank-``r`` factor: it grows until ρ <= ``factor`` · μ or its ``cap``, with ρ taken
     to fall like 1/r past r. That is not conservative for the rank: diamonds (N = 40,000,
     RBF γ = 0.1, λ = 1e-2, ρ at rank 1,000 from the plan's subsample) predicts rank 2,503
-    at factor 5 and 1,252 at factor 10, and the builds needed 3,594 and 2,512 (session 33):
+    at factor 5 and 1,252 at factor 10, and the builds needed 3,594 and 2,512:
     there ρ falls more slowly than 1/r between ranks 1,000 and 3,600. ``(rank, ρ)`` is
     ``(the rank that reaches the target, factor · μ)``, or ``(cap, the residual left at
     the cap)`` when the cap binds."""

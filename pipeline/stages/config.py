@@ -467,7 +467,7 @@ class CvConfig(create_model("_CvFields", __base__=_Model, **cv_config_fields()))
         ``refine`` and ``n_centers`` only when set, ``centers`` only when not its default
         (a search that names none of them keeps its identity); ``screen_centers`` only
         when set and the solver may be the block CG's (``auto``, ``cg``): the default
-        Nyström screen (session 42) moves those searches' identity once, and
+        Nyström screen (issue #45) moves those searches' identity once, and
         ``screen_centers: null`` is the search of before."""
         out = self.model_dump()
         if out.get("solver") not in ("auto", "cg"):

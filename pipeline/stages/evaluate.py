@@ -107,7 +107,7 @@ def sklearn_baseline(
 def _rows_here(ing: IngestOutput, name: str) -> np.ndarray:
     """A stored ingest array read whole in this process, which needs it here (as it
     reads the predictions): a client would read it on a worker and send it back, one
-    round trip of 0.3-0.4 s each on the embedded LocalCluster (session 22)."""
+    round trip of 0.3-0.4 s each on the embedded LocalCluster."""
     with in_this_process():
         return np.asarray(open_rows(ing, name).compute(**local_scheduler()))
 

@@ -143,7 +143,7 @@ class PredictedRows:
     shape: list[int]
     blocks: int
     #: the stored array's fingerprint (model and input): a store that another
-    #: configuration overwrote since is found by it (None: a run from before session 25)
+    #: configuration overwrote since is found by it (None: a run of a version that did not record it)
     fingerprint: str | None = None
 
     def to_json(self) -> dict[str, Any]:
