@@ -33,6 +33,18 @@ pytest.importorskip("array_api_strict")
 BACKENDS = ["numpy", "array_api_strict"]
 
 
+def _indefinite_once(X):
+    """The RBF matrix of ``X`` (γ = 10) less 1e-11 on its diagonal. Where ``X`` repeats one
+    row, that direction's eigenvalue is -1e-11, far past rounding, and the next is
+    about 1e-8: every backend's POTRF fails at the repeated row, and the first jitter
+    (1e-10) recovers it. (An exactly singular K at γ = 0.3 has dozens of eigenvalues at
+    rounding level, and where POTRF failed, and whether a jittered tile let the later
+    tiles through, depended on the CPU's BLAS kernels.)"""
+    K = np.exp(-10.0 * ((X[:, None, :] - X[None, :, :]) ** 2).sum(-1))
+    K[np.diag_indices_from(K)] -= 1e-11
+    return K
+
+
 def slicer(K, block):
     def tile_fn(i, j):
         return K[i * block : (i + 1) * block, j * block : (j + 1) * block]
@@ -198,8 +210,8 @@ def test_the_panel_schedule_jitters_fails_and_factors_in_float32_as_the_tile_sch
     n, block = 330, 32  # 11 tile rows
     panels = dict(memory_limit=20 * block * block * 8, schedule="panels")
     X = np.random.default_rng(3).standard_normal((n, 2))
-    X[200] = X[199]  # two equal rows: K is singular (tile 6)
-    K = np.exp(-0.3 * ((X[:, None, :] - X[None, :, :]) ** 2).sum(-1))
+    X[200] = X[199]  # two equal rows (tile 6): K is singular there, and only there
+    K = _indefinite_once(X)
     with pytest.raises(NotPositiveDefiniteError) as tiles_err:
         device_cholesky(be, slicer(K, block), n, block, shift=0.0, lam=0.0)
     L = open_device_factor(str(tmp_path), "g", n, block, 0.0, be)
@@ -330,8 +342,8 @@ def test_jitter_recovers_and_is_recorded(name, tmp_path):
     be = get_backend(name)
     n, block = 200, 64
     X = np.random.default_rng(3).standard_normal((n, 2))
-    X[100] = X[99]  # two equal rows: K is singular
-    K = np.exp(-0.3 * ((X[:, None, :] - X[None, :, :]) ** 2).sum(-1))
+    X[100] = X[99]  # two equal rows: K is singular there, and only there
+    K = _indefinite_once(X)
     with pytest.raises(NotPositiveDefiniteError):
         device_cholesky(be, slicer(K, block), n, block, shift=0.0, lam=0.0)
     L = open_device_factor(str(tmp_path), "g", n, block, 0.0, be, jitter=True)
