@@ -29,9 +29,7 @@ DEFAULT_TOL = 1e-6
 DEFAULT_MAX_ITER = 1000
 #: CG preconditioner: RPCholesky Nyström whose rank grows until ‖K - F Fᵀ‖ <=
 #: ADAPTIVE_FIT_FACTOR · μ (CG then needs a handful of iterations whatever λ; "nystrom" is
-#: the fixed rank
-#: DEFAULT_RANK). Measured, diamonds N = 40,000, λ = 1e-2: rank 500 needs 63 iterations
-#: (292.7 s), adaptive 4 (62.6 s; docs/PERFORMANCE.md#hard-solves-small-λ-by-cg)
+#: the fixed rank DEFAULT_RANK; measured: docs/PERFORMANCE.md#hard-solves-small-λ-by-cg)
 DEFAULT_PRECONDITIONER = "adaptive"
 #: the adaptive preconditioner stops growing when its estimated ‖K - F Fᵀ‖₂ is at most
 #: this multiple of the shift (κ <= 1 + factor): for a factor that serves many solves,
@@ -39,10 +37,8 @@ DEFAULT_PRECONDITIONER = "adaptive"
 ADAPTIVE_FACTOR = 5.0
 #: and for a factor that serves one fit's solve (pipeline.fit, and the plan that prices
 #: it): a weaker factor, because its build (~2 N r² flops with FᵀF) is paid for one solve
-#: only. Measured, diamonds N = 40,000, λ = 1e-2, build + FᵀF + CG (AMD
-#: EPYC; docs/PERFORMANCE.md#hard-solves-small-λ-by-cg): factor 5, rank 3,594, 4
-#: iterations, 46.2-64.9 s over 4 runs (mean 55.6); factor 10, rank 2,512, 6 iterations,
-#: 48.0-51.2 s over 5 runs (mean 49.0); 20 and 40: 51.6 s and 53.1 s (one run each)
+#: only; 10 was the fastest of 5, 10, 20 and 40 (measured:
+#: docs/PERFORMANCE.md#hard-solves-small-λ-by-cg)
 ADAPTIVE_FIT_FACTOR = 10.0
 #: its rank cap when ``rank`` is not set: max(ADAPTIVE_RANK_FLOOR, ADAPTIVE_RANK_SCALE ·
 #: N^(2/3)) (:func:`adaptive_rank_cap`): the build costs ~N r² flops against ~N² kernel
@@ -216,15 +212,9 @@ NYSTROM_CACHE_BYTES = 1 << 30
 #: relative error that the centres' own basis brings to the solution reaches this: the
 #: formed matrix's rounding, ``eps · N · max diag(K_MM)² · ‖T⁻¹‖₂²``, over the smallest
 #: diagonal shift λ (:meth:`pipeline.linalg.nystrom_solve.FalkonPreconditioner.maps_rows`).
-#: Measured: on diamonds (N = 28,000 training rows, RBF γ = 0.03, M = 1,000 RPCholesky
-#: centres: rounding 5.3e-5), at λ = 1e-3 the centres' basis moved predictions by 2.5e-2
-#: against the mapped blocks' (the bound: 5.3e-2), at λ = 1 by 1.5e-8;
-#: with M = 1,000-2,000 uniform centres (rounding 7.7e-3 to 0.057) it gave a fold a
-#: held-out R² of -10.6 against scikit-learn's 0.9795 on the same centres.
-#: kin40k (N = 36,000, γ = 0.25, M = 4,000 uniform, λ = 3.2e-3): 2.7e-6, the centres'
-#: basis kept; the 3,000,000-row benchmark (M = 4,000, λ = 1e-2): 6.8e-4, kept. The
-#: mapping doubles the pass's flops (a TRSM beside each block's SYRK: the 3,000,000-row
-#: fit took 1,048 s mapped, 513 s not).
+#: The mapping doubles the pass's flops (a TRSM beside each block's SYRK), so it is kept
+#: for the ill-conditioned centres that need it: uniform centres on diamonds gave a fold
+#: a held-out R² of -10.6 unmapped (measured: docs/CV_AT_SCALE.md)
 NYSTROM_MAPPED_FROM = 1e-3
 #: the plan-time estimate of the preconditioner's residual (pipeline.linalg.spectrum):
 #: rows of the subsample (at least SPECTRUM_RANK_FACTOR x the rank, at most
@@ -294,9 +284,8 @@ CV_SCREEN_TOL = 1e-3
 CV_SCREEN_TOP = 3
 #: the Nyström screen (KernelRidgeCV's default screen_centers, solver cg): every candidate
 #: scored by Nyström KRR on this many RPCholesky centres, then only the finalists solved
-#: exactly (pipeline.models.selection.finalists). Measured (diamonds, 35,000 rows, 10 λ x
-#: 3 γ x 5 folds): the screen 19-21 s with its nested fidelities; its
-#: finalists held the exhaustive search's pick on two splits (docs/CV_AT_SCALE.md)
+#: exactly (pipeline.models.selection.finalists); its finalists held the exhaustive
+#: search's pick (measured: docs/CV_AT_SCALE.md)
 CV_SCREEN_CENTERS = 1000
 #: the search's cost model (pipeline.plan.cv_routing.cg_passes) prices CV_BLOCK_PASSES
 #: for its default run (adaptive preconditioner, screening), times these where a search
@@ -349,24 +338,21 @@ ONE_BLAS_THREAD_FROM = 12_000
 #: kernel object's X Xᵀ) run in column panels of at most this order
 #: (``pipeline.blas_guard.gram_t``): numpy 2.4's bundled OpenBLAS 0.3.31 (SkylakeX
 #: kernels, an AVX-512 Intel Xeon) segfaults in a 2-thread SYRK whose order is past a
-#: bound that falls as its inner dimension k grows: k = 64 crashed
-#: at order 26,000 (not 24,500), k = 322 at 20,000 (not 16,384), k = 2,048 at 16,384 (not
-#: 15,000); one thread and GEMMs never did, nor any order <= 12,000 up to k = 16,384
-#: (docs/PERFORMANCE.md#known-traps)
+#: bound that falls as its inner dimension k grows; no order <= 12,000 ever did
+#: (measured: docs/PERFORMANCE.md#known-traps)
 SYRK_PANEL = 8_192
 #: tile order of that blocked in-memory factorisation (well below the crash's order:
 #: potrf on a tile keeps every BLAS thread)
 DENSE_POTRF_TILE = 4_096
 #: factor tiles that blocked factorisation keeps in memory besides the matrix (the rest
-#: are read back from it): n = 16,000 on 2 cores, Intel Xeon, 4 tiles 19.9-20.8 s,
-#: 6 tiles 17.2-18.2 s, 8 tiles 17.1-17.4 s (the right-looking loop it replaced: 17.6-19.7)
+#: are read back from it): 6 was as fast as 8 and faster than 4 at n = 16,000
+#: (measured: docs/PERFORMANCE.md#scikit-learns-kernelridge-the-baseline)
 DENSE_POTRF_TILES_HELD = 6
 #: an in-memory ``solver="auto"`` fit takes matrix-free CG instead of the dense dual
 #: that fits only when the cost model predicts CG this many times faster: the calibrated
 #: CG predictions fall within 0.42-2.49x of the measured (bench_policy_grid.json), and a
-#: wrong CG costs iterations where a wrong dense solve costs only its n³/3 flops.
-#: flights, 36,826 rows, λ = 1 (CV's): the dense dual took 319.8 s, CG on twice the rows
-#: 66.6 s (docs/PERFORMANCE.md)
+#: wrong CG costs iterations where a wrong dense solve costs only its n³/3 flops
+#: (measured: docs/PERFORMANCE.md#flights-every-complete-row)
 IN_MEMORY_CG_MARGIN = 2.0
 #: bytes of one L⁻¹ panel held in memory by the exact LOO/LGO residuals
 LOO_PANEL_BYTES = 512 * 1024**2
@@ -494,9 +480,8 @@ SMALL_PASS_ENTRIES = 8_000_000
 #: a tile pass over at most this many kernel entries (weighed at D = 8) that runs in this
 #: process, without a progress display, runs in the calling thread on Dask's synchronous
 #: scheduler (pipeline.engine.where.runs_inline): the threaded scheduler's own work
-#: (graph conversion, ordering, hand-offs) cost more than such a pass. A kernel matvec
-#: with 4 columns at D = 8 took 1.99 / 2.49 / 5.46 ms (threaded) against 0.48 / 1.37 /
-#: 3.84 ms (inline) at N = 100 / 400 / 1,000 on 2 cores, the same bits
+#: (graph conversion, ordering, hand-offs) cost more than such a pass, with the same
+#: bits (measured: docs/PERFORMANCE.md#model-selection)
 INLINE_PASS_ENTRIES = 1_000_000
 #: the ingest stage runs in this process, not on a distributed client whose workers all
 #: run on this machine, when its source arrays (X and y, read or in memory) hold at most

@@ -26,14 +26,12 @@ slower software FMA.
 
 Accuracy: within 1 ulp of the correctly rounded ``exp`` over ``[-745, 709.7]``
 (94 % of entries equal to glibc's); ``nan`` stays ``nan``, ``-inf`` gives 0 and
-``+inf`` gives ``inf``. Speed: 1.9 ns an entry on the AVX2 EPYC above, against 5.6 ns
-for ``np.exp`` in the same run (``docs/PERFORMANCE.md``).
+``+inf`` gives ``inf``. Speed: docs/PERFORMANCE.md#the-engines-float64-exp.
 
 **float32** runs the same algorithm at single width (8 lanes on AVX2): a 15-bit
 ``LN2_HI``, the shift ``1.5·2²³``, the Taylor polynomial of degree 7 (truncation below
-6e-9 relative), the scaling split by ``2^±32`` beyond ``|x| > 80``. NumPy's float32
-``exp`` took 1.45 ns an entry on the AVX2 EPYC above (it is not the vectorised one
-there); see ``docs/PERFORMANCE.md`` for this one's figure and accuracy.
+6e-9 relative), the scaling split by ``2^±32`` beyond ``|x| > 80``. Speed and
+accuracy: docs/PERFORMANCE.md#the-engines-float32-exp.
 
 :data:`EXP_ID` (float64) and :data:`EXP32_ID` (float32) name the algorithm in the fingerprints of stored results whose bits it
 makes (:func:`pipeline.engine.evaluators.evaluation_identity`): a store written with

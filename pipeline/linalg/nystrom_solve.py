@@ -106,8 +106,7 @@ NYSTROM_RECIPE = 3
 JITTER = 1e-13
 #: the smallest eigenvalue of ``T⁻ᵀ K_MM T⁻¹`` (at most 1) for which :class:`ShiftPath`
 #: solves every shift from one eigendecomposition: its rounding is one factorisation's
-#: times ``1 / κ_min`` (measured on diamonds, 35,000 rows: κ_min 0.90-1.0 for RPCholesky
-#: centres at M = 1,000 and 2,000; 0.004 for 2,000 uniform ones at RBF γ = 0.03)
+#: times ``1 / κ_min`` (the κ_min measured: docs/CV_AT_SCALE.md)
 PATH_KAPPA_MIN = 1e-6
 #: bytes of one kernel block G_b (b x M) when the caller names no block size
 BLOCK_BYTES = 64 << 20

@@ -42,11 +42,9 @@ This module is the one home of Nyström, in three pieces:
   also at its residual target;
 - one apply of ``(F Fᵀ + μ I)⁻¹`` for one operator, :class:`NystromPreconditioner`
   (``NystromFactor.woodbury``; what ``make_preconditioner("nystrom" | "adaptive")``
-  gives), the Cholesky form in F's own dtype. It replaced an eigen form (``F = U Σ
-  Vᵀ`` from ``eigh(FᵀF)``, U in float64): at N = 20,000, r = 500, RBF, equal memory
-  (F in float64) it builds 3-6x faster (0.18-0.26 s against 0.64-1.29 s), applies as
-  fast, and its residual ``‖P (P⁻¹ R) - R‖ / ‖R‖`` is 5-10x smaller at every μ from
-  1e-1 to 1e-9;
+  gives), the Cholesky form in F's own dtype: it builds faster and applies more
+  accurately than the eigen form it replaced
+  (docs/PERFORMANCE.md#the-nyström-preconditioners-apply);
 - one fold form, :class:`FoldNystromBlock` (``NystromFactor.folds``): every fold and
   shift of the block CV and of the CV path that solves one λ at a time.
 
@@ -301,9 +299,7 @@ class NystromPreconditioner:
         # F uploaded once in its dtype (as it is when it lives on the backend already)
         self._Fd = None if self._be is None else F if self._be.holds(F) else self._be.asarray(F)
         G = _gram(F) if self._be is None else self._device_gram()
-        # Woodbury with a Cholesky of μI + FᵀF (r³/3 flops): an eigendecomposition of
-        # FᵀF (the retired eigen form) took 5-14 s at r = 1,250 on the shared 2-core
-        # machine, more than the whole RPCholesky build
+        # Woodbury with a Cholesky of μI + FᵀF (r³/3 flops), not an eigendecomposition
         G[np.diag_indices_from(G)] += self.shift
         self._chol = cho_factor(G, overwrite_a=True)
         d = np.diag(self._chol[0])

@@ -19,11 +19,10 @@ def copy_tile(dst: np.ndarray, src: np.ndarray, where: np.ndarray | None = None)
 
     Between C and F order (a tile of the F-ordered matrix of the in-memory Cholesky into
     the driver's C-ordered buffer, and back) NumPy's one copy crosses the whole tile per
-    row or column: 1.3 GB/s measured on 4,096-row tiles, against 3.2 GB/s by stripes,
-    whose rows stay in cache (Intel Xeon, 2 cores). The stripes run along the destination's
-    rows: into an F-ordered ``dst`` the copy is made as ``dst.T = src.T`` (a C-ordered tile
-    back into the matrix: 0.17 s per 4,096-row tile by columns, 0.047 s by rows). The
-    values are copied, not computed: the same bits either way."""
+    row or column; stripes whose rows stay in cache are 2.5-3.7x faster
+    (docs/PERFORMANCE.md#kin40ks-hard-case-at-12288-rows-our-exact-fits-against-scipys-and-scikit-learns). The stripes run along the destination's
+    rows: into an F-ordered ``dst`` the copy is made as ``dst.T = src.T``. The values are
+    copied, not computed: the same bits either way."""
     if dst.ndim == 2 and dst.strides[0] < dst.strides[1]:  # F-like: stripe its columns
         copy_tile(dst.T, src.T, None if where is None else where.T)
         return dst

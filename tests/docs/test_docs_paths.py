@@ -3,7 +3,8 @@
 No absolute path of a developer's machine (``/work/...``, ``/home/...``, ``/Users/...``;
 in the documentation also ``/tmp/...``), and no citation of a document the repository does
 not contain: every ``*.md`` file the docs, the code, the configs or the workflows name
-exists in the repository (measured machine facts live in ``docs/PERFORMANCE.md``).
+exists in the repository (measured machine facts live in ``docs/PERFORMANCE.md``), and
+every section cited as ``NAME.md#anchor`` is a heading of that document.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ SKIP_DIRS = {".venv", ".git", "_build", "__pycache__", ".pytest_cache", ".ruff_c
 MACHINE = re.compile("/" + "(?:work|home|Users|root)" + r"/[\w.-]")
 TMP = re.compile("/" + r"tmp/[\w.-]")
 DOC_NAME = re.compile(r"[\w./-]*\b[\w-]+\.md\b")
+#: a citation of a section: ``PERFORMANCE.md#known-traps``
+DOC_ANCHOR = re.compile(r"\b([\w-]+\.md)#([\w-]+)")
+HEADING = re.compile(r"^#+\s+(.*?)\s*$", re.M)
 OUTSIDE_NOTES = "NOTES" + ".md"
 
 
@@ -73,3 +77,32 @@ def test_every_cited_document_exists():
                 continue
             missing.append(f"{f.relative_to(ROOT)} cites {name}")
     assert not missing, "documents cited but not in the repository:\n" + "\n".join(missing)
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading: lower case, punctuation dropped (letters of
+    any script kept), spaces turned into hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_the_slug_is_githubs():
+    assert _slug("Known traps") == "known-traps"
+    assert _slug("The engine's float64 `exp`") == "the-engines-float64-exp"
+    assert _slug("Hard solves: small λ by CG") == "hard-solves-small-λ-by-cg"
+    assert _slug("N = 80,000: a Gram (item 4)") == "n--80000-a-gram-item-4"
+
+
+def test_every_cited_section_exists():
+    docs = {p.name: p for p in (ROOT / "docs").glob("*.md")} | {"README.md": ROOT / "README.md"}
+    anchors = {name: {_slug(h) for h in HEADING.findall(p.read_text())} for name, p in docs.items()}
+    missing, cited = [], 0
+    for f in _files(
+        "docs", "README.md", "pipeline", "conf", "workflows", "tests", suffixes=TEXT - {".ipynb"}
+    ):
+        for name, anchor in DOC_ANCHOR.findall(f.read_text(encoding="utf-8", errors="replace")):
+            if name in anchors:
+                cited += 1
+                if anchor not in anchors[name]:
+                    missing.append(f"{f.relative_to(ROOT)} cites {name}#{anchor}")
+    assert cited > 50, cited  # the code cites PERFORMANCE.md's sections throughout
+    assert not missing, "sections cited but not headings of their document:\n" + "\n".join(missing)

@@ -31,10 +31,8 @@ Checkpoints: the screen's settings in ``CHECKPOINT/screen``, the finalists' in
 ``CHECKPOINT/exact`` (each stage's own fingerprints, :mod:`~pipeline.models.selection.
 checkpoint`).
 
-Measured (diamonds, 10 λ x 3 γ x 5 folds, Xeon, 2 cores; docs/CV_AT_SCALE.md): on the
-benchmark's 35,000 rows and on ``krr run conf/diamonds_cv.yaml``'s 35,007, the screen took
-19-21 s, its finalists (four λ of γ = 0.1) 57-60 s, and both made the exhaustive search's
-pick; the whole search was 4.07x one exact fit with the defaults.
+Measured (the screen's cost and whether its finalists hold the exhaustive search's
+pick): docs/CV_AT_SCALE.md.
 """
 
 from __future__ import annotations

@@ -20,8 +20,7 @@ choice (1/16 to 4: mostly below it), on the FULL training set:
   folds), and the smaller λ by CG preconditioned with that factor, all λ as the
   columns of one block (:func:`_holdout_shifted`: a condition number of at most 16,
   ~46 iterations of ``O(n²)`` at 3,000 and 8,000 rows), in one n_train x n_train
-  array. Measured 2.6-3.4x the in-memory refit at 3,000 rows, 2.7x at 8,000 (a
-  factorisation per λ: 3.9-5.9x);
+  array (its cost against the refit: docs/CV_AT_SCALE.md);
 - above it (``holdout-cg``), the search's own block CG
   (:mod:`pipeline.models.selection.cvblock`) on the full operator with the same
   held-out split: the seven λ systems are the columns of one preconditioned block
@@ -77,7 +76,7 @@ log = logging.getLogger("pipeline.models.selection")
 #: CG
 REFINE_FACTORS = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0, 2.0, 4.0)
 #: up to this many rows the refinement is exact LOO from one eigendecomposition
-#: (measured on 2 cores: 3.9x the refit at 800 rows, 14x at 3,000); above it, a
+#: (it costs 14x the refit at 3,000 rows: docs/CV_AT_SCALE.md); above it, a
 #: held-out split (one Cholesky and preconditioned CG in memory, else block CG)
 REFINE_EIGEN_MAX_N = 1_000
 #: up to this many rows (and while the training block's K fits in memory: one
