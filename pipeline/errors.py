@@ -27,10 +27,10 @@ definite                          reduction's and the eigendecomposition's CV ch
 ================================  ===================================================
 
 This module imports nothing from :mod:`pipeline` (it is the bottom layer, beside
-:mod:`pipeline.options`), nor anything heavy: the command line's errors
-(:class:`CliError`, :class:`UsageError`) live here and ``krr --help`` loads no numpy,
-so :class:`CGConvergenceWarning`, a scikit-learn ``ConvergenceWarning``, is made on
-first use. Every message is the one its class's old home built, byte for byte; the old
+:mod:`pipeline.options`), nor anything heavy, so that ``import pipeline.errors`` costs
+no numpy, SciPy or scikit-learn: :class:`CGConvergenceWarning`, a scikit-learn
+``ConvergenceWarning``, is made on first use. (``pipeline.cli`` loads them all anyway: its
+stages import the estimators at module level, issue #43.) Every message is the one its class's old home built, byte for byte; the old
 homes (``pipeline.cli.errors.CliError``, ``pipeline.stages.lock.LockHeldError``, ...)
 import the class back under the old name.
 """
@@ -733,7 +733,7 @@ def caused_by(
 # ---------------------------------------------------------------------------
 # the one class made on first use: CGConvergenceWarning subclasses scikit-learn's
 # ConvergenceWarning, and importing sklearn loads numpy and SciPy, which this module
-# must not (``krr --help`` and the command line's errors import it)
+# does not
 
 _LAZY_LOCK = threading.Lock()
 
