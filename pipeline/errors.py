@@ -30,9 +30,9 @@ This module imports nothing from :mod:`pipeline` (it is the bottom layer, beside
 :mod:`pipeline.options`), nor anything heavy, so that ``import pipeline.errors`` costs
 no numpy, SciPy or scikit-learn: :class:`CGConvergenceWarning`, a scikit-learn
 ``ConvergenceWarning``, is made on first use. (``pipeline.cli`` loads them all anyway: its
-stages import the estimators at module level, issue #43.) Every message is the one its class's old home built, byte for byte; the old
-homes (``pipeline.cli.errors.CliError``, ``pipeline.stages.lock.LockHeldError``, ...)
-import the class back under the old name.
+stages import the estimators at module level, issue #43.) Every message is the one its
+class's old home built, byte for byte; the old homes (``pipeline.cli.errors.CliError``,
+``pipeline.stages.lock.LockHeldError``, ...) import the class back under the old name.
 """
 
 from __future__ import annotations

@@ -39,10 +39,10 @@ def pytest_configure(config: pytest.Config) -> None:
     numba caches a compiled loop next to its module (``pipeline.engine.compiled``), so every
     worker, ``krr`` child and Dask worker of the run then loads it in a fraction of a
     second. In a fresh checkout, as CI's, each of those processes compiled the loops itself
-    until one had written the cache: ``tests/faults`` and ``tests/cli`` took 151 s (250 s
-    of CPU) from a fresh clone and 117 s (166 s) with the cache, on 2 cores. The calls
-    cover every signature the package compiles: the vectorised ``exp`` of each width
-    (``engine.vexp``) and the RPCholesky's rejection step (``linalg.precond``)."""
+    until one had written the cache, a quarter of the first run's time
+    (docs/PERFORMANCE.md#the-test-suite). The calls cover every signature the package
+    compiles: the vectorised ``exp`` of each width (``engine.vexp``) and the RPCholesky's
+    rejection step (``linalg.precond``); a loop compiled elsewhere belongs here too."""
     if hasattr(config, "workerinput"):
         return
     from pipeline.engine.vexp import exp_inplace

@@ -18,6 +18,7 @@ from pipeline.errors import (
     NonFiniteKernelError,
     NotPositiveDefiniteError,
 )
+from pipeline.kernels import RBF
 from pipeline.linalg.cholesky import tile_cholesky
 from pipeline.linalg.cholesky_device import (
     check_device_memory,
@@ -40,7 +41,7 @@ def _indefinite_once(X):
     (1e-10) recovers it. (An exactly singular K at γ = 0.3 has dozens of eigenvalues at
     rounding level, and where POTRF failed, and whether a jittered tile let the later
     tiles through, depended on the CPU's BLAS kernels.)"""
-    K = np.exp(-10.0 * ((X[:, None, :] - X[None, :, :]) ** 2).sum(-1))
+    K = RBF(gamma=10.0)(X)
     K[np.diag_indices_from(K)] -= 1e-11
     return K
 
@@ -210,7 +211,7 @@ def test_the_panel_schedule_jitters_fails_and_factors_in_float32_as_the_tile_sch
     n, block = 330, 32  # 11 tile rows
     panels = dict(memory_limit=20 * block * block * 8, schedule="panels")
     X = np.random.default_rng(3).standard_normal((n, 2))
-    X[200] = X[199]  # two equal rows (tile 6): K is singular there, and only there
+    X[200] = X[199]  # two equal rows (tile 6): K is indefinite there, and only there
     K = _indefinite_once(X)
     with pytest.raises(NotPositiveDefiniteError) as tiles_err:
         device_cholesky(be, slicer(K, block), n, block, shift=0.0, lam=0.0)
@@ -342,7 +343,7 @@ def test_jitter_recovers_and_is_recorded(name, tmp_path):
     be = get_backend(name)
     n, block = 200, 64
     X = np.random.default_rng(3).standard_normal((n, 2))
-    X[100] = X[99]  # two equal rows: K is singular there, and only there
+    X[100] = X[99]  # two equal rows: K is indefinite there, and only there
     K = _indefinite_once(X)
     with pytest.raises(NotPositiveDefiniteError):
         device_cholesky(be, slicer(K, block), n, block, shift=0.0, lam=0.0)
