@@ -185,8 +185,9 @@ CG_STORED_BYTES_PER_SECOND = 3.06e9
 #: keeps them in its tile cache for the solves): fresh page-cache pages cost far more CPU
 #: than a direct write (measured: docs/PERFORMANCE.md#known-traps)
 DIRECT_FACTOR_WRITES = True
-#: the Gram stage: N²/2 lower entries per second (float64, D = 14) and its Zarr write
-#: (measured: docs/PERFORMANCE.md#the-gram-stage)
+#: the Gram stage: N²/2 lower entries per second (float64, D = 14), the fused engine's rate
+#: (measured: docs/PERFORMANCE.md#kernel-times-vector; the stage with its Zarr writes:
+#: docs/PERFORMANCE.md#the-gram-stage)
 GRAM_ENTRY_RATE = 0.53e9
 #: the Nyström build: its N x r kernel columns run at this fraction of the fused rate (they
 #: are not fused), and its r x r eigendecomposition costs this many r³ flops at GEMM speed
@@ -462,7 +463,7 @@ RELEASE_WORKER_TILES = True
 #: its tile row into the page cache in the background (POSIX_FADV_WILLNEED). Since the
 #: Gram stage writes past the page cache (GRAM_WRITES_PAST_PAGE_CACHE), these reads
 #: come from disk and their latency would stall the task
-#: (measured: docs/PERFORMANCE.md#the-embedded-cluster-on-the-factors-machine-session-18)
+#: (measured: docs/PERFORMANCE.md#the-embedded-cluster-on-the-factors-machine)
 PREFETCH_NEXT_GRAM_TILE = True
 #: scheduler="auto" (factor_scheduler: auto) factors on the threads executor in this
 #: process when a distributed client's workers all run on this machine (the embedded
@@ -503,7 +504,7 @@ ROW_BATCH_BYTES = 64 * 2**20
 #: 1 s instead of 0.1 s (a worker past its memory limit is paused or restarted up to
 #: 1 s later). On 2 cores each wake-up preempts one thread of an all-core BLAS call
 #: while its partner spins
-#: (measured: docs/PERFORMANCE.md#the-embedded-cluster-on-the-factors-machine-session-18)
+#: (measured: docs/PERFORMANCE.md#the-embedded-cluster-on-the-factors-machine)
 EMBEDDED_CLUSTER_DASK_CONFIG = {
     "distributed.worker.profile.enabled": False,
     "distributed.admin.tick.interval": "1s",

@@ -19,7 +19,7 @@ def copy_tile(dst: np.ndarray, src: np.ndarray, where: np.ndarray | None = None)
 
     Between C and F order (a tile of the F-ordered matrix of the in-memory Cholesky into
     the driver's C-ordered buffer, and back) NumPy's one copy crosses the whole tile per
-    row or column; stripes whose rows stay in cache are 2.5-3.7x faster
+    row or column; stripes whose rows stay in cache are several times faster
     (docs/PERFORMANCE.md#kin40ks-hard-case-at-12288-rows-our-exact-fits-against-scipys-and-scikit-learns). The stripes run along the destination's
     rows: into an F-ordered ``dst`` the copy is made as ``dst.T = src.T``. The values are
     copied, not computed: the same bits either way."""
