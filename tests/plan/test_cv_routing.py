@@ -82,7 +82,7 @@ def test_the_old_defaults_are_priced_as_they_ran():
         predicted_search_seconds("cg", N, 10, 3, splits, tol=1e-3, screen_centers=None)
         == price["adaptive", None]
     )
-    # the Nyström screen (the default since session 42) lowers it again
+    # the Nyström screen (the default) lowers it again
     assert predicted_search_seconds("cg", N, 10, 3, splits) < price["adaptive", 1e-3]
     # no preconditioner: the plain-CG price, the most any fixed rank is charged
     none = predicted_search_seconds(
