@@ -172,7 +172,7 @@ def _floor(gram) -> dict:
 
 def _as_after_the_gram_stage(store: str, warm: bool = False) -> None:
     """Leave the store's files in or out of the page cache as the Gram stage leaves
-    them. It writes past the page cache (GRAM_WRITES_PAST_PAGE_CACHE, session 16), so
+    them. It writes past the page cache (GRAM_WRITES_PAST_PAGE_CACHE), so
     the factor reads the Gram from disk: every file's pages are dropped. Before, it
     wrote through it: every file is read through one small buffer. The factor drops
     each Gram tile's pages once read (DROP_READ_PAGE_CACHE) either way. ``warm``: as
@@ -238,15 +238,15 @@ def run_mode(mode: str, store: str, out: str) -> dict:
             import pipeline.linalg.cholesky as chol
 
             chol.DIRECT_FACTOR_WRITES = False
-        if kind == "keepcache":  # Gram tiles left in the page cache (before session 12)
+        if kind == "keepcache":  # Gram tiles left in the page cache (the earlier default)
             import pipeline.constants as policy_constants
 
             policy_constants.DROP_READ_PAGE_CACHE = False
-        if kind == "lazytouch":  # new read buffers faulted in by the reader (before session 12)
+        if kind == "lazytouch":  # new read buffers faulted in by the reader (the earlier default)
             import pipeline.constants as policy_constants
 
             policy_constants.FIRST_TOUCH_MIN_BYTES = 0
-        if kind == "daskorder":  # the Dask executor in dask.order's order (before session 10)
+        if kind == "daskorder":  # the Dask executor in dask.order's order (earlier)
             import pipeline.linalg.cholesky_exec as chol_exec
 
             chol_exec.DASK_CRITICAL_PATH_FIRST = False
@@ -260,7 +260,7 @@ def run_mode(mode: str, store: str, out: str) -> dict:
 
             policy_constants.HOST_SHARED_FACTOR_TILES = False
         sched = "dask" if kind in dask_kinds else "threads"
-        if kind == "clientauto":  # krr run's own choice on its embedded cluster (session 16:
+        if kind == "clientauto":  # krr run's own choice on its embedded cluster (there:
             sched = "auto"  # the threads executor here, the workers idle)
         dtype = np.float32 if single else np.float64
         with contextlib.ExitStack() as stack:
@@ -440,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
             for mode in modes:
                 out = os.path.join(work, f"out-{mode}-{rep}.zarr")
                 # every mode starts as a fit after its Gram stage; "<mode>+warm": after
-                # a Gram stage that wrote through the page cache (before session 16)
+                # a Gram stage that wrote through the page cache (the earlier default)
                 run, warm = mode.removesuffix("+warm"), mode.endswith("+warm")
                 _as_after_the_gram_stage(store, warm=warm)
                 time.sleep(a.pause)

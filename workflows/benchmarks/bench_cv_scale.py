@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         f"passes float32 {st.get('cg_passes_float32')} + float64 {st.get('cg_passes_float64')}, "
         f"ranks {st.get('preconditioner_ranks')}, redone exactly {st.get('redone_direct', 0)}"
     )
-    if "screen_nystrom" in st:  # the default Nyström screen (session 42): its finalists
+    if "screen_nystrom" in st:  # the default Nyström screen: its finalists
         sn = st["screen_nystrom"]
         out["search"]["screen_nystrom"] = sn
         print(

@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         default="on",
         choices=["on", "off"],
         help="off: an evicted factor tile that a task still reads is freed, not recycled "
-        "(RECYCLE_HELD_EVICTIONS, before session 20)",
+        "(RECYCLE_HELD_EVICTIONS off, the earlier behaviour)",
     )
     p.add_argument("--dir", default=None, help="scratch directory for the store")
     p.add_argument("--json", default=None)

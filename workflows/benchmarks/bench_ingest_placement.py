@@ -3,7 +3,7 @@
 ``krr run`` ingests a source of at most
 :data:`~pipeline.constants.SMALL_INGEST_VALUES` values (rows x (features +
 targets)) in this process when the embedded cluster's workers run on this machine,
-and larger ones on the workers (session 22, measured on the main job's 0.1 million
+and larger ones on the workers (measured on the main job's 0.1 million
 values only). This benchmark checks that threshold at several sizes: for each, it
 runs ``krr run --until ingest`` on synthetic ``.npy`` data (standard normal features,
 a target that is a noisy function of them) in a fresh process and run directory,
@@ -13,7 +13,7 @@ with the ingest
 - ``workers``: on the workers, whatever its size (the threshold set to 0; the
   row-block validation still reads here, as shipped). The shipped rule runs
   ``here`` up to the threshold and ``workers`` above it;
-- ``cluster`` (the baseline, as before session 22): every step on the workers
+- ``cluster`` (the baseline, the earlier placement): every step on the workers
   (``pipeline.engine.where.beside_local_workers`` answers False).
 
 It prints the ingest stage's seconds from the run's manifest for each, and whether

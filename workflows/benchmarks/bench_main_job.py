@@ -6,7 +6,7 @@ process and a fresh run directory:
 - ``ours``: as shipped; small steps beside a cluster on this machine run in this
   process (``pipeline.engine.where.in_this_process``: a small source's ingest, the
   row-block validation, small Gram builds and tile passes);
-- ``cluster`` (the baseline, as before session 22): every step on the cluster's
+- ``cluster`` (the baseline, the earlier placement): every step on the cluster's
   workers (``pipeline.engine.where.beside_local_workers`` answers False).
 
 It prints each stage's seconds from the run's manifest, the whole run's wall time

@@ -47,7 +47,7 @@ from pipeline.linalg.triangular import cholesky_solve
 from pipeline.models.selection.loo import inverse_diagonal
 
 
-# -- baseline: the serial tile loops of session 9 (one BLAS thread, row by row) -------
+# -- baseline: the earlier serial tile loops (one BLAS thread, row by row) ------------
 def serial_forward(L, z: np.ndarray, start: int = 0, first_row=None, stats=None) -> np.ndarray:
     g = L.grid
     r0 = g.row_slice(start).start
