@@ -9,22 +9,26 @@ The hard case, as the developers' guide asks:
   again in this run, on the training rows used here.
 
 The first ``--rows`` training rows (12,288 by default) are fitted in each of these ways, in
-turn, ``--repeat`` times, after one warm-up fit each on 500 rows. Each time runs from the
-training rows to the dual coefficients:
+turn, ``--repeat`` times, after one warm-up fit each on 500 rows. Each repeat starts one fit
+later in the list, so no fit always follows the same one: a fit of ours that follows a
+baseline's faults in fresh pages (the baseline returned its arrays to the system), while one
+that follows ours reuses the package's tile buffers, about 1 s apart at 12,288 rows. Each
+time runs from the training rows to the dual coefficients:
 
 - ``ours, auto``: ``pipeline.KernelRidge`` with its defaults (``solver="auto"``), what a
   user gets;
 - ``ours, dense``: the same with ``solver="dense"``, the in-memory exact fit;
 - ``ours, out of core``: ``solver="cholesky"`` with a store in a temporary directory: the
   Gram's tiles to Zarr, the tile Cholesky, the solves;
-- ``scipy``: the strongest simple baseline, scikit-learn's ``rbf_kernel``, then
+- ``scipy``: the simple baseline, scikit-learn's ``rbf_kernel``, then
   ``scipy.linalg.cho_factor`` in place (2-thread potrf) and ``cho_solve``;
 - ``scikit-learn``: ``sklearn.kernel_ridge.KernelRidge``.
 
 It prints each fit's median, minimum and maximum, the test RMSE and the largest relative
 difference of its test predictions from scikit-learn's. Targets at the default size,
 γ and λ (``TARGET`` lines; exit 1 if one is missed): ``ours, auto`` and ``ours, dense`` each at
-most the scipy fit's median time, and each within 1e-6 relative of scikit-learn's
+most the median time of the faster baseline in this run (scipy's or scikit-learn's: either
+can be, depending on the machine), and each within 1e-6 relative of scikit-learn's
 predictions (the same answer)::
 
     python workflows/benchmarks/bench_kin40k_fit.py              # about 3 minutes on 2 cores
@@ -123,7 +127,8 @@ def main() -> int:
         )
     print(
         f"kin40k split 0: {len(X):,} training rows, {len(Xte):,} test rows, D = {X.shape[1]}, "
-        f"RBF gamma={gamma:g}, alpha={alpha:g}; {args.repeat} repeats, fits in turn"
+        f"RBF gamma={gamma:g}, alpha={alpha:g}; {args.repeat} repeats, fits in turn, "
+        "each repeat starting one fit later"
     )
 
     seconds: dict[str, list[float]] = {}
@@ -133,8 +138,10 @@ def main() -> int:
         fits = fitters(gamma, alpha, args.block, store)
         for fit in fits.values():  # warm-up: imports, compiled code, thread pools
             fit(X[:500], y[:500])
-        for _ in range(args.repeat):
-            for name, fit in fits.items():
+        names = list(fits)
+        for r in range(args.repeat):
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                fit = fits[name]
                 t = time.perf_counter()
                 model = fit(X, y)
                 seconds.setdefault(name, []).append(time.perf_counter() - t)
@@ -156,7 +163,8 @@ def main() -> int:
             f"{name:<20} {statistics.median(s):9.2f} {min(s):7.2f} {max(s):7.2f} "
             f"{rmse:10.6f} {diff:11.1e}"
         )
-    base = statistics.median(seconds["scipy"])
+    baseline = min(("scipy", "scikit-learn"), key=lambda k: statistics.median(seconds[k]))
+    base = statistics.median(seconds[baseline])
 
     targets = Targets()
     at_default = (args.rows, gamma, alpha) == (DEFAULT_ROWS, DEFAULT_GAMMA, DEFAULT_ALPHA)
@@ -164,7 +172,7 @@ def main() -> int:
         ratio = statistics.median(seconds[name]) / base
         diff = float(np.max(np.abs(preds[name] - ref))) / scale
         if at_default:
-            targets.check(f"{name} / scipy, median fit time", ratio, "<=", 1.0, "x")
+            targets.check(f"{name} / {baseline}, median fit time", ratio, "<=", 1.0, "x")
             targets.check(f"{name}: predictions vs scikit-learn", diff, "<=", 1e-6)
         else:
             targets.skip(name, "targets at 12,288 rows, gamma 0.25, alpha 3.2e-3 only")
