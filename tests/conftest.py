@@ -40,17 +40,15 @@ def pytest_configure(config: pytest.Config) -> None:
     worker, ``krr`` child and Dask worker of the run then loads it in a fraction of a
     second. In a fresh checkout, as CI's, each of those processes compiled the loops itself
     until one had written the cache, a quarter of the first run's time
-    (docs/PERFORMANCE.md#the-test-suite). The calls cover every signature the package
-    compiles: the vectorised ``exp`` of each width (``engine.vexp``) and the RPCholesky's
-    rejection step (``linalg.precond``); a loop compiled elsewhere belongs here too."""
+    (docs/PERFORMANCE.md#the-test-suite). ``pipeline.fit`` imports every module that
+    compiles a loop, and :func:`pipeline.engine.compiled.warm_up` compiles each signature
+    they registered (``tests/engine/test_compiled.py`` checks both)."""
     if hasattr(config, "workerinput"):
         return
-    from pipeline.engine.vexp import exp_inplace
-    from pipeline.linalg.precond import _rejection_cholesky
+    import pipeline.fit  # noqa: F401 (registers every compiled loop's warm-up)
+    from pipeline.engine import compiled
 
-    for dtype in (np.float64, np.float32):
-        exp_inplace(np.linspace(-100.0, 100.0, 64, dtype=dtype))
-    _rejection_cholesky(np.eye(4), np.ones(4), np.zeros(4), 2)
+    compiled.warm_up()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

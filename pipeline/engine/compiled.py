@@ -17,6 +17,12 @@ a temporary or a reordering: the fused evaluators' ``exp``
 
 numba is imported on the first call, not with the package, under
 :data:`~pipeline.engine.parallel.native_lock` (its import loads native libraries).
+
+A module that compiles a loop registers, with :func:`warms_up`, the call that compiles
+each signature it uses; :func:`warm_up` makes those calls, so one process can fill
+numba's cache before others start (the test suite's controller does, before its workers:
+docs/PERFORMANCE.md#the-test-suite). ``tests/engine/test_compiled.py`` checks that every
+compiled loop of the package is registered.
 """
 
 from __future__ import annotations
@@ -26,7 +32,10 @@ from typing import Any
 
 from pipeline.engine.parallel import native_lock
 
-__all__ = ["lazy", "njit"]
+__all__ = ["lazy", "njit", "warm_up", "warms_up"]
+
+#: the registered warm-up calls, by qualified name (:func:`warms_up`)
+_WARM_UPS: dict[str, Callable[[], object]] = {}
 
 
 def njit(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -43,9 +52,13 @@ def njit(fn: Callable[..., Any]) -> Callable[..., Any]:
 class lazy:  # noqa: N801 (used as a decorator, like functools.cache)
     """A function compiled by :func:`njit` on its first call (numba imported then)."""
 
+    #: every instance made, for the check that :func:`warm_up` compiles each
+    made: list[lazy] = []
+
     def __init__(self, fn: Callable[..., Any]) -> None:
         self.fn = fn
         self.compiled: Callable[..., Any] | None = None
+        lazy.made.append(self)
 
     def __call__(self, *args: Any) -> Any:
         if self.compiled is None:
@@ -53,3 +66,18 @@ class lazy:  # noqa: N801 (used as a decorator, like functools.cache)
                 if self.compiled is None:
                     self.compiled = njit(self.fn)
         return self.compiled(*args)
+
+
+def warms_up(fn: Callable[[], object]) -> Callable[[], object]:
+    """Register ``fn``, a call without arguments that compiles (or loads from numba's
+    cache) every signature of its module's loops, for :func:`warm_up`."""
+    _WARM_UPS[f"{fn.__module__}.{fn.__qualname__}"] = fn
+    return fn
+
+
+def warm_up() -> list[str]:
+    """Compile, or load from numba's cache, every loop of the modules imported so far
+    (each module registers its call with :func:`warms_up`); returns their names."""
+    for fn in _WARM_UPS.values():
+        fn()
+    return list(_WARM_UPS)

@@ -47,7 +47,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from pipeline.engine.compiled import njit
+from pipeline.engine.compiled import njit, warms_up
 from pipeline.engine.parallel import native_lock
 
 __all__ = ["EXP32_ID", "EXP_ID", "exp_inplace"]
@@ -265,3 +265,10 @@ def exp_inplace(E: np.ndarray) -> np.ndarray:
             _kernel(E.dtype)(tmp.reshape(-1))
             E[...] = tmp
     return E
+
+
+@warms_up
+def _warm_up() -> None:
+    """Compile the ``exp`` of both widths (:func:`pipeline.engine.compiled.warm_up`)."""
+    for dtype in (np.float64, np.float32):
+        exp_inplace(np.linspace(-100.0, 100.0, 64, dtype=dtype))

@@ -424,6 +424,12 @@ def _rejection_loop(H, d, u, lmax, accepted):  # pragma: no cover (compiled by n
     return count
 
 
+@compiled.warms_up
+def _warm_up() -> None:
+    """Compile the rejection step's loop (:func:`pipeline.engine.compiled.warm_up`)."""
+    _rejection_cholesky(np.eye(4), np.ones(4), np.zeros(4), 2)
+
+
 class _NoStop:
     """No stopping rule besides the rank: the fixed-rank ``_rpcholesky``."""
 
