@@ -772,19 +772,19 @@ def _plan_solver(
         budget = C.MEMORY_SAFETY_FRACTION * resources.memory_bytes
         if need <= budget:
             why = f"the in-memory dual for n_samples={n} needs {_gb(need)} and {_gb(budget)} is usable"
-            cg_why = ""
             # else only the dense dual; ρ is measured only when CG priced at its floor
             # (a perfect preconditioner) could replace the dense dual
-            if (
-                kernel is not None
-                and mercer
-                and one_alpha
-                and _cg_may_beat_dense(n, d, kernel, cg_pricing(solver, floor=True), variants())
-            ):
-                priced = cg_pricing(solver)
-                cg_why = _cg_beats_dense(n, d, kernel, priced)
-            if not cg_why:
+            if kernel is None or not mercer or not one_alpha:
                 return base, why
+            may, floor_why = _cg_may_beat_dense(
+                n, d, kernel, cg_pricing(solver, floor=True), variants()
+            )
+            if not may:  # the reason keeps both predictions: the user may name CG
+                return base, f"{why}; at best (ρ = 0), {floor_why}" if floor_why else why
+            priced = cg_pricing(solver)
+            beats, cg_why = _cg_beats_dense(n, d, kernel, priced)
+            if not beats:
+                return base, f"{why}; {cg_why}" if cg_why else why
             reason, solver = f"{why}, but {cg_why}", "cg"
     if solver == "auto" and resources.in_memory:  # the in-memory dual does not fit
         only_dense = (
@@ -867,35 +867,35 @@ def _plan_solver(
 
 def _cg_may_beat_dense(
     n: int, d: int, kernel: Any, floor: tuple, variants: list[tuple[str, str]]
-) -> bool:
-    """Whether CG could replace the in-memory dense dual for some ρ: the rule of
-    :func:`_cg_beats_dense` with CG priced at its ``floor`` (``cg_pricing(...,
-    floor=True)``: ρ = 0) and its fastest product variant. When not, measuring ρ on a
-    subsample (about 1 s at 4,000 rows) cannot change the plan, and the dense dual is taken
-    without it."""
-    return bool(_cg_beats_dense(n, d, kernel, floor, variants))
+) -> tuple[bool, str]:
+    """Whether CG could replace the in-memory dense dual for some ρ, and the two
+    predictions: the rule of :func:`_cg_beats_dense` with CG priced at its ``floor``
+    (``cg_pricing(..., floor=True)``: ρ = 0) and its fastest product variant. When not,
+    measuring ρ on a subsample (about 1 s at 4,000 rows) cannot change the plan, and the
+    dense dual is taken without it."""
+    return _cg_beats_dense(n, d, kernel, floor, variants)
 
 
 def _cg_beats_dense(
     n: int, d: int, kernel: Any, priced: tuple, variants: list[tuple[str, str]] | None = None
-) -> str:
-    """Why matrix-free CG replaces the in-memory dense dual that fits, or ``""``: for a
-    known PSD kernel with one λ > 0 (the caller checks the kernel and λs; ``priced`` is
-    CG as the plan prices it), when the cost model predicts CG
+) -> tuple[bool, str]:
+    """Whether matrix-free CG replaces the in-memory dense dual that fits, and the two
+    predictions that decide it (``""`` when the model has no dense price): for a known
+    PSD kernel with one λ > 0 (the caller checks the kernel and λs; ``priced`` is CG as
+    the plan prices it), when the cost model predicts CG
     :data:`~pipeline.constants.IN_MEMORY_CG_MARGIN` times faster than the dense solve
     (a large, well-conditioned problem: flights' λ = 1). CG runs its priced product
     variant, or the fastest of ``variants`` when given."""
     _, tol, cm, shift, rho, _, variant = priced
     if shift is None or not hasattr(cm, "dense_seconds"):
-        return ""
+        return False, ""
     dense_s = cm.dense_seconds(n, d)
     cg_s = min(
         _seconds(cm.cg_seconds, n, d, kernel, shift=shift, tol=tol, rho=rho, matvec=m, precision=p)
         for m, p in (variants or [variant[:2]])
     )
-    if not cg_s * C.IN_MEMORY_CG_MARGIN < dense_s:
-        return ""
-    return (
+    beats = cg_s * C.IN_MEMORY_CG_MARGIN < dense_s
+    return beats, (
         f"matrix-free CG is predicted at {cg_s:.3g} s against {dense_s:.3g} s for the dense "
-        f"solve (more than {C.IN_MEMORY_CG_MARGIN:g}x faster)"
+        f"solve ({'more' if beats else 'not more'} than {C.IN_MEMORY_CG_MARGIN:g}x faster)"
     )
