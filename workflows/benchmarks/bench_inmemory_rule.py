@@ -5,46 +5,83 @@ only when its cost model predicts CG ``IN_MEMORY_CG_MARGIN`` times faster
 (``pipeline.plan.fit_plan``). This benchmark fits each case three ways, in turn, on
 kin40k (split 0, leak-free standardisation: ``bench_exactness.load``): ``auto``, then
 ``solver="dense"`` and ``solver="cg"`` as the same-run baselines. It prints what ``auto``
-chose, the three times and the regret (``auto``'s time over the faster baseline's).
+chose, the plan's two predictions (CG priced with ρ measured on the rows, as the plan
+prices it when it measures), the three times and the regret (``auto``'s time over the
+faster baseline's). Its last table replays the rule with other margins on the measured
+times: how many cases take CG, their total time and the worst regret.
 
-The default cases are the 12,000-row ones where the plan's choice depends on the GEMM
-rate it assumes (docs/PERFORMANCE.md, "The in-memory rule against this machine's GEMM").
-No target: the figures are for the rule's calibration::
+It imports internals (``pipeline.plan.fit_plan``, ``pipeline.fit.row_probes``, the
+plan's ``Resources`` and ``make_kernel``) because it asks the plan for both predictions
+of every case, measuring ρ even where today's margin skips that measurement.
 
-    python workflows/benchmarks/bench_inmemory_rule.py                 # about 3 minutes
-    python workflows/benchmarks/bench_inmemory_rule.py --rows 15000 --gammas 0.25 --lams 0.1
+The default cases are the 12,000-row ones where the plan's choice depends on the margin
+and on the GEMM rate it assumes (docs/PERFORMANCE.md, "The in-memory rule against this
+machine's GEMM"). No target: the figures are for the rule's calibration::
+
+    python workflows/benchmarks/bench_inmemory_rule.py                 # about 2-3 minutes
+    python workflows/benchmarks/bench_inmemory_rule.py --rows 6000 9000 12000 15000
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import logging
+import re
 import statistics
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_exactness import load  # noqa: E402
 
 from pipeline import KernelRidge  # noqa: E402
+from pipeline import constants as C  # noqa: E402
+from pipeline.engine.placement import Resources  # noqa: E402
+from pipeline.fit import row_probes  # noqa: E402
+from pipeline.kernels import make_kernel  # noqa: E402
+from pipeline.plan import fit_plan  # noqa: E402
+
+MARGINS = (1.25, 1.5, 2.0, 2.5)
+
+
+def predictions(X, gamma: float, lam: float) -> tuple[float, float]:
+    """The plan's predicted seconds of CG and of the dense dual for these rows, CG priced
+    with ρ measured on them (the plan skips that measurement when CG at its floor cannot
+    win under today's margin; here it is always made, so that other margins can be
+    replayed)."""
+    kernel = make_kernel("rbf", gamma=gamma)
+    res = Resources(memory_bytes=16 << 30, disk_bytes=100 << 30, in_memory=True)
+    with mock.patch.object(fit_plan, "_cg_may_beat_dense", lambda *a: (True, "")):
+        _, reason = fit_plan.plan_fit(
+            len(X), X.shape[1], kernel, res, {"alpha": lam}, probes=row_probes(X, kernel)
+        )
+    got = re.search(r"CG is predicted at ([\d.e+]+) s against ([\d.e+]+) s", reason)
+    return float(got[1]), float(got[2])
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", type=int, default=12_000)
+    ap.add_argument("--rows", type=int, nargs="+", default=[12_000])
     ap.add_argument("--gammas", type=float, nargs="+", default=[0.05, 0.25, 1.0])
     ap.add_argument("--lams", type=float, nargs="+", default=[1e-2, 1.0])
     ap.add_argument("--repeat", type=int, default=1)
     args = ap.parse_args()
+    logging.getLogger("pipeline").setLevel(logging.WARNING)
 
     Xtr, _, ytr, _ = load(0)
-    X, y = Xtr[: args.rows], ytr[: args.rows]
-    KernelRidge(kernel="rbf", solver="dense").fit(X[:500], y[:500])  # warm-up
-    print(f"kin40k split 0: {len(X):,} rows, D = {X.shape[1]}, RBF; medians of {args.repeat}")
-    print(f"{'gamma':>6} {'lambda':>7} {'auto chose':>10} {'auto s':>7} {'dense s':>8} "
-          f"{'cg s':>6} {'cg iters':>8} {'regret':>7}")  # fmt: skip
-    for gamma, lam in itertools.product(args.gammas, args.lams):
+    KernelRidge(kernel="rbf", solver="dense").fit(Xtr[:500], ytr[:500])  # warm-up
+    print(f"kin40k split 0, D = {Xtr.shape[1]}, RBF; medians of {args.repeat}; "
+          f"IN_MEMORY_CG_MARGIN = {C.IN_MEMORY_CG_MARGIN:g}")  # fmt: skip
+    print(f"{'rows':>6} {'gamma':>6} {'lambda':>7} {'auto chose':>10} {'pred dense':>10} "
+          f"{'pred cg':>8} {'auto s':>7} {'dense s':>8} {'cg s':>6} {'cg iters':>8} "
+          f"{'regret':>7}")  # fmt: skip
+    cases = []
+    for rows, gamma, lam in itertools.product(args.rows, args.gammas, args.lams):
+        X, y = Xtr[:rows], ytr[:rows]
+        pred_cg, pred_dense = predictions(X, gamma, lam)
         seconds: dict[str, list[float]] = {}
         for _ in range(args.repeat):
             for solver in ("auto", "dense", "cg"):
@@ -57,8 +94,22 @@ def main() -> int:
                     iters = model.n_iter_
         med = {k: statistics.median(v) for k, v in seconds.items()}
         regret = med["auto"] / min(med["dense"], med["cg"])
-        print(f"{gamma:6g} {lam:7g} {chose:>10} {med['auto']:7.2f} {med['dense']:8.2f} "
-              f"{med['cg']:6.2f} {iters!s:>8} {regret:7.2f}")  # fmt: skip
+        cases.append((pred_dense / pred_cg, med["dense"], med["cg"]))
+        print(f"{rows:6d} {gamma:6g} {lam:7g} {chose:>10} {pred_dense:10.2f} {pred_cg:8.2f} "
+              f"{med['auto']:7.2f} {med['dense']:8.2f} {med['cg']:6.2f} {iters!s:>8} "
+              f"{regret:7.2f}")  # fmt: skip
+
+    best = sum(min(d, c) for _, d, c in cases)
+    print(f"\nthe rule replayed on these {len(cases)} cases' measured times "
+          f"(CG where predicted more than the margin times faster; best possible "
+          f"{best:.1f} s in all)")  # fmt: skip
+    print(f"{'margin':>7} {'cases to CG':>11} {'total s':>8} {'worst regret':>12}")
+    for m in sorted({*MARGINS, C.IN_MEMORY_CG_MARGIN}):
+        took = [(c if ratio > m else d, min(d, c)) for ratio, d, c in cases]
+        n_cg = sum(ratio > m for ratio, _, _ in cases)
+        total = sum(t for t, _ in took)
+        worst = max(t / b for t, b in took)
+        print(f"{m:7g} {n_cg:11d} {total:8.1f} {worst:12.2f}")
     return 0
 
 
