@@ -8,7 +8,9 @@ kin40k (split 0, leak-free standardisation: ``bench_exactness.load``): ``auto``,
 chose, the plan's two predictions (CG priced with ρ measured on the rows, as the plan
 prices it when it measures), the three times and the regret (``auto``'s time over the
 faster baseline's). Its last table replays the rule with other margins on the measured
-times: how many cases take CG, their total time and the worst regret.
+times (each size's fastest dense fit standing for all its cases: the dense dual's work
+depends on N and D only, and a dense fit right after a CG fit runs slower): how many cases
+take CG, their total time and the worst regret.
 
 It imports internals (``pipeline.plan.fit_plan``, ``pipeline.fit.row_probes``, the
 plan's ``Resources`` and ``make_kernel``) because it asks the plan for both predictions
@@ -19,13 +21,17 @@ and on the GEMM rate it assumes (docs/PERFORMANCE.md, "The in-memory rule agains
 machine's GEMM"). No target: the figures are for the rule's calibration::
 
     python workflows/benchmarks/bench_inmemory_rule.py                 # about 2-3 minutes
-    python workflows/benchmarks/bench_inmemory_rule.py --rows 6000 9000 12000 15000
+    python workflows/benchmarks/bench_inmemory_rule.py --rows 6000 9000 12000 15000 \\
+        --lams 1e-3 1e-2 0.1 1 --json workflows/benchmarks/bench_inmemory_rule.json  # 16 min
+
+``tests/plan/test_inmemory_grid.py`` replays the rule on that JSON.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import logging
 import re
 import statistics
@@ -39,7 +45,7 @@ from bench_exactness import load  # noqa: E402
 
 from pipeline import KernelRidge  # noqa: E402
 from pipeline import constants as C  # noqa: E402
-from pipeline.engine.placement import Resources  # noqa: E402
+from pipeline.engine.placement import Probes, Resources  # noqa: E402
 from pipeline.fit import row_probes  # noqa: E402
 from pipeline.kernels import make_kernel  # noqa: E402
 from pipeline.plan import fit_plan  # noqa: E402
@@ -47,19 +53,21 @@ from pipeline.plan import fit_plan  # noqa: E402
 MARGINS = (1.25, 1.5, 2.0, 2.5)
 
 
-def predictions(X, gamma: float, lam: float) -> tuple[float, float]:
+def predictions(X, gamma: float, lam: float) -> tuple[float, float, dict[int, float]]:
     """The plan's predicted seconds of CG and of the dense dual for these rows, CG priced
     with ρ measured on them (the plan skips that measurement when CG at its floor cannot
     win under today's margin; here it is always made, so that other margins can be
-    replayed)."""
+    replayed), and the ρ it measured, by rank (what ``--json`` records)."""
     kernel = make_kernel("rbf", gamma=gamma)
     res = Resources(memory_bytes=16 << 30, disk_bytes=100 << 30, in_memory=True)
+    real, asked = row_probes(X, kernel), {}
+    probes = Probes(True, lambda r: asked.setdefault(int(r), real.residual(r)), real.float32_risk)
     with mock.patch.object(fit_plan, "_cg_may_beat_dense", lambda *a: (True, "")):
         _, reason = fit_plan.plan_fit(
-            len(X), X.shape[1], kernel, res, {"alpha": lam}, probes=row_probes(X, kernel)
+            len(X), X.shape[1], kernel, res, {"alpha": lam}, probes=probes
         )
     got = re.search(r"CG is predicted at ([\d.e+]+) s against ([\d.e+]+) s", reason)
-    return float(got[1]), float(got[2])
+    return float(got[1]), float(got[2]), asked
 
 
 def main() -> int:
@@ -68,6 +76,7 @@ def main() -> int:
     ap.add_argument("--gammas", type=float, nargs="+", default=[0.05, 0.25, 1.0])
     ap.add_argument("--lams", type=float, nargs="+", default=[1e-2, 1.0])
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--json", type=Path, help="write the cases (times, ρ by rank) here")
     args = ap.parse_args()
     logging.getLogger("pipeline").setLevel(logging.WARNING)
 
@@ -78,10 +87,10 @@ def main() -> int:
     print(f"{'rows':>6} {'gamma':>6} {'lambda':>7} {'auto chose':>10} {'pred dense':>10} "
           f"{'pred cg':>8} {'auto s':>7} {'dense s':>8} {'cg s':>6} {'cg iters':>8} "
           f"{'regret':>7}")  # fmt: skip
-    cases = []
+    cases, records = [], []
     for rows, gamma, lam in itertools.product(args.rows, args.gammas, args.lams):
         X, y = Xtr[:rows], ytr[:rows]
-        pred_cg, pred_dense = predictions(X, gamma, lam)
+        pred_cg, pred_dense, rho = predictions(X, gamma, lam)
         seconds: dict[str, list[float]] = {}
         for _ in range(args.repeat):
             for solver in ("auto", "dense", "cg"):
@@ -95,14 +104,23 @@ def main() -> int:
         med = {k: statistics.median(v) for k, v in seconds.items()}
         regret = med["auto"] / min(med["dense"], med["cg"])
         cases.append((pred_dense / pred_cg, med["dense"], med["cg"]))
+        records.append({"rows": rows, "gamma": gamma, "lambda": lam, "dense_s": med["dense"],
+                        "cg_s": med["cg"], "cg_iterations": iters, "auto_chose": chose,
+                        "rho_by_rank": {str(k): v for k, v in rho.items()}})  # fmt: skip
         print(f"{rows:6d} {gamma:6g} {lam:7g} {chose:>10} {pred_dense:10.2f} {pred_cg:8.2f} "
               f"{med['auto']:7.2f} {med['dense']:8.2f} {med['cg']:6.2f} {iters!s:>8} "
               f"{regret:7.2f}")  # fmt: skip
 
+    # the dense dual's work depends on N and D only: each size's fastest dense fit stands
+    # for all its cases (a dense fit right after a CG fit ran 2-5 s slower)
+    dense_at = {}
+    for r, (_, d, _) in zip(records, cases):
+        dense_at[r["rows"]] = min(d, dense_at.get(r["rows"], d))
+    cases = [(ratio, dense_at[r["rows"]], c) for r, (ratio, _, c) in zip(records, cases)]
     best = sum(min(d, c) for _, d, c in cases)
-    print(f"\nthe rule replayed on these {len(cases)} cases' measured times "
-          f"(CG where predicted more than the margin times faster; best possible "
-          f"{best:.1f} s in all)")  # fmt: skip
+    print(f"\nthe rule replayed on these {len(cases)} cases' measured times, each size's "
+          f"fastest dense fit for all its cases (CG where predicted more than the margin "
+          f"times faster; best possible {best:.1f} s in all)")  # fmt: skip
     print(f"{'margin':>7} {'cases to CG':>11} {'total s':>8} {'worst regret':>12}")
     for m in sorted({*MARGINS, C.IN_MEMORY_CG_MARGIN}):
         took = [(c if ratio > m else d, min(d, c)) for ratio, d, c in cases]
@@ -110,6 +128,10 @@ def main() -> int:
         total = sum(t for t, _ in took)
         worst = max(t / b for t, b in took)
         print(f"{m:7g} {n_cg:11d} {total:8.1f} {worst:12.2f}")
+    if args.json:
+        meta = {"data": "kin40k split 0, first rows", "d": int(Xtr.shape[1]), "kernel": "rbf",
+                "repeat": args.repeat, "margin": C.IN_MEMORY_CG_MARGIN}  # fmt: skip
+        args.json.write_text(json.dumps({"meta": meta, "cases": records}, indent=1) + "\n")
     return 0
 
 
