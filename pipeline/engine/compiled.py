@@ -52,13 +52,9 @@ def njit(fn: Callable[..., Any]) -> Callable[..., Any]:
 class lazy:  # noqa: N801 (used as a decorator, like functools.cache)
     """A function compiled by :func:`njit` on its first call (numba imported then)."""
 
-    #: every instance made, for the check that :func:`warm_up` compiles each
-    made: list[lazy] = []
-
     def __init__(self, fn: Callable[..., Any]) -> None:
         self.fn = fn
         self.compiled: Callable[..., Any] | None = None
-        lazy.made.append(self)
 
     def __call__(self, *args: Any) -> Any:
         if self.compiled is None:

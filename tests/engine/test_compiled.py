@@ -62,11 +62,13 @@ for m in pkgutil.walk_packages(pipeline.__path__, "pipeline."):
         importlib.import_module(m.name)
     except ImportError:  # an optional extra that is not installed
         pass
+lazies = [v for name, mod in list(sys.modules.items()) if name.startswith("pipeline")
+          for v in vars(mod).values() if isinstance(v, compiled.lazy)]
 print(json.dumps({
     "names": names,
     "all": sorted(compiled._WARM_UPS),
-    "lazy": [f.fn.__qualname__ for f in compiled.lazy.made if f.compiled is None],
-    "lazy_signatures": [len(f.compiled.signatures) for f in compiled.lazy.made if f.compiled],
+    "lazy": [f.fn.__qualname__ for f in lazies if f.compiled is None],
+    "lazy_signatures": [len(f.compiled.signatures) for f in lazies if f.compiled],
     "exp": {str(k): len(v.signatures) for k, v in vexp._compiled.items()},
 }))
 """

@@ -4,7 +4,8 @@
 15,000 training rows of split 0, RBF γ 0.05-1, λ 1e-3-1): the measured seconds of
 ``KernelRidge(solver="dense")`` and of ``solver="cg"``, and the preconditioner residuals ρ
 that the plan measured on the rows. These tests replay the plan's in-memory choice for each
-case from the code, with those ρ, and check it against the measurements. They never time
+case from the code, with those ρ (the benchmark's ``replay``, each size's fastest dense fit
+standing for all its cases), and check it against the measurements. They never time
 anything. A change to the rule's rates, margin or probe is checked here; where the plan
 asks for a ρ the file does not hold, run the benchmark again (its docstring has the
 command).
@@ -12,18 +13,15 @@ command).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
 from pipeline import constants as C
-from pipeline.engine.placement import Probes, Resources
-from pipeline.kernels import make_kernel
-from pipeline.plan.fit_plan import plan_fit
 
-GRID = Path(__file__).resolve().parents[2] / "workflows" / "benchmarks" / "bench_inmemory_rule.json"
-RES = Resources(memory_bytes=16 << 30, disk_bytes=100 << 30, in_memory=True)
+BENCH = Path(__file__).resolve().parents[2] / "workflows" / "benchmarks"
 #: a case sent to CG may take at most this much longer than the dense dual (timing noise)
 REGRET = 1.3
 #: the rule's total over the grid, against every case taking its faster solver
@@ -31,36 +29,27 @@ TOTAL = 1.10
 
 
 @pytest.fixture(scope="module")
+def bench():
+    """``bench_inmemory_rule.py`` as a module: its :func:`replay` is the one replay of the
+    plan on recorded cases (the benchmark prints it for other margins)."""
+    path = BENCH / "bench_inmemory_rule.py"
+    spec = importlib.util.spec_from_file_location("bench_inmemory_rule", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
 def grid() -> dict:
-    doc = json.loads(GRID.read_text())
+    doc = json.loads((BENCH / "bench_inmemory_rule.json").read_text())
     assert doc["meta"]["kernel"] == "rbf" and doc["meta"]["d"] == 8
     return doc
 
 
-def _replay(grid: dict) -> list[tuple[dict, str, dict[str, float]]]:
-    """Each case, the solver the plan chooses for it now, and the two measured times. The
-    dense dual's work depends on N and D only, so each size's fastest dense fit stands for
-    all its cases (in the benchmark's order a dense fit right after a CG fit ran 2-5 s
-    slower, which would favour CG exactly where the rule took it)."""
-    dense = {}
-    for c in grid["cases"]:
-        dense[c["rows"]] = min(c["dense_s"], dense.get(c["rows"], c["dense_s"]))
-    out = []
-    for c in grid["cases"]:
-
-        def residual(rank: int, c: dict = c) -> float:
-            got = c["rho_by_rank"].get(str(int(rank)))
-            assert got is not None, (
-                f"the plan asks for ρ at rank {rank} on {c['rows']} rows, which the grid "
-                "does not hold: run bench_inmemory_rule.py --json again"
-            )
-            return got
-
-        kernel = make_kernel("rbf", gamma=c["gamma"])
-        probes = Probes(True, residual, lambda shift: 0.0)
-        plan, _ = plan_fit(c["rows"], 8, kernel, RES, {"alpha": c["lambda"]}, probes=probes)
-        assert plan.solver in ("dense", "cg"), plan
-        out.append((c, plan.solver, {"dense": dense[c["rows"]], "cg": c["cg_s"]}))
+def _replay(bench, grid: dict) -> list[tuple[dict, str, dict[str, float]]]:
+    """Each case, the solver the plan chooses for it now, and the two measured times."""
+    out = bench.replay(grid["cases"], grid["meta"]["d"])
+    assert {s for _, s, _ in out} <= {"dense", "cg"}
     return out
 
 
@@ -72,33 +61,33 @@ def _total(replayed) -> tuple[float, float]:
     )
 
 
-def test_the_grid_covers_both_winners(grid):
+def test_the_grid_covers_both_winners(bench, grid):
     # a grid on which one solver always wins could not catch a rule that always picks it
-    faster = {min(("dense", "cg"), key=lambda s: t[s]) for _, _, t in _replay(grid)}
+    faster = {min(("dense", "cg"), key=lambda s: t[s]) for _, _, t in _replay(bench, grid)}
     assert faster == {"dense", "cg"} and len(grid["cases"]) >= 24
 
 
-def test_cg_is_chosen_only_where_it_is_not_slower(grid):
+def test_cg_is_chosen_only_where_it_is_not_slower(bench, grid):
     slower = [
         (c["rows"], c["gamma"], c["lambda"], t)
-        for c, s, t in _replay(grid)
+        for c, s, t in _replay(bench, grid)
         if s == "cg" and t["cg"] > REGRET * t["dense"]
     ]
     assert slower == []
 
 
-def test_the_rule_is_near_the_best_total(grid):
-    total, best = _total(_replay(grid))
+def test_the_rule_is_near_the_best_total(bench, grid):
+    total, best = _total(_replay(bench, grid))
     assert total <= TOTAL * best, (total, best)
 
 
-def test_the_old_margin_leaves_cg_out_where_it_is_far_faster(grid, monkeypatch):
+def test_the_old_margin_leaves_cg_out_where_it_is_far_faster(bench, grid, monkeypatch):
     # the margin of 2 kept the dense dual at 12,000 rows where CG was about 2x faster
     def far_slower(replayed):
         return sum(t[s] > 1.5 * min(t.values()) for _, s, t in replayed)
 
-    now = _replay(grid)
+    now = _replay(bench, grid)
     monkeypatch.setattr(C, "IN_MEMORY_CG_MARGIN", 2.0)
-    old = _replay(grid)
+    old = _replay(bench, grid)
     assert _total(old)[0] > _total(now)[0]
     assert far_slower(old) >= far_slower(now) + 3

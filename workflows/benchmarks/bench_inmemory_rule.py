@@ -7,10 +7,9 @@ kin40k (split 0, leak-free standardisation: ``bench_exactness.load``): ``auto``,
 ``solver="dense"`` and ``solver="cg"`` as the same-run baselines. It prints what ``auto``
 chose, the plan's two predictions (CG priced with ρ measured on the rows, as the plan
 prices it when it measures), the three times and the regret (``auto``'s time over the
-faster baseline's). Its last table replays the rule with other margins on the measured
-times (each size's fastest dense fit standing for all its cases: the dense dual's work
-depends on N and D only, and a dense fit right after a CG fit runs slower): how many cases
-take CG, their total time and the worst regret.
+faster baseline's). Its last table replays the plan with other margins on the measured
+times (:func:`replay`, which ``tests/plan/test_inmemory_grid.py`` runs on the recorded
+grid): how many cases take CG, their total time and the worst regret.
 
 It imports internals (``pipeline.plan.fit_plan``, ``pipeline.fit.row_probes``, the
 plan's ``Resources`` and ``make_kernel``) because it asks the plan for both predictions
@@ -51,6 +50,38 @@ from pipeline.kernels import make_kernel  # noqa: E402
 from pipeline.plan import fit_plan  # noqa: E402
 
 MARGINS = (1.25, 1.5, 2.0, 2.5)
+#: what the plan is told of the machine: in memory, room for every case's dense dual
+RESOURCES = Resources(memory_bytes=16 << 30, disk_bytes=100 << 30, in_memory=True)
+
+
+def replay(records: list[dict], d: int = 8) -> list[tuple[dict, str, dict[str, float]]]:
+    """Each recorded case (``--json``), the solver the plan chooses for it now (from the
+    code, with the ρ recorded for it) and its two measured times. The dense dual's work
+    depends on N and D only, so each size's fastest dense fit stands for all its cases:
+    in this benchmark's order a dense fit right after a CG fit ran 2-5 s slower, which
+    would favour CG exactly where the rule took it."""
+    dense: dict[int, float] = {}
+    for c in records:
+        dense[c["rows"]] = min(c["dense_s"], dense.get(c["rows"], c["dense_s"]))
+    out = []
+    for c in records:
+
+        def residual(rank: int, c: dict = c) -> float:
+            got = c["rho_by_rank"].get(str(int(rank)))
+            if got is None:
+                raise KeyError(
+                    f"the plan asks for ρ at rank {rank} on {c['rows']} rows, which the "
+                    "record does not hold: run bench_inmemory_rule.py --json again"
+                )
+            return got
+
+        kernel = make_kernel("rbf", gamma=c["gamma"])
+        probes = Probes(True, residual, lambda shift: 0.0)
+        plan, _ = fit_plan.plan_fit(
+            c["rows"], d, kernel, RESOURCES, {"alpha": c["lambda"]}, probes=probes
+        )
+        out.append((c, plan.solver, {"dense": dense[c["rows"]], "cg": c["cg_s"]}))
+    return out
 
 
 def predictions(X, gamma: float, lam: float) -> tuple[float, float, dict[int, float]]:
@@ -59,12 +90,11 @@ def predictions(X, gamma: float, lam: float) -> tuple[float, float, dict[int, fl
     win under today's margin; here it is always made, so that other margins can be
     replayed), and the ρ it measured, by rank (what ``--json`` records)."""
     kernel = make_kernel("rbf", gamma=gamma)
-    res = Resources(memory_bytes=16 << 30, disk_bytes=100 << 30, in_memory=True)
     real, asked = row_probes(X, kernel), {}
     probes = Probes(True, lambda r: asked.setdefault(int(r), real.residual(r)), real.float32_risk)
     with mock.patch.object(fit_plan, "_cg_may_beat_dense", lambda *a: (True, "")):
         _, reason = fit_plan.plan_fit(
-            len(X), X.shape[1], kernel, res, {"alpha": lam}, probes=probes
+            len(X), X.shape[1], kernel, RESOURCES, {"alpha": lam}, probes=probes
         )
     got = re.search(r"CG is predicted at ([\d.e+]+) s against ([\d.e+]+) s", reason)
     return float(got[1]), float(got[2]), asked
@@ -87,7 +117,7 @@ def main() -> int:
     print(f"{'rows':>6} {'gamma':>6} {'lambda':>7} {'auto chose':>10} {'pred dense':>10} "
           f"{'pred cg':>8} {'auto s':>7} {'dense s':>8} {'cg s':>6} {'cg iters':>8} "
           f"{'regret':>7}")  # fmt: skip
-    cases, records = [], []
+    records = []
     for rows, gamma, lam in itertools.product(args.rows, args.gammas, args.lams):
         X, y = Xtr[:rows], ytr[:rows]
         pred_cg, pred_dense, rho = predictions(X, gamma, lam)
@@ -103,7 +133,6 @@ def main() -> int:
                     iters = model.n_iter_
         med = {k: statistics.median(v) for k, v in seconds.items()}
         regret = med["auto"] / min(med["dense"], med["cg"])
-        cases.append((pred_dense / pred_cg, med["dense"], med["cg"]))
         records.append({"rows": rows, "gamma": gamma, "lambda": lam, "dense_s": med["dense"],
                         "cg_s": med["cg"], "cg_iterations": iters, "auto_chose": chose,
                         "rho_by_rank": {str(k): v for k, v in rho.items()}})  # fmt: skip
@@ -111,22 +140,18 @@ def main() -> int:
               f"{med['auto']:7.2f} {med['dense']:8.2f} {med['cg']:6.2f} {iters!s:>8} "
               f"{regret:7.2f}")  # fmt: skip
 
-    # the dense dual's work depends on N and D only: each size's fastest dense fit stands
-    # for all its cases (a dense fit right after a CG fit ran 2-5 s slower)
-    dense_at = {}
-    for r, (_, d, _) in zip(records, cases):
-        dense_at[r["rows"]] = min(d, dense_at.get(r["rows"], d))
-    cases = [(ratio, dense_at[r["rows"]], c) for r, (ratio, _, c) in zip(records, cases)]
-    best = sum(min(d, c) for _, d, c in cases)
-    print(f"\nthe rule replayed on these {len(cases)} cases' measured times, each size's "
-          f"fastest dense fit for all its cases (CG where predicted more than the margin "
-          f"times faster; best possible {best:.1f} s in all)")  # fmt: skip
+    replayed = replay(records, int(Xtr.shape[1]))
+    best = sum(min(t.values()) for _, _, t in replayed)
+    print(f"\nthe plan replayed on these {len(records)} cases with other margins, on their "
+          f"measured times (each size's fastest dense fit for all its cases; best possible "
+          f"{best:.1f} s in all)")  # fmt: skip
     print(f"{'margin':>7} {'cases to CG':>11} {'total s':>8} {'worst regret':>12}")
     for m in sorted({*MARGINS, C.IN_MEMORY_CG_MARGIN}):
-        took = [(c if ratio > m else d, min(d, c)) for ratio, d, c in cases]
-        n_cg = sum(ratio > m for ratio, _, _ in cases)
-        total = sum(t for t, _ in took)
-        worst = max(t / b for t, b in took)
+        with mock.patch.object(C, "IN_MEMORY_CG_MARGIN", m):
+            replayed = replay(records, int(Xtr.shape[1]))
+        n_cg = sum(s == "cg" for _, s, _ in replayed)
+        total = sum(t[s] for _, s, t in replayed)
+        worst = max(t[s] / min(t.values()) for _, s, t in replayed)
         print(f"{m:7g} {n_cg:11d} {total:8.1f} {worst:12.2f}")
     if args.json:
         meta = {"data": "kin40k split 0, first rows", "d": int(Xtr.shape[1]), "kernel": "rbf",
