@@ -10,12 +10,12 @@ tiles, a third of them done before the kill; CV on the 1,500 rows).
 from __future__ import annotations
 
 import base64
-import importlib.util
 import re
 import sys
 from pathlib import Path
 
 import pytest
+from _workflows import load_workflow
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
@@ -80,10 +80,7 @@ def _check_run(nb) -> str:
 
 
 def _generator():
-    spec = importlib.util.spec_from_file_location("make_experiment_notebook", GENERATOR)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_workflow("make_experiment_notebook.py")
 
 
 def test_notebook_cells_are_the_generators():

