@@ -178,6 +178,12 @@ class FitPlan:
     device: str = "cpu"
     #: why (recorded, with :attr:`device`, only for a plan that runs on a GPU)
     device_reason: str = field(default="", compare=False)
+    #: the cost model's predicted seconds of the solvers the plan weighed, by name
+    #: (``"dense"`` and ``"cg"`` in memory, ``"cholesky"`` and ``"cg"`` out of core;
+    #: CG at its floor, ρ = 0, where ρ was not measured, as the reason says); empty
+    #: where no prediction decided (a named solver, a rule on sizes or space). Not
+    #: recorded: the reason states the same figures
+    predicted_seconds: dict = field(default_factory=dict, compare=False)
     extra: dict = field(default_factory=dict, compare=False)
 
     @property
@@ -248,7 +254,7 @@ class FitPlan:
         (``solver``, ``matvec``, ...) and the ones it does not record take the tree's
         defaults, so ``from_dict(p.to_dict()).to_dict() == p.to_dict()``.
         """
-        own = {f.name for f in fields(cls)} - {"options", "extra"}
+        own = {f.name for f in fields(cls)} - {"options", "extra", "predicted_seconds"}
         knobs = {f.name for f in fields(SolverOptions)} - own
         opts = {k: v for k, v in record.items() if k in knobs}
         return cls(options=SolverOptions(**opts), **{k: v for k, v in record.items() if k in own})
@@ -299,8 +305,9 @@ def out_of_core_choice(
     cg_options: Mapping[str, Any] | None = None,
     rho_source: str | None = None,
     cg_margin: float = 0.0,
-) -> tuple[str, str]:
-    """``"cholesky"`` or ``"cg"`` for an N x N kernel system, with the reason.
+) -> tuple[str, str, dict[str, float]]:
+    """``"cholesky"`` or ``"cg"`` for an N x N kernel system, with the reason and the
+    predicted seconds of both (empty when a rule on space or size decided).
 
     ``cholesky_max_n`` replaces the cost model by a row threshold. ``shift`` (μ),
     ``tol`` and ``rho`` (the preconditioner's measured residual) reach cost models
@@ -326,18 +333,21 @@ def out_of_core_choice(
                 f"({_gb(usable_disk)} usable) and CG with rank {min(rank, n)} about "
                 f"{_gb(need_mem)} of memory ({_gb(mem_free)} free); CG is the only option, "
                 "lower the Nyström rank",
+                {},
             )
         return (
             "cg",
             f"N={n}: the Gram and Cholesky factor need {_gb(need_disk)} of disk but only "
             f"{_gb(usable_disk)} of {_gb(disk_free)} free is usable; matrix-free CG needs "
             f"no store and about {_gb(need_mem)} of memory",
+            {},
         )
     if not cg_fits_memory:
         return (
             "cholesky",
             f"N={n}: CG would need about {_gb(need_mem)} of memory but {_gb(mem_free)} is "
             f"free, while the out-of-core Cholesky's {_gb(need_disk)} fit on disk",
+            {},
         )
     if cholesky_max_n is not None:
         if n > cholesky_max_n:
@@ -345,16 +355,19 @@ def out_of_core_choice(
                 "cg",
                 f"N={n} > {cholesky_max_n}: a Cholesky costs N³/3 = {n**3 / 3e12:.1f} TFLOP, "
                 "more than ~100 CG products of N² kernel entries",
+                {},
             )
         return (
             "cholesky",
             f"N={n} <= {cholesky_max_n} and the Gram plus factor ({_gb(need_disk)}) fit in "
             f"{_gb(usable_disk)} of usable disk: the exact blocked Cholesky is cheaper here",
+            {},
         )
     cm = make_cost_model(cost_model)
     kw = {"shift": shift, "tol": tol, "rho": rho}
     t_chol = _seconds(cm.cholesky_seconds, n, n_features, kernel, **kw)
     t_cg = _seconds(cm.cg_seconds, n, n_features, kernel, **kw, **dict(cg_options or {}))
+    seconds = {"cholesky": t_chol, "cg": t_cg}
     cg_why = f"{getattr(cm, 'name', 'cost')} model"
     if hasattr(cm, "cg_iterations") and _accepts(cm.cg_iterations, "rho"):
         its = cm.cg_iterations(n, shift, tol, rho=rho)
@@ -368,6 +381,7 @@ def out_of_core_choice(
             "cg",
             f"N={n}: a Cholesky (N³/3 = {n**3 / 3e12:.1f} TFLOP) is predicted at "
             f"{t_chol:.3g} s, CG at {t_cg:.3g} s ({cg_why})",
+            seconds,
         )
     if t_chol > t_cg:
         return (
@@ -376,12 +390,14 @@ def out_of_core_choice(
             f"Cholesky (predicted {t_chol:.3g} s; CG {t_cg:.3g} s, {cg_why}), less than "
             f"measuring ρ would cost ({cg_margin:.3g} s), and the Gram plus factor "
             f"({_gb(need_disk)}) fit in {_gb(usable_disk)} of usable disk",
+            seconds,
         )
     return (
         "cholesky",
         f"N={n}: the exact blocked Cholesky (predicted {t_chol:.3g} s) is cheaper than CG "
         f"({t_cg:.3g} s, {cg_why}), and the Gram plus factor "
         f"({_gb(need_disk)}) fit in {_gb(usable_disk)} of usable disk",
+        seconds,
     )
 
 
@@ -759,6 +775,7 @@ def _plan_solver(
         )  # fmt: skip
 
     priced = None  # cg_pricing's result, computed once: ρ may be measured on the rows
+    predicted: dict[str, float] = {}  # the predictions that decided (FitPlan.predicted_seconds)
     if solver == "auto" and resources.in_memory:
         has_primal = isinstance(kernel, Linear)
         choice = in_memory_choice(n, d, has_primal=has_primal, alpha=alphas)
@@ -776,15 +793,17 @@ def _plan_solver(
             # (a perfect preconditioner) could replace the dense dual
             if kernel is None or not mercer or not one_alpha:
                 return base, why
-            may, floor_why = _cg_may_beat_dense(
+            may, floor_why, predicted = _cg_may_beat_dense(
                 n, d, kernel, cg_pricing(solver, floor=True), variants()
             )
             if not may:  # the reason keeps both predictions: the user may name CG
-                return base, f"{why}; at best (ρ = 0), {floor_why}" if floor_why else why
+                kept = replace(base, predicted_seconds=predicted)
+                return kept, f"{why}; at best (ρ = 0), {floor_why}" if floor_why else why
             priced = cg_pricing(solver)
-            beats, cg_why = _cg_beats_dense(n, d, kernel, priced)
+            beats, cg_why, predicted = _cg_beats_dense(n, d, kernel, priced)
             if not beats:
-                return base, f"{why}; {cg_why}" if cg_why else why
+                kept = replace(base, predicted_seconds=predicted)
+                return kept, f"{why}; {cg_why}" if cg_why else why
             reason, solver = f"{why}, but {cg_why}", "cg"
     if solver == "auto" and resources.in_memory:  # the in-memory dual does not fit
         only_dense = (
@@ -847,13 +866,16 @@ def _plan_solver(
     priced = priced or cg_pricing(solver)
     precision, tol, cm, shift, rho, rho_source, variant = priced
     if solver == "auto":
-        name, why = cholesky_or_cg(priced, margin=margin)
+        name, why, predicted = cholesky_or_cg(priced, margin=margin)
         if name == "cg" and not mercer:
             name, why = "cholesky", f"{why}; but the kernel is not known to be PSD"
         reason = why if reason.startswith("requested") else f"{reason}: {why}"
         solver = name
     if solver == "cholesky":
-        plan = replace(base, solver="cholesky", matvec="stored", block_size=block_for(solver))
+        plan = replace(
+            base, solver="cholesky", matvec="stored", block_size=block_for(solver),
+            predicted_seconds=predicted,
+        )  # fmt: skip
         if factor_dtype == "auto":
             risk = probes.float32_risk if mercer and kernel is not None else None
             dt, why = choose_factor_dtype(n, shift, risk=risk)
@@ -861,13 +883,16 @@ def _plan_solver(
             reason = f"{reason}; {why}"
         return plan, reason
     matvec, precision, why = variant
-    plan = replace(base, solver="cg", matvec=matvec, cg_precision=precision)
-    return replace(plan, block_size=block_for("cg")), f"{reason}; {why}"
+    plan = replace(
+        base, solver="cg", matvec=matvec, cg_precision=precision, block_size=block_for("cg"),
+        predicted_seconds=predicted,
+    )  # fmt: skip
+    return plan, f"{reason}; {why}"
 
 
 def _cg_may_beat_dense(
     n: int, d: int, kernel: Any, floor: tuple, variants: list[tuple[str, str]]
-) -> tuple[bool, str]:
+) -> tuple[bool, str, dict[str, float]]:
     """Whether CG could replace the in-memory dense dual for some ρ, and the two
     predictions: the rule of :func:`_cg_beats_dense` with CG priced at its ``floor``
     (``cg_pricing(..., floor=True)``: ρ = 0) and its fastest product variant. When not,
@@ -878,9 +903,10 @@ def _cg_may_beat_dense(
 
 def _cg_beats_dense(
     n: int, d: int, kernel: Any, priced: tuple, variants: list[tuple[str, str]] | None = None
-) -> tuple[bool, str]:
+) -> tuple[bool, str, dict[str, float]]:
     """Whether matrix-free CG replaces the in-memory dense dual that fits, and the two
-    predictions that decide it (``""`` when the model has no dense price): for a known
+    predictions that decide it, in words and by solver (``""`` and ``{}`` when the model
+    has no dense price): for a known
     PSD kernel with one λ > 0 (the caller checks the kernel and λs; ``priced`` is CG as
     the plan prices it), when the cost model predicts CG
     :data:`~pipeline.constants.IN_MEMORY_CG_MARGIN` times faster than the dense solve
@@ -888,14 +914,16 @@ def _cg_beats_dense(
     variant, or the fastest of ``variants`` when given."""
     _, tol, cm, shift, rho, _, variant = priced
     if shift is None or not hasattr(cm, "dense_seconds"):
-        return False, ""
+        return False, "", {}
     dense_s = cm.dense_seconds(n, d)
     cg_s = min(
         _seconds(cm.cg_seconds, n, d, kernel, shift=shift, tol=tol, rho=rho, matvec=m, precision=p)
         for m, p in (variants or [variant[:2]])
     )
     beats = cg_s * C.IN_MEMORY_CG_MARGIN < dense_s
-    return beats, (
+    return (
+        beats,
         f"matrix-free CG is predicted at {cg_s:.3g} s against {dense_s:.3g} s for the dense "
-        f"solve ({'more' if beats else 'not more'} than {C.IN_MEMORY_CG_MARGIN:g}x faster)"
+        f"solve ({'more' if beats else 'not more'} than {C.IN_MEMORY_CG_MARGIN:g}x faster)",
+        {"dense": dense_s, "cg": cg_s},
     )

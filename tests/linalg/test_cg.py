@@ -245,16 +245,17 @@ def test_choose_solver():
     def choose(*args, **kw):
         return out_of_core_choice(*args, **kw, cost_model="simple")
 
-    name, reason = choose(5_000, 10, disk_free=100 * GB, mem_free=16 * GB)
+    name, reason, seconds = choose(5_000, 10, disk_free=100 * GB, mem_free=16 * GB)
     assert name == "cholesky" and "N=5000" in reason
+    assert seconds["cholesky"] < seconds["cg"] and f"{seconds['cholesky']:.3g} s" in reason
     # too large for the exact method's cost
     assert choose(50_000, 10, 1000 * GB, 16 * GB)[0] == "cg"
     # the Gram and factor (8 N² bytes, 80 GB at N=100k) do not fit
-    name, reason = choose(20_000, 10, disk_free=2 * GB, mem_free=16 * GB)
-    assert name == "cg" and "disk" in reason
+    name, reason, seconds = choose(20_000, 10, disk_free=2 * GB, mem_free=16 * GB)
+    assert name == "cg" and "disk" in reason and seconds == {}  # a rule on space decided
     # CG's memory does not fit but the store does
-    name, reason = choose(20_000, 10, disk_free=100 * GB, mem_free=0.1 * GB)
-    assert name == "cholesky" and "memory" in reason
+    name, reason, seconds = choose(20_000, 10, disk_free=100 * GB, mem_free=0.1 * GB)
+    assert name == "cholesky" and "memory" in reason and seconds == {}
     with pytest.raises(ValueError, match="n_features"):
         choose(0, 10, GB, GB)
 

@@ -93,6 +93,37 @@ def test_estimator_in_memory_rule_unchanged():
     assert plan_fit(500, 10, None, small)[0].solver == "dense"
 
 
+def test_the_plan_keeps_the_predictions_that_decided():
+    """``FitPlan.predicted_seconds`` holds the seconds the reason states: out of core the
+    Cholesky's and CG's, of which the plan took the faster; nothing for a named solver or
+    where a rule on space decided; and nothing of it is recorded."""
+    res = Resources(memory_bytes=64 * GB, disk_bytes=1000 * GB, in_memory=False)
+    rbf = make_kernel("rbf", gamma=0.1)
+    chosen = set()
+    for n in (5_000, 60_000):
+        plan, reason = plan_fit(n, 8, rbf, res, {"alpha": 1e-2})
+        p = plan.predicted_seconds
+        assert set(p) == {"cholesky", "cg"}, (n, p)
+        assert f"{p['cholesky']:.3g} s" in reason and f"{p['cg']:.3g} s" in reason, reason
+        assert plan.solver == min(p, key=p.get)
+        assert "predicted_seconds" not in plan.to_dict()
+        assert FitPlan.from_dict(plan.to_dict()).predicted_seconds == {}
+        chosen.add(plan.solver)
+    assert chosen == {"cholesky", "cg"}
+    named = plan_fit(60_000, 8, rbf, res, {"alpha": 1e-2, "solver": "cholesky"})[0]
+    assert named.solver == "cholesky" and named.predicted_seconds == {}
+    no_disk = Resources(memory_bytes=64 * GB, disk_bytes=1 * GB, in_memory=False)
+    plan, reason = plan_fit(60_000, 8, rbf, no_disk, {"alpha": 1e-2})
+    assert plan.solver == "cg" and "disk" in reason and plan.predicted_seconds == {}
+
+
+def _states(reason: str, predicted: dict) -> bool:
+    """Whether ``reason`` gives the plan's two in-memory predictions, as it words them."""
+    return (
+        f"CG is predicted at {predicted['cg']:.3g} s against {predicted['dense']:.3g} s" in reason
+    )
+
+
 def test_in_memory_auto_takes_cg_only_when_the_model_prices_it_far_cheaper():
     """The dense dual that fits is kept unless the one cost model predicts matrix-free CG
     IN_MEMORY_CG_MARGIN times faster: a large, well-conditioned problem (flights' λ = 1:
@@ -101,16 +132,16 @@ def test_in_memory_auto_takes_cg_only_when_the_model_prices_it_far_cheaper():
     rbf = make_kernel({"name": "rbf", "params": {"gamma": 0.1}})
     plan, reason = plan_fit(36_826, 10, rbf, res, {"alpha": 1.0})
     assert plan.solver == "cg" and plan.store is None
-    assert "needs" in reason and "matrix-free CG is predicted at" in reason
-    got = re.search(r"predicted at ([\d.e+]+) s against ([\d.e+]+) s", reason)
-    assert float(got[1]) * C.IN_MEMORY_CG_MARGIN < float(got[2])
+    assert "needs" in reason and _states(reason, plan.predicted_seconds)
+    assert plan.predicted_seconds["cg"] * C.IN_MEMORY_CG_MARGIN < plan.predicted_seconds["dense"]
     # a hard λ: CG's iterations price it above the dense solve, which stays, and the
     # reason gives both predictions (the user may name CG)
     plan, reason = plan_fit(18_000, 8, rbf, res, {"alpha": 1e-6})
     kept = f"(not more than {C.IN_MEMORY_CG_MARGIN:g}x faster)"
-    assert plan.solver == "dense" and kept in reason
-    got = re.search(r"predicted at ([\d.e+]+) s against ([\d.e+]+) s", reason)
-    assert not float(got[1]) * C.IN_MEMORY_CG_MARGIN < float(got[2])
+    assert plan.solver == "dense" and kept in reason and _states(reason, plan.predicted_seconds)
+    assert (
+        not plan.predicted_seconds["cg"] * C.IN_MEMORY_CG_MARGIN < plan.predicted_seconds["dense"]
+    )
     # measured ρ: CG priced with it, not at its floor
     X = np.random.default_rng(1).standard_normal((12_000, 8))
     k = make_kernel("rbf", gamma=0.25)
@@ -225,7 +256,7 @@ def test_in_memory_fits_measure_rho_only_when_cg_could_replace_the_dense_dual(mo
             plan, reason = plan_fit(n, 8, k, res, {"alpha": lam}, probes=probes)
             gated = len(measured) == before
             with monkeypatch.context() as m:  # the plan when ρ is always measured
-                m.setattr(fit_plan, "_cg_may_beat_dense", lambda *a: (True, ""))
+                m.setattr(fit_plan, "_cg_may_beat_dense", lambda *a: (True, "", {}))
                 always = plan_fit(n, 8, k, res, {"alpha": lam}, probes=probes)[0]
             assert (plan.solver, plan.matvec, plan.cg_precision) == (
                 always.solver, always.matvec, always.cg_precision,

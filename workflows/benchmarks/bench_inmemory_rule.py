@@ -32,7 +32,6 @@ import argparse
 import itertools
 import json
 import logging
-import re
 import statistics
 import sys
 import time
@@ -92,12 +91,11 @@ def predictions(X, gamma: float, lam: float) -> tuple[float, float, dict[int, fl
     kernel = make_kernel("rbf", gamma=gamma)
     real, asked = row_probes(X, kernel), {}
     probes = Probes(True, lambda r: asked.setdefault(int(r), real.residual(r)), real.float32_risk)
-    with mock.patch.object(fit_plan, "_cg_may_beat_dense", lambda *a: (True, "")):
-        _, reason = fit_plan.plan_fit(
+    with mock.patch.object(fit_plan, "_cg_may_beat_dense", lambda *a: (True, "", {})):
+        plan, _ = fit_plan.plan_fit(
             len(X), X.shape[1], kernel, RESOURCES, {"alpha": lam}, probes=probes
         )
-    got = re.search(r"CG is predicted at ([\d.e+]+) s against ([\d.e+]+) s", reason)
-    return float(got[1]), float(got[2]), asked
+    return plan.predicted_seconds["cg"], plan.predicted_seconds["dense"], asked
 
 
 def main() -> int:
